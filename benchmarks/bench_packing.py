@@ -1,0 +1,200 @@
+"""Packing speed, measured side by side in one run: our plans vs TRL pack_dataset and the seed's quadratic first fit.
+
+    python -m benchmarks.bench_packing            # full size: 200,000 lognormal lengths, capacity 4096
+    python -m benchmarks.bench_packing --smoke    # seconds, for CI
+
+Lengths: numpy default_rng(seed) lognormal with mu = ln(mean) - sigma^2 / 2 (so the unclipped mean is `mean`),
+rounded and clipped to [1, max_length]. Times are the best of --repeats wall-clock runs (time.perf_counter).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import platform
+import sys
+import time
+from importlib.metadata import version
+
+import numpy as np
+import torch
+
+from course_lib.packing import block_causal_mask, pack_sample_lengths, plan_packing, varlen_metadata
+
+
+def lognormal_lengths(n: int, mean: float, sigma: float, max_length: int, seed: int) -> np.ndarray:
+    """n lengths, lognormal with the given unclipped mean and sigma, rounded, clipped to [1, max_length]."""
+    mu = math.log(mean) - sigma**2 / 2
+    raw = np.random.default_rng(seed).lognormal(mu, sigma, n)
+    return np.clip(np.round(raw), 1, max_length).astype(np.int64)
+
+
+def best_time(function, repeats: int):
+    """(best wall seconds over repeats, last result)."""
+    best, result = math.inf, None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        result = function()
+        best = min(best, time.perf_counter() - start)
+    return best, result
+
+
+def token_dataset(lengths: np.ndarray):
+    """A datasets.Dataset with one input_ids list per length (token values 0), built straight from Arrow."""
+    import pyarrow as pa
+    from datasets import Dataset
+    from datasets.table import InMemoryTable
+
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    column = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(np.zeros(offsets[-1], dtype=np.int32)))
+    return Dataset(InMemoryTable(pa.table({"input_ids": column})))
+
+
+def materialize(dataset, bins: list[list[int]]):
+    """Our plan applied to the tokens: reorder the Arrow column and cut it into packed rows (what TRL also does)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    column = dataset.data.table.column("input_ids").combine_chunks()
+    order = pa.array([index for row in bins for index in row])
+    taken = pc.take(column, order)
+    lengths = pc.list_value_length(taken).to_numpy()
+    row_sizes = np.array([len(row) for row in bins])
+    row_ends = np.cumsum(lengths)[np.cumsum(row_sizes) - 1]
+    offsets = np.concatenate([[0], row_ends]).astype(np.int64)
+    return pa.LargeListArray.from_arrays(pa.array(offsets), taken.flatten())
+
+
+def bench_plans(lengths: np.ndarray, capacity: int, repeats: int) -> None:
+    from datasets import disable_progress_bars
+    from trl import pack_dataset
+
+    disable_progress_bars()
+    bound = math.ceil(int(lengths.sum()) / capacity)
+    print(f"\n## plan_packing vs trl.pack_dataset: n = {len(lengths):,}, capacity = {capacity}, "
+          f"total tokens = {int(lengths.sum()):,}, lower bound ceil(sum/capacity) = {bound:,} rows")
+    dataset = token_dataset(lengths)  # built outside every timed region
+    rows = {}
+    timings = {}
+    for strategy in ("bfd", "ffd"):
+        timings[f"ours plan_packing({strategy!r})"], rows[strategy] = best_time(
+            lambda s=strategy: plan_packing(lengths, capacity, s), repeats)
+    timings["ours plan_packing('bfd') + Arrow rows"], _ = best_time(
+        lambda: materialize(dataset, plan_packing(lengths, capacity, "bfd")), repeats)
+    runs = {"trl pack_dataset('bfd'), default map batches of 1000": None,
+            "trl pack_dataset('bfd'), one map batch (global)": {"batch_size": None}}
+    trl_rows = {}
+    for name, map_kwargs in runs.items():
+        timings[name], packed = best_time(
+            lambda kw=map_kwargs: pack_dataset(dataset, capacity, strategy="bfd", map_kwargs=kw), repeats)
+        trl_rows[name] = packed.data.table.column("seq_lengths").to_pylist()
+    global_trl = trl_rows["trl pack_dataset('bfd'), one map batch (global)"]
+    ours_as_lengths = [[int(lengths[i]) for i in row] for row in rows["bfd"]]
+    counts = {**{f"ours plan_packing({s!r})": len(b) for s, b in rows.items()}, **{n: len(r) for n, r in trl_rows.items()}}
+    counts["ours plan_packing('bfd') + Arrow rows"] = len(rows["bfd"])
+    reference = timings["ours plan_packing('bfd')"]
+    print(f"{'method':<58}{'seconds':>9}{'x ours bfd':>12}{'rows':>9}{'rows/bound':>12}")
+    for name, seconds in timings.items():
+        print(f"{name:<58}{seconds:>9.3f}{seconds / reference:>12.2f}{counts[name]:>9,}{counts[name] / bound:>12.5f}")
+    print(f"ours 'bfd' plan identical to TRL's global bfd rows (same order, same lengths): {ours_as_lengths == global_trl}")
+
+
+def bench_quadratic(lengths: np.ndarray, capacity: int, naive_n: int, repeats: int) -> None:
+    print(f"\n## seed teaching first-fit decreasing (pack_sample_lengths, O(n * bins)) vs plan_packing('ffd'), "
+          f"capacity = {capacity}; measured, not extrapolated")
+    print(f"{'n':>8}{'teaching s':>12}{'ours ffd s':>12}{'ratio':>10}{'same bins':>11}")
+    for n in (naive_n // 4, naive_n // 2, naive_n):
+        subset = lengths[:n].tolist()
+        teaching_seconds, report = best_time(lambda s=subset: pack_sample_lengths(s, capacity), repeats)
+        ours_seconds, bins = best_time(lambda s=subset: plan_packing(s, capacity, "ffd"), repeats)
+        same = [[subset[i] for i in row] for row in bins] == report["bins"]
+        print(f"{n:>8,}{teaching_seconds:>12.4f}{ours_seconds:>12.4f}{teaching_seconds / ours_seconds:>10.1f}{same!s:>11}")
+
+
+def lengths_totalling(total: int, lengths: np.ndarray) -> np.ndarray:
+    """A prefix of lengths, its last entry trimmed, that sums to exactly total tokens."""
+    cumulative = np.cumsum(lengths)
+    count = int(np.searchsorted(cumulative, total)) + 1
+    prefix = lengths[:count].copy()
+    prefix[-1] -= int(prefix.sum()) - total
+    return prefix
+
+
+def bench_varlen(lengths: np.ndarray, totals: list[int], repeats: int) -> None:
+    print("\n## varlen_metadata (position_ids, cu_seqlens, seq_idx) vs total tokens")
+    print(f"{'tokens':>12}{'sequences':>11}{'ms':>10}{'ns/token':>10}")
+    pool = np.tile(lengths, 1 + max(totals) // int(lengths.sum()))
+    for total in totals:
+        subset = lengths_totalling(total, pool)
+        seconds, _ = best_time(lambda s=subset: varlen_metadata(s), repeats)
+        print(f"{total:>12,}{len(subset):>11,}{seconds * 1e3:>10.3f}{seconds / total * 1e9:>10.2f}")
+
+
+def bench_masks(lengths: np.ndarray, sizes: list[int], repeats: int) -> None:
+    print("\n## block_causal_mask on one packed row of length L (bool [L, L]) vs the seed's list-of-lists mask")
+    print(f"{'L':>7}{'ours ms':>10}{'ns/entry':>10}{'seed list ms':>14}{'ratio':>9}")
+    for size in sizes:
+        parts = lengths_totalling(size, lengths)
+        segment_ids = torch.from_numpy(np.repeat(np.arange(len(parts)), parts))  # [L]
+        seconds, mask = best_time(lambda s=segment_ids: block_causal_mask(s), repeats)
+        line = f"{size:>7,}{seconds * 1e3:>10.3f}{seconds / size**2 * 1e9:>10.3f}"
+        if size <= 1024:
+            segments, positions = varlen_positions(segment_ids)
+            seed_seconds, seed_mask = best_time(lambda s=segments, p=positions: seed_list_mask(s, p), 1)
+            assert seed_mask == mask.tolist()
+            line += f"{seed_seconds * 1e3:>14.1f}{seed_seconds / seconds:>9.0f}"
+        print(line)
+
+
+def varlen_positions(segment_ids: torch.Tensor) -> tuple[list[int], list[int]]:
+    counts = torch.unique_consecutive(segment_ids, return_counts=True)[1]
+    return segment_ids.tolist(), varlen_metadata(counts)["position_ids"].tolist()
+
+
+def seed_list_mask(segments: list[int], positions: list[int]) -> list[list[bool]]:
+    """Seed 000's teaching mask: a Python double loop."""
+    pairs = list(zip(segments, positions, strict=True))
+    return [[qs == ks and kp <= qp for ks, kp in pairs] for qs, qp in pairs]
+
+
+def print_environment() -> None:
+    packages = ("torch", "numpy", "pyarrow", "datasets", "trl", "transformers")
+    print("# bench_packing | python " + platform.python_version() + " | "
+          + " | ".join(f"{name} {version(name)}" for name in packages))
+    print(f"# {platform.platform()} | {os.cpu_count()} CPUs | torch threads {torch.get_num_threads()}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--n", type=int, default=200_000, help="samples for the plan benchmark")
+    parser.add_argument("--capacity", type=int, default=4096)
+    parser.add_argument("--mean", type=float, default=650.0, help="unclipped lognormal mean length")
+    parser.add_argument("--sigma", type=float, default=1.0)
+    parser.add_argument("--max-length", type=int, default=4096)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--naive-n", type=int, default=5_000, help="largest n for the quadratic teaching version")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: small ops, shared CPUs)")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, one repeat")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    totals, mask_sizes = [10_000, 100_000, 1_000_000], [512, 1024, 2048, 4096]
+    if args.smoke:
+        args.n, args.naive_n, args.repeats = 2_000, 400, 1
+        totals, mask_sizes = [1_000, 10_000], [128, 256]
+    print_environment()
+    lengths = lognormal_lengths(args.n, args.mean, args.sigma, args.max_length, args.seed)
+    print(f"# lengths: n = {args.n:,}, lognormal(mu = ln({args.mean:g}) - {args.sigma:g}^2/2, sigma = {args.sigma:g}), "
+          f"seed {args.seed}, rounded, clipped to [1, {args.max_length}]: mean {lengths.mean():.1f}, "
+          f"median {np.median(lengths):.0f}, max {lengths.max()}; best of {args.repeats} (varlen, masks: best of 10+)")
+    print(f"# load average at start: {os.getloadavg()[0]:.2f}")
+    bench_plans(lengths, args.capacity, args.repeats)
+    bench_quadratic(lengths, args.capacity, args.naive_n, args.repeats)
+    micro_repeats = max(args.repeats, 10)  # cheap calls: more repeats so a shared CPU's noise washes out
+    bench_varlen(lengths, totals, micro_repeats)
+    bench_masks(lengths, mask_sizes, micro_repeats)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

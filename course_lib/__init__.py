@@ -1,0 +1,62 @@
+"""course_lib: the reference library of the long-context training mechanics course.
+
+One module per stop of the data path, in the order a chat sample travels:
+
+    tokenizer   course tokenizer + chat templates (offline), hub loader
+    tiny        tiny Qwen2 from a shipped config; configs of the real models
+    sources     Alpaca / ShareGPT records -> chat messages; JSON/JSONL/CSV through datasets
+    ledger      one rendering -> template / prompt / supervised token counts; P50/P95, overflow
+    window      fit | truncate | overflow, and cutting only the supervision tail
+    labels      input_ids + labels (-100 outside answers), padding a batch
+    packing     bin plans, boundary-isolated rows, block-causal masks, varlen metadata
+    packed_forward  a transformers model on packed rows, checked against each sample alone
+    microbatch  token-budget microbatches, balanced data-parallel partitions
+    logprobs    selected / chunked / checkpointed log-probs and the memory autograd keeps
+    loss        masked normalisation, global token-count loss aggregation
+    accounting  KV bytes, decode roofline, training rate, GPU-hours
+    curriculum  length-curriculum gates, pass-rate filters
+    longdoc     geometric buckets, sliding windows with single loss ownership
+
+Every public name is importable from here: `from course_lib import plan_packing`.
+"""
+
+from __future__ import annotations
+
+from . import (
+    accounting,
+    curriculum,
+    labels,
+    ledger,
+    logprobs,
+    longdoc,
+    loss,
+    microbatch,
+    packed_forward,
+    packing,
+    sources,
+    tiny,
+    tokenizer,
+    window,
+)
+from .accounting import *  # noqa: F403
+from .curriculum import *  # noqa: F403
+from .labels import *  # noqa: F403
+from .ledger import *  # noqa: F403
+from .logprobs import *  # noqa: F403
+from .longdoc import *  # noqa: F403
+from .loss import *  # noqa: F403
+from .microbatch import *  # noqa: F403
+from .packed_forward import *  # noqa: F403
+from .packing import *  # noqa: F403
+from .sources import *  # noqa: F403
+from .tiny import *  # noqa: F403
+from .tokenizer import *  # noqa: F403
+from .window import *  # noqa: F403
+
+__version__ = "0.1.0"
+__all__ = [
+    name
+    for module in (tokenizer, tiny, sources, ledger, window, labels, packing, packed_forward, microbatch,
+                   logprobs, loss, accounting, curriculum, longdoc)
+    for name in module.__all__
+]

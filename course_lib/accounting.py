@@ -1,0 +1,143 @@
+"""Throughput accounting (seed 003 §14.6): KV bytes, the decode roofline, training rate, GPU-hours per step.
+
+Decode is memory-bound: one step for b sequences of context c reads the weights once and each sequence's
+KV cache, so it takes at least (weight_bytes + b c s_kv) / bandwidth seconds and yields b tokens.
+Training costs about 6N FLOPs per token (forward + backward) at some model FLOPs utilisation (MFU).
+All of it is a first-order estimate: no attention FLOPs, communication, evaluation or failed runs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from importlib import resources
+from typing import Any
+
+from ._checks import require_positive_int, require_real
+
+__all__ = [
+    "kv_bytes_per_token",
+    "decode_tokens_per_s",
+    "train_tokens_per_s",
+    "gpu_hours_per_step",
+    "decode_rate_table",
+    "hardware_names",
+    "load_hardware",
+]
+
+SECONDS_PER_HOUR = 3600.0
+
+
+def _positive(name: str, value: object) -> float:
+    return require_real(name, value, minimum=0.0, strict_minimum=True)
+
+
+def _fraction(name: str, value: object) -> float:
+    """A real number in (0, 1]."""
+    return require_real(name, value, minimum=0.0, maximum=1.0, strict_minimum=True)
+
+
+def _config_field(config: Any, key: str) -> Any:
+    value = config.get(key) if isinstance(config, Mapping) else getattr(config, key, None)
+    return value
+
+
+def kv_bytes_per_token(config: Any, dtype_bytes: int = 2) -> int:
+    """Model config (mapping, HF config, or shipped name like "Qwen3-8B") -> KV-cache bytes per context token.
+
+    2 (K and V) x layers x kv_heads x head_dim x dtype_bytes. kv_heads falls back to num_attention_heads
+    (no grouped-query attention); head_dim falls back to hidden_size // num_attention_heads.
+    """
+    if isinstance(config, str):
+        from .tiny import load_model_config
+
+        config = load_model_config(config)
+    dtype_bytes = require_positive_int("dtype_bytes", dtype_bytes)
+    layers = require_positive_int("config.num_hidden_layers", _config_field(config, "num_hidden_layers"))
+    heads = require_positive_int("config.num_attention_heads", _config_field(config, "num_attention_heads"))
+    kv_heads = _config_field(config, "num_key_value_heads")
+    kv_heads = require_positive_int("config.num_key_value_heads", heads if kv_heads is None else kv_heads)
+    head_dim = _config_field(config, "head_dim")
+    if head_dim is None:
+        head_dim = require_positive_int("config.hidden_size", _config_field(config, "hidden_size")) // heads
+    head_dim = require_positive_int("config.head_dim", head_dim)
+    return 2 * layers * kv_heads * head_dim * dtype_bytes
+
+
+def decode_tokens_per_s(n_params: float, batch: int, context: int, kv_bytes: float, bandwidth: float, *,
+                        weight_bytes_per_param: float = 2.0) -> float:
+    """Roofline decode rate, tokens/s per GPU: b / ((weight_bytes_per_param N + b c s_kv) / bandwidth)."""
+    n_params = _positive("n_params", n_params)
+    batch, context = require_positive_int("batch", batch), require_positive_int("context", context)
+    kv_bytes, bandwidth = _positive("kv_bytes", kv_bytes), _positive("bandwidth", bandwidth)
+    weight_bytes = _positive("weight_bytes_per_param", weight_bytes_per_param) * n_params
+    seconds_per_step = (weight_bytes + batch * context * kv_bytes) / bandwidth
+    return batch / seconds_per_step
+
+
+def train_tokens_per_s(n_params: float, peak_flops: float, mfu: float) -> float:
+    """Training tokens/s per GPU at 6N FLOPs per token: mfu * peak_flops / (6 N)."""
+    n_params, peak_flops = _positive("n_params", n_params), _positive("peak_flops", peak_flops)
+    return _fraction("mfu", mfu) * peak_flops / (6.0 * n_params)
+
+
+def gpu_hours_per_step(n_params: float, episodes: int, total_tokens: float, policy_tokens: float,
+                       decode_rate: float, peak_flops: float, mfu: float, busy: float) -> dict[str, float]:
+    """One RL step's GPU-hours -> {train, old_logp, prefill, decode, total}.
+
+    total_tokens and policy_tokens are per episode. train: 6N FLOPs on every token; old_logp: one more
+    forward (2N); prefill: 2N on the non-policy tokens (prompt and tool output, once); decode: policy tokens
+    at decode_rate tokens/s, divided by the share of time the engine is busy.
+    """
+    n_params, episodes = _positive("n_params", n_params), require_positive_int("episodes", episodes)
+    total_tokens, policy_tokens = _positive("total_tokens", total_tokens), _positive("policy_tokens", policy_tokens)
+    if policy_tokens > total_tokens:
+        raise ValueError(f"policy_tokens = {policy_tokens} exceeds total_tokens = {total_tokens}")
+    decode_rate, peak_flops = _positive("decode_rate", decode_rate), _positive("peak_flops", peak_flops)
+    flops_per_hour = _fraction("mfu", mfu) * peak_flops * SECONDS_PER_HOUR
+    busy = _fraction("busy", busy)
+    parts = {
+        "train": 6 * n_params * episodes * total_tokens / flops_per_hour,
+        "old_logp": 2 * n_params * episodes * total_tokens / flops_per_hour,
+        "prefill": 2 * n_params * episodes * (total_tokens - policy_tokens) / flops_per_hour,
+        "decode": episodes * policy_tokens / decode_rate / SECONDS_PER_HOUR / busy,
+    }
+    return {**parts, "total": sum(parts.values())}
+
+
+def decode_rate_table(n_params: float, kv_bytes: float, bandwidth: float, batches: Sequence[int],
+                      contexts: Sequence[int], *, weight_bytes_per_param: float = 2.0) -> list[dict[str, Any]]:
+    """Decode roofline over batches x contexts -> rows {batch, context, tokens_per_s, kv_read_share}.
+
+    kv_read_share is the fraction of bytes read per step that is KV cache rather than weights.
+    """
+    rows = []
+    for batch in batches:
+        for context in contexts:
+            rate = decode_tokens_per_s(n_params, batch, context, kv_bytes, bandwidth,
+                                       weight_bytes_per_param=weight_bytes_per_param)
+            kv_read = batch * context * kv_bytes
+            rows.append({"batch": int(batch), "context": int(context), "tokens_per_s": rate,
+                         "kv_read_share": kv_read / (kv_read + weight_bytes_per_param * n_params)})
+    return rows
+
+
+def _hardware_table() -> dict[str, dict[str, Any]]:
+    text = resources.files("course_lib").joinpath("data", "hardware.json").read_text(encoding="utf-8")
+    return {name: spec for name, spec in json.loads(text).items() if not name.startswith("_")}
+
+
+def hardware_names() -> list[str]:
+    """Names of the GPUs whose datasheet figures ship in course_lib/data/hardware.json."""
+    return list(_hardware_table())
+
+
+def load_hardware(name: str) -> dict[str, Any]:
+    """A GPU's datasheet figures (case-insensitive name, e.g. "H200") -> {name, memory_bandwidth [bytes/s],
+    dense_flops [FLOP/s], sparse_flops, flops_dtype, memory_gb, source}."""
+    table = _hardware_table()
+    by_lower = {key.lower(): key for key in table}
+    key = by_lower.get(str(name).lower())
+    if key is None:
+        raise ValueError(f"name must be one of {list(table)}, got {name!r}")
+    return {"name": key, **table[key]}

@@ -1,0 +1,186 @@
+"""Curricula: when to advance a length stage (seed 000, Step 3) and which RL tasks to sample (seed 003 §14.5).
+
+A group of G rollouts whose rewards are all equal has zero advantage under any baseline: a full
+rollout's cost for no gradient. Pass-rate filters skip tasks whose outcome is already decided.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from ._checks import require_int, require_keys, require_positive_int, require_ratio, require_real
+
+__all__ = [
+    "CURRICULUM_GATES",
+    "evaluate_length_curriculum_stage",
+    "filter_by_pass_rate",
+    "variance_weighted_sample",
+    "zero_advantage_probability",
+    "simulate_pass_rate_filter",
+]
+
+CURRICULUM_GATES = ("token_budget_mismatch", "insufficient_long_context_gain", "short_context_regression",
+                    "nonfinite_loss", "nonfinite_gradients", "failed_runs", "peak_memory_budget", "cost_budget")
+_BASELINE_FIELDS = ("long_context_score", "short_context_score", "supervised_tokens_per_optimizer_step")
+_CANDIDATE_FIELDS = _BASELINE_FIELDS + ("loss_finite", "gradients_finite", "failed_runs", "peak_memory_gb",
+                                        "cost_per_supervised_token")
+_LIMIT_FIELDS = ("min_long_context_gain", "max_short_context_regression", "max_failed_runs", "max_peak_memory_gb",
+                 "max_cost_per_supervised_token")
+
+
+def evaluate_length_curriculum_stage(baseline: Mapping[str, Any], candidate: Mapping[str, Any],
+                                     limits: Mapping[str, float]) -> dict[str, Any]:
+    """Short-window baseline vs longer-window candidate -> {decision: advance|hold, failed_gates, evidence}.
+
+    failed_gates lists the names of CURRICULUM_GATES that failed, in that order; any failure holds.
+    """
+    require_keys("baseline", baseline, _BASELINE_FIELDS)
+    require_keys("candidate", candidate, _CANDIDATE_FIELDS)
+    require_keys("limits", limits, _LIMIT_FIELDS)
+    score = {f"{who}.{key}": require_real(f"{who}['{key}']", run[key])  # NaN would pass every gate silently
+             for who, run in (("baseline", baseline), ("candidate", candidate))
+             for key in ("long_context_score", "short_context_score")}
+    limit = {key: require_real(f"limits['{key}']", limits[key]) for key in _LIMIT_FIELDS}
+    evidence = {
+        "token_budget_matches": (baseline["supervised_tokens_per_optimizer_step"]
+                                 == candidate["supervised_tokens_per_optimizer_step"]),
+        "long_context_gain": score["candidate.long_context_score"] - score["baseline.long_context_score"],
+        "short_context_regression": score["baseline.short_context_score"] - score["candidate.short_context_score"],
+    }
+    failed = {
+        "token_budget_mismatch": not evidence["token_budget_matches"],
+        "insufficient_long_context_gain": evidence["long_context_gain"] < limit["min_long_context_gain"],
+        "short_context_regression": evidence["short_context_regression"] > limit["max_short_context_regression"],
+        "nonfinite_loss": candidate["loss_finite"] is not True,
+        "nonfinite_gradients": candidate["gradients_finite"] is not True,
+        "failed_runs": require_int("candidate['failed_runs']", candidate["failed_runs"], minimum=0)
+        > limit["max_failed_runs"],
+        "peak_memory_budget": require_real("candidate['peak_memory_gb']", candidate["peak_memory_gb"])
+        > limit["max_peak_memory_gb"],
+        "cost_budget": require_real("candidate['cost_per_supervised_token']", candidate["cost_per_supervised_token"])
+        > limit["max_cost_per_supervised_token"],
+    }
+    failed_gates = [gate for gate in CURRICULUM_GATES if failed[gate]]
+    return {"decision": "hold" if failed_gates else "advance", "failed_gates": failed_gates, "evidence": evidence}
+
+
+def _checked_rates(tasks: Sequence[Any], pass_rates: Sequence[float]) -> list[float]:
+    rates = [require_ratio(f"pass_rates[{i}]", rate) for i, rate in enumerate(pass_rates)]
+    if len(rates) != len(tasks):
+        raise ValueError(f"pass_rates has {len(rates)} entries but tasks has {len(tasks)}")
+    return rates
+
+
+def filter_by_pass_rate(tasks: Sequence[Any], pass_rates: Sequence[float], low: float = 0.0,
+                        high: float = 1.0) -> list[Any]:
+    """Tasks whose estimated pass rate lies strictly inside (low, high), in their original order.
+
+    low=0, high=1 drops exactly the tasks whose last group all failed or all passed; low=-1, high=2 keeps all.
+    """
+    rates = _checked_rates(tasks, pass_rates)
+    low, high = require_real("low", low), require_real("high", high)
+    if not low < high:
+        raise ValueError(f"low must be < high, got low={low}, high={high}")
+    return [task for task, rate in zip(tasks, rates, strict=True) if low < rate < high]
+
+
+def variance_weighted_sample(tasks: Sequence[Any], pass_rates: Sequence[float], k: int,
+                             generator: torch.Generator | None = None, *, replacement: bool = False) -> list[Any]:
+    """k tasks drawn with probability proportional to p(1-p), the Bernoulli reward variance.
+
+    Tasks with p in {0, 1} have weight 0 and are never drawn. Without replacement, k must not exceed
+    the number of tasks with p strictly inside (0, 1); when every weight is 0 this raises ValueError
+    rather than falling back to uniform: nothing left is informative, and revisiting is the caller's choice.
+    """
+    rates = torch.tensor(_checked_rates(tasks, pass_rates), dtype=torch.float64)  # [T]
+    k = require_positive_int("k", k)
+    weights = rates * (1.0 - rates)  # [T]
+    informative = int((weights > 0).sum())
+    if informative == 0:
+        raise ValueError("every pass rate is 0 or 1: all weights p(1-p) are zero, nothing to sample")
+    if not replacement and k > informative:
+        raise ValueError(f"k = {k} exceeds the {informative} task(s) with pass rate strictly inside (0, 1)")
+    chosen = torch.multinomial(weights, k, replacement=replacement, generator=generator)  # [k]
+    return [tasks[i] for i in chosen.tolist()]
+
+
+def zero_advantage_probability(pass_rate: float, group_size: int = 8) -> float:
+    """P(a group of group_size Bernoulli(pass_rate) rewards is all-pass or all-fail) = p^G + (1-p)^G."""
+    p = require_ratio("pass_rate", pass_rate)
+    group_size = require_positive_int("group_size", group_size)
+    return p**group_size + (1.0 - p) ** group_size
+
+
+def _true_rate_table(true_pass_rates: Any, steps: int) -> torch.Tensor:
+    """Static rates [T] or a schedule [steps, T] -> [steps, T] float64, each in [0, 1]."""
+    rates = torch.as_tensor(true_pass_rates, dtype=torch.float64)
+    if rates.ndim == 1:
+        rates = rates.expand(steps, -1)
+    if rates.ndim != 2 or rates.shape[0] != steps or rates.shape[1] == 0:
+        raise ValueError(f"true_pass_rates must have shape [T] or [steps={steps}, T], got {tuple(rates.shape)}")
+    if not bool(((rates >= 0) & (rates <= 1)).all()):
+        raise ValueError("true_pass_rates must all lie in [0, 1]")
+    return rates
+
+
+def _choose_tasks(estimate: torch.Tensor, low: float, high: float, revisit: int, prompts_per_step: int,
+                  weighting: str, gen: torch.Generator) -> torch.Tensor:
+    """Task indices for one step: the in-range pool plus `revisit` random excluded tasks, capped."""
+    if weighting == "variance":
+        weights = estimate * (1 - estimate)  # [T]
+        pool = torch.nonzero(weights > 0).flatten()
+        n_pool = min(prompts_per_step, len(pool))
+        pool = pool[torch.multinomial(weights[pool], n_pool, generator=gen)] if n_pool else pool
+    else:
+        pool = torch.nonzero((estimate > low) & (estimate < high)).flatten()
+    inside = torch.zeros(len(estimate), dtype=torch.bool)
+    inside[pool] = True
+    excluded = torch.nonzero(~inside).flatten()
+    again = excluded[torch.randperm(len(excluded), generator=gen)[:revisit]]
+    candidates = torch.cat([pool, again])
+    return candidates[torch.randperm(len(candidates), generator=gen)[:prompts_per_step]]
+
+
+def simulate_pass_rate_filter(true_pass_rates: Any, group_size: int = 8, steps: int = 60, low: float = 0.0,
+                              high: float = 1.0, revisit: int = 1, seed: int = 0, *, prompts_per_step: int = 8,
+                              history: int = 1, weighting: str = "filter") -> dict[str, Any]:
+    """Bernoulli task pool [T] (or schedule [steps, T]) -> per-step episodes and zero-advantage shares.
+
+    Mirrors seed 003's train_curriculum without a model: estimates start at 0.5; each step takes the tasks
+    inside (low, high) plus `revisit` random excluded ones, keeps a random prompts_per_step of them when there
+    are more, draws group_size rewards per task, and sets a task's estimate to the mean of its last `history`
+    groups (exercise 4). weighting="variance" draws the
+    pool with probability p(1-p) instead of the hard (low, high) filter. Deterministic for a given seed.
+    """
+    group_size, steps = require_positive_int("group_size", group_size), require_positive_int("steps", steps)
+    revisit, history = require_int("revisit", revisit, minimum=0), require_positive_int("history", history)
+    prompts_per_step = require_positive_int("prompts_per_step", prompts_per_step)
+    low, high = require_real("low", low), require_real("high", high)
+    if not low < high:
+        raise ValueError(f"low must be < high, got low={low}, high={high}")
+    if weighting not in ("filter", "variance"):
+        raise ValueError(f"weighting must be 'filter' or 'variance', got {weighting!r}")
+    rates = _true_rate_table(true_pass_rates, steps)  # [steps, T]
+    gen = torch.Generator().manual_seed(require_int("seed", seed))
+    n_tasks = rates.shape[1]
+    recent = torch.full((n_tasks, history), float("nan"), dtype=torch.float64)  # last `history` group means
+    recent[:, -1] = 0.5
+    episodes, flat_groups, groups, pool_sizes = [], [], [], []
+    for step in range(steps):
+        estimate = recent.nanmean(dim=1)  # [T]
+        chosen = _choose_tasks(estimate, low, high, revisit, prompts_per_step, weighting, gen)  # [n]
+        rewards = (torch.rand(len(chosen), group_size, generator=gen, dtype=torch.float64)
+                   < rates[step, chosen, None]).double()  # [n, G]
+        recent[chosen] = torch.cat([recent[chosen, 1:], rewards.mean(dim=1, keepdim=True)], dim=1)
+        flat_groups.append(int((rewards.amin(dim=1) == rewards.amax(dim=1)).sum()))  # all-pass or all-fail
+        groups.append(len(chosen))
+        pool_sizes.append(int(((estimate > low) & (estimate < high)).sum()))
+        episodes.append(len(chosen) * group_size)
+    zero_episodes = sum(flat_groups) * group_size
+    return {"episodes_per_step": episodes, "pool_size": pool_sizes, "zero_adv_groups_per_step": flat_groups,
+            "zero_adv_frac": [flat / n if n else 0.0 for flat, n in zip(flat_groups, groups, strict=True)],
+            "total_episodes": sum(episodes), "zero_adv_episodes": zero_episodes,
+            "informative_episodes": sum(episodes) - zero_episodes}

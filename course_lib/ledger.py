@@ -1,0 +1,116 @@
+"""The length ledger: template / prompt / supervised token counts from ONE rendering; P50/P95, buckets, overflow.
+
+L_total = L_template + L_prompt + L_sup, with L_sup = L_response + L_EOS (L_EOS = 0 when the end-of-turn
+token is not supervised; it then counts as template). The counts come from the roles that
+`course_lib.render_chat` gives the tokens of one rendering, never from tokenizing pieces separately.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ._checks import require_int, require_lengths, require_positive_int
+from .tokenizer import ROLE_NAMES, render_chat, render_chats
+
+__all__ = [
+    "LEDGER_KEYS",
+    "ledger_from_roles",
+    "measure_sample",
+    "summarize_length_distribution",
+    "summarize_length_distribution_reference",
+    "overflow_ratio",
+    "length_ledger",
+]
+
+LEDGER_KEYS = ("template_tokens", "prompt_tokens", "supervised_tokens", "total_tokens")
+
+
+def ledger_from_roles(roles, *, supervise_eos: bool = True) -> dict[str, int]:
+    """Token roles of one rendering [T] -> {"template_tokens", "prompt_tokens", "supervised_tokens", "total_tokens"}.
+
+    Prompt = system + user tokens; supervised = assistant tokens + the closing "eos" token when supervise_eos
+    (else it counts as template); template = everything else. The span-aligned half of measure_sample.
+    """
+    if isinstance(roles, str) or not hasattr(roles, "__len__"):
+        raise ValueError(f"roles must be a sequence of role names, got {roles!r:.80}")
+    role_array = np.asarray(roles, dtype=str)  # [T]
+    unknown = sorted(set(role_array.tolist()) - set(ROLE_NAMES))
+    if unknown:
+        raise ValueError(f"roles must be among {list(ROLE_NAMES)}, got {unknown}")
+    prompt = int(np.isin(role_array, ("system", "user")).sum())
+    answer = int((role_array == "assistant").sum())
+    eos = int((role_array == "eos").sum())
+    supervised = answer + (eos if supervise_eos else 0)
+    total = len(roles)
+    return {"template_tokens": total - prompt - supervised, "prompt_tokens": prompt,
+            "supervised_tokens": supervised, "total_tokens": total}
+
+
+def measure_sample(tokenizer, messages, *, supervise_eos: bool = True,
+                   chat_template: str | None = None) -> dict[str, int]:
+    """One chat -> {"template_tokens", "prompt_tokens", "supervised_tokens", "total_tokens"} from one rendering."""
+    rendered = render_chat(tokenizer, messages, chat_template=chat_template)
+    return ledger_from_roles(rendered["roles"], supervise_eos=bool(supervise_eos))
+
+
+def _check_thresholds(short_threshold: object, long_threshold: object) -> tuple[int, int]:
+    short = require_int("short_threshold", short_threshold, minimum=0)
+    long = require_int("long_threshold", long_threshold)
+    if long < short:
+        raise ValueError(f"long_threshold must be >= short_threshold = {short}, got {long}")
+    return short, long
+
+
+def _nearest_rank_index(count: int, quantile: float) -> int:
+    # The seed's rank rule, kept literally (including its 0.999999 ceiling) so results match it exactly.
+    return max(0, int(quantile * count + 0.999999) - 1)
+
+
+def summarize_length_distribution(lengths, short_threshold: int, long_threshold: int) -> dict[str, Any]:
+    """lengths [N] -> {"count", "buckets": {"short", "medium", "long"}, "p50_tokens", "p95_tokens"} (nearest rank)."""
+    short, long = _check_thresholds(short_threshold, long_threshold)
+    ordered = np.sort(np.asarray(require_lengths("lengths", lengths, allow_empty=True, minimum=0), dtype=np.int64))
+    count = len(ordered)
+    short_count = int(np.searchsorted(ordered, short, side="right"))  # length <= short
+    up_to_long = int(np.searchsorted(ordered, long, side="right"))  # length <= long
+    buckets = {"short": short_count, "medium": up_to_long - short_count, "long": count - up_to_long}
+    p50 = int(ordered[_nearest_rank_index(count, 0.50)]) if count else 0
+    p95 = int(ordered[_nearest_rank_index(count, 0.95)]) if count else 0
+    return {"count": count, "buckets": buckets, "p50_tokens": p50, "p95_tokens": p95}
+
+
+def summarize_length_distribution_reference(lengths, short_threshold: int, long_threshold: int) -> dict[str, Any]:
+    """Teaching version (plain Python, the seed's loops); tested equal to summarize_length_distribution."""
+    short, long = _check_thresholds(short_threshold, long_threshold)
+    ordered = sorted(require_lengths("lengths", lengths, allow_empty=True, minimum=0))
+    buckets = {"short": sum(length <= short for length in ordered),
+               "medium": sum(short < length <= long for length in ordered),
+               "long": sum(length > long for length in ordered)}
+    p50 = ordered[_nearest_rank_index(len(ordered), 0.50)] if ordered else 0
+    p95 = ordered[_nearest_rank_index(len(ordered), 0.95)] if ordered else 0
+    return {"count": len(ordered), "buckets": buckets, "p50_tokens": p50, "p95_tokens": p95}
+
+
+def overflow_ratio(lengths, context_len: int) -> float:
+    """lengths [N] -> share of samples with total > context_len (strictly greater); 0.0 for no samples."""
+    context_len = require_positive_int("context_len", context_len)
+    totals = np.asarray(require_lengths("lengths", lengths, allow_empty=True, minimum=0), dtype=np.int64)  # [N]
+    return float((totals > context_len).mean()) if len(totals) else 0.0
+
+
+def length_ledger(dataset, tokenizer, *, messages_column: str = "messages", supervise_eos: bool = True,
+                  chat_template: str | None = None, batch_size: int = 256, num_proc: int | None = None):
+    """datasets.Dataset of chats -> the same Dataset with the four LEDGER_KEYS columns added (batched map)."""
+    if messages_column not in dataset.column_names:
+        raise ValueError(f"messages_column {messages_column!r} is not a column of the dataset: {dataset.column_names}")
+    batch_size = require_positive_int("batch_size", batch_size)
+
+    def measure_batch(batch: dict[str, list]) -> dict[str, list[int]]:
+        rendered = render_chats(tokenizer, batch[messages_column], chat_template=chat_template)
+        rows = [ledger_from_roles(chat["roles"], supervise_eos=bool(supervise_eos)) for chat in rendered]
+        return {key: [row[key] for row in rows] for key in LEDGER_KEYS}
+
+    return dataset.map(measure_batch, batched=True, batch_size=batch_size, num_proc=num_proc,
+                       desc="length ledger")

@@ -1,0 +1,184 @@
+"""Selected-token log-probs three ways (full, chunked, chunked + recomputed) and the memory autograd keeps.
+
+With a production vocabulary the logits dominate a long-context microbatch: fp32 logits of one token are
+4 V bytes (0.61 MB for Qwen3's V = 151,936), so 32k tokens hold 19.9 GB before log-softmax and gradients.
+Chunking over time removes the full transient tensor from the forward pass; recomputing each chunk in
+backward (`torch.utils.checkpoint`) stops autograd from keeping every chunk's log-softmax.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from ._checks import require_int, require_positive_int
+
+__all__ = [
+    "QWEN3_VOCAB_SIZE",
+    "QWEN3_HIDDEN_SIZES",
+    "selected_log_probs",
+    "chunked_log_probs",
+    "checkpointed_log_probs",
+    "saved_tensor_bytes",
+    "peak_cuda_memory",
+    "logit_bytes",
+    "logit_memory_table",
+]
+
+QWEN3_VOCAB_SIZE = 151_936
+QWEN3_HIDDEN_SIZES = {"Qwen3-0.6B": 1024, "Qwen3-8B": 4096, "Qwen3-32B": 5120}
+
+
+def _require_tensor(name: str, value: object, ndim: int | None = None) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if ndim is not None and value.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(value.shape)}")
+    return value
+
+
+def _require_ids(ids: object, shape: tuple[int, ...], vocab_size: int) -> torch.Tensor:
+    ids = _require_tensor("ids", ids)
+    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        raise ValueError(f"ids must be an integer tensor, got dtype {ids.dtype}")
+    if tuple(ids.shape) != tuple(shape):
+        raise ValueError(f"ids must have shape {tuple(shape)}, got {tuple(ids.shape)}")
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+        raise ValueError(f"ids must lie in [0, {vocab_size}), got range [{int(ids.min())}, {int(ids.max())}]")
+    return ids
+
+
+def selected_log_probs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Log-softmax gathered at ids, in fp32 or wider: logits [B, T, V], ids [B, T] -> [B, T] (fp32; fp64 stays fp64)."""
+    logits = _require_tensor("logits", logits)
+    if logits.ndim < 1 or not logits.dtype.is_floating_point:
+        raise ValueError(f"logits must be a floating tensor [..., V], got dtype {logits.dtype}, shape {tuple(logits.shape)}")
+    ids = _require_ids(ids, tuple(logits.shape[:-1]), logits.shape[-1])
+    return _gathered_log_probs(logits, ids)
+
+
+def _gathered_log_probs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Unchecked core of selected_log_probs: logits [B, T, V], ids [B, T] -> [B, T] (fp32 or wider)."""
+    wide = logits.to(torch.promote_types(logits.dtype, torch.float32))            # [B, T, V]; fp32 copy of bf16
+    log_probs = wide.log_softmax(dim=-1)                                          # [B, T, V]
+    return log_probs.gather(-1, ids.unsqueeze(-1)).squeeze(-1)                    # [B, T]
+
+
+def _check_head_inputs(hidden: object, weight: object, ids: object, chunk_size: object) -> int:
+    hidden = _require_tensor("hidden", hidden, ndim=3)
+    weight = _require_tensor("weight", weight, ndim=2)
+    if hidden.shape[-1] != weight.shape[-1]:
+        raise ValueError(f"hidden width {hidden.shape[-1]} must equal weight width {weight.shape[-1]} (weight is [V, D])")
+    _require_ids(ids, tuple(hidden.shape[:2]), weight.shape[0])
+    return require_positive_int("chunk_size", chunk_size)
+
+
+def _chunk_log_probs(hidden_chunk: torch.Tensor, weight: torch.Tensor, ids_chunk: torch.Tensor) -> torch.Tensor:
+    """One chunk through the output layer: hidden [B, C, D], weight [V, D], ids [B, C] -> [B, C]."""
+    return _gathered_log_probs(hidden_chunk @ weight.T, ids_chunk)               # logits [B, C, V] live only here
+
+
+def chunked_log_probs(hidden: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    """Output layer in time chunks (forward memory only): hidden [B, T, D], weight [V, D], ids [B, T] -> [B, T]."""
+    chunk_size = _check_head_inputs(hidden, weight, ids, chunk_size)
+    # Autograd still keeps every chunk's log-softmax for backward, so saved memory grows with T.
+    pieces = [_chunk_log_probs(hidden[:, start:start + chunk_size], weight, ids[:, start:start + chunk_size])
+              for start in range(0, hidden.shape[1], chunk_size)]
+    return torch.cat(pieces, dim=1) if pieces else hidden.new_zeros(hidden.shape[:2], dtype=torch.float32)
+
+
+def checkpointed_log_probs(hidden: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor,
+                           chunk_size: int = 1024) -> torch.Tensor:
+    """Chunked log-probs, each chunk recomputed in backward: hidden [B, T, D], weight [V, D], ids [B, T] -> [B, T]."""
+    chunk_size = _check_head_inputs(hidden, weight, ids, chunk_size)
+    # Autograd keeps only each chunk's inputs (views of hidden, weight, ids); logits are rebuilt in backward.
+    pieces = [checkpoint(_chunk_log_probs, hidden[:, start:start + chunk_size], weight,
+                         ids[:, start:start + chunk_size], use_reentrant=False)
+              for start in range(0, hidden.shape[1], chunk_size)]
+    return torch.cat(pieces, dim=1) if pieces else hidden.new_zeros(hidden.shape[:2], dtype=torch.float32)
+
+
+def _storage_key(tensor: torch.Tensor) -> tuple[str, int, int] | None:
+    try:
+        storage = tensor.untyped_storage()
+    except (RuntimeError, NotImplementedError):                                  # e.g. tensor subclasses without storage
+        return None
+    return str(tensor.device), storage.data_ptr(), storage.nbytes()
+
+
+def saved_tensor_bytes(fn: Callable[..., object], *args: object, include_inputs: bool = False) -> int:
+    """Bytes of the distinct storages autograd saves for backward while fn(*args) runs (inputs excluded by default).
+
+    Each underlying storage counts once, whole (a saved view keeps its whole storage alive). With
+    include_inputs=False, storages shared with any tensor in args (hidden, weight, ids and their views)
+    are left out: they exist before the call and the caller pays for them anyway.
+    """
+    if not callable(fn):
+        raise ValueError(f"fn must be callable, got {type(fn).__name__}")
+    saved: dict[tuple[str, int], int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        key = _storage_key(tensor)
+        if key is not None:
+            saved[key[:2]] = key[2]
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        output = fn(*args)
+    del output                                                                    # frees the graph and what it saved
+    if not include_inputs:
+        for arg in args:
+            key = _storage_key(arg) if isinstance(arg, torch.Tensor) else None
+            if key is not None:
+                saved.pop(key[:2], None)
+    return sum(saved.values())
+
+
+def peak_cuda_memory(fn: Callable[..., torch.Tensor], *args: object, backward: bool = True) -> int:
+    """Peak CUDA bytes allocated above the starting level while fn(*args) runs, plus output.sum().backward().
+
+    Clears .grad of every tensor argument first, so a fresh weight gradient counts (as in a training step).
+    Raises RuntimeError when CUDA is not available: the peak counters exist only on a GPU.
+    """
+    if not torch.cuda.is_available():
+        raise RuntimeError("peak_cuda_memory needs a CUDA device; on CPU use saved_tensor_bytes")
+    if not callable(fn):
+        raise ValueError(f"fn must be callable, got {type(fn).__name__}")
+    tensors = [arg for arg in args if isinstance(arg, torch.Tensor)]
+    for tensor in tensors:
+        tensor.grad = None
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    start = torch.cuda.memory_allocated()
+    output = fn(*args)
+    if backward:
+        output.float().sum().backward()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - start
+    del output
+    for tensor in tensors:
+        tensor.grad = None
+    return int(peak)
+
+
+def logit_bytes(n_tokens: int, vocab_size: int, dtype_bytes: int = 4) -> int:
+    """Bytes of the full logits tensor: n_tokens * vocab_size * dtype_bytes (fp32: 4 V bytes per token)."""
+    n_tokens = require_int("n_tokens", n_tokens, minimum=0)
+    vocab_size = require_positive_int("vocab_size", vocab_size)
+    dtype_bytes = require_positive_int("dtype_bytes", dtype_bytes)
+    return n_tokens * vocab_size * dtype_bytes
+
+
+def logit_memory_table(hidden_sizes: dict[str, int] | None = None, vocab_size: int = QWEN3_VOCAB_SIZE,
+                       n_tokens: int = 32_768, dtype_bytes: int = 4) -> list[dict[str, object]]:
+    """One row per model: keys model, hidden_size, vocab_per_hidden, per_token_mb, microbatch_gb (1 MB = 1e6 B)."""
+    hidden_sizes = QWEN3_HIDDEN_SIZES if hidden_sizes is None else hidden_sizes
+    rows = []
+    for model, hidden_size in hidden_sizes.items():
+        hidden_size = require_positive_int(f"hidden_sizes[{model!r}]", hidden_size)
+        rows.append({"model": model, "hidden_size": hidden_size, "vocab_per_hidden": vocab_size / hidden_size,
+                     "per_token_mb": logit_bytes(1, vocab_size, dtype_bytes) / 1e6,
+                     "microbatch_gb": logit_bytes(n_tokens, vocab_size, dtype_bytes) / 1e9})
+    return rows

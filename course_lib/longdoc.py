@@ -1,0 +1,153 @@
+"""Long documents (seed 004): geometric length buckets, and sliding windows where each token's loss has one owner.
+
+Buckets: a document of length n goes to the bucket 2^ceil(log2 n), capped at max_length. We compute it with
+integer bit arithmetic: float log2 rounds large lengths (2**53 + 1 -> 53.0) into a bucket that is too small.
+
+Windows: window i covers tokens [start, end); it OWNS [loss_start, loss_end), the tokens no earlier window
+covered, so the owned ranges partition [0, length) and overlapping tokens are context only, never counted twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ._checks import require_int, require_lengths, require_positive_int
+from .window import IGNORE_INDEX
+
+__all__ = [
+    "assign_bucket",
+    "assign_buckets",
+    "geometric_edges",
+    "linear_edges",
+    "bucket_padding",
+    "compare_bucket_padding",
+    "Window",
+    "sliding_windows",
+    "sliding_window_cost",
+    "split_document",
+]
+
+
+def assign_bucket(length: int, max_length: int) -> int:
+    """Document length n in [1, max_length] -> bucket min(2^ceil(log2 n), max_length).
+
+    Length 0 raises (an empty document has no bucket); so does length > max_length: cut it with
+    sliding_windows first instead of silently padding it into a bucket it does not fit.
+    """
+    max_length = require_positive_int("max_length", max_length)
+    length = require_int("length", length, minimum=1)
+    if length > max_length:
+        raise ValueError(f"length = {length} exceeds max_length = {max_length}; split it with sliding_windows")
+    return min(1 << (length - 1).bit_length(), max_length)  # smallest power of two >= length
+
+
+def assign_buckets(lengths: Any, max_length: int) -> np.ndarray:
+    """Lengths [N] -> buckets [N] (int64), assign_bucket applied to each, vectorized."""
+    max_length = require_positive_int("max_length", max_length)
+    values = np.asarray(require_lengths("lengths", lengths, maximum=max_length, maximum_name="max_length"),
+                        dtype=np.int64)  # [N]
+    v = values - 1
+    for shift in (1, 2, 4, 8, 16, 32):  # smear the highest set bit down: v becomes 2^k - 1
+        v |= v >> shift
+    return np.minimum(v + 1, max_length)  # [N]
+
+
+def geometric_edges(max_length: int, min_edge: int = 1) -> list[int]:
+    """Bucket upper edges min_edge, 2 min_edge, 4 min_edge, ... up to max_length (always included last)."""
+    max_length, edge = require_positive_int("max_length", max_length), require_positive_int("min_edge", min_edge)
+    edges = []
+    while edge < max_length:
+        edges.append(edge)
+        edge *= 2
+    return edges + [max_length]
+
+
+def linear_edges(max_length: int, n_buckets: int) -> list[int]:
+    """n_buckets equal-width bucket upper edges ending at max_length."""
+    max_length, n_buckets = require_positive_int("max_length", max_length), require_positive_int("n_buckets", n_buckets)
+    if n_buckets > max_length:
+        raise ValueError(f"n_buckets = {n_buckets} exceeds max_length = {max_length}")
+    return sorted({-(-max_length * i // n_buckets) for i in range(1, n_buckets + 1)})  # ceil(max_length i / n)
+
+
+def bucket_padding(lengths: Any, edges: Sequence[int]) -> dict[str, Any]:
+    """Lengths [N] padded up to the smallest edge >= each -> {tokens, padded_tokens, padding_tokens, padding_ratio}.
+
+    padding_ratio = padding / padded tokens: the share of computed positions that are padding.
+    """
+    edge_values = require_lengths("edges", edges)
+    if any(b <= a for a, b in zip(edge_values, edge_values[1:], strict=False)):
+        raise ValueError(f"edges must be strictly increasing, got {edge_values[:8]}...")
+    values = np.asarray(require_lengths("lengths", lengths, maximum=edge_values[-1], maximum_name="edges[-1]"),
+                        dtype=np.int64)  # [N]
+    padded = np.asarray(edge_values, dtype=np.int64)[np.searchsorted(edge_values, values, side="left")]  # [N]
+    tokens, padded_tokens = int(values.sum()), int(padded.sum())
+    return {"tokens": tokens, "padded_tokens": padded_tokens, "padding_tokens": padded_tokens - tokens,
+            "padding_ratio": (padded_tokens - tokens) / padded_tokens}
+
+
+def compare_bucket_padding(lengths: Any, max_length: int, min_edge: int = 1) -> dict[str, dict[str, Any]]:
+    """Padding of geometric buckets vs linear buckets (same count) vs one global max_length bucket."""
+    geometric = geometric_edges(max_length, min_edge)
+    return {"geometric": {**bucket_padding(lengths, geometric), "n_buckets": len(geometric)},
+            "linear": {**bucket_padding(lengths, linear_edges(max_length, len(geometric))),
+                       "n_buckets": len(geometric)},
+            "global_max": {**bucket_padding(lengths, [max_length]), "n_buckets": 1}}
+
+
+class Window(NamedTuple):
+    """Tokens [start, end) go through the model; loss is taken on [loss_start, loss_end) only."""
+
+    start: int
+    end: int
+    loss_start: int
+    loss_end: int
+
+
+def sliding_windows(length: int, window: int = 256, overlap: int = 64) -> list[Window]:
+    """A document of `length` tokens -> windows of <= `window` tokens, stride window - overlap.
+
+    Window i starts at i * stride; the last one ends at `length` and may be shorter than `window` (it is not
+    shifted back to be flush, which would change its overlap). Each window owns the tokens after the previous
+    window's end, so the owned ranges partition [0, length). A document that fits gives one window.
+    """
+    length = require_positive_int("length", length)
+    window = require_positive_int("window", window)
+    overlap = require_int("overlap", overlap, minimum=0)
+    if overlap >= window:
+        raise ValueError(f"overlap must be < window, got overlap = {overlap}, window = {window}")
+    stride = window - overlap
+    n_windows = 1 + max(0, -(-(length - window) // stride))  # ceil((length - window) / stride) more windows
+    starts = np.arange(n_windows, dtype=np.int64) * stride  # [W]
+    ends = np.minimum(starts + window, length)  # [W]
+    loss_starts = np.concatenate([[0], ends[:-1]])  # [W]
+    return [Window(*map(int, row)) for row in zip(starts, ends, loss_starts, ends, strict=True)]
+
+
+def sliding_window_cost(length: int, window: int = 256, overlap: int = 64) -> dict[str, Any]:
+    """Windows, tokens processed (overlaps read twice) and the overhead processed / length for one document."""
+    windows = sliding_windows(length, window, overlap)
+    processed = sum(w.end - w.start for w in windows)
+    return {"windows": len(windows), "processed_tokens": processed, "owned_tokens": length,
+            "overhead": processed / length}
+
+
+def split_document(input_ids: Sequence[int], window: int = 256, overlap: int = 64) -> list[dict[str, Any]]:
+    """Token ids [L] -> windows [{input_ids [w], labels [w], window}], labels -100 outside the owned range.
+
+    With a causal LM's label shift, a window's first token is never predicted; with overlap >= 1 that token
+    is context the window does not own, so every token but the document's first is predicted exactly once.
+    With overlap = 0 the first token of each later window loses its loss.
+    """
+    ids = np.asarray(input_ids.tolist() if hasattr(input_ids, "tolist") else list(input_ids), dtype=np.int64)
+    if ids.ndim != 1:
+        raise ValueError(f"input_ids must be one-dimensional, got shape {ids.shape}")
+    pieces = []
+    for w in sliding_windows(len(ids), window, overlap):
+        labels = np.full(w.end - w.start, IGNORE_INDEX, dtype=np.int64)  # [w]
+        labels[w.loss_start - w.start:] = ids[w.loss_start:w.loss_end]
+        pieces.append({"input_ids": ids[w.start:w.end].tolist(), "labels": labels.tolist(), "window": w})
+    return pieces

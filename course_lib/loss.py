@@ -1,0 +1,275 @@
+"""Masked normalisation and globally normalised loss aggregation, checked on real gradients.
+
+Gradient accumulation must reproduce the full-batch gradient. A per-microbatch `token_mean` divided by
+the number of microbatches K gives a token in microbatch k the weight 1 / (K n_k) instead of 1 / N, a
+distortion of N / (K n_k). Dividing every microbatch's token-loss sum by the global count N (mode
+"constant", norm_const=N) is exact; across data-parallel ranks it costs one all-reduce of a scalar.
+"""
+
+from __future__ import annotations
+
+import datetime
+import queue as queue_module
+import socket
+import sys
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from ._checks import require_int, require_keys, require_lengths, require_real
+from .logprobs import selected_log_probs
+
+__all__ = [
+    "IGNORE_INDEX",
+    "LOSS_MODES",
+    "NORMALIZATIONS",
+    "masked_normalize",
+    "aggregate_loss",
+    "per_token_weight_distortion",
+    "synthetic_supervised_batch",
+    "supervised_token_losses",
+    "microbatch_loss",
+    "flat_gradient",
+    "accumulated_gradient",
+    "gradient_agreement",
+    "data_parallel_gradients",
+]
+
+IGNORE_INDEX = -100
+LOSS_MODES = ("token_mean", "constant")
+NORMALIZATIONS = ("local", "global")
+
+
+def _require_mask(tensor: object, mask: object) -> torch.Tensor:
+    """A bool (or 0/1) mask with the tensor's shape, returned as bool."""
+    if not isinstance(tensor, torch.Tensor) or not isinstance(mask, torch.Tensor):
+        raise ValueError(f"tensor and mask must be torch.Tensors, got {type(tensor).__name__}, {type(mask).__name__}")
+    if tensor.shape != mask.shape:
+        raise ValueError(f"mask shape {tuple(mask.shape)} must equal tensor shape {tuple(tensor.shape)}")
+    if mask.dtype != torch.bool:
+        if mask.numel() and not bool(((mask == 0) | (mask == 1)).all()):
+            raise ValueError(f"mask must be boolean or hold only 0 and 1, got dtype {mask.dtype} with other values")
+        mask = mask != 0
+    return mask
+
+
+def masked_normalize(tensor: torch.Tensor, mask: torch.Tensor, dim: int | None = None,
+                     normalize_constant: float = 1.0) -> torch.Tensor:
+    """Sum of entries where mask is True (over dim, or all when None) / normalize_constant: [...] -> [...] minus dim."""
+    mask = _require_mask(tensor, mask)
+    constant = require_real("normalize_constant", normalize_constant)
+    if constant == 0.0:
+        raise ValueError("normalize_constant must be nonzero, got 0.0")
+    kept = torch.where(mask, tensor, torch.zeros((), dtype=tensor.dtype, device=tensor.device))  # NaN outside mask stays out
+    if dim is None:
+        return kept.sum() / constant
+    dim = require_int("dim", dim, minimum=-max(tensor.ndim, 1), maximum=max(tensor.ndim, 1) - 1)
+    return kept.sum(dim=dim) / constant
+
+
+def aggregate_loss(token_losses: torch.Tensor, mask: torch.Tensor, mode: str = "token_mean",
+                   norm_const: float | None = None) -> torch.Tensor:
+    """Scalar loss from token_losses [B, T] and mask [B, T]: masked sum / mask count ("token_mean") or / norm_const.
+
+    token_mean over a microbatch with no masked-in token raises ValueError rather than returning 0 or NaN:
+    a trainer that meets one has a data bug, or should use mode="constant" with the global count, which
+    gives such a microbatch a loss of 0 and no gradient while keeping every other token's weight 1 / N.
+    """
+    mask = _require_mask(token_losses, mask)
+    if mode == "token_mean":
+        if norm_const is not None:
+            raise ValueError(f"norm_const is only used with mode='constant', got norm_const={norm_const!r}")
+        count = int(mask.sum())
+        if count == 0:
+            raise ValueError("mask selects no token, so token_mean is undefined; use mode='constant' with the "
+                             "global token count")
+        return masked_normalize(token_losses, mask, normalize_constant=count)
+    if mode == "constant":
+        if norm_const is None:
+            raise ValueError("norm_const is required with mode='constant' (e.g. the global token count)")
+        norm_const = require_real("norm_const", norm_const, minimum=0.0, strict_minimum=True)
+        return masked_normalize(token_losses, mask, normalize_constant=norm_const)
+    raise ValueError(f"mode must be one of {list(LOSS_MODES)}, got {mode!r}")
+
+
+def per_token_weight_distortion(tokens_per_microbatch: Sequence[int]) -> list[float]:
+    """Weight of a token under per-microbatch token_mean / K relative to the global 1 / N: N / (K n_k), one per k."""
+    counts = require_lengths("tokens_per_microbatch", tokens_per_microbatch)
+    total, n_microbatches = sum(counts), len(counts)
+    return [total / (n_microbatches * count) for count in counts]
+
+
+def synthetic_supervised_batch(n_rows: int = 16, min_length: int = 6, max_length: int = 48, vocab_size: int = 2048,
+                               seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random right-padded SFT rows: -> input_ids, labels, attention_mask [n_rows, longest] (labels -100 off answers).
+
+    Row r has a random length in [min_length, max_length] and a random prompt of 1 .. length-2 tokens;
+    its answer (the rest) is supervised. Token ids are uniform in [1, vocab_size); padding is id 0.
+    """
+    n_rows = require_int("n_rows", n_rows, minimum=1)
+    min_length = require_int("min_length", min_length, minimum=3)
+    max_length = require_int("max_length", max_length, minimum=min_length)
+    vocab_size = require_int("vocab_size", vocab_size, minimum=2)
+    generator = torch.Generator().manual_seed(require_int("seed", seed))
+    lengths = torch.randint(min_length, max_length + 1, (n_rows,), generator=generator)            # [R]
+    prompts = 1 + (torch.rand(n_rows, generator=generator) * (lengths - 2)).long()                 # [R] in [1, len-2]
+    positions = torch.arange(int(lengths.max()))                                                   # [L]
+    inside = positions < lengths[:, None]                                                          # [R, L]
+    answer = inside & (positions >= prompts[:, None])                                              # [R, L]
+    input_ids = torch.randint(1, vocab_size, inside.shape, generator=generator) * inside           # [R, L]
+    labels = torch.where(answer, input_ids, IGNORE_INDEX)                                          # [R, L]
+    return {"input_ids": input_ids, "labels": labels, "attention_mask": inside.long()}
+
+
+def supervised_token_losses(model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Next-token NLL of a causal LM: batch input_ids, labels [B, L] -> (losses [B, L-1], mask [B, L-1] bool).
+
+    labels follow the transformers convention (aligned with input_ids, IGNORE_INDEX outside answers); the
+    model is shifted here, as its own loss does. batch may carry attention_mask and position_ids.
+    """
+    require_keys("batch", batch, ["input_ids", "labels"])
+    input_ids, labels = batch["input_ids"], batch["labels"]
+    if input_ids.shape != labels.shape or input_ids.ndim != 2:
+        raise ValueError(f"input_ids and labels must share a [B, L] shape, got {tuple(input_ids.shape)} "
+                         f"and {tuple(labels.shape)}")
+    extra = {key: batch[key] for key in ("attention_mask", "position_ids") if key in batch}
+    logits = model(input_ids=input_ids, **extra).logits[:, :-1]                   # [B, L-1, V]
+    targets = labels[:, 1:]                                                       # [B, L-1]
+    mask = targets != IGNORE_INDEX
+    log_probs = selected_log_probs(logits, torch.where(mask, targets, 0))         # [B, L-1]
+    return -log_probs, mask
+
+
+def _rows(batch: Mapping[str, torch.Tensor], rows: object) -> dict[str, torch.Tensor]:
+    """The sub-batch of the given row indices (every [B, ...] field)."""
+    n_rows = batch["input_ids"].shape[0]
+    index = torch.as_tensor(require_lengths("microbatch rows", rows, minimum=0, maximum=n_rows - 1,
+                                            maximum_name="last row index"), dtype=torch.long)
+    return {key: value[index] for key, value in batch.items() if isinstance(value, torch.Tensor)}
+
+
+def microbatch_loss(model: torch.nn.Module, microbatch: Mapping[str, torch.Tensor], normalize: str,
+                    n_microbatches: int = 1, global_tokens: float | None = None) -> torch.Tensor:
+    """Loss of one microbatch: 'local' = token_mean / n_microbatches (the bug), 'global' = sum / global_tokens."""
+    losses, mask = supervised_token_losses(model, microbatch)                     # [b, L-1] each
+    if normalize == "local":
+        n_microbatches = require_int("n_microbatches", n_microbatches, minimum=1)
+        return aggregate_loss(losses, mask, mode="token_mean") / n_microbatches
+    if normalize == "global":
+        return aggregate_loss(losses, mask, mode="constant", norm_const=global_tokens)
+    raise ValueError(f"normalize must be one of {list(NORMALIZATIONS)}, got {normalize!r}")
+
+
+def flat_gradient(model: torch.nn.Module) -> torch.Tensor:
+    """Every parameter's .grad (zeros where None), flattened and concatenated: -> [n_parameters]."""
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in model.parameters()])
+
+
+def accumulated_gradient(model: torch.nn.Module, batch: Mapping[str, torch.Tensor],
+                         microbatches: Sequence[Sequence[int]], normalize: str = "global") -> torch.Tensor:
+    """Sum of microbatch gradients (row-index lists into batch [B, L]) -> flat gradient [n_parameters].
+
+    One microbatch holding every row gives the full-batch reference for either normalisation.
+    Leaves the accumulated gradient in the model's .grad fields.
+    """
+    if not microbatches:
+        raise ValueError("microbatches must not be empty")
+    parts = [_rows(batch, rows) for rows in microbatches]
+    global_tokens = sum(int((part["labels"][:, 1:] != IGNORE_INDEX).sum()) for part in parts)
+    model.zero_grad(set_to_none=True)
+    for part in parts:
+        microbatch_loss(model, part, normalize, len(parts), global_tokens).backward()
+    return flat_gradient(model)
+
+
+def gradient_agreement(gradient: torch.Tensor, reference: torch.Tensor) -> dict[str, float]:
+    """Keys relative_error = |g - ref| / |ref| and cosine (cosine similarity), for flat gradients [P] and [P]."""
+    if gradient.shape != reference.shape or gradient.ndim != 1:
+        raise ValueError(f"gradient and reference must be flat and equal in shape, got {tuple(gradient.shape)} "
+                         f"and {tuple(reference.shape)}")
+    gradient, reference = gradient.double(), reference.double()
+    if float(reference.norm()) == 0.0:
+        raise ValueError("reference gradient is all zeros, so the relative error is undefined")
+    return {"relative_error": float((gradient - reference).norm() / reference.norm()),
+            "cosine": float(torch.nn.functional.cosine_similarity(gradient, reference, dim=0))}
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _data_parallel_worker(rank: int, world_size: int, port: int, model: torch.nn.Module,
+                          microbatch: dict[str, torch.Tensor], normalizations: tuple[str, ...],
+                          timeout_s: float, results) -> None:
+    """One data-parallel rank: per normalisation, its loss, backward, one all-reduce (SUM) of the flat gradient."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+        gradients = {}
+        for normalize in normalizations:
+            model.zero_grad(set_to_none=True)
+            global_tokens = None
+            if normalize == "global":                                             # the one scalar all-reduce
+                count = (microbatch["labels"][:, 1:] != IGNORE_INDEX).sum().double()
+                dist.all_reduce(count, op=dist.ReduceOp.SUM)
+                global_tokens = float(count)
+            microbatch_loss(model, microbatch, normalize, 1, global_tokens).backward()
+            gradient = flat_gradient(model)
+            dist.all_reduce(gradient, op=dist.ReduceOp.SUM)
+            # 'local' mirrors DDP's averaging of per-rank token means; 'global' sums, the count already spans ranks.
+            gradients[normalize] = gradient / world_size if normalize == "local" else gradient
+        if rank == 0:
+            results.put(("ok", gradients))
+        dist.destroy_process_group()
+    except Exception as error:  # noqa: BLE001 - report any failure to the parent instead of hanging it
+        results.put(("error", f"rank {rank}: {type(error).__name__}: {error}"))
+
+
+def data_parallel_gradients(model: torch.nn.Module, batch: Mapping[str, torch.Tensor],
+                            rank_rows: Sequence[Sequence[int]], normalizations: Sequence[str] = NORMALIZATIONS,
+                            timeout_s: float = 120.0, start_method: str | None = None) -> dict[str, torch.Tensor]:
+    """Flat gradient [n_parameters] per normalisation from len(rank_rows) gloo ranks on 127.0.0.1, each on its rows.
+
+    'global': each rank all-reduces its token count (one scalar), divides its token-loss sum by the global
+    count and the gradients are summed. 'local' (the bug): each rank's token mean, gradients averaged.
+    Starts one CPU process per rank ("fork" where available: no re-import of torch and transformers;
+    else "spawn"); raises RuntimeError if a rank fails or the run exceeds timeout_s.
+    """
+    import torch.multiprocessing as mp
+
+    world_size = require_int("number of ranks", len(rank_rows), minimum=1)
+    normalizations = tuple(normalizations)
+    for normalize in normalizations:
+        if normalize not in NORMALIZATIONS:
+            raise ValueError(f"normalizations must hold only {list(NORMALIZATIONS)}, got {normalize!r}")
+    timeout_s = require_real("timeout_s", timeout_s, minimum=0.0, strict_minimum=True)
+    parts = [_rows(batch, rows) for rows in rank_rows]
+    if start_method is None:
+        start_method = "fork" if "fork" in mp.get_all_start_methods() and sys.platform == "linux" else "spawn"
+    context = mp.get_context(start_method)
+    results = context.Queue()
+    port = _free_port()
+    workers = [context.Process(target=_data_parallel_worker, daemon=True,
+                               args=(rank, world_size, port, model, parts[rank], normalizations, timeout_s, results))
+               for rank in range(world_size)]
+    for worker in workers:
+        worker.start()
+    status, payload = "error", "interrupted"
+    try:
+        status, payload = results.get(timeout=timeout_s)
+    except queue_module.Empty:
+        status, payload = "error", f"no result within timeout_s = {timeout_s} s"
+    finally:
+        for worker in workers:
+            worker.join(timeout=10.0 if status == "ok" else 0.0)   # a failed run's peers may wait in a collective
+            if worker.is_alive():
+                worker.terminate()
+                worker.join()
+    if status != "ok":
+        raise RuntimeError(f"data-parallel run failed: {payload}")
+    return payload

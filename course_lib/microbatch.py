@@ -1,0 +1,182 @@
+"""Microbatches: token budgets (padded or packed), balanced data-parallel partitions, and their cost summary.
+
+A fixed number of sequences per microbatch makes memory follow the longest member; a token budget fixes
+what memory depends on. Padded cost of a microbatch = count x longest; packed cost = sum of lengths.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+
+import torch
+
+from ._checks import require_int, require_lengths, require_positive_int
+
+__all__ = [
+    "SEED003_AGENT_SEED",
+    "seed003_agent_lengths",
+    "seed003_random_order",
+    "fixed_count_batches",
+    "token_budget_batches",
+    "packed_token_budget_batches",
+    "balanced_partition",
+    "describe_microbatches",
+    "format_microbatch_summary",
+    "batch_containing",
+]
+
+SEED003_AGENT_SEED = 0
+
+
+def _agent_generator_draw(count: int) -> tuple[torch.Tensor, torch.Generator]:
+    generator = torch.Generator().manual_seed(SEED003_AGENT_SEED)
+    lengths = (8192 * torch.exp(0.8 * torch.randn(count, generator=generator))).clamp(256, 65_536).long()  # [N]
+    return lengths, generator
+
+
+def seed003_agent_lengths(count: int = 512) -> torch.Tensor:
+    """Seed 003 §14.2's long-tailed agent lengths: lognormal, median ~8k, clamped to [256, 65536] -> [count] long."""
+    return _agent_generator_draw(require_positive_int("count", count))[0]
+
+
+def seed003_random_order(count: int = 512) -> torch.Tensor:
+    """The random order seed 003 draws from the same generator right after the lengths -> [count] long."""
+    count = require_positive_int("count", count)
+    _, generator = _agent_generator_draw(count)
+    return torch.randperm(count, generator=generator)
+
+
+def fixed_count_batches(order, per_batch: int) -> list[list[int]]:
+    """Consecutive chunks of `per_batch` indices taken from `order` [N] -> list of index lists."""
+    order = [require_int(f"order[{i}]", index, minimum=0) for i, index in enumerate(_as_list(order))]
+    per_batch = require_positive_int("per_batch", per_batch)
+    return [order[start:start + per_batch] for start in range(0, len(order), per_batch)]
+
+
+def _as_list(values) -> list:
+    return values.tolist() if hasattr(values, "tolist") else list(values)
+
+
+def _descending_order(lengths: list[int]) -> torch.Tensor:
+    """Indices by length, longest first; ties keep index order (as Python's stable sort) -> [N]."""
+    return torch.sort(torch.tensor(lengths), descending=True, stable=True).indices
+
+
+def token_budget_batches(lengths, max_tokens: int) -> list[list[int]]:
+    """lengths [N] -> microbatches (longest first) whose padded size count x longest <= max_tokens.
+
+    A sequence longer than max_tokens raises ValueError (seed 003 would give it an over-budget batch of its own,
+    which is the out-of-memory the budget exists to prevent).
+    """
+    max_tokens = require_positive_int("max_tokens", max_tokens)
+    lengths = require_lengths("lengths", lengths, maximum=max_tokens, maximum_name="max_tokens")
+    order = _descending_order(lengths)  # [N]
+    sorted_lengths = torch.tensor(lengths)[order].tolist()  # [N] descending
+    batches, start = [], 0
+    while start < len(order):  # one step per microbatch: its first member sets the padded width
+        fits = max_tokens // sorted_lengths[start]
+        batches.append(order[start:start + fits].tolist())
+        start += fits
+    return batches
+
+
+def packed_token_budget_batches(lengths, max_tokens: int) -> list[list[int]]:
+    """lengths [N] -> microbatches (longest first, consecutive in that order) whose packed size sum <= max_tokens.
+
+    Seed 003 exercise 2: the same walk as `token_budget_batches`, with cost = sum of lengths (next-fit decreasing).
+    Neighbours stay length-balanced; `plan_packing(..., "ffd")` fills tighter (512 seed lengths at 128k: 49 vs 46).
+    """
+    max_tokens = require_positive_int("max_tokens", max_tokens)
+    lengths = require_lengths("lengths", lengths, maximum=max_tokens, maximum_name="max_tokens")
+    order = _descending_order(lengths)  # [N]
+    cumulative = torch.cumsum(torch.tensor(lengths)[order], 0)  # [N] tokens up to and including each
+    batches, start, used = [], 0, 0
+    while start < len(order):
+        # last sorted position whose running total still fits; >= start + 1 because every length <= max_tokens
+        stop = int(torch.searchsorted(cumulative, used + max_tokens, right=True))
+        batches.append(order[start:stop].tolist())
+        used = int(cumulative[stop - 1])
+        start = stop
+    return batches
+
+
+def balanced_partition(lengths, k: int) -> list[list[int]]:
+    """Karmarkar-Karp largest differencing: lengths [N] -> k index lists with near-equal sums (heaviest first).
+
+    Each item starts as a k-way partial partition; the two partials with the largest spread merge, heaviest
+    subset of one with lightest of the other, until one remains. A heuristic: not always optimal.
+    """
+    k = require_positive_int("k", k)
+    lengths = require_lengths("lengths", lengths, minimum=0)
+    heap = []  # (-spread, tie, subsets): subsets sorted heaviest first as (sum, indices)
+    for index in _descending_order(lengths).tolist():
+        subsets = [(lengths[index], [index])] + [(0, []) for _ in range(k - 1)]
+        heapq.heappush(heap, (-lengths[index], len(heap), subsets))
+    tie = len(heap)
+    while len(heap) > 1:
+        _, _, first = heapq.heappop(heap)
+        _, _, second = heapq.heappop(heap)
+        pairs = zip(first, reversed(second), strict=True)  # heaviest of one with lightest of the other
+        merged = [(a_sum + b_sum, a_idx + b_idx) for (a_sum, a_idx), (b_sum, b_idx) in pairs]
+        merged.sort(key=lambda subset: -subset[0])
+        heapq.heappush(heap, (-(merged[0][0] - merged[-1][0]), tie, merged))
+        tie += 1
+    parts = [sorted(indices) for _, indices in heap[0][2]]
+    return sorted(parts, key=lambda part: (-sum(lengths[i] for i in part), part[:1]))
+
+
+def _check_partition(batches: Sequence, count: int) -> list[list[int]]:
+    checked, seen = [], set()
+    for b, batch in enumerate(batches):
+        members = [require_int(f"batches[{b}]", i, minimum=0, maximum=count - 1) for i in _as_list(batch)]
+        if not members:
+            raise ValueError(f"batches[{b}] is empty")
+        repeated = seen.intersection(members) or (len(set(members)) < len(members))
+        if repeated:
+            raise ValueError(f"batches[{b}] repeats an index already used: {members}")
+        seen.update(members)
+        checked.append(members)
+    if len(seen) != count:
+        missing = sorted(set(range(count)) - seen)[:5]
+        raise ValueError(f"batches must cover every index of lengths; missing {missing} ...")
+    return checked
+
+
+def describe_microbatches(lengths, batches, *, packed: bool = False) -> dict:
+    """Cost of a microbatch plan over lengths [N]: count, padding_ratio, largest_tokens, sizes, real/computed tokens.
+
+    sizes[b] = len(b) x max length (padded) or sum of lengths (packed); `batches` must partition range(N).
+    """
+    lengths = require_lengths("lengths", lengths)
+    batches = _check_partition(batches, len(lengths))
+    table = torch.tensor(lengths)  # [N]
+    if packed:
+        sizes = [int(table[b].sum()) for b in batches]
+    else:
+        sizes = [len(b) * int(table[b].max()) for b in batches]
+    real, computed = int(table.sum()), sum(sizes)
+    return {
+        "count": len(batches),
+        "padding_ratio": 1 - real / computed,
+        "largest_tokens": max(sizes),
+        "sizes": sizes,
+        "real_tokens": real,
+        "computed_tokens": computed,
+    }
+
+
+def format_microbatch_summary(name: str, summary: dict) -> str:
+    """One line of seed 003 §14.2's table for a `describe_microbatches` summary."""
+    return (f"{name:<30} | {summary['count']:4d} microbatches | padding {summary['padding_ratio']:5.1%} | "
+            f"largest {summary['largest_tokens'] / 1e3:6.0f}k tokens")
+
+
+def batch_containing(batches, index: int) -> list[int]:
+    """The microbatch (index list) that holds sequence `index`."""
+    index = require_int("index", index, minimum=0)
+    for batch in batches:
+        members = _as_list(batch)
+        if index in members:
+            return members
+    raise ValueError(f"index {index} is in no batch")

@@ -1,0 +1,178 @@
+"""A transformers causal LM on packed rows, checked token by token against each sample run alone.
+
+Two correct ways to keep packed samples apart in transformers (5.x):
+- "block_mask": pass a 4-D additive block-causal mask built from segment_ids (and restarted position_ids);
+  transformers uses a 4-D mask as given, for eager and sdpa alike.
+- "position_ids": pass only restarted position_ids, no attention_mask, use_cache=False. masking_utils'
+  `find_packed_sequence_indices` starts a new sequence wherever position_ids[t] - position_ids[t-1] != 1.
+  The trap: it looks only when attention_mask is None AND no cache is in use. With use_cache=True (a
+  DynamicCache is created) or any 2-D attention_mask (even all ones) the rows silently get a plain causal mask
+  and every sample attends to the samples packed before it.
+"causal" is the leaky baseline of seed 003 §14.1: one causal mask over the whole row.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._checks import require_keys, require_real
+from .packing import additive_attention_mask, block_causal_mask, packed_to_sequences
+
+__all__ = [
+    "PACKED_MODES",
+    "packed_logits",
+    "inferred_packed_segments",
+    "within_segment_mask",
+    "packed_token_logprobs",
+    "per_token_logprobs_alone",
+    "compare_packed_with_alone",
+    "seed003_packing_variants",
+    "leaky_share",
+]
+
+PACKED_MODES = ("block_mask", "position_ids", "causal")
+
+
+def _as_rows(name: str, tensor) -> torch.Tensor:
+    tensor = torch.as_tensor(tensor)
+    if tensor.dim() != 2:
+        raise ValueError(f"{name} must have shape [R, L], got {tuple(tensor.shape)}")
+    return tensor.long()
+
+
+def inferred_packed_segments(position_ids: torch.Tensor) -> torch.Tensor:
+    """position_ids [R, L] -> sequence number per token [R, L], as transformers infers it: new one where diff != 1."""
+    position_ids = _as_rows("position_ids", position_ids)
+    step = torch.diff(position_ids, dim=-1, prepend=position_ids[:, :1] - 1)  # [R, L]
+    return (step != 1).long().cumsum(-1)  # [R, L]
+
+
+def _check_restarts_match_segments(position_ids: torch.Tensor, segment_ids: torch.Tensor) -> None:
+    inferred = inferred_packed_segments(position_ids)  # [R, L]
+    same_inferred = inferred[:, 1:] == inferred[:, :-1]  # [R, L-1]
+    same_given = (segment_ids[:, 1:] == segment_ids[:, :-1]) & (segment_ids[:, 1:] >= 0)  # [R, L-1]
+    if not torch.equal(same_inferred, same_given):
+        row, column = (same_inferred != same_given).nonzero()[0].tolist()
+        raise ValueError(f"position_ids do not restart exactly at segment boundaries (row {row}, column {column + 1}): "
+                         "transformers would split or merge samples there; use mode='block_mask'")
+
+
+def packed_logits(model, ids, position_ids, segment_ids=None, *, mode: str = "block_mask") -> torch.Tensor:
+    """ids, position_ids, segment_ids [R, L] -> logits [R, L, V] of a transformers causal LM on packed rows.
+
+    mode: "block_mask" (4-D block-causal mask), "position_ids" (transformers' own detection; segment_ids, if
+    given, are checked against the restarts) or "causal" (one causal mask per row: leaks across samples).
+    """
+    if mode not in PACKED_MODES:
+        raise ValueError(f"mode must be one of {PACKED_MODES}, got {mode!r}")
+    ids, position_ids = _as_rows("ids", ids), _as_rows("position_ids", position_ids)
+    if position_ids.shape != ids.shape:
+        raise ValueError(f"position_ids shape {tuple(position_ids.shape)} != ids shape {tuple(ids.shape)}")
+    if segment_ids is not None:
+        segment_ids = _as_rows("segment_ids", segment_ids)
+        if segment_ids.shape != ids.shape:
+            raise ValueError(f"segment_ids shape {tuple(segment_ids.shape)} != ids shape {tuple(ids.shape)}")
+    if mode == "position_ids":
+        if segment_ids is not None:
+            _check_restarts_match_segments(position_ids, segment_ids)
+        return model(input_ids=ids, position_ids=position_ids, use_cache=False).logits  # [R, L, V]
+    if mode == "causal":
+        segment_ids = torch.zeros_like(ids)  # one segment per row: a plain causal mask
+    elif segment_ids is None:
+        raise ValueError("segment_ids are required for mode='block_mask'")
+    mask = additive_attention_mask(block_causal_mask(segment_ids), model.dtype)  # [R, 1, L, L]
+    return model(input_ids=ids, position_ids=position_ids, attention_mask=mask, use_cache=False).logits
+
+
+def _next_token_logprobs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """logits [R, L, V], ids [R, L] -> log p(ids[:, t+1] | prefix) [R, L-1]."""
+    return torch.log_softmax(logits[:, :-1].float(), dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+
+
+def within_segment_mask(segment_ids) -> torch.Tensor:
+    """segment_ids [R, L] -> [R, L-1] bool: position t predicts the next token of its own sample."""
+    segment_ids = _as_rows("segment_ids", segment_ids)
+    return (segment_ids[:, :-1] == segment_ids[:, 1:]) & (segment_ids[:, :-1] >= 0)
+
+
+@torch.no_grad()
+def packed_token_logprobs(model, packed: dict, *, mode: str = "block_mask", position_ids=None,
+                          segment_ids=None) -> torch.Tensor:
+    """A `pack_sequences` dict -> next-token log-probs [R, L-1]; position_ids / segment_ids override the dict's."""
+    require_keys("packed", packed, ["ids", "position_ids", "segment_ids"])
+    position_ids = packed["position_ids"] if position_ids is None else position_ids
+    segment_ids = packed["segment_ids"] if segment_ids is None else segment_ids
+    logits = packed_logits(model, packed["ids"], position_ids, segment_ids, mode=mode)  # [R, L, V]
+    return _next_token_logprobs(logits, _as_rows("ids", packed["ids"]))
+
+
+def _sequence_ids(sequence) -> torch.Tensor:
+    if isinstance(sequence, dict):
+        sequence = sequence["ids"]
+    elif hasattr(sequence, "ids"):
+        sequence = sequence.ids
+    return torch.as_tensor(sequence, dtype=torch.long).flatten()
+
+
+@torch.no_grad()
+def per_token_logprobs_alone(model, sequences) -> list[torch.Tensor]:
+    """Each sample alone, batch of one, no mask -> list of log p(token t+1 | its own prefix), shapes [n_i - 1]."""
+    if not sequences:
+        raise ValueError("sequences must not be empty")
+    alone = []
+    for sequence in sequences:  # one forward per sample: the reference the packed run must match
+        ids = _sequence_ids(sequence)[None]  # [1, n]
+        logits = model(input_ids=ids, use_cache=False).logits  # [1, n, V]
+        alone.append(_next_token_logprobs(logits, ids)[0])  # [n-1]
+    return alone
+
+
+def compare_packed_with_alone(model, packed: dict, sequences, *, mode: str = "block_mask", position_ids=None,
+                              segment_ids=None, mask=None, alone=None) -> float:
+    """max |packed - alone| log-prob (nats) over within-sample positions, or only where mask [R, L-1] is set.
+
+    The packed run uses the dict's rows, sample order and layout; position_ids / segment_ids override the
+    dict's (for the leaky variants); `alone` reuses a `per_token_logprobs_alone` result.
+    """
+    require_keys("packed", packed, ["ids", "position_ids", "segment_ids", "rows"])
+    layout = _as_rows("segment_ids", packed["segment_ids"])  # where each sample really sits
+    logp = packed_token_logprobs(model, packed, mode=mode, position_ids=position_ids, segment_ids=segment_ids)
+    keep = within_segment_mask(layout) if mask is None else torch.as_tensor(mask).bool() & within_segment_mask(layout)
+    per_sample = packed_to_sequences(logp, layout, packed["rows"])  # list of [n_i - 1]
+    kept = packed_to_sequences(keep, layout, packed["rows"])
+    alone = per_token_logprobs_alone(model, sequences) if alone is None else alone
+    if len(alone) != len(per_sample):
+        raise ValueError(f"packed holds {len(per_sample)} samples but {len(alone)} were given alone")
+    gaps = []
+    for index, (got, ref, use) in enumerate(zip(per_sample, alone, kept, strict=True)):
+        if got.shape != ref.shape:
+            raise ValueError(f"sample {index} has {got.numel() + 1} tokens packed but {ref.numel() + 1} alone")
+        if use.any():
+            gaps.append((got - ref).abs()[use].max())
+    return float(torch.stack(gaps).max()) if gaps else 0.0
+
+
+def seed003_packing_variants(packed: dict) -> dict[str, dict]:
+    """Seed 003 §14.1's three variants (+ transformers' position_ids detection) as compare_packed_with_alone kwargs."""
+    require_keys("packed", packed, ["ids", "position_ids", "segment_ids"])
+    ids = _as_rows("ids", packed["ids"])
+    running = torch.arange(ids.shape[1]).expand_as(ids)  # [R, L] positions that never restart
+    return {
+        "causal mask, running positions": {"mode": "causal", "position_ids": running},
+        "causal mask, restarted positions": {"mode": "causal"},
+        "block mask, restarted positions": {"mode": "block_mask"},
+        "position_ids only, no cache": {"mode": "position_ids"},
+    }
+
+
+def leaky_share(logp, reference, mask, threshold: float = 0.2) -> float:
+    """Share of masked tokens whose ratio exp(logp - reference) is off 1 by more than threshold ([R, L-1] inputs)."""
+    threshold = require_real("threshold", threshold, minimum=0.0)
+    logp, reference, mask = torch.as_tensor(logp), torch.as_tensor(reference), torch.as_tensor(mask).bool()
+    if not (logp.shape == reference.shape == mask.shape):
+        raise ValueError(f"logp {tuple(logp.shape)}, reference {tuple(reference.shape)} and mask "
+                         f"{tuple(mask.shape)} must have the same shape")
+    if not mask.any():
+        raise ValueError("mask selects no token")
+    off = ((logp - reference).exp() - 1).abs()
+    return float((off[mask] > threshold).float().mean())

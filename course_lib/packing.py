@@ -1,0 +1,320 @@
+"""Packing: bin plans, packed rows, block-causal masks and varlen (cu_seqlens) metadata.
+
+Plans depend only on the lengths (sorted by length, ties broken by sample index), so every data-parallel rank
+that sees the same lengths computes the same plan without communicating.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from collections import deque
+
+import numpy as np
+import torch
+
+from ._checks import require_keys, require_lengths, require_positive_int
+
+__all__ = [
+    "pack_sample_lengths",
+    "plan_packing",
+    "PACKING_STRATEGIES",
+    "block_causal_mask",
+    "additive_attention_mask",
+    "build_boundary_isolated_packing",
+    "varlen_metadata",
+    "pack_sequences",
+    "packed_to_sequences",
+]
+
+PACKING_STRATEGIES = ("bfd", "ffd", "sequential")
+
+
+def _lengths_array(name: str, lengths, capacity: int | None = None, capacity_name: str = "capacity") -> np.ndarray:
+    """lengths [N] (list, numpy array or tensor of ints >= 1, each <= capacity) -> int64 array [N]."""
+    if torch.is_tensor(lengths):
+        lengths = lengths.detach().cpu().numpy()
+    fast = (isinstance(lengths, np.ndarray) and lengths.ndim == 1 and lengths.dtype.kind in "iu") or (
+        isinstance(lengths, list) and set(map(type, lengths)) == {int}  # bools and floats take the slow path
+    )
+    if not fast:  # the element-wise checks name the offending entry
+        lengths = require_lengths(name, lengths, maximum=capacity, maximum_name=capacity_name)
+    array = np.asarray(lengths, dtype=np.int64)
+    if array.size == 0:
+        raise ValueError(f"{name} must not be empty")
+    if array.min() < 1:
+        index = int(np.argmax(array < 1))
+        raise ValueError(f"{name}[{index}] must be >= 1, got {array[index]}")
+    if capacity is not None and array.max() > capacity:
+        index = int(np.argmax(array > capacity))
+        raise ValueError(f"{name}[{index}] = {array[index]} exceeds {capacity_name} = {capacity}")
+    return array
+
+
+def pack_sample_lengths(lengths, max_tokens_per_bin: int) -> dict:
+    """Teaching first-fit decreasing, O(n * bins): lengths [N] -> {"bins": lists of lengths, "utilization"}."""
+    max_tokens_per_bin = require_positive_int("max_tokens_per_bin", max_tokens_per_bin)
+    lengths = require_lengths("lengths", lengths, allow_empty=True, maximum=max_tokens_per_bin,
+                              maximum_name="max_tokens_per_bin")
+    bins: list[list[int]] = []
+    for length in sorted(lengths, reverse=True):
+        target = next((bin_ for bin_ in bins if sum(bin_) + length <= max_tokens_per_bin), None)
+        if target is None:
+            bins.append([length])
+        else:
+            target.append(length)
+    reserved_tokens = len(bins) * max_tokens_per_bin
+    return {"bins": bins, "utilization": sum(lengths) / reserved_tokens if reserved_tokens else 0.0}
+
+
+def _best_fit(order: list[int], lengths: list[int], capacity: int) -> list[list[int]]:
+    """Best fit over a sorted list of the distinct remaining capacities: O(n log C) searches."""
+    bins: list[list[int]] = []
+    open_spaces: list[int] = []  # sorted distinct remaining capacities in (0, capacity) held by some bin
+    bins_by_space: dict[int, deque] = {}  # remaining capacity -> bin numbers, oldest first (TRL's tie-break)
+    for index in order:
+        length = lengths[index]
+        slot = bisect_left(open_spaces, length)  # tightest bin that still fits
+        if slot == len(open_spaces):
+            bin_number, space = len(bins), capacity
+            bins.append([index])
+        else:
+            space = open_spaces[slot]
+            waiting = bins_by_space[space]
+            bin_number = waiting.popleft()
+            if not waiting:
+                del open_spaces[slot]
+            bins[bin_number].append(index)
+        space -= length
+        if space:
+            waiting = bins_by_space.get(space)
+            if waiting:
+                waiting.append(bin_number)
+            else:
+                bins_by_space[space] = deque([bin_number])
+                insort(open_spaces, space)
+    return bins
+
+
+def _first_fit(order: list[int], lengths: list[int], capacity: int) -> list[list[int]]:
+    """First fit with a max segment tree over bin slots: O(n log n)."""
+    leaves = 1 << max(0, (len(order) - 1).bit_length())
+    # unopened slots hold a full bin's space, so the leftmost slot that fits is an open bin or the next new one
+    tree = [capacity] * (2 * leaves)
+    bins: list[list[int]] = []
+    for index in order:
+        length = lengths[index]
+        node = 1
+        while node < leaves:
+            node = 2 * node if tree[2 * node] >= length else 2 * node + 1
+        slot = node - leaves
+        if slot == len(bins):
+            bins.append([])
+        bins[slot].append(index)
+        tree[node] -= length
+        node >>= 1
+        while node:
+            left, right = tree[2 * node], tree[2 * node + 1]
+            largest = left if left >= right else right
+            if tree[node] == largest:  # ancestors unchanged too
+                break
+            tree[node] = largest
+            node >>= 1
+    return bins
+
+
+def _next_fit(order: list[int], lengths: list[int], capacity: int) -> list[list[int]]:
+    """Next fit in input order (keeps sample order, one open bin): O(n)."""
+    bins: list[list[int]] = []
+    space = 0
+    for index in order:
+        if lengths[index] > space:
+            bins.append([])
+            space = capacity
+        bins[-1].append(index)
+        space -= lengths[index]
+    return bins
+
+
+def plan_packing(lengths, capacity: int, strategy: str = "bfd") -> list[list[int]]:
+    """lengths [N] -> bins as lists of sample indices, each bin's total <= capacity; deterministic ("bfd"|"ffd"|"sequential")."""
+    capacity = require_positive_int("capacity", capacity)
+    if strategy not in PACKING_STRATEGIES:
+        raise ValueError(f"strategy must be one of {PACKING_STRATEGIES}, got {strategy!r}")
+    array = _lengths_array("lengths", lengths, capacity)  # [N]
+    if strategy == "sequential":
+        return _next_fit(list(range(len(array))), array.tolist(), capacity)
+    order = np.argsort(-array, kind="stable").tolist()  # longest first, ties by index
+    fit = _best_fit if strategy == "bfd" else _first_fit
+    return fit(order, array.tolist(), capacity)
+
+
+def block_causal_mask(segment_ids: torch.Tensor) -> torch.Tensor:
+    """segment_ids [..., L] (negative = padding) -> allowed [..., L, L] bool: same segment and key j <= query i."""
+    segment_ids = torch.as_tensor(segment_ids)
+    if segment_ids.dim() < 1 or segment_ids.dtype.is_floating_point or segment_ids.dtype == torch.bool:
+        raise ValueError(f"segment_ids must be an integer tensor with at least one dimension, got dtype "
+                         f"{segment_ids.dtype} and shape {tuple(segment_ids.shape)}")
+    segment_ids = segment_ids.long()
+    # each padding token gets its own negative id, so it matches only itself: no empty softmax row
+    own_padding_ids = -1 - torch.arange(segment_ids.shape[-1], device=segment_ids.device)  # [L]
+    keyed = torch.where(segment_ids >= 0, segment_ids, own_padding_ids)  # [..., L]
+    return (keyed.unsqueeze(-1) == keyed.unsqueeze(-2)).tril_()  # [..., L, L]
+
+
+def additive_attention_mask(allowed: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """allowed [R, L, L] or [L, L] bool -> additive mask [R, 1, L, L]: 0 where allowed, dtype-min where blocked."""
+    allowed = torch.as_tensor(allowed)
+    if allowed.dtype != torch.bool:
+        raise ValueError(f"allowed must be a bool tensor, got dtype {allowed.dtype}")
+    if allowed.dim() == 2:
+        allowed = allowed.unsqueeze(0)
+    if allowed.dim() != 3 or allowed.shape[-1] != allowed.shape[-2]:
+        raise ValueError(f"allowed must have shape [R, L, L] or [L, L], got {tuple(allowed.shape)}")
+    if not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating-point dtype, got {dtype}")
+    additive = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)  # [R, L, L]
+    additive.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return additive.unsqueeze(1)  # [R, 1, L, L]
+
+
+def build_boundary_isolated_packing(samples) -> dict:
+    """samples (dicts of input_ids, labels) -> one packed row as lists; attention_allowed is [T][T] bools."""
+    if not samples:
+        raise ValueError(f"samples must not be empty, got {samples!r}")
+    input_ids: list[int] = []
+    labels: list[int] = []
+    lengths: list[int] = []
+    for index, sample in enumerate(samples):
+        require_keys(f"samples[{index}]", sample, ["input_ids", "labels"])
+        sample_ids, sample_labels = list(sample["input_ids"]), list(sample["labels"])
+        if not sample_ids:
+            raise ValueError(f"samples[{index}]['input_ids'] must not be empty")
+        if len(sample_labels) != len(sample_ids):
+            raise ValueError(f"samples[{index}]['labels'] has length {len(sample_labels)}, "
+                             f"expected len(input_ids) = {len(sample_ids)}")
+        input_ids += sample_ids
+        labels += sample_labels
+        lengths.append(len(sample_ids))
+    metadata = varlen_metadata(lengths)
+    return {
+        "input_ids": input_ids,
+        "labels": labels,
+        "segment_ids": metadata["seq_idx"].tolist(),
+        "position_ids": metadata["position_ids"].tolist(),
+        "attention_allowed": block_causal_mask(metadata["seq_idx"]).tolist(),
+    }
+
+
+def varlen_metadata(seq_lengths) -> dict:
+    """seq_lengths [N] -> position_ids [T], cu_seqlens [N+1] int32, max_seqlen int, seq_idx [T] (T = sum of lengths)."""
+    lengths = torch.from_numpy(_lengths_array("seq_lengths", seq_lengths))  # [N]
+    ends = torch.cumsum(lengths, 0)  # [N]
+    total, starts = int(ends[-1]), ends[:-1]  # starts of sequences 1..N-1
+    # two in-place cumsums over T, no gather: step +1 per token, and a jump back to 0 at each start
+    position_ids = torch.ones(total, dtype=torch.long)  # [T]
+    position_ids[0] = 0
+    position_ids[starts] = 1 - lengths[:-1]
+    position_ids.cumsum_(0)
+    seq_idx = torch.zeros(total, dtype=torch.long)  # [T]
+    seq_idx[starts] = 1
+    seq_idx.cumsum_(0)
+    cu_seqlens = torch.cat([ends.new_zeros(1), ends]).to(torch.int32)  # [N+1]
+    return {"position_ids": position_ids, "cu_seqlens": cu_seqlens, "max_seqlen": int(lengths.max()), "seq_idx": seq_idx}
+
+
+_TRANSITION_FIELDS = ("action_mask", "sample_logp")  # per-transition fields: one entry per token except the last
+
+
+def _field(sequence, name: str):
+    """A sequence's field: mapping key, attribute (the seed's Trajectory), or the bare ids themselves."""
+    if hasattr(sequence, "keys"):
+        return sequence.get(name)
+    if name == "ids" and not hasattr(sequence, "ids"):
+        return sequence
+    return getattr(sequence, name, None)
+
+
+def _read_sequences(sequences) -> tuple[list[torch.Tensor], dict[str, list[torch.Tensor]]]:
+    """sequences -> ids (1-D long tensors) and the per-transition fields every sequence provides (length n - 1)."""
+    ids, fields = [], {name: [] for name in _TRANSITION_FIELDS}
+    for index, sequence in enumerate(sequences):
+        sequence_ids = _field(sequence, "ids")
+        if sequence_ids is None:
+            raise ValueError(f"sequences[{index}] has no 'ids'")
+        sequence_ids = torch.as_tensor(sequence_ids)
+        if sequence_ids.dim() != 1 or sequence_ids.dtype.is_floating_point or sequence_ids.dtype == torch.bool:
+            raise ValueError(f"sequences[{index}]['ids'] must be a 1-D integer sequence, got "
+                             f"dtype {sequence_ids.dtype} and shape {tuple(sequence_ids.shape)}")
+        ids.append(sequence_ids.long())
+        for name in _TRANSITION_FIELDS:
+            value = _field(sequence, name)
+            if value is None:
+                continue
+            value = torch.as_tensor(value).float()
+            if value.shape != (len(sequence_ids) - 1,):
+                raise ValueError(f"sequences[{index}]['{name}'] has shape {tuple(value.shape)}, "
+                                 f"expected (len(ids) - 1,) = ({len(sequence_ids) - 1},)")
+            fields[name].append(value)
+    for name in _TRANSITION_FIELDS:
+        if 0 < len(fields[name]) < len(ids):
+            raise ValueError(f"{name} is given for {len(fields[name])} of {len(ids)} sequences; give it for all or none")
+    return ids, {name: values for name, values in fields.items() if values}
+
+
+def pack_sequences(sequences, max_tokens: int, pad_id: int = 0) -> dict:
+    """First-fit-decreasing rows of max_tokens -> ids/position_ids/segment_ids [R, L], action_mask/sample_logp [R, L-1], rows.
+
+    Each sequence is a mapping with "ids" and optional "action_mask"/"sample_logp" (length len(ids) - 1), an object
+    with those attributes, or a bare 1-D sequence of ids. segment_ids is the sequence's index within its row, -1 on
+    padding; the transition entry that would predict the next sequence's first token stays 0.
+    """
+    max_tokens = require_positive_int("max_tokens", max_tokens)
+    if isinstance(pad_id, bool) or not isinstance(pad_id, int):
+        raise ValueError(f"pad_id must be an integer, got {pad_id!r}")
+    if not sequences:
+        raise ValueError(f"sequences must not be empty, got {sequences!r}")
+    ids, fields = _read_sequences(sequences)
+    lengths = _lengths_array("sequence_lengths", [len(sequence_ids) for sequence_ids in ids], max_tokens, "max_tokens")
+    rows = plan_packing(lengths, max_tokens, "ffd")
+    order = [index for row in rows for index in row]  # sequences in packed order
+    packed_lengths = torch.from_numpy(lengths[order])  # [N]
+    metadata = varlen_metadata(packed_lengths)
+    row_sizes = torch.tensor([len(row) for row in rows])  # [R]
+    row_of_sequence = torch.repeat_interleave(torch.arange(len(rows)), row_sizes)  # [N]
+    first_in_row = torch.cumsum(row_sizes, 0) - row_sizes  # [R] packed index of each row's first sequence
+    starts = metadata["cu_seqlens"][:-1].long()  # [N]
+    column_start = starts - starts[first_in_row][row_of_sequence]  # [N] offset of each sequence within its row
+    segment_in_row = torch.arange(len(order)) - first_in_row[row_of_sequence]  # [N]
+    token_sequence, position = metadata["seq_idx"], metadata["position_ids"]  # [T], [T]
+    token_row = row_of_sequence[token_sequence]  # [T]
+    token_column = column_start[token_sequence] + position  # [T]
+    shape = (len(rows), max_tokens)
+    out = {
+        "ids": torch.full(shape, pad_id, dtype=torch.long),
+        "position_ids": torch.zeros(shape, dtype=torch.long),
+        "segment_ids": torch.full(shape, -1, dtype=torch.long),
+    }
+    out["ids"][token_row, token_column] = torch.cat([ids[index] for index in order])
+    out["position_ids"][token_row, token_column] = position
+    out["segment_ids"][token_row, token_column] = segment_in_row[token_sequence]
+    predicts_own_token = position < packed_lengths[token_sequence] - 1  # [T] the last token predicts nothing
+    for name, values in fields.items():
+        out[name] = torch.zeros(len(rows), max_tokens - 1)  # [R, L-1]
+        out[name][token_row[predicts_own_token], token_column[predicts_own_token]] = torch.cat(
+            [values[index] for index in order])
+    out["rows"] = rows
+    return out
+
+
+def packed_to_sequences(packed: torch.Tensor, segment_ids: torch.Tensor, rows: list[list[int]]) -> list[torch.Tensor]:
+    """packed [R, L] (per token) or [R, L-1] (per transition) -> per-sequence tensors [n] or [n-1], by sequence index."""
+    if packed.shape[0] != segment_ids.shape[0] or packed.shape[1] not in (segment_ids.shape[1], segment_ids.shape[1] - 1):
+        raise ValueError(f"packed has shape {tuple(packed.shape)}, expected [R, L] or [R, L-1] for segment_ids "
+                         f"of shape {tuple(segment_ids.shape)}")
+    per_transition = packed.shape[1] == segment_ids.shape[1] - 1
+    sequences: dict[int, torch.Tensor] = {}
+    for row_number, row in enumerate(rows):
+        for segment, index in enumerate(row):
+            columns = (segment_ids[row_number] == segment).nonzero().flatten()  # [n]
+            sequences[index] = packed[row_number, columns[:-1] if per_transition else columns]
+    return [sequences[index] for index in range(len(sequences))]

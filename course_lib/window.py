@@ -1,0 +1,151 @@
+"""Window policy: each sample fits whole, is cut in its supervision tail, or overflows.
+
+`audit_context_fit` works on a length ledger (template / prompt / supervised counts) and decides;
+`apply_window_policy` carries the decision out on real `input_ids` + `labels`.
+
+The two gates of a truncation (seed 000, Step 2): the kept supervision must reach
+`min_kept_supervised_tokens` AND the lost share must stay within `max_supervision_loss_ratio`.
+A sample whose whole sequence fits the window is kept whole (decision "fit"); the gates judge cuts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ._checks import require_keys, require_nonnegative_int, require_positive_int, require_ratio
+
+__all__ = ["IGNORE_INDEX", "audit_context_fit", "apply_window_policy"]
+
+IGNORE_INDEX = -100  # label of a token that carries no loss (template, prompt, padding)
+
+def _two_distinct(value: float, bound: float) -> str:
+    """'value > bound' with two decimals, or more where two decimals would print them equal."""
+    digits = 2
+    while f"{value:.{digits}f}" == f"{bound:.{digits}f}" and digits < 17:
+        digits += 1
+    return f"{value:.{digits}f} > {bound:.{digits}f}"
+
+
+def audit_context_fit(samples: Sequence[Mapping[str, Any]], target_context_len: int, template_tokens: int,
+                      min_kept_supervised_tokens: int = 1, max_supervision_loss_ratio: float = 0.0) -> dict[str, Any]:
+    """Ledger rows {name, prompt_tokens, supervised_tokens} -> fit | truncate | overflow per sample.
+
+    Returns {records: [{name, total_tokens, kept_supervised_tokens, supervision_loss_ratio, decision}],
+    fit_names, truncated_names, overflow_names}; kept_supervised_tokens is 0 for an overflow. A "fit" record
+    keeps its whole supervision even below min_kept_supervised_tokens (nothing is cut; seed 000's code prints 0
+    there while calling the sample fit, which would disagree with what apply_window_policy keeps).
+    """
+    target = require_positive_int("target_context_len", target_context_len)
+    min_kept = require_positive_int("min_kept_supervised_tokens", min_kept_supervised_tokens)
+    max_ratio = require_ratio("max_supervision_loss_ratio", max_supervision_loss_ratio)
+    template = require_nonnegative_int("template_tokens", template_tokens)
+    records = []
+    for index, sample in enumerate(samples):
+        require_keys(f"samples[{index}]", sample, ("name", "prompt_tokens", "supervised_tokens"))
+        prompt = require_nonnegative_int(f"samples[{index}]['prompt_tokens']", sample["prompt_tokens"])
+        supervised = require_positive_int(f"samples[{index}]['supervised_tokens']", sample["supervised_tokens"])
+        available = max(0, target - template - prompt)  # slots the window leaves for supervision
+        kept = min(supervised, available)
+        loss_ratio = (supervised - kept) / supervised
+        if kept == supervised:
+            decision = "fit"
+        elif kept >= min_kept and loss_ratio <= max_ratio:  # a cut needs BOTH gates
+            decision = "truncate"
+        else:
+            decision, kept = "overflow", 0
+        records.append({"name": sample["name"], "total_tokens": template + prompt + supervised,
+                        "kept_supervised_tokens": kept, "supervision_loss_ratio": loss_ratio, "decision": decision})
+    return {"records": records,
+            "fit_names": [r["name"] for r in records if r["decision"] == "fit"],
+            "truncated_names": [r["name"] for r in records if r["decision"] == "truncate"],
+            "overflow_names": [r["name"] for r in records if r["decision"] == "overflow"]}
+
+
+def _two_distinct(value: float, bound: float) -> str:
+    """'value > bound' with two decimals, or more where two decimals would print them equal."""
+    digits = 2
+    while f"{value:.{digits}f}" == f"{bound:.{digits}f}" and digits < 17:
+        digits += 1
+    return f"{value:.{digits}f} > {bound:.{digits}f}"
+
+
+def _window_decision(prompt_and_template_tokens: int, supervised_tokens: int, target_context_len: int,
+                     min_kept_supervised_tokens: int = 1, max_supervision_loss_ratio: float = 0.0) -> dict[str, Any]:
+    """One sample's counts -> audit_context_fit's record plus the reasons of an overflow (empty otherwise)."""
+    record = audit_context_fit(
+        [{"name": None, "prompt_tokens": prompt_and_template_tokens, "supervised_tokens": supervised_tokens}],
+        target_context_len, 0, min_kept_supervised_tokens, max_supervision_loss_ratio)["records"][0]
+    reasons = []
+    if record["decision"] == "overflow" and prompt_and_template_tokens > target_context_len:
+        reasons.append("prompt_exceeds_window")  # the root cause; the gates would only echo it
+    elif record["decision"] == "overflow":
+        kept = min(supervised_tokens, target_context_len - prompt_and_template_tokens)
+        if kept < min_kept_supervised_tokens:
+            reasons.append(f"kept_supervised_tokens {kept} < {min_kept_supervised_tokens}")
+        if record["supervision_loss_ratio"] > max_supervision_loss_ratio:
+            reasons.append("supervision_loss_ratio "
+                           f"{_two_distinct(record['supervision_loss_ratio'], max_supervision_loss_ratio)}")
+    return {**record, "reasons": reasons}
+
+
+def _label_array(index: int, sample: Mapping[str, Any]) -> np.ndarray:
+    """A sample's labels as an int64 numpy array [L], checked against its input_ids."""
+    require_keys(f"samples[{index}]", sample, ("input_ids", "labels"))
+    labels = sample["labels"]
+    labels = np.asarray(labels.tolist() if hasattr(labels, "tolist") else labels, dtype=np.int64)  # [L]
+    n_ids = len(sample["input_ids"])
+    if labels.ndim != 1 or n_ids == 0 or len(labels) != n_ids:
+        raise ValueError(f"samples[{index}] needs non-empty 1-D input_ids and labels of equal length, "
+                         f"got {n_ids} input_ids and labels of shape {labels.shape}")
+    return labels
+
+
+def _cut(sample: Mapping[str, Any], keep: int) -> dict[str, Any]:
+    """The sample with every per-token field cut to its first `keep` positions."""
+    length = len(sample["input_ids"])
+    cut = dict(sample)
+    for key in ("input_ids", "labels", "attention_mask"):
+        if key in sample and len(sample[key]) == length:
+            cut[key] = sample[key][:keep]
+    return cut
+
+
+def apply_window_policy(samples: Sequence[Mapping[str, Any]], target_context_len: int, *,
+                        min_kept_supervised_tokens: int = 1,
+                        max_supervision_loss_ratio: float = 0.0) -> dict[str, Any]:
+    """Samples {input_ids [L], labels [L], name?} -> {kept, dropped, audit}: cut only the supervision tail.
+
+    Supervised tokens are labels != -100; everything else counts as template + prompt. Only the final
+    run of tokens may be cut, and every cut token must be supervised: a cut that would remove a later
+    turn's prompt tokens leaves a half turn, so that sample overflows with "cut_would_remove_prompt_tokens".
+    kept: admitted samples (input_ids, labels, attention_mask cut together). dropped: {name, index, reasons}.
+    audit: audit_context_fit's output on the label counts (template_tokens=0), with such samples as overflow.
+    """
+    target = require_positive_int("target_context_len", target_context_len)
+    min_kept = require_positive_int("min_kept_supervised_tokens", min_kept_supervised_tokens)
+    max_ratio = require_ratio("max_supervision_loss_ratio", max_supervision_loss_ratio)
+    kept, dropped, records = [], [], []
+    for index, sample in enumerate(samples):
+        labels = _label_array(index, sample)  # [L]
+        name = sample.get("name", f"sample_{index}")
+        supervised = int((labels != IGNORE_INDEX).sum())
+        if supervised == 0:
+            raise ValueError(f"samples[{index}] ({name!r}) has no supervised tokens (every label is -100)")
+        verdict = _window_decision(len(labels) - supervised, supervised, target, min_kept, max_ratio)
+        if verdict["decision"] == "truncate" and bool((labels[target:] == IGNORE_INDEX).any()):
+            verdict.update(decision="overflow", kept_supervised_tokens=0, reasons=["cut_would_remove_prompt_tokens"])
+        records.append({"name": name, "total_tokens": len(labels),
+                        "kept_supervised_tokens": verdict["kept_supervised_tokens"],
+                        "supervision_loss_ratio": verdict["supervision_loss_ratio"],
+                        "decision": verdict["decision"]})
+        if verdict["decision"] == "overflow":
+            dropped.append({"name": name, "index": index, "reasons": verdict["reasons"]})
+        else:
+            kept.append(_cut(sample, min(len(labels), target)))
+    audit = {"records": records, **{key: [r["name"] for r in records if r["decision"] == decision]
+                                      for key, decision in (("fit_names", "fit"), ("truncated_names", "truncate"),
+                                                            ("overflow_names", "overflow"))}}
+    return {"kept": kept, "dropped": dropped, "audit": audit}

@@ -1,0 +1,209 @@
+"""Length-curriculum gates (seed 000) and pass-rate filters / samplers (seed 003 §14.5)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from course_lib.curriculum import (
+    CURRICULUM_GATES,
+    evaluate_length_curriculum_stage,
+    filter_by_pass_rate,
+    simulate_pass_rate_filter,
+    variance_weighted_sample,
+    zero_advantage_probability,
+)
+
+BASELINE = {"long_context_score": 0.56, "short_context_score": 0.82, "supervised_tokens_per_optimizer_step": 8192}
+LIMITS = {"min_long_context_gain": 0.04, "max_short_context_regression": 0.02, "max_failed_runs": 0,
+          "max_peak_memory_gb": 10.5, "max_cost_per_supervised_token": 1.4}
+GOOD = {"long_context_score": 0.63, "short_context_score": 0.81, "supervised_tokens_per_optimizer_step": 8192,
+        "loss_finite": True, "gradients_finite": True, "failed_runs": 0, "peak_memory_gb": 9.8,
+        "cost_per_supervised_token": 1.25}
+
+
+def test_seed_length_curriculum_stage_decision():
+    baseline = {"long_context_score": 0.56, "short_context_score": 0.82, "supervised_tokens_per_optimizer_step": 8192}
+    limits = {"min_long_context_gain": 0.04, "max_short_context_regression": 0.02, "max_failed_runs": 0, "max_peak_memory_gb": 10.5, "max_cost_per_supervised_token": 1.4}
+    accepted = evaluate_length_curriculum_stage(baseline, {"long_context_score": 0.63, "short_context_score": 0.81, "supervised_tokens_per_optimizer_step": 8192, "loss_finite": True, "gradients_finite": True, "failed_runs": 0, "peak_memory_gb": 9.8, "cost_per_supervised_token": 1.25}, limits)
+    assert accepted["decision"] == "advance"
+    assert accepted["failed_gates"] == []
+    rejected = evaluate_length_curriculum_stage(baseline, {"long_context_score": 0.64, "short_context_score": 0.77, "supervised_tokens_per_optimizer_step": 4096, "loss_finite": True, "gradients_finite": True, "failed_runs": 0, "peak_memory_gb": 11.2, "cost_per_supervised_token": 1.3}, limits)
+    assert rejected["decision"] == "hold"
+    assert rejected["failed_gates"] == ["token_budget_mismatch", "short_context_regression", "peak_memory_budget"]
+    nonfinite = evaluate_length_curriculum_stage(baseline, {"long_context_score": 0.63, "short_context_score": 0.81, "supervised_tokens_per_optimizer_step": 8192, "loss_finite": False, "gradients_finite": False, "failed_runs": 1, "peak_memory_gb": 9.8, "cost_per_supervised_token": 1.25}, limits)
+    assert nonfinite["failed_gates"] == ["nonfinite_loss", "nonfinite_gradients", "failed_runs"]
+
+
+def test_evidence_values():
+    result = evaluate_length_curriculum_stage(BASELINE, GOOD, LIMITS)
+    assert result["evidence"]["token_budget_matches"] is True
+    assert result["evidence"]["long_context_gain"] == pytest.approx(0.07)
+    assert result["evidence"]["short_context_regression"] == pytest.approx(0.01)
+
+
+def test_every_gate_fires_alone_and_all_in_order():
+    single = {
+        "token_budget_mismatch": {"supervised_tokens_per_optimizer_step": 8191},
+        "insufficient_long_context_gain": {"long_context_score": 0.59},
+        "short_context_regression": {"short_context_score": 0.79},
+        "nonfinite_loss": {"loss_finite": 1},  # truthy but not True: must not pass
+        "nonfinite_gradients": {"gradients_finite": False},
+        "failed_runs": {"failed_runs": 1},
+        "peak_memory_budget": {"peak_memory_gb": 10.6},
+        "cost_budget": {"cost_per_supervised_token": 1.41},
+    }
+    assert tuple(single) == CURRICULUM_GATES
+    everything = {}
+    for gate, change in single.items():
+        assert evaluate_length_curriculum_stage(BASELINE, {**GOOD, **change}, LIMITS)["failed_gates"] == [gate]
+        everything.update(change)
+    result = evaluate_length_curriculum_stage(BASELINE, {**GOOD, **everything}, LIMITS)
+    assert result["failed_gates"] == list(CURRICULUM_GATES) and result["decision"] == "hold"
+
+
+def test_gate_boundaries_are_inclusive():
+    """Gain exactly at the minimum, regression / memory / cost exactly at the limit all pass."""
+    baseline = {**BASELINE, "long_context_score": 0.5, "short_context_score": 0.75}
+    candidate = {**GOOD, "long_context_score": 0.625, "short_context_score": 0.5, "peak_memory_gb": 10.5,
+                 "cost_per_supervised_token": 1.4}
+    limits = {**LIMITS, "min_long_context_gain": 0.125, "max_short_context_regression": 0.25}
+    assert evaluate_length_curriculum_stage(baseline, candidate, limits)["decision"] == "advance"
+
+
+@pytest.mark.parametrize("who, field", [("baseline", "short_context_score"), ("candidate", "loss_finite"),
+                                        ("limits", "max_failed_runs"), ("candidate", "peak_memory_gb")])
+def test_missing_fields_are_named(who, field):
+    arguments = {"baseline": dict(BASELINE), "candidate": dict(GOOD), "limits": dict(LIMITS)}
+    del arguments[who][field]
+    with pytest.raises(ValueError, match=f"{who}.*{field}"):
+        evaluate_length_curriculum_stage(**arguments)
+
+
+@pytest.mark.parametrize("change", [{"long_context_score": float("nan")}, {"peak_memory_gb": "big"},
+                                    {"failed_runs": -1}])
+def test_bad_values_raise(change):
+    """A NaN score would pass every comparison gate silently."""
+    with pytest.raises(ValueError, match=next(iter(change))):
+        evaluate_length_curriculum_stage(BASELINE, {**GOOD, **change}, LIMITS)
+
+
+# --- pass-rate filters ----------------------------------------------------------------------------------------
+
+def test_filter_default_drops_decided_tasks():
+    tasks = ["a", "b", "c", "d", "e"]
+    assert filter_by_pass_rate(tasks, [0.0, 0.125, 1.0, 0.5, 0.875]) == ["b", "d", "e"]
+    assert filter_by_pass_rate(tasks, [0.0, 0.125, 1.0, 0.5, 0.875], -1.0, 2.0) == tasks
+    assert filter_by_pass_rate(tasks, [0.0, 0.125, 1.0, 0.5, 0.875], 0.125, 0.875) == ["d"]  # strict bounds
+
+
+@settings(deadline=None, max_examples=100)
+@given(st.lists(st.sampled_from([0.0, 0.125, 0.25, 0.5, 0.75, 1.0]), max_size=20),
+       st.sampled_from([-1.0, 0.0, 0.125, 0.25]), st.sampled_from([0.5, 0.75, 1.0, 2.0]))
+def test_filter_matches_reference(rates, low, high):
+    tasks = list(range(len(rates)))
+    assert filter_by_pass_rate(tasks, rates, low, high) == [t for t in tasks if low < rates[t] < high]
+
+
+@pytest.mark.parametrize("rates, low, high, match", [
+    ([0.5], 0.0, 1.0, "pass_rates has 1"), ([0.5, 1.5], 0.0, 1.0, r"pass_rates\[1\]"),
+    ([0.5, 0.5], 0.5, 0.5, "low must be < high"), ([0.5, float("nan")], 0.0, 1.0, r"pass_rates\[1\]"),
+])
+def test_filter_bad_input(rates, low, high, match):
+    tasks = ["a", "b"]
+    with pytest.raises(ValueError, match=match):
+        filter_by_pass_rate(tasks, rates, low, high)
+
+
+def test_variance_sampler_frequencies():
+    """Draw frequencies follow p(1-p): 0.5 -> 0.25, 0.1 and 0.9 -> 0.09 each, 0 and 1 never."""
+    tasks, rates = ["zero", "low", "half", "high", "one"], [0.0, 0.1, 0.5, 0.9, 1.0]
+    draws = variance_weighted_sample(tasks, rates, 43_000, torch.Generator().manual_seed(0), replacement=True)
+    share = {task: draws.count(task) / len(draws) for task in tasks}
+    assert share["zero"] == share["one"] == 0.0
+    assert share["half"] == pytest.approx(25 / 43, abs=0.01)
+    assert share["low"] == pytest.approx(9 / 43, abs=0.01) and share["high"] == pytest.approx(9 / 43, abs=0.01)
+
+
+def test_variance_sampler_without_replacement_is_deterministic():
+    rates = [0.0, 0.2, 0.5, 0.7, 1.0, 0.3]
+    first = variance_weighted_sample(list("abcdef"), rates, 4, torch.Generator().manual_seed(3))
+    again = variance_weighted_sample(list("abcdef"), rates, 4, torch.Generator().manual_seed(3))
+    assert first == again and len(set(first)) == 4 and not {"a", "e"} & set(first)
+    with pytest.raises(ValueError, match="k = 5 exceeds the 4"):
+        variance_weighted_sample(list("abcdef"), rates, 5)
+    with pytest.raises(ValueError, match="all weights p\\(1-p\\) are zero"):
+        variance_weighted_sample(["a", "b"], [0.0, 1.0], 1)
+
+
+def test_all_pass_probability_seed_fact():
+    """Seed 003 §14.5: with G = 8 and a true pass rate of 0.9, a group is all-pass with probability 0.43."""
+    assert round(0.9**8, 3) == 0.430
+    assert zero_advantage_probability(0.9, 8) == pytest.approx(0.9**8 + 0.1**8)
+    assert zero_advantage_probability(0.5, 1) == 1.0  # one rollout never has a spread
+
+
+def test_simulator_without_filter_matches_seed_episode_counts():
+    """low=-1, high=2: every task passes the filter; 8 tasks x 8 rollouts = 64 episodes a step (1280 per 20)."""
+    out = simulate_pass_rate_filter(torch.linspace(0.05, 0.95, 20), 8, 60, -1.0, 2.0, revisit=1, seed=0)
+    assert out["episodes_per_step"] == [64] * 60 and out["pool_size"] == [20] * 60
+    assert out["total_episodes"] == 3840
+    assert out["zero_adv_episodes"] + out["informative_episodes"] == 3840
+
+
+def test_simulator_zero_advantage_share_matches_theory():
+    """Unfiltered, the share of zero-advantage groups converges to the mean of p^G + (1-p)^G."""
+    rates = [0.1, 0.3, 0.5, 0.7, 0.9, 0.97, 0.99, 1.0]
+    out = simulate_pass_rate_filter(rates, 8, 2000, -1.0, 2.0, seed=1)
+    expected = sum(zero_advantage_probability(p, 8) for p in rates) / len(rates)
+    assert out["zero_adv_episodes"] / out["total_episodes"] == pytest.approx(expected, abs=0.01)
+
+
+def test_simulator_filter_saves_rollouts_on_saturated_tasks():
+    """Tasks that become easy leave the pool: fewer episodes, a smaller share of zero-advantage groups."""
+    schedule = torch.linspace(0.3, 1.0, 60)[:, None].expand(60, 20).clamp(max=1.0)  # the policy learns
+    arms = {arm: simulate_pass_rate_filter(schedule, 8, 60, low, high, revisit=1, seed=0)
+            for arm, (low, high) in {"all": (-1.0, 2.0), "filter": (0.0, 1.0)}.items()}
+    assert arms["filter"]["total_episodes"] < arms["all"]["total_episodes"]
+    wasted = {arm: out["zero_adv_episodes"] / out["total_episodes"] for arm, out in arms.items()}
+    assert wasted["filter"] < wasted["all"]
+    again = simulate_pass_rate_filter(schedule, 8, 60, 0.0, 1.0, revisit=1, seed=0)
+    assert again == arms["filter"]
+
+
+def test_simulator_pool_only_contains_undecided_tasks():
+    """Tasks with true rate 0 or 1 leave the pool after one group; only `revisit` of them come back per step."""
+    out = simulate_pass_rate_filter([0.0] * 6 + [1.0] * 6, 8, 5, 0.0, 1.0, revisit=2, seed=0)
+    # step 0: 8 of the 12 tasks (all at 0.5); step 1: the 4 unsampled ones + 2 revisits; then 2 revisits a step
+    assert out["episodes_per_step"] == [64, 48, 16, 16, 16] and out["pool_size"] == [12, 4, 0, 0, 0]
+    assert out["informative_episodes"] == 0
+
+
+def test_simulator_history_and_variance_modes_run():
+    variance = simulate_pass_rate_filter([0.0, 0.5, 1.0, 0.5], 8, 30, seed=0, weighting="variance", revisit=0)
+    assert variance["total_episodes"] > 0
+    history = simulate_pass_rate_filter([0.9] * 10, 8, 40, seed=0, history=3)
+    single = simulate_pass_rate_filter([0.9] * 10, 8, 40, seed=0, history=1)
+    assert history["total_episodes"] >= single["total_episodes"]  # one all-pass group excludes less often
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"true_pass_rates": [1.2]}, "true_pass_rates"), ({"true_pass_rates": [[0.5]] * 3, "steps": 4}, "shape"),
+    ({"group_size": 0}, "group_size"), ({"low": 1.0, "high": 0.0}, "low"), ({"weighting": "soft"}, "weighting"),
+    ({"revisit": -1}, "revisit"),
+])
+def test_simulator_bad_input(kwargs, match):
+    arguments = {"true_pass_rates": [0.5, 0.5], **kwargs}
+    with pytest.raises(ValueError, match=match):
+        simulate_pass_rate_filter(**arguments)
+
+
+def test_zero_advantage_probability_bad_input():
+    with pytest.raises(ValueError, match="pass_rate"):
+        zero_advantage_probability(math.inf)
+    with pytest.raises(ValueError, match="group_size"):
+        zero_advantage_probability(0.5, 0)

@@ -1,0 +1,186 @@
+"""Selected / chunked / checkpointed log-probs and the memory autograd keeps (seed 003 §14.3)."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import course_lib as cl
+
+
+def _head_inputs(batch, tokens, width, vocab, seed, dtype=torch.float64):
+    generator = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(batch, tokens, width, generator=generator, dtype=dtype).requires_grad_()
+    weight = (torch.randn(vocab, width, generator=generator, dtype=dtype) / width**0.5).requires_grad_()
+    ids = torch.randint(vocab, (batch, tokens), generator=generator)
+    return hidden, weight, ids
+
+
+def _direct(hidden, weight, ids):
+    """Brute force: the full logits, log-softmax written out, a Python loop over tokens."""
+    logits = (hidden @ weight.T).double()                                         # [B, T, V]
+    out = torch.empty(ids.shape, dtype=torch.float64)
+    for b in range(ids.shape[0]):
+        for t in range(ids.shape[1]):
+            row = logits[b, t]
+            out[b, t] = row[ids[b, t]] - row.max() - (row - row.max()).exp().sum().log()
+    return out
+
+
+def _value_and_grads(fn, hidden, weight, ids, upstream):
+    hidden.grad = weight.grad = None
+    values = fn(hidden, weight, ids)
+    (values * upstream).sum().backward()
+    return values.detach(), hidden.grad.clone(), weight.grad.clone()
+
+
+@settings(max_examples=25, deadline=None)
+@given(batch=st.integers(1, 3), tokens=st.integers(1, 13), width=st.integers(1, 6), vocab=st.integers(2, 11),
+       chunk=st.integers(1, 16), seed=st.integers(0, 2**31 - 1))
+def test_all_paths_equal_the_direct_computation_values_and_gradients(batch, tokens, width, vocab, chunk, seed):
+    hidden, weight, ids = _head_inputs(batch, tokens, width, vocab, seed)
+    upstream = torch.randn(batch, tokens, generator=torch.Generator().manual_seed(seed + 1), dtype=torch.float64)
+    reference = _value_and_grads(_direct, hidden, weight, ids, upstream)
+    paths = {"selected": lambda h, w, i: cl.selected_log_probs(h @ w.T, i),
+             "chunked": lambda h, w, i: cl.chunked_log_probs(h, w, i, chunk_size=chunk),
+             "checkpointed": lambda h, w, i: cl.checkpointed_log_probs(h, w, i, chunk_size=chunk)}
+    for fn in paths.values():
+        for got, expected in zip(_value_and_grads(fn, hidden, weight, ids, upstream), reference, strict=True):
+            torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 7, 16, 64])
+def test_chunked_and_checkpointed_agree_with_full_in_fp32(chunk):
+    hidden, weight, ids = _head_inputs(2, 37, 8, 50, seed=chunk, dtype=torch.float32)   # 37 is prime
+    upstream = torch.randn(2, 37, generator=torch.Generator().manual_seed(0))
+    full = _value_and_grads(lambda h, w, i: cl.selected_log_probs(h @ w.T, i), hidden, weight, ids, upstream)
+    for fn in (cl.chunked_log_probs, cl.checkpointed_log_probs):
+        values, hidden_grad, weight_grad = _value_and_grads(lambda h, w, i, f=fn: f(h, w, i, chunk), hidden, weight,
+                                                            ids, upstream)
+        # CPU matmul kernels may block a 5-row chunk differently from 37 rows: rounding-level differences only
+        torch.testing.assert_close(values, full[0], rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(hidden_grad, full[1], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(weight_grad, full[2], rtol=1e-5, atol=1e-6)
+
+
+def test_selected_log_probs_computes_low_precision_logits_in_fp32():
+    generator = torch.Generator().manual_seed(0)
+    logits = (torch.randn(2, 9, 300, generator=generator) * 4).bfloat16()
+    ids = torch.randint(300, (2, 9), generator=generator)
+    got = cl.selected_log_probs(logits, ids)
+    assert got.dtype == torch.float32
+    expected = logits.double().log_softmax(-1).gather(-1, ids[..., None]).squeeze(-1)
+    torch.testing.assert_close(got.double(), expected, rtol=0, atol=1e-5)
+    in_bf16 = logits.log_softmax(-1).gather(-1, ids[..., None]).squeeze(-1).double()
+    assert (in_bf16 - expected).abs().max() > 10 * (got.double() - expected).abs().max()
+
+
+def test_checkpointed_bf16_hidden_matches_full_path():
+    hidden, weight, ids = _head_inputs(1, 20, 16, 64, seed=3, dtype=torch.bfloat16)
+    full = cl.selected_log_probs(hidden @ weight.T, ids)
+    assert torch.equal(cl.checkpointed_log_probs(hidden, weight, ids, chunk_size=6), full)
+
+
+@pytest.mark.parametrize("call, field", [
+    (lambda h, w, i: cl.selected_log_probs(h @ w.T, i[:, :-1]), "ids"),
+    (lambda h, w, i: cl.selected_log_probs(h @ w.T, i.float()), "ids"),
+    (lambda h, w, i: cl.selected_log_probs(h @ w.T, i + 100), "ids"),
+    (lambda h, w, i: cl.selected_log_probs(h @ w.T, i - 100), "ids"),
+    (lambda h, w, i: cl.selected_log_probs((h @ w.T).long(), i), "logits"),
+    (lambda h, w, i: cl.chunked_log_probs(h, w, i, chunk_size=0), "chunk_size"),
+    (lambda h, w, i: cl.checkpointed_log_probs(h, w, i, chunk_size=2.5), "chunk_size"),
+    (lambda h, w, i: cl.checkpointed_log_probs(h[0], w, i, chunk_size=4), "hidden"),
+    (lambda h, w, i: cl.checkpointed_log_probs(h, w[:, :3], i, chunk_size=4), "width"),
+    (lambda h, w, i: cl.chunked_log_probs(h, w, i[:, :5], chunk_size=4), "ids"),
+    (lambda h, w, i: cl.chunked_log_probs(h, w.numpy(force=True), i, chunk_size=4), "weight"),
+])
+def test_log_prob_paths_reject_bad_input(call, field):
+    hidden, weight, ids = _head_inputs(2, 8, 4, 10, seed=0, dtype=torch.float32)
+    with pytest.raises(ValueError, match=field):
+        call(hidden, weight, ids)
+
+
+# ---- memory autograd keeps --------------------------------------------------------------------------
+
+def _saved(fn_name, tokens, vocab=512, width=16, chunk=128, include_inputs=False):
+    hidden, weight, ids = _head_inputs(1, tokens, width, vocab, seed=0, dtype=torch.float32)
+    fns = {"full": lambda h, w, i: cl.selected_log_probs(h @ w.T, i),
+           "chunked": lambda h, w, i: cl.chunked_log_probs(h, w, i, chunk),
+           "checkpointed": lambda h, w, i: cl.checkpointed_log_probs(h, w, i, chunk)}
+    return cl.saved_tensor_bytes(fns[fn_name], hidden, weight, ids, include_inputs=include_inputs)
+
+
+def test_saved_bytes_full_and_chunked_grow_with_tokens_checkpointed_stays_flat():
+    lengths = [256, 512, 1024, 2048]
+    saved = {name: [_saved(name, tokens) for tokens in lengths] for name in ("full", "chunked", "checkpointed")}
+    for name in ("full", "chunked"):
+        # one fp32 log-softmax [T, V] is kept for backward, whole or chunk by chunk
+        assert saved[name] == [4 * tokens * 512 for tokens in lengths]
+    flat = saved["checkpointed"]
+    assert max(flat) - min(flat) <= 0.05 * max(max(flat), 1)
+    assert all(checkpointed * 10 <= full for checkpointed, full in zip(flat, saved["full"], strict=True))
+
+
+def test_checkpointed_keeps_exactly_its_inputs():
+    tokens, width, vocab = 1000, 16, 512
+    hidden_ids_weight = 4 * tokens * width + 8 * tokens + 4 * vocab * width
+    assert _saved("checkpointed", tokens, vocab, width, include_inputs=True) == hidden_ids_weight
+    assert _saved("full", tokens, vocab, width, include_inputs=True) == hidden_ids_weight + 4 * tokens * vocab
+
+
+def test_saved_tensor_bytes_counts_each_storage_once():
+    x = torch.randn(100, requires_grad=True)
+    assert cl.saved_tensor_bytes(lambda t: t * t, x, include_inputs=True) == 400     # x saved twice, counted once
+    assert cl.saved_tensor_bytes(lambda t: t * t, x) == 0
+    assert cl.saved_tensor_bytes(lambda t: (t.exp() * 2).sum(), x) == 400             # exp's output
+    assert cl.saved_tensor_bytes(lambda t: t.detach() + 1, x) == 0
+    with pytest.raises(ValueError, match="fn"):
+        cl.saved_tensor_bytes("not a function", x)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
+def test_peak_cuda_memory_without_cuda_raises_clearly():
+    with pytest.raises(RuntimeError, match="CUDA"):
+        cl.peak_cuda_memory(lambda t: t * 2, torch.ones(3))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_peak_cuda_memory_orders_the_three_paths():
+    hidden, weight, ids = (t.cuda() for t in _head_inputs(1, 8192, 256, 8192, seed=0, dtype=torch.float32))
+    hidden, weight = hidden.detach().requires_grad_(), weight.detach().requires_grad_()
+    full = cl.peak_cuda_memory(lambda h, w, i: cl.selected_log_probs(h @ w.T, i), hidden, weight, ids)
+    recomputed = cl.peak_cuda_memory(lambda h, w, i: cl.checkpointed_log_probs(h, w, i, 1024), hidden, weight, ids)
+    assert full >= 2 * cl.logit_bytes(8192, 8192) and recomputed * 4 < full
+
+
+# ---- the seed's arithmetic --------------------------------------------------------------------------
+
+def test_logit_memory_table_reproduces_seed_003():
+    rows = cl.logit_memory_table()
+    assert [row["model"] for row in rows] == ["Qwen3-0.6B", "Qwen3-8B", "Qwen3-32B"]
+    assert [row["hidden_size"] for row in rows] == [1024, 4096, 5120]
+    assert [f"{row['vocab_per_hidden']:.0f}" for row in rows] == ["148", "37", "30"]
+    assert {f"{row['per_token_mb']:.2f}" for row in rows} == {"0.61"}
+    assert {f"{row['microbatch_gb']:.1f}" for row in rows} == {"19.9"}
+    assert cl.logit_bytes(32_768, 151_936) == 19_914_555_392
+    assert cl.logit_bytes(1, 151_936, dtype_bytes=2) == 303_872
+
+
+def test_qwen3_constants_agree_with_the_shipped_configs():
+    for name in ("Qwen3-0.6B", "Qwen3-8B"):
+        text = resources.files("course_lib").joinpath("data", "configs", f"{name}.json").read_text()
+        config = json.loads(text)
+        assert config["vocab_size"] == cl.QWEN3_VOCAB_SIZE
+        assert config["hidden_size"] == cl.QWEN3_HIDDEN_SIZES[name]
+
+
+@pytest.mark.parametrize("args, field", [((-1, 10), "n_tokens"), ((5, 0), "vocab_size"), ((5, 10, 0), "dtype_bytes"),
+                                         ((5.5, 10), "n_tokens")])
+def test_logit_bytes_rejects_bad_input(args, field):
+    with pytest.raises(ValueError, match=field):
+        cl.logit_bytes(*args)

@@ -1,0 +1,168 @@
+"""Long documents (seed 004): geometric buckets, padding comparison, sliding windows with single loss ownership."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from course_lib.longdoc import (
+    Window,
+    assign_bucket,
+    assign_buckets,
+    bucket_padding,
+    compare_bucket_padding,
+    geometric_edges,
+    linear_edges,
+    sliding_window_cost,
+    sliding_windows,
+    split_document,
+)
+
+
+def seed_assign_bucket(doc_length, max_length):
+    """Seed 004's formula, float log2 and all (teaching reference)."""
+    bucket_size = 2 ** (math.ceil(math.log2(doc_length)) if doc_length > 0 else 0)
+    return min(bucket_size, max_length)
+
+
+# --- buckets -------------------------------------------------------------------------------------------------
+
+def test_seed_buckets():
+    """The seed's 2^n intervals: 1, 2, 3-4, 5-8, 9-16, ..., 4097-8192."""
+    assert [assign_bucket(n, 8192) for n in (1, 2, 3, 4, 5, 8)] == [1, 2, 4, 4, 8, 8]
+    assert {assign_bucket(n, 8192) for n in range(9, 17)} == {16}
+    assert {assign_bucket(n, 8192) for n in (4097, 6000, 8192)} == {8192}
+    assert assign_bucket(2500, 3000) == 3000  # capped at a max_length that is not a power of two
+
+
+@settings(deadline=None, max_examples=200)
+@given(st.integers(1, 1 << 20))
+def test_matches_seed_formula_where_float_is_exact(length):
+    assert assign_bucket(length, 1 << 20) == seed_assign_bucket(length, 1 << 20)
+
+
+def test_float_log2_is_wrong_for_large_lengths():
+    """2**53 + 1 rounds to 2**53 as a float, so the seed's formula puts it in a bucket smaller than itself."""
+    length, max_length = 2**53 + 1, 2**60
+    assert seed_assign_bucket(length, max_length) == 2**53 < length
+    assert assign_bucket(length, max_length) == 2**54
+    for k in (0, 1, 31, 52, 53, 59):  # exact powers of two are their own bucket
+        assert assign_bucket(2**k, max_length) == 2**k
+        assert assign_bucket(2**k + 1, max_length) == 2 ** (k + 1)
+
+
+@settings(deadline=None, max_examples=100)
+@given(st.lists(st.integers(1, 2**62), min_size=1, max_size=30))
+def test_vectorized_buckets_match_scalar(lengths):
+    buckets = assign_buckets(lengths, 2**62)
+    assert buckets.tolist() == [assign_bucket(n, 2**62) for n in lengths]
+    assert all(b >= n and (b == 1 or b // 2 < n) for n, b in zip(lengths, buckets.tolist(), strict=True))
+
+
+@pytest.mark.parametrize("length, max_length, match", [
+    (0, 8192, "length"), (-3, 8192, "length"), (8193, 8192, "exceeds max_length"), (4, 0, "max_length"),
+    (2.5, 8, "length"),
+])
+def test_bucket_bad_input(length, max_length, match):
+    with pytest.raises(ValueError, match=match):
+        assign_bucket(length, max_length)
+
+
+def test_edges():
+    assert geometric_edges(8192) == [2**k for k in range(14)]
+    assert geometric_edges(100, 8) == [8, 16, 32, 64, 100]
+    assert linear_edges(8192, 4) == [2048, 4096, 6144, 8192]
+    assert linear_edges(10, 3) == [4, 7, 10]
+    with pytest.raises(ValueError, match="n_buckets"):
+        linear_edges(4, 5)
+
+
+def test_bucket_padding_small_example():
+    out = bucket_padding([3, 4, 5, 16], [4, 8, 16])
+    assert out == {"tokens": 28, "padded_tokens": 4 + 4 + 8 + 16, "padding_tokens": 4, "padding_ratio": 4 / 32}
+    with pytest.raises(ValueError, match="exceeds"):
+        bucket_padding([17], [4, 8, 16])
+    with pytest.raises(ValueError, match="strictly increasing"):
+        bucket_padding([1], [4, 4, 16])
+
+
+def test_padding_on_a_long_tailed_distribution():
+    """Seed 004 claims geometric buckets pad 15% less than linear ones. Our own numbers, fixed-seed lognormal:
+    10,000 lengths, exp(N(6, 1)) tokens (median ~400), clipped to [1, 8192], 14 buckets each."""
+    rng = np.random.default_rng(0)
+    lengths = np.clip(np.rint(rng.lognormal(6.0, 1.0, 10_000)), 1, 8192).astype(np.int64)
+    out = compare_bucket_padding(lengths, 8192)
+    assert out["geometric"]["tokens"] == out["linear"]["tokens"] == out["global_max"]["tokens"] == 6_615_023
+    assert out["geometric"]["padding_tokens"] == 2_880_457  # ratio 0.303
+    assert out["linear"]["padding_tokens"] == 3_216_639  # ratio 0.327
+    assert out["global_max"]["padding_ratio"] == pytest.approx(0.919, abs=1e-3)
+    saved = 1 - out["geometric"]["padding_tokens"] / out["linear"]["padding_tokens"]
+    assert saved == pytest.approx(0.105, abs=1e-3)  # 10.5% less padding here, not the claimed 15%
+    for arm in out.values():  # each padded length is the bucket a sample lands in
+        assert arm["padded_tokens"] == arm["tokens"] + arm["padding_tokens"]
+    assert out["geometric"]["padded_tokens"] == int(assign_buckets(lengths, 8192).sum())
+
+
+# --- sliding windows --------------------------------------------------------------------------------------------
+
+def test_seed_window_shape_256_64():
+    windows = sliding_windows(600, 256, 64)
+    assert windows == [Window(0, 256, 0, 256), Window(192, 448, 256, 448), Window(384, 600, 448, 600)]
+    assert sliding_windows(200, 256, 64) == [Window(0, 200, 0, 200)]
+    assert sliding_windows(256, 256, 64) == [Window(0, 256, 0, 256)]
+    assert sliding_windows(257, 256, 64) == [Window(0, 256, 0, 256), Window(192, 257, 256, 257)]
+
+
+def test_window_cost_256_64():
+    """Long documents cost window / stride = 256 / 192 = 1.33x the tokens; the overlap is context only."""
+    cost = sliding_window_cost(100_000)
+    assert cost == {"windows": 521, "processed_tokens": 133_280, "owned_tokens": 100_000, "overhead": 1.3328}
+
+
+@settings(deadline=None, max_examples=200)
+@given(st.integers(1, 5000), st.integers(1, 300), st.data())
+def test_windows_partition_the_loss(length, window, data):
+    overlap = data.draw(st.integers(0, window - 1))
+    windows = sliding_windows(length, window, overlap)
+    owned = np.concatenate([np.arange(w.loss_start, w.loss_end) for w in windows])
+    assert owned.tolist() == list(range(length))  # every token's loss counted exactly once, in order
+    for i, w in enumerate(windows):
+        assert 0 <= w.start <= w.loss_start < w.loss_end == w.end <= length
+        assert w.end - w.start <= window
+        assert w.start == i * (window - overlap)
+        if i + 1 < len(windows):  # full windows with the given overlap; only the last may be shorter
+            assert w.end - w.start == window and w.end - windows[i + 1].start == overlap
+    assert windows[-1].end == length
+
+
+@pytest.mark.parametrize("length, window, overlap, match", [
+    (0, 256, 64, "length"), (10, 0, 0, "window"), (10, 64, 64, "overlap must be < window"),
+    (10, 64, -1, "overlap"), (10, 64, 80, "overlap"),
+])
+def test_window_bad_input(length, window, overlap, match):
+    with pytest.raises(ValueError, match=match):
+        sliding_windows(length, window, overlap)
+
+
+def predicted_positions(pieces):
+    """Global token positions that carry loss after a causal LM's shift (label at position 0 is never used)."""
+    return [w["window"].start + i for w in pieces for i, label in enumerate(w["labels"]) if i > 0 and label != -100]
+
+
+def test_split_document_labels():
+    ids = list(range(1000, 1600))
+    pieces = split_document(ids, 256, 64)
+    assert [p["window"] for p in pieces] == sliding_windows(600, 256, 64)
+    second = pieces[1]
+    assert second["input_ids"] == ids[192:448]
+    assert second["labels"][:64] == [-100] * 64 and second["labels"][64:] == ids[256:448]
+    assert predicted_positions(pieces) == list(range(1, 600))  # each token but the first, once
+
+
+def test_split_document_without_overlap_loses_window_starts():
+    pieces = split_document(list(range(600)), 256, 0)
+    assert predicted_positions(pieces) == [t for t in range(1, 600) if t not in (256, 512)]

@@ -1,0 +1,205 @@
+"""Microbatching: seed 003 §14.2 / §14.7 numbers, brute-force references, Karmarkar-Karp partitions, bad input."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from course_lib import (
+    balanced_partition,
+    batch_containing,
+    describe_microbatches,
+    fixed_count_batches,
+    format_microbatch_summary,
+    packed_token_budget_batches,
+    plan_packing,
+    seed003_agent_lengths,
+    seed003_random_order,
+    token_budget_batches,
+)
+
+BUDGET = 131_072
+
+
+def seed_teaching_token_budget(lengths, max_tokens, *, packed=False):
+    """Seed 003's list walk (padded), or its exercise-2 extension (packed): the reference."""
+    order = sorted(range(len(lengths)), key=lambda i: -int(lengths[i]))
+    batches, current = [], []
+    for i in order:
+        if packed:
+            over = current and sum(int(lengths[j]) for j in current) + int(lengths[i]) > max_tokens
+        else:
+            over = current and (len(current) + 1) * int(lengths[current[0]]) > max_tokens
+        if over:
+            batches.append(current)
+            current = []
+        current.append(i)
+    return batches + ([current] if current else [])
+
+
+@pytest.fixture(scope="module")
+def agent():
+    return seed003_agent_lengths(), seed003_random_order()
+
+
+def test_seed003_lengths_match_the_seed_generator(agent):
+    lengths, order = agent
+    gen = torch.Generator().manual_seed(0)
+    expected = (8192 * torch.exp(0.8 * torch.randn(512, generator=gen))).clamp(256, 65_536).long()
+    assert torch.equal(lengths, expected)
+    assert torch.equal(order, torch.randperm(512, generator=gen))
+
+
+def test_seed003_section_14_2_table(agent):
+    lengths, order = agent
+    plans = [
+        ("8 per microbatch, random", fixed_count_batches(order, 8)),
+        ("8 per microbatch, sorted", fixed_count_batches(lengths.argsort(), 8)),
+        ("token budget 128k, sorted", token_budget_batches(lengths, BUDGET)),
+    ]
+    lines = [format_microbatch_summary(name, describe_microbatches(lengths, plan)) for name, plan in plans]
+    assert lines == [
+        "8 per microbatch, random       |   64 microbatches | padding 59.3% | largest    524k tokens",
+        "8 per microbatch, sorted       |   64 microbatches | padding  3.6% | largest    524k tokens",
+        "token budget 128k, sorted      |   51 microbatches | padding  3.0% | largest    131k tokens",
+    ]
+
+
+def test_seed003_section_14_7_long_tail(agent):
+    lengths, order = agent
+    longest = int(lengths.argmax())
+    fixed = batch_containing(fixed_count_batches(order, 8), longest)
+    budget = batch_containing(token_budget_batches(lengths, BUDGET), longest)
+    lines = [
+        f"longest trajectory: {lengths[longest]:,} tokens; median {int(lengths.median()):,}",
+        f"fixed 8 per microbatch: its microbatch pads to {len(fixed) * int(lengths[fixed].max()):,} tokens",
+        f"token budget: its microbatch holds {len(budget)} sequence(s), "
+        f"{len(budget) * int(lengths[budget].max()):,} tokens",
+    ]
+    assert lines == [
+        "longest trajectory: 65,536 tokens; median 8,414",
+        "fixed 8 per microbatch: its microbatch pads to 524,288 tokens",
+        "token budget: its microbatch holds 2 sequence(s), 131,072 tokens",
+    ]
+
+
+def test_exercise_2_packed_budget_on_the_seed_lengths(agent):
+    lengths, _ = agent
+    batches = packed_token_budget_batches(lengths, BUDGET)
+    summary = describe_microbatches(lengths, batches, packed=True)
+    assert summary["count"] == 49  # next-fit decreasing; the sum bound is ceil(23.3M / 128k) = 46
+    assert summary["count"] >= -(-int(lengths.sum()) // BUDGET)
+    assert summary["largest_tokens"] <= BUDGET and summary["padding_ratio"] == 0.0
+    assert batches == seed_teaching_token_budget(lengths.tolist(), BUDGET, packed=True)
+    assert len(plan_packing(lengths.tolist(), BUDGET, "ffd")) == 46  # first fit reaches the bound
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 50), min_size=1, max_size=40), st.integers(0, 100), st.booleans())
+def test_budget_batches_match_the_teaching_walk(lengths, extra, packed):
+    max_tokens = max(lengths) + extra
+    plan = (packed_token_budget_batches if packed else token_budget_batches)(lengths, max_tokens)
+    assert plan == seed_teaching_token_budget(lengths, max_tokens, packed=packed)
+    summary = describe_microbatches(lengths, plan, packed=packed)
+    assert summary["largest_tokens"] <= max_tokens
+    assert sorted(i for batch in plan for i in batch) == list(range(len(lengths)))
+
+
+def test_sequence_over_budget_is_refused():
+    with pytest.raises(ValueError, match=r"lengths\[2\] = 300 exceeds max_tokens = 256"):
+        token_budget_batches([10, 20, 300], 256)
+    with pytest.raises(ValueError, match=r"lengths\[0\] = 257 exceeds max_tokens = 256"):
+        packed_token_budget_batches([257], 256)
+    with pytest.raises(ValueError, match="max_tokens"):
+        token_budget_batches([1, 2], 0)
+    with pytest.raises(ValueError, match=r"lengths\[1\]"):
+        token_budget_batches([1, 0], 8)
+
+
+def test_describe_microbatches_costs_and_bad_plans():
+    lengths = [5, 3, 2, 7]
+    padded = describe_microbatches(lengths, [[0, 1], [2, 3]])
+    assert padded["sizes"] == [10, 14] and padded["largest_tokens"] == 14 and padded["count"] == 2
+    assert padded["padding_ratio"] == pytest.approx(1 - 17 / 24)
+    packed = describe_microbatches(lengths, [[0, 1], [2, 3]], packed=True)
+    assert packed["sizes"] == [8, 9] and packed["padding_ratio"] == 0.0
+    with pytest.raises(ValueError, match="missing"):
+        describe_microbatches(lengths, [[0, 1], [2]])
+    with pytest.raises(ValueError, match="repeats"):
+        describe_microbatches(lengths, [[0, 1], [1, 2, 3]])
+    with pytest.raises(ValueError, match="empty"):
+        describe_microbatches(lengths, [[0, 1, 2, 3], []])
+    with pytest.raises(ValueError, match="batches"):
+        describe_microbatches(lengths, [[0, 1, 2, 3, 4]])
+    with pytest.raises(ValueError, match="per_batch"):
+        fixed_count_batches([0, 1], 0)
+    with pytest.raises(ValueError, match="index 9"):
+        batch_containing([[0, 1]], 9)
+
+
+def _max_sum(lengths, parts):
+    return max(sum(lengths[i] for i in part) for part in parts)
+
+
+def _brute_force_best(lengths, k):
+    return min(max(sum(x for x, rank in zip(lengths, ranks, strict=True) if rank == r) for r in range(k))
+               for ranks in itertools.product(range(k), repeat=len(lengths)))
+
+
+def _sorted_greedy(lengths, k):
+    """LPT: longest first, each onto the currently lightest rank."""
+    loads = [0] * k
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        loads[loads.index(min(loads))] += lengths[i]
+    return max(loads)
+
+
+def _sorted_round_robin(lengths, k):
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    return max(sum(lengths[i] for i in order[r::k]) for r in range(k))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(0, 100), min_size=1, max_size=7), st.integers(1, 3))
+def test_balanced_partition_is_valid_deterministic_and_near_optimal(lengths, k):
+    parts = balanced_partition(lengths, k)
+    assert len(parts) == k
+    assert sorted(i for part in parts for i in part) == list(range(len(lengths)))
+    assert parts == balanced_partition(torch.tensor(lengths), k)
+    # proven worst case of k-way differencing (Michiels et al. 2007) is below 4/3 of the optimum
+    assert _max_sum(lengths, parts) * 3 <= 4 * _brute_force_best(lengths, k)
+
+
+def test_balanced_partition_known_cases():
+    # the textbook case where differencing is not optimal: 8-7, 6-5, 4-1, 3-1 leaves 16 / 14; 8+7 = 6+5+4 = 15
+    values = [8, 7, 6, 5, 4]
+    assert [sum(values[i] for i in part) for part in balanced_partition(values, 2)] == [16, 14]
+    assert _brute_force_best(values, 2) == 15
+    assert balanced_partition([3, 1], 4) == [[0], [1], [], []]
+
+
+def test_balanced_partition_beats_greedy_baselines(agent):
+    lengths, _ = agent
+    cases = [(lengths.tolist(), 8)]
+    rng = random.Random(0)
+    cases += [([rng.randint(1, 10_000) for _ in range(rng.randint(20, 60))], k) for k in (2, 4, 8) for _ in range(4)]
+    for values, k in cases:
+        kk = _max_sum(values, balanced_partition(values, k))
+        assert kk <= _sorted_greedy(values, k)
+        assert kk <= _sorted_round_robin(values, k)
+    seed_parts = balanced_partition(lengths, 8)
+    assert _max_sum(lengths.tolist(), seed_parts) - int(lengths.sum()) // 8 <= 4  # near-perfect on 512 samples
+
+
+def test_balanced_partition_bad_input():
+    with pytest.raises(ValueError, match="k"):
+        balanced_partition([1, 2], 0)
+    with pytest.raises(ValueError, match=r"lengths\[1\]"):
+        balanced_partition([1, -2], 2)
+    with pytest.raises(ValueError, match="lengths"):
+        balanced_partition([], 2)

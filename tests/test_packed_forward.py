@@ -1,0 +1,151 @@
+"""Packed forward on a real transformers Qwen2: seed 003 §14.1's variants, transformers' packing detection, its trap."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from transformers.masking_utils import find_packed_sequence_indices
+
+from course_lib import (
+    compare_packed_with_alone,
+    inferred_packed_segments,
+    leaky_share,
+    load_course_tokenizer,
+    pack_sequences,
+    packed_logits,
+    packed_to_sequences,
+    packed_token_logprobs,
+    per_token_logprobs_alone,
+    seed003_packing_variants,
+    tiny_qwen2,
+    within_segment_mask,
+)
+
+CONVERSATIONS = [
+    ("What does packing do?", "It places several samples in one row so that little compute goes to padding."),
+    ("Why restart position ids?", "Each sample must see the positions it saw alone."),
+    ("2 + 2?", "4."),
+    ("Name a failure of leaky packing.", "The trainer scores tokens under a context the sampler never saw."),
+    ("什么是块对角掩码？", "每个 token 只关注同一条序列中更早的 token。"),
+    ("Is a token budget better than a fixed count?", "Yes: memory follows tokens, not sequence count."),
+    ("Say hi.", "Hi!"),
+    ("How long is the longest trajectory?", "It reaches the 64k context cap, eight times the median."),
+]
+ROW = 96
+
+
+@pytest.fixture(scope="module")
+def sequences():
+    tokenizer = load_course_tokenizer()
+    rendered = []
+    for question, answer in CONVERSATIONS:
+        messages = [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+        text = tokenizer.apply_chat_template(messages, tokenize=False)
+        rendered.append(torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"]))
+    return rendered
+
+
+@pytest.fixture(scope="module")
+def packed(sequences):
+    out = pack_sequences(sequences, ROW)
+    assert len(out["rows"]) < len(sequences) and all(len(row) >= 2 for row in out["rows"][:-1])
+    return out
+
+
+@pytest.fixture(scope="module", params=["eager", "sdpa"])
+def model(request):
+    return tiny_qwen2(seed=0, attn_implementation=request.param)
+
+
+@pytest.fixture(scope="module")
+def alone(model, sequences):
+    return per_token_logprobs_alone(model, sequences)
+
+
+def test_seed003_three_variants(model, packed, sequences, alone):
+    errors = {name: compare_packed_with_alone(model, packed, sequences, alone=alone, **kwargs)
+              for name, kwargs in seed003_packing_variants(packed).items()}
+    assert errors["causal mask, running positions"] > 1e-2
+    assert errors["causal mask, restarted positions"] > 1e-2
+    assert errors["block mask, restarted positions"] < 1e-5
+    assert errors["position_ids only, no cache"] < 1e-5  # transformers detects the restarts itself
+
+
+def test_leak_spares_the_first_sample_of_each_row(model, packed, sequences, alone):
+    first_sample = (packed["segment_ids"][:, :-1] == 0)  # [R, L-1]: nothing is packed before it
+    leaky = compare_packed_with_alone(model, packed, sequences, alone=alone, mode="causal", mask=first_sample)
+    assert leaky < 1e-5
+    later = compare_packed_with_alone(model, packed, sequences, alone=alone, mode="causal", mask=~first_sample)
+    assert later > 1e-2
+
+
+def _trap_logprobs(model, packed, **kwargs):
+    ids = packed["ids"]
+    with torch.no_grad():
+        logits = model(input_ids=ids, position_ids=packed["position_ids"], **kwargs).logits
+    return torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None]).squeeze(-1)  # [R, L-1]
+
+
+@pytest.mark.parametrize("trap", ["use_cache", "2-D attention_mask"])
+def test_transformers_does_not_detect_packing_with_cache_or_2d_mask(model, packed, trap):
+    kwargs = {"use_cache": True} if trap == "use_cache" else {
+        "attention_mask": torch.ones_like(packed["ids"]), "use_cache": False}
+    silent = _trap_logprobs(model, packed, **kwargs)
+    valid = within_segment_mask(packed["segment_ids"])
+    leaky = packed_token_logprobs(model, packed, mode="causal")  # restarted positions, one causal mask per row
+    correct = packed_token_logprobs(model, packed, mode="position_ids")
+    assert (silent - leaky)[valid].abs().max() < 1e-5  # exactly the leaky variant ...
+    assert (silent - correct)[valid].abs().max() > 1e-2  # ... and not the packed one
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.integers(1, 9), min_size=1, max_size=6), st.integers(0, 3))
+def test_inferred_segments_match_transformers(lengths, padding):
+    positions = torch.cat([torch.arange(n) for n in lengths] + [torch.zeros(padding, dtype=torch.long)])[None]
+    ours = inferred_packed_segments(positions)
+    theirs = find_packed_sequence_indices(positions)
+    assert torch.equal(ours, torch.zeros_like(ours) if theirs is None else theirs)
+    starts = torch.tensor([0] + lengths[:-1]).cumsum(0)
+    assert torch.equal(ours[0, starts], torch.arange(len(lengths)))
+
+
+def test_leaky_share(model, packed, sequences, alone):
+    reference = torch.cat(alone)
+    shares = {}
+    for mode in ("causal", "block_mask"):
+        logp = packed_token_logprobs(model, packed, mode=mode)
+        per_sample = torch.cat(packed_to_sequences(logp, packed["segment_ids"], packed["rows"]))
+        # an untrained model is near-uniform: its leak stays under seed 003's 0.2 (at most ~0.2 nats), so use 0.05
+        shares[mode] = leaky_share(per_sample, reference, torch.ones_like(reference, dtype=torch.bool), 0.05)
+    assert shares["causal"] > 0.1 and shares["block_mask"] == 0.0
+    logp, ref = torch.tensor([0.0, 0.1, 0.3, -0.3]), torch.zeros(4)
+    mask = torch.tensor([True, True, True, False])
+    assert leaky_share(logp, ref, mask) == pytest.approx(1 / 3)  # exp(0.3) - 1 = 0.35 > 0.2; exp(0.1) - 1 < 0.2
+    assert leaky_share(logp, ref, torch.ones(4, dtype=torch.bool)) == pytest.approx(2 / 4)  # 1 - exp(-0.3) = 0.26
+
+
+def test_bad_input(model, packed, sequences):
+    ids, positions, segments = packed["ids"], packed["position_ids"], packed["segment_ids"]
+    with pytest.raises(ValueError, match="mode"):
+        packed_logits(model, ids, positions, segments, mode="varlen")
+    with pytest.raises(ValueError, match="segment_ids are required"):
+        packed_logits(model, ids, positions)
+    with pytest.raises(ValueError, match="position_ids shape"):
+        packed_logits(model, ids, positions[:, :-1], segments)
+    with pytest.raises(ValueError, match="ids must have shape"):
+        packed_logits(model, ids[0], positions, segments)
+    running = torch.arange(ids.shape[1]).expand_as(ids)
+    with pytest.raises(ValueError, match="do not restart"):
+        packed_logits(model, ids, running, segments, mode="position_ids")
+    with pytest.raises(ValueError, match="samples"):
+        compare_packed_with_alone(model, packed, sequences[:-1])
+    with pytest.raises(ValueError, match="packed is missing"):
+        compare_packed_with_alone(model, {"ids": ids}, sequences)
+    with pytest.raises(ValueError, match="threshold"):
+        leaky_share(torch.zeros(2), torch.zeros(2), torch.ones(2, dtype=torch.bool), threshold=-1)
+    with pytest.raises(ValueError, match="same shape"):
+        leaky_share(torch.zeros(2), torch.zeros(3), torch.ones(2, dtype=torch.bool))
+    with pytest.raises(ValueError, match="no token"):
+        leaky_share(torch.zeros(2), torch.zeros(2), torch.zeros(2, dtype=torch.bool))

@@ -1,0 +1,117 @@
+"""Alpaca / ShareGPT records -> chat messages, and JSON / JSONL / CSV files through datasets."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from course_lib import (
+    build_labels,
+    detect_record_format,
+    load_chats,
+    load_course_tokenizer,
+    load_records,
+    measure_sample,
+    records_to_chats,
+    sample_data_path,
+    to_messages,
+)
+
+
+def test_alpaca_record_maps_to_user_and_assistant():
+    record = {"instruction": "Summarize.", "input": "Packing fills rows.", "output": "Rows get filled."}
+    assert to_messages(record, "alpaca") == [
+        {"role": "user", "content": "Summarize.\n\nPacking fills rows."},
+        {"role": "assistant", "content": "Rows get filled."},
+    ]
+    with_system = {"instruction": "你好", "output": "你好！", "system": "简短回答。", "input": None}
+    assert to_messages(with_system) == [
+        {"role": "system", "content": "简短回答。"}, {"role": "user", "content": "你好"},
+        {"role": "assistant", "content": "你好！"},
+    ]
+
+
+def test_alpaca_with_wrong_field_names_names_the_missing_field():
+    # seed 002's trap: question/answer data run through an Alpaca template becomes "" -> answer
+    with pytest.raises(ValueError, match=r"missing field 'instruction'.*\['answer', 'question'\]"):
+        to_messages({"question": "高血压患者可以吃阿司匹林吗？", "answer": "一般不建议。"}, "alpaca")
+    with pytest.raises(ValueError, match="missing field 'output'"):
+        to_messages({"instruction": "Say hi.", "response": "Hi"}, "alpaca")
+    with pytest.raises(ValueError, match="empty field 'instruction'"):
+        to_messages({"instruction": "  ", "output": "Hi"}, "alpaca")
+    with pytest.raises(ValueError, match="'output' must be a string"):
+        to_messages({"instruction": "Count.", "output": 3}, "alpaca")
+
+
+def test_sharegpt_roles_and_aliases():
+    record = {"system": "Be brief.", "conversations": [
+        {"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello!"},
+        {"from": "user", "value": "Bye"}, {"from": "assistant", "value": "Bye!"}]}
+    assert [m["role"] for m in to_messages(record, "sharegpt")] == ["system", "user", "assistant", "user", "assistant"]
+    assert to_messages(record)[2]["content"] == "Hello!"
+    openai_style = {"conversations": [{"role": "system", "content": "S"}, {"role": "user", "content": "U"},
+                                      {"role": "assistant", "content": "A"}]}
+    assert to_messages(openai_style, "sharegpt") == openai_style["conversations"]
+
+
+def test_sharegpt_errors_name_the_problem():
+    with pytest.raises(ValueError, match="'conversations'"):
+        to_messages({"messages": []}, "sharegpt")
+    with pytest.raises(ValueError, match=r"conversations\[1\].*'from'.*'bot'"):
+        to_messages({"conversations": [{"from": "human", "value": "Hi"}, {"from": "bot", "value": "Yo"}]}, "sharegpt")
+    with pytest.raises(ValueError, match="no gpt/assistant turn"):
+        to_messages({"conversations": [{"from": "human", "value": "Hi"}]}, "sharegpt")
+    with pytest.raises(ValueError, match=r"conversations\[0\].*missing field 'value'"):
+        to_messages({"conversations": [{"from": "human", "text": "Hi"}, {"from": "gpt", "value": "Yo"}]}, "sharegpt")
+
+
+def test_format_detection_and_bad_format():
+    assert detect_record_format({"conversations": []}) == "sharegpt"
+    assert detect_record_format({"instruction": "x"}) == "alpaca"
+    with pytest.raises(ValueError, match="cannot tell"):
+        to_messages({"question": "q", "answer": "a"})
+    with pytest.raises(ValueError, match="fmt"):
+        to_messages({"instruction": "x", "output": "y"}, "openai")
+    with pytest.raises(ValueError, match="mapping"):
+        to_messages(["instruction", "output"], "alpaca")
+
+
+@pytest.mark.parametrize(("name", "rows", "first_user"), [
+    ("alpaca.jsonl", 4, "Explain in one sentence why the labels of prompt tokens are set to -100."),
+    ("sharegpt.json", 3, "What does the length ledger record?"),
+    ("alpaca.csv", 3, "Name the three parts of the length ledger."),
+])
+def test_shipped_samples_load_into_chats(name, rows, first_user):
+    records = load_records(sample_data_path(name))
+    assert records.num_rows == rows
+    chats = load_chats(sample_data_path(name))
+    assert chats.column_names == ["messages"] and chats.num_rows == rows
+    assert chats[0]["messages"][0] == {"role": "user", "content": first_user}
+    tokenizer = load_course_tokenizer()
+    for chat in chats["messages"]:
+        assert chat[-1]["role"] == "assistant"
+        counts = measure_sample(tokenizer, chat)
+        sample = build_labels(tokenizer, chat)
+        assert counts["total_tokens"] == len(sample["input_ids"])
+        assert counts["supervised_tokens"] == sum(label != -100 for label in sample["labels"])
+
+
+def test_load_records_formats_and_errors(tmp_path):
+    rows = [{"instruction": "A", "output": "B"}, {"instruction": "C", "output": "D"}]
+    jsonl = tmp_path / "data.jsonl"
+    jsonl.write_text("\n".join(json.dumps(row) for row in rows), encoding="utf-8")
+    assert load_records(jsonl).to_list() == rows
+    renamed = tmp_path / "data.txt"
+    renamed.write_text(jsonl.read_text(encoding="utf-8"), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"extension '\.txt'"):
+        load_records(renamed)
+    assert load_records(renamed, fmt="json").to_list() == rows
+    with pytest.raises(ValueError, match="fmt"):
+        load_records(renamed, fmt="parquet")
+    with pytest.raises(ValueError, match="not a file"):
+        load_records(tmp_path / "missing.json")
+    wrong = tmp_path / "qa.jsonl"
+    wrong.write_text(json.dumps({"question": "Q?", "answer": "A."}), encoding="utf-8")
+    with pytest.raises(ValueError, match="missing field 'instruction'"):
+        records_to_chats(load_records(wrong), "alpaca")

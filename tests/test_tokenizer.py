@@ -1,0 +1,194 @@
+"""The course tokenizer: vocab 2048, reproducible training, three chat templates, render_chat roles, hub loader."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from transformers import PreTrainedTokenizerFast
+
+from course_lib import (
+    CHAT_TEMPLATE_SOURCES,
+    CHAT_TEMPLATES,
+    SPECIAL_TOKENS,
+    HubUnavailableError,
+    course_tokenizer_dir,
+    load_course_tokenizer,
+    load_tokenizer,
+    render_chat,
+    render_chats,
+    tiny_qwen2,
+    train_course_tokenizer,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+CHAT = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "What is packing?"},
+    {"role": "assistant", "content": "Packing puts samples in one row."},
+    {"role": "user", "content": "谢谢"},
+    {"role": "assistant", "content": "不客气！"},
+]
+EXPECTED_TEXT = {
+    "chatml": "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+              "<|im_start|>user\nWhat is packing?<|im_end|>\n"
+              "<|im_start|>assistant\nPacking puts samples in one row.<|im_end|>\n<|im_start|>user\n谢谢<|im_end|>\n"
+              "<|im_start|>assistant\n不客气！<|im_end|>\n",
+    "llama3": "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nYou are a helpful assistant.<|eot_id|>"
+              "<|start_header_id|>user<|end_header_id|>\n\nWhat is packing?<|eot_id|>"
+              "<|start_header_id|>assistant<|end_header_id|>\n\nPacking puts samples in one row.<|eot_id|>"
+              "<|start_header_id|>user<|end_header_id|>\n\n谢谢<|eot_id|>"
+              "<|start_header_id|>assistant<|end_header_id|>\n\n不客气！<|eot_id|>",
+    "alpaca": "You are a helpful assistant.\n\n### Instruction:\nWhat is packing?\n\n### Response:\n"
+              "Packing puts samples in one row.<|endoftext|>\n\n### Instruction:\n谢谢\n\n### Response:\n"
+              "不客气！<|endoftext|>\n\n",
+}
+END_OF_TURN = {"chatml": "<|im_end|>", "llama3": "<|eot_id|>", "alpaca": "<|endoftext|>"}
+GENERATION_PROMPT = {"chatml": "<|im_start|>assistant\n", "llama3": "<|start_header_id|>assistant<|end_header_id|>\n\n",
+                     "alpaca": "### Response:\n"}
+
+
+@pytest.fixture(scope="module")
+def tokenizers():
+    return {name: load_course_tokenizer(name) for name in CHAT_TEMPLATES}
+
+
+def test_vocab_is_exactly_2048_with_single_id_special_tokens(tokenizers):
+    tokenizer = tokenizers["chatml"]
+    assert isinstance(tokenizer, PreTrainedTokenizerFast)
+    assert len(tokenizer) == 2048 and tokenizer.vocab_size == 2048
+    assert tokenizer.vocab_size == tiny_qwen2().config.vocab_size
+    assert tokenizer.convert_tokens_to_ids(list(SPECIAL_TOKENS)) == list(range(len(SPECIAL_TOKENS)))
+    for token in SPECIAL_TOKENS:
+        ids = tokenizer(f"a{token}b", add_special_tokens=False)["input_ids"]
+        assert ids[1] == tokenizer.convert_tokens_to_ids(token)
+    assert tokenizer.pad_token == "<|endoftext|>" and tokenizer.pad_token_id == 0
+    assert tokenizer("hello", add_special_tokens=True)["input_ids"] == tokenizer("hello", add_special_tokens=False)[
+        "input_ids"]  # no BOS/EOS added behind the template's back
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list("abcXYZ 019.,!?\n\t") + list("微调分词器，。你好")), max_size=60))
+def test_bilingual_text_round_trips_and_ids_fit_the_tiny_model(tokenizers, text):
+    tokenizer = tokenizers["chatml"]
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert all(0 <= token_id < 2048 for token_id in ids)
+    assert tokenizer.decode(ids) == text
+
+
+def test_tiny_model_runs_on_rendered_ids(tokenizers):
+    ids = tokenizers["llama3"].apply_chat_template(CHAT, tokenize=True, return_dict=True)["input_ids"]
+    logits = tiny_qwen2()(input_ids=torch.tensor([ids])).logits  # [1, T, 2048]
+    assert logits.shape == (1, len(ids), 2048) and torch.isfinite(logits).all()
+
+
+def test_templates_are_selectable_by_name(tokenizers):
+    assert CHAT_TEMPLATES == ("chatml", "llama3", "alpaca")
+    assert load_course_tokenizer().chat_template == CHAT_TEMPLATE_SOURCES["chatml"]
+    for name, tokenizer in tokenizers.items():
+        assert tokenizer.chat_template == CHAT_TEMPLATE_SOURCES[name]
+        assert "{% generation %}" in tokenizer.chat_template
+        assert tokenizer.eos_token == END_OF_TURN[name]
+        assert tokenizer.apply_chat_template(CHAT, tokenize=False) == EXPECTED_TEXT[name]
+        prompt = tokenizer.apply_chat_template(CHAT[:2], tokenize=False, add_generation_prompt=True)
+        assert prompt.endswith(GENERATION_PROMPT[name])
+    with pytest.raises(ValueError, match="template"):
+        load_course_tokenizer("vicuna")
+
+
+def test_saved_dir_carries_all_templates_by_name():
+    from transformers import AutoTokenizer
+
+    plain = AutoTokenizer.from_pretrained(str(course_tokenizer_dir()), local_files_only=True)
+    assert plain.chat_template == {"default": CHAT_TEMPLATE_SOURCES["chatml"],
+                                   "llama3": CHAT_TEMPLATE_SOURCES["llama3"], "alpaca": CHAT_TEMPLATE_SOURCES["alpaca"]}
+    assert plain.apply_chat_template(CHAT, tokenize=False, chat_template="llama3") == EXPECTED_TEXT["llama3"]
+
+
+@pytest.mark.parametrize("name", CHAT_TEMPLATES)
+def test_assistant_mask_covers_answers_and_end_of_turn(tokenizers, name):
+    tokenizer = tokenizers[name]
+    out = tokenizer.apply_chat_template(CHAT, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    masked = [token_id for token_id, bit in zip(out["input_ids"], out["assistant_masks"], strict=True) if bit]
+    answers = "".join(m["content"] + END_OF_TURN[name] for m in CHAT if m["role"] == "assistant")
+    assert tokenizer.decode(masked) == answers
+    assert masked.count(tokenizer.convert_tokens_to_ids(END_OF_TURN[name])) == 2
+
+
+@pytest.mark.parametrize("name", CHAT_TEMPLATES)
+def test_render_chat_roles_come_from_one_rendering(tokenizers, name):
+    tokenizer = tokenizers[name]
+    rendered = render_chat(tokenizer, CHAT)
+    out = tokenizer.apply_chat_template(CHAT, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    assert rendered["text"] == EXPECTED_TEXT[name]
+    assert rendered["input_ids"] == out["input_ids"]
+    assert [role in ("assistant", "eos") for role in rendered["roles"]] == [bool(b) for b in out["assistant_masks"]]
+    eos_ids = [i for i, role in zip(rendered["input_ids"], rendered["roles"], strict=True) if role == "eos"]
+    assert eos_ids == [tokenizer.convert_tokens_to_ids(END_OF_TURN[name])] * 2
+    for role in ("system", "user"):
+        ids = [i for i, r in zip(rendered["input_ids"], rendered["roles"], strict=True) if r == role]
+        expected = "".join(m["content"] for m in CHAT if m["role"] == role)
+        assert tokenizer.decode(ids).replace("\n", "") == expected  # alpaca: ".\n\n" can be one seam token
+    assert render_chats(tokenizer, [CHAT, CHAT[:3]])[0] == rendered
+
+
+def test_a_token_across_the_content_seam_belongs_to_the_content(tokenizers):
+    # alpaca renders "packing?\n\n###": the pre-tokenizer keeps "?\n" together, one token spanning user and template
+    rendered = render_chat(tokenizers["alpaca"], CHAT[1:3])
+    tokens = tokenizers["alpaca"].convert_ids_to_tokens(rendered["input_ids"])
+    seam = tokens.index("?Ċ")
+    assert rendered["roles"][seam] == "user" and rendered["roles"][seam + 1] == "template"
+
+
+def test_render_chat_rejects_bad_messages_and_foreign_templates(tokenizers):
+    tokenizer = tokenizers["chatml"]
+    bad = [[], "hello", [{"role": "tool", "content": "x"}], [{"role": "user"}], [{"role": "user", "content": 3}]]
+    for messages in bad:
+        with pytest.raises(ValueError, match="messages"):
+            render_chat(tokenizer, messages)
+    foreign = load_course_tokenizer()
+    foreign.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    with pytest.raises(ValueError, match="generation"):
+        render_chat(foreign, CHAT)
+
+
+def _script_module():
+    script = REPO / "scripts" / "train_course_tokenizer.py"
+    spec = importlib.util.spec_from_file_location("train_course_tokenizer", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_training_script_regenerates_the_shipped_files_byte_identically(tmp_path):
+    written = _script_module().write_course_tokenizer(tmp_path / "fresh")
+    shipped = sorted(p.relative_to(course_tokenizer_dir()) for p in course_tokenizer_dir().rglob("*") if p.is_file())
+    assert sorted(p.relative_to(tmp_path / "fresh") for p in written) == shipped
+    for relative in shipped:
+        assert (tmp_path / "fresh" / relative).read_bytes() == (course_tokenizer_dir() / relative).read_bytes()
+    model = json.loads((course_tokenizer_dir() / "tokenizer.json").read_text(encoding="utf-8"))["model"]
+    fresh = json.loads(train_course_tokenizer().to_str())["model"]
+    assert fresh["vocab"] == model["vocab"] and fresh["merges"] == model["merges"]
+
+
+def test_load_tokenizer_offline_raises_a_clear_error(tmp_path):
+    with pytest.raises(HubUnavailableError, match="load_course_tokenizer") as caught:
+        load_tokenizer("Qwen/Qwen2.5-0.5B", local_files_only=True, cache_dir=str(tmp_path))
+    assert isinstance(caught.value, OSError) and "unreachable" in str(caught.value)
+
+
+def test_load_tokenizer_with_hf_hub_offline_does_not_hang(tmp_path):
+    code = ("from course_lib import load_tokenizer, HubUnavailableError\n"
+            f"try:\n    load_tokenizer('Qwen/Qwen2.5-0.5B', cache_dir={str(tmp_path)!r})\n"
+            "except HubUnavailableError as error:\n    print('CLEAR', type(error).__mro__[1].__name__)\n")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert "CLEAR OSError" in done.stdout, done.stderr[-2000:]
