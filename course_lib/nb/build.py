@@ -1,0 +1,274 @@
+"""Build the course: jupytext chapter sources -> nbgrader source notebooks -> release notebooks.
+
+A chapter's TODO cell names the library function it asks for on its first line:
+
+    # %% nbgrader={"grade": false, "solution": true, ...}
+    #| solution: course_lib.window.audit_context_fit
+
+The build replaces that cell with the function's own source from `course_lib` (signature and
+docstring visible, body between the nbgrader solution markers) plus the imports its body needs,
+so the instructor's solution is the library's code and cannot drift from it.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import importlib
+import inspect
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+
+SOLUTION_DIRECTIVE = re.compile(r"^#\|\s*solution:\s*(?P<targets>.+?)\s*$")
+SETUP_DIRECTIVE = "#| course-setup"
+NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
+KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
+
+
+@dataclass
+class ChapterBuild:
+    """What the build made of one chapter."""
+
+    name: str
+    source_notebook: Path
+    graded_cells: list[str] = field(default_factory=list)
+    points: float = 0.0
+    solutions: list[str] = field(default_factory=list)
+
+
+def resolve(dotted: str):
+    """'course_lib.window.audit_context_fit' -> the function object."""
+    module_name, _, attribute = dotted.rpartition(".")
+    if not module_name:
+        raise ValueError(f"solution target must be a dotted path module.function, got {dotted!r}")
+    return getattr(importlib.import_module(module_name), attribute)
+
+
+def _global_names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for constant in code.co_consts:
+        if isinstance(constant, types.CodeType):
+            names |= _global_names(constant)
+    return names
+
+
+def _annotation_names(function) -> set[str]:
+    """Names used in the signature's annotations (strings under `from __future__ import annotations`)."""
+    node = ast.parse(textwrap.dedent(inspect.getsource(function))).body[0]
+    annotations = [arg.annotation for arg in (*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs,
+                                              node.args.vararg, node.args.kwarg) if arg is not None]
+    annotations = [a for a in annotations + [node.returns] if a is not None]
+    return {sub.id for a in annotations for sub in ast.walk(a) if isinstance(sub, ast.Name)}
+
+
+def required_imports(function) -> list[str]:
+    """Import lines for every module-level name the function's body or signature looks up."""
+    lines = []
+    module_globals = function.__globals__
+    for name in sorted(_global_names(function.__code__) | _annotation_names(function)):
+        if name not in module_globals or hasattr(builtins, name) or name == function.__name__:
+            continue
+        value = module_globals[name]
+        if isinstance(value, types.ModuleType):
+            real = value.__name__
+            lines.append(f"import {real}" if real == name else f"import {real} as {name}")
+        elif name == "annotations":
+            continue
+        else:
+            home = getattr(value, "__module__", None) or function.__module__
+            if not hasattr(importlib.import_module(home), name):
+                home = function.__module__
+            lines.append(f"from {home} import {name}")
+    return lines
+
+
+def solution_source(function) -> str:
+    """The function's source with its body (after the docstring) inside nbgrader's solution markers."""
+    source = textwrap.dedent(inspect.getsource(function))
+    tree = ast.parse(source)
+    node = tree.body[0]
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        raise ValueError(f"{function.__qualname__} is not a plain function")
+    body = node.body
+    has_docstring = isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
+        and isinstance(body[0].value.value, str)
+    if has_docstring and len(body) == 1:
+        raise ValueError(f"{function.__qualname__} has no body beyond its docstring")
+    lines = source.splitlines()
+    first_body = body[1] if has_docstring else body[0]
+    split_at = body[0].end_lineno if has_docstring else first_body.lineno - 1  # 0-based line after the docstring
+    indent = re.match(r"\s*", lines[first_body.lineno - 1]).group(0)
+    head, tail = lines[:split_at], lines[split_at:]
+    return "\n".join(head + [f"{indent}### BEGIN SOLUTION"] + tail + [f"{indent}### END SOLUTION"])
+
+
+def expand_solution_cell(cell_source: str) -> tuple[str, list[str]]:
+    """Replace a `#| solution:` directive cell by the library's code; returns (new source, targets)."""
+    first, _, rest = cell_source.partition("\n")
+    match = SOLUTION_DIRECTIVE.match(first.strip())
+    if not match:
+        return cell_source, []
+    targets = [target.strip() for target in match.group("targets").split(",") if target.strip()]
+    functions = [resolve(target) for target in targets]
+    imports = sorted({line for function in functions for line in required_imports(function)})
+    private = [line for line in imports if re.search(r"import _\w+$", line) and "._checks" not in line]
+    if private:
+        raise ValueError(f"solution {targets} leans on private helpers {private}: a TODO function must carry its "
+                         "own logic (validators from course_lib._checks and public building blocks only)")
+    parts = []
+    if imports:
+        parts.append("\n".join(imports))
+    if rest.strip():
+        parts.append(rest.strip("\n"))
+    parts.extend(solution_source(function) for function in functions)
+    return "\n\n\n".join(parts), targets
+
+
+def course_settings(course_root: Path) -> dict:
+    return json.loads((course_root / "course.json").read_text(encoding="utf-8"))
+
+
+def setup_code(settings: dict) -> str:
+    """The first code cell of every chapter: works locally, on Colab and on ModelScope."""
+    return textwrap.dedent(f"""\
+        # Setup (local, Colab, ModelScope): install the course package when it is missing, then import it.
+        import importlib.util
+        import subprocess
+        import sys
+
+        if importlib.util.find_spec("course_lib") is None:
+            subprocess.run([sys.executable, "-m", "pip", "install", "-q", "{settings['package_spec']}"], check=True)
+
+        import matplotlib.pyplot as plt
+        import torch
+
+        import course_lib
+        from course_lib._checks import (require_int, require_keys, require_lengths, require_nonnegative_int,
+                                        require_positive_int, require_ratio, require_real)
+
+        torch.set_num_threads(2)
+        print(f"course_lib {{course_lib.__version__}} | torch {{torch.__version__}}")""")
+
+
+def expand_markdown(source: str, settings: dict, name: str) -> str:
+    badge_url = (f"https://colab.research.google.com/github/{settings['repository']}/blob/{settings['branch']}"
+                 f"/notebooks/release/{name}/{name}.ipynb")
+    badge = f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({badge_url})"
+    return source.replace("{{COLAB_BADGE}}", badge)
+
+
+def build_source_notebook(chapter_py: Path, course_root: Path) -> ChapterBuild:
+    """Jupytext percent source -> notebooks/source/<name>/<name>.ipynb with solutions inserted."""
+    import jupytext
+
+    name = chapter_py.stem
+    notebook = jupytext.read(chapter_py, fmt="py:percent")
+    result = ChapterBuild(name=name, source_notebook=course_root / "source" / name / f"{name}.ipynb")
+    settings = course_settings(course_root)
+    for cell in notebook.cells:
+        cell.metadata.pop("lines_to_next_cell", None)
+        if cell.cell_type == "markdown":
+            cell.source = expand_markdown(cell.source, settings, name)
+        if cell.cell_type == "code" and cell.source.startswith(SETUP_DIRECTIVE):
+            extra = cell.source[len(SETUP_DIRECTIVE):].strip("\n")
+            cell.source = setup_code(settings) + ("\n\n" + extra if extra else "")
+            cell.metadata.setdefault("tags", []).append("setup")
+        meta = cell.metadata.get("nbgrader")
+        if cell.cell_type == "code" and meta and meta.get("solution"):
+            cell.source, targets = expand_solution_cell(cell.source)
+            result.solutions.extend(targets)
+        if meta and meta.get("grade"):
+            result.graded_cells.append(meta["grade_id"])
+            result.points += float(meta.get("points", 0))
+    notebook.metadata = {"kernelspec": KERNELSPEC, "language_info": {"name": "python"}}
+    notebook.nbformat, notebook.nbformat_minor = 4, 5
+    for index, cell in enumerate(notebook.cells):
+        cell["id"] = f"{name[:20]}-{index:03d}"
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    result.source_notebook.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(notebook, result.source_notebook)
+    return result
+
+
+def nbgrader_command(*args: str, course_root: Path) -> list[str]:
+    """`nbgrader ...` run with this interpreter, in the course root."""
+    return [sys.executable, "-m", "nbgrader", *args, f"--CourseDirectory.root={course_root}"]
+
+
+def generate_release(name: str, course_root: Path) -> Path:
+    """Run `nbgrader generate_assignment` for one chapter; returns the release notebook path."""
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    completed = subprocess.run(
+        nbgrader_command("generate_assignment", name, "--force", "--create", course_root=course_root),
+        cwd=course_root, env=env, capture_output=True, text=True,
+    )
+    if completed.returncode != 0:
+        raise RuntimeError(f"nbgrader generate_assignment {name} failed:\n{completed.stdout}\n{completed.stderr}")
+    release = course_root / "release" / name / f"{name}.ipynb"
+    normalize_release(release)
+    return release
+
+
+def normalize_release(path: Path) -> None:
+    """Stable bytes for a committed release notebook (sorted keys, no volatile metadata)."""
+    notebook = json.loads(path.read_text(encoding="utf-8"))
+    path.write_text(json.dumps(notebook, indent=1, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def chapter_sources(chapters_dir: Path) -> list[Path]:
+    return sorted(path for path in chapters_dir.glob("[0-9][0-9]_*.py"))
+
+
+def build_course(course_root: Path = NOTEBOOKS_DIR, *, release: bool = True,
+                 only: list[str] | None = None) -> list[ChapterBuild]:
+    """Build every chapter (or `only` those): source notebooks, then release notebooks."""
+    course_root = Path(course_root).resolve()
+    builds = []
+    for chapter_py in chapter_sources(course_root / "chapters"):
+        if only and chapter_py.stem not in only:
+            continue
+        build = build_source_notebook(chapter_py, course_root)
+        if release:
+            generate_release(build.name, course_root)
+        builds.append(build)
+    return builds
+
+
+def copy_course_skeleton(course_root: Path, target: Path) -> Path:
+    """Copy chapters and nbgrader config to a scratch course root (tests build there)."""
+    target.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(course_root / "chapters", target / "chapters", dirs_exist_ok=True)
+    for name in ("nbgrader_config.py", "course.json"):
+        shutil.copy2(course_root / name, target / name)
+    return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Build the course's source and release notebooks.")
+    parser.add_argument("--root", type=Path, default=NOTEBOOKS_DIR)
+    parser.add_argument("--no-release", action="store_true", help="only build the nbgrader source notebooks")
+    parser.add_argument("chapters", nargs="*", help="chapter names (default: all)")
+    args = parser.parse_args(argv)
+    builds = build_course(args.root, release=not args.no_release, only=args.chapters or None)
+    print(f"{'chapter':<34} {'graded cells':>12} {'points':>7}  solutions from course_lib")
+    for build in builds:
+        print(f"{build.name:<34} {len(build.graded_cells):>12} {build.points:>7.0f}  {', '.join(build.solutions)}")
+    print(f"{len(builds)} chapters, {sum(b.points for b in builds):.0f} points")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,91 @@
+"""Reading chapter notebooks by their nbgrader cells, and grading them in-process.
+
+In-process grading runs exactly the cells nbgrader runs for the grade: the chapter's setup cells,
+the solution cells (the student's code), and the graded test cells taken from the SOURCE notebook
+(visible and hidden tests as nbgrader's autograde restores them). Teaching cells are skipped, which
+is why graded cells may depend only on setup cells and the TODO functions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import nbformat
+
+SETUP_TAG = "setup"
+
+
+@dataclass(frozen=True)
+class CellResult:
+    grade_id: str
+    points: float
+    earned: float
+    passed: bool
+    message: str
+
+
+def read(path: str | Path) -> nbformat.NotebookNode:
+    return nbformat.read(str(path), as_version=4)
+
+
+def nbgrader_meta(cell: Any) -> dict:
+    return dict(cell.get("metadata", {}).get("nbgrader", {}))
+
+
+def is_setup(cell: Any) -> bool:
+    return cell.cell_type == "code" and SETUP_TAG in cell.get("metadata", {}).get("tags", [])
+
+
+def solution_cells(notebook: Any) -> dict[str, str]:
+    """grade_id -> source of every code solution cell (the student's code)."""
+    return {nbgrader_meta(c)["grade_id"]: c.source for c in notebook.cells
+            if c.cell_type == "code" and nbgrader_meta(c).get("solution")}
+
+
+def graded_cells(notebook: Any) -> list[tuple[str, float, str]]:
+    """(grade_id, points, source) of every graded test cell, in order."""
+    return [(nbgrader_meta(c)["grade_id"], float(nbgrader_meta(c).get("points", 0)), c.source)
+            for c in notebook.cells if c.cell_type == "code" and nbgrader_meta(c).get("grade")
+            and not nbgrader_meta(c).get("solution")]
+
+
+def setup_cells(notebook: Any) -> list[str]:
+    return [c.source for c in notebook.cells if is_setup(c)]
+
+
+def _run(source: str, namespace: dict, label: str) -> str | None:
+    """Execute one cell; returns an error summary or None."""
+    stdout = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(stdout):
+            exec(compile(source, f"<{label}>", "exec", dont_inherit=True), namespace)
+    except BaseException as error:  # noqa: BLE001 - a student's cell may raise anything
+        if isinstance(error, KeyboardInterrupt):
+            raise
+        last = traceback.format_exception_only(type(error), error)[-1].strip()
+        return last
+    return None
+
+
+def grade_in_process(source_notebook: Any, solutions: dict[str, str]) -> list[CellResult]:
+    """Grade `solutions` (grade_id -> code) with the source notebook's setup and test cells."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    namespace: dict[str, Any] = {"__name__": "__main__"}
+    for index, source in enumerate(setup_cells(source_notebook)):
+        error = _run(source, namespace, f"setup-{index}")
+        if error:
+            raise RuntimeError(f"setup cell {index} failed: {error}")
+    for grade_id, source in solutions.items():
+        _run(source, namespace, grade_id)
+    results = []
+    for grade_id, points, source in graded_cells(source_notebook):
+        error = _run(source, namespace, grade_id)
+        results.append(CellResult(grade_id, points, 0.0 if error else points, error is None, error or ""))
+    return results

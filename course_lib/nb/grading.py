@@ -1,0 +1,176 @@
+"""Helpers the chapters' hidden tests call: compare a student's function with the library's.
+
+The tests know the student's code only through the TODO function's name and signature. Three
+checks make a grade trustworthy:
+
+- the function is the student's own: defined in the notebook, and it still works while the
+  library's counterpart is switched off (a plain call into `course_lib` earns nothing);
+- it agrees with the library on randomized inputs with fixed seeds and on edge cases;
+- it rejects bad input with a ValueError, as the library does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import course_lib
+
+
+def reference(name: str) -> Callable:
+    """The library's own implementation of `name` (captured before any blocking)."""
+    if not hasattr(course_lib, name):
+        raise ValueError(f"course_lib has no public function named {name!r}")
+    return getattr(course_lib, name)
+
+
+def _tripwire_code(name: str):
+    source = (f"def tripwire(*args, **kwargs):\n"
+              f"    raise AssertionError('this calls course_lib.{name}; the exercise is to write it yourself')\n")
+    namespace: dict[str, Any] = {}
+    exec(compile(source, f"<tripwire {name}>", "exec"), namespace)
+    return namespace["tripwire"].__code__
+
+
+@contextlib.contextmanager
+def library_blocked(*names: str) -> Iterator[None]:
+    """Within the block, calling the library's `name` raises, through whatever name it is reached by.
+
+    The function object's code is swapped, so aliases (`from course_lib import x as y`), module
+    attributes and references captured earlier all trip alike.
+    """
+    saved = []
+    try:
+        for name in names:
+            function = reference(name)
+            if not hasattr(function, "__code__") or function.__code__.co_freevars:
+                raise ValueError(f"course_lib.{name} cannot be blocked (not a plain module-level function)")
+            saved.append((function, function.__code__))
+            function.__code__ = _tripwire_code(name)
+        yield
+    finally:
+        for function, code in reversed(saved):
+            function.__code__ = code
+
+
+def assert_own_function(function: Callable, name: str) -> None:
+    """The function is defined in the notebook and is not the library's object."""
+    if not callable(function):
+        raise AssertionError(f"{name} must be a function, got {type(function).__name__}")
+    if function is reference(name) or getattr(function, "__wrapped__", None) is reference(name):
+        raise AssertionError(f"{name} is the library's function, not yours")
+    module = getattr(function, "__module__", None)
+    if module != "__main__":
+        raise AssertionError(f"{name} must be defined in this notebook (it comes from {module!r})")
+
+
+def assert_same(got: Any, expected: Any, *, rtol: float = 1e-9, atol: float = 1e-12, path: str = "result") -> None:
+    """Deep comparison of results: tensors/arrays elementwise (with tolerance), dicts by key, lists in order."""
+    if hasattr(expected, "shape") and hasattr(expected, "dtype") and not isinstance(expected, (int, float)):
+        _assert_same_array(got, expected, rtol=rtol, atol=atol, path=path)
+    elif isinstance(expected, Mapping):
+        if not isinstance(got, Mapping):
+            raise AssertionError(f"{path}: expected a dict, got {type(got).__name__}")
+        if set(got) != set(expected):
+            raise AssertionError(f"{path}: keys {sorted(map(str, got))} != expected {sorted(map(str, expected))}")
+        for key in expected:
+            assert_same(got[key], expected[key], rtol=rtol, atol=atol, path=f"{path}[{key!r}]")
+    elif isinstance(expected, (list, tuple)):
+        if not isinstance(got, (list, tuple)) and not hasattr(got, "tolist"):
+            raise AssertionError(f"{path}: expected a sequence, got {type(got).__name__}")
+        got = list(got.tolist() if hasattr(got, "tolist") else got)
+        if len(got) != len(expected):
+            raise AssertionError(f"{path}: length {len(got)} != expected {len(expected)}")
+        for index, (left, right) in enumerate(zip(got, expected, strict=True)):
+            assert_same(left, right, rtol=rtol, atol=atol, path=f"{path}[{index}]")
+    elif isinstance(expected, float) or isinstance(got, float):
+        if not isinstance(got, (int, float)) or isinstance(got, bool) != isinstance(expected, bool):
+            raise AssertionError(f"{path}: expected a number {expected!r}, got {got!r}")
+        if not math.isclose(float(got), float(expected), rel_tol=rtol, abs_tol=atol):
+            raise AssertionError(f"{path}: {got!r} != expected {expected!r}")
+    else:
+        if hasattr(got, "item") and getattr(got, "ndim", None) == 0:
+            got = got.item()
+        if got != expected:
+            raise AssertionError(f"{path}: {got!r} != expected {expected!r}")
+
+
+def _assert_same_array(got: Any, expected: Any, *, rtol: float, atol: float, path: str) -> None:
+    import torch
+
+    expected_tensor = torch.as_tensor(expected)
+    try:
+        got_tensor = torch.as_tensor(got)
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise AssertionError(f"{path}: expected a tensor of shape {tuple(expected_tensor.shape)}, got {got!r}") from error
+    if tuple(got_tensor.shape) != tuple(expected_tensor.shape):
+        raise AssertionError(f"{path}: shape {tuple(got_tensor.shape)} != expected {tuple(expected_tensor.shape)}")
+    if expected_tensor.dtype == torch.bool or not expected_tensor.is_floating_point():
+        if got_tensor.is_floating_point() and expected_tensor.dtype != torch.bool:
+            got_tensor = got_tensor.to(expected_tensor.dtype)
+        mismatch = (got_tensor.to(expected_tensor.dtype) != expected_tensor)
+        if bool(mismatch.any()):
+            first = tuple(int(i) for i in mismatch.nonzero()[0])
+            raise AssertionError(f"{path}: differs at index {first}: {got_tensor[first].item()!r} "
+                                 f"!= expected {expected_tensor[first].item()!r}")
+        return
+    close = torch.isclose(got_tensor.double(), expected_tensor.double(), rtol=rtol, atol=atol, equal_nan=True)
+    if not bool(close.all()):
+        worst = (got_tensor.double() - expected_tensor.double()).abs().max().item()
+        raise AssertionError(f"{path}: values differ from the reference (max abs difference {worst:.3g})")
+
+
+Case = tuple[Sequence[Any], Mapping[str, Any]]
+
+
+def as_case(case: Any) -> Case:
+    """A case is (args, kwargs), or just a tuple/list of args."""
+    if isinstance(case, tuple) and len(case) == 2 and isinstance(case[1], Mapping) and isinstance(case[0], (list, tuple)):
+        return tuple(case[0]), dict(case[1])
+    return tuple(case), {}
+
+
+def assert_matches_reference(student: Callable, name: str, cases: Iterable[Any], **tolerance: float) -> None:
+    """The student's function equals the library's on every case, with the library switched off.
+
+    Returns None on purpose: nbgrader reads a number left as a test cell's output as partial credit.
+    """
+    assert_own_function(student, name)
+    library = reference(name)
+    checked = 0
+    for case in cases:
+        args, kwargs = as_case(case)
+        expected = library(*args, **kwargs)
+        with library_blocked(name):
+            got = student(*args, **kwargs)
+        assert_same(got, expected, path=f"{name}(case {checked})", **tolerance)
+        checked += 1
+    if not checked:
+        raise ValueError("assert_matches_reference needs at least one case")
+
+
+def expect_value_error(call: Callable, *args: Any, **kwargs: Any) -> str:
+    """Call must raise ValueError; returns its message."""
+    try:
+        call(*args, **kwargs)
+    except ValueError as error:
+        return str(error)
+    except Exception as error:  # the wrong exception type is a wrong answer, not a crash
+        raise AssertionError(f"expected ValueError, got {type(error).__name__}: {error}") from error
+    raise AssertionError(f"expected ValueError for arguments {args!r} {kwargs!r}, nothing was raised")
+
+
+def assert_rejects(student: Callable, name: str, bad_cases: Iterable[Any]) -> None:
+    """Every bad case raises ValueError in the library (checked) and in the student's function."""
+    library = reference(name)
+    checked = 0
+    for case in bad_cases:
+        args, kwargs = as_case(case)
+        expect_value_error(library, *args, **kwargs)
+        with library_blocked(name):
+            expect_value_error(student, *args, **kwargs)
+        checked += 1
+    if not checked:
+        raise ValueError("assert_rejects needs at least one bad case")

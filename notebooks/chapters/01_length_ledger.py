@@ -1,0 +1,281 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Chapter 1 · Length ledger and window policy | 长度账本与窗口策略
+#
+# {{COLAB_BADGE}}
+#
+# **Objectives.** After this chapter you can
+# 1. measure a chat sample's real length from **one rendering** (一次渲染) of the chat template, split into
+#    template tokens (模板 Token), prompt tokens (提示 Token) and supervised tokens (监督 Token);
+# 2. summarize a length distribution with P50 / P95, length buckets (长度分桶) and the overflow ratio (溢出比例);
+# 3. decide per sample whether it **fits** the context window (完整保留), may be **truncated** in its supervision
+#    tail (受控截断), or **overflows** (拒绝), with two gates that protect the answer the model learns from.
+
+# %%
+#| course-setup
+from course_lib import (apply_window_policy, build_labels, load_chats, load_course_tokenizer, measure_sample,
+                        overflow_ratio, render_chat, sample_data_path, summarize_length_distribution)
+
+tokenizer = load_course_tokenizer()
+chat = [
+    {"role": "system", "content": "You are a patient tutor."},
+    {"role": "user", "content": "Why do long samples overflow a 2k window?"},
+    {"role": "assistant", "content": "Because the template, the prompt and the answer all share the window."},
+]
+
+# %% [markdown]
+# ## 1. Why: the length you guess is not the length the model sees
+#
+# A sample's length is not the length of its answer, nor the sum of its pieces tokenized one by one.
+# The chat template adds role markers and end-of-turn tokens, and BPE merges across the seams between
+# pieces. The only honest length is the length of the sequence the trainer will actually see: the chat
+# rendered **once** with a fixed tokenizer and template. Let us measure one conversation both ways.
+
+# %%
+ledger = measure_sample(tokenizer, chat)
+pieces_only = sum(len(tokenizer(message["content"], add_special_tokens=False)["input_ids"]) for message in chat)
+print("one rendering:", ledger)
+print(f"content pieces tokenized one by one: {pieces_only} tokens, "
+      f"{ledger['total_tokens'] - pieces_only} fewer than the rendered sequence")
+
+# %% [markdown]
+# The rendered sequence is longer than the pieces by every template token (role markers, newlines,
+# `<|im_end|>`). That gap is per sample: on a dataset of short chats it is a large share of the window.
+#
+# ## 2. The mechanism: a length ledger from aligned spans (长度账本)
+#
+# For sample $i$ the supervised length counts the answer and the end-of-turn token that the loss supervises:
+#
+# $$L_{\text{sup},i} = L_{\text{response},i} + L_{\text{EOS},i}, \qquad
+#   L_{\text{total},i} = L_{\text{template},i} + L_{\text{prompt},i} + L_{\text{sup},i}.$$
+#
+# `render_chat` renders once and gives every token a role from the character span it came from. Counting
+# roles gives the ledger; nothing is tokenized twice.
+
+# %%
+rendered = render_chat(tokenizer, chat)
+for token_id, role in list(zip(rendered["input_ids"], rendered["roles"]))[:18]:
+    print(f"{tokenizer.decode([token_id])!r:>16}  {role}")
+
+# %% [markdown]
+# ### TODO 1 · `ledger_from_roles`: the span-aligned half of `measure_sample`
+#
+# `measure_sample(tokenizer, messages)` is two steps: `render_chat` (render once, give each token a role)
+# and `ledger_from_roles(roles, *, supervise_eos=True)`, which you write now. Prompt tokens are the
+# `system` and `user` roles; supervised tokens are the `assistant` tokens plus the `eos` token when
+# `supervise_eos` is true (otherwise the end-of-turn token counts as template); template tokens are the rest.
+# Return a dict with the keys `template_tokens`, `prompt_tokens`, `supervised_tokens`, `total_tokens`, and
+# raise a `ValueError` naming the bad value for a role outside `("template", "system", "user", "assistant", "eos")`.
+
+# %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_ledger_from_roles", "locked": false, "schema_version": 3}
+#| solution: course_lib.ledger.ledger_from_roles
+
+# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_ledger_from_roles", "locked": true, "points": 3, "schema_version": 3}
+_roles = render_chat(tokenizer, chat)["roles"]
+ledger = ledger_from_roles(_roles)
+assert set(ledger) == {"template_tokens", "prompt_tokens", "supervised_tokens", "total_tokens"}
+assert ledger == measure_sample(tokenizer, chat)
+assert ledger["template_tokens"] + ledger["prompt_tokens"] + ledger["supervised_tokens"] == len(_roles)
+assert ledger_from_roles(_roles, supervise_eos=False)["supervised_tokens"] == ledger["supervised_tokens"] - 1
+### BEGIN HIDDEN TESTS
+import random
+
+from course_lib.nb import grading
+
+_chats = [chat] + list(load_chats(sample_data_path("sharegpt.json"))["messages"])
+_cases = [((render_chat(load_course_tokenizer(template), messages)["roles"],), {"supervise_eos": eos})
+          for messages in _chats for eos in (True, False) for template in ("chatml", "llama3", "alpaca")]
+_rng = random.Random(3)
+_names = ("template", "system", "user", "assistant", "eos")
+_cases += [(([_rng.choice(_names) for _ in range(_rng.randint(0, 40))],), {"supervise_eos": _rng.random() < 0.5})
+           for _ in range(40)]
+grading.assert_matches_reference(ledger_from_roles, "ledger_from_roles", _cases)
+grading.assert_rejects(ledger_from_roles, "ledger_from_roles", [((["user", "robot"],), {}), ((["sytem"],), {})])
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## 3. A dataset's length distribution (长度分布)
+#
+# One sample tells us little; the window policy is decided on the distribution. We measure every chat
+# of a synthetic long-tailed dataset (answers whose lengths are lognormal, as real SFT data is) and
+# summarize it with nearest-rank P50 / P95 and three buckets.
+
+# %%
+import numpy as np
+
+rng = np.random.default_rng(0)
+words = ("packing", "window", "supervision", "template", "token", "budget", "attention", "boundary", "loss",
+         "gradient", "context", "answer", "prompt", "sample", "memory", "throughput")
+def synthetic_chat(answer_words: int) -> list[dict[str, str]]:
+    answer = " ".join(rng.choice(words, size=answer_words))
+    return [{"role": "user", "content": "Explain " + " ".join(rng.choice(words, size=6)) + "."},
+            {"role": "assistant", "content": answer + "."}]
+
+answer_lengths = np.clip(rng.lognormal(mean=4.5, sigma=0.9, size=400), 4, 3000).astype(int)
+dataset_ledger = [measure_sample(tokenizer, synthetic_chat(int(n))) for n in answer_lengths]
+totals = [row["total_tokens"] for row in dataset_ledger]
+summary = summarize_length_distribution(totals, short_threshold=128, long_threshold=512)
+CONTEXT = 1024
+print(summary)
+print(f"overflow ratio at C = {CONTEXT}: {overflow_ratio(totals, CONTEXT):.1%}")
+
+# %%
+fig, ax = plt.subplots(figsize=(7, 3))
+ax.hist(totals, bins=60, color="#4C72B0")
+for value, label in ((summary["p50_tokens"], "P50"), (summary["p95_tokens"], "P95"), (CONTEXT, "window C")):
+    ax.axvline(value, color="black" if label == "window C" else "gray", linestyle="-" if label == "window C" else "--")
+    ax.text(value, ax.get_ylim()[1] * 0.9, f" {label}", fontsize=8)
+ax.set_xlabel("total tokens per sample (one rendering)")
+ax.set_ylabel("samples")
+ax.set_title("Length distribution against the context window")
+plt.show()
+
+# %% [markdown]
+# The body of the distribution sits far below the window; the tail crosses it. The overflow ratio is the
+# share of samples that cannot enter whole: those need a decision, not a silent cut.
+#
+# ## 4. Window policy: fit, truncate or overflow (窗口策略)
+#
+# When template + prompt + supervision exceed the window $C$, the template and prompt are kept whole (the
+# input must keep its meaning) and only the **tail of the supervision** may be cut. A cut is admitted only
+# when both gates pass:
+#
+# * kept supervised tokens $\ge$ `min_kept_supervised_tokens` (enough answer left to learn from);
+# * supervision loss ratio $= (L_{\text{sup}} - \text{kept}) / L_{\text{sup}} \le$ `max_supervision_loss_ratio`.
+#
+# With the defaults (at least 1 token kept, 0% loss allowed) a sample either fits whole or overflows.
+#
+# ### TODO 2 · `audit_context_fit`
+#
+# Implement `audit_context_fit(samples, target_context_len, template_tokens, min_kept_supervised_tokens=1,
+# max_supervision_loss_ratio=0.0)`. Each sample is a dict with `name`, `prompt_tokens`, `supervised_tokens`.
+# Return `{"records": [...], "fit_names": [...], "truncated_names": [...], "overflow_names": [...]}` where each
+# record holds `name`, `total_tokens`, `kept_supervised_tokens` (0 for an overflow), `supervision_loss_ratio`
+# and `decision` (`"fit"`, `"truncate"` or `"overflow"`). Reject bad input with a `ValueError` that names the
+# field: a non-positive window or minimum, a negative template or prompt length, a supervised length that is
+# not positive, a ratio outside [0, 1]. The validators imported in the setup cell (`require_positive_int`,
+# `require_ratio`, ...) do this for you.
+
+# %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_audit_context_fit", "locked": false, "schema_version": 3}
+#| solution: course_lib.window.audit_context_fit
+
+# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_audit_context_fit", "locked": true, "points": 5, "schema_version": 3}
+# Seed examples: the window edge, and a truncation that only one ratio admits.
+samples = [
+    {"name": "short", "prompt_tokens": 300, "supervised_tokens": 80},
+    {"name": "boundary", "prompt_tokens": 1760, "supervised_tokens": 256},
+    {"name": "overflow", "prompt_tokens": 1761, "supervised_tokens": 256},
+]
+plan = audit_context_fit(samples, 2048, 32)
+assert plan["fit_names"] == ["short", "boundary"]
+assert plan["truncated_names"] == []
+assert plan["overflow_names"] == ["overflow"]
+assert plan["records"][1]["total_tokens"] == 2048
+assert plan["records"][2]["kept_supervised_tokens"] == 0
+long_answer = [{"name": "long-supervision", "prompt_tokens": 80, "supervised_tokens": 40}]
+accepted = audit_context_fit(long_answer, 112, 8, min_kept_supervised_tokens=20, max_supervision_loss_ratio=0.4)
+rejected = audit_context_fit(long_answer, 112, 8, min_kept_supervised_tokens=20, max_supervision_loss_ratio=0.1)
+assert accepted["truncated_names"] == ["long-supervision"]
+assert accepted["records"][0]["kept_supervised_tokens"] == 24
+assert rejected["overflow_names"] == ["long-supervision"]
+### BEGIN HIDDEN TESTS
+import random
+
+from course_lib.nb import grading
+
+_rng = random.Random(1)
+_cases = []
+for _ in range(60):
+    _window = _rng.randint(16, 512)
+    _samples = [{"name": f"s{i}", "prompt_tokens": _rng.randint(0, _window), "supervised_tokens": _rng.randint(1, 200)}
+                for i in range(_rng.randint(0, 8))]
+    _cases.append(((_samples, _window, _rng.randint(0, 16)),
+                   {"min_kept_supervised_tokens": _rng.randint(1, 50),
+                    "max_supervision_loss_ratio": _rng.choice([0.0, 0.1, 0.25, 0.5, 1.0])}))
+# The exact window edge: total == C fits, C + 1 does not; a cut keeping exactly the minimum is admitted.
+_cases.append((([{"name": "edge", "prompt_tokens": 90, "supervised_tokens": 10}], 100, 0), {}))
+_cases.append((([{"name": "edge+1", "prompt_tokens": 91, "supervised_tokens": 10}], 100, 0), {}))
+_cases.append((([{"name": "min", "prompt_tokens": 95, "supervised_tokens": 10}], 100, 0),
+               {"min_kept_supervised_tokens": 5, "max_supervision_loss_ratio": 0.5}))
+_cases.append((([{"name": "prompt-too-long", "prompt_tokens": 200, "supervised_tokens": 10}], 100, 8),
+               {"min_kept_supervised_tokens": 1, "max_supervision_loss_ratio": 1.0}))
+grading.assert_matches_reference(audit_context_fit, "audit_context_fit", _cases)
+_ok = [{"name": "a", "prompt_tokens": 10, "supervised_tokens": 5}]
+grading.assert_rejects(audit_context_fit, "audit_context_fit", [
+    (([{"name": "bad", "prompt_tokens": 64, "supervised_tokens": 0}], 128, 8), {}),
+    (([{"name": "bad", "prompt_tokens": -1, "supervised_tokens": 4}], 128, 8), {}),
+    ((_ok, 0, 8), {}), ((_ok, 128, -1), {}),
+    ((_ok, 128, 8), {"min_kept_supervised_tokens": 0}),
+    ((_ok, 128, 8), {"max_supervision_loss_ratio": 1.1}),
+    ((_ok, 128, 8), {"max_supervision_loss_ratio": -0.1}),
+])
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## 5. The policy on real token sequences
+#
+# `audit_context_fit` decides on counts; `apply_window_policy` carries the decision out on `input_ids` and
+# `labels`: it cuts only the supervised tail (prompt and template untouched, ids and labels cut together) and
+# drops overflow samples with a reason you can log.
+
+# %%
+policy_samples = []
+for index, n in enumerate(answer_lengths[:40]):
+    built = build_labels(tokenizer, synthetic_chat(int(n)))
+    policy_samples.append({"name": f"chat-{index}", **built})
+outcome = apply_window_policy(policy_samples, 256, min_kept_supervised_tokens=32, max_supervision_loss_ratio=0.25)
+print({key: len(value) for key, value in outcome.items() if isinstance(value, list)})
+for record in outcome["dropped"][:3]:
+    print(record)
+
+# %% [markdown]
+# ## 6. The same ledger in the framework (transformers)
+#
+# transformers' `apply_chat_template(..., return_assistant_tokens_mask=True)` marks the tokens the
+# `{% generation %}` blocks of the template produce: the answer and its end-of-turn token. Its count must
+# equal our supervised count from the same single rendering, for every template the course tokenizer carries.
+
+# %%
+for template in ("chatml", "llama3", "alpaca"):
+    framework = load_course_tokenizer(template).apply_chat_template(
+        chat, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    ours = measure_sample(load_course_tokenizer(template), chat)
+    print(f"{template:<7} transformers supervised {sum(framework['assistant_masks']):3d} | ours {ours['supervised_tokens']:3d}"
+          f" | total {len(framework['input_ids'])} vs {ours['total_tokens']}")
+    assert sum(framework["assistant_masks"]) == ours["supervised_tokens"]
+
+# %% [markdown]
+# ## 7. Design questions in practice (实践中的设计问题)
+#
+# **Problem: the loss curve looks fine, but long answers never get better.**
+# *Symptom:* evaluation on long answers stalls while short ones improve. *Cause:* a tokenizer-side
+# `max_length` truncated every sample from the right, silently cutting the end of long answers (their
+# conclusions and EOS) with no record. *Options:* (a) a window policy with explicit gates and a log of
+# dropped samples; (b) a longer window for the tail; (c) dropping the tail. *Recommendation:* (a), with the
+# overflow ratio tracked per dataset version, then (b) only if the tail matters for the task.
+#
+# **Problem: two runs of "the same" data disagree on how many tokens they trained on.**
+# *Cause:* lengths measured by tokenizing fields separately, or with a different template version.
+# *Recommendation:* freeze tokenizer + template, measure from one rendering, record the template's hash.
+#
+# ## 8. Exercises
+#
+# 1. Render `chat` with the `alpaca` template. Which of the four ledger counts changes most, and why?
+# 2. With `supervise_eos=False`, how does the supervised count change, and what does the model then never
+#    learn to do?
+# 3. For the synthetic dataset above, find the smallest window $C$ with an overflow ratio below 1%. How does
+#    it compare with P95?
+# 4. Set `max_supervision_loss_ratio=0.25` and `min_kept_supervised_tokens=32` in `audit_context_fit` on the
+#    dataset ledger with $C = 512$: how many samples move from overflow to truncate, and how many supervised
+#    tokens does that recover?

@@ -1,0 +1,57 @@
+"""Real `nbgrader autograde` on every chapter: the instructor's notebook earns full marks, the untouched
+release earns zero on every graded cell, and one mutant per chapter loses exactly its own cell's points."""
+
+from __future__ import annotations
+
+import time
+
+import nbformat
+import pytest
+
+from course_lib.nb import autograde, build, cells
+from tests.mutants import catalogue
+
+ROOT = build.NOTEBOOKS_DIR
+CHAPTERS = [path.stem for path in build.chapter_sources(ROOT / "chapters")]
+CATALOGUE = catalogue()
+
+
+def submission_with(release_path, solutions: dict[str, str], target):
+    """The release notebook with its TODO cells replaced by `solutions` (grade_id -> code)."""
+    notebook = cells.read(release_path)
+    for cell in notebook.cells:
+        grade_id = cells.nbgrader_meta(cell).get("grade_id")
+        if cell.cell_type == "code" and grade_id in solutions:
+            cell.source = solutions[grade_id]
+    nbformat.write(notebook, str(target))
+    return target
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", CHAPTERS)
+def test_nbgrader_autograde_solution_blank_and_mutant(name, tmp_path):
+    root = build.copy_course_skeleton(ROOT, tmp_path / "course")
+    source = build.build_source_notebook(root / "chapters" / f"{name}.py", root).source_notebook
+    release = build.generate_release(name, root)
+    solutions = cells.solution_cells(cells.read(source))
+    todo, mutants = sorted(CATALOGUE[name].items())[0]
+    mutant_name, mutant_source = sorted(mutants.items())[0]
+    staged = {
+        "instructor": source,
+        "blank": release,
+        "mutant": submission_with(release, {**solutions, f"todo_{todo}": mutant_source}, tmp_path / "mutant.ipynb"),
+    }
+    autograde.stage_submissions(root, name, staged)
+    started = time.perf_counter()
+    completed = autograde.autograde(root, name)
+    elapsed = time.perf_counter() - started
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    assert elapsed < 3 * 60, f"{name}: three submissions took {elapsed:.0f} s (budget: under 60 s each)"
+    graded = {student: autograde.cell_scores(root, name, student) for student in staged}
+    assert graded["instructor"] and all(score == top for score, top in graded["instructor"].values()), graded
+    assert all(score == 0 for score, _ in graded["blank"].values()), graded["blank"]
+    for grade_id, (score, top) in graded["mutant"].items():
+        if grade_id == f"test_{todo}" or grade_id.startswith(f"test_{todo}__"):
+            assert score == 0, f"mutant {mutant_name} keeps points on {grade_id}"
+        else:
+            assert score == top, f"mutant {mutant_name} of {todo} costs points on {grade_id}"

@@ -1,0 +1,48 @@
+"""Every plausible wrong answer in the catalogue loses its cell's points and nothing else.
+
+The grading here runs the very cells nbgrader runs for a grade (setup, the student's solution cells,
+the source notebook's graded cells with hidden tests), in-process; test_autograde.py pushes one
+mutant per chapter through real `nbgrader autograde`.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from course_lib.nb import build, cells
+from tests.mutants import catalogue
+
+ROOT = build.NOTEBOOKS_DIR
+CATALOGUE = catalogue()
+CASES = [(chapter, todo, mutant) for chapter, todos in sorted(CATALOGUE.items())
+         for todo, mutants in sorted(todos.items()) for mutant in sorted(mutants)]
+
+
+@pytest.fixture(scope="module")
+def source_notebooks(tmp_path_factory):
+    root = build.copy_course_skeleton(ROOT, tmp_path_factory.mktemp("course"))
+    return {chapter: cells.read(build.build_source_notebook(root / "chapters" / f"{chapter}.py", root).source_notebook)
+            for chapter in CATALOGUE}
+
+
+def test_catalogue_covers_every_todo_with_three_mutants():
+    chapters = {path.stem for path in build.chapter_sources(ROOT / "chapters")}
+    for chapter in chapters:
+        source = (ROOT / "chapters" / f"{chapter}.py").read_text(encoding="utf-8")
+        todos = [line.split('"grade_id": "todo_')[1].split('"')[0] for line in source.splitlines()
+                 if '"grade_id": "todo_' in line]
+        for todo in todos:
+            assert len(CATALOGUE.get(chapter, {}).get(todo, {})) >= 3, f"{chapter}: fewer than 3 mutants for {todo}"
+
+
+@pytest.mark.parametrize(("chapter", "todo", "mutant"), CASES, ids=[f"{c}:{t}:{m}" for c, t, m in CASES])
+def test_mutant_loses_only_its_own_points(chapter, todo, mutant, source_notebooks):
+    notebook = source_notebooks[chapter]
+    solutions = cells.solution_cells(notebook)
+    assert f"todo_{todo}" in solutions, f"{chapter} has no TODO cell todo_{todo}"
+    solutions[f"todo_{todo}"] = CATALOGUE[chapter][todo][mutant]
+    results = cells.grade_in_process(notebook, solutions)
+    own = [r for r in results if r.grade_id == f"test_{todo}" or r.grade_id.startswith(f"test_{todo}__")]
+    others = [r for r in results if r not in own]
+    assert own and not any(r.passed for r in own), f"mutant {mutant} of {todo} keeps its points"
+    assert all(r.passed for r in others), [(r.grade_id, r.message) for r in others if not r.passed]

@@ -1,0 +1,103 @@
+"""The course's notebooks: built from their sources, graded by their hidden tests, and free of solutions."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+import re
+import textwrap
+
+import pytest
+
+from course_lib.nb import build, cells
+
+ROOT = build.NOTEBOOKS_DIR
+CHAPTERS = [path.stem for path in build.chapter_sources(ROOT / "chapters")]
+
+
+@pytest.fixture(scope="module")
+def source_notebooks(tmp_path_factory):
+    """Fresh nbgrader source notebooks (with solutions), built without nbgrader."""
+    root = build.copy_course_skeleton(ROOT, tmp_path_factory.mktemp("course"))
+    return {name: build.build_source_notebook(root / "chapters" / f"{name}.py", root) for name in CHAPTERS}
+
+
+def release_path(name: str):
+    return ROOT / "release" / name / f"{name}.ipynb"
+
+
+def test_every_chapter_has_a_committed_release():
+    assert CHAPTERS, "no chapter sources found"
+    for name in CHAPTERS:
+        assert release_path(name).exists(), f"{name}: release notebook missing; run `python -m course_lib.nb.build`"
+
+
+@pytest.mark.parametrize("name", CHAPTERS)
+def test_committed_release_equals_a_fresh_build(name, tmp_path):
+    root = build.copy_course_skeleton(ROOT, tmp_path)
+    build.build_source_notebook(root / "chapters" / f"{name}.py", root)
+    fresh = build.generate_release(name, root)
+    assert fresh.read_text(encoding="utf-8") == release_path(name).read_text(encoding="utf-8"), (
+        f"{name}: notebooks/release differs from a fresh build; run `python -m course_lib.nb.build {name}`")
+
+
+def _solution_body_lines(target: str) -> list[str]:
+    """Distinctive lines of a library solution's body (not its signature or docstring)."""
+    source = textwrap.dedent(inspect.getsource(build.resolve(target)))
+    node = ast.parse(source).body[0]
+    body = node.body[1:] if isinstance(node.body[0], ast.Expr) else node.body
+    lines = source.splitlines()[body[0].lineno - 1:]
+    return [line.strip() for line in lines if len(line.strip()) > 25 and not line.strip().startswith("#")]
+
+
+@pytest.mark.parametrize("name", CHAPTERS)
+def test_release_has_no_solution_or_hidden_test(name, source_notebooks):
+    text = release_path(name).read_text(encoding="utf-8")
+    for marker in ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS", "#| solution"):
+        assert marker not in text, f"{name}: release contains {marker!r}"
+    release = cells.read(release_path(name))
+    code = "\n".join(cell.source for cell in release.cells if cell.cell_type == "code")
+    for target in source_notebooks[name].solutions:
+        leaked = [line for line in _solution_body_lines(target) if line in code]
+        assert not leaked, f"{name}: release shows solution lines of {target}: {leaked[:3]}"
+    for grade_id, source in cells.solution_cells(release).items():
+        assert "raise NotImplementedError()" in source, f"{name}/{grade_id}: TODO cell does not raise NotImplementedError"
+
+
+@pytest.mark.parametrize("name", CHAPTERS)
+def test_instructor_solutions_earn_full_marks(name, source_notebooks):
+    notebook = cells.read(source_notebooks[name].source_notebook)
+    results = cells.grade_in_process(notebook, cells.solution_cells(notebook))
+    failed = [(r.grade_id, r.message) for r in results if not r.passed]
+    assert results and not failed, f"{name}: the library's own solutions lose points: {failed}"
+
+
+@pytest.mark.parametrize("name", CHAPTERS)
+def test_blank_release_scores_zero_on_every_graded_cell(name, source_notebooks):
+    notebook = cells.read(source_notebooks[name].source_notebook)
+    release = cells.read(release_path(name))
+    results = cells.grade_in_process(notebook, cells.solution_cells(release))
+    passed = [r.grade_id for r in results if r.passed]
+    assert not passed, f"{name}: the untouched release earns points on {passed}"
+    assert all("NotImplementedError" in r.message for r in results), [r.message for r in results]
+
+
+@pytest.mark.parametrize("name", CHAPTERS)
+def test_chapter_source_is_well_formed(name):
+    source = (ROOT / "chapters" / f"{name}.py").read_text(encoding="utf-8")
+    title = re.search(r"^# # Chapter \d+ · (.+)$", source, re.MULTILINE)
+    assert title and "|" in title.group(1) and re.search(r"[\u4e00-\u9fff]", title.group(1)), (
+        f"{name}: title must be 'Chapter N · English | 中文'")
+    assert "{{COLAB_BADGE}}" in source, f"{name}: no Open-in-Colab badge"
+    assert "#| course-setup" in source, f"{name}: no setup cell"
+    for heading in ("Objectives", "Why", "Design questions in practice", "Exercises"):
+        assert heading in source, f"{name}: missing section {heading!r}"
+    grade_ids = re.findall(r'"grade_id": "([^"]+)"', source)
+    assert len(grade_ids) == len(set(grade_ids)), f"{name}: duplicate grade ids"
+    todos = [g[len("todo_"):] for g in grade_ids if g.startswith("todo_")]
+    tests = [g for g in grade_ids if g.startswith("test_")]
+    for todo in todos:
+        assert f"test_{todo}" in tests, f"{name}: TODO {todo} has no graded test cell test_{todo}"
+    meta = json.loads((ROOT / "course.json").read_text(encoding="utf-8"))
+    assert meta["repository"].count("/") == 1
