@@ -24,11 +24,11 @@ demo: venv
 	$(BIN)/python -m course_lib.demo
 
 test: venv
-	$(BIN)/python -m ruff check course_lib tests benchmarks scripts
+	$(BIN)/python -m ruff check course_lib tests benchmarks scripts notebooks/chapters
 	$(BIN)/python -m pytest -q -n 2
 
 lint: venv
-	$(BIN)/python -m ruff check course_lib tests benchmarks scripts
+	$(BIN)/python -m ruff check course_lib tests benchmarks scripts notebooks/chapters
 
 clean:
 	rm -rf $(VENV) build *.egg-info

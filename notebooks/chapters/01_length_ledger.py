@@ -24,8 +24,17 @@
 
 # %%
 #| course-setup
-from course_lib import (apply_window_policy, build_labels, load_chats, load_course_tokenizer, measure_sample,
-                        overflow_ratio, render_chat, sample_data_path, summarize_length_distribution)
+from course_lib import (
+    apply_window_policy,
+    build_labels,
+    load_chats,
+    load_course_tokenizer,
+    measure_sample,
+    overflow_ratio,
+    render_chat,
+    sample_data_path,
+    summarize_length_distribution,
+)
 
 tokenizer = load_course_tokenizer()
 chat = [
@@ -65,7 +74,7 @@ print(f"content pieces tokenized one by one: {pieces_only} tokens, "
 
 # %%
 rendered = render_chat(tokenizer, chat)
-for token_id, role in list(zip(rendered["input_ids"], rendered["roles"]))[:18]:
+for token_id, role in list(zip(rendered["input_ids"], rendered["roles"], strict=True))[:18]:
     print(f"{tokenizer.decode([token_id])!r:>16}  {role}")
 
 # %% [markdown]
