@@ -1,0 +1,1 @@
+"""GPU benchmark runner internals: schema, records, measurement helpers, model provenance."""

@@ -1,0 +1,93 @@
+"""Result records: where they live, how a new one starts, the failure block, and validated write / read."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import traceback
+from pathlib import Path
+from typing import Any
+
+from .schema import LABEL_PATTERN, SCHEMA_VERSION, validate_result
+
+__all__ = ["DEFAULT_RESULTS_DIR", "check_label", "result_path", "new_record", "failure_block", "hardware_snapshot",
+           "framework_versions", "write_result", "read_result", "iter_result_files"]
+
+DEFAULT_RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
+
+
+def check_label(label: str) -> str:
+    """A run label usable in a file name: letters, digits, '.', '_', '-' (at most 64, not starting with a dot)."""
+    if not isinstance(label, str) or not LABEL_PATTERN.fullmatch(label):
+        raise ValueError(f"label must match {LABEL_PATTERN.pattern}, got {label!r}")
+    return label
+
+
+def result_path(results_dir: str | Path, workload_id: str, label: str) -> Path:
+    """<results_dir>/<workload id, '-' -> '_'>/<workload id>_<label>.json (seed 000 §5.1's layout)."""
+    folder = workload_id.replace("-", "_")
+    return Path(results_dir) / folder / f"{workload_id}_{check_label(label)}.json"
+
+
+def framework_versions(env: dict[str, Any]) -> dict[str, str | None]:
+    return {name: env[name] for name in ("python", "torch", "transformers", "trl", "datasets")}
+
+
+def hardware_snapshot(env: dict[str, Any], device: str) -> dict[str, Any]:
+    """The `hardware` block from a preflight environment snapshot."""
+    return {"device": device, "cuda_available": env["cuda_available"], "cuda_version": env["cuda_version"],
+            "gpu_name": env["gpu_name"], "total_gpu_memory_bytes": env["total_gpu_memory_bytes"],
+            "free_gpu_memory_bytes": env["free_gpu_memory_bytes"], "platform": env["platform"],
+            "cpu_count": os.cpu_count()}
+
+
+def new_record(*, workload_id: str, version: str, parameters: dict, mode: str, label: str, profile: str,
+               env: dict[str, Any], device: str) -> dict[str, Any]:
+    """A record before anything is measured: the plan, the environment, no model, decision pending."""
+    from .models import model_record
+
+    return {
+        "schema_version": SCHEMA_VERSION, "run_label": label, "run_mode": mode, "environment_profile": profile,
+        "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "workload": {"id": workload_id, "version": version, "parameters": parameters},
+        "framework": framework_versions(env), "hardware": hardware_snapshot(env, device), "preflight": None,
+        "model": model_record(None, "not_loaded", "no model loaded"),
+        "measurements": {}, "checks": {}, "targets": {},
+        "evidence_level": mode, "decision": "ready_to_measure", "failure": None,
+    }
+
+
+def failure_block(stage: str, error: BaseException) -> dict[str, str]:
+    """{stage, error_type, message, traceback}: what failed where; the traceback stays in the file, not on screen."""
+    text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    return {"stage": stage, "error_type": type(error).__name__, "message": str(error)[:2000],
+            "traceback": text[-4000:]}
+
+
+def write_result(record: dict[str, Any], path: str | Path) -> Path:
+    """Validate, then create the file; an existing file is never overwritten (FileExistsError)."""
+    validate_result(record)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(record, indent=2, ensure_ascii=False, allow_nan=False)
+    with path.open("x", encoding="utf-8") as handle:  # "x": fails if a run with this label already exists
+        handle.write(text + "\n")
+    return path
+
+
+def read_result(path: str | Path) -> dict[str, Any]:
+    """A result file, validated; ValueError names the file and every bad field."""
+    path = Path(path)
+    try:
+        return validate_result(json.loads(path.read_text(encoding="utf-8")))
+    except (ValueError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path}: {error}") from error
+
+
+def iter_result_files(paths: list[str | Path]) -> list[Path]:
+    """Result files named directly or found (recursively, *.json) under the given folders, sorted."""
+    found: list[Path] = []
+    for item in map(Path, paths):
+        found += sorted(item.rglob("*.json")) if item.is_dir() else [item]
+    return found

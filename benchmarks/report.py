@@ -1,0 +1,249 @@
+"""Read GPU benchmark results: seed 000 §5.3 / §5.4 tables (and the logit-memory / microbatch tables), and figures.
+
+    python -m benchmarks.report                       # every result under benchmarks/results
+    python -m benchmarks.report FILE_OR_DIR ... --plots out/   # also the length curve and padding-vs-packing bars
+
+Every file is validated when read; an invalid one is reported by name and skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from benchmarks.gpu.records import DEFAULT_RESULTS_DIR, iter_result_files, read_result
+
+__all__ = ["load_results", "format_record", "plot_length_curve", "plot_packing_bars", "main"]
+
+_GIB = 1024**3
+
+
+def load_results(paths: list[str | Path]) -> tuple[list[dict[str, Any]], list[str]]:
+    """(valid records, one error line per invalid file) from files or folders."""
+    records, errors = [], []
+    for path in iter_result_files(paths):
+        try:
+            records.append(read_result(path))
+        except (OSError, ValueError) as error:
+            errors.append(str(error).splitlines()[0] if isinstance(error, ValueError) else f"{path}: {error}")
+    return records, errors
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}" if abs(value) < 1e4 else f"{value:.0f}"
+    return str(value)
+
+
+def _table(headers: list[str], rows: list[list[Any]]) -> str:
+    cells = [headers] + [[_cell(v) for v in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in cells)
+
+
+def _gib(value: int | None) -> float | None:
+    return None if value is None else value / _GIB
+
+
+def _header(record: dict[str, Any]) -> str:
+    """Seed 5.3's first print: run label, model, failure, evidence, decision."""
+    keys = ("run_label", "run_mode", "model", "failure", "evidence_level", "decision")
+    shown = {key: record[key] for key in keys}
+    if shown["failure"]:
+        shown["failure"] = {k: v for k, v in shown["failure"].items() if k != "traceback"}
+    workload = record["workload"]
+    device = record["hardware"]["gpu_name"] or record["hardware"]["device"]
+    title = f"== {workload['id']} {workload['version']} | {device} | torch {record['framework']['torch']}"
+    return title + "\n" + json.dumps(shown, ensure_ascii=False, indent=2)
+
+
+def _long_context_tables(record: dict[str, Any]) -> list[str]:
+    m = record["measurements"]
+    length = [[r["sequence_length"], r["tokens_per_step"], r["median_step_ms"], r["p95_step_ms"],
+               r["median_ms_per_token"], _gib(r["peak_allocated_bytes"]), _gib(r["peak_reserved_bytes"])]
+              for r in m.get("length_curve", [])]
+    packing = [[r["candidate"], r["processed_tokens"], r["effective_supervised_tokens"], r["padding_ratio"],
+                r["median_step_ms"], r["p95_step_ms"], r["effective_tokens_per_second"],
+                _gib(r["peak_allocated_bytes"])]
+               for r in m.get("packing_comparison", [])]
+    return [
+        "length curve (§5.3)\n" + _table(["seq_len", "tokens", "median_ms", "p95_ms", "ms/token", "peak_alloc_GiB",
+                                          "peak_resv_GiB"], length),
+        f"length checks: {record['checks'].get('length')}", f"packing checks: {record['checks'].get('packing')}",
+        "padding vs packing (§5.3)\n" + _table(["candidate", "processed", "effective", "pad_ratio", "median_ms",
+                                                 "p95_ms", "eff_tok/s", "peak_alloc_GiB"], packing),
+        _interpretation(record),
+    ]
+
+
+def _pair(rows: list[dict], key: str, fmt: str) -> str:
+    values = [r[key] for r in rows]
+    return " -> ".join("-" if v is None else format(v, fmt) for v in values)
+
+
+def _interpretation(record: dict[str, Any]) -> str:
+    """Seed 5.4's reading table, filled from this record."""
+    m, checks, p = record["measurements"], record["checks"], record["workload"]["parameters"]
+    packing, lengths = m.get("packing_comparison", []), m.get("length_curve", [])
+    peaks = [r["peak_allocated_bytes"] for r in packing + lengths if r["peak_allocated_bytes"] is not None]
+    failure = record["failure"]
+    rows = [
+        ["run & comparability", "failure, model commit, lengths",
+         f"failure={failure['stage'] if failure else None}; {record['model']['source']} "
+         f"{record['model']['resolved_commit'] or ''}; lengths {p['sequence_lengths']}; "
+         f"samples {p['packing_sample_lengths']}"],
+        ["length mechanism", "length_checks", str(checks.get("length"))],
+        ["packing correctness", "packing_checks, effective tokens",
+         f"all pass={all(checks.get('packing', {}).values()) if checks.get('packing') else None}; "
+         f"effective {_pair(packing, 'effective_supervised_tokens', 'd')}"],
+        ["resources & speed", "processed, median ms, eff tok/s, peak",
+         f"{_pair(packing, 'processed_tokens', 'd')} tokens; {_pair(packing, 'median_step_ms', '.1f')} ms; "
+         f"{_pair(packing, 'effective_tokens_per_second', '.0f')} tok/s; "
+         + (f"max peak {max(peaks) / _GIB:.2f} GiB" if peaks else "no GPU peak counter")],
+        ["evidence & decision", "evidence_level, decision", f"{record['evidence_level']}, {record['decision']}"],
+    ]
+    return "reading (§5.4)\n" + _table(["item", "fields", "this run"], rows)
+
+
+def _logit_tables(record: dict[str, Any]) -> list[str]:
+    rows = record["measurements"].get("log_prob_memory", [])
+    lines = []
+    for tokens in sorted({r["tokens"] for r in rows}):
+        at = [r for r in rows if r["tokens"] == tokens]
+        parts = [f"{r['method']} {'OOM' if r['out_of_memory'] else _memory_text(r)}" for r in at]
+        diffs = [r["max_abs_diff_vs_full"] for r in at if r["max_abs_diff_vs_full"] is not None]
+        largest = max(diffs) if diffs else float("nan")
+        lines.append(f"T = {tokens:6d} | " + " | ".join(parts) + f" | max diff {largest:.0e}")
+    table = _table(["method", "T", "peak_GB", "saved_GB", "median_ms", "p95_ms", "max_diff"],
+                   [[r["method"], r["tokens"], _gb(r["peak_above_start_bytes"]), _gb(r["saved_tensor_bytes"]),
+                     r["median_step_ms"], r["p95_step_ms"], r["max_abs_diff_vs_full"]] for r in rows])
+    checks = f"checks: {record['checks'].get('log_probs')}"
+    return ["logit memory (seed 003 §14.3)\n" + "\n".join(lines), table, checks]
+
+
+def _gb(value: int | None) -> float | None:
+    return None if value is None else value / 1e9
+
+
+def _memory_text(row: dict[str, Any]) -> str:
+    if row["peak_above_start_bytes"] is not None:
+        return f"{row['peak_above_start_bytes'] / 1e9:4.1f} GB"
+    return f"saved {row['saved_tensor_bytes'] / 1e6:.2f} MB"
+
+
+def _microbatch_tables(record: dict[str, Any]) -> list[str]:
+    rows = record["measurements"].get("microbatch_plans", [])
+    table = _table(["plan", "microbatches", "padding", "largest_tokens", "median_ms", "p95_ms", "tok/s",
+                    "peak_alloc_GiB", "oom"],
+                   [[r["plan"], r["microbatches"], f"{r['padding_ratio']:.1%}", r["largest_microbatch_tokens"],
+                     r["median_step_ms"], r["p95_step_ms"], r["tokens_per_second"], _gib(r["peak_allocated_bytes"]),
+                     r["out_of_memory"]] for r in rows])
+    return ["microbatch plans (seed 003 §14.2)\n" + table, f"checks: {record['checks'].get('microbatch')}"]
+
+
+def format_record(record: dict[str, Any]) -> str:
+    """Every table of one result, as printable text."""
+    sections = [_header(record)]
+    if not record["measurements"]:
+        return "\n\n".join([*sections, "no measurements (a dry_run plan, or a failure before measuring)"])
+    sections += {"pt-long-context": _long_context_tables, "logit-memory": _logit_tables,
+                 "microbatch-budget": _microbatch_tables}[record["workload"]["id"]](record)
+    if record["targets"]:
+        sections.append("targets\n" + _table(["target", "expected", "observed", "met"],
+                                             [[k, t["expected"], t["observed"], t["met"]]
+                                              for k, t in record["targets"].items()]))
+    return "\n\n".join(sections)
+
+
+def _with_rows(records: list[dict], workload: str, section: str) -> list[dict]:
+    return [r for r in records if r["workload"]["id"] == workload and r["measurements"].get(section)]
+
+
+def plot_length_curve(records: list[dict[str, Any]], path: str | Path) -> Path | None:
+    """Median step time and peak memory against sequence length, one line per run -> the PNG path (None: no data)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = _with_rows(records, "pt-long-context", "length_curve")
+    if not runs:
+        return None
+    fig, (time_ax, memory_ax) = plt.subplots(1, 2, figsize=(10, 4))
+    for record in runs:
+        rows = record["measurements"]["length_curve"]
+        lengths = [r["sequence_length"] for r in rows]
+        time_ax.plot(lengths, [r["median_step_ms"] for r in rows], marker="o", label=record["run_label"])
+        if rows[0]["peak_allocated_bytes"] is not None:
+            memory_ax.plot(lengths, [_gib(r["peak_allocated_bytes"]) for r in rows], marker="o",
+                           label=record["run_label"])
+    time_ax.set(xlabel="sequence length (tokens)", ylabel="median step (ms)", title="training step time")
+    memory_ax.set(xlabel="sequence length (tokens)", ylabel="peak allocated (GiB)", title="peak memory")
+    time_ax.legend()
+    return _save(fig, path)
+
+
+def plot_packing_bars(records: list[dict[str, Any]], path: str | Path) -> Path | None:
+    """Processed tokens, effective tokens/s and peak memory of padding vs packing, per run -> the PNG path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = _with_rows(records, "pt-long-context", "packing_comparison")
+    if not runs:
+        return None
+    metrics = [("processed_tokens", "processed tokens"), ("effective_tokens_per_second", "effective tokens/s"),
+               ("peak_allocated_bytes", "peak allocated (GiB)")]
+    fig, axes = plt.subplots(1, len(metrics), figsize=(12, 4))
+    width = 0.8 / len(runs)
+    for index, record in enumerate(runs):
+        rows = record["measurements"]["packing_comparison"]
+        for ax, (key, title) in zip(axes, metrics, strict=True):
+            values = [(_gib(r[key]) if key.endswith("bytes") else r[key]) or 0 for r in rows]
+            ax.bar([i + index * width for i in range(len(rows))], values, width, label=record["run_label"])
+            ax.set_xticks([i + 0.4 - width / 2 for i in range(len(rows))], [r["candidate"] for r in rows], fontsize=8)
+            ax.set_title(title)
+    axes[0].legend()
+    return _save(fig, path)
+
+
+def _save(fig, path: str | Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: print every valid result's tables; exit 1 when a file was invalid or none was found."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("paths", nargs="*", default=[str(DEFAULT_RESULTS_DIR)])
+    parser.add_argument("--plots", default=None, help="folder for length_curve.png and padding_vs_packing.png")
+    args = parser.parse_args(argv)
+    records, errors = load_results(args.paths)
+    for record in records:
+        print(format_record(record), end="\n\n")
+    for line in errors:
+        print(f"invalid result skipped: {line}", file=sys.stderr)
+    if args.plots:
+        for drawn in (plot_length_curve(records, Path(args.plots) / "length_curve.png"),
+                      plot_packing_bars(records, Path(args.plots) / "padding_vs_packing.png")):
+            if drawn is not None:
+                print(f"figure: {drawn}")
+    if not records:
+        print("no result files found", file=sys.stderr)
+    return 1 if errors or not records else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

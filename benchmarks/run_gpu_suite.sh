@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Run the three GPU workloads in real_gpu mode with one label, then print the tables and draw the figures.
+#
+#   benchmarks/run_gpu_suite.sh LABEL [PROFILE]        (PROFILE defaults to PT-SFT-CUDA)
+#
+# Expected on one H200: about 2-3 minutes (imports and model init dominate), far inside 8 minutes; each
+# workload is also capped at 200 s. Writes benchmarks/results/<workload>/<workload>_LABEL.json (never
+# overwriting) and benchmarks/results/figures/LABEL/*.png. When $OUT is set (the device tool), copies the three
+# JSON files to $OUT/results/<workload>/, the figures to $OUT/figures/ and the whole log to $OUT/suite.log.
+# Wheels under tmp/whl/ (e.g. trl and datasets for an image without them) are installed to /tmp/site first.
+# A failed preflight or measurement still leaves a failure record.
+set -u -o pipefail
+
+LABEL="${1:?usage: benchmarks/run_gpu_suite.sh LABEL [PROFILE]}"
+PROFILE="${2:-PT-SFT-CUDA}"
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+PY="${PYTHON:-python3}"
+if [ -z "${PYTHON:-}" ] && [ -x .venv/bin/python ]; then PY=.venv/bin/python; fi
+LOG="${OUT:-/tmp}/suite.log"
+
+suite() {
+  if compgen -G "tmp/whl/*.whl" >/dev/null; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site tmp/whl/*.whl \
+      && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+  fi
+  echo "== preflight $PROFILE ($($PY --version 2>&1))"
+  $PY -m course_lib.preflight "$PROFILE" || echo "preflight failed: each workload below records a refusal"
+  local status=0 code workload
+  for workload in pt-long-context logit-memory microbatch-budget; do
+    echo "== $workload ($(date +%T))"
+    timeout 200 $PY -m benchmarks.runner "$workload" --mode real_gpu --label "$LABEL" --profile "$PROFILE" --no-progress
+    code=$?
+    if [ "$code" -eq 124 ]; then echo "$workload: timed out after 200 s (no result file)"; fi
+    if [ "$code" -gt "$status" ]; then status=$code; fi
+  done
+  echo "== report ($(date +%T))"
+  $PY -m benchmarks.report benchmarks/results/*/*_"$LABEL".json --plots "benchmarks/results/figures/$LABEL" || true
+  return "$status"
+}
+
+suite 2>&1 | tee "$LOG"
+status=${PIPESTATUS[0]}
+if [ -n "${OUT:-}" ]; then  # the device tool brings back at most 8 files, at most 2 folders down
+  (cd benchmarks/results && for f in */*_"$LABEL".json; do mkdir -p "$OUT/results/${f%%/*}" && cp "$f" "$OUT/results/$f"; done)
+  mkdir -p "$OUT/figures" && cp "benchmarks/results/figures/$LABEL"/*.png "$OUT/figures/" 2>/dev/null
+fi
+exit "$status"

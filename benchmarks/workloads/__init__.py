@@ -1,0 +1,13 @@
+"""The fixed GPU workloads, by id. Each module has VERSION, EVIDENCE_LEVEL, parameters(mode) and measure(ctx)."""
+
+from __future__ import annotations
+
+from . import logit_memory, microbatch_budget, pt_long_context
+
+WORKLOADS = {
+    "pt-long-context": pt_long_context,
+    "logit-memory": logit_memory,
+    "microbatch-budget": microbatch_budget,
+}
+
+__all__ = ["WORKLOADS"]

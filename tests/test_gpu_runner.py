@@ -1,0 +1,223 @@
+"""The GPU benchmark runner on CPU: dry_run and cpu_smoke records are schema-valid, labels are never overwritten,
+failures become records, real_gpu refuses here at preflight, and the reader prints seed 000's §5.3 tables."""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root holds `benchmarks`
+
+from benchmarks.gpu.measure import median_and_p95  # noqa: E402
+from benchmarks.gpu.records import read_result, result_path  # noqa: E402
+from benchmarks.gpu.schema import SCHEMA_VERSION, validate_result  # noqa: E402
+from benchmarks.report import format_record, load_results, plot_length_curve, plot_packing_bars  # noqa: E402
+from benchmarks.report import main as report_main  # noqa: E402
+from benchmarks.runner import main as runner_main  # noqa: E402
+from benchmarks.runner import run_workload  # noqa: E402
+from benchmarks.workloads import WORKLOADS  # noqa: E402
+from course_lib import tiny_qwen2  # noqa: E402
+
+WORKLOAD_IDS = sorted(WORKLOADS)
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    """One cpu_smoke run of every workload (the slow part, shared): workload id -> (path, record)."""
+    folder = tmp_path_factory.mktemp("smoke")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # no timing is asserted; one thread stops spinning against a parallel test worker
+    try:
+        return {w: run_workload(w, "cpu_smoke", "smoke", results_dir=folder, allow_hub=False) for w in WORKLOAD_IDS}
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("workload_id", WORKLOAD_IDS)
+def test_dry_run_records_the_plan(tmp_path, workload_id):
+    path, record = run_workload(workload_id, "dry_run", "plan", results_dir=tmp_path, allow_hub=False)
+    assert path == tmp_path / workload_id.replace("-", "_") / f"{workload_id}_plan.json"
+    stored = read_result(path)
+    assert stored == json.loads(path.read_text()) and stored["schema_version"] == SCHEMA_VERSION
+    assert stored["decision"] == "ready_to_measure" and stored["measurements"] == {} and stored["failure"] is None
+    assert stored["environment_profile"] == "PT-SFT-CUDA" and stored["model"]["source"] == "not_loaded"
+
+
+def test_dry_run_parameters_are_the_seeds():
+    long_context = WORKLOADS["pt-long-context"].parameters("dry_run")
+    assert long_context["sequence_lengths"] == [128, 256, 512]
+    assert long_context["packing_sample_lengths"] == [48, 96, 32, 64]
+    assert (long_context["batch_size"], long_context["warmup_steps"], long_context["repeat_steps"]) == (1, 2, 10)
+    assert long_context["model_id"] == "Qwen/Qwen2.5-0.5B" and long_context["attention_backend"] == "sdpa"
+    logit = WORKLOADS["logit-memory"].parameters("real_gpu")
+    assert logit["token_counts"] == [4096, 16384] and logit["chunk_size"] == 1024
+    assert WORKLOADS["microbatch-budget"].parameters("real_gpu")["max_tokens"] == 131_072 // 32
+
+
+@pytest.mark.parametrize("workload_id", WORKLOAD_IDS)
+def test_cpu_smoke_is_valid_and_says_wiring_only(smoke, workload_id):
+    path, record = smoke[workload_id]
+    assert read_result(path) == record
+    assert record["evidence_level"] == "cpu_smoke_wiring_only" and record["decision"] == "wiring_ok"
+    assert record["model"]["source"] == "tiny_qwen2_random_init" and record["preflight"]["passed"]
+    assert record["hardware"]["device"] == "cpu"
+    assert all(target["met"] is not True for name, target in record["targets"].items()
+               if "throughput" in name or "peak" in name)  # no GPU claim from a CPU run
+
+
+def test_cpu_smoke_packing_reproduces_seed_token_counts(smoke):
+    record = smoke["pt-long-context"][1]
+    padding, packing = record["measurements"]["packing_comparison"]
+    assert (padding["processed_tokens"], packing["processed_tokens"]) == (384, 240)  # -37.5%
+    assert padding["effective_supervised_tokens"] == packing["effective_supervised_tokens"] == 236
+    assert padding["padding_ratio"] == 0.375 and packing["padding_ratio"] == 0.0
+    assert all(record["checks"]["packing"].values())
+    assert [row["sequence_length"] for row in record["measurements"]["length_curve"]] == [16, 32, 64]
+    assert all(len(row["losses"]) == 2 for row in record["measurements"]["length_curve"])
+
+
+def test_cpu_smoke_logit_memory(smoke):
+    rows = smoke["logit-memory"][1]["measurements"]["log_prob_memory"]
+    assert {(r["method"], r["tokens"]) for r in rows} == {(m, t) for m in ("full", "chunked", "chunked_recompute")
+                                                           for t in (128, 512)}
+    assert all(r["max_abs_diff_vs_full"] <= 1e-3 for r in rows)
+    by = {(r["method"], r["tokens"]): r["saved_tensor_bytes"] for r in rows}
+    assert by[("chunked_recompute", 512)] < by[("chunked", 512)] <= by[("full", 512)]  # recompute keeps no logits
+    assert by[("full", 512)] == 4 * by[("full", 128)]  # full logits grow with T
+
+
+def test_cpu_smoke_microbatch_plans(smoke):
+    record = smoke["microbatch-budget"][1]
+    rows = record["measurements"]["microbatch_plans"]
+    budget = record["workload"]["parameters"]["max_tokens"]
+    assert len({r["real_tokens"] for r in rows}) == 1
+    assert rows[-1]["largest_microbatch_tokens"] <= budget < rows[0]["largest_microbatch_tokens"]
+    assert all(r["median_step_ms"] > 0 and not r["out_of_memory"] for r in rows)
+
+
+def test_duplicate_label_is_refused(tmp_path, capsys):
+    path, _ = run_workload("pt-long-context", "dry_run", "once", results_dir=tmp_path)
+    before = path.read_bytes()
+    with pytest.raises(FileExistsError, match="never overwritten"):
+        run_workload("pt-long-context", "dry_run", "once", results_dir=tmp_path)
+    assert runner_main(["pt-long-context", "--label", "once", "--results-dir", str(tmp_path)]) == 2
+    assert "refused" in capsys.readouterr().err and path.read_bytes() == before
+
+
+@pytest.mark.parametrize("label", ["", "../escape", "a b", ".hidden", "x" * 65])
+def test_bad_label_is_refused(tmp_path, label):
+    with pytest.raises(ValueError, match="label"):
+        run_workload("pt-long-context", "dry_run", label, results_dir=tmp_path)
+
+
+class ExplodingModel(torch.nn.Module):
+    """A real tiny model whose forward raises, as a broken kernel or a bad input would."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = tiny_qwen2()
+        self.config = self.inner.config
+
+    def forward(self, **batch):
+        raise RuntimeError("injected failure in forward")
+
+
+def missing_weights(ctx):
+    raise OSError("weights missing")
+
+
+@pytest.mark.parametrize("factory, stage, error_type", [
+    (lambda ctx: ExplodingModel(), "length_curve", "RuntimeError"),
+    (missing_weights, "revision_and_model", "OSError"),
+])
+def test_failure_becomes_a_record(tmp_path, capsys, factory, stage, error_type):
+    path, record = run_workload("pt-long-context", "cpu_smoke", "broken", results_dir=tmp_path,
+                                model_factory=factory)
+    stored = read_result(path)
+    assert stored["failure"]["stage"] == stage and stored["failure"]["error_type"] == error_type
+    assert stored["decision"] == "reject_until_fixed" and stored["evidence_level"] == "failed_cpu_smoke_attempt"
+    assert "Traceback" in stored["failure"]["traceback"]  # kept in the file for whoever fixes it
+    assert "Traceback" not in capsys.readouterr().err  # and not shown to the user
+
+
+def test_real_gpu_refuses_here_at_preflight(tmp_path, capsys):
+    path, record = run_workload("logit-memory", "real_gpu", "no-gpu", results_dir=tmp_path, allow_hub=False)
+    failure = read_result(path)["failure"]
+    assert failure["stage"] == "environment_preflight" and failure["error_type"] == "PreflightError"
+    assert "cuda: expected available, found unavailable" in failure["message"]
+    assert record["preflight"]["failed"][0] == "cuda"
+    assert record["model"]["source"] == "not_loaded"
+    code = runner_main(["logit-memory", "--mode", "real_gpu", "--label", "cli", "--results-dir", str(tmp_path),
+                        "--no-hub", "--no-progress"])
+    out = capsys.readouterr()
+    assert code == 1 and "failed at stage environment_preflight" in out.out and "Traceback" not in out.err
+
+
+def _mutated(record: dict, change) -> dict:
+    copied = copy.deepcopy(record)
+    change(copied)
+    return copied
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda r: r.pop("decision"), "missing key 'decision'"),
+    (lambda r: r.update(schema_version="v0"), "$.schema_version"),
+    (lambda r: r["workload"].update(version=4), "$.workload.version: expected str"),
+    (lambda r: r.update(decision="accept_mechanism"), "accept_mechanism needs real_gpu"),
+    (lambda r: r.update(failure={"stage": "x", "error_type": "E", "message": "m"}), "only a failure"),
+    (lambda r: r["measurements"].update(bogus=[]), "unknown section"),
+    (lambda r: r["measurements"]["packing_comparison"][0].update(processed_tokens="384"), "processed_tokens"),
+    (lambda r: r["model"].update(source="hub"), "resolved_commit"),
+    (lambda r: r["checks"]["packing"].update(position_ids_reset=1), "expected bool"),
+])
+def test_validator_names_the_bad_field(smoke, change, message):
+    record = smoke["pt-long-context"][1]
+    validate_result(record)
+    with pytest.raises(ValueError) as error:
+        validate_result(_mutated(record, change))
+    assert message in str(error.value)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.floats(min_value=0, max_value=1e4, allow_nan=False), min_size=1, max_size=40))
+def test_median_and_nearest_rank_p95(values):
+    median, p95 = median_and_p95(values)
+    ordered = sorted(values)
+    n = len(ordered)
+    assert median == (ordered[(n - 1) // 2] + ordered[n // 2]) / 2
+    # nearest rank: the smallest element with at least 95% of the values at or below it
+    assert p95 == min(v for v in ordered if sum(x <= v for x in ordered) >= 0.95 * n - 1e-9)
+
+
+def test_timing_helpers_on_known_values():
+    assert median_and_p95([float(i) for i in range(1, 21)]) == (10.5, 19.0)
+    assert median_and_p95([3.0]) == (3.0, 3.0)
+    with pytest.raises(ValueError):
+        median_and_p95([])
+
+
+def test_report_prints_seed_tables_and_draws(smoke, tmp_path, capsys):
+    records, errors = load_results([smoke["pt-long-context"][0].parent.parent])
+    assert errors == [] and len(records) == len(WORKLOAD_IDS)
+    text = format_record(smoke["pt-long-context"][1])
+    assert "384 -> 240 tokens" in text and "effective 236 -> 236" in text and "cpu_smoke_wiring_only" in text
+    assert "T =    512" in format_record(smoke["logit-memory"][1])
+    assert plot_length_curve(records, tmp_path / "curve.png").stat().st_size > 0
+    assert plot_packing_bars(records, tmp_path / "bars.png").stat().st_size > 0
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps({"schema_version": SCHEMA_VERSION}))
+    assert report_main([str(smoke["pt-long-context"][0]), str(broken)]) == 1
+    out = capsys.readouterr()
+    assert "padding vs packing" in out.out and "broken.json" in out.err
+
+
+def test_result_path_layout():
+    path = result_path("benchmarks/results", "pt-long-context", "rtx5070ti_length_packing_v4")
+    assert path.as_posix() == "benchmarks/results/pt_long_context/pt-long-context_rtx5070ti_length_packing_v4.json"
