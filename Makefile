@@ -21,7 +21,7 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml environments/$(PROFILE)/require
 venv: $(VENV)/.installed
 
 demo: venv
-	$(BIN)/python -m course_lib.demo
+	$(BIN)/python scripts/demo.py
 
 test: venv
 	$(BIN)/python -m ruff check course_lib tests benchmarks scripts notebooks/chapters

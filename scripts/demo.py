@@ -1,0 +1,122 @@
+"""The main job (`make demo`): a short tour of the library, then build the course and grade sample submissions.
+
+1. The library on real objects: the length ledger, a packing plan, the token-budget microbatch table and the
+   throughput accounting of the seed chapters, each printed from a real computation.
+2. Build every chapter (jupytext source -> nbgrader source -> release) in `notebooks/`.
+3. Autograde three sample submissions per chapter with real nbgrader in `notebooks/` (nbgrader's own layout:
+   submitted/, autograded/, gradebook.db): the instructor's solution, the untouched release, and a release
+   filled with the solutions except one wrong answer from the mutant catalogue. Print the gradebook.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # the mutant catalogue lives in tests/mutants
+
+
+def library_tour() -> None:
+    import course_lib as cl
+
+    tokenizer = cl.load_course_tokenizer()
+    chat = [{"role": "system", "content": "You are a patient tutor."},
+            {"role": "user", "content": "Why pack samples?"},
+            {"role": "assistant", "content": "To fill each row with real tokens instead of padding."}]
+    print("== length ledger (one rendering, course tokenizer, chatml) ==")
+    print(cl.measure_sample(tokenizer, chat))
+    print(cl.summarize_length_distribution([64, 128, 300, 900], 128, 512))
+
+    print("\n== packing plan: 10 lengths into rows of 256 (BFD, deterministic) ==")
+    lengths = [200, 31, 120, 90, 60, 250, 16, 130, 70, 40]
+    bins = cl.plan_packing(lengths, 256)
+    for row, members in enumerate(bins):
+        print(f"row {row}: samples {members} -> {sum(lengths[i] for i in members)} / 256 tokens")
+
+    print("\n== token-budget microbatches on seed 003's 512 lognormal lengths ==")
+    agent_lengths = cl.seed003_agent_lengths()
+    order = cl.seed003_random_order()
+    sorted_order = agent_lengths.argsort().tolist()
+    plans = {
+        "8 per microbatch, random": cl.fixed_count_batches(order.tolist(), 8),
+        "8 per microbatch, sorted": cl.fixed_count_batches(sorted_order, 8),
+        "token budget 128k, sorted": cl.token_budget_batches(agent_lengths, 131_072),
+    }
+    for name, batches in plans.items():
+        print(cl.format_microbatch_summary(name, cl.describe_microbatches(agent_lengths, batches)))
+
+    print("\n== throughput accounting (seed 003 §14.6: Qwen3-8B on an H200) ==")
+    kv = cl.kv_bytes_per_token(cl.load_model_config("Qwen3-8B"))
+    h200 = cl.load_hardware("H200")
+    print(f"KV cache: {kv / 1e3:.0f} KB per token")
+    for batch, context in [(64, 2048), (64, 16_384), (256, 16_384)]:
+        rate = cl.decode_tokens_per_s(8.2e9, batch, context, kv, h200["memory_bandwidth"])
+        print(f"decode, batch {batch:3d}, context {context:6d}: {rate:7.0f} tokens/s per GPU")
+    decode_rate = cl.decode_tokens_per_s(8.2e9, 64, 16_384, kv, h200["memory_bandwidth"])
+    hours = cl.gpu_hours_per_step(8.2e9, 512, 24_000, 6_000, decode_rate, h200["dense_flops"], 0.4, 0.5)
+    print(" | ".join(f"{key} {value:.2f}" for key, value in hours.items()), "GPU-hours per step")
+
+
+def grade_samples(root: Path) -> dict[str, dict[str, tuple[float, float]]]:
+    """Autograde solution / blank / one mutant per chapter; returns chapter -> student -> (score, max)."""
+    from course_lib.nb import autograde, build, cells
+    from tests.mutants import catalogue
+    from tests.test_autograde import submission_with
+
+    mutants = catalogue()
+    for folder in ("submitted", "autograded"):
+        shutil.rmtree(root / folder, ignore_errors=True)
+    book = {}
+    scratch = REPO / "build" / "demo"
+    scratch.mkdir(parents=True, exist_ok=True)
+    for chapter_py in build.chapter_sources(root / "chapters"):
+        chapter = chapter_py.stem
+        source = root / "source" / chapter / f"{chapter}.ipynb"
+        release = root / "release" / chapter / f"{chapter}.ipynb"
+        solutions = cells.solution_cells(cells.read(source))
+        staged = {"sample-solution": source, "sample-blank": release}
+        if chapter in mutants:
+            todo, wrong = sorted(mutants[chapter].items())[0]
+            mutant_name, mutant_source = sorted(wrong.items())[0]
+            student = f"sample-mutant-{todo}-{mutant_name}".replace("_", "-")
+            staged[student] = submission_with(release, {**solutions, f"todo_{todo}": mutant_source},
+                                              scratch / f"{chapter}-mutant.ipynb")
+        autograde.stage_submissions(root, chapter, staged)
+        started = time.perf_counter()
+        completed = autograde.autograde(root, chapter)
+        if completed.returncode != 0:
+            print(completed.stdout[-2000:], completed.stderr[-2000:])
+            raise SystemExit(f"nbgrader autograde {chapter} failed")
+        book[chapter] = {}
+        for student in staged:
+            scores = autograde.cell_scores(root, chapter, student)
+            book[chapter][student] = (sum(s for s, _ in scores.values()), sum(m for _, m in scores.values()))
+        print(f"graded {chapter}: {len(staged)} submissions in {time.perf_counter() - started:.1f} s")
+    return book
+
+
+def print_gradebook(book: dict[str, dict[str, tuple[float, float]]]) -> None:
+    print(f"\n{'chapter':<28} {'student':<52} {'score':>9}")
+    for chapter, students in book.items():
+        for student, (score, top) in students.items():
+            print(f"{chapter:<28} {student:<52} {score:>4.0f} / {top:<3.0f}")
+
+
+def main() -> int:
+    from course_lib.nb import build
+
+    library_tour()
+    print("\n== building the course ==")
+    builds = build.build_course(build.NOTEBOOKS_DIR)
+    for chapter in builds:
+        print(f"{chapter.name:<28} {len(chapter.graded_cells)} graded cells, {chapter.points:.0f} points")
+    print("\n== grading sample submissions with nbgrader ==")
+    print_gradebook(grade_samples(build.NOTEBOOKS_DIR))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
