@@ -18,9 +18,9 @@ import torch
 
 from ._checks import require_int, require_keys, require_lengths, require_real
 from .logprobs import selected_log_probs
+from .window import IGNORE_INDEX
 
 __all__ = [
-    "IGNORE_INDEX",
     "LOSS_MODES",
     "NORMALIZATIONS",
     "masked_normalize",
@@ -35,7 +35,6 @@ __all__ = [
     "data_parallel_gradients",
 ]
 
-IGNORE_INDEX = -100
 LOSS_MODES = ("token_mean", "constant")
 NORMALIZATIONS = ("local", "global")
 
@@ -223,8 +222,8 @@ def _data_parallel_worker(rank: int, world_size: int, port: int, model: torch.nn
             dist.all_reduce(gradient, op=dist.ReduceOp.SUM)
             # 'local' mirrors DDP's averaging of per-rank token means; 'global' sums, the count already spans ranks.
             gradients[normalize] = gradient / world_size if normalize == "local" else gradient
-        if rank == 0:
-            results.put(("ok", gradients))
+        if rank == 0:  # numpy pickles by value; a shared tensor's fd would die with this process
+            results.put(("ok", {name: gradient.numpy() for name, gradient in gradients.items()}))
         dist.destroy_process_group()
     except Exception as error:  # noqa: BLE001 - report any failure to the parent instead of hanging it
         results.put(("error", f"rank {rank}: {type(error).__name__}: {error}"))
@@ -272,4 +271,4 @@ def data_parallel_gradients(model: torch.nn.Module, batch: Mapping[str, torch.Te
                 worker.join()
     if status != "ok":
         raise RuntimeError(f"data-parallel run failed: {payload}")
-    return payload
+    return {name: torch.from_numpy(gradient) for name, gradient in payload.items()}
