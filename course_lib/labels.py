@@ -2,11 +2,12 @@
 
 Every assistant answer of a chat, single- or multi-turn, is supervised together with its end-of-turn
 token; system, user and template tokens get IGNORE_INDEX. Truncation cuts input_ids and labels together.
+Padding fills input_ids with the pad id but labels with IGNORE_INDEX, so padding never carries loss.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
 
 import numpy as np
 import torch
@@ -15,66 +16,59 @@ from ._checks import require_int, require_keys, require_positive_int
 from .tokenizer import render_chat
 from .window import IGNORE_INDEX
 
-__all__ = ["SUPERVISED_ROLES", "labels_from_roles", "build_labels", "pad_batch"]
+__all__ = ["SUPERVISED_ROLES", "build_labels", "pad_batch"]
 
-SUPERVISED_ROLES = ("assistant", "eos")
-
-
-def labels_from_roles(input_ids, roles, *, supervise_eos: bool = True) -> list[int]:
-    """input_ids [T], roles [T] -> labels [T]: the id where the role is supervised, else IGNORE_INDEX."""
-    ids = np.asarray(input_ids, dtype=np.int64)  # [T]
-    role_array = np.asarray(roles)  # [T]
-    if ids.shape != role_array.shape:
-        raise ValueError(f"input_ids and roles must have the same length, got {ids.shape[0]} and {role_array.shape[0]}")
-    supervised = np.isin(role_array, SUPERVISED_ROLES if supervise_eos else SUPERVISED_ROLES[:1])  # [T]
-    return np.where(supervised, ids, IGNORE_INDEX).tolist()
+SUPERVISED_ROLES = ("assistant", "eos")  # render_chat roles that carry loss; "eos" only when supervise_eos
 
 
 def build_labels(tokenizer, messages, *, supervise_eos: bool = True, max_length: int | None = None,
                  chat_template: str | None = None) -> dict[str, list[int]]:
-    """One chat -> {"input_ids" [T], "labels" [T]} from one rendering; right-truncated to max_length if given."""
-    rendered = render_chat(tokenizer, messages, chat_template=chat_template)
-    input_ids = rendered["input_ids"]
-    labels = labels_from_roles(input_ids, rendered["roles"], supervise_eos=supervise_eos)
+    """One chat -> {"input_ids" [T], "labels" [T]} from one rendering; right-truncated to max_length if given.
+
+    labels[t] = input_ids[t] where render_chat gives token t the role "assistant" (or "eos" when supervise_eos),
+    else IGNORE_INDEX: system, user and template tokens carry no loss, in every turn.
+    """
     if max_length is not None:
         max_length = require_positive_int("max_length", max_length)
+    rendered = render_chat(tokenizer, messages, chat_template=chat_template)
+    input_ids = np.asarray(rendered["input_ids"], dtype=np.int64)  # [T]
+    roles_with_loss = SUPERVISED_ROLES if supervise_eos else SUPERVISED_ROLES[:1]  # ("assistant",) without EOS
+    supervised = np.isin(np.asarray(rendered["roles"]), roles_with_loss)  # [T] bool
+    labels = np.where(supervised, input_ids, IGNORE_INDEX)  # [T]
+    if max_length is not None:
         input_ids, labels = input_ids[:max_length], labels[:max_length]  # cut both, or they misalign
-    return {"input_ids": input_ids, "labels": labels}
-
-
-def _check_features(features: object) -> list[tuple[list[int], list[int]]]:
-    if isinstance(features, (str, bytes)) or not hasattr(features, "__len__") or len(features) == 0:
-        raise ValueError(f"features must be a non-empty list of {{'input_ids', 'labels'}} dicts, got {features!r:.80}")
-    checked = []
-    for index, feature in enumerate(features):
-        require_keys(f"features[{index}]", feature, ("input_ids", "labels"))
-        input_ids, labels = _as_list(feature["input_ids"]), _as_list(feature["labels"])
-        if len(input_ids) != len(labels):
-            raise ValueError(f"features[{index}]: input_ids has length {len(input_ids)} but labels has length "
-                             f"{len(labels)}; they must be equal (truncate both together)")
-        if not input_ids:
-            raise ValueError(f"features[{index}] has empty input_ids")
-        checked.append((input_ids, labels))
-    return checked
-
-
-def _as_list(values: Any) -> list[int]:
-    return values.tolist() if hasattr(values, "tolist") else list(values)
+    return {"input_ids": input_ids.tolist(), "labels": labels.tolist()}
 
 
 def pad_batch(features, pad_token_id: int) -> dict[str, torch.Tensor]:
-    """B features -> {"input_ids", "labels", "attention_mask"}, each [B, L_max] long, right-padded.
+    """B features {"input_ids" [T_b], "labels" [T_b]} -> {"input_ids", "labels", "attention_mask"}, each [B, L] long.
 
-    input_ids are padded with pad_token_id, labels with IGNORE_INDEX (never the pad id), attention_mask with 0.
+    Right padding to L = max T_b: input_ids with pad_token_id, labels with IGNORE_INDEX (never the pad id),
+    attention_mask 1 on real tokens and 0 on padding (from the lengths, not from the ids).
     """
     pad_token_id = require_int("pad_token_id", pad_token_id, minimum=0)
-    checked = _check_features(features)
-    lengths = torch.tensor([len(ids) for ids, _ in checked])  # [B]
-    width = int(lengths.max())
-    input_ids = torch.full((len(checked), width), pad_token_id, dtype=torch.long)  # [B, L]
-    labels = torch.full((len(checked), width), IGNORE_INDEX, dtype=torch.long)  # [B, L]
-    for row, (ids, row_labels) in enumerate(checked):
-        input_ids[row, : len(ids)] = torch.as_tensor(ids, dtype=torch.long)
-        labels[row, : len(ids)] = torch.as_tensor(row_labels, dtype=torch.long)
-    attention_mask = (torch.arange(width)[None, :] < lengths[:, None]).long()  # [B, L]
+    if isinstance(features, (str, bytes, Mapping)) or not hasattr(features, "__len__") or len(features) == 0:
+        raise ValueError(f"features must be a non-empty list of {{'input_ids', 'labels'}} dicts, got {features!r:.80}")
+    id_rows, label_rows = [], []
+    for index, feature in enumerate(features):
+        require_keys(f"features[{index}]", feature, ("input_ids", "labels"))
+        try:
+            input_ids = torch.as_tensor(feature["input_ids"], dtype=torch.long)  # [T_b]
+            labels = torch.as_tensor(feature["labels"], dtype=torch.long)  # [T_b]
+        except (TypeError, ValueError, RuntimeError) as error:
+            raise ValueError(f"features[{index}]: input_ids and labels must be sequences of token ids ({error})") from error
+        if input_ids.ndim != 1 or labels.ndim != 1:
+            raise ValueError(f"features[{index}]: input_ids and labels must be 1-D, got shapes "
+                             f"{tuple(input_ids.shape)} and {tuple(labels.shape)}")
+        if len(input_ids) != len(labels):
+            raise ValueError(f"features[{index}]: input_ids has length {len(input_ids)} but labels has length "
+                             f"{len(labels)}; they must be equal (truncate both together)")
+        if len(input_ids) == 0:
+            raise ValueError(f"features[{index}] has empty input_ids")
+        id_rows.append(input_ids)
+        label_rows.append(labels)
+    lengths = torch.tensor([len(row) for row in id_rows])  # [B]
+    input_ids = torch.nn.utils.rnn.pad_sequence(id_rows, batch_first=True, padding_value=pad_token_id)  # [B, L]
+    labels = torch.nn.utils.rnn.pad_sequence(label_rows, batch_first=True, padding_value=IGNORE_INDEX)  # [B, L]
+    attention_mask = (torch.arange(input_ids.shape[1])[None, :] < lengths[:, None]).long()  # [B, L]
     return {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}

@@ -1,0 +1,93 @@
+"""Wrong answers for chapter 2 (chat templates and label masks): seed 002's classic bugs and their cousins."""
+
+CHAPTER = "02_templates_and_labels"
+
+_BUILD = '''
+def build_labels(tokenizer, messages, *, supervise_eos=True, max_length=None, chat_template=None):
+    if max_length is not None:
+        max_length = CHECKED_MAX_LENGTH
+    rendered = render_chat(tokenizer, messages, chat_template=chat_template)
+    input_ids, roles = rendered["input_ids"], rendered["roles"]
+    kept = SUPERVISED
+    labels = LABELS
+    if max_length is not None:
+        input_ids, labels = CUT
+    return {"input_ids": input_ids, "labels": labels}
+'''
+
+
+def _build(labels="[i if r in kept else IGNORE_INDEX for i, r in zip(input_ids, roles)]",
+           supervised='("assistant", "eos") if supervise_eos else ("assistant",)',
+           cut="input_ids[:max_length], labels[:max_length]",
+           checked='require_positive_int("max_length", max_length)'):
+    return (_BUILD.replace("LABELS", labels).replace("SUPERVISED", supervised).replace("CUT", cut)
+            .replace("CHECKED_MAX_LENGTH", checked))
+
+
+_PAD = '''
+def pad_batch(features, pad_token_id):
+    pad_token_id = require_int("pad_token_id", pad_token_id, minimum=0)
+    if not len(features):
+        raise ValueError("features must be a non-empty list")
+    rows = []
+    for index, feature in enumerate(features):
+        require_keys(f"features[{index}]", feature, ("input_ids", "labels"))
+        ids = [int(token_id) for token_id in feature["input_ids"]]
+        labels = [int(label) for label in feature["labels"]]
+        if LENGTH_CHECK:
+            raise ValueError(f"features[{index}]: input_ids and labels differ in length")
+        if not ids:
+            raise ValueError(f"features[{index}] has empty input_ids")
+        rows.append((ids, labels))
+    width = max(len(ids) for ids, _ in rows)
+    batch = {"input_ids": [], "labels": [], "attention_mask": []}
+    for ids, labels in rows:
+        fill = width - len(ids)
+        batch["input_ids"].append(PAD_IDS)
+        batch["labels"].append(PAD_LABELS)
+        batch["attention_mask"].append(MASK)
+    return {key: torch.tensor(value, dtype=torch.long) for key, value in batch.items()}
+'''
+
+
+def _pad(ids="ids + [pad_token_id] * fill", labels="labels + [IGNORE_INDEX] * fill",
+         mask="[1] * len(ids) + [0] * fill", length_check="len(ids) != len(labels)"):
+    return (_PAD.replace("PAD_IDS", ids).replace("PAD_LABELS", labels).replace("MASK", mask)
+            .replace("LENGTH_CHECK", length_check))
+
+
+MUTANTS = {
+    "build_labels": {
+        # Seed 002: the single-turn habit masks only what comes before the first answer, so later user turns
+        # and role headers are trained on (the model learns to echo its users).
+        "user_turns_supervised": _build(
+            labels='[IGNORE_INDEX] * roles.index("assistant") + input_ids[roles.index("assistant"):]'),
+        # The end-of-turn token never carries loss, whatever supervise_eos says: the model never learns to stop.
+        "eos_never_supervised": _build(supervised='("assistant",)'),
+        # Seed 002: max_length cuts input_ids but the labels stay long.
+        "labels_not_truncated": _build(cut="input_ids[:max_length], labels"),
+        # Truncation keeps the end of the sequence instead of its beginning.
+        "truncated_from_the_left": _build(cut="input_ids[-max_length:], labels[-max_length:]"),
+        # Labels shifted by hand although the model shifts them itself: every target is off by one.
+        "labels_pre_shifted": _build(
+            labels="[i if r in kept else IGNORE_INDEX for i, r in zip(input_ids, roles)][1:] + [IGNORE_INDEX]"),
+        # Everything but system and user supervised: role headers and separators become targets.
+        "template_tokens_supervised": _build(
+            labels='[IGNORE_INDEX if r in ("system", "user") else i for i, r in zip(input_ids, roles)]'),
+        # max_length is used without a check: 0 gives an empty sample instead of an error.
+        "max_length_unchecked": _build(checked="max_length"),
+    },
+    "pad_batch": {
+        # Seed 002: labels padded with the pad id, so padding becomes a target.
+        "pad_id_in_labels": _pad(labels="labels + [pad_token_id] * fill"),
+        # Left padding: the right thing for generation, the wrong contract for this collator.
+        "left_padding": _pad(ids="[pad_token_id] * fill + ids", labels="[IGNORE_INDEX] * fill + labels",
+                             mask="[0] * fill + [1] * len(ids)"),
+        # Attention mask from the ids: every real token equal to the pad id (pad = eos) is hidden.
+        "attention_mask_from_pad_id": _pad(mask="[int(i != pad_token_id) for i in ids + [pad_token_id] * fill]"),
+        # The two masks confused: attention only where the labels are supervised.
+        "attention_mask_from_labels": _pad(mask="[int(label != IGNORE_INDEX) for label in labels] + [0] * fill"),
+        # No length check: a feature whose labels were not truncated with its inputs goes through.
+        "no_length_check": _pad(length_check="False"),
+    },
+}
