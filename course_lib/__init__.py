@@ -25,6 +25,7 @@ from __future__ import annotations
 from . import (
     accounting,
     curriculum,
+    lab,
     labels,
     ledger,
     logprobs,
@@ -40,6 +41,7 @@ from . import (
 )
 from .accounting import *  # noqa: F403
 from .curriculum import *  # noqa: F403
+from .lab import *  # noqa: F403
 from .labels import *  # noqa: F403
 from .ledger import *  # noqa: F403
 from .logprobs import *  # noqa: F403
@@ -57,6 +59,6 @@ __version__ = "0.1.0"
 __all__ = [
     name
     for module in (tokenizer, tiny, sources, ledger, window, labels, packing, packed_forward, microbatch,
-                   logprobs, loss, accounting, curriculum, longdoc)
+                   logprobs, loss, accounting, curriculum, longdoc, lab)
     for name in module.__all__
 ]

@@ -178,30 +178,39 @@ def additive_attention_mask(allowed: torch.Tensor, dtype: torch.dtype = torch.fl
 
 
 def build_boundary_isolated_packing(samples) -> dict:
-    """samples (dicts of input_ids, labels) -> one packed row as lists; attention_allowed is [T][T] bools."""
+    """samples (dicts of input_ids, labels) -> one packed row as lists; attention_allowed is [T][T] bools.
+
+    The teaching form (plain lists, an O(T^2) mask); `varlen_metadata` and `block_causal_mask` are the vectorized
+    forms that long rows use, tested equal to it on small inputs.
+    """
     if not samples:
         raise ValueError(f"samples must not be empty, got {samples!r}")
     input_ids: list[int] = []
     labels: list[int] = []
-    lengths: list[int] = []
-    for index, sample in enumerate(samples):
-        require_keys(f"samples[{index}]", sample, ["input_ids", "labels"])
+    segment_ids: list[int] = []
+    position_ids: list[int] = []
+    for segment, sample in enumerate(samples):
+        require_keys(f"samples[{segment}]", sample, ["input_ids", "labels"])
         sample_ids, sample_labels = list(sample["input_ids"]), list(sample["labels"])
         if not sample_ids:
-            raise ValueError(f"samples[{index}]['input_ids'] must not be empty")
+            raise ValueError(f"samples[{segment}]['input_ids'] must not be empty")
         if len(sample_labels) != len(sample_ids):
-            raise ValueError(f"samples[{index}]['labels'] has length {len(sample_labels)}, "
+            raise ValueError(f"samples[{segment}]['labels'] has length {len(sample_labels)}, "
                              f"expected len(input_ids) = {len(sample_ids)}")
         input_ids += sample_ids
-        labels += sample_labels
-        lengths.append(len(sample_ids))
-    metadata = varlen_metadata(lengths)
+        labels += sample_labels  # labels travel with their tokens, unshifted
+        segment_ids += [segment] * len(sample_ids)
+        position_ids += range(len(sample_ids))  # positions restart at 0 in every sample
+    tokens = list(zip(segment_ids, position_ids, strict=True))
+    # query (row) may attend key (column) only inside its own sample, and only to itself or earlier tokens
+    attention_allowed = [[key_segment == query_segment and key_position <= query_position
+                          for key_segment, key_position in tokens] for query_segment, query_position in tokens]
     return {
         "input_ids": input_ids,
         "labels": labels,
-        "segment_ids": metadata["seq_idx"].tolist(),
-        "position_ids": metadata["position_ids"].tolist(),
-        "attention_allowed": block_causal_mask(metadata["seq_idx"]).tolist(),
+        "segment_ids": segment_ids,
+        "position_ids": position_ids,
+        "attention_allowed": attention_allowed,
     }
 
 

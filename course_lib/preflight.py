@@ -36,9 +36,10 @@ class PreflightError(RuntimeError):
 
 
 def profiles_path() -> Path:
-    """environments/profiles.json: $COURSE_ENVIRONMENTS_DIR, else the checkout holding course_lib, else ./."""
+    """profiles.json: $COURSE_ENVIRONMENTS_DIR, else the copy shipped in the package (`environments/` in a checkout
+    is a link to it, so a pip install on Colab has the same profiles), else ./environments."""
     candidates = [Path(os.environ["COURSE_ENVIRONMENTS_DIR"])] if os.environ.get("COURSE_ENVIRONMENTS_DIR") else []
-    candidates += [Path(__file__).resolve().parents[1] / "environments", Path.cwd() / "environments"]
+    candidates += [Path(__file__).resolve().parent / "data" / "environments", Path.cwd() / "environments"]
     for folder in candidates:
         if (folder / "profiles.json").is_file():
             return folder / "profiles.json"

@@ -14,7 +14,9 @@ from .schema import LABEL_PATTERN, SCHEMA_VERSION, validate_result
 __all__ = ["DEFAULT_RESULTS_DIR", "check_label", "result_path", "new_record", "failure_block", "hardware_snapshot",
            "framework_versions", "write_result", "read_result", "iter_result_files"]
 
-DEFAULT_RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
+# Relative to the working directory: the repository root in a checkout (where run_gpu_suite.sh runs), the
+# notebook's folder when benchmarks is pip-installed (never a folder inside site-packages).
+DEFAULT_RESULTS_DIR = Path("benchmarks") / "results"
 
 
 def check_label(label: str) -> str:

@@ -1,0 +1,80 @@
+"""The GPU lab's arithmetic (seed 000 Step 5): what padding and packing cost for the same samples, and how a
+measured step time turns into effective supervised tokens per second.
+
+The lab trains on four fixed samples (48 / 96 / 32 / 64 tokens) twice: as a padded batch [4, 96] and as one
+boundary-isolated packed row [1, 240]. Before anything is timed, the token ledger already says what each
+candidate processes and supervises; the measurement then says what that costs. The benchmark workload
+(`benchmarks/workloads/pt_long_context.py`) takes its ledger and its rates from here.
+"""
+
+from __future__ import annotations
+
+from ._checks import require_keys, require_lengths, require_nonnegative_int, require_positive_int, require_real
+
+__all__ = ["padding_vs_packing_ledger", "effective_tokens_per_second", "compare_padding_and_packing"]
+
+
+def padding_vs_packing_ledger(sample_lengths, *, mask_first_label: bool = True) -> dict:
+    """Sample lengths [N] -> the token ledger of a padded batch [N, max] and of one packed row [1, sum].
+
+    A causal LM's loss reads labels[:, 1:], so the first label of every ROW is never used. Padding gives each
+    sample its own row; packing puts them in one, where each later sample's first token would be predicted
+    from the previous sample's last token unless `mask_first_label` masks it (as the lab and
+    transformers' DataCollatorWithFlattening do).
+
+    Returns {samples, sample_tokens, padding, packing, processed_token_reduction}; padding and packing each hold
+    processed_tokens, padding_tokens, padding_ratio (padding / processed), effective_supervised_tokens and
+    cross_sample_labels (supervised targets whose context is another sample).
+    """
+    lengths = require_lengths("sample_lengths", sample_lengths)
+    count, sample_tokens = len(lengths), sum(lengths)
+    padded = count * max(lengths)  # every row is as long as the longest sample
+    packed = sample_tokens  # the samples back to back, no padding
+    cross_sample = 0 if mask_first_label else count - 1  # each later sample's first token, seen across a boundary
+
+    def candidate(processed: int, supervised: int, cross: int) -> dict:
+        return {"processed_tokens": processed, "padding_tokens": processed - sample_tokens,
+                "padding_ratio": (processed - sample_tokens) / processed,
+                "effective_supervised_tokens": supervised, "cross_sample_labels": cross}
+
+    return {
+        "samples": count,
+        "sample_tokens": sample_tokens,
+        "padding": candidate(padded, sample_tokens - count, 0),  # each row's first label drops out of the shift
+        "packing": candidate(packed, sample_tokens - count + cross_sample, cross_sample),
+        "processed_token_reduction": 1 - packed / padded,
+    }
+
+
+def effective_tokens_per_second(effective_supervised_tokens: int, median_step_ms: float) -> float:
+    """Supervised tokens one step learns from / the step's median time -> tokens per second."""
+    tokens = require_nonnegative_int("effective_supervised_tokens", effective_supervised_tokens)
+    step_ms = require_real("median_step_ms", median_step_ms, minimum=0.0, strict_minimum=True)
+    return tokens / (step_ms / 1000.0)
+
+
+def compare_padding_and_packing(padding: dict, packing: dict) -> dict:
+    """Two measured candidates {effective_supervised_tokens, median_step_ms} -> seed 000 §5.4's speed reading.
+
+    Returns {effective_supervised_tokens, padding_tokens_per_second, packing_tokens_per_second, throughput_ratio
+    (packing / padding), step_time_reduction (1 - packing ms / padding ms)}. The two must supervise the same
+    number of tokens (ValueError otherwise): only then is a faster step a faster way to learn the same thing.
+    """
+    require_keys("padding", padding, ("effective_supervised_tokens", "median_step_ms"))
+    require_keys("packing", packing, ("effective_supervised_tokens", "median_step_ms"))
+    tokens = require_positive_int("padding.effective_supervised_tokens", padding["effective_supervised_tokens"])
+    packed_tokens = require_positive_int("packing.effective_supervised_tokens", packing["effective_supervised_tokens"])
+    if packed_tokens != tokens:
+        raise ValueError(f"effective_supervised_tokens differ (padding {tokens}, packing {packed_tokens}): "
+                         "the candidates do not learn from the same tokens, so their speeds are not comparable")
+    padding_ms = require_real("padding.median_step_ms", padding["median_step_ms"], minimum=0.0, strict_minimum=True)
+    packing_ms = require_real("packing.median_step_ms", packing["median_step_ms"], minimum=0.0, strict_minimum=True)
+    padding_rate = effective_tokens_per_second(tokens, padding_ms)
+    packing_rate = effective_tokens_per_second(tokens, packing_ms)
+    return {
+        "effective_supervised_tokens": tokens,
+        "padding_tokens_per_second": padding_rate,
+        "packing_tokens_per_second": packing_rate,
+        "throughput_ratio": packing_rate / padding_rate,
+        "step_time_reduction": 1 - packing_ms / padding_ms,
+    }

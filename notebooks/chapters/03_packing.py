@@ -1,0 +1,616 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Chapter 3 · Boundary-isolated packing | 边界隔离的序列打包
+#
+# {{COLAB_BADGE}}
+#
+# **Objectives.** After this chapter you can
+# 1. plan **sequence packing** (序列打包) with first-fit decreasing and best-fit decreasing (FFD / BFD,
+#    首次适应递减 / 最佳适应递减), read a plan's **fill rate** (填充率), and explain why a plan computed from the
+#    lengths alone is the same on every data-parallel rank (跨 rank 的确定性计划);
+# 2. build a **boundary-isolated** packed row (边界隔离): labels carried with their tokens, **position ids
+#    restarted** per sample (位置重置), and a **block-causal mask** (块对角因果掩码) in which padding attends only
+#    to itself;
+# 3. prove on a real transformers model that a packed forward equals each sample run alone, name the
+#    **attention leak** (注意力泄漏) when it does not, and recognise transformers' own packed-sequence detection
+#    and the `use_cache` trap (缓存陷阱) that silently turns it off.
+
+# %%
+#| course-setup
+import time
+
+import numpy as np
+
+from course_lib import (
+    PACKING_STRATEGIES,
+    build_labels,
+    compare_packed_with_alone,
+    corpus_files,
+    inferred_packed_segments,
+    leaky_share,
+    load_chats,
+    load_course_tokenizer,
+    pack_sample_lengths,
+    pack_sequences,
+    packed_logits,
+    packed_to_sequences,
+    packed_token_logprobs,
+    per_token_logprobs_alone,
+    plan_packing,
+    sample_data_path,
+    seed003_packing_variants,
+    tiny_qwen2,
+    varlen_metadata,
+)
+
+# %% [markdown]
+# ## 1. Why: a padded batch spends most of its compute on nothing
+#
+# A padded batch (填充批次) stretches every sample to the longest one. It computes $B \cdot T_{\max}$ positions
+# for $\sum_i T_i$ real tokens. SFT data is long-tailed: most chats are short, a few are long, and the few
+# decide the width of the batch. We build 64 chats whose answers are runs of sentences from the course corpus
+# (the number of sentences is lognormal, like real answer lengths), render each **once** with the course
+# tokenizer and its chat template (chapter 1), and count.
+
+# %%
+tokenizer = load_course_tokenizer()
+english = next(path for path in corpus_files() if path.endswith("en_finetuning.txt"))
+with open(english, encoding="utf-8") as handle:
+    sentences = [line.strip() for line in handle if line.strip()]
+
+rng = np.random.default_rng(0)
+
+
+def corpus_chat(answer_sentences: int) -> list[dict[str, str]]:
+    """A chat whose answer is `answer_sentences` consecutive corpus sentences."""
+    start = int(rng.integers(0, len(sentences) - answer_sentences))
+    question = sentences[int(rng.integers(0, len(sentences)))]
+    return [{"role": "user", "content": "Explain this: " + question},
+            {"role": "assistant", "content": " ".join(sentences[start:start + answer_sentences])}]
+
+
+answer_sizes = np.clip(rng.lognormal(0.7, 0.9, size=64).round(), 1, 20).astype(int)
+samples = [build_labels(tokenizer, corpus_chat(int(n))) for n in answer_sizes]  # input_ids + labels, one rendering
+lengths = np.array([len(sample["input_ids"]) for sample in samples])  # [64]
+real_tokens, padded_positions = int(lengths.sum()), len(lengths) * int(lengths.max())
+print(f"{len(lengths)} chats: min {lengths.min()} | median {np.median(lengths):.0f} | "
+      f"p90 {np.percentile(lengths, 90):.0f} | max {lengths.max()} tokens")
+print(f"padded batch: {padded_positions} positions for {real_tokens} real tokens -> "
+      f"{1 - real_tokens / padded_positions:.0%} of the compute is padding")
+
+# %% [markdown]
+# Most of the padded batch is padding: the forward and backward passes do that share of their work on tokens
+# that carry no information. **Packing** concatenates several samples into one row of fixed capacity $C$ and
+# fills the rows almost to the brim. It also opens two new ways to be wrong, which the rest of the chapter
+# closes: a later sample can attend to an earlier one (an attention leak), and its position ids can continue
+# from the previous sample instead of starting at 0.
+#
+# ## 2. Packing plans: FFD and BFD (装箱计划)
+#
+# A plan assigns samples to rows (bins) so that no row holds more than $C$ tokens. No plan can use fewer rows
+# than $\lceil \sum_i T_i / C \rceil$, and its **fill rate** is $\sum_i T_i / (R \cdot C)$ for $R$ rows.
+# Both classic heuristics sort the samples longest first and differ in where each one goes:
+#
+# * **FFD**: into the *first* row that still has room;
+# * **BFD**: into the row with the *least* room that still fits (TRL's `pack_dataset(strategy="bfd")`);
+# * **sequential** (next fit) keeps the data order and opens a new row whenever the sample does not fit.
+#
+# Seed 000's small example: lengths 7, 6, 4, 3 into rows of 10 fill two rows exactly.
+
+# %%
+print(pack_sample_lengths([7, 6, 4, 3], 10))  # the teaching FFD: rows of lengths
+print(plan_packing([7, 6, 4, 3], 10, "ffd"))  # the fast plan: rows of sample indices
+CAPACITY = 512
+print(f"\nour 64 chats, {real_tokens} tokens; rows of C tokens (lower bound ceil(sum / C)):")
+for capacity in (384, CAPACITY, 1024):
+    for strategy in PACKING_STRATEGIES:
+        rows = plan_packing(lengths, capacity, strategy)
+        print(f"  C = {capacity:4d}  {strategy:<10} {len(rows):3d} rows (bound {-(-real_tokens // capacity):3d}) "
+              f"| fill {real_tokens / (len(rows) * capacity):6.1%}")
+
+# %% [markdown]
+# Sorting does the heavy lifting: FFD and BFD land on or next to the lower bound at every capacity, while
+# sequential packing pays for keeping the data order with extra rows when $C$ is tight. On these lengths FFD and
+# BFD give identical plans; they differ when several rows could take a sample, and BFD's choice (the tightest
+# row) keeps larger gaps open for the samples still to come.
+#
+# The teaching FFD (`pack_sample_lengths`, seed 000's loop) scans every open row for every sample: $O(n \cdot R)$
+# work. `plan_packing` keeps the open rows in a search structure (a max segment tree for first fit, a sorted
+# list of remaining capacities for best fit), so it runs in $O(n \log n)$. Same plan, measured:
+
+# %%
+many = np.clip(np.random.default_rng(1).lognormal(5.0, 1.0, size=3000).round(), 1, 1024).astype(int)
+started = time.perf_counter()
+teaching_rows = pack_sample_lengths(many.tolist(), 1024)["bins"]
+teaching_seconds = time.perf_counter() - started
+started = time.perf_counter()
+fast_rows = plan_packing(many, 1024, "ffd")
+fast_seconds = time.perf_counter() - started
+assert teaching_rows == [[int(many[index]) for index in row] for row in fast_rows]
+print(f"3000 lengths into rows of 1024: the same {len(fast_rows)} rows; teaching FFD {teaching_seconds * 1e3:.0f} ms, "
+      f"plan_packing {fast_seconds * 1e3:.1f} ms ({teaching_seconds / fast_seconds:.0f}x faster)")
+
+# %% [markdown]
+# ### The same plan on every rank (跨 rank 的确定性计划)
+#
+# In data-parallel training every rank must run the same number of steps, or a collective (all-reduce) waits
+# forever. A plan that depends on arrival order, a per-rank random shuffle or the container type breaks this.
+# `plan_packing` depends on the lengths only: it sorts by length and breaks ties by sample index. Two ranks that
+# hold the same lengths, in any order and any container, build the same rows of lengths, with no communication.
+
+# %%
+shuffle = np.random.default_rng(7).permutation(len(lengths))
+rank_views = {"list": lengths.tolist(), "numpy": lengths, "torch": torch.tensor(lengths),
+              "shuffled": lengths[shuffle]}
+plans_as_lengths = {}
+for view, values in rank_views.items():
+    values = np.asarray(values)
+    plans_as_lengths[view] = [sorted(int(values[index]) for index in row) for row in plan_packing(values, CAPACITY)]
+print({view: len(plan) for view, plan in plans_as_lengths.items()},
+      "| identical rows of lengths on every view:", len({str(plan) for plan in plans_as_lengths.values()}) == 1)
+
+# %% [markdown]
+# ## 3. What a packed row must keep (边界隔离的三条不变量)
+#
+# Put two real chats into one row and look at the seam between them. Three things must survive packing:
+#
+# 1. **labels** travel with their tokens, unchanged (-100 on template and prompt, the token id on the answer);
+# 2. **position ids restart at 0** for every sample, so each sample sees the positions it saw alone;
+# 3. **attention stays inside the sample**: query $i$ may attend key $j$ only when both are in the same sample
+#    and $j \le i$. This is the block-causal (block-diagonal causal) mask.
+#
+# `varlen_metadata` (the metadata of variable-length kernels) gives the restarted positions and the sample
+# index of every token for a list of lengths:
+
+# %%
+pair = [build_labels(tokenizer, chat) for chat in list(load_chats(sample_data_path("sharegpt.json"))["messages"])[:2]]
+pair_lengths = [len(sample["input_ids"]) for sample in pair]
+pair_meta = varlen_metadata(pair_lengths)
+seam = pair_lengths[0]
+print(f"two chats of {pair_lengths} tokens; the seam is at column {seam}")
+print(f"{'col':>4} {'token':>16} {'label':>6} {'sample':>6} {'position':>8}")
+pair_ids = pair[0]["input_ids"] + pair[1]["input_ids"]
+pair_labels = pair[0]["labels"] + pair[1]["labels"]
+for column in range(seam - 3, seam + 3):
+    print(f"{column:4d} {tokenizer.decode([pair_ids[column]])!r:>16} {pair_labels[column]:6d} "
+          f"{int(pair_meta['seq_idx'][column]):6d} {int(pair_meta['position_ids'][column]):8d}")
+
+# %% [markdown]
+# The end-of-turn token that closes the first answer is supervised; the second chat starts over at position 0
+# with template tokens (label -100). The attention rule is what no printout shows: the `<|im_start|>` at
+# the seam must not see any of the first chat's tokens.
+#
+# ### TODO 1 · `build_boundary_isolated_packing` (the teaching form)
+#
+# Write `build_boundary_isolated_packing(samples)` with plain Python lists (this is seed 000's teaching form;
+# section 4 vectorizes the mask). `samples` is a non-empty list of dicts with `input_ids` and `labels` (equal
+# lengths, at least one token). Return one packed row as a dict of lists:
+#
+# * `input_ids`, `labels`: the samples' lists concatenated in order (labels unchanged);
+# * `segment_ids`: the sample's index (0, 1, ...) for each of its tokens;
+# * `position_ids`: 0, 1, ..., $T_k - 1$ within each sample;
+# * `attention_allowed`: a $T \times T$ list of lists of bools; row = query, column = key; `True` exactly when
+#   key and query are in the same sample and the key's position is $\le$ the query's.
+#
+# Raise `ValueError` for an empty `samples`, a sample without `input_ids` or `labels` (`require_keys` from the
+# setup does this), empty `input_ids`, or `labels` of a different length. Write the positions and the mask
+# yourself: the grader switches `varlen_metadata` and `block_causal_mask` off while it runs your function.
+
+# %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_build_boundary_isolated_packing", "locked": false, "schema_version": 3}
+#| solution: course_lib.packing.build_boundary_isolated_packing
+
+# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_build_boundary_isolated_packing", "locked": true, "points": 4, "schema_version": 3}
+# Seed 000's example: two samples of 3 and 2 tokens.
+packed_pair = build_boundary_isolated_packing([
+    {"input_ids": [11, 12, 13], "labels": [-100, 12, 13]},
+    {"input_ids": [21, 22], "labels": [-100, 22]},
+])
+assert packed_pair["input_ids"] == [11, 12, 13, 21, 22]
+assert packed_pair["labels"] == [-100, 12, 13, -100, 22]
+assert packed_pair["segment_ids"] == [0, 0, 0, 1, 1]
+assert packed_pair["position_ids"] == [0, 1, 2, 0, 1]
+assert packed_pair["attention_allowed"][2] == [True, True, True, False, False]
+assert packed_pair["attention_allowed"][3] == [False, False, False, True, False]
+assert packed_pair["attention_allowed"][4] == [False, False, False, True, True]
+for _bad in ([], [{"input_ids": [1, 2], "labels": [-100]}]):
+    try:
+        build_boundary_isolated_packing(_bad)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError(f"build_boundary_isolated_packing({_bad!r}) must raise ValueError")
+### BEGIN HIDDEN TESTS
+import random
+
+from course_lib.nb import grading
+
+_rng = random.Random(3)
+_cases = []
+for _ in range(40):
+    _batch = []
+    for _ in range(_rng.randint(1, 5)):
+        _ids = [_rng.randint(0, 2047) for _ in range(_rng.randint(1, 7))]
+        _batch.append({"input_ids": _ids, "labels": [t if _rng.random() < 0.6 else -100 for t in _ids]})
+    _cases.append(((_batch,), {}))
+_cases += [
+    (([{"input_ids": [5], "labels": [5]}],), {}),                                   # one token
+    (([{"input_ids": [7, 8, 9, 10], "labels": [-100, -100, 9, 10]}],), {}),         # one sample
+    (([{"input_ids": [1], "labels": [-100]}, {"input_ids": [2], "labels": [2]},
+       {"input_ids": [3], "labels": [-100]}],), {}),                               # one-token samples
+    (([{"input_ids": (4, 5, 6), "labels": (4, 5, 6)}, {"input_ids": [4, 5], "labels": [-100, -100]}],), {}),
+    (([{"input_ids": [1, 2], "labels": [9, 8], "extra": "kept out"}, {"input_ids": [3, 4, 5], "labels": [3, 4, 5]}],), {}),
+]
+with grading.library_blocked("block_causal_mask", "varlen_metadata"):
+    grading.assert_matches_reference(build_boundary_isolated_packing, "build_boundary_isolated_packing", _cases)
+    grading.assert_rejects(build_boundary_isolated_packing, "build_boundary_isolated_packing", [
+        (([],), {}),
+        (([{"input_ids": [1, 2], "labels": [-100]}],), {}),
+        (([{"input_ids": [1, 2], "labels": [1, 2]}, {"input_ids": [3], "labels": [3, 4]}],), {}),
+        (([{"input_ids": [], "labels": []}],), {}),
+        (([{"input_ids": [1, 2]}],), {}),
+        (([{"labels": [1, 2]}],), {}),
+    ])
+### END HIDDEN TESTS
+
+# %% [markdown]
+# Your function on the two real chats: every row of the mask allows at least the token itself, no token of the
+# second chat allows any column of the first, and each query allows exactly `position + 1` keys.
+
+# %%
+row = build_boundary_isolated_packing(pair)
+allowed_counts = [sum(mask_row) for mask_row in row["attention_allowed"]]
+print("keys allowed per query == position + 1:", allowed_counts == [p + 1 for p in row["position_ids"]])
+print("second chat sees the first:", any(any(mask_row[:seam]) for mask_row in row["attention_allowed"][seam:]))
+
+# %% [markdown]
+# ## 4. The mask, vectorized and batched (向量化的块因果掩码)
+#
+# The list form stores one Python object pointer per (query, key) pair: 8 bytes each, so a row of 32k tokens
+# needs $8 \cdot 32768^2$ bytes = 8.6 GB before attention even starts. A `bool` tensor needs 1 byte per pair
+# (1.1 GB), and a variable-length kernel (FlashAttention's varlen interface) needs no mask at all, only
+# `cu_seqlens`, the cumulative sample boundaries. Eager and SDPA attention do take a tensor mask; it must be built
+# with tensor operations, for a whole batch of rows `[R, L]` at once, padding included.
+#
+# **Padding needs a rule.** `pack_sequences` marks padding with segment id -1. If padding tokens were treated
+# like any other sample, a padding token would attend to all earlier padding (harmless but wrong), and if they
+# attend to nothing, their softmax row is empty: with $-\infty$ scores it is `nan`, and a `nan` anywhere in the
+# logits poisons the loss.
+
+# %%
+print("softmax of a row with every key blocked (-inf):", torch.softmax(torch.full((4,), float("-inf")), dim=-1))
+print("softmax of the same row at dtype-min:          ", torch.softmax(torch.full((4,), torch.finfo(torch.float32).min), dim=-1))
+
+# %% [markdown]
+# With `-inf` the row is `nan`; with the dtype minimum (what transformers uses) it is a uniform average over
+# blocked keys: finite, but attention to tokens that should be invisible. So **each padding token attends only
+# to itself**: every row keeps exactly one allowed key and nothing leaks.
+#
+# ### TODO 2 · `block_causal_mask`
+#
+# Write `block_causal_mask(segment_ids)` with tensor operations (no Python loop over tokens). `segment_ids` is an
+# integer tensor of shape `[..., L]` (one row `[L]`, a batch `[R, L]`, or more leading dimensions). Two tokens of
+# a row belong to the same sample when they carry the same non-negative id (the ids need not be sorted); a
+# negative id marks padding. Return a `bool` tensor `[..., L, L]` (query, key) that is `True` where
+#
+# * the query and the key are in the same sample and the key's column is $\le$ the query's column, or
+# * the query is a padding token and the key is the query itself (padding attends only to itself).
+#
+# Raise `ValueError` for a 0-d tensor or a floating-point or `bool` tensor.
+#
+# *Hint:* give every padding token an id of its own (one that no real sample and no other padding token uses),
+# then compare ids with broadcasting and keep the lower triangle.
+
+# %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_block_causal_mask", "locked": false, "schema_version": 3}
+#| solution: course_lib.packing.block_causal_mask
+
+# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_block_causal_mask", "locked": true, "points": 5, "schema_version": 3}
+# Seed 000's two samples of 3 and 2 tokens, then a row that ends in padding.
+seed_mask = block_causal_mask(torch.tensor([0, 0, 0, 1, 1]))
+assert seed_mask.dtype == torch.bool and seed_mask.shape == (5, 5)
+assert seed_mask[2].tolist() == [True, True, True, False, False]
+assert seed_mask[3].tolist() == [False, False, False, True, False]
+assert seed_mask[4].tolist() == [False, False, False, True, True]
+padded_mask = block_causal_mask(torch.tensor([[0, 0, 1, -1, -1], [0, 1, 1, 1, -1]]))
+assert padded_mask.shape == (2, 5, 5)
+assert padded_mask[0, 3].tolist() == [False, False, False, True, False]  # padding sees only itself
+assert padded_mask[0, 4].tolist() == [False, False, False, False, True]
+assert padded_mask[1, 3].tolist() == [False, True, True, True, False]
+assert bool(padded_mask.any(-1).all())  # no empty softmax row
+### BEGIN HIDDEN TESTS
+from course_lib.nb import grading
+
+_generator = torch.Generator().manual_seed(5)
+_cases = []
+for _shape in [(1,), (2,), (7,), (16,), (2, 9), (3, 12), (4, 1), (2, 3, 6)]:
+    for _ in range(4):
+        _cases.append(((torch.randint(-2, 4, _shape, generator=_generator),), {}))
+for _lengths, _padding in [([3, 2], 0), ([1, 1, 1], 2), ([5], 3), ([2, 4, 1], 1), ([8], 0)]:
+    _row = [segment for segment, n in enumerate(_lengths) for _ in range(n)] + [-1] * _padding
+    _cases.append(((torch.tensor(_row),), {}))
+    _cases.append(((torch.tensor([_row, _row[::-1]], dtype=torch.int32),), {}))
+_cases += [((torch.full((5,), -1),), {}), ((torch.zeros(6, dtype=torch.long),), {}),
+           ((torch.tensor([[0, 0, 1, -1], [2, 2, -5, -5]]),), {})]
+grading.assert_matches_reference(block_causal_mask, "block_causal_mask", _cases)
+grading.assert_rejects(block_causal_mask, "block_causal_mask", [
+    ((torch.tensor(3),), {}), ((torch.zeros(4),), {}), ((torch.ones(3, dtype=torch.bool),), {}),
+])
+### END HIDDEN TESTS
+
+# %% [markdown]
+# Your mask on the 7 sample chats of the course (ShareGPT and Alpaca records), packed by FFD into rows of 160
+# tokens with `pack_sequences`: each black triangle is one sample seeing its own past; the padding at the end of
+# the row sees only itself (the thin diagonal in the corner).
+
+# %%
+real_chats = (list(load_chats(sample_data_path("sharegpt.json"))["messages"])
+              + list(load_chats(sample_data_path("alpaca.jsonl"))["messages"]))
+real_samples = [build_labels(tokenizer, chat) for chat in real_chats]
+sequences = [torch.tensor(sample["input_ids"]) for sample in real_samples]
+packed = pack_sequences(sequences, 160)  # ids, position_ids, segment_ids [R, 160], rows
+print(f"{len(sequences)} chats of {[len(s) for s in sequences]} tokens -> {len(packed['rows'])} rows of 160 "
+      f"{packed['rows']} | fill {(packed['segment_ids'] >= 0).float().mean():.1%}")
+row_masks = block_causal_mask(packed["segment_ids"])  # [R, 160, 160]
+fig, ax = plt.subplots(figsize=(3.2, 3.2))
+ax.imshow(row_masks[1], cmap="Greys", interpolation="nearest")
+ax.set_title(f"block-causal mask of row 1 (samples {packed['rows'][1]})", fontsize=8)
+ax.set_xlabel("key column")
+ax.set_ylabel("query column")
+plt.show()
+
+# %% [markdown]
+# ## 5. Evidence on `tiny_qwen2`: packed must equal alone (seed 003's three variants)
+#
+# A mask that "looks right" proves little. The test that matters compares log-probabilities: every token of
+# every sample, scored in the packed row, must get the log-probability it gets when its sample runs alone
+# (batch of one, no mask). Seed 003 runs three variants: the two bugs and the fix. We add a fourth that
+# isolates the position ids. Two random-init `tiny_qwen2` models: the course default, and one with larger
+# initial weights (`initializer_range=0.1`), whose sharper predictions stand in for a trained model.
+
+# %%
+running = torch.arange(packed["ids"].shape[1]).expand_as(packed["ids"])  # [R, L] positions that never restart
+variants = seed003_packing_variants(packed)
+variants.pop("position_ids only, no cache")  # section 6
+variants["block mask, running positions"] = {"mode": "block_mask", "position_ids": running}
+models = {"default init": tiny_qwen2(seed=0), "initializer_range=0.1": tiny_qwen2(seed=0, initializer_range=0.1)}
+alone = {name: per_token_logprobs_alone(model, sequences) for name, model in models.items()}  # [n_i - 1] each
+print(f"{'max |packed - alone| (nats)':<34}" + "".join(f"{name:>24}" for name in models))
+for variant, kwargs in variants.items():
+    gaps = [compare_packed_with_alone(model, packed, sequences, alone=alone[name], **kwargs)
+            for name, model in models.items()]
+    print(f"{variant:<34}" + "".join(f"{gap:24.1e}" for gap in gaps))
+
+# %% [markdown]
+# Read the table row by row.
+#
+# * **Causal mask** (one mask over the whole row): the second and third samples of each row attend to the
+#   samples packed before them, and their log-probabilities move by tenths of a nat on the near-uniform
+#   default model and by whole nats on the sharper one. A trained model, which relies on its context, moves more.
+#   Nothing crashes: shapes are right and the loss is finite.
+# * **Block mask, restarted positions**: equal to running each sample alone, down to float32 rounding (here
+#   bit-identical, because blocked keys contribute exact zeros).
+# * **Block mask, running positions**: also equal, to rounding. Qwen2 uses rotary position embeddings (RoPE),
+#   which depend only on the *difference* of positions; shifting a whole sample by a constant changes nothing
+#   that the block mask lets it see. The position bug is invisible here, but it is not harmless: models with
+#   absolute position embeddings (seed 003's TinyAgent) see it directly, and transformers finds the sample
+#   boundaries *from the restarts* (next section).
+#
+# ## 6. Transformers' own packed detection and its `use_cache` trap
+#
+# Transformers (5.x) can pack without any mask from you: `masking_utils.find_packed_sequence_indices` starts a
+# new sample wherever `position_ids[t] - position_ids[t-1] != 1`, and builds the block-causal mask itself. It looks
+# only when **no `attention_mask` is passed and no cache is in use**; otherwise the row silently gets one causal
+# mask. `inferred_packed_segments` reproduces the rule:
+
+# %%
+inferred = inferred_packed_segments(packed["position_ids"])  # [R, L]
+real = packed["segment_ids"] >= 0
+print("restarts give back our sample ids on every real token:", torch.equal(inferred[real], packed["segment_ids"][real]))
+
+model = models["default init"]
+ids, positions = packed["ids"], packed["position_ids"]
+
+
+def max_gap(logits: torch.Tensor, reference: list[torch.Tensor]) -> float:
+    """logits [R, L, V] on the packed rows -> max |packed - alone| next-token log-prob (nats) within samples."""
+    logp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)  # [R, L-1]
+    per_sample = packed_to_sequences(logp, packed["segment_ids"], packed["rows"])  # [n_i - 1] each
+    return max(float((got - want).abs().max()) for got, want in zip(per_sample, reference, strict=True))
+
+
+real_config_model = tiny_qwen2(seed=0, use_cache=True)  # same weights; config says use_cache: true like Qwen2.5-0.5B
+with torch.no_grad():
+    calls = {
+        "position_ids, use_cache=False": model(input_ids=ids, position_ids=positions, use_cache=False).logits,
+        "packed_logits(mode='position_ids')": packed_logits(model, ids, positions, packed["segment_ids"],
+                                                            mode="position_ids"),
+        "position_ids, use_cache=True": model(input_ids=ids, position_ids=positions, use_cache=True).logits,
+        "position_ids + 2-D all-ones mask": model(input_ids=ids, position_ids=positions,
+                                                  attention_mask=torch.ones_like(ids), use_cache=False).logits,
+        "running position_ids, no cache": model(input_ids=ids, position_ids=running, use_cache=False).logits,
+        "use_cache: true config, plain call": real_config_model(input_ids=ids, position_ids=positions).logits,
+    }
+for name, logits in calls.items():
+    print(f"{name:<36} max |packed - alone| = {max_gap(logits, alone['default init']):.1e} nats")
+try:
+    packed_logits(model, ids, running, packed["segment_ids"], mode="position_ids")
+except ValueError as error:
+    print("packed_logits with running positions refuses:", error)
+
+# %% [markdown]
+# Only the first two calls are packed correctly. A cache (`use_cache=True`, or simply a config that says
+# `"use_cache": true`, as the shipped Qwen2.5-0.5B config does), a 2-D attention mask (even all ones, as many
+# collators add), or positions that never restart: each gives exactly the causal leak of section 5, without a
+# warning. `packed_logits(..., mode="position_ids")` passes `use_cache=False` and, given `segment_ids`, refuses
+# positions whose restarts disagree with them, as the last line shows.
+#
+# ## 7. Figure: padded and packed layouts, drawn to the same scale
+#
+# The 64 chats of section 1 in both layouts, on one pair of axes with one token = one unit of width and one row =
+# one unit of height, so **area is compute**. Blue: supervised tokens (label $\neq$ -100); teal: template and prompt
+# tokens; grey: padding. Dark ticks in the packed rows are the sample boundaries the mask must respect.
+
+# %%
+from matplotlib.colors import ListedColormap
+from matplotlib.patches import Patch
+
+PAD, CONTEXT, SUPERVISED = 0, 1, 2
+kind = [np.where(np.array(sample["labels"]) == -100, CONTEXT, SUPERVISED) for sample in samples]
+padded_grid = np.full((len(samples), int(lengths.max())), PAD)  # [B, T_max]
+for index, kinds in enumerate(kind):
+    padded_grid[index, :len(kinds)] = kinds
+plan = plan_packing(lengths, CAPACITY, "bfd")
+packed_grid = np.full((len(plan), CAPACITY), PAD)  # [R, C]
+boundaries = []  # (row, column) of every sample start after the first
+for row_index, members in enumerate(plan):
+    row_kinds = np.concatenate([kind[index] for index in members])
+    packed_grid[row_index, :len(row_kinds)] = row_kinds
+    boundaries += [(row_index, int(start)) for start in np.cumsum([lengths[index] for index in members])[:-1]]
+
+colors = ListedColormap(["#d9d9d9", "#5ab4ac", "#3b6fb6"])
+gap = 60
+fig, ax = plt.subplots(figsize=(9, 5))
+ax.imshow(padded_grid, cmap=colors, vmin=0, vmax=2, interpolation="nearest", aspect="auto",
+          extent=(0, padded_grid.shape[1], len(samples), 0))
+packed_left = padded_grid.shape[1] + gap
+ax.imshow(packed_grid, cmap=colors, vmin=0, vmax=2, interpolation="nearest", aspect="auto",
+          extent=(packed_left, packed_left + CAPACITY, len(plan), 0))
+for row_index, column in boundaries:
+    ax.plot([packed_left + column] * 2, [row_index + 0.1, row_index + 0.9], color="black", linewidth=1)
+ax.set_xlim(0, packed_left + CAPACITY)
+ax.set_ylim(len(samples), 0)
+ax.set_xticks([0, padded_grid.shape[1], packed_left, packed_left + CAPACITY],
+              ["0", str(padded_grid.shape[1]), "0", str(CAPACITY)])
+ax.text(packed_left + CAPACITY / 2, len(plan) + 2, f"the same {len(samples)} chats, packed into rows of {CAPACITY}",
+        ha="center", va="top", fontsize=9)
+ax.legend(handles=[Patch(color=colors(SUPERVISED), label="supervised"), Patch(color=colors(CONTEXT),
+          label="template + prompt"), Patch(color=colors(PAD), label="padding")], loc="lower right", fontsize=8)
+ax.set_xlabel("token position in the row (one unit per token, both layouts)")
+ax.set_ylabel("row")
+ax.set_title(f"padded: {len(samples)} rows x {padded_grid.shape[1]} = {padded_grid.size} positions, "
+             f"{real_tokens / padded_grid.size:.0%} real\npacked (BFD): {len(plan)} rows x {CAPACITY} = "
+             f"{packed_grid.size} positions, {real_tokens / packed_grid.size:.0%} real", fontsize=9)
+plt.show()
+
+# %% [markdown]
+# The padded batch is mostly grey; the packed rows are almost solid and need a fraction of the area. The ticks
+# are why the packed layout is only correct with the block-causal mask (or `cu_seqlens`) of sections 4-6.
+#
+# ## 8. The same data path in TRL (框架一致性核对)
+#
+# TRL packs a tokenized dataset with `pack_dataset(dataset, seq_length, strategy="bfd")` and feeds the rows to its
+# `DataCollatorForLanguageModeling(padding_free=True)`, which sends no attention mask at all: only restarted
+# `position_ids`, the boundaries `cu_seq_lens_q / cu_seq_lens_k` and `seq_idx`, for a variable-length kernel.
+# Seed 000's conformance cell, on the 7 real chats: same plan, same tokens and labels per row (from your
+# `build_boundary_isolated_packing`), same boundaries (from `varlen_metadata`).
+
+# %%
+import datasets
+from datasets import Dataset
+from trl import pack_dataset
+from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+datasets.disable_progress_bars()
+trl_rows = list(pack_dataset(Dataset.from_list(real_samples), seq_length=160, strategy="bfd"))
+bfd_plan = plan_packing([len(sample["input_ids"]) for sample in real_samples], 160, "bfd")
+in_plan_order = [real_samples[index] for members in bfd_plan for index in members]
+order_lengths = [len(sample["input_ids"]) for sample in in_plan_order]
+collated = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)(trl_rows)
+ours = build_boundary_isolated_packing(in_plan_order)
+meta = varlen_metadata(order_lengths)
+starts = meta["cu_seqlens"][:-1].tolist()
+checks = {
+    "rows: same samples per row": [row["seq_lengths"] for row in trl_rows]
+    == [[len(real_samples[index]["input_ids"]) for index in members] for members in bfd_plan],
+    "tokens and labels per row": all(
+        row["input_ids"] == packed_row["input_ids"] and row["labels"] == packed_row["labels"]
+        for row, packed_row in zip(trl_rows, (build_boundary_isolated_packing([real_samples[i] for i in members])
+                                              for members in bfd_plan), strict=True)),
+    "position_ids restart": collated["position_ids"][0].tolist() == ours["position_ids"] == meta["position_ids"].tolist(),
+    "cu_seq_lens == cu_seqlens": torch.equal(collated["cu_seq_lens_q"], meta["cu_seqlens"])
+    and torch.equal(collated["cu_seq_lens_k"], meta["cu_seqlens"]),
+    "seq_idx == segment_ids": collated["seq_idx"][0].tolist() == ours["segment_ids"] == meta["seq_idx"].tolist(),
+    "no attention_mask sent": "attention_mask" not in collated,
+    "every sample's first label is -100": all(collated["labels"][0, start] == -100 for start in starts),
+}
+for name, passed in checks.items():
+    print(f"{'ok ' if passed else 'FAIL'} {name}")
+print(f"TRL rows {[row['seq_lengths'] for row in trl_rows]} | our BFD plan (sample indices) {bfd_plan}")
+
+# %% [markdown]
+# Two differences are worth knowing. TRL's collator writes -100 over the first label of every sample (it has no
+# previous token of its own sample to be predicted from); with chat templates that label is a template token,
+# already -100, so nothing changes here. And `pack_dataset` plans each `map` batch (1000 samples by default) on
+# its own, so the plan, and the number of rows, depend on where the batches are cut:
+
+# %%
+trl_lengths = [(7 * index) % 53 + 1 for index in range(2300)]
+trl_packed = pack_dataset(Dataset.from_list([{"input_ids": [1] * n} for n in trl_lengths]), seq_length=64,
+                          strategy="bfd")
+print(f"2300 samples into rows of 64: TRL {len(trl_packed)} rows (batches of 1000) vs one global plan "
+      f"{len(plan_packing(trl_lengths, 64, 'bfd'))} rows (bound {-(-sum(trl_lengths) // 64)})")
+
+# %% [markdown]
+# ## 9. Design questions in practice (实践中的设计问题)
+#
+# **Problem: leaky packing (打包的注意力泄漏).**
+# *Symptom:* a packed run trains without an error, but at step 0 the ratio between the trainer's and the
+# sampler's log-probabilities is already far from 1 (an RL clip fraction that is high from the first minibatch),
+# or packed and unpacked evaluation losses disagree. *Cause:* one causal mask over the packed row lets every
+# sample attend to the samples before it (section 5), or a cache / 2-D mask switched off transformers' own
+# detection (section 6). *Options:* (a) a block-causal mask or a variable-length kernel fed `cu_seqlens`, with
+# restarted position ids; (b) the position-ids-only path, with `use_cache=False`, no attention mask, and an
+# assertion that the inferred segments equal yours; (c) no packing, paying for the padding.
+# *Recommendation:* (a), plus a unit test that compares packed and alone log-probabilities on a few real samples
+# (section 5's table is that test). The share of tokens whose ratio $\exp(\log p_{\text{packed}} - \log
+# p_{\text{alone}})$ is off 1 by more than a threshold shows the bug without any training:
+
+# %%
+for name, model_variant in models.items():
+    reference = torch.cat(alone[name])
+    everywhere = torch.ones_like(reference, dtype=torch.bool)
+    for mode in ("causal", "block_mask"):
+        logp = packed_token_logprobs(model_variant, packed, mode=mode)  # [R, L-1]
+        per_token = torch.cat(packed_to_sequences(logp, packed["segment_ids"], packed["rows"]))
+        shares = [leaky_share(per_token, reference, everywhere, threshold) for threshold in (0.05, 0.2)]
+        print(f"{name:<22} {mode:<10} share of tokens with |ratio - 1| > 0.05: {shares[0]:5.1%} | > 0.2: {shares[1]:5.1%}")
+
+# %% [markdown]
+# **Problem: data-parallel ranks disagree on the packing plan.**
+# *Symptom:* a multi-GPU run hangs at an all-reduce near the end of an epoch, or ranks report different step
+# counts. *Cause:* each rank packed its shard with its own shuffle (or in arrival order), so the ranks ended up
+# with different numbers of rows and microbatches. *Options:* (a) a plan that is a pure function of the global
+# length list (sorted, ties by index, as `plan_packing`), computed identically on every rank and then sharded;
+# (b) the same random seed on every rank (seed 004's fix), which works until one rank's data order differs;
+# (c) an all-reduce of the row count and padding rows up to the maximum. *Recommendation:* (a), with a hash of
+# the plan compared across ranks at start-up; (c) as a guard where shards are packed independently.
+#
+# **Problem: packing reorders what the model sees.**
+# *Symptom:* a curriculum or a data-order experiment stops reproducing once packing is on. *Cause:* FFD/BFD sort
+# by length, so a row mixes samples from anywhere in the batch and long samples come first. *Options:* (a) pack
+# within each curriculum stage or shuffle window only; (b) sequential (next-fit) packing, which keeps order at a
+# cost in fill (section 2); (c) shuffle the rows after planning. *Recommendation:* (a) + (c): plan per window,
+# shuffle rows, and record the plan with the run.
+#
+# ## 10. Exercises
+#
+# 1. Seed 003 asks for a test that fails for each of the two packing bugs separately. On `tiny_qwen2` (RoPE),
+#    which bug can the block mask hide, and which path of section 6 exposes it? Find the smallest pair of
+#    sequences whose packed log-probabilities expose the causal leak.
+# 2. Re-run the table of section 5 with `initializer_range` in (0.02, 0.05, 0.1, 0.2). How does the largest leak
+#    grow with the model's sharpness, and what does that suggest for a trained 0.5B model?
+# 3. For the 64 chats, sweep $C$ from 272 to 2048. Plot the fill of BFD and of sequential packing against $C$.
+#    Where does sequential packing lose most, and why does BFD approach 100% as $C$ grows?
+# 4. Replace the padding rule of `block_causal_mask` with "padding attends nothing", build the additive mask with
+#    `-inf` instead of the dtype minimum, and run the packed forward. Which logits become `nan`, and do the real
+#    tokens' log-probabilities change?

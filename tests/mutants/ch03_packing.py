@@ -1,0 +1,91 @@
+"""Wrong answers for chapter 3 (boundary-isolated packing)."""
+
+CHAPTER = "03_packing"
+
+_PACKING = '''
+def build_boundary_isolated_packing(samples):
+    if not samples:
+        raise ValueError(f"samples must not be empty, got {samples!r}")
+    input_ids, labels, segment_ids, position_ids = [], [], [], []
+    for segment, sample in enumerate(samples):
+        require_keys(f"samples[{segment}]", sample, ["input_ids", "labels"])
+        sample_ids, sample_labels = list(sample["input_ids"]), list(sample["labels"])
+        if not sample_ids:
+            raise ValueError(f"samples[{segment}]['input_ids'] must not be empty")
+        LENGTH_CHECK
+        input_ids += sample_ids
+        labels += LABELS
+        segment_ids += [SEGMENT] * len(sample_ids)
+        position_ids += POSITIONS
+    tokens = list(zip(segment_ids, position_ids))
+    attention_allowed = [[ALLOWED for key_index, (key_segment, key_position) in enumerate(tokens)]
+                         for query_index, (query_segment, query_position) in enumerate(tokens)]
+    return {"input_ids": input_ids, "labels": labels, "segment_ids": segment_ids, "position_ids": position_ids,
+            "attention_allowed": attention_allowed}
+'''
+
+_LENGTH_CHECK = '''if len(sample_labels) != len(sample_ids):
+            raise ValueError(f"samples[{segment}]['labels'] has length {len(sample_labels)}")'''
+
+
+def _packing(*, length_check=_LENGTH_CHECK, labels="sample_labels", segment="segment",
+             positions="range(len(sample_ids))",
+             allowed="key_segment == query_segment and key_position <= query_position"):
+    return (_PACKING.replace("LENGTH_CHECK", length_check).replace("LABELS", labels).replace("SEGMENT", segment)
+            .replace("POSITIONS", positions).replace("ALLOWED", allowed))
+
+
+_MASK = '''
+def block_causal_mask(segment_ids):
+    segment_ids = torch.as_tensor(segment_ids)
+    if segment_ids.dim() < 1 or segment_ids.dtype.is_floating_point or segment_ids.dtype == torch.bool:
+        raise ValueError(f"segment_ids must be an integer tensor, got {segment_ids.dtype} {tuple(segment_ids.shape)}")
+    segment_ids = segment_ids.long()
+    length = segment_ids.shape[-1]
+    own_padding_ids = -1 - torch.arange(length)
+    keyed = torch.where(segment_ids >= 0, segment_ids, own_padding_ids)
+    same = keyed.unsqueeze(-1) == keyed.unsqueeze(-2)
+    BODY
+'''
+
+
+def _mask(body="return same.tril()"):
+    return _MASK.replace("BODY", body)
+
+
+MUTANTS = {
+    "build_boundary_isolated_packing": {
+        # One causal mask over the whole row: every sample attends to the samples before it.
+        "causal_only_mask": _packing(allowed="key_index <= query_index"),
+        # Positions run on across the row (the mask is still right: only position_ids are wrong).
+        "positions_not_restarted": _packing(positions="range(len(position_ids), len(position_ids) + len(sample_ids))"),
+        # `<` for `<=`: a token may not attend to itself.
+        "strict_diagonal": _packing(allowed="key_segment == query_segment and key_position < query_position"),
+        # Labels rebuilt from the ids (first token masked) instead of carried: right on the seed's example only.
+        "labels_not_carried": _packing(labels="[-100] + sample_ids[1:]"),
+        # Segment ids counted from 1.
+        "segment_ids_off_by_one": _packing(segment="segment + 1"),
+        # Mask compared on restarted positions only: a later sample sees the start of earlier ones.
+        "positions_only_mask": _packing(allowed="key_position <= query_position"),
+        # No check that labels and input_ids have the same length.
+        "no_length_check": _packing(length_check="pass"),
+    },
+    "block_causal_mask": {
+        # No segment check: one causal mask over the whole row.
+        "causal_only": _mask("return torch.ones_like(same).tril()"),
+        # `<` for `<=`: the diagonal is blocked, so the first token of each sample has an empty softmax row.
+        "strict_diagonal": _mask("return same.tril(-1)"),
+        # Padding rows attend to nothing: an empty softmax row (nan with -inf).
+        "padding_attends_nothing": _mask("return same.tril() & (segment_ids >= 0).unsqueeze(-1)"),
+        # Padding rows attend to everything.
+        "padding_attends_everything": _mask("return same.tril() | (segment_ids < 0).unsqueeze(-1)"),
+        # All padding shares one id, so each padding token attends to the padding before it.
+        "padding_shares_one_id": _mask("return (segment_ids.unsqueeze(-1) == segment_ids.unsqueeze(-2)).tril()"),
+        # The upper triangle: queries attend to later keys of their sample.
+        "future_keys": _mask("return same.triu()"),
+        # Only -1 counts as padding; other negative ids become one more sample.
+        "only_minus_one_is_padding": _mask(
+            "keyed = torch.where(segment_ids != -1, segment_ids, own_padding_ids)\n"
+            "    return (keyed.unsqueeze(-1) == keyed.unsqueeze(-2)).tril()"),
+    },
+}

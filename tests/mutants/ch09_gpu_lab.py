@@ -1,0 +1,80 @@
+"""Wrong answers for chapter 9 (GPU lab: length and packing on a real model)."""
+
+CHAPTER = "09_gpu_lab"
+
+_LEDGER = '''
+def padding_vs_packing_ledger(sample_lengths, *, mask_first_label=True):
+    lengths = require_lengths("sample_lengths", sample_lengths)
+    count, sample_tokens = len(lengths), sum(lengths)
+    padded = PADDED
+    packed = sample_tokens
+    cross = CROSS
+    rows = {}
+    for name, processed, supervised, crossing in (("padding", padded, PADDING_SUPERVISED, 0),
+                                                 ("packing", packed, PACKING_SUPERVISED, cross)):
+        padding = processed - sample_tokens
+        rows[name] = {"processed_tokens": processed, "padding_tokens": padding, "padding_ratio": RATIO,
+                      "effective_supervised_tokens": supervised, "cross_sample_labels": crossing}
+    return {"samples": count, "sample_tokens": sample_tokens, "padding": rows["padding"], "packing": rows["packing"],
+            "processed_token_reduction": REDUCTION}
+'''
+
+
+def _ledger(padded="count * max(lengths)", cross="0 if mask_first_label else count - 1",
+            padding_supervised="sample_tokens - count", packing_supervised="sample_tokens - count + cross",
+            ratio="padding / processed", reduction="1 - packed / padded"):
+    return (_LEDGER.replace("PADDED", padded).replace("CROSS", cross)
+            .replace("PADDING_SUPERVISED", padding_supervised).replace("PACKING_SUPERVISED", packing_supervised)
+            .replace("RATIO", ratio).replace("REDUCTION", reduction))
+
+
+_COMPARE = '''
+def compare_padding_and_packing(padding, packing):
+    require_keys("padding", padding, ("effective_supervised_tokens", "median_step_ms"))
+    require_keys("packing", packing, ("effective_supervised_tokens", "median_step_ms"))
+    tokens = TOKEN_CHECK("padding.effective_supervised_tokens", padding["effective_supervised_tokens"])
+    packed_tokens = TOKEN_CHECK("packing.effective_supervised_tokens", packing["effective_supervised_tokens"])
+    if GUARD and packed_tokens != tokens:
+        raise ValueError(f"effective_supervised_tokens differ: {tokens} vs {packed_tokens}")
+    padding_ms = require_real("padding.median_step_ms", padding["median_step_ms"], minimum=0.0, strict_minimum=True)
+    packing_ms = require_real("packing.median_step_ms", packing["median_step_ms"], minimum=0.0, strict_minimum=True)
+    padding_rate = tokens / (padding_ms / SCALE)
+    packing_rate = packed_tokens / (packing_ms / SCALE)
+    return {"effective_supervised_tokens": tokens, "padding_tokens_per_second": padding_rate,
+            "packing_tokens_per_second": packing_rate, "throughput_ratio": RATIO,
+            "step_time_reduction": REDUCTION}
+'''
+
+
+def _compare(token_check="require_positive_int", guard="True", scale="1000.0",
+             ratio="packing_rate / padding_rate", reduction="1 - packing_ms / padding_ms"):
+    return (_COMPARE.replace("TOKEN_CHECK", token_check).replace("GUARD", guard).replace("SCALE", scale)
+            .replace("RATIO", ratio).replace("REDUCTION", reduction))
+
+
+MUTANTS = {
+    "padding_vs_packing_ledger": {
+        # Padding charged as the sum of the lengths: the rectangle's empty corners are forgotten.
+        "padding_cost_as_sum": _ledger(padded="sample_tokens"),
+        # Every token counted as supervised: neither the shift nor the masked first labels are accounted for.
+        "first_labels_not_masked": _ledger(padding_supervised="sample_tokens", packing_supervised="sample_tokens"),
+        # mask_first_label ignored: packing never supervises across a boundary, whatever the flag says.
+        "mask_flag_ignored": _ledger(cross="0"),
+        # Padding ratio relative to the real (packed) tokens instead of the processed ones.
+        "padding_ratio_over_packed_tokens": _ledger(ratio="padding / sample_tokens"),
+        # Reduction the wrong way round: relative to what packing processes, not to what padding did.
+        "reduction_wrong_way_round": _ledger(reduction="(padded - packed) / packed"),
+    },
+    "compare_padding_and_packing": {
+        # Ratio upside down: padding's rate over packing's.
+        "throughput_ratio_inverted": _compare(ratio="padding_rate / packing_rate"),
+        # No same-supervision guard: each candidate's rate from its own tokens, comparable or not.
+        "no_same_supervision_guard": _compare(guard="False"),
+        # Milliseconds never converted to seconds: tokens per millisecond.
+        "tokens_per_millisecond": _compare(scale="1.0"),
+        # Step-time reduction measured against packing's time instead of padding's.
+        "reduction_relative_to_packing": _compare(reduction="(padding_ms - packing_ms) / packing_ms"),
+        # Zero supervised tokens accepted: the rates are 0 and the ratio divides by zero.
+        "zero_tokens_accepted": _compare(token_check="require_nonnegative_int"),
+    },
+}
