@@ -74,21 +74,20 @@ def aggregate_loss(token_losses: torch.Tensor, mask: torch.Tensor, mode: str = "
     a trainer that meets one has a data bug, or should use mode="constant" with the global count, which
     gives such a microbatch a loss of 0 and no gradient while keeping every other token's weight 1 / N.
     """
-    mask = _require_mask(token_losses, mask)
+    if mode not in LOSS_MODES:
+        raise ValueError(f"mode must be one of {list(LOSS_MODES)}, got {mode!r}")
+    total = masked_normalize(token_losses, mask)                # [] masked sum; checks the tensors, shapes, 0/1 mask
     if mode == "token_mean":
         if norm_const is not None:
             raise ValueError(f"norm_const is only used with mode='constant', got norm_const={norm_const!r}")
-        count = int(mask.sum())
+        count = int((mask != 0).sum())                          # supervised tokens in this microbatch
         if count == 0:
             raise ValueError("mask selects no token, so token_mean is undefined; use mode='constant' with the "
                              "global token count")
-        return masked_normalize(token_losses, mask, normalize_constant=count)
-    if mode == "constant":
-        if norm_const is None:
-            raise ValueError("norm_const is required with mode='constant' (e.g. the global token count)")
-        norm_const = require_real("norm_const", norm_const, minimum=0.0, strict_minimum=True)
-        return masked_normalize(token_losses, mask, normalize_constant=norm_const)
-    raise ValueError(f"mode must be one of {list(LOSS_MODES)}, got {mode!r}")
+        return total / count
+    if norm_const is None:
+        raise ValueError("norm_const is required with mode='constant' (e.g. the global token count)")
+    return total / require_real("norm_const", norm_const, minimum=0.0, strict_minimum=True)
 
 
 def per_token_weight_distortion(tokens_per_microbatch: Sequence[int]) -> list[float]:

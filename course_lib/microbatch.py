@@ -58,11 +58,6 @@ def _as_list(values) -> list:
     return values.tolist() if hasattr(values, "tolist") else list(values)
 
 
-def _descending_order(lengths: list[int]) -> torch.Tensor:
-    """Indices by length, longest first; ties keep index order (as Python's stable sort) -> [N]."""
-    return torch.sort(torch.tensor(lengths), descending=True, stable=True).indices
-
-
 def token_budget_batches(lengths, max_tokens: int) -> list[list[int]]:
     """lengths [N] -> microbatches (longest first) whose padded size count x longest <= max_tokens.
 
@@ -71,11 +66,10 @@ def token_budget_batches(lengths, max_tokens: int) -> list[list[int]]:
     """
     max_tokens = require_positive_int("max_tokens", max_tokens)
     lengths = require_lengths("lengths", lengths, maximum=max_tokens, maximum_name="max_tokens")
-    order = _descending_order(lengths)  # [N]
-    sorted_lengths = torch.tensor(lengths)[order].tolist()  # [N] descending
+    sorted_lengths, order = torch.sort(torch.tensor(lengths), descending=True, stable=True)  # [N] each; ties by index
     batches, start = [], 0
     while start < len(order):  # one step per microbatch: its first member sets the padded width
-        fits = max_tokens // sorted_lengths[start]
+        fits = max_tokens // int(sorted_lengths[start])
         batches.append(order[start:start + fits].tolist())
         start += fits
     return batches
@@ -89,8 +83,8 @@ def packed_token_budget_batches(lengths, max_tokens: int) -> list[list[int]]:
     """
     max_tokens = require_positive_int("max_tokens", max_tokens)
     lengths = require_lengths("lengths", lengths, maximum=max_tokens, maximum_name="max_tokens")
-    order = _descending_order(lengths)  # [N]
-    cumulative = torch.cumsum(torch.tensor(lengths)[order], 0)  # [N] tokens up to and including each
+    sorted_lengths, order = torch.sort(torch.tensor(lengths), descending=True, stable=True)  # [N] each; ties by index
+    cumulative = torch.cumsum(sorted_lengths, 0)  # [N] tokens up to and including each
     batches, start, used = [], 0, 0
     while start < len(order):
         # last sorted position whose running total still fits; >= start + 1 because every length <= max_tokens
@@ -110,7 +104,7 @@ def balanced_partition(lengths, k: int) -> list[list[int]]:
     k = require_positive_int("k", k)
     lengths = require_lengths("lengths", lengths, minimum=0)
     heap = []  # (-spread, tie, subsets): subsets sorted heaviest first as (sum, indices)
-    for index in _descending_order(lengths).tolist():
+    for index in torch.sort(torch.tensor(lengths), descending=True, stable=True).indices.tolist():
         subsets = [(lengths[index], [index])] + [(0, []) for _ in range(k - 1)]
         heapq.heappush(heap, (-lengths[index], len(heap), subsets))
     tie = len(heap)

@@ -1,0 +1,83 @@
+"""Wrong answers for chapter 4 (token-budget microbatches and loss normalization)."""
+
+CHAPTER = "04_microbatches_and_loss"
+
+_WALK = '''
+def FUNCTION(lengths, max_tokens):
+    max_tokens = require_positive_int("max_tokens", max_tokens)
+    lengths = require_lengths("lengths", lengths, maximum=max_tokens, maximum_name="max_tokens")
+    order = ORDER
+    batches, current = [], []
+    for i in order:
+        if current and OVER:
+            batches.append(current)
+            RESET
+        current.append(i)
+    return batches + ([current] if current else [])
+'''
+
+_PADDED_COST = "(len(current) + 1) * lengths[current[0]] > max_tokens"
+_PACKED_COST = "sum(lengths[j] for j in current) + lengths[i] > max_tokens"
+_LONGEST_FIRST = "sorted(range(len(lengths)), key=lambda i: -lengths[i])"
+
+
+def _walk(function, order=_LONGEST_FIRST, over=_PADDED_COST, reset="current = []"):
+    return (_WALK.replace("FUNCTION", function).replace("ORDER", order).replace("OVER", over)
+            .replace("RESET", reset))
+
+
+_AGGREGATE = '''
+def aggregate_loss(token_losses, mask, mode="token_mean", norm_const=None):
+    if mode not in ("token_mean", "constant"):
+        raise ValueError(f"mode must be 'token_mean' or 'constant', got {mode!r}")
+    total = masked_normalize(token_losses, mask)
+    count = int((mask != 0).sum())
+    if mode == "token_mean":
+        if norm_const is not None:
+            raise ValueError("norm_const is only used with mode='constant'")
+        if count == 0:
+            raise ValueError("mask selects no token")
+        return TOKEN_MEAN
+    if norm_const is None:
+        raise ValueError("norm_const is required with mode='constant'")
+    norm_const = require_real("norm_const", norm_const, minimum=0.0, strict_minimum=True)
+    return CONSTANT
+'''
+
+
+def _aggregate(token_mean="total / count", constant="total / norm_const"):
+    return _AGGREGATE.replace("TOKEN_MEAN", token_mean).replace("CONSTANT", constant)
+
+
+MUTANTS = {
+    "token_budget_batches": {
+        # Packed cost (sum of lengths) where the microbatch is padded: far more rows than the budget allows.
+        "cost_is_sum_of_lengths": _walk("token_budget_batches", over=_PACKED_COST),
+        # Shortest first: the width grows as the walk goes, so the cost uses the newest (longest) member.
+        "ascending_sort": _walk("token_budget_batches", order="sorted(range(len(lengths)), key=lambda i: lengths[i])",
+                                over="(len(current) + 1) * lengths[i] > max_tokens"),
+        # `<` instead of `<=`: a microbatch of exactly max_tokens padded tokens is refused.
+        "strict_budget_edge": _walk("token_budget_batches", over="(len(current) + 1) * lengths[current[0]] >= max_tokens"),
+        # The microbatch is appended but never replaced by a fresh one: the first batch is never closed.
+        "first_batch_never_closed": _walk("token_budget_batches", reset="pass"),
+    },
+    "packed_token_budget_batches": {
+        # Padded cost count x longest where the microbatch is packed.
+        "padded_cost": _walk("packed_token_budget_batches", over=_PADDED_COST),
+        # Off by one: a microbatch may hold max_tokens + 1 tokens.
+        "budget_exceeded_by_one": _walk("packed_token_budget_batches",
+                                        over="sum(lengths[j] for j in current) + lengths[i] > max_tokens + 1"),
+        # No sort: next fit in data order.
+        "no_sort": _walk("packed_token_budget_batches", order="range(len(lengths))", over=_PACKED_COST),
+    },
+    "aggregate_loss": {
+        # The per-microbatch mean over every entry, masked-out ones included.
+        "mean_includes_masked": _aggregate(token_mean="token_losses.mean()"),
+        # Masked sum over every position of the tensor instead of the supervised ones.
+        "divides_by_numel": _aggregate(token_mean="total / mask.numel()"),
+        # constant mode checks norm_const, then returns the token mean anyway.
+        "constant_ignores_norm_const": _aggregate(constant="total / max(count, 1)"),
+        # token_mean divided by the number of rows (a per-sequence convention) instead of the tokens.
+        "token_mean_over_rows": _aggregate(token_mean="total / token_losses.shape[0]"),
+    },
+}
