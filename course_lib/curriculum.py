@@ -24,11 +24,6 @@ __all__ = [
 
 CURRICULUM_GATES = ("token_budget_mismatch", "insufficient_long_context_gain", "short_context_regression",
                     "nonfinite_loss", "nonfinite_gradients", "failed_runs", "peak_memory_budget", "cost_budget")
-_BASELINE_FIELDS = ("long_context_score", "short_context_score", "supervised_tokens_per_optimizer_step")
-_CANDIDATE_FIELDS = _BASELINE_FIELDS + ("loss_finite", "gradients_finite", "failed_runs", "peak_memory_gb",
-                                        "cost_per_supervised_token")
-_LIMIT_FIELDS = ("min_long_context_gain", "max_short_context_regression", "max_failed_runs", "max_peak_memory_gb",
-                 "max_cost_per_supervised_token")
 
 
 def evaluate_length_curriculum_stage(baseline: Mapping[str, Any], candidate: Mapping[str, Any],
@@ -37,20 +32,24 @@ def evaluate_length_curriculum_stage(baseline: Mapping[str, Any], candidate: Map
 
     failed_gates lists the names of CURRICULUM_GATES that failed, in that order; any failure holds.
     """
-    require_keys("baseline", baseline, _BASELINE_FIELDS)
-    require_keys("candidate", candidate, _CANDIDATE_FIELDS)
-    require_keys("limits", limits, _LIMIT_FIELDS)
+    shared = ("long_context_score", "short_context_score", "supervised_tokens_per_optimizer_step")
+    require_keys("baseline", baseline, shared)
+    require_keys("candidate", candidate, shared + ("loss_finite", "gradients_finite", "failed_runs", "peak_memory_gb",
+                                                   "cost_per_supervised_token"))
+    limit_fields = ("min_long_context_gain", "max_short_context_regression", "max_failed_runs", "max_peak_memory_gb",
+                    "max_cost_per_supervised_token")
+    require_keys("limits", limits, limit_fields)
     score = {f"{who}.{key}": require_real(f"{who}['{key}']", run[key])  # NaN would pass every gate silently
              for who, run in (("baseline", baseline), ("candidate", candidate))
              for key in ("long_context_score", "short_context_score")}
-    limit = {key: require_real(f"limits['{key}']", limits[key]) for key in _LIMIT_FIELDS}
+    limit = {key: require_real(f"limits['{key}']", limits[key]) for key in limit_fields}
     evidence = {
         "token_budget_matches": (baseline["supervised_tokens_per_optimizer_step"]
                                  == candidate["supervised_tokens_per_optimizer_step"]),
         "long_context_gain": score["candidate.long_context_score"] - score["baseline.long_context_score"],
         "short_context_regression": score["baseline.short_context_score"] - score["candidate.short_context_score"],
     }
-    failed = {
+    failed = {  # each gate on its own evidence: no weighted total lets a gain buy back a regression
         "token_budget_mismatch": not evidence["token_budget_matches"],
         "insufficient_long_context_gain": evidence["long_context_gain"] < limit["min_long_context_gain"],
         "short_context_regression": evidence["short_context_regression"] > limit["max_short_context_regression"],
@@ -67,20 +66,20 @@ def evaluate_length_curriculum_stage(baseline: Mapping[str, Any], candidate: Map
     return {"decision": "hold" if failed_gates else "advance", "failed_gates": failed_gates, "evidence": evidence}
 
 
-def _checked_rates(tasks: Sequence[Any], pass_rates: Sequence[float]) -> list[float]:
-    rates = [require_ratio(f"pass_rates[{i}]", rate) for i, rate in enumerate(pass_rates)]
-    if len(rates) != len(tasks):
-        raise ValueError(f"pass_rates has {len(rates)} entries but tasks has {len(tasks)}")
-    return rates
-
-
 def filter_by_pass_rate(tasks: Sequence[Any], pass_rates: Sequence[float], low: float = 0.0,
                         high: float = 1.0) -> list[Any]:
     """Tasks whose estimated pass rate lies strictly inside (low, high), in their original order.
 
     low=0, high=1 drops exactly the tasks whose last group all failed or all passed; low=-1, high=2 keeps all.
     """
-    rates = _checked_rates(tasks, pass_rates)
+    try:
+        n_tasks, listed_rates = len(tasks), list(pass_rates)
+    except TypeError as error:
+        raise ValueError(f"tasks and pass_rates must be sequences, got {type(tasks).__name__} and "
+                         f"{type(pass_rates).__name__}") from error
+    rates = [require_ratio(f"pass_rates[{i}]", rate) for i, rate in enumerate(listed_rates)]
+    if len(rates) != n_tasks:
+        raise ValueError(f"pass_rates has {len(rates)} entries but tasks has {n_tasks}")
     low, high = require_real("low", low), require_real("high", high)
     if not low < high:
         raise ValueError(f"low must be < high, got low={low}, high={high}")
@@ -95,16 +94,16 @@ def variance_weighted_sample(tasks: Sequence[Any], pass_rates: Sequence[float], 
     the number of tasks with p strictly inside (0, 1); when every weight is 0 this raises ValueError
     rather than falling back to uniform: nothing left is informative, and revisiting is the caller's choice.
     """
-    rates = torch.tensor(_checked_rates(tasks, pass_rates), dtype=torch.float64)  # [T]
+    tasks = filter_by_pass_rate(tasks, pass_rates, -1.0, 2.0)  # every task, as a list, its rate checked
+    informative = filter_by_pass_rate(range(len(tasks)), pass_rates)  # indices with p(1-p) > 0
     k = require_positive_int("k", k)
-    weights = rates * (1.0 - rates)  # [T]
-    informative = int((weights > 0).sum())
-    if informative == 0:
+    if not informative:
         raise ValueError("every pass rate is 0 or 1: all weights p(1-p) are zero, nothing to sample")
-    if not replacement and k > informative:
-        raise ValueError(f"k = {k} exceeds the {informative} task(s) with pass rate strictly inside (0, 1)")
-    chosen = torch.multinomial(weights, k, replacement=replacement, generator=generator)  # [k]
-    return [tasks[i] for i in chosen.tolist()]
+    if not replacement and k > len(informative):
+        raise ValueError(f"k = {k} exceeds the {len(informative)} task(s) with pass rate strictly inside (0, 1)")
+    rates = torch.tensor([float(pass_rates[i]) for i in informative], dtype=torch.float64)  # [I]
+    chosen = torch.multinomial(rates * (1.0 - rates), k, replacement=replacement, generator=generator)  # [k]
+    return [tasks[informative[i]] for i in chosen.tolist()]
 
 
 def zero_advantage_probability(pass_rate: float, group_size: int = 8) -> float:
@@ -116,7 +115,11 @@ def zero_advantage_probability(pass_rate: float, group_size: int = 8) -> float:
 
 def _true_rate_table(true_pass_rates: Any, steps: int) -> torch.Tensor:
     """Static rates [T] or a schedule [steps, T] -> [steps, T] float64, each in [0, 1]."""
-    rates = torch.as_tensor(true_pass_rates, dtype=torch.float64)
+    try:
+        rates = torch.as_tensor(true_pass_rates, dtype=torch.float64)
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise ValueError(f"true_pass_rates must be numbers of shape [T] or [steps, T], got "
+                         f"{type(true_pass_rates).__name__}") from error
     if rates.ndim == 1:
         rates = rates.expand(steps, -1)
     if rates.ndim != 2 or rates.shape[0] != steps or rates.shape[1] == 0:
@@ -126,16 +129,16 @@ def _true_rate_table(true_pass_rates: Any, steps: int) -> torch.Tensor:
     return rates
 
 
-def _choose_tasks(estimate: torch.Tensor, low: float, high: float, revisit: int, prompts_per_step: int,
+def _choose_tasks(estimate: torch.Tensor, in_range: list[int], revisit: int, prompts_per_step: int,
                   weighting: str, gen: torch.Generator) -> torch.Tensor:
-    """Task indices for one step: the in-range pool plus `revisit` random excluded tasks, capped."""
+    """Task indices for one step: the pool plus `revisit` random excluded tasks, capped at prompts_per_step."""
     if weighting == "variance":
-        weights = estimate * (1 - estimate)  # [T]
-        pool = torch.nonzero(weights > 0).flatten()
-        n_pool = min(prompts_per_step, len(pool))
-        pool = pool[torch.multinomial(weights[pool], n_pool, generator=gen)] if n_pool else pool
+        estimates, task_ids = estimate.tolist(), range(len(estimate))
+        n_pool = min(prompts_per_step, len(filter_by_pass_rate(task_ids, estimates)))
+        pool = variance_weighted_sample(task_ids, estimates, n_pool, gen) if n_pool else []
     else:
-        pool = torch.nonzero((estimate > low) & (estimate < high)).flatten()
+        pool = in_range
+    pool = torch.tensor(pool, dtype=torch.long)  # [P]
     inside = torch.zeros(len(estimate), dtype=torch.bool)
     inside[pool] = True
     excluded = torch.nonzero(~inside).flatten()
@@ -171,13 +174,14 @@ def simulate_pass_rate_filter(true_pass_rates: Any, group_size: int = 8, steps: 
     episodes, flat_groups, groups, pool_sizes = [], [], [], []
     for step in range(steps):
         estimate = recent.nanmean(dim=1)  # [T]
-        chosen = _choose_tasks(estimate, low, high, revisit, prompts_per_step, weighting, gen)  # [n]
+        in_range = filter_by_pass_rate(range(n_tasks), estimate.tolist(), low, high)  # task indices
+        chosen = _choose_tasks(estimate, in_range, revisit, prompts_per_step, weighting, gen)  # [n]
         rewards = (torch.rand(len(chosen), group_size, generator=gen, dtype=torch.float64)
                    < rates[step, chosen, None]).double()  # [n, G]
         recent[chosen] = torch.cat([recent[chosen, 1:], rewards.mean(dim=1, keepdim=True)], dim=1)
         flat_groups.append(int((rewards.amin(dim=1) == rewards.amax(dim=1)).sum()))  # all-pass or all-fail
         groups.append(len(chosen))
-        pool_sizes.append(int(((estimate > low) & (estimate < high)).sum()))
+        pool_sizes.append(len(in_range))
         episodes.append(len(chosen) * group_size)
     zero_episodes = sum(flat_groups) * group_size
     return {"episodes_per_step": episodes, "pool_size": pool_sizes, "zero_adv_groups_per_step": flat_groups,

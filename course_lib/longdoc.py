@@ -142,9 +142,7 @@ def split_document(input_ids: Sequence[int], window: int = 256, overlap: int = 6
     is context the window does not own, so every token but the document's first is predicted exactly once.
     With overlap = 0 the first token of each later window loses its loss.
     """
-    ids = np.asarray(input_ids.tolist() if hasattr(input_ids, "tolist") else list(input_ids), dtype=np.int64)
-    if ids.ndim != 1:
-        raise ValueError(f"input_ids must be one-dimensional, got shape {ids.shape}")
+    ids = np.asarray(require_lengths("input_ids", input_ids, minimum=0), dtype=np.int64)  # [L] token ids >= 0
     pieces = []
     for w in sliding_windows(len(ids), window, overlap):
         labels = np.full(w.end - w.start, IGNORE_INDEX, dtype=np.int64)  # [w]

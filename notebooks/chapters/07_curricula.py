@@ -1,0 +1,448 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Chapter 7 · Curricula and gates | 课程与晋级门槛
+#
+# {{COLAB_BADGE}}
+#
+# **Objectives.** After this chapter you can
+# 1. decide whether a longer-window stage of a **sequence-length curriculum** (序列长度课程) may **advance**
+#    (晋级) or must **hold** (停留), gate by gate (逐项门槛): token budget (Token 预算一致), long-context gain
+#    (长上下文收益), short-context retention (短上下文保持), numerical stability (数值稳定), run stability
+#    (运行稳定) and resource budget (资源预算), never through one weighted score (加权总分);
+# 2. say how often a group of $G$ rollouts carries **zero advantage** (零优势组), and skip such tasks before
+#    sampling with a **pass-rate filter** (通过率过滤);
+# 3. measure on a simulated task pool what a filter saves (rollouts saved, 节省的 rollout) against what it
+#    keeps (signal kept, 保留的信号), and compare it with **variance-weighted sampling** (按方差加权采样).
+
+# %%
+#| course-setup
+import numpy as np
+
+from course_lib import (
+    CURRICULUM_GATES,
+    audit_context_fit,
+    build_labels,
+    load_course_tokenizer,
+    measure_sample,
+    simulate_pass_rate_filter,
+    supervised_token_losses,
+    tiny_qwen2,
+    zero_advantage_probability,
+)
+
+# %% [markdown]
+# ## 1. Why: both curricula decide what the trainer sees next
+#
+# A curriculum changes the data while training runs. In SFT, a **length curriculum** raises the window and the
+# share of long samples stage by stage. In RL, a **task curriculum** decides which prompts get rollouts. Both
+# fail quietly when the decision rests on the wrong number. Here is the RL side's number.
+#
+# GRPO-style advantages compare each of a task's $G$ rollouts with the group's mean reward. When every reward in
+# the group is equal (all pass or all fail), every advantage is zero under any baseline: $G$ full rollouts, no
+# gradient. With a true pass rate $p$ and binary rewards that happens with probability
+#
+# $$P_{\text{zero}}(p, G) = p^G + (1 - p)^G .$$
+
+# %%
+rewards = torch.ones(8)  # one group: all eight attempts passed
+print("advantages of an all-pass group:", (rewards - rewards.mean()).tolist())
+for p in (0.5, 0.7, 0.9, 0.97):
+    print(f"p = {p:<4}  P(zero advantage, G = 8) = {zero_advantage_probability(p, 8):.3f}")
+draws = torch.rand(100_000, 8, generator=torch.Generator().manual_seed(0)) < 0.9  # 100k groups of 8 at p = 0.9
+print(f"simulated: {draws.all(dim=1).float().mean():.3f} of groups at p = 0.9 are all-pass")
+
+# %% [markdown]
+# A task the policy solves 90% of the time still returns a useless all-pass group 43% of the time at $G = 8$
+# (seed 003 §14.5 quotes the same 43%). As training succeeds, more tasks drift toward $p \to 1$, and more of the
+# rollout budget buys nothing. Part B filters those tasks out. Part A comes first: the SFT-side decision of
+# when a longer window has earned its place.
+#
+# ## 2. Part A · The evidence a length stage produces (晋级证据)
+#
+# A candidate stage trains the same model with the same optimizer and evaluation sets as the short-window
+# baseline, with a longer window and more long samples. Six kinds of evidence decide it (seed 000, Step 3):
+#
+# | gate (晋级门槛) | compared | holds the stage when |
+# |---|---|---|
+# | `token_budget_mismatch` | supervised tokens per optimizer step, baseline vs candidate | they differ: quality and cost are not comparable |
+# | `insufficient_long_context_gain` | candidate − baseline long-context score | below `min_long_context_gain` |
+# | `short_context_regression` | baseline − candidate short-context score | above `max_short_context_regression` |
+# | `nonfinite_loss`, `nonfinite_gradients` | loss and gradients of the candidate | either is not finite |
+# | `failed_runs` | failed runs of the candidate | above `max_failed_runs` |
+# | `peak_memory_budget`, `cost_budget` | peak memory (GB), cost per supervised token | either above its budget |
+#
+# Two rows are easy to get wrong, so we produce their evidence on real objects.
+#
+# **The token budget.** Take 200 chats with long-tailed answers, measure each from one rendering with the course
+# tokenizer (chapter 1), and let the window policy decide fit, truncate or overflow at the baseline window (256)
+# and the candidate window (512). With the same 16 samples per optimizer step, how many supervised tokens does
+# each stage train on?
+
+# %%
+tokenizer = load_course_tokenizer()
+rng = np.random.default_rng(0)
+words = ("packing", "window", "supervision", "template", "token", "budget", "attention", "boundary", "loss",
+         "gradient", "context", "answer", "prompt", "sample", "memory", "throughput")
+
+
+def synthetic_chat(answer_words: int) -> list[dict[str, str]]:
+    return [{"role": "user", "content": "Explain " + " ".join(rng.choice(words, size=6)) + "."},
+            {"role": "assistant", "content": " ".join(rng.choice(words, size=answer_words)) + "."}]
+
+
+chats = [synthetic_chat(int(n)) for n in np.clip(rng.lognormal(4.5, 0.9, 200), 4, 1500)]
+ledgers = [measure_sample(tokenizer, chat) for chat in chats]
+template_tokens = ledgers[0]["template_tokens"]
+assert all(row["template_tokens"] == template_tokens for row in ledgers)  # one template, single-turn chats
+rows = [{"name": f"chat-{i}", "prompt_tokens": row["prompt_tokens"], "supervised_tokens": row["supervised_tokens"]}
+        for i, row in enumerate(ledgers)]
+SAMPLES_PER_STEP = 16
+tokens_per_step = {}
+for window in (256, 512):
+    plan = audit_context_fit(rows, window, template_tokens)
+    kept = [record["kept_supervised_tokens"] for record in plan["records"] if record["decision"] != "overflow"]
+    tokens_per_step[window] = SAMPLES_PER_STEP * float(np.mean(kept))
+    print(f"window {window}: {len(kept)} of {len(rows)} samples admitted, "
+          f"{tokens_per_step[window]:,.0f} supervised tokens per step of {SAMPLES_PER_STEP} samples")
+print(f"the candidate trains on {tokens_per_step[512] / tokens_per_step[256]:.2f}x the baseline's supervision per step")
+
+# %% [markdown]
+# At a fixed number of samples per step, the longer window admits the long samples the short one rejected, and
+# each step carries more supervision. Any score gain is then confounded with extra supervision per update (and a
+# different effective learning rate per token). The fix is upstream: batch both stages by a **supervised-token
+# budget** (a token-budget sampler fills each step to the same count), and let the gate check that the
+# configured budgets are equal.
+#
+# **Finite loss and gradients.** These flags come from a real backward pass, not from a log line parsed as text.
+# We run `tiny_qwen2` on one chat's `input_ids` and `labels`, then again after scaling its output layer so the
+# logits overflow float32, the way a diverged run's do.
+
+# %%
+model = tiny_qwen2()
+sample = build_labels(tokenizer, chats[0], max_length=512)
+batch = {key: torch.tensor(value)[None] for key, value in sample.items()}  # [1, T] each
+
+
+def stability_evidence(model) -> dict[str, float | bool]:
+    model.zero_grad()
+    losses, mask = supervised_token_losses(model, batch)  # [1, T-1] each
+    loss = losses[mask].mean()
+    loss.backward()
+    gradients_finite = all(bool(torch.isfinite(p.grad).all()) for p in model.parameters() if p.grad is not None)
+    return {"loss": loss.item(), "loss_finite": bool(torch.isfinite(loss)), "gradients_finite": gradients_finite}
+
+
+print("healthy candidate:", stability_evidence(model))
+with torch.no_grad():
+    model.lm_head.weight.mul_(1e38)  # logits overflow float32
+print("broken candidate: ", stability_evidence(model))
+
+# %% [markdown]
+# The flags are Python `True`/`False`. The gate asks for `is True` on purpose: a flag read back from a log as the
+# string `"true"`, or the integer `1`, is not evidence that anything was checked.
+#
+# ### TODO 1 · `evaluate_length_curriculum_stage`
+#
+# Implement `evaluate_length_curriculum_stage(baseline, candidate, limits)`.
+#
+# * `baseline` holds `long_context_score`, `short_context_score`, `supervised_tokens_per_optimizer_step`;
+#   `candidate` holds the same three plus `loss_finite`, `gradients_finite`, `failed_runs`, `peak_memory_gb`,
+#   `cost_per_supervised_token`; `limits` holds `min_long_context_gain`, `max_short_context_regression`,
+#   `max_failed_runs`, `max_peak_memory_gb`, `max_cost_per_supervised_token`.
+# * `evidence = {"token_budget_matches": <budgets equal>, "long_context_gain": candidate − baseline long score,
+#   "short_context_regression": baseline − candidate short score}`.
+# * Each gate of `CURRICULUM_GATES` fails on its own evidence, in the table's sense: a gain **below** the minimum,
+#   a regression, failed-run count, peak memory or cost **above** its limit (a value equal to a limit passes),
+#   a stability flag that **is not** `True`. `failed_gates` lists the failed gate names in the order of
+#   `CURRICULUM_GATES`; `decision` is `"hold"` when any gate failed, else `"advance"`.
+# * Return `{"decision", "failed_gates", "evidence"}`. Raise a `ValueError` naming the field for a missing field
+#   (`require_keys`), a score, limit, peak memory or cost that is not a finite real number (`require_real`: a NaN
+#   would pass every comparison silently), and a `failed_runs` that is not an integer $\ge 0$ (`require_int`).
+
+# %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_evaluate_length_curriculum_stage", "locked": false, "schema_version": 3}
+#| solution: course_lib.curriculum.evaluate_length_curriculum_stage
+
+# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_evaluate_length_curriculum_stage", "locked": true, "points": 4, "schema_version": 3}
+# Seed 000's three candidates against one short-window baseline.
+baseline = {"long_context_score": 0.56, "short_context_score": 0.82, "supervised_tokens_per_optimizer_step": 8192}
+limits = {"min_long_context_gain": 0.04, "max_short_context_regression": 0.02, "max_failed_runs": 0,
+          "max_peak_memory_gb": 10.5, "max_cost_per_supervised_token": 1.4}
+accepted_run = {"long_context_score": 0.63, "short_context_score": 0.81, "supervised_tokens_per_optimizer_step": 8192,
+                "loss_finite": True, "gradients_finite": True, "failed_runs": 0, "peak_memory_gb": 9.8,
+                "cost_per_supervised_token": 1.25}
+accepted = evaluate_length_curriculum_stage(baseline, accepted_run, limits)
+assert accepted["decision"] == "advance" and accepted["failed_gates"] == []
+assert accepted["evidence"]["token_budget_matches"] is True
+assert abs(accepted["evidence"]["long_context_gain"] - 0.07) < 1e-9
+rejected = evaluate_length_curriculum_stage(baseline, {**accepted_run, "long_context_score": 0.64,
+                                                       "short_context_score": 0.77,
+                                                       "supervised_tokens_per_optimizer_step": 4096,
+                                                       "peak_memory_gb": 11.2, "cost_per_supervised_token": 1.3},
+                                            limits)
+assert rejected["decision"] == "hold"
+assert rejected["failed_gates"] == ["token_budget_mismatch", "short_context_regression", "peak_memory_budget"]
+nonfinite = evaluate_length_curriculum_stage(baseline, {**accepted_run, "loss_finite": False,
+                                                        "gradients_finite": False, "failed_runs": 1}, limits)
+assert nonfinite["failed_gates"] == ["nonfinite_loss", "nonfinite_gradients", "failed_runs"]
+### BEGIN HIDDEN TESTS
+import random
+
+from course_lib.nb import grading
+
+_rng = random.Random(7)
+_grid = [k / 16 for k in range(17)]  # dyadic scores: a difference that equals a limit is exact
+_cases = [((baseline, accepted_run, limits), {}), ((baseline, {**accepted_run, "loss_finite": 1}, limits), {}),
+          ((baseline, {**accepted_run, "gradients_finite": "true"}, limits), {})]
+for _ in range(150):
+    _base = {"long_context_score": _rng.choice(_grid), "short_context_score": _rng.choice(_grid),
+             "supervised_tokens_per_optimizer_step": 8192}
+    _cand = {"long_context_score": _rng.choice(_grid), "short_context_score": _rng.choice(_grid),
+             "supervised_tokens_per_optimizer_step": _rng.choice([8192, 8192, 8192, 4096, 8193]),
+             "loss_finite": _rng.choice([True, True, True, False]),
+             "gradients_finite": _rng.choice([True, True, True, False]),
+             "failed_runs": _rng.choice([0, 0, 1, 2, 3]), "peak_memory_gb": _rng.choice([9.5, 10.0, 10.5, 11.0]),
+             "cost_per_supervised_token": _rng.choice([1.0, 1.25, 1.5, 1.75])}
+    _lim = {"min_long_context_gain": _rng.choice([-0.25, 0.0, 0.0625, 0.125, 0.25]),
+            "max_short_context_regression": _rng.choice([0.0, 0.0625, 0.125]),
+            "max_failed_runs": _rng.choice([0, 1, 2]), "max_peak_memory_gb": _rng.choice([10.0, 10.5]),
+            "max_cost_per_supervised_token": _rng.choice([1.25, 1.5])}
+    _cases.append(((_base, _cand, _lim), {}))
+# Every value exactly at its limit passes; one step past it fails.
+_edge_base = {"long_context_score": 0.5, "short_context_score": 0.75, "supervised_tokens_per_optimizer_step": 4096}
+_edge = {"long_context_score": 0.625, "short_context_score": 0.6875, "supervised_tokens_per_optimizer_step": 4096,
+         "loss_finite": True, "gradients_finite": True, "failed_runs": 2, "peak_memory_gb": 10.5,
+         "cost_per_supervised_token": 1.5}
+_edge_limits = {"min_long_context_gain": 0.125, "max_short_context_regression": 0.0625, "max_failed_runs": 2,
+                "max_peak_memory_gb": 10.5, "max_cost_per_supervised_token": 1.5}
+_cases.append(((_edge_base, _edge, _edge_limits), {}))
+for _key, _value in (("long_context_score", 0.5625), ("short_context_score", 0.625), ("failed_runs", 3),
+                     ("peak_memory_gb", 10.75), ("cost_per_supervised_token", 1.75)):
+    _cases.append(((_edge_base, {**_edge, _key: _value}, _edge_limits), {}))
+grading.assert_matches_reference(evaluate_length_curriculum_stage, "evaluate_length_curriculum_stage", _cases)
+_bad = [((baseline, {**accepted_run, "long_context_score": float("nan")}, limits), {}),
+        ((baseline, {**accepted_run, "peak_memory_gb": "big"}, limits), {}),
+        ((baseline, {**accepted_run, "failed_runs": -1}, limits), {}),
+        ((baseline, {**accepted_run, "failed_runs": 0.5}, limits), {}),
+        ((baseline, accepted_run, {**limits, "max_peak_memory_gb": float("nan")}), {})]
+for _who, _field in (("baseline", "supervised_tokens_per_optimizer_step"), ("candidate", "gradients_finite"),
+                     ("candidate", "cost_per_supervised_token"), ("limits", "max_failed_runs")):
+    _args = {"baseline": dict(baseline), "candidate": dict(accepted_run), "limits": dict(limits)}
+    del _args[_who][_field]
+    _bad.append(((_args["baseline"], _args["candidate"], _args["limits"]), {}))
+grading.assert_rejects(evaluate_length_curriculum_stage, "evaluate_length_curriculum_stage", _bad)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## 3. Why gate by gate, not by one score
+#
+# A dashboard often ranks stages by one number, say long-context gain minus short-context regression. On seed
+# 000's candidates that number cannot do the job: the rejected candidate has the **largest** long-context gain
+# while it trained on half the supervised tokens per step and went over the memory budget, and the candidate
+# whose loss went non-finite scores exactly as well as the healthy one. A weighted total lets a gain buy back a
+# regression, and has no term at all for a budget mismatch or a NaN.
+
+# %%
+print("gates, in reporting order:", ", ".join(CURRICULUM_GATES))
+candidates = {
+    "accepted": accepted_run,
+    "rejected": {**accepted_run, "long_context_score": 0.64, "short_context_score": 0.77,
+                 "supervised_tokens_per_optimizer_step": 4096, "peak_memory_gb": 11.2,
+                 "cost_per_supervised_token": 1.3},
+    "non-finite": {**accepted_run, "loss_finite": False, "gradients_finite": False, "failed_runs": 1},
+}
+for name, run in candidates.items():
+    verdict = evaluate_length_curriculum_stage(baseline, run, limits)
+    weighted = verdict["evidence"]["long_context_gain"] - verdict["evidence"]["short_context_regression"]
+    print(f"{name:<10} weighted score {weighted:+.2f} | gates: {verdict['decision']:<7} {verdict['failed_gates']}")
+
+# %% [markdown]
+# The weighted score ranks "rejected" (+0.03) close behind "accepted" (+0.06) and rates "non-finite" as good as
+# "accepted", while the gates hold both and name the reasons. A held stage is not a failure: it tells you what to
+# fix (match the budget, fit the memory) before the comparison means anything.
+#
+# ## 4. Part B · Filtering tasks by pass rate (通过率过滤)
+#
+# Each task $j$ keeps an estimate $\hat p_j$ of its pass rate: the mean reward of its last group, starting at 0.5
+# so every task is sampled once. Estimates cost no extra rollouts. A **pass-rate filter** samples task $j$ only
+# when $\text{low} < \hat p_j < \text{high}$. With $\text{low} = 0$, $\text{high} = 1$ it drops exactly the tasks
+# whose last group was all-fail or all-pass; with $\text{low} = -1$, $\text{high} = 2$ it keeps everything.
+#
+# ### TODO 2 · `filter_by_pass_rate`
+#
+# Implement `filter_by_pass_rate(tasks, pass_rates, low=0.0, high=1.0)`: the tasks whose rate lies **strictly**
+# inside `(low, high)`, in their original order. Raise a `ValueError` naming the field for a pass rate that is not
+# a real number in [0, 1] (`require_ratio`, which refuses NaN), for `pass_rates` and `tasks` of different lengths,
+# for a `low` or `high` that is not a finite real (`require_real`), and for `low >= high`.
+
+# %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_filter_by_pass_rate", "locked": false, "schema_version": 3}
+#| solution: course_lib.curriculum.filter_by_pass_rate
+
+# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_filter_by_pass_rate", "locked": true, "points": 3, "schema_version": 3}
+tasks = ["a", "b", "c", "d", "e"]
+rates = [0.0, 0.125, 1.0, 0.5, 0.875]  # last-group pass rates with G = 8
+assert filter_by_pass_rate(tasks, rates) == ["b", "d", "e"]
+assert filter_by_pass_rate(tasks, rates, -1.0, 2.0) == tasks  # the unfiltered arm
+assert filter_by_pass_rate(tasks, rates, 0.125, 0.875) == ["d"]  # bounds are strict
+assert filter_by_pass_rate([], []) == []
+### BEGIN HIDDEN TESTS
+import random
+
+from course_lib.nb import grading
+
+_rng = random.Random(11)
+_bounds = [(-1.0, 2.0), (0.0, 1.0), (0.125, 0.875), (0.0, 0.5), (0.5, 1.0), (0.25, 0.75), (-0.5, 0.25)]
+_cases = []
+for _ in range(80):
+    _n = _rng.randint(0, 25)
+    _rates = [_rng.choice([_rng.randint(0, 8) / 8, _rng.random()]) for _ in range(_n)]
+    _low, _high = _rng.choice(_bounds)
+    _cases.append(((list(range(100, 100 + _n)), _rates, _low, _high), {}))
+_cases.append(((["x", "y", "z"], [0.0, 1.0, 0.0]), {}))
+_cases.append(((["x", "y", "z"], [0.25, 0.5, 0.75], 0.25, 0.75), {}))
+_cases.append(((["x", "y"], [1.0, 0.9375]), {"low": 0.5, "high": 1.0}))
+grading.assert_matches_reference(filter_by_pass_rate, "filter_by_pass_rate", _cases)
+grading.assert_rejects(filter_by_pass_rate, "filter_by_pass_rate", [
+    ((["a", "b"], [0.5]), {}), ((["a"], [0.5, 0.5]), {}), ((["a", "b"], [0.5, 1.5]), {}),
+    ((["a", "b"], [0.5, -0.125]), {}), ((["a", "b"], [0.5, float("nan")]), {}),
+    ((["a"], [0.5], 0.5, 0.5), {}), ((["a"], [0.5], 0.75, 0.25), {}), ((["a"], [0.5], float("nan"), 1.0), {}),
+])
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## 5. A simulated task pool: rollouts saved vs signal kept
+#
+# `simulate_pass_rate_filter` replays seed 003's `train_curriculum` loop without a model: each step takes the
+# tasks inside the filter plus `revisit=1` random excluded task, keeps at most `prompts_per_step=8` of them, draws
+# $G = 8$ Bernoulli rewards per task from its **true** pass rate at that step, and updates the estimates. The 20
+# true pass rates rise over 60 steps the way a learning policy's do: they start between 0.05 and 0.88 and end
+# between 0.95 and 1.00. The filter cannot change that schedule here, so the simulator answers only the
+# accounting question: how many rollouts does each policy spend, and how many of them carry signal (land in a
+# group with mixed rewards)?
+
+# %%
+STEPS, N_TASKS, GROUP = 60, 20, 8
+logit_start = torch.linspace(-3.0, 2.0, N_TASKS)
+true_rates = torch.sigmoid(logit_start[None, :] + 0.1 * torch.arange(STEPS)[:, None])  # [steps, tasks]
+arms = {"all tasks": {"low": -1.0, "high": 2.0}, "filter (0, 1)": {"low": 0.0, "high": 1.0},
+        "p(1-p) weighted": {"weighting": "variance"}}
+runs = {(arm, seed): simulate_pass_rate_filter(true_rates, GROUP, STEPS, seed=seed, **kwargs)
+        for arm, kwargs in arms.items() for seed in (0, 1)}
+for (arm, seed), run in runs.items():
+    everything = runs["all tasks", seed]
+    saved = 1 - run["total_episodes"] / everything["total_episodes"]
+    kept = run["informative_episodes"] / everything["informative_episodes"]
+    print(f"{arm:<16} seed {seed} | episodes {run['total_episodes']:5d} (saved {saved:4.0%}) | in zero-advantage "
+          f"groups {run['zero_adv_episodes'] / run['total_episodes']:4.0%} | informative {run['informative_episodes']:5d}"
+          f" (kept {kept:4.0%})")
+
+# %%
+fig, axes = plt.subplots(1, 3, figsize=(13, 3.4))
+p_grid = torch.linspace(0, 1, 201)
+for group_size in (4, 8, 16):
+    axes[0].plot(p_grid, p_grid**group_size + (1 - p_grid) ** group_size, label=f"G = {group_size}")
+axes[0].axvline(0.9, color="gray", linestyle="--")
+axes[0].set(xlabel="true pass rate p", ylabel="P(zero-advantage group)", title="Groups that carry no gradient")
+axes[0].legend(fontsize=8)
+for arm in arms:
+    run = runs[arm, 0]
+    axes[1].plot(np.cumsum(run["episodes_per_step"]), label=arm)
+    wasted = np.asarray(run["zero_adv_groups_per_step"]) * GROUP  # episodes in zero-advantage groups, per step
+    axes[2].plot(np.arange(4, STEPS), np.convolve(wasted, np.ones(5) / 5, mode="valid"), label=arm)
+axes[1].set(xlabel="step", ylabel="cumulative episodes", title="Rollouts spent (seed 0)")
+axes[2].set(xlabel="step", ylabel="episodes per step (5-step mean)", title="Rollouts in zero-advantage groups (seed 0)")
+axes[1].legend(fontsize=8)
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# Read the table with both columns. The filter spends about a third fewer rollouts, and the informative
+# episodes it collects stay near the unfiltered arm's count (sometimes above it: while the pool is larger than
+# eight tasks, the filter fills each step with undecided tasks instead of solved ones). The middle panel is
+# seed 003's figure 14.3 in miniature: the arms agree until tasks saturate, then the filtered curve flattens.
+# The right panel counts waste in episodes, not as a share: in the last steps the filtered pool is empty and
+# the few groups left are the deliberate revisits of solved tasks, so the filtered arm's zero-advantage *share*
+# climbs toward 1 while its wasted *episodes* stay near one group per step.
+#
+# The p(1-p) weighting behaves much like the hard filter here, because a task with $\hat p \in \{0, 1\}$ gets
+# weight zero in both; it saves a little more and keeps a little less. What the simulator cannot show is the
+# held-out pass rate: seed 003 measured it on real training (0.73 and 0.77 filtered vs 0.76 and 0.82
+# unfiltered, within seed noise). Fewer tasks per step late in training is a plausible cost that this
+# accounting does not see.
+#
+# ## 6. The same mechanism in the framework
+#
+# No framework ships the length-curriculum gate: TRL and transformers train whatever stage you configure, so the
+# gate belongs to your launch script. For the RL side, TRL's `GRPOTrainer` **measures** the symptom but does not
+# filter tasks: it logs `frac_reward_zero_std`, the share of completions whose group's reward standard deviation
+# is zero (with the default `scale_rewards="group"`, the per-group std). We print those lines from the installed
+# TRL (importing the trainer takes seconds, reading its source does not), apply the same test with torch to
+# simulated groups, and compare it with the simulator's own test (all rewards equal).
+
+# %%
+import importlib.metadata
+import importlib.util
+from pathlib import Path
+
+trl_source = Path(importlib.util.find_spec("trl").origin).parent / "trainer" / "grpo_trainer.py"
+markers = ("std_rewards = nanstd(rewards.view", "is_std_zero = torch.isclose", '["frac_reward_zero_std"]')
+lines = dict.fromkeys(line.strip() for line in trl_source.read_text(encoding="utf-8").splitlines()
+                      if any(marker in line for marker in markers))
+print(f"trl {importlib.metadata.version('trl')}, {trl_source.name}:", *lines, sep="\n  ")
+group_rewards = (torch.rand(10_000, GROUP, generator=torch.Generator().manual_seed(1)) < 0.9).float()  # [groups, G]
+std_zero = torch.isclose(group_rewards.std(dim=1), torch.zeros(10_000))  # TRL's test, per group
+all_equal = group_rewards.amin(dim=1) == group_rewards.amax(dim=1)  # the simulator's test
+print(f"zero-std share {std_zero.float().mean():.3f} | all-equal share {all_equal.float().mean():.3f} | "
+      f"theory {zero_advantage_probability(0.9, GROUP):.3f}")
+assert torch.equal(std_zero, all_equal)
+
+# %% [markdown]
+# `frac_reward_zero_std` in a TRL log is this chapter's zero-advantage share. When it climbs during a run, the
+# remedies are upstream of the trainer: a pass-rate filter on the dataset you feed it, or sampling weights.
+#
+# ## 7. Design questions in practice (实践中的设计问题)
+#
+# **Problem: rollouts wasted on zero-variance prompts.** *Symptom:* `frac_reward_zero_std` rises as training
+# progresses; rollouts per useful gradient grow; the learning curve flattens before held-out pass rate stops
+# improving. *Cause:* a group whose rewards are all equal has zero advantage under any baseline, and tasks near
+# $p = 0$ or $p = 1$ produce such groups most of the time (43% all-pass at $p = 0.9$, $G = 8$). *Options:*
+# (a) a pass-rate filter before sampling (needs per-task estimates; stale estimates can starve a task);
+# (b) dynamic sampling: oversample and drop flat groups to keep the batch full (costs rollouts to save batch
+# size); (c) larger groups for hard tasks so rare successes show up. *Recommendation:* (a) with a small revisit
+# budget, and log the zero-advantage share per step; in our simulation it cut rollouts by about a third while
+# keeping the informative episodes.
+#
+# **Problem: a longer-window stage "wins" and then disappoints.** *Symptom:* the 512-token stage beats the
+# 256-token baseline on long-context evaluation, but the gain vanishes when rerun. *Cause:* the stage also
+# changed the supervision per step (1.4x at 16 samples per step above) or regressed short-context quality, and
+# one weighted score hid it. *Options:* (a) per-gate checks with the evidence logged; (b) a single weighted score
+# with tuned weights; (c) eyeballing curves. *Recommendation:* (a), with the same supervised-token budget per
+# optimizer step in both runs; a held stage names the gate to fix.
+#
+# **Problem: the filtered pool empties too early.** *Symptom:* late in training each step samples one or two
+# tasks; gradients become noisy. *Cause:* a single all-pass group excludes a task that is not solved ($p = 0.9$
+# does it 43% of the time). *Options:* (a) estimate from the mean of several recent groups (`history`); (b) more
+# revisits; (c) weight by $\hat p(1-\hat p)$ instead of a hard cut. *Recommendation:* (a) plus revisits, then
+# compare episodes spent and held-out pass rate, as exercise 1 does.
+#
+# ## 8. Exercises
+#
+# 1. Rerun section 5 with `history=3` (the estimate is the mean of a task's last three groups, seed 003's
+#    exercise 4). How many more episodes does it spend, and what happens to the share of zero-advantage episodes?
+# 2. Which group size $G$ is the smallest for which a task with $p = 0.9$ produces a zero-advantage group less
+#    than 10% of the time? What does that cost in rollouts per task compared with $G = 8$?
+# 3. `course_lib.variance_weighted_sample` draws tasks with probability $\propto \hat p (1 - \hat p)$. Draw 10,000
+#    tasks with replacement from rates `[0.05, 0.5, 0.9, 1.0]`. How often is each drawn? Both 0.05 and 0.9 look
+#    "mostly decided": why is one drawn about twice as often as the other?
+# 4. Change only the candidate run (not the limits) so that seed 000's rejected candidate advances. Which
+#    fields must change, and which of those changes would you need a new training run to obtain?

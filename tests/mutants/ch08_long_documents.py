@@ -1,0 +1,80 @@
+"""Wrong answers for chapter 8 (long documents)."""
+
+CHAPTER = "08_long_documents"
+
+_BUCKET = '''
+def assign_bucket(length, max_length):
+    max_length = require_positive_int("max_length", max_length)
+    length = require_int("length", length, minimum=MINIMUM)
+    if TOO_LONG:
+        raise ValueError(f"length = {length} exceeds max_length = {max_length}; split it with sliding_windows")
+    return BUCKET
+'''
+
+
+def _bucket(minimum="1", too_long="length > max_length", bucket="min(1 << (length - 1).bit_length(), max_length)"):
+    return _BUCKET.replace("MINIMUM", minimum).replace("TOO_LONG", too_long).replace("BUCKET", bucket)
+
+
+_WINDOWS = '''
+def sliding_windows(length, window=256, overlap=64):
+    length = require_positive_int("length", length)
+    window = require_positive_int("window", window)
+    overlap = require_int("overlap", overlap, minimum=0)
+    if overlap >= window:
+        raise ValueError(f"overlap must be < window, got overlap = {overlap}, window = {window}")
+    stride = STRIDE
+    n_windows = N_WINDOWS
+    starts = np.arange(n_windows, dtype=np.int64) * stride
+    ends = np.minimum(starts + window, length)
+    loss_starts = LOSS_STARTS
+    return [Window(*map(int, row)) for row in zip(starts, ends, loss_starts, ends)]
+'''
+
+
+def _windows(stride="window - overlap", n_windows="1 + max(0, -(-(length - window) // stride))",
+             loss_starts="np.concatenate([[0], ends[:-1]])"):
+    return _WINDOWS.replace("STRIDE", stride).replace("N_WINDOWS", n_windows).replace("LOSS_STARTS", loss_starts)
+
+
+# The last window shifted back to end flush at `length`: full length, but a larger overlap with its neighbour.
+_FLUSH = '''
+def sliding_windows(length, window=256, overlap=64):
+    length = require_positive_int("length", length)
+    window = require_positive_int("window", window)
+    overlap = require_int("overlap", overlap, minimum=0)
+    if overlap >= window:
+        raise ValueError(f"overlap must be < window, got overlap = {overlap}, window = {window}")
+    stride = window - overlap
+    n_windows = 1 + max(0, -(-(length - window) // stride))
+    starts = [min(i * stride, max(0, length - window)) for i in range(n_windows)]
+    ends = [min(start + window, length) for start in starts]
+    loss_starts = [0] + ends[:-1]
+    return [Window(s, e, ls, e) for s, e, ls in zip(starts, ends, loss_starts)]
+'''
+
+MUTANTS = {
+    "assign_bucket": {
+        # The seed's float log2: right for ordinary lengths, a bucket smaller than the document above 2**53.
+        "float_log2": _bucket(bucket="min(2 ** math.ceil(math.log2(length)), max_length)"),
+        # Off by one at exact powers of two: 4 goes to bucket 8 (the next power above, not at or above).
+        "exact_power_goes_up": _bucket(bucket="min(1 << length.bit_length(), max_length)"),
+        # No cap: with a max_length that is not a power of two, the bucket exceeds it.
+        "no_cap_at_max_length": _bucket(bucket="1 << (length - 1).bit_length()"),
+        # Too-long documents are silently capped into the last bucket instead of being rejected.
+        "too_long_capped_silently": _bucket(too_long="False"),
+        # The seed's `if doc_length > 0 else 0`: an empty document gets bucket 1.
+        "empty_document_bucket_one": _bucket(minimum="0",
+                                             bucket="min(1 << max(length - 1, 0).bit_length(), max_length)"),
+    },
+    "sliding_windows": {
+        # Every window owns all its tokens: the overlap's losses are counted twice.
+        "overlap_counted_twice": _windows(loss_starts="starts"),
+        # Floor instead of ceiling: the tail after the last full stride is dropped.
+        "last_window_dropped": _windows(n_windows="1 + max(0, (length - window) // stride)"),
+        # Stride equal to the window: no overlap at all, whatever `overlap` says.
+        "stride_equals_window": _windows(stride="window"),
+        # The last window is shifted back to be full length.
+        "last_window_flush": _FLUSH,
+    },
+}
