@@ -13,7 +13,8 @@ from collections.abc import Mapping, Sequence
 from importlib import resources
 from typing import Any
 
-from ._checks import require_positive_int, require_real
+from ._checks import require_lengths, require_positive_int, require_real
+from .tiny import load_model_config
 
 __all__ = [
     "kv_bytes_per_token",
@@ -28,20 +29,6 @@ __all__ = [
 SECONDS_PER_HOUR = 3600.0
 
 
-def _positive(name: str, value: object) -> float:
-    return require_real(name, value, minimum=0.0, strict_minimum=True)
-
-
-def _fraction(name: str, value: object) -> float:
-    """A real number in (0, 1]."""
-    return require_real(name, value, minimum=0.0, maximum=1.0, strict_minimum=True)
-
-
-def _config_field(config: Any, key: str) -> Any:
-    value = config.get(key) if isinstance(config, Mapping) else getattr(config, key, None)
-    return value
-
-
 def kv_bytes_per_token(config: Any, dtype_bytes: int = 2) -> int:
     """Model config (mapping, HF config, or shipped name like "Qwen3-8B") -> KV-cache bytes per context token.
 
@@ -49,36 +36,46 @@ def kv_bytes_per_token(config: Any, dtype_bytes: int = 2) -> int:
     (no grouped-query attention); head_dim falls back to hidden_size // num_attention_heads.
     """
     if isinstance(config, str):
-        from .tiny import load_model_config
-
         config = load_model_config(config)
+
+    def field(key: str) -> Any:                                                  # dict config or HF config object
+        return config.get(key) if isinstance(config, Mapping) else getattr(config, key, None)
+
     dtype_bytes = require_positive_int("dtype_bytes", dtype_bytes)
-    layers = require_positive_int("config.num_hidden_layers", _config_field(config, "num_hidden_layers"))
-    heads = require_positive_int("config.num_attention_heads", _config_field(config, "num_attention_heads"))
-    kv_heads = _config_field(config, "num_key_value_heads")
+    layers = require_positive_int("config.num_hidden_layers", field("num_hidden_layers"))
+    heads = require_positive_int("config.num_attention_heads", field("num_attention_heads"))
+    kv_heads = field("num_key_value_heads")
     kv_heads = require_positive_int("config.num_key_value_heads", heads if kv_heads is None else kv_heads)
-    head_dim = _config_field(config, "head_dim")
+    head_dim = field("head_dim")
     if head_dim is None:
-        head_dim = require_positive_int("config.hidden_size", _config_field(config, "hidden_size")) // heads
+        head_dim = require_positive_int("config.hidden_size", field("hidden_size")) // heads
     head_dim = require_positive_int("config.head_dim", head_dim)
     return 2 * layers * kv_heads * head_dim * dtype_bytes
 
 
 def decode_tokens_per_s(n_params: float, batch: int, context: int, kv_bytes: float, bandwidth: float, *,
                         weight_bytes_per_param: float = 2.0) -> float:
-    """Roofline decode rate, tokens/s per GPU: b / ((weight_bytes_per_param N + b c s_kv) / bandwidth)."""
-    n_params = _positive("n_params", n_params)
+    """Roofline decode rate, tokens/s per GPU: b / ((weight_bytes_per_param N + b c s_kv) / bandwidth).
+
+    bandwidth in bytes/s, kv_bytes per context token; every real argument must be > 0.
+    """
+    n_params = require_real("n_params", n_params, minimum=0.0, strict_minimum=True)
     batch, context = require_positive_int("batch", batch), require_positive_int("context", context)
-    kv_bytes, bandwidth = _positive("kv_bytes", kv_bytes), _positive("bandwidth", bandwidth)
-    weight_bytes = _positive("weight_bytes_per_param", weight_bytes_per_param) * n_params
-    seconds_per_step = (weight_bytes + batch * context * kv_bytes) / bandwidth
+    kv_bytes = require_real("kv_bytes", kv_bytes, minimum=0.0, strict_minimum=True)
+    bandwidth = require_real("bandwidth", bandwidth, minimum=0.0, strict_minimum=True)
+    weight_bytes_per_param = require_real("weight_bytes_per_param", weight_bytes_per_param, minimum=0.0,
+                                          strict_minimum=True)
+    # One step reads the weights once and every sequence's KV cache, and yields one token per sequence.
+    seconds_per_step = (weight_bytes_per_param * n_params + batch * context * kv_bytes) / bandwidth
     return batch / seconds_per_step
 
 
 def train_tokens_per_s(n_params: float, peak_flops: float, mfu: float) -> float:
     """Training tokens/s per GPU at 6N FLOPs per token: mfu * peak_flops / (6 N)."""
-    n_params, peak_flops = _positive("n_params", n_params), _positive("peak_flops", peak_flops)
-    return _fraction("mfu", mfu) * peak_flops / (6.0 * n_params)
+    n_params = require_real("n_params", n_params, minimum=0.0, strict_minimum=True)
+    peak_flops = require_real("peak_flops", peak_flops, minimum=0.0, strict_minimum=True)
+    mfu = require_real("mfu", mfu, minimum=0.0, maximum=1.0, strict_minimum=True)
+    return mfu * peak_flops / (6.0 * n_params)
 
 
 def gpu_hours_per_step(n_params: float, episodes: int, total_tokens: float, policy_tokens: float,
@@ -89,16 +86,20 @@ def gpu_hours_per_step(n_params: float, episodes: int, total_tokens: float, poli
     forward (2N); prefill: 2N on the non-policy tokens (prompt and tool output, once); decode: policy tokens
     at decode_rate tokens/s, divided by the share of time the engine is busy.
     """
-    n_params, episodes = _positive("n_params", n_params), require_positive_int("episodes", episodes)
-    total_tokens, policy_tokens = _positive("total_tokens", total_tokens), _positive("policy_tokens", policy_tokens)
+    n_params = require_real("n_params", n_params, minimum=0.0, strict_minimum=True)
+    episodes = require_positive_int("episodes", episodes)
+    total_tokens = require_real("total_tokens", total_tokens, minimum=0.0, strict_minimum=True)
+    policy_tokens = require_real("policy_tokens", policy_tokens, minimum=0.0, strict_minimum=True)
     if policy_tokens > total_tokens:
         raise ValueError(f"policy_tokens = {policy_tokens} exceeds total_tokens = {total_tokens}")
-    decode_rate, peak_flops = _positive("decode_rate", decode_rate), _positive("peak_flops", peak_flops)
-    flops_per_hour = _fraction("mfu", mfu) * peak_flops * SECONDS_PER_HOUR
-    busy = _fraction("busy", busy)
+    decode_rate = require_real("decode_rate", decode_rate, minimum=0.0, strict_minimum=True)
+    peak_flops = require_real("peak_flops", peak_flops, minimum=0.0, strict_minimum=True)
+    mfu = require_real("mfu", mfu, minimum=0.0, maximum=1.0, strict_minimum=True)
+    busy = require_real("busy", busy, minimum=0.0, maximum=1.0, strict_minimum=True)
+    flops_per_hour = mfu * peak_flops * SECONDS_PER_HOUR
     parts = {
-        "train": 6 * n_params * episodes * total_tokens / flops_per_hour,
-        "old_logp": 2 * n_params * episodes * total_tokens / flops_per_hour,
+        "train": 6 * n_params * episodes * total_tokens / flops_per_hour,          # forward + backward, every token
+        "old_logp": 2 * n_params * episodes * total_tokens / flops_per_hour,       # one more forward
         "prefill": 2 * n_params * episodes * (total_tokens - policy_tokens) / flops_per_hour,
         "decode": episodes * policy_tokens / decode_rate / SECONDS_PER_HOUR / busy,
     }
@@ -112,8 +113,8 @@ def decode_rate_table(n_params: float, kv_bytes: float, bandwidth: float, batche
     kv_read_share is the fraction of bytes read per step that is KV cache rather than weights.
     """
     rows = []
-    for batch in batches:
-        for context in contexts:
+    for batch in require_lengths("batches", batches):
+        for context in require_lengths("contexts", contexts):
             rate = decode_tokens_per_s(n_params, batch, context, kv_bytes, bandwidth,
                                        weight_bytes_per_param=weight_bytes_per_param)
             kv_read = batch * context * kv_bytes

@@ -21,6 +21,7 @@ __all__ = [
     "selected_log_probs",
     "chunked_log_probs",
     "checkpointed_log_probs",
+    "check_head_inputs",
     "saved_tensor_bytes",
     "peak_cuda_memory",
     "logit_bytes",
@@ -56,17 +57,17 @@ def selected_log_probs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     if logits.ndim < 1 or not logits.dtype.is_floating_point:
         raise ValueError(f"logits must be a floating tensor [..., V], got dtype {logits.dtype}, shape {tuple(logits.shape)}")
     ids = _require_ids(ids, tuple(logits.shape[:-1]), logits.shape[-1])
-    return _gathered_log_probs(logits, ids)
-
-
-def _gathered_log_probs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """Unchecked core of selected_log_probs: logits [B, T, V], ids [B, T] -> [B, T] (fp32 or wider)."""
     wide = logits.to(torch.promote_types(logits.dtype, torch.float32))            # [B, T, V]; fp32 copy of bf16
     log_probs = wide.log_softmax(dim=-1)                                          # [B, T, V]
     return log_probs.gather(-1, ids.unsqueeze(-1)).squeeze(-1)                    # [B, T]
 
 
-def _check_head_inputs(hidden: object, weight: object, ids: object, chunk_size: object) -> int:
+def check_head_inputs(hidden: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, chunk_size: int) -> int:
+    """Validate output-layer inputs: hidden [B, T, D], weight [V, D], integer ids [B, T] in [0, V); -> chunk_size.
+
+    Raises ValueError naming the field: not a tensor, wrong rank, widths that differ, ids of the wrong shape,
+    dtype or range, a chunk_size that is not a positive integer.
+    """
     hidden = _require_tensor("hidden", hidden, ndim=3)
     weight = _require_tensor("weight", weight, ndim=2)
     if hidden.shape[-1] != weight.shape[-1]:
@@ -75,26 +76,25 @@ def _check_head_inputs(hidden: object, weight: object, ids: object, chunk_size: 
     return require_positive_int("chunk_size", chunk_size)
 
 
-def _chunk_log_probs(hidden_chunk: torch.Tensor, weight: torch.Tensor, ids_chunk: torch.Tensor) -> torch.Tensor:
-    """One chunk through the output layer: hidden [B, C, D], weight [V, D], ids [B, C] -> [B, C]."""
-    return _gathered_log_probs(hidden_chunk @ weight.T, ids_chunk)               # logits [B, C, V] live only here
-
-
 def chunked_log_probs(hidden: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, chunk_size: int) -> torch.Tensor:
     """Output layer in time chunks (forward memory only): hidden [B, T, D], weight [V, D], ids [B, T] -> [B, T]."""
-    chunk_size = _check_head_inputs(hidden, weight, ids, chunk_size)
+    chunk_size = check_head_inputs(hidden, weight, ids, chunk_size)
     # Autograd still keeps every chunk's log-softmax for backward, so saved memory grows with T.
-    pieces = [_chunk_log_probs(hidden[:, start:start + chunk_size], weight, ids[:, start:start + chunk_size])
-              for start in range(0, hidden.shape[1], chunk_size)]
+    pieces = [selected_log_probs(hidden[:, start:start + chunk_size] @ weight.T, ids[:, start:start + chunk_size])
+              for start in range(0, hidden.shape[1], chunk_size)]                # each [B, C]
     return torch.cat(pieces, dim=1) if pieces else hidden.new_zeros(hidden.shape[:2], dtype=torch.float32)
 
 
 def checkpointed_log_probs(hidden: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor,
                            chunk_size: int = 1024) -> torch.Tensor:
     """Chunked log-probs, each chunk recomputed in backward: hidden [B, T, D], weight [V, D], ids [B, T] -> [B, T]."""
-    chunk_size = _check_head_inputs(hidden, weight, ids, chunk_size)
+    chunk_size = check_head_inputs(hidden, weight, ids, chunk_size)
+
+    def chunk_log_probs(hidden_chunk: torch.Tensor, weight: torch.Tensor, ids_chunk: torch.Tensor) -> torch.Tensor:
+        return selected_log_probs(hidden_chunk @ weight.T, ids_chunk)             # [B, C]; logits [B, C, V] live only here
+
     # Autograd keeps only each chunk's inputs (views of hidden, weight, ids); logits are rebuilt in backward.
-    pieces = [checkpoint(_chunk_log_probs, hidden[:, start:start + chunk_size], weight,
+    pieces = [checkpoint(chunk_log_probs, hidden[:, start:start + chunk_size], weight,
                          ids[:, start:start + chunk_size], use_reentrant=False)
               for start in range(0, hidden.shape[1], chunk_size)]
     return torch.cat(pieces, dim=1) if pieces else hidden.new_zeros(hidden.shape[:2], dtype=torch.float32)
@@ -142,10 +142,10 @@ def peak_cuda_memory(fn: Callable[..., torch.Tensor], *args: object, backward: b
     Clears .grad of every tensor argument first, so a fresh weight gradient counts (as in a training step).
     Raises RuntimeError when CUDA is not available: the peak counters exist only on a GPU.
     """
-    if not torch.cuda.is_available():
-        raise RuntimeError("peak_cuda_memory needs a CUDA device; on CPU use saved_tensor_bytes")
     if not callable(fn):
         raise ValueError(f"fn must be callable, got {type(fn).__name__}")
+    if not torch.cuda.is_available():
+        raise RuntimeError("peak_cuda_memory needs a CUDA device; on CPU use saved_tensor_bytes")
     tensors = [arg for arg in args if isinstance(arg, torch.Tensor)]
     for tensor in tensors:
         tensor.grad = None

@@ -1,0 +1,448 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Chapter 5 · The memory of the logits | Logits 的显存
+#
+# {{COLAB_BADGE}}
+#
+# **Objectives.** After this chapter you can
+# 1. size the **logits** (logits 张量) of a training microbatch from $N \times V$ alone, and say why, with a
+#    production vocabulary (词表), they outweigh the model's own per-token activations ($V \gg D$);
+# 2. measure what autograd **keeps for backward** (为反向保存的张量) with `saved_tensors_hooks`, and the largest
+#    tensor a forward pass creates, on a CPU;
+# 3. compute selected-token **log-probs** (对数概率) **chunked over time** (沿时间分块) and **recomputed in backward**
+#    (反向重计算, activation checkpointing 激活检查点), with the same values and gradients as the full tensor;
+# 4. read the **peak GPU memory** (峰值显存) of the three methods when a GPU is at hand.
+
+# %%
+#| course-setup
+import pathlib
+
+from torch.overrides import TorchFunctionMode
+from torch.utils.checkpoint import checkpoint  # noqa: F401  (your solution uses it)
+
+from course_lib import (
+    QWEN3_HIDDEN_SIZES,
+    QWEN3_VOCAB_SIZE,
+    check_head_inputs,  # noqa: F401  (your solution uses it)
+    chunked_log_probs,
+    load_course_tokenizer,
+    logit_bytes,
+    logit_memory_table,
+    peak_cuda_memory,
+    saved_tensor_bytes,
+    selected_log_probs,
+    tiny_qwen2,
+)
+from course_lib.tokenizer import corpus_files
+
+# %% [markdown]
+# ## 1. Why: the output layer keeps more than the whole model
+#
+# A policy-gradient or SFT loss needs one number per token: the log-probability of the token that was actually
+# there, $\log p(x_{t+1} \mid x_{\le t})$. To get it, the output layer turns each hidden state (width $D$) into
+# a row of $V$ logits, and a log-softmax over that row. Backward then needs the log-softmax again, so autograd
+# **keeps** it: $4V$ bytes per token in fp32, whatever the model's width.
+#
+# Let us measure it on a real model. The course's `tiny_qwen2` (2 layers, $D = 64$, $V = 2048$) reads 512
+# tokens of the course corpus. `saved_tensor_bytes(fn, *args)` runs `fn` under
+# `torch.autograd.graph.saved_tensors_hooks` and adds up every distinct storage autograd saves for backward
+# (the arguments themselves, here the token ids and the parameters, are left out: they exist anyway).
+
+# %%
+tokenizer = load_course_tokenizer()
+text = pathlib.Path(corpus_files()[1]).read_text(encoding="utf-8")
+token_ids = torch.tensor([tokenizer(text, verbose=False)["input_ids"][:513]])       # [1, 513]
+inputs, targets = token_ids[:, :-1], token_ids[:, 1:]                                 # predict the next token
+model = tiny_qwen2(seed=0, attn_implementation="sdpa")
+parameters = list(model.parameters())
+
+trunk_kept = saved_tensor_bytes(lambda ids, *p: model.model(ids).last_hidden_state, inputs, *parameters)
+hidden = model.model(inputs).last_hidden_state.detach().requires_grad_()            # [1, T, D]
+head_kept = saved_tensor_bytes(lambda h, *p: selected_log_probs(model.lm_head(h), targets), hidden, *parameters)
+tokens, width, layers = inputs.shape[1], model.config.hidden_size, model.config.num_hidden_layers
+print(f"T = {tokens} tokens, D = {width}, V = {model.config.vocab_size}")
+print(f"kept for backward by the {layers}-layer trunk: {trunk_kept / 1e6:5.2f} MB "
+      f"({trunk_kept / (4 * tokens * layers * width):.0f} D fp32 numbers per token per layer)")
+print(f"kept for backward by the output layer : {head_kept / 1e6:5.2f} MB "
+      f"(= 4 V bytes per token: {logit_bytes(tokens, model.config.vocab_size) / 1e6:.2f} MB)")
+
+# %% [markdown]
+# One output layer keeps almost as much as the two transformer layers together: per token, each layer keeps
+# about 18 vectors of width $D$ (attention inputs, MLP activations, norms), while the head keeps one row of
+# $V = 32 D$ numbers. Real vocabularies are far
+# wider than the hidden state. The same arithmetic for Qwen3 ($V = 151{,}936$), one fp32 copy of the logits
+# ($N \cdot V \cdot 4$ bytes, 1 MB = $10^6$ B):
+
+# %%
+print(f"{'model':<11} {'D':>5} {'V / D':>6} | fp32 logits per token | logits of a 32k-token microbatch")
+for row in logit_memory_table():
+    print(f"{row['model']:<11} {row['hidden_size']:5d} {row['vocab_per_hidden']:6.0f} | "
+          f"{row['per_token_mb']:17.2f} MB | {row['microbatch_gb']:13.1f} GB")
+
+# %% [markdown]
+# Every Qwen3 size pays the same 0.61 MB per token, because $V$ does not grow with the model: 19.9 GB for a
+# 32k-token microbatch, *before* the log-softmax output and the gradient, each as large again. $V$ is 148 times
+# $D$ for Qwen3-0.6B and still 30 times $D$ for Qwen3-32B. For long-context training the logits are the first
+# memory decision, before activation checkpointing of the trunk or sharding.
+#
+# ## 2. The mechanism: full, chunked, chunked + recomputed
+#
+# Three ways to compute the same $[B, T]$ log-probs from hidden states `hidden` $[B, T, D]$ and the output
+# weight `weight` $[V, D]$ (`lm_head.weight`):
+#
+# | method | forward creates | autograd keeps for backward |
+# |---|---|---|
+# | full: `selected_log_probs(hidden @ weight.T, ids)` | $[B, T, V]$ logits at once | the $[B, T, V]$ log-softmax |
+# | chunked over time (`chunked_log_probs`) | one $[B, C, V]$ chunk at a time | every chunk's log-softmax: $[B, T, V]$ again |
+# | chunked + recomputed | one $[B, C, V]$ chunk at a time | only the inputs; each chunk is rebuilt in backward |
+#
+# Chunking alone fixes the forward transient, not what is kept. We check both columns on the tiny model's own
+# output layer. `LargestTensor` records the largest tensor any torch call returns inside a `with` block (a CPU
+# stand-in for the forward's transient peak); `saved_tensor_bytes` gives the second column.
+
+# %%
+class LargestTensor(TorchFunctionMode):
+    """Inside `with LargestTensor() as probe:`, probe.bytes is the largest tensor any torch call returned."""
+
+    def __init__(self):
+        super().__init__()
+        self.bytes = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        for item in result if isinstance(result, (tuple, list)) else (result,):
+            if isinstance(item, torch.Tensor):
+                self.bytes = max(self.bytes, item.numel() * item.element_size())
+        return result
+
+
+def measure(fn, *args):
+    """(largest tensor created, bytes kept for backward beyond the inputs) while fn(*args) runs forward."""
+    with LargestTensor() as probe:
+        kept = saved_tensor_bytes(fn, *args)
+    return probe.bytes, kept
+
+
+weight = model.lm_head.weight                                                        # [V, D]
+def full_path(hidden, weight, ids):
+    return selected_log_probs(hidden @ weight.T, ids)                                # [B, T, V] logits at once
+
+
+def chunked_path(hidden, weight, ids):
+    return chunked_log_probs(hidden, weight, ids, chunk_size=64)                     # [B, 64, V] at a time
+
+
+for name, fn in (("full logits", full_path), ("chunked, C = 64", chunked_path)):
+    largest, kept = measure(fn, hidden, weight, targets)
+    print(f"{name:<17} largest tensor {largest / 1e6:5.2f} MB | kept for backward {kept / 1e6:5.2f} MB")
+print("same log-probs:", torch.equal(full_path(hidden, weight, targets), chunked_path(hidden, weight, targets)))
+
+# %% [markdown]
+# Chunking shrinks the largest tensor eight-fold ($T / C = 512 / 64$) and keeps exactly as much for backward.
+# The fix is the second half: run each chunk under `torch.utils.checkpoint.checkpoint`, which computes the chunk
+# without saving its intermediates and **replays** it during backward. Autograd then keeps only the chunk's
+# inputs (views of `hidden`, `weight` and `ids`, which exist anyway). The price is one more forward pass of the
+# output layer, a few percent of a training step's FLOPs.
+#
+# ### TODO · `checkpointed_log_probs`
+#
+# Write `checkpointed_log_probs(hidden, weight, ids, chunk_size=1024)`: `hidden` $[B, T, D]$, `weight` $[V, D]$,
+# integer `ids` $[B, T]$ in $[0, V)$; return the $[B, T]$ log-probs of `ids`.
+#
+# * Split the time axis into chunks of `chunk_size` (the last chunk may be shorter). For each chunk, compute the
+#   logits `hidden_chunk @ weight.T` and their selected log-probs with `selected_log_probs` (it upcasts to fp32
+#   before the log-softmax), inside `checkpoint(fn, ..., use_reentrant=False)` so the chunk is recomputed in
+#   backward. Concatenate the chunks along time; $T = 0$ gives an empty $[B, 0]$ tensor.
+# * The result must equal the full path `selected_log_probs(hidden @ weight.T, ids)` in values **and** in the
+#   gradients with respect to `hidden` and `weight`, bf16 inputs included (the matmul in the inputs' dtype, as the
+#   model's `lm_head` computes it; the log-softmax in fp32).
+# * The grader measures your function too: no tensor larger than about one chunk's logits in forward, and, beyond
+#   the inputs, less than a tenth of what `chunked_log_probs` keeps for backward.
+# * Bad input raises `ValueError`: `check_head_inputs(hidden, weight, ids, chunk_size)` (imported in the setup
+#   cell) checks the shapes, the ids and `chunk_size`, and returns `chunk_size` as an int.
+
+# %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_checkpointed_log_probs", "locked": false, "schema_version": 3}
+#| solution: course_lib.logprobs.checkpointed_log_probs
+
+# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_checkpointed_log_probs", "locked": true, "points": 6, "schema_version": 3}
+# Seed check: the three methods give the same log-probs; recomputing keeps (almost) nothing for backward.
+_gen = torch.Generator().manual_seed(0)
+_hidden = torch.randn(2, 300, 32, generator=_gen, dtype=torch.float64).requires_grad_()
+_weight = (torch.randn(1000, 32, generator=_gen, dtype=torch.float64) / 32**0.5).requires_grad_()
+_ids = torch.randint(1000, (2, 300), generator=_gen)
+_full = selected_log_probs(_hidden @ _weight.T, _ids)                                    # [2, 300]
+_mine = checkpointed_log_probs(_hidden, _weight, _ids, chunk_size=64)                    # 4 chunks of 64 + 44
+assert tuple(_mine.shape) == (2, 300)
+assert torch.allclose(_mine, _full)
+_full.sum().backward()
+_full_grads, _hidden.grad, _weight.grad = (_hidden.grad, _weight.grad), None, None
+_mine.sum().backward()
+assert _hidden.grad is not None and _weight.grad is not None, "no gradient reaches hidden or weight"
+assert torch.allclose(_hidden.grad, _full_grads[0]) and torch.allclose(_weight.grad, _full_grads[1])
+_chunked_kept = saved_tensor_bytes(lambda h, w, i: chunked_log_probs(h, w, i, 64), _hidden, _weight, _ids)
+_my_kept = saved_tensor_bytes(lambda h, w, i: checkpointed_log_probs(h, w, i, 64), _hidden, _weight, _ids)
+assert _chunked_kept >= 8 * 2 * 300 * 1000                  # every chunk's fp64 log-softmax: [2, 300, 1000]
+assert _my_kept < _chunked_kept / 10
+### BEGIN HIDDEN TESTS
+import random
+
+from torch.overrides import TorchFunctionMode
+
+from course_lib.nb import grading
+
+
+def _head(batch, tokens, width, vocab, seed, dtype=torch.float64):
+    generator = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(batch, tokens, width, generator=generator, dtype=dtype).requires_grad_()
+    weight = (torch.randn(vocab, width, generator=generator, dtype=dtype) / width**0.5).requires_grad_()
+    return hidden, weight, torch.randint(vocab, (batch, tokens), generator=generator)
+
+
+# Values: random shapes and chunk sizes (T not a multiple of C, C > T, C = 1), fp32, T = 0, default chunk.
+_rng = random.Random(5)
+_cases = []
+for _k in range(10):
+    _tokens = _rng.randint(1, 30)
+    _args = _head(_rng.randint(1, 3), _tokens, _rng.randint(1, 8), _rng.randint(2, 30), seed=_k)
+    _cases.append((_args, {"chunk_size": _rng.choice([1, 3, 7, _tokens, _tokens + 5])}))
+_cases.append((_head(2, 37, 8, 50, seed=20, dtype=torch.float32), {"chunk_size": 5}))
+_cases.append((_head(1, 19, 4, 9, seed=21), {}))
+_cases.append((_head(2, 0, 4, 9, seed=22), {"chunk_size": 4}))
+# bf16 inputs whose logits are small integers (exact in bf16): only the log-softmax's precision can differ.
+_int_gen = torch.Generator().manual_seed(23)
+_cases.append(((torch.randint(-2, 3, (2, 24, 16), generator=_int_gen).bfloat16(),
+                torch.randint(-2, 3, (300, 16), generator=_int_gen).bfloat16(),
+                torch.randint(300, (2, 24), generator=_int_gen)), {"chunk_size": 10}))
+grading.assert_matches_reference(checkpointed_log_probs, "checkpointed_log_probs", _cases, rtol=1e-5, atol=1e-6)
+
+
+# Gradients with respect to hidden and weight, under a random upstream gradient.
+def _values_and_grads(fn, hidden, weight, ids, chunk_size, seed):
+    hidden.grad = weight.grad = None
+    values = fn(hidden, weight, ids, chunk_size)
+    upstream = torch.randn(tuple(values.shape), generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    (values.double() * upstream).sum().backward()
+    return [values.detach(), hidden.grad, weight.grad]
+
+
+_reference = grading.reference("checkpointed_log_probs")
+for _k, (_batch, _tokens, _width, _vocab, _chunk) in enumerate([(1, 13, 4, 11, 4), (2, 29, 6, 17, 8),
+                                                                (3, 10, 5, 7, 10), (2, 9, 3, 13, 1)]):
+    _args = _head(_batch, _tokens, _width, _vocab, seed=40 + _k)
+    _expected = _values_and_grads(_reference, *_args, _chunk, seed=_k)
+    with grading.library_blocked("checkpointed_log_probs"):
+        _got = _values_and_grads(checkpointed_log_probs, *_args, _chunk, seed=_k)
+    grading.assert_same(_got, _expected, rtol=1e-7, atol=1e-9, path=f"[values, hidden.grad, weight.grad] (case {_k})")
+
+
+# Recompute: what autograd keeps is far below chunking alone. Chunking: no full [B, T, V] tensor in forward.
+class _Largest(TorchFunctionMode):
+    def __init__(self):
+        super().__init__()
+        self.numel = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        for item in result if isinstance(result, (tuple, list)) else (result,):
+            if isinstance(item, torch.Tensor):
+                self.numel = max(self.numel, item.numel())
+        return result
+
+
+_hidden, _weight, _ids = _head(1, 2048, 16, 512, seed=60, dtype=torch.float32)
+for _tokens in (512, 2048):
+    _args = (_hidden[:, :_tokens], _weight, _ids[:, :_tokens])
+    _chunked_kept = saved_tensor_bytes(lambda h, w, i: chunked_log_probs(h, w, i, 128), *_args)
+    with grading.library_blocked("checkpointed_log_probs"), _Largest() as _probe:
+        _kept = saved_tensor_bytes(lambda h, w, i: checkpointed_log_probs(h, w, i, 128), *_args)
+    assert _kept < _chunked_kept / 10, (
+        f"T = {_tokens}: autograd keeps {_kept} bytes, chunking alone keeps {_chunked_kept}: is each chunk recomputed?")
+    assert _probe.numel <= 2 * 128 * 512, (
+        f"T = {_tokens}: a tensor of {_probe.numel} elements in forward; one chunk's logits have {128 * 512}")
+
+_ok = _head(2, 8, 4, 10, seed=0, dtype=torch.float32)
+grading.assert_rejects(checkpointed_log_probs, "checkpointed_log_probs", [
+    (_ok, {"chunk_size": 0}), (_ok, {"chunk_size": 2.5}),
+    ((_ok[0][0], _ok[1], _ok[2]), {"chunk_size": 4}),                                    # hidden [T, D]
+    ((_ok[0], _ok[1][:, :3], _ok[2]), {"chunk_size": 4}),                                # widths differ
+    ((_ok[0], _ok[1], _ok[2][:, :5]), {"chunk_size": 4}),                                # ids shape
+    ((_ok[0], _ok[1], _ok[2] + 10), {"chunk_size": 4}),                                  # ids >= V
+    ((_ok[0], _ok[1], _ok[2].float()), {"chunk_size": 4}),                               # ids not integers
+])
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## 3. Evidence: memory against sequence length
+#
+# Now the three methods side by side as $T$ grows, with a vocabulary closer to a real one ($V = 8192$, $D = 64$,
+# chunks of $C = 512$). Left: the largest tensor the forward pass creates. Right: what autograd keeps for
+# backward beyond the inputs.
+
+# %%
+VOCAB, WIDTH, CHUNK = 8192, 64, 512
+lengths = [512, 1024, 2048, 4096]
+methods = {
+    "full logits": lambda h, w, i: selected_log_probs(h @ w.T, i),
+    "chunked": lambda h, w, i: chunked_log_probs(h, w, i, CHUNK),
+    "chunked + recompute": lambda h, w, i: checkpointed_log_probs(h, w, i, CHUNK),
+}
+generator = torch.Generator().manual_seed(0)
+curve_weight = (torch.randn(VOCAB, WIDTH, generator=generator) / WIDTH**0.5).requires_grad_()
+curve_hidden = torch.randn(1, lengths[-1], WIDTH, generator=generator).requires_grad_()
+curve_ids = torch.randint(VOCAB, (1, lengths[-1]), generator=generator)
+curves = {name: [measure(fn, curve_hidden[:, :n], curve_weight, curve_ids[:, :n]) for n in lengths]
+          for name, fn in methods.items()}
+print(f"{'method':<20}" + "".join(f"{f'T = {n}':>22}" for n in lengths))
+for name, points in curves.items():
+    print(f"{name:<20}" + "".join(f"{f'{big / 1e6:6.1f} | {kept / 1e6:6.1f} MB':>22}" for big, kept in points))
+print("(largest tensor | kept for backward)")
+
+# %%
+fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharex=True)
+styles = {"full logits": dict(color="#C44E52", marker="o", linewidth=4, alpha=0.5),
+          "chunked": dict(color="#DD8452", marker="s", linestyle="--"),
+          "chunked + recompute": dict(color="#4C72B0", marker="^", linestyle=":")}
+for name, points in curves.items():
+    for axis, values in zip(axes, zip(*points, strict=True), strict=True):
+        axis.plot(lengths, [v / 1e6 for v in values], label=name, **styles[name])
+axes[0].set_title("largest tensor created in forward")
+axes[1].set_title("kept by autograd for backward (beyond inputs)")
+for axis in axes:
+    axis.set_xscale("log", base=2)
+    axis.set_xlabel("tokens T")
+    axis.set_ylabel("MB")
+    axis.set_ylim(bottom=0)
+axes[1].legend()
+fig.suptitle(f"Output layer V = {VOCAB}, D = {WIDTH}, chunk C = {CHUNK} (CPU, fp32)")
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# The full path grows linearly in both panels. Chunking flattens the left panel at one chunk ($4 C V$ bytes) but
+# keeps the right panel on the full path's line: it is the same $4 T V$ bytes, kept chunk by chunk. Chunking with
+# recompute is flat in both. What is left on a GPU is one chunk's working set plus the weight's gradient.
+#
+# Recomputing costs time (one more forward of the head in backward), not accuracy. A last check on the tiny
+# model's head at $T = 512$: values and both gradients of the three methods against the full path.
+
+# %%
+upstream = torch.randn(targets.shape, generator=torch.Generator().manual_seed(1))
+for name, fn in (("full logits", full_path), ("chunked", chunked_path),
+                 ("chunked + recompute", lambda h, w, i: checkpointed_log_probs(h, w, i, 64))):
+    hidden.grad = weight.grad = None
+    values = fn(hidden, weight, targets)
+    (values * upstream).sum().backward()
+    if name == "full logits":
+        reference = (values.detach(), hidden.grad.clone(), weight.grad.clone())
+    differences = [(got - want).abs().max().item()
+                   for got, want in zip((values.detach(), hidden.grad, weight.grad), reference, strict=True)]
+    print(f"{name:<20} max |diff| values {differences[0]:.1e}, d hidden {differences[1]:.1e}, "
+          f"d weight {differences[2]:.1e}")
+hidden.grad = weight.grad = None
+
+# %% [markdown]
+# Values and the hidden-state gradient agree to the last bit here; the weight gradient differs at fp32 rounding level,
+# because it is summed chunk by chunk instead of in one matmul.
+
+# %% [markdown]
+# ## 4. The same head in the framework (transformers)
+#
+# `model(input_ids, labels=...)` in transformers computes the full $[B, T, V]$ logits with `lm_head`, upcasts them
+# and takes the mean cross-entropy over the shifted labels. We can keep the model's trunk and swap only the head:
+# the trunk's last hidden state and `lm_head.weight` go into `checkpointed_log_probs`. The loss must be the same
+# number; what autograd keeps for backward drops by the head's share.
+
+# %%
+framework_loss = model(inputs, labels=inputs).loss                         # transformers shifts the labels itself
+ours = checkpointed_log_probs(model.model(inputs).last_hidden_state[:, :-1], model.lm_head.weight,
+                              inputs[:, 1:], 128)
+print(f"transformers loss {framework_loss.item():.6f} | ours {-ours.mean().item():.6f}")
+assert torch.allclose(framework_loss, -ours.mean(), atol=1e-5)
+
+framework_kept = saved_tensor_bytes(lambda ids, *p: model(ids, labels=ids).loss, inputs, *parameters)
+swapped_kept = saved_tensor_bytes(
+    lambda ids, *p: -checkpointed_log_probs(model.model(ids).last_hidden_state[:, :-1], model.lm_head.weight,
+                                            ids[:, 1:], 128).mean(), inputs, *parameters)
+print(f"kept for backward by the whole model: transformers loss {framework_kept / 1e6:.2f} MB | "
+      f"trunk + checkpointed head {swapped_kept / 1e6:.2f} MB")
+
+# %% [markdown]
+# ## 5. Peak GPU memory (runs only with CUDA)
+#
+# On a GPU, `torch.cuda.max_memory_allocated` measures the real peak of forward + backward, everything included
+# (`peak_cuda_memory` wraps it). The cell below measures the three methods on an output layer the shape of
+# Qwen3-0.6B's `lm_head` ($V = 151{,}936$, $D = 1024$, bf16, random weights: memory does not depend on the
+# values). Without CUDA it says so and does nothing.
+#
+# For reference, seed 003 (§14.3) reports this measurement on a GPU with the real Qwen3-0.6B head, chunks of
+# 1,024: **full 7.5 GB, chunked 3.7 GB, chunked + recompute 2.2 GB at T = 4,096; 29.9, 11.2 and 2.2 GB at
+# T = 16,384**. Those are the seed's numbers, not measured in this notebook. About 12 bytes per logit on the full
+# path: the bf16 matmul output, its fp32 copy and the fp32 log-softmax, some alive together in backward.
+
+# %%
+if torch.cuda.is_available():
+    device, vocab, width = "cuda", QWEN3_VOCAB_SIZE, QWEN3_HIDDEN_SIZES["Qwen3-0.6B"]
+    gpu_generator = torch.Generator(device=device).manual_seed(0)
+    gpu_weight = (torch.randn(vocab, width, device=device, dtype=torch.bfloat16, generator=gpu_generator)
+                  * 0.02).requires_grad_()
+    big_gpu = torch.cuda.get_device_properties(0).total_memory > 40e9                # 16k full logits need ~30 GB
+    gpu_methods = {"full logits": lambda h, w, i: selected_log_probs(h @ w.T, i),
+                   "chunked": lambda h, w, i: chunked_log_probs(h, w, i, 1024),
+                   "chunked + recompute": lambda h, w, i: checkpointed_log_probs(h, w, i, 1024)}
+    for tokens in [4096, 16_384] if big_gpu else [4096]:
+        gpu_hidden = torch.randn(1, tokens, width, device=device, dtype=torch.bfloat16,
+                                 generator=gpu_generator).requires_grad_()
+        gpu_ids = torch.randint(vocab, (1, tokens), device=device, generator=gpu_generator)
+        peaks = {name: peak_cuda_memory(fn, gpu_hidden, gpu_weight, gpu_ids) / 1e9 for name, fn in gpu_methods.items()}
+        print(f"T = {tokens:6d} | " + " | ".join(f"{name} {peak:4.1f} GB" for name, peak in peaks.items()))
+        del gpu_hidden, gpu_ids
+else:
+    print("No CUDA device here: the peak-memory cell is skipped (saved_tensor_bytes above is the CPU measure).")
+
+# %% [markdown]
+# ## 6. Design questions in practice (实践中的设计问题)
+#
+# **Problem: out of memory at the loss, only on the longest microbatches.**
+# *Symptom:* the step fails with an OOM in `log_softmax` or the cross-entropy, on the rank that received the
+# longest sequences; shorter microbatches of the same run are fine. *Cause:* the full $[N, V]$ logits, their fp32
+# copy and log-softmax: 0.61 MB per token per copy for a Qwen3 vocabulary, 19.9 GB per copy at 32k tokens.
+# *Options:* (a) chunk over time and recompute each chunk in backward; (b) a smaller token budget per microbatch;
+# (c) a fused linear + cross-entropy kernel that never writes the logits; (d) keep the logits in bf16.
+# *Recommendation:* (a), with the log-softmax in fp32 inside each chunk, and the token budget set from a peak
+# measured at the longest length; (c) when a tested kernel exists for your stack. (d) saves memory at the cost of
+# log-probs that drift from the sampler's, which importance ratios in RL amplify.
+#
+# **Problem: "we chunk the logits, but memory still grows with the sequence length".**
+# *Symptom:* peak memory after chunking is lower, but still linear in $T$ (the seed's 3.7 → 11.2 GB from 4k to
+# 16k tokens). *Cause:* autograd keeps every chunk's log-softmax for backward; chunking only removed the transient
+# full tensor. *Options:* recompute each chunk (`torch.utils.checkpoint`), or a custom autograd function that
+# computes the head's gradient chunk by chunk. *Recommendation:* recompute, and guard it with a test like this
+# chapter's: `saved_tensor_bytes` flat in $T$, values and gradients equal to the full path.
+#
+# **Problem: the recomputed log-probs differ from the forward's.**
+# *Cause:* non-deterministic kernels or a different chunk size between the two passes; dropout inside the
+# recomputed region draws new random numbers unless the RNG state is replayed (`checkpoint` does replay it by
+# default). *Recommendation:* the head has no dropout; keep the chunk size fixed and compare against the full
+# path at a length where it still fits.
+#
+# ## 7. Exercises
+#
+# 1. In section 3, change `CHUNK` to 128 and 2048. Which panel changes and by how much? Derive the largest
+#    forward tensor as a function of $C$, and pick $C$ so that one chunk of Qwen3 logits (fp32) stays under 1 GB.
+# 2. Account for the seed's 2.2 GB plateau (Qwen3-0.6B head, bf16, chunks of 1,024): add up the weight's
+#    gradient and one chunk's bf16 logits, fp32 copy, fp32 log-softmax and its gradient. What is left over?
+# 3. `logit_memory_table(dtype_bytes=2)` gives bf16 logits. Why does `selected_log_probs` still upcast to fp32
+#    before the log-softmax? Measure the largest error of a bf16 log-softmax on random logits with $V = 8192$.
+# 4. For Qwen3-8B at 32k tokens, how much does the chunked path (without recompute) keep for backward, and what
+#    fraction of an 80 GB GPU is that? Compare with the checkpointed path.
