@@ -1,0 +1,117 @@
+"""Benchmark: `course grade` (parallel kernels) against sequential `nbgrader autograde`, same submissions, same run.
+
+    python benchmarks/bench_grading.py [--per-chapter 4] [--workers N] [--chapters 01_length_ledger ...]
+
+Builds every chapter in a scratch course, writes 4 submissions per chapter (the instructor's solutions in the
+release notebook, then wrong answers from the mutant catalogue, one TODO each), copies the course twice, and
+grades the same files with both graders. Prints submissions per minute, the speed-up, and whether the two
+gradebooks agree cell by cell. A benchmark, not a CI test: it takes minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # the mutant catalogue lives in tests/mutants
+
+
+def write_submissions(root: Path, chapter: str, per_chapter: int, inbox: Path) -> dict[str, Path]:
+    """student -> notebook: the solutions, then mutants (one wrong TODO each), blank releases if short."""
+    from course_lib.nb import cells
+    from tests.mutants import catalogue
+    from tests.test_autograde import submission_with
+
+    source, release = (root / step / chapter / f"{chapter}.ipynb" for step in ("source", "release"))
+    solutions = cells.solution_cells(cells.read(source))
+    wrong = [(todo, name, code) for todo, mutants in sorted(catalogue().get(chapter, {}).items())
+             for name, code in sorted(mutants.items())]
+    wrong = wrong[::max(1, len(wrong) // max(1, per_chapter - 1))]  # spread over the TODOs
+    written = {}
+    for index in range(per_chapter):
+        student = f"s{index:02d}"
+        path = inbox / f"{student}_{chapter}.ipynb"
+        if index == 0:
+            submission_with(release, solutions, path)
+        elif index - 1 < len(wrong):
+            todo, _, code = wrong[index - 1]
+            submission_with(release, {**solutions, f"todo_{todo}": code}, path)
+        else:
+            shutil.copy2(release, path)
+        written[student] = path
+    return written
+
+
+def sequential_nbgrader(root: Path, staged: dict[str, dict[str, Path]]) -> float:
+    from course_lib.nb import autograde
+
+    started = time.perf_counter()
+    for chapter, notebooks in staged.items():
+        autograde.stage_submissions(root, chapter, notebooks)
+        completed = autograde.autograde(root, chapter, timeout_s=3600)
+        if completed.returncode != 0:
+            raise SystemExit(f"nbgrader autograde {chapter} failed:\n{completed.stderr[-2000:]}")
+    return time.perf_counter() - started
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--per-chapter", type=int, default=4)
+    parser.add_argument("--workers", type=int, default=None, help="default: number of cores")
+    parser.add_argument("--chapters", nargs="*", default=None)
+    args = parser.parse_args(argv)
+
+    import nbgrader
+    import torch
+
+    from course_lib.nb import autograde, build, grade
+
+    scratch = Path(tempfile.mkdtemp(prefix="bench-grading-"))
+    try:
+        root = build.copy_course_skeleton(build.NOTEBOOKS_DIR, scratch / "parallel")
+        started = time.perf_counter()
+        builds = build.build_course(root, only=args.chapters)
+        print(f"built {len(builds)} chapters in {time.perf_counter() - started:.0f} s "
+              "(not part of either measurement)")
+        staged, inbox = {}, scratch / "inbox"
+        inbox.mkdir()
+        for chapter in builds:
+            staged[chapter.name] = write_submissions(root, chapter.name, args.per_chapter, inbox)
+        total = sum(len(v) for v in staged.values())
+        sequential_root = scratch / "sequential"
+        shutil.copytree(root, sequential_root)
+        workers = args.workers or os.cpu_count() or 1
+        print(f"{total} submissions, {len(builds)} chapters | {os.cpu_count()} cores, {workers} workers | "
+              f"python {platform.python_version()}, nbgrader {nbgrader.__version__}, torch {torch.__version__}")
+
+        sequential_s = sequential_nbgrader(sequential_root, staged)
+        print(f"sequential nbgrader autograde: {sequential_s:7.1f} s  {60 * total / sequential_s:5.1f} submissions/min")
+        run = grade.grade_submissions(inbox, root, workers=workers, progress=False)
+        parallel_s = run.seconds
+        print(f"course grade ({workers} workers):   {parallel_s:7.1f} s  {60 * total / parallel_s:5.1f} submissions/min "
+              f"(graded {run.count('graded')}, failed {run.count('failed')})")
+        print(f"speed-up: {sequential_s / parallel_s:.2f}x")
+
+        disagreements = []
+        for chapter, notebooks in staged.items():
+            for student in notebooks:
+                ours = {g: s for g, (s, _) in grade.NbgraderRecorder(root, scratch / "x").scores(student, chapter).items()}
+                theirs = {g: s for g, (s, _) in autograde.cell_scores(sequential_root, chapter, student).items()}
+                if ours != theirs:
+                    disagreements.append(f"{chapter}/{student}: course {ours} vs nbgrader {theirs}")
+        print("per-cell scores agree with nbgrader's on every submission" if not disagreements
+              else "DISAGREEMENTS:\n  " + "\n  ".join(disagreements))
+        return 1 if disagreements or run.count("failed") else 0
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,142 @@
+"""`course`: the one command students and instructors touch.
+
+    course build [CHAPTER ...]                 jupytext chapters -> nbgrader source -> release notebooks
+    course check NOTEBOOK                      (students) run the notebook, table of visible tests and points
+    course grade SUBMISSIONS [--workers N]     folder or zip of .ipynb -> gradebook, grades.csv, feedback pages
+    course preflight PROFILE                   environment check of a profile (BASE-CPU, PT-CPU, PT-SFT-CUDA)
+    course bench WORKLOAD --mode MODE          one GPU-runner benchmark (dry_run, cpu_smoke, real_gpu)
+
+Exit codes: 0 done; 1 something to look at (a failed visible test, a submission that could not be graded, a
+failed preflight line); 2 the command could not run (bad arguments, missing files).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from course_lib.nb import build as nb_build
+
+
+def _build(args: argparse.Namespace) -> int:
+    builds = nb_build.build_course(args.root, release=not args.no_release, only=args.chapters or None)
+    if not builds:
+        print(f"no chapters found under {Path(args.root) / 'chapters'}", file=sys.stderr)
+        return 2
+    print(f"{'chapter':<34} {'graded cells':>12} {'points':>7}")
+    for chapter in builds:
+        print(f"{chapter.name:<34} {len(chapter.graded_cells):>12} {chapter.points:>7g}")
+    print(f"{len(builds)} chapters, {sum(len(b.graded_cells) for b in builds)} graded cells, "
+          f"{sum(b.points for b in builds):g} points")
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    from course_lib.nb import check
+
+    try:
+        rows = check.check_notebook(args.notebook, cell_timeout=args.cell_timeout)
+    except (OSError, ValueError) as error:
+        print(f"course check: {error}", file=sys.stderr)
+        return 2
+    print(check.format_rows(rows))
+    return 0 if all(row.passed for row in rows) else 1
+
+
+def _grade(args: argparse.Namespace) -> int:
+    from course_lib.nb import grade
+
+    if not Path(args.submissions).exists():
+        print(f"course grade: {args.submissions} does not exist", file=sys.stderr)
+        return 2
+    if not (Path(args.root) / "nbgrader_config.py").exists():
+        print(f"course grade: {args.root} is not a course root (no nbgrader_config.py)", file=sys.stderr)
+        return 2
+    try:
+        run = grade.grade_submissions(Path(args.submissions), Path(args.root), workers=args.workers,
+                                      cell_timeout=args.cell_timeout, notebook_timeout=args.notebook_timeout,
+                                      force=args.force, out=args.out, progress=not args.no_progress,
+                                      kernel_name=args.kernel)
+    except ValueError as error:
+        print(f"course grade: {error}", file=sys.stderr)
+        return 2
+    print(grade.summary(run))
+    return 1 if run.count("failed") else 0
+
+
+def _preflight(args: argparse.Namespace) -> int:
+    from course_lib import preflight
+
+    return preflight.main([args.profile, *(["--json"] if args.json else [])])
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from benchmarks import runner
+
+    argv = [args.workload, "--mode", args.mode, "--label", args.label]
+    if args.results_dir:
+        argv += ["--results-dir", args.results_dir]
+    if args.profile:
+        argv += ["--profile", args.profile]
+    argv += ["--no-hub"] * args.no_hub + ["--no-progress"] * args.no_progress
+    return runner.main(argv)
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="course", description=__doc__.split("\n\n")[0],
+                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    verbs = top.add_subparsers(dest="verb", required=True)
+    root_help = "course root: the folder with nbgrader_config.py, chapters/, source/, release/ (default: %(default)s)"
+
+    build = verbs.add_parser("build", help="build source and release notebooks from the chapter sources")
+    build.add_argument("chapters", nargs="*", help="chapter names, e.g. 01_length_ledger (default: all)")
+    build.add_argument("--root", type=Path, default=nb_build.NOTEBOOKS_DIR, help=root_help)
+    build.add_argument("--no-release", action="store_true", help="only the nbgrader source notebooks")
+    build.set_defaults(run=_build)
+
+    check = verbs.add_parser("check", help="run a notebook and show which TODOs pass their visible tests")
+    check.add_argument("notebook", type=Path)
+    check.add_argument("--cell-timeout", type=float, default=60, help="seconds per cell (default: %(default)s)")
+    check.set_defaults(run=_check)
+
+    grade = verbs.add_parser("grade", help="autograde a folder or zip of submissions")
+    grade.add_argument("submissions", type=Path, help="folder or .zip: <student>_<chapter>.ipynb files or "
+                       "nbgrader's submitted/<student>/<chapter>/ layout")
+    grade.add_argument("--root", type=Path, default=nb_build.NOTEBOOKS_DIR, help=root_help)
+    grade.add_argument("--workers", type=int, default=None, help="parallel kernels (default: number of cores)")
+    grade.add_argument("--cell-timeout", type=float, default=60, help="seconds per cell (default: %(default)s)")
+    grade.add_argument("--notebook-timeout", type=float, default=900,
+                       help="seconds per notebook (default: %(default)s)")
+    grade.add_argument("--force", action="store_true", help="grade again what the gradebook already holds")
+    grade.add_argument("--out", type=Path, default=None, help="where grades.csv and feedback/ go (default: root)")
+    grade.add_argument("--kernel", default="python3",
+                       help="Jupyter kernel spec for every submission, e.g. one that starts a container "
+                            "(default: %(default)s)")
+    grade.add_argument("--no-progress", action="store_true")
+    grade.set_defaults(run=_grade)
+
+    pre = verbs.add_parser("preflight", help="check this environment against a profile")
+    pre.add_argument("profile", help="BASE-CPU, PT-CPU or PT-SFT-CUDA")
+    pre.add_argument("--json", action="store_true")
+    pre.set_defaults(run=_preflight)
+
+    bench = verbs.add_parser("bench", help="run a benchmark workload through benchmarks.runner")
+    bench.add_argument("workload", help="workload id or 'all'")
+    bench.add_argument("--mode", default="dry_run", help="dry_run, cpu_smoke or real_gpu (default: %(default)s)")
+    bench.add_argument("--label", default="default")
+    bench.add_argument("--results-dir", default=None)
+    bench.add_argument("--profile", default=None)
+    bench.add_argument("--no-hub", action="store_true")
+    bench.add_argument("--no-progress", action="store_true")
+    bench.set_defaults(run=_bench)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,86 @@
+"""`course check NOTEBOOK`: a student's view of where they stand, before they submit.
+
+The notebook runs top to bottom in a fresh kernel (in the notebook's folder, as Jupyter would run it), with the
+same per-cell time limit as the grader. Then, for every graded test cell, a row: did its visible tests
+pass, and how many points the cell is worth. A release notebook holds only the visible tests; the hidden
+ones run at grading time, so a pass here is necessary, not sufficient. A test cell that differs from
+the one handed out is flagged: the grader puts the original back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import nbformat
+
+from .cells import nbgrader_meta
+from .execute import execute_notebook
+from .feedback import cell_message
+from .submissions import read_notebook
+
+
+@dataclass(frozen=True)
+class CheckRow:
+    grade_id: str
+    points: float
+    passed: bool
+    message: str
+    edited: bool
+
+
+def _edited(cell: Any) -> bool:
+    """Does a test cell differ from the handed-out one (nbgrader's checksum, when nbgrader is installed)?"""
+    checksum = nbgrader_meta(cell).get("checksum")
+    if not checksum:
+        return False
+    try:
+        from nbgrader.utils import compute_checksum
+    except ImportError:  # Colab without nbgrader: skip the comparison
+        return False
+    return compute_checksum(cell) != checksum
+
+
+def check_notebook(path: str | Path, *, cell_timeout: float = 60, notebook_timeout: float = 900,
+                   kernel_name: str = "python3") -> list[CheckRow]:
+    """Run the notebook and report each graded cell's visible tests."""
+    path = Path(path)
+    notebook, problem = read_notebook(path.read_bytes())
+    if problem:
+        raise ValueError(f"{path}: {problem}")
+    graded = [c for c in notebook.cells if c.cell_type == "code" and nbgrader_meta(c).get("grade")
+              and not nbgrader_meta(c).get("solution")]
+    if not graded:
+        raise ValueError(f"{path}: no graded test cells (nbgrader metadata) found; is this a course notebook?")
+    edited = {nbgrader_meta(c)["grade_id"]: _edited(c) for c in graded}
+    for cell in notebook.cells:
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    result = execute_notebook({"key": hashlib.sha1(str(path).encode()).hexdigest(),
+                               "notebook": nbformat.writes(notebook), "cwd": str(path.resolve().parent),
+                               "cell_timeout": cell_timeout,
+                               "notebook_timeout": notebook_timeout, "kernel_name": kernel_name})
+    executed = nbformat.reads(result["notebook"], as_version=4)
+    rows = []
+    for cell in executed.cells:
+        meta = nbgrader_meta(cell)
+        if cell.cell_type == "code" and meta.get("grade") and not meta.get("solution"):
+            message = cell_message(cell)
+            rows.append(CheckRow(meta["grade_id"], float(meta.get("points", 0)), not message, message,
+                                 edited[meta["grade_id"]]))
+    return rows
+
+
+def format_rows(rows: list[CheckRow]) -> str:
+    width = max(len("test"), *(len(r.grade_id) for r in rows))
+    lines = [f"{'test':<{width}}  {'visible tests':<13}  {'points':>6}  message"]
+    for row in rows:
+        note = row.message + ("  [test cell edited: the grader restores the original]" if row.edited else "")
+        lines.append(f"{row.grade_id:<{width}}  {'PASS' if row.passed else 'FAIL':<13}  {row.points:>6g}  {note}")
+    passing = sum(r.points for r in rows if r.passed)
+    total = sum(r.points for r in rows)
+    lines.append(f"visible tests pass on {sum(r.passed for r in rows)} of {len(rows)} graded cells "
+                 f"({passing:g} of {total:g} points); hidden tests decide the grade.")
+    return "\n".join(lines)

@@ -1,0 +1,365 @@
+"""`course grade`: a folder (or zip) of submissions -> nbgrader gradebook, grades.csv and feedback pages.
+
+1. Read every file without trusting it (`submissions.py`); duplicates, unreadable files and names that
+   name no chapter become summary lines, not crashes.
+2. Match each notebook's cells to the chapter's source (`match.py`): graded test cells come back from
+   the source with their hidden tests; edits, deletions and stripped metadata are noted.
+3. Execute each prepared notebook in a worker process (`execute.py`), the kernel in a new empty
+   folder outside the course, with a per-cell and a per-notebook time limit.
+4. In this process, one at a time (sqlite has one writer), hand each executed notebook to nbgrader's
+   autograde with its Execute step removed: nbgrader restores locked cells from its gradebook, scores
+   the test cells and records the grades. Then the feedback page and, at the end, grades.csv.
+
+Nothing already in the gradebook is graded again without `force`.
+"""
+
+from __future__ import annotations
+
+import csv
+import multiprocessing
+import os
+import shutil
+import sys
+import time
+import warnings
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import nbformat
+
+from . import build, feedback, match, submissions
+from .cells import nbgrader_meta
+from .execute import execute_notebook, worker_init
+
+
+@dataclass
+class Outcome:
+    """What happened to one submission."""
+
+    display: str
+    student: str | None
+    chapter: str | None
+    status: str  # graded | failed | skipped
+    reason: str = ""
+    cells: list[feedback.CellOutcome] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def score(self) -> float:
+        return sum(c.score for c in self.cells)
+
+    @property
+    def max_score(self) -> float:
+        return sum(c.max_score for c in self.cells)
+
+
+@dataclass
+class GradeRun:
+    outcomes: list[Outcome]
+    seconds: float
+    workers: int
+    csv_path: Path | None = None
+
+    def count(self, status: str) -> int:
+        return sum(1 for o in self.outcomes if o.status == status)
+
+
+@dataclass
+class Chapter:
+    name: str
+    source: Any
+    release: Any
+
+
+def known_chapters(root: Path) -> list[str]:
+    names = {p.stem for p in build.chapter_sources(root / "chapters")}
+    names |= {p.name for p in (root / "source").glob("[0-9][0-9]_*") if p.is_dir()}
+    return sorted(names)
+
+
+def _gradebook_url(root: Path) -> str:
+    return f"sqlite:///{root / 'gradebook.db'}"
+
+
+def load_chapters(root: Path, names: set[str]) -> dict[str, Chapter]:
+    """Source and release notebooks of `names`, building (nbgrader generate_assignment) what is missing."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    missing = []
+    with Gradebook(_gradebook_url(root)) as gradebook:
+        for name in sorted(names):
+            try:
+                gradebook.find_assignment(name)
+                in_gradebook = True
+            except MissingEntry:
+                in_gradebook = False
+            paths = [root / step / name / f"{name}.ipynb" for step in ("source", "release")]
+            if not in_gradebook or not all(p.exists() for p in paths):
+                missing.append(name)
+    buildable = {p.stem for p in build.chapter_sources(root / "chapters")}
+    if missing:
+        build.build_course(root, only=[n for n in missing if n in buildable])
+    chapters = {}
+    for name in sorted(names):
+        source, release = (root / step / name / f"{name}.ipynb" for step in ("source", "release"))
+        if source.exists() and release.exists():
+            chapters[name] = Chapter(name, nbformat.read(source, as_version=4), nbformat.read(release, as_version=4))
+    return chapters
+
+
+def already_graded(root: Path, student: str, chapter: str) -> bool:
+    from nbgrader.api import Gradebook, MissingEntry
+
+    if (root / "autograded" / student / chapter).exists():
+        return True
+    with Gradebook(_gradebook_url(root)) as gradebook:
+        try:
+            gradebook.find_submission(chapter, student)
+        except MissingEntry:
+            return False
+    return True
+
+
+def _look_alike(notebook: Any, root: Path, filed_as: str) -> str:
+    """'; it looks like chapter X' when another built chapter recognises the notebook."""
+    best, best_share = None, match.MIN_RECOGNIZED
+    for name in known_chapters(root):
+        source, release = (root / step / name / f"{name}.ipynb" for step in ("source", "release"))
+        if name == filed_as or not (source.exists() and release.exists()):
+            continue
+        chapter = Chapter(name, nbformat.read(source, as_version=4), nbformat.read(release, as_version=4))
+        prepared = match.prepare(notebook, chapter.source, chapter.release)
+        if prepared.unmatched is None and prepared.recognized > best_share:
+            best, best_share = name, prepared.recognized
+    return f"; it looks like chapter {best} (wrong chapter?)" if best else ""
+
+
+class NbgraderRecorder:
+    """nbgrader's autograde without its Execute step, run in this process on already executed notebooks."""
+
+    def __init__(self, root: Path, staging: Path):
+        from nbconvert.preprocessors import ClearMetadataPreprocessor
+        from nbgrader.apps import NbGraderAPI
+        from nbgrader.coursedir import CourseDirectory
+        from nbgrader.preprocessors import (
+            AssignLatePenalties,
+            CheckCellMetadata,
+            DeduplicateIds,
+            IgnorePattern,
+            LimitOutput,
+            OverwriteCells,
+            OverwriteKernelspec,
+            SaveAutoGrades,
+        )
+        from traitlets.config.loader import PyFileConfigLoader
+
+        self.root, self.staging = root, staging
+        config = PyFileConfigLoader("nbgrader_config.py", path=str(root)).load_config()
+        config.CourseDirectory.root = str(root)
+        config.CourseDirectory.submitted_directory = str(staging)
+        config.Autograde.sanitize_preprocessors = [DeduplicateIds, OverwriteKernelspec, OverwriteCells,
+                                                   CheckCellMetadata]
+        config.Autograde.autograde_preprocessors = [IgnorePattern, ClearMetadataPreprocessor, LimitOutput,
+                                                    SaveAutoGrades, AssignLatePenalties, CheckCellMetadata]
+        self.api = NbGraderAPI(CourseDirectory(config=config), config=config)
+
+    def record(self, student: str, chapter: str, executed: Any, timestamp: Path | None) -> str | None:
+        """Grade one executed notebook into the gradebook; returns an error or None."""
+        folder = self.staging / student / chapter
+        folder.mkdir(parents=True, exist_ok=True)
+        nbformat.write(executed, str(folder / f"{chapter}.ipynb"))
+        if timestamp is not None and timestamp.exists():
+            shutil.copy2(timestamp, folder / "timestamp.txt")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # nbgrader's models warn about sqlalchemy autoflush on every save
+            result = self.api.autograde(chapter, student, force=True, create=True)
+        shutil.rmtree(folder, ignore_errors=True)
+        if not result.get("success"):
+            return "nbgrader autograde failed: " + str(result.get("error") or result.get("log", ""))[-600:]
+        return None
+
+    def scores(self, student: str, chapter: str) -> dict[str, tuple[float, float]]:
+        from nbgrader.api import Gradebook
+
+        with Gradebook(_gradebook_url(self.root)) as gradebook:
+            notebook = gradebook.find_submission_notebook(chapter, chapter, student)
+            return {g.name: (float(g.score or 0.0), float(g.max_score)) for g in notebook.grades}
+
+
+def _stage_original(root: Path, submission: submissions.Submission) -> Path | None:
+    """The raw file into nbgrader's submitted/<student>/<chapter>/<chapter>.ipynb; returns a timestamp file."""
+    folder = root / "submitted" / submission.student / submission.chapter
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{submission.chapter}.ipynb").write_bytes(submission.raw or b"")
+    original_stamp = submission.path.parent / "timestamp.txt"
+    if original_stamp.exists() and original_stamp.resolve() != (folder / "timestamp.txt").resolve():
+        shutil.copy2(original_stamp, folder / "timestamp.txt")
+    return folder / "timestamp.txt"
+
+
+def _prepare_all(root: Path, found: list[submissions.Submission], chapters: dict[str, Chapter], force: bool,
+                 outcomes: list[Outcome]) -> list[tuple[submissions.Submission, match.Prepared]]:
+    ready = []
+    for submission in found:
+        outcome = Outcome(submission.display, submission.student, submission.chapter, "failed")
+        if submission.problem is None and submission.chapter not in chapters:
+            submission.problem = f"chapter {submission.chapter} has no source notebook (run `course build`)"
+        if submission.problem is not None:
+            outcome.reason = submission.problem
+        elif not force and already_graded(root, submission.student, submission.chapter):
+            outcome.status, outcome.reason = "skipped", "already graded; use --force to grade it again"
+        else:
+            chapter = chapters[submission.chapter]
+            prepared = match.prepare(submission.notebook, chapter.source, chapter.release)
+            if prepared.unmatched:
+                outcome.reason = "unmatched: " + prepared.unmatched + _look_alike(submission.notebook, root, submission.chapter)
+            else:
+                ready.append((submission, prepared))
+                continue
+        outcomes.append(outcome)
+    return ready
+
+
+def grade_submissions(source: Path, root: Path = build.NOTEBOOKS_DIR, *, workers: int | None = None,
+                      cell_timeout: float = 60, notebook_timeout: float = 900, force: bool = False,
+                      out: Path | None = None, progress: bool = True, kernel_name: str = "python3") -> GradeRun:
+    """Grade every submission under `source` (folder or zip) into the course at `root`."""
+    started = time.perf_counter()
+    root, out = Path(root).resolve(), Path(out or root).resolve()
+    workers = max(1, workers or os.cpu_count() or 1)
+    scratch = submissions.scratch_dir(root)
+    outcomes: list[Outcome] = []
+    found: list[submissions.Submission] = []
+    try:
+        found = submissions.discover(submissions.unpack(Path(source), scratch), known_chapters(root))
+        submissions.flag_duplicates(found)
+        chapters = load_chapters(root, {s.chapter for s in found if s.chapter and s.problem is None})
+        ready = _prepare_all(root, found, chapters, force, outcomes)
+        if ready:
+            outcomes += _execute_and_record(root, out, scratch, ready, workers=workers, progress=progress,
+                                            limits=(cell_timeout, notebook_timeout), kernel_name=kernel_name)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    order = {s.display: i for i, s in enumerate(found)}
+    outcomes.sort(key=lambda o: order.get(o.display, 0))
+    run = GradeRun(outcomes, time.perf_counter() - started, workers)
+    run.csv_path = export_csv(root, out / "grades.csv", outcomes)
+    return run
+
+
+def _execute_and_record(root: Path, out: Path, scratch: Path, ready: list, *, workers: int, progress: bool,
+                        limits: tuple[float, float], kernel_name: str) -> list[Outcome]:
+    from tqdm import tqdm
+
+    recorder = NbgraderRecorder(root, scratch / "executed")
+    stamps = {s.key: _stage_original(root, s) for s, _ in ready}
+    by_key = {s.key: (s, p) for s, p in ready}
+    outcomes = []
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=min(workers, len(ready)), mp_context=context,
+                             initializer=worker_init) as pool:
+        futures = [pool.submit(execute_notebook, {
+            "key": s.key, "notebook": nbformat.writes(p.notebook), "cell_timeout": limits[0], "notebook_timeout": limits[1], "kernel_name": kernel_name,
+        }) for s, p in ready]
+        bar = tqdm(total=len(futures), desc="grading", unit="nb", disable=not progress, file=sys.stderr)
+        for future in as_completed(futures):
+            try:
+                result = future.result()
+            except Exception as error:  # noqa: BLE001 - a worker that died takes one submission with it
+                key = ready[futures.index(future)][0].key
+                result = {"key": key, "problem": f"worker failed: {type(error).__name__}: {error}", "notebook": None}
+            submission, prepared = by_key[result["key"]]
+            outcomes.append(_record_one(recorder, out, submission, prepared, result, stamps[submission.key]))
+            bar.update(1)
+        bar.close()
+    return outcomes
+
+
+def _record_one(recorder: NbgraderRecorder, out: Path, submission: submissions.Submission,
+                prepared: match.Prepared, result: dict, stamp: Path) -> Outcome:
+    outcome = Outcome(submission.display, submission.student, submission.chapter, "failed",
+                      notes=list(prepared.notes), seconds=result.get("seconds", 0.0))
+    if result.get("notebook") is None:
+        outcome.reason = result["problem"]
+        return outcome
+    executed = nbformat.reads(result["notebook"], as_version=4)
+    cells = {i: c for i, c in enumerate(executed.cells)}
+    for index in result.get("timed_out", []):
+        grade_id = nbgrader_meta(cells[index]).get("grade_id")
+        outcome.notes.append(f"cell {index}{' (' + grade_id + ')' if grade_id else ''} timed out and was interrupted")
+    if result.get("problem"):
+        outcome.notes.append(result["problem"] + "; the cells after it were not run")
+    error = recorder.record(submission.student, submission.chapter, executed, stamp)
+    if error:
+        outcome.reason = error
+        return outcome
+    messages = feedback.graded_messages(executed)
+    scores = recorder.scores(submission.student, submission.chapter)
+    outcome.cells = [feedback.CellOutcome(grade_id, score, top, messages.get(grade_id, ""))
+                     for grade_id, (score, top) in _ordered(scores, executed)]
+    outcome.status = "graded"
+    page = out / "feedback" / submission.student / submission.chapter / f"{submission.chapter}.html"
+    page.parent.mkdir(parents=True, exist_ok=True)
+    page.write_text(feedback.render_html(submission.student, submission.chapter, outcome.cells, outcome.notes),
+                    encoding="utf-8")
+    return outcome
+
+
+def _ordered(scores: dict[str, tuple[float, float]], notebook: Any) -> list[tuple[str, tuple[float, float]]]:
+    order = [nbgrader_meta(c).get("grade_id") for c in notebook.cells]
+    return sorted(scores.items(), key=lambda item: order.index(item[0]) if item[0] in order else len(order))
+
+
+def export_csv(root: Path, path: Path, outcomes: list[Outcome]) -> Path:
+    """grades.csv: one row per student and chapter in the gradebook (per-cell points in columns), plus a row
+    for each submission of this run that could not be graded and has no grade yet."""
+    from nbgrader.api import Gradebook
+
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    columns: list[str] = []
+    with Gradebook(_gradebook_url(root)) as gradebook, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # nbgrader's models warn about autoflush while we only read
+        for assignment in sorted(gradebook.assignments, key=lambda a: a.name):
+            for student_submission in assignment.submissions:
+                for notebook in student_submission.notebooks:
+                    row = {"student": student_submission.student.id, "chapter": assignment.name, "status": "graded",
+                           "score": notebook.score, "max_score": notebook.max_score, "notes": ""}
+                    for grade in sorted(notebook.grades, key=lambda g: g.name):
+                        column = f"{assignment.name}:{grade.name}"
+                        if column not in columns:
+                            columns.append(column)
+                        row[column] = grade.score
+                    rows[(row["student"], row["chapter"])] = row
+    for outcome in outcomes:
+        key = (outcome.student or outcome.display, outcome.chapter or "")
+        if outcome.status == "graded" and key in rows:
+            rows[key]["notes"] = " | ".join(outcome.notes)
+        elif outcome.status == "failed" and key not in rows:
+            rows[key] = {"student": key[0], "chapter": key[1], "status": "failed: " + outcome.reason,
+                         "score": "", "max_score": "", "notes": outcome.display}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, ["student", "chapter", "status", "score", "max_score", *columns, "notes"],
+                                restval="")
+        writer.writeheader()
+        for key in sorted(rows):
+            writer.writerow(rows[key])
+    return path
+
+
+def summary(run: GradeRun) -> str:
+    lines = []
+    for o in run.outcomes:
+        if o.status == "graded":
+            line = f"graded   {o.display}: {o.student}/{o.chapter} {o.score:g}/{o.max_score:g}"
+            lines.append(line + (" | " + "; ".join(o.notes) if o.notes else ""))
+        else:
+            lines.append(f"{o.status:<8} {o.display}: {o.reason}")
+    per_minute = 60 * run.count("graded") / run.seconds if run.seconds else 0.0
+    lines.append(f"graded {run.count('graded')}, failed {run.count('failed')}, skipped {run.count('skipped')} "
+                 f"in {run.seconds:.1f} s ({per_minute:.1f} submissions/min, {run.workers} workers)"
+                 + (f"; gradebook export {run.csv_path}" if run.csv_path else ""))
+    return "\n".join(lines)

@@ -1,0 +1,236 @@
+"""`course grade` against what students really submit: real submission files built from chapter 1's release,
+graded by the real `course` command (real kernels, real nbgrader gradebook) in a scratch course."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from course_lib.nb import build, cells
+from tests.mutants import catalogue
+from tests.test_autograde import submission_with
+
+pytestmark = pytest.mark.slow
+
+CHAPTER = "01_length_ledger"
+OTHER = "02_templates_and_labels"  # used for "a notebook for the wrong chapter" when it exists
+COURSE = [str(Path(sys.executable).parent / "course")]
+
+SNOOP = r'''
+import glob, json, os
+_found = {"cwd": sorted(os.listdir(".")), "hits": []}
+for _dirpath, _dirnames, _filenames in os.walk(".."):  # every folder beside this kernel's, in full
+    _found["hits"] += [os.path.join(_dirpath, _name) for _name in _filenames]
+for _up in ("..", "../..", "../../..", "../../../.."):  # where nbgrader's layout puts the course
+    for _pattern in ("gradebook.db", "grades.csv", "nbgrader_config.py", "source", "release", "submitted",
+                     "autograded", "feedback", "*_01_length_ledger.ipynb", "*/01_length_ledger/*.ipynb"):
+        _found["hits"] += glob.glob(os.path.join(_up, _pattern))
+print("SNOOP " + json.dumps(_found))
+'''
+
+
+def _course(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(COURSE + list(args), cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def _release_with(root: Path, solutions: dict[str, str], target: Path) -> nbformat.NotebookNode:
+    submission_with(root / "release" / CHAPTER / f"{CHAPTER}.ipynb", solutions, target)
+    return cells.read(target)
+
+
+def _write(notebook, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(notebook, str(path))
+
+
+def _insert_code(notebook, index: int, source: str) -> None:
+    notebook.cells.insert(index, nbformat.v4.new_code_cell(source))
+
+
+def _index(notebook, grade_id: str) -> int:
+    return next(i for i, c in enumerate(notebook.cells) if cells.nbgrader_meta(c).get("grade_id") == grade_id)
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    """Build chapter 1 (and 2 when present) in a scratch course, write every kind of submission, grade once."""
+    base = tmp_path_factory.mktemp("robust")
+    root = build.copy_course_skeleton(build.NOTEBOOKS_DIR, base / "course")
+    chapters = [CHAPTER] + ([OTHER] if (root / "chapters" / f"{OTHER}.py").exists() else [])
+    build.build_course(root, only=chapters)
+    source = cells.read(root / "source" / CHAPTER / f"{CHAPTER}.ipynb")
+    solutions = cells.solution_cells(source)
+    inbox = base / "inbox"
+    scratch = base / "scratch"
+    scratch.mkdir()
+
+    loop = _release_with(root, solutions, scratch / "loop.ipynb")  # a cell that never ends, before the tests
+    _insert_code(loop, _index(loop, "test_ledger_from_roles"), "while True:\n    pass")
+    _write(loop, inbox / f"loop_{CHAPTER}.ipynb")
+
+    crash = _release_with(root, {"todo_ledger_from_roles": solutions["todo_ledger_from_roles"]}, scratch / "c.ipynb")
+    _insert_code(crash, 0, "raise RuntimeError('my first cell crashes')")  # and audit_context_fit left raising
+    _write(crash, inbox / f"crash_{CHAPTER}.ipynb")
+
+    # a plausible wrong answer that passes the visible tests, with its test cell "fixed" by the student and
+    # the other test cell deleted: only the restored hidden tests can catch it
+    mutant_name, mutant = sorted(catalogue()[CHAPTER]["ledger_from_roles"].items())[0]
+    edited = _release_with(root, {**solutions, "todo_ledger_from_roles": mutant}, scratch / "e.ipynb")
+    edited.cells[_index(edited, "test_ledger_from_roles")].source = "pass  # my tests now pass"
+    del edited.cells[_index(edited, "test_audit_context_fit")]
+    _write(edited, inbox / "submitted" / "edit" / CHAPTER / f"{CHAPTER}.ipynb")
+
+    stripped = _release_with(root, solutions, scratch / "s.ipynb")  # saved by another editor
+    for number, cell in enumerate(stripped.cells):
+        cell.metadata = {}
+        cell["id"] = f"other-editor-{number}"
+    stripped.cells.insert(3, nbformat.v4.new_markdown_cell("My own note between the cells."))
+    _write(stripped, inbox / f"strip_{CHAPTER}.ipynb")
+
+    snoop = _release_with(root, solutions, scratch / "n.ipynb")
+    _insert_code(snoop, 2, SNOOP)
+    _write(snoop, inbox / f"snoop_{CHAPTER}.ipynb")
+
+    (inbox / f"empty_{CHAPTER}.ipynb").write_bytes(b"")
+    (inbox / f"garbage_{CHAPTER}.ipynb").write_text('{"cells": [', encoding="utf-8")
+    if OTHER in chapters:
+        shutil.copy2(root / "release" / OTHER / f"{OTHER}.ipynb", inbox / f"wrong_{CHAPTER}.ipynb")
+    else:
+        _write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# My holiday photos")]),
+               inbox / f"wrong_{CHAPTER}.ipynb")
+    _write(cells.read(root / "release" / CHAPTER / f"{CHAPTER}.ipynb"), inbox / f"dup_{CHAPTER}.ipynb")
+    _write(cells.read(root / "release" / CHAPTER / f"{CHAPTER}.ipynb"), inbox / "dup" / CHAPTER / f"{CHAPTER}.ipynb")
+    (inbox / "homework.ipynb").write_text("{}", encoding="utf-8")
+
+    # the kernels' temporary folders go to a fresh folder outside pytest's, so that what they can reach is
+    # exactly what the grader put there (a shared /tmp may hold anyone's notebooks)
+    kernels_tmp = Path(tempfile.mkdtemp(prefix="course-kernels-"))
+    try:
+        completed = _course("grade", str(inbox), "--root", str(root), "--cell-timeout", "25", "--workers", "2",
+                            "--no-progress", cwd=base, env=dict(os.environ, TMPDIR=str(kernels_tmp)))
+    finally:
+        shutil.rmtree(kernels_tmp, ignore_errors=True)
+    return {"root": root, "base": base, "inbox": inbox, "run": completed, "solutions": solutions,
+            "mutant": mutant_name, "csv": _rows(root / "grades.csv")}
+
+
+def _rows(path: Path) -> dict[str, dict[str, str]]:
+    with open(path, encoding="utf-8") as handle:
+        return {row["student"]: row for row in csv.DictReader(handle)}
+
+
+def _line(graded, needle: str) -> str:
+    lines = [line for line in graded["run"].stdout.splitlines() if needle in line]
+    assert lines, f"no summary line for {needle!r}:\n{graded['run'].stdout}\n{graded['run'].stderr[-3000:]}"
+    return lines[0]
+
+
+def _feedback(graded, student: str) -> str:
+    return (graded["root"] / "feedback" / student / CHAPTER / f"{CHAPTER}.html").read_text(encoding="utf-8")
+
+
+def _points(graded, student: str) -> tuple[float, float, float]:
+    row = graded["csv"][student]
+    return (float(row["score"]), float(row[f"{CHAPTER}:test_ledger_from_roles"]),
+            float(row[f"{CHAPTER}:test_audit_context_fit"]))
+
+
+def test_run_finishes_with_a_summary_and_exit_1_for_the_failed_files(graded):
+    run = graded["run"]
+    assert run.returncode == 1, run.stdout + run.stderr[-3000:]
+    assert "graded 5, failed 6, skipped 0" in run.stdout, run.stdout
+
+
+def test_a_cell_that_loops_forever_times_out_and_the_rest_is_graded(graded):
+    assert _points(graded, "loop") == (8.0, 3.0, 5.0)
+    assert "timed out" in _line(graded, "loop_")
+    assert "timed out and was interrupted" in _feedback(graded, "loop")
+
+
+def test_a_crashing_first_cell_and_a_raising_todo_are_graded_as_far_as_they_run(graded):
+    assert _points(graded, "crash") == (3.0, 3.0, 0.0)
+    page = _feedback(graded, "crash")
+    assert "NotImplementedError" in page and "3 / 8" in page
+
+
+def test_edited_and_deleted_test_cells_are_restored_with_their_hidden_tests(graded):
+    # the mutant passes the visible tests and the student's "pass"; the restored hidden tests fail it
+    assert _points(graded, "edit") == (5.0, 0.0, 5.0), graded["mutant"]
+    page = _feedback(graded, "edit")
+    assert "test_ledger_from_roles: test cell edited" in page
+    assert "test_audit_context_fit: test cell deleted or not recognised; restored" in page
+
+
+def test_stripped_metadata_and_new_cell_ids_are_matched_back_by_position_and_content(graded):
+    assert _points(graded, "strip") == (8.0, 3.0, 5.0)
+    assert "nbgrader metadata missing; cells were matched" in _feedback(graded, "strip")
+
+
+def test_student_code_finds_no_other_submission_source_or_gradebook(graded):
+    executed = cells.read(graded["root"] / "autograded" / "snoop" / CHAPTER / f"{CHAPTER}.ipynb")
+    printed = "".join(o.get("text", "") for c in executed.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    found = json.loads(printed.split("SNOOP ", 1)[1].splitlines()[0])
+    assert found["cwd"] == [], found
+    assert found["hits"] == [], found["hits"][:20]
+    assert _points(graded, "snoop")[0] == 8.0
+
+
+def test_unreadable_wrong_and_duplicate_files_get_a_clear_line_and_no_grade(graded):
+    assert "empty file" in _line(graded, f"empty_{CHAPTER}")
+    assert "not valid JSON" in _line(graded, f"garbage_{CHAPTER}")
+    wrong = _line(graded, f"wrong_{CHAPTER}")
+    assert "unmatched: the notebook does not look like this chapter" in wrong
+    if (graded["root"] / "source" / OTHER).exists():
+        assert f"looks like chapter {OTHER}" in wrong
+    assert _line(graded, f"dup_{CHAPTER}").count("duplicate: 2 submissions for dup/") == 1
+    assert "duplicate" in _line(graded, f"dup/{CHAPTER}/")
+    assert "cannot tell student and chapter" in _line(graded, "homework.ipynb")
+    for student in ("empty", "garbage", "wrong", "dup"):
+        assert graded["csv"][student]["status"].startswith("failed"), graded["csv"][student]
+        assert not (graded["root"] / "autograded" / student).exists()
+
+
+def test_feedback_shows_results_and_messages_but_no_hidden_test_source(graded):
+    source = cells.read(graded["root"] / "source" / CHAPTER / f"{CHAPTER}.ipynb")
+    hidden = [line.strip() for _, _, text in cells.graded_cells(source) if "BEGIN HIDDEN TESTS" in text
+              for line in text.split("### BEGIN HIDDEN TESTS", 1)[1].splitlines() if len(line.strip()) > 12]
+    assert hidden
+    for student in ("loop", "crash", "edit", "strip", "snoop"):
+        page = _feedback(graded, student)
+        assert "test_ledger_from_roles" in page and "test_audit_context_fit" in page
+        leaked = [line for line in hidden if line in page]
+        assert not leaked and "HIDDEN TESTS" not in page and "Traceback" not in page, (student, leaked[:3])
+
+
+def test_regrading_needs_force_and_force_overwrites(graded):
+    root, base = graded["root"], graded["base"]
+    before = (root / "grades.csv").read_text(encoding="utf-8")
+    again = _course("grade", str(graded["inbox"]), "--root", str(root), "--no-progress", cwd=base)
+    assert "graded 0, failed 6, skipped 5" in again.stdout, again.stdout + again.stderr[-2000:]
+    assert "already graded; use --force" in _line({"run": again}, "crash_")
+    assert _rows(root / "grades.csv")["crash"] == _rows_from_text(before)["crash"]
+    # crash resubmits a complete notebook, zipped: only --force replaces the grade
+    fixed = base / "fixed.zip"
+    full = _release_with(root, graded["solutions"], base / "full.ipynb")
+    with zipfile.ZipFile(fixed, "w") as archive:
+        archive.writestr(f"class/crash_{CHAPTER}.ipynb", nbformat.writes(full))
+    refused = _course("grade", str(fixed), "--root", str(root), "--no-progress", cwd=base)
+    assert "skipped 1" in refused.stdout and _rows(root / "grades.csv")["crash"]["score"] == "3.0"
+    forced = _course("grade", str(fixed), "--root", str(root), "--force", "--no-progress", cwd=base)
+    assert forced.returncode == 0 and "graded 1, failed 0" in forced.stdout, forced.stdout + forced.stderr[-2000:]
+    assert _rows(root / "grades.csv")["crash"]["score"] == "8.0"
+    assert _rows(root / "grades.csv")["loop"]["score"] == "8.0"  # others untouched
+
+
+def _rows_from_text(text: str) -> dict[str, dict[str, str]]:
+    return {row["student"]: row for row in csv.DictReader(text.splitlines())}
