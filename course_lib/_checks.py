@@ -6,6 +6,8 @@ import math
 from collections.abc import Sequence
 from numbers import Integral, Real
 
+import torch
+
 
 def _shown(value: object) -> str:
     text = repr(value)
@@ -23,6 +25,15 @@ def require_int(name: str, value: object, *, minimum: int | None = None, maximum
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     if maximum is not None and value > maximum:
         raise ValueError(f"{name} must be <= {maximum}, got {value}")
+    return value
+
+
+def require_bool(name: str, value: object) -> bool:
+    """True or False (a numpy bool or 0-d bool tensor too); 0, 1 and other truthy values are refused."""
+    if hasattr(value, "item") and getattr(value, "ndim", 1) == 0 and not isinstance(value, bool):
+        value = value.item()
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {_shown(value)}")
     return value
 
 
@@ -91,3 +102,96 @@ def require_keys(name: str, mapping: object, keys: Sequence[str]) -> None:
     missing = [key for key in keys if key not in mapping]
     if missing:
         raise ValueError(f"{name} is missing field(s) {missing}")
+
+
+def require_sequence(name: str, value: object, *, allow_empty: bool = True) -> list:
+    """A list-like of items (list, tuple, tensor, datasets.Dataset, ...), not a string or a mapping; returns a list."""
+    list_like = hasattr(value, "__len__") and hasattr(value, "__iter__") and getattr(value, "ndim", 1) != 0
+    if not list_like or isinstance(value, (str, bytes, set, frozenset)) or hasattr(value, "keys"):
+        raise ValueError(f"{name} must be a sequence (a list or tuple), got {_shown(value)}")
+    items = list(value)
+    if not items and not allow_empty:
+        raise ValueError(f"{name} must not be empty")
+    return items
+
+
+_DTYPE_KINDS = {"b": "bool", "i": "integer", "f": "floating-point"}
+
+
+def _tensor_kind(tensor: torch.Tensor) -> str:
+    if tensor.dtype == torch.bool:
+        return "b"
+    if tensor.dtype.is_floating_point:
+        return "f"
+    return "c" if tensor.dtype.is_complex else "i"
+
+
+def require_tensor(name: str, value: object, *, ndim: int | tuple[int, ...] | None = None,
+                   dtype_kind: str | None = None, minimum: float | None = None,
+                   maximum: float | None = None) -> torch.Tensor:
+    """A tensor (or array / nested list of numbers) of the given ndim(s) and dtype kinds, values in the bounds.
+
+    dtype_kind holds the accepted kinds: "b" bool, "i" integer, "f" floating point (e.g. "bi"). An empty
+    Python list takes the first accepted kind. Returns a tensor (the same object when a tensor was given).
+    """
+    given_tensor = isinstance(value, torch.Tensor)
+    if isinstance(value, (str, bytes)) or hasattr(value, "keys"):
+        raise ValueError(f"{name} must be a tensor or a (nested) list of numbers, got {_shown(value)}")
+    try:  # the conversion is the check: ragged lists, None, strings and objects all fail here
+        tensor = value if given_tensor else torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise ValueError(f"{name} must be a tensor or a (nested) list of numbers, got {_shown(value)} "
+                         f"({error})") from error
+    allowed_ndims = (ndim,) if isinstance(ndim, int) else ndim
+    if allowed_ndims is not None and tensor.ndim not in allowed_ndims:
+        raise ValueError(f"{name} must have {' or '.join(map(str, allowed_ndims))} dimension(s), "
+                         f"got shape {tuple(tensor.shape)}")
+    if dtype_kind is not None:
+        if not given_tensor and tensor.numel() == 0:
+            tensor = tensor.to({"b": torch.bool, "i": torch.long, "f": torch.float32}[dtype_kind[0]])
+        if _tensor_kind(tensor) not in dtype_kind:
+            kinds = " or ".join(_DTYPE_KINDS[kind] for kind in dtype_kind)
+            article = "an" if kinds[0] in "aeiou" else "a"
+            raise ValueError(f"{name} must be {article} {kinds} tensor, got dtype {tensor.dtype}")
+    bounded = minimum is not None or maximum is not None
+    if bounded and _tensor_kind(tensor) == "f" and not bool(torch.isfinite(tensor).all()):
+        raise ValueError(f"{name} must be finite, got a non-finite value")
+    for bound, outside, word in ((minimum, torch.lt, ">="), (maximum, torch.gt, "<=")):
+        if bound is not None and tensor.numel():
+            bad = outside(tensor, bound)
+            if bool(bad.any()):
+                index = tuple(int(i) for i in bad.nonzero()[0])
+                raise ValueError(f"{name} must hold values {word} {bound}, got {tensor[index].item()!r} "
+                                 f"at index {index if len(index) != 1 else index[0]}")
+    return tensor
+
+
+def require_partition(name: str, groups: object, count: int | None = None) -> list[list[int]]:
+    """Non-empty index lists that together hold every index of range(count) exactly once.
+
+    count=None takes the number of indices given, so the groups must hold 0 .. count-1.
+    """
+    groups = [require_lengths(f"{name}[{number}]", group, minimum=0)
+              for number, group in enumerate(require_sequence(name, groups))]
+    total = sum(len(group) for group in groups)
+    count = total if count is None else count
+    seen: set[int] = set()
+    for number, group in enumerate(groups):
+        for index in group:
+            if index >= count:
+                raise ValueError(f"{name}[{number}] holds index {index}, beyond the last index {count - 1}")
+            if index in seen:
+                raise ValueError(f"{name}[{number}] repeats index {index}, already used")
+            seen.add(index)
+    if len(seen) != count:
+        missing = sorted(set(range(count)) - seen)[:5]
+        raise ValueError(f"{name} must cover every index in range({count}); missing {missing}")
+    return groups
+
+
+def require_dataset(name: str, value: object, *, column: object = None, column_name: str = "column") -> None:
+    """A datasets.Dataset (anything with .map and .column_names), holding `column` (the field column_name) if given."""
+    if not hasattr(value, "map") or not hasattr(value, "column_names"):
+        raise ValueError(f"{name} must be a datasets.Dataset, got {_shown(value)}")
+    if column is not None and (not isinstance(column, str) or column not in value.column_names):
+        raise ValueError(f"{column_name} = {_shown(column)} is not a column of {name}: {value.column_names}")

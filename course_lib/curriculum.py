@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from ._checks import require_int, require_keys, require_positive_int, require_ratio, require_real
+from ._checks import require_bool, require_int, require_keys, require_positive_int, require_ratio, require_real
 
 __all__ = [
     "CURRICULUM_GATES",
@@ -99,6 +99,9 @@ def variance_weighted_sample(tasks: Sequence[Any], pass_rates: Sequence[float], 
     k = require_positive_int("k", k)
     if not informative:
         raise ValueError("every pass rate is 0 or 1: all weights p(1-p) are zero, nothing to sample")
+    replacement = require_bool("replacement", replacement)
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise ValueError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
     if not replacement and k > len(informative):
         raise ValueError(f"k = {k} exceeds the {len(informative)} task(s) with pass rate strictly inside (0, 1)")
     rates = torch.tensor([float(pass_rates[i]) for i in informative], dtype=torch.float64)  # [I]

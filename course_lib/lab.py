@@ -9,7 +9,14 @@ candidate processes and supervises; the measurement then says what that costs. T
 
 from __future__ import annotations
 
-from ._checks import require_keys, require_lengths, require_nonnegative_int, require_positive_int, require_real
+from ._checks import (
+    require_bool,
+    require_keys,
+    require_lengths,
+    require_nonnegative_int,
+    require_positive_int,
+    require_real,
+)
 
 __all__ = ["padding_vs_packing_ledger", "effective_tokens_per_second", "compare_padding_and_packing"]
 
@@ -27,6 +34,7 @@ def padding_vs_packing_ledger(sample_lengths, *, mask_first_label: bool = True) 
     cross_sample_labels (supervised targets whose context is another sample).
     """
     lengths = require_lengths("sample_lengths", sample_lengths)
+    mask_first_label = require_bool("mask_first_label", mask_first_label)
     count, sample_tokens = len(lengths), sum(lengths)
     padded = count * max(lengths)  # every row is as long as the longest sample
     packed = sample_tokens  # the samples back to back, no padding

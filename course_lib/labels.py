@@ -7,12 +7,10 @@ Padding fills input_ids with the pad id but labels with IGNORE_INDEX, so padding
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import numpy as np
 import torch
 
-from ._checks import require_int, require_keys, require_positive_int
+from ._checks import require_bool, require_int, require_keys, require_positive_int, require_sequence, require_tensor
 from .tokenizer import render_chat
 from .window import IGNORE_INDEX
 
@@ -28,6 +26,7 @@ def build_labels(tokenizer, messages, *, supervise_eos: bool = True, max_length:
     labels[t] = input_ids[t] where render_chat gives token t the role "assistant" (or "eos" when supervise_eos),
     else IGNORE_INDEX: system, user and template tokens carry no loss, in every turn.
     """
+    supervise_eos = require_bool("supervise_eos", supervise_eos)
     if max_length is not None:
         max_length = require_positive_int("max_length", max_length)
     rendered = render_chat(tokenizer, messages, chat_template=chat_template)
@@ -47,19 +46,12 @@ def pad_batch(features, pad_token_id: int) -> dict[str, torch.Tensor]:
     attention_mask 1 on real tokens and 0 on padding (from the lengths, not from the ids).
     """
     pad_token_id = require_int("pad_token_id", pad_token_id, minimum=0)
-    if isinstance(features, (str, bytes, Mapping)) or not hasattr(features, "__len__") or len(features) == 0:
-        raise ValueError(f"features must be a non-empty list of {{'input_ids', 'labels'}} dicts, got {features!r:.80}")
     id_rows, label_rows = [], []
-    for index, feature in enumerate(features):
+    for index, feature in enumerate(require_sequence("features", features, allow_empty=False)):
         require_keys(f"features[{index}]", feature, ("input_ids", "labels"))
-        try:
-            input_ids = torch.as_tensor(feature["input_ids"], dtype=torch.long)  # [T_b]
-            labels = torch.as_tensor(feature["labels"], dtype=torch.long)  # [T_b]
-        except (TypeError, ValueError, RuntimeError) as error:
-            raise ValueError(f"features[{index}]: input_ids and labels must be sequences of token ids ({error})") from error
-        if input_ids.ndim != 1 or labels.ndim != 1:
-            raise ValueError(f"features[{index}]: input_ids and labels must be 1-D, got shapes "
-                             f"{tuple(input_ids.shape)} and {tuple(labels.shape)}")
+        input_ids = require_tensor(f"features[{index}]['input_ids']", feature["input_ids"], ndim=1, dtype_kind="i")
+        labels = require_tensor(f"features[{index}]['labels']", feature["labels"], ndim=1, dtype_kind="i")
+        input_ids, labels = input_ids.long(), labels.long()  # [T_b] each
         if len(input_ids) != len(labels):
             raise ValueError(f"features[{index}]: input_ids has length {len(input_ids)} but labels has length "
                              f"{len(labels)}; they must be equal (truncate both together)")

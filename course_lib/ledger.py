@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from ._checks import require_int, require_lengths, require_positive_int
-from .tokenizer import ROLE_NAMES, render_chat, render_chats
+from ._checks import require_bool, require_dataset, require_int, require_lengths, require_positive_int, require_sequence
+from .tokenizer import ROLE_NAMES, chat_template_source, render_chat, render_chats
 
 __all__ = [
     "LEDGER_KEYS",
@@ -33,8 +33,10 @@ def ledger_from_roles(roles, *, supervise_eos: bool = True) -> dict[str, int]:
     Prompt = system + user tokens; supervised = assistant tokens + the closing "eos" token when supervise_eos
     (else it counts as template); template = everything else. The span-aligned half of measure_sample.
     """
-    if isinstance(roles, str) or not hasattr(roles, "__len__"):
-        raise ValueError(f"roles must be a sequence of role names, got {roles!r:.80}")
+    roles = require_sequence("roles", roles)
+    if not all(isinstance(role, str) for role in roles):
+        raise ValueError(f"roles must be role names (strings), one per token, got {roles!r:.80}")
+    supervise_eos = require_bool("supervise_eos", supervise_eos)
     role_array = np.asarray(roles, dtype=str)  # [T]
     unknown = sorted(set(role_array.tolist()) - set(ROLE_NAMES))
     if unknown:
@@ -51,8 +53,9 @@ def ledger_from_roles(roles, *, supervise_eos: bool = True) -> dict[str, int]:
 def measure_sample(tokenizer, messages, *, supervise_eos: bool = True,
                    chat_template: str | None = None) -> dict[str, int]:
     """One chat -> {"template_tokens", "prompt_tokens", "supervised_tokens", "total_tokens"} from one rendering."""
+    supervise_eos = require_bool("supervise_eos", supervise_eos)
     rendered = render_chat(tokenizer, messages, chat_template=chat_template)
-    return ledger_from_roles(rendered["roles"], supervise_eos=bool(supervise_eos))
+    return ledger_from_roles(rendered["roles"], supervise_eos=supervise_eos)
 
 
 def _check_thresholds(short_threshold: object, long_threshold: object) -> tuple[int, int]:
@@ -103,13 +106,19 @@ def overflow_ratio(lengths, context_len: int) -> float:
 def length_ledger(dataset, tokenizer, *, messages_column: str = "messages", supervise_eos: bool = True,
                   chat_template: str | None = None, batch_size: int = 256, num_proc: int | None = None):
     """datasets.Dataset of chats -> the same Dataset with the four LEDGER_KEYS columns added (batched map)."""
-    if messages_column not in dataset.column_names:
-        raise ValueError(f"messages_column {messages_column!r} is not a column of the dataset: {dataset.column_names}")
+    if messages_column is None:
+        raise ValueError("messages_column must be a column name, got None")
+    require_dataset("dataset", dataset, column=messages_column, column_name="messages_column")
     batch_size = require_positive_int("batch_size", batch_size)
+    supervise_eos = require_bool("supervise_eos", supervise_eos)
+    if num_proc is not None:
+        num_proc = require_positive_int("num_proc", num_proc)
+    if chat_template is not None:
+        chat_template_source(chat_template)  # a bad name fails here, not inside the map
 
     def measure_batch(batch: dict[str, list]) -> dict[str, list[int]]:
         rendered = render_chats(tokenizer, batch[messages_column], chat_template=chat_template)
-        rows = [ledger_from_roles(chat["roles"], supervise_eos=bool(supervise_eos)) for chat in rendered]
+        rows = [ledger_from_roles(chat["roles"], supervise_eos=supervise_eos) for chat in rendered]
         return {key: [row[key] for row in rows] for key in LEDGER_KEYS}
 
     return dataset.map(measure_batch, batched=True, batch_size=batch_size, num_proc=num_proc,

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from ._checks import require_int, require_positive_int
+from ._checks import require_bool, require_int, require_positive_int, require_tensor
 
 __all__ = [
     "QWEN3_VOCAB_SIZE",
@@ -33,11 +33,10 @@ QWEN3_HIDDEN_SIZES = {"Qwen3-0.6B": 1024, "Qwen3-8B": 4096, "Qwen3-32B": 5120}
 
 
 def _require_tensor(name: str, value: object, ndim: int | None = None) -> torch.Tensor:
+    """A real torch.Tensor (autograd needs one: lists and numpy arrays are refused), of ndim dimensions."""
     if not isinstance(value, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
-    if ndim is not None and value.ndim != ndim:
-        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(value.shape)}")
-    return value
+    return require_tensor(name, value, ndim=ndim)
 
 
 def _require_ids(ids: object, shape: tuple[int, ...], vocab_size: int) -> torch.Tensor:
@@ -117,6 +116,7 @@ def saved_tensor_bytes(fn: Callable[..., object], *args: object, include_inputs:
     """
     if not callable(fn):
         raise ValueError(f"fn must be callable, got {type(fn).__name__}")
+    include_inputs = require_bool("include_inputs", include_inputs)
     saved: dict[tuple[str, int], int] = {}
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
@@ -144,6 +144,7 @@ def peak_cuda_memory(fn: Callable[..., torch.Tensor], *args: object, backward: b
     """
     if not callable(fn):
         raise ValueError(f"fn must be callable, got {type(fn).__name__}")
+    backward = require_bool("backward", backward)
     if not torch.cuda.is_available():
         raise RuntimeError("peak_cuda_memory needs a CUDA device; on CPU use saved_tensor_bytes")
     tensors = [arg for arg in args if isinstance(arg, torch.Tensor)]
@@ -175,6 +176,9 @@ def logit_memory_table(hidden_sizes: dict[str, int] | None = None, vocab_size: i
                        n_tokens: int = 32_768, dtype_bytes: int = 4) -> list[dict[str, object]]:
     """One row per model: keys model, hidden_size, vocab_per_hidden, per_token_mb, microbatch_gb (1 MB = 1e6 B)."""
     hidden_sizes = QWEN3_HIDDEN_SIZES if hidden_sizes is None else hidden_sizes
+    if not hasattr(hidden_sizes, "items"):
+        raise ValueError(f"hidden_sizes must map model names to hidden sizes, got {hidden_sizes!r:.80}")
+    logit_bytes(n_tokens, vocab_size, dtype_bytes)  # validates the three sizes even for an empty table
     rows = []
     for model, hidden_size in hidden_sizes.items():
         hidden_size = require_positive_int(f"hidden_sizes[{model!r}]", hidden_size)

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from ._checks import require_int, require_keys, require_lengths, require_real
+from ._checks import require_int, require_keys, require_lengths, require_real, require_sequence, require_tensor
 from .logprobs import selected_log_probs
 from .window import IGNORE_INDEX
 
@@ -119,17 +119,45 @@ def synthetic_supervised_batch(n_rows: int = 16, min_length: int = 6, max_length
     return {"input_ids": input_ids, "labels": labels, "attention_mask": inside.long()}
 
 
+def _checked_batch(model: torch.nn.Module, batch: object) -> dict[str, torch.Tensor]:
+    """batch -> its checked tensors: input_ids, labels [B, L], and attention_mask, position_ids [B, L] if present.
+
+    Ids must lie in the model's vocabulary (labels may also be IGNORE_INDEX), attention_mask holds 0/1 and
+    position_ids >= 0: an id past the embedding table would otherwise fail deep inside the model. Other fields drop.
+    """
+    require_keys("batch", batch, ["input_ids", "labels"])
+    if not hasattr(model, "get_input_embeddings"):
+        raise ValueError(f"model must be a transformers causal LM, got {type(model).__name__}")
+    last_id = model.get_input_embeddings().num_embeddings - 1
+    input_ids = require_tensor("batch['input_ids']", batch["input_ids"], ndim=2, dtype_kind="i", minimum=0,
+                               maximum=last_id)                                   # [B, L]
+    labels = require_tensor("batch['labels']", batch["labels"], ndim=2, dtype_kind="i", minimum=IGNORE_INDEX,
+                            maximum=last_id)                                      # [B, L]
+    if input_ids.shape != labels.shape or input_ids.shape[1] == 0:
+        raise ValueError(f"input_ids and labels must share a [B, L] shape with L >= 1, got {tuple(input_ids.shape)} "
+                         f"and {tuple(labels.shape)}")
+    if bool(((labels < 0) & (labels != IGNORE_INDEX)).any()):
+        raise ValueError(f"batch['labels'] must hold token ids or IGNORE_INDEX = {IGNORE_INDEX}, "
+                         f"got {int(labels[(labels < 0) & (labels != IGNORE_INDEX)][0])}")
+    checked = {"input_ids": input_ids, "labels": labels}
+    for key, kinds, maximum in (("attention_mask", "bi", 1), ("position_ids", "i", None)):
+        if key in batch:
+            checked[key] = require_tensor(f"batch[{key!r}]", batch[key], ndim=2, dtype_kind=kinds, minimum=0,
+                                          maximum=maximum)
+            if checked[key].shape != input_ids.shape:
+                raise ValueError(f"batch[{key!r}] has shape {tuple(checked[key].shape)}, expected "
+                                 f"{tuple(input_ids.shape)} as input_ids")
+    return checked
+
+
 def supervised_token_losses(model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """Next-token NLL of a causal LM: batch input_ids, labels [B, L] -> (losses [B, L-1], mask [B, L-1] bool).
 
     labels follow the transformers convention (aligned with input_ids, IGNORE_INDEX outside answers); the
     model is shifted here, as its own loss does. batch may carry attention_mask and position_ids.
     """
-    require_keys("batch", batch, ["input_ids", "labels"])
+    batch = _checked_batch(model, batch)
     input_ids, labels = batch["input_ids"], batch["labels"]
-    if input_ids.shape != labels.shape or input_ids.ndim != 2:
-        raise ValueError(f"input_ids and labels must share a [B, L] shape, got {tuple(input_ids.shape)} "
-                         f"and {tuple(labels.shape)}")
     extra = {key: batch[key] for key in ("attention_mask", "position_ids") if key in batch}
     logits = model(input_ids=input_ids, **extra).logits[:, :-1]                   # [B, L-1, V]
     targets = labels[:, 1:]                                                       # [B, L-1]
@@ -149,13 +177,13 @@ def _rows(batch: Mapping[str, torch.Tensor], rows: object) -> dict[str, torch.Te
 def microbatch_loss(model: torch.nn.Module, microbatch: Mapping[str, torch.Tensor], normalize: str,
                     n_microbatches: int = 1, global_tokens: float | None = None) -> torch.Tensor:
     """Loss of one microbatch: 'local' = token_mean / n_microbatches (the bug), 'global' = sum / global_tokens."""
+    if not isinstance(normalize, str) or normalize not in NORMALIZATIONS:
+        raise ValueError(f"normalize must be one of {list(NORMALIZATIONS)}, got {normalize!r:.80}")
+    n_microbatches = require_int("n_microbatches", n_microbatches, minimum=1)
     losses, mask = supervised_token_losses(model, microbatch)                     # [b, L-1] each
     if normalize == "local":
-        n_microbatches = require_int("n_microbatches", n_microbatches, minimum=1)
         return aggregate_loss(losses, mask, mode="token_mean") / n_microbatches
-    if normalize == "global":
-        return aggregate_loss(losses, mask, mode="constant", norm_const=global_tokens)
-    raise ValueError(f"normalize must be one of {list(NORMALIZATIONS)}, got {normalize!r}")
+    return aggregate_loss(losses, mask, mode="constant", norm_const=global_tokens)
 
 
 def flat_gradient(model: torch.nn.Module) -> torch.Tensor:
@@ -170,8 +198,10 @@ def accumulated_gradient(model: torch.nn.Module, batch: Mapping[str, torch.Tenso
     One microbatch holding every row gives the full-batch reference for either normalisation.
     Leaves the accumulated gradient in the model's .grad fields.
     """
-    if not microbatches:
-        raise ValueError("microbatches must not be empty")
+    if not isinstance(normalize, str) or normalize not in NORMALIZATIONS:
+        raise ValueError(f"normalize must be one of {list(NORMALIZATIONS)}, got {normalize!r:.80}")
+    microbatches = require_sequence("microbatches", microbatches, allow_empty=False)
+    batch = _checked_batch(model, batch)
     parts = [_rows(batch, rows) for rows in microbatches]
     global_tokens = sum(int((part["labels"][:, 1:] != IGNORE_INDEX).sum()) for part in parts)
     model.zero_grad(set_to_none=True)
@@ -182,6 +212,8 @@ def accumulated_gradient(model: torch.nn.Module, batch: Mapping[str, torch.Tenso
 
 def gradient_agreement(gradient: torch.Tensor, reference: torch.Tensor) -> dict[str, float]:
     """Keys relative_error = |g - ref| / |ref| and cosine (cosine similarity), for flat gradients [P] and [P]."""
+    gradient = require_tensor("gradient", gradient, dtype_kind="fi")
+    reference = require_tensor("reference", reference, dtype_kind="fi")
     if gradient.shape != reference.shape or gradient.ndim != 1:
         raise ValueError(f"gradient and reference must be flat and equal in shape, got {tuple(gradient.shape)} "
                          f"and {tuple(reference.shape)}")
@@ -240,12 +272,13 @@ def data_parallel_gradients(model: torch.nn.Module, batch: Mapping[str, torch.Te
     """
     import torch.multiprocessing as mp
 
-    world_size = require_int("number of ranks", len(rank_rows), minimum=1)
+    world_size = require_int("number of ranks", len(require_sequence("rank_rows", rank_rows)), minimum=1)
     normalizations = tuple(normalizations)
     for normalize in normalizations:
         if normalize not in NORMALIZATIONS:
             raise ValueError(f"normalizations must hold only {list(NORMALIZATIONS)}, got {normalize!r}")
     timeout_s = require_real("timeout_s", timeout_s, minimum=0.0, strict_minimum=True)
+    batch = _checked_batch(model, batch)
     parts = [_rows(batch, rows) for rows in rank_rows]
     if start_method is None:
         start_method = "fork" if "fork" in mp.get_all_start_methods() and sys.platform == "linux" else "spawn"

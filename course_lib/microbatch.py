@@ -7,11 +7,20 @@ what memory depends on. Padded cost of a microbatch = count x longest; packed co
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
 
 import torch
 
-from ._checks import require_int, require_lengths, require_positive_int
+from ._checks import (
+    require_bool,
+    require_int,
+    require_keys,
+    require_lengths,
+    require_nonnegative_int,
+    require_partition,
+    require_positive_int,
+    require_ratio,
+    require_sequence,
+)
 
 __all__ = [
     "SEED003_AGENT_SEED",
@@ -49,13 +58,9 @@ def seed003_random_order(count: int = 512) -> torch.Tensor:
 
 def fixed_count_batches(order, per_batch: int) -> list[list[int]]:
     """Consecutive chunks of `per_batch` indices taken from `order` [N] -> list of index lists."""
-    order = [require_int(f"order[{i}]", index, minimum=0) for i, index in enumerate(_as_list(order))]
+    order = require_lengths("order", order, allow_empty=True, minimum=0)  # sample indices
     per_batch = require_positive_int("per_batch", per_batch)
     return [order[start:start + per_batch] for start in range(0, len(order), per_batch)]
-
-
-def _as_list(values) -> list:
-    return values.tolist() if hasattr(values, "tolist") else list(values)
 
 
 def token_budget_batches(lengths, max_tokens: int) -> list[list[int]]:
@@ -120,30 +125,14 @@ def balanced_partition(lengths, k: int) -> list[list[int]]:
     return sorted(parts, key=lambda part: (-sum(lengths[i] for i in part), part[:1]))
 
 
-def _check_partition(batches: Sequence, count: int) -> list[list[int]]:
-    checked, seen = [], set()
-    for b, batch in enumerate(batches):
-        members = [require_int(f"batches[{b}]", i, minimum=0, maximum=count - 1) for i in _as_list(batch)]
-        if not members:
-            raise ValueError(f"batches[{b}] is empty")
-        repeated = seen.intersection(members) or (len(set(members)) < len(members))
-        if repeated:
-            raise ValueError(f"batches[{b}] repeats an index already used: {members}")
-        seen.update(members)
-        checked.append(members)
-    if len(seen) != count:
-        missing = sorted(set(range(count)) - seen)[:5]
-        raise ValueError(f"batches must cover every index of lengths; missing {missing} ...")
-    return checked
-
-
 def describe_microbatches(lengths, batches, *, packed: bool = False) -> dict:
     """Cost of a microbatch plan over lengths [N]: count, padding_ratio, largest_tokens, sizes, real/computed tokens.
 
     sizes[b] = len(b) x max length (padded) or sum of lengths (packed); `batches` must partition range(N).
     """
     lengths = require_lengths("lengths", lengths)
-    batches = _check_partition(batches, len(lengths))
+    batches = require_partition("batches", batches, len(lengths))
+    packed = require_bool("packed", packed)
     table = torch.tensor(lengths)  # [N]
     if packed:
         sizes = [int(table[b].sum()) for b in batches]
@@ -162,15 +151,21 @@ def describe_microbatches(lengths, batches, *, packed: bool = False) -> dict:
 
 def format_microbatch_summary(name: str, summary: dict) -> str:
     """One line of seed 003 §14.2's table for a `describe_microbatches` summary."""
-    return (f"{name:<30} | {summary['count']:4d} microbatches | padding {summary['padding_ratio']:5.1%} | "
-            f"largest {summary['largest_tokens'] / 1e3:6.0f}k tokens")
+    if not isinstance(name, str):
+        raise ValueError(f"name must be a string, got {name!r:.80}")
+    require_keys("summary", summary, ("count", "padding_ratio", "largest_tokens"))
+    count = require_nonnegative_int("summary['count']", summary["count"])
+    padding_ratio = require_ratio("summary['padding_ratio']", summary["padding_ratio"])
+    largest_tokens = require_nonnegative_int("summary['largest_tokens']", summary["largest_tokens"])
+    return (f"{name:<30} | {count:4d} microbatches | padding {padding_ratio:5.1%} | "
+            f"largest {largest_tokens / 1e3:6.0f}k tokens")
 
 
 def batch_containing(batches, index: int) -> list[int]:
     """The microbatch (index list) that holds sequence `index`."""
     index = require_int("index", index, minimum=0)
-    for batch in batches:
-        members = _as_list(batch)
+    for number, batch in enumerate(require_sequence("batches", batches)):
+        members = require_lengths(f"batches[{number}]", batch, allow_empty=True, minimum=0)
         if index in members:
             return members
     raise ValueError(f"index {index} is in no batch")

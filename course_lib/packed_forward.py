@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import require_keys, require_real
+from ._checks import require_keys, require_real, require_sequence, require_tensor
 from .packing import additive_attention_mask, block_causal_mask, packed_to_sequences
 
 __all__ = [
@@ -33,11 +33,18 @@ __all__ = [
 PACKED_MODES = ("block_mask", "position_ids", "causal")
 
 
-def _as_rows(name: str, tensor) -> torch.Tensor:
-    tensor = torch.as_tensor(tensor)
-    if tensor.dim() != 2:
-        raise ValueError(f"{name} must have shape [R, L], got {tuple(tensor.shape)}")
+def _as_rows(name: str, tensor, *, minimum: int | None = None, maximum: int | None = None) -> torch.Tensor:
+    """An integer tensor [R, L] with L >= 1 (values within the bounds) -> long [R, L]."""
+    tensor = require_tensor(name, tensor, dtype_kind="i", minimum=minimum, maximum=maximum)
+    if tensor.dim() != 2 or tensor.shape[1] == 0:
+        raise ValueError(f"{name} must have shape [R, L] with L >= 1, got {tuple(tensor.shape)}")
     return tensor.long()
+
+
+def _vocab_size(model) -> int:
+    if not hasattr(model, "get_input_embeddings"):
+        raise ValueError(f"model must be a transformers causal LM, got {type(model).__name__}")
+    return model.get_input_embeddings().num_embeddings
 
 
 def inferred_packed_segments(position_ids: torch.Tensor) -> torch.Tensor:
@@ -65,7 +72,8 @@ def packed_logits(model, ids, position_ids, segment_ids=None, *, mode: str = "bl
     """
     if mode not in PACKED_MODES:
         raise ValueError(f"mode must be one of {PACKED_MODES}, got {mode!r}")
-    ids, position_ids = _as_rows("ids", ids), _as_rows("position_ids", position_ids)
+    ids = _as_rows("ids", ids, minimum=0, maximum=_vocab_size(model) - 1)  # an id outside the vocabulary fails here
+    position_ids = _as_rows("position_ids", position_ids, minimum=0)
     if position_ids.shape != ids.shape:
         raise ValueError(f"position_ids shape {tuple(position_ids.shape)} != ids shape {tuple(ids.shape)}")
     if segment_ids is not None:
@@ -106,22 +114,26 @@ def packed_token_logprobs(model, packed: dict, *, mode: str = "block_mask", posi
     return _next_token_logprobs(logits, _as_rows("ids", packed["ids"]))
 
 
-def _sequence_ids(sequence) -> torch.Tensor:
-    if isinstance(sequence, dict):
+def _sequence_ids(index: int, sequence, vocab_size: int) -> torch.Tensor:
+    """sequences[index] (a mapping with "ids", an object with .ids, or the bare ids) -> long ids [n], n >= 1."""
+    if hasattr(sequence, "keys"):
+        require_keys(f"sequences[{index}]", sequence, ["ids"])
         sequence = sequence["ids"]
     elif hasattr(sequence, "ids"):
         sequence = sequence.ids
-    return torch.as_tensor(sequence, dtype=torch.long).flatten()
+    ids = require_tensor(f"sequences[{index}]", sequence, ndim=1, dtype_kind="i", minimum=0, maximum=vocab_size - 1)
+    if not len(ids):
+        raise ValueError(f"sequences[{index}] must hold at least one token id")
+    return ids.long()
 
 
 @torch.no_grad()
 def per_token_logprobs_alone(model, sequences) -> list[torch.Tensor]:
     """Each sample alone, batch of one, no mask -> list of log p(token t+1 | its own prefix), shapes [n_i - 1]."""
-    if not sequences:
-        raise ValueError("sequences must not be empty")
+    vocab_size = _vocab_size(model)
     alone = []
-    for sequence in sequences:  # one forward per sample: the reference the packed run must match
-        ids = _sequence_ids(sequence)[None]  # [1, n]
+    for index, sequence in enumerate(require_sequence("sequences", sequences, allow_empty=False)):
+        ids = _sequence_ids(index, sequence, vocab_size)[None]  # [1, n]; one forward per sample, the reference
         logits = model(input_ids=ids, use_cache=False).logits  # [1, n, V]
         alone.append(_next_token_logprobs(logits, ids)[0])  # [n-1]
     return alone
@@ -137,10 +149,19 @@ def compare_packed_with_alone(model, packed: dict, sequences, *, mode: str = "bl
     require_keys("packed", packed, ["ids", "position_ids", "segment_ids", "rows"])
     layout = _as_rows("segment_ids", packed["segment_ids"])  # where each sample really sits
     logp = packed_token_logprobs(model, packed, mode=mode, position_ids=position_ids, segment_ids=segment_ids)
-    keep = within_segment_mask(layout) if mask is None else torch.as_tensor(mask).bool() & within_segment_mask(layout)
+    keep = within_segment_mask(layout)  # [R, L-1]
+    if mask is not None:
+        mask = require_tensor("mask", mask, dtype_kind="bi").bool()
+        if mask.shape != keep.shape:
+            raise ValueError(f"mask must have shape [R, L-1] = {tuple(keep.shape)}, got {tuple(mask.shape)}")
+        keep = keep & mask
     per_sample = packed_to_sequences(logp, layout, packed["rows"])  # list of [n_i - 1]
     kept = packed_to_sequences(keep, layout, packed["rows"])
-    alone = per_token_logprobs_alone(model, sequences) if alone is None else alone
+    if alone is None:
+        alone = per_token_logprobs_alone(model, sequences)
+    else:
+        alone = [require_tensor(f"alone[{index}]", logp_alone, ndim=1, dtype_kind="f")
+                 for index, logp_alone in enumerate(require_sequence("alone", alone))]
     if len(alone) != len(per_sample):
         raise ValueError(f"packed holds {len(per_sample)} samples but {len(alone)} were given alone")
     gaps = []
@@ -168,7 +189,9 @@ def seed003_packing_variants(packed: dict) -> dict[str, dict]:
 def leaky_share(logp, reference, mask, threshold: float = 0.2) -> float:
     """Share of masked tokens whose ratio exp(logp - reference) is off 1 by more than threshold ([R, L-1] inputs)."""
     threshold = require_real("threshold", threshold, minimum=0.0)
-    logp, reference, mask = torch.as_tensor(logp), torch.as_tensor(reference), torch.as_tensor(mask).bool()
+    logp = require_tensor("logp", logp, dtype_kind="f")
+    reference = require_tensor("reference", reference, dtype_kind="f")
+    mask = require_tensor("mask", mask, dtype_kind="bi").bool()
     if not (logp.shape == reference.shape == mask.shape):
         raise ValueError(f"logp {tuple(logp.shape)}, reference {tuple(reference.shape)} and mask "
                          f"{tuple(mask.shape)} must have the same shape")

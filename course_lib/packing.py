@@ -12,7 +12,15 @@ from collections import deque
 import numpy as np
 import torch
 
-from ._checks import require_keys, require_lengths, require_positive_int
+from ._checks import (
+    require_keys,
+    require_lengths,
+    require_nonnegative_int,
+    require_partition,
+    require_positive_int,
+    require_sequence,
+    require_tensor,
+)
 
 __all__ = [
     "pack_sample_lengths",
@@ -150,7 +158,7 @@ def plan_packing(lengths, capacity: int, strategy: str = "bfd") -> list[list[int
 
 def block_causal_mask(segment_ids: torch.Tensor) -> torch.Tensor:
     """segment_ids [..., L] (negative = padding) -> allowed [..., L, L] bool: same segment and key j <= query i."""
-    segment_ids = torch.as_tensor(segment_ids)
+    segment_ids = require_tensor("segment_ids", segment_ids)
     if segment_ids.dim() < 1 or segment_ids.dtype.is_floating_point or segment_ids.dtype == torch.bool:
         raise ValueError(f"segment_ids must be an integer tensor with at least one dimension, got dtype "
                          f"{segment_ids.dtype} and shape {tuple(segment_ids.shape)}")
@@ -163,14 +171,14 @@ def block_causal_mask(segment_ids: torch.Tensor) -> torch.Tensor:
 
 def additive_attention_mask(allowed: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """allowed [R, L, L] or [L, L] bool -> additive mask [R, 1, L, L]: 0 where allowed, dtype-min where blocked."""
-    allowed = torch.as_tensor(allowed)
+    allowed = require_tensor("allowed", allowed)
     if allowed.dtype != torch.bool:
         raise ValueError(f"allowed must be a bool tensor, got dtype {allowed.dtype}")
     if allowed.dim() == 2:
         allowed = allowed.unsqueeze(0)
     if allowed.dim() != 3 or allowed.shape[-1] != allowed.shape[-2]:
         raise ValueError(f"allowed must have shape [R, L, L] or [L, L], got {tuple(allowed.shape)}")
-    if not dtype.is_floating_point:
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ValueError(f"dtype must be a floating-point dtype, got {dtype}")
     additive = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)  # [R, L, L]
     additive.masked_fill_(~allowed, torch.finfo(dtype).min)
@@ -183,15 +191,16 @@ def build_boundary_isolated_packing(samples) -> dict:
     The teaching form (plain lists, an O(T^2) mask); `varlen_metadata` and `block_causal_mask` are the vectorized
     forms that long rows use, tested equal to it on small inputs.
     """
-    if not samples:
-        raise ValueError(f"samples must not be empty, got {samples!r}")
+    samples = require_sequence("samples", samples, allow_empty=False)
     input_ids: list[int] = []
     labels: list[int] = []
     segment_ids: list[int] = []
     position_ids: list[int] = []
     for segment, sample in enumerate(samples):
         require_keys(f"samples[{segment}]", sample, ["input_ids", "labels"])
-        sample_ids, sample_labels = list(sample["input_ids"]), list(sample["labels"])
+        sample_ids = require_tensor(f"samples[{segment}]['input_ids']", sample["input_ids"], ndim=1, dtype_kind="i")
+        sample_labels = require_tensor(f"samples[{segment}]['labels']", sample["labels"], ndim=1, dtype_kind="i")
+        sample_ids, sample_labels = sample_ids.tolist(), sample_labels.tolist()
         if not sample_ids:
             raise ValueError(f"samples[{segment}]['input_ids'] must not be empty")
         if len(sample_labels) != len(sample_ids):
@@ -250,7 +259,7 @@ def _read_sequences(sequences) -> tuple[list[torch.Tensor], dict[str, list[torch
         sequence_ids = _field(sequence, "ids")
         if sequence_ids is None:
             raise ValueError(f"sequences[{index}] has no 'ids'")
-        sequence_ids = torch.as_tensor(sequence_ids)
+        sequence_ids = require_tensor(f"sequences[{index}]['ids']", sequence_ids)
         if sequence_ids.dim() != 1 or sequence_ids.dtype.is_floating_point or sequence_ids.dtype == torch.bool:
             raise ValueError(f"sequences[{index}]['ids'] must be a 1-D integer sequence, got "
                              f"dtype {sequence_ids.dtype} and shape {tuple(sequence_ids.shape)}")
@@ -259,7 +268,7 @@ def _read_sequences(sequences) -> tuple[list[torch.Tensor], dict[str, list[torch
             value = _field(sequence, name)
             if value is None:
                 continue
-            value = torch.as_tensor(value).float()
+            value = require_tensor(f"sequences[{index}]['{name}']", value, dtype_kind="bif").float()
             if value.shape != (len(sequence_ids) - 1,):
                 raise ValueError(f"sequences[{index}]['{name}'] has shape {tuple(value.shape)}, "
                                  f"expected (len(ids) - 1,) = ({len(sequence_ids) - 1},)")
@@ -278,11 +287,8 @@ def pack_sequences(sequences, max_tokens: int, pad_id: int = 0) -> dict:
     padding; the transition entry that would predict the next sequence's first token stays 0.
     """
     max_tokens = require_positive_int("max_tokens", max_tokens)
-    if isinstance(pad_id, bool) or not isinstance(pad_id, int):
-        raise ValueError(f"pad_id must be an integer, got {pad_id!r}")
-    if not sequences:
-        raise ValueError(f"sequences must not be empty, got {sequences!r}")
-    ids, fields = _read_sequences(sequences)
+    pad_id = require_nonnegative_int("pad_id", pad_id)
+    ids, fields = _read_sequences(require_sequence("sequences", sequences, allow_empty=False))
     lengths = _lengths_array("sequence_lengths", [len(sequence_ids) for sequence_ids in ids], max_tokens, "max_tokens")
     rows = plan_packing(lengths, max_tokens, "ffd")
     order = [index for row in rows for index in row]  # sequences in packed order
@@ -316,14 +322,26 @@ def pack_sequences(sequences, max_tokens: int, pad_id: int = 0) -> dict:
 
 
 def packed_to_sequences(packed: torch.Tensor, segment_ids: torch.Tensor, rows: list[list[int]]) -> list[torch.Tensor]:
-    """packed [R, L] (per token) or [R, L-1] (per transition) -> per-sequence tensors [n] or [n-1], by sequence index."""
-    if packed.shape[0] != segment_ids.shape[0] or packed.shape[1] not in (segment_ids.shape[1], segment_ids.shape[1] - 1):
+    """packed [R, L, ...] (per token) or [R, L-1, ...] (per transition) -> per-sequence tensors [n, ...] or [n-1, ...].
+
+    rows is pack_sequences' "rows": row r holds the sequence indices rows[r], segment s of the row being rows[r][s].
+    """
+    packed = require_tensor("packed", packed)
+    segment_ids = require_tensor("segment_ids", segment_ids, ndim=2, dtype_kind="i")
+    rows = require_partition("rows", rows)
+    n_rows, length = segment_ids.shape
+    if packed.dim() < 2 or packed.shape[0] != n_rows or packed.shape[1] not in (length, length - 1):
         raise ValueError(f"packed has shape {tuple(packed.shape)}, expected [R, L] or [R, L-1] for segment_ids "
                          f"of shape {tuple(segment_ids.shape)}")
-    per_transition = packed.shape[1] == segment_ids.shape[1] - 1
+    if len(rows) != n_rows:
+        raise ValueError(f"rows lists {len(rows)} rows, but segment_ids has {n_rows}")
+    per_transition = packed.shape[1] == length - 1
     sequences: dict[int, torch.Tensor] = {}
     for row_number, row in enumerate(rows):
         for segment, index in enumerate(row):
             columns = (segment_ids[row_number] == segment).nonzero().flatten()  # [n]
+            if not len(columns):
+                raise ValueError(f"rows[{row_number}] holds {len(row)} sequences, but segment_ids[{row_number}] "
+                                 f"has no token of segment {segment}")
             sequences[index] = packed[row_number, columns[:-1] if per_transition else columns]
     return [sequences[index] for index in range(len(sequences))]

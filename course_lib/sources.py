@@ -6,8 +6,11 @@ ValueError naming the missing field: a silently empty prompt would train the mod
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
+
+from ._checks import require_dataset
 
 __all__ = [
     "RECORD_FORMATS",
@@ -29,6 +32,8 @@ SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistan
 
 def sample_data_path(name: str) -> Path:
     """Path of a shipped sample file: "alpaca.jsonl", "sharegpt.json" or "alpaca.csv"."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"name must be the file name of a shipped sample, got {name!r:.80}")
     path = Path(__file__).resolve().parent / "data" / "samples" / name
     if not path.is_file():
         raise ValueError(f"name must be a file in course_lib/data/samples, got {name!r}")
@@ -109,6 +114,8 @@ def load_records(path: str | Path, fmt: str | None = None):
     """A JSON / JSONL / CSV file -> datasets.Dataset of raw records; fmt ("json" or "csv") defaults from the suffix."""
     from datasets import load_dataset
 
+    if not isinstance(path, (str, os.PathLike)) or not str(path):
+        raise ValueError(f"path must be a file path (str or pathlib.Path), got {path!r:.80}")
     path = Path(path)
     if fmt is None:
         if path.suffix.lower() not in FILE_FORMATS:
@@ -126,6 +133,9 @@ def records_to_chats(dataset, record_format: str | None = None, *, messages_colu
     """datasets.Dataset of records -> Dataset with one column of chat messages (the record columns removed)."""
     if record_format is not None and record_format not in RECORD_FORMATS:
         raise ValueError(f"record_format must be one of {list(RECORD_FORMATS)} or None, got {record_format!r}")
+    if not isinstance(messages_column, str) or not messages_column:
+        raise ValueError(f"messages_column must be a column name, got {messages_column!r:.80}")
+    require_dataset("dataset", dataset)
     return dataset.map(lambda example: {messages_column: to_messages(example, record_format)},
                        remove_columns=dataset.column_names, desc="to chat messages")
 

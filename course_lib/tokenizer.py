@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from ._checks import require_bool, require_sequence
+
 __all__ = [
     "CHAT_TEMPLATES",
     "CHAT_TEMPLATE_SOURCES",
@@ -158,7 +160,7 @@ def build_course_tokenizer(tokenizer_object):
 
 def chat_template_source(name: str) -> str:
     """The Jinja source of a course chat template by name ("chatml", "llama3" or "alpaca")."""
-    if name not in CHAT_TEMPLATE_SOURCES:
+    if not isinstance(name, str) or name not in CHAT_TEMPLATE_SOURCES:
         raise ValueError(f"template must be one of {list(CHAT_TEMPLATES)}, got {name!r}")
     return CHAT_TEMPLATE_SOURCES[name]
 
@@ -234,7 +236,14 @@ def render_chat(tokenizer, messages, *, chat_template: str | None = None,
 def render_chats(tokenizer, conversations, *, chat_template: str | None = None,
                  add_generation_prompt: bool = False) -> list[dict[str, Any]]:
     """A batch of chats -> one render_chat dict per chat; the tokenizer runs once over the whole batch."""
-    checked = [_check_messages(messages) for messages in conversations]
+    if not callable(tokenizer) or not hasattr(tokenizer, "get_chat_template"):
+        raise ValueError(f"tokenizer must be a transformers tokenizer, got {type(tokenizer).__name__}")
+    if chat_template is not None:
+        chat_template_source(chat_template)  # names the field and the value when it is not a course template
+    add_generation_prompt = require_bool("add_generation_prompt", add_generation_prompt)
+    checked = [_check_messages(messages) for messages in require_sequence("conversations", conversations)]
+    if not checked:
+        return []
     rendered = [_render_text_and_spans(tokenizer, chat, chat_template, add_generation_prompt) for chat in checked]
     encodings = tokenizer([text for text, _ in rendered], add_special_tokens=False, return_offsets_mapping=True)
     special_ids = np.asarray(sorted(tokenizer.all_special_ids), dtype=np.int64)

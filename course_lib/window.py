@@ -15,18 +15,18 @@ from typing import Any
 
 import numpy as np
 
-from ._checks import require_keys, require_nonnegative_int, require_positive_int, require_ratio
+from ._checks import (
+    require_keys,
+    require_nonnegative_int,
+    require_positive_int,
+    require_ratio,
+    require_sequence,
+    require_tensor,
+)
 
 __all__ = ["IGNORE_INDEX", "audit_context_fit", "apply_window_policy"]
 
 IGNORE_INDEX = -100  # label of a token that carries no loss (template, prompt, padding)
-
-def _two_distinct(value: float, bound: float) -> str:
-    """'value > bound' with two decimals, or more where two decimals would print them equal."""
-    digits = 2
-    while f"{value:.{digits}f}" == f"{bound:.{digits}f}" and digits < 17:
-        digits += 1
-    return f"{value:.{digits}f} > {bound:.{digits}f}"
 
 
 def audit_context_fit(samples: Sequence[Mapping[str, Any]], target_context_len: int, template_tokens: int,
@@ -43,7 +43,7 @@ def audit_context_fit(samples: Sequence[Mapping[str, Any]], target_context_len: 
     max_ratio = require_ratio("max_supervision_loss_ratio", max_supervision_loss_ratio)
     template = require_nonnegative_int("template_tokens", template_tokens)
     records = []
-    for index, sample in enumerate(samples):
+    for index, sample in enumerate(require_sequence("samples", samples)):
         require_keys(f"samples[{index}]", sample, ("name", "prompt_tokens", "supervised_tokens"))
         prompt = require_nonnegative_int(f"samples[{index}]['prompt_tokens']", sample["prompt_tokens"])
         supervised = require_positive_int(f"samples[{index}]['supervised_tokens']", sample["supervised_tokens"])
@@ -92,15 +92,18 @@ def _window_decision(prompt_and_template_tokens: int, supervised_tokens: int, ta
 
 
 def _label_array(index: int, sample: Mapping[str, Any]) -> np.ndarray:
-    """A sample's labels as an int64 numpy array [L], checked against its input_ids."""
+    """A sample's labels as an int64 numpy array [L], checked against its input_ids (and attention_mask)."""
     require_keys(f"samples[{index}]", sample, ("input_ids", "labels"))
-    labels = sample["labels"]
-    labels = np.asarray(labels.tolist() if hasattr(labels, "tolist") else labels, dtype=np.int64)  # [L]
-    n_ids = len(sample["input_ids"])
-    if labels.ndim != 1 or n_ids == 0 or len(labels) != n_ids:
-        raise ValueError(f"samples[{index}] needs non-empty 1-D input_ids and labels of equal length, "
-                         f"got {n_ids} input_ids and labels of shape {labels.shape}")
-    return labels
+    n_ids = len(require_tensor(f"samples[{index}]['input_ids']", sample["input_ids"], ndim=1, dtype_kind="i"))
+    labels = require_tensor(f"samples[{index}]['labels']", sample["labels"], ndim=1, dtype_kind="i")  # [L]
+    if n_ids == 0 or len(labels) != n_ids:
+        raise ValueError(f"samples[{index}] needs non-empty input_ids and labels of equal length, "
+                         f"got {n_ids} input_ids and {len(labels)} labels")
+    if "attention_mask" in sample:
+        mask = require_tensor(f"samples[{index}]['attention_mask']", sample["attention_mask"], ndim=1)
+        if len(mask) != n_ids:
+            raise ValueError(f"samples[{index}]['attention_mask'] has length {len(mask)}, expected {n_ids}")
+    return labels.cpu().numpy().astype(np.int64)
 
 
 def _cut(sample: Mapping[str, Any], keep: int) -> dict[str, Any]:
@@ -128,7 +131,7 @@ def apply_window_policy(samples: Sequence[Mapping[str, Any]], target_context_len
     min_kept = require_positive_int("min_kept_supervised_tokens", min_kept_supervised_tokens)
     max_ratio = require_ratio("max_supervision_loss_ratio", max_supervision_loss_ratio)
     kept, dropped, records = [], [], []
-    for index, sample in enumerate(samples):
+    for index, sample in enumerate(require_sequence("samples", samples)):
         labels = _label_array(index, sample)  # [L]
         name = sample.get("name", f"sample_{index}")
         supervised = int((labels != IGNORE_INDEX).sum())

@@ -156,7 +156,7 @@ def setup_code(settings: dict) -> str:
         from course_lib._checks import (require_int, require_keys, require_lengths, require_nonnegative_int,
                                         require_positive_int, require_ratio, require_real)
 
-        torch.set_num_threads(2)
+        torch.set_num_threads(1)  # the chapters' tensors are small: one thread avoids oversubscribing cores
         print(f"course_lib {{course_lib.__version__}} | torch {{torch.__version__}}")""")
 
 

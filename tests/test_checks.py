@@ -1,0 +1,88 @@
+"""The shared validators: each refuses bad input with a ValueError naming the field and the value."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from course_lib._checks import (
+    require_bool,
+    require_dataset,
+    require_partition,
+    require_sequence,
+    require_tensor,
+)
+
+
+def test_require_sequence_accepts_list_likes_and_refuses_the_rest():
+    assert require_sequence("xs", (1, 2)) == [1, 2]
+    assert require_sequence("xs", []) == []
+    assert len(require_sequence("xs", torch.ones(2, 3))) == 2                    # rows of a tensor
+    for junk in (None, 3, "ab", b"ab", {"a": 1}, {1, 2}, torch.tensor(3)):
+        with pytest.raises(ValueError, match="xs must be a sequence"):
+            require_sequence("xs", junk)
+    with pytest.raises(ValueError, match="xs must not be empty"):
+        require_sequence("xs", [], allow_empty=False)
+
+
+def test_require_tensor_converts_and_checks_shape_kind_and_range():
+    assert require_tensor("ids", [[1, 2], [3, 4]], ndim=2, dtype_kind="i").dtype == torch.long
+    assert require_tensor("ids", [], ndim=1, dtype_kind="i").dtype == torch.long   # an empty list takes the kind
+    given = torch.ones(3)
+    assert require_tensor("x", given, dtype_kind="f") is given
+    assert require_tensor("x", np.arange(3), ndim=(1, 2)).tolist() == [0, 1, 2]
+    cases = [
+        (None, {}, "ids must be a tensor .* got None"),
+        ([[1, 2], [3]], {}, r"ids must be a tensor .* got \[\[1, 2\], \[3\]\]"),
+        ("12", {}, "ids must be a tensor"),
+        ({"a": 1}, {}, "ids must be a tensor"),
+        ([1.5], {"dtype_kind": "i"}, "ids must be an integer tensor, got dtype torch.float32"),
+        ([True], {"dtype_kind": "if"}, "ids must be an integer or floating-point tensor"),
+        ([1, 2], {"ndim": 2}, r"ids must have 2 dimension\(s\), got shape \(2,\)"),
+        ([1, 7], {"maximum": 5}, "ids must hold values <= 5, got 7 at index 1"),
+        ([[0, -3]], {"minimum": 0}, r"ids must hold values >= 0, got -3 at index \(0, 1\)"),
+        ([float("nan")], {"minimum": 0}, "ids must be finite"),
+    ]
+    for value, kwargs, message in cases:
+        with pytest.raises(ValueError, match=message):
+            require_tensor("ids", value, **kwargs)
+
+
+def test_require_partition_names_the_group_and_the_index():
+    assert require_partition("rows", [[1], [0, 2]]) == [[1], [0, 2]]
+    assert require_partition("batches", [torch.tensor([0, 1])], 2) == [[0, 1]]
+    cases = [
+        (None, None, "rows must be a sequence"),
+        ([3], None, r"rows\[0\] must be a sequence of integers, got 3"),
+        ([[0], []], None, r"rows\[1\] must not be empty"),
+        ([[0], [0]], None, r"rows\[1\] repeats index 0"),
+        ([[0, 2]], None, r"rows\[0\] holds index 2, beyond the last index 1"),
+        ([[0]], 2, r"rows must cover every index in range\(2\); missing \[1\]"),
+        ([[-1]], None, r"rows\[0\]\[0\] must be >= 0, got -1"),
+    ]
+    for groups, count, message in cases:
+        with pytest.raises(ValueError, match=message):
+            require_partition("rows", groups, count)
+
+
+def test_require_bool_refuses_truthy_values():
+    assert require_bool("flag", True) is True
+    assert require_bool("flag", np.bool_(False)) is False
+    assert require_bool("flag", torch.tensor(True)) is True
+    for junk in (None, 0, 1, "yes", [True], torch.ones(2, dtype=torch.bool)):
+        with pytest.raises(ValueError, match="flag must be True or False"):
+            require_bool("flag", junk)
+
+
+def test_require_dataset_names_the_column_field():
+    from datasets import Dataset
+
+    dataset = Dataset.from_dict({"messages": [[]]})
+    require_dataset("dataset", dataset, column="messages")
+    with pytest.raises(ValueError, match="dataset must be a datasets.Dataset, got None"):
+        require_dataset("dataset", None)
+    with pytest.raises(ValueError, match=r"messages_column = 'chat' is not a column of dataset: \['messages'\]"):
+        require_dataset("dataset", dataset, column="chat", column_name="messages_column")
+    with pytest.raises(ValueError, match="messages_column = 3"):
+        require_dataset("dataset", dataset, column=3, column_name="messages_column")

@@ -1,0 +1,213 @@
+"""Bad input gets a ValueError, never anything else: every public function, fed junk by hypothesis.
+
+A junk argument may be accepted (some junk is valid input) but the only exception allowed out of the
+library is ValueError: no TypeError, IndexError, KeyError, AttributeError or RuntimeError from deep inside.
+The one exception that comes from the environment rather than the input is listed in NEEDS_CUDA below.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import course_lib
+
+# Functions that do not take data (paths, hub access, process spawning, tokenizer training) are out of scope.
+EXCLUDED = {
+    "course_tokenizer_dir", "corpus_files", "train_course_tokenizer", "build_course_tokenizer", "load_tokenizer",
+    "data_parallel_gradients", "hardware_names", "tiny_qwen2", "hf_config",
+}
+# The first parameter of these is a real object the fuzz does not vary.
+FIXED_FIRST = {
+    "render_chat": "tokenizer", "render_chats": "tokenizer", "measure_sample": "tokenizer", "build_labels": "tokenizer",
+    "packed_logits": "model", "packed_token_logprobs": "model", "per_token_logprobs_alone": "model",
+    "compare_packed_with_alone": "model", "supervised_token_losses": "model", "microbatch_loss": "model",
+    "flat_gradient": "model", "accumulated_gradient": "model",
+    "saved_tensor_bytes": "function", "peak_cuda_memory": "function",
+}
+
+# Raised by the environment, not the input: peak_cuda_memory reads CUDA's peak-memory counters, so on a machine
+# without CUDA it raises a clear RuntimeError. That is allowed only there, and only for valid arguments (the fixed
+# callable, nothing fuzzed); junk arguments must still get a ValueError first, which the test below checks.
+NEEDS_CUDA = {"peak_cuda_memory"}
+
+SMALL_INTS = st.sampled_from([-2, -1, 0, 1, 2, 3, 7, 64])
+JUNK = st.one_of(
+    st.none(), st.booleans(), SMALL_INTS, st.sampled_from([-0.5, 0.0, 0.25, 1.5, math.nan, math.inf]),
+    st.sampled_from(["", "x", "bfd", "chatml", "token_mean"]),
+    st.lists(SMALL_INTS, max_size=5), st.lists(st.sampled_from([0.5, "a", None, [1]]), min_size=1, max_size=3),
+    st.sampled_from([{}, {"a": 1}, {"input_ids": [1, 2], "labels": [1]}, (1, 2), [[1, 2], [3]], [{"x": 1}]]),
+    st.sampled_from([torch.zeros(0), torch.ones(3), torch.ones(2, 3), torch.arange(6).reshape(2, 3),
+                     torch.ones(2, 3, dtype=torch.bool), torch.full((2, 2), -1)]),
+)
+
+
+def _fuzz_targets():
+    targets = []
+    for name in course_lib.__all__:
+        function = getattr(course_lib, name)
+        if not inspect.isfunction(function) or name in EXCLUDED:
+            continue
+        parameters = [p for p in inspect.signature(function).parameters.values()
+                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty]
+        if name in FIXED_FIRST:
+            parameters = parameters[1:]
+        if parameters or name in FIXED_FIRST:
+            targets.append((name, len(parameters)))
+    return targets
+
+
+TARGETS = _fuzz_targets()
+
+
+@pytest.fixture(scope="module")
+def fixed_objects():
+    return {"tokenizer": course_lib.load_course_tokenizer(), "model": course_lib.tiny_qwen2(),
+            "function": lambda *args: torch.ones(2, requires_grad=True).sum()}   # a scalar with a graph
+
+
+def test_fuzz_covers_the_public_api():
+    assert len(TARGETS) >= 60, f"only {len(TARGETS)} public functions under fuzz"
+
+
+@pytest.mark.parametrize(("name", "arity"), TARGETS, ids=[name for name, _ in TARGETS])
+def test_only_value_error_escapes(name, arity, fixed_objects):
+    function = getattr(course_lib, name)
+    first = [fixed_objects[FIXED_FIRST[name]]] if name in FIXED_FIRST else []
+
+    @settings(max_examples=40, deadline=None, derandomize=True,
+              suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+    @given(st.lists(JUNK, min_size=arity, max_size=arity))
+    def check(arguments):
+        try:
+            function(*first, *arguments)
+        except ValueError:
+            pass
+        except RuntimeError as error:
+            if not (name in NEEDS_CUDA and not arguments and not torch.cuda.is_available() and "CUDA" in str(error)):
+                raise
+
+    check()
+
+
+@pytest.mark.parametrize("junk", [None, 3, "fn", [1], torch.ones(2)], ids=repr)
+def test_peak_cuda_memory_checks_its_arguments_before_the_device(junk):
+    """Junk gets a ValueError naming fn on every machine; only valid arguments may meet the missing GPU."""
+    with pytest.raises(ValueError, match="fn"):
+        course_lib.peak_cuda_memory(junk)
+
+
+# ---- optional arguments: a valid call, then junk in its optional (keyword) arguments ------------------------------
+# The fuzz above feeds junk to the required positional arguments only, where junk nearly always fails the first check.
+# Here the required arguments are valid, so junk in a flag, a mode, a bound or an override reaches the body.
+CHAT = [{"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "Hi!"}]
+PACKED_IDS = [[1, 2, 3], [4, 5]]
+
+
+def _valid_calls(tokenizer, model):
+    """name -> (positional args, kwargs) of a call that succeeds; optional arguments are then replaced with junk."""
+    packed = course_lib.pack_sequences(PACKED_IDS, 6)
+    batch = course_lib.synthetic_supervised_batch(n_rows=2, min_length=4, max_length=6, vocab_size=64)
+    alpaca = course_lib.sample_data_path("alpaca.jsonl")
+    scalar = (lambda *args: torch.ones(2, requires_grad=True).sum(),)
+    return {
+        "load_course_tokenizer": ((), {}),
+        "render_chat": ((tokenizer, CHAT), {}),
+        "render_chats": ((tokenizer, [CHAT]), {}),
+        "to_messages": (({"instruction": "a", "output": "b"},), {}),
+        "load_records": ((alpaca,), {}),
+        "records_to_chats": ((course_lib.load_records(alpaca),), {}),
+        "load_chats": ((alpaca,), {}),
+        "ledger_from_roles": ((["user", "assistant", "eos"],), {}),
+        "measure_sample": ((tokenizer, CHAT), {}),
+        "length_ledger": ((course_lib.load_chats(alpaca), tokenizer), {}),
+        "audit_context_fit": (([{"name": "a", "prompt_tokens": 3, "supervised_tokens": 2}], 16, 1), {}),
+        "apply_window_policy": (([{"input_ids": [1, 2, 3], "labels": [-100, 2, 3]}], 2), {}),
+        "build_labels": ((tokenizer, CHAT), {}),
+        "plan_packing": (([3, 2], 8), {}),
+        "additive_attention_mask": ((torch.ones(2, 2, dtype=torch.bool),), {}),
+        "pack_sequences": ((PACKED_IDS, 4), {}),
+        "packed_logits": ((model, packed["ids"], packed["position_ids"]), {"segment_ids": packed["segment_ids"]}),
+        "packed_token_logprobs": ((model, packed), {}),
+        "compare_packed_with_alone": ((model, packed, PACKED_IDS), {}),
+        "leaky_share": ((torch.zeros(3), torch.zeros(3), torch.ones(3, dtype=torch.bool)), {}),
+        "seed003_agent_lengths": ((), {}),
+        "seed003_random_order": ((), {}),
+        "describe_microbatches": (([3, 2], [[0], [1]]), {}),
+        "checkpointed_log_probs": ((torch.ones(1, 2, 4), torch.ones(8, 4), torch.zeros(1, 2, dtype=torch.long)), {}),
+        "saved_tensor_bytes": (scalar, {}),
+        "peak_cuda_memory": (scalar, {}),
+        "logit_bytes": ((1, 8), {}),
+        "logit_memory_table": ((), {}),
+        "masked_normalize": ((torch.ones(2, 3), torch.ones(2, 3, dtype=torch.bool)), {}),
+        "aggregate_loss": ((torch.ones(2, 3), torch.ones(2, 3, dtype=torch.bool)), {}),
+        "synthetic_supervised_batch": ((), {}),
+        "microbatch_loss": ((model, batch, "global"), {"global_tokens": 4}),
+        "accumulated_gradient": ((model, batch, [[0], [1]]), {}),
+        "kv_bytes_per_token": ((model.config,), {}),
+        "decode_tokens_per_s": ((1e6, 1, 8, 1024.0, 1e9), {}),
+        "decode_rate_table": ((1e6, 1024.0, 1e9, [1, 2], [8, 16]), {}),
+        "filter_by_pass_rate": ((["a", "b"], [0.2, 0.5]), {}),
+        "variance_weighted_sample": ((["a", "b"], [0.5, 0.5], 1), {}),
+        "zero_advantage_probability": ((0.5,), {}),
+        "simulate_pass_rate_filter": (([0.2, 0.5],), {"steps": 3}),
+        "geometric_edges": ((64,), {}),
+        "compare_bucket_padding": (([3, 9, 40], 64), {}),
+        "sliding_windows": ((300,), {}),
+        "sliding_window_cost": ((300,), {}),
+        "split_document": ((list(range(300)),), {}),
+        "padding_vs_packing_ledger": (([3, 4],), {}),
+    }
+
+
+# Optional arguments left out, each with its reason.
+NOT_FUZZED = {
+    ("length_ledger", "num_proc"): "starts worker processes; checked as a positive integer before the map",
+}
+
+
+def _optional_parameters(name):
+    parameters = inspect.signature(getattr(course_lib, name)).parameters.values()
+    return [p.name for p in parameters if p.default is not p.empty and (name, p.name) not in NOT_FUZZED]
+
+
+OPTIONAL_TARGETS = [name for name in course_lib.__all__ if inspect.isfunction(getattr(course_lib, name))
+                    and name not in EXCLUDED and _optional_parameters(name)]
+
+
+@pytest.fixture(scope="module")
+def valid_calls(fixed_objects):
+    return _valid_calls(fixed_objects["tokenizer"], fixed_objects["model"])
+
+
+def test_every_function_with_optional_arguments_has_a_valid_call(valid_calls):
+    assert sorted(set(OPTIONAL_TARGETS) - set(valid_calls)) == []
+    for name, (args, kwargs) in valid_calls.items():
+        if name not in NEEDS_CUDA or torch.cuda.is_available():
+            getattr(course_lib, name)(*args, **kwargs)                    # the baseline itself is valid
+
+
+@pytest.mark.parametrize("name", OPTIONAL_TARGETS)
+def test_only_value_error_escapes_junk_in_optional_arguments(name, valid_calls):
+    function = getattr(course_lib, name)
+    args, kwargs = valid_calls[name]
+
+    @settings(max_examples=25, deadline=None, derandomize=True,
+              suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+    @given(st.dictionaries(st.sampled_from(_optional_parameters(name)), JUNK, min_size=1))
+    def check(junk):
+        try:
+            function(*args, **{**kwargs, **junk})
+        except ValueError:
+            pass
+        except RuntimeError as error:                                     # see NEEDS_CUDA: only a valid flag
+            valid = all(isinstance(value, bool) for value in junk.values())
+            if not (name in NEEDS_CUDA and valid and not torch.cuda.is_available() and "CUDA" in str(error)):
+                raise
+
+    check()
