@@ -3,16 +3,15 @@
 1. The library on real objects: the length ledger, a packing plan, the token-budget microbatch table and the
    throughput accounting of the seed chapters, each printed from a real computation.
 2. Build every chapter (jupytext source -> nbgrader source -> release) in `notebooks/`.
-3. Autograde three sample submissions per chapter with real nbgrader in `notebooks/` (nbgrader's own layout:
-   submitted/, autograded/, gradebook.db): the instructor's solution, the untouched release, and a release
-   filled with the solutions except one wrong answer from the mutant catalogue. Print the gradebook.
+3. Grade three sample submissions per chapter with `course grade` into `notebooks/` (nbgrader's own layout and
+   gradebook, grades.csv, feedback/): the instructor's solution, the untouched release, and a release filled
+   with the solutions except one wrong answer from the mutant catalogue. Print the gradebook.
 """
 
 from __future__ import annotations
 
 import shutil
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,49 +59,41 @@ def library_tour() -> None:
     print(" | ".join(f"{key} {value:.2f}" for key, value in hours.items()), "GPU-hours per step")
 
 
-def grade_samples(root: Path) -> dict[str, dict[str, tuple[float, float]]]:
-    """Autograde solution / blank / one mutant per chapter; returns chapter -> student -> (score, max)."""
-    from course_lib.nb import autograde, build, cells
+def write_samples(root: Path, inbox: Path) -> dict[str, list[str]]:
+    """<student>_<chapter>.ipynb files: the solution, the untouched release, one mutant per chapter."""
+    from course_lib.nb import build, cells
     from tests.mutants import catalogue
     from tests.test_autograde import submission_with
 
     mutants = catalogue()
-    for folder in ("submitted", "autograded"):
-        shutil.rmtree(root / folder, ignore_errors=True)
-    book = {}
-    scratch = REPO / "build" / "demo"
-    scratch.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(inbox, ignore_errors=True)
+    inbox.mkdir(parents=True)
+    students = {}
     for chapter_py in build.chapter_sources(root / "chapters"):
         chapter = chapter_py.stem
         source = root / "source" / chapter / f"{chapter}.ipynb"
         release = root / "release" / chapter / f"{chapter}.ipynb"
-        solutions = cells.solution_cells(cells.read(source))
-        staged = {"sample-solution": source, "sample-blank": release}
+        shutil.copy2(source, inbox / f"sample-solution_{chapter}.ipynb")
+        shutil.copy2(release, inbox / f"sample-blank_{chapter}.ipynb")
+        students[chapter] = ["sample-solution", "sample-blank"]
         if chapter in mutants:
             todo, wrong = sorted(mutants[chapter].items())[0]
             mutant_name, mutant_source = sorted(wrong.items())[0]
-            student = f"sample-mutant-{todo}-{mutant_name}".replace("_", "-")
-            staged[student] = submission_with(release, {**solutions, f"todo_{todo}": mutant_source},
-                                              scratch / f"{chapter}-mutant.ipynb")
-        autograde.stage_submissions(root, chapter, staged)
-        started = time.perf_counter()
-        completed = autograde.autograde(root, chapter)
-        if completed.returncode != 0:
-            print(completed.stdout[-2000:], completed.stderr[-2000:])
-            raise SystemExit(f"nbgrader autograde {chapter} failed")
-        book[chapter] = {}
-        for student in staged:
-            scores = autograde.cell_scores(root, chapter, student)
-            book[chapter][student] = (sum(s for s, _ in scores.values()), sum(m for _, m in scores.values()))
-        print(f"graded {chapter}: {len(staged)} submissions in {time.perf_counter() - started:.1f} s")
-    return book
+            solutions = {**cells.solution_cells(cells.read(source)), f"todo_{todo}": mutant_source}
+            student = f"sample-mutant-{mutant_name}".replace("_", "-")
+            submission_with(release, solutions, inbox / f"{student}_{chapter}.ipynb")
+            students[chapter].append(student)
+    return students
 
 
-def print_gradebook(book: dict[str, dict[str, tuple[float, float]]]) -> None:
-    print(f"\n{'chapter':<28} {'student':<52} {'score':>9}")
-    for chapter, students in book.items():
-        for student, (score, top) in students.items():
-            print(f"{chapter:<28} {student:<52} {score:>4.0f} / {top:<3.0f}")
+def print_gradebook(run) -> None:
+    print(f"\n{'chapter':<26} {'student':<44} {'score':>9}   cells")
+    for outcome in sorted(run.outcomes, key=lambda o: (o.chapter or "", o.student or "")):
+        if outcome.status != "graded":
+            print(f"{outcome.chapter or '?':<26} {outcome.display:<44} {outcome.status}: {outcome.reason}")
+            continue
+        cells = " ".join(f"{c.grade_id}={c.score:g}/{c.max_score:g}" for c in outcome.cells)
+        print(f"{outcome.chapter:<26} {outcome.student:<44} {outcome.score:>4g} / {outcome.max_score:<3g}  {cells}")
 
 
 def main() -> int:
@@ -113,9 +104,15 @@ def main() -> int:
     builds = build.build_course(build.NOTEBOOKS_DIR)
     for chapter in builds:
         print(f"{chapter.name:<28} {len(chapter.graded_cells)} graded cells, {chapter.points:.0f} points")
-    print("\n== grading sample submissions with nbgrader ==")
-    print_gradebook(grade_samples(build.NOTEBOOKS_DIR))
-    return 0
+    print("\n== grading sample submissions (course grade: parallel kernels, nbgrader's gradebook) ==")
+    from course_lib.nb import grade
+
+    inbox = REPO / "build" / "demo" / "inbox"
+    write_samples(build.NOTEBOOKS_DIR, inbox)
+    run = grade.grade_submissions(inbox, build.NOTEBOOKS_DIR, force=True)
+    print(grade.summary(run))
+    print_gradebook(run)
+    return 0 if run.count("graded") == len(run.outcomes) else 1
 
 
 if __name__ == "__main__":
