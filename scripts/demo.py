@@ -3,8 +3,8 @@
 1. The library on real objects: the length ledger, a packing plan, the token-budget microbatch table and the
    throughput accounting of the seed chapters, each printed from a real computation.
 2. Build every chapter (jupytext source -> nbgrader source -> release) in `notebooks/`.
-3. Grade three sample submissions per chapter with `course grade` into `notebooks/` (nbgrader's own layout and
-   gradebook, grades.csv, feedback/): the instructor's solution, the untouched release, and a release filled
+3. Grade three sample submissions per chapter with `course grade` into a scratch copy of the built course,
+   `build/demo/course/` (nbgrader's own layout and gradebook, grades.csv, feedback/): the instructor's solution, the untouched release, and a release filled
    with the solutions except one wrong answer from the mutant catalogue. Print the gradebook.
 """
 
@@ -107,9 +107,15 @@ def main() -> int:
     print("\n== grading sample submissions (course grade: parallel kernels, nbgrader's gradebook) ==")
     from course_lib.nb import grade
 
+    # Grade in a scratch copy of the built course: nbgrader refuses to rebuild a chapter whose gradebook holds
+    # submissions, and the repository's notebooks/ must stay rebuildable.
+    course = REPO / "build" / "demo" / "course"
+    shutil.rmtree(course, ignore_errors=True)
+    shutil.copytree(build.NOTEBOOKS_DIR, course, ignore=shutil.ignore_patterns(
+        "submitted", "autograded", "feedback", "grades.csv", ".grading-*"))
     inbox = REPO / "build" / "demo" / "inbox"
-    write_samples(build.NOTEBOOKS_DIR, inbox)
-    run = grade.grade_submissions(inbox, build.NOTEBOOKS_DIR, force=True)
+    write_samples(course, inbox)
+    run = grade.grade_submissions(inbox, course, force=True)
     print(grade.summary(run))
     print_gradebook(run)
     return 0 if run.count("graded") == len(run.outcomes) else 1

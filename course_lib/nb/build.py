@@ -153,6 +153,7 @@ def setup_code(settings: dict) -> str:
         import torch
 
         import course_lib
+        import course_lib.nb.grading  # the hidden tests' reference: captured before any of your code runs
         from course_lib._checks import (require_int, require_keys, require_lengths, require_nonnegative_int,
                                         require_positive_int, require_ratio, require_real)
 
@@ -183,6 +184,9 @@ def build_source_notebook(chapter_py: Path, course_root: Path) -> ChapterBuild:
             extra = cell.source[len(SETUP_DIRECTIVE):].strip("\n")
             cell.source = setup_code(settings) + ("\n\n" + extra if extra else "")
             cell.metadata.setdefault("tags", []).append("setup")
+            # read-only for students, and restored from the source when graded (the tests rely on it)
+            cell.metadata["nbgrader"] = {"grade": False, "solution": False, "locked": True,
+                                         "grade_id": "setup", "schema_version": 3}
         meta = cell.metadata.get("nbgrader")
         if cell.cell_type == "code" and meta and meta.get("solution"):
             cell.source, targets = expand_solution_cell(cell.source)

@@ -72,8 +72,30 @@ def _run(source: str, namespace: dict, label: str) -> str | None:
     return None
 
 
+@contextlib.contextmanager
+def library_state_restored():
+    """Undo whatever graded code does to the course_lib modules' names (a submission may rebind them)."""
+    import sys
+
+    saved = {name: dict(vars(module)) for name, module in list(sys.modules.items())
+             if (name == "course_lib" or name.startswith("course_lib.")) and module is not None}
+    try:
+        yield
+    finally:
+        for name, attributes in saved.items():
+            module_dict = vars(sys.modules[name])
+            for key in [key for key in module_dict if key not in attributes]:
+                del module_dict[key]
+            module_dict.update(attributes)
+
+
 def grade_in_process(source_notebook: Any, solutions: dict[str, str]) -> list[CellResult]:
     """Grade `solutions` (grade_id -> code) with the source notebook's setup and test cells."""
+    with library_state_restored():
+        return _grade_in_process(source_notebook, solutions)
+
+
+def _grade_in_process(source_notebook: Any, solutions: dict[str, str]) -> list[CellResult]:
     import matplotlib
 
     matplotlib.use("Agg")

@@ -18,12 +18,17 @@ from typing import Any
 
 import course_lib
 
+# The library's public objects as they were when this module was first imported. Every chapter's setup cell
+# imports it before any student code runs, so a submission that rebinds `course_lib.<name>` to its own
+# function cannot turn the reference into itself.
+_ORIGINALS = {name: getattr(course_lib, name) for name in course_lib.__all__}
+
 
 def reference(name: str) -> Callable:
-    """The library's own implementation of `name` (captured before any blocking)."""
-    if not hasattr(course_lib, name):
+    """The library's own implementation of `name`, as captured before any student code ran."""
+    if name not in _ORIGINALS:
         raise ValueError(f"course_lib has no public function named {name!r}")
-    return getattr(course_lib, name)
+    return _ORIGINALS[name]
 
 
 def _tripwire_code(name: str):

@@ -24,7 +24,7 @@ from typing import Any
 
 import nbformat
 
-from .cells import SETUP_TAG, is_setup, nbgrader_meta
+from .cells import is_setup, nbgrader_meta
 
 GRADE_ID_SCORE = 3.0
 MIN_SIMILARITY = 0.5
@@ -167,13 +167,12 @@ def prepare(submission: Any, source: Any, release: Any) -> Prepared:
             if is_setup(original):
                 cells.append(_from_source(original))
                 result.notes.append("setup cell deleted; restored from the source")
+        elif is_setup(original):  # read-only in the release; the graded cells rely on exactly this code
+            cells.append(_from_source(original))
+            if _lines(submission.cells[j].source) != _lines(original.source):
+                result.notes.append("setup cell edited; the original was restored")
         else:
-            cell = _plain(submission.cells[j])
-            if is_setup(original):
-                cell.setdefault("metadata", {}).setdefault("tags", [])
-                if SETUP_TAG not in cell.metadata["tags"]:
-                    cell.metadata["tags"].append(SETUP_TAG)
-            cells.append(cell)
+            cells.append(_plain(submission.cells[j]))
     by_content = sum(1 for i, j in matched.items() if nbgrader_meta(release.cells[i]).get("grade_id")
                      and nbgrader_meta(submission.cells[j]).get("grade_id") != nbgrader_meta(release.cells[i])["grade_id"])
     if by_content:

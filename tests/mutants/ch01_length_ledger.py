@@ -66,6 +66,13 @@ MUTANTS = {
         "one_gate_only": _audit(admitted="kept >= min_kept"),
         # An overflow still reports the tokens it would have kept.
         "kept_reported_on_overflow": _audit(zeroed="kept"),
+        # A wrong answer that rebinds the library's names to itself, so a naive reference would be itself.
+        "rebinds_the_library": _audit(available="max(0, target - prompt)") + """
+import course_lib
+import course_lib.window
+course_lib.audit_context_fit = audit_context_fit
+course_lib.window.audit_context_fit = audit_context_fit
+""",
     },
     "ledger_from_roles": {
         # The end-of-turn token is never supervised, whatever supervise_eos says.
