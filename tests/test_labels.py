@@ -8,20 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import DataCollatorForSeq2Seq
 
-from course_lib import CHAT_TEMPLATES, IGNORE_INDEX, build_labels, load_course_tokenizer, pad_batch, render_chat
-
-CHAT = [
-    {"role": "system", "content": "You are a helpful assistant."},
-    {"role": "user", "content": "What is packing?"},
-    {"role": "assistant", "content": "Packing puts samples in one row."},
-    {"role": "user", "content": "谢谢"},
-    {"role": "assistant", "content": "不客气！"},
-]
-
-
-@pytest.fixture(scope="module")
-def tokenizers():
-    return {name: load_course_tokenizer(name) for name in CHAT_TEMPLATES}
+from course_lib import CHAT_TEMPLATES, IGNORE_INDEX, build_labels, pad_batch, render_chat
+from tests.conftest import CHAT
 
 
 def assert_labels_match_assistant_mask(tokenizer, messages, sample):

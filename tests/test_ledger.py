@@ -12,26 +12,12 @@ from course_lib import (
     CHAT_TEMPLATES,
     LEDGER_KEYS,
     length_ledger,
-    load_course_tokenizer,
     measure_sample,
     overflow_ratio,
     summarize_length_distribution,
     summarize_length_distribution_reference,
 )
-
-CHAT = [
-    {"role": "system", "content": "You are a helpful assistant."},
-    {"role": "user", "content": "What is packing?"},
-    {"role": "assistant", "content": "Packing puts samples in one row."},
-    {"role": "user", "content": "谢谢"},
-    {"role": "assistant", "content": "不客气！"},
-]
-
-
-@pytest.fixture(scope="module")
-def tokenizers():
-    return {name: load_course_tokenizer(name) for name in CHAT_TEMPLATES}
-
+from tests.conftest import CHAT
 
 # ---- seed 000, Step 1: the distribution summary ---------------------------------------------------------------
 

@@ -28,15 +28,9 @@ from course_lib import (
     tiny_qwen2,
     train_course_tokenizer,
 )
+from tests.conftest import CHAT
 
 REPO = Path(__file__).resolve().parents[1]
-CHAT = [
-    {"role": "system", "content": "You are a helpful assistant."},
-    {"role": "user", "content": "What is packing?"},
-    {"role": "assistant", "content": "Packing puts samples in one row."},
-    {"role": "user", "content": "谢谢"},
-    {"role": "assistant", "content": "不客气！"},
-]
 EXPECTED_TEXT = {
     "chatml": "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
               "<|im_start|>user\nWhat is packing?<|im_end|>\n"
@@ -56,9 +50,6 @@ GENERATION_PROMPT = {"chatml": "<|im_start|>assistant\n", "llama3": "<|start_hea
                      "alpaca": "### Response:\n"}
 
 
-@pytest.fixture(scope="module")
-def tokenizers():
-    return {name: load_course_tokenizer(name) for name in CHAT_TEMPLATES}
 
 
 def test_vocab_is_exactly_2048_with_single_id_special_tokens(tokenizers):
