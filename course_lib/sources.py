@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ._checks import require_dataset
+from ._checks import require_dataset, require_int, require_positive_int, require_real
 
 __all__ = [
     "RECORD_FORMATS",
@@ -22,6 +22,7 @@ __all__ = [
     "load_records",
     "records_to_chats",
     "load_chats",
+    "corpus_chats",
 ]
 
 RECORD_FORMATS = ("alpaca", "sharegpt")
@@ -143,3 +144,33 @@ def records_to_chats(dataset, record_format: str | None = None, *, messages_colu
 def load_chats(path: str | Path, record_format: str | None = None, *, fmt: str | None = None):
     """load_records then records_to_chats: a file of Alpaca/ShareGPT records -> Dataset with a "messages" column."""
     return records_to_chats(load_records(path, fmt), record_format)
+
+
+def corpus_chats(count: int, *, log_mean: float = 0.7, log_sigma: float = 0.9, max_sentences: int = 20,
+                 seed: int = 0) -> list[list[dict[str, str]]]:
+    """count chats whose answers are runs of consecutive sentences from the English course corpus.
+
+    The number of answer sentences is lognormal(log_mean, log_sigma), rounded, clipped to [1, max_sentences],
+    like real answer lengths; the question is one more corpus sentence. Deterministic in seed.
+    """
+    import numpy as np
+
+    from .tokenizer import corpus_files
+
+    count = require_positive_int("count", count)
+    log_mean, log_sigma = require_real("log_mean", log_mean), require_real("log_sigma", log_sigma, minimum=0.0)
+    max_sentences = require_positive_int("max_sentences", max_sentences)
+    english = next(path for path in corpus_files() if path.endswith("en_finetuning.txt"))
+    with open(english, encoding="utf-8") as handle:
+        sentences = [line.strip() for line in handle if line.strip()]
+    if max_sentences >= len(sentences):
+        raise ValueError(f"max_sentences must be below the corpus's {len(sentences)} sentences, got {max_sentences}")
+    rng = np.random.default_rng(require_int("seed", seed, minimum=0))
+    sizes = np.clip(rng.lognormal(log_mean, log_sigma, size=count).round(), 1, max_sentences).astype(int)  # [count]
+    chats = []
+    for size in sizes.tolist():
+        start = int(rng.integers(0, len(sentences) - size))
+        question = sentences[int(rng.integers(0, len(sentences)))]
+        chats.append([{"role": "user", "content": "Explain this: " + question},
+                      {"role": "assistant", "content": " ".join(sentences[start:start + size])}])
+    return chats

@@ -123,6 +123,7 @@ def _valid_calls(tokenizer, model):
         "load_records": ((alpaca,), {}),
         "records_to_chats": ((course_lib.load_records(alpaca),), {}),
         "load_chats": ((alpaca,), {}),
+        "corpus_chats": ((3,), {}),
         "ledger_from_roles": ((["user", "assistant", "eos"],), {}),
         "measure_sample": ((tokenizer, CHAT), {}),
         "length_ledger": ((course_lib.load_chats(alpaca), tokenizer), {}),

@@ -115,3 +115,23 @@ def test_load_records_formats_and_errors(tmp_path):
     wrong.write_text(json.dumps({"question": "Q?", "answer": "A."}), encoding="utf-8")
     with pytest.raises(ValueError, match="missing field 'instruction'"):
         records_to_chats(load_records(wrong), "alpaca")
+
+
+def test_corpus_chats_are_deterministic_runs_of_corpus_sentences():
+    from course_lib import corpus_chats, corpus_files
+
+    english = next(path for path in corpus_files() if path.endswith("en_finetuning.txt"))
+    text = open(english, encoding="utf-8").read()
+    chats = corpus_chats(32, log_mean=0.7, log_sigma=0.9, max_sentences=5, seed=3)
+    assert chats == corpus_chats(32, log_mean=0.7, log_sigma=0.9, max_sentences=5, seed=3)
+    assert chats != corpus_chats(32, log_mean=0.7, log_sigma=0.9, max_sentences=5, seed=4)
+    for user, assistant in chats:
+        assert user["role"] == "user" and assistant["role"] == "assistant"
+        assert user["content"].startswith("Explain this: ")
+        assert assistant["content"] in " ".join(line.strip() for line in text.splitlines() if line.strip())
+    sizes = {len([part for part in a["content"].split(". ") if part]) for _, a in chats}
+    assert max(sizes) <= 5 * 2  # at most 5 sentences (a sentence may hold one inner '. ')
+    for bad in ({"count": 0}, {"max_sentences": 0}, {"log_sigma": -1.0}, {"seed": -1}, {"max_sentences": 10**6}):
+        arguments = {"count": 4, "log_mean": 0.5, "log_sigma": 0.5, "max_sentences": 3, **bad}
+        with pytest.raises(ValueError):
+            corpus_chats(**arguments)

@@ -36,7 +36,7 @@ from course_lib import (
     PACKING_STRATEGIES,
     build_labels,
     compare_packed_with_alone,
-    corpus_files,
+    corpus_chats,
     inferred_packed_segments,
     leaky_share,
     load_chats,
@@ -65,23 +65,8 @@ from course_lib import (
 
 # %%
 tokenizer = load_course_tokenizer()
-english = next(path for path in corpus_files() if path.endswith("en_finetuning.txt"))
-with open(english, encoding="utf-8") as handle:
-    sentences = [line.strip() for line in handle if line.strip()]
-
-rng = np.random.default_rng(0)
-
-
-def corpus_chat(answer_sentences: int) -> list[dict[str, str]]:
-    """A chat whose answer is `answer_sentences` consecutive corpus sentences."""
-    start = int(rng.integers(0, len(sentences) - answer_sentences))
-    question = sentences[int(rng.integers(0, len(sentences)))]
-    return [{"role": "user", "content": "Explain this: " + question},
-            {"role": "assistant", "content": " ".join(sentences[start:start + answer_sentences])}]
-
-
-answer_sizes = np.clip(rng.lognormal(0.7, 0.9, size=64).round(), 1, 20).astype(int)
-samples = [build_labels(tokenizer, corpus_chat(int(n))) for n in answer_sizes]  # input_ids + labels, one rendering
+chats = corpus_chats(64, log_mean=0.7, log_sigma=0.9, max_sentences=20, seed=0)  # answers: runs of corpus sentences
+samples = [build_labels(tokenizer, chat) for chat in chats]  # input_ids + labels, one rendering
 lengths = np.array([len(sample["input_ids"]) for sample in samples])  # [64]
 real_tokens, padded_positions = int(lengths.sum()), len(lengths) * int(lengths.max())
 print(f"{len(lengths)} chats: min {lengths.min()} | median {np.median(lengths):.0f} | "

@@ -38,7 +38,7 @@ from course_lib import (
     balanced_partition,
     batch_containing,
     build_labels,
-    corpus_files,
+    corpus_chats,
     data_parallel_gradients,
     describe_microbatches,
     fixed_count_batches,
@@ -102,22 +102,8 @@ print(f"{fixed_cost['padding_ratio']:.1%} of all computed positions are padding"
 
 # %%
 tokenizer = load_course_tokenizer()
-english = next(path for path in corpus_files() if path.endswith("en_finetuning.txt"))
-with open(english, encoding="utf-8") as handle:
-    sentences = [line.strip() for line in handle if line.strip()]
-rng = np.random.default_rng(0)
-
-
-def corpus_chat(answer_sentences: int) -> list[dict[str, str]]:
-    """A chat whose answer is `answer_sentences` consecutive corpus sentences."""
-    start = int(rng.integers(0, len(sentences) - answer_sentences))
-    question = sentences[int(rng.integers(0, len(sentences)))]
-    return [{"role": "user", "content": "Explain this: " + question},
-            {"role": "assistant", "content": " ".join(sentences[start:start + answer_sentences])}]
-
-
-answer_sizes = np.clip(rng.lognormal(0.3, 0.8, size=16).round(), 1, 8).astype(int)
-features = [build_labels(tokenizer, corpus_chat(int(n))) for n in answer_sizes]  # input_ids + labels [T_i]
+chats = corpus_chats(16, log_mean=0.3, log_sigma=0.8, max_sentences=8, seed=0)  # answers: runs of corpus sentences
+features = [build_labels(tokenizer, chat) for chat in chats]  # input_ids + labels [T_i]
 chat_lengths = [len(feature["input_ids"]) for feature in features]
 batch = pad_batch(features, tokenizer.pad_token_id)  # input_ids, labels, attention_mask [16, L]
 supervised = (batch["labels"][:, 1:] != IGNORE_INDEX).sum(dim=1)  # [16] tokens the loss sees per chat
