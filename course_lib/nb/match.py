@@ -31,6 +31,9 @@ MIN_SIMILARITY = 0.5
 MIN_SOLUTION_SIMILARITY = 0.15
 MIN_RECOGNIZED = 0.3  # share of the chapter's cells that must be recognised for a submission to count as it
 DEF_NAME = re.compile(r"^\s*def\s+([A-Za-z_]\w*)\s*\(", re.MULTILINE)
+# Student code has no reason to touch the grading machinery; code that does is flagged for a human to read
+# (the kernel is not a sandbox: a determined submission can patch what the hidden tests import).
+TAMPERING = re.compile(r"course_lib\.nb|\bgrading\b|__code__|library_blocked|_ORIGINALS|sys\.modules\[")
 
 
 @dataclass
@@ -173,6 +176,12 @@ def prepare(submission: Any, source: Any, release: Any) -> Prepared:
                 result.notes.append("setup cell edited; the original was restored")
         else:
             cells.append(_plain(submission.cells[j]))
+    suspicious = sorted({m.group(0) for i, j in pairs if i is None or not (is_test_cell(source.cells[i])
+                                                                          or is_setup(source.cells[i]))
+                         if j is not None and submission.cells[j].cell_type == "code"
+                         for m in TAMPERING.finditer(submission.cells[j].source)})
+    if suspicious:
+        result.notes.append(f"flagged for review: student code refers to the grading machinery ({', '.join(suspicious)})")
     by_content = sum(1 for i, j in matched.items() if nbgrader_meta(release.cells[i]).get("grade_id")
                      and nbgrader_meta(submission.cells[j]).get("grade_id") != nbgrader_meta(release.cells[i])["grade_id"])
     if by_content:
