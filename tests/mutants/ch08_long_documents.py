@@ -25,7 +25,7 @@ def sliding_windows(length, window=256, overlap=64):
         raise ValueError(f"overlap must be < window, got overlap = {overlap}, window = {window}")
     stride = STRIDE
     n_windows = N_WINDOWS
-    starts = np.arange(n_windows, dtype=np.int64) * stride
+    starts = STARTS
     ends = np.minimum(starts + window, length)
     loss_starts = LOSS_STARTS
     return [Window(*map(int, row)) for row in zip(starts, ends, loss_starts, ends)]
@@ -33,25 +33,10 @@ def sliding_windows(length, window=256, overlap=64):
 
 
 def _windows(stride="window - overlap", n_windows="1 + max(0, -(-(length - window) // stride))",
-             loss_starts="np.concatenate([[0], ends[:-1]])"):
-    return _WINDOWS.replace("STRIDE", stride).replace("N_WINDOWS", n_windows).replace("LOSS_STARTS", loss_starts)
+             loss_starts="np.concatenate([[0], ends[:-1]])", starts="np.arange(n_windows, dtype=np.int64) * stride"):
+    return (_WINDOWS.replace("STRIDE", stride).replace("N_WINDOWS", n_windows).replace("LOSS_STARTS", loss_starts)
+            .replace("STARTS", starts))
 
-
-# The last window shifted back to end flush at `length`: full length, but a larger overlap with its neighbour.
-_FLUSH = '''
-def sliding_windows(length, window=256, overlap=64):
-    length = require_positive_int("length", length)
-    window = require_positive_int("window", window)
-    overlap = require_int("overlap", overlap, minimum=0)
-    if overlap >= window:
-        raise ValueError(f"overlap must be < window, got overlap = {overlap}, window = {window}")
-    stride = window - overlap
-    n_windows = 1 + max(0, -(-(length - window) // stride))
-    starts = [min(i * stride, max(0, length - window)) for i in range(n_windows)]
-    ends = [min(start + window, length) for start in starts]
-    loss_starts = [0] + ends[:-1]
-    return [Window(s, e, ls, e) for s, e, ls in zip(starts, ends, loss_starts)]
-'''
 
 MUTANTS = {
     "assign_bucket": {
@@ -74,7 +59,8 @@ MUTANTS = {
         "last_window_dropped": _windows(n_windows="1 + max(0, (length - window) // stride)"),
         # Stride equal to the window: no overlap at all, whatever `overlap` says.
         "stride_equals_window": _windows(stride="window"),
-        # The last window is shifted back to be full length.
-        "last_window_flush": _FLUSH,
+        # The last window is shifted back to end flush at `length`: full length, but a larger overlap.
+        "last_window_flush": _windows(starts="np.minimum(np.arange(n_windows, dtype=np.int64) * stride, "
+                                             "max(0, length - window))"),
     },
 }
