@@ -16,7 +16,7 @@ from typing import Any
 
 from benchmarks.gpu.records import DEFAULT_RESULTS_DIR, iter_result_files, read_result
 
-__all__ = ["load_results", "format_record", "plot_length_curve", "plot_packing_bars", "main"]
+__all__ = ["load_results", "format_record", "plot_length_curve", "plot_packing_bars", "plot_packing_scale", "main"]
 
 _GIB = 1024**3
 
@@ -77,8 +77,26 @@ def _long_context_tables(record: dict[str, Any]) -> list[str]:
         f"length checks: {record['checks'].get('length')}", f"packing checks: {record['checks'].get('packing')}",
         "padding vs packing (§5.3)\n" + _table(["candidate", "processed", "effective", "pad_ratio", "median_ms",
                                                  "p95_ms", "eff_tok/s", "peak_alloc_GiB"], packing),
+        *_scale_table(record),
         _interpretation(record),
     ]
+
+
+def _scale_table(record: dict[str, Any]) -> list[str]:
+    """The scale series: padding vs packing with every sample length multiplied, and packing's speed-up at each."""
+    pairs = _scale_pairs(record)
+    if len(pairs) < 2:
+        return []
+    table = [[pad.get("scale", 1), pad["processed_tokens"], pack["processed_tokens"], pad["median_step_ms"],
+              pack["median_step_ms"], _ratio(pack["effective_tokens_per_second"], pad["effective_tokens_per_second"])]
+             for pad, pack in pairs]
+    return ["padding vs packing by scale (sample lengths x scale)\n"
+            + _table(["scale", "pad_tokens", "pack_tokens", "pad_ms", "pack_ms", "speedup"], table),
+            f"packing scale checks: {record['checks'].get('packing_scale')}"]
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    return None if numerator is None or not denominator else numerator / denominator
 
 
 def _pair(rows: list[dict], key: str, fmt: str) -> str:
@@ -213,6 +231,54 @@ def plot_packing_bars(records: list[dict[str, Any]], path: str | Path) -> Path |
     return _save(fig, path)
 
 
+def _scale_pairs(record: dict[str, Any]) -> list[tuple[dict, dict]]:
+    """(padding, packing) row pairs: the seed's pair, then the scale series."""
+    m = record["measurements"]
+    rows = m.get("packing_comparison", []) + m.get("packing_scale", [])
+    return list(zip(rows[::2], rows[1::2], strict=True))
+
+
+def plot_packing_scale(records: list[dict[str, Any]], path: str | Path) -> Path | None:
+    """Step time of both layouts and packing's speed-up against size, one line per run -> the PNG path.
+
+    The dashed line is the token ratio (padding / packing processed tokens): the speed-up a step whose time is
+    proportional to processed tokens would reach. Below it the step is bound by something else (kernel launches).
+    """
+    import matplotlib
+    import matplotlib.ticker
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = _with_rows(records, "pt-long-context", "packing_scale")
+    if not runs:
+        return None
+    fig, (time_ax, ratio_ax) = plt.subplots(1, 2, figsize=(11, 4))
+    for record in runs:
+        pairs = _scale_pairs(record)
+        sizes = [pad["processed_tokens"] for pad, _ in pairs]
+        pad_line = time_ax.plot(sizes, [pad["median_step_ms"] for pad, _ in pairs], "o-",
+                                label=f"padding ({record['run_label']})")[0]
+        time_ax.plot(sizes, [pack["median_step_ms"] for _, pack in pairs], "s--", color=pad_line.get_color(),
+                     label=f"packing ({record['run_label']})")
+        ratio_ax.plot(sizes, [_ratio(pack["effective_tokens_per_second"], pad["effective_tokens_per_second"])
+                              for pad, pack in pairs], "o-", label=record["run_label"])
+    pairs = _scale_pairs(runs[0])  # the token ratio depends on the samples only: the same line for every run
+    ratio_ax.plot([pad["processed_tokens"] for pad, _ in pairs],
+                  [pad["processed_tokens"] / pack["processed_tokens"] for pad, pack in pairs], ":", color="gray",
+                  label="token ratio (time proportional to tokens)")
+    ratio_ax.axhline(1.0, color="black", linewidth=0.8)
+    for ax in (time_ax, ratio_ax):
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.set_xlabel("tokens padding processes (four samples, lengths x scale)")
+    time_ax.set(ylabel="median step (ms)", title="step time: padding vs packing")
+    ratio_ax.set(ylabel="packing / padding effective tokens/s", title="packing's speed-up")
+    time_ax.legend(fontsize=7)
+    ratio_ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
 def _save(fig, path: str | Path) -> Path:
     import matplotlib.pyplot as plt
 
@@ -228,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     """CLI: print every valid result's tables; exit 1 when a file was invalid or none was found."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.report", description=__doc__.split("\n\n")[0])
     parser.add_argument("paths", nargs="*", default=[str(DEFAULT_RESULTS_DIR)])
-    parser.add_argument("--plots", default=None, help="folder for length_curve.png and padding_vs_packing.png")
+    parser.add_argument("--plots", default=None, help="folder for length_curve.png, padding_vs_packing.png and packing_scale.png")
     args = parser.parse_args(argv)
     records, errors = load_results(args.paths)
     for record in records:
@@ -237,7 +303,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"invalid result skipped: {line}", file=sys.stderr)
     if args.plots:
         for drawn in (plot_length_curve(records, Path(args.plots) / "length_curve.png"),
-                      plot_packing_bars(records, Path(args.plots) / "padding_vs_packing.png")):
+                      plot_packing_bars(records, Path(args.plots) / "padding_vs_packing.png"),
+                      plot_packing_scale(records, Path(args.plots) / "packing_scale.png")):
             if drawn is not None:
                 print(f"figure: {drawn}")
     if not records:

@@ -8,7 +8,10 @@
 # overwriting) and benchmarks/results/figures/LABEL/*.png. When $OUT is set (the device tool), copies the three
 # JSON files to $OUT/results/<workload>/, the figures to $OUT/figures/ and the whole log to $OUT/suite.log.
 # Wheels under tmp/whl/ (e.g. trl and datasets for an image without them) are installed to /tmp/site first.
-# A failed preflight or measurement still leaves a failure record.
+# A failed preflight or measurement still leaves a failure record. WORKLOADS="id ..." runs only those workloads.
+# With CHAPTERS=1 it then runs the GPU cells of the chapters too, without Jupyter (scripts/run_notebook.py on the
+# instructor notebooks): chapter 5's peak-memory cell and chapter 9 with RUN_MODE="real_gpu" (its result JSON lands
+# in build/gpu_chapters/09/lab_results and, with $OUT, in $OUT/results/chapter09/); log in $OUT/chapters.log.
 set -u -o pipefail
 
 LABEL="${1:?usage: benchmarks/run_gpu_suite.sh LABEL [PROFILE]}"
@@ -19,15 +22,16 @@ PY="${PYTHON:-python3}"
 if [ -z "${PYTHON:-}" ] && [ -x .venv/bin/python ]; then PY=.venv/bin/python; fi
 LOG="${OUT:-/tmp}/suite.log"
 
+if compgen -G "tmp/whl/*.whl" >/dev/null; then  # here, not in suite(): a pipeline runs it in a subshell
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site tmp/whl/*.whl \
+    && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+fi
+
 suite() {
-  if compgen -G "tmp/whl/*.whl" >/dev/null; then
-    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site tmp/whl/*.whl \
-      && export PYTHONPATH="$PYTHONPATH:/tmp/site"
-  fi
   echo "== preflight $PROFILE ($($PY --version 2>&1))"
   $PY -m course_lib.preflight "$PROFILE" || echo "preflight failed: each workload below records a refusal"
   local status=0 code workload
-  for workload in pt-long-context logit-memory microbatch-budget; do
+  for workload in ${WORKLOADS:-pt-long-context logit-memory microbatch-budget}; do
     echo "== $workload ($(date +%T))"
     timeout 200 $PY -m benchmarks.runner "$workload" --mode real_gpu --label "$LABEL" --profile "$PROFILE" --no-progress
     code=$?
@@ -39,10 +43,28 @@ suite() {
   return "$status"
 }
 
+chapters() {
+  local status=0
+  echo "== chapter 5: peak GPU memory cell ($(date +%T))"
+  timeout 120 $PY scripts/run_notebook.py notebooks/source/05_logit_memory/05_logit_memory.ipynb \
+    --cwd build/gpu_chapters/05 || status=1
+  echo "== chapter 9: RUN_MODE=real_gpu ($(date +%T))"
+  timeout 200 $PY scripts/run_notebook.py notebooks/source/09_gpu_lab/09_gpu_lab.ipynb --set RUN_MODE='"real_gpu"' \
+    --set RUN_LABEL="'chapter09-$LABEL'" --cwd build/gpu_chapters/09 || status=1
+  return "$status"
+}
+
 suite 2>&1 | tee "$LOG"
 status=${PIPESTATUS[0]}
+if [ "${CHAPTERS:-0}" = 1 ]; then
+  chapters 2>&1 | tee "${OUT:-/tmp}/chapters.log"
+  if [ "${PIPESTATUS[0]}" -ne 0 ] && [ "$status" -eq 0 ]; then status=1; fi
+fi
 if [ -n "${OUT:-}" ]; then  # the device tool brings back at most 8 files, at most 2 folders down
   (cd benchmarks/results && for f in */*_"$LABEL".json; do mkdir -p "$OUT/results/${f%%/*}" && cp "$f" "$OUT/results/$f"; done)
   mkdir -p "$OUT/figures" && cp "benchmarks/results/figures/$LABEL"/*.png "$OUT/figures/" 2>/dev/null
+  if compgen -G "build/gpu_chapters/09/lab_results/*/*.json" >/dev/null; then
+    mkdir -p "$OUT/results/chapter09" && cp build/gpu_chapters/09/lab_results/*/*"$LABEL".json "$OUT/results/chapter09/"
+  fi
 fi
 exit "$status"

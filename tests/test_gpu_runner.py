@@ -18,7 +18,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 from benchmarks.gpu.measure import median_and_p95  # noqa: E402
 from benchmarks.gpu.records import read_result, result_path  # noqa: E402
 from benchmarks.gpu.schema import SCHEMA_VERSION, validate_result  # noqa: E402
-from benchmarks.report import format_record, load_results, plot_length_curve, plot_packing_bars  # noqa: E402
+from benchmarks.report import (  # noqa: E402
+    format_record,
+    load_results,
+    plot_length_curve,
+    plot_packing_bars,
+    plot_packing_scale,
+)
 from benchmarks.report import main as report_main  # noqa: E402
 from benchmarks.runner import main as runner_main  # noqa: E402
 from benchmarks.runner import run_workload  # noqa: E402
@@ -211,6 +217,8 @@ def test_report_prints_seed_tables_and_draws(smoke, tmp_path, capsys):
     assert "T =    512" in format_record(smoke["logit-memory"][1])
     assert plot_length_curve(records, tmp_path / "curve.png").stat().st_size > 0
     assert plot_packing_bars(records, tmp_path / "bars.png").stat().st_size > 0
+    assert plot_packing_scale(records, tmp_path / "scale.png").stat().st_size > 0
+    assert "padding vs packing by scale" in text and "packing scale checks" in text
     broken = tmp_path / "broken.json"
     broken.write_text(json.dumps({"schema_version": SCHEMA_VERSION}))
     assert report_main([str(smoke["pt-long-context"][0]), str(broken)]) == 1

@@ -124,6 +124,10 @@ ROW_SCHEMAS: dict[str, dict[str, Any]] = {
             "candidate": OneOf("padding", "boundary_isolated_packing"), "processed_tokens": int,
             "effective_supervised_tokens": int, "padding_tokens": int, "padding_ratio": NUMBER, **TIMING,
             "effective_tokens_per_second": Nullable(NUMBER), **TRAINING, **PEAKS}),
+        "packing_scale": Obj({
+            "candidate": OneOf("padding", "boundary_isolated_packing"), "scale": int, "processed_tokens": int,
+            "effective_supervised_tokens": int, "padding_tokens": int, "padding_ratio": NUMBER, **TIMING,
+            "effective_tokens_per_second": Nullable(NUMBER), **TRAINING, **PEAKS}),
     },
     "logit-memory": {
         "log_prob_memory": Obj({

@@ -15,7 +15,7 @@ import torch
 from benchmarks.gpu.measure import autocast_for, finite_or_none, gradient_l2_norm, time_steps
 from benchmarks.gpu.models import course_token_ids
 
-VERSION = "v4"  # seed 000's matrix; bump when lengths, samples or repeat counts change
+VERSION = "v6"  # seed 000's matrix; bump when lengths, samples or repeat counts change (v5: scale series to x16, v6: to x32)
 EVIDENCE_LEVEL = "real_model_length_and_packing_mechanism_benchmark"
 IGNORE = -100
 LENGTH_TEXT = "Long context training must preserve supervision while controlling memory and time."
@@ -35,7 +35,8 @@ def parameters(mode: str) -> dict[str, Any]:
     return {
         "model_id": "tiny-qwen2" if smoke else MODEL_ID, "model_revision": None if smoke else "main",
         "sequence_lengths": [16, 32, 64] if smoke else [128, 256, 512],
-        "packing_sample_lengths": [48, 96, 32, 64], "batch_size": 1,
+        "packing_sample_lengths": [48, 96, 32, 64], "packing_scale_factors": [2] if smoke else [2, 4, 8, 16, 32],
+        "batch_size": 1,
         "warmup_steps": 1 if smoke else 2, "repeat_steps": 2 if smoke else 10,
         "memory_trend_tolerance": 0.005, "attention_backend": "sdpa", "seed": 42,
         "packing_throughput_target": 1.3,
@@ -108,14 +109,14 @@ def packed_batch(samples: list[dict], device: torch.device, dtype: torch.dtype) 
     return batch, segment_ids
 
 
-def _packing_row(ctx, model, name: str, batch: dict, planned: dict) -> dict[str, Any]:
+def _packing_row(ctx, model, name: str, batch: dict, planned: dict, scale: int = 1) -> dict[str, Any]:
     """Time one candidate; processed and supervised tokens are counted on its tensors, padding from the ledger."""
     from course_lib import effective_tokens_per_second
 
-    row = _training_row(ctx, model, batch, name)
+    row = _training_row(ctx, model, batch, name if scale == 1 else f"{name} x{scale}")
     effective = int(batch["labels"][:, 1:].ne(IGNORE).sum())  # the labels the shifted loss reads
     processed = int(batch["input_ids"].numel())
-    return {"candidate": name, "processed_tokens": processed, "effective_supervised_tokens": effective,
+    return {"candidate": name, **({} if scale == 1 else {"scale": scale}), "processed_tokens": processed, "effective_supervised_tokens": effective,
             "padding_tokens": planned["padding_tokens"], "padding_ratio": planned["padding_ratio"],
             **row, "effective_tokens_per_second": effective_tokens_per_second(effective, row["median_step_ms"])}
 
@@ -149,6 +150,31 @@ def _length_checks(rows: list[dict], tolerance: float) -> dict[str, bool]:
     return checks
 
 
+def _pair_at(ctx, model, lengths: list[int], scale: int = 1) -> tuple[dict, dict, dict, torch.Tensor, dict]:
+    """(padding row, packing row, packed batch, segment ids, ledger) for the four samples with lengths x scale."""
+    from course_lib import padding_vs_packing_ledger
+
+    lengths = [length * scale for length in lengths]
+    ledger = padding_vs_packing_ledger(lengths, mask_first_label=True)  # what each candidate should process
+    samples = _samples(course_token_ids(PACKING_TEXTS, lengths, model.config.vocab_size))
+    packed, segment_ids = packed_batch(samples, ctx.device, ctx.dtype)
+    padding = _packing_row(ctx, model, "padding", padded_batch(samples, ctx.device), ledger["padding"], scale)
+    packing = _packing_row(ctx, model, "boundary_isolated_packing", packed, ledger["packing"], scale)
+    return padding, packing, packed, segment_ids, ledger
+
+
+def _scale_checks(rows: list[dict]) -> dict[str, bool]:
+    pairs = list(zip(rows[::2], rows[1::2], strict=True))
+    return {
+        "same_effective_supervised_tokens_at_every_scale":
+            all(pad["effective_supervised_tokens"] == pack["effective_supervised_tokens"] for pad, pack in pairs),
+        "packing_processes_fewer_tokens_at_every_scale":
+            all(pack["processed_tokens"] < pad["processed_tokens"] for pad, pack in pairs),
+        "finite_losses_and_gradients":
+            all(value is not None for row in rows for value in row["losses"] + row["gradient_norms"]),
+    }
+
+
 def _targets(ctx, padding: dict, packing: dict) -> dict[str, dict]:
     from course_lib import compare_padding_and_packing
 
@@ -168,9 +194,7 @@ def _targets(ctx, padding: dict, packing: dict) -> dict[str, dict]:
 
 
 def measure(ctx) -> None:
-    """Fill ctx.record: measurements.length_curve / packing_comparison, checks.length / packing, targets."""
-    from course_lib import padding_vs_packing_ledger
-
+    """Fill ctx.record: measurements.length_curve / packing_comparison / packing_scale, their checks, targets."""
     p, out = ctx.parameters, ctx.record["measurements"]
     model = ctx.load_model(p["model_id"])
     ctx.stage = "length_curve"
@@ -178,11 +202,12 @@ def measure(ctx) -> None:
     ctx.record["checks"]["length"] = _length_checks(out["length_curve"], p["memory_trend_tolerance"])
     ctx.stage = "packing_comparison"
     lengths = p["packing_sample_lengths"]
-    ledger = padding_vs_packing_ledger(lengths, mask_first_label=True)  # what each candidate should process
-    samples = _samples(course_token_ids(PACKING_TEXTS, lengths, model.config.vocab_size))
-    packed, segment_ids = packed_batch(samples, ctx.device, ctx.dtype)
-    padding = _packing_row(ctx, model, "padding", padded_batch(samples, ctx.device), ledger["padding"])
-    packing = _packing_row(ctx, model, "boundary_isolated_packing", packed, ledger["packing"])
+    padding, packing, packed, segment_ids, ledger = _pair_at(ctx, model, lengths)
     out["packing_comparison"] = [padding, packing]
     ctx.record["checks"]["packing"] = packing_checks(padding, packing, packed, segment_ids, lengths, ledger)
     ctx.record["targets"] = _targets(ctx, padding, packing)
+    ctx.stage = "packing_scale"
+    del packed, segment_ids
+    out["packing_scale"] = [row for scale in p["packing_scale_factors"]
+                            for row in _pair_at(ctx, model, lengths, scale)[:2]]
+    ctx.record["checks"]["packing_scale"] = _scale_checks(out["packing_scale"])

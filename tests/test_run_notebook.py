@@ -1,0 +1,44 @@
+"""scripts/run_notebook.py: a notebook's code cells run as one script, with parameter overrides (the GPU check path)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import nbformat
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "run_notebook.py"
+spec = importlib.util.spec_from_file_location("run_notebook", SCRIPT)
+run_notebook = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(run_notebook)
+
+
+def _notebook(tmp_path: Path, *sources: str) -> Path:
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# title"),
+                                               *map(nbformat.v4.new_code_cell, sources)])
+    path = tmp_path / "nb.ipynb"
+    nbformat.write(notebook, path)
+    return path
+
+
+def test_cells_share_a_namespace_and_settings_replace_the_first_assignment(tmp_path, capsys):
+    path = _notebook(tmp_path, 'MODE = "dry_run"  # parameter\nOTHER = 1', "MODE = MODE + '!'",
+                     "open('out.txt', 'w').write(MODE)")
+    assert run_notebook.main([str(path), "--set", 'MODE="real_gpu"', "--cwd", str(tmp_path / "run")]) == 0
+    assert (tmp_path / "run" / "out.txt").read_text() == "real_gpu!"
+    assert "3 code cells ran" in capsys.readouterr().out
+
+
+def test_first_failing_cell_stops_with_exit_1(tmp_path, capsys):
+    path = _notebook(tmp_path, "x = 1", "raise RuntimeError('boom')", "open('never.txt', 'w')")
+    assert run_notebook.main([str(path), "--cwd", str(tmp_path)]) == 1
+    out = capsys.readouterr()
+    assert "[cell 1] FAILED" in out.out and "RuntimeError: boom" in out.err
+    assert not (tmp_path / "never.txt").exists()
+
+
+@pytest.mark.parametrize("setting", ["MISSING=1", "not a setting", "1X=2"])
+def test_bad_settings_are_refused(tmp_path, setting, capsys):
+    assert run_notebook.main([str(_notebook(tmp_path, "MODE = 1")), "--set", setting]) == 2
+    assert "run_notebook:" in capsys.readouterr().err
