@@ -387,8 +387,11 @@ print(f"kept for backward by the whole model: transformers loss {framework_kept 
 #
 # For reference, seed 003 (§14.3) reports this measurement on a GPU with the real Qwen3-0.6B head, chunks of
 # 1,024: **full 7.5 GB, chunked 3.7 GB, chunked + recompute 2.2 GB at T = 4,096; 29.9, 11.2 and 2.2 GB at
-# T = 16,384**. Those are the seed's numbers, not measured in this notebook. About 12 bytes per logit on the full
-# path: the bf16 matmul output, its fp32 copy and the fp32 log-softmax, some alive together in backward.
+# T = 16,384**. Those are the seed's numbers. The course ran this very cell on an NVIDIA H200 (2026-11-29, random
+# weights, bf16) and printed the same six numbers to the digit: 7.5 / 3.7 / 2.2 GB and 29.9 / 11.2 / 2.2 GB
+# (`benchmarks/results/logs/h200-2026-11-29b/chapters.log`; the logit-memory workload agrees). About 12 bytes
+# per logit on the full path: the bf16 matmul output, its fp32 copy and the fp32 log-softmax, some alive together
+# in backward.
 
 # %%
 if torch.cuda.is_available():
