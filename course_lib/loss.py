@@ -267,8 +267,9 @@ def data_parallel_gradients(model: torch.nn.Module, batch: Mapping[str, torch.Te
 
     'global': each rank all-reduces its token count (one scalar), divides its token-loss sum by the global
     count and the gradients are summed. 'local' (the bug): each rank's token mean, gradients averaged.
-    Starts one CPU process per rank ("fork" where available: no re-import of torch and transformers;
-    else "spawn"); raises RuntimeError if a rank fails or the run exceeds timeout_s.
+    Starts one CPU process per rank ("fork" on Linux without CUDA: no re-import of torch and transformers;
+    else "spawn": where a GPU exists, autograd starts its device threads at the first backward and a forked child
+    then refuses to run backward); raises RuntimeError if a rank fails or the run exceeds timeout_s.
     """
     import torch.multiprocessing as mp
 
@@ -281,7 +282,8 @@ def data_parallel_gradients(model: torch.nn.Module, batch: Mapping[str, torch.Te
     batch = _checked_batch(model, batch)
     parts = [_rows(batch, rows) for rows in rank_rows]
     if start_method is None:
-        start_method = "fork" if "fork" in mp.get_all_start_methods() and sys.platform == "linux" else "spawn"
+        fork_safe = sys.platform == "linux" and "fork" in mp.get_all_start_methods() and not torch.cuda.is_available()
+        start_method = "fork" if fork_safe else "spawn"
     context = mp.get_context(start_method)
     results = context.Queue()
     port = _free_port()

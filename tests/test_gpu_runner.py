@@ -153,6 +153,7 @@ def test_failure_becomes_a_record(tmp_path, capsys, factory, stage, error_type):
     assert "Traceback" not in capsys.readouterr().err  # and not shown to the user
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 def test_real_gpu_refuses_here_at_preflight(tmp_path, capsys):
     path, record = run_workload("logit-memory", "real_gpu", "no-gpu", results_dir=tmp_path, allow_hub=False)
     failure = read_result(path)["failure"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from course_lib.preflight import (
     PreflightError,
@@ -52,10 +53,14 @@ def test_base_cpu_passes_here():
     record = preflight("BASE-CPU")
     assert record["passed"] and record["failed"] == []
     assert _line(record, "torch")["status"] in ("pass", "warn")
-    assert _line(record, "cuda")["status"] == "skip"
+    assert _line(record, "cuda")["status"] == ("pass" if torch.cuda.is_available() else "skip")  # not required
     assert "verdict: PASS" in format_preflight(record)
 
 
+NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+
+
+@NO_CUDA
 def test_pt_sft_cuda_fails_here_with_a_cuda_line():
     record = preflight("PT-SFT-CUDA")
     assert not record["passed"] and "cuda" in record["failed"]
@@ -65,13 +70,24 @@ def test_pt_sft_cuda_fails_here_with_a_cuda_line():
         require_preflight("PT-SFT-CUDA")
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_pt_sft_cuda_cuda_lines_pass_on_a_gpu():
+    record = preflight("PT-SFT-CUDA")
+    assert _line(record, "cuda")["status"] == "pass" and "cuda" not in record["failed"]
+    assert _line(record, "bf16")["status"] in ("pass", "warn")
+
+
 def test_cli_exit_codes(capsys):
     assert main(["BASE-CPU"]) == 0
     assert "verdict: PASS" in capsys.readouterr().out
-    assert main(["PT-SFT-CUDA"]) == 1
-    assert "FAIL: cuda" in capsys.readouterr().out
     assert main(["NO-SUCH"]) == 2
     assert "NO-SUCH" in capsys.readouterr().err
+
+
+@NO_CUDA
+def test_cli_exit_code_of_a_failed_profile(capsys):
+    assert main(["PT-SFT-CUDA"]) == 1
+    assert "FAIL: cuda" in capsys.readouterr().out
 
 
 def test_unknown_profile_raises_value_error():
