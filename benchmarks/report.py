@@ -182,17 +182,26 @@ def _with_rows(records: list[dict], workload: str, section: str) -> list[dict]:
     return [r for r in records if r["workload"]["id"] == workload and r["measurements"].get(section)]
 
 
-def plot_length_curve(records: list[dict[str, Any]], path: str | Path) -> Path | None:
-    """Median step time and peak memory against sequence length, one line per run -> the PNG path (None: no data)."""
+def _figure(records: list[dict[str, Any]], section: str, columns: int, size: tuple[float, float]):
+    """(pt-long-context runs with rows in `section`, figure, axes [columns]) on the Agg backend; None without rows."""
+    runs = _with_rows(records, "pt-long-context", section)
+    if not runs:
+        return None
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = _with_rows(records, "pt-long-context", "length_curve")
-    if not runs:
+    fig, axes = plt.subplots(1, columns, figsize=size)
+    return runs, fig, axes
+
+
+def plot_length_curve(records: list[dict[str, Any]], path: str | Path) -> Path | None:
+    """Median step time and peak memory against sequence length, one line per run -> the PNG path (None: no data)."""
+    drawn = _figure(records, "length_curve", 2, (10, 4))
+    if drawn is None:
         return None
-    fig, (time_ax, memory_ax) = plt.subplots(1, 2, figsize=(10, 4))
+    runs, fig, (time_ax, memory_ax) = drawn
     for record in runs:
         rows = record["measurements"]["length_curve"]
         lengths = [r["sequence_length"] for r in rows]
@@ -208,17 +217,12 @@ def plot_length_curve(records: list[dict[str, Any]], path: str | Path) -> Path |
 
 def plot_packing_bars(records: list[dict[str, Any]], path: str | Path) -> Path | None:
     """Processed tokens, effective tokens/s and peak memory of padding vs packing, per run -> the PNG path."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    runs = _with_rows(records, "pt-long-context", "packing_comparison")
-    if not runs:
-        return None
     metrics = [("processed_tokens", "processed tokens"), ("effective_tokens_per_second", "effective tokens/s"),
                ("peak_allocated_bytes", "peak allocated (GiB)")]
-    fig, axes = plt.subplots(1, len(metrics), figsize=(12, 4))
+    drawn = _figure(records, "packing_comparison", len(metrics), (12, 4))
+    if drawn is None:
+        return None
+    runs, fig, axes = drawn
     width = 0.8 / len(runs)
     for index, record in enumerate(runs):
         rows = record["measurements"]["packing_comparison"]
@@ -244,16 +248,12 @@ def plot_packing_scale(records: list[dict[str, Any]], path: str | Path) -> Path 
     The dashed line is the token ratio (padding / packing processed tokens): the speed-up a step whose time is
     proportional to processed tokens would reach. Below it the step is bound by something else (kernel launches).
     """
-    import matplotlib
-    import matplotlib.ticker
+    from matplotlib.ticker import ScalarFormatter
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    runs = _with_rows(records, "pt-long-context", "packing_scale")
-    if not runs:
+    drawn = _figure(records, "packing_scale", 2, (11, 4))
+    if drawn is None:
         return None
-    fig, (time_ax, ratio_ax) = plt.subplots(1, 2, figsize=(11, 4))
+    runs, fig, (time_ax, ratio_ax) = drawn
     for record in runs:
         pairs = _scale_pairs(record)
         sizes = [pad["processed_tokens"] for pad, _ in pairs]
@@ -270,7 +270,7 @@ def plot_packing_scale(records: list[dict[str, Any]], path: str | Path) -> Path 
     ratio_ax.axhline(1.0, color="black", linewidth=0.8)
     for ax in (time_ax, ratio_ax):
         ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.xaxis.set_major_formatter(ScalarFormatter())
         ax.set_xlabel("tokens padding processes (four samples, lengths x scale)")
     time_ax.set(ylabel="median step (ms)", title="step time: padding vs packing")
     ratio_ax.set(ylabel="packing / padding effective tokens/s", title="packing's speed-up")
