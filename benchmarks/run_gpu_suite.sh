@@ -11,7 +11,8 @@
 # A failed preflight or measurement still leaves a failure record. WORKLOADS="id ..." runs only those workloads.
 # With CHAPTERS=1 it then runs the GPU cells of the chapters too, without Jupyter (scripts/run_notebook.py on the
 # instructor notebooks): chapter 5's peak-memory cell and chapter 9 with RUN_MODE="real_gpu" (its result JSON lands
-# in build/gpu_chapters/09/lab_results and, with $OUT, in $OUT/results/chapter09/); log in $OUT/chapters.log.
+# in build/gpu_chapters/09/lab_results and, with $OUT, in $OUT/results/chapter09/), appending to the same log. It
+# needs the instructor notebooks under notebooks/source (`course build`; carry them to a machine without nbgrader).
 set -u -o pipefail
 
 LABEL="${1:?usage: benchmarks/run_gpu_suite.sh LABEL [PROFILE]}"
@@ -45,6 +46,10 @@ suite() {
 
 chapters() {
   local status=0
+  if [ ! -d notebooks/source/09_gpu_lab ]; then
+    echo "chapters: notebooks/source is missing: run 'course build' (or carry notebooks/source) first"
+    return 1
+  fi
   echo "== chapter 5: peak GPU memory cell ($(date +%T))"
   timeout 120 $PY scripts/run_notebook.py notebooks/source/05_logit_memory/05_logit_memory.ipynb \
     --cwd build/gpu_chapters/05 || status=1
@@ -57,7 +62,7 @@ chapters() {
 suite 2>&1 | tee "$LOG"
 status=${PIPESTATUS[0]}
 if [ "${CHAPTERS:-0}" = 1 ]; then
-  chapters 2>&1 | tee "${OUT:-/tmp}/chapters.log"
+  chapters 2>&1 | tee -a "$LOG"  # one log: the device tool returns at most 8 files
   if [ "${PIPESTATUS[0]}" -ne 0 ] && [ "$status" -eq 0 ]; then status=1; fi
 fi
 if [ -n "${OUT:-}" ]; then  # the device tool brings back at most 8 files, at most 2 folders down
