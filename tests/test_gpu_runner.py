@@ -230,3 +230,42 @@ def test_report_prints_seed_tables_and_draws(smoke, tmp_path, capsys):
 def test_result_path_layout():
     path = result_path("benchmarks/results", "pt-long-context", "rtx5070ti_length_packing_v4")
     assert path.as_posix() == "benchmarks/results/pt_long_context/pt-long-context_rtx5070ti_length_packing_v4.json"
+
+
+def _out_of_memory_when(original, should_fail):
+    """Wrap a measuring function so it raises CUDA's out-of-memory error where should_fail(desc) holds."""
+    def wrapped(*args, **kwargs):
+        if should_fail(kwargs.get("desc", args[-1] if args and isinstance(args[-1], str) else "")):
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated: a 16 GB GPU)")
+        return original(*args, **kwargs)
+    return wrapped
+
+
+def test_logit_memory_full_path_out_of_memory_is_a_finding_not_a_crash(tmp_path, monkeypatch):
+    """On a small GPU (a T4) the full 16k-token logits do not fit: the row says so, and with no full reference the
+    chunked agreement counts as not shown (decision tune), never as passed."""
+    from benchmarks.workloads import logit_memory
+
+    monkeypatch.setattr(logit_memory, "_measure_method",
+                        _out_of_memory_when(logit_memory._measure_method, lambda desc: desc == "full T=512"))
+    path, record = run_workload("logit-memory", "cpu_smoke", "small-gpu", results_dir=tmp_path, allow_hub=False)
+    assert read_result(path) == record and record["failure"] is None
+    rows = {(r["method"], r["tokens"]): r for r in record["measurements"]["log_prob_memory"]}
+    assert rows["full", 512]["out_of_memory"] and rows["full", 512]["saved_tensor_bytes"] is None
+    assert not rows["chunked_recompute", 512]["out_of_memory"]
+    assert rows["chunked", 512]["max_abs_diff_vs_full"] is None  # nothing to compare with
+    assert record["checks"]["log_probs"]["chunked_matches_full"] is False and record["decision"] == "tune"
+
+
+def test_microbatch_fixed_count_out_of_memory_is_a_finding_not_a_crash(tmp_path, monkeypatch):
+    """The fixed-count plan not fitting is seed 003's point: recorded as out_of_memory, the budget plan still runs."""
+    from benchmarks.workloads import microbatch_budget
+
+    monkeypatch.setattr(microbatch_budget, "time_steps",
+                        _out_of_memory_when(microbatch_budget.time_steps, lambda desc: desc.endswith("_random")))
+    path, record = run_workload("microbatch-budget", "cpu_smoke", "small-gpu", results_dir=tmp_path, allow_hub=False)
+    assert read_result(path) == record and record["failure"] is None
+    random_plan, sorted_plan, budget_plan = record["measurements"]["microbatch_plans"]
+    assert random_plan["out_of_memory"] and random_plan["median_step_ms"] is None and random_plan["losses"] == []
+    assert not budget_plan["out_of_memory"] and budget_plan["median_step_ms"] > 0
+    assert record["checks"]["microbatch"]["token_budget_fits"] and record["decision"] == "wiring_ok"
