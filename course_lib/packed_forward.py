@@ -177,7 +177,7 @@ def seed003_packing_variants(packed: dict) -> dict[str, dict]:
     """Seed 003 §14.1's three variants (+ transformers' position_ids detection) as compare_packed_with_alone kwargs."""
     require_keys("packed", packed, ["ids", "position_ids", "segment_ids"])
     ids = _as_rows("ids", packed["ids"])
-    running = torch.arange(ids.shape[1]).expand_as(ids)  # [R, L] positions that never restart
+    running = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)  # [R, L] positions that never restart
     return {
         "causal mask, running positions": {"mode": "causal", "position_ids": running},
         "causal mask, restarted positions": {"mode": "causal"},
