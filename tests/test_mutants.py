@@ -46,3 +46,12 @@ def test_mutant_loses_only_its_own_points(chapter, todo, mutant, source_notebook
     others = [r for r in results if r not in own]
     assert own and not any(r.passed for r in own), f"mutant {mutant} of {todo} keeps its points"
     assert all(r.passed for r in others), [(r.grade_id, r.message) for r in others if not r.passed]
+
+
+def test_mutate_refuses_an_edit_that_does_not_fit_the_library():
+    from tests.mutants import mutate
+
+    with pytest.raises(ValueError, match="occurs 0 times"):
+        mutate("course_lib.accounting.kv_bytes_per_token", ("return 3 * layers", "return 1 * layers"))
+    with pytest.raises(ValueError, match="occurs 2 times"):  # ambiguous: "kv_heads = " starts two lines
+        mutate("course_lib.accounting.kv_bytes_per_token", ("    kv_heads = ", "    kv_heads = 1 + "))
