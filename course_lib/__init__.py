@@ -9,6 +9,7 @@ One module per stop of the data path, in the order a chat sample travels:
     window      fit | truncate | overflow, and cutting only the supervision tail
     labels      input_ids + labels (-100 outside answers), padding a batch
     packing     bin plans, boundary-isolated rows, block-causal masks, varlen metadata
+    varlen      attention per packed sample from cu_seqlens / position restarts: no [L, L] mask
     packed_forward  a transformers model on packed rows, checked against each sample alone
     microbatch  token-budget microbatches, balanced data-parallel partitions
     logprobs    selected / chunked / checkpointed log-probs and the memory autograd keeps
@@ -37,6 +38,7 @@ from . import (
     sources,
     tiny,
     tokenizer,
+    varlen,
     window,
 )
 from .accounting import *  # noqa: F403
@@ -53,12 +55,13 @@ from .packing import *  # noqa: F403
 from .sources import *  # noqa: F403
 from .tiny import *  # noqa: F403
 from .tokenizer import *  # noqa: F403
+from .varlen import *  # noqa: F403
 from .window import *  # noqa: F403
 
 __version__ = "0.1.0"
 __all__ = [
     name
-    for module in (tokenizer, tiny, sources, ledger, window, labels, packing, packed_forward, microbatch,
+    for module in (tokenizer, tiny, sources, ledger, window, labels, packing, varlen, packed_forward, microbatch,
                    logprobs, loss, accounting, curriculum, longdoc, lab)
     for name in module.__all__
 ]

@@ -8,7 +8,12 @@ Two correct ways to keep packed samples apart in transformers (5.x):
   The trap: it looks only when attention_mask is None AND no cache is in use. With use_cache=True (a
   DynamicCache is created) or any 2-D attention_mask (even all ones) the rows silently get a plain causal mask
   and every sample attends to the samples packed before it.
+- "varlen": the same restarted position_ids, attention per sample (course_lib.varlen): the rows are flattened
+  into one, as TRL's padding-free collator does, and attention costs sum n_i^2 instead of L^2.
 "causal" is the leaky baseline of seed 003 §14.1: one causal mask over the whole row.
+
+Inputs may live on the CPU (a collator's output): they are moved to the model's device, and the log-probs come back
+on the device of the packed layout.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import torch
 
 from ._checks import require_keys, require_real, require_sequence, require_tensor
 from .packing import additive_attention_mask, block_causal_mask, packed_to_sequences
+from .varlen import sample_bounds, varlen_attention
 
 __all__ = [
     "PACKED_MODES",
@@ -30,7 +36,7 @@ __all__ = [
     "leaky_share",
 ]
 
-PACKED_MODES = ("block_mask", "position_ids", "causal")
+PACKED_MODES = ("block_mask", "position_ids", "varlen", "causal")
 
 
 def _as_rows(name: str, tensor, *, minimum: int | None = None, maximum: int | None = None) -> torch.Tensor:
@@ -45,6 +51,10 @@ def _vocab_size(model) -> int:
     if not hasattr(model, "get_input_embeddings"):
         raise ValueError(f"model must be a transformers causal LM, got {type(model).__name__}")
     return model.get_input_embeddings().num_embeddings
+
+
+def _device(model) -> torch.device:
+    return model.get_input_embeddings().weight.device
 
 
 def inferred_packed_segments(position_ids: torch.Tensor) -> torch.Tensor:
@@ -67,8 +77,9 @@ def _check_restarts_match_segments(position_ids: torch.Tensor, segment_ids: torc
 def packed_logits(model, ids, position_ids, segment_ids=None, *, mode: str = "block_mask") -> torch.Tensor:
     """ids, position_ids, segment_ids [R, L] -> logits [R, L, V] of a transformers causal LM on packed rows.
 
-    mode: "block_mask" (4-D block-causal mask), "position_ids" (transformers' own detection; segment_ids, if
-    given, are checked against the restarts) or "causal" (one causal mask per row: leaks across samples).
+    mode: "block_mask" (4-D block-causal mask), "position_ids" (transformers' own detection), "varlen" (attention
+    per sample, no mask) or "causal" (one causal mask per row: leaks across samples). For "position_ids" and
+    "varlen", segment_ids, if given, are checked against the restarts.
     """
     if mode not in PACKED_MODES:
         raise ValueError(f"mode must be one of {PACKED_MODES}, got {mode!r}")
@@ -80,16 +91,32 @@ def packed_logits(model, ids, position_ids, segment_ids=None, *, mode: str = "bl
         segment_ids = _as_rows("segment_ids", segment_ids)
         if segment_ids.shape != ids.shape:
             raise ValueError(f"segment_ids shape {tuple(segment_ids.shape)} != ids shape {tuple(ids.shape)}")
+    device = _device(model)
+    if mode in ("position_ids", "varlen") and segment_ids is not None:
+        _check_restarts_match_segments(position_ids, segment_ids)
     if mode == "position_ids":
-        if segment_ids is not None:
-            _check_restarts_match_segments(position_ids, segment_ids)
-        return model(input_ids=ids, position_ids=position_ids, use_cache=False).logits  # [R, L, V]
+        return model(input_ids=ids.to(device), position_ids=position_ids.to(device), use_cache=False).logits
+    if mode == "varlen":
+        return _varlen_logits(model, ids, position_ids, device)
     if mode == "causal":
         segment_ids = torch.zeros_like(ids)  # one segment per row: a plain causal mask
     elif segment_ids is None:
         raise ValueError("segment_ids are required for mode='block_mask'")
-    mask = additive_attention_mask(block_causal_mask(segment_ids), model.dtype)  # [R, 1, L, L]
-    return model(input_ids=ids, position_ids=position_ids, attention_mask=mask, use_cache=False).logits
+    mask = additive_attention_mask(block_causal_mask(segment_ids.to(device)), model.dtype)  # [R, 1, L, L]
+    return model(input_ids=ids.to(device), position_ids=position_ids.to(device), attention_mask=mask,
+                 use_cache=False).logits  # [R, L, V]
+
+
+def _varlen_logits(model, ids: torch.Tensor, position_ids: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The rows flattened into one [1, R*L] with cu_seqlens (every row starts a sample) -> logits [R, L, V]."""
+    rows, length = ids.shape
+    bounds = [start + row * length for row, row_bounds in enumerate(sample_bounds(position_ids))
+              for start in row_bounds[:-1]] + [rows * length]
+    cu_seqlens = torch.tensor(bounds, dtype=torch.int32)  # [S+1], on the host: no device sync per layer
+    with varlen_attention(model):
+        logits = model(input_ids=ids.reshape(1, -1).to(device), position_ids=position_ids.reshape(1, -1).to(device),
+                       cu_seq_lens_q=cu_seqlens, cu_seq_lens_k=cu_seqlens, use_cache=False).logits  # [1, R*L, V]
+    return logits.reshape(rows, length, -1)
 
 
 def _next_token_logprobs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -111,7 +138,8 @@ def packed_token_logprobs(model, packed: dict, *, mode: str = "block_mask", posi
     position_ids = packed["position_ids"] if position_ids is None else position_ids
     segment_ids = packed["segment_ids"] if segment_ids is None else segment_ids
     logits = packed_logits(model, packed["ids"], position_ids, segment_ids, mode=mode)  # [R, L, V]
-    return _next_token_logprobs(logits, _as_rows("ids", packed["ids"]))
+    ids = _as_rows("ids", packed["ids"])
+    return _next_token_logprobs(logits, ids.to(logits.device)).to(ids.device)  # back where the packed rows live
 
 
 def _sequence_ids(index: int, sequence, vocab_size: int) -> torch.Tensor:
@@ -130,12 +158,12 @@ def _sequence_ids(index: int, sequence, vocab_size: int) -> torch.Tensor:
 @torch.no_grad()
 def per_token_logprobs_alone(model, sequences) -> list[torch.Tensor]:
     """Each sample alone, batch of one, no mask -> list of log p(token t+1 | its own prefix), shapes [n_i - 1]."""
-    vocab_size = _vocab_size(model)
+    vocab_size, device = _vocab_size(model), _device(model)
     alone = []
     for index, sequence in enumerate(require_sequence("sequences", sequences, allow_empty=False)):
         ids = _sequence_ids(index, sequence, vocab_size)[None]  # [1, n]; one forward per sample, the reference
-        logits = model(input_ids=ids, use_cache=False).logits  # [1, n, V]
-        alone.append(_next_token_logprobs(logits, ids)[0])  # [n-1]
+        logits = model(input_ids=ids.to(device), use_cache=False).logits  # [1, n, V]
+        alone.append(_next_token_logprobs(logits, ids.to(device))[0].to(ids.device))  # [n-1], where the ids live
     return alone
 
 
@@ -162,6 +190,7 @@ def compare_packed_with_alone(model, packed: dict, sequences, *, mode: str = "bl
     else:
         alone = [require_tensor(f"alone[{index}]", logp_alone, ndim=1, dtype_kind="f")
                  for index, logp_alone in enumerate(require_sequence("alone", alone))]
+    alone = [logp_alone.to(logp.device) for logp_alone in alone]  # a reference computed on another device
     if len(alone) != len(per_sample):
         raise ValueError(f"packed holds {len(per_sample)} samples but {len(alone)} were given alone")
     gaps = []

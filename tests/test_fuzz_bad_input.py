@@ -163,6 +163,8 @@ def _valid_calls(tokenizer, model):
         "sliding_window_cost": ((300,), {}),
         "split_document": ((list(range(300)),), {}),
         "padding_vs_packing_ledger": (([3, 4],), {}),
+        "varlen_sdpa_attention": ((model.model.layers[0].self_attn, torch.zeros(1, 4, 6, 16), torch.zeros(1, 2, 6, 16),
+                                   torch.zeros(1, 2, 6, 16), None), {"position_ids": torch.arange(6)[None]}),
     }
 
 

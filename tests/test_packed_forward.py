@@ -129,7 +129,7 @@ def test_leaky_share(model, packed, sequences, alone):
 def test_bad_input(model, packed, sequences):
     ids, positions, segments = packed["ids"], packed["position_ids"], packed["segment_ids"]
     with pytest.raises(ValueError, match="mode"):
-        packed_logits(model, ids, positions, segments, mode="varlen")
+        packed_logits(model, ids, positions, segments, mode="flash")
     with pytest.raises(ValueError, match="segment_ids are required"):
         packed_logits(model, ids, positions)
     with pytest.raises(ValueError, match="position_ids shape"):
