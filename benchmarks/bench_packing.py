@@ -1,4 +1,5 @@
-"""Packing speed, measured side by side in one run: our plans vs TRL pack_dataset and the seed's quadratic first fit.
+"""Packing speed, measured side by side in one run: our plans vs TRL pack_dataset and the seed's quadratic first fit,
+and a training step of padding vs packing with a block mask vs packing with varlen attention.
 
     python -m benchmarks.bench_packing            # full size: 200,000 lognormal lengths, capacity 4096
     python -m benchmarks.bench_packing --smoke    # seconds, for CI
@@ -158,6 +159,38 @@ def seed_list_mask(segments: list[int], positions: list[int]) -> list[list[bool]
     return [[qs == ks and kp <= qp for ks, kp in pairs] for qs, qp in pairs]
 
 
+def bench_packed_step(scales: list[int], repeats: int) -> None:
+    """Forward + backward of tiny_qwen2 (fp32, sdpa) on pt-long-context's four samples, lengths x scale."""
+    from benchmarks.gpu.models import course_token_ids
+    from benchmarks.workloads.pt_long_context import PACKING_TEXTS, _samples, packed_batch, padded_batch, varlen_batch
+    from course_lib import tiny_qwen2, varlen_attention
+
+    model = tiny_qwen2(seed=0, attn_implementation="sdpa").train()
+    print("\n## a training step (tiny_qwen2, fp32, sdpa): padding [4, Lmax] vs one packed row with a block mask "
+          "[1, 1, T, T] vs the same row with varlen attention (no mask); samples 48/96/32/64 x scale")
+    print(f"{'scale':>6}{'pad tok':>9}{'pack tok':>10}{'pad ms':>9}{'block ms':>10}{'varlen ms':>11}"
+          f"{'block/pad':>11}{'varlen/pad':>12}{'varlen/block':>14}")
+
+    def step(batch):
+        model.zero_grad(set_to_none=True)
+        model(**batch).loss.backward()
+
+    for scale in scales:
+        lengths = [length * scale for length in (48, 96, 32, 64)]
+        samples = _samples(course_token_ids(PACKING_TEXTS, lengths, model.config.vocab_size))
+        padded = padded_batch(samples, torch.device("cpu"))
+        packed = packed_batch(samples, torch.device("cpu"), torch.float32)[0]
+        varlen = varlen_batch(packed, lengths)
+        pad_s, _ = best_time(lambda b=padded: step(b), repeats)
+        block_s, _ = best_time(lambda b=packed: step(b), repeats)
+        with varlen_attention(model):
+            varlen_s, _ = best_time(lambda b=varlen: step(b), repeats)
+        print(f"{scale:>6}{padded['input_ids'].numel():>9,}{packed['input_ids'].numel():>10,}{pad_s * 1e3:>9.1f}"
+              f"{block_s * 1e3:>10.1f}{varlen_s * 1e3:>11.1f}{pad_s / block_s:>11.2f}x{pad_s / varlen_s:>11.2f}x"
+              f"{block_s / varlen_s:>13.2f}x")
+    print("(x: speed-up in step time; both packed rows carry the same supervised tokens as the padded batch)")
+
+
 def print_environment() -> None:
     packages = ("torch", "numpy", "pyarrow", "datasets", "trl", "transformers")
     print("# bench_packing | python " + platform.python_version() + " | "
@@ -179,10 +212,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, one repeat")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    totals, mask_sizes = [10_000, 100_000, 1_000_000], [512, 1024, 2048, 4096]
+    totals, mask_sizes, scales = [10_000, 100_000, 1_000_000], [512, 1024, 2048, 4096], [1, 4, 16, 32]
     if args.smoke:
         args.n, args.naive_n, args.repeats = 2_000, 400, 1
-        totals, mask_sizes = [1_000, 10_000], [128, 256]
+        totals, mask_sizes, scales = [1_000, 10_000], [128, 256], [1, 2]
     print_environment()
     lengths = lognormal_lengths(args.n, args.mean, args.sigma, args.max_length, args.seed)
     print(f"# lengths: n = {args.n:,}, lognormal(mu = ln({args.mean:g}) - {args.sigma:g}^2/2, sigma = {args.sigma:g}), "
@@ -194,6 +227,7 @@ def main(argv: list[str] | None = None) -> None:
     micro_repeats = max(args.repeats, 10)  # cheap calls: more repeats so a shared CPU's noise washes out
     bench_varlen(lengths, totals, micro_repeats)
     bench_masks(lengths, mask_sizes, micro_repeats)
+    bench_packed_step(scales, args.repeats)
 
 
 if __name__ == "__main__":

@@ -83,16 +83,34 @@ def _long_context_tables(record: dict[str, Any]) -> list[str]:
 
 
 def _scale_table(record: dict[str, Any]) -> list[str]:
-    """The scale series: padding vs packing with every sample length multiplied, and packing's speed-up at each."""
+    """The scale series: padding vs packing with every sample length multiplied, and packing's speed-up at each.
+
+    With varlen rows (v7), the varlen packed step and its speed-up over padding sit beside the block-mask ones.
+    """
     pairs = _scale_pairs(record)
     if len(pairs) < 2:
         return []
-    table = [[pad.get("scale", 1), pad["processed_tokens"], pack["processed_tokens"], pad["median_step_ms"],
-              pack["median_step_ms"], _ratio(pack["effective_tokens_per_second"], pad["effective_tokens_per_second"])]
-             for pad, pack in pairs]
-    return ["padding vs packing by scale (sample lengths x scale)\n"
-            + _table(["scale", "pad_tokens", "pack_tokens", "pad_ms", "pack_ms", "speedup"], table),
-            f"packing scale checks: {record['checks'].get('packing_scale')}"]
+    varlen = _varlen_by_scale(record)
+    headers = ["scale", "pad_tokens", "pack_tokens", "pad_ms", "pack_ms", "speedup"]
+    if varlen:
+        headers += ["varlen_ms", "varlen_speedup"]
+    table = []
+    for pad, pack in pairs:
+        row = [pad.get("scale", 1), pad["processed_tokens"], pack["processed_tokens"], pad["median_step_ms"],
+               pack["median_step_ms"], _ratio(pack["effective_tokens_per_second"], pad["effective_tokens_per_second"])]
+        if varlen:
+            fast = varlen.get(pad.get("scale", 1), {})
+            row += [fast.get("median_step_ms"),
+                    _ratio(fast.get("effective_tokens_per_second"), pad["effective_tokens_per_second"])]
+        table.append(row)
+    return ["padding vs packing by scale (sample lengths x scale; pack = block mask, varlen = per-sample attention)\n"
+            + _table(headers, table),
+            f"packing scale checks: {record['checks'].get('packing_scale')}",
+            *([f"varlen packing checks: {record['checks'].get('varlen_packing')}"] if varlen else [])]
+
+
+def _varlen_by_scale(record: dict[str, Any]) -> dict[int, dict]:
+    return {row["scale"]: row for row in record["measurements"].get("varlen_packing", [])}
 
 
 def _ratio(numerator: float | None, denominator: float | None) -> float | None:
@@ -260,9 +278,17 @@ def plot_packing_scale(records: list[dict[str, Any]], path: str | Path) -> Path 
         pad_line = time_ax.plot(sizes, [pad["median_step_ms"] for pad, _ in pairs], "o-",
                                 label=f"padding ({record['run_label']})")[0]
         time_ax.plot(sizes, [pack["median_step_ms"] for _, pack in pairs], "s--", color=pad_line.get_color(),
-                     label=f"packing ({record['run_label']})")
-        ratio_ax.plot(sizes, [_ratio(pack["effective_tokens_per_second"], pad["effective_tokens_per_second"])
-                              for pad, pack in pairs], "o-", label=record["run_label"])
+                     label=f"packing, block mask ({record['run_label']})")
+        ratio_line = ratio_ax.plot(sizes, [_ratio(pack["effective_tokens_per_second"], pad["effective_tokens_per_second"])
+                                           for pad, pack in pairs], "o-", label=f"block mask ({record['run_label']})")[0]
+        varlen = _varlen_by_scale(record)
+        if varlen:
+            rows = [(pad, varlen.get(pad.get("scale", 1), {})) for pad, _ in pairs]
+            time_ax.plot(sizes, [fast.get("median_step_ms") for _, fast in rows], "^:", color=pad_line.get_color(),
+                         label=f"packing, varlen ({record['run_label']})")
+            ratio_ax.plot(sizes, [_ratio(fast.get("effective_tokens_per_second"), pad["effective_tokens_per_second"])
+                                  for pad, fast in rows], "^:", color=ratio_line.get_color(),
+                          label=f"varlen ({record['run_label']})")
     pairs = _scale_pairs(runs[0])  # the token ratio depends on the samples only: the same line for every run
     ratio_ax.plot([pad["processed_tokens"] for pad, _ in pairs],
                   [pad["processed_tokens"] / pack["processed_tokens"] for pad, pack in pairs], ":", color="gray",

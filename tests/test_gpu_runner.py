@@ -89,6 +89,54 @@ def test_cpu_smoke_packing_reproduces_seed_token_counts(smoke):
     assert all(len(row["losses"]) == 2 for row in record["measurements"]["length_curve"])
 
 
+def test_cpu_smoke_varlen_packing_matches_block_mask(smoke):
+    record = smoke["pt-long-context"][1]
+    m = record["measurements"]
+    block = [m["packing_comparison"][1], *m["packing_scale"][1::2]]  # block-mask packing at scale 1, then each scale
+    varlen = m["varlen_packing"]
+    assert [row["scale"] for row in varlen] == [1, *record["workload"]["parameters"]["packing_scale_factors"]]
+    for mask_row, varlen_row in zip(block, varlen, strict=True):
+        assert varlen_row["candidate"] == "boundary_isolated_packing_varlen"
+        assert varlen_row["processed_tokens"] == mask_row["processed_tokens"]
+        assert varlen_row["effective_supervised_tokens"] == mask_row["effective_supervised_tokens"]
+        assert varlen_row["losses"][0] == pytest.approx(mask_row["losses"][0], rel=1e-5)
+    assert all(record["checks"]["varlen_packing"].values())
+    targets = record["targets"]
+    assert {"varlen_packing_effective_throughput_ratio", "varlen_faster_than_block_mask_at_largest_scale"} <= set(targets)
+    assert all(targets[name]["met"] is None for name in targets if name.startswith("varlen"))  # no GPU claim on CPU
+
+
+def test_varlen_check_catches_a_leaky_varlen_row():
+    """Boundaries that cover the whole row (one sample) leak like a causal mask: the loss check must fail."""
+    from benchmarks.workloads.pt_long_context import (
+        PACKING_TEXTS,
+        _samples,
+        course_token_ids,
+        packed_batch,
+        varlen_batch,
+        varlen_checks,
+    )
+    from course_lib import varlen_attention
+
+    model = tiny_qwen2(seed=0, attn_implementation="sdpa")
+    lengths = [48, 96, 32, 64]
+    packed = packed_batch(_samples(course_token_ids(PACKING_TEXTS, lengths, 2048)), torch.device("cpu"),
+                          torch.float32)[0]
+    with torch.no_grad(), varlen_attention(model):
+        good = float(model(**varlen_batch(packed, lengths)).loss)
+        leaky = float(model(**varlen_batch(packed, [sum(lengths)])).loss)
+    with torch.no_grad():
+        block = float(model(**packed).loss)
+
+    def row(loss):
+        return {"processed_tokens": 240, "effective_supervised_tokens": 236, "losses": [loss], "gradient_norms": [1.0]}
+
+    assert varlen_checks([row(block)], [row(good)], 1e-4)["same_loss_as_block_mask_packing"]
+    assert not varlen_checks([row(block)], [row(leaky)], 1e-4)["same_loss_as_block_mask_packing"]
+    assert not varlen_checks([row(block)], [{**row(good), "processed_tokens": 384}], 1e-4)[
+        "same_tokens_as_block_mask_packing"]
+
+
 def test_cpu_smoke_logit_memory(smoke):
     rows = smoke["logit-memory"][1]["measurements"]["log_prob_memory"]
     assert {(r["method"], r["tokens"]) for r in rows} == {(m, t) for m in ("full", "chunked", "chunked_recompute")

@@ -128,6 +128,10 @@ ROW_SCHEMAS: dict[str, dict[str, Any]] = {
             "candidate": OneOf("padding", "boundary_isolated_packing"), "scale": int, "processed_tokens": int,
             "effective_supervised_tokens": int, "padding_tokens": int, "padding_ratio": NUMBER, **TIMING,
             "effective_tokens_per_second": Nullable(NUMBER), **TRAINING, **PEAKS}),
+        "varlen_packing": Obj({
+            "candidate": OneOf("boundary_isolated_packing_varlen"), "scale": int, "processed_tokens": int,
+            "effective_supervised_tokens": int, "padding_tokens": int, "padding_ratio": NUMBER, **TIMING,
+            "effective_tokens_per_second": Nullable(NUMBER), **TRAINING, **PEAKS}),
     },
     "logit-memory": {
         "log_prob_memory": Obj({

@@ -4,6 +4,8 @@ Length curve: batch 1 at each sequence length, the same text repeated, loss and 
 Packing: four fixed samples (48 / 96 / 32 / 64 tokens, first label of each masked) as a padded batch [4, 96]
 and as one packed row [1, 240] with restarted positions and a block-causal mask; same supervised tokens. The token
 ledger (course_lib.padding_vs_packing_ledger) predicts both candidates' counts; the tensors are checked against it.
+Scale series: the same pair with every sample length multiplied. Varlen: the packed row again at every scale, with
+no mask at all: attention per sample from cu_seqlens (course_lib.varlen), sum of n_i^2 scores instead of T^2.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import torch
 from benchmarks.gpu.measure import autocast_for, finite_or_none, gradient_l2_norm, time_steps
 from benchmarks.gpu.models import course_token_ids
 
-VERSION = "v6"  # seed 000's matrix; bump when lengths, samples or repeat counts change (v5: scale series to x16, v6: to x32)
+VERSION = "v7"  # bump when lengths, samples, repeats or candidates change (v5: scale x16, v6: x32, v7: varlen packing)
 EVIDENCE_LEVEL = "real_model_length_and_packing_mechanism_benchmark"
 IGNORE = -100
 LENGTH_TEXT = "Long context training must preserve supervision while controlling memory and time."
@@ -40,6 +42,10 @@ def parameters(mode: str) -> dict[str, Any]:
         "warmup_steps": 1 if smoke else 2, "repeat_steps": 2 if smoke else 10,
         "memory_trend_tolerance": 0.005, "attention_backend": "sdpa", "seed": 42,
         "packing_throughput_target": 1.3,
+        "packed_attention": {"boundary_isolated_packing": "4-D block-causal mask [1, 1, T, T] through the model's "
+                             "attention", "boundary_isolated_packing_varlen": "course_lib.varlen: no mask, one SDPA "
+                             "per sample from cu_seqlens"},
+        "loss_agreement_tolerance": 1e-4 if smoke else 2e-2,  # relative; bf16 kernels differ in rounding
         "token_source": "course tokenizer on fixed texts, repeated to length (ids folded into the model vocabulary)",
     }
 
@@ -109,6 +115,13 @@ def packed_batch(samples: list[dict], device: torch.device, dtype: torch.dtype) 
     return batch, segment_ids
 
 
+def varlen_batch(packed_batch_: dict, lengths: list[int]) -> dict:
+    """The packed row without its [T, T] mask, with TRL's padding-free boundaries cu_seq_lens_q / _k (host int32)."""
+    cu_seqlens = torch.tensor([0, *lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32)  # [N+1]
+    kept = {key: value for key, value in packed_batch_.items() if key != "attention_mask"}
+    return {**kept, "cu_seq_lens_q": cu_seqlens, "cu_seq_lens_k": cu_seqlens}
+
+
 def _packing_row(ctx, model, name: str, batch: dict, planned: dict, scale: int = 1) -> dict[str, Any]:
     """Time one candidate; processed and supervised tokens are counted on its tensors, padding from the ledger."""
     from course_lib import effective_tokens_per_second
@@ -163,6 +176,37 @@ def _pair_at(ctx, model, lengths: list[int], scale: int = 1) -> tuple[dict, dict
     return padding, packing, packed, segment_ids, ledger
 
 
+def _varlen_row(ctx, model, lengths: list[int], scale: int) -> dict[str, Any]:
+    """The packed row at this scale, timed under varlen attention (every row carries its scale, 1 included)."""
+    from course_lib import padding_vs_packing_ledger, varlen_attention
+
+    scaled = [length * scale for length in lengths]
+    ledger = padding_vs_packing_ledger(scaled, mask_first_label=True)
+    samples = _samples(course_token_ids(PACKING_TEXTS, scaled, model.config.vocab_size))
+    batch = varlen_batch(packed_batch(samples, ctx.device, ctx.dtype)[0], scaled)
+    with varlen_attention(model):
+        row = _packing_row(ctx, model, "boundary_isolated_packing_varlen", batch, ledger["packing"], scale)
+    return {**row, "scale": scale}
+
+
+def varlen_checks(block_rows: list[dict], varlen_rows: list[dict], tolerance: float) -> dict[str, bool]:
+    """Varlen against the block-mask row of the same scale: same tokens, the same first loss, finite everywhere."""
+    pairs = list(zip(block_rows, varlen_rows, strict=True))
+
+    def same_loss(block: dict, varlen: dict) -> bool:
+        first, second = block["losses"][0], varlen["losses"][0]
+        return first is not None and second is not None and abs(first - second) <= tolerance * max(abs(first), 1.0)
+
+    return {
+        "same_tokens_as_block_mask_packing": all(
+            block[key] == varlen[key] for block, varlen in pairs
+            for key in ("processed_tokens", "effective_supervised_tokens")),
+        "same_loss_as_block_mask_packing": all(same_loss(block, varlen) for block, varlen in pairs),
+        "finite_losses_and_gradients":
+            all(value is not None for row in varlen_rows for value in row["losses"] + row["gradient_norms"]),
+    }
+
+
 def _scale_checks(rows: list[dict]) -> dict[str, bool]:
     pairs = list(zip(rows[::2], rows[1::2], strict=True))
     return {
@@ -173,6 +217,31 @@ def _scale_checks(rows: list[dict]) -> dict[str, bool]:
         "finite_losses_and_gradients":
             all(value is not None for row in rows for value in row["losses"] + row["gradient_norms"]),
     }
+
+
+def _varlen_targets(ctx, pairs: list[tuple[dict, dict]], varlen_rows: list[dict]) -> dict[str, dict]:
+    """Varlen's speed-up over padding on the seed's pair, and against the block mask at the largest scale."""
+    (padding, _), (largest_padding, largest_block), largest_varlen = pairs[0], pairs[-1], varlen_rows[-1]
+    target = ctx.parameters["packing_throughput_target"]
+    seed_ratio = _speedup(varlen_rows[0], padding)
+    over_block = _speedup(largest_varlen, largest_block)
+    real = ctx.mode == "real_gpu"
+    return {
+        "varlen_packing_effective_throughput_ratio": {
+            "expected": f">= {target}x padding on the seed's four samples", "observed": seed_ratio,
+            "met": (seed_ratio is not None and seed_ratio >= target) if real else None},
+        "varlen_faster_than_block_mask_at_largest_scale": {
+            "expected": f"> 1x block-mask packing's tokens/s at x{largest_varlen['scale']} "
+                        f"({largest_padding['processed_tokens']} padded tokens)",
+            "observed": over_block, "met": (over_block is not None and over_block > 1.0) if real else None},
+    }
+
+
+def _speedup(candidate: dict, baseline: dict) -> float | None:
+    """candidate / baseline effective tokens/s, rounded; None when either is missing or the tokens differ."""
+    rates = candidate["effective_tokens_per_second"], baseline["effective_tokens_per_second"]
+    comparable = candidate["effective_supervised_tokens"] == baseline["effective_supervised_tokens"]
+    return round(rates[0] / rates[1], 4) if comparable and None not in rates and rates[1] else None
 
 
 def _targets(ctx, padding: dict, packing: dict) -> dict[str, dict]:
@@ -194,7 +263,7 @@ def _targets(ctx, padding: dict, packing: dict) -> dict[str, dict]:
 
 
 def measure(ctx) -> None:
-    """Fill ctx.record: measurements.length_curve / packing_comparison / packing_scale, their checks, targets."""
+    """Fill ctx.record: measurements.length_curve / packing_comparison / packing_scale / varlen_packing, checks, targets."""
     p, out = ctx.parameters, ctx.record["measurements"]
     model = ctx.load_model(p["model_id"])
     ctx.stage = "length_curve"
@@ -211,3 +280,10 @@ def measure(ctx) -> None:
     out["packing_scale"] = [row for scale in p["packing_scale_factors"]
                             for row in _pair_at(ctx, model, lengths, scale)[:2]]
     ctx.record["checks"]["packing_scale"] = _scale_checks(out["packing_scale"])
+    ctx.stage = "varlen_packing"
+    out["varlen_packing"] = [_varlen_row(ctx, model, lengths, scale) for scale in [1, *p["packing_scale_factors"]]]
+    rows = out["packing_comparison"] + out["packing_scale"]
+    pairs = list(zip(rows[::2], rows[1::2], strict=True))  # (padding, block-mask packing) at scale 1, then each scale
+    ctx.record["checks"]["varlen_packing"] = varlen_checks([block for _, block in pairs], out["varlen_packing"],
+                                                           p["loss_agreement_tolerance"])
+    ctx.record["targets"].update(_varlen_targets(ctx, pairs, out["varlen_packing"]))

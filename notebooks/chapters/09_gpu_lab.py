@@ -35,7 +35,7 @@
 import time
 from pathlib import Path
 
-from course_lib import effective_tokens_per_second, load_course_tokenizer, tiny_qwen2
+from course_lib import effective_tokens_per_second, load_course_tokenizer, tiny_qwen2, varlen_attention
 from course_lib.preflight import format_preflight, preflight
 
 tokenizer = load_course_tokenizer()
@@ -111,7 +111,7 @@ ENVIRONMENT_PROFILE = "PT-SFT-CUDA"  # the profile the run must pass before it m
 MODEL_ID = "Qwen/Qwen2.5-0.5B"  # another model is another series: never merge it with these results
 MODEL_REVISION = "main"  # the run resolves and records the actual commit
 WORKLOAD_ID = "pt-long-context"
-WORKLOAD_VERSION = "v6"  # v6: after the seed's pair, the scale series (sample lengths x 2, 4, 8, 16, 32)
+WORKLOAD_VERSION = "v7"  # v6: the scale series (lengths x 2 ... x 32); v7: the packed row again with varlen attention
 SEQUENCE_LENGTHS = [128, 256, 512]  # length curve, batch 1; longer costs time and memory
 PACKING_SAMPLE_LENGTHS = [48, 96, 32, 64]  # the four fixed samples; padding and packing reuse the same tokens
 BATCH_SIZE = 1
@@ -438,7 +438,7 @@ if mine["run_mode"] != "real_gpu":
 # %% [markdown]
 # | item | fields | seed 000 (RTX 5070 Ti) | how to act on it |
 # |---|---|---|---|
-# | run & comparability | failure, model commit, lengths, samples | no failure; 128 / 256 / 512; the four fixed samples | comparable with other v4–v6 runs of the same model (v5 and v6 only add the scale series) |
+# | run & comparability | failure, model commit, lengths, samples | no failure; 128 / 256 / 512; the four fixed samples | comparable with other v4–v7 runs of the same model (v5–v7 only add the scale series and the varlen rows) |
 # | length mechanism | tokens_per_step, gradient norms, length checks | finite gradients at every length; memory trend passes with 0.5% tolerance | a tiny allocator wobble from 256 to 512 is not a failed mechanism |
 # | packing correctness | packing checks, effective supervised tokens | all boundary checks pass; 236 supervised tokens in both | any speed difference comes from the layout, not from less supervision |
 # | resources & speed | processed tokens, median ms, effective tokens/s, peak memory | 384 → 240; 63.4 → 48.8 ms; 3724 → 4835 tokens/s; peak ≈ 2.90 GiB | 37.5% fewer positions, 23% less time, ~30% more effective throughput |
@@ -458,13 +458,23 @@ if mine["run_mode"] != "real_gpu":
 # compute the full $[T, T]$ square of the packed row. Same mechanism, same checks, opposite speed verdict from the
 # seed's: the layout decides the processed tokens, the machine decides what they cost.
 #
+# **Version 7 adds the fix for that square** (变长注意力, varlen attention). The packed row runs once more, at every
+# scale, with no mask at all: `course_lib.varlen` gives the model an attention that takes the sample boundaries
+# (`cu_seq_lens_q`, as TRL's padding-free collator sends them) and attends within each sample only, so attention
+# costs $\sum_i n_i^2$ instead of $T^2$. Its checks demand the same tokens and the same loss as the block-mask row;
+# its targets ask whether it reaches 1.3× padding on the seed's samples, and whether it beats the block mask at
+# the largest scale. The H200 records above are v5 and v6: they have no varlen rows yet. Your smoke record has
+# them (the `varlen_ms` columns of the scale table in section 5); on a CPU they are wiring evidence only.
+#
 # ## 8. The same mechanism in the framework (TRL)
 #
 # TRL's SFT collator builds both candidates: `padding_free=False` pads to the longest sample with an attention
 # mask, `padding_free=True` flattens the batch into one row, restarts `position_ids` at every sample and sets the
 # label to -100 wherever a position is 0 (the first label of every sample, our `mask_first_label=True`). With the
 # SDPA backend, transformers recognises the packed row from its `position_ids` and builds the block-causal mask
-# itself. Its counts must equal our ledger, and its loss the benchmark's.
+# itself. Its counts must equal our ledger, and its loss the benchmark's. The collator also sends the boundaries
+# as `cu_seq_lens_q / _k`, which flash-attention's varlen kernel (and `course_lib.varlen_attention`) consume
+# directly: the third loss below runs TRL's batch through per-sample attention with no mask at all.
 
 # %%
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
@@ -480,7 +490,12 @@ for name, batch in (("padding", trl_padded), ("packing", trl_packed)):
 with torch.no_grad():
     trl_loss = model(input_ids=trl_packed["input_ids"], position_ids=trl_packed["position_ids"],
                      labels=trl_packed["labels"]).loss
-print(f"loss: TRL padding-free {trl_loss.item():.6f} | benchmark's packed row {loss_packed.item():.6f}")
+    with varlen_attention(model):  # the same batch, boundaries from TRL's cu_seq_lens, no mask anywhere
+        varlen_loss = model(input_ids=trl_packed["input_ids"], position_ids=trl_packed["position_ids"],
+                            labels=trl_packed["labels"], cu_seq_lens_q=trl_packed["cu_seq_lens_q"],
+                            cu_seq_lens_k=trl_packed["cu_seq_lens_k"]).loss
+print(f"loss: TRL padding-free {trl_loss.item():.6f} | benchmark's packed row {loss_packed.item():.6f} | "
+      f"TRL's batch under varlen attention {varlen_loss.item():.6f}")
 
 # %% [markdown]
 # ## 9. Design questions in practice (实践中的设计问题)
@@ -500,9 +515,10 @@ print(f"loss: TRL padding-free {trl_loss.item():.6f} | benchmark's packed row {l
 #
 # **Problem: your GPU shows a smaller speed-up than the seed's 1.30x.**
 # *Cause:* at 240–384 tokens a small model is launch-bound on a large GPU; a dense 4D mask also keeps SDPA off its
-# flash kernel. *Options:* longer packed rows (a real token budget), varlen attention (`cu_seqlens`, flash
-# attention) instead of a dense mask, a larger model. *Recommendation:* measure at the shape you will train with;
-# the seed's ratio is a property of its GPU and shapes, not a constant.
+# flash kernel. *Options:* longer packed rows (a real token budget), varlen attention (`cu_seqlens`: flash
+# attention's varlen kernel, or `course_lib.varlen_attention`, whose rows v7 records) instead of a dense mask, a
+# larger model. *Recommendation:* measure at the shape you will train with, with varlen attention once rows reach
+# thousands of tokens; the seed's ratio is a property of its GPU and shapes, not a constant.
 #
 # **Problem: last month's GPU result cannot be compared with today's.**
 # *Cause:* another model revision, backend, dtype or workload version, or an old file overwritten by a run with the
