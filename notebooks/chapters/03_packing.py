@@ -24,7 +24,9 @@
 #    to itself;
 # 3. prove on a real transformers model that a packed forward equals each sample run alone, name the
 #    **attention leak** (注意力泄漏) when it does not, and recognise transformers' own packed-sequence detection
-#    and the `use_cache` trap (缓存陷阱) that silently turns it off.
+#    and the `use_cache` trap (缓存陷阱) that silently turns it off;
+# 4. run the same rows through **variable-length attention** (变长注意力, varlen), which takes the sample boundaries
+#    (`cu_seqlens`) instead of an $[L, L]$ mask, and say what it saves.
 
 # %%
 #| course-setup
@@ -48,6 +50,7 @@ from course_lib import (
     packed_token_logprobs,
     per_token_logprobs_alone,
     plan_packing,
+    sample_bounds,
     sample_data_path,
     seed003_packing_variants,
     tiny_qwen2,
@@ -439,6 +442,32 @@ except ValueError as error:
 # warning. `packed_logits(..., mode="position_ids")` passes `use_cache=False` and, given `segment_ids`, refuses
 # positions whose restarts disagree with them, as the last line shows.
 #
+# ### Varlen attention: no mask at all (变长注意力)
+#
+# Every correct call so far still gives attention an $[L, L]$ mask (ours, or the one transformers builds from the
+# restarts), so attention scores the whole square of the row and throws most of it away. Flash attention's
+# **varlen** kernel takes the boundaries instead, as cumulative lengths `cu_seqlens` (TRL's padding-free collator
+# sends them as `cu_seq_lens_q / _k`), and attends within each sample only: $\sum_i n_i^2$ scores, not $L^2$.
+# `course_lib.varlen` plugs the same idea into transformers as an attention implementation that runs one SDPA per
+# sample (so it works on any device and in backward); `packed_logits(..., mode="varlen")` flattens the rows into one,
+# as TRL does, and runs the model under it. Same test as before: packed against alone.
+
+# %%
+varlen_gap = compare_packed_with_alone(model, packed, sequences, mode="varlen", alone=alone["default init"])
+print(f"varlen attention (no mask)           max |packed - alone| = {varlen_gap:.1e} nats")
+print("the model's own attention afterwards:", model.config._attn_implementation)
+square = packed["ids"].shape[0] * packed["ids"].shape[1] ** 2  # R * L^2 per layer and head
+per_sample = sum((end - start) ** 2 for bounds in sample_bounds(packed["position_ids"])
+                 for start, end in zip(bounds[:-1], bounds[1:], strict=True))
+print(f"attention scores per layer and head: a mask over each row {square:,} | varlen {per_sample:,} "
+      f"({per_sample / square:.0%})")
+
+# %% [markdown]
+# Equal to running each sample alone, and a fraction of the scores. The saving grows with the number of samples
+# per row: $k$ equal samples in a row of length $L$ need $k \cdot (L/k)^2 = L^2/k$ scores. On a GPU that is what
+# makes long packed rows pay (section 9 measures it); on the tiny rows of this chapter a mask costs nothing worth
+# saving.
+#
 # ## 7. Figure: padded and packed layouts, drawn to the same scale
 #
 # The 64 chats of section 1 in both layouts, on one pair of axes with one token = one unit of width and one row =
@@ -546,7 +575,55 @@ print(f"2300 samples into rows of 64: TRL {len(trl_packed)} rows (batches of 100
       f"{len(plan_packing(trl_lengths, 64, 'bfd'))} rows (bound {-(-sum(trl_lengths) // 64)})")
 
 # %% [markdown]
-# ## 9. Design questions in practice (实践中的设计问题)
+# ## 9. On a GPU: does packing save time? (GPU 实测)
+#
+# Fewer processed tokens is a property of the layout; whether they become less time depends on what bounds the
+# training step. The course's benchmark workload `pt-long-context` (seed 000 Step 5; chapter 9 is its lab) trains
+# Qwen2.5-0.5B for one step on seed 000's four samples (48 / 96 / 32 / 64 tokens), padded `[4, 96]` and packed
+# `[1, 240]` with a block mask; then the same pair with every length ×2 … ×32; then (version 7) each packed row once
+# more with the varlen attention of section 6. Every packed row must pass the boundary checks of section 3 and give
+# the block mask's loss before its speed is read.
+#
+# The cell drives the course's benchmark runner. With `RUN_MODE = "real_gpu"` on a CUDA GPU it runs the preflight of
+# the `PT-SFT-CUDA` profile, measures, and writes one JSON record under `lab_results/` (about a minute on an H200,
+# several on a T4, plus downloading the model once). The default `"dry_run"` records only the plan, and so does any
+# machine without a GPU.
+#
+# **What the course measured on an NVIDIA H200** (workload v6, 2026-11-29, records in the repository's
+# `benchmarks/results/`): every check passed and 384 → 240 processed tokens, yet packing's effective throughput was
+# 0.87–0.97× padding's at the seed's size, because a step of a 0.5B model is launch-bound there (128, 256 and 512
+# tokens all take 60–78 ms). Only at 6k–12k padded tokens did packing gain 1.1–1.2×, below the token ratio of 1.6×,
+# with the dense block mask scoring the whole square. The varlen rows are new in v7 and have not yet run on a GPU.
+
+# %%
+from pathlib import Path
+
+from benchmarks.report import format_record
+from benchmarks.runner import run_workload
+
+RUN_MODE = "dry_run"  # "real_gpu": measure on this machine's CUDA GPU (preflight first; never on a CPU)
+gpu_path, gpu_record = run_workload("pt-long-context", RUN_MODE, time.strftime("chapter03-%Y%m%d-%H%M%S"),
+                                    results_dir=Path("lab_results"), profile="PT-SFT-CUDA")
+print(gpu_path)
+print(f"mode {gpu_record['run_mode']} | decision {gpu_record['decision']} | evidence {gpu_record['evidence_level']}")
+if gpu_record["failure"]:
+    print(f"failed at stage {gpu_record['failure']['stage']}: {gpu_record['failure']['message']}")
+elif gpu_record["measurements"]:
+    print(format_record(gpu_record))
+else:
+    plan = gpu_record["workload"]["parameters"]
+    print(f"plan {gpu_record['workload']['id']} {gpu_record['workload']['version']}: samples "
+          f"{plan['packing_sample_lengths']}, scales {plan['packing_scale_factors']}, model {plan['model_id']}")
+    for candidate, how in plan["packed_attention"].items():
+        print(f"  {candidate}: {how}")
+
+# %% [markdown]
+# Read a GPU record in this order: the checks (a packed row that fails one has no speed worth reading), then the
+# processed tokens (the layout's saving, exact on any machine), then the scale table: `speedup` is the block-mask
+# row against padding, `varlen_speedup` the varlen row against padding, and the token ratio (1.6 here) is what a
+# step whose time follows its tokens would reach. Where both stay near 1, your GPU is launch-bound at that size.
+#
+# ## 10. Design questions in practice (实践中的设计问题)
 #
 # **Problem: leaky packing (打包的注意力泄漏).**
 # *Symptom:* a packed run trains without an error, but at step 0 the ratio between the trainer's and the
@@ -587,7 +664,7 @@ for name, model_variant in models.items():
 # cost in fill (section 2); (c) shuffle the rows after planning. *Recommendation:* (a) + (c): plan per window,
 # shuffle rows, and record the plan with the run.
 #
-# ## 10. Exercises
+# ## 11. Exercises
 #
 # 1. Seed 003 asks for a test that fails for each of the two packing bugs separately. On `tiny_qwen2` (RoPE),
 #    which bug can the block mask hide, and which path of section 6 exposes it? Find the smallest pair of
@@ -599,3 +676,7 @@ for name, model_variant in models.items():
 # 4. Replace the padding rule of `block_causal_mask` with "padding attends nothing", build the additive mask with
 #    `-inf` instead of the dtype minimum, and run the packed forward. Which logits become `nan`, and do the real
 #    tokens' log-probabilities change?
+# 5. Pack four random sequences of 1536 / 3072 / 1024 / 2048 tokens (seed 000's samples ×32) into one row and time
+#    a forward + backward of `tiny_qwen2(attn_implementation="sdpa")` with `packed_logits(..., mode="block_mask")`
+#    and with `mode="varlen"`. Compare the ratio of the two times with the ratio of attention scores from section 6.
+#    Why is the time ratio smaller, and how would it change for a model whose layers are wider?
