@@ -14,6 +14,12 @@ run_notebook = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(run_notebook)
 
 
+def torch_cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def _notebook(tmp_path: Path, *sources: str) -> Path:
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# title"),
                                                *map(nbformat.v4.new_code_cell, sources)])
@@ -42,3 +48,37 @@ def test_first_failing_cell_stops_with_exit_1(tmp_path, capsys):
 def test_bad_settings_are_refused(tmp_path, setting, capsys):
     assert run_notebook.main([str(_notebook(tmp_path, "MODE = 1")), "--set", setting]) == 2
     assert "run_notebook:" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def runner_chapters(tmp_path_factory):
+    """Fresh instructor notebooks of the chapters whose cells drive the benchmark runner."""
+    from course_lib.nb import build
+
+    root = build.copy_course_skeleton(build.NOTEBOOKS_DIR, tmp_path_factory.mktemp("course"))
+    return {name: build.build_source_notebook(root / "chapters" / f"{name}.py", root).source_notebook
+            for name in ("03_packing", "09_gpu_lab")}
+
+
+def _records(folder: Path) -> list[dict]:
+    import json
+
+    return [json.loads(path.read_text()) for path in sorted(folder.glob("lab_results/pt_long_context/*.json"))]
+
+
+@pytest.mark.skipif(torch_cuda_available(), reason="with CUDA, real_gpu measures instead of refusing")
+@pytest.mark.parametrize("name", ["03_packing", "09_gpu_lab"])
+def test_gpu_cell_without_a_gpu_records_the_refusal_and_the_chapter_goes_on(runner_chapters, name, tmp_path, capsys):
+    assert run_notebook.main([str(runner_chapters[name]), "--set", 'RUN_MODE="real_gpu"', "--cwd", str(tmp_path)]) == 0
+    refused = [r for r in _records(tmp_path) if r["run_mode"] == "real_gpu"]
+    assert len(refused) == 1 and refused[0]["failure"]["stage"] == "environment_preflight"
+    assert "failed at stage environment_preflight" in capsys.readouterr().out
+
+
+def test_chapter3_gpu_cell_prints_the_varlen_rows_of_a_measured_record(runner_chapters, tmp_path, capsys):
+    assert run_notebook.main([str(runner_chapters["03_packing"]), "--set", 'RUN_MODE="cpu_smoke"',
+                              "--cwd", str(tmp_path)]) == 0
+    (record,) = _records(tmp_path)
+    assert record["decision"] == "wiring_ok" and record["measurements"]["varlen_packing"]
+    out = capsys.readouterr().out
+    assert "varlen_speedup" in out and "varlen packing checks" in out

@@ -586,8 +586,9 @@ print(f"2300 samples into rows of 64: TRL {len(trl_packed)} rows (batches of 100
 #
 # The cell drives the course's benchmark runner. With `RUN_MODE = "real_gpu"` on a CUDA GPU it runs the preflight of
 # the `PT-SFT-CUDA` profile, measures, and writes one JSON record under `lab_results/` (about a minute on an H200,
-# several on a T4, plus downloading the model once). The default `"dry_run"` records only the plan, and so does any
-# machine without a GPU.
+# several on a T4, plus downloading the model once); on a machine without one, preflight refuses and the record says
+# why. The default `"dry_run"` records only the plan; `"cpu_smoke"` runs the same code on `tiny_qwen2` in seconds,
+# which proves the wiring and nothing about speed.
 #
 # **What the course measured on an NVIDIA H200** (workload v6, 2026-11-29, records in the repository's
 # `benchmarks/results/`): every check passed and 384 → 240 processed tokens, yet packing's effective throughput was
@@ -601,9 +602,9 @@ from pathlib import Path
 from benchmarks.report import format_record
 from benchmarks.runner import run_workload
 
-RUN_MODE = "dry_run"  # "real_gpu": measure on this machine's CUDA GPU (preflight first; never on a CPU)
+RUN_MODE = "dry_run"  # "real_gpu": measure on a CUDA GPU (PT-SFT-CUDA preflight first) | "cpu_smoke": tiny model, CPU
 gpu_path, gpu_record = run_workload("pt-long-context", RUN_MODE, time.strftime("chapter03-%Y%m%d-%H%M%S"),
-                                    results_dir=Path("lab_results"), profile="PT-SFT-CUDA")
+                                    results_dir=Path("lab_results"))  # the mode's profile: PT-SFT-CUDA or BASE-CPU
 print(gpu_path)
 print(f"mode {gpu_record['run_mode']} | decision {gpu_record['decision']} | evidence {gpu_record['evidence_level']}")
 if gpu_record["failure"]:
