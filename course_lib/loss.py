@@ -124,6 +124,7 @@ def _checked_batch(model: torch.nn.Module, batch: object) -> dict[str, torch.Ten
 
     Ids must lie in the model's vocabulary (labels may also be IGNORE_INDEX), attention_mask holds 0/1 and
     position_ids >= 0: an id past the embedding table would otherwise fail deep inside the model. Other fields drop.
+    The tensors come back on the model's device (a collator's CPU batch meets a GPU model).
     """
     require_keys("batch", batch, ["input_ids", "labels"])
     if not hasattr(model, "get_input_embeddings"):
@@ -147,7 +148,8 @@ def _checked_batch(model: torch.nn.Module, batch: object) -> dict[str, torch.Ten
             if checked[key].shape != input_ids.shape:
                 raise ValueError(f"batch[{key!r}] has shape {tuple(checked[key].shape)}, expected "
                                  f"{tuple(input_ids.shape)} as input_ids")
-    return checked
+    device = model.get_input_embeddings().weight.device
+    return {key: value.to(device) for key, value in checked.items()}
 
 
 def supervised_token_losses(model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

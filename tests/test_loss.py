@@ -225,3 +225,14 @@ def test_gradient_agreement_values():
 def test_gradient_helpers_reject_bad_input(model, batch, call, field):
     with pytest.raises(ValueError, match=field):
         call(model, batch)
+
+
+def test_a_cpu_batch_meets_the_model_on_its_device():
+    """A collator's CPU batch goes to the model's device (meta here: shapes only; this machine has no GPU)."""
+    model = cl.tiny_qwen2().to("meta")
+    seen = []
+    model.get_input_embeddings().register_forward_pre_hook(lambda module, args: seen.append(args[0].device))
+    batch = cl.synthetic_supervised_batch(n_rows=2, min_length=4, max_length=6, vocab_size=64)
+    with pytest.raises(RuntimeError, match="meta"):  # the forward ran on meta; reading a meta value then fails
+        cl.supervised_token_losses(model, batch)
+    assert seen == [torch.device("meta")]
