@@ -10,9 +10,9 @@
 # Wheels under tmp/whl/ (e.g. trl and datasets for an image without them) are installed to /tmp/site first.
 # A failed preflight or measurement still leaves a failure record. WORKLOADS="id ..." runs only those workloads.
 # With CHAPTERS=1 it then runs the GPU cells of the chapters too, without Jupyter (scripts/run_notebook.py on the
-# instructor notebooks): chapter 3's and chapter 9's runner cells with RUN_MODE="real_gpu" and chapter 5's
-# peak-memory cell (chapter 9's result JSON lands in build/gpu_chapters/09/lab_results and, with $OUT, in
-# $OUT/results/chapter09/; chapter 3's stays in build/gpu_chapters/03 and its tables in the log), all in one log. It
+# instructor notebooks): chapters 3, 5 and 9 with RUN_MODE="real_gpu" (their runner cells, and chapter 5's
+# peak-memory cell; chapter 9's result JSON lands in build/gpu_chapters/09/lab_results and, with $OUT, in
+# $OUT/results/chapter09/; chapters 3 and 5 keep theirs under build/gpu_chapters/ and their tables in the log). It
 # needs the instructor notebooks under notebooks/source (`course build`; carry them to a machine without nbgrader).
 set -u -o pipefail
 
@@ -54,9 +54,9 @@ chapters() {
   echo "== chapter 3: RUN_MODE=real_gpu ($(date +%T))"
   timeout 200 $PY scripts/run_notebook.py notebooks/source/03_packing/03_packing.ipynb --set RUN_MODE='"real_gpu"' \
     --cwd build/gpu_chapters/03 || status=1
-  echo "== chapter 5: peak GPU memory cell ($(date +%T))"
-  timeout 120 $PY scripts/run_notebook.py notebooks/source/05_logit_memory/05_logit_memory.ipynb \
-    --cwd build/gpu_chapters/05 || status=1
+  echo "== chapter 5: peak GPU memory cell, RUN_MODE=real_gpu ($(date +%T))"
+  timeout 200 $PY scripts/run_notebook.py notebooks/source/05_logit_memory/05_logit_memory.ipynb \
+    --set RUN_MODE='"real_gpu"' --cwd build/gpu_chapters/05 || status=1
   echo "== chapter 9: RUN_MODE=real_gpu ($(date +%T))"
   timeout 200 $PY scripts/run_notebook.py notebooks/source/09_gpu_lab/09_gpu_lab.ipynb --set RUN_MODE='"real_gpu"' \
     --set RUN_LABEL="'chapter09-$LABEL'" --cwd build/gpu_chapters/09 || status=1

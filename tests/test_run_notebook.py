@@ -57,17 +57,17 @@ def runner_chapters(tmp_path_factory):
 
     root = build.copy_course_skeleton(build.NOTEBOOKS_DIR, tmp_path_factory.mktemp("course"))
     return {name: build.build_source_notebook(root / "chapters" / f"{name}.py", root).source_notebook
-            for name in ("03_packing", "09_gpu_lab")}
+            for name in ("03_packing", "05_logit_memory", "09_gpu_lab")}
 
 
 def _records(folder: Path) -> list[dict]:
     import json
 
-    return [json.loads(path.read_text()) for path in sorted(folder.glob("lab_results/pt_long_context/*.json"))]
+    return [json.loads(path.read_text()) for path in sorted(folder.glob("lab_results/*/*.json"))]
 
 
 @pytest.mark.skipif(torch_cuda_available(), reason="with CUDA, real_gpu measures instead of refusing")
-@pytest.mark.parametrize("name", ["03_packing", "09_gpu_lab"])
+@pytest.mark.parametrize("name", ["03_packing", "05_logit_memory", "09_gpu_lab"])
 def test_gpu_cell_without_a_gpu_records_the_refusal_and_the_chapter_goes_on(runner_chapters, name, tmp_path, capsys):
     assert run_notebook.main([str(runner_chapters[name]), "--set", 'RUN_MODE="real_gpu"', "--cwd", str(tmp_path)]) == 0
     refused = [r for r in _records(tmp_path) if r["run_mode"] == "real_gpu"]

@@ -414,6 +414,37 @@ else:
     print("No CUDA device here: the peak-memory cell is skipped (saved_tensor_bytes above is the CPU measure).")
 
 # %% [markdown]
+# **The same measurement as a benchmark record (可复现的基准记录).** A number printed in a notebook is easy to lose
+# and hard to compare with someone else's. The course's `logit-memory` workload measures the same three methods
+# through the benchmark runner: it checks the `PT-SFT-CUDA` profile first (versions, CUDA, bf16, free memory), takes
+# the real `lm_head` of Qwen3-0.6B from the hub (or a random init of the same shape, and says which), resets the
+# peak counter before every measurement, compares each method's log-probs with the full ones, and writes one JSON
+# record that is validated against the schema and never overwritten. Set `RUN_MODE = "real_gpu"` on a CUDA GPU
+# (tens of seconds on a large GPU; a 16 GB GPU records the 16k full logits as out of memory rather than crashing).
+# The default `"dry_run"` records only the plan; `"cpu_smoke"` runs the same code on `tiny_qwen2`'s head.
+
+# %%
+import time
+
+from benchmarks.report import format_record
+from benchmarks.runner import run_workload
+
+RUN_MODE = "dry_run"  # "real_gpu": measure on a CUDA GPU (PT-SFT-CUDA preflight first) | "cpu_smoke": tiny head, CPU
+bench_path, bench_record = run_workload("logit-memory", RUN_MODE, time.strftime("chapter05-%Y%m%d-%H%M%S"),
+                                        results_dir=pathlib.Path("lab_results"))  # the mode's own profile
+print(bench_path)
+print(f"mode {bench_record['run_mode']} | decision {bench_record['decision']} | "
+      f"evidence {bench_record['evidence_level']}")
+if bench_record["failure"]:
+    print(f"failed at stage {bench_record['failure']['stage']}: {bench_record['failure']['message']}")
+elif bench_record["measurements"]:
+    print(format_record(bench_record))
+else:
+    plan = bench_record["workload"]["parameters"]
+    print(f"plan {bench_record['workload']['id']} {bench_record['workload']['version']}: {plan['model_id']} lm_head, "
+          f"T = {plan['token_counts']}, chunks of {plan['chunk_size']}, full / chunked / chunked + recompute")
+
+# %% [markdown]
 # ## 6. Design questions in practice (实践中的设计问题)
 #
 # **Problem: out of memory at the loss, only on the longest microbatches.**
