@@ -107,8 +107,20 @@ def packed_logits(model, ids, position_ids, segment_ids=None, *, mode: str = "bl
                  use_cache=False).logits  # [R, L, V]
 
 
+def _checkpointing(model) -> bool:
+    """Whether activation (gradient) checkpointing is on; transformers 5 renamed the flag."""
+    for flag in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        if hasattr(type(model), flag):
+            return bool(getattr(model, flag))
+    return False
+
+
 def _varlen_logits(model, ids: torch.Tensor, position_ids: torch.Tensor, device: torch.device) -> torch.Tensor:
     """The rows flattened into one [1, R*L] with cu_seqlens (every row starts a sample) -> logits [R, L, V]."""
+    if _checkpointing(model) and torch.is_grad_enabled():
+        raise ValueError("model has gradient checkpointing on: its backward would recompute attention after "
+                         "mode='varlen' has restored the model's own attention; run forward and backward inside "
+                         "`with varlen_attention(model):` instead")
     rows, length = ids.shape
     bounds = [start + row * length for row, row_bounds in enumerate(sample_bounds(position_ids))
               for start in row_bounds[:-1]] + [rows * length]

@@ -55,13 +55,14 @@ def test_varlen_equals_alone_and_restores_attention(model, packed, sequences):
     assert model.config._attn_implementation == before
 
 
-def test_varlen_equals_block_mask_on_every_real_token(model, packed):
-    real = packed["segment_ids"] >= 0
+def test_varlen_equals_block_mask_on_every_token(model, packed):
+    """Padding included: in the block mask a padding token attends only to itself, as a one-token sample does."""
+    assert (packed["segment_ids"] < 0).any()  # the fixture has padding
     with torch.no_grad():
         varlen = packed_logits(model, packed["ids"], packed["position_ids"], packed["segment_ids"], mode="varlen")
         block = packed_logits(model, packed["ids"], packed["position_ids"], packed["segment_ids"], mode="block_mask")
     assert varlen.shape == block.shape
-    assert (varlen - block)[real].abs().max() < 1e-5
+    assert (varlen - block).abs().max() < 1e-5
 
 
 def test_varlen_gradients_equal_block_mask_gradients(packed):
@@ -99,12 +100,43 @@ def test_attention_runs_per_sample_without_a_mask(packed):
         packed_logits(model, packed["ids"], packed["position_ids"], packed["segment_ids"], mode="varlen")
     per_layer = [end - start for bounds in sample_bounds(packed["position_ids"])
                  for start, end in pairwise(bounds)]
-    assert [n for n, _, _ in spy.calls] == per_layer * model.config.num_hidden_layers
-    assert all(mask is None for _, mask, _ in spy.calls)
-    assert all(causal == (n > 1) for n, _, causal in spy.calls)
+    assert 1 in per_layer  # padding tokens and the 1-token sample: one copy of their values, no kernel each
+    assert [n for n, _, _ in spy.calls] == [n for n in per_layer if n > 1] * model.config.num_hidden_layers
+    assert all(mask is None and causal for _, mask, causal in spy.calls)
     with _SdpaCalls() as spy, torch.no_grad():
         packed_logits(model, packed["ids"], packed["position_ids"], packed["segment_ids"], mode="block_mask")
     assert {tuple(mask.shape[-2:]) for _, mask, _ in spy.calls} == {(length, length)}  # what varlen avoids
+
+
+def test_gradient_checkpointing_keeps_the_varlen_context_through_backward(packed):
+    """Checkpointing recomputes attention in backward: the varlen context must still be open then."""
+    def gradients(mode):
+        model = tiny_qwen2(seed=0, attn_implementation="sdpa").train()
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": True})
+        inputs = {"input_ids": packed["ids"].reshape(1, -1), "position_ids": packed["position_ids"].reshape(1, -1),
+                  "labels": torch.where(packed["segment_ids"] >= 0, packed["ids"], -100).reshape(1, -1)}
+        if mode == "varlen":
+            with varlen_attention(model):
+                model(**inputs, use_cache=False).loss.backward()
+        else:
+            model(**inputs, use_cache=False).loss.backward()  # transformers' own detection: the reference
+        return torch.cat([p.grad.flatten() for p in model.parameters()]), model
+
+    (varlen, model), (reference, _) = gradients("varlen"), gradients("position_ids")
+    assert torch.allclose(varlen, reference, atol=1e-6)
+    with pytest.raises(ValueError, match="gradient checkpointing"):  # the context would close before backward
+        packed_logits(model, packed["ids"], packed["position_ids"], packed["segment_ids"], mode="varlen")
+
+
+def test_rows_without_position_ids_are_one_sample_each():
+    """transformers passes one position row [1, L] for the whole batch: each row is then one causal sample."""
+    model = tiny_qwen2(seed=0, attn_implementation="sdpa")
+    ids = torch.randint(3, 2048, (3, 11), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        plain = model(input_ids=ids, use_cache=False).logits
+        with varlen_attention(model):
+            varlen = model(input_ids=ids, use_cache=False).logits
+    assert torch.allclose(varlen, plain, atol=1e-5)
 
 
 def test_trl_padding_free_batch_runs_under_varlen(sequences):
@@ -173,6 +205,12 @@ def test_bad_input(packed):
     with pytest.raises(ValueError, match="without a cache"):
         varlen_sdpa_attention(attention, q, torch.zeros(1, 2, 9, 16), torch.zeros(1, 2, 9, 16), None,
                               position_ids=torch.arange(6)[None])
+    with pytest.raises(ValueError, match="cu_seq_lens_k must equal"):
+        varlen_sdpa_attention(attention, q, kv, kv, None, cu_seq_lens_q=torch.tensor([0, 2, 6], dtype=torch.int32),
+                              cu_seq_lens_k=torch.tensor([0, 3, 6], dtype=torch.int32))
+    with pytest.raises(ValueError, match="do not match a batch"):
+        varlen_sdpa_attention(attention, q.expand(2, -1, -1, -1), kv.expand(2, -1, -1, -1), kv.expand(2, -1, -1, -1),
+                              None, position_ids=torch.arange(6).expand(3, -1))
     with pytest.raises(ValueError, match="sliding_window"):
         varlen_sdpa_attention(attention, q, kv, kv, None, position_ids=torch.arange(6)[None], sliding_window=4)
     with pytest.raises(ValueError, match="position_ids"):

@@ -464,9 +464,10 @@ print(f"attention scores per layer and head: a mask over each row {square:,} | v
 
 # %% [markdown]
 # Equal to running each sample alone, and a fraction of the scores. The saving grows with the number of samples
-# per row: $k$ equal samples in a row of length $L$ need $k \cdot (L/k)^2 = L^2/k$ scores. On a GPU that is what
-# makes long packed rows pay (section 9 measures it); on the tiny rows of this chapter a mask costs nothing worth
-# saving.
+# per row: $k$ equal samples in a row of length $L$ need $k \cdot (L/k)^2 = L^2/k$ scores. Once rows reach
+# thousands of tokens this is what should let packing pay off: on this course's CPU a training step on four samples
+# of 1,024–3,072 tokens runs 4.25× faster with varlen than with the block mask (`benchmarks/README.md`). Whether it
+# does on your GPU is section 9's measurement; on the tiny rows of this chapter a mask costs nothing worth saving.
 #
 # ## 7. Figure: padded and packed layouts, drawn to the same scale
 #
@@ -581,8 +582,9 @@ print(f"2300 samples into rows of 64: TRL {len(trl_packed)} rows (batches of 100
 # training step. The course's benchmark workload `pt-long-context` (seed 000 Step 5; chapter 9 is its lab) trains
 # Qwen2.5-0.5B for one step on seed 000's four samples (48 / 96 / 32 / 64 tokens), padded `[4, 96]` and packed
 # `[1, 240]` with a block mask; then the same pair with every length ×2 … ×32; then (version 7) each packed row once
-# more with the varlen attention of section 6. Every packed row must pass the boundary checks of section 3 and give
-# the block mask's loss before its speed is read.
+# more with the varlen attention of section 6. The block-mask row must pass the boundary checks of section 3, and
+# varlen must match each sample alone token by token (on the same device, in fp32) and give the block mask's tokens
+# and loss, before any speed is read.
 #
 # The cell drives the course's benchmark runner. With `RUN_MODE = "real_gpu"` on a CUDA GPU it runs the preflight of
 # the `PT-SFT-CUDA` profile, measures, and writes one JSON record under `lab_results/` (about a minute on an H200,
@@ -680,4 +682,5 @@ for name, model_variant in models.items():
 # 5. Pack four random sequences of 1536 / 3072 / 1024 / 2048 tokens (seed 000's samples ×32) into one row and time
 #    a forward + backward of `tiny_qwen2(attn_implementation="sdpa")` with `packed_logits(..., mode="block_mask")`
 #    and with `mode="varlen"`. Compare the ratio of the two times with the ratio of attention scores from section 6.
-#    Why is the time ratio smaller, and how would it change for a model whose layers are wider?
+#    Which is larger? (Hint: with a mask, SDPA cannot use its causal kernel, which skips the upper triangle.) How
+#    would both ratios change for a model whose layers are wider?
