@@ -3,8 +3,9 @@
 #
 #   benchmarks/run_gpu_suite.sh LABEL [PROFILE]        (PROFILE defaults to PT-SFT-CUDA)
 #
-# Expected on one H200: about 2-3 minutes (imports and model init dominate), far inside 8 minutes; each
-# workload is also capped at 200 s. Writes benchmarks/results/<workload>/<workload>_LABEL.json (never
+# Expected on one H200: about 2-3 minutes for the three workloads (imports and model init dominate; v7 of
+# pt-long-context adds its varlen rows), and about 4 more with CHAPTERS=1 (chapters 3, 5 and 9 each run a workload
+# again): inside the device tool's 10 minutes. Each workload and chapter is also capped at 200 s. Writes benchmarks/results/<workload>/<workload>_LABEL.json (never
 # overwriting) and benchmarks/results/figures/LABEL/*.png. When $OUT is set (the device tool), copies the three
 # JSON files to $OUT/results/<workload>/, the figures to $OUT/figures/ and the whole log to $OUT/suite.log.
 # Wheels under tmp/whl/ (e.g. trl and datasets for an image without them) are installed to /tmp/site first.

@@ -337,3 +337,23 @@ def test_microbatch_fixed_count_out_of_memory_is_a_finding_not_a_crash(tmp_path,
     assert random_plan["out_of_memory"] and random_plan["median_step_ms"] is None and random_plan["losses"] == []
     assert not budget_plan["out_of_memory"] and budget_plan["median_step_ms"] > 0
     assert record["checks"]["microbatch"]["token_budget_fits"] and record["decision"] == "wiring_ok"
+
+
+@pytest.mark.parametrize("workload_id", WORKLOAD_IDS)
+def test_workloads_run_in_the_gpus_dtype_on_this_cpu(workload_id):
+    """real_gpu measures in bf16; this runs each workload's code in bf16 (tiny sizes, CPU) so that a dtype bug
+    (a float32 mask meeting bf16 scores, a bf16 loss compared at an fp32 tolerance) shows up before a GPU session.
+    Tolerances are the real_gpu ones where they exist."""
+    from benchmarks.runner import RunContext
+
+    workload = WORKLOADS[workload_id]
+    parameters = workload.parameters("cpu_smoke")
+    gpu = workload.parameters("real_gpu")
+    parameters.update({key: gpu[key] for key in ("loss_agreement_tolerance", "logprob_tolerance") if key in gpu})
+    ctx = RunContext(mode="cpu_smoke", device=torch.device("cpu"), dtype=torch.bfloat16, parameters=parameters,
+                     record={"measurements": {}, "checks": {}, "targets": {}, "model": None})
+    workload.measure(ctx)
+    assert ctx.record["model"]["dtype"] == "bfloat16"
+    failed = {group: [name for name, passed in checks.items() if not passed]
+              for group, checks in ctx.record["checks"].items()}
+    assert ctx.record["checks"] and not any(failed.values()), failed
