@@ -466,7 +466,7 @@ print(f"attention scores per layer and head: a mask over each row {square:,} | v
 # Equal to running each sample alone, and a fraction of the scores. The saving grows with the number of samples
 # per row: $k$ equal samples in a row of length $L$ need $k \cdot (L/k)^2 = L^2/k$ scores. Once rows reach
 # thousands of tokens this is what should let packing pay off: on this course's CPU a training step on four samples
-# of 1,024–3,072 tokens runs 4.25× faster with varlen than with the block mask (`benchmarks/README.md`). Whether it
+# of 1,024–3,072 tokens runs 4.75× faster with varlen than with the block mask (`benchmarks/README.md`). Whether it
 # does on your GPU is section 9's measurement; on the tiny rows of this chapter a mask costs nothing worth saving.
 #
 # ## 7. Figure: padded and packed layouts, drawn to the same scale
@@ -606,7 +606,8 @@ from benchmarks.runner import run_workload
 
 RUN_MODE = "dry_run"  # "real_gpu": measure on a CUDA GPU (PT-SFT-CUDA preflight first) | "cpu_smoke": tiny model, CPU
 gpu_path, gpu_record = run_workload("pt-long-context", RUN_MODE, time.strftime("chapter03-%Y%m%d-%H%M%S"),
-                                    results_dir=Path("lab_results"))  # the mode's profile: PT-SFT-CUDA or BASE-CPU
+                                    results_dir=Path("lab_results"), progress=RUN_MODE == "real_gpu")
+# the profile is the mode's own (PT-SFT-CUDA, or BASE-CPU for cpu_smoke); progress bars only for a GPU run
 print(gpu_path)
 print(f"mode {gpu_record['run_mode']} | decision {gpu_record['decision']} | evidence {gpu_record['evidence_level']}")
 if gpu_record["failure"]:

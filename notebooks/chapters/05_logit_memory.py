@@ -431,7 +431,7 @@ from benchmarks.runner import run_workload
 
 RUN_MODE = "dry_run"  # "real_gpu": measure on a CUDA GPU (PT-SFT-CUDA preflight first) | "cpu_smoke": tiny head, CPU
 bench_path, bench_record = run_workload("logit-memory", RUN_MODE, time.strftime("chapter05-%Y%m%d-%H%M%S"),
-                                        results_dir=pathlib.Path("lab_results"))  # the mode's own profile
+                                        results_dir=pathlib.Path("lab_results"), progress=RUN_MODE == "real_gpu")
 print(bench_path)
 print(f"mode {bench_record['run_mode']} | decision {bench_record['decision']} | "
       f"evidence {bench_record['evidence_level']}")

@@ -219,7 +219,7 @@ grading.assert_rejects(padding_vs_packing_ledger, "padding_vs_packing_ledger",
 
 # %%
 path, record = run_workload(WORKLOAD_ID, RUN_MODE, RUN_LABEL, results_dir=RESULTS_DIR, profile=ENVIRONMENT_PROFILE,
-                            allow_hub=ALLOW_HUB)
+                            allow_hub=ALLOW_HUB, progress=RUN_MODE == "real_gpu")  # tqdm bars on a GPU run
 print(path)
 print(f"mode {record['run_mode']} | decision {record['decision']} | evidence {record['evidence_level']}")
 if record["failure"]:
