@@ -165,11 +165,22 @@ def chat_template_source(name: str) -> str:
     return CHAT_TEMPLATE_SOURCES[name]
 
 
+def _require_transformers_5() -> None:
+    """The shipped tokenizer files were saved by transformers 5; 4.x misreads them with an obscure AttributeError."""
+    import transformers
+
+    major = transformers.__version__.split(".", 1)[0]
+    if not major.isdigit() or int(major) < 5:
+        raise RuntimeError(f"the course tokenizer needs transformers >= 5.0, found {transformers.__version__}: run "
+                           "pip install -U 'transformers>=5.0' (on Colab, then restart the session)")
+
+
 def load_course_tokenizer(template: str = "chatml"):
     """The shipped course tokenizer (vocab 2048) with `template` as its chat template; no network."""
     from transformers import PreTrainedTokenizerFast
 
     source = chat_template_source(template)
+    _require_transformers_5()
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(course_tokenizer_dir()), local_files_only=True)
     tokenizer.chat_template = source
     tokenizer.eos_token = END_OF_TURN_TOKENS[template]  # generation stops at the template's end of turn

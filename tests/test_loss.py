@@ -233,6 +233,7 @@ def test_a_cpu_batch_meets_the_model_on_its_device():
     seen = []
     model.get_input_embeddings().register_forward_pre_hook(lambda module, args: seen.append(args[0].device))
     batch = cl.synthetic_supervised_batch(n_rows=2, min_length=4, max_length=6, vocab_size=64)
-    with pytest.raises(RuntimeError, match="meta"):  # the forward ran on meta; reading a meta value then fails
+    with pytest.raises(RuntimeError) as error:  # the forward runs on meta until a value must be read
         cl.supervised_token_losses(model, batch)
+    assert "meta" in str(error.value) or "autocast" in str(error.value), error.value  # not a device mismatch
     assert seen == [torch.device("meta")]

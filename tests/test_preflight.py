@@ -115,8 +115,9 @@ def test_missing_bf16_warns_but_passes():
 
 @pytest.mark.parametrize("name, found, status", [
     ("trl", None, "fail"),          # not installed
-    ("trl", "0.20.0", "fail"),      # below the profile's range
-    ("trl", "1.9.0", "warn"),       # in range, not the tested pin
+    ("trl", "1.9.0", "fail"),       # below the profile's range (no cu_seq_lens from its padding-free collator)
+    ("transformers", "4.57.6", "fail"),  # below: cannot load the course tokenizer saved by transformers 5
+    ("transformers", "5.0.0", "warn"),   # in range (the tested lower bound), not the tested pin
     ("trl", "1.16.0", "pass"),      # the tested pin
     ("torch", "2.13.0+cu128", "pass"),  # a local build tag of the pinned version
 ])

@@ -183,3 +183,12 @@ def test_load_tokenizer_with_hf_hub_offline_does_not_hang(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert "CLEAR OSError" in done.stdout, done.stderr[-2000:]
+
+
+def test_an_old_transformers_gets_a_clear_message(monkeypatch):
+    """transformers 4.x reads the shipped files wrongly ('list' object has no attribute 'keys'): say what to do."""
+    import transformers
+
+    monkeypatch.setattr(transformers, "__version__", "4.57.6")
+    with pytest.raises(RuntimeError, match=r"transformers >= 5.0, found 4.57.6"):
+        load_course_tokenizer()
