@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 PROFILE ?= PT-CPU
 TORCH_PIN := torch==2.13.0
 
-.PHONY: venv demo test lint clean
+.PHONY: venv demo test test-lower-bounds lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,8 +27,21 @@ test: venv
 	$(BIN)/python -m ruff check course_lib tests benchmarks scripts notebooks/chapters
 	$(BIN)/python -m pytest -q -n 2
 
+# The oldest declared versions (environments/lower-bounds.txt), the library tests only (no notebook tooling there).
+LOWER := .venv-lower
+LIBRARY_TESTS := --ignore=tests/test_notebooks.py --ignore=tests/test_autograde.py --ignore=tests/test_mutants.py \
+	--ignore=tests/test_course_cli.py --ignore=tests/test_grade_robustness.py --ignore=tests/test_packaging.py \
+	--ignore=tests/test_run_notebook.py
+
+test-lower-bounds:
+	test -x $(LOWER)/bin/python || $(PYTHON) -m venv $(LOWER)
+	$(LOWER)/bin/pip install -q $(TORCH_PIN)
+	$(LOWER)/bin/pip install -q -c environments/lower-bounds.txt -r environments/dev-requirements.txt -e .
+	$(LOWER)/bin/python -c "import transformers, trl, datasets; print('lower bounds:', transformers.__version__, trl.__version__, datasets.__version__)"
+	$(LOWER)/bin/python -m pytest -q -n 2 -p no:cacheprovider $(LIBRARY_TESTS)
+
 lint: venv
 	$(BIN)/python -m ruff check course_lib tests benchmarks scripts notebooks/chapters
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(LOWER) build *.egg-info
