@@ -196,6 +196,21 @@ def format_record(record: dict[str, Any]) -> str:
     return "\n\n".join(sections)
 
 
+def format_run(path: str | Path, record: dict[str, Any]) -> str:
+    """What a notebook prints after run_workload: the file and the verdict, then the failure, the tables or the plan."""
+    lines = [str(path), f"mode {record['run_mode']} | decision {record['decision']} | "
+                        f"evidence {record['evidence_level']}"]
+    workload = record["workload"]
+    if record["failure"]:
+        lines.append(f"failed at stage {record['failure']['stage']}: {record['failure']['message']}")
+    elif record["measurements"]:
+        lines.append(format_record(record))
+    else:
+        lines.append(f"plan of {workload['id']} {workload['version']} (nothing measured):")
+        lines += [f"  {key}: {value}" for key, value in workload["parameters"].items()]
+    return "\n".join(lines)
+
+
 def _with_rows(records: list[dict], workload: str, section: str) -> list[dict]:
     return [r for r in records if r["workload"]["id"] == workload and r["measurements"].get(section)]
 

@@ -20,6 +20,7 @@ from benchmarks.gpu.records import read_result, result_path  # noqa: E402
 from benchmarks.gpu.schema import SCHEMA_VERSION, validate_result  # noqa: E402
 from benchmarks.report import (  # noqa: E402
     format_record,
+    format_run,
     load_results,
     plot_length_curve,
     plot_packing_bars,
@@ -357,3 +358,15 @@ def test_workloads_run_in_the_gpus_dtype_on_this_cpu(workload_id):
     failed = {group: [name for name, passed in checks.items() if not passed]
               for group, checks in ctx.record["checks"].items()}
     assert ctx.record["checks"] and not any(failed.values()), failed
+
+
+def test_format_run_says_what_a_notebook_needs_for_each_outcome(smoke, tmp_path):
+    plan_path, plan = run_workload("logit-memory", "dry_run", "plan", results_dir=tmp_path)
+    text = format_run(plan_path, plan)
+    assert str(plan_path) in text and "decision ready_to_measure" in text and "token_counts: [4096, 16384]" in text
+    if not torch.cuda.is_available():  # preflight refuses a real_gpu run here, and the message says which line
+        refused_path, refused = run_workload("logit-memory", "real_gpu", "refused", results_dir=tmp_path)
+        assert "failed at stage environment_preflight: preflight PT-SFT-CUDA failed: cuda" in format_run(
+            refused_path, refused)
+    path, record = smoke["pt-long-context"]
+    assert "varlen_speedup" in format_run(path, record) and "decision wiring_ok" in format_run(path, record)

@@ -601,25 +601,14 @@ print(f"2300 samples into rows of 64: TRL {len(trl_packed)} rows (batches of 100
 # %%
 from pathlib import Path
 
-from benchmarks.report import format_record
+from benchmarks.report import format_run
 from benchmarks.runner import run_workload
 
 RUN_MODE = "dry_run"  # "real_gpu": measure on a CUDA GPU (PT-SFT-CUDA preflight first) | "cpu_smoke": tiny model, CPU
 gpu_path, gpu_record = run_workload("pt-long-context", RUN_MODE, time.strftime("chapter03-%Y%m%d-%H%M%S"),
                                     results_dir=Path("lab_results"), progress=RUN_MODE == "real_gpu")
 # the profile is the mode's own (PT-SFT-CUDA, or BASE-CPU for cpu_smoke); progress bars only for a GPU run
-print(gpu_path)
-print(f"mode {gpu_record['run_mode']} | decision {gpu_record['decision']} | evidence {gpu_record['evidence_level']}")
-if gpu_record["failure"]:
-    print(f"failed at stage {gpu_record['failure']['stage']}: {gpu_record['failure']['message']}")
-elif gpu_record["measurements"]:
-    print(format_record(gpu_record))
-else:
-    plan = gpu_record["workload"]["parameters"]
-    print(f"plan {gpu_record['workload']['id']} {gpu_record['workload']['version']}: samples "
-          f"{plan['packing_sample_lengths']}, scales {plan['packing_scale_factors']}, model {plan['model_id']}")
-    for candidate, how in plan["packed_attention"].items():
-        print(f"  {candidate}: {how}")
+print(format_run(gpu_path, gpu_record))  # the file, the verdict, then the failure, every table, or the plan
 
 # %% [markdown]
 # Read a GPU record in this order: the checks (a packed row that fails one has no speed worth reading), then the

@@ -426,23 +426,13 @@ else:
 # %%
 import time
 
-from benchmarks.report import format_record
+from benchmarks.report import format_run
 from benchmarks.runner import run_workload
 
 RUN_MODE = "dry_run"  # "real_gpu": measure on a CUDA GPU (PT-SFT-CUDA preflight first) | "cpu_smoke": tiny head, CPU
 bench_path, bench_record = run_workload("logit-memory", RUN_MODE, time.strftime("chapter05-%Y%m%d-%H%M%S"),
                                         results_dir=pathlib.Path("lab_results"), progress=RUN_MODE == "real_gpu")
-print(bench_path)
-print(f"mode {bench_record['run_mode']} | decision {bench_record['decision']} | "
-      f"evidence {bench_record['evidence_level']}")
-if bench_record["failure"]:
-    print(f"failed at stage {bench_record['failure']['stage']}: {bench_record['failure']['message']}")
-elif bench_record["measurements"]:
-    print(format_record(bench_record))
-else:
-    plan = bench_record["workload"]["parameters"]
-    print(f"plan {bench_record['workload']['id']} {bench_record['workload']['version']}: {plan['model_id']} lm_head, "
-          f"T = {plan['token_counts']}, chunks of {plan['chunk_size']}, full / chunked / chunked + recompute")
+print(format_run(bench_path, bench_record))  # the file, the verdict, then the failure, every table, or the plan
 
 # %% [markdown]
 # ## 6. Design questions in practice (实践中的设计问题)
