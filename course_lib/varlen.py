@@ -71,9 +71,15 @@ def _row_bounds(rows: int, length: int, kwargs: dict) -> list[list[int]]:
         if rows != 1:
             raise ValueError(f"cu_seq_lens_q describes one flattened row, but the batch has {rows} rows")
         other = kwargs.get("cu_seq_lens_k")
-        if other is not None and (not isinstance(other, torch.Tensor) or not torch.equal(other.cpu(), cu_seqlens.cpu())):
-            raise ValueError("cu_seq_lens_k must equal cu_seq_lens_q: varlen attention here is self-attention")
-        return [_cached(cu_seqlens, lambda: _bounds_from_cu_seqlens(cu_seqlens, length))]
+
+        def checked_bounds() -> list[int]:  # once per forward: the k check reads device tensors to the host too
+            if other is not None and (not isinstance(other, torch.Tensor)
+                                      or not torch.equal(other.cpu(), cu_seqlens.cpu())):
+                raise ValueError("cu_seq_lens_k must equal cu_seq_lens_q: varlen attention here is self-attention")
+            return _bounds_from_cu_seqlens(cu_seqlens, length)
+
+        bounds = _cached(cu_seqlens, checked_bounds)
+        return [bounds if bounds[-1] == length else checked_bounds()]  # another row length: raises
     if position_ids is None:
         raise ValueError("varlen attention needs position_ids or cu_seq_lens_q to find the samples")
     bounds = _cached(position_ids, lambda: sample_bounds(position_ids))

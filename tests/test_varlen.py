@@ -219,6 +219,11 @@ def test_bad_input(packed):
     with pytest.raises(ValueError, match="without a cache"):
         varlen_sdpa_attention(attention, q, torch.zeros(1, 2, 9, 16), torch.zeros(1, 2, 9, 16), None,
                               position_ids=torch.arange(6)[None])
+    reused = torch.tensor([0, 2, 6], dtype=torch.int32)  # cached for a row of 6, then given a row of 9
+    varlen_sdpa_attention(attention, q, kv, kv, None, cu_seq_lens_q=reused)
+    with pytest.raises(ValueError, match="row length 9"):
+        varlen_sdpa_attention(attention, torch.zeros(1, 4, 9, 16), torch.zeros(1, 2, 9, 16), torch.zeros(1, 2, 9, 16),
+                              None, cu_seq_lens_q=reused)
     with pytest.raises(ValueError, match="cu_seq_lens_k must equal"):
         varlen_sdpa_attention(attention, q, kv, kv, None, cu_seq_lens_q=torch.tensor([0, 2, 6], dtype=torch.int32),
                               cu_seq_lens_k=torch.tensor([0, 3, 6], dtype=torch.int32))
