@@ -31,7 +31,7 @@ test: venv
 LOWER := .venv-lower
 LIBRARY_TESTS := --ignore=tests/test_notebooks.py --ignore=tests/test_autograde.py --ignore=tests/test_mutants.py \
 	--ignore=tests/test_course_cli.py --ignore=tests/test_grade_robustness.py --ignore=tests/test_packaging.py \
-	--ignore=tests/test_run_notebook.py
+	--ignore=tests/test_run_notebook.py --ignore=tests/test_gpu_suite.py
 
 test-lower-bounds:
 	test -x $(LOWER)/bin/python || $(PYTHON) -m venv $(LOWER)
