@@ -19,29 +19,21 @@ import pytest
 import torch
 
 from course_lib.nb import build
+from tests.repository import ROOT, copy_tracked_files, is_git_checkout
 
-ROOT = Path(__file__).resolve().parents[1]
 LABEL = "cpu-suite-check"
 
 
 def _copy_of_repository(target: Path) -> Path:
     """The tracked files (what a device run carries) plus freshly built instructor notebooks of the GPU chapters."""
-    listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z"], capture_output=True, check=True).stdout
-    for name in filter(None, listed.decode().split("\0")):
-        source = ROOT / name
-        if source.is_file() and not source.is_symlink():
-            (target / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, target / name)
-        elif source.is_symlink():
-            (target / name).parent.mkdir(parents=True, exist_ok=True)
-            os.symlink(os.readlink(source), target / name)
+    copy_tracked_files(target)
     for chapter in ("03_packing", "05_logit_memory", "09_gpu_lab"):
         build.build_source_notebook(target / "notebooks" / "chapters" / f"{chapter}.py", target / "notebooks")
     return target
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA the suite measures for real (minutes)")
-@pytest.mark.skipif(shutil.which("bash") is None or not (ROOT / ".git").exists(), reason="needs bash and a checkout")
+@pytest.mark.skipif(shutil.which("bash") is None or not is_git_checkout(), reason="needs bash and a checkout")
 def test_suite_on_a_cpu_records_refusals_runs_every_chapter_and_fills_out(tmp_path):
     repo = _copy_of_repository(tmp_path / "repo")
     out = tmp_path / "out"

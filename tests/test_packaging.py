@@ -8,7 +8,6 @@ profiles and the GPU workloads must all come with it, and nothing of the tests o
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import zipfile
@@ -16,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.repository import copy_tracked_files, is_git_checkout
+
 pytestmark = pytest.mark.slow
 
 MUST_SHIP = ["course_lib/data/tokenizer/", "course_lib/data/configs/Qwen2.5-0.5B.json",
@@ -43,17 +43,9 @@ print("installed ok", course_lib.__version__)
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    if shutil.which("git") is None or not (ROOT / ".git").exists():
+    if not is_git_checkout():
         pytest.skip("not a git checkout: the tracked files cannot be listed")
-    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
-    source = tmp_path_factory.mktemp("tracked")
-    for name in filter(None, tracked.decode().split("\0")):
-        if (ROOT / name).is_file() and not (ROOT / name).is_symlink():
-            (source / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / name, source / name)
-        elif (ROOT / name).is_symlink():  # environments -> course_lib/data/environments
-            (source / name).parent.mkdir(parents=True, exist_ok=True)
-            (source / name).symlink_to(os.readlink(ROOT / name))
+    source = copy_tracked_files(tmp_path_factory.mktemp("tracked"))
     dist = tmp_path_factory.mktemp("dist")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(dist),
                     str(source)], check=True, capture_output=True)
