@@ -189,6 +189,13 @@ def require_partition(name: str, groups: object, count: int | None = None) -> li
     return groups
 
 
+def require_causal_lm(model: object) -> torch.nn.Embedding:
+    """A transformers causal LM -> its input embedding (its vocabulary size and device are what callers need)."""
+    if not hasattr(model, "get_input_embeddings"):
+        raise ValueError(f"model must be a transformers causal LM, got {type(model).__name__}")
+    return model.get_input_embeddings()
+
+
 def require_dataset(name: str, value: object, *, column: object = None, column_name: str = "column") -> None:
     """A datasets.Dataset (anything with .map and .column_names), holding `column` (the field column_name) if given."""
     if not hasattr(value, "map") or not hasattr(value, "column_names"):

@@ -16,7 +16,15 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from ._checks import require_int, require_keys, require_lengths, require_real, require_sequence, require_tensor
+from ._checks import (
+    require_causal_lm,
+    require_int,
+    require_keys,
+    require_lengths,
+    require_real,
+    require_sequence,
+    require_tensor,
+)
 from .logprobs import selected_log_probs
 from .window import IGNORE_INDEX
 
@@ -127,9 +135,8 @@ def _checked_batch(model: torch.nn.Module, batch: object) -> dict[str, torch.Ten
     The tensors come back on the model's device (a collator's CPU batch meets a GPU model).
     """
     require_keys("batch", batch, ["input_ids", "labels"])
-    if not hasattr(model, "get_input_embeddings"):
-        raise ValueError(f"model must be a transformers causal LM, got {type(model).__name__}")
-    last_id = model.get_input_embeddings().num_embeddings - 1
+    embeddings = require_causal_lm(model)
+    last_id = embeddings.num_embeddings - 1
     input_ids = require_tensor("batch['input_ids']", batch["input_ids"], ndim=2, dtype_kind="i", minimum=0,
                                maximum=last_id)                                   # [B, L]
     labels = require_tensor("batch['labels']", batch["labels"], ndim=2, dtype_kind="i", minimum=IGNORE_INDEX,
@@ -148,8 +155,7 @@ def _checked_batch(model: torch.nn.Module, batch: object) -> dict[str, torch.Ten
             if checked[key].shape != input_ids.shape:
                 raise ValueError(f"batch[{key!r}] has shape {tuple(checked[key].shape)}, expected "
                                  f"{tuple(input_ids.shape)} as input_ids")
-    device = model.get_input_embeddings().weight.device
-    return {key: value.to(device) for key, value in checked.items()}
+    return {key: value.to(embeddings.weight.device) for key, value in checked.items()}
 
 
 def supervised_token_losses(model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

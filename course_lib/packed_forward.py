@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import require_keys, require_real, require_sequence, require_tensor
+from ._checks import require_causal_lm, require_keys, require_real, require_sequence, require_tensor
 from .packing import additive_attention_mask, block_causal_mask, packed_to_sequences
 from .varlen import sample_bounds, varlen_attention
 
@@ -45,16 +45,6 @@ def _as_rows(name: str, tensor, *, minimum: int | None = None, maximum: int | No
     if tensor.dim() != 2 or tensor.shape[1] == 0:
         raise ValueError(f"{name} must have shape [R, L] with L >= 1, got {tuple(tensor.shape)}")
     return tensor.long()
-
-
-def _vocab_size(model) -> int:
-    if not hasattr(model, "get_input_embeddings"):
-        raise ValueError(f"model must be a transformers causal LM, got {type(model).__name__}")
-    return model.get_input_embeddings().num_embeddings
-
-
-def _device(model) -> torch.device:
-    return model.get_input_embeddings().weight.device
 
 
 def inferred_packed_segments(position_ids: torch.Tensor) -> torch.Tensor:
@@ -83,7 +73,8 @@ def packed_logits(model, ids, position_ids, segment_ids=None, *, mode: str = "bl
     """
     if mode not in PACKED_MODES:
         raise ValueError(f"mode must be one of {PACKED_MODES}, got {mode!r}")
-    ids = _as_rows("ids", ids, minimum=0, maximum=_vocab_size(model) - 1)  # an id outside the vocabulary fails here
+    embeddings = require_causal_lm(model)
+    ids = _as_rows("ids", ids, minimum=0, maximum=embeddings.num_embeddings - 1)  # an id outside the vocabulary fails
     position_ids = _as_rows("position_ids", position_ids, minimum=0)
     if position_ids.shape != ids.shape:
         raise ValueError(f"position_ids shape {tuple(position_ids.shape)} != ids shape {tuple(ids.shape)}")
@@ -91,7 +82,7 @@ def packed_logits(model, ids, position_ids, segment_ids=None, *, mode: str = "bl
         segment_ids = _as_rows("segment_ids", segment_ids)
         if segment_ids.shape != ids.shape:
             raise ValueError(f"segment_ids shape {tuple(segment_ids.shape)} != ids shape {tuple(ids.shape)}")
-    device = _device(model)
+    device = embeddings.weight.device
     if mode in ("position_ids", "varlen") and segment_ids is not None:
         _check_restarts_match_segments(position_ids, segment_ids)
     if mode == "position_ids":
@@ -170,7 +161,8 @@ def _sequence_ids(index: int, sequence, vocab_size: int) -> torch.Tensor:
 @torch.no_grad()
 def per_token_logprobs_alone(model, sequences) -> list[torch.Tensor]:
     """Each sample alone, batch of one, no mask -> list of log p(token t+1 | its own prefix), shapes [n_i - 1]."""
-    vocab_size, device = _vocab_size(model), _device(model)
+    embeddings = require_causal_lm(model)
+    vocab_size, device = embeddings.num_embeddings, embeddings.weight.device
     alone = []
     for index, sequence in enumerate(require_sequence("sequences", sequences, allow_empty=False)):
         ids = _sequence_ids(index, sequence, vocab_size)[None]  # [1, n]; one forward per sample, the reference
