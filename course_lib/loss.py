@@ -182,11 +182,15 @@ def _rows(batch: Mapping[str, torch.Tensor], rows: object) -> dict[str, torch.Te
     return {key: value[index] for key, value in batch.items() if isinstance(value, torch.Tensor)}
 
 
+def _require_normalization(normalize: object) -> None:
+    if not isinstance(normalize, str) or normalize not in NORMALIZATIONS:
+        raise ValueError(f"normalize must be one of {list(NORMALIZATIONS)}, got {normalize!r:.80}")
+
+
 def microbatch_loss(model: torch.nn.Module, microbatch: Mapping[str, torch.Tensor], normalize: str,
                     n_microbatches: int = 1, global_tokens: float | None = None) -> torch.Tensor:
     """Loss of one microbatch: 'local' = token_mean / n_microbatches (the bug), 'global' = sum / global_tokens."""
-    if not isinstance(normalize, str) or normalize not in NORMALIZATIONS:
-        raise ValueError(f"normalize must be one of {list(NORMALIZATIONS)}, got {normalize!r:.80}")
+    _require_normalization(normalize)
     n_microbatches = require_int("n_microbatches", n_microbatches, minimum=1)
     losses, mask = supervised_token_losses(model, microbatch)                     # [b, L-1] each
     if normalize == "local":
@@ -206,8 +210,7 @@ def accumulated_gradient(model: torch.nn.Module, batch: Mapping[str, torch.Tenso
     One microbatch holding every row gives the full-batch reference for either normalisation.
     Leaves the accumulated gradient in the model's .grad fields.
     """
-    if not isinstance(normalize, str) or normalize not in NORMALIZATIONS:
-        raise ValueError(f"normalize must be one of {list(NORMALIZATIONS)}, got {normalize!r:.80}")
+    _require_normalization(normalize)
     microbatches = require_sequence("microbatches", microbatches, allow_empty=False)
     batch = _checked_batch(model, batch)
     parts = [_rows(batch, rows) for rows in microbatches]
