@@ -115,23 +115,19 @@ TIMING = {"median_step_ms": Nullable(NUMBER), "p95_step_ms": Nullable(NUMBER)}
 PEAKS = {"peak_allocated_bytes": Nullable(int), "peak_reserved_bytes": Nullable(int)}
 TRAINING = {"losses": ListOf(Nullable(NUMBER)), "gradient_norms": ListOf(Nullable(NUMBER))}
 
+PACKING_ROW = {  # one timed layout of the four samples; the sections add the candidate names and the scale
+    "processed_tokens": int, "effective_supervised_tokens": int, "padding_tokens": int, "padding_ratio": NUMBER,
+    **TIMING, "effective_tokens_per_second": Nullable(NUMBER), **TRAINING, **PEAKS}
+
 ROW_SCHEMAS: dict[str, dict[str, Any]] = {
     "pt-long-context": {
         "length_curve": Obj({
             "sequence_length": int, "batch_size": int, "tokens_per_step": int, **TIMING,
             "median_ms_per_token": Nullable(NUMBER), "tokens_per_second": Nullable(NUMBER), **TRAINING, **PEAKS}),
-        "packing_comparison": Obj({
-            "candidate": OneOf("padding", "boundary_isolated_packing"), "processed_tokens": int,
-            "effective_supervised_tokens": int, "padding_tokens": int, "padding_ratio": NUMBER, **TIMING,
-            "effective_tokens_per_second": Nullable(NUMBER), **TRAINING, **PEAKS}),
-        "packing_scale": Obj({
-            "candidate": OneOf("padding", "boundary_isolated_packing"), "scale": int, "processed_tokens": int,
-            "effective_supervised_tokens": int, "padding_tokens": int, "padding_ratio": NUMBER, **TIMING,
-            "effective_tokens_per_second": Nullable(NUMBER), **TRAINING, **PEAKS}),
-        "varlen_packing": Obj({
-            "candidate": OneOf("boundary_isolated_packing_varlen"), "scale": int, "processed_tokens": int,
-            "effective_supervised_tokens": int, "padding_tokens": int, "padding_ratio": NUMBER, **TIMING,
-            "effective_tokens_per_second": Nullable(NUMBER), **TRAINING, **PEAKS}),
+        "packing_comparison": Obj({"candidate": OneOf("padding", "boundary_isolated_packing"), **PACKING_ROW}),
+        "packing_scale": Obj({"candidate": OneOf("padding", "boundary_isolated_packing"), "scale": int,
+                              **PACKING_ROW}),
+        "varlen_packing": Obj({"candidate": OneOf("boundary_isolated_packing_varlen"), "scale": int, **PACKING_ROW}),
     },
     "logit-memory": {
         "log_prob_memory": Obj({
