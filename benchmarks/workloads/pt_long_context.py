@@ -105,21 +105,25 @@ def padded_batch(samples: list[dict], device: torch.device) -> dict[str, torch.T
             {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}.items()}
 
 
-def packed_batch(samples: list[dict], device: torch.device, dtype: torch.dtype) -> tuple[dict, torch.Tensor]:
-    """samples -> ({input_ids, position_ids, labels [1, T], attention_mask [1, 1, T, T] additive}, segment_ids [T])."""
-    from course_lib import additive_attention_mask, block_causal_mask, build_boundary_isolated_packing
+def packed_row(samples: list[dict], device: torch.device) -> tuple[dict, torch.Tensor]:
+    """samples -> ({input_ids, position_ids, labels [1, T]}, segment_ids [T]): the packed row, no mask yet."""
+    from course_lib import build_boundary_isolated_packing
 
     packed = build_boundary_isolated_packing(samples)
-    segment_ids = torch.tensor(packed["segment_ids"], device=device)  # [T]
-    mask = additive_attention_mask(block_causal_mask(segment_ids), dtype=dtype)  # [1, 1, T, T]
-    batch = {"input_ids": torch.tensor([packed["input_ids"]], device=device),
-             "position_ids": torch.tensor([packed["position_ids"]], device=device),
-             "labels": torch.tensor([packed["labels"]], device=device), "attention_mask": mask}
-    return batch, segment_ids
+    batch = {key: torch.tensor([packed[key]], device=device) for key in ("input_ids", "position_ids", "labels")}
+    return batch, torch.tensor(packed["segment_ids"], device=device)  # [T]
+
+
+def packed_batch(samples: list[dict], device: torch.device, dtype: torch.dtype) -> tuple[dict, torch.Tensor]:
+    """samples -> ({input_ids, position_ids, labels [1, T], attention_mask [1, 1, T, T] additive}, segment_ids [T])."""
+    from course_lib import additive_attention_mask, block_causal_mask
+
+    batch, segment_ids = packed_row(samples, device)
+    return {**batch, "attention_mask": additive_attention_mask(block_causal_mask(segment_ids), dtype=dtype)}, segment_ids
 
 
 def varlen_batch(packed_batch_: dict, lengths: list[int]) -> dict:
-    """The packed row without its [T, T] mask, with TRL's padding-free boundaries cu_seq_lens_q / _k (host int32)."""
+    """The packed row (its [T, T] mask, if any, dropped) with TRL's padding-free boundaries cu_seq_lens_q / _k."""
     cu_seqlens = torch.tensor([0, *lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32)  # [N+1]
     kept = {key: value for key, value in packed_batch_.items() if key != "attention_mask"}
     return {**kept, "cu_seq_lens_q": cu_seqlens, "cu_seq_lens_k": cu_seqlens}
@@ -142,7 +146,6 @@ def packing_checks(padding: dict, packing: dict, batch: dict, segment_ids: torch
     """Seed 000's four boundary checks on the packed row, the tensors against the ledger, and finiteness."""
     starts = torch.tensor([0, *lengths[:-1]], device=segment_ids.device).cumsum(0)  # [N] segment starts
     cross_segment = segment_ids[:, None] != segment_ids[None, :]  # [T, T]
-    finite = all(value is not None for row in (padding, packing) for value in row["losses"] + row["gradient_norms"])
     counted = ("processed_tokens", "effective_supervised_tokens")
     return {
         "same_effective_supervised_tokens":
@@ -152,13 +155,22 @@ def packing_checks(padding: dict, packing: dict, batch: dict, segment_ids: torch
         "cross_sample_attention_blocked": bool((batch["attention_mask"][0, 0][cross_segment] < 0).all()),
         "tokens_match_ledger": all(row[key] == ledger[name][key] for name, row in
                                    (("padding", padding), ("packing", packing)) for key in counted),
-        "finite_losses_and_gradients": finite,
+        "finite_losses_and_gradients": _finite([padding, packing]),
     }
 
 
+def _finite(rows: list[dict]) -> bool:
+    """Every loss and gradient norm these rows recorded is finite (a non-finite one is recorded as None)."""
+    return all(value is not None for row in rows for value in row["losses"] + row["gradient_norms"])
+
+
+def _pairs(rows: list[dict]) -> list[tuple[dict, dict]]:
+    """Rows recorded as (padding, packing), (padding, packing), ... -> the pairs."""
+    return list(zip(rows[::2], rows[1::2], strict=True))
+
+
 def _length_checks(rows: list[dict], tolerance: float) -> dict[str, bool]:
-    finite = all(value is not None for row in rows for value in row["losses"] + row["gradient_norms"])
-    checks = {"finite_losses_and_gradients": finite}
+    checks = {"finite_losses_and_gradients": _finite(rows)}
     peaks = [row["peak_allocated_bytes"] for row in rows]
     if None not in peaks:  # CPU has no peak counter: the trend is not checked rather than claimed
         checks["memory_non_decreasing_with_tolerance"] = all(
@@ -166,13 +178,18 @@ def _length_checks(rows: list[dict], tolerance: float) -> dict[str, bool]:
     return checks
 
 
-def _pair_at(ctx, model, lengths: list[int], scale: int = 1) -> tuple[dict, dict, dict, torch.Tensor, dict]:
-    """(padding row, packing row, packed batch, segment ids, ledger) for the four samples with lengths x scale."""
+def _scaled_samples(lengths: list[int], scale: int, vocab_size: int) -> tuple[list[int], dict, list[dict]]:
+    """(lengths x scale, their ledger, the four samples at those lengths)."""
     from course_lib import padding_vs_packing_ledger
 
-    lengths = [length * scale for length in lengths]
-    ledger = padding_vs_packing_ledger(lengths, mask_first_label=True)  # what each candidate should process
-    samples = _samples(course_token_ids(PACKING_TEXTS, lengths, model.config.vocab_size))
+    scaled = [length * scale for length in lengths]
+    ledger = padding_vs_packing_ledger(scaled, mask_first_label=True)  # what each candidate should process
+    return scaled, ledger, _samples(course_token_ids(PACKING_TEXTS, scaled, vocab_size))
+
+
+def _pair_at(ctx, model, lengths: list[int], scale: int = 1) -> tuple[dict, dict, dict, torch.Tensor, dict]:
+    """(padding row, packing row, packed batch, segment ids, ledger) for the four samples with lengths x scale."""
+    _, ledger, samples = _scaled_samples(lengths, scale, model.config.vocab_size)
     packed, segment_ids = packed_batch(samples, ctx.device, ctx.dtype)
     padding = _packing_row(ctx, model, "padding", padded_batch(samples, ctx.device), ledger["padding"], scale)
     packing = _packing_row(ctx, model, "boundary_isolated_packing", packed, ledger["packing"], scale)
@@ -181,12 +198,10 @@ def _pair_at(ctx, model, lengths: list[int], scale: int = 1) -> tuple[dict, dict
 
 def _varlen_row(ctx, model, lengths: list[int], scale: int) -> dict[str, Any]:
     """The packed row at this scale, timed under varlen attention (every row carries its scale, 1 included)."""
-    from course_lib import padding_vs_packing_ledger, varlen_attention
+    from course_lib import varlen_attention
 
-    scaled = [length * scale for length in lengths]
-    ledger = padding_vs_packing_ledger(scaled, mask_first_label=True)
-    samples = _samples(course_token_ids(PACKING_TEXTS, scaled, model.config.vocab_size))
-    batch = varlen_batch(packed_batch(samples, ctx.device, ctx.dtype)[0], scaled)
+    scaled, ledger, samples = _scaled_samples(lengths, scale, model.config.vocab_size)
+    batch = varlen_batch(packed_row(samples, ctx.device)[0], scaled)  # never builds the [T, T] mask it would drop
     with varlen_attention(model):
         row = _packing_row(ctx, model, "boundary_isolated_packing_varlen", batch, ledger["packing"], scale)
     return {**row, "scale": scale}
@@ -194,7 +209,7 @@ def _varlen_row(ctx, model, lengths: list[int], scale: int) -> dict[str, Any]:
 
 def varlen_checks(block_rows: list[dict], varlen_rows: list[dict], tolerance: float) -> dict[str, bool]:
     """Varlen against the block-mask row of the same scale: same tokens, the same first loss, finite everywhere."""
-    pairs = list(zip(block_rows, varlen_rows, strict=True))
+    pairs = list(zip(block_rows, varlen_rows, strict=True))  # (block mask, varlen) at each scale
 
     def same_loss(block: dict, varlen: dict) -> bool:
         first, second = block["losses"][0], varlen["losses"][0]
@@ -205,8 +220,7 @@ def varlen_checks(block_rows: list[dict], varlen_rows: list[dict], tolerance: fl
             block[key] == varlen[key] for block, varlen in pairs
             for key in ("processed_tokens", "effective_supervised_tokens")),
         "same_loss_as_block_mask_packing": all(same_loss(block, varlen) for block, varlen in pairs),
-        "finite_losses_and_gradients":
-            all(value is not None for row in varlen_rows for value in row["losses"] + row["gradient_norms"]),
+        "finite_losses_and_gradients": _finite(varlen_rows),
     }
 
 
@@ -224,14 +238,13 @@ def varlen_equals_alone(device: torch.device, lengths: list[int], tolerance: flo
 
 
 def _scale_checks(rows: list[dict]) -> dict[str, bool]:
-    pairs = list(zip(rows[::2], rows[1::2], strict=True))
+    pairs = _pairs(rows)
     return {
         "same_effective_supervised_tokens_at_every_scale":
             all(pad["effective_supervised_tokens"] == pack["effective_supervised_tokens"] for pad, pack in pairs),
         "packing_processes_fewer_tokens_at_every_scale":
             all(pack["processed_tokens"] < pad["processed_tokens"] for pad, pack in pairs),
-        "finite_losses_and_gradients":
-            all(value is not None for row in rows for value in row["losses"] + row["gradient_norms"]),
+        "finite_losses_and_gradients": _finite(rows),
     }
 
 
@@ -239,33 +252,36 @@ def _varlen_targets(ctx, pairs: list[tuple[dict, dict]], varlen_rows: list[dict]
     """Varlen's speed-up over padding on the seed's pair, and against the block mask at the largest scale."""
     (padding, _), (largest_padding, largest_block), largest_varlen = pairs[0], pairs[-1], varlen_rows[-1]
     target = ctx.parameters["packing_throughput_target"]
-    seed_ratio = _speedup(varlen_rows[0], padding)
-    over_block = _speedup(largest_varlen, largest_block)
+    seed_ratio = _throughput_ratio(padding, varlen_rows[0])
+    over_block = _throughput_ratio(largest_block, largest_varlen)
     real = ctx.mode == "real_gpu"
     return {
         "varlen_packing_effective_throughput_ratio": {
-            "expected": f">= {target}x padding on the seed's four samples", "observed": seed_ratio,
+            "expected": f">= {target}x padding on the seed's four samples", "observed": _rounded(seed_ratio),
             "met": (seed_ratio is not None and seed_ratio >= target) if real else None},
         "varlen_faster_than_block_mask_at_largest_scale": {
             "expected": f"> 1x block-mask packing's tokens/s at x{largest_varlen['scale']} "
                         f"({largest_padding['processed_tokens']} padded tokens)",
-            "observed": over_block, "met": (over_block is not None and over_block > 1.0) if real else None},
+            "observed": _rounded(over_block), "met": (over_block is not None and over_block > 1.0) if real else None},
     }
 
 
-def _speedup(candidate: dict, baseline: dict) -> float | None:
-    """candidate / baseline effective tokens/s, rounded; None when either is missing or the tokens differ."""
-    rates = candidate["effective_tokens_per_second"], baseline["effective_tokens_per_second"]
-    comparable = candidate["effective_supervised_tokens"] == baseline["effective_supervised_tokens"]
-    return round(rates[0] / rates[1], 4) if comparable and None not in rates and rates[1] else None
+def _throughput_ratio(baseline: dict, candidate: dict) -> float | None:
+    """candidate / baseline effective supervised tokens/s (compare_padding_and_packing); None: not comparable."""
+    from course_lib import compare_padding_and_packing
+
+    if baseline["effective_supervised_tokens"] != candidate["effective_supervised_tokens"]:
+        return None  # they do not learn from the same tokens
+    return compare_padding_and_packing(baseline, candidate)["throughput_ratio"]
+
+
+def _rounded(ratio: float | None) -> float | None:
+    return None if ratio is None else round(ratio, 4)
 
 
 def _targets(ctx, padding: dict, packing: dict) -> dict[str, dict]:
-    from course_lib import compare_padding_and_packing
-
     before, after = padding["processed_tokens"], packing["processed_tokens"]
-    same = padding["effective_supervised_tokens"] == packing["effective_supervised_tokens"]
-    ratio = compare_padding_and_packing(padding, packing)["throughput_ratio"] if same else None  # else: not comparable
+    ratio = _throughput_ratio(padding, packing)
     target = ctx.parameters["packing_throughput_target"]
     return {
         "processed_tokens_reduction": {"expected": "384 -> 240 (-37.5%)",
@@ -273,7 +289,7 @@ def _targets(ctx, padding: dict, packing: dict) -> dict[str, dict]:
                                        "met": (before, after) == (384, 240)},
         "packing_effective_throughput_ratio": {
             "expected": f">= {target}x padding (seed: 3724 -> 4835 tokens/s on an RTX 5070 Ti)",
-            "observed": None if ratio is None else round(ratio, 4),
+            "observed": _rounded(ratio),
             "met": (ratio is not None and ratio >= target) if ctx.mode == "real_gpu" else None},
     }
 
@@ -298,8 +314,7 @@ def measure(ctx) -> None:
     ctx.record["checks"]["packing_scale"] = _scale_checks(out["packing_scale"])
     ctx.stage = "varlen_packing"
     out["varlen_packing"] = [_varlen_row(ctx, model, lengths, scale) for scale in [1, *p["packing_scale_factors"]]]
-    rows = out["packing_comparison"] + out["packing_scale"]
-    pairs = list(zip(rows[::2], rows[1::2], strict=True))  # (padding, block-mask packing) at scale 1, then each scale
+    pairs = _pairs(out["packing_comparison"] + out["packing_scale"])  # (padding, block mask) at scale 1, then each
     ctx.record["checks"]["varlen_packing"] = {
         **varlen_checks([block for _, block in pairs], out["varlen_packing"], p["loss_agreement_tolerance"]),
         "equals_each_sample_alone_fp32": varlen_equals_alone(ctx.device, lengths, p["alone_logprob_tolerance"])}
