@@ -87,21 +87,19 @@ def _scale_table(record: dict[str, Any]) -> list[str]:
 
     With varlen rows (v7), the varlen packed step and its speed-up over padding sit beside the block-mask ones.
     """
-    pairs = _scale_pairs(record)
-    if len(pairs) < 2:
+    rows = _scale_rows(record)
+    if len(rows) < 2:
         return []
-    varlen = _varlen_by_scale(record)
+    varlen = bool(record["measurements"].get("varlen_packing"))
     headers = ["scale", "pad_tokens", "pack_tokens", "pad_ms", "pack_ms", "speedup"]
     if varlen:
         headers += ["varlen_ms", "varlen_speedup"]
     table = []
-    for pad, pack in pairs:
+    for pad, pack, fast in rows:
         row = [pad.get("scale", 1), pad["processed_tokens"], pack["processed_tokens"], pad["median_step_ms"],
-               pack["median_step_ms"], _ratio(pack["effective_tokens_per_second"], pad["effective_tokens_per_second"])]
+               pack["median_step_ms"], _speedup(pack, pad)]
         if varlen:
-            fast = varlen.get(pad.get("scale", 1), {})
-            row += [fast.get("median_step_ms"),
-                    _ratio(fast.get("effective_tokens_per_second"), pad["effective_tokens_per_second"])]
+            row += [fast.get("median_step_ms"), _speedup(fast, pad)]
         table.append(row)
     return ["padding vs packing by scale (sample lengths x scale; pack = block mask, varlen = per-sample attention)\n"
             + _table(headers, table),
@@ -109,8 +107,8 @@ def _scale_table(record: dict[str, Any]) -> list[str]:
             *([f"varlen packing checks: {record['checks'].get('varlen_packing')}"] if varlen else [])]
 
 
-def _varlen_by_scale(record: dict[str, Any]) -> dict[int, dict]:
-    return {row["scale"]: row for row in record["measurements"].get("varlen_packing", [])}
+def _speedup(candidate: dict, padding: dict) -> float | None:
+    return _ratio(candidate.get("effective_tokens_per_second"), padding["effective_tokens_per_second"])
 
 
 def _ratio(numerator: float | None, denominator: float | None) -> float | None:
@@ -268,11 +266,12 @@ def plot_packing_bars(records: list[dict[str, Any]], path: str | Path) -> Path |
     return _save(fig, path)
 
 
-def _scale_pairs(record: dict[str, Any]) -> list[tuple[dict, dict]]:
-    """(padding, packing) row pairs: the seed's pair, then the scale series."""
+def _scale_rows(record: dict[str, Any]) -> list[tuple[dict, dict, dict]]:
+    """(padding, block-mask packing, varlen packing or {} before v7) at the seed's size, then at each scale."""
     m = record["measurements"]
     rows = m.get("packing_comparison", []) + m.get("packing_scale", [])
-    return list(zip(rows[::2], rows[1::2], strict=True))
+    varlen = {row["scale"]: row for row in m.get("varlen_packing", [])}
+    return [(pad, pack, varlen.get(pad.get("scale", 1), {})) for pad, pack in zip(rows[::2], rows[1::2], strict=True)]
 
 
 def plot_packing_scale(records: list[dict[str, Any]], path: str | Path) -> Path | None:
@@ -288,25 +287,22 @@ def plot_packing_scale(records: list[dict[str, Any]], path: str | Path) -> Path 
         return None
     runs, fig, (time_ax, ratio_ax) = drawn
     for record in runs:
-        pairs = _scale_pairs(record)
-        sizes = [pad["processed_tokens"] for pad, _ in pairs]
-        pad_line = time_ax.plot(sizes, [pad["median_step_ms"] for pad, _ in pairs], "o-",
+        rows = _scale_rows(record)
+        sizes = [pad["processed_tokens"] for pad, _, _ in rows]
+        pad_line = time_ax.plot(sizes, [pad["median_step_ms"] for pad, _, _ in rows], "o-",
                                 label=f"padding ({record['run_label']})")[0]
-        time_ax.plot(sizes, [pack["median_step_ms"] for _, pack in pairs], "s--", color=pad_line.get_color(),
+        time_ax.plot(sizes, [pack["median_step_ms"] for _, pack, _ in rows], "s--", color=pad_line.get_color(),
                      label=f"packing, block mask ({record['run_label']})")
-        ratio_line = ratio_ax.plot(sizes, [_ratio(pack["effective_tokens_per_second"], pad["effective_tokens_per_second"])
-                                           for pad, pack in pairs], "o-", label=f"block mask ({record['run_label']})")[0]
-        varlen = _varlen_by_scale(record)
-        if varlen:
-            rows = [(pad, varlen.get(pad.get("scale", 1), {})) for pad, _ in pairs]
-            time_ax.plot(sizes, [fast.get("median_step_ms") for _, fast in rows], "^:", color=pad_line.get_color(),
+        ratio_line = ratio_ax.plot(sizes, [_speedup(pack, pad) for pad, pack, _ in rows], "o-",
+                                   label=f"block mask ({record['run_label']})")[0]
+        if record["measurements"].get("varlen_packing"):
+            time_ax.plot(sizes, [fast.get("median_step_ms") for _, _, fast in rows], "^:", color=pad_line.get_color(),
                          label=f"packing, varlen ({record['run_label']})")
-            ratio_ax.plot(sizes, [_ratio(fast.get("effective_tokens_per_second"), pad["effective_tokens_per_second"])
-                                  for pad, fast in rows], "^:", color=ratio_line.get_color(),
+            ratio_ax.plot(sizes, [_speedup(fast, pad) for pad, _, fast in rows], "^:", color=ratio_line.get_color(),
                           label=f"varlen ({record['run_label']})")
-    pairs = _scale_pairs(runs[0])  # the token ratio depends on the samples only: the same line for every run
-    ratio_ax.plot([pad["processed_tokens"] for pad, _ in pairs],
-                  [pad["processed_tokens"] / pack["processed_tokens"] for pad, pack in pairs], ":", color="gray",
+    rows = _scale_rows(runs[0])  # the token ratio depends on the samples only: the same line for every run
+    ratio_ax.plot([pad["processed_tokens"] for pad, _, _ in rows],
+                  [pad["processed_tokens"] / pack["processed_tokens"] for pad, pack, _ in rows], ":", color="gray",
                   label="token ratio (time proportional to tokens)")
     ratio_ax.axhline(1.0, color="black", linewidth=0.8)
     for ax in (time_ax, ratio_ax):
