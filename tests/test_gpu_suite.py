@@ -8,7 +8,6 @@ chapter, writes one log, and brings back the files the device tool fetches from 
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks.gpu.records import read_result
 from course_lib.nb import build
 from tests.repository import ROOT, copy_tracked_files, is_git_checkout
 
@@ -47,8 +47,8 @@ def test_suite_on_a_cpu_records_refusals_runs_every_chapter_and_fills_out(tmp_pa
                     "== chapter 9"):
         assert section in log, section
     assert log.count("code cells ran") == 3  # all three chapters ran to their end despite the refusals
-    record = json.loads((out / "results" / "logit_memory" / f"logit-memory_{LABEL}.json").read_text())
+    record = read_result(out / "results" / "logit_memory" / f"logit-memory_{LABEL}.json")
     assert record["failure"]["stage"] == "environment_preflight" and record["decision"] == "reject_until_fixed"
     (chapter9,) = (out / "results" / "chapter09").glob(f"*{LABEL}.json")
-    assert json.loads(chapter9.read_text())["failure"]["stage"] == "environment_preflight"
+    assert read_result(chapter9)["failure"]["stage"] == "environment_preflight"
     assert not list((ROOT / "benchmarks" / "results").rglob(f"*{LABEL}*"))  # the real repository is untouched

@@ -61,9 +61,10 @@ def runner_chapters(tmp_path_factory):
 
 
 def _records(folder: Path) -> list[dict]:
-    import json
+    """The result records a chapter wrote, read (and schema-checked) by the benchmarks' own reader."""
+    from benchmarks.gpu.records import read_result
 
-    return [json.loads(path.read_text()) for path in sorted(folder.glob("lab_results/*/*.json"))]
+    return [read_result(path) for path in sorted(folder.glob("lab_results/*/*.json"))]
 
 
 @pytest.mark.skipif(torch_cuda_available(), reason="with CUDA, real_gpu measures instead of refusing")
