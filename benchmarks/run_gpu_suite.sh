@@ -3,11 +3,12 @@
 #
 #   benchmarks/run_gpu_suite.sh LABEL [PROFILE]        (PROFILE defaults to PT-SFT-CUDA)
 #
-# Expected on one H200: about 2-3 minutes for the three workloads (imports and model init dominate; v7 of
-# pt-long-context adds its varlen rows), and about 4 more with CHAPTERS=1 (chapters 3, 5 and 9 each run a workload
-# again): inside the device tool's 10 minutes. Each workload and chapter is also capped at 200 s. Writes benchmarks/results/<workload>/<workload>_LABEL.json (never
-# overwriting) and benchmarks/results/figures/LABEL/*.png. When $OUT is set (the device tool), copies the three
-# JSON files to $OUT/results/<workload>/, the figures to $OUT/figures/ and the whole log to $OUT/suite.log.
+# Measured on one H200 (2026-11-29): the three workloads took about 2 minutes (pt-long-context v5 ~60 s,
+# logit-memory ~11 s, microbatch-budget ~53 s); chapters 5 and 9 ran in 11.6 s and 58.1 s. Not yet measured: v7's
+# varlen rows and chapter 3's run. Each workload and chapter is capped at 200 s. Writes
+# benchmarks/results/<workload>/<workload>_LABEL.json (never overwriting) and benchmarks/results/figures/LABEL/*.png.
+# When $OUT is set (the device tool), copies the three JSON files to $OUT/results/<workload>/, the figures to
+# $OUT/figures/ and the whole log to $OUT/suite.log.
 # Wheels under tmp/whl/ (e.g. trl and datasets for an image without them) are installed to /tmp/site first.
 # A failed preflight or measurement still leaves a failure record. WORKLOADS="id ..." runs only those workloads.
 # With CHAPTERS=1 it then runs the GPU cells of the chapters too, without Jupyter (scripts/run_notebook.py on the
