@@ -81,7 +81,9 @@ def chunked_log_probs(hidden: torch.Tensor, weight: torch.Tensor, ids: torch.Ten
     # Autograd still keeps every chunk's log-softmax for backward, so saved memory grows with T.
     pieces = [selected_log_probs(hidden[:, start:start + chunk_size] @ weight.T, ids[:, start:start + chunk_size])
               for start in range(0, hidden.shape[1], chunk_size)]                # each [B, C]
-    return torch.cat(pieces, dim=1) if pieces else hidden.new_zeros(hidden.shape[:2], dtype=torch.float32)
+    if not pieces:  # T = 0: an empty [B, 0], in the dtype selected_log_probs gives for T > 0
+        return hidden.new_zeros(hidden.shape[:2], dtype=torch.promote_types(hidden.dtype, torch.float32))
+    return torch.cat(pieces, dim=1)                                               # [B, T]
 
 
 def checkpointed_log_probs(hidden: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor,
@@ -96,7 +98,9 @@ def checkpointed_log_probs(hidden: torch.Tensor, weight: torch.Tensor, ids: torc
     pieces = [checkpoint(chunk_log_probs, hidden[:, start:start + chunk_size], weight,
                          ids[:, start:start + chunk_size], use_reentrant=False)
               for start in range(0, hidden.shape[1], chunk_size)]
-    return torch.cat(pieces, dim=1) if pieces else hidden.new_zeros(hidden.shape[:2], dtype=torch.float32)
+    if not pieces:  # T = 0: an empty [B, 0], in the dtype selected_log_probs gives for T > 0
+        return hidden.new_zeros(hidden.shape[:2], dtype=torch.promote_types(hidden.dtype, torch.float32))
+    return torch.cat(pieces, dim=1)                                               # [B, T]
 
 
 def _storage_key(tensor: torch.Tensor) -> tuple[str, int, int] | None:

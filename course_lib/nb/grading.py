@@ -5,7 +5,9 @@ checks make a grade trustworthy:
 
 - the function is the student's own: defined in the notebook, and it still works while the
   library's counterpart is switched off (a plain call into `course_lib` earns nothing);
-- it agrees with the library on randomized inputs with fixed seeds and on edge cases;
+- it agrees with the library on randomized inputs with fixed seeds and on edge cases: the same values and
+  the same types (a Python int where the library returns one, not a numpy int64 or a float; a tensor of the
+  library's dtype), and it leaves its arguments as they were (no value changed, no requires_grad switched on);
 - it rejects bad input with a ValueError, as the library does.
 """
 
@@ -72,7 +74,15 @@ def assert_own_function(function: Callable, name: str) -> None:
 
 
 def assert_same(got: Any, expected: Any, *, rtol: float = 1e-9, atol: float = 1e-12, path: str = "result") -> None:
-    """Deep comparison of results: tensors/arrays elementwise (with tolerance), dicts by key, lists in order."""
+    """Deep comparison of results: tensors/arrays elementwise (with tolerance), dicts by key, lists in order.
+
+    Types count where the library promises them: a Python bool or int must come back as exactly that type (a
+    numpy int64 breaks `json.dumps`, a float hides a truncating division), and a tensor as a tensor of the same
+    dtype. Floats compare with tolerance, and an int is accepted where a float is expected.
+    """
+    if isinstance(expected, (bool, int)) and type(expected) in (bool, int) and type(got) is not type(expected):
+        raise AssertionError(f"{path}: expected a Python {type(expected).__name__} ({expected!r}), "
+                             f"got {type(got).__module__}.{type(got).__name__} {got!r}")
     if hasattr(expected, "shape") and hasattr(expected, "dtype") and not isinstance(expected, (int, float)):
         _assert_same_array(got, expected, rtol=rtol, atol=atol, path=path)
     elif isinstance(expected, Mapping):
@@ -105,6 +115,9 @@ def assert_same(got: Any, expected: Any, *, rtol: float = 1e-9, atol: float = 1e
 def _assert_same_array(got: Any, expected: Any, *, rtol: float, atol: float, path: str) -> None:
     import torch
 
+    if isinstance(expected, torch.Tensor) and (not isinstance(got, torch.Tensor) or got.dtype != expected.dtype):
+        shown = f"a tensor of dtype {got.dtype}" if isinstance(got, torch.Tensor) else type(got).__name__
+        raise AssertionError(f"{path}: expected a tensor of dtype {expected.dtype}, got {shown}")
     expected_tensor = torch.as_tensor(expected)
     try:
         got_tensor = torch.as_tensor(got)
@@ -137,8 +150,64 @@ def as_case(case: Any) -> Case:
     return tuple(case), {}
 
 
+def _snapshot(value: Any) -> Any:
+    """A copy of an argument to compare with after a call: tensors (values, dtype, requires_grad), numpy arrays,
+    dicts, lists and tuples deeply; plain values by value; any other object (a tokenizer) by identity."""
+    import numpy as np
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return ("tensor", value.detach().clone(), value.requires_grad)
+    if isinstance(value, np.ndarray):
+        return ("array", value.copy())
+    if isinstance(value, Mapping):
+        return ("mapping", {key: _snapshot(item) for key, item in value.items()})
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, [_snapshot(item) for item in value])
+    if value is None or isinstance(value, (bool, int, float, str, bytes)):
+        return ("value", value)
+    return ("object", id(value))
+
+
+def _changed(before: Any, after: Any, path: str) -> str | None:
+    """Where `after` differs from `before` (two snapshots), or None."""
+    import numpy as np
+    import torch
+
+    kind = before[0]
+    if kind != after[0]:
+        return f"{path} (now a {after[0]})"
+    if kind == "tensor":
+        old, new = before[1], after[1]
+        if old.shape != new.shape or old.dtype != new.dtype:
+            return f"{path} (shape or dtype)"
+        if before[2] != after[2]:
+            return f"{path} (requires_grad switched {'on' if after[2] else 'off'})"
+        same = torch.isclose(old, new, rtol=0, atol=0, equal_nan=True) if old.is_floating_point() else old == new
+        return None if bool(same.all()) else f"{path} (values)"
+    if kind == "array":
+        old, new = before[1], after[1]
+        equal = old.shape == new.shape and old.dtype == new.dtype and np.array_equal(
+            old, new, equal_nan=old.dtype.kind in "fc")
+        return None if equal else f"{path} (values)"
+    if kind == "mapping":
+        if before[1].keys() != after[1].keys():
+            return f"{path} (keys)"
+        return next((found for key in before[1]
+                     if (found := _changed(before[1][key], after[1][key], f"{path}[{key!r}]"))), None)
+    if kind in ("list", "tuple"):
+        if len(before[1]) != len(after[1]):
+            return f"{path} (length)"
+        return next((found for index, (old, new) in enumerate(zip(before[1], after[1], strict=True))
+                     if (found := _changed(old, new, f"{path}[{index}]"))), None)
+    old, new = before[1], after[1]
+    both_nan = isinstance(old, float) and isinstance(new, float) and math.isnan(old) and math.isnan(new)
+    return None if both_nan or (type(old) is type(new) and old == new) else f"{path} (value)"
+
+
 def assert_matches_reference(student: Callable, name: str, cases: Iterable[Any], **tolerance: float) -> None:
-    """The student's function equals the library's on every case, with the library switched off.
+    """The student's function equals the library's on every case, with the library switched off, and leaves
+    its arguments as they were (a caller's samples, masks and tensors are not the function's to change).
 
     Returns None on purpose: nbgrader reads a number left as a test cell's output as partial credit.
     """
@@ -148,8 +217,15 @@ def assert_matches_reference(student: Callable, name: str, cases: Iterable[Any],
     for case in cases:
         args, kwargs = as_case(case)
         expected = library(*args, **kwargs)
+        named = {**{f"argument {index}": arg for index, arg in enumerate(args)}, **kwargs}
+        before = {key: _snapshot(value) for key, value in named.items()}
         with library_blocked(name):
             got = student(*args, **kwargs)
+        changed = next((found for key, value in named.items()
+                        if (found := _changed(before[key], _snapshot(value), key))), None)
+        if changed:
+            raise AssertionError(f"{name}(case {checked}) changed its input in place: {changed}; "
+                                 "work on a copy, the caller still needs its data")
         assert_same(got, expected, path=f"{name}(case {checked})", **tolerance)
         checked += 1
     if not checked:

@@ -1,0 +1,117 @@
+"""The hidden tests' comparison helpers: types count, and a student's function must leave its arguments alone."""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+import torch
+
+import course_lib
+from course_lib.nb import grading
+
+
+def _as_student(function):
+    function.__module__ = "__main__"  # as if defined in the notebook
+    return function
+
+
+def _library_copy(name: str):
+    """A second function object with the library's code: it keeps working while the grader trips the original."""
+    original = grading.reference(name)
+    copy = types.FunctionType(original.__code__, original.__globals__, name, original.__defaults__, original.__closure__)
+    copy.__kwdefaults__ = original.__kwdefaults__
+    return copy
+
+
+@pytest.mark.parametrize(("got", "expected"), [
+    (np.int64(3), 3),                 # equal value, but json.dumps fails on it
+    (3.0, 3),                         # a float where an int is promised (a true division)
+    (True, 1), (1, True),             # bool and int are different answers
+    (torch.tensor(3), 3),             # a 0-d tensor is not a Python int
+    ({"n": np.int64(2)}, {"n": 2}),   # deep: inside dicts, lists and tuples too
+    ([1, np.int64(2)], [1, 2]),
+    (torch.tensor([1, 2], dtype=torch.int32), torch.tensor([1, 2])),            # dtype
+    (torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.0], dtype=torch.float64)),
+    ([1, 2], torch.tensor([1, 2])),   # a list where a tensor is promised
+])
+def test_assert_same_refuses_the_wrong_type(got, expected):
+    with pytest.raises(AssertionError):
+        grading.assert_same(got, expected)
+
+
+@pytest.mark.parametrize(("got", "expected"), [
+    (3, 3), (3, 3.0), (np.float64(0.5), 0.5), (0.1 + 0.2, 0.3), ((1, 2), [1, 2]), ([True], [True]),
+    (torch.tensor([1, 2]), torch.tensor([1, 2])), ([1, 2], np.array([1, 2])), ("fit", "fit"), (None, None),
+])
+def test_assert_same_accepts_equal_values_of_the_promised_type(got, expected):
+    grading.assert_same(got, expected)
+
+
+def test_a_function_that_changes_its_input_loses_even_with_the_right_result():
+    reference = _library_copy("block_causal_mask")
+
+    @_as_student
+    def block_causal_mask(segment_ids):
+        result = reference(segment_ids)
+        segment_ids[segment_ids < 0] = 99  # "reuses" the caller's tensor
+        return result
+
+    cases = [((torch.tensor([0, 0, 1, -1]),), {})]
+    with pytest.raises(AssertionError, match=r"changed its input in place: argument 0 \(values\)"):
+        grading.assert_matches_reference(block_causal_mask, "block_causal_mask", cases)
+
+
+def test_a_function_that_pads_the_callers_lists_loses():
+    reference = _library_copy("pad_batch")
+
+    @_as_student
+    def pad_batch(features, pad_token_id):
+        batch = reference(features, pad_token_id)
+        for feature, row in zip(features, batch["input_ids"], strict=True):
+            feature["input_ids"] = row.tolist()
+        return batch
+
+    features = [{"input_ids": [5, 6, 7], "labels": [5, 6, 7]}, {"input_ids": [8], "labels": [8]}]
+    with pytest.raises(AssertionError, match=r"argument 0\[1\]\['input_ids'\] \(length\)"):
+        grading.assert_matches_reference(pad_batch, "pad_batch", [((features, 0), {})])
+
+
+def test_switching_on_requires_grad_is_a_change_of_the_input():
+    reference = _library_copy("checkpointed_log_probs")
+
+    @_as_student
+    def checkpointed_log_probs(hidden, weight, ids, chunk_size=1024):
+        hidden.requires_grad_()
+        return reference(hidden, weight, ids, chunk_size)
+
+    generator = torch.Generator().manual_seed(0)
+    case = ((torch.randn(1, 6, 4, generator=generator), torch.randn(9, 4, generator=generator),
+             torch.randint(9, (1, 6), generator=generator)), {"chunk_size": 4})
+    with pytest.raises(AssertionError, match="requires_grad switched on"):
+        grading.assert_matches_reference(checkpointed_log_probs, "checkpointed_log_probs", [case])
+
+
+def test_an_untouched_input_with_nan_is_not_a_change():
+    reference = _library_copy("aggregate_loss")
+
+    @_as_student
+    def aggregate_loss(token_losses, mask, mode="token_mean", norm_const=None):
+        return reference(token_losses.clone(), mask.clone(), mode, norm_const)
+
+    losses = torch.tensor([[1.0, float("nan")], [2.0, float("inf")]])
+    mask = torch.tensor([[True, False], [True, False]])
+    grading.assert_matches_reference(aggregate_loss, "aggregate_loss", [((losses, mask), {})])
+
+
+def test_the_library_itself_leaves_every_graded_input_alone():
+    """The rule the grader applies to students holds for the reference on the same kinds of input."""
+    features = [{"input_ids": np.array([5, 6, 7]), "labels": torch.tensor([-100, 6, 7])}, {"input_ids": [8], "labels": [8]}]
+    segment_ids = torch.tensor([[0, 0, 1, -1, -1]])
+    samples = [{"input_ids": [1, 2], "labels": [-100, 2]}, {"input_ids": [3], "labels": [3]}]
+    for name, args in (("pad_batch", (features, 0)), ("block_causal_mask", (segment_ids,)),
+                       ("build_boundary_isolated_packing", (samples,))):
+        before = [grading._snapshot(arg) for arg in args]
+        getattr(course_lib, name)(*args)
+        assert not any(grading._changed(old, grading._snapshot(arg), name) for old, arg in zip(before, args, strict=True))
