@@ -84,8 +84,10 @@ for token_id, role in list(zip(rendered["input_ids"], rendered["roles"], strict=
 # and `ledger_from_roles(roles, *, supervise_eos=True)`, which you write now. Prompt tokens are the
 # `system` and `user` roles; supervised tokens are the `assistant` tokens plus the `eos` token when
 # `supervise_eos` is true (otherwise the end-of-turn token counts as template); template tokens are the rest.
-# Return a dict with the keys `template_tokens`, `prompt_tokens`, `supervised_tokens`, `total_tokens`, and
-# raise a `ValueError` naming the bad value for a role outside `("template", "system", "user", "assistant", "eos")`.
+# Return a dict with the keys `template_tokens`, `prompt_tokens`, `supervised_tokens`, `total_tokens` (Python ints;
+# an empty list of roles gives four zeros), and raise a `ValueError` naming the bad value for a role outside
+# `("template", "system", "user", "assistant", "eos")` (roles are case-sensitive: `"User"` is not a role) or a
+# `supervise_eos` that is not a bool (`require_bool`, imported at the top of your cell, does it).
 
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_ledger_from_roles", "locked": false, "schema_version": 3}
 #| solution: course_lib.ledger.ledger_from_roles
@@ -110,7 +112,10 @@ _names = ("template", "system", "user", "assistant", "eos")
 _cases += [(([_rng.choice(_names) for _ in range(_rng.randint(0, 40))],), {"supervise_eos": _rng.random() < 0.5})
            for _ in range(40)]
 grading.assert_matches_reference(ledger_from_roles, "ledger_from_roles", _cases)
-grading.assert_rejects(ledger_from_roles, "ledger_from_roles", [((["user", "robot"],), {}), ((["sytem"],), {})])
+grading.assert_rejects(ledger_from_roles, "ledger_from_roles", [
+    ((["user", "robot"],), {}), ((["sytem"],), {}), ((["User", "assistant"],), {}),
+    ((["assistant", "eos"],), {"supervise_eos": "no"}), ((["assistant", "eos"],), {"supervise_eos": 0}),
+])
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -171,10 +176,14 @@ plt.show()
 # max_supervision_loss_ratio=0.0)`. Each sample is a dict with `name`, `prompt_tokens`, `supervised_tokens`.
 # Return `{"records": [...], "fit_names": [...], "truncated_names": [...], "overflow_names": [...]}` where each
 # record holds `name`, `total_tokens`, `kept_supervised_tokens` (0 for an overflow), `supervision_loss_ratio`
-# and `decision` (`"fit"`, `"truncate"` or `"overflow"`). Reject bad input with a `ValueError` that names the
-# field: a non-positive window or minimum, a negative template or prompt length, a supervised length that is
-# not positive, a ratio outside [0, 1]. The validators imported in the setup cell (`require_positive_int`,
-# `require_ratio`, ...) do this for you.
+# and `decision` (`"fit"`, `"truncate"` or `"overflow"`); an empty list of samples gives empty lists. The gates
+# judge a **cut**: a sample that fits keeps all its supervision, even when that is below
+# `min_kept_supervised_tokens`, since nothing is cut. (Seed 000's code prints 0 kept tokens for such a "fit";
+# we keep the count, so that the record agrees with what the window actually keeps.) Reject bad input with a
+# `ValueError` that names the field: a window, minimum or length that is not an integer (`True` is not one), a
+# non-positive window or minimum, a negative template or prompt length, a supervised length that is not
+# positive, a ratio that is not a number in [0, 1] (`nan` is not). The validators imported at the top of your cell
+# (`require_positive_int`, `require_ratio`, ...) do this for you.
 
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_audit_context_fit", "locked": false, "schema_version": 3}
 #| solution: course_lib.window.audit_context_fit
@@ -198,6 +207,10 @@ rejected = audit_context_fit(long_answer, 112, 8, min_kept_supervised_tokens=20,
 assert accepted["truncated_names"] == ["long-supervision"]
 assert accepted["records"][0]["kept_supervised_tokens"] == 24
 assert rejected["overflow_names"] == ["long-supervision"]
+# A whole sample below the minimum: nothing is cut, so it fits and keeps its 5 supervised tokens.
+small = audit_context_fit([{"name": "small", "prompt_tokens": 10, "supervised_tokens": 5}], 128, 8,
+                          min_kept_supervised_tokens=20)
+assert small["fit_names"] == ["small"] and small["records"][0]["kept_supervised_tokens"] == 5
 ### BEGIN HIDDEN TESTS
 import random
 
@@ -228,6 +241,10 @@ grading.assert_rejects(audit_context_fit, "audit_context_fit", [
     ((_ok, 128, 8), {"min_kept_supervised_tokens": 0}),
     ((_ok, 128, 8), {"max_supervision_loss_ratio": 1.1}),
     ((_ok, 128, 8), {"max_supervision_loss_ratio": -0.1}),
+    ((_ok, 128, 8), {"max_supervision_loss_ratio": float("nan")}),
+    (([{"name": "bad", "prompt_tokens": 10, "supervised_tokens": -5}], 128, 8), {}),
+    (([{"name": "bad", "prompt_tokens": 10.5, "supervised_tokens": 5}], 128, 8), {}),
+    ((_ok, True, 8), {}),
 ])
 ### END HIDDEN TESTS
 

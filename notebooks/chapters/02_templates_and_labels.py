@@ -154,8 +154,9 @@ for token_id, role in list(zip(rendered["input_ids"], rendered["roles"], strict=
 #   and no user turn is, not even after the first answer.
 # * With `max_length` given, keep the first `max_length` tokens of **both** `input_ids` and `labels`.
 # * Return `{"input_ids": [...], "labels": [...]}` (lists of ints of equal length).
-# * Raise a `ValueError` for a `max_length` that is not a positive integer (`require_positive_int` from the
-#   setup cell does it); bad messages are already refused by `render_chat`.
+# * Raise a `ValueError` for a `max_length` that is not a positive integer or a `supervise_eos` that is not a
+#   bool (`require_positive_int` and `require_bool`, imported at the top of your cell, do it); bad messages are
+#   already refused by `render_chat`.
 
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_build_labels", "locked": false, "schema_version": 3}
 #| solution: course_lib.labels.build_labels
@@ -206,8 +207,13 @@ grading.assert_matches_reference(build_labels, "build_labels", _cases)
 grading.assert_rejects(build_labels, "build_labels", [
     ((tokenizer, chat), {"max_length": 0}), ((tokenizer, chat), {"max_length": -4}),
     ((tokenizer, chat), {"max_length": 2.5}), ((tokenizer, chat), {"max_length": True}),
+    ((tokenizer, chat), {"max_length": 4.0}),
     ((tokenizer, []), {}), ((tokenizer, [{"role": "robot", "content": "beep"}]), {}),
+    ((tokenizer, chat), {"supervise_eos": "false"}), ((tokenizer, chat), {"supervise_eos": 0}),
 ])
+with grading.library_blocked("build_labels"):
+    _out = build_labels(tokenizer, chat)
+assert type(_out["input_ids"]) is list and type(_out["labels"]) is list, "input_ids and labels must be lists"
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -248,8 +254,9 @@ print("".join(pieces))
 # "attention_mask"}`, each a `torch.long` tensor of shape `[B, L]` with `L` the longest sample, right-padded
 # as in the table. Raise a `ValueError` that names the problem for: an empty list; a feature missing
 # `input_ids` or `labels` (`require_keys` does it); `input_ids` and `labels` of different lengths (the
-# "labels not truncated with the inputs" bug); an empty sample; a `pad_token_id` that is not an
-# integer ≥ 0 (`require_int(..., minimum=0)`).
+# "labels not truncated with the inputs" bug); an empty sample; ids or labels that are not integers; a
+# `pad_token_id` that is not an integer ≥ 0 (`require_int(..., minimum=0)`; `True` is not one). Leave the
+# caller's features as they are: build new tensors, do not pad the given lists in place.
 
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_pad_batch", "locked": false, "schema_version": 3}
 #| solution: course_lib.labels.pad_batch
@@ -283,6 +290,9 @@ _cases.append((([_feature(1, 0)], 0), {}))  # one sample of one token
 _as_arrays = [{"input_ids": np.array(f["input_ids"]), "labels": torch.tensor(f["labels"])}
               for f in (_feature(5, 1), _feature(9, 1))]
 _cases.append(((_as_arrays, 1), {}))  # numpy arrays and tensors are accepted too
+_as_int32 = [{"input_ids": np.array(f["input_ids"], dtype=np.int32), "labels": torch.tensor(f["labels"], dtype=torch.int32)}
+             for f in (_feature(4, 2), _feature(6, 2))]
+_cases.append(((_as_int32, 2), {}))  # 32-bit ids come back as torch.long
 _cases.append((([{"input_ids": [0, 5, 0], "labels": [IGNORE_INDEX, 5, 0]}, {"input_ids": [9], "labels": [9]}], 0), {}))
 grading.assert_matches_reference(pad_batch, "pad_batch", _cases)
 _good = {"input_ids": [5, 6], "labels": [IGNORE_INDEX, 6]}
@@ -293,7 +303,8 @@ grading.assert_rejects(pad_batch, "pad_batch", [
     (([{"input_ids": [1, 2, 3], "labels": [1, 2]}], 0), {}),
     (([_good, {"input_ids": [7], "labels": [7, 7]}], 0), {}),
     (([_good, {"input_ids": [], "labels": []}], 0), {}),
-    (([_good], -1), {}), (([_good], 1.5), {}),
+    (([_good], -1), {}), (([_good], 1.5), {}), (([_good], True), {}),
+    (([{"input_ids": [5.5, 6.0], "labels": [5, 6]}], 0), {}),                      # ids must be integers
 ])
 ### END HIDDEN TESTS
 

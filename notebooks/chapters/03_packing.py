@@ -192,7 +192,8 @@ for column in range(seam - 3, seam + 3):
 #   key and query are in the same sample and the key's position is $\le$ the query's.
 #
 # Raise `ValueError` for an empty `samples`, a sample without `input_ids` or `labels` (`require_keys` from the
-# setup does this), empty `input_ids`, or `labels` of a different length. Write the positions and the mask
+# setup does this), empty `input_ids`, ids or labels that are not integers, or `labels` of a different length.
+# Build new lists: the caller's samples stay as they were. Write the positions and the mask
 # yourself: the grader switches `varlen_metadata` and `block_causal_mask` off while it runs your function.
 
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_build_boundary_isolated_packing", "locked": false, "schema_version": 3}
@@ -248,6 +249,8 @@ with grading.library_blocked("block_causal_mask", "varlen_metadata"):
         (([{"input_ids": [], "labels": []}],), {}),
         (([{"input_ids": [1, 2]}],), {}),
         (([{"labels": [1, 2]}],), {}),
+        (([{"input_ids": [1.5, 2.0], "labels": [1, 2]}],), {}),                    # ids must be integers
+        (([{"input_ids": [1, 2], "labels": [-100.0, 2.0]}],), {}),
     ])
 ### END HIDDEN TESTS
 
@@ -329,6 +332,9 @@ for _lengths, _padding in [([3, 2], 0), ([1, 1, 1], 2), ([5], 3), ([2, 4, 1], 1)
     _cases.append(((torch.tensor([_row, _row[::-1]], dtype=torch.int32),), {}))
 _cases += [((torch.full((5,), -1),), {}), ((torch.zeros(6, dtype=torch.long),), {}),
            ((torch.tensor([[0, 0, 1, -1], [2, 2, -5, -5]]),), {})]
+# Large sample ids: a padding token's own id must not collide with any real id (1000 + column, L + column, ...).
+_cases += [((torch.tensor([[1001, 1001, -1, 5000, 5000, -1], [0, 7, 7, -3, 100000, -1]]),), {})]
+_cases += [((torch.tensor([big + 2, big + 2, -1, -1]),), {}) for big in (100, 1000, 1024, 10_000, 65_536, 1_000_000)]
 grading.assert_matches_reference(block_causal_mask, "block_causal_mask", _cases)
 grading.assert_rejects(block_causal_mask, "block_causal_mask", [
     ((torch.tensor(3),), {}), ((torch.zeros(4),), {}), ((torch.ones(3, dtype=torch.bool),), {}),

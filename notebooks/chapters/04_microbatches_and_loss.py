@@ -126,7 +126,7 @@ for name, plan in [("4 per microbatch, data order", fixed_count_batches(range(16
 # 3. Return the microbatches as a list of lists of indices into `lengths`, in the order they were built.
 #
 # Raise `ValueError` for a `max_tokens` that is not a positive integer, an empty `lengths`, a length that is not a
-# positive integer, and a length **over `max_tokens`** (seed 003 gave such a sequence an over-budget microbatch of
+# positive integer (neither `2.0` nor `True` is an integer here), and a length **over `max_tokens`** (seed 003 gave such a sequence an over-budget microbatch of
 # its own: the very out-of-memory the budget exists to prevent). `require_positive_int` and
 # `require_lengths(name, values, maximum=..., maximum_name=...)` from the setup do the checking.
 
@@ -178,6 +178,7 @@ grading.assert_matches_reference(token_budget_batches, "token_budget_batches", _
 grading.assert_rejects(token_budget_batches, "token_budget_batches", [
     (([10, 20, 300], 256), {}), (([257], 256), {}), (([1, 2], 0), {}), (([1, 2], -8), {}), (([1, 2], 8.5), {}),
     (([1, 0], 8), {}), (([1, -3], 8), {}), (([], 8), {}), (([1.5, 2], 8), {}),
+    (([1, 1], True), {}), (([2.0, 3.0], 6), {}),
 ])
 ### END HIDDEN TESTS
 
@@ -243,6 +244,7 @@ grading.assert_matches_reference(packed_token_budget_batches, "packed_token_budg
 grading.assert_rejects(packed_token_budget_batches, "packed_token_budget_batches", [
     (([10, 20, 300], 256), {}), (([257], 256), {}), (([1, 2], 0), {}), (([1, 2], 8.5), {}),
     (([1, 0], 8), {}), (([], 8), {}), (([1, -3], 8), {}),
+    (([1, 1], True), {}), (([2.0, 3.0], 6), {}),
 ])
 ### END HIDDEN TESTS
 
@@ -333,8 +335,12 @@ print("masked sum:", masked_normalize(token_losses, loss_mask).item(),
 # Raise `ValueError` for an unknown mode; `token_mean` with a `norm_const` given, or with a mask that selects no
 # token (the mean is undefined; under `constant` such a microbatch simply has loss 0); `constant` without
 # `norm_const`, or with one that is not a positive finite number (`require_real(..., minimum=0.0,
-# strict_minimum=True)`); tensors of different shapes or a mask with values other than 0 and 1
-# (`masked_normalize` checks both).
+# strict_minimum=True)`; `True` and a 1-element 1-D tensor are not such a number either); tensors of different
+# shapes or a mask with values other than 0 and 1 (`masked_normalize` checks both).
+#
+# The losses at masked-out positions can be anything, `inf` and `nan` included (a padding position's logits are
+# never looked at): they must not reach the result. *Select* the supervised losses; multiplying by the mask
+# does not work, since `nan * 0` is `nan`.
 
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_aggregate_loss", "locked": false, "schema_version": 3}
 #| solution: course_lib.loss.aggregate_loss
@@ -383,6 +389,10 @@ _values = torch.rand(3, 4, generator=_generator)
 _cases += [((_values, torch.ones(3, 4, dtype=torch.bool)), {}),
            ((_values, torch.zeros(3, 4, dtype=torch.bool)), {"mode": "constant", "norm_const": 7}),
            ((_values, torch.tensor([[0, 0, 0, 1], [0, 0, 0, 0], [1, 1, 0, 0]])), {})]
+# inf and nan where the mask is off must not reach the loss.
+_poisoned = torch.tensor([[1.0, 2.0, float("inf")], [3.0, float("nan"), float("-inf")]])
+_poison_mask = torch.tensor([[True, True, False], [True, False, False]])
+_cases += [((_poisoned, _poison_mask), {}), ((_poisoned, _poison_mask), {"mode": "constant", "norm_const": 4})]
 grading.assert_matches_reference(aggregate_loss, "aggregate_loss", _cases, rtol=1e-5, atol=1e-6)
 _mask = torch.tensor([[1, 0, 1, 1], [0, 0, 1, 0], [1, 1, 1, 0]], dtype=torch.bool)
 grading.assert_rejects(aggregate_loss, "aggregate_loss", [
@@ -396,6 +406,10 @@ grading.assert_rejects(aggregate_loss, "aggregate_loss", [
     ((_values, _mask), {"mode": "sequence_mean"}),
     ((_values, _mask[:2]), {}),
     ((_values, torch.full((3, 4), 2)), {}),
+    ((_values, torch.full((3, 4), 0.5)), {}),
+    ((_values, _mask), {"mode": "constant", "norm_const": float("inf")}),
+    ((_values, _mask), {"mode": "constant", "norm_const": True}),
+    ((_values, _mask), {"mode": "constant", "norm_const": torch.tensor([6.0])}),
 ])
 ### END HIDDEN TESTS
 

@@ -197,7 +197,7 @@ assert _my_kept < _chunked_kept / 10
 ### BEGIN HIDDEN TESTS
 import random
 
-from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from course_lib.nb import grading
 
@@ -218,7 +218,7 @@ for _k in range(10):
     _cases.append((_args, {"chunk_size": _rng.choice([1, 3, 7, _tokens, _tokens + 5])}))
 _cases.append((_head(2, 37, 8, 50, seed=20, dtype=torch.float32), {"chunk_size": 5}))
 _cases.append((_head(1, 19, 4, 9, seed=21), {}))
-_cases.append((_head(2, 0, 4, 9, seed=22), {"chunk_size": 4}))
+_cases.append((_head(2, 0, 4, 9, seed=22, dtype=torch.float32), {"chunk_size": 4}))  # T = 0
 # bf16 inputs whose logits are small integers (exact in bf16): only the log-softmax's precision can differ.
 _int_gen = torch.Generator().manual_seed(23)
 _cases.append(((torch.randint(-2, 3, (2, 24, 16), generator=_int_gen).bfloat16(),
@@ -244,15 +244,24 @@ for _k, (_batch, _tokens, _width, _vocab, _chunk) in enumerate([(1, 13, 4, 11, 4
     with grading.library_blocked("checkpointed_log_probs"):
         _got = _values_and_grads(checkpointed_log_probs, *_args, _chunk, seed=_k)
     grading.assert_same(_got, _expected, rtol=1e-7, atol=1e-9, path=f"[values, hidden.grad, weight.grad] (case {_k})")
+# torch.autograd.grad (as a trainer computing gradients of chosen inputs does) must work too: the reentrant
+# checkpoint (use_reentrant=True) only supports .backward().
+_args = _head(2, 11, 4, 9, seed=50)
+_expected = torch.autograd.grad(_reference(*_args, 4).sum(), _args[:2])
+with grading.library_blocked("checkpointed_log_probs"):
+    _got = torch.autograd.grad(checkpointed_log_probs(*_args, 4).sum(), _args[:2])
+grading.assert_same(list(_got), list(_expected), rtol=1e-7, atol=1e-9, path="autograd.grad of (hidden, weight)")
 
 
-# Recompute: what autograd keeps is far below chunking alone. Chunking: no full [B, T, V] tensor in forward.
-class _Largest(TorchFunctionMode):
+# Recompute: what autograd keeps is far below chunking alone. Chunking: no tensor near the full [B, T, V] logits,
+# in forward or in backward. A dispatch mode sees every kernel's output, the backward pass included (checkpoint's
+# replay, a custom autograd.Function's backward), so a chunk that is only small on the way forward shows.
+class _Largest(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.numel = 0
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         result = func(*args, **(kwargs or {}))
         for item in result if isinstance(result, (tuple, list)) else (result,):
             if isinstance(item, torch.Tensor):
@@ -260,16 +269,39 @@ class _Largest(TorchFunctionMode):
         return result
 
 
+def _largest_tensor(*args, **kwargs):
+    """The most elements of any tensor made while the student's function runs forward and backward."""
+    with grading.library_blocked("checkpointed_log_probs"), _Largest() as probe:
+        checkpointed_log_probs(*args, **kwargs).sum().backward()
+    return probe.numel
+
+
 _hidden, _weight, _ids = _head(1, 2048, 16, 512, seed=60, dtype=torch.float32)
 for _tokens in (512, 2048):
     _args = (_hidden[:, :_tokens], _weight, _ids[:, :_tokens])
     _chunked_kept = saved_tensor_bytes(lambda h, w, i: chunked_log_probs(h, w, i, 128), *_args)
-    with grading.library_blocked("checkpointed_log_probs"), _Largest() as _probe:
+    with grading.library_blocked("checkpointed_log_probs"):
         _kept = saved_tensor_bytes(lambda h, w, i: checkpointed_log_probs(h, w, i, 128), *_args)
     assert _kept < _chunked_kept / 10, (
         f"T = {_tokens}: autograd keeps {_kept} bytes, chunking alone keeps {_chunked_kept}: is each chunk recomputed?")
-    assert _probe.numel <= 2 * 128 * 512, (
-        f"T = {_tokens}: a tensor of {_probe.numel} elements in forward; one chunk's logits have {128 * 512}")
+# (tokens, width, vocab, chunk_size or None for the default 1024): many small chunks, and the default. The width is
+# small enough that hidden [1, T, D] and its gradient stay below one chunk's logits [1, C, V].
+for _tokens, _width, _vocab, _chunk in [(2048, 16, 512, 128), (2048, 4, 512, 16), (4096, 8, 64, None)]:
+    _args = _head(1, _tokens, _width, _vocab, seed=61, dtype=torch.float32)
+    _largest = _largest_tensor(*_args, **({} if _chunk is None else {"chunk_size": _chunk}))
+    _bound = 2 * (_chunk or 1024) * _vocab
+    assert _largest <= _bound, (
+        f"T = {_tokens}, chunk_size = {_chunk or 'default (1024)'}: a tensor of {_largest} elements in forward or "
+        f"backward; one chunk's logits have {_bound // 2}: are the chunks `chunk_size` tokens long?")
+
+# The caller's tensors are left as they were: no requires_grad switched on, no values changed.
+_plain = _head(2, 12, 4, 10, seed=70, dtype=torch.float32)
+_plain = tuple(tensor.detach() for tensor in _plain)
+_before = [tensor.clone() for tensor in _plain]
+with grading.library_blocked("checkpointed_log_probs"):
+    checkpointed_log_probs(*_plain, chunk_size=5)
+assert not _plain[0].requires_grad and not _plain[1].requires_grad, "the function turned on requires_grad of an input"
+grading.assert_same(list(_plain), _before, path="inputs after the call")
 
 _ok = _head(2, 8, 4, 10, seed=0, dtype=torch.float32)
 grading.assert_rejects(checkpointed_log_probs, "checkpointed_log_probs", [

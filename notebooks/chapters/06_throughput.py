@@ -126,6 +126,9 @@ _cases += [((name,), {"dtype_bytes": d}) for name in ("Qwen3-8B", "Qwen/Qwen3-0.
 _cases += [((hf_config(name, **overrides),), {"dtype_bytes": 2})
            for name, overrides in (("Qwen3-0.6B", {}), ("Qwen2.5-0.5B", {}), ("tiny-qwen2", {}),
                                    ("tiny-qwen2", {"num_key_value_heads": 1}), ("Qwen3-8B", {"head_dim": 64}))]
+# hidden_size not a multiple of the head count: the head width is hidden_size // heads, an int (not 33.33...).
+_cases += [(({"num_hidden_layers": 2, "num_attention_heads": 3, "hidden_size": 100},), {}),
+           (({"num_hidden_layers": 5, "num_attention_heads": 12, "hidden_size": 1000, "num_key_value_heads": 4},), {})]
 grading.assert_matches_reference(kv_bytes_per_token, "kv_bytes_per_token", _cases)
 grading.assert_rejects(kv_bytes_per_token, "kv_bytes_per_token", [
     (({"num_hidden_layers": 2, "num_attention_heads": 4},), {}),                             # no head_dim, no hidden_size
@@ -134,6 +137,9 @@ grading.assert_rejects(kv_bytes_per_token, "kv_bytes_per_token", [
     (({"num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 16, "num_key_value_heads": 0},), {}),
     (({"num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 16.5},), {}),
     (("Qwen3-8B",), {"dtype_bytes": 0}), (("Qwen3-8B",), {"dtype_bytes": 2.5}), (("Llama-7B",), {}),
+    (({"num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 0},), {}),
+    (({"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64, "head_dim": 0},), {}),  # 0 is no head width
+    (({"num_hidden_layers": -2, "num_attention_heads": 4, "head_dim": 16},), {}),
 ])
 ### END HIDDEN TESTS
 
@@ -202,8 +208,8 @@ print({key: H200[key] for key in ("memory_bandwidth", "dense_flops", "flops_dtyp
 # Write `decode_tokens_per_s(n_params, batch, context, kv_bytes, bandwidth, *, weight_bytes_per_param=2.0)`: the
 # roofline decode rate above, in tokens/s per GPU (a `float`). `bandwidth` is in bytes/s and `kv_bytes` is per token
 # of context. Raise `ValueError` for a `batch` or `context` that is not a positive integer, and for `n_params`,
-# `kv_bytes`, `bandwidth` or `weight_bytes_per_param` that is not a real number $> 0$
-# (`require_real(name, value, minimum=0.0, strict_minimum=True)`).
+# `kv_bytes`, `bandwidth` or `weight_bytes_per_param` that is not a finite real number $> 0$
+# (`require_real(name, value, minimum=0.0, strict_minimum=True)`, which also refuses `nan` and `inf`).
 
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_decode_tokens_per_s", "locked": false, "schema_version": 3}
 #| solution: course_lib.accounting.decode_tokens_per_s
@@ -233,6 +239,8 @@ grading.assert_rejects(decode_tokens_per_s, "decode_tokens_per_s", [
     ((8.2e9, 64, 2048.5, 147_456, 4.8e12), {}), ((8.2e9, 64, 2048, 0, 4.8e12), {}),
     ((8.2e9, 64, 2048, 147_456, -1.0), {}), ((8.2e9, 64, 2048, 147_456, float("nan")), {}),
     ((8.2e9, 64, 2048, 147_456, 4.8e12), {"weight_bytes_per_param": 0}),
+    ((float("nan"), 64, 2048, 147_456, 4.8e12), {}), ((8.2e9, 64, 2048, float("inf"), 4.8e12), {}),
+    ((8.2e9, 64, 2048, 147_456, float("inf")), {}), ((8.2e9, 64.0, 2048, 147_456, 4.8e12), {}),
 ])
 ### END HIDDEN TESTS
 
@@ -295,7 +303,7 @@ plt.show()
 # Write `gpu_hours_per_step(n_params, episodes, total_tokens, policy_tokens, decode_rate, peak_flops, mfu, busy)`
 # returning the dict `{"train", "old_logp", "prefill", "decode", "total"}` of GPU-hours (floats), `total` being the
 # sum of the four parts. Raise `ValueError` for `episodes` not a positive integer; `n_params`, `total_tokens`,
-# `policy_tokens`, `decode_rate`, `peak_flops` not real numbers $> 0$; `mfu` or `busy` outside $(0, 1]$; and
+# `policy_tokens`, `decode_rate`, `peak_flops` not finite real numbers $> 0$; `mfu` or `busy` outside $(0, 1]$; and
 # `policy_tokens > total_tokens`. `SECONDS_PER_HOUR` is imported in the setup cell.
 
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_gpu_hours_per_step", "locked": false, "schema_version": 3}
@@ -330,6 +338,9 @@ grading.assert_rejects(gpu_hours_per_step, "gpu_hours_per_step", [
     ((8.2e9, 512, 6_000, 24_000) + _ok[4:], {}), ((8.2e9, 0) + _ok[2:], {}), ((8.2e9, 2.5) + _ok[2:], {}),
     (_ok[:4] + (float("nan"),) + _ok[5:], {}), ((-1.0,) + _ok[1:], {}), ((8.2e9, 512, 0, 0) + _ok[4:], {}),
     (_ok[:5] + (0,) + _ok[6:], {}),
+    (_ok[:3] + (0,) + _ok[4:], {}),                                                           # no policy tokens
+    (_ok[:4] + (-5.0,) + _ok[5:], {}), (_ok[:4] + (0.0,) + _ok[5:], {}),                      # decode rate <= 0
+    (_ok[:5] + (float("inf"),) + _ok[6:], {}), (_ok[:4] + (float("inf"),) + _ok[5:], {}),
 ])
 ### END HIDDEN TESTS
 

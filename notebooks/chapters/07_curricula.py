@@ -234,7 +234,12 @@ _bad = [((baseline, {**accepted_run, "long_context_score": float("nan")}, limits
         ((baseline, {**accepted_run, "peak_memory_gb": "big"}, limits), {}),
         ((baseline, {**accepted_run, "failed_runs": -1}, limits), {}),
         ((baseline, {**accepted_run, "failed_runs": 0.5}, limits), {}),
-        ((baseline, accepted_run, {**limits, "max_peak_memory_gb": float("nan")}), {})]
+        ((baseline, accepted_run, {**limits, "max_peak_memory_gb": float("nan")}), {}),
+        ((baseline, accepted_run, {**limits, "max_peak_memory_gb": float("inf")}), {}),
+        (({**baseline, "long_context_score": float("nan")}, accepted_run, limits), {}),
+        ((baseline, {**accepted_run, "cost_per_supervised_token": float("nan")}, limits), {}),
+        ((baseline, {**accepted_run, "peak_memory_gb": "9.8"}, limits), {}),
+        ((baseline, {**accepted_run, "failed_runs": True}, limits), {})]
 for _who, _field in (("baseline", "supervised_tokens_per_optimizer_step"), ("candidate", "gradients_finite"),
                      ("candidate", "cost_per_supervised_token"), ("limits", "max_failed_runs")):
     _args = {"baseline": dict(baseline), "candidate": dict(accepted_run), "limits": dict(limits)}
@@ -316,6 +321,9 @@ grading.assert_rejects(filter_by_pass_rate, "filter_by_pass_rate", [
     ((["a", "b"], [0.5]), {}), ((["a"], [0.5, 0.5]), {}), ((["a", "b"], [0.5, 1.5]), {}),
     ((["a", "b"], [0.5, -0.125]), {}), ((["a", "b"], [0.5, float("nan")]), {}),
     ((["a"], [0.5], 0.5, 0.5), {}), ((["a"], [0.5], 0.75, 0.25), {}), ((["a"], [0.5], float("nan"), 1.0), {}),
+    (([], [], 0.5, 0.5), {}), (([], [], float("nan"), 1.0), {}),                  # bounds are checked, tasks or not
+    ((["a"], [0.5], float("-inf"), 1.0), {}),
+    ((["a"], [True]), {}), ((["a"], ["0.5"]), {}), ((["a"], [None]), {}),
 ])
 ### END HIDDEN TESTS
 

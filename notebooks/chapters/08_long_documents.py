@@ -132,7 +132,7 @@ _cases += [((1, 1), {}), ((7, 7), {}), ((5, 6), {}), ((8192, 8192), {}), ((100, 
 grading.assert_matches_reference(assign_bucket, "assign_bucket", _cases)
 grading.assert_rejects(assign_bucket, "assign_bucket", [
     ((0, 8192), {}), ((-3, 8192), {}), ((8193, 8192), {}), ((101, 100), {}), ((4, 0), {}), ((4, -8), {}),
-    ((2.5, 8), {}), ((True, 8), {}), ((4, 8.0), {}),
+    ((2.5, 8), {}), ((True, 8), {}), ((4, 8.0), {}), ((1, True), {}),
 ])
 ### END HIDDEN TESTS
 
@@ -236,6 +236,7 @@ grading.assert_matches_reference(sliding_windows, "sliding_windows", _cases)
 grading.assert_rejects(sliding_windows, "sliding_windows", [
     ((0, 256, 64), {}), ((-5, 256, 64), {}), ((10, 0, 0), {}), ((10, 64, 64), {}), ((10, 64, 80), {}),
     ((10, 64, -1), {}), ((10.0, 64, 8), {}), ((10, 64, 8.5), {}),
+    ((True, 256, 64), {}), ((10, True, 0), {}), ((10, 64, False), {}),
 ])
 ### END HIDDEN TESTS
 

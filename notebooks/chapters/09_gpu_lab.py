@@ -172,7 +172,8 @@ print("BASE-CPU passes:", preflight("BASE-CPU")["passed"])
 # dict with `processed_tokens`, `padding_tokens`, `padding_ratio` (padding tokens / processed tokens),
 # `effective_supervised_tokens` and `cross_sample_labels` (0 for padding; for packing, $N - 1$ when the first
 # labels are not masked, else 0). Raise a `ValueError` naming the field for an empty list or a length that is not
-# a positive integer (`require_lengths("sample_lengths", sample_lengths)` does this).
+# a positive integer (`require_lengths("sample_lengths", sample_lengths)` does this; `48.0` and `True` are not
+# lengths), and for a `mask_first_label` that is not a bool (`require_bool`).
 
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_padding_vs_packing_ledger", "locked": false, "schema_version": 3}
 #| solution: course_lib.lab.padding_vs_packing_ledger
@@ -205,7 +206,9 @@ _cases += [(([1],), {}), (([7],), {"mask_first_label": False}), (([64, 64, 64],)
            (([1, 1, 200],), {"mask_first_label": False}), (([1, 1, 200],), {}), (((5, 3),), {})]
 grading.assert_matches_reference(padding_vs_packing_ledger, "padding_vs_packing_ledger", _cases)
 grading.assert_rejects(padding_vs_packing_ledger, "padding_vs_packing_ledger",
-                       [(([],), {}), (([48, 0],), {}), (([48, -3],), {}), (([48, 2.5],), {})])
+                       [(([],), {}), (([48, 0],), {}), (([48, -3],), {}), (([48, 2.5],), {}),
+                        (([48.0, 96],), {}), (([48, True],), {}),
+                        (([48, 96],), {"mask_first_label": "no"}), (([48, 96],), {"mask_first_label": 0})])
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -319,7 +322,7 @@ for candidate, step_ms in (("padding", 63.4), ("packing", 48.8)):  # the seed's 
 # `{"effective_supervised_tokens", "padding_tokens_per_second", "packing_tokens_per_second", "throughput_ratio"
 # (packing / padding), "step_time_reduction" (1 - packing ms / padding ms)}`. Raise a `ValueError` when a key is
 # missing, when the token counts are not positive integers or **differ** between the two, or when a step time is
-# not a positive number (`require_keys`, `require_positive_int`, `require_real(..., minimum=0.0,
+# not a positive finite number (`require_keys`, `require_positive_int`, `require_real(..., minimum=0.0,
 # strict_minimum=True)`).
 
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_compare_padding_and_packing", "locked": false, "schema_version": 3}
@@ -371,6 +374,10 @@ grading.assert_rejects(compare_padding_and_packing, "compare_padding_and_packing
     (({"effective_supervised_tokens": 236, "median_step_ms": -1.0}, _good), {}),
     ((_good, {"effective_supervised_tokens": 236}), {}),
     (({"effective_supervised_tokens": 0, "median_step_ms": 63.4}, {"effective_supervised_tokens": 0, "median_step_ms": 48.8}), {}),
+    ((_good, {"effective_supervised_tokens": 236, "median_step_ms": float("nan")}), {}),
+    (({"effective_supervised_tokens": 236, "median_step_ms": float("inf")}, _good), {}),
+    (({"effective_supervised_tokens": 236.0, "median_step_ms": 63.4},
+      {"effective_supervised_tokens": 236.0, "median_step_ms": 48.8}), {}),              # token counts are ints
 ])
 ### END HIDDEN TESTS
 

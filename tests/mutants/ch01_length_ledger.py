@@ -56,3 +56,36 @@ course_lib.window.audit_context_fit = audit_context_fit
         "template_tokens_dropped": _ledger(total='sum(role != "template" for role in roles)'),
     },
 }
+
+# Wrong answers a review of the grading found keeping full points (before the grader compared types and the
+# chapter's hidden tests gained the cases that catch them).
+_LEDGER_TARGET = "course_lib.ledger.ledger_from_roles"
+MUTANTS["ledger_from_roles"].update({
+    # numpy int64 counts: equal values, but json.dumps of the ledger fails.
+    "numpy_int_counts": mutate(_LEDGER_TARGET, ('prompt = int(np.isin(role_array, ("system", "user")).sum())',
+                                                'prompt = np.isin(role_array, ("system", "user")).sum()')),
+    # Roles lowercased before the check: "User" is silently counted as a prompt token instead of refused.
+    "roles_lowercased": mutate(_LEDGER_TARGET, ("role_array = np.asarray(roles, dtype=str)",
+                                                "role_array = np.char.lower(np.asarray(roles, dtype=str))")),
+    # Any truthy supervise_eos supervises the EOS: "no" does too.
+    "supervise_eos_truthy": mutate(_LEDGER_TARGET, ('supervise_eos = require_bool("supervise_eos", supervise_eos)',
+                                                    "supervise_eos = bool(supervise_eos)")),
+})
+MUTANTS["audit_context_fit"].update({
+    # Seed 000's literal formula: a whole sample below the minimum is called "fit" but reports 0 kept tokens.
+    "seed_formula_fit_below_minimum": mutate(_AUDIT, ('            decision = "fit"\n',
+                                                      '            decision = "fit"\n'
+                                                      '            kept = kept if kept >= min_kept else 0\n')),
+    # Only a negative ratio or one above 1 is refused: nan passes, and every cut then overflows.
+    "nan_ratio_accepted": mutate(_AUDIT, (
+        'max_ratio = require_ratio("max_supervision_loss_ratio", max_supervision_loss_ratio)',
+        "max_ratio = max_supervision_loss_ratio\n"
+        "    if max_ratio < 0 or max_ratio > 1:\n"
+        '        raise ValueError(f"max_supervision_loss_ratio must lie in [0, 1], got {max_ratio}")')),
+    # Only a zero supervised length is refused: -5 becomes a "fit" that keeps -5 tokens.
+    "negative_supervision_accepted": mutate(_AUDIT, (
+        "supervised = require_positive_int(f\"samples[{index}]['supervised_tokens']\", sample[\"supervised_tokens\"])",
+        'supervised = sample["supervised_tokens"]\n'
+        "        if supervised == 0:\n"
+        '            raise ValueError(f"samples[{index}] has no supervised tokens")')),
+})

@@ -91,3 +91,25 @@ MUTANTS = {
         "no_length_check": _pad(length_check="False"),
     },
 }
+
+# Wrong answers a review of the grading found keeping full points (before the grader compared types and checked
+# that arguments are left unchanged, and the hidden tests gained the cases that catch them).
+from tests.mutants import mutate  # noqa: E402
+
+_PAD_TARGET = "course_lib.labels.pad_batch"
+_RETURN = '    return {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}'
+MUTANTS["pad_batch"].update({
+    # Writes the padded rows back into the caller's features: a second call on them sees no padding at all.
+    "pads_the_callers_features": mutate(_PAD_TARGET, (
+        _RETURN,
+        "    for feature, id_row, label_row in zip(features, input_ids, labels, strict=True):\n"
+        '        feature["input_ids"], feature["labels"] = id_row.tolist(), label_row.tolist()\n' + _RETURN)),
+    # int32 inputs come back as int32 tensors, not the promised torch.long.
+    "keeps_the_input_dtype": mutate(_PAD_TARGET, ("input_ids, labels = input_ids.long(), labels.long()  # [T_b] each",
+                                                  "pass")),
+})
+MUTANTS["build_labels"].update({
+    # Any truthy supervise_eos supervises the EOS: "false" does too.
+    "supervise_eos_truthy": mutate("course_lib.labels.build_labels", (
+        'supervise_eos = require_bool("supervise_eos", supervise_eos)', "supervise_eos = bool(supervise_eos)")),
+})

@@ -89,3 +89,43 @@ MUTANTS = {
             "    return (keyed.unsqueeze(-1) == keyed.unsqueeze(-2)).tril()"),
     },
 }
+
+# Wrong answers a review of the grading found keeping full points (before the grader compared types and checked
+# that arguments are left unchanged, and the hidden tests gained the cases that catch them).
+_EXTENDS_THE_FIRST_SAMPLE = '''
+def build_boundary_isolated_packing(samples):
+    if not samples:
+        raise ValueError(f"samples must not be empty, got {samples!r}")
+    for segment, sample in enumerate(samples):
+        require_keys(f"samples[{segment}]", sample, ["input_ids", "labels"])
+        if not len(sample["input_ids"]) or len(sample["labels"]) != len(sample["input_ids"]):
+            raise ValueError(f"samples[{segment}] needs input_ids and labels of one positive length")
+        if not all(isinstance(t, int) for t in [*sample["input_ids"], *sample["labels"]]):
+            raise ValueError(f"samples[{segment}]: ids and labels must be integers")
+    input_ids, labels = samples[0]["input_ids"], samples[0]["labels"]  # no copy: the caller's first sample grows
+    segment_ids, position_ids = [0] * len(input_ids), list(range(len(input_ids)))
+    for segment, sample in enumerate(samples[1:], start=1):
+        input_ids.extend(sample["input_ids"])
+        labels.extend(sample["labels"])
+        segment_ids += [segment] * len(sample["input_ids"])
+        position_ids += range(len(sample["input_ids"]))
+    tokens = list(zip(segment_ids, position_ids))
+    attention_allowed = [[key[0] == query[0] and key[1] <= query[1] for key in tokens] for query in tokens]
+    return {"input_ids": list(input_ids), "labels": list(labels), "segment_ids": segment_ids,
+            "position_ids": position_ids, "attention_allowed": attention_allowed}
+'''
+MUTANTS["build_boundary_isolated_packing"].update({
+    "extends_the_callers_first_sample": _EXTENDS_THE_FIRST_SAMPLE,
+    # A 0/1 mask instead of bools: equal under ==, but not the promised list of bools.
+    "int_mask": _packing(allowed="int(key_segment == query_segment and key_position <= query_position)"),
+})
+_OWN_PADDING_IDS = "own_padding_ids = -1 - torch.arange(length)"
+_KEYED = "keyed = torch.where(segment_ids >= 0, segment_ids, own_padding_ids)"
+MUTANTS["block_causal_mask"].update({
+    # Padding ids 1000 + column collide with real sample ids >= 1000: padding then attends to a real sample.
+    "padding_ids_collide_with_large_ids": _mask().replace(_OWN_PADDING_IDS, "own_padding_ids = 1000 + torch.arange(length)"),
+    # Writes the padding ids into the caller's tensor (.long() of an int64 tensor is the same tensor).
+    "rewrites_the_callers_ids": _mask().replace(
+        _KEYED, "segment_ids[segment_ids < 0] = own_padding_ids.expand_as(segment_ids)[segment_ids < 0]\n"
+                "    keyed = segment_ids"),
+})

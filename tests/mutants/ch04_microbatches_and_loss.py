@@ -81,3 +81,23 @@ MUTANTS = {
         "token_mean_over_rows": _aggregate(token_mean="total / token_losses.shape[0]"),
     },
 }
+
+# Wrong answers a review of the grading found keeping full points (before the hidden tests gained the cases that
+# catch them).
+from tests.mutants import mutate  # noqa: E402
+
+MUTANTS["aggregate_loss"].update({
+    # Multiplies by the mask instead of selecting: an inf or nan at a masked-out position makes the loss nan.
+    "multiplies_by_the_mask": _AGGREGATE.replace(
+        "total = masked_normalize(token_losses, mask)",
+        "masked_normalize(token_losses, mask)  # for its checks only\n"
+        "    total = (token_losses * mask).sum()").replace("TOKEN_MEAN", "total / count").replace(
+        "CONSTANT", "total / norm_const"),
+})
+MUTANTS["token_budget_batches"].update({
+    # max_tokens checked with isinstance(int): True passes as a budget of 1.
+    "bool_budget_accepted": mutate("course_lib.microbatch.token_budget_batches", (
+        'max_tokens = require_positive_int("max_tokens", max_tokens)',
+        "if not isinstance(max_tokens, int) or max_tokens <= 0:\n"
+        '        raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")')),
+})

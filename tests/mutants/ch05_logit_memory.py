@@ -40,3 +40,60 @@ MUTANTS = {
         "weight_detached": _checkpointed(log_probs="selected_log_probs(hidden_chunk @ weight.detach().T, ids_chunk)"),
     },
 }
+
+# Wrong answers a review of the grading found keeping full points (before the memory probe saw the backward pass
+# and small chunks, and the grader checked that arguments are left unchanged).
+from tests.mutants import mutate  # noqa: E402
+
+_TARGET = "course_lib.logprobs.checkpointed_log_probs"
+MUTANTS["checkpointed_log_probs"].update({
+    # torch.chunk takes the NUMBER of chunks: with chunk_size=16 over 2048 tokens, each piece holds 128 tokens.
+    "chunk_count_for_chunk_size": '''
+def checkpointed_log_probs(hidden, weight, ids, chunk_size=1024):
+    chunk_size = check_head_inputs(hidden, weight, ids, chunk_size)
+
+    def chunk_log_probs(hidden_chunk, weight, ids_chunk):
+        return selected_log_probs(hidden_chunk @ weight.T, ids_chunk)
+
+    if hidden.shape[1] == 0:
+        return hidden.new_zeros(hidden.shape[:2], dtype=torch.float32)
+    pieces = [checkpoint(chunk_log_probs, hidden_chunk, weight, ids_chunk, use_reentrant=False)
+              for hidden_chunk, ids_chunk in zip(hidden.chunk(chunk_size, dim=1), ids.chunk(chunk_size, dim=1))]
+    return torch.cat(pieces, dim=1)
+''',
+    # Chunked in forward, but backward rebuilds the whole [B, T, V] logits at once.
+    "full_logits_in_backward": '''
+class _OutputLayer(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, ids, chunk_size):
+        ctx.save_for_backward(hidden, weight, ids)
+        pieces = [selected_log_probs(hidden[:, s:s + chunk_size] @ weight.T, ids[:, s:s + chunk_size])
+                  for s in range(0, hidden.shape[1], chunk_size)]
+        return torch.cat(pieces, dim=1) if pieces else hidden.new_zeros(hidden.shape[:2], dtype=torch.float32)
+
+    @staticmethod
+    def backward(ctx, grad):
+        hidden, weight, ids = ctx.saved_tensors
+        logits = hidden @ weight.T                                                # [B, T, V] all at once
+        wide = logits.to(torch.promote_types(logits.dtype, torch.float32))
+        d_logits = -wide.softmax(-1)
+        d_logits.scatter_add_(-1, ids.unsqueeze(-1), torch.ones_like(d_logits[..., :1]))
+        d_logits = (d_logits * grad.unsqueeze(-1)).to(logits.dtype)
+        return d_logits @ weight, torch.einsum("btv,btd->vd", d_logits, hidden), None, None
+
+
+def checkpointed_log_probs(hidden, weight, ids, chunk_size=1024):
+    chunk_size = check_head_inputs(hidden, weight, ids, chunk_size)
+    return _OutputLayer.apply(hidden, weight, ids, chunk_size)
+''',
+    # A default of 4096 tokens per chunk: four times the logits the signature promises.
+    "default_chunk_4096": mutate(_TARGET, ("chunk_size: int = 1024", "chunk_size: int = 4096")),
+    # Silences checkpoint's warning by switching on the caller's requires_grad.
+    "switches_on_requires_grad": mutate(_TARGET, (
+        "chunk_size = check_head_inputs(hidden, weight, ids, chunk_size)",
+        "chunk_size = check_head_inputs(hidden, weight, ids, chunk_size)\n"
+        "    if not hidden.requires_grad:\n"
+        "        hidden.requires_grad_()")),
+    # The reentrant checkpoint: .backward() works, torch.autograd.grad of (hidden, weight) raises.
+    "reentrant_checkpoint": mutate(_TARGET, ("use_reentrant=False", "use_reentrant=True")),
+})

@@ -45,3 +45,13 @@ MUTANTS = {
                                                 '"total": parts["train"] + parts["old_logp"] + parts["decode"]')),
     },
 }
+
+# Wrong answers a review of the grading found keeping full points (before the grader compared int and float and
+# the hidden tests gained the cases that catch them).
+MUTANTS["kv_bytes_per_token"].update({
+    # True division: a float, and a fractional head width when hidden_size is not a multiple of the heads.
+    "true_division_head_dim": mutate(_KV, ('field("hidden_size")) // heads', 'field("hidden_size")) / heads'),
+                                     ('head_dim = require_positive_int("config.head_dim", head_dim)', "pass")),
+    # The `or` idiom: a head_dim of 0 silently falls back to hidden_size // heads.
+    "zero_head_dim_falls_back": mutate(_KV, ("    if head_dim is None:\n", "    if not head_dim:\n")),
+})

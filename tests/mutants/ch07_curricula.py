@@ -53,3 +53,14 @@ MUTANTS = {
         "unchecked_rates": _filter(checked="list(pass_rates)"),
     },
 }
+
+# Wrong answers a review of the grading found keeping full points (before the hidden tests gained the cases that
+# catch them).
+_FILTER_TARGET = "course_lib.curriculum.filter_by_pass_rate"
+MUTANTS["filter_by_pass_rate"].update({
+    # Bounds checked for nan only: -inf passes as a lower bound.
+    "nan_only_bound_check": mutate(_FILTER_TARGET, (
+        'low, high = require_real("low", low), require_real("high", high)',
+        "if low != low or high != high:\n"
+        '        raise ValueError(f"low and high must be numbers, got {low!r}, {high!r}")')),
+})

@@ -78,3 +78,14 @@ MUTANTS = {
         "zero_tokens_accepted": _compare(token_check="require_nonnegative_int"),
     },
 }
+
+# Wrong answers a review of the grading found keeping full points (before the hidden tests gained the cases that
+# catch them).
+from tests.mutants import mutate  # noqa: E402
+
+MUTANTS["padding_vs_packing_ledger"].update({
+    # Any truthy flag masks the first labels: "no" does too.
+    "mask_flag_truthy": mutate("course_lib.lab.padding_vs_packing_ledger", (
+        'mask_first_label = require_bool("mask_first_label", mask_first_label)',
+        "mask_first_label = bool(mask_first_label)")),
+})
