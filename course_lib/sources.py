@@ -60,7 +60,9 @@ def _alpaca_messages(example: Any) -> list[dict[str, str]]:
     extra_input = _text_field(example, "input", "alpaca", required=False)
     output = _text_field(example, "output", "alpaca", required=True)
     system = _text_field(example, "system", "alpaca", required=False)
-    prompt = f"{instruction}\n\n{extra_input}" if extra_input.strip() else instruction
+    # Seed 002 writes the query as instruction + input; LlamaFactory, whose pipeline it walks through, joins the
+    # non-empty parts with one newline (AlpacaDatasetConverter), which keeps "Translate:" and "Hello" apart.
+    prompt = "\n".join(part for part in (instruction, extra_input) if part)
     messages = [{"role": "system", "content": system}] if system.strip() else []
     return messages + [{"role": "user", "content": prompt}, {"role": "assistant", "content": output}]
 

@@ -22,9 +22,14 @@ from course_lib import (
 def test_alpaca_record_maps_to_user_and_assistant():
     record = {"instruction": "Summarize.", "input": "Packing fills rows.", "output": "Rows get filled."}
     assert to_messages(record, "alpaca") == [
-        {"role": "user", "content": "Summarize.\n\nPacking fills rows."},
+        {"role": "user", "content": "Summarize.\nPacking fills rows."},
         {"role": "assistant", "content": "Rows get filled."},
     ]
+    # Seed 002's `instruction + input` would glue "Translate:" to "Hello"; LlamaFactory's converter (the pipeline
+    # the seed walks through) joins the non-empty parts with one newline, and so do we.
+    joined = to_messages({"instruction": "Translate:", "input": "Hello", "output": "你好"}, "alpaca")[0]["content"]
+    assert joined == "Translate:\nHello"
+    assert to_messages({"instruction": "Say hi.", "input": "", "output": "Hi"}, "alpaca")[0]["content"] == "Say hi."
     with_system = {"instruction": "你好", "output": "你好！", "system": "简短回答。", "input": None}
     assert to_messages(with_system) == [
         {"role": "system", "content": "简短回答。"}, {"role": "user", "content": "你好"},
