@@ -18,14 +18,18 @@ from ._checks import (
     require_nonnegative_int,
     require_partition,
     require_positive_int,
+    require_real,
     require_sequence,
     require_tensor,
 )
+from .ledger import summarize_length_distribution
 
 __all__ = [
     "pack_sample_lengths",
     "plan_packing",
     "PACKING_STRATEGIES",
+    "packing_suitability",
+    "packing_target_length",
     "block_causal_mask",
     "additive_attention_mask",
     "build_boundary_isolated_packing",
@@ -154,6 +158,43 @@ def plan_packing(lengths, capacity: int, strategy: str = "bfd") -> list[list[int
     order = np.argsort(-array, kind="stable").tolist()  # longest first, ties by index
     fit = _best_fit if strategy == "bfd" else _first_fit
     return fit(order, array.tolist(), capacity)
+
+
+PACKING_EFFECTIVE_P95_SHARE = (7, 10)  # seed 002: P95 below 0.7 x max_length -> packing pays off
+PACKING_NO_GAIN_P95_SHARE = (19, 20)  # ... above 0.95 x max_length -> packing barely helps (fractions: exact edges)
+
+
+def packing_suitability(lengths, max_length: int) -> dict:
+    """lengths [N] -> seed 002's rule of thumb on the nearest-rank P95: {"p95_tokens", "p95_share", "verdict"}.
+
+    verdict is "effective" when P95 < 0.7 x max_length (most samples leave room for others in a row),
+    "ineffective" when P95 > 0.95 x max_length (most samples fill a row alone), and "moderate" in between.
+    """
+    max_length = require_positive_int("max_length", max_length)
+    require_lengths("lengths", lengths)  # non-empty, every length a positive integer
+    p95 = summarize_length_distribution(lengths, max_length, max_length)["p95_tokens"]
+    (effective_num, effective_den), (no_gain_num, no_gain_den) = PACKING_EFFECTIVE_P95_SHARE, PACKING_NO_GAIN_P95_SHARE
+    if p95 * effective_den < effective_num * max_length:  # integers: 7 of 10 is exactly the edge, never 7.000...1
+        verdict = "effective"
+    elif p95 * no_gain_den > no_gain_num * max_length:
+        verdict = "ineffective"
+    else:
+        verdict = "moderate"
+    return {"p95_tokens": p95, "p95_share": p95 / max_length, "verdict": verdict}
+
+
+def packing_target_length(max_length: int, headroom: float = 0.95) -> int:
+    """max_length -> the packed rows' target length floor(headroom x max_length), never above max_length.
+
+    Seed 002's production setting packs to 0.95 x max_length, leaving room for the tokenizer's edge cases:
+    4096 -> 3891 (the seed prints 3890; 0.95 x 4096 = 3891.2).
+    """
+    max_length = require_positive_int("max_length", max_length)
+    headroom = require_real("headroom", headroom, minimum=0.0, maximum=1.0, strict_minimum=True)
+    target = int(headroom * max_length)
+    if target < 1:
+        raise ValueError(f"headroom {headroom} x max_length {max_length} leaves no token per row")
+    return target
 
 
 def block_causal_mask(segment_ids: torch.Tensor) -> torch.Tensor:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -18,6 +19,8 @@ from course_lib.packing import (
     pack_sample_lengths,
     pack_sequences,
     packed_to_sequences,
+    packing_suitability,
+    packing_target_length,
     plan_packing,
     varlen_metadata,
 )
@@ -305,4 +308,50 @@ def test_pack_sequences_accepts_objects_and_bare_ids():
 ])
 def test_bad_input_raises_value_error_naming_field_and_value(call, message):
     with pytest.raises(ValueError, match=message):
+        call()
+
+
+# Seed 002 §4.2: when does packing pay, and what length to pack to.
+def test_seed002_packing_target_length():
+    assert packing_target_length(4096) == 3891  # 0.95 x 4096 = 3891.2; the seed prints 3890, one token short
+    assert packing_target_length(4096, headroom=1.0) == 4096
+    assert packing_target_length(8192, 0.9) == 7372
+    assert all(1 <= packing_target_length(n) <= n for n in range(2, 3000))  # n = 1 leaves no token: refused
+
+
+def _suitability_reference(lengths, max_length):
+    ordered = sorted(lengths)
+    p95 = ordered[max(0, int(0.95 * len(ordered) + 0.999999) - 1)]  # seed 000's nearest rank (test_ledger)
+    share = Fraction(p95, max_length)
+    verdict = "effective" if share < Fraction(7, 10) else "ineffective" if share > Fraction(19, 20) else "moderate"
+    return p95, verdict
+
+
+def test_packing_suitability_matches_the_rule_with_exact_edges():
+    rng = np.random.default_rng(2)
+    for _ in range(300):
+        max_length = int(rng.integers(1, 5000))
+        lengths = rng.integers(1, 2 * max_length + 1, size=int(rng.integers(1, 60))).tolist()
+        got = packing_suitability(lengths, max_length)
+        assert (got["p95_tokens"], got["verdict"]) == _suitability_reference(lengths, max_length)
+        assert got["p95_share"] == got["p95_tokens"] / max_length
+    # The edges belong to "moderate": 7 of 10 is not below 0.7, 19 of 20 is not above 0.95 (0.7 * 10 is 7.000...1).
+    assert [packing_suitability([n] * 5, 10)["verdict"] for n in (6, 7, 9, 10)] == [
+        "effective", "moderate", "moderate", "ineffective"]
+    assert [packing_suitability([n], 20)["verdict"] for n in (19, 20)] == ["moderate", "ineffective"]
+
+
+@pytest.mark.parametrize(("call", "field"), [
+    (lambda: packing_suitability([], 4096), "lengths"),
+    (lambda: packing_suitability([100, 0], 4096), "lengths"),
+    (lambda: packing_suitability([100], 0), "max_length"),
+    (lambda: packing_target_length(4096, headroom=0.0), "headroom"),
+    (lambda: packing_target_length(4096, headroom=1.5), "headroom"),
+    (lambda: packing_target_length(4096, headroom=float("nan")), "headroom"),
+    (lambda: packing_target_length(10, headroom=0.05), "headroom"),
+    (lambda: packing_target_length(True), "max_length"),
+    (lambda: packing_target_length(1), "headroom"),
+])
+def test_packing_rules_refuse_bad_input(call, field):
+    with pytest.raises(ValueError, match=field):
         call()
