@@ -59,6 +59,12 @@ def test_seed_training_rate():
     assert round(train_tokens_per_s(N, H200["dense_flops"], 0.4)) == 8041
 
 
+def test_seed_training_outpaces_long_context_decode_4_5_times():
+    """Seed 003 §14.6: at 40% MFU, training processes about 4.5x the tokens of 16k-context decoding."""
+    decode = decode_tokens_per_s(N, 64, 16_384, KV, H200["memory_bandwidth"])
+    assert round(train_tokens_per_s(N, H200["dense_flops"], 0.4) / decode, 1) == 4.5
+
+
 def test_seed_gpu_hours_per_step():
     decode_rate = decode_tokens_per_s(N, 64, 16_384, KV, 4.8e12)
     parts = gpu_hours_per_step(N, episodes=512, total_tokens=24_000, policy_tokens=6_000, decode_rate=decode_rate,

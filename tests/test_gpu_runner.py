@@ -63,6 +63,7 @@ def test_dry_run_parameters_are_the_seeds():
     assert long_context["packing_sample_lengths"] == [48, 96, 32, 64]
     assert (long_context["batch_size"], long_context["warmup_steps"], long_context["repeat_steps"]) == (1, 2, 10)
     assert long_context["model_id"] == "Qwen/Qwen2.5-0.5B" and long_context["attention_backend"] == "sdpa"
+    assert long_context["memory_trend_tolerance"] == 0.005 and long_context["seed"] == 42
     logit = WORKLOADS["logit-memory"].parameters("real_gpu")
     assert logit["token_counts"] == [4096, 16384] and logit["chunk_size"] == 1024
     assert WORKLOADS["microbatch-budget"].parameters("real_gpu")["max_tokens"] == 131_072 // 32
@@ -370,3 +371,16 @@ def test_format_run_says_what_a_notebook_needs_for_each_outcome(smoke, tmp_path)
             refused_path, refused)
     path, record = smoke["pt-long-context"]
     assert "varlen_speedup" in format_run(path, record) and "decision wiring_ok" in format_run(path, record)
+
+
+def test_memory_trend_allows_the_seeds_half_percent_of_allocator_noise():
+    """Seed 000 v4: a peak may dip up to 0.5% from one length to the next (allocator noise); more is a failure."""
+    from benchmarks.workloads.pt_long_context import _length_checks
+
+    def rows(*peaks):
+        return [{"peak_allocated_bytes": peak, "losses": [1.0], "gradient_norms": [1.0]} for peak in peaks]
+
+    assert _length_checks(rows(1000, 996, 2000), 0.005)["memory_non_decreasing_with_tolerance"]      # -0.4%
+    assert _length_checks(rows(1000, 995, 2000), 0.005)["memory_non_decreasing_with_tolerance"]      # -0.5%, the edge
+    assert not _length_checks(rows(1000, 994, 2000), 0.005)["memory_non_decreasing_with_tolerance"]  # -0.6%
+    assert "memory_non_decreasing_with_tolerance" not in _length_checks(rows(None, None, None), 0.005)  # CPU: unclaimed

@@ -125,6 +125,8 @@ def test_global_normalisation_is_exact_and_local_distorts_by_n_over_k_nk(rows, w
 def test_per_token_weight_distortion_seed_003_length_sorted_split():
     tokens = [96, 112, 180, 355]
     assert [round(x, 2) for x in cl.per_token_weight_distortion(tokens)] == [1.93, 1.66, 1.03, 0.52]
+    weights = cl.per_token_weight_distortion(tokens)
+    assert f"{max(weights) / min(weights):.1f}" == "3.7"  # "the two differ 3.7x", set by the scheduler
     assert cl.per_token_weight_distortion([50, 50, 50]) == [1.0, 1.0, 1.0]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import random
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -203,3 +204,18 @@ def test_balanced_partition_bad_input():
         balanced_partition([1, -2], 2)
     with pytest.raises(ValueError, match="lengths"):
         balanced_partition([], 2)
+
+
+def test_seed003_section_14_1_padding_and_packing_arithmetic():
+    """Seed 003 §14.1: 64 episodes of 10..149 tokens (median 18, 2,472 in all) padded to 149 compute 9,536
+    positions, 74% of them padding; packed into rows of 256 they need 10 rows, 96.6% full. The seed's own lengths
+    are not printed; these 64 have the same count, range, median and sum."""
+    lengths = [10] * 20 + [15] * 11 + [18] * 2 + [64] * 28 + [65] * 2 + [149]
+    assert (len(lengths), min(lengths), max(lengths), float(np.median(lengths)), sum(lengths)) == (64, 10, 149, 18.0, 2472)
+    padded = describe_microbatches(lengths, [list(range(64))])
+    assert (padded["computed_tokens"], padded["real_tokens"]) == (9536, 2472)
+    assert f"{padded['padding_ratio']:.0%}" == "74%" and f"{1 - padded['padding_ratio']:.0%}" == "26%"
+    rows = plan_packing(lengths, 256, "bfd")
+    assert len(rows) == 10 == -(-2472 // 256)  # the lower bound, reached
+    packed = describe_microbatches(lengths, rows, packed=True)
+    assert f"{packed['real_tokens'] / (len(rows) * 256):.1%}" == "96.6%"
