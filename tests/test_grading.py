@@ -115,3 +115,31 @@ def test_the_library_itself_leaves_every_graded_input_alone():
         before = [grading._snapshot(arg) for arg in args]
         getattr(course_lib, name)(*args)
         assert not any(grading._changed(old, grading._snapshot(arg), name) for old, arg in zip(before, args, strict=True))
+
+
+def test_a_python_loop_over_tokens_is_seen_without_timing_anything():
+    notebook = {"__name__": "__main__", "torch": torch, "reference": _library_copy("block_causal_mask")}
+    exec(compile("""
+def vectorized(segment_ids):
+    return reference(segment_ids)
+
+def looped(segment_ids):
+    length = segment_ids.shape[-1]
+    allowed = torch.zeros(length, length, dtype=torch.bool)
+    for query in range(length):
+        for key in range(query + 1):
+            allowed[query, key] = bool(segment_ids[query] == segment_ids[key])
+    return allowed
+""", "<notebook cell>", "exec"), notebook)  # as a notebook defines them: module __main__
+    vectorized, looped = notebook["vectorized"], notebook["looped"]
+
+    def make_input(length):
+        return (torch.arange(length) // 3,)
+
+    assert grading.notebook_lines_run(looped, *make_input(8)) == grading.notebook_lines_run(looped, *make_input(8))
+    assert grading.notebook_lines_run(looped, *make_input(64)) > 40 * grading.notebook_lines_run(looped, *make_input(8))
+    assert grading.notebook_lines_run(vectorized, *make_input(8)) == grading.notebook_lines_run(vectorized,
+                                                                                                *make_input(512))
+    grading.assert_no_python_loop_over_tokens(vectorized, "block_causal_mask", make_input)
+    with pytest.raises(AssertionError, match="Python loop over tokens"):
+        grading.assert_no_python_loop_over_tokens(looped, "block_causal_mask", make_input)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -255,3 +256,38 @@ def assert_rejects(student: Callable, name: str, bad_cases: Iterable[Any]) -> No
         checked += 1
     if not checked:
         raise ValueError("assert_rejects needs at least one bad case")
+
+
+def notebook_lines_run(function: Callable, *args: Any, **kwargs: Any) -> int:
+    """How many lines of notebook code (any frame whose module is __main__) the call runs.
+
+    Library code (torch, numpy, course_lib) is not counted. The count is a property of the code path, not of the
+    machine, so comparing it across input sizes shows a Python loop without timing anything.
+    """
+    count = 0
+
+    def trace(frame, event, arg):
+        nonlocal count
+        if frame.f_globals.get("__name__") != "__main__":
+            return None  # do not follow library frames line by line
+        if event == "line":
+            count += 1
+        return trace
+
+    previous = sys.gettrace()
+    sys.settrace(trace)
+    try:
+        function(*args, **kwargs)
+    finally:
+        sys.settrace(previous)
+    return count
+
+
+def assert_no_python_loop_over_tokens(student: Callable, name: str, make_input: Callable[[int], Any]) -> None:
+    """The student's function runs about as many lines of Python for 128 tokens as for 8 (a loop over tokens
+    would run 16 to 256 times more): `make_input(length)` builds the positional arguments for one length."""
+    with library_blocked(name):
+        short, long = (notebook_lines_run(student, *make_input(length)) for length in (8, 128))
+    if long > 2 * short + 20:
+        raise AssertionError(f"{name} runs {short} lines of Python for 8 tokens and {long} for 128: a Python loop over "
+                             "tokens? Use tensor operations (broadcasting) instead")

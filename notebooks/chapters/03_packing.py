@@ -365,6 +365,9 @@ grading.assert_matches_reference(block_causal_mask, "block_causal_mask", _cases)
 grading.assert_rejects(block_causal_mask, "block_causal_mask", [
     ((torch.tensor(3),), {}), ((torch.zeros(4),), {}), ((torch.ones(3, dtype=torch.bool),), {}),
 ])
+# Tensor operations, not a Python loop over tokens: two rows of samples of 3 tokens, 8 tokens long and 128.
+grading.assert_no_python_loop_over_tokens(
+    block_causal_mask, "block_causal_mask", lambda length: (torch.arange(length).div(3, rounding_mode="floor").repeat(2, 1),))
 ### END HIDDEN TESTS
 
 # %% [markdown]

@@ -129,3 +129,20 @@ MUTANTS["block_causal_mask"].update({
         _KEYED, "segment_ids[segment_ids < 0] = own_padding_ids.expand_as(segment_ids)[segment_ids < 0]\n"
                 "    keyed = segment_ids"),
 })
+MUTANTS["block_causal_mask"].update({
+    # Right values from a Python loop over every (query, key) pair: the TODO asks for tensor operations.
+    "python_loop_over_tokens": '''
+def block_causal_mask(segment_ids):
+    segment_ids = torch.as_tensor(segment_ids)
+    if segment_ids.dim() < 1 or segment_ids.dtype.is_floating_point or segment_ids.dtype == torch.bool:
+        raise ValueError(f"segment_ids must be an integer tensor, got {segment_ids.dtype} {tuple(segment_ids.shape)}")
+    length = segment_ids.shape[-1]
+    rows = segment_ids.reshape(-1, length).tolist()
+    allowed = torch.zeros(len(rows), length, length, dtype=torch.bool)
+    for row_index, row in enumerate(rows):
+        for query in range(length):
+            for key in range(query + 1):
+                allowed[row_index, query, key] = key == query or (row[query] >= 0 and row[query] == row[key])
+    return allowed.reshape(*segment_ids.shape, length)
+''',
+})
