@@ -131,6 +131,7 @@ def _valid_calls(tokenizer, model):
         "apply_window_policy": (([{"input_ids": [1, 2, 3], "labels": [-100, 2, 3]}], 2), {}),
         "build_labels": ((tokenizer, CHAT), {}),
         "plan_packing": (([3, 2], 8), {}),
+        "packing_target_length": ((4096,), {}),
         "additive_attention_mask": ((torch.ones(2, 2, dtype=torch.bool),), {}),
         "pack_sequences": ((PACKED_IDS, 4), {}),
         "packed_logits": ((model, packed["ids"], packed["position_ids"]), {"segment_ids": packed["segment_ids"]}),
