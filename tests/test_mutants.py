@@ -10,19 +10,22 @@ from __future__ import annotations
 import pytest
 
 from course_lib.nb import build, cells
-from tests.mutants import catalogue
+from tests.mutants import alternatives, catalogue
 
 ROOT = build.NOTEBOOKS_DIR
 CATALOGUE = catalogue()
+ALTERNATIVES = alternatives()
 CASES = [(chapter, todo, mutant) for chapter, todos in sorted(CATALOGUE.items())
          for todo, mutants in sorted(todos.items()) for mutant in sorted(mutants)]
+RIGHT = [(chapter, todo, name) for chapter, todos in sorted(ALTERNATIVES.items())
+         for todo, answers in sorted(todos.items()) for name in sorted(answers)]
 
 
 @pytest.fixture(scope="module")
 def source_notebooks(tmp_path_factory):
     root = build.copy_course_skeleton(ROOT, tmp_path_factory.mktemp("course"))
     return {chapter: cells.read(build.build_source_notebook(root / "chapters" / f"{chapter}.py", root).source_notebook)
-            for chapter in CATALOGUE}
+            for chapter in {*CATALOGUE, *ALTERNATIVES}}
 
 
 def test_catalogue_covers_every_todo_with_three_mutants():
@@ -55,3 +58,14 @@ def test_mutate_refuses_an_edit_that_does_not_fit_the_library():
         mutate("course_lib.accounting.kv_bytes_per_token", ("return 3 * layers", "return 1 * layers"))
     with pytest.raises(ValueError, match="occurs 2 times"):  # ambiguous: "kv_heads = " starts two lines
         mutate("course_lib.accounting.kv_bytes_per_token", ("    kv_heads = ", "    kv_heads = 1 + "))
+
+
+@pytest.mark.parametrize(("chapter", "todo", "name"), RIGHT, ids=[f"{c}:{t}:{n}" for c, t, n in RIGHT])
+def test_a_correct_alternative_keeps_every_point(chapter, todo, name, source_notebooks):
+    """A right answer written differently (a loop over samples, sorted(reverse=True), torch.split, ...) loses nothing."""
+    notebook = source_notebooks[chapter]
+    solutions = cells.solution_cells(notebook)
+    assert f"todo_{todo}" in solutions, f"{chapter} has no TODO cell todo_{todo}"
+    solutions[f"todo_{todo}"] = ALTERNATIVES[chapter][todo][name]
+    results = cells.grade_in_process(notebook, solutions)
+    assert all(r.passed for r in results), [(r.grade_id, r.message) for r in results if not r.passed]

@@ -180,10 +180,10 @@ plt.show()
 # judge a **cut**: a sample that fits keeps all its supervision, even when that is below
 # `min_kept_supervised_tokens`, since nothing is cut. (Seed 000's code prints 0 kept tokens for such a "fit";
 # we keep the count, so that the record agrees with what the window actually keeps.) Reject bad input with a
-# `ValueError` that names the field: a window, minimum or length that is not an integer (`True` is not one), a
-# non-positive window or minimum, a negative template or prompt length, a supervised length that is not
-# positive, a ratio that is not a number in [0, 1] (`nan` is not). The validators imported at the top of your cell
-# (`require_positive_int`, `require_ratio`, ...) do this for you.
+# `ValueError` that names the field: a sample without one of its three keys, a window, minimum or length that is
+# not an integer (`True` is not one), a non-positive window or minimum, a negative template or prompt length, a
+# supervised length that is not positive, a ratio that is not a number in [0, 1] (`nan` is not). The validators
+# imported at the top of your cell (`require_keys`, `require_positive_int`, `require_ratio`, ...) do this for you.
 
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_audit_context_fit", "locked": false, "schema_version": 3}
 #| solution: course_lib.window.audit_context_fit
@@ -244,7 +244,10 @@ grading.assert_rejects(audit_context_fit, "audit_context_fit", [
     ((_ok, 128, 8), {"max_supervision_loss_ratio": float("nan")}),
     (([{"name": "bad", "prompt_tokens": 10, "supervised_tokens": -5}], 128, 8), {}),
     (([{"name": "bad", "prompt_tokens": 10.5, "supervised_tokens": 5}], 128, 8), {}),
-    ((_ok, True, 8), {}),
+    ((_ok, True, 8), {}), ((_ok, 128.5, 8), {}), ((_ok, 128, 2.5), {}), ((_ok, 128, True), {}),
+    ((_ok, 128, 8), {"min_kept_supervised_tokens": 7.5}),
+    (([{"prompt_tokens": 10, "supervised_tokens": 5}], 128, 8), {}),                          # no name
+    (([{"name": "bad", "prompt_tokens": 10, "supervised_tokens": 5.5}], 128, 8), {}),
 ])
 ### END HIDDEN TESTS
 

@@ -207,7 +207,7 @@ grading.assert_matches_reference(build_labels, "build_labels", _cases)
 grading.assert_rejects(build_labels, "build_labels", [
     ((tokenizer, chat), {"max_length": 0}), ((tokenizer, chat), {"max_length": -4}),
     ((tokenizer, chat), {"max_length": 2.5}), ((tokenizer, chat), {"max_length": True}),
-    ((tokenizer, chat), {"max_length": 4.0}),
+    ((tokenizer, chat), {"max_length": 4.0}), ((tokenizer, chat), {"max_length": 500.0}),  # checked even if no cut
     ((tokenizer, []), {}), ((tokenizer, [{"role": "robot", "content": "beep"}]), {}),
     ((tokenizer, chat), {"supervise_eos": "false"}), ((tokenizer, chat), {"supervise_eos": 0}),
 ])
@@ -254,7 +254,7 @@ print("".join(pieces))
 # "attention_mask"}`, each a `torch.long` tensor of shape `[B, L]` with `L` the longest sample, right-padded
 # as in the table. Raise a `ValueError` that names the problem for: an empty list; a feature missing
 # `input_ids` or `labels` (`require_keys` does it); `input_ids` and `labels` of different lengths (the
-# "labels not truncated with the inputs" bug); an empty sample; ids or labels that are not integers; a
+# "labels not truncated with the inputs" bug); an empty sample; ids or labels that are not integers (nor bools); a
 # `pad_token_id` that is not an integer ≥ 0 (`require_int(..., minimum=0)`; `True` is not one). Leave the
 # caller's features as they are: build new tensors, do not pad the given lists in place.
 
@@ -305,6 +305,8 @@ grading.assert_rejects(pad_batch, "pad_batch", [
     (([_good, {"input_ids": [], "labels": []}], 0), {}),
     (([_good], -1), {}), (([_good], 1.5), {}), (([_good], True), {}),
     (([{"input_ids": [5.5, 6.0], "labels": [5, 6]}], 0), {}),                      # ids must be integers
+    (([{"input_ids": [5, 6], "labels": [5.5, 6.0]}], 0), {}),                      # and so must labels
+    (([{"input_ids": [True, False], "labels": [1, 0]}], 0), {}),                   # bools are not token ids
 ])
 ### END HIDDEN TESTS
 

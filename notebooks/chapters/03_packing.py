@@ -277,6 +277,7 @@ with grading.library_blocked("block_causal_mask", "varlen_metadata"):
         (([{"labels": [1, 2]}],), {}),
         (([{"input_ids": [1.5, 2.0], "labels": [1, 2]}],), {}),                    # ids must be integers
         (([{"input_ids": [1, 2], "labels": [-100.0, 2.0]}],), {}),
+        (([{"input_ids": [True, False], "labels": [1, 0]}],), {}),                  # bools are not token ids
     ])
 ### END HIDDEN TESTS
 
@@ -365,9 +366,10 @@ grading.assert_matches_reference(block_causal_mask, "block_causal_mask", _cases)
 grading.assert_rejects(block_causal_mask, "block_causal_mask", [
     ((torch.tensor(3),), {}), ((torch.zeros(4),), {}), ((torch.ones(3, dtype=torch.bool),), {}),
 ])
-# Tensor operations, not a Python loop over tokens: two rows of samples of 3 tokens, 8 tokens long and 128.
+# Tensor operations, not a Python loop over tokens: two rows of 4 samples each, 8 tokens long and 128 (the number
+# of samples stays fixed, so a loop over samples is allowed; only a loop over tokens grows).
 grading.assert_no_python_loop_over_tokens(
-    block_causal_mask, "block_causal_mask", lambda length: (torch.arange(length).div(3, rounding_mode="floor").repeat(2, 1),))
+    block_causal_mask, "block_causal_mask", lambda length: ((torch.arange(length) * 4 // length).repeat(2, 1),))
 ### END HIDDEN TESTS
 
 # %% [markdown]

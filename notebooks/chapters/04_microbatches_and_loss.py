@@ -123,7 +123,8 @@ for name, plan in [("4 per microbatch, data order", fixed_count_batches(range(16
 # 1. Order the indices by length, **longest first**; equal lengths keep their index order (a stable sort).
 # 2. Walk that order. A microbatch opens with the longest remaining sequence, whose length sets the padded
 #    width, and takes the next sequences while its padded cost, count × first length, stays **≤ `max_tokens`**.
-# 3. Return the microbatches as a list of lists of indices into `lengths`, in the order they were built.
+# 3. Return the microbatches as a list of lists of indices into `lengths` (Python ints, not numpy or tensor
+#    integers: a plan is logged and shared between ranks as JSON), in the order they were built.
 #
 # Raise `ValueError` for a `max_tokens` that is not a positive integer, an empty `lengths`, a length that is not a
 # positive integer (neither `2.0` nor `True` is an integer here), and a length **over `max_tokens`** (seed 003 gave such a sequence an over-budget microbatch of
@@ -178,7 +179,7 @@ grading.assert_matches_reference(token_budget_batches, "token_budget_batches", _
 grading.assert_rejects(token_budget_batches, "token_budget_batches", [
     (([10, 20, 300], 256), {}), (([257], 256), {}), (([1, 2], 0), {}), (([1, 2], -8), {}), (([1, 2], 8.5), {}),
     (([1, 0], 8), {}), (([1, -3], 8), {}), (([], 8), {}), (([1.5, 2], 8), {}),
-    (([1, 1], True), {}), (([2.0, 3.0], 6), {}),
+    (([1, 1], True), {}), (([2.0, 3.0], 6), {}), (([True, 2], 4), {}),
 ])
 ### END HIDDEN TESTS
 
@@ -244,7 +245,7 @@ grading.assert_matches_reference(packed_token_budget_batches, "packed_token_budg
 grading.assert_rejects(packed_token_budget_batches, "packed_token_budget_batches", [
     (([10, 20, 300], 256), {}), (([257], 256), {}), (([1, 2], 0), {}), (([1, 2], 8.5), {}),
     (([1, 0], 8), {}), (([], 8), {}), (([1, -3], 8), {}),
-    (([1, 1], True), {}), (([2.0, 3.0], 6), {}),
+    (([1, 1], True), {}), (([2.0, 3.0], 6), {}), (([True, 2], 4), {}),
 ])
 ### END HIDDEN TESTS
 
@@ -326,7 +327,7 @@ print("masked sum:", masked_normalize(token_losses, loss_mask).item(),
 #
 # Write `aggregate_loss(token_losses, mask, mode="token_mean", norm_const=None)`. `token_losses` is a float tensor
 # (typically `[B, T]`), `mask` a tensor of the same shape, `bool` or holding only 0 and 1 (true = the token is
-# supervised). Return a 0-d tensor that keeps the autograd graph:
+# supervised). Return a 0-d tensor, in the dtype of `token_losses`, that keeps the autograd graph:
 #
 # * `mode="token_mean"`: the sum of the masked-in losses divided by the **number of masked-in tokens**;
 # * `mode="constant"`: the same sum divided by `norm_const` (a positive finite number, a Python number or a 0-d

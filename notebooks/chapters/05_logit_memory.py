@@ -163,7 +163,8 @@ print("same log-probs:", torch.equal(full_path(hidden, weight, targets), chunked
 # * Split the time axis into chunks of `chunk_size` (the last chunk may be shorter). For each chunk, compute the
 #   logits `hidden_chunk @ weight.T` and their selected log-probs with `selected_log_probs` (it upcasts to fp32
 #   before the log-softmax), inside `checkpoint(fn, ..., use_reentrant=False)` so the chunk is recomputed in
-#   backward. Concatenate the chunks along time; $T = 0$ gives an empty $[B, 0]$ tensor.
+#   backward. Concatenate the chunks along time; $T = 0$ gives an empty $[B, 0]$ tensor, in the dtype a longer
+#   input would give (`torch.promote_types(hidden.dtype, torch.float32)`: fp32, or fp64 for fp64 inputs).
 # * The result must equal the full path `selected_log_probs(hidden @ weight.T, ids)` in values **and** in the
 #   gradients with respect to `hidden` and `weight`, bf16 inputs included (the matmul in the inputs' dtype, as the
 #   model's `lm_head` computes it; the log-softmax in fp32).
@@ -218,7 +219,8 @@ for _k in range(10):
     _cases.append((_args, {"chunk_size": _rng.choice([1, 3, 7, _tokens, _tokens + 5])}))
 _cases.append((_head(2, 37, 8, 50, seed=20, dtype=torch.float32), {"chunk_size": 5}))
 _cases.append((_head(1, 19, 4, 9, seed=21), {}))
-_cases.append((_head(2, 0, 4, 9, seed=22, dtype=torch.float32), {"chunk_size": 4}))  # T = 0
+_cases += [(_head(2, 0, 4, 9, seed=22, dtype=_dtype), {"chunk_size": 4})                      # T = 0
+           for _dtype in (torch.float32, torch.float64, torch.bfloat16)]
 # bf16 inputs whose logits are small integers (exact in bf16): only the log-softmax's precision can differ.
 _int_gen = torch.Generator().manual_seed(23)
 _cases.append(((torch.randint(-2, 3, (2, 24, 16), generator=_int_gen).bfloat16(),

@@ -139,6 +139,9 @@ grading.assert_rejects(kv_bytes_per_token, "kv_bytes_per_token", [
     (("Qwen3-8B",), {"dtype_bytes": 0}), (("Qwen3-8B",), {"dtype_bytes": 2.5}), (("Llama-7B",), {}),
     (({"num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 0},), {}),
     (({"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64, "head_dim": 0},), {}),  # 0 is no head width
+    (({"num_hidden_layers": 2, "num_attention_heads": 8, "hidden_size": 4},), {}),           # derives a head width of 0
+    (({"num_hidden_layers": True, "num_attention_heads": 4, "head_dim": 16},), {}),
+    (("Qwen3-8B",), {"dtype_bytes": True}),
     (({"num_hidden_layers": -2, "num_attention_heads": 4, "head_dim": 16},), {}),
 ])
 ### END HIDDEN TESTS
@@ -241,6 +244,7 @@ grading.assert_rejects(decode_tokens_per_s, "decode_tokens_per_s", [
     ((8.2e9, 64, 2048, 147_456, 4.8e12), {"weight_bytes_per_param": 0}),
     ((float("nan"), 64, 2048, 147_456, 4.8e12), {}), ((8.2e9, 64, 2048, float("inf"), 4.8e12), {}),
     ((8.2e9, 64, 2048, 147_456, float("inf")), {}), ((8.2e9, 64.0, 2048, 147_456, 4.8e12), {}),
+    ((8.2e9, True, 2048, 147_456, 4.8e12), {}),
 ])
 ### END HIDDEN TESTS
 
@@ -341,6 +345,8 @@ grading.assert_rejects(gpu_hours_per_step, "gpu_hours_per_step", [
     (_ok[:3] + (0,) + _ok[4:], {}),                                                           # no policy tokens
     (_ok[:4] + (-5.0,) + _ok[5:], {}), (_ok[:4] + (0.0,) + _ok[5:], {}),                      # decode rate <= 0
     (_ok[:5] + (float("inf"),) + _ok[6:], {}), (_ok[:4] + (float("inf"),) + _ok[5:], {}),
+    ((8.2e9, True) + _ok[2:], {}), ((float("nan"),) + _ok[1:], {}), ((float("inf"),) + _ok[1:], {}),
+    (_ok[:2] + (float("inf"),) + _ok[3:], {}),
 ])
 ### END HIDDEN TESTS
 

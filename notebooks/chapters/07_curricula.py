@@ -203,7 +203,11 @@ from course_lib.nb import grading
 _rng = random.Random(7)
 _grid = [k / 16 for k in range(17)]  # dyadic scores: a difference that equals a limit is exact
 _cases = [((baseline, accepted_run, limits), {}), ((baseline, {**accepted_run, "loss_finite": 1}, limits), {}),
-          ((baseline, {**accepted_run, "gradients_finite": "true"}, limits), {})]
+          ((baseline, {**accepted_run, "gradients_finite": "true"}, limits), {}),
+          ((baseline, {**accepted_run, "gradients_finite": 1}, limits), {}),
+          ((baseline, {**accepted_run, "loss_finite": "true"}, limits), {}),
+          # a budget read at run time (from a log, a config): equal to 8192, but not the same object as the literal
+          ((baseline, {**accepted_run, "supervised_tokens_per_optimizer_step": int("8192")}, limits), {})]
 for _ in range(150):
     _base = {"long_context_score": _rng.choice(_grid), "short_context_score": _rng.choice(_grid),
              "supervised_tokens_per_optimizer_step": 8192}
@@ -239,7 +243,12 @@ _bad = [((baseline, {**accepted_run, "long_context_score": float("nan")}, limits
         (({**baseline, "long_context_score": float("nan")}, accepted_run, limits), {}),
         ((baseline, {**accepted_run, "cost_per_supervised_token": float("nan")}, limits), {}),
         ((baseline, {**accepted_run, "peak_memory_gb": "9.8"}, limits), {}),
-        ((baseline, {**accepted_run, "failed_runs": True}, limits), {})]
+        ((baseline, {**accepted_run, "failed_runs": True}, limits), {}),
+        ((baseline, {**accepted_run, "short_context_score": float("nan")}, limits), {}),
+        (({**baseline, "short_context_score": float("nan")}, accepted_run, limits), {})]
+_bad += [((baseline, accepted_run, {**limits, _limit: float("nan")}), {})
+         for _limit in ("min_long_context_gain", "max_short_context_regression", "max_failed_runs",
+                        "max_cost_per_supervised_token")]
 for _who, _field in (("baseline", "supervised_tokens_per_optimizer_step"), ("candidate", "gradients_finite"),
                      ("candidate", "cost_per_supervised_token"), ("limits", "max_failed_runs")):
     _args = {"baseline": dict(baseline), "candidate": dict(accepted_run), "limits": dict(limits)}
@@ -322,6 +331,7 @@ grading.assert_rejects(filter_by_pass_rate, "filter_by_pass_rate", [
     ((["a", "b"], [0.5, -0.125]), {}), ((["a", "b"], [0.5, float("nan")]), {}),
     ((["a"], [0.5], 0.5, 0.5), {}), ((["a"], [0.5], 0.75, 0.25), {}), ((["a"], [0.5], float("nan"), 1.0), {}),
     (([], [], 0.5, 0.5), {}), (([], [], float("nan"), 1.0), {}),                  # bounds are checked, tasks or not
+    ((["a"], [0.5], 0.0, float("inf")), {}), ((["a"], [0.5], 0.0, float("nan")), {}),
     ((["a"], [0.5], float("-inf"), 1.0), {}),
     ((["a"], [True]), {}), ((["a"], ["0.5"]), {}), ((["a"], [None]), {}),
 ])

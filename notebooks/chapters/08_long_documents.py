@@ -197,7 +197,8 @@ for window in split_document(list(range(600)), 256, 64):
 # ### TODO 2 · `sliding_windows`
 #
 # Implement `sliding_windows(length, window=256, overlap=64)`: the list of `Window(start, end, loss_start,
-# loss_end)` (a `NamedTuple` from the setup cell) covering a document of `length` tokens.
+# loss_end)` (a `NamedTuple` from the setup cell, its four fields Python ints) covering a document of `length`
+# tokens.
 #
 # * stride $s$ = `window - overlap`; window $i$ starts at $i \cdot s$ and ends at $\min(i \cdot s +
 #   \text{window}, \text{length})$; there are $1 + \lceil \max(0, \text{length} - \text{window}) / s \rceil$

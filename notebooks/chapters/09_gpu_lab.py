@@ -171,9 +171,9 @@ print("BASE-CPU passes:", preflight("BASE-CPU")["passed"])
 # `samples` ($N$), `sample_tokens` ($\sum_i L_i$), `processed_token_reduction`, and `padding` and `packing`, each a
 # dict with `processed_tokens`, `padding_tokens`, `padding_ratio` (padding tokens / processed tokens),
 # `effective_supervised_tokens` and `cross_sample_labels` (0 for padding; for packing, $N - 1$ when the first
-# labels are not masked, else 0). Raise a `ValueError` naming the field for an empty list or a length that is not
-# a positive integer (`require_lengths("sample_lengths", sample_lengths)` does this; `48.0` and `True` are not
-# lengths), and for a `mask_first_label` that is not a bool (`require_bool`).
+# labels are not masked, else 0); counts are Python ints, ratios floats. Raise a `ValueError` naming the field for
+# an empty list or a length that is not a positive integer (`require_lengths("sample_lengths", sample_lengths)`
+# does this; `48.0` and `True` are not lengths), and for a `mask_first_label` that is not a bool (`require_bool`).
 
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_padding_vs_packing_ledger", "locked": false, "schema_version": 3}
 #| solution: course_lib.lab.padding_vs_packing_ledger
@@ -363,7 +363,10 @@ _cases += [(({"effective_supervised_tokens": 236, "median_step_ms": 50.0},
              {"effective_supervised_tokens": 236, "median_step_ms": 61}), {}),
            (({"candidate": "padding", "processed_tokens": 384, "effective_supervised_tokens": 236, "median_step_ms": 7.5},
              {"candidate": "boundary_isolated_packing", "processed_tokens": 240, "effective_supervised_tokens": 236,
-              "median_step_ms": 6.25}), {})]
+              "median_step_ms": 6.25}), {}),
+           # counts read from two JSON files: equal, but two int objects (`is` is not equality)
+           (({"effective_supervised_tokens": 50_000, "median_step_ms": 80.0},
+             {"effective_supervised_tokens": int("50000"), "median_step_ms": 64.0}), {})]
 grading.assert_matches_reference(compare_padding_and_packing, "compare_padding_and_packing", _cases,
                                  rtol=1e-9, atol=1e-9)
 _good = {"effective_supervised_tokens": 236, "median_step_ms": 63.4}
@@ -378,6 +381,10 @@ grading.assert_rejects(compare_padding_and_packing, "compare_padding_and_packing
     (({"effective_supervised_tokens": 236, "median_step_ms": float("inf")}, _good), {}),
     (({"effective_supervised_tokens": 236.0, "median_step_ms": 63.4},
       {"effective_supervised_tokens": 236.0, "median_step_ms": 48.8}), {}),              # token counts are ints
+    (({"effective_supervised_tokens": 236, "median_step_ms": 63.4},
+      {"effective_supervised_tokens": 236.0, "median_step_ms": 48.8}), {}),
+    (({"effective_supervised_tokens": True, "median_step_ms": 63.4},
+      {"effective_supervised_tokens": True, "median_step_ms": 48.8}), {}),
 ])
 ### END HIDDEN TESTS
 

@@ -43,3 +43,17 @@ def catalogue() -> dict[str, dict[str, dict[str, str]]]:
             module = importlib.import_module(f"{__name__}.{module_info.name}")
             found[module.CHAPTER] = module.MUTANTS
     return found
+
+
+def alternatives() -> dict[str, dict[str, dict[str, str]]]:
+    """chapter name -> {todo_name: {name: source}}: correct answers written differently from the library's code.
+
+    Each must keep every point: the hidden tests may be as strict as the TODO text, never stricter.
+    """
+    found = {}
+    for module_info in pkgutil.iter_modules(__path__):
+        if module_info.name.startswith("ch"):
+            module = importlib.import_module(f"{__name__}.{module_info.name}")
+            if getattr(module, "ALTERNATIVES", None):
+                found[module.CHAPTER] = module.ALTERNATIVES
+    return found

@@ -89,3 +89,11 @@ MUTANTS["audit_context_fit"].update({
         "        if supervised == 0:\n"
         '            raise ValueError(f"samples[{index}] has no supervised tokens")')),
 })
+MUTANTS["audit_context_fit"].update({
+    # The template length checked for its sign only: 2.5 template tokens give a total of 17.5.
+    "fractional_template_accepted": mutate(_AUDIT, (
+        'template = require_nonnegative_int("template_tokens", template_tokens)',
+        "template = template_tokens\n"
+        "    if template < 0:\n"
+        '        raise ValueError(f"template_tokens must be >= 0, got {template}")')),
+})

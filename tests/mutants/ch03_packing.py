@@ -146,3 +146,27 @@ def block_causal_mask(segment_ids):
     return allowed.reshape(*segment_ids.shape, length)
 ''',
 })
+
+# Correct answers that differ from the library's code: each must keep every point (the grader must not be stricter
+# than the TODO text).
+ALTERNATIVES = {
+    "block_causal_mask": {
+        # Padding ids above every real id instead of negative ones.
+        "padding_ids_above_the_largest": _mask().replace(
+            _OWN_PADDING_IDS, "own_padding_ids = int(segment_ids.max()) + 1 + torch.arange(length)"),
+        # A loop over the samples (not the tokens), each sample's block set with tensor operations.
+        "loop_over_samples": '''
+def block_causal_mask(segment_ids):
+    segment_ids = torch.as_tensor(segment_ids)
+    if segment_ids.dim() < 1 or segment_ids.dtype.is_floating_point or segment_ids.dtype == torch.bool:
+        raise ValueError(f"segment_ids must be an integer tensor, got {segment_ids.dtype} {tuple(segment_ids.shape)}")
+    length = segment_ids.shape[-1]
+    causal = torch.ones(length, length, dtype=torch.bool).tril()
+    allowed = torch.eye(length, dtype=torch.bool).expand(*segment_ids.shape, length).clone()
+    for sample in segment_ids[segment_ids >= 0].unique().tolist():
+        inside = segment_ids == sample
+        allowed |= inside.unsqueeze(-1) & inside.unsqueeze(-2) & causal
+    return allowed
+''',
+    },
+}

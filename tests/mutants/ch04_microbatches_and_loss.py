@@ -101,3 +101,26 @@ MUTANTS["token_budget_batches"].update({
         "if not isinstance(max_tokens, int) or max_tokens <= 0:\n"
         '        raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")')),
 })
+MUTANTS["packed_token_budget_batches"].update({
+    # Lengths checked with isinstance(int): True passes as a sequence of one token.
+    "bool_lengths_accepted": _walk("packed_token_budget_batches", over=_PACKED_COST).replace(
+        'lengths = require_lengths("lengths", lengths, maximum=max_tokens, maximum_name="max_tokens")',
+        "lengths = list(lengths)\n"
+        "    if not lengths or any(not isinstance(n, int) or not 1 <= n <= max_tokens for n in lengths):\n"
+        '        raise ValueError(f"lengths must be integers in [1, max_tokens], got {lengths}")'),
+})
+
+# Correct answers that differ from the library's code: each must keep every point (the grader must not be stricter
+# than the TODO text).
+ALTERNATIVES = {
+    "token_budget_batches": {
+        "sorted_reverse_is_stable": _walk("token_budget_batches",
+                                          order="sorted(range(len(lengths)), key=lambda i: lengths[i], reverse=True)"),
+    },
+    "aggregate_loss": {
+        "boolean_indexing": _AGGREGATE.replace(
+            "total = masked_normalize(token_losses, mask)",
+            "masked_normalize(token_losses, mask)  # for its checks only\n    total = token_losses[mask.bool()].sum()",
+        ).replace("TOKEN_MEAN", "total / count").replace("CONSTANT", "total / norm_const"),
+    },
+}

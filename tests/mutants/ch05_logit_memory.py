@@ -97,3 +97,15 @@ def checkpointed_log_probs(hidden, weight, ids, chunk_size=1024):
     # The reentrant checkpoint: .backward() works, torch.autograd.grad of (hidden, weight) raises.
     "reentrant_checkpoint": mutate(_TARGET, ("use_reentrant=False", "use_reentrant=True")),
 })
+
+# Correct answers that differ from the library's code: each must keep every point.
+ALTERNATIVES = {
+    "checkpointed_log_probs": {
+        "torch_split": _checkpointed(
+            piece="checkpoint(chunk_log_probs, hidden_chunk, weight, ids_chunk, use_reentrant=False)",
+            starts="zip(hidden.split(chunk_size, dim=1), ids.split(chunk_size, dim=1))").replace(
+            "for start in zip(", "for hidden_chunk, ids_chunk in zip(").replace(
+            "hidden.new_zeros(hidden.shape[:2], dtype=torch.float32)",
+            "hidden.new_zeros(hidden.shape[:2], dtype=torch.promote_types(hidden.dtype, torch.float32))"),
+    },
+}

@@ -64,3 +64,7 @@ MUTANTS["filter_by_pass_rate"].update({
         "if low != low or high != high:\n"
         '        raise ValueError(f"low and high must be numbers, got {low!r}, {high!r}")')),
 })
+MUTANTS["evaluate_length_curriculum_stage"].update({
+    # `is` for the budgets: true for two copies of a small literal, false for 8192 read from a log at run time.
+    "budget_compared_with_is": mutate(_GATE, ("                                 == candidate[", "                                 is candidate[")),
+})

@@ -64,3 +64,37 @@ MUTANTS = {
                                              "max(0, length - window))"),
     },
 }
+
+# Correct answers that differ from the library's code: each must keep every point.
+ALTERNATIVES = {
+    "sliding_windows": {
+        "while_loop": '''
+def sliding_windows(length, window=256, overlap=64):
+    length = require_positive_int("length", length)
+    window = require_positive_int("window", window)
+    overlap = require_int("overlap", overlap, minimum=0)
+    if overlap >= window:
+        raise ValueError(f"overlap must be < window = {window}, got {overlap}")
+    windows, start, owned_from = [], 0, 0
+    while True:
+        end = min(start + window, length)
+        windows.append(Window(start, end, owned_from, end))
+        if end == length:
+            return windows
+        start, owned_from = start + window - overlap, end
+''',
+    },
+    "assign_bucket": {
+        "doubling_loop": '''
+def assign_bucket(length, max_length):
+    max_length = require_positive_int("max_length", max_length)
+    length = require_int("length", length, minimum=1)
+    if length > max_length:
+        raise ValueError(f"length {length} exceeds max_length = {max_length}")
+    bucket = 1
+    while bucket < length:
+        bucket *= 2
+    return min(bucket, max_length)
+''',
+    },
+}

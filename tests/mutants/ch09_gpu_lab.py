@@ -89,3 +89,8 @@ MUTANTS["padding_vs_packing_ledger"].update({
         'mask_first_label = require_bool("mask_first_label", mask_first_label)',
         "mask_first_label = bool(mask_first_label)")),
 })
+MUTANTS["compare_padding_and_packing"].update({
+    # `is not` for the token counts: two equal counts read from two JSON files are two objects.
+    "tokens_compared_with_is_not": mutate("course_lib.lab.compare_padding_and_packing",
+                                          ("if packed_tokens != tokens:", "if packed_tokens is not tokens:")),
+})
