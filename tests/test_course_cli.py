@@ -125,13 +125,18 @@ def test_a_todo_cell_without_metadata_is_found_by_its_function_name(tmp_path):
     assert set(graded) - {None} == {cells.nbgrader_meta(c).get("grade_id") for c in release.cells} - {None}
 
 
-def test_student_code_that_touches_the_grading_machinery_is_flagged():
-    """A TODO cell that patches what the hidden tests import is graded, and flagged for a human to read."""
+@pytest.mark.parametrize(("tampering", "shown"), [
+    ("import course_lib.nb.grading as g\ng.assert_matches_reference = lambda *a, **k: None", "course_lib.nb"),
+    ("import sys\nsys.settrace(None)  # blinds the grader's line counter", "settrace"),
+    ("from torch.utils._python_dispatch import TorchDispatchMode", "_python_dispatch"),
+])
+def test_student_code_that_touches_the_grading_machinery_is_flagged(tampering, shown):
+    """A TODO cell that patches what the hidden tests use is graded, and flagged for a human to read."""
     release = cells.read(build.NOTEBOOKS_DIR / "release" / CHAPTER / f"{CHAPTER}.ipynb")
     student = cells.read(build.NOTEBOOKS_DIR / "release" / CHAPTER / f"{CHAPTER}.ipynb")
     todo = next(i for i, c in enumerate(release.cells) if cells.nbgrader_meta(c).get("grade_id") == "todo_audit_context_fit")
-    student.cells[todo].source += "\nimport course_lib.nb.grading as g\ng.assert_matches_reference = lambda *a, **k: None\n"
+    student.cells[todo].source += "\n" + tampering + "\n"
     prepared = match.prepare(student, release, release)
-    assert any("flagged for review" in note and "course_lib.nb" in note for note in prepared.notes), prepared.notes
+    assert any("flagged for review" in note and shown in note for note in prepared.notes), prepared.notes
     honest = match.prepare(cells.read(build.NOTEBOOKS_DIR / "release" / CHAPTER / f"{CHAPTER}.ipynb"), release, release)
     assert not any("flagged" in note for note in honest.notes), honest.notes
