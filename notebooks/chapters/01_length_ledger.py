@@ -59,8 +59,9 @@ print(f"content pieces tokenized one by one: {pieces_only} tokens, "
       f"{ledger['total_tokens'] - pieces_only} fewer than the rendered sequence")
 
 # %% [markdown]
-# The rendered sequence is longer than the pieces by every template token (role markers, newlines,
-# `<|im_end|>`). That gap is per sample: on a dataset of short chats it is a large share of the window.
+# The rendered sequence is longer than the pieces by every template token (role markers, newlines, the prompt
+# turns' `<|im_end|>`) plus the answer's own end-of-turn token, which the ledger counts as supervised (the model must
+# learn to stop). That gap is per sample: on a dataset of short chats it is a large share of the window.
 #
 # ## 2. The mechanism: a length ledger from aligned spans (长度账本)
 #

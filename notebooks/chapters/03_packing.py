@@ -218,7 +218,8 @@ for column in range(seam - 3, seam + 3):
 #   key and query are in the same sample and the key's position is $\le$ the query's.
 #
 # Raise `ValueError` for an empty `samples`, a sample without `input_ids` or `labels` (`require_keys` from the
-# setup does this), empty `input_ids`, ids or labels that are not integers, or `labels` of a different length.
+# setup does this), empty `input_ids`, ids or labels that are not integers (bools are not token ids), or `labels` of
+# a different length.
 # Build new lists: the caller's samples stay as they were. Write the positions and the mask
 # yourself: the grader switches `varlen_metadata` and `block_causal_mask` off while it runs your function.
 
@@ -394,7 +395,7 @@ ax.set_ylabel("query column")
 plt.show()
 
 # %% [markdown]
-# ## 5. Evidence on `tiny_qwen2`: packed must equal alone (seed 003's three variants)
+# ## 5. Evidence on `tiny_qwen2`: packed must equal alone (打包与单独计算一致; seed 003's three variants)
 #
 # A mask that "looks right" proves little. The test that matters compares log-probabilities: every token of
 # every sample, scored in the packed row, must get the log-probability it gets when its sample runs alone
@@ -430,7 +431,7 @@ for variant, kwargs in variants.items():
 #   absolute position embeddings (seed 003's TinyAgent) see it directly, and transformers finds the sample
 #   boundaries *from the restarts* (next section).
 #
-# ## 6. Transformers' own packed detection and its `use_cache` trap
+# ## 6. Transformers' own packed detection and its `use_cache` trap (缓存陷阱)
 #
 # Transformers (5.x) can pack without any mask from you: `masking_utils.find_packed_sequence_indices` starts a
 # new sample wherever `position_ids[t] - position_ids[t-1] != 1`, and builds the block-causal mask itself. It looks
@@ -629,8 +630,8 @@ print(f"2300 samples into rows of 64: TRL {len(trl_packed)} rows (batches of 100
 # and the record says why. The default `"dry_run"` records only the plan; `"cpu_smoke"` runs the same code on `tiny_qwen2` in seconds,
 # which proves the wiring and nothing about speed.
 #
-# **What the course measured on an NVIDIA H200** (workload v6, 2026-11-29, records in the repository's
-# `benchmarks/results/`): every check passed and 384 → 240 processed tokens, yet packing's effective throughput was
+# **What the course measured on an NVIDIA H200** (workloads v5 and v6, three runs, 2026-11-29, records in the
+# repository's `benchmarks/results/`): every check passed and 384 → 240 processed tokens, yet packing's effective throughput was
 # 0.87–0.97× padding's at the seed's size, because a step of a 0.5B model is launch-bound there (128, 256 and 512
 # tokens all take 60–78 ms). Only at 6k–12k padded tokens did packing gain 1.1–1.2×, below the token ratio of 1.6×,
 # with the dense block mask scoring the whole square. The varlen rows are new in v7 and have not yet run on a GPU.

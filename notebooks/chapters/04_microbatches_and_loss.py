@@ -415,7 +415,7 @@ grading.assert_rejects(aggregate_loss, "aggregate_loss", [
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# ## 5. Evidence on `tiny_qwen2`: accumulate, then compare with the full batch
+# ## 5. Evidence on `tiny_qwen2`: accumulate, then compare with the full batch (梯度累积与全局归一化)
 #
 # Now the real thing: the 16 chats of section 2 through a 2-layer Qwen2 (random init, fp32). `accumulate` runs
 # each microbatch forward, takes its per-token next-token losses (`supervised_token_losses`: the model's logits
@@ -559,9 +559,9 @@ for name, use_global_count in (("model(...).loss / K", False), ("num_items_in_ba
 
 # %% [markdown]
 # The framework's two paths land where ours did: the default loss divided by $K$ carries the same distortion, and
-# `num_items_in_batch` reproduces the full batch. (Our count is taken from the shifted labels; the Trainer counts
-# the unshifted `labels != -100`. They agree here because the first token of every row is a template token with
-# label -100.) A hand-written accumulation loop that calls `model(**batch).loss / accumulation_steps`, the pattern
+# `num_items_in_batch` reproduces the full batch. (The Trainer counts the same shifted labels we do,
+# `labels[..., 1:] != -100`, or `shift_labels` when a padding-free collator sends them; older transformers versions
+# counted the unshifted labels, one too many per row whose first label is not -100.) A hand-written accumulation loop that calls `model(**batch).loss / accumulation_steps`, the pattern
 # of countless tutorials, has the bug.
 #
 # ## 8. Design questions in practice (实践中的设计问题)

@@ -96,7 +96,7 @@ for row in logit_memory_table():
 # $D$ for Qwen3-0.6B and still 30 times $D$ for Qwen3-32B. For long-context training the logits are the first
 # memory decision, before activation checkpointing of the trunk or sharding.
 #
-# ## 2. The mechanism: full, chunked, chunked + recomputed
+# ## 2. The mechanism: full, chunked, chunked + recomputed (分块与重计算)
 #
 # Three ways to compute the same $[B, T]$ log-probs from hidden states `hidden` $[B, T, D]$ and the output
 # weight `weight` $[V, D]$ (`lm_head.weight`):
@@ -168,8 +168,8 @@ print("same log-probs:", torch.equal(full_path(hidden, weight, targets), chunked
 # * The result must equal the full path `selected_log_probs(hidden @ weight.T, ids)` in values **and** in the
 #   gradients with respect to `hidden` and `weight`, bf16 inputs included (the matmul in the inputs' dtype, as the
 #   model's `lm_head` computes it; the log-softmax in fp32).
-# * The grader measures your function too: no tensor larger than about one chunk's logits in forward, and, beyond
-#   the inputs, less than a tenth of what `chunked_log_probs` keeps for backward.
+# * The grader measures your function too: no tensor larger than about one chunk's logits, in forward or in
+#   backward, and, beyond the inputs, less than a tenth of what `chunked_log_probs` keeps for backward.
 # * Bad input raises `ValueError`: `check_head_inputs(hidden, weight, ids, chunk_size)` (imported in the setup
 #   cell) checks the shapes, the ids and `chunk_size`, and returns `chunk_size` as an int.
 
@@ -412,7 +412,7 @@ print(f"kept for backward by the whole model: transformers loss {framework_kept 
       f"trunk + checkpointed head {swapped_kept / 1e6:.2f} MB")
 
 # %% [markdown]
-# ## 5. Peak GPU memory (runs only with CUDA)
+# ## 5. Peak GPU memory (峰值显存; runs only with CUDA)
 #
 # On a GPU, `torch.cuda.max_memory_allocated` measures the real peak of forward + backward, everything included
 # (`peak_cuda_memory` wraps it). The cell below measures the three methods on an output layer the shape of

@@ -382,7 +382,8 @@ print(f"busy 0.25 instead of 0.5: {quarter_busy['total'] - parts['total']:+.2f} 
 # so bytes read grow with $b \cdot c$ and tokens/s stops growing with $b$ (the figure). *Options:* (a) a smaller cache
 # per token: more aggressive GQA, an 8-bit KV cache; (b) shorter contexts (summarise or truncate tool output);
 # (c) more GPUs on inference than on training; (d) prefix caching for prompts shared across a group.
-# *Recommendation:* measure `kv_read_share` first; when KV reads dominate, (a) and (b) act directly on the term
+# *Recommendation:* measure the KV share of the bytes read per decode step first (section 3's printout;
+# `kv_read_share` in `course_lib.accounting`'s sweep); when KV reads dominate, (a) and (b) act directly on the term
 # that sets the speed, (c) only buys capacity.
 #
 # **Problem: the run costs twice the GPU-hours the budget said.**

@@ -338,7 +338,7 @@ grading.assert_rejects(filter_by_pass_rate, "filter_by_pass_rate", [
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# ## 5. A simulated task pool: rollouts saved vs signal kept
+# ## 5. A simulated task pool: rollouts saved vs signal kept (模拟任务池)
 #
 # `simulate_pass_rate_filter` replays seed 003's `train_curriculum` loop without a model: each step takes the
 # tasks inside the filter plus `revisit=1` random excluded task, keeps at most `prompts_per_step=8` of them, draws

@@ -85,17 +85,19 @@ print(f"{len(paragraphs)} paragraphs, bucket sizes used: {sorted(set(buckets.tol
 
 # %% [markdown]
 # The seed computes the exponent with floating point: `math.ceil(math.log2(n))`. For ordinary lengths that is
-# right, but a float has 53 bits of mantissa, so above $2^{53}$ the logarithm rounds and the document lands in
-# a bucket **smaller than itself**. Integers do not round: the smallest power of two $\ge n$ is
+# right, but the logarithm of $2^k + 1$ lies within half a float ulp of $k$ once $k \ge 49$, so from
+# $n = 2^{49} + 1$ on `math.log2` returns exactly $k$ and the document lands in a bucket **smaller than itself**. Integers do not round: the smallest power of two $\ge n$ is
 # `1 << (n - 1).bit_length()`.
 
 # %%
-n = 2**53 + 1
-print(f"n = {n}: float log2 gives {math.log2(n)} -> bucket 2**{math.ceil(math.log2(n))} < n")
+for n in (2**48 + 1, 2**49 + 1):
+    print(f"n = 2**{n.bit_length() - 1} + 1: float log2 gives {math.log2(n)!r} -> bucket 2**{math.ceil(math.log2(n))}"
+          f" {'>=' if 2**math.ceil(math.log2(n)) >= n else '<'} n")
+n = 2**49 + 1
 print(f"integer: (n - 1).bit_length() = {(n - 1).bit_length()} -> bucket 2**{(n - 1).bit_length()} >= n")
 
 # %% [markdown]
-# No token count will reach $2^{53}$, but byte offsets and cumulative counters do, and an answer that is right
+# No token count will reach $2^{49}$, but byte offsets and cumulative counters do, and an answer that is right
 # by construction needs no argument about ranges.
 #
 # ### TODO 1 · `assign_bucket`
@@ -157,8 +159,9 @@ print(f"geometric pads {saved:.1%} less than linear (article: 15%)")
 
 # %% [markdown]
 # We measure 10.5%, not 15%: same direction, smaller size. But the bigger finding is what the comparison depends
-# on. Geometric buckets are **scale-free**: each document loses less than half its bucket, so their padding is
-# near 30% for any lognormal. Linear buckets have a fixed width, so they waste a lot on short documents (a 40-token
+# on. Geometric buckets are **scale-free**: each document loses less than half its bucket, so their padding stays
+# near 30% for any lognormal whose documents sit well below `max_length` (less once the cap at 8192 makes the last
+# bucket fit the longest documents exactly: 21% at a median of about 3k in the sweep below). Linear buckets have a fixed width, so they waste a lot on short documents (a 40-token
 # document in a 585-token bucket) and little on long ones. Sweep the median length and watch the sign change.
 
 # %%
@@ -242,7 +245,7 @@ grading.assert_rejects(sliding_windows, "sliding_windows", [
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# ## 5. Evidence: every token's loss counted once, on a real document and a real model
+# ## 5. Evidence: every token's loss counted once, on a real document and a real model (每个 token 的损失只计一次)
 #
 # The course corpus concatenated is one long document for the course tokenizer. `split_document` turns it into
 # windows whose labels are `-100` outside the owned range. We run `tiny_qwen2` on each window and add up the
@@ -355,7 +358,7 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
-# Left: geometric buckets hold near 30% at every scale; linear buckets go from most of the compute to a few
+# Left: geometric buckets hold near 30% until the documents approach the cap, then drop (21% at a median of ~3k); linear buckets go from most of the compute to a few
 # percent as documents grow. Right: each window reads 64 tokens it does not own; the dark bars tile the document.
 #
 # ## 9. Design questions in practice (实践中的设计问题)
@@ -371,7 +374,7 @@ plt.show()
 # **Problem: long documents dominate the loss after switching to sliding windows.** *Symptom:* the token counter
 # reports more training tokens than the corpus has; loss on long documents falls faster than on short ones.
 # *Cause:* labels on every window token: overlap tokens are trained twice (section 5: one extra loss per overlap
-# token). *Options:* (a) labels `-100` outside each window's owned range; (b) no overlap (every window's first token
+# token except each window's first, which is never a target: 63 per window of 64 overlap tokens). *Options:* (a) labels `-100` outside each window's owned range; (b) no overlap (every window's first token
 # then has no target); (c) a smaller overlap. *Recommendation:* (a), with a test that the predicted positions of a
 # document's windows are exactly $1, \dots, L - 1$.
 #
