@@ -38,13 +38,16 @@ def test_catalogue_covers_every_todo_with_three_mutants():
             assert len(CATALOGUE.get(chapter, {}).get(todo, {})) >= 3, f"{chapter}: fewer than 3 mutants for {todo}"
 
 
+def _graded_with(notebook, todo: str, source: str) -> list:
+    """The chapter's graded cells run on the instructor's solutions, with `source` as the answer to one TODO."""
+    solutions = cells.solution_cells(notebook)
+    assert f"todo_{todo}" in solutions, f"the chapter has no TODO cell todo_{todo}"
+    return cells.grade_in_process(notebook, {**solutions, f"todo_{todo}": source})
+
+
 @pytest.mark.parametrize(("chapter", "todo", "mutant"), CASES, ids=[f"{c}:{t}:{m}" for c, t, m in CASES])
 def test_mutant_loses_only_its_own_points(chapter, todo, mutant, source_notebooks):
-    notebook = source_notebooks[chapter]
-    solutions = cells.solution_cells(notebook)
-    assert f"todo_{todo}" in solutions, f"{chapter} has no TODO cell todo_{todo}"
-    solutions[f"todo_{todo}"] = CATALOGUE[chapter][todo][mutant]
-    results = cells.grade_in_process(notebook, solutions)
+    results = _graded_with(source_notebooks[chapter], todo, CATALOGUE[chapter][todo][mutant])
     own = [r for r in results if r.grade_id == f"test_{todo}" or r.grade_id.startswith(f"test_{todo}__")]
     others = [r for r in results if r not in own]
     assert own and not any(r.passed for r in own), f"mutant {mutant} of {todo} keeps its points"
@@ -63,9 +66,5 @@ def test_mutate_refuses_an_edit_that_does_not_fit_the_library():
 @pytest.mark.parametrize(("chapter", "todo", "name"), RIGHT, ids=[f"{c}:{t}:{n}" for c, t, n in RIGHT])
 def test_a_correct_alternative_keeps_every_point(chapter, todo, name, source_notebooks):
     """A right answer written differently (a loop over samples, sorted(reverse=True), torch.split, ...) loses nothing."""
-    notebook = source_notebooks[chapter]
-    solutions = cells.solution_cells(notebook)
-    assert f"todo_{todo}" in solutions, f"{chapter} has no TODO cell todo_{todo}"
-    solutions[f"todo_{todo}"] = ALTERNATIVES[chapter][todo][name]
-    results = cells.grade_in_process(notebook, solutions)
+    results = _graded_with(source_notebooks[chapter], todo, ALTERNATIVES[chapter][todo][name])
     assert all(r.passed for r in results), [(r.grade_id, r.message) for r in results if not r.passed]

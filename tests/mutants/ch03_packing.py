@@ -129,15 +129,10 @@ MUTANTS["block_causal_mask"].update({
         _KEYED, "segment_ids[segment_ids < 0] = own_padding_ids.expand_as(segment_ids)[segment_ids < 0]\n"
                 "    keyed = segment_ids"),
 })
+_MASK_CHECKS = _mask().split("    segment_ids = segment_ids.long()")[0] + "    length = segment_ids.shape[-1]\n"
 MUTANTS["block_causal_mask"].update({
     # Right values from a Python loop over every (query, key) pair: the TODO asks for tensor operations.
-    "python_loop_over_tokens": '''
-def block_causal_mask(segment_ids):
-    segment_ids = torch.as_tensor(segment_ids)
-    if segment_ids.dim() < 1 or segment_ids.dtype.is_floating_point or segment_ids.dtype == torch.bool:
-        raise ValueError(f"segment_ids must be an integer tensor, got {segment_ids.dtype} {tuple(segment_ids.shape)}")
-    length = segment_ids.shape[-1]
-    rows = segment_ids.reshape(-1, length).tolist()
+    "python_loop_over_tokens": _MASK_CHECKS + '''    rows = segment_ids.reshape(-1, length).tolist()
     allowed = torch.zeros(len(rows), length, length, dtype=torch.bool)
     for row_index, row in enumerate(rows):
         for query in range(length):
@@ -155,13 +150,7 @@ ALTERNATIVES = {
         "padding_ids_above_the_largest": _mask().replace(
             _OWN_PADDING_IDS, "own_padding_ids = int(segment_ids.max()) + 1 + torch.arange(length)"),
         # A loop over the samples (not the tokens), each sample's block set with tensor operations.
-        "loop_over_samples": '''
-def block_causal_mask(segment_ids):
-    segment_ids = torch.as_tensor(segment_ids)
-    if segment_ids.dim() < 1 or segment_ids.dtype.is_floating_point or segment_ids.dtype == torch.bool:
-        raise ValueError(f"segment_ids must be an integer tensor, got {segment_ids.dtype} {tuple(segment_ids.shape)}")
-    length = segment_ids.shape[-1]
-    causal = torch.ones(length, length, dtype=torch.bool).tril()
+        "loop_over_samples": _MASK_CHECKS + '''    causal = torch.ones(length, length, dtype=torch.bool).tril()
     allowed = torch.eye(length, dtype=torch.bool).expand(*segment_ids.shape, length).clone()
     for sample in segment_ids[segment_ids >= 0].unique().tolist():
         inside = segment_ids == sample

@@ -68,14 +68,7 @@ MUTANTS = {
 # Correct answers that differ from the library's code: each must keep every point.
 ALTERNATIVES = {
     "sliding_windows": {
-        "while_loop": '''
-def sliding_windows(length, window=256, overlap=64):
-    length = require_positive_int("length", length)
-    window = require_positive_int("window", window)
-    overlap = require_int("overlap", overlap, minimum=0)
-    if overlap >= window:
-        raise ValueError(f"overlap must be < window = {window}, got {overlap}")
-    windows, start, owned_from = [], 0, 0
+        "while_loop": _WINDOWS.split("    stride = STRIDE")[0] + '''    windows, start, owned_from = [], 0, 0
     while True:
         end = min(start + window, length)
         windows.append(Window(start, end, owned_from, end))
