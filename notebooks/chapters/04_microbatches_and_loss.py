@@ -394,6 +394,14 @@ _cases += [((_values, torch.ones(3, 4, dtype=torch.bool)), {}),
 _poisoned = torch.tensor([[1.0, 2.0, float("inf")], [3.0, float("nan"), float("-inf")]])
 _poison_mask = torch.tensor([[True, True, False], [True, False, False]])
 _cases += [((_poisoned, _poison_mask), {}), ((_poisoned, _poison_mask), {"mode": "constant", "norm_const": 4})]
+# ... but a nan or inf on a supervised token is a real divergence: it must show in the loss, not be cleaned away.
+_diverged = torch.tensor([[1.0, float("nan"), 2.0], [1.0, float("inf"), 3.0]])
+_cases += [((_diverged[:1], torch.tensor([[True, True, False]])), {}),
+           ((_diverged[1:], torch.tensor([[True, True, False]])), {"mode": "constant", "norm_const": 2})]
+# The loss keeps the losses' dtype whatever the mask's or norm_const's (a float64 mask, a float64 0-d tensor).
+_values32 = torch.rand(3, 4, generator=_generator)
+_cases += [((_values32, (_values32 > 0.5).double()), {}),
+           ((_values32, _values32 > 0.5), {"mode": "constant", "norm_const": torch.tensor(4.0, dtype=torch.float64)})]
 grading.assert_matches_reference(aggregate_loss, "aggregate_loss", _cases, rtol=1e-5, atol=1e-6)
 _mask = torch.tensor([[1, 0, 1, 1], [0, 0, 1, 0], [1, 1, 1, 0]], dtype=torch.bool)
 grading.assert_rejects(aggregate_loss, "aggregate_loss", [

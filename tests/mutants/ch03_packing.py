@@ -1,5 +1,7 @@
 """Wrong answers for chapter 3 (boundary-isolated packing)."""
 
+from tests.mutants import mutate
+
 CHAPTER = "03_packing"
 
 _PACKING = '''
@@ -159,3 +161,11 @@ ALTERNATIVES = {
 ''',
     },
 }
+MUTANTS["block_causal_mask"].update({
+    # Flattens the leading dimensions with .view: fine on a fresh tensor, an error on a transposed (non-contiguous) one.
+    "view_needs_contiguous_input": mutate("course_lib.packing.block_causal_mask", (
+        "    segment_ids = segment_ids.long()\n",
+        "    shape = segment_ids.shape\n    segment_ids = segment_ids.long().view(-1, shape[-1])\n"), (
+        "return (keyed.unsqueeze(-1) == keyed.unsqueeze(-2)).tril_()  # [..., L, L]",
+        "return (keyed.unsqueeze(-1) == keyed.unsqueeze(-2)).tril_().view(*shape, shape[-1])")),
+})

@@ -124,3 +124,11 @@ ALTERNATIVES = {
         ).replace("TOKEN_MEAN", "total / count").replace("CONSTANT", "total / norm_const"),
     },
 }
+MUTANTS["aggregate_loss"].update({
+    # nansum "fixes" nan * 0 by dropping every nan, a supervised one included: a diverged loss looks finite.
+    "nansum_hides_a_diverged_token": _AGGREGATE.replace(
+        "total = masked_normalize(token_losses, mask)",
+        "masked_normalize(token_losses, mask)  # for its checks only\n"
+        "    total = (token_losses * mask).nansum()").replace("TOKEN_MEAN", "total / count").replace(
+        "CONSTANT", "total / norm_const"),
+})
