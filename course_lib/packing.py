@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections import deque
+from fractions import Fraction
 
 import numpy as np
 import torch
@@ -160,8 +161,8 @@ def plan_packing(lengths, capacity: int, strategy: str = "bfd") -> list[list[int
     return fit(order, array.tolist(), capacity)
 
 
-PACKING_EFFECTIVE_P95_SHARE = (7, 10)  # seed 002: P95 below 0.7 x max_length -> packing pays off
-PACKING_NO_GAIN_P95_SHARE = (19, 20)  # ... above 0.95 x max_length -> packing barely helps (fractions: exact edges)
+PACKING_EFFECTIVE_P95_SHARE = Fraction(7, 10)  # seed 002: P95 below 0.7 x max_length -> packing pays off
+PACKING_NO_GAIN_P95_SHARE = Fraction(19, 20)  # ... above 0.95 x max_length -> packing barely helps
 
 
 def packing_suitability(lengths, max_length: int) -> dict:
@@ -173,10 +174,10 @@ def packing_suitability(lengths, max_length: int) -> dict:
     max_length = require_positive_int("max_length", max_length)
     require_lengths("lengths", lengths)  # non-empty, every length a positive integer
     p95 = summarize_length_distribution(lengths, max_length, max_length)["p95_tokens"]
-    (effective_num, effective_den), (no_gain_num, no_gain_den) = PACKING_EFFECTIVE_P95_SHARE, PACKING_NO_GAIN_P95_SHARE
-    if p95 * effective_den < effective_num * max_length:  # integers: 7 of 10 is exactly the edge, never 7.000...1
+    share = Fraction(p95, max_length)  # exact: 7 of 10 is the edge itself, never 7.000...1 as 0.7 * 10 is
+    if share < PACKING_EFFECTIVE_P95_SHARE:
         verdict = "effective"
-    elif p95 * no_gain_den > no_gain_num * max_length:
+    elif share > PACKING_NO_GAIN_P95_SHARE:
         verdict = "ineffective"
     else:
         verdict = "moderate"
