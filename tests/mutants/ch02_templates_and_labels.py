@@ -1,5 +1,7 @@
 """Wrong answers for chapter 2 (chat templates and label masks): seed 002's classic bugs and their cousins."""
 
+from tests.mutants import mutate
+
 CHAPTER = "02_templates_and_labels"
 
 _BUILD = '''
@@ -94,7 +96,6 @@ MUTANTS = {
 
 # Wrong answers a review of the grading found keeping full points (before the grader compared types and checked
 # that arguments are left unchanged, and the hidden tests gained the cases that catch them).
-from tests.mutants import mutate  # noqa: E402
 
 _PAD_TARGET = "course_lib.labels.pad_batch"
 _RETURN = '    return {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}'

@@ -1,5 +1,7 @@
 """Wrong answers for chapter 4 (token-budget microbatches and loss normalization)."""
 
+from tests.mutants import mutate
+
 CHAPTER = "04_microbatches_and_loss"
 
 _WALK = '''
@@ -49,6 +51,12 @@ def _aggregate(token_mean="total / count", constant="total / norm_const"):
     return _AGGREGATE.replace("TOKEN_MEAN", token_mean).replace("CONSTANT", constant)
 
 
+def _aggregate_total(expression):
+    """aggregate_loss whose supervised sum is `expression` (masked_normalize still runs, for its checks only)."""
+    return _aggregate().replace("total = masked_normalize(token_losses, mask)",
+                                f"masked_normalize(token_losses, mask)  # for its checks only\n    total = {expression}")
+
+
 MUTANTS = {
     "token_budget_batches": {
         # Packed cost (sum of lengths) where the microbatch is padded: far more rows than the budget allows.
@@ -84,15 +92,10 @@ MUTANTS = {
 
 # Wrong answers a review of the grading found keeping full points (before the hidden tests gained the cases that
 # catch them).
-from tests.mutants import mutate  # noqa: E402
 
 MUTANTS["aggregate_loss"].update({
     # Multiplies by the mask instead of selecting: an inf or nan at a masked-out position makes the loss nan.
-    "multiplies_by_the_mask": _AGGREGATE.replace(
-        "total = masked_normalize(token_losses, mask)",
-        "masked_normalize(token_losses, mask)  # for its checks only\n"
-        "    total = (token_losses * mask).sum()").replace("TOKEN_MEAN", "total / count").replace(
-        "CONSTANT", "total / norm_const"),
+    "multiplies_by_the_mask": _aggregate_total("(token_losses * mask).sum()"),
 })
 MUTANTS["token_budget_batches"].update({
     # max_tokens checked with isinstance(int): True passes as a budget of 1.
@@ -118,17 +121,10 @@ ALTERNATIVES = {
                                           order="sorted(range(len(lengths)), key=lambda i: lengths[i], reverse=True)"),
     },
     "aggregate_loss": {
-        "boolean_indexing": _AGGREGATE.replace(
-            "total = masked_normalize(token_losses, mask)",
-            "masked_normalize(token_losses, mask)  # for its checks only\n    total = token_losses[mask.bool()].sum()",
-        ).replace("TOKEN_MEAN", "total / count").replace("CONSTANT", "total / norm_const"),
+        "boolean_indexing": _aggregate_total("token_losses[mask.bool()].sum()"),
     },
 }
 MUTANTS["aggregate_loss"].update({
     # nansum "fixes" nan * 0 by dropping every nan, a supervised one included: a diverged loss looks finite.
-    "nansum_hides_a_diverged_token": _AGGREGATE.replace(
-        "total = masked_normalize(token_losses, mask)",
-        "masked_normalize(token_losses, mask)  # for its checks only\n"
-        "    total = (token_losses * mask).nansum()").replace("TOKEN_MEAN", "total / count").replace(
-        "CONSTANT", "total / norm_const"),
+    "nansum_hides_a_diverged_token": _aggregate_total("(token_losses * mask).nansum()"),
 })

@@ -1,5 +1,7 @@
 """Wrong answers for chapter 5 (the memory of the logits)."""
 
+from tests.mutants import mutate
+
 CHAPTER = "05_logit_memory"
 
 _CHECKPOINTED = '''
@@ -43,7 +45,6 @@ MUTANTS = {
 
 # Wrong answers a review of the grading found keeping full points (before the memory probe saw the backward pass
 # and small chunks, and the grader checked that arguments are left unchanged).
-from tests.mutants import mutate  # noqa: E402
 
 _TARGET = "course_lib.logprobs.checkpointed_log_probs"
 MUTANTS["checkpointed_log_probs"].update({

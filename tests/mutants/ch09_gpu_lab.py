@@ -1,5 +1,7 @@
 """Wrong answers for chapter 9 (GPU lab: length and packing on a real model)."""
 
+from tests.mutants import mutate
+
 CHAPTER = "09_gpu_lab"
 
 _LEDGER = '''
@@ -81,7 +83,6 @@ MUTANTS = {
 
 # Wrong answers a review of the grading found keeping full points (before the hidden tests gained the cases that
 # catch them).
-from tests.mutants import mutate  # noqa: E402
 
 MUTANTS["padding_vs_packing_ledger"].update({
     # Any truthy flag masks the first labels: "no" does too.
