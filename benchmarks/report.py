@@ -64,22 +64,50 @@ def _header(record: dict[str, Any]) -> str:
 
 def _long_context_tables(record: dict[str, Any]) -> list[str]:
     m = record["measurements"]
+    profiled = any("device_profile" in r for r in m.get("length_curve", []) + m.get("packing_comparison", []))
+    extra = ["busy_ms", "busy_share", "device_ops"] if profiled else []
     length = [[r["sequence_length"], r["tokens_per_step"], r["median_step_ms"], r["p95_step_ms"],
-               r["median_ms_per_token"], _gib(r["peak_allocated_bytes"]), _gib(r["peak_reserved_bytes"])]
+               r["median_ms_per_token"], _gib(r["peak_allocated_bytes"]), _gib(r["peak_reserved_bytes"]),
+               *(_profile_cells(r) if profiled else [])]
               for r in m.get("length_curve", [])]
     packing = [[r["candidate"], r["processed_tokens"], r["effective_supervised_tokens"], r["padding_ratio"],
                 r["median_step_ms"], r["p95_step_ms"], r["effective_tokens_per_second"],
-                _gib(r["peak_allocated_bytes"])]
+                _gib(r["peak_allocated_bytes"]), *(_profile_cells(r) if profiled else [])]
                for r in m.get("packing_comparison", [])]
     return [
         "length curve (§5.3)\n" + _table(["seq_len", "tokens", "median_ms", "p95_ms", "ms/token", "peak_alloc_GiB",
-                                          "peak_resv_GiB"], length),
+                                          "peak_resv_GiB", *extra], length),
         f"length checks: {record['checks'].get('length')}", f"packing checks: {record['checks'].get('packing')}",
         "padding vs packing (§5.3)\n" + _table(["candidate", "processed", "effective", "pad_ratio", "median_ms",
-                                                 "p95_ms", "eff_tok/s", "peak_alloc_GiB"], packing),
+                                                 "p95_ms", "eff_tok/s", "peak_alloc_GiB", *extra], packing),
+        *_busy_reading(m.get("packing_comparison", [])),
         *_scale_table(record),
         _interpretation(record),
     ]
+
+
+def _profile_cells(row: dict[str, Any]) -> list[Any]:
+    """[busy ms, busy / median wall, device operations] of a v8 row's profiled step; dashes before v8."""
+    profile = row.get("device_profile")
+    if profile is None:
+        return [None, None, None]
+    return [profile["busy_ms"], _ratio(profile["busy_ms"], row["median_step_ms"]), profile["operations"]]
+
+
+def _busy_reading(packing: list[dict[str, Any]]) -> list[str]:
+    """What bounds the seed's pair: the wall-clock speed-up beside the device-busy one (v8 GPU rows)."""
+    profiles = [r.get("device_profile") or {} for r in packing]
+    if len(packing) != 2 or any(p.get("device") != "cuda" or p.get("busy_ms") is None for p in profiles):
+        return [f"device profile failed: {p['error']}" for p in profiles if p.get("error")][:1]
+    padding, packed = packing
+    busy = _ratio(padding["device_profile"]["busy_ms"], packed["device_profile"]["busy_ms"])
+    wall = _ratio(padding["median_step_ms"], packed["median_step_ms"])
+    shares = [_ratio(r["device_profile"]["busy_ms"], r["median_step_ms"]) for r in packing]
+    busy_ms = " -> ".join(f"{r['device_profile']['busy_ms']:.1f}" for r in packing)
+    return [f"what bounds the step (padding -> packing): the GPU was busy {busy_ms} ms, "
+            f"{' -> '.join(_cell(share) for share in shares)} of the median wall time; packing needs {_cell(busy)}x "
+            f"less device time and is {_cell(wall)}x faster by the clock (a busy share well below 1: launches and "
+            "Python, not tokens, set the pace)"]
 
 
 def _scale_table(record: dict[str, Any]) -> list[str]:

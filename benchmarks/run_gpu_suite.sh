@@ -5,7 +5,7 @@
 #
 # Measured on one H200 (2026-11-29): the three workloads took about 2 minutes (pt-long-context v5 ~60 s,
 # logit-memory ~11 s, microbatch-budget ~53 s); chapters 5 and 9 ran in 11.6 s and 58.1 s. Not yet measured: v7's
-# varlen rows and chapter 3's run. Each workload and chapter is capped at 200 s. Writes
+# varlen rows, v8's device profiles and chapter 3's run. Each workload and chapter is capped at 200 s. Writes
 # benchmarks/results/<workload>/<workload>_LABEL.json (never overwriting) and benchmarks/results/figures/LABEL/*.png.
 # When $OUT is set (the device tool), copies the three JSON files to $OUT/results/<workload>/, the figures to
 # $OUT/figures/ and the whole log to $OUT/suite.log.

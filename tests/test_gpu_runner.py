@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root holds `benchmarks`
 
-from benchmarks.gpu.measure import median_and_p95  # noqa: E402
+from benchmarks.gpu.measure import device_activity, median_and_p95, profile_step  # noqa: E402
 from benchmarks.gpu.records import read_result, result_path  # noqa: E402
 from benchmarks.gpu.schema import SCHEMA_VERSION, validate_result  # noqa: E402
 from benchmarks.report import (  # noqa: E402
@@ -295,6 +295,80 @@ def test_report_prints_seed_tables_and_draws(smoke, tmp_path, capsys):
     assert report_main([str(smoke["pt-long-context"][0]), str(broken)]) == 1
     out = capsys.readouterr()
     assert "padding vs packing" in out.out and "broken.json" in out.err
+
+
+def test_every_long_context_row_carries_the_profile_of_one_more_step(smoke):
+    """v8: each timed row records what the device ran in one profiled step (here the host: operators and time)."""
+    record = smoke["pt-long-context"][1]
+    rows = [row for section in record["measurements"].values() for row in section]
+    assert record["workload"]["version"] == "v8" and len(rows) == 3 + 2 + 2 + 2
+    for row in rows:
+        profile = row["device_profile"]
+        assert profile["device"] == "cpu" and profile["operations"] > 0 and profile["busy_ms"] > 0
+    # the tiny model runs the same operators at every length: the count follows the code path, not the tokens
+    assert len({row["device_profile"]["operations"] for row in record["measurements"]["length_curve"]}) == 1
+    without = copy.deepcopy(record)  # records before v8 have no profile and stay valid
+    for section in without["measurements"].values():
+        for row in section:
+            del row["device_profile"]
+    validate_result(without)
+
+
+def test_device_activity_counts_gpu_operations_and_their_time():
+    """Kernels and copies count with their durations; user ranges on the GPU timeline and host operators do not."""
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import FunctionEvent
+
+    def event(name, start, end, device_type, **extra):
+        return FunctionEvent(id=start, name=name, thread=0, start_us=start, end_us=end, device_type=device_type,
+                             **extra)
+
+    events = [event("aten::mm", 0, 900, DeviceType.CPU), event("gemm_kernel", 10, 410, DeviceType.CUDA),
+              event("Memcpy HtoD", 420, 470, DeviceType.CUDA), event("elementwise_kernel", 500, 525, DeviceType.CUDA),
+              event("my_range", 0, 600, DeviceType.CUDA, is_user_annotation=True)]
+    assert device_activity(events, "cuda") == {"device": "cuda", "operations": 3, "busy_ms": 0.475}
+    with pytest.raises(ValueError, match="device_type must be 'cuda' or 'cpu', got 'tpu'"):
+        device_activity(events, "tpu")
+
+
+def test_profile_step_on_cpu_sees_the_operators_of_one_step():
+    calls = []
+
+    def step():
+        calls.append(1)
+        return torch.ones(64, 64) @ torch.ones(64, 64)  # three operators: two ones, one matmul
+
+    profile = profile_step(step, torch.device("cpu"))
+    assert calls == [1] and profile["device"] == "cpu" and profile["operations"] == 3 and profile["busy_ms"] > 0
+
+
+def test_a_failing_profiler_leaves_the_numbers_empty_and_says_why(monkeypatch):
+    """The profile is a diagnosis: without CUPTI, say, the row keeps its timings and the record says what failed."""
+    import torch.profiler
+
+    def no_profiler(*args, **kwargs):
+        raise RuntimeError("CUPTI could not be loaded")
+
+    monkeypatch.setattr(torch.profiler, "profile", no_profiler)
+    calls = []
+    profile = profile_step(lambda: calls.append(1), torch.device("cpu"))
+    assert profile == {"device": "cpu", "operations": None, "busy_ms": None,
+                       "error": "RuntimeError: CUPTI could not be loaded"}
+    assert calls == []  # the profiler failed before the step
+
+
+def test_report_reads_what_bounds_the_step_from_gpu_profiles(smoke):
+    record = copy.deepcopy(smoke["pt-long-context"][1])
+    padding, packing = record["measurements"]["packing_comparison"]
+    padding.update(median_step_ms=70.0, device_profile={"device": "cuda", "operations": 3100, "busy_ms": 14.0})
+    packing.update(median_step_ms=72.0, device_profile={"device": "cuda", "operations": 3050, "busy_ms": 9.0})
+    text = format_record(validate_result(record))
+    assert ("what bounds the step (padding -> packing): the GPU was busy 14.0 -> 9.0 ms, 0.2 -> 0.125 of the median "
+            "wall time; packing needs 1.556x less device time and is 0.9722x faster by the clock") in text
+    assert "what bounds the step" not in format_record(smoke["pt-long-context"][1])  # the host is no GPU
+    packing["device_profile"] = {"device": "cuda", "operations": None, "busy_ms": None, "error": "RuntimeError: no CUPTI"}
+    text = format_record(validate_result(record))
+    assert "what bounds the step" not in text and "device profile failed: RuntimeError: no CUPTI" in text
 
 
 def test_result_path_layout():

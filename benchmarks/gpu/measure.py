@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 __all__ = ["median_and_p95", "nearest_rank", "synchronize", "reset_peak", "peak_bytes", "time_steps",
-           "gradient_l2_norm", "finite_or_none", "autocast_for"]
+           "profile_step", "device_activity", "gradient_l2_norm", "finite_or_none", "autocast_for"]
 
 
 def nearest_rank(values: list[float], fraction: float) -> float:
@@ -78,6 +78,47 @@ def time_steps(step: Callable[[], Any], *, device: torch.device, warmup: int, re
     allocated, reserved = peak_bytes(device)
     return {"timings_ms": timings, "outputs": outputs, "median_step_ms": median_ms, "p95_step_ms": p95_ms,
             "peak_allocated_bytes": allocated, "peak_reserved_bytes": reserved}
+
+
+def profile_step(step: Callable[[], Any], device: torch.device) -> dict[str, Any]:
+    """One more step() under torch.profiler -> device_activity of it: what the device itself did in one step.
+
+    Runs after the timed repeats, so the profiler's own overhead touches no timing. Kernel durations are not
+    changed by the profiler, so on CUDA busy_ms is the step's time if launching kernels cost nothing. The profile is a
+    diagnosis, not the measurement: when the profiler fails (no CUPTI, say), the numbers are None and the error is kept.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    try:
+        synchronize(device)
+        with profile(activities=activities) as prof:
+            step()
+            synchronize(device)
+        return device_activity(prof.events(), device.type)
+    except Exception as error:  # any profiler failure: the timed rows must still be recorded
+        return {"device": device.type, "operations": None, "busy_ms": None,
+                "error": f"{type(error).__name__}: {error}"[:500]}
+
+
+def device_activity(events, device_type: str) -> dict[str, Any]:
+    """Profiler events of one step -> {"device", "operations", "busy_ms"}.
+
+    cuda: every operation the GPU ran (kernels, copies, sets; user ranges left out) and the sum of their durations.
+    cpu: the device is the host, so the operators dispatched at the top level and the time spent inside them.
+    """
+    from torch.autograd import DeviceType
+
+    if device_type not in ("cuda", "cpu"):
+        raise ValueError(f"device_type must be 'cuda' or 'cpu', got {device_type!r}")
+    events = [e for e in events if not getattr(e, "is_user_annotation", False)]  # the flag is absent before 2.4
+    if device_type == "cuda":
+        work = [e for e in events if e.device_type == DeviceType.CUDA]
+        busy_us = sum(e.time_range.elapsed_us() for e in work)  # each operation's own span on the GPU timeline
+    else:
+        work = [e for e in events if e.device_type == DeviceType.CPU and e.cpu_parent is None]
+        busy_us = sum(e.cpu_time_total for e in work)
+    return {"device": device_type, "operations": len(work), "busy_ms": busy_us / 1000.0}
 
 
 def gradient_l2_norm(parameters) -> float:

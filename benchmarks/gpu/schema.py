@@ -118,16 +118,27 @@ TRAINING = {"losses": ListOf(Nullable(NUMBER)), "gradient_norms": ListOf(Nullabl
 PACKING_ROW = {  # one timed layout of the four samples; the sections add the candidate names and the scale
     "processed_tokens": int, "effective_supervised_tokens": int, "padding_tokens": int, "padding_ratio": NUMBER,
     **TIMING, "effective_tokens_per_second": Nullable(NUMBER), **TRAINING, **PEAKS}
+# one extra step under torch.profiler (pt-long-context v8 on): what the device ran and how long it was busy
+# (numbers null and the error kept when the profiler itself failed)
+PROFILED = {"device_profile": Obj({"device": OneOf("cuda", "cpu"), "operations": Nullable(int),
+                                   "busy_ms": Nullable(NUMBER)}, {"error": str})}
+
+
+def _long_context_row(fields: dict[str, Any]) -> Obj:
+    return Obj(fields, PROFILED)  # optional: records before v8 have no profile
+
 
 ROW_SCHEMAS: dict[str, dict[str, Any]] = {
     "pt-long-context": {
-        "length_curve": Obj({
+        "length_curve": _long_context_row({
             "sequence_length": int, "batch_size": int, "tokens_per_step": int, **TIMING,
             "median_ms_per_token": Nullable(NUMBER), "tokens_per_second": Nullable(NUMBER), **TRAINING, **PEAKS}),
-        "packing_comparison": Obj({"candidate": OneOf("padding", "boundary_isolated_packing"), **PACKING_ROW}),
-        "packing_scale": Obj({"candidate": OneOf("padding", "boundary_isolated_packing"), "scale": int,
-                              **PACKING_ROW}),
-        "varlen_packing": Obj({"candidate": OneOf("boundary_isolated_packing_varlen"), "scale": int, **PACKING_ROW}),
+        "packing_comparison": _long_context_row({"candidate": OneOf("padding", "boundary_isolated_packing"),
+                                                 **PACKING_ROW}),
+        "packing_scale": _long_context_row({"candidate": OneOf("padding", "boundary_isolated_packing"), "scale": int,
+                                            **PACKING_ROW}),
+        "varlen_packing": _long_context_row({"candidate": OneOf("boundary_isolated_packing_varlen"), "scale": int,
+                                             **PACKING_ROW}),
     },
     "logit-memory": {
         "log_prob_memory": Obj({

@@ -14,10 +14,12 @@ from typing import Any
 
 import torch
 
-from benchmarks.gpu.measure import autocast_for, finite_or_none, gradient_l2_norm, time_steps
+from benchmarks.gpu.measure import autocast_for, finite_or_none, gradient_l2_norm, profile_step, time_steps
 from benchmarks.gpu.models import course_token_ids
 
-VERSION = "v7"  # bump when lengths, samples, repeats or candidates change (v5: scale x16, v6: x32, v7: varlen packing)
+# bump when lengths, samples, repeats, candidates or what a row records change
+# (v5: scale x16, v6: x32, v7: varlen packing, v8: each row's device profile)
+VERSION = "v8"
 EVIDENCE_LEVEL = "real_model_length_and_packing_mechanism_benchmark"
 IGNORE = -100
 LENGTH_TEXT = "Long context training must preserve supervision while controlling memory and time."
@@ -42,6 +44,9 @@ def parameters(mode: str) -> dict[str, Any]:
         "warmup_steps": 1 if smoke else 2, "repeat_steps": 2 if smoke else 10,
         "memory_trend_tolerance": 0.005, "attention_backend": "sdpa", "seed": 42,
         "packing_throughput_target": 1.3,
+        # one more step per row under torch.profiler, after the timed repeats: the device's own busy time, to tell a
+        # step bound by kernel launches (busy time far below the wall time) from one bound by tokens
+        "profiled_steps_per_row": 1,
         "packed_attention": {"boundary_isolated_packing": "4-D block-causal mask [1, 1, T, T] through the model's "
                              "attention", "boundary_isolated_packing_varlen": "course_lib.varlen: no mask, one SDPA "
                              "per sample from cu_seqlens"},
@@ -54,7 +59,7 @@ def parameters(mode: str) -> dict[str, Any]:
 
 
 def _training_row(ctx, model, batch: dict[str, torch.Tensor], desc: str) -> dict[str, Any]:
-    """Time zero_grad + forward + backward on one batch -> timing, losses, gradient norms, peak memory."""
+    """Time zero_grad + forward + backward on one batch -> timing, losses, gradient norms, peak memory, device profile."""
     def step() -> torch.Tensor:
         model.zero_grad(set_to_none=True)
         with autocast_for(ctx.device, ctx.dtype):
@@ -70,7 +75,8 @@ def _training_row(ctx, model, batch: dict[str, torch.Tensor], desc: str) -> dict
                        observe=observe, progress=ctx.progress, desc=desc)
     return {"median_step_ms": timed["median_step_ms"], "p95_step_ms": timed["p95_step_ms"],
             "losses": [loss for loss, _ in timed["outputs"]], "gradient_norms": [norm for _, norm in timed["outputs"]],
-            "peak_allocated_bytes": timed["peak_allocated_bytes"], "peak_reserved_bytes": timed["peak_reserved_bytes"]}
+            "peak_allocated_bytes": timed["peak_allocated_bytes"], "peak_reserved_bytes": timed["peak_reserved_bytes"],
+            "device_profile": profile_step(step, ctx.device)}
 
 
 def _length_point(ctx, model, length: int) -> dict[str, Any]:

@@ -629,9 +629,9 @@ print(f"2300 samples into rows of 64: TRL {len(trl_packed)} rows (batches of 100
 #
 # The cell drives the course's benchmark runner. With `RUN_MODE = "real_gpu"` on a CUDA GPU it runs the preflight of
 # the `PT-SFT-CUDA` profile, measures, and writes one JSON record under `lab_results/` (version 6 took about a minute
-# on an H200; v7 adds its varlen rows; plus downloading the model once); on a machine without one, preflight refuses
-# and the record says why. The default `"dry_run"` records only the plan; `"cpu_smoke"` runs the same code on `tiny_qwen2` in seconds,
-# which proves the wiring and nothing about speed.
+# on an H200; v7 adds its varlen rows, v8 the GPU's busy time per row; plus downloading the model once); on a
+# machine without one, preflight refuses and the record says why. The default `"dry_run"` records only the plan;
+# `"cpu_smoke"` runs the same code on `tiny_qwen2` in seconds, which proves the wiring and nothing about speed.
 #
 # **What the course measured on an NVIDIA H200** (workloads v5 and v6, three runs, 2026-11-29, records in the
 # repository's `benchmarks/results/`): every check passed and 384 → 240 processed tokens, yet packing's effective throughput was

@@ -111,7 +111,7 @@ ENVIRONMENT_PROFILE = "PT-SFT-CUDA"  # the profile the run must pass before it m
 MODEL_ID = "Qwen/Qwen2.5-0.5B"  # another model is another series: never merge it with these results
 MODEL_REVISION = "main"  # the run resolves and records the actual commit
 WORKLOAD_ID = "pt-long-context"
-WORKLOAD_VERSION = "v7"  # v5: the scale series up to x16; v6: up to x32; v7: the packed row again under varlen
+WORKLOAD_VERSION = "v8"  # v5: scale series to x16; v6: to x32; v7: the packed row under varlen; v8: GPU busy time
 SEQUENCE_LENGTHS = [128, 256, 512]  # length curve, batch 1; longer costs time and memory
 PACKING_SAMPLE_LENGTHS = [48, 96, 32, 64]  # the four fixed samples; padding and packing reuse the same tokens
 BATCH_SIZE = 1
@@ -452,7 +452,7 @@ if mine["run_mode"] != "real_gpu":
 # %% [markdown]
 # | item | fields | seed 000 (RTX 5070 Ti) | how to act on it |
 # |---|---|---|---|
-# | run & comparability | failure, model commit, lengths, samples | no failure; 128 / 256 / 512; the four fixed samples | comparable with other v4–v7 runs of the same model (v5–v7 only add the scale series and the varlen rows) |
+# | run & comparability | failure, model commit, lengths, samples | no failure; 128 / 256 / 512; the four fixed samples | comparable with other v4–v8 runs of the same model (v5–v8 only add the scale series, the varlen rows and the device profile) |
 # | length mechanism | tokens_per_step, gradient norms, length checks | finite gradients at every length; memory trend passes with 0.5% tolerance | a tiny allocator wobble from 256 to 512 is not a failed mechanism |
 # | packing correctness | packing checks, effective supervised tokens | all boundary checks pass; 236 supervised tokens in both | any speed difference comes from the layout, not from less supervision |
 # | resources & speed | processed tokens, median ms, effective tokens/s, peak memory | 384 → 240; 63.4 → 48.8 ms; 3724 → 4835 tokens/s; peak ≈ 2.90 GiB | 37.5% fewer positions, 23% less time, ~30% more effective throughput |
@@ -462,6 +462,12 @@ if mine["run_mode"] != "real_gpu":
 # cost (hundreds of kernel launches, reading every weight matrix forward and backward) that does not shrink with
 # the token count. On a larger GPU the ratio can fall further; with longer rows it moves towards the token ratio.
 # A CPU smoke ratio is evidence about neither.
+#
+# Your own run can show which of the two bounds it. From version 8 on, every row also records one more step under
+# `torch.profiler` (`device_profile`): how many operations the GPU ran and how long it was actually busy. The report
+# prints the GPU's busy share of the step's wall time (忙碌占比). Well below 1, the GPU spends most of the step
+# waiting for the next launch, and fewer tokens save little time; near 1, the step is the GPU's work, and the ratio
+# of the two layouts' busy times is the speed-up packing can deliver.
 #
 # **Measured by the course on an NVIDIA H200** (2026-11-29, this workload, three runs; the records are in the
 # repository's `benchmarks/results/`): every check passes and 384 → 240 processed tokens, but packing's effective
