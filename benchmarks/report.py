@@ -208,13 +208,31 @@ def _microbatch_tables(record: dict[str, Any]) -> list[str]:
     return ["microbatch plans (seed 003 §14.2)\n" + table, f"checks: {record['checks'].get('microbatch')}"]
 
 
+def _compiled_tables(record: dict[str, Any]) -> list[str]:
+    """packing-compiled: the seed's pair per compile mode, with speed-up and what bounds the step."""
+    rows = record["measurements"].get("compiled_packing", [])
+    table = [[r["compile_mode"], r["candidate"], r["processed_tokens"], r["effective_supervised_tokens"],
+              r["median_step_ms"], r["p95_step_ms"], r["effective_tokens_per_second"], _gib(r["peak_allocated_bytes"]),
+              *_profile_cells(r)] for r in rows]
+    sections = ["padding vs packing, decoder layers compiled\n" + _table(
+        ["compile", "candidate", "processed", "effective", "median_ms", "p95_ms", "eff_tok/s", "peak_alloc_GiB",
+         "busy_ms", "busy_share", "device_ops"], table)]
+    for padding, packing in zip(rows[::2], rows[1::2], strict=True):
+        mode = padding["compile_mode"]
+        sections.append(f"{mode}: packing / padding effective tokens/s {_cell(_speedup(packing, padding))}; "
+                        f"checks {record['checks'].get(f'compiled_{mode}')}")
+        sections += _busy_reading([padding, packing])
+    return sections
+
+
 def format_record(record: dict[str, Any]) -> str:
     """Every table of one result, as printable text."""
     sections = [_header(record)]
     if not record["measurements"]:
         return "\n\n".join([*sections, "no measurements (a dry_run plan, or a failure before measuring)"])
     sections += {"pt-long-context": _long_context_tables, "logit-memory": _logit_tables,
-                 "microbatch-budget": _microbatch_tables}[record["workload"]["id"]](record)
+                 "microbatch-budget": _microbatch_tables, "packing-compiled": _compiled_tables}[
+                    record["workload"]["id"]](record)
     if record["targets"]:
         sections.append("targets\n" + _table(["target", "expected", "observed", "met"],
                                              [[k, t["expected"], t["observed"], t["met"]]

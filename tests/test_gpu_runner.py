@@ -67,6 +67,9 @@ def test_dry_run_parameters_are_the_seeds():
     logit = WORKLOADS["logit-memory"].parameters("real_gpu")
     assert logit["token_counts"] == [4096, 16384] and logit["chunk_size"] == 1024
     assert WORKLOADS["microbatch-budget"].parameters("real_gpu")["max_tokens"] == 131_072 // 32
+    compiled = WORKLOADS["packing-compiled"].parameters("real_gpu")
+    assert compiled["packing_sample_lengths"] == long_context["packing_sample_lengths"]
+    assert compiled["compile_modes"] == ["default", "reduce-overhead"] and compiled["repeat_steps"] == 10
 
 
 @pytest.mark.parametrize("workload_id", WORKLOAD_IDS)
@@ -89,6 +92,30 @@ def test_cpu_smoke_packing_reproduces_seed_token_counts(smoke):
     assert all(record["checks"]["packing"].values())
     assert [row["sequence_length"] for row in record["measurements"]["length_curve"]] == [16, 32, 64]
     assert all(len(row["losses"]) == 2 for row in record["measurements"]["length_curve"])
+
+
+def test_cpu_smoke_compiled_packing_computes_what_the_eager_model_does(smoke):
+    """Compiled decoder layers on the seed's pair: the eager workload's tokens and losses, and its boundary checks."""
+    record = smoke["packing-compiled"][1]
+    rows = record["measurements"]["compiled_packing"]
+    eager = smoke["pt-long-context"][1]["measurements"]["packing_comparison"]  # same tiny model, seed and batches
+    assert [(row["compile_mode"], row["candidate"]) for row in rows] == [
+        ("default", "padding"), ("default", "boundary_isolated_packing")]
+    for compiled_row, eager_row in zip(rows, eager, strict=True):
+        assert compiled_row["processed_tokens"] == eager_row["processed_tokens"]
+        assert compiled_row["effective_supervised_tokens"] == eager_row["effective_supervised_tokens"] == 236
+        assert compiled_row["losses"][0] == pytest.approx(eager_row["losses"][0], rel=1e-5)
+        assert compiled_row["device_profile"]["operations"] > 0
+    checks = record["checks"]["compiled_default"]
+    assert checks["losses_equal_eager"] and all(checks.values())
+    assert record["targets"]["packing_effective_throughput_ratio_compiled_default"]["met"] is None
+
+
+def test_compile_layers_needs_decoder_layers():
+    from benchmarks.workloads.packing_compiled import compile_layers
+
+    with pytest.raises(ValueError, match="model must be a transformers causal LM with model.layers, got Linear"):
+        compile_layers(torch.nn.Linear(2, 2), "default")
 
 
 def test_cpu_smoke_varlen_packing_matches_block_mask(smoke):
@@ -116,9 +143,9 @@ def test_varlen_check_catches_a_leaky_varlen_row():
     """
     from benchmarks.workloads.pt_long_context import (
         PACKING_TEXTS,
-        _samples,
         course_token_ids,
         packed_batch,
+        supervised_samples,
         varlen_batch,
         varlen_checks,
     )
@@ -126,7 +153,7 @@ def test_varlen_check_catches_a_leaky_varlen_row():
 
     model = tiny_qwen2(seed=0, attn_implementation="sdpa", initializer_range=0.1)
     lengths = [48, 96, 32, 64]
-    packed = packed_batch(_samples(course_token_ids(PACKING_TEXTS, lengths, 2048)), torch.device("cpu"),
+    packed = packed_batch(supervised_samples(course_token_ids(PACKING_TEXTS, lengths, 2048)), torch.device("cpu"),
                           torch.float32)[0]
     with torch.no_grad(), varlen_attention(model):
         good = float(model(**varlen_batch(packed, lengths)).loss)
@@ -289,6 +316,8 @@ def test_report_prints_seed_tables_and_draws(smoke, tmp_path, capsys):
     assert plot_length_curve(records, tmp_path / "curve.png").stat().st_size > 0
     assert plot_packing_bars(records, tmp_path / "bars.png").stat().st_size > 0
     assert plot_packing_scale(records, tmp_path / "scale.png").stat().st_size > 0
+    compiled = format_record(smoke["packing-compiled"][1])
+    assert "padding vs packing, decoder layers compiled" in compiled and "default: packing / padding" in compiled
     assert "padding vs packing by scale" in text and "packing scale checks" in text
     broken = tmp_path / "broken.json"
     broken.write_text(json.dumps({"schema_version": SCHEMA_VERSION}))

@@ -140,6 +140,11 @@ ROW_SCHEMAS: dict[str, dict[str, Any]] = {
         "varlen_packing": _long_context_row({"candidate": OneOf("boundary_isolated_packing_varlen"), "scale": int,
                                              **PACKING_ROW}),
     },
+    "packing-compiled": {
+        "compiled_packing": _long_context_row({"compile_mode": OneOf("default", "reduce-overhead"),
+                                               "candidate": OneOf("padding", "boundary_isolated_packing"),
+                                               **PACKING_ROW}),
+    },
     "logit-memory": {
         "log_prob_memory": Obj({
             "method": OneOf("full", "chunked", "chunked_recompute"), "tokens": int, "vocab_size": int,

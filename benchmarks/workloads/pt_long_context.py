@@ -91,7 +91,7 @@ def _length_point(ctx, model, length: int) -> dict[str, Any]:
             "median_ms_per_token": row["median_step_ms"] / tokens, "tokens_per_second": tokens / median_s}
 
 
-def _samples(ids_per_sample: list[list[int]]) -> list[dict[str, list[int]]]:
+def supervised_samples(ids_per_sample: list[list[int]]) -> list[dict[str, list[int]]]:
     """Each sample supervises its own tokens except the first (no in-sample context to predict it from)."""
     return [{"input_ids": ids, "labels": [IGNORE] + ids[1:]} for ids in ids_per_sample]
 
@@ -135,7 +135,7 @@ def varlen_batch(packed_batch_: dict, lengths: list[int]) -> dict:
     return {**kept, "cu_seq_lens_q": cu_seqlens, "cu_seq_lens_k": cu_seqlens}
 
 
-def _packing_row(ctx, model, name: str, batch: dict, planned: dict, scale: int = 1) -> dict[str, Any]:
+def packing_row(ctx, model, name: str, batch: dict, planned: dict, scale: int = 1) -> dict[str, Any]:
     """Time one candidate; processed and supervised tokens are counted on its tensors, padding from the ledger."""
     from course_lib import effective_tokens_per_second
 
@@ -184,21 +184,21 @@ def _length_checks(rows: list[dict], tolerance: float) -> dict[str, bool]:
     return checks
 
 
-def _scaled_samples(lengths: list[int], scale: int, vocab_size: int) -> tuple[list[int], dict, list[dict]]:
+def scaled_samples(lengths: list[int], scale: int, vocab_size: int) -> tuple[list[int], dict, list[dict]]:
     """(lengths x scale, their ledger, the four samples at those lengths)."""
     from course_lib import padding_vs_packing_ledger
 
     scaled = [length * scale for length in lengths]
     ledger = padding_vs_packing_ledger(scaled, mask_first_label=True)  # what each candidate should process
-    return scaled, ledger, _samples(course_token_ids(PACKING_TEXTS, scaled, vocab_size))
+    return scaled, ledger, supervised_samples(course_token_ids(PACKING_TEXTS, scaled, vocab_size))
 
 
 def _pair_at(ctx, model, lengths: list[int], scale: int = 1) -> tuple[dict, dict, dict, torch.Tensor, dict]:
     """(padding row, packing row, packed batch, segment ids, ledger) for the four samples with lengths x scale."""
-    _, ledger, samples = _scaled_samples(lengths, scale, model.config.vocab_size)
+    _, ledger, samples = scaled_samples(lengths, scale, model.config.vocab_size)
     packed, segment_ids = packed_batch(samples, ctx.device, ctx.dtype)
-    padding = _packing_row(ctx, model, "padding", padded_batch(samples, ctx.device), ledger["padding"], scale)
-    packing = _packing_row(ctx, model, "boundary_isolated_packing", packed, ledger["packing"], scale)
+    padding = packing_row(ctx, model, "padding", padded_batch(samples, ctx.device), ledger["padding"], scale)
+    packing = packing_row(ctx, model, "boundary_isolated_packing", packed, ledger["packing"], scale)
     return padding, packing, packed, segment_ids, ledger
 
 
@@ -206,10 +206,10 @@ def _varlen_row(ctx, model, lengths: list[int], scale: int) -> dict[str, Any]:
     """The packed row at this scale, timed under varlen attention (every row carries its scale, 1 included)."""
     from course_lib import varlen_attention
 
-    scaled, ledger, samples = _scaled_samples(lengths, scale, model.config.vocab_size)
+    scaled, ledger, samples = scaled_samples(lengths, scale, model.config.vocab_size)
     batch = varlen_batch(packed_row(samples, ctx.device)[0], scaled)  # never builds the [T, T] mask it would drop
     with varlen_attention(model):
-        row = _packing_row(ctx, model, "boundary_isolated_packing_varlen", batch, ledger["packing"], scale)
+        row = packing_row(ctx, model, "boundary_isolated_packing_varlen", batch, ledger["packing"], scale)
     return {**row, "scale": scale}
 
 
@@ -258,21 +258,21 @@ def _varlen_targets(ctx, pairs: list[tuple[dict, dict]], varlen_rows: list[dict]
     """Varlen's speed-up over padding on the seed's pair, and against the block mask at the largest scale."""
     (padding, _), (largest_padding, largest_block), largest_varlen = pairs[0], pairs[-1], varlen_rows[-1]
     target = ctx.parameters["packing_throughput_target"]
-    seed_ratio = _throughput_ratio(padding, varlen_rows[0])
-    over_block = _throughput_ratio(largest_block, largest_varlen)
+    seed_ratio = throughput_ratio(padding, varlen_rows[0])
+    over_block = throughput_ratio(largest_block, largest_varlen)
     real = ctx.mode == "real_gpu"
     return {
         "varlen_packing_effective_throughput_ratio": {
-            "expected": f">= {target}x padding on the seed's four samples", "observed": _rounded(seed_ratio),
+            "expected": f">= {target}x padding on the seed's four samples", "observed": rounded(seed_ratio),
             "met": (seed_ratio is not None and seed_ratio >= target) if real else None},
         "varlen_faster_than_block_mask_at_largest_scale": {
             "expected": f"> 1x block-mask packing's tokens/s at x{largest_varlen['scale']} "
                         f"({largest_padding['processed_tokens']} padded tokens)",
-            "observed": _rounded(over_block), "met": (over_block is not None and over_block > 1.0) if real else None},
+            "observed": rounded(over_block), "met": (over_block is not None and over_block > 1.0) if real else None},
     }
 
 
-def _throughput_ratio(baseline: dict, candidate: dict) -> float | None:
+def throughput_ratio(baseline: dict, candidate: dict) -> float | None:
     """candidate / baseline effective supervised tokens/s (compare_padding_and_packing); None: not comparable."""
     from course_lib import compare_padding_and_packing
 
@@ -281,13 +281,13 @@ def _throughput_ratio(baseline: dict, candidate: dict) -> float | None:
     return compare_padding_and_packing(baseline, candidate)["throughput_ratio"]
 
 
-def _rounded(ratio: float | None) -> float | None:
+def rounded(ratio: float | None) -> float | None:
     return None if ratio is None else round(ratio, 4)
 
 
 def _targets(ctx, padding: dict, packing: dict) -> dict[str, dict]:
     before, after = padding["processed_tokens"], packing["processed_tokens"]
-    ratio = _throughput_ratio(padding, packing)
+    ratio = throughput_ratio(padding, packing)
     target = ctx.parameters["packing_throughput_target"]
     return {
         "processed_tokens_reduction": {"expected": "384 -> 240 (-37.5%)",
@@ -295,7 +295,7 @@ def _targets(ctx, padding: dict, packing: dict) -> dict[str, dict]:
                                        "met": (before, after) == (384, 240)},
         "packing_effective_throughput_ratio": {
             "expected": f">= {target}x padding (seed: 3724 -> 4835 tokens/s on an RTX 5070 Ti)",
-            "observed": _rounded(ratio),
+            "observed": rounded(ratio),
             "met": (ratio is not None and ratio >= target) if ctx.mode == "real_gpu" else None},
     }
 
