@@ -15,6 +15,13 @@ c.Execute.timeout = 60
 c.Execute.allow_errors = True
 c.Execute.interrupt_on_timeout = True
 
+# A graded cell fails when it raises. nbgrader would also fail any cell that writes to stderr, so a correct answer
+# whose call makes a library warn (torch's "To copy construct from a tensor", a tokenizer's length note, a profiler's
+# log line) would lose every point of its cell. Python's errors are error outputs, not stderr text, so stderr is
+# dropped before grading: it never decides a grade.
+c.IgnorePattern.enabled = True
+c.IgnorePattern.pattern = r"[\s\S]"  # any text at all
+
 # Students see "# YOUR CODE HERE / raise NotImplementedError()" in the release notebooks.
 c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
 c.ClearSolutions.begin_solution_delimeter = "BEGIN SOLUTION"

@@ -38,6 +38,21 @@ for _up in ("..", "../..", "../../..", "../../../.."):  # where nbgrader's layou
 print("SNOOP " + json.dumps(_found))
 '''
 
+# a correct answer whose every call warns and writes to stderr, as a library it uses might (torch warns when a
+# tensor is passed to torch.tensor): nbgrader alone would fail each graded cell that calls it
+NOISY = '''
+import sys as _sys
+import warnings as _warnings
+
+_quiet_ledger_from_roles = ledger_from_roles
+
+
+def ledger_from_roles(*args, **kwargs):
+    _warnings.warn("a note from a library this answer uses", UserWarning)
+    print("debug: ledger_from_roles was called", file=_sys.stderr)
+    return _quiet_ledger_from_roles(*args, **kwargs)
+'''
+
 
 def _course(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(COURSE + list(args), cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
@@ -97,6 +112,9 @@ def graded(tmp_path_factory):
     stripped.cells.insert(3, nbformat.v4.new_markdown_cell("My own note between the cells."))
     _write(stripped, inbox / f"strip_{CHAPTER}.ipynb")
 
+    noisy = {**solutions, "todo_ledger_from_roles": solutions["todo_ledger_from_roles"] + "\n" + NOISY}
+    _write(_release_with(root, noisy, scratch / "w.ipynb"), inbox / f"noisy_{CHAPTER}.ipynb")
+
     snoop = _release_with(root, solutions, scratch / "n.ipynb")
     _insert_code(snoop, 2, SNOOP)
     _write(snoop, inbox / f"snoop_{CHAPTER}.ipynb")
@@ -112,12 +130,15 @@ def graded(tmp_path_factory):
     _write(cells.read(root / "release" / CHAPTER / f"{CHAPTER}.ipynb"), inbox / "dup" / CHAPTER / f"{CHAPTER}.ipynb")
     (inbox / "homework.ipynb").write_text("{}", encoding="utf-8")
 
-    # the kernels' temporary folders go to a fresh folder outside pytest's, so that what they can reach is
-    # exactly what the grader put there (a shared /tmp may hold anyone's notebooks)
+    # the kernels' temporary folders go four levels deep into a fresh folder outside pytest's, so that the snoop's
+    # walk up to ../../../.. stays inside it and finds exactly what the grader put there (a shared /tmp may hold
+    # anyone's notebooks: the README asks instructors to point TMPDIR at a private folder)
     kernels_tmp = Path(tempfile.mkdtemp(prefix="course-kernels-"))
+    nested_tmp = kernels_tmp / "a" / "b" / "c"
+    nested_tmp.mkdir(parents=True)
     try:
         completed = _course("grade", str(inbox), "--root", str(root), "--cell-timeout", "25", "--workers", "2",
-                            "--no-progress", cwd=base, env=dict(os.environ, TMPDIR=str(kernels_tmp)))
+                            "--no-progress", cwd=base, env=dict(os.environ, TMPDIR=str(nested_tmp)))
     finally:
         shutil.rmtree(kernels_tmp, ignore_errors=True)
     return {"root": root, "base": base, "inbox": inbox, "run": completed, "solutions": solutions,
@@ -148,7 +169,7 @@ def _points(graded, student: str) -> tuple[float, float, float]:
 def test_run_finishes_with_a_summary_and_exit_1_for_the_failed_files(graded):
     run = graded["run"]
     assert run.returncode == 1, run.stdout + run.stderr[-3000:]
-    assert "graded 5, failed 6, skipped 0" in run.stdout, run.stdout
+    assert "graded 6, failed 6, skipped 0" in run.stdout, run.stdout
 
 
 def test_a_cell_that_loops_forever_times_out_and_the_rest_is_graded(graded):
@@ -169,6 +190,16 @@ def test_edited_and_deleted_test_cells_are_restored_with_their_hidden_tests(grad
     page = _feedback(graded, "edit")
     assert "test_ledger_from_roles: test cell edited" in page
     assert "test_audit_context_fit: test cell deleted or not recognised; restored" in page
+
+
+def test_a_correct_answer_that_warns_on_stderr_keeps_every_point(graded):
+    """Only an error fails a graded cell: the course's nbgrader config drops stderr before grading."""
+    assert _points(graded, "noisy") == (8.0, 3.0, 5.0)
+    executed = cells.read(graded["root"] / "autograded" / "noisy" / CHAPTER / f"{CHAPTER}.ipynb")
+    streams = {o.get("name") for c in executed.cells if c.cell_type == "code" for o in c.get("outputs", [])
+               if o.get("output_type") == "stream"}
+    assert "stderr" not in streams
+    assert "8 / 8" in _feedback(graded, "noisy")
 
 
 def test_stripped_metadata_and_new_cell_ids_are_matched_back_by_position_and_content(graded):
@@ -205,7 +236,7 @@ def test_feedback_shows_results_and_messages_but_no_hidden_test_source(graded):
     hidden = [line.strip() for _, _, text in cells.graded_cells(source) if "BEGIN HIDDEN TESTS" in text
               for line in text.split("### BEGIN HIDDEN TESTS", 1)[1].splitlines() if len(line.strip()) > 12]
     assert hidden
-    for student in ("loop", "crash", "edit", "strip", "snoop"):
+    for student in ("loop", "crash", "edit", "strip", "snoop", "noisy"):
         page = _feedback(graded, student)
         assert "test_ledger_from_roles" in page and "test_audit_context_fit" in page
         leaked = [line for line in hidden if line in page]
@@ -216,7 +247,7 @@ def test_regrading_needs_force_and_force_overwrites(graded):
     root, base = graded["root"], graded["base"]
     before = (root / "grades.csv").read_text(encoding="utf-8")
     again = _course("grade", str(graded["inbox"]), "--root", str(root), "--no-progress", cwd=base)
-    assert "graded 0, failed 6, skipped 5" in again.stdout, again.stdout + again.stderr[-2000:]
+    assert "graded 0, failed 6, skipped 6" in again.stdout, again.stdout + again.stderr[-2000:]
     assert "already graded; use --force" in _line({"run": again}, "crash_")
     assert _rows(root / "grades.csv")["crash"] == _rows_from_text(before)["crash"]
     # crash resubmits a complete notebook, zipped: only --force replaces the grade

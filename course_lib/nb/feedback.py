@@ -29,17 +29,17 @@ class CellOutcome:
 
 
 def cell_message(cell: Any) -> str:
-    """Why a graded cell lost points, in one line (empty when it ran cleanly)."""
+    """Why a graded cell lost points, in one line (empty when it ran cleanly).
+
+    What a cell writes to stderr (a library's warning) is not a failure: the course's nbgrader config drops stderr
+    before grading (IgnorePattern), so only an error or a leftover value decides.
+    """
     for output in cell.get("outputs", []):
         kind = output.get("output_type")
         if kind == "error":
             value = str(output.get("evalue", "")).strip().replace("\n", " ")
             message = f"{output.get('ename', 'Error')}: {value}" if value else str(output.get("ename", "Error"))
             return message[:MAX_MESSAGE]
-        if kind == "stream" and output.get("name") == "stderr":
-            text = str(output.get("text", "")).strip().splitlines()
-            return ("the cell wrote to stderr (nbgrader counts that as a failure): " + (text[0] if text else ""))[
-                :MAX_MESSAGE]
         if kind == "execute_result":
             return "the cell's last value was read as partial credit"
     if cell.get("execution_count") is None and not cell.get("outputs"):
