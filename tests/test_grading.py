@@ -143,3 +143,36 @@ def looped(segment_ids):
     grading.assert_no_python_loop_over_tokens(vectorized, "block_causal_mask", make_input)
     with pytest.raises(AssertionError, match="Python loop over tokens"):
         grading.assert_no_python_loop_over_tokens(looped, "block_causal_mask", make_input)
+
+
+def test_failure_messages_name_the_call_that_failed():
+    """A wrong value, an exception from the student's code, or the wrong exception: each message shows the input."""
+    reference = _library_copy("sliding_windows")
+
+    @_as_student
+    def sliding_windows(length, window, stride):
+        windows = reference(length, window, stride)
+        return windows[:-1] if length == 10 else windows  # wrong on one input only
+
+    with pytest.raises(AssertionError, match=r"sliding_windows\(case 1\).*\n  called with: 10, 4, 2$"):
+        grading.assert_matches_reference(sliding_windows, "sliding_windows", [(9, 4, 2), (10, 4, 2)])
+
+    @_as_student
+    def sliding_windows(length, window, stride):  # noqa: F811  (the next student's answer)
+        return list(range(0, length - window + 1, stride))[: length // (length - 10)]  # ZeroDivisionError at 10
+
+    with pytest.raises(AssertionError, match=r"sliding_windows\(case 0\) raised ZeroDivisionError: integer division or "
+                                             r"modulo by zero\n  called with: 10, 4, 2"):
+        grading.assert_matches_reference(sliding_windows, "sliding_windows", [(10, 4, 2)])
+    with pytest.raises(AssertionError, match=r"expected ValueError, got ZeroDivisionError.*\n  called with: 10, 4, 2"):
+        grading.expect_value_error(sliding_windows, 10, 4, 2)
+    with pytest.raises(AssertionError, match=r"expected ValueError, nothing was raised\n  called with: 9, 4, 2"):
+        grading.expect_value_error(sliding_windows, 9, 4, 2)
+
+
+def test_shown_arguments_keeps_messages_short():
+    shown = grading.shown_arguments(([list(range(100))] * 50, torch.zeros(4, 5), torch.tensor([1, 2])),
+                                    {"pad_token_id": 0})
+    assert len(shown) <= 404 and shown.endswith(" ...")
+    assert grading.shown_arguments((torch.zeros(4, 5), torch.tensor([1, 2])), {"pad_token_id": 0}) == (
+        "Tensor(shape=[4, 5], dtype=torch.float32), [1, 2] (Tensor, torch.int64), pad_token_id=0")

@@ -206,6 +206,39 @@ def _changed(before: Any, after: Any, path: str) -> str | None:
     return None if both_nan or (type(old) is type(new) and old == new) else f"{path} (value)"
 
 
+def shown_arguments(args: Sequence[Any], kwargs: Mapping[str, Any], limit: int = 400) -> str:
+    """The arguments of a call as a student can read them in a message: short reprs, tensors by shape and dtype
+    when large, the whole cut at `limit` characters."""
+    import reprlib
+
+    short = reprlib.Repr()
+    short.maxlist = short.maxtuple = 12
+    short.maxdict, short.maxstring, short.maxother, short.maxlevel = 8, 80, 120, 4
+
+    def one(value: Any) -> str:
+        if hasattr(value, "shape") and hasattr(value, "dtype") and getattr(value, "ndim", 0) > 0:
+            if int(getattr(value, "numel", lambda: value.size)()) > 16:
+                return f"{type(value).__name__}(shape={list(value.shape)}, dtype={value.dtype})"
+            return repr(value.tolist()) + f" ({type(value).__name__}, {value.dtype})"
+        return short.repr(value)
+
+    text = ", ".join([one(value) for value in args] + [f"{key}={one(value)}" for key, value in kwargs.items()])
+    return text if len(text) <= limit else text[:limit] + " ..."
+
+
+def _call_student(student: Callable, name: str, label: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+    """student(*args, **kwargs) with the library switched off; an exception it raises becomes a failure that says
+    which call raised it (the tripwire's AssertionError passes through as it is)."""
+    with library_blocked(name):
+        try:
+            return student(*args, **kwargs)
+        except AssertionError:
+            raise
+        except Exception as error:  # the student's code may raise anything: it is a wrong answer, with its input
+            raise AssertionError(f"{label} raised {type(error).__name__}: {error}\n  called with: "
+                                 f"{shown_arguments(args, kwargs)}") from error
+
+
 def assert_matches_reference(student: Callable, name: str, cases: Iterable[Any], **tolerance: float) -> None:
     """The student's function equals the library's on every case, with the library switched off, and leaves
     its arguments as they were (a caller's samples, masks and tensors are not the function's to change).
@@ -220,14 +253,17 @@ def assert_matches_reference(student: Callable, name: str, cases: Iterable[Any],
         expected = library(*args, **kwargs)
         named = {**{f"argument {index}": arg for index, arg in enumerate(args)}, **kwargs}
         before = {key: _snapshot(value) for key, value in named.items()}
-        with library_blocked(name):
-            got = student(*args, **kwargs)
+        label = f"{name}(case {checked})"
+        got = _call_student(student, name, label, args, kwargs)
         changed = next((found for key, value in named.items()
                         if (found := _changed(before[key], _snapshot(value), key))), None)
         if changed:
-            raise AssertionError(f"{name}(case {checked}) changed its input in place: {changed}; "
+            raise AssertionError(f"{label} changed its input in place: {changed}; "
                                  "work on a copy, the caller still needs its data")
-        assert_same(got, expected, path=f"{name}(case {checked})", **tolerance)
+        try:
+            assert_same(got, expected, path=label, **tolerance)
+        except AssertionError as error:
+            raise AssertionError(f"{error}\n  called with: {shown_arguments(args, kwargs)}") from None
         checked += 1
     if not checked:
         raise ValueError("assert_matches_reference needs at least one case")
@@ -240,8 +276,9 @@ def expect_value_error(call: Callable, *args: Any, **kwargs: Any) -> str:
     except ValueError as error:
         return str(error)
     except Exception as error:  # the wrong exception type is a wrong answer, not a crash
-        raise AssertionError(f"expected ValueError, got {type(error).__name__}: {error}") from error
-    raise AssertionError(f"expected ValueError for arguments {args!r} {kwargs!r}, nothing was raised")
+        raise AssertionError(f"expected ValueError, got {type(error).__name__}: {error}\n  called with: "
+                             f"{shown_arguments(args, kwargs)}") from error
+    raise AssertionError(f"expected ValueError, nothing was raised\n  called with: {shown_arguments(args, kwargs)}")
 
 
 def assert_rejects(student: Callable, name: str, bad_cases: Iterable[Any]) -> None:
