@@ -96,10 +96,33 @@ for token_id, role in list(zip(rendered["input_ids"], rendered["roles"], strict=
 # %% nbgrader={"grade": true, "solution": false, "grade_id": "test_ledger_from_roles", "locked": true, "points": 3, "schema_version": 3}
 _roles = render_chat(tokenizer, chat)["roles"]
 ledger = ledger_from_roles(_roles)
-assert set(ledger) == {"template_tokens", "prompt_tokens", "supervised_tokens", "total_tokens"}
-assert ledger == measure_sample(tokenizer, chat)
-assert ledger["template_tokens"] + ledger["prompt_tokens"] + ledger["supervised_tokens"] == len(_roles)
-assert ledger_from_roles(_roles, supervise_eos=False)["supervised_tokens"] == ledger["supervised_tokens"] - 1
+want = measure_sample(tokenizer, chat)
+assert set(ledger) == set(want), (
+    f"ledger_from_roles(roles of chat) returned the keys {sorted(ledger)}, expected {sorted(want)}")
+count_types = {key: type(count).__name__ for key, count in ledger.items()}
+assert all(type(count) is int for count in ledger.values()), (
+    f"the counts must be Python ints, not numpy or torch integers (a ledger is written to JSON): got {count_types}")
+assert ledger == want, f"ledger_from_roles(roles of chat) returned {ledger}, expected {want}"
+# Without EOS supervision the end-of-turn token moves from supervised to template; the total stays the same.
+no_eos = ledger_from_roles(_roles, supervise_eos=False)
+want_no_eos = measure_sample(tokenizer, chat, supervise_eos=False)
+assert no_eos["total_tokens"] == len(_roles), (
+    f"ledger_from_roles(roles of chat, supervise_eos=False) returned total_tokens {no_eos['total_tokens']}, "
+    f"expected {len(_roles)}, one per role")
+assert no_eos["template_tokens"] + no_eos["prompt_tokens"] + no_eos["supervised_tokens"] == len(_roles), (
+    f"ledger_from_roles(roles of chat, supervise_eos=False) returned {no_eos}: template + prompt + supervised "
+    f"must add up to all {len(_roles)} tokens (an unsupervised eos token counts as template)")
+assert no_eos == want_no_eos, (
+    f"ledger_from_roles(roles of chat, supervise_eos=False) returned {no_eos}, expected {want_no_eos}")
+try:
+    ledger_from_roles(["user", "robot"])
+except ValueError:
+    pass
+except Exception as error:
+    raise AssertionError("ledger_from_roles(['user', 'robot']) must raise ValueError ('robot' is not a role), "
+                         f"got {type(error).__name__}: {error}") from error
+else:
+    raise AssertionError("ledger_from_roles(['user', 'robot']) must raise ValueError: 'robot' is not a role")
 ### BEGIN HIDDEN TESTS
 import random
 
@@ -174,17 +197,21 @@ plt.show()
 # ### TODO 2 · `audit_context_fit`
 #
 # Implement `audit_context_fit(samples, target_context_len, template_tokens, min_kept_supervised_tokens=1,
-# max_supervision_loss_ratio=0.0)`. Each sample is a dict with `name`, `prompt_tokens`, `supervised_tokens`.
-# Return `{"records": [...], "fit_names": [...], "truncated_names": [...], "overflow_names": [...]}` where each
-# record holds `name`, `total_tokens`, `kept_supervised_tokens` (0 for an overflow), `supervision_loss_ratio`
-# and `decision` (`"fit"`, `"truncate"` or `"overflow"`); an empty list of samples gives empty lists. The gates
-# judge a **cut**: a sample that fits keeps all its supervision, even when that is below
-# `min_kept_supervised_tokens`, since nothing is cut. (Seed 000's code prints 0 kept tokens for such a "fit";
-# we keep the count, so that the record agrees with what the window actually keeps.) Reject bad input with a
-# `ValueError` that names the field: a sample without one of its three keys, a window, minimum or length that is
-# not an integer (`True` is not one), a non-positive window or minimum, a negative template or prompt length, a
-# supervised length that is not positive, a ratio that is not a number in [0, 1] (`nan` is not). The validators
-# imported at the top of your cell (`require_keys`, `require_positive_int`, `require_ratio`, ...) do this for you.
+# max_supervision_loss_ratio=0.0)`. Each sample is a dict with `name`, `prompt_tokens`, `supervised_tokens`. Return
+# `{"records": [...], "fit_names": [...], "truncated_names": [...], "overflow_names": [...]}` where each record
+# holds `name`, `total_tokens`, `kept_supervised_tokens` (both Python ints; kept is 0 for an overflow),
+# `supervision_loss_ratio` and `decision` (`"fit"`, `"truncate"` or `"overflow"`); an empty list of samples gives
+# empty lists. The ratio is the formula above for the cut the window would make, which keeps
+# $\min(L_{\text{sup}}, \max(0, C - L_{\text{template}} - L_{\text{prompt}}))$ supervised tokens: 0.0 for a fit, and
+# for an overflow the ratio of the cut the gates refused (0.4 when 24 of 40 tokens would be kept), **not** 1.0, even
+# though the overflow record's `kept_supervised_tokens` is 0. The gates judge a **cut**: a sample that fits keeps
+# all its supervision, even when that is below `min_kept_supervised_tokens`, since nothing is cut. (Seed 000's code
+# prints 0 kept tokens for such a "fit"; we keep the count, so that the record agrees with what the window actually
+# keeps.) Reject bad input with a `ValueError` that names the field: a sample without one of its three keys, a
+# window, minimum or length that is not an integer (`True` is not one), a non-positive window or minimum, a negative
+# template or prompt length, a supervised length that is not positive, a ratio that is not a number in [0, 1] (`nan`
+# is not). The validators imported at the top of your cell (`require_keys`, `require_positive_int`, `require_ratio`,
+# ...) do this for you.
 
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_audit_context_fit", "locked": false, "schema_version": 3}
 #| solution: course_lib.window.audit_context_fit
@@ -197,21 +224,60 @@ samples = [
     {"name": "overflow", "prompt_tokens": 1761, "supervised_tokens": 256},
 ]
 plan = audit_context_fit(samples, 2048, 32)
-assert plan["fit_names"] == ["short", "boundary"]
-assert plan["truncated_names"] == []
-assert plan["overflow_names"] == ["overflow"]
-assert plan["records"][1]["total_tokens"] == 2048
-assert plan["records"][2]["kept_supervised_tokens"] == 0
+call = "audit_context_fit(samples, 2048, 32)"
+assert plan["fit_names"] == ["short", "boundary"], (
+    f"{call} returned fit_names {plan['fit_names']}, expected ['short', 'boundary']: 'boundary' has "
+    "32 + 1760 + 256 = 2048 tokens, exactly the window, and fits whole")
+assert plan["truncated_names"] == [], f"{call} returned truncated_names {plan['truncated_names']}, expected []"
+assert plan["overflow_names"] == ["overflow"], (
+    f"{call} returned overflow_names {plan['overflow_names']}, expected ['overflow']")
+assert plan["records"][1]["total_tokens"] == 2048, (
+    f"{call}: records[1]['total_tokens'] is {plan['records'][1]['total_tokens']}, expected 32 + 1760 + 256 = 2048")
+count_types = [(type(record["total_tokens"]).__name__, type(record["kept_supervised_tokens"]).__name__)
+               for record in plan["records"]]
+assert all(types == ("int", "int") for types in count_types), (
+    "total_tokens and kept_supervised_tokens must be Python ints, not numpy or torch integers (the audit is "
+    f"written to JSON): {call} gave the types {count_types}")
+overflow_record = plan["records"][2]
+assert overflow_record["kept_supervised_tokens"] == 0, (
+    f"{call}: the overflow record keeps {overflow_record['kept_supervised_tokens']} supervised tokens, expected 0")
+assert abs(overflow_record["supervision_loss_ratio"] - 1 / 256) < 1e-9, (
+    f"{call}: the overflow record's supervision_loss_ratio is {overflow_record['supervision_loss_ratio']}, "
+    "expected 1/256 = 0.0039: the loss of the refused cut (255 of 256 kept), not 1.0")
 long_answer = [{"name": "long-supervision", "prompt_tokens": 80, "supervised_tokens": 40}]
 accepted = audit_context_fit(long_answer, 112, 8, min_kept_supervised_tokens=20, max_supervision_loss_ratio=0.4)
 rejected = audit_context_fit(long_answer, 112, 8, min_kept_supervised_tokens=20, max_supervision_loss_ratio=0.1)
-assert accepted["truncated_names"] == ["long-supervision"]
-assert accepted["records"][0]["kept_supervised_tokens"] == 24
-assert rejected["overflow_names"] == ["long-supervision"]
+call = "audit_context_fit(long_answer, 112, 8, min_kept_supervised_tokens=20, max_supervision_loss_ratio={})"
+assert accepted["truncated_names"] == ["long-supervision"], (
+    f"{call.format(0.4)} returned truncated_names {accepted['truncated_names']}, expected ['long-supervision']: "
+    "the cut keeps 112 - 8 - 80 = 24 of 40 tokens (>= 20) and loses 0.4 (<= 0.4)")
+assert accepted["records"][0]["kept_supervised_tokens"] == 24, (
+    f"{call.format(0.4)}: kept_supervised_tokens is {accepted['records'][0]['kept_supervised_tokens']}, expected 24")
+assert rejected["overflow_names"] == ["long-supervision"], (
+    f"{call.format(0.1)} returned overflow_names {rejected['overflow_names']}, expected ['long-supervision']: "
+    "a loss of 0.4 > 0.1")
+rejected_record = rejected["records"][0]
+assert rejected_record["kept_supervised_tokens"] == 0, (
+    f"{call.format(0.1)}: kept_supervised_tokens is {rejected_record['kept_supervised_tokens']}, expected 0 "
+    "(an overflow keeps nothing)")
+assert abs(rejected_record["supervision_loss_ratio"] - 0.4) < 1e-9, (
+    f"{call.format(0.1)}: supervision_loss_ratio is {rejected_record['supervision_loss_ratio']}, expected 0.4: "
+    "an overflow records the ratio of the cut the gates refused (16 of 40 tokens lost), not 1.0")
+# A prompt longer than the window leaves no room at all: the cut keeps 0 tokens (never fewer) and loses them all.
+huge_prompt = audit_context_fit([{"name": "huge-prompt", "prompt_tokens": 200, "supervised_tokens": 10}], 100, 8,
+                                max_supervision_loss_ratio=1.0)
+huge_ratio = huge_prompt["records"][0]["supervision_loss_ratio"]
+assert huge_prompt["overflow_names"] == ["huge-prompt"] and abs(huge_ratio - 1.0) < 1e-9, (
+    "audit_context_fit([{'name': 'huge-prompt', 'prompt_tokens': 200, 'supervised_tokens': 10}], 100, 8, "
+    f"max_supervision_loss_ratio=1.0) returned the records {huge_prompt['records']}, expected one overflow with "
+    "supervision_loss_ratio 1.0 (the window leaves max(0, 100 - 8 - 200) = 0 supervised tokens)")
 # A whole sample below the minimum: nothing is cut, so it fits and keeps its 5 supervised tokens.
 small = audit_context_fit([{"name": "small", "prompt_tokens": 10, "supervised_tokens": 5}], 128, 8,
                           min_kept_supervised_tokens=20)
-assert small["fit_names"] == ["small"] and small["records"][0]["kept_supervised_tokens"] == 5
+assert small["fit_names"] == ["small"] and small["records"][0]["kept_supervised_tokens"] == 5, (
+    "audit_context_fit([{'name': 'small', 'prompt_tokens': 10, 'supervised_tokens': 5}], 128, 8, "
+    f"min_kept_supervised_tokens=20) returned {small}, expected a fit that keeps all 5 supervised tokens "
+    "(the gates judge only a cut)")
 ### BEGIN HIDDEN TESTS
 import random
 

@@ -153,7 +153,8 @@ for token_id, role in list(zip(rendered["input_ids"], rendered["roles"], strict=
 #   `labels[t] = IGNORE_INDEX` (-100) everywhere else. Every assistant turn is supervised, not only the last,
 #   and no user turn is, not even after the first answer.
 # * With `max_length` given, keep the first `max_length` tokens of **both** `input_ids` and `labels`.
-# * Return `{"input_ids": [...], "labels": [...]}` (lists of ints of equal length).
+# * Return `{"input_ids": [...], "labels": [...]}`: lists of equal length that hold Python ints (not numpy or torch
+#   integers: datasets and JSON files store them).
 # * Raise a `ValueError` for a `max_length` that is not a positive integer or a `supervise_eos` that is not a
 #   bool (`require_positive_int` and `require_bool`, imported at the top of your cell, do it); bad messages are
 #   already refused by `render_chat`.
@@ -164,15 +165,46 @@ for token_id, role in list(zip(rendered["input_ids"], rendered["roles"], strict=
 # %% nbgrader={"grade": true, "solution": false, "grade_id": "test_build_labels", "locked": true, "points": 5, "schema_version": 3}
 sample = build_labels(tokenizer, chat)
 roles = render_chat(tokenizer, chat)["roles"]
-assert len(sample["labels"]) == len(sample["input_ids"]) == len(roles)
-for token_id, label, role in zip(sample["input_ids"], sample["labels"], roles, strict=True):
-    assert label == (token_id if role in ("assistant", "eos") else IGNORE_INDEX), (role, label)
+assert len(sample["labels"]) == len(sample["input_ids"]) == len(roles), (
+    f"build_labels(tokenizer, chat) returned {len(sample['input_ids'])} input_ids and {len(sample['labels'])} "
+    f"labels, expected {len(roles)} of each (one per token of the rendering)")
+assert type(sample["input_ids"]) is list and type(sample["labels"]) is list, (
+    f"build_labels(tokenizer, chat) returned input_ids as {type(sample['input_ids']).__name__} and labels as "
+    f"{type(sample['labels']).__name__}, expected two lists")
+value_types = sorted({type(value).__name__ for value in sample["input_ids"] + sample["labels"]})
+assert value_types == ["int"], (
+    "input_ids and labels must hold Python ints, not numpy or torch integers (datasets and JSON store them): "
+    f"build_labels(tokenizer, chat) gave {value_types}")
+for position, (token_id, label, role) in enumerate(zip(sample["input_ids"], sample["labels"], roles, strict=True)):
+    want = token_id if role in ("assistant", "eos") else IGNORE_INDEX
+    assert label == want, (f"build_labels(tokenizer, chat): labels[{position}] is {label}, expected {want} "
+                           f"(token {tokenizer.decode([token_id])!r}, role {role!r})")
 supervised = [label for label in sample["labels"] if label != IGNORE_INDEX]
-assert tokenizer.decode(supervised) == "Only the answer and its end-of-turn token.<|im_end|>不客气。<|im_end|>"
+want_text = "Only the answer and its end-of-turn token.<|im_end|>不客气。<|im_end|>"
+assert tokenizer.decode(supervised) == want_text, (
+    f"build_labels(tokenizer, chat) supervises {tokenizer.decode(supervised)!r}, expected {want_text!r}")
 without_eos = build_labels(tokenizer, chat, supervise_eos=False)
-assert sum(label != IGNORE_INDEX for label in without_eos["labels"]) == len(supervised) - 2
+n_without_eos = sum(label != IGNORE_INDEX for label in without_eos["labels"])
+assert n_without_eos == len(supervised) - 2, (
+    f"build_labels(tokenizer, chat, supervise_eos=False) supervises {n_without_eos} tokens, expected "
+    f"{len(supervised) - 2}: the end-of-turn tokens of the two answers carry no loss")
 cut = build_labels(tokenizer, chat, max_length=20)
-assert cut["input_ids"] == sample["input_ids"][:20] and cut["labels"] == sample["labels"][:20]
+assert cut["input_ids"] == sample["input_ids"][:20] and cut["labels"] == sample["labels"][:20], (
+    f"build_labels(tokenizer, chat, max_length=20) returned {len(cut['input_ids'])} input_ids and "
+    f"{len(cut['labels'])} labels, expected the first 20 of each")
+# Another template, chosen by name with chat_template (the same tokenizer object).
+llama = build_labels(tokenizer, chat, chat_template="llama3")
+llama_rendered = render_chat(tokenizer, chat, chat_template="llama3")
+assert llama["input_ids"] == llama_rendered["input_ids"], (
+    f"build_labels(tokenizer, chat, chat_template='llama3') returned input_ids starting "
+    f"{tokenizer.decode(llama['input_ids'][:3])!r}, expected the llama3 rendering, starting "
+    f"{tokenizer.decode(llama_rendered['input_ids'][:3])!r}: pass chat_template on to render_chat")
+want_llama = [token_id if role in ("assistant", "eos") else IGNORE_INDEX
+              for token_id, role in zip(llama_rendered["input_ids"], llama_rendered["roles"], strict=True)]
+assert llama["labels"] == want_llama, (
+    f"build_labels(tokenizer, chat, chat_template='llama3') supervises "
+    f"{tokenizer.decode([label for label in llama['labels'] if label != IGNORE_INDEX])!r}, expected "
+    f"{tokenizer.decode([label for label in want_llama if label != IGNORE_INDEX])!r}")
 ### BEGIN HIDDEN TESTS
 import random
 
@@ -263,12 +295,46 @@ print("".join(pieces))
 
 # %% nbgrader={"grade": true, "solution": false, "grade_id": "test_pad_batch", "locked": true, "points": 5, "schema_version": 3}
 features = [{"input_ids": [5, 6, 7], "labels": [IGNORE_INDEX, 6, 7]}, {"input_ids": [8], "labels": [8]}]
+features_before = [{key: list(values) for key, values in feature.items()} for feature in features]
 batch = pad_batch(features, pad_token_id=0)
-assert set(batch) == {"input_ids", "labels", "attention_mask"}
-assert all(batch[key].dtype == torch.long for key in batch)
-assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]]
-assert batch["labels"].tolist() == [[IGNORE_INDEX, 6, 7], [8, IGNORE_INDEX, IGNORE_INDEX]]
-assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+call = f"pad_batch({features_before}, pad_token_id=0)"
+assert set(batch) == {"input_ids", "labels", "attention_mask"}, (
+    f"{call} returned the keys {sorted(batch)}, expected ['attention_mask', 'input_ids', 'labels']")
+dtypes = {key: str(getattr(batch[key], "dtype", type(batch[key]).__name__)) for key in batch}
+assert all(isinstance(batch[key], torch.Tensor) and batch[key].dtype == torch.long for key in batch), (
+    f"{call}: every value must be a torch.long tensor, got {dtypes}")
+assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]], (
+    f"{call} returned input_ids {batch['input_ids'].tolist()}, expected [[5, 6, 7], [8, 0, 0]]")
+assert batch["labels"].tolist() == [[IGNORE_INDEX, 6, 7], [8, IGNORE_INDEX, IGNORE_INDEX]], (
+    f"{call} returned labels {batch['labels'].tolist()}, expected [[-100, 6, 7], [8, -100, -100]]")
+assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]], (
+    f"{call} returned attention_mask {batch['attention_mask'].tolist()}, expected [[1, 1, 1], [1, 0, 0]]")
+unchanged = all(feature.keys() == before.keys() and all(type(feature[key]) is list and feature[key] == before[key]
+                                                        for key in before)
+                for feature, before in zip(features, features_before, strict=True))
+assert unchanged, (f"{call} changed the caller's features into {features}: build new tensors, "
+                   "do not pad (or convert) the given lists in place")
+# The alpaca case: the end-of-turn token IS the pad token (id 0), so real tokens carry the pad id.
+eos_is_pad = [{"input_ids": [9, 4, 0], "labels": [IGNORE_INDEX, 4, 0]}, {"input_ids": [3, 0], "labels": [3, 0]}]
+eos_batch = pad_batch(eos_is_pad, pad_token_id=0)
+call = f"pad_batch({eos_is_pad}, pad_token_id=0)"
+assert eos_batch["attention_mask"].tolist() == [[1, 1, 1], [1, 1, 0]], (
+    f"{call} returned attention_mask {eos_batch['attention_mask'].tolist()}, expected [[1, 1, 1], [1, 1, 0]]: "
+    "id 0 is also a real end-of-turn token here, so the mask must come from the lengths, not from the ids")
+assert eos_batch["input_ids"].tolist() == [[9, 4, 0], [3, 0, 0]], (
+    f"{call} returned input_ids {eos_batch['input_ids'].tolist()}, expected [[9, 4, 0], [3, 0, 0]]")
+assert eos_batch["labels"].tolist() == [[IGNORE_INDEX, 4, 0], [3, 0, IGNORE_INDEX]], (
+    f"{call} returned labels {eos_batch['labels'].tolist()}, expected [[-100, 4, 0], [3, 0, -100]]")
+for bad in ([{"input_ids": [1, 2]}], [{"input_ids": [5.5, 6.0], "labels": [5, 6]}]):
+    try:
+        pad_batch(bad, pad_token_id=0)
+    except ValueError:
+        pass
+    except Exception as error:
+        raise AssertionError(f"pad_batch({bad}, pad_token_id=0) must raise ValueError, "
+                             f"got {type(error).__name__}: {error}") from error
+    else:
+        raise AssertionError(f"pad_batch({bad}, pad_token_id=0) must raise ValueError")
 ### BEGIN HIDDEN TESTS
 import random
 
@@ -324,10 +390,10 @@ grading.assert_rejects(pad_batch, "pad_batch", [
 # the mean now runs over a different set of targets. On the ten sample chats:
 
 # %%
+model = tiny_qwen2()
 features = [build_labels(tokenizer, messages) for messages in sample_chats]
 batch = pad_batch(features, tokenizer.pad_token_id)
 leaky_labels = torch.where(batch["attention_mask"].bool(), batch["labels"], tokenizer.pad_token_id)  # the bug
-model = tiny_qwen2()
 with torch.no_grad():
     loss_right = model(**batch).loss.item()
     loss_leaky = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=leaky_labels).loss.item()
@@ -423,7 +489,9 @@ for name in CHAT_TEMPLATES:
         expected = [i if bit else IGNORE_INDEX for i, bit in zip(framework["input_ids"], framework["assistant_masks"],
                                                                   strict=True)]
         ours = build_labels(tokenizers[name], messages)
-        assert ours["input_ids"] == framework["input_ids"] and ours["labels"] == expected, (name, messages)
+        assert ours["input_ids"] == framework["input_ids"] and ours["labels"] == expected, (
+            f"build_labels(tokenizers[{name!r}], messages) differs from transformers' assistant mask on the chat "
+            f"{messages!r:.120}")
         checked += 1
 collator = DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=IGNORE_INDEX, return_tensors="pt")
 theirs = collator([dict(feature) for feature in features])

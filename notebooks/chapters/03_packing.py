@@ -211,11 +211,15 @@ for column in range(seam - 3, seam + 3):
 # section 4 vectorizes the mask). `samples` is a non-empty list of dicts with `input_ids` and `labels` (equal
 # lengths, at least one token). Return one packed row as a dict of lists:
 #
-# * `input_ids`, `labels`: the samples' lists concatenated in order (labels unchanged);
+# * `input_ids`, `labels`: the samples' `input_ids` and `labels` concatenated in order (labels unchanged); a sample
+#   may hold them as lists or as tuples;
 # * `segment_ids`: the sample's index (0, 1, ...) for each of its tokens;
 # * `position_ids`: 0, 1, ..., $T_k - 1$ within each sample;
 # * `attention_allowed`: a $T \times T$ list of lists of bools; row = query, column = key; `True` exactly when
 #   key and query are in the same sample and the key's position is $\le$ the query's.
+#
+# The four token lists hold Python ints and the mask Python bools (not numpy or torch scalars: a packed row is
+# compared with TRL's rows and written out as JSON).
 #
 # Raise `ValueError` for an empty `samples`, a sample without `input_ids` or `labels` (`require_keys` from the
 # setup does this), empty `input_ids`, ids or labels that are not integers (bools are not token ids), or `labels` of
@@ -228,17 +232,35 @@ for column in range(seam - 3, seam + 3):
 
 # %% nbgrader={"grade": true, "solution": false, "grade_id": "test_build_boundary_isolated_packing", "locked": true, "points": 4, "schema_version": 3}
 # Seed 000's example: two samples of 3 and 2 tokens.
-packed_pair = build_boundary_isolated_packing([
-    {"input_ids": [11, 12, 13], "labels": [-100, 12, 13]},
-    {"input_ids": [21, 22], "labels": [-100, 22]},
-])
-assert packed_pair["input_ids"] == [11, 12, 13, 21, 22]
-assert packed_pair["labels"] == [-100, 12, 13, -100, 22]
-assert packed_pair["segment_ids"] == [0, 0, 0, 1, 1]
-assert packed_pair["position_ids"] == [0, 1, 2, 0, 1]
-assert packed_pair["attention_allowed"][2] == [True, True, True, False, False]
-assert packed_pair["attention_allowed"][3] == [False, False, False, True, False]
-assert packed_pair["attention_allowed"][4] == [False, False, False, True, True]
+seed_pair = [{"input_ids": [11, 12, 13], "labels": [-100, 12, 13]}, {"input_ids": [21, 22], "labels": [-100, 22]}]
+call = f"build_boundary_isolated_packing({seed_pair})"
+packed_pair = build_boundary_isolated_packing(seed_pair)
+for key, want in (("input_ids", [11, 12, 13, 21, 22]), ("labels", [-100, 12, 13, -100, 22]),
+                  ("segment_ids", [0, 0, 0, 1, 1]), ("position_ids", [0, 1, 2, 0, 1])):
+    assert list(packed_pair[key]) == want, f"{call} returned {key} {packed_pair[key]}, expected {want}"
+for query, want in ((2, [True, True, True, False, False]), (3, [False, False, False, True, False]),
+                    (4, [False, False, False, True, True])):
+    got = list(packed_pair["attention_allowed"][query])
+    assert got == want, (f"{call}: attention_allowed[{query}] is {got}, expected {want} "
+                         "(a query sees the keys of its own sample up to itself)")
+int_types = sorted({type(value).__name__ for key in ("input_ids", "labels", "segment_ids", "position_ids")
+                    for value in packed_pair[key]})
+assert int_types == ["int"], (
+    "input_ids, labels, segment_ids and position_ids must hold Python ints, not numpy or torch integers "
+    f"(a packed row is written out as JSON): {call} gave {int_types}")
+bool_types = sorted({type(value).__name__ for mask_row in packed_pair["attention_allowed"] for value in mask_row})
+assert bool_types == ["bool"], (
+    f"attention_allowed must hold Python bools, not numpy or torch booleans: {call} gave {bool_types}")
+assert seed_pair == [{"input_ids": [11, 12, 13], "labels": [-100, 12, 13]},
+                     {"input_ids": [21, 22], "labels": [-100, 22]}], (
+    f"{call} changed the caller's samples into {seed_pair}: build new lists")
+# A sample may hold tuples.
+from_tuples = build_boundary_isolated_packing([{"input_ids": (4, 5), "labels": (-100, 5)},
+                                               {"input_ids": [6], "labels": [6]}])
+assert list(from_tuples["input_ids"]) == [4, 5, 6] and list(from_tuples["labels"]) == [-100, 5, 6], (
+    "build_boundary_isolated_packing([{'input_ids': (4, 5), 'labels': (-100, 5)}, {'input_ids': [6], 'labels': [6]}]) "
+    f"returned input_ids {from_tuples['input_ids']} and labels {from_tuples['labels']}, "
+    "expected [4, 5, 6] and [-100, 5, 6]")
 for _bad in ([], [{"input_ids": [1, 2], "labels": [-100]}]):
     try:
         build_boundary_isolated_packing(_bad)
@@ -336,16 +358,28 @@ print("softmax of the same row at dtype-min:          ", torch.softmax(torch.ful
 # %% nbgrader={"grade": true, "solution": false, "grade_id": "test_block_causal_mask", "locked": true, "points": 5, "schema_version": 3}
 # Seed 000's two samples of 3 and 2 tokens, then a row that ends in padding.
 seed_mask = block_causal_mask(torch.tensor([0, 0, 0, 1, 1]))
-assert seed_mask.dtype == torch.bool and seed_mask.shape == (5, 5)
-assert seed_mask[2].tolist() == [True, True, True, False, False]
-assert seed_mask[3].tolist() == [False, False, False, True, False]
-assert seed_mask[4].tolist() == [False, False, False, True, True]
-padded_mask = block_causal_mask(torch.tensor([[0, 0, 1, -1, -1], [0, 1, 1, 1, -1]]))
-assert padded_mask.shape == (2, 5, 5)
-assert padded_mask[0, 3].tolist() == [False, False, False, True, False]  # padding sees only itself
-assert padded_mask[0, 4].tolist() == [False, False, False, False, True]
-assert padded_mask[1, 3].tolist() == [False, True, True, True, False]
-assert bool(padded_mask.any(-1).all())  # no empty softmax row
+call = "block_causal_mask(torch.tensor([0, 0, 0, 1, 1]))"
+assert isinstance(seed_mask, torch.Tensor) and seed_mask.dtype == torch.bool and seed_mask.shape == (5, 5), (
+    f"{call} returned {type(seed_mask).__name__} {getattr(seed_mask, 'dtype', '')} of shape "
+    f"{tuple(getattr(seed_mask, 'shape', ()))}, expected a torch.bool tensor of shape (5, 5)")
+for query, want in ((2, [True, True, True, False, False]), (3, [False, False, False, True, False]),
+                    (4, [False, False, False, True, True])):
+    assert seed_mask[query].tolist() == want, f"{call}[{query}] is {seed_mask[query].tolist()}, expected {want}"
+padded_rows = [[0, 0, 1, -1, -1], [0, 1, 1, 1, -1]]
+padded_mask = block_causal_mask(torch.tensor(padded_rows))
+call = f"block_causal_mask(torch.tensor({padded_rows}))"
+assert padded_mask.shape == (2, 5, 5), f"{call} has shape {tuple(padded_mask.shape)}, expected (2, 5, 5)"
+for index, want, why in (((0, 3), [False, False, False, True, False], "padding sees only itself"),
+                         ((0, 4), [False, False, False, False, True], "padding sees only itself"),
+                         ((1, 3), [False, True, True, True, False], "sample 1 up to the query")):
+    got = padded_mask[index].tolist()
+    assert got == want, f"{call}[{index[0]}, {index[1]}] is {got}, expected {want} ({why})"
+assert bool(padded_mask.any(-1).all()), f"{call} has a query row with no allowed key: its softmax would be empty"
+# A padding token's own id must not be the id of a real sample (here 5, with L = 3).
+big_ids = block_causal_mask(torch.tensor([5, 5, -1]))
+assert big_ids[2].tolist() == [False, False, True], (
+    f"block_causal_mask(torch.tensor([5, 5, -1]))[2] is {big_ids[2].tolist()}, expected [False, False, True]: "
+    "give each padding token an id that no real sample uses")
 ### BEGIN HIDDEN TESTS
 from course_lib.nb import grading
 

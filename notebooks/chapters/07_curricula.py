@@ -160,8 +160,8 @@ print("broken candidate: ", stability_evidence(model))
 #   `candidate` holds the same three plus `loss_finite`, `gradients_finite`, `failed_runs`, `peak_memory_gb`,
 #   `cost_per_supervised_token`; `limits` holds `min_long_context_gain`, `max_short_context_regression`,
 #   `max_failed_runs`, `max_peak_memory_gb`, `max_cost_per_supervised_token`.
-# * `evidence = {"token_budget_matches": <budgets equal>, "long_context_gain": candidate − baseline long score,
-#   "short_context_regression": baseline − candidate short score}`.
+# * `evidence = {"token_budget_matches": <budgets equal, a bool>, "long_context_gain": candidate − baseline long
+#   score, "short_context_regression": baseline − candidate short score}`.
 # * Each gate of `CURRICULUM_GATES` fails on its own evidence, in the table's sense: a gain **below** the minimum,
 #   a regression, failed-run count, peak memory or cost **above** its limit (a value equal to a limit passes),
 #   a stability flag that **is not** `True`. `failed_gates` lists the failed gate names in the order of
@@ -182,19 +182,44 @@ accepted_run = {"long_context_score": 0.63, "short_context_score": 0.81, "superv
                 "loss_finite": True, "gradients_finite": True, "failed_runs": 0, "peak_memory_gb": 9.8,
                 "cost_per_supervised_token": 1.25}
 accepted = evaluate_length_curriculum_stage(baseline, accepted_run, limits)
-assert accepted["decision"] == "advance" and accepted["failed_gates"] == []
-assert accepted["evidence"]["token_budget_matches"] is True
-assert abs(accepted["evidence"]["long_context_gain"] - 0.07) < 1e-9
+assert set(accepted) == {"decision", "failed_gates", "evidence"}, (
+    f"expected a dict with the keys decision, failed_gates, evidence, got {accepted!r}")
+assert (accepted["decision"], accepted["failed_gates"]) == ("advance", []), (
+    f"evaluate_length_curriculum_stage(baseline, accepted_run, limits): expected ('advance', []), "
+    f"got ({accepted['decision']!r}, {accepted['failed_gates']})")
+evidence = accepted["evidence"]
+assert set(evidence) == {"token_budget_matches", "long_context_gain", "short_context_regression"}, (
+    f"evidence: expected keys token_budget_matches, long_context_gain, short_context_regression, "
+    f"got {sorted(evidence)}")
+assert evidence["token_budget_matches"] is True, (
+    f"both budgets are 8192: evidence['token_budget_matches'] should be the bool True, got "
+    f"{evidence['token_budget_matches']!r}")
+assert abs(evidence["long_context_gain"] - 0.07) < 1e-9, (
+    f"long_context_gain should be 0.63 - 0.56 = 0.07, got {evidence['long_context_gain']!r}")
+assert abs(evidence["short_context_regression"] - 0.01) < 1e-9, (
+    f"short_context_regression should be 0.82 - 0.81 = 0.01, got {evidence['short_context_regression']!r}")
 rejected = evaluate_length_curriculum_stage(baseline, {**accepted_run, "long_context_score": 0.64,
                                                        "short_context_score": 0.77,
                                                        "supervised_tokens_per_optimizer_step": 4096,
                                                        "peak_memory_gb": 11.2, "cost_per_supervised_token": 1.3},
                                             limits)
-assert rejected["decision"] == "hold"
-assert rejected["failed_gates"] == ["token_budget_mismatch", "short_context_regression", "peak_memory_budget"]
+want = ("hold", ["token_budget_mismatch", "short_context_regression", "peak_memory_budget"])
+assert (rejected["decision"], rejected["failed_gates"]) == want, (
+    f"seed 000's rejected candidate (budget 4096, short score 0.77, peak 11.2 GB): expected {want}, "
+    f"got ({rejected['decision']!r}, {rejected['failed_gates']})")
 nonfinite = evaluate_length_curriculum_stage(baseline, {**accepted_run, "loss_finite": False,
                                                         "gradients_finite": False, "failed_runs": 1}, limits)
-assert nonfinite["failed_gates"] == ["nonfinite_loss", "nonfinite_gradients", "failed_runs"]
+want = ("hold", ["nonfinite_loss", "nonfinite_gradients", "failed_runs"])
+assert (nonfinite["decision"], nonfinite["failed_gates"]) == want, (
+    f"loss_finite=False, gradients_finite=False, failed_runs=1: expected {want}, "
+    f"got ({nonfinite['decision']!r}, {nonfinite['failed_gates']})")
+# A flag read back from a log as 1 or "true" is not the bool True: its gate fails (no ValueError).
+unchecked = evaluate_length_curriculum_stage(baseline, {**accepted_run, "loss_finite": 1,
+                                                        "gradients_finite": "true"}, limits)
+want = ("hold", ["nonfinite_loss", "nonfinite_gradients"])
+assert (unchecked["decision"], unchecked["failed_gates"]) == want, (
+    f"loss_finite=1, gradients_finite='true': a flag that is not the bool True fails its gate, expected {want}, "
+    f"got ({unchecked['decision']!r}, {unchecked['failed_gates']})")
 ### BEGIN HIDDEN TESTS
 import random
 
@@ -305,10 +330,21 @@ for name, run in candidates.items():
 # %% nbgrader={"grade": true, "solution": false, "grade_id": "test_filter_by_pass_rate", "locked": true, "points": 3, "schema_version": 3}
 tasks = ["a", "b", "c", "d", "e"]
 rates = [0.0, 0.125, 1.0, 0.5, 0.875]  # last-group pass rates with G = 8
-assert filter_by_pass_rate(tasks, rates) == ["b", "d", "e"]
-assert filter_by_pass_rate(tasks, rates, -1.0, 2.0) == tasks  # the unfiltered arm
-assert filter_by_pass_rate(tasks, rates, 0.125, 0.875) == ["d"]  # bounds are strict
-assert filter_by_pass_rate([], []) == []
+got = filter_by_pass_rate(tasks, rates)
+assert got == ["b", "d", "e"], f"filter_by_pass_rate(tasks, rates) returned {got!r}, expected ['b', 'd', 'e']"
+got = filter_by_pass_rate(tasks, rates, -1.0, 2.0)  # the unfiltered arm
+assert got == tasks, f"filter_by_pass_rate(tasks, rates, -1.0, 2.0) returned {got!r}, expected every task {tasks}"
+got = filter_by_pass_rate(tasks, rates, 0.125, 0.875)  # bounds are strict
+assert got == ["d"], f"filter_by_pass_rate(tasks, rates, 0.125, 0.875) returned {got!r}, expected ['d'] (strict bounds)"
+got = filter_by_pass_rate([], [])
+assert got == [], f"filter_by_pass_rate([], []) returned {got!r}, expected []"
+try:
+    got = filter_by_pass_rate([], [], 0.5, 0.5)
+except ValueError:
+    pass
+else:
+    raise AssertionError(f"filter_by_pass_rate([], [], 0.5, 0.5) returned {got!r} instead of raising a ValueError: "
+                         "low >= high is refused even when there are no tasks")
 ### BEGIN HIDDEN TESTS
 import random
 

@@ -103,21 +103,28 @@ print(f"integer: (n - 1).bit_length() = {(n - 1).bit_length()} -> bucket 2**{(n 
 # ### TODO 1 · `assign_bucket`
 #
 # Implement `assign_bucket(length, max_length)`: the bucket $\min(2^{\lceil \log_2 \text{length} \rceil},
-# \text{max\_length})$ of one document, computed with integer arithmetic (hint: `int.bit_length`). An exact
-# power of two is its own bucket; `max_length` need not be a power of two. Raise a `ValueError` naming the field
-# for a `max_length` that is not a positive integer (`require_positive_int`), a `length` that is not an integer
-# $\ge 1$ (`require_int(..., minimum=1)`: an empty document has no bucket, and `True` is not a length), and a
-# `length` above `max_length` (cut it into windows first instead of padding it into a bucket it does not fit).
+# \text{max\_length})$ of one document, a Python int computed with integer arithmetic (hint: `int.bit_length`).
+# An exact power of two is its own bucket; `max_length` need not be a power of two. Raise a `ValueError` naming
+# the field for a `max_length` that is not a positive integer (`require_positive_int`), a `length` that is not an
+# integer $\ge 1$ (`require_int(..., minimum=1)`: an empty document has no bucket, and `True` is not a length), and
+# a `length` above `max_length` (cut it into windows first instead of padding it into a bucket it does not fit).
 
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_assign_bucket", "locked": false, "schema_version": 3}
 #| solution: course_lib.longdoc.assign_bucket
 
 # %% nbgrader={"grade": true, "solution": false, "grade_id": "test_assign_bucket", "locked": true, "points": 3, "schema_version": 3}
 # Seed 004's intervals: 1, 2, 3-4, 5-8, 9-16, ..., 4097-8192.
-assert [assign_bucket(n, 8192) for n in (1, 2, 3, 4, 5, 8, 9, 16, 17)] == [1, 2, 4, 4, 8, 8, 16, 16, 32]
-assert {assign_bucket(n, 8192) for n in (4097, 6000, 8192)} == {8192}
-assert assign_bucket(2500, 3000) == 3000  # capped at a max_length that is not a power of two
-assert assign_bucket(2**53 + 1, 2**60) == 2**54  # where float log2 puts it in bucket 2**53
+for n, want in ((1, 1), (2, 2), (3, 4), (4, 4), (5, 8), (8, 8), (9, 16), (16, 16), (17, 32),
+                (4097, 8192), (6000, 8192), (8192, 8192)):
+    got = assign_bucket(n, 8192)
+    assert got == want, f"assign_bucket({n}, 8192) returned {got!r}, expected {want}"
+    assert type(got) is int, (f"assign_bucket({n}, 8192) returned {type(got).__name__} {got!r}: a bucket is a "
+                              "Python int, computed with integer arithmetic (no float, numpy or torch number)")
+got = assign_bucket(2500, 3000)  # capped at a max_length that is not a power of two
+assert got == 3000, f"assign_bucket(2500, 3000) returned {got!r}, expected 3000 (the cap, max_length)"
+got = assign_bucket(2**53 + 1, 2**60)  # where float log2 puts it in bucket 2**53
+assert got == 2**54, (f"assign_bucket(2**53 + 1, 2**60) returned {got!r}, expected 2**54 = {2**54}: "
+                      "math.log2 rounds 2**53 + 1 down to 53.0, use integer arithmetic (int.bit_length)")
 ### BEGIN HIDDEN TESTS
 import random
 
@@ -215,12 +222,21 @@ for window in split_document(list(range(600)), 256, 64):
 #| solution: course_lib.longdoc.sliding_windows
 
 # %% nbgrader={"grade": true, "solution": false, "grade_id": "test_sliding_windows", "locked": true, "points": 4, "schema_version": 3}
-assert sliding_windows(600, 256, 64) == [Window(0, 256, 0, 256), Window(192, 448, 256, 448), Window(384, 600, 448, 600)]
-assert sliding_windows(200, 256, 64) == [Window(0, 200, 0, 200)]  # a document that fits: one window
-assert sliding_windows(256, 256, 64) == [Window(0, 256, 0, 256)]
-assert sliding_windows(257, 256, 64) == [Window(0, 256, 0, 256), Window(192, 257, 256, 257)]
+got = sliding_windows(600, 256, 64)
+want = [Window(0, 256, 0, 256), Window(192, 448, 256, 448), Window(384, 600, 448, 600)]
+assert got == want, f"sliding_windows(600, 256, 64) returned {got}, expected {want}"
+assert all(type(value) is int for w in got for value in w), (
+    f"sliding_windows(600, 256, 64) returned {got}: the four fields of every Window must be Python ints, "
+    "not numpy or torch integers (convert with int(...))")
+for args, want in (((200, 256, 64), [Window(0, 200, 0, 200)]),  # a document that fits: one window
+                   ((256, 256, 64), [Window(0, 256, 0, 256)]),
+                   ((257, 256, 64), [Window(0, 256, 0, 256), Window(192, 257, 256, 257)])):
+    got = sliding_windows(*args)
+    assert got == want, f"sliding_windows{args} returned {got}, expected {want}"
 _owned = [t for w in sliding_windows(1000, 100, 30) for t in range(w.loss_start, w.loss_end)]
-assert _owned == list(range(1000))  # every token owned exactly once, in order
+assert _owned == list(range(1000)), (  # every token owned exactly once, in order
+    f"sliding_windows(1000, 100, 30): the owned ranges [loss_start, loss_end) cover {len(_owned)} positions, "
+    f"{len(set(_owned))} distinct; expected each of the 1000 tokens exactly once, in order")
 ### BEGIN HIDDEN TESTS
 import random
 
@@ -255,7 +271,7 @@ grading.assert_rejects(sliding_windows, "sliding_windows", [
 
 # %%
 text = "\n\n".join(open(path, encoding="utf-8").read() for path in corpus_files())
-ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+ids = tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]  # longer than the model: no warning
 pieces = split_document(ids, 256, 64)
 model = tiny_qwen2()
 owned_loss, owned_count, every_loss, every_count, predicted = 0.0, 0, 0.0, 0, []
@@ -270,7 +286,8 @@ with torch.no_grad():
         every_loss, every_count = every_loss + losses[every_mask].sum().item(), every_count + int(every_mask.sum())
         for piece, row in zip(group, owned_mask, strict=True):  # global positions of the owned targets
             predicted += (piece["window"].start + 1 + torch.nonzero(row).flatten()).tolist()
-print(f"document: {len(ids)} tokens -> {len(ids) - 1} next-token predictions, {len(pieces)} windows")
+print(f"document: {len(ids)} tokens (the model has {model.config.max_position_embeddings} positions) -> "
+      f"{len(ids) - 1} next-token predictions, {len(pieces)} windows")
 print(f"owned ranges: {owned_count} losses, positions 1..{len(ids) - 1} each once: {predicted == list(range(1, len(ids)))}"
       f" | mean NLL {owned_loss / owned_count:.4f}")
 print(f"every token:  {every_count} losses ({every_count - (len(ids) - 1)} overlap tokens counted twice)"
@@ -278,8 +295,9 @@ print(f"every token:  {every_count} losses ({every_count - (len(ids) - 1)} overl
 assert predicted == list(range(1, len(ids)))
 
 # %% [markdown]
-# (The tokenizer's warning is the reason for this section: the document is longer than the model's 2048
-# positions.) With owned ranges the count is exactly $L - 1$: the windows together are one pass over the document.
+# The document is longer than the model's 2048 positions: that is the reason for this section (and for
+# `verbose=False`, which keeps the tokenizer from warning about it). With owned ranges the count is exactly
+# $L - 1$: the windows together are one pass over the document.
 # Supervising every window token gives a second loss to each overlap token except a window's first, which is never
 # a target (nothing precedes it in the window): 63 extra losses per later window here. Tokens that happen to sit in
 # an overlap then weigh double in the mean, and the "tokens trained" counter overstates the data. (The untrained

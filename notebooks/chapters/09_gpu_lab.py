@@ -181,16 +181,36 @@ print("BASE-CPU passes:", preflight("BASE-CPU")["passed"])
 # %% nbgrader={"grade": true, "solution": false, "grade_id": "test_padding_vs_packing_ledger", "locked": true, "points": 4, "schema_version": 3}
 # Seed 000 §5.4: 384 -> 240 processed tokens (-37.5%), 236 effective supervised tokens in both.
 ledger = padding_vs_packing_ledger([48, 96, 32, 64])
-assert set(ledger) == {"samples", "sample_tokens", "padding", "packing", "processed_token_reduction"}
-assert (ledger["samples"], ledger["sample_tokens"]) == (4, 240)
-assert ledger["padding"]["processed_tokens"] == 384 and ledger["packing"]["processed_tokens"] == 240
-assert ledger["padding"]["padding_tokens"] == 144 and ledger["padding"]["padding_ratio"] == 0.375
-assert ledger["packing"]["padding_tokens"] == 0 and ledger["packing"]["padding_ratio"] == 0.0
-assert ledger["padding"]["effective_supervised_tokens"] == ledger["packing"]["effective_supervised_tokens"] == 236
-assert ledger["processed_token_reduction"] == 0.375
+call = "padding_vs_packing_ledger([48, 96, 32, 64])"
+assert set(ledger) == {"samples", "sample_tokens", "padding", "packing", "processed_token_reduction"}, (
+    f"{call} returned the keys {sorted(ledger)}, expected samples, sample_tokens, padding, packing, "
+    "processed_token_reduction")
+for key, value in {"samples": 4, "sample_tokens": 240, "processed_token_reduction": 0.375}.items():
+    assert ledger[key] == value, f"{call}[{key!r}] is {ledger[key]!r}, expected {value}"
+want = {"padding": {"processed_tokens": 384, "padding_tokens": 144, "padding_ratio": 0.375,
+                    "effective_supervised_tokens": 236, "cross_sample_labels": 0},
+        "packing": {"processed_tokens": 240, "padding_tokens": 0, "padding_ratio": 0.0,
+                    "effective_supervised_tokens": 236, "cross_sample_labels": 0}}
+for name, fields in want.items():
+    assert set(ledger[name]) == set(fields), (
+        f"{call}[{name!r}] has the keys {sorted(ledger[name])}, expected {sorted(fields)}")
+    for key, value in fields.items():
+        got = ledger[name][key]
+        assert got == value, f"{call}[{name!r}][{key!r}] is {got!r}, expected {value}"
+counts = {"samples": ledger["samples"], "sample_tokens": ledger["sample_tokens"],
+          **{f"{name}.{key}": ledger[name][key] for name in ("padding", "packing")
+             for key in ("processed_tokens", "padding_tokens", "effective_supervised_tokens", "cross_sample_labels")}}
+not_int = {key: f"{type(value).__module__}.{type(value).__name__}" for key, value in counts.items()
+           if type(value) is not int}
+assert not not_int, (f"{call}: counts must be Python ints, not numpy or torch integers (json cannot write "
+                     f"a numpy int64), got {not_int}")
 unmasked = padding_vs_packing_ledger([48, 96, 32, 64], mask_first_label=False)
-assert unmasked["packing"]["effective_supervised_tokens"] == 239 and unmasked["packing"]["cross_sample_labels"] == 3
-assert unmasked["padding"] == ledger["padding"]
+got = (unmasked["packing"]["effective_supervised_tokens"], unmasked["packing"]["cross_sample_labels"])
+assert got == (239, 3), (f"padding_vs_packing_ledger([48, 96, 32, 64], mask_first_label=False)['packing']: "
+                         f"effective_supervised_tokens and cross_sample_labels are {got}, expected (239, 3)")
+assert unmasked["padding"] == ledger["padding"], (
+    f"padding_vs_packing_ledger([48, 96, 32, 64], mask_first_label=False)['padding'] is {unmasked['padding']}, "
+    f"expected {ledger['padding']}: the mask changes only the packed row")
 ### BEGIN HIDDEN TESTS
 import random
 
@@ -319,11 +339,11 @@ for candidate, step_ms in (("padding", 63.4), ("packing", 48.8)):  # the seed's 
 #
 # Implement `compare_padding_and_packing(padding, packing)`. Each argument is a dict with at least
 # `effective_supervised_tokens` and `median_step_ms` (a row of the record's `packing_comparison` works). Return
-# `{"effective_supervised_tokens", "padding_tokens_per_second", "packing_tokens_per_second", "throughput_ratio"
-# (packing / padding), "step_time_reduction" (1 - packing ms / padding ms)}`. Raise a `ValueError` when a key is
-# missing, when the token counts are not positive integers or **differ** between the two, or when a step time is
-# not a positive finite number (`require_keys`, `require_positive_int`, `require_real(..., minimum=0.0,
-# strict_minimum=True)`).
+# a dict with the keys `effective_supervised_tokens` (the shared count, a Python int), `padding_tokens_per_second`,
+# `packing_tokens_per_second`, `throughput_ratio` (packing / padding) and `step_time_reduction` (1 - packing ms /
+# padding ms). Raise a `ValueError` when a key is missing, when the token counts are not positive integers or
+# **differ** between the two, or when a step time is not a positive finite number (`require_keys`,
+# `require_positive_int`, `require_real(..., minimum=0.0, strict_minimum=True)`).
 
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_compare_padding_and_packing", "locked": false, "schema_version": 3}
 #| solution: course_lib.lab.compare_padding_and_packing
@@ -332,18 +352,32 @@ for candidate, step_ms in (("padding", 63.4), ("packing", 48.8)):  # the seed's 
 # Seed 000 §5.4 (RTX 5070 Ti): 236 supervised tokens in both; 63.4 -> 48.8 ms.
 seed_reading = compare_padding_and_packing({"effective_supervised_tokens": 236, "median_step_ms": 63.4},
                                            {"effective_supervised_tokens": 236, "median_step_ms": 48.8})
+call = "compare_padding_and_packing(236 tokens in 63.4 ms, 236 tokens in 48.8 ms)"
 assert set(seed_reading) == {"effective_supervised_tokens", "padding_tokens_per_second", "packing_tokens_per_second",
-                             "throughput_ratio", "step_time_reduction"}
-assert round(seed_reading["padding_tokens_per_second"]) == 3722 and round(seed_reading["packing_tokens_per_second"]) == 4836
-assert abs(seed_reading["throughput_ratio"] - 63.4 / 48.8) < 1e-9
-assert abs(seed_reading["step_time_reduction"] - (1 - 48.8 / 63.4)) < 1e-9
+                             "throughput_ratio", "step_time_reduction"}, (
+    f"{call} returned the keys {sorted(seed_reading)}, expected effective_supervised_tokens, "
+    "padding_tokens_per_second, packing_tokens_per_second, throughput_ratio, step_time_reduction")
+tokens = seed_reading["effective_supervised_tokens"]
+assert tokens == 236 and type(tokens) is int, (
+    f"{call}: effective_supervised_tokens is {type(tokens).__name__} {tokens!r}, expected the Python int 236")
+rates = (seed_reading["padding_tokens_per_second"], seed_reading["packing_tokens_per_second"])
+assert (round(rates[0]), round(rates[1])) == (3722, 4836), (
+    f"{call}: tokens per second (padding, packing) are {rates}, expected about (3722, 4836): 236 / 0.0634 s "
+    "and 236 / 0.0488 s")
+assert abs(seed_reading["throughput_ratio"] - 63.4 / 48.8) < 1e-9, (
+    f"{call}: throughput_ratio is {seed_reading['throughput_ratio']!r}, expected packing / padding tokens per "
+    f"second = 63.4 / 48.8 = {63.4 / 48.8!r}")
+assert abs(seed_reading["step_time_reduction"] - (1 - 48.8 / 63.4)) < 1e-9, (
+    f"{call}: step_time_reduction is {seed_reading['step_time_reduction']!r}, expected 1 - 48.8 / 63.4 = "
+    f"{1 - 48.8 / 63.4!r}")
 try:
-    compare_padding_and_packing({"effective_supervised_tokens": 236, "median_step_ms": 63.4},
-                                {"effective_supervised_tokens": 239, "median_step_ms": 48.8})
+    got = compare_padding_and_packing({"effective_supervised_tokens": 236, "median_step_ms": 63.4},
+                                      {"effective_supervised_tokens": 239, "median_step_ms": 48.8})
 except ValueError:
     pass
 else:
-    raise AssertionError("different supervised tokens are not comparable: expected a ValueError")
+    raise AssertionError(f"compare_padding_and_packing(236 tokens in 63.4 ms, 239 tokens in 48.8 ms) returned {got} "
+                         "instead of raising a ValueError: different supervised tokens are not comparable")
 ### BEGIN HIDDEN TESTS
 import random
 
