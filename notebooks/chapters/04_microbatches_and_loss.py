@@ -136,26 +136,41 @@ for name, plan in [("4 per microbatch, data order", fixed_count_batches(range(16
 
 # %% nbgrader={"grade": true, "solution": false, "grade_id": "test_token_budget_batches", "locked": true, "points": 4, "schema_version": 3}
 # A small case by hand: lengths 3, 7, 2, 5, 2, 4 under 12 padded tokens.
-assert token_budget_batches([3, 7, 2, 5, 2, 4], 12) == [[1], [3, 5], [0, 2, 4]]
-assert token_budget_batches([4, 4, 4], 8) == [[0, 1], [2]]  # count x longest == max_tokens fits
+_got = token_budget_batches([3, 7, 2, 5, 2, 4], 12)
+assert _got == [[1], [3, 5], [0, 2, 4]], (
+    f"token_budget_batches([3, 7, 2, 5, 2, 4], 12) returned {_got}, expected [[1], [3, 5], [0, 2, 4]]")
+_got = token_budget_batches([4, 4, 4], 8)  # count x longest == max_tokens fits; equal lengths keep index order
+assert _got == [[0, 1], [2]], f"token_budget_batches([4, 4, 4], 8) returned {_got}, expected [[0, 1], [2]]"
 # Seed 003 §14.2's table on its 512 trajectories.
+_plan = token_budget_batches(agent_lengths, BUDGET)
+_bad = [i for plan in (_got, _plan) for batch in plan for i in batch if type(i) is not int]
+assert not _bad, (f"the indices must be Python ints, not numpy or torch integers (a plan is logged and shared "
+                  f"between ranks as JSON); got {type(_bad[0]).__module__}.{type(_bad[0]).__name__}")
+assert sorted(i for batch in _plan for i in batch) == list(range(512)), (
+    "token_budget_batches(agent_lengths, BUDGET) must place each of the indices 0 .. 511 in exactly one microbatch")
 _plans = [("8 per microbatch, random", fixed_count_batches(random_order, 8)),
           ("8 per microbatch, sorted", fixed_count_batches(agent_lengths.argsort(), 8)),
-          ("token budget 128k, sorted", token_budget_batches(agent_lengths, BUDGET))]
-assert [format_microbatch_summary(name, describe_microbatches(agent_lengths, plan)) for name, plan in _plans] == [
-    "8 per microbatch, random       |   64 microbatches | padding 59.3% | largest    524k tokens",
-    "8 per microbatch, sorted       |   64 microbatches | padding  3.6% | largest    524k tokens",
-    "token budget 128k, sorted      |   51 microbatches | padding  3.0% | largest    131k tokens",
-]
+          ("token budget 128k, sorted", _plan)]
+_table = [format_microbatch_summary(name, describe_microbatches(agent_lengths, plan)) for name, plan in _plans]
+_want = ["8 per microbatch, random       |   64 microbatches | padding 59.3% | largest    524k tokens",
+         "8 per microbatch, sorted       |   64 microbatches | padding  3.6% | largest    524k tokens",
+         "token budget 128k, sorted      |   51 microbatches | padding  3.0% | largest    131k tokens"]
+assert _table == _want, (f"token_budget_batches(agent_lengths, BUDGET) gives the table row\n{_table[2]}\n"
+                         f"expected\n{_want[2]}")
 # Seed 003 §14.7: the microbatch that holds the longest trajectory.
-_home = batch_containing(token_budget_batches(agent_lengths, BUDGET), int(agent_lengths.argmax()))
-assert len(_home) == 2 and len(_home) * int(agent_lengths[_home].max()) == 131_072
+_home = batch_containing(_plan, int(agent_lengths.argmax()))
+_home_size = len(_home) * int(agent_lengths[_home].max())
+assert len(_home) == 2 and _home_size == 131_072, (
+    f"in token_budget_batches(agent_lengths, BUDGET) the longest trajectory (index {int(agent_lengths.argmax())}) "
+    f"shares microbatch {_home} ({len(_home)} sequences, {_home_size:,} padded tokens); expected 2 sequences, "
+    f"131,072 padded tokens")
 try:
     token_budget_batches([10, 20, 300], 256)
 except ValueError:
     pass
 else:
-    raise AssertionError("a sequence longer than max_tokens must raise ValueError")
+    raise AssertionError("token_budget_batches([10, 20, 300], 256) must raise ValueError: a sequence is longer "
+                         "than max_tokens")
 ### BEGIN HIDDEN TESTS
 import random
 
@@ -210,19 +225,32 @@ print(f"token budget 512: {chat_cost['count']} microbatches of {[len(b) for b in
 #| solution: course_lib.microbatch.packed_token_budget_batches
 
 # %% nbgrader={"grade": true, "solution": false, "grade_id": "test_packed_token_budget_batches", "locked": true, "points": 3, "schema_version": 3}
-assert packed_token_budget_batches([3, 7, 2, 5, 2, 4], 12) == [[1, 3], [5, 0, 2, 4]]
-assert packed_token_budget_batches([6, 6, 1], 12) == [[0, 1], [2]]  # a sum equal to max_tokens fits
+_got = packed_token_budget_batches([3, 7, 2, 5, 2, 4], 12)
+assert _got == [[1, 3], [5, 0, 2, 4]], (
+    f"packed_token_budget_batches([3, 7, 2, 5, 2, 4], 12) returned {_got}, expected [[1, 3], [5, 0, 2, 4]]")
+_got = packed_token_budget_batches([6, 6, 1], 12)  # a sum equal to max_tokens fits
+assert _got == [[0, 1], [2]], f"packed_token_budget_batches([6, 6, 1], 12) returned {_got}, expected [[0, 1], [2]]"
 # Seed 003 exercise 2: 512 trajectories, packed, 128k per microbatch.
 _packed = packed_token_budget_batches(agent_lengths, BUDGET)
+_bad = [i for plan in (_got, _packed) for batch in plan for i in batch if type(i) is not int]
+assert not _bad, (f"the indices must be Python ints, not numpy or torch integers (a plan is logged and shared "
+                  f"between ranks as JSON); got {type(_bad[0]).__module__}.{type(_bad[0]).__name__}")
+assert sorted(i for batch in _packed for i in batch) == list(range(512)), (
+    "packed_token_budget_batches(agent_lengths, BUDGET) must place each of the indices 0 .. 511 in exactly one "
+    "microbatch")
 _summary = describe_microbatches(agent_lengths, _packed, packed=True)
-assert _summary["count"] == 49 and _summary["largest_tokens"] <= BUDGET and _summary["padding_ratio"] == 0.0
-assert _summary["count"] >= -(-int(agent_lengths.sum()) // BUDGET)  # never below ceil(sum / budget) = 46
+assert _summary["count"] == 49 and _summary["largest_tokens"] <= BUDGET and _summary["padding_ratio"] == 0.0, (
+    f"packed_token_budget_batches(agent_lengths, BUDGET) gives {_summary['count']} microbatches, the largest "
+    f"{_summary['largest_tokens']:,} tokens; expected 49 microbatches, none above {BUDGET:,} tokens")
+assert _summary["count"] >= -(-int(agent_lengths.sum()) // BUDGET), (  # never below ceil(sum / budget) = 46
+    f"{_summary['count']} microbatches is below the bound ceil(sum / budget) = 46: some microbatch is over budget")
 try:
     packed_token_budget_batches([257], 256)
 except ValueError:
     pass
 else:
-    raise AssertionError("a sequence longer than max_tokens must raise ValueError")
+    raise AssertionError("packed_token_budget_batches([257], 256) must raise ValueError: a sequence is longer "
+                         "than max_tokens")
 ### BEGIN HIDDEN TESTS
 import random
 
@@ -349,27 +377,68 @@ print("masked sum:", masked_normalize(token_losses, loss_mask).item(),
 # %% nbgrader={"grade": true, "solution": false, "grade_id": "test_aggregate_loss", "locked": true, "points": 4, "schema_version": 3}
 _losses = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
 _mask = torch.tensor([[True, True, False], [False, True, False]])
-assert abs(aggregate_loss(_losses, _mask).item() - 8.0 / 3.0) < 1e-6
-assert abs(aggregate_loss(_losses, _mask, mode="constant", norm_const=4).item() - 2.0) < 1e-6
-assert aggregate_loss(_losses, torch.zeros(2, 3, dtype=torch.bool), mode="constant", norm_const=10).item() == 0.0
+_shown = "losses [[1., 2., 3.], [4., 5., 6.]], mask [[T, T, F], [F, T, F]]"
+_got = aggregate_loss(_losses, _mask)
+assert isinstance(_got, torch.Tensor) and _got.shape == () and _got.dtype == torch.float32, (
+    f"aggregate_loss({_shown}) must return a 0-d tensor in the losses' dtype (float32), got {_got!r}")
+assert abs(_got.item() - 8.0 / 3.0) < 1e-6, f"aggregate_loss({_shown}) returned {_got}, expected 8 / 3 = 2.6667"
+_got = aggregate_loss(_losses, _mask, mode="constant", norm_const=4)
+assert abs(_got.item() - 2.0) < 1e-6, (
+    f"aggregate_loss({_shown}, mode='constant', norm_const=4) returned {_got}, expected 8 / 4 = 2.0")
+_got = aggregate_loss(_losses, torch.zeros(2, 3, dtype=torch.bool), mode="constant", norm_const=10)
+assert _got.item() == 0.0, (
+    f"aggregate_loss with a mask that selects no token, mode='constant', norm_const=10 returned {_got}, expected 0")
+# The mask may hold 0 and 1 instead of True and False: an integer mask must select the same tokens.
+_got = aggregate_loss(_losses, _mask.long())
+assert abs(_got.item() - 8.0 / 3.0) < 1e-6, (
+    f"aggregate_loss({_shown} as 0/1 torch.long) returned {_got}, expected 8 / 3 = 2.6667 "
+    f"(indexing a tensor with an integer tensor picks rows by number, it does not select by mask)")
+# The loss keeps the dtype of token_losses, whatever the mask's or norm_const's.
+_float64_four = torch.tensor(4.0, dtype=torch.float64)
+for _kwargs, _what, _want in (
+        ({"mask": _mask.double()}, "the mask as float64 0/1", 8.0 / 3.0),
+        ({"mask": _mask, "mode": "constant", "norm_const": _float64_four}, "norm_const a float64 0-d tensor 4.0", 2.0)):
+    _got = aggregate_loss(_losses, **_kwargs)
+    assert _got.dtype == torch.float32 and abs(_got.item() - _want) < 1e-6, (
+        f"aggregate_loss(float32 losses, {_what}) returned {_got!r}, expected a float32 tensor {_want:.4f}: the "
+        f"loss keeps the dtype of token_losses")
+# inf and nan where the mask is off (padding) must not reach the loss.
+_poisoned = torch.tensor([[2.0, float("inf"), 4.0], [float("nan"), 6.0, float("-inf")]])
+_keep = torch.tensor([[True, False, True], [False, True, False]])
+for _kwargs, _what, _want in (({}, "", 4.0),
+                              ({"mode": "constant", "norm_const": 4}, ", mode='constant', norm_const=4", 3.0)):
+    _got = aggregate_loss(_poisoned, _keep, **_kwargs)
+    assert abs(_got.item() - _want) < 1e-6, (
+        f"aggregate_loss(losses [[2, inf, 4], [nan, 6, -inf]], mask [[T, F, T], [F, T, F]]{_what}) returned "
+        f"{_got}, expected {_want}: masked-out losses must not reach the result (nan * 0 is nan: select, do not "
+        f"multiply)")
 # Seed 003 §14.7: four microbatches of 96, 112, 180 and 355 tokens. The gradient of the summed loss with respect
 # to each token loss is that token's weight; local token means distort it by N / (K n_k), the global count does not.
 _counts = [96, 112, 180, 355]
 _parts = [torch.rand(1, count, generator=torch.Generator().manual_seed(count)).requires_grad_() for count in _counts]
 _ones = [torch.ones(1, count, dtype=torch.bool) for count in _counts]
 _local = sum(aggregate_loss(p, m) / len(_parts) for p, m in zip(_parts, _ones, strict=True))
-_local_weights = [w[0, 0].item() for w in torch.autograd.grad(_local, _parts)]
 _global = sum(aggregate_loss(p, m, mode="constant", norm_const=sum(_counts)) for p, m in zip(_parts, _ones, strict=True))
+assert _local.requires_grad and _global.requires_grad, (
+    "aggregate_loss must keep the autograd graph: its result needs a gradient with respect to token_losses")
+_local_weights = [w[0, 0].item() for w in torch.autograd.grad(_local, _parts)]
 _global_weights = [w[0, 0].item() for w in torch.autograd.grad(_global, _parts)]
-assert [round(a / b, 2) for a, b in zip(_local_weights, _global_weights, strict=True)] == [1.93, 1.66, 1.03, 0.52]
-assert all(abs(w * sum(_counts) - 1.0) < 1e-5 for w in _global_weights)
-for _kwargs in ({"mask": torch.zeros(2, 3, dtype=torch.bool)}, {"mode": "constant"}, {"mode": "sum"}):
+_ratios = [round(a / b, 2) for a, b in zip(_local_weights, _global_weights, strict=True)]
+assert _ratios == [1.93, 1.66, 1.03, 0.52], (
+    f"token weight under local token means / 4, relative to the global sum / N, per microbatch of 96, 112, 180, "
+    f"355 tokens: {_ratios}, expected [1.93, 1.66, 1.03, 0.52]")
+assert all(abs(w * sum(_counts) - 1.0) < 1e-5 for w in _global_weights), (
+    f"with mode='constant', norm_const=N = {sum(_counts)} every token must weigh 1 / N; got weight x N = "
+    f"{[round(w * sum(_counts), 4) for w in _global_weights]}")
+for _kwargs, _why in (({"mask": torch.zeros(2, 3, dtype=torch.bool)}, "token_mean over a mask that selects no token"),
+                      ({"mode": "constant"}, "mode='constant' without norm_const"),
+                      ({"mode": "sum"}, "an unknown mode")):
     try:
         aggregate_loss(**({"token_losses": _losses, "mask": _mask} | _kwargs))
     except ValueError:
         pass
     else:
-        raise AssertionError(f"aggregate_loss with {_kwargs} must raise ValueError")
+        raise AssertionError(f"aggregate_loss must raise ValueError for {_why}")
 ### BEGIN HIDDEN TESTS
 from course_lib.nb import grading
 
@@ -428,9 +497,10 @@ grading.assert_rejects(aggregate_loss, "aggregate_loss", [
 # Now the real thing: the 16 chats of section 2 through a 2-layer Qwen2 (random init, fp32). `accumulate` runs
 # each microbatch forward, takes its per-token next-token losses (`supervised_token_losses`: the model's logits
 # shifted against the labels, -100 masked out), aggregates them with **your** `aggregate_loss`, and calls
-# `backward`, so gradients add up in `.grad`. The reference is the same loop with one microbatch holding every
-# row. Three splits: seed 003's random and length-sorted splits into 4 equal-count microbatches, and your token
-# budget plan at 640 padded tokens, which ends, as budget plans do, with a partly filled microbatch.
+# `backward`, so gradients add up in `.grad`. The reference is one pass over every row, its loss sum divided by
+# its token count with the library's `masked_normalize` (it does not depend on your code). Three splits: seed 003's
+# random and length-sorted splits into 4 equal-count microbatches, and your token budget plan at 640 padded tokens,
+# which ends, as budget plans do, with a partly filled microbatch.
 
 # %%
 model = tiny_qwen2(seed=0)
@@ -451,11 +521,19 @@ def accumulate(model, batch, microbatches, normalize):
     return flat_gradient(model)
 
 
+def full_batch_gradient(model, batch):
+    """The reference: one pass over every row, masked loss sum / supervised token count -> flat gradient [P]."""
+    model.zero_grad(set_to_none=True)
+    losses, mask = supervised_token_losses(model, batch)                       # [16, L-1] each
+    masked_normalize(losses, mask, normalize_constant=int(mask.sum())).backward()
+    return flat_gradient(model)
+
+
 started = time.perf_counter()
-full = accumulate(model, batch, [list(range(16))], "local")                   # [P] the full-batch gradient
+full = full_batch_gradient(model, batch)                                        # [P] the full-batch gradient
 splits = {"random": [c.tolist() for c in torch.randperm(16, generator=torch.Generator().manual_seed(0)).chunk(4)],
-          "length-sorted": [c.tolist() for c in supervised.argsort(stable=True).chunk(4)],
-          "token budget 640": token_budget_batches(chat_lengths, 640)}
+          "length-sorted": [c.tolist() for c in supervised.argsort(stable=True).chunk(4)]}
+splits["token budget 640"] = token_budget_batches(chat_lengths, 640)           # your TODO 1
 agreement = {}
 for split, microbatches in splits.items():
     tokens = [int(supervised[rows].sum()) for rows in microbatches]
@@ -560,7 +638,8 @@ def transformers_accumulate(model, batch, microbatches, use_global_count):
 
 for name, use_global_count in (("model(...).loss / K", False), ("num_items_in_batch=N", True)):
     gradient = transformers_accumulate(model, batch, splits["length-sorted"], use_global_count)
-    ours = agreement["length-sorted", "global" if use_global_count else "local"]
+    normalize = "global" if use_global_count else "local"
+    ours = gradient_agreement(accumulate(model, batch, splits["length-sorted"], normalize), full)  # your aggregate_loss
     check = gradient_agreement(gradient, full)
     print(f"transformers, {name:<20} | relative error {check['relative_error']:.1e} | cosine {check['cosine']:.4f} "
           f"| ours: {ours['relative_error']:.1e}")

@@ -182,19 +182,46 @@ _gen = torch.Generator().manual_seed(0)
 _hidden = torch.randn(2, 300, 32, generator=_gen, dtype=torch.float64).requires_grad_()
 _weight = (torch.randn(1000, 32, generator=_gen, dtype=torch.float64) / 32**0.5).requires_grad_()
 _ids = torch.randint(1000, (2, 300), generator=_gen)
+_shown = "checkpointed_log_probs(hidden [2, 300, 32] fp64, weight [1000, 32] fp64, ids [2, 300], chunk_size=64)"
 _full = selected_log_probs(_hidden @ _weight.T, _ids)                                    # [2, 300]
 _mine = checkpointed_log_probs(_hidden, _weight, _ids, chunk_size=64)                    # 4 chunks of 64 + 44
-assert tuple(_mine.shape) == (2, 300)
-assert torch.allclose(_mine, _full)
+_what = f"shape {tuple(_mine.shape)}, {_mine.dtype}" if isinstance(_mine, torch.Tensor) else type(_mine).__name__
+assert isinstance(_mine, torch.Tensor) and tuple(_mine.shape) == (2, 300) and _mine.dtype == torch.float64, (
+    f"{_shown} returned {_what}, expected a tensor of shape (2, 300), torch.float64")
+assert torch.allclose(_mine, _full), (
+    f"{_shown} differs from the full path by up to {(_mine - _full).abs().max().item():.2e}")
+# T = 0: an empty [B, 0] tensor, in the dtype a longer input gives.
+try:
+    _empty = checkpointed_log_probs(_hidden[:, :0], _weight, _ids[:, :0], chunk_size=64)
+except (RuntimeError, ValueError, IndexError, TypeError) as _error:
+    raise AssertionError(f"checkpointed_log_probs with T = 0 (hidden [2, 0, 32], ids [2, 0]) raised {_error!r}; "
+                         f"expected an empty [2, 0] tensor (there is no chunk to concatenate)") from _error
+_what = f"shape {tuple(_empty.shape)}, {_empty.dtype}" if isinstance(_empty, torch.Tensor) else type(_empty).__name__
+assert isinstance(_empty, torch.Tensor) and tuple(_empty.shape) == (2, 0) and _empty.dtype == torch.float64, (
+    f"checkpointed_log_probs with T = 0 (hidden [2, 0, 32] fp64) returned {_what}, expected a tensor of shape "
+    f"(2, 0), torch.float64")
 _full.sum().backward()
 _full_grads, _hidden.grad, _weight.grad = (_hidden.grad, _weight.grad), None, None
 _mine.sum().backward()
 assert _hidden.grad is not None and _weight.grad is not None, "no gradient reaches hidden or weight"
-assert torch.allclose(_hidden.grad, _full_grads[0]) and torch.allclose(_weight.grad, _full_grads[1])
+for _name, _grad, _want in (("hidden", _hidden.grad, _full_grads[0]), ("weight", _weight.grad, _full_grads[1])):
+    assert torch.allclose(_grad, _want), (
+        f"{_shown}: the gradient with respect to {_name} differs from the full path's by up to "
+        f"{(_grad - _want).abs().max().item():.2e}")
+# A trainer may ask torch.autograd.grad for the gradients of chosen inputs instead of calling .backward().
+try:
+    _grads = torch.autograd.grad(checkpointed_log_probs(_hidden, _weight, _ids, 64).sum(), (_hidden, _weight))
+except RuntimeError as _error:
+    raise AssertionError(f"torch.autograd.grad through {_shown} raised {_error!r}; the reentrant checkpoint only "
+                         f"supports .backward(): pass use_reentrant=False") from _error
+assert all(torch.allclose(_grad, _want) for _grad, _want in zip(_grads, _full_grads, strict=True)), (
+    f"torch.autograd.grad through {_shown} gives other gradients than .backward() on the full path")
 _chunked_kept = saved_tensor_bytes(lambda h, w, i: chunked_log_probs(h, w, i, 64), _hidden, _weight, _ids)
 _my_kept = saved_tensor_bytes(lambda h, w, i: checkpointed_log_probs(h, w, i, 64), _hidden, _weight, _ids)
 assert _chunked_kept >= 8 * 2 * 300 * 1000                  # every chunk's fp64 log-softmax: [2, 300, 1000]
-assert _my_kept < _chunked_kept / 10
+assert _my_kept < _chunked_kept / 10, (
+    f"{_shown}: autograd keeps {_my_kept:,} bytes for backward, chunking alone {_chunked_kept:,}; expected less "
+    f"than a tenth: is each chunk computed inside checkpoint(..., use_reentrant=False)?")
 ### BEGIN HIDDEN TESTS
 import random
 
@@ -335,8 +362,9 @@ generator = torch.Generator().manual_seed(0)
 curve_weight = (torch.randn(VOCAB, WIDTH, generator=generator) / WIDTH**0.5).requires_grad_()
 curve_hidden = torch.randn(1, lengths[-1], WIDTH, generator=generator).requires_grad_()
 curve_ids = torch.randint(VOCAB, (1, lengths[-1]), generator=generator)
-curves = {name: [measure(fn, curve_hidden[:, :n], curve_weight, curve_ids[:, :n]) for n in lengths]
-          for name, fn in methods.items()}
+curves = {}
+for name, fn in methods.items():                                                     # the last one is yours
+    curves[name] = [measure(fn, curve_hidden[:, :n], curve_weight, curve_ids[:, :n]) for n in lengths]
 print(f"{'method':<20}" + "".join(f"{f'T = {n}':>22}" for n in lengths))
 for name, points in curves.items():
     print(f"{name:<20}" + "".join(f"{f'{big / 1e6:6.1f} | {kept / 1e6:6.1f} MB':>22}" for big, kept in points))

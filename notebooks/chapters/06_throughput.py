@@ -86,7 +86,7 @@ print(f"without the cache: {positions[False] / positions[True]:.1f}x the positio
 #
 # ### TODO 1 · `kv_bytes_per_token`
 #
-# Write `kv_bytes_per_token(config, dtype_bytes=2)` returning the KV-cache bytes (an `int`) per token of context.
+# Write `kv_bytes_per_token(config, dtype_bytes=2)` returning the KV-cache bytes (a Python `int`) per token of context.
 # `config` is a mapping (a parsed `config.json`), a transformers config object (read its attributes), or the name of
 # a shipped config such as `"Qwen3-8B"` or `"Qwen/Qwen3-8B"` (`load_model_config(name)` gives its mapping). Use
 # `num_hidden_layers`, `num_key_value_heads` (absent or `None`: no GQA, use `num_attention_heads`) and `head_dim`
@@ -99,10 +99,30 @@ print(f"without the cache: {positions[False] / positions[True]:.1f}x the positio
 
 # %% nbgrader={"grade": true, "solution": false, "grade_id": "test_kv_bytes_per_token", "locked": true, "points": 4, "schema_version": 3}
 # Seed: Qwen3-8B, 36 layers x 8 KV heads x head_dim 128, K and V in bf16: 147 KB per token.
-assert kv_bytes_per_token(load_model_config("Qwen3-8B")) == 147_456
-assert kv_bytes_per_token("Qwen/Qwen3-8B") == kv_bytes_per_token(hf_config("Qwen3-8B")) == 147_456
-assert kv_bytes_per_token("Qwen3-0.6B") == 2 * 28 * 8 * 128 * 2                      # head_dim 128, not 1024 / 16
-assert kv_bytes_per_token("Qwen2.5-0.5B", dtype_bytes=4) == 2 * 24 * 2 * (896 // 14) * 4  # no head_dim field
+_got = kv_bytes_per_token(load_model_config("Qwen3-8B"))
+assert _got == 147_456, f"kv_bytes_per_token(load_model_config('Qwen3-8B')) returned {_got!r}, expected 147456"
+for _config, _shown in (("Qwen/Qwen3-8B", "'Qwen/Qwen3-8B'"), (hf_config("Qwen3-8B"), "hf_config('Qwen3-8B')")):
+    _got = kv_bytes_per_token(_config)
+    assert _got == 147_456, f"kv_bytes_per_token({_shown}) returned {_got!r}, expected 147456"
+_got = kv_bytes_per_token("Qwen3-0.6B")
+assert _got == 2 * 28 * 8 * 128 * 2, (                                               # head_dim 128, not 1024 / 16
+    f"kv_bytes_per_token('Qwen3-0.6B') returned {_got!r}, expected 2 x 28 x 8 x 128 x 2 = 114688 (its head_dim "
+    f"field is 128, not hidden_size / heads = 64)")
+_got = kv_bytes_per_token("Qwen2.5-0.5B", dtype_bytes=4)
+assert _got == 2 * 24 * 2 * (896 // 14) * 4, (                                       # no head_dim field
+    f"kv_bytes_per_token('Qwen2.5-0.5B', dtype_bytes=4) returned {_got!r}, expected 2 x 24 x 2 x 64 x 4 = 24576")
+assert type(_got) is int, (
+    f"kv_bytes_per_token('Qwen2.5-0.5B', dtype_bytes=4) returned {type(_got).__name__} {_got!r}: it must be a Python "
+    f"int (bytes are whole numbers); a head width from hidden_size / heads is a float, use //")
+_config = {"num_hidden_layers": 4, "num_attention_heads": 8, "hidden_size": 512,
+           "num_key_value_heads": None, "head_dim": None}                            # None: the same as absent
+try:
+    _got = kv_bytes_per_token(_config)
+except ValueError as _error:
+    raise AssertionError(f"kv_bytes_per_token({_config}) raised {_error!r}; a field set to None counts as absent "
+                         f"(no GQA: num_attention_heads KV heads; head_dim = hidden_size // heads)") from _error
+assert _got == 2 * 4 * 8 * 64 * 2, (
+    f"kv_bytes_per_token({_config}) returned {_got!r}, expected 2 x 4 x 8 x 64 x 2 = 8192")
 ### BEGIN HIDDEN TESTS
 import random
 
@@ -178,8 +198,8 @@ assert cache_bytes == context * kv_bytes_per_token(model.config, dtype_bytes=4)
 # What does that mean at scale? A decode batch holds one cache per sequence:
 
 # %%
-KV_QWEN3_8B = kv_bytes_per_token(hf_config("Qwen3-8B"))
 N_QWEN3_8B = 8.2e9                                                   # parameters of Qwen3-8B, as in seed 003
+KV_QWEN3_8B = kv_bytes_per_token(hf_config("Qwen3-8B"))
 for batch, context in [(1, 16_384), (64, 2048), (64, 16_384)]:
     print(f"batch {batch:2d} x {context:6,d} tokens of context: KV cache {batch * context * KV_QWEN3_8B / 1e9:6.1f} GB "
           f"(bf16 weights: {2 * N_QWEN3_8B / 1e9:.1f} GB)")
@@ -220,8 +240,14 @@ print({key: H200[key] for key in ("memory_bandwidth", "dense_flops", "flops_dtyp
 # %% nbgrader={"grade": true, "solution": false, "grade_id": "test_decode_tokens_per_s", "locked": true, "points": 4, "schema_version": 3}
 # Seed: Qwen3-8B (8.2e9 parameters, 147,456 KV bytes per token) on an H200 (4.8 TB/s).
 _rates = [decode_tokens_per_s(8.2e9, b, c, 147_456, 4.8e12) for b, c in [(64, 2048), (64, 16_384), (256, 16_384)]]
-assert [round(rate) for rate in _rates] == [8598, 1796, 1935]
-assert isinstance(_rates[0], float)
+assert [round(rate) for rate in _rates] == [8598, 1796, 1935], (
+    f"decode_tokens_per_s(8.2e9, batch, context, 147_456, 4.8e12) for (batch, context) = (64, 2048), (64, 16384), "
+    f"(256, 16384) returned {[round(rate) for rate in _rates]} (rounded), expected [8598, 1796, 1935]")
+assert isinstance(_rates[0], float), f"decode_tokens_per_s must return a float, got {type(_rates[0]).__name__}"
+_rate = decode_tokens_per_s(8.2e9, 64, 2048, 147_456, 4.8e12, weight_bytes_per_param=1)    # 8-bit weights
+assert round(_rate) == 11160, (
+    f"decode_tokens_per_s(8.2e9, 64, 2048, 147_456, 4.8e12, weight_bytes_per_param=1) returned {_rate:.0f}, "
+    f"expected 11160: the weights take weight_bytes_per_param x N bytes")
 ### BEGIN HIDDEN TESTS
 import random
 
@@ -317,10 +343,16 @@ plt.show()
 # Seed: Qwen3-8B, 512 episodes of 24k tokens (6k sampled), decode at 1,796 tokens/s (batch 64, 16k), H200, MFU 0.4.
 _decode_rate = 64 / ((2 * 8.2e9 + 64 * 16_384 * 147_456) / 4.8e12)
 _parts = gpu_hours_per_step(8.2e9, 512, 24_000, 6_000, _decode_rate, 989e12, 0.4, 0.5)
-assert sorted(_parts) == ["decode", "old_logp", "prefill", "total", "train"]
-assert {key: round(value, 2) for key, value in _parts.items()} == {
-    "train": 0.42, "old_logp": 0.14, "prefill": 0.11, "decode": 0.95, "total": 1.62}
-assert f"{300 * _parts['total']:,.0f}" == "487" and f"{_parts['decode'] / _parts['total']:.0%}" == "59%"
+_shown = f"gpu_hours_per_step(8.2e9, 512, 24_000, 6_000, {_decode_rate:.1f}, 989e12, 0.4, 0.5)"
+assert sorted(_parts) == ["decode", "old_logp", "prefill", "total", "train"], (
+    f"{_shown} returned the keys {sorted(_parts)}, expected ['decode', 'old_logp', 'prefill', 'total', 'train']")
+_rounded = {key: round(value, 2) for key, value in _parts.items()}
+assert _rounded == {"train": 0.42, "old_logp": 0.14, "prefill": 0.11, "decode": 0.95, "total": 1.62}, (
+    f"{_shown} returned (rounded) {_rounded}, expected "
+    f"{{'train': 0.42, 'old_logp': 0.14, 'prefill': 0.11, 'decode': 0.95, 'total': 1.62}}")
+assert f"{300 * _parts['total']:,.0f}" == "487" and f"{_parts['decode'] / _parts['total']:.0%}" == "59%", (
+    f"{_shown}: 300 steps take {300 * _parts['total']:,.0f} GPU-hours, decode share "
+    f"{_parts['decode'] / _parts['total']:.0%}; expected 487 and 59%")
 ### BEGIN HIDDEN TESTS
 import random
 
