@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
+import io
 import json
+import os
+import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
+import nbformat
 import pytest
 
-from course_lib.nb import build, cells, match, submissions
+from course_lib.nb import build, cells, execute, match, submissions
 from tests.test_autograde import submission_with
 
 CHAPTER = "01_length_ledger"
 COURSE = str(Path(sys.executable).parent / "course")
 
 
-def _course(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([COURSE, *args], cwd=cwd, capture_output=True, text=True, timeout=600)
+def _course(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([COURSE, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
 @pytest.fixture(scope="module")
@@ -82,6 +87,37 @@ def test_grade_refuses_a_missing_folder_and_a_root_without_nbgrader_config(tmp_p
     assert no_root.returncode == 2 and "not a course root" in no_root.stderr
 
 
+def test_grade_fails_when_there_is_no_notebook_at_all(tmp_path):
+    root = build.copy_course_skeleton(build.NOTEBOOKS_DIR, tmp_path / "course")
+    (tmp_path / "empty").mkdir()
+    empty = _course("grade", str(tmp_path / "empty"), "--root", str(root), "--no-progress", cwd=tmp_path)
+    assert empty.returncode == 1 and "no notebook (.ipynb) found" in empty.stdout, empty.stdout + empty.stderr
+    (tmp_path / "junk" / "__MACOSX").mkdir(parents=True)
+    (tmp_path / "junk" / "__MACOSX" / f"._alice_{CHAPTER}.ipynb").write_bytes(b"\x00\x05")
+    (tmp_path / "junk" / "notes.txt").write_text("my notes", encoding="utf-8")
+    junk = _course("grade", str(tmp_path / "junk"), "--root", str(root), "--no-progress", cwd=tmp_path)
+    assert junk.returncode == 1 and "no notebook (.ipynb) found" in junk.stdout, junk.stdout + junk.stderr
+    assert f"__MACOSX/._alice_{CHAPTER}.ipynb" in junk.stdout and "notes.txt" in junk.stdout
+    assert not (root / "gradebook.db").exists() and not (root / "grades.csv").exists()
+
+
+def test_grade_finds_alembic_beside_its_interpreter_without_an_activated_venv(tmp_path):
+    """nbgrader runs `alembic` from PATH to create a new gradebook; PATH here does not name the venv."""
+    bin_dir = Path(sys.executable).parent.resolve()
+    path = os.pathsep.join(folder for folder in os.environ.get("PATH", "").split(os.pathsep)
+                           if folder and Path(folder).resolve() != bin_dir)
+    if shutil.which("alembic", path=path):
+        pytest.skip("an alembic outside the virtual environment is on PATH")
+    root = build.copy_course_skeleton(build.NOTEBOOKS_DIR, tmp_path / "course")
+    (tmp_path / "inbox").mkdir()
+    (tmp_path / "inbox" / f"alice_{CHAPTER}.ipynb").write_bytes(b"")
+    completed = _course("grade", str(tmp_path / "inbox"), "--root", str(root), "--no-progress", cwd=tmp_path,
+                        env=dict(os.environ, PATH=path))
+    assert completed.returncode == 1 and "Traceback" not in completed.stderr, completed.stderr[-3000:]
+    assert "empty file" in completed.stdout and "graded 0, failed 1" in completed.stdout
+    assert (root / "gradebook.db").exists() and (root / "grades.csv").exists()
+
+
 def test_preflight_prints_the_profile_table(tmp_path):
     completed = _course("preflight", "BASE-CPU", "--json", cwd=tmp_path)
     record = json.loads(completed.stdout)
@@ -108,6 +144,88 @@ def test_names_and_layouts_are_read_as_student_and_chapter():
     assert read(Path(f"x/submitted/bob_smith/{CHAPTER}/{CHAPTER}.ipynb"), chapters)[:2] == ("bob_smith", CHAPTER)
     assert read(Path(f"carol/{CHAPTER}.ipynb"), chapters)[:2] == ("carol", CHAPTER)
     assert read(Path("notes.ipynb"), chapters)[2].startswith("cannot tell")
+    assert read(Path(f"{CHAPTER}.ipynb"), chapters)[2].startswith("cannot tell the student")
+    assert read(Path(f"{CHAPTER}/{CHAPTER}.ipynb"), chapters)[2].startswith("cannot tell the student")
+    assert read(Path(f"week3/alice_{CHAPTER}.IPYNB"), chapters)[:2] == ("alice", CHAPTER)
+
+
+def test_a_student_named_file_wins_over_the_folders_above_it():
+    """nbgrader's <student>/<chapter>/ layout is read only for a file named after the chapter."""
+    chapters = [CHAPTER, "02_templates_and_labels"]
+    read = submissions.name_student_chapter
+    assert read(Path(f"inbox9/term1/{CHAPTER}/zoe_{CHAPTER}.ipynb"), chapters) == ("zoe", CHAPTER, None)
+    student, chapter, problem = read(Path(f"term1/02_templates_and_labels/zoe_{CHAPTER}.ipynb"), chapters)
+    assert "folder named after chapter 02_templates_and_labels" in problem and f"says chapter {CHAPTER}" in problem
+    assert read(Path(f"bob/02_templates_and_labels/{CHAPTER}.ipynb"), chapters)[0::2] == (None, (
+        f"'bob/02_templates_and_labels/{CHAPTER}.ipynb' is in a folder named after chapter 02_templates_and_labels "
+        f"but its name says chapter {CHAPTER}; move or rename it and rerun"))
+
+
+@pytest.mark.parametrize("name", [f"Copy_of_{CHAPTER}", f"Copy of {CHAPTER}", f"{CHAPTER} (1)",
+                                  f"Copy of {CHAPTER} (2)", f"copy_of_{CHAPTER}(3)"])
+def test_colab_and_desktop_copies_of_a_chapter_take_the_student_from_the_folder(name):
+    read = submissions.name_student_chapter
+    assert read(Path(f"pat/{name}.ipynb"), [CHAPTER]) == ("pat", CHAPTER, None)
+    assert read(Path(f"submitted/pat/{CHAPTER}/{name}.ipynb"), [CHAPTER]) == ("pat", CHAPTER, None)
+    assert read(Path(f"inbox/{name.replace(CHAPTER, 'alice_' + CHAPTER)}.ipynb"), [CHAPTER])[:2] == ("alice", CHAPTER)
+
+
+def test_no_file_is_left_out_without_a_line(tmp_path):
+    """Upper-case suffixes are read, zips inside the input opened (one level), hidden files failed with a reason,
+    and junk or other files counted in a summary line."""
+    notebook = nbformat.writes(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1")]))
+    inbox = tmp_path / "inbox"
+    for name in (f"week3/liam_{CHAPTER}.IPYNB", f".hidden/pete_{CHAPTER}.ipynb", f".ivy_{CHAPTER}.ipynb",
+                 f".ipynb_checkpoints/liam_{CHAPTER}-checkpoint.ipynb", f"__MACOSX/week3/._liam_{CHAPTER}.IPYNB"):
+        (inbox / name).parent.mkdir(parents=True, exist_ok=True)
+        (inbox / name).write_text(notebook, encoding="utf-8")
+    (inbox / f"sam_{CHAPTER}.py").write_text("x = 1", encoding="utf-8")
+    (inbox / "README.txt").write_text("hello", encoding="utf-8")
+    (inbox / ".DS_Store").write_bytes(b"\x00")
+    (inbox / "broken.zip").write_bytes(b"not a zip")
+    deeper = io.BytesIO()
+    with zipfile.ZipFile(deeper, "w") as archive:
+        archive.writestr(f"kim_{CHAPTER}.ipynb", notebook)
+    with zipfile.ZipFile(inbox / "olga_submission.zip", "w") as archive:
+        archive.writestr(f"olga_{CHAPTER}.ipynb", notebook)
+        archive.writestr(f"{CHAPTER}.ipynb", notebook)  # named after the chapter: the zip is the student's folder
+        archive.writestr("more.zip", deeper.getvalue())
+    (tmp_path / "scratch").mkdir()
+    found = submissions.discover(inbox, [CHAPTER], tmp_path / "scratch")
+    by_name = {s.display: s for s in found.submissions}
+    assert sorted(by_name) == [f".hidden/pete_{CHAPTER}.ipynb", f".ivy_{CHAPTER}.ipynb", "broken.zip",
+                               f"olga_submission.zip/{CHAPTER}.ipynb", "olga_submission.zip/more.zip",
+                               f"olga_submission.zip/olga_{CHAPTER}.ipynb", f"sam_{CHAPTER}.py",
+                               f"week3/liam_{CHAPTER}.IPYNB"]
+    graded = {name: (s.student, s.chapter) for name, s in by_name.items() if s.problem is None}
+    assert graded == {f"week3/liam_{CHAPTER}.IPYNB": ("liam", CHAPTER),
+                      f"olga_submission.zip/olga_{CHAPTER}.ipynb": ("olga", CHAPTER),
+                      f"olga_submission.zip/{CHAPTER}.ipynb": ("olga_submission", CHAPTER)}
+    assert by_name[f".hidden/pete_{CHAPTER}.ipynb"].problem.startswith("hidden file or folder")
+    assert by_name[f".ivy_{CHAPTER}.ipynb"].problem.startswith("hidden file or folder")
+    assert "zip inside a zip" in by_name["olga_submission.zip/more.zip"].problem
+    assert by_name["broken.zip"].problem == "not a readable zip file"
+    assert by_name[f"sam_{CHAPTER}.py"].problem.startswith("not a notebook (.py)")
+    junk, other = found.ignored()
+    assert junk.startswith("ignored 3 files, copies and system files") and "__MACOSX/week3/" in junk
+    assert other == "ignored 1 file, neither a notebook (.ipynb) nor a zip: README.txt"
+
+
+def test_each_cell_keeps_at_most_the_output_limit():
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print(...)"),
+                                               nbformat.v4.new_code_cell("small")])
+    notebook.cells[0].outputs = [nbformat.v4.new_output("stream", name="stdout", text="x" * 700),
+                                 nbformat.v4.new_output("stream", name="stdout", text="y" * 700),
+                                 nbformat.v4.new_output("execute_result", data={"text/plain": "z" * 700},
+                                                        execution_count=1),
+                                 nbformat.v4.new_output("error", ename="E", evalue="e" * 700, traceback=["t" * 700])]
+    notebook.cells[1].outputs = [nbformat.v4.new_output("stream", name="stdout", text="fine\n")]
+    assert execute.cap_outputs(notebook, limit=500) == [0]
+    stream, result, error = notebook.cells[0].outputs
+    assert stream.text.startswith("x" * 500) and "yy" not in stream.text
+    assert "900 more characters of output cut by the grader" in stream.text
+    assert len(result.data["text/plain"]) < 600 and len(error.evalue) < 600 and len(error.traceback[0]) < 600
+    assert notebook.cells[1].outputs[0].text == "fine\n"
 
 
 def test_a_todo_cell_without_metadata_is_found_by_its_function_name(tmp_path):

@@ -25,6 +25,7 @@ pytestmark = pytest.mark.slow
 CHAPTER = "01_length_ledger"
 OTHER = "02_templates_and_labels"  # used for "a notebook for the wrong chapter" when it exists
 COURSE = [str(Path(sys.executable).parent / "course")]
+CHATTY_CHARS = 3_000_000  # printed by one cell: 30 times what the grader keeps
 
 SNOOP = r'''
 import glob, json, os
@@ -130,6 +131,21 @@ def graded(tmp_path_factory):
     _write(cells.read(root / "release" / CHAPTER / f"{CHAPTER}.ipynb"), inbox / "dup" / CHAPTER / f"{CHAPTER}.ipynb")
     (inbox / "homework.ipynb").write_text("{}", encoding="utf-8")
 
+    # where and how students really save: each must reach its student, or get a line saying why not
+    full = _release_with(root, solutions, scratch / "full.ipynb")
+    _write(full, inbox / "term1" / CHAPTER / f"zoe_{CHAPTER}.ipynb")  # a week/chapter folder: the name says zoe
+    _write(full, inbox / "pat" / f"Copy_of_{CHAPTER}.ipynb")  # Colab's "Copy of" in a per-student folder
+    _write(full, inbox / "week3" / f"liam_{CHAPTER}.IPYNB")
+    with zipfile.ZipFile(inbox / "olga_submission.zip", "w") as archive:  # a zip among the files
+        archive.writestr(f"olga_{CHAPTER}.ipynb", nbformat.writes(full))
+    _write(full, inbox / ".hidden" / f"pete_{CHAPTER}.ipynb")
+    _write(full, inbox / ".ipynb_checkpoints" / f"zoe_{CHAPTER}-checkpoint.ipynb")
+    (inbox / "__MACOSX").mkdir()
+    (inbox / "__MACOSX" / f"._zoe_{CHAPTER}.ipynb").write_bytes(b"\x00\x05\x16\x07")
+    chatty = _release_with(root, solutions, scratch / "chatty.ipynb")
+    _insert_code(chatty, 2, f"print('x' * {CHATTY_CHARS})")
+    _write(chatty, inbox / f"chatty_{CHAPTER}.ipynb")
+
     # the kernels' temporary folders go four levels deep into a fresh folder outside pytest's, so that the snoop's
     # walk up to ../../../.. stays inside it and finds exactly what the grader put there (a shared /tmp may hold
     # anyone's notebooks: the README asks instructors to point TMPDIR at a private folder)
@@ -169,7 +185,7 @@ def _points(graded, student: str) -> tuple[float, float, float]:
 def test_run_finishes_with_a_summary_and_exit_1_for_the_failed_files(graded):
     run = graded["run"]
     assert run.returncode == 1, run.stdout + run.stderr[-3000:]
-    assert "graded 6, failed 6, skipped 0" in run.stdout, run.stdout
+    assert "graded 11, failed 7, skipped 0" in run.stdout, run.stdout
 
 
 def test_a_cell_that_loops_forever_times_out_and_the_rest_is_graded(graded):
@@ -231,6 +247,56 @@ def test_unreadable_wrong_and_duplicate_files_get_a_clear_line_and_no_grade(grad
         assert not (graded["root"] / "autograded" / student).exists()
 
 
+def test_a_student_named_file_in_a_chapter_folder_is_graded_as_that_student(graded):
+    assert _points(graded, "zoe") == (8.0, 3.0, 5.0)
+    assert "zoe/" + CHAPTER in _line(graded, f"term1/{CHAPTER}/zoe_")
+    assert "term1" not in graded["csv"]
+
+
+def test_a_colab_copy_in_a_student_folder_is_graded_as_that_student(graded):
+    assert _points(graded, "pat") == (8.0, 3.0, 5.0)
+    assert "Copy_of" not in graded["csv"]
+
+
+def test_upper_case_suffixes_and_zips_inside_the_input_are_graded(graded):
+    assert _points(graded, "liam") == (8.0, 3.0, 5.0)
+    assert _points(graded, "olga") == (8.0, 3.0, 5.0)
+    assert f"olga/{CHAPTER}" in _line(graded, f"olga_submission.zip/olga_{CHAPTER}.ipynb")
+
+
+def test_hidden_files_fail_with_a_reason_and_junk_is_counted_not_graded(graded):
+    assert "hidden file or folder" in _line(graded, f".hidden/pete_{CHAPTER}")
+    assert graded["csv"]["pete"]["status"].startswith("failed: hidden")
+    junk = _line(graded, "ignored 2 files, copies and system files")
+    assert ".ipynb_checkpoints/" in junk and "__MACOSX/" in junk
+
+
+def test_a_flood_of_output_is_cut_before_the_notebook_is_recorded(graded):
+    assert _points(graded, "chatty") == (8.0, 3.0, 5.0)
+    assert "output over 100,000 characters was cut" in _line(graded, "chatty_")
+    path = graded["root"] / "autograded" / "chatty" / CHAPTER / f"{CHAPTER}.ipynb"
+    assert path.stat().st_size < 400_000, path.stat().st_size
+    assert "more characters of output cut by the grader" in path.read_text(encoding="utf-8")
+
+
+def test_a_notebook_that_kills_its_worker_fails_alone_and_the_others_are_graded(graded):
+    """Its code kills the worker process that runs its kernel: the pool breaks, the other notebooks run again."""
+    root, base = graded["root"], graded["base"]
+    inbox = base / "killer_inbox"
+    full = _release_with(root, graded["solutions"], base / "calm.ipynb")
+    killer = _release_with(root, graded["solutions"], base / "killer.ipynb")
+    _insert_code(killer, 2, "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)")
+    _write(killer, inbox / f"killer_{CHAPTER}.ipynb")
+    for student in ("calm1", "calm2"):
+        _write(full, inbox / f"{student}_{CHAPTER}.ipynb")
+    run = _course("grade", str(inbox), "--root", str(root), "--workers", "2", "--no-progress", cwd=base)
+    assert run.returncode == 1 and "graded 2, failed 1, skipped 0" in run.stdout, run.stdout + run.stderr[-3000:]
+    assert "the grading worker died while running this notebook" in _line({"run": run}, "killer_")
+    rows = _rows(root / "grades.csv")
+    assert rows["calm1"]["score"] == rows["calm2"]["score"] == "8.0"
+    assert rows["killer"]["status"].startswith("failed: the grading worker died")
+
+
 def test_feedback_shows_results_and_messages_but_no_hidden_test_source(graded):
     source = cells.read(graded["root"] / "source" / CHAPTER / f"{CHAPTER}.ipynb")
     hidden = [line.strip() for _, _, text in cells.graded_cells(source) if "BEGIN HIDDEN TESTS" in text
@@ -247,7 +313,7 @@ def test_regrading_needs_force_and_force_overwrites(graded):
     root, base = graded["root"], graded["base"]
     before = (root / "grades.csv").read_text(encoding="utf-8")
     again = _course("grade", str(graded["inbox"]), "--root", str(root), "--no-progress", cwd=base)
-    assert "graded 0, failed 6, skipped 6" in again.stdout, again.stdout + again.stderr[-2000:]
+    assert "graded 0, failed 7, skipped 11" in again.stdout, again.stdout + again.stderr[-2000:]
     assert "already graded; use --force" in _line({"run": again}, "crash_")
     assert _rows(root / "grades.csv")["crash"] == _rows_from_text(before)["crash"]
     # crash resubmits a complete notebook, zipped: only --force replaces the grade

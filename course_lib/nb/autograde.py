@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
-from .build import nbgrader_command
-
-
-def _env() -> dict[str, str]:
-    bin_dir = str(Path(sys.executable).parent)
-    return dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+from .build import interpreter_bin_on_path, nbgrader_command
 
 
 def stage_submissions(course_root: Path, chapter: str, notebooks: dict[str, Path]) -> None:
@@ -27,7 +20,7 @@ def stage_submissions(course_root: Path, chapter: str, notebooks: dict[str, Path
 def autograde(course_root: Path, chapter: str, *, timeout_s: int = 900) -> subprocess.CompletedProcess:
     """`nbgrader autograde <chapter> --force` over every submission (the chapter must be generated there)."""
     return subprocess.run(nbgrader_command("autograde", chapter, "--force", course_root=course_root),
-                          cwd=course_root, env=_env(),
+                          cwd=course_root, env=interpreter_bin_on_path(),
                           capture_output=True, text=True, timeout=timeout_s)
 
 

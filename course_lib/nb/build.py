@@ -24,6 +24,7 @@ import subprocess
 import sys
 import textwrap
 import types
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -210,12 +211,22 @@ def nbgrader_command(*args: str, course_root: Path) -> list[str]:
     return [sys.executable, "-m", "nbgrader", *args, f"--CourseDirectory.root={course_root}"]
 
 
+def interpreter_bin_on_path(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """`env` (default: this process's) with this interpreter's bin folder first on PATH. nbgrader runs `alembic`
+    from PATH when it creates a gradebook, and PATH names the course's virtual environment only when it was
+    activated: `.venv/bin/course grade` without activation would fail with FileNotFoundError: 'alembic'."""
+    env = dict(os.environ if env is None else env)
+    bin_dir = str(Path(sys.executable).parent)
+    folders = [folder for folder in env.get("PATH", "").split(os.pathsep) if folder]
+    env["PATH"] = os.pathsep.join([bin_dir] + [folder for folder in folders if folder != bin_dir])
+    return env
+
+
 def generate_release(name: str, course_root: Path) -> Path:
     """Run `nbgrader generate_assignment` for one chapter; returns the release notebook path."""
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     completed = subprocess.run(
         nbgrader_command("generate_assignment", name, "--force", "--create", course_root=course_root),
-        cwd=course_root, env=env, capture_output=True, text=True,
+        cwd=course_root, env=interpreter_bin_on_path(), capture_output=True, text=True,
     )
     if completed.returncode != 0:
         raise RuntimeError(f"nbgrader generate_assignment {name} failed:\n{completed.stdout}\n{completed.stderr}")

@@ -13,11 +13,19 @@ come back after the interrupt, or dies, or the whole notebook passes `notebook_t
 not run yet get an error output that says why (nbgrader would otherwise give an unexecuted test cell
 full marks).
 
+Output: each code cell keeps at most MAX_OUTPUT_CHARS characters of printed text (stream outputs, text
+results, error messages); the rest is cut with a note, before the notebook leaves the worker. (nbgrader's
+LimitOutput counts lines, so one `print('x' * 50_000_000)` would otherwise make a 50 MB graded notebook.)
+
+Workers: `execute_all` runs the notebooks in a pool of worker processes. A notebook whose code kills its worker
+breaks the pool; the other unfinished notebooks run again in a fresh one, and the one that was running fails alone.
+
 This is not a security sandbox: the kernel runs as the grading user, with its file system and network.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import multiprocessing.util
 import os
 import shutil
@@ -25,6 +33,10 @@ import subprocess
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
 from typing import Any
 
 import nbformat
@@ -33,6 +45,7 @@ from jupyter_core.paths import jupyter_runtime_dir
 TIMEOUT_ENAME = "CellTimeout"
 NOT_RUN_ENAME = "CellNotRun"
 PROBE_TIMEOUT_S = 10
+MAX_OUTPUT_CHARS = 100_000
 
 
 def error_output(ename: str, evalue: str) -> nbformat.NotebookNode:
@@ -50,6 +63,61 @@ def _mark_not_run(notebook: Any, start: int, reason: str) -> list[int]:
     return marked
 
 
+def _cut(text: str, keep: int, more: int | None = None) -> str:
+    more = len(text) - keep if more is None else more
+    return text[:keep] + f"\n[... {more:,} more characters of output cut by the grader ...]\n"
+
+
+def _cap_text(value: Any, limit: int) -> tuple[Any, bool]:
+    """(value cut to `limit` characters, whether it was cut); a list of lines counts as its joined text."""
+    text = "".join(value) if isinstance(value, list) else value
+    if not isinstance(text, str) or len(text) <= limit:
+        return value, False
+    return _cut(text, limit), True
+
+
+def cap_outputs(notebook: Any, limit: int = MAX_OUTPUT_CHARS) -> list[int]:
+    """Cut each code cell's printed text to `limit` characters (its stream outputs together; each text
+    result and error message on its own); returns the indices of the cells that were cut."""
+    return [index for index, cell in enumerate(notebook.cells)
+            if cell.cell_type == "code" and _cap_cell(cell, limit)]
+
+
+def _cap_cell(cell: Any, limit: int) -> bool:
+    streams = [output for output in cell.get("outputs", []) if output.get("output_type") == "stream"]
+    left = sum(len("".join(output.get("text", ""))) for output in streams)  # stream characters from here on
+    budget, kept, was_cut, stream_cut = limit, [], False, False
+    for output in cell.get("outputs", []):
+        if output.get("output_type") != "stream":
+            was_cut = _cap_rich_output(output, limit) or was_cut
+        elif stream_cut:
+            continue  # past the cell's budget: the note in the stream output cut before counts these characters
+        else:
+            text = "".join(output.get("text", ""))
+            if len(text) > budget:
+                output["text"] = _cut(text, budget, more=left - budget)
+                stream_cut = was_cut = True
+            budget, left = budget - len(text), left - len(text)
+        kept.append(output)
+    cell.outputs = kept
+    return was_cut
+
+
+def _cap_rich_output(output: Any, limit: int) -> bool:
+    """Cut the text/* data of a result, or the message and traceback of an error; whether anything was cut."""
+    was_cut = False
+    for mime, value in output.get("data", {}).items():
+        if mime.startswith("text/"):
+            output["data"][mime], this_cut = _cap_text(value, limit)
+            was_cut = was_cut or this_cut
+    if output.get("output_type") == "error":
+        output["evalue"], this_cut = _cap_text(output.get("evalue", ""), limit)
+        traceback = [_cap_text(line, limit) for line in output.get("traceback", [])]
+        output["traceback"] = [line for line, _ in traceback]
+        was_cut = was_cut or this_cut or any(c for _, c in traceback)
+    return was_cut
+
+
 def worker_init() -> None:
     """Worker processes start in an empty folder, so nothing about the course is found through them either."""
     folder = tempfile.mkdtemp(prefix="course-worker-")
@@ -62,12 +130,15 @@ def worker_init() -> None:
 def execute_notebook(job: dict[str, Any]) -> dict[str, Any]:
     """Run `job['notebook']` (nbformat JSON); returns the executed notebook and what went wrong.
 
-    job keys: key, notebook (str), cell_timeout, notebook_timeout, kernel_name, and cwd (optional: the
-    kernel's working folder; default a new empty temporary folder, removed afterwards).
+    job keys: key, notebook (str), cell_timeout, notebook_timeout, kernel_name; cwd (optional: the kernel's
+    working folder; default a new empty temporary folder, removed afterwards); started (optional: a file
+    written first thing, so that the parent knows which jobs had started when a worker died).
     """
     from nbclient import NotebookClient
     from nbclient.exceptions import DeadKernelError
 
+    if job.get("started"):
+        Path(job["started"]).write_text(str(os.getpid()), encoding="utf-8")
     started = time.perf_counter()
     notebook = nbformat.reads(job["notebook"], as_version=4)
     cell_timeout = float(job.get("cell_timeout", 60))
@@ -126,8 +197,9 @@ def execute_notebook(job: dict[str, Any]) -> dict[str, Any]:
     finally:
         if not job.get("cwd"):
             shutil.rmtree(workdir, ignore_errors=True)
-    return {"key": job["key"], "notebook": nbformat.writes(notebook), "timed_out": timed_out,
-            "not_run": not_run, "problem": problem, "seconds": time.perf_counter() - started}
+    cut = cap_outputs(notebook)
+    return {"key": job["key"], "notebook": nbformat.writes(notebook), "timed_out": timed_out, "not_run": not_run,
+            "cut": cut, "problem": problem, "seconds": time.perf_counter() - started}
 
 
 def _kernel_answers(client: Any, notebook: Any, replies: dict[int, dict]) -> bool:
@@ -143,3 +215,70 @@ def _kernel_answers(client: Any, notebook: Any, replies: dict[int, dict]) -> boo
         client.timeout = saved
         del notebook.cells[probe_index:]
     return replies.pop(probe_index, {}).get("content", {}).get("status") == "ok"
+
+
+WORKER_DIED = "the grading worker died while running this notebook (does its code kill processes?)"
+MAX_POOL_BREAKS = 3  # a job in this many broken pools without ever being seen to start fails (the pool cannot run)
+
+
+def execute_all(jobs: list[dict], workers: int, on_result: Callable[[dict], None]) -> None:
+    """Execute every job (see `execute_notebook`; each with a `started` marker path) in worker processes,
+    calling `on_result` with each result as it comes.
+
+    A notebook whose code kills its worker breaks the whole pool, and every unfinished job with it. The jobs
+    that had not started run again in a fresh pool. When one job alone had started, it is the one whose worker
+    died: it gets a failed result (`WORKER_DIED`). When several had, each runs again alone, which tells.
+    """
+    waiting, alone = list(jobs), []
+    while waiting or alone:
+        if alone:
+            batch, width = [alone.pop(0)], 1
+        else:
+            batch, width, waiting = waiting, workers, []
+        started, not_started = [], []
+        for job in _run_pool(batch, width, on_result):
+            job["breaks"] = job.get("breaks", 0) + 1
+            (started if _took_marker(job) else not_started).append(job)
+        if len(started) == 1:  # the only notebook running when a worker died
+            on_result({"key": started[0]["key"], "problem": WORKER_DIED, "notebook": None})
+        else:
+            alone += started
+        for job in not_started:
+            if job["breaks"] < MAX_POOL_BREAKS:
+                waiting.append(job)
+            else:
+                on_result({"key": job["key"], "notebook": None,
+                           "problem": f"the grading workers died {job['breaks']} times before running this notebook"})
+
+
+def _took_marker(job: dict) -> bool:
+    """Had the job started (its worker wrote the marker)? The marker is removed for the next try."""
+    marker = Path(job["started"])
+    if not marker.exists():
+        return False
+    marker.unlink()
+    return True
+
+
+def _run_pool(batch: list[dict], width: int, on_result: Callable[[dict], None]) -> list[dict]:
+    """Run `batch` in a fresh pool of `width` workers; returns the jobs left unfinished when the pool broke."""
+    unfinished = []
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=min(width, len(batch)), mp_context=context, initializer=worker_init) as pool:
+        futures = {}
+        for job in batch:
+            try:
+                futures[pool.submit(execute_notebook, job)] = job
+            except BrokenProcessPool:
+                unfinished.append(job)
+        for future in as_completed(futures):
+            try:
+                result = future.result()
+            except BrokenProcessPool:
+                unfinished.append(futures[future])
+                continue
+            except Exception as error:  # noqa: BLE001 - a job that fails in its worker takes only itself
+                result = {"key": futures[future]["key"], "notebook": None,
+                          "problem": f"worker failed: {type(error).__name__}: {error}"}
+            on_result(result)
+    return unfinished

@@ -1,11 +1,14 @@
 """`course grade`: a folder (or zip) of submissions -> nbgrader gradebook, grades.csv and feedback pages.
 
 1. Read every file without trusting it (`submissions.py`); duplicates, unreadable files and names that
-   name no chapter become summary lines, not crashes.
+   name no chapter become summary lines, not crashes; so do files left out on purpose. No notebook at all
+   is a failure, not an empty success.
 2. Match each notebook's cells to the chapter's source (`match.py`): graded test cells come back from
    the source with their hidden tests; edits, deletions and stripped metadata are noted.
 3. Execute each prepared notebook in a worker process (`execute.py`), the kernel in a new empty
-   folder outside the course, with a per-cell and a per-notebook time limit.
+   folder outside the course, with a per-cell and a per-notebook time limit. A notebook whose code kills
+   its worker breaks the pool: the jobs it took with it run again in a fresh one, and the notebook that
+   was running fails alone.
 4. In this process, one at a time (sqlite has one writer), hand each executed notebook to nbgrader's
    autograde with its Execute step removed: nbgrader restores locked cells from its gradebook, scores
    the test cells and records the grades. Then the feedback page and, at the end, grades.csv.
@@ -15,14 +18,14 @@ Nothing already in the gradebook is graded again without `force`.
 
 from __future__ import annotations
 
+import contextlib
 import csv
-import multiprocessing
 import os
 import shutil
 import sys
 import time
 import warnings
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,8 +33,9 @@ from typing import Any
 import nbformat
 
 from . import build, feedback, match, submissions
+from .build import interpreter_bin_on_path
 from .cells import nbgrader_meta
-from .execute import execute_notebook, worker_init
+from .execute import MAX_OUTPUT_CHARS, execute_all
 
 
 @dataclass
@@ -62,6 +66,7 @@ class GradeRun:
     seconds: float
     workers: int
     csv_path: Path | None = None
+    notes: list[str] = field(default_factory=list)  # files left out on purpose, one line per kind
 
     def count(self, status: str) -> int:
         return sum(1 for o in self.outcomes if o.status == status)
@@ -232,22 +237,46 @@ def grade_submissions(source: Path, root: Path = build.NOTEBOOKS_DIR, *, workers
     workers = max(1, workers or os.cpu_count() or 1)
     scratch = submissions.scratch_dir(root)
     outcomes: list[Outcome] = []
-    found: list[submissions.Submission] = []
-    try:
-        found = submissions.discover(submissions.unpack(Path(source), scratch), known_chapters(root))
-        submissions.flag_duplicates(found)
-        chapters = load_chapters(root, {s.chapter for s in found if s.chapter and s.problem is None})
-        ready = _prepare_all(root, found, chapters, force, outcomes)
-        if ready:
-            outcomes += _execute_and_record(root, out, scratch, ready, workers=workers, progress=progress,
-                                            limits=(cell_timeout, notebook_timeout), kernel_name=kernel_name)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    order = {s.display: i for i, s in enumerate(found)}
-    outcomes.sort(key=lambda o: order.get(o.display, 0))
-    run = GradeRun(outcomes, time.perf_counter() - started, workers)
-    run.csv_path = export_csv(root, out / "grades.csv", outcomes)
+    found = submissions.Found()
+    with _interpreter_tools_on_path():
+        try:
+            found = submissions.discover(submissions.unpack(Path(source), scratch), known_chapters(root), scratch)
+            if not found.submissions:
+                return _nothing_found(source, found, time.perf_counter() - started, workers)
+            submissions.flag_duplicates(found.submissions)
+            chapters = load_chapters(root, {s.chapter for s in found.submissions if s.chapter and s.problem is None})
+            ready = _prepare_all(root, found.submissions, chapters, force, outcomes)
+            if ready:
+                outcomes += _execute_and_record(root, out, scratch, ready, workers=workers, progress=progress,
+                                                limits=(cell_timeout, notebook_timeout), kernel_name=kernel_name)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        order = {s.display: i for i, s in enumerate(found.submissions)}
+        outcomes.sort(key=lambda o: order.get(o.display, 0))
+        run = GradeRun(outcomes, time.perf_counter() - started, workers, notes=found.ignored())
+        run.csv_path = export_csv(root, out / "grades.csv", outcomes)
     return run
+
+
+@contextlib.contextmanager
+def _interpreter_tools_on_path() -> Iterator[None]:
+    """nbgrader runs `alembic` from PATH when it creates a gradebook: find the one beside this interpreter even
+    when its virtual environment is not activated (as `course build` does)."""
+    saved = os.environ.get("PATH")
+    os.environ["PATH"] = interpreter_bin_on_path()["PATH"]
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("PATH", None)
+        else:
+            os.environ["PATH"] = saved
+
+
+def _nothing_found(source: Path, found: submissions.Found, seconds: float, workers: int) -> GradeRun:
+    """No notebook anywhere under `source`: one failed line (exit 1), and the gradebook and grades.csv untouched."""
+    reason = "no notebook (.ipynb) found" + ("; " + "; ".join(found.ignored()) if found.ignored() else "")
+    return GradeRun([Outcome(str(source), None, None, "failed", reason)], seconds, workers)
 
 
 def _execute_and_record(root: Path, out: Path, scratch: Path, ready: list, *, workers: int, progress: bool,
@@ -257,24 +286,21 @@ def _execute_and_record(root: Path, out: Path, scratch: Path, ready: list, *, wo
     recorder = NbgraderRecorder(root, scratch / "executed")
     stamps = {s.key: _stage_original(root, s) for s, _ in ready}
     by_key = {s.key: (s, p) for s, p in ready}
+    markers = scratch / "started"
+    markers.mkdir()
+    jobs = [{"key": s.key, "notebook": nbformat.writes(p.notebook), "cell_timeout": limits[0],
+             "notebook_timeout": limits[1], "kernel_name": kernel_name, "started": str(markers / str(number))}
+            for number, (s, p) in enumerate(ready)]
     outcomes = []
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=min(workers, len(ready)), mp_context=context,
-                             initializer=worker_init) as pool:
-        futures = [pool.submit(execute_notebook, {
-            "key": s.key, "notebook": nbformat.writes(p.notebook), "cell_timeout": limits[0], "notebook_timeout": limits[1], "kernel_name": kernel_name,
-        }) for s, p in ready]
-        bar = tqdm(total=len(futures), desc="grading", unit="nb", disable=not progress, file=sys.stderr)
-        for future in as_completed(futures):
-            try:
-                result = future.result()
-            except Exception as error:  # noqa: BLE001 - a worker that died takes one submission with it
-                key = ready[futures.index(future)][0].key
-                result = {"key": key, "problem": f"worker failed: {type(error).__name__}: {error}", "notebook": None}
-            submission, prepared = by_key[result["key"]]
-            outcomes.append(_record_one(recorder, out, submission, prepared, result, stamps[submission.key]))
-            bar.update(1)
-        bar.close()
+    bar = tqdm(total=len(jobs), desc="grading", unit="nb", disable=not progress, file=sys.stderr)
+
+    def record(result: dict) -> None:
+        submission, prepared = by_key[result["key"]]
+        outcomes.append(_record_one(recorder, out, submission, prepared, result, stamps[submission.key]))
+        bar.update(1)
+
+    execute_all(jobs, workers, record)
+    bar.close()
     return outcomes
 
 
@@ -292,6 +318,8 @@ def _record_one(recorder: NbgraderRecorder, out: Path, submission: submissions.S
         outcome.notes.append(f"cell {index}{' (' + grade_id + ')' if grade_id else ''} timed out and was interrupted")
     if result.get("problem"):
         outcome.notes.append(result["problem"] + "; the cells after it were not run")
+    for index in result.get("cut", []):
+        outcome.notes.append(f"cell {index}: output over {MAX_OUTPUT_CHARS:,} characters was cut")
     error = recorder.record(submission.student, submission.chapter, executed, stamp)
     if error:
         outcome.reason = error
@@ -358,6 +386,7 @@ def summary(run: GradeRun) -> str:
             lines.append(line + (" | " + "; ".join(o.notes) if o.notes else ""))
         else:
             lines.append(f"{o.status:<8} {o.display}: {o.reason}")
+    lines += run.notes
     per_minute = 60 * run.count("graded") / run.seconds if run.seconds else 0.0
     lines.append(f"graded {run.count('graded')}, failed {run.count('failed')}, skipped {run.count('skipped')} "
                  f"in {run.seconds:.1f} s ({per_minute:.1f} submissions/min, {run.workers} workers)"

@@ -2,11 +2,16 @@
 
 Two layouts are accepted, mixed freely:
 
-- flat files named `<student>_<chapter>.ipynb` (e.g. `alice_01_length_ledger.ipynb`), at any depth;
-- nbgrader's `[submitted/]<student>/<chapter>/<chapter>.ipynb`.
+- files named `<student>_<chapter>.ipynb` (e.g. `alice_01_length_ledger.ipynb`), at any depth;
+- files named after the chapter in a folder named after the student: nbgrader's
+  `[submitted/]<student>/<chapter>/<chapter>.ipynb`, or `<student>/<chapter>.ipynb`.
 
-Each file becomes a `Submission`; one that cannot be read (empty, not JSON, not a notebook, too
-large, a name that names no chapter) carries a `problem` instead of a notebook, and the run goes on.
+The suffix may be in any case (`.IPYNB`); the decorations Colab and desktops add to a copy (`Copy of `,
+`Copy_of_`, ` (1)`) are ignored. A zip inside the folder or zip is opened (one level). Each notebook becomes
+a `Submission`; one that cannot be read (empty, not JSON, not a notebook, too large, a name that names no
+chapter, a hidden file, a zip inside a zip) carries a `problem` instead of a notebook, and the run goes on.
+Files that are not submissions (macOS `__MACOSX/` copies, `.ipynb_checkpoints/`, other files) are counted
+in `Found.ignored`, so that nothing is left out without a line saying so.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import re
 import shutil
 import tempfile
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +29,12 @@ import nbformat
 
 STUDENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,99}$")
 MAX_BYTES = 50 * 1024 * 1024
-SKIP_PARTS = {".ipynb_checkpoints", "__MACOSX", "autograded", "feedback", "release", "source"}
+JUNK_FOLDERS = {".ipynb_checkpoints", "__MACOSX"}  # Jupyter's autosaves and macOS's zip copies, never submissions
+JUNK_FILES = {".DS_Store", "Thumbs.db", "desktop.ini"}
+COURSE_FOLDERS = {"autograded", "feedback", "release", "source"}  # the course's own output, when pointed at it
+NBGRADER_FILES = {"timestamp.txt"}  # read beside the notebook it dates
+COPY_PREFIX = re.compile(r"^(?:copy[ _]of[ _])+", re.IGNORECASE)
+COPY_SUFFIX = re.compile(r"(?:[ _]?\(\d+\))+$")
 
 
 @dataclass
@@ -42,6 +52,43 @@ class Submission:
         return f"{self.student}/{self.chapter}"
 
 
+@dataclass
+class Found:
+    """Every file under the input: the submissions (readable or not) and what was deliberately left out."""
+
+    submissions: list[Submission] = field(default_factory=list)
+    junk: list[str] = field(default_factory=list)  # in __MACOSX/, .ipynb_checkpoints/, .DS_Store ...
+    course_files: list[str] = field(default_factory=list)  # in the course's own source/, release/ ... folders
+    other_files: list[str] = field(default_factory=list)  # neither a notebook nor a zip
+
+    def ignored(self) -> list[str]:
+        """One summary line per kind of file that was not graded on purpose."""
+        kinds = [(self.junk, "copies and system files (__MACOSX/, .ipynb_checkpoints/, .DS_Store), not submissions"),
+                 (self.course_files, "in the course's own autograded/, feedback/, release/ or source/ folders"),
+                 (self.other_files, "neither a notebook (.ipynb) nor a zip")]
+        return [f"ignored {len(names)} file{'s' if len(names) > 1 else ''}, {what}: {_some(names)}"
+                for names, what in kinds if names]
+
+
+def _some(names: list[str], shown: int = 5) -> str:
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
+
+
+def _extract(archive_path: Path, target: Path) -> None:
+    """Extract a zip into `target`, refusing members that climb out of it (ValueError naming the member)."""
+    target.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(archive_path) as archive:
+        for member in archive.infolist():
+            destination = (target / member.filename).resolve()
+            if not destination.is_relative_to(target.resolve()):
+                raise ValueError(f"{archive_path}: member {member.filename!r} points outside the archive")
+            if member.is_dir():
+                continue
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            with archive.open(member) as reader, open(destination, "wb") as writer:
+                shutil.copyfileobj(reader, writer)
+
+
 def unpack(source: Path, scratch: Path) -> Path:
     """A folder as is; a zip extracted into `scratch` (refusing members that climb out of it)."""
     source = Path(source)
@@ -49,34 +96,54 @@ def unpack(source: Path, scratch: Path) -> Path:
         return source
     if not zipfile.is_zipfile(source):
         raise ValueError(f"{source} is neither a folder nor a zip file")
-    target = scratch / "unzipped"
-    target.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(source) as archive:
-        for member in archive.infolist():
-            destination = (target / member.filename).resolve()
-            if not destination.is_relative_to(target.resolve()):
-                raise ValueError(f"{source}: member {member.filename!r} points outside the archive")
-            if member.is_dir():
-                continue
-            destination.parent.mkdir(parents=True, exist_ok=True)
-            with archive.open(member) as reader, open(destination, "wb") as writer:
-                shutil.copyfileobj(reader, writer)
-    return target
+    _extract(source, scratch / "unzipped")
+    return scratch / "unzipped"
+
+
+def undecorated(stem: str) -> str:
+    """A file name without what Colab and desktops add to a copy: `Copy of X`, `Copy_of_X`, `X (1)` -> `X`."""
+    return COPY_SUFFIX.sub("", COPY_PREFIX.sub("", stem)).strip()
 
 
 def name_student_chapter(relative: Path, chapters: list[str]) -> tuple[str | None, str | None, str | None]:
-    """(student, chapter, problem) from a path relative to the input folder."""
-    parts = relative.parts
-    if len(parts) >= 3 and parts[-2] in chapters:
-        return parts[-3], parts[-2], None
-    stem = relative.stem
+    """(student, chapter, problem) from a path relative to the input folder.
+
+    A file named after the chapter takes its student from the folders (nbgrader's
+    `<student>/<chapter>/<chapter>.ipynb`, or `<student>/<chapter>.ipynb`); any other file must be named
+    `<student>_<chapter>`, whatever folders it is in. A folder named after another chapter than the file is
+    a problem, not a guess.
+    """
+    stem = undecorated(Path(relative.parts[-1]).stem)
+    folders = relative.parts[:-1]
+    folder_chapter = folders[-1] if folders and folders[-1] in chapters else None
+    if stem in chapters:
+        student, chapter, problem = _student_from_folders(relative, folders, stem)
+    else:
+        student, chapter = _student_from_file_name(stem, chapters)
+        problem = None if chapter else (
+            f"cannot tell student and chapter from the name {relative.as_posix()!r} (expected "
+            "<student>_<chapter>.ipynb or <student>/<chapter>/<chapter>.ipynb)")
+    if problem is None and folder_chapter not in (None, chapter):
+        student = None if stem in chapters else student  # the folder read as the student was a chapter
+        problem = (f"{relative.as_posix()!r} is in a folder named after chapter {folder_chapter} but its name says "
+                   f"chapter {chapter}; move or rename it and rerun")
+    return student, chapter, problem
+
+
+def _student_from_folders(relative: Path, folders: tuple[str, ...], chapter: str) -> tuple[str | None, str, str | None]:
+    if len(folders) >= 2 and folders[-1] == chapter:
+        return folders[-2], chapter, None  # nbgrader: <student>/<chapter>/<chapter>.ipynb
+    if folders and folders[-1] != chapter:
+        return folders[-1], chapter, None  # <student>/<chapter>.ipynb (a per-student folder)
+    return None, chapter, (f"cannot tell the student of {relative.as_posix()!r}: a file named after the chapter "
+                           "must be in a folder named after the student (<student>/<chapter>/<chapter>.ipynb)")
+
+
+def _student_from_file_name(stem: str, chapters: list[str]) -> tuple[str | None, str | None]:
     for chapter in sorted(chapters, key=len, reverse=True):
         if stem.endswith("_" + chapter) and len(stem) > len(chapter) + 1:
-            return stem[: -len(chapter) - 1], chapter, None
-        if stem == chapter and len(parts) >= 2:
-            return parts[-2], chapter, None
-    return None, None, (f"cannot tell student and chapter from the name {relative.as_posix()!r} (expected "
-                        "<student>_<chapter>.ipynb or <student>/<chapter>/<chapter>.ipynb)")
+            return stem[: -len(chapter) - 1], chapter
+    return None, None
 
 
 def read_notebook(data: bytes) -> tuple[Any | None, str | None]:
@@ -109,29 +176,106 @@ def read_notebook(data: bytes) -> tuple[Any | None, str | None]:
     return notebook, None
 
 
-def discover(folder: Path, chapters: list[str]) -> list[Submission]:
-    """Every .ipynb under `folder` as a Submission (read, or with the reason it cannot be)."""
-    found = []
-    for path in sorted(Path(folder).rglob("*.ipynb")):
-        relative = path.relative_to(folder)
-        if any(part in SKIP_PARTS or part.startswith(".") for part in relative.parts[:-1]) or not path.is_file():
-            continue
-        student, chapter, problem = name_student_chapter(relative, chapters)
-        submission = Submission(path, relative.as_posix(), student, chapter, problem=problem)
-        if student is not None and not STUDENT_ID.match(student):
-            submission.problem = f"student id {student!r} has characters other than letters, digits and ._@+-"
-        if submission.problem is None:
-            submission.raw = path.read_bytes()
-            submission.notebook, submission.problem = read_notebook(submission.raw)
-        found.append(submission)
+def discover(folder: Path, chapters: list[str], scratch: Path) -> Found:
+    """Every file under `folder`: each notebook as a Submission (read, or with the reason it cannot be), each zip
+    opened into `scratch` and searched the same way (one level deep), everything else counted as ignored."""
+    found = Found()
+    _discover_into(found, Path(folder), Path(), chapters, scratch, zip_depth=0)
     return found
 
 
+def _discover_into(found: Found, folder: Path, prefix: Path, chapters: list[str], scratch: Path, zip_depth: int) -> None:
+    """Walk `folder`; `prefix` is where it sits in the input (a zip's path without .zip when it is an opened zip)."""
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        relative = prefix / path.relative_to(folder)
+        display = _display(relative, prefix)
+        suffix = path.suffix.lower()
+        if _is_junk(relative):
+            found.junk.append(display)
+        elif any(part in COURSE_FOLDERS for part in relative.parts[:-1]):
+            found.course_files.append(display)
+        elif any(part.startswith(".") for part in relative.parts):
+            _hidden(found, path, relative, display, chapters, notebook_or_zip=suffix in (".ipynb", ".zip"))
+        elif suffix == ".ipynb":
+            found.submissions.append(read_submission(path, relative, display, chapters))
+        elif suffix == ".zip":
+            _open_nested_zip(found, path, relative, display, chapters, scratch, zip_depth)
+        elif path.name not in NBGRADER_FILES:
+            _other_file(found, path, relative, display, chapters)
+
+
+def _display(relative: Path, prefix: Path) -> str:
+    """`olga.zip/olga_01.ipynb` for a file of an opened zip (whose prefix is `olga`), else the relative path."""
+    if prefix == Path():
+        return relative.as_posix()
+    inside = relative.relative_to(prefix).as_posix()
+    return f"{prefix.as_posix()}.zip/{inside}"
+
+
+def _is_junk(relative: Path) -> bool:
+    name = relative.parts[-1]
+    return (any(part in JUNK_FOLDERS for part in relative.parts[:-1]) or name in JUNK_FILES
+            or name.startswith("._"))  # macOS's resource-fork twin of a file
+
+
+def _hidden(found: Found, path: Path, relative: Path, display: str, chapters: list[str], notebook_or_zip: bool) -> None:
+    """A notebook or zip in a hidden folder (or itself hidden) fails with a line saying so; other hidden files are ignored."""
+    if not notebook_or_zip:
+        found.junk.append(display)
+        return
+    student, chapter, _ = name_student_chapter(relative, chapters)
+    found.submissions.append(Submission(path, display, student, chapter, problem=(
+        "hidden file or folder (a name starting with '.'): not graded; if it is a submission, rename it and rerun")))
+
+
+def _other_file(found: Found, path: Path, relative: Path, display: str, chapters: list[str]) -> None:
+    """A file that names a student and chapter but is no notebook (a .py, a .pdf) fails; anything else is ignored."""
+    student, chapter, problem = name_student_chapter(relative, chapters)
+    if problem is None:
+        found.submissions.append(Submission(path, display, student, chapter, problem=(
+            f"not a notebook ({path.suffix or 'no suffix'}): only .ipynb files are graded")))
+    else:
+        found.other_files.append(display)
+
+
+def _open_nested_zip(found: Found, path: Path, relative: Path, display: str, chapters: list[str], scratch: Path,
+                     zip_depth: int) -> None:
+    """A zip among the submissions: opened and searched like a folder, one level deep; a deeper or broken one fails."""
+    problem = None
+    if zip_depth >= 1:
+        problem = "a zip inside a zip inside the submissions: not opened; unzip it and rerun"
+    elif not zipfile.is_zipfile(path):
+        problem = "not a readable zip file"
+    else:
+        target = Path(tempfile.mkdtemp(prefix="zip-", dir=scratch))
+        try:
+            _extract(path, target)
+        except (ValueError, OSError, zipfile.BadZipFile) as error:
+            problem = f"cannot open this zip: {error}"
+        else:
+            _discover_into(found, target, relative.with_suffix(""), chapters, scratch, zip_depth + 1)
+            return
+    found.submissions.append(Submission(path, display, None, None, problem=problem))
+
+
+def read_submission(path: Path, relative: Path, display: str, chapters: list[str]) -> Submission:
+    """One notebook file: named (student, chapter) and read, or with the reason it cannot be."""
+    student, chapter, problem = name_student_chapter(relative, chapters)
+    submission = Submission(path, display, student, chapter, problem=problem)
+    if student is not None and problem is None and not STUDENT_ID.match(student):
+        submission.problem = f"student id {student!r} has characters other than letters, digits and ._@+-"
+    if submission.problem is None:
+        submission.raw = path.read_bytes()
+        submission.notebook, submission.problem = read_notebook(submission.raw)
+    return submission
+
+
 def flag_duplicates(submissions: list[Submission]) -> None:
-    """Two files for one student and chapter: neither is graded (which one counts is the instructor's call)."""
+    """Two readable files for one student and chapter: neither is graded (which one counts is the instructor's
+    call); a file that fails anyway (empty, hidden, not JSON) makes no duplicate."""
     by_key: dict[str, list[Submission]] = {}
     for submission in submissions:
-        if submission.student and submission.chapter:
+        if submission.student and submission.chapter and submission.problem is None:
             by_key.setdefault(submission.key, []).append(submission)
     for key, group in by_key.items():
         if len(group) > 1:
