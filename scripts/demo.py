@@ -112,7 +112,7 @@ def main() -> int:
     course = REPO / "build" / "demo" / "course"
     shutil.rmtree(course, ignore_errors=True)
     shutil.copytree(build.NOTEBOOKS_DIR, course, ignore=shutil.ignore_patterns(
-        "submitted", "autograded", "feedback", "grades.csv", ".grading-*"))
+        "submitted", "autograded", "feedback", "grades.csv", "grading_log.json", ".grading-*"))
     inbox = REPO / "build" / "demo" / "inbox"
     write_samples(course, inbox)
     run = grade.grade_submissions(inbox, course, force=True)

@@ -33,7 +33,8 @@ _found = {"cwd": sorted(os.listdir(".")), "hits": []}
 for _dirpath, _dirnames, _filenames in os.walk(".."):  # every folder beside this kernel's, in full
     _found["hits"] += [os.path.join(_dirpath, _name) for _name in _filenames]
 for _up in ("..", "../..", "../../..", "../../../.."):  # where nbgrader's layout puts the course
-    for _pattern in ("gradebook.db", "grades.csv", "nbgrader_config.py", "source", "release", "submitted",
+    for _pattern in ("gradebook.db", "grades.csv", "grading_log.json", "nbgrader_config.py", "source", "release",
+                     "submitted",
                      "autograded", "feedback", "*_01_length_ledger.ipynb", "*/01_length_ledger/*.ipynb"):
         _found["hits"] += glob.glob(os.path.join(_up, _pattern))
 print("SNOOP " + json.dumps(_found))
@@ -325,8 +326,21 @@ def test_regrading_needs_force_and_force_overwrites(graded):
     assert "skipped 1" in refused.stdout and _rows(root / "grades.csv")["crash"]["score"] == "3.0"
     forced = _course("grade", str(fixed), "--root", str(root), "--force", "--no-progress", cwd=base)
     assert forced.returncode == 0 and "graded 1, failed 0" in forced.stdout, forced.stdout + forced.stderr[-2000:]
-    assert _rows(root / "grades.csv")["crash"]["score"] == "8.0"
-    assert _rows(root / "grades.csv")["loop"]["score"] == "8.0"  # others untouched
+    rows = _rows(root / "grades.csv")
+    assert rows["crash"]["score"] == "8.0" and rows["crash"]["status"] == "graded"
+    assert rows["loop"]["score"] == "8.0"  # others untouched
+    # the earlier runs' failures and notes are still in grades.csv, though this run saw only crash's zip
+    assert "timed out" in rows["loop"]["notes"], rows["loop"]
+    for student in ("empty", "garbage", "wrong"):
+        assert rows[student]["status"].startswith("failed"), rows[student]
+    # a later submission that cannot be graded does not erase the grade, and grades.csv says it failed
+    with zipfile.ZipFile(base / "broken.zip", "w") as archive:
+        archive.writestr(f"class/loop_{CHAPTER}.ipynb", '{"cells": [')
+    broken = _course("grade", str(base / "broken.zip"), "--root", str(root), "--force", "--no-progress", cwd=base)
+    assert broken.returncode == 1 and "not valid JSON" in broken.stdout, broken.stdout + broken.stderr[-2000:]
+    loop = _rows(root / "grades.csv")["loop"]
+    assert loop["score"] == "8.0" and loop["status"].startswith("graded; a later submission"), loop
+    assert "not valid JSON" in loop["status"]
 
 
 def _rows_from_text(text: str) -> dict[str, dict[str, str]]:

@@ -32,7 +32,7 @@ from typing import Any
 
 import nbformat
 
-from . import build, feedback, match, submissions
+from . import build, feedback, gradelog, match, submissions
 from .build import interpreter_bin_on_path
 from .cells import nbgrader_meta
 from .execute import MAX_OUTPUT_CHARS, execute_all
@@ -254,7 +254,7 @@ def grade_submissions(source: Path, root: Path = build.NOTEBOOKS_DIR, *, workers
         order = {s.display: i for i, s in enumerate(found.submissions)}
         outcomes.sort(key=lambda o: order.get(o.display, 0))
         run = GradeRun(outcomes, time.perf_counter() - started, workers, notes=found.ignored())
-        run.csv_path = export_csv(root, out / "grades.csv", outcomes)
+        run.csv_path = export_csv(root, out / "grades.csv", gradelog.update_log(root, outcomes))
     return run
 
 
@@ -341,9 +341,9 @@ def _ordered(scores: dict[str, tuple[float, float]], notebook: Any) -> list[tupl
     return sorted(scores.items(), key=lambda item: order.index(item[0]) if item[0] in order else len(order))
 
 
-def export_csv(root: Path, path: Path, outcomes: list[Outcome]) -> Path:
-    """grades.csv: one row per student and chapter in the gradebook (per-cell points in columns), plus a row
-    for each submission of this run that could not be graded and has no grade yet."""
+def export_csv(root: Path, path: Path, log: dict[str, dict[str, Any]]) -> Path:
+    """grades.csv: one row per student and chapter in the gradebook (per-cell points in columns), with the notes
+    and the fate of the latest submission from the grading log, plus a row per logged failure with no grade."""
     from nbgrader.api import Gradebook
 
     rows: dict[tuple[str, str], dict[str, Any]] = {}
@@ -361,13 +361,16 @@ def export_csv(root: Path, path: Path, outcomes: list[Outcome]) -> Path:
                             columns.append(column)
                         row[column] = grade.score
                     rows[(row["student"], row["chapter"])] = row
-    for outcome in outcomes:
-        key = (outcome.student or outcome.display, outcome.chapter or "")
-        if outcome.status == "graded" and key in rows:
-            rows[key]["notes"] = " | ".join(outcome.notes)
-        elif outcome.status == "failed" and key not in rows:
-            rows[key] = {"student": key[0], "chapter": key[1], "status": "failed: " + outcome.reason,
-                         "score": "", "max_score": "", "notes": outcome.display}
+    for entry in log.values():
+        key = (entry["student"], entry["chapter"])
+        if key not in rows:
+            if entry["status"] == "failed":
+                rows[key] = {"student": key[0], "chapter": key[1], "status": "failed: " + entry["reason"],
+                             "score": "", "max_score": "", "notes": entry["file"]}
+        elif entry["status"] == "graded":
+            rows[key]["notes"] = entry["notes"]
+        else:  # graded before; the latest submission could not be graded, so the grade shown is the earlier one
+            rows[key]["status"] = f"graded; a later submission ({entry['file']}) failed: {entry['reason']}"
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="", encoding="utf-8") as handle:
         writer = csv.DictWriter(handle, ["student", "chapter", "status", "score", "max_score", *columns, "notes"],

@@ -1,0 +1,55 @@
+"""The grading log: what became of each student's latest submission of each chapter, across runs.
+
+nbgrader's gradebook keeps only grades. A file that could not be graded (not JSON, the wrong chapter, a worker
+that died) and the grader's notes on a graded one (a cell that timed out, output cut) would otherwise live only in
+one run's summary, and the next run's grades.csv would forget them. The log keeps them beside the gradebook, one
+entry per student and chapter, replaced by each later submission that was graded or failed (a skipped one leaves
+it as it was).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+LOG_NAME = "grading_log.json"
+
+
+def log_key(student: str, chapter: str) -> str:
+    return f"{student}/{chapter}"
+
+
+def read_log(root: Path) -> dict[str, dict[str, Any]]:
+    """The log of the course at `root`; an unreadable one is set aside (renamed .unreadable) rather than trusted."""
+    path = root / LOG_NAME
+    if not path.exists():
+        return {}
+    try:
+        log = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(log, dict) and all(isinstance(entry, dict) for entry in log.values()):
+            return log
+    except (OSError, ValueError):
+        pass
+    path.replace(path.with_suffix(".unreadable"))
+    return {}
+
+
+def update_log(root: Path, outcomes: list[Any]) -> dict[str, dict[str, Any]]:
+    """Record this run's graded and failed outcomes (student, chapter, status, reason, notes, file) -> the log."""
+    log = read_log(root)
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    for outcome in outcomes:
+        if outcome.status not in ("graded", "failed"):
+            continue
+        student, chapter = outcome.student or outcome.display, outcome.chapter or ""
+        log[log_key(student, chapter)] = {
+            "student": student, "chapter": chapter, "status": outcome.status, "reason": outcome.reason,
+            "notes": " | ".join(outcome.notes), "file": outcome.display, "at": stamp}
+    path = root / LOG_NAME
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps(log, ensure_ascii=False, indent=1, sort_keys=True), encoding="utf-8")
+    os.replace(partial, path)  # a crash mid-write never leaves half a log
+    return log

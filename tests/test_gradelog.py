@@ -1,0 +1,32 @@
+"""The grading log keeps each student's latest outcome per chapter across runs; a damaged log is set aside."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+from course_lib.nb import gradelog
+
+
+def _outcome(student, chapter, status, reason="", notes=(), display=None):
+    return SimpleNamespace(student=student, chapter=chapter, status=status, reason=reason, notes=list(notes),
+                           display=display or f"{student}_{chapter}.ipynb")
+
+
+def test_later_outcomes_replace_earlier_ones_and_skips_change_nothing(tmp_path):
+    gradelog.update_log(tmp_path, [_outcome("ann", "01", "graded", notes=["cell 3 timed out"]),
+                                   _outcome(None, None, "failed", "cannot tell student and chapter", display="x.ipynb")])
+    log = gradelog.update_log(tmp_path, [_outcome("ann", "01", "skipped", "already graded")])
+    assert log["ann/01"]["status"] == "graded" and log["ann/01"]["notes"] == "cell 3 timed out"
+    assert log["x.ipynb/"]["reason"] == "cannot tell student and chapter"
+    log = gradelog.update_log(tmp_path, [_outcome("ann", "01", "failed", "not valid JSON")])
+    assert (log["ann/01"]["status"], log["ann/01"]["reason"]) == ("failed", "not valid JSON")
+    assert json.loads((tmp_path / gradelog.LOG_NAME).read_text(encoding="utf-8")) == log
+
+
+def test_a_damaged_log_is_set_aside_not_trusted(tmp_path):
+    (tmp_path / gradelog.LOG_NAME).write_text('{"ann/01": [1, 2', encoding="utf-8")
+    assert gradelog.read_log(tmp_path) == {}
+    assert (tmp_path / "grading_log.unreadable").read_text(encoding="utf-8") == '{"ann/01": [1, 2'
+    log = gradelog.update_log(tmp_path, [_outcome("bob", "02", "graded")])
+    assert list(log) == ["bob/02"]
