@@ -34,8 +34,7 @@ for _dirpath, _dirnames, _filenames in os.walk(".."):  # every folder beside thi
     _found["hits"] += [os.path.join(_dirpath, _name) for _name in _filenames]
 for _up in ("..", "../..", "../../..", "../../../.."):  # where nbgrader's layout puts the course
     for _pattern in ("gradebook.db", "grades.csv", "grading_log.json", "nbgrader_config.py", "source", "release",
-                     "submitted",
-                     "autograded", "feedback", "*_01_length_ledger.ipynb", "*/01_length_ledger/*.ipynb"):
+                     "submitted", "autograded", "feedback", "*_01_length_ledger.ipynb", "*/01_length_ledger/*.ipynb"):
         _found["hits"] += glob.glob(os.path.join(_up, _pattern))
 print("SNOOP " + json.dumps(_found))
 '''
