@@ -211,6 +211,38 @@ def test_no_file_is_left_out_without_a_line(tmp_path):
     assert other == "ignored 1 file, neither a notebook (.ipynb) nor a zip: README.txt"
 
 
+def test_folders_and_zips_named_like_a_submission_links_and_course_folders(tmp_path):
+    """<student>_<chapter>.zip holding <chapter>.ipynb is the student's; a student's release/ copy is a submission
+    (only a course root's own release/ is left out); a linked folder is followed; a broken link is reported."""
+    notebook = nbformat.writes(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1")]))
+    inbox, elsewhere = tmp_path / "inbox", tmp_path / "elsewhere" / "alice"
+    for path in (inbox / f"bob_{CHAPTER}" / f"{CHAPTER}.ipynb", inbox / "zed_02_templates_and_labels" / f"{CHAPTER}.ipynb",
+                 inbox / "cat" / "release" / CHAPTER / f"cat_{CHAPTER}.ipynb", elsewhere / f"{CHAPTER}.ipynb"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(notebook, encoding="utf-8")
+    (inbox / "alice").symlink_to(elsewhere, target_is_directory=True)
+    (inbox / "loop").symlink_to(inbox, target_is_directory=True)  # followed once, not forever
+    (inbox / f"dan_{CHAPTER}.ipynb").symlink_to(tmp_path / "gone.ipynb")
+    (tmp_path / "scratch").mkdir()
+    chapters = [CHAPTER, "02_templates_and_labels"]
+    found = submissions.discover(inbox, chapters, tmp_path / "scratch")
+    by_name = {s.display: s for s in found.submissions}
+    assert {name: (s.student, s.chapter) for name, s in by_name.items() if s.problem is None} == {
+        f"bob_{CHAPTER}/{CHAPTER}.ipynb": ("bob", CHAPTER), f"alice/{CHAPTER}.ipynb": ("alice", CHAPTER),
+        f"cat/release/{CHAPTER}/cat_{CHAPTER}.ipynb": ("cat", CHAPTER)}
+    assert "its folder names chapter 02_templates_and_labels" in by_name[
+        f"zed_02_templates_and_labels/{CHAPTER}.ipynb"].problem
+    assert by_name[f"dan_{CHAPTER}.ipynb"].problem == "a link to nothing (a broken symbolic link)"
+    (inbox / "nbgrader_config.py").write_text("c = get_config()\n", encoding="utf-8")  # now a course root
+    found = submissions.discover(inbox, chapters, tmp_path / "scratch")
+    assert f"cat/release/{CHAPTER}/cat_{CHAPTER}.ipynb" in {s.display for s in found.submissions}
+    (inbox / "release" / CHAPTER).mkdir(parents=True)
+    (inbox / "release" / CHAPTER / f"{CHAPTER}.ipynb").write_text(notebook, encoding="utf-8")
+    found = submissions.discover(inbox, chapters, tmp_path / "scratch")
+    assert f"release/{CHAPTER}/{CHAPTER}.ipynb" not in {s.display for s in found.submissions}
+    assert any("release/" in line for line in found.ignored())
+
+
 def test_each_cell_keeps_at_most_the_output_limit():
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print(...)"),
                                                nbformat.v4.new_code_cell("small")])

@@ -30,3 +30,11 @@ def test_a_damaged_log_is_set_aside_not_trusted(tmp_path):
     assert (tmp_path / "grading_log.unreadable").read_text(encoding="utf-8") == '{"ann/01": [1, 2'
     log = gradelog.update_log(tmp_path, [_outcome("bob", "02", "graded")])
     assert list(log) == ["bob/02"]
+
+
+def test_within_one_run_a_grade_outranks_a_failed_file_of_the_same_name(tmp_path):
+    """alice_01.ipynb graded and alice_01.pdf failed in one run: the log keeps the grade (the pdf's line is in the
+    run's summary), so grades.csv does not call the graded notebook 'followed by a failed submission'."""
+    log = gradelog.update_log(tmp_path, [_outcome("alice", "01", "graded", notes=["n"]),
+                                         _outcome("alice", "01", "failed", "not a notebook (.pdf)", display="a.pdf")])
+    assert (log["alice/01"]["status"], log["alice/01"]["notes"]) == ("graded", "n")

@@ -176,3 +176,13 @@ def test_shown_arguments_keeps_messages_short():
     assert len(shown) <= 404 and shown.endswith(" ...")
     assert grading.shown_arguments((torch.zeros(4, 5), torch.tensor([1, 2])), {"pad_token_id": 0}) == (
         "Tensor(shape=[4, 5], dtype=torch.float32), [1, 2] (Tensor, torch.int64), pad_token_id=0")
+
+
+def test_the_arguments_shown_are_those_before_the_call():
+    @_as_student
+    def sliding_windows(length, window, stride):
+        window.clear()  # a student's function that empties its input, then fails on it
+        return window[0]
+
+    with pytest.raises(AssertionError, match=r"called with: 10, \[4, 2\], 2$"):
+        grading.expect_value_error(sliding_windows, 10, [4, 2], 2)

@@ -41,8 +41,8 @@ def update_log(root: Path, outcomes: list[Any]) -> dict[str, dict[str, Any]]:
     """Record this run's graded and failed outcomes (student, chapter, status, reason, notes, file) -> the log."""
     log = read_log(root)
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-    for outcome in outcomes:
-        if outcome.status not in ("graded", "failed"):
+    for outcome in sorted(outcomes, key=lambda o: o.status == "graded"):  # within a run, a grade outranks a
+        if outcome.status not in ("graded", "failed"):                    # failed file of the same name (a .pdf)
             continue
         student, chapter = outcome.student or outcome.display, outcome.chapter or ""
         log[log_key(student, chapter)] = {

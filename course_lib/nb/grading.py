@@ -226,17 +226,18 @@ def shown_arguments(args: Sequence[Any], kwargs: Mapping[str, Any], limit: int =
     return text if len(text) <= limit else text[:limit] + " ..."
 
 
-def _call_student(student: Callable, name: str, label: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+def _call_student(student: Callable, name: str, label: str, args: Sequence[Any], kwargs: Mapping[str, Any],
+                  shown: str) -> Any:
     """student(*args, **kwargs) with the library switched off; an exception it raises becomes a failure that says
-    which call raised it (the tripwire's AssertionError passes through as it is)."""
+    which call raised it (`shown`: its arguments as they were before the call; the tripwire's AssertionError passes
+    through as it is)."""
     with library_blocked(name):
         try:
             return student(*args, **kwargs)
         except AssertionError:
             raise
         except Exception as error:  # the student's code may raise anything: it is a wrong answer, with its input
-            raise AssertionError(f"{label} raised {type(error).__name__}: {error}\n  called with: "
-                                 f"{shown_arguments(args, kwargs)}") from error
+            raise AssertionError(f"{label} raised {type(error).__name__}: {error}\n  called with: {shown}") from error
 
 
 def assert_matches_reference(student: Callable, name: str, cases: Iterable[Any], **tolerance: float) -> None:
@@ -253,8 +254,8 @@ def assert_matches_reference(student: Callable, name: str, cases: Iterable[Any],
         expected = library(*args, **kwargs)
         named = {**{f"argument {index}": arg for index, arg in enumerate(args)}, **kwargs}
         before = {key: _snapshot(value) for key, value in named.items()}
-        label = f"{name}(case {checked})"
-        got = _call_student(student, name, label, args, kwargs)
+        label, shown = f"{name}(case {checked})", shown_arguments(args, kwargs)  # before the call can change them
+        got = _call_student(student, name, label, args, kwargs, shown)
         changed = next((found for key, value in named.items()
                         if (found := _changed(before[key], _snapshot(value), key))), None)
         if changed:
@@ -263,7 +264,7 @@ def assert_matches_reference(student: Callable, name: str, cases: Iterable[Any],
         try:
             assert_same(got, expected, path=label, **tolerance)
         except AssertionError as error:
-            raise AssertionError(f"{error}\n  called with: {shown_arguments(args, kwargs)}") from None
+            raise AssertionError(f"{error}\n  called with: {shown}") from None
         checked += 1
     if not checked:
         raise ValueError("assert_matches_reference needs at least one case")
@@ -271,14 +272,14 @@ def assert_matches_reference(student: Callable, name: str, cases: Iterable[Any],
 
 def expect_value_error(call: Callable, *args: Any, **kwargs: Any) -> str:
     """Call must raise ValueError; returns its message."""
+    shown = shown_arguments(args, kwargs)  # before the call can change them
     try:
         call(*args, **kwargs)
     except ValueError as error:
         return str(error)
     except Exception as error:  # the wrong exception type is a wrong answer, not a crash
-        raise AssertionError(f"expected ValueError, got {type(error).__name__}: {error}\n  called with: "
-                             f"{shown_arguments(args, kwargs)}") from error
-    raise AssertionError(f"expected ValueError, nothing was raised\n  called with: {shown_arguments(args, kwargs)}")
+        raise AssertionError(f"expected ValueError, got {type(error).__name__}: {error}\n  called with: {shown}") from error
+    raise AssertionError(f"expected ValueError, nothing was raised\n  called with: {shown}")
 
 
 def assert_rejects(student: Callable, name: str, bad_cases: Iterable[Any]) -> None:

@@ -17,6 +17,7 @@ in `Found.ignored`, so that nothing is left out without a line saying so.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import tempfile
@@ -117,7 +118,7 @@ def name_student_chapter(relative: Path, chapters: list[str]) -> tuple[str | Non
     folders = relative.parts[:-1]
     folder_chapter = folders[-1] if folders and folders[-1] in chapters else None
     if stem in chapters:
-        student, chapter, problem = _student_from_folders(relative, folders, stem)
+        student, chapter, problem = _student_from_folders(relative, folders, stem, chapters)
     else:
         student, chapter = _student_from_file_name(stem, chapters)
         problem = None if chapter else (
@@ -130,11 +131,18 @@ def name_student_chapter(relative: Path, chapters: list[str]) -> tuple[str | Non
     return student, chapter, problem
 
 
-def _student_from_folders(relative: Path, folders: tuple[str, ...], chapter: str) -> tuple[str | None, str, str | None]:
+def _student_from_folders(relative: Path, folders: tuple[str, ...], chapter: str,
+                          chapters: list[str]) -> tuple[str | None, str, str | None]:
     if len(folders) >= 2 and folders[-1] == chapter:
         return folders[-2], chapter, None  # nbgrader: <student>/<chapter>/<chapter>.ipynb
-    if folders and folders[-1] != chapter:
-        return folders[-1], chapter, None  # <student>/<chapter>.ipynb (a per-student folder)
+    if folders and folders[-1] != chapter:  # <student>/<chapter>.ipynb, or <student>_<chapter>(.zip)/<chapter>.ipynb
+        student, named = _student_from_file_name(undecorated(folders[-1]), chapters)
+        if named is None:
+            return folders[-1], chapter, None
+        if named == chapter:
+            return student, chapter, None
+        return None, chapter, (f"{relative.as_posix()!r} is chapter {chapter}, but its folder names chapter {named}; "
+                               "move or rename it and rerun")
     return None, chapter, (f"cannot tell the student of {relative.as_posix()!r}: a file named after the chapter "
                            "must be in a folder named after the student (<student>/<chapter>/<chapter>.ipynb)")
 
@@ -178,21 +186,27 @@ def read_notebook(data: bytes) -> tuple[Any | None, str | None]:
 
 def discover(folder: Path, chapters: list[str], scratch: Path) -> Found:
     """Every file under `folder`: each notebook as a Submission (read, or with the reason it cannot be), each zip
-    opened into `scratch` and searched the same way (one level deep), everything else counted as ignored."""
+    opened into `scratch` and searched the same way (one level deep), everything else counted as ignored.
+
+    The course's own output folders (release/, source/, ...) are left out only when `folder` is a course root
+    (it has nbgrader_config.py): anywhere else a student's `release/<chapter>/` copy is a submission.
+    """
     found = Found()
-    _discover_into(found, Path(folder), Path(), chapters, scratch, zip_depth=0)
+    course_root = (Path(folder) / "nbgrader_config.py").is_file()
+    _discover_into(found, Path(folder), Path(), chapters, scratch, zip_depth=0, course_root=course_root)
     return found
 
 
-def _discover_into(found: Found, folder: Path, prefix: Path, chapters: list[str], scratch: Path, zip_depth: int) -> None:
+def _discover_into(found: Found, folder: Path, prefix: Path, chapters: list[str], scratch: Path, zip_depth: int,
+                   course_root: bool = False) -> None:
     """Walk `folder`; `prefix` is where it sits in the input (a zip's path without .zip when it is an opened zip)."""
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+    for path in sorted(_files_under(folder, found, prefix)):
         relative = prefix / path.relative_to(folder)
         display = _display(relative, prefix)
         suffix = path.suffix.lower()
         if _is_junk(relative):
             found.junk.append(display)
-        elif any(part in COURSE_FOLDERS for part in relative.parts[:-1]):
+        elif course_root and relative.parts[0] in COURSE_FOLDERS and len(relative.parts) > 1:
             found.course_files.append(display)
         elif any(part.startswith(".") for part in relative.parts):
             _hidden(found, path, relative, display, chapters, notebook_or_zip=suffix in (".ipynb", ".zip"))
@@ -210,6 +224,27 @@ def _display(relative: Path, prefix: Path) -> str:
         return relative.as_posix()
     inside = relative.relative_to(prefix).as_posix()
     return f"{prefix.as_posix()}.zip/{inside}"
+
+
+def _files_under(folder: Path, found: Found, prefix: Path) -> list[Path]:
+    """Every file below `folder`, following links to folders (each real folder once: no loop), a broken link
+    reported as a failed file."""
+    files, seen = [], set()
+    for directory, subfolders, names in os.walk(folder, followlinks=True):
+        real = os.path.realpath(directory)
+        if real in seen:
+            subfolders[:] = []
+            continue
+        seen.add(real)
+        for name in names:
+            path = Path(directory) / name
+            if path.is_file():
+                files.append(path)
+            else:
+                relative = prefix / path.relative_to(folder)
+                found.submissions.append(Submission(path, _display(relative, prefix), None, None, None,
+                                                    problem="a link to nothing (a broken symbolic link)"))
+    return files
 
 
 def _is_junk(relative: Path) -> bool:
