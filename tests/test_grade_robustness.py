@@ -289,8 +289,14 @@ def test_a_notebook_that_kills_its_worker_fails_alone_and_the_others_are_graded(
     _write(killer, inbox / f"killer_{CHAPTER}.ipynb")
     for student in ("calm1", "calm2"):
         _write(full, inbox / f"{student}_{CHAPTER}.ipynb")
-    run = _course("grade", str(inbox), "--root", str(root), "--workers", "2", "--no-progress", cwd=base)
+    temp, runtime = base / "killer_tmp", base / "killer_runtime"
+    temp.mkdir()
+    runtime.mkdir()
+    run = _course("grade", str(inbox), "--root", str(root), "--workers", "2", "--no-progress", cwd=base,
+                  env=dict(os.environ, TMPDIR=str(temp), JUPYTER_RUNTIME_DIR=str(runtime)))
     assert run.returncode == 1 and "graded 2, failed 1, skipped 0" in run.stdout, run.stdout + run.stderr[-3000:]
+    # the killed worker could not clean up: the grader did (its temporary folders, its kernel's connection file)
+    assert list(temp.iterdir()) == [] and list(runtime.glob("kernel-grade-*")) == []
     assert "the grading worker died while running this notebook" in _line({"run": run}, "killer_")
     rows = _rows(root / "grades.csv")
     assert rows["calm1"]["score"] == rows["calm2"]["score"] == "8.0"

@@ -118,8 +118,15 @@ def _cap_rich_output(output: Any, limit: int) -> bool:
     return was_cut
 
 
-def worker_init() -> None:
-    """Worker processes start in an empty folder, so nothing about the course is found through them either."""
+def worker_init(temp_root: str | None = None) -> None:
+    """Worker processes start in an empty folder, so nothing about the course is found through them either.
+
+    With `temp_root`, the worker's and its kernels' temporary folders go there (TMPDIR): the parent removes that
+    folder after the pool, so a worker killed before its own cleanup leaves nothing behind.
+    """
+    if temp_root is not None:
+        tempfile.tempdir = temp_root
+        os.environ["TMPDIR"] = temp_root
     folder = tempfile.mkdtemp(prefix="course-worker-")
     os.chdir(folder)
     multiprocessing.util.Finalize(None, shutil.rmtree, args=(folder, True), exitpriority=10)
@@ -160,7 +167,8 @@ def execute_notebook(job: dict[str, Any]) -> dict[str, Any]:
     # the connection file (the keys to this kernel) goes to Jupyter's runtime folder, not beside the kernels
     runtime = jupyter_runtime_dir()
     os.makedirs(runtime, exist_ok=True)
-    client.create_kernel_manager().connection_file = os.path.join(runtime, f"kernel-grade-{uuid.uuid4()}.json")
+    client.create_kernel_manager().connection_file = os.path.join(
+        runtime, f"{CONNECTION_PREFIX}{job.get('run_id', 'single')}-{uuid.uuid4()}.json")
     timed_out, not_run, problem = [], [], None
     try:
         with client.setup_kernel(cwd=workdir, env=env, stderr=subprocess.DEVNULL):
@@ -217,6 +225,7 @@ def _kernel_answers(client: Any, notebook: Any, replies: dict[int, dict]) -> boo
     return replies.pop(probe_index, {}).get("content", {}).get("status") == "ok"
 
 
+CONNECTION_PREFIX = "kernel-grade-"  # + run id: what a killed worker's kernel leaves in Jupyter's runtime folder
 WORKER_DIED = "the grading worker died while running this notebook (does its code kill processes?)"
 MAX_POOL_BREAKS = 3  # a job in this many broken pools without ever being seen to start fails (the pool cannot run)
 
@@ -228,15 +237,27 @@ def execute_all(jobs: list[dict], workers: int, on_result: Callable[[dict], None
     A notebook whose code kills its worker breaks the whole pool, and every unfinished job with it. The jobs
     that had not started run again in a fresh pool. When one job alone had started, it is the one whose worker
     died: it gets a failed result (`WORKER_DIED`). When several had, each runs again alone, which tells.
+    Workers and kernels keep their temporary folders in one folder per call, removed at the end with any
+    connection file a killed worker's kernel left behind.
     """
-    waiting, alone = list(jobs), []
+    run_id, temp_root = uuid.uuid4().hex[:12], tempfile.mkdtemp(prefix="course-grade-")
+    try:
+        _execute_all(list({**job, "run_id": run_id} for job in jobs), workers, on_result, temp_root)
+    finally:  # what killed workers could not clean up themselves
+        shutil.rmtree(temp_root, ignore_errors=True)
+        for leftover in Path(jupyter_runtime_dir()).glob(f"{CONNECTION_PREFIX}{run_id}-*.json"):
+            leftover.unlink(missing_ok=True)
+
+
+def _execute_all(jobs: list[dict], workers: int, on_result: Callable[[dict], None], temp_root: str) -> None:
+    waiting, alone = jobs, []
     while waiting or alone:
         if alone:
             batch, width = [alone.pop(0)], 1
         else:
             batch, width, waiting = waiting, workers, []
         started, not_started = [], []
-        for job in _run_pool(batch, width, on_result):
+        for job in _run_pool(batch, width, on_result, temp_root):
             job["breaks"] = job.get("breaks", 0) + 1
             (started if _took_marker(job) else not_started).append(job)
         if len(started) == 1:  # the only notebook running when a worker died
@@ -260,11 +281,12 @@ def _took_marker(job: dict) -> bool:
     return True
 
 
-def _run_pool(batch: list[dict], width: int, on_result: Callable[[dict], None]) -> list[dict]:
+def _run_pool(batch: list[dict], width: int, on_result: Callable[[dict], None], temp_root: str) -> list[dict]:
     """Run `batch` in a fresh pool of `width` workers; returns the jobs left unfinished when the pool broke."""
     unfinished = []
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=min(width, len(batch)), mp_context=context, initializer=worker_init) as pool:
+    with ProcessPoolExecutor(max_workers=min(width, len(batch)), mp_context=context, initializer=worker_init,
+                             initargs=(temp_root,)) as pool:
         futures = {}
         for job in batch:
             try:
