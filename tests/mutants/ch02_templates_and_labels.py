@@ -114,3 +114,40 @@ MUTANTS["build_labels"].update({
     "supervise_eos_truthy": mutate("course_lib.labels.build_labels", (
         'supervise_eos = require_bool("supervise_eos", supervise_eos)', "supervise_eos = bool(supervise_eos)")),
 })
+
+# Correct answers that differ from the library's code: each must keep every point. This one builds each row with
+# torch.tensor (which warns when a feature already holds a tensor) and pads with pad_sequence; through nbgrader the
+# warning once cost it the whole cell (stderr), now dropped before grading (notebooks/nbgrader_config.py).
+ALTERNATIVES = {
+    "pad_batch": {
+        "tensor_rows_and_pad_sequence": '''
+import torch
+from torch.nn.utils.rnn import pad_sequence
+
+
+def _as_long(name, values):
+    row = torch.tensor(values)
+    if row.dtype == torch.bool or row.is_floating_point() or row.is_complex():
+        raise ValueError(f"{name} must be integers, got {row.dtype}")
+    return row.long()
+
+
+def pad_batch(features, pad_token_id):
+    require_int("pad_token_id", pad_token_id, minimum=0)
+    if len(features) == 0:
+        raise ValueError("features must not be empty")
+    ids, labels = [], []
+    for feature in features:
+        require_keys("feature", feature, ("input_ids", "labels"))
+        row_ids, row_labels = _as_long("input_ids", feature["input_ids"]), _as_long("labels", feature["labels"])
+        if len(row_ids) != len(row_labels) or len(row_ids) == 0:
+            raise ValueError("input_ids and labels must be non-empty and of one length")
+        ids.append(row_ids)
+        labels.append(row_labels)
+    masks = [torch.ones(len(row), dtype=torch.long) for row in ids]
+    return {"input_ids": pad_sequence(ids, batch_first=True, padding_value=pad_token_id),
+            "labels": pad_sequence(labels, batch_first=True, padding_value=IGNORE_INDEX),
+            "attention_mask": pad_sequence(masks, batch_first=True, padding_value=0)}
+''',
+    },
+}
