@@ -350,3 +350,22 @@ def test_regrading_needs_force_and_force_overwrites(graded):
 
 def _rows_from_text(text: str) -> dict[str, dict[str, str]]:
     return {row["student"]: row for row in csv.DictReader(text.splitlines())}
+
+
+def test_a_chapter_rebuilt_with_other_points_marks_the_grades_given_against_the_old_ones(graded):
+    """Last in this file: it changes chapter 1's points in the scratch course (3 -> 4 for ledger_from_roles)."""
+    root, base = graded["root"], graded["base"]
+    chapter_file = root / "chapters" / f"{CHAPTER}.py"
+    old = '"grade_id": "test_ledger_from_roles", "locked": true, "points": 3'
+    text = chapter_file.read_text(encoding="utf-8")
+    assert old in text
+    chapter_file.write_text(text.replace(old, old[:-1] + "4"), encoding="utf-8")
+    built = _course("build", CHAPTER, "--root", str(root), cwd=base)
+    assert built.returncode == 0, built.stdout + built.stderr[-2000:]
+    inbox = base / "late_inbox"
+    _write(_release_with(root, graded["solutions"], base / "late.ipynb"), inbox / f"late_{CHAPTER}.ipynb")
+    run = _course("grade", str(inbox), "--root", str(root), "--no-progress", cwd=base)
+    assert run.returncode == 0 and "9/9" in _line({"run": run}, "late_"), run.stdout + run.stderr[-2000:]
+    rows = _rows(root / "grades.csv")
+    assert rows["late"]["status"] == "graded" and rows["late"]["max_score"] == "9.0"
+    assert rows["strip"]["status"] == "graded against 8 points; the chapter now has 9: grade it again with --force"

@@ -369,6 +369,10 @@ def export_csv(root: Path, path: Path, log: dict[str, dict[str, Any]]) -> Path:
                              "score": "", "max_score": "", "notes": entry["file"]}
         elif entry["status"] == "graded":
             rows[key]["notes"] = entry["notes"]
+            graded_against = entry.get("max_score")
+            if graded_against is not None and float(graded_against) != float(rows[key]["max_score"]):
+                rows[key]["status"] = (f"graded against {graded_against:g} points; the chapter now has "
+                                       f"{float(rows[key]['max_score']):g}: grade it again with --force")
         else:  # graded before; the latest submission could not be graded, so the grade shown is the earlier one
             rows[key]["status"] = f"graded; a later submission ({entry['file']}) failed: {entry['reason']}"
     path.parent.mkdir(parents=True, exist_ok=True)

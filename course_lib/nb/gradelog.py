@@ -4,7 +4,8 @@ nbgrader's gradebook keeps only grades. A file that could not be graded (not JSO
 that died) and the grader's notes on a graded one (a cell that timed out, output cut) would otherwise live only in
 one run's summary, and the next run's grades.csv would forget them. The log keeps them beside the gradebook, one
 entry per student and chapter, replaced by each later submission that was graded or failed (a skipped one leaves
-it as it was).
+it as it was). A graded entry keeps the chapter's points at grading time, so a chapter rebuilt with other points
+shows which grades were given against the old ones.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ def update_log(root: Path, outcomes: list[Any]) -> dict[str, dict[str, Any]]:
         student, chapter = outcome.student or outcome.display, outcome.chapter or ""
         log[log_key(student, chapter)] = {
             "student": student, "chapter": chapter, "status": outcome.status, "reason": outcome.reason,
-            "notes": " | ".join(outcome.notes), "file": outcome.display, "at": stamp}
+            "notes": " | ".join(outcome.notes), "file": outcome.display, "at": stamp,
+            **({"max_score": outcome.max_score} if outcome.status == "graded" else {})}
     path = root / LOG_NAME
     partial = path.with_suffix(".partial")
     partial.write_text(json.dumps(log, ensure_ascii=False, indent=1, sort_keys=True), encoding="utf-8")
