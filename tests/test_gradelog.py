@@ -10,7 +10,7 @@ from course_lib.nb import gradelog
 
 def _outcome(student, chapter, status, reason="", notes=(), display=None):
     return SimpleNamespace(student=student, chapter=chapter, status=status, reason=reason, notes=list(notes),
-                           display=display or f"{student}_{chapter}.ipynb")
+                           display=display or f"{student}_{chapter}.ipynb", max_score=8.0)
 
 
 def test_later_outcomes_replace_earlier_ones_and_skips_change_nothing(tmp_path):
@@ -18,6 +18,7 @@ def test_later_outcomes_replace_earlier_ones_and_skips_change_nothing(tmp_path):
                                    _outcome(None, None, "failed", "cannot tell student and chapter", display="x.ipynb")])
     log = gradelog.update_log(tmp_path, [_outcome("ann", "01", "skipped", "already graded")])
     assert log["ann/01"]["status"] == "graded" and log["ann/01"]["notes"] == "cell 3 timed out"
+    assert log["ann/01"]["max_score"] == 8.0 and "max_score" not in log["x.ipynb/"]  # the points graded against
     assert log["x.ipynb/"]["reason"] == "cannot tell student and chapter"
     log = gradelog.update_log(tmp_path, [_outcome("ann", "01", "failed", "not valid JSON")])
     assert (log["ann/01"]["status"], log["ann/01"]["reason"]) == ("failed", "not valid JSON")
