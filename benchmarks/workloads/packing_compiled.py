@@ -16,6 +16,7 @@ import torch
 
 from benchmarks.gpu.measure import autocast_for
 from benchmarks.workloads.pt_long_context import (
+    losses_agree,
     packed_batch,
     packing_checks,
     packing_row,
@@ -65,11 +66,6 @@ def eager_loss(ctx, model, batch: dict) -> float:
         return float(model(**batch).loss)
 
 
-def _agrees(row: dict, reference: float, tolerance: float) -> bool:
-    first = row["losses"][0]
-    return first is not None and abs(first - reference) <= tolerance * max(abs(reference), 1.0)
-
-
 def measure(ctx) -> None:
     """Fill ctx.record: measurements.compiled_packing (padding, packing per compile mode), checks and targets."""
     p, out = ctx.parameters, ctx.record["measurements"]
@@ -92,8 +88,8 @@ def measure(ctx) -> None:
         out["compiled_packing"] += [padding, packing]
         ctx.record["checks"][f"compiled_{mode}"] = {
             **packing_checks(padding, packing, packing_batch, segment_ids, lengths, ledger),
-            "losses_equal_eager": all(_agrees(row, reference[row["candidate"]], p["loss_agreement_tolerance"])
-                                      for row in (padding, packing))}
+            "losses_equal_eager": all(losses_agree(reference[row["candidate"]], row["losses"][0],
+                                                   p["loss_agreement_tolerance"]) for row in (padding, packing))}
         ratio = throughput_ratio(padding, packing)
         ctx.record["targets"][f"packing_effective_throughput_ratio_compiled_{mode}"] = {
             "expected": f">= {p['packing_throughput_target']}x padding, both with decoder layers compiled ({mode})",

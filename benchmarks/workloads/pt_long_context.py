@@ -213,19 +213,21 @@ def _varlen_row(ctx, model, lengths: list[int], scale: int) -> dict[str, Any]:
     return {**row, "scale": scale}
 
 
+def losses_agree(reference: float | None, other: float | None, tolerance: float) -> bool:
+    """Both losses finite (not None) and within `tolerance` of the reference, relative (absolute below 1)."""
+    return (reference is not None and other is not None
+            and abs(other - reference) <= tolerance * max(abs(reference), 1.0))
+
+
 def varlen_checks(block_rows: list[dict], varlen_rows: list[dict], tolerance: float) -> dict[str, bool]:
     """Varlen against the block-mask row of the same scale: same tokens, the same first loss, finite everywhere."""
     pairs = list(zip(block_rows, varlen_rows, strict=True))  # (block mask, varlen) at each scale
-
-    def same_loss(block: dict, varlen: dict) -> bool:
-        first, second = block["losses"][0], varlen["losses"][0]
-        return first is not None and second is not None and abs(first - second) <= tolerance * max(abs(first), 1.0)
-
     return {
         "same_tokens_as_block_mask_packing": all(
             block[key] == varlen[key] for block, varlen in pairs
             for key in ("processed_tokens", "effective_supervised_tokens")),
-        "same_loss_as_block_mask_packing": all(same_loss(block, varlen) for block, varlen in pairs),
+        "same_loss_as_block_mask_packing": all(losses_agree(block["losses"][0], varlen["losses"][0], tolerance)
+                                               for block, varlen in pairs),
         "finite_losses_and_gradients": _finite(varlen_rows),
     }
 
