@@ -129,8 +129,9 @@ def _scale_table(record: dict[str, Any]) -> list[str]:
         if varlen:
             row += [fast.get("median_step_ms"), _speedup(fast, pad)]
         table.append(row)
-    return ["padding vs packing by scale (sample lengths x scale; pack = block mask, varlen = per-sample attention)\n"
-            + _table(headers, table),
+    kernels = sorted({row.get("attention_kernel", "sdpa") for row in record["measurements"].get("varlen_packing", [])})
+    return ["padding vs packing by scale (sample lengths x scale; pack = block mask, varlen = per-sample attention, "
+            f"kernel {' + '.join(kernels) or '-'})\n" + _table(headers, table),
             f"packing scale checks: {record['checks'].get('packing_scale')}",
             *([f"varlen packing checks: {record['checks'].get('varlen_packing')}"] if varlen else [])]
 

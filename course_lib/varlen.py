@@ -3,28 +3,42 @@
 A block-causal mask keeps packed samples apart, but a dense [L, L] mask makes attention compute the whole square:
 L^2 scores, most of them masked. Variable-length ("varlen") attention takes the sample boundaries instead
 (cu_seqlens, as TRL's padding-free collator sends them, or the restarts of position_ids) and runs causal
-attention per sample: sum of n_i^2 scores, never an [L, L] tensor. flash-attn's varlen kernel does this in one
-launch on CUDA; here each sample gets its own `scaled_dot_product_attention` call, which runs on any device and in
-backward, and costs one launch per sample and layer.
+attention per sample: sum of n_i^2 scores, never an [L, L] tensor. Two kernels do it:
 
-It plugs into transformers (5.x) as an attention implementation named VARLEN_ATTENTION: `varlen_attention(model)`
-switches a model to it for a `with` block. The mask interface gets transformers' flash rule (no mask unless a
-2-D padding mask is passed), and the attention refuses a mask: the boundaries are the only source of truth.
+- "flash": torch's fused varlen kernel (`torch.nn.attention.varlen.varlen_attn`, flash attention with cu_seqlens,
+  as flash-attn's `flash_attn_varlen_func` that TRL's padding-free path relies on). Every row of the batch, every
+  sample, one launch per layer, forward and backward. It runs on CUDA GPUs of compute capability 8.0 or newer, in
+  float16 / bfloat16, without dropout, with a torch that has the API (checked, not assumed).
+- "sdpa": one `scaled_dot_product_attention` call per sample. It runs on any device, dtype and in backward, and
+  costs one launch per sample and layer; it is the reference the fused kernel is checked against.
+
+"auto" (the default) takes "flash" wherever it can run and "sdpa" elsewhere; `varlen_kernel` says which one a
+device and dtype get, so a measurement can record it. It plugs into transformers (5.x) as attention
+implementations: `varlen_attention(model, kernel=...)` switches a model to one for a `with` block. The mask
+interface gets transformers' flash rule (no mask unless a 2-D padding mask is passed), and the attention refuses a
+mask: the boundaries are the only source of truth.
 """
 
 from __future__ import annotations
 
+import inspect
 from contextlib import contextmanager
+from functools import lru_cache
 from itertools import groupby, pairwise
 
 import torch
 
-from ._checks import require_real, require_tensor
+from ._checks import require_int, require_real, require_tensor
 
-__all__ = ["VARLEN_ATTENTION", "sample_bounds", "varlen_sdpa_attention", "register_varlen_attention",
+__all__ = ["VARLEN_ATTENTION", "VARLEN_KERNELS", "sample_bounds", "flash_varlen_unavailable", "varlen_kernel",
+           "varlen_sdpa_attention", "varlen_flash_attention", "varlen_auto_attention", "register_varlen_attention",
            "varlen_attention"]
 
-VARLEN_ATTENTION = "course_varlen_sdpa"
+VARLEN_ATTENTION = "course_varlen_sdpa"  # the per-sample reference kernel
+# kernel -> the attention implementation's name in transformers' AttentionInterface ("fused", not "flash": transformers
+# takes a name containing "flash" for a flash-attn kernel to load)
+VARLEN_KERNELS = {"auto": "course_varlen", "flash": "course_varlen_fused", "sdpa": VARLEN_ATTENTION}
+FLASH_MIN_CAPABILITY = (8, 0)  # torch's flash attention kernels: Ampere (sm80) or newer
 
 
 def sample_bounds(position_ids) -> list[list[int]]:
@@ -51,17 +65,19 @@ def _bounds_from_cu_seqlens(cu_seqlens, length: int) -> list[int]:
     return bounds
 
 
-def _cached(tensor: torch.Tensor, compute):
-    """compute() once per tensor object and version: every layer gets the same boundaries, one host copy per forward.
+def _cached(tensor: torch.Tensor, compute, key: object = "bounds"):
+    """compute() once per tensor object, version and key: every layer gets the same boundaries, one host copy per
+    forward.
 
     The cache lives on the tensor itself (no module state) and an in-place change of the tensor invalidates it.
     """
-    cached = getattr(tensor, "_course_varlen_bounds", None)
-    if cached is not None and cached[0] == tensor._version:
-        return cached[1]
-    bounds = compute()
-    tensor._course_varlen_bounds = (tensor._version, bounds)
-    return bounds
+    cache = getattr(tensor, "_course_varlen_cache", None)
+    if cache is None or cache[0] != tensor._version:
+        cache = (tensor._version, {})
+        tensor._course_varlen_cache = cache
+    if key not in cache[1]:
+        cache[1][key] = compute()
+    return cache[1][key]
 
 
 def _row_bounds(rows: int, length: int, kwargs: dict) -> list[list[int]]:
@@ -113,13 +129,96 @@ def _attend(module, query, key, value, bounds: list[int], dropout: float, scalin
     return torch.cat(pieces, dim=1)
 
 
-def varlen_sdpa_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
-    """query [R, H, L, D], key / value [R, H_kv, L, D] -> (output [R, L, H, D], None): causal within each sample.
+@lru_cache(maxsize=1)
+def _torch_varlen_attn():
+    """torch.nn.attention.varlen.varlen_attn when this torch has it with the arguments used here, else None."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    needed = {"scale", "window_size", "enable_gqa"}  # causal is window_size=(-1, 0); GQA without repeating k / v
+    return varlen_attn if needed <= inspect.signature(varlen_attn).parameters.keys() else None
 
-    The samples come from `cu_seq_lens_q` (one row, as TRL's padding-free collator sends it) or else from the
-    restarts of `position_ids`, which transformers passes down to every attention layer. The boundaries are
-    read to the host once per forward (cached on the tensor), not once per layer.
-    """
+
+@lru_cache(maxsize=16)
+def _capability(device: torch.device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)
+
+
+def _checked_kernel(kernel: object) -> str:
+    if not isinstance(kernel, str) or kernel not in VARLEN_KERNELS:
+        raise ValueError(f"kernel must be one of {sorted(VARLEN_KERNELS)}, got {kernel!r}")
+    return kernel
+
+
+def flash_varlen_unavailable(device, dtype: torch.dtype, head_dim: int, dropout: float = 0.0) -> str | None:
+    """Why torch's fused varlen (flash) kernel cannot run attention on these inputs, or None when it can."""
+    try:
+        device = torch.device(device)
+    except (TypeError, RuntimeError) as error:
+        raise ValueError(f"device must be a torch.device or a device name such as 'cuda', got {device!r}") from error
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"dtype must be a torch.dtype, got {dtype!r}")
+    head_dim = require_int("head_dim", head_dim, minimum=1)
+    dropout = require_real("dropout", dropout, minimum=0.0, maximum=1.0)
+    if device.type != "cuda":
+        return f"the inputs are on {device}: the fused varlen kernel runs on CUDA only"
+    if _torch_varlen_attn() is None:
+        return (f"torch {torch.__version__} has no torch.nn.attention.varlen.varlen_attn taking scale, window_size "
+                "and enable_gqa")
+    if dtype not in (torch.float16, torch.bfloat16):
+        return f"dtype {dtype}: the flash kernel takes float16 or bfloat16 (a bf16 model or autocast gives them)"
+    if dropout:
+        return f"dropout {dropout}: the fused varlen kernel runs without dropout"
+    if head_dim % 8 or head_dim > 256:
+        return f"head_dim {head_dim}: the flash kernel takes a multiple of 8 up to 256"
+    if not torch.backends.cuda.is_flash_attention_available():
+        return "this torch build has no flash attention kernels"
+    if not torch.cuda.is_available():
+        return "no CUDA GPU is visible to torch"
+    if device.index is not None and device.index >= torch.cuda.device_count():
+        return f"{device} is not among the {torch.cuda.device_count()} CUDA device(s) torch sees"
+    capability = _capability(device if device.index is not None else torch.device("cuda", torch.cuda.current_device()))
+    if capability < FLASH_MIN_CAPABILITY:
+        return (f"compute capability {capability[0]}.{capability[1]}: torch's flash kernels need "
+                f"{FLASH_MIN_CAPABILITY[0]}.{FLASH_MIN_CAPABILITY[1]} (Ampere) or newer")
+    return None
+
+
+def varlen_kernel(device, dtype: torch.dtype, head_dim: int, dropout: float = 0.0, kernel: str = "auto") -> str:
+    """The kernel ("flash" or "sdpa") that `kernel` runs on this device and dtype; ValueError if "flash" cannot run."""
+    reason = flash_varlen_unavailable(device, dtype, head_dim, dropout)  # checks the arguments, "sdpa" too
+    if _checked_kernel(kernel) == "sdpa":
+        return "sdpa"
+    if reason is None:
+        return "flash"
+    if kernel == "flash":
+        raise ValueError(f"kernel='flash' cannot run here: {reason}; use kernel='auto' or 'sdpa'")
+    return "sdpa"
+
+
+def _flat_cu_seqlens(source: torch.Tensor, bounds: list[list[int]], device: torch.device) -> torch.Tensor:
+    """Every row's sample bounds as one int32 cu_seqlens over the flattened batch [R * L], on device, cached on
+    `source` (the position_ids or cu_seq_lens_q the bounds came from): one host-to-device copy per forward."""
+    def build() -> torch.Tensor:
+        length = bounds[0][-1]
+        flat = [0, *(row * length + bound for row, row_bounds in enumerate(bounds) for bound in row_bounds[1:])]
+        return torch.tensor(flat, dtype=torch.int32, device=device)  # [N_total + 1]
+
+    return _cached(source, build, ("cu_seqlens", len(bounds), str(device)))
+
+
+def _flash_attend(query, key, value, cu_seqlens: torch.Tensor, longest: int, scaling) -> torch.Tensor:
+    """query [R, H, L, D], key / value [R, H_kv, L, D] -> [R, L, H, D]: one fused varlen launch for the batch."""
+    rows, heads, length, dim = query.shape
+    flat = [tensor.transpose(1, 2).reshape(rows * length, tensor.shape[1], dim) for tensor in (query, key, value)]
+    out = _torch_varlen_attn()(*flat, cu_seqlens, cu_seqlens, longest, longest, scale=scaling, window_size=(-1, 0),
+                               enable_gqa=heads != key.shape[1])  # [R * L, H, D]
+    return out.view(rows, length, heads, dim)
+
+
+def _checked(query, key, value, attention_mask, dropout, scaling, kwargs):
+    """The checks every varlen kernel shares -> (query, key, value, dropout, scaling, per-row bounds)."""
     query = require_tensor("query", query, ndim=4, dtype_kind="f")
     key = require_tensor("key", key, ndim=4, dtype_kind="f")
     value = require_tensor("value", value, ndim=4, dtype_kind="f")
@@ -137,29 +236,70 @@ def varlen_sdpa_attention(module, query, key, value, attention_mask, dropout: fl
         raise ValueError(f"sliding_window must be None for varlen attention, got {kwargs['sliding_window']!r}")
     dropout = require_real("dropout", dropout, minimum=0.0, maximum=1.0)
     scaling = None if scaling is None else require_real("scaling", scaling, minimum=0.0, strict_minimum=True)
-    bounds = _row_bounds(query.shape[0], query.shape[2], kwargs)
+    return query, key, value, dropout, scaling, _row_bounds(query.shape[0], query.shape[2], kwargs)
+
+
+def _run(kernel: str, module, query, key, value, attention_mask, dropout, scaling, kwargs):
+    query, key, value, dropout, scaling, bounds = _checked(query, key, value, attention_mask, dropout, scaling, kwargs)
+    if varlen_kernel(query.device, query.dtype, query.shape[3], dropout, kernel) == "flash":
+        source = kwargs["cu_seq_lens_q"] if kwargs.get("cu_seq_lens_q") is not None else kwargs["position_ids"]
+        longest = max(end - start for row_bounds in bounds for start, end in pairwise(row_bounds))
+        return _flash_attend(query, key, value, _flat_cu_seqlens(source, bounds, query.device), longest, scaling), None
     outputs = [_attend(module, query[row:row + 1], key[row:row + 1], value[row:row + 1], row_bounds, dropout, scaling)
                for row, row_bounds in enumerate(bounds)]  # [1, L, H, D] each
     return torch.cat(outputs, dim=0), None  # [R, L, H, D]
 
 
-def register_varlen_attention() -> str:
-    """Register VARLEN_ATTENTION with transformers' attention and mask interfaces (idempotent) -> its name."""
+def varlen_sdpa_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
+    """query [R, H, L, D], key / value [R, H_kv, L, D] -> (output [R, L, H, D], None): causal within each sample,
+    one SDPA call per sample.
+
+    The samples come from `cu_seq_lens_q` (one row, as TRL's padding-free collator sends it) or else from the
+    restarts of `position_ids`, which transformers passes down to every attention layer. The boundaries are
+    read to the host once per forward (cached on the tensor), not once per layer.
+    """
+    return _run("sdpa", module, query, key, value, attention_mask, dropout, scaling, kwargs)
+
+
+def varlen_flash_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
+    """As varlen_sdpa_attention, in one fused flash varlen launch for the whole batch; ValueError where it cannot
+    run (see flash_varlen_unavailable)."""
+    return _run("flash", module, query, key, value, attention_mask, dropout, scaling, kwargs)
+
+
+def varlen_auto_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
+    """The fused flash kernel where it runs on these inputs, else one SDPA call per sample."""
+    return _run("auto", module, query, key, value, attention_mask, dropout, scaling, kwargs)
+
+
+_ATTENTIONS = {"auto": varlen_auto_attention, "flash": varlen_flash_attention, "sdpa": varlen_sdpa_attention}
+
+
+def register_varlen_attention(kernel: str = "sdpa") -> str:
+    """Register the varlen attentions with transformers' attention and mask interfaces (idempotent) -> the name of
+    `kernel`'s ("auto", "flash" or "sdpa")."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
 
-    AttentionInterface.register(VARLEN_ATTENTION, varlen_sdpa_attention)
-    AttentionMaskInterface.register(VARLEN_ATTENTION, flash_attention_mask)
-    return VARLEN_ATTENTION
+    kernel = _checked_kernel(kernel)
+    for name, attention in _ATTENTIONS.items():
+        AttentionInterface.register(VARLEN_KERNELS[name], attention)
+        AttentionMaskInterface.register(VARLEN_KERNELS[name], flash_attention_mask)
+    return VARLEN_KERNELS[kernel]
 
 
 @contextmanager
-def varlen_attention(model):
-    """`with varlen_attention(model):` the model attends per sample; its own attention comes back afterwards."""
+def varlen_attention(model, kernel: str = "auto"):
+    """`with varlen_attention(model):` the model attends per sample; its own attention comes back afterwards.
+
+    kernel: "auto" (the fused flash kernel where it runs, else SDPA per sample), "flash" (that kernel or a
+    ValueError at the first forward that cannot use it) or "sdpa" (per sample everywhere: the reference).
+    """
     if not hasattr(model, "set_attn_implementation") or not hasattr(model, "config"):
         raise ValueError(f"model must be a transformers model, got {type(model).__name__}")
+    name = register_varlen_attention(kernel)
     before = model.config._attn_implementation
-    model.set_attn_implementation(register_varlen_attention())
+    model.set_attn_implementation(name)
     try:
         yield model
     finally:

@@ -164,9 +164,19 @@ def _valid_calls(tokenizer, model):
         "sliding_window_cost": ((300,), {}),
         "split_document": ((list(range(300)),), {}),
         "padding_vs_packing_ledger": (([3, 4],), {}),
-        "varlen_sdpa_attention": ((model.model.layers[0].self_attn, torch.zeros(1, 4, 6, 16), torch.zeros(1, 2, 6, 16),
-                                   torch.zeros(1, 2, 6, 16), None), {"position_ids": torch.arange(6)[None]}),
+        **{name: ((model.model.layers[0].self_attn, torch.zeros(1, 4, 6, 16), torch.zeros(1, 2, 6, 16),
+                   torch.zeros(1, 2, 6, 16), None), {"position_ids": torch.arange(6)[None]})
+           for name in ("varlen_sdpa_attention", "varlen_flash_attention", "varlen_auto_attention")},
+        "flash_varlen_unavailable": (("cuda", torch.bfloat16, 64), {}),
+        "varlen_kernel": (("cpu", torch.float32, 16), {}),
+        "register_varlen_attention": ((), {}),
+        "varlen_attention": ((model,), {}),
     }
+
+
+# Valid calls that this machine refuses with a ValueError saying why: the fused kernel needs a CUDA GPU and
+# the call's tensors are on the CPU (the junk in its optional arguments still meets the argument checks first).
+REFUSED_HERE = {"varlen_flash_attention": "runs on CUDA only"}
 
 
 # Optional arguments left out, each with its reason.
@@ -192,7 +202,10 @@ def valid_calls(fixed_objects):
 def test_every_function_with_optional_arguments_has_a_valid_call(valid_calls):
     assert sorted(set(OPTIONAL_TARGETS) - set(valid_calls)) == []
     for name, (args, kwargs) in valid_calls.items():
-        if name not in NEEDS_CUDA or torch.cuda.is_available():
+        if name in REFUSED_HERE:
+            with pytest.raises(ValueError, match=REFUSED_HERE[name]):
+                getattr(course_lib, name)(*args, **kwargs)
+        elif name not in NEEDS_CUDA or torch.cuda.is_available():
             getattr(course_lib, name)(*args, **kwargs)                    # the baseline itself is valid
 
 

@@ -330,7 +330,7 @@ def test_every_long_context_row_carries_the_profile_of_one_more_step(smoke):
     """v8: each timed row records what the device ran in one profiled step (here the host: operators and time)."""
     record = smoke["pt-long-context"][1]
     rows = [row for section in record["measurements"].values() for row in section]
-    assert record["workload"]["version"] == "v8" and len(rows) == 3 + 2 + 2 + 2
+    assert record["workload"]["version"] == "v9" and len(rows) == 3 + 2 + 2 + 2
     for row in rows:
         profile = row["device_profile"]
         assert profile["device"] == "cpu" and profile["operations"] > 0 and profile["busy_ms"] > 0
@@ -341,6 +341,48 @@ def test_every_long_context_row_carries_the_profile_of_one_more_step(smoke):
         for row in section:
             del row["device_profile"]
     validate_result(without)
+
+
+def test_varlen_rows_say_which_kernel_ran(smoke):
+    """v9: per-sample SDPA on this CPU (no fused-kernel checks then); a record before v9 has no kernel and is valid,
+    a kernel the library does not have is refused."""
+    record = smoke["pt-long-context"][1]
+    rows = record["measurements"]["varlen_packing"]
+    assert [row["attention_kernel"] for row in rows] == ["sdpa"] * len(rows)
+    assert not any(name.startswith("fused_kernel") for name in record["checks"]["varlen_packing"])
+    before = copy.deepcopy(record)
+    for row in before["measurements"]["varlen_packing"]:
+        del row["attention_kernel"]
+    validate_result(before)
+    before["measurements"]["varlen_packing"][0]["attention_kernel"] = "flash_attention_2"
+    with pytest.raises(ValueError, match="attention_kernel"):
+        validate_result(before)
+
+
+def _leaky_kernel(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, **kwargs):
+    """A varlen kernel that ignores the boundaries: each flattened row of the batch is one causal sequence."""
+    from .varlen_reference import reference_varlen_attn
+
+    rows = int(cu_seq_q.tolist()[-1] // 240)
+    whole = torch.arange(0, rows * 240 + 1, 240, dtype=torch.int32)
+    return reference_varlen_attn(query, key, value, whole, whole, 240, 240, **kwargs)
+
+
+@pytest.mark.parametrize(("kernel", "passes"), [("reference", True), ("leaky", False)])
+def test_fused_kernel_checks_pass_the_contract_and_catch_a_leak(monkeypatch, kernel, passes):
+    """The record's proof for the fused kernel, with its documented contract standing in for it on this CPU, and
+    with a kernel that attends across the packed samples."""
+    from types import SimpleNamespace
+
+    from benchmarks.workloads.pt_long_context import fused_kernel_checks
+
+    from .varlen_reference import reference_varlen_attn, use_reference_varlen_kernel
+
+    use_reference_varlen_kernel(monkeypatch, reference_varlen_attn if kernel == "reference" else _leaky_kernel)
+    ctx = SimpleNamespace(device=torch.device("cpu"), dtype=torch.float32, parameters={"seed": 42})
+    tolerance = WORKLOADS["pt-long-context"].parameters("real_gpu")["fused_kernel_tolerance"]
+    checks = fused_kernel_checks(ctx, tiny_qwen2(seed=0, attn_implementation="sdpa"), [48, 96, 32, 64], tolerance)
+    assert checks == {"fused_kernel_matches_per_sample_sdpa": passes, "fused_kernel_isolates_samples_bitwise": passes}
 
 
 def test_device_activity_counts_gpu_operations_and_their_time():

@@ -240,3 +240,158 @@ def test_bad_input(packed):
         running = torch.arange(packed["ids"].shape[1]).expand_as(packed["ids"])
         packed_logits(model, packed["ids"], running, packed["segment_ids"], mode="varlen")
     assert VARLEN_ATTENTION not in ("sdpa", "eager")
+
+
+# ---- the fused kernel (torch.nn.attention.varlen.varlen_attn): what runs here, and its wiring ----------------------
+
+from course_lib import (  # noqa: E402
+    VARLEN_KERNELS,
+    flash_varlen_unavailable,
+    varlen_flash_attention,
+    varlen_kernel,
+)
+from course_lib import varlen as varlen_module  # noqa: E402
+
+from .varlen_reference import reference_varlen_attn as _reference_varlen_attn  # noqa: E402
+from .varlen_reference import use_reference_varlen_kernel  # noqa: E402
+
+_FLASH_HERE = flash_varlen_unavailable("cuda", torch.bfloat16, 64) is None if torch.cuda.is_available() else False
+
+
+@pytest.fixture
+def reference_kernel(monkeypatch):
+    """This CPU cannot run the flash kernel: its documented contract stands in, so the wiring around it is tested."""
+    use_reference_varlen_kernel(monkeypatch)
+
+
+def test_which_kernel_runs_here():
+    """On this CPU, auto takes per-sample SDPA and an explicit flash says why it cannot run."""
+    assert varlen_kernel("cpu", torch.float32, 64) == "sdpa"
+    assert varlen_kernel("cpu", torch.bfloat16, 64, kernel="sdpa") == "sdpa"
+    with pytest.raises(ValueError, match="kernel='flash' cannot run here: the inputs are on cpu"):
+        varlen_kernel("cpu", torch.bfloat16, 64, kernel="flash")
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        varlen_kernel("cpu", torch.float32, 64, kernel="flash_attention_2")
+    if varlen_module._torch_varlen_attn() is not None:  # the reasons that do not need a GPU to be given
+        assert "dtype torch.float32" in flash_varlen_unavailable("cuda", torch.float32, 64)
+        assert "dropout 0.1" in flash_varlen_unavailable("cuda", torch.bfloat16, 64, dropout=0.1)
+        assert "head_dim 12" in flash_varlen_unavailable("cuda", torch.bfloat16, 12)
+    assert set(VARLEN_KERNELS) == {"auto", "flash", "sdpa"} and len(set(VARLEN_KERNELS.values())) == 3
+    model = tiny_qwen2(seed=0, attn_implementation="sdpa")
+    with pytest.raises(ValueError, match="kernel must be one of"), varlen_attention(model, kernel="fa2"):
+        pass
+    with varlen_attention(model, kernel="flash"), pytest.raises(ValueError, match="cannot run here"):
+        model(input_ids=torch.tensor([[5, 6, 7]]), position_ids=torch.tensor([[0, 1, 0]]), use_cache=False)
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_torch_kernel_takes_the_arguments_as_wired():
+    """The real torch op, on meta tensors (its registered shape function, forward and backward): the flattened
+    [R * L, H, D] layout, int32 cu_seqlens, GQA and causal window are arguments it accepts."""
+    if varlen_module._torch_varlen_attn() is None:
+        pytest.skip(f"torch {torch.__version__} has no varlen_attn with window_size / enable_gqa")
+    query = torch.empty(2, 4, 6, 16, device="meta", dtype=torch.bfloat16, requires_grad=True)
+    key = torch.empty(2, 2, 6, 16, device="meta", dtype=torch.bfloat16)
+    cu_seqlens = torch.empty(5, device="meta", dtype=torch.int32)
+    out = varlen_module._flash_attend(query, key, key, cu_seqlens, 4, 0.25)
+    assert out.shape == (2, 6, 4, 16) and out.dtype == torch.bfloat16
+    out.sum().backward()
+    assert query.grad.shape == query.shape
+
+
+def test_flattened_boundaries_offset_every_row():
+    bounds = [[0, 2, 6], [0, 1, 2, 6]]
+    source = torch.zeros(2, 6, dtype=torch.long)
+    cu_seqlens = varlen_module._flat_cu_seqlens(source, bounds, torch.device("cpu"))
+    assert cu_seqlens.tolist() == [0, 2, 6, 7, 8, 12] and cu_seqlens.dtype == torch.int32
+    assert varlen_module._flat_cu_seqlens(source, bounds, torch.device("cpu")) is cu_seqlens  # once per forward
+    source.add_(0)  # an in-place change invalidates the cache
+    assert varlen_module._flat_cu_seqlens(source, bounds, torch.device("cpu")) is not cu_seqlens
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_fused_path_equals_per_sample_sdpa(reference_kernel, rows):
+    """Several rows, GQA, padding runs, a scale: the fused path's layout and boundaries give SDPA's outputs."""
+    model = tiny_qwen2(seed=0, attn_implementation="sdpa")
+    attention = model.model.layers[0].self_attn
+    generator = torch.Generator().manual_seed(3)
+    query, key, value = (torch.randn(rows, heads, 12, 16, generator=generator) for heads in (4, 2, 2))
+    position_ids = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2, 3, 0, 0, 0], [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11],
+                                 [0, 0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5]])[:rows]
+    fused, _ = varlen_flash_attention(attention, query, key, value, None, scaling=0.3, position_ids=position_ids)
+    per_sample, _ = varlen_sdpa_attention(attention, query, key, value, None, scaling=0.3,
+                                          position_ids=position_ids)
+    assert fused.shape == per_sample.shape == (rows, 12, 4, 16)
+    assert torch.allclose(fused, per_sample, atol=1e-6)
+
+
+def test_fused_path_in_the_model_equals_each_sample_alone(reference_kernel, monkeypatch, packed, sequences):
+    """transformers drives the fused path from position_ids: each sample's log-probs as alone, one launch per layer."""
+    model = tiny_qwen2(seed=0, attn_implementation="sdpa")
+    alone = per_token_logprobs_alone(model, sequences)
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(args[3].numel())  # cu_seqlens: one entry per sample of every row, plus one
+        return _reference_varlen_attn(*args, **kwargs)
+
+    monkeypatch.setattr(varlen_module, "_torch_varlen_attn", lambda: counted)
+    assert compare_packed_with_alone(model, packed, sequences, mode="varlen", alone=alone) < 1e-5
+    samples = sum(len(bounds) - 1 for bounds in sample_bounds(packed["position_ids"]))
+    assert calls == [samples + 1] * model.config.num_hidden_layers
+
+
+def _first_row_bounds_everywhere(source, bounds, device):
+    return _FLAT_CU_SEQLENS(source, [bounds[0]] * len(bounds), device)
+
+
+def _flattened_without_transpose(query, key, value, cu_seqlens, longest, scaling):
+    rows, heads, length, dim = query.shape
+    flat = [tensor.reshape(rows * length, tensor.shape[1], dim) for tensor in (query, key, value)]
+    out = varlen_module._torch_varlen_attn()(*flat, cu_seqlens, cu_seqlens, longest, longest, scale=scaling,
+                                             window_size=(-1, 0), enable_gqa=heads != key.shape[1])
+    return out.view(rows, length, heads, dim)
+
+
+_FLAT_CU_SEQLENS = varlen_module._flat_cu_seqlens
+
+
+@pytest.mark.parametrize(("name", "wrong"), [("_flat_cu_seqlens", _first_row_bounds_everywhere),
+                                             ("_flash_attend", _flattened_without_transpose)])
+def test_wrong_fused_wiring_is_caught(reference_kernel, monkeypatch, name, wrong):
+    """Two plausible wiring mistakes (row 0's boundaries for every row; [R, H, L, D] flattened without moving the
+    heads) must fail the comparison the fused path passes."""
+    model = tiny_qwen2(seed=0, attn_implementation="sdpa")
+    attention = model.model.layers[0].self_attn
+    generator = torch.Generator().manual_seed(4)
+    query, key, value = (torch.randn(2, heads, 8, 16, generator=generator) for heads in (4, 2, 2))
+    position_ids = torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4], [0, 1, 0, 1, 2, 3, 4, 5]])
+    reference, _ = varlen_sdpa_attention(attention, query, key, value, None, position_ids=position_ids)
+    right, _ = varlen_flash_attention(attention, query, key, value, None, position_ids=position_ids.clone())
+    assert torch.allclose(right, reference, atol=1e-6)
+    monkeypatch.setattr(varlen_module, name, wrong)
+    mutated, _ = varlen_flash_attention(attention, query, key, value, None, position_ids=position_ids.clone())
+    assert not torch.allclose(mutated, reference, atol=1e-3)
+
+
+@pytest.mark.skipif(not _FLASH_HERE, reason="needs a CUDA GPU on which torch's flash varlen kernel runs")
+def test_real_flash_kernel_on_the_gpu(packed, sequences):
+    """The real kernel: within bf16 rounding of per-sample SDPA, samples isolated bitwise, the model's packed
+    log-probs those of each sample alone."""
+    model = tiny_qwen2(seed=0, attn_implementation="sdpa").cuda()
+    attention = model.model.layers[0].self_attn
+    generator = torch.Generator(device="cuda").manual_seed(5)
+    query, key, value = (torch.randn(2, heads, 40, 64, generator=generator, device="cuda", dtype=torch.bfloat16)
+                         for heads in (4, 2, 2))
+    position_ids = torch.cat([torch.arange(17), torch.arange(23)]).expand(2, -1).cuda()
+    fused, _ = varlen_flash_attention(attention, query, key, value, None, position_ids=position_ids)
+    per_sample, _ = varlen_sdpa_attention(attention, query, key, value, None, position_ids=position_ids)
+    assert (fused.float() - per_sample.float()).abs().max() < 2e-2
+    changed = key.clone()
+    changed[:, :, :17] = torch.randn_like(changed[:, :, :17])  # the first sample's keys only
+    again, _ = varlen_flash_attention(attention, query, changed, value, None, position_ids=position_ids.clone())
+    assert torch.equal(again[:, 17:], fused[:, 17:]) and not torch.equal(again[:, :17], fused[:, :17])
+    model = model.to(torch.bfloat16)
+    assert varlen_kernel("cuda", torch.bfloat16, attention.head_dim) == "flash"
+    alone = per_token_logprobs_alone(model, sequences)
+    assert compare_packed_with_alone(model, packed, sequences, mode="varlen", alone=alone) < 5e-2

@@ -137,8 +137,8 @@ ROW_SCHEMAS: dict[str, dict[str, Any]] = {
                                                  **PACKING_ROW}),
         "packing_scale": _long_context_row({"candidate": OneOf("padding", "boundary_isolated_packing"), "scale": int,
                                             **PACKING_ROW}),
-        "varlen_packing": _long_context_row({"candidate": OneOf("boundary_isolated_packing_varlen"), "scale": int,
-                                             **PACKING_ROW}),
+        "varlen_packing": Obj({"candidate": OneOf("boundary_isolated_packing_varlen"), "scale": int, **PACKING_ROW},
+                              {**PROFILED, "attention_kernel": OneOf("flash", "sdpa")}),  # v9 on: the kernel run
     },
     "packing-compiled": {
         "compiled_packing": _long_context_row({"compile_mode": OneOf("default", "reduce-overhead"),

@@ -5,7 +5,9 @@ Packing: four fixed samples (48 / 96 / 32 / 64 tokens, first label of each maske
 and as one packed row [1, 240] with restarted positions and a block-causal mask; same supervised tokens. The token
 ledger (course_lib.padding_vs_packing_ledger) predicts both candidates' counts; the tensors are checked against it.
 Scale series: the same pair with every sample length multiplied. Varlen: the packed row again at every scale, with
-no mask at all: attention per sample from cu_seqlens (course_lib.varlen), sum of n_i^2 scores instead of T^2.
+no mask at all: attention per sample from cu_seqlens (course_lib.varlen), sum of n_i^2 scores instead of T^2, in
+torch's fused flash varlen kernel where it runs (one launch per layer), else one SDPA per sample; each row records
+which.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from benchmarks.gpu.measure import autocast_for, finite_or_none, gradient_l2_nor
 from benchmarks.gpu.models import course_token_ids
 
 # bump when lengths, samples, repeats, candidates or what a row records change
-# (v5: scale x16, v6: x32, v7: varlen packing, v8: each row's device profile)
-VERSION = "v8"
+# (v5: scale x16, v6: x32, v7: varlen packing, v8: each row's device profile, v9: varlen in the fused flash kernel
+# where it runs, and each varlen row's kernel)
+VERSION = "v9"
 EVIDENCE_LEVEL = "real_model_length_and_packing_mechanism_benchmark"
 IGNORE = -100
 LENGTH_TEXT = "Long context training must preserve supervision while controlling memory and time."
@@ -48,12 +51,16 @@ def parameters(mode: str) -> dict[str, Any]:
         # step bound by kernel launches (busy time far below the wall time) from one bound by tokens
         "profiled_steps_per_row": 1,
         "packed_attention": {"boundary_isolated_packing": "4-D block-causal mask [1, 1, T, T] through the model's "
-                             "attention", "boundary_isolated_packing_varlen": "course_lib.varlen: no mask, one SDPA "
-                             "per sample from cu_seqlens"},
+                             "attention", "boundary_isolated_packing_varlen": "course_lib.varlen (kernel auto): no "
+                             "mask; torch's fused flash varlen kernel from cu_seqlens where it runs (CUDA sm80+, "
+                             "bf16/fp16), else one SDPA per sample; each row's attention_kernel says which"},
         # relative, on the mean loss: bf16 kernel rounding moves it ~1e-4, a leak across samples ~1e-2 on the 0.5B
         # random init (only ~3e-4 on the near-uniform tiny model): a sanity check; the per-token check is the proof
         "loss_agreement_tolerance": 1e-4 if smoke else 2e-3,
         "alone_logprob_tolerance": 1e-4,  # nats, fp32 tiny_qwen2 on the same device: varlen against each sample alone
+        # max |fused - per-sample SDPA| attention output on unit-normal q / k / v in the run's dtype (bf16 keeps ~3
+        # significant digits of outputs of size ~1); a leak across samples changes outputs by ~1
+        "fused_kernel_tolerance": 2e-2,
         "token_source": "course tokenizer on fixed texts, repeated to length (ids folded into the model vocabulary)",
     }
 
@@ -210,7 +217,40 @@ def _varlen_row(ctx, model, lengths: list[int], scale: int) -> dict[str, Any]:
     batch = varlen_batch(packed_row(samples, ctx.device)[0], scaled)  # never builds the [T, T] mask it would drop
     with varlen_attention(model):
         row = packing_row(ctx, model, "boundary_isolated_packing_varlen", batch, ledger["packing"], scale)
-    return {**row, "scale": scale}
+    return {**row, "scale": scale, "attention_kernel": varlen_kernel_of(model, ctx)}
+
+
+def varlen_kernel_of(model, ctx) -> str:
+    """The kernel ("flash" or "sdpa") varlen_attention(model) runs in this workload's steps: the model is loaded in
+    ctx.dtype and the step autocasts to it, so the attention's inputs are ctx.dtype on ctx.device."""
+    from course_lib import varlen_kernel
+
+    return varlen_kernel(ctx.device, ctx.dtype, model.model.layers[0].self_attn.head_dim)
+
+
+def fused_kernel_checks(ctx, model, lengths: list[int], tolerance: float) -> dict[str, bool]:
+    """The fused kernel the varlen rows ran, checked on this device in ctx.dtype with the model's attention shapes:
+    random q / k / v for the packed samples, two rows; its outputs within `tolerance` of one SDPA per sample, and
+    new keys for the first sample leave every other sample's outputs bitwise unchanged (no reach across a bound)."""
+    from course_lib import varlen_flash_attention, varlen_sdpa_attention
+
+    attention = model.model.layers[0].self_attn
+    heads, kv_heads = model.config.num_attention_heads, model.config.num_key_value_heads
+    generator = torch.Generator(device=ctx.device).manual_seed(ctx.parameters["seed"])
+    total, first = sum(lengths), lengths[0]
+    query, key, value = (torch.randn(2, count, total, attention.head_dim, generator=generator, device=ctx.device,
+                                     dtype=ctx.dtype) for count in (heads, kv_heads, kv_heads))
+    position_ids = torch.cat([torch.arange(n) for n in lengths]).expand(2, -1).to(ctx.device)  # [2, T]
+    with torch.no_grad():
+        fused = varlen_flash_attention(attention, query, key, value, None, position_ids=position_ids)[0]
+        per_sample = varlen_sdpa_attention(attention, query, key, value, None, position_ids=position_ids)[0]
+        changed = key.clone()
+        changed[:, :, :first] = torch.randn(changed[:, :, :first].shape, generator=generator, device=ctx.device,
+                                            dtype=ctx.dtype)
+        again = varlen_flash_attention(attention, query, changed, value, None, position_ids=position_ids.clone())[0]
+    return {"fused_kernel_matches_per_sample_sdpa": bool((fused.float() - per_sample.float()).abs().max() <= tolerance),
+            "fused_kernel_isolates_samples_bitwise": bool(torch.equal(again[:, first:], fused[:, first:])
+                                                          and not torch.equal(again[:, :first], fused[:, :first]))}
 
 
 def losses_agree(reference: float | None, other: float | None, tolerance: float) -> bool:
@@ -325,5 +365,8 @@ def measure(ctx) -> None:
     pairs = _pairs(out["packing_comparison"] + out["packing_scale"])  # (padding, block mask) at scale 1, then each
     ctx.record["checks"]["varlen_packing"] = {
         **varlen_checks([block for _, block in pairs], out["varlen_packing"], p["loss_agreement_tolerance"]),
-        "equals_each_sample_alone_fp32": varlen_equals_alone(ctx.device, lengths, p["alone_logprob_tolerance"])}
+        "equals_each_sample_alone_fp32": varlen_equals_alone(ctx.device, lengths, p["alone_logprob_tolerance"]),
+        # the fp32 check above runs per-sample SDPA: the fused kernel the timed rows ran gets its own proof
+        **(fused_kernel_checks(ctx, model, lengths, p["fused_kernel_tolerance"])
+           if out["varlen_packing"][0]["attention_kernel"] == "flash" else {})}
     ctx.record["targets"].update(_varlen_targets(ctx, pairs, out["varlen_packing"]))

@@ -523,9 +523,11 @@ except ValueError as error:
 # restarts), so attention scores the whole square of the row and throws most of it away. Flash attention's
 # **varlen** kernel takes the boundaries instead, as cumulative lengths `cu_seqlens` (TRL's padding-free collator
 # sends them as `cu_seq_lens_q / _k`), and attends within each sample only: $\sum_i n_i^2$ scores, not $L^2$.
-# `course_lib.varlen` plugs the same idea into transformers as an attention implementation that runs one SDPA per
-# sample (so it works on any device and in backward); `packed_logits(..., mode="varlen")` flattens the rows into one,
-# as TRL does, and runs the model under it. Same test as before: packed against alone.
+# `course_lib.varlen` plugs the same idea into transformers as an attention implementation: on a recent NVIDIA
+# GPU in bf16 it runs torch's fused flash varlen kernel (one launch per layer for every sample), elsewhere (this
+# CPU included) one SDPA call per sample, which works on any device and in backward and is the reference the
+# fused kernel is tested against; `packed_logits(..., mode="varlen")` flattens the rows into one, as TRL does, and
+# runs the model under it. Same test as before: packed against alone.
 
 # %%
 varlen_gap = compare_packed_with_alone(model, packed, sequences, mode="varlen", alone=alone["default init"])

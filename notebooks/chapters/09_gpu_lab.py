@@ -35,7 +35,14 @@
 import time
 from pathlib import Path
 
-from course_lib import effective_tokens_per_second, load_course_tokenizer, tiny_qwen2, varlen_attention
+from course_lib import (
+    effective_tokens_per_second,
+    flash_varlen_unavailable,
+    load_course_tokenizer,
+    tiny_qwen2,
+    varlen_attention,
+    varlen_kernel,
+)
 from course_lib.preflight import format_preflight, preflight
 
 tokenizer = load_course_tokenizer()
@@ -111,7 +118,8 @@ ENVIRONMENT_PROFILE = "PT-SFT-CUDA"  # the profile the run must pass before it m
 MODEL_ID = "Qwen/Qwen2.5-0.5B"  # another model is another series: never merge it with these results
 MODEL_REVISION = "main"  # the run resolves and records the actual commit
 WORKLOAD_ID = "pt-long-context"
-WORKLOAD_VERSION = "v8"  # v5: scale series to x16; v6: to x32; v7: the packed row under varlen; v8: GPU busy time
+WORKLOAD_VERSION = "v9"  # v5: scale series to x16; v6: x32; v7: the packed row under varlen; v8: GPU busy time;
+# v9: varlen in torch's fused flash kernel where the GPU runs it, and each varlen row says which kernel ran
 SEQUENCE_LENGTHS = [128, 256, 512]  # length curve, batch 1; longer costs time and memory
 PACKING_SAMPLE_LENGTHS = [48, 96, 32, 64]  # the four fixed samples; padding and packing reuse the same tokens
 BATCH_SIZE = 1
@@ -486,7 +494,7 @@ if mine["run_mode"] != "real_gpu":
 # %% [markdown]
 # | item | fields | seed 000 (RTX 5070 Ti) | how to act on it |
 # |---|---|---|---|
-# | run & comparability | failure, model commit, lengths, samples | no failure; 128 / 256 / 512; the four fixed samples | comparable with other v4–v8 runs of the same model (v5–v8 only add the scale series, the varlen rows and the device profile) |
+# | run & comparability | failure, model commit, lengths, samples | no failure; 128 / 256 / 512; the four fixed samples | comparable with other v4–v9 runs of the same model (v5–v9 only add the scale series, the varlen rows, the device profile and the fused varlen kernel) |
 # | length mechanism | tokens_per_step, gradient norms, length checks | finite gradients at every length; memory trend passes with 0.5% tolerance | a tiny allocator wobble from 256 to 512 is not a failed mechanism |
 # | packing correctness | packing checks, effective supervised tokens | all boundary checks pass; 236 supervised tokens in both | any speed difference comes from the layout, not from less supervision |
 # | resources & speed | processed tokens, median ms, effective tokens/s, peak memory | 384 → 240; 63.4 → 48.8 ms; 3724 → 4835 tokens/s; peak ≈ 2.90 GiB | 37.5% fewer positions, 23% less time, ~30% more effective throughput |
@@ -520,6 +528,24 @@ if mine["run_mode"] != "real_gpu":
 # the largest scale. The H200 records above are v5 and v6: they have no varlen rows yet. Your smoke record has
 # them (the `varlen_ms` columns of the scale table in section 5); on a CPU they are wiring evidence only.
 #
+# **Version 9 runs those rows in one kernel** (融合变长核, fused varlen kernel). Per-sample attention on a GPU is
+# one SDPA launch per sample and layer: exactly the fixed cost that already dominates this step. torch ships
+# flash attention's varlen kernel as `torch.nn.attention.varlen.varlen_attn`: one launch per layer for every
+# sample of every row, forward and backward, as flash-attn's `flash_attn_varlen_func` does under TRL's
+# padding-free training. `course_lib.varlen_attention(model)` takes it wherever it runs (a CUDA GPU of compute
+# capability 8.0 or newer, bf16 or fp16, no dropout) and falls back to one SDPA per sample elsewhere (a Colab T4
+# is 7.5: per sample). Each varlen row records `attention_kernel`, and where it says `flash` the record's checks
+# add two proofs on your GPU: the fused kernel's outputs match per-sample SDPA, and new keys for one sample leave
+# every other sample's outputs bitwise unchanged. `varlen_kernel("cuda", torch.bfloat16, 64)` tells you in advance
+# which kernel your GPU will get.
+
+# %%
+here = "cuda" if torch.cuda.is_available() else "cpu"
+why_not = flash_varlen_unavailable(here, torch.bfloat16, 64)  # Qwen2.5-0.5B: head_dim 64, run in bf16
+print(f"varlen attention on this machine ({here}, bf16): kernel {varlen_kernel(here, torch.bfloat16, 64)!r}"
+      + ("" if why_not is None else f"; not the fused one, because {why_not}"))
+
+# %% [markdown]
 # ## 8. The same mechanism in the framework (TRL)
 #
 # TRL's SFT collator builds both candidates: `padding_free=False` pads to the longest sample with an attention
@@ -570,7 +596,8 @@ print(f"loss: TRL padding-free {trl_loss.item():.6f} | benchmark's packed row {l
 # **Problem: your GPU shows a smaller speed-up than the seed's 1.30x.**
 # *Cause:* at 240–384 tokens a small model is launch-bound on a large GPU; a dense 4D mask also keeps SDPA off its
 # flash kernel. *Options:* longer packed rows (a real token budget), varlen attention (`cu_seqlens`: flash
-# attention's varlen kernel, or `course_lib.varlen_attention`, whose rows v7 records) instead of a dense mask, a
+# attention's varlen kernel, which `course_lib.varlen_attention` runs where it can; v7 records the rows, v9 the
+# kernel) instead of a dense mask, a
 # larger model. *Recommendation:* measure at the shape you will train with, with varlen attention once rows reach
 # thousands of tokens; the seed's ratio is a property of its GPU and shapes, not a constant.
 #
