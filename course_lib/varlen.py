@@ -131,13 +131,35 @@ def _attend(module, query, key, value, bounds: list[int], dropout: float, scalin
 
 @lru_cache(maxsize=1)
 def _torch_varlen_attn():
-    """torch.nn.attention.varlen.varlen_attn when this torch has it with the arguments used here, else None."""
+    """torch.nn.attention.varlen.varlen_attn, adapted to the arguments used here, or None when this torch lacks it."""
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
         return None
-    needed = {"scale", "window_size", "enable_gqa"}  # causal is window_size=(-1, 0); GQA without repeating k / v
-    return varlen_attn if needed <= inspect.signature(varlen_attn).parameters.keys() else None
+    return _adapted(varlen_attn)
+
+
+def _adapted(varlen_attn):
+    """The kernel as called here (scale, causal window, enable_gqa), for each public form it has had:
+
+    - scale, window_size and enable_gqa (torch 2.12 has them): called as is;
+    - scale and window_size without enable_gqa: each key/value head repeated for its group of query heads;
+    - torch 2.9's first form (is_causal, no scale): None, since transformers' scaling cannot be passed.
+    """
+    parameters = inspect.signature(varlen_attn).parameters
+    if not {"scale", "window_size"} <= parameters.keys():
+        return None
+    if "enable_gqa" in parameters:
+        return varlen_attn
+
+    def with_repeated_heads(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, scale, window_size,
+                            enable_gqa):
+        if enable_gqa:
+            group = query.shape[1] // key.shape[1]
+            key, value = key.repeat_interleave(group, dim=1), value.repeat_interleave(group, dim=1)  # [T, H, D]
+        return varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale=scale, window_size=window_size)
+
+    return with_repeated_heads
 
 
 @lru_cache(maxsize=16)
@@ -164,8 +186,8 @@ def flash_varlen_unavailable(device, dtype: torch.dtype, head_dim: int, dropout:
     if device.type != "cuda":
         return f"the inputs are on {device}: the fused varlen kernel runs on CUDA only"
     if _torch_varlen_attn() is None:
-        return (f"torch {torch.__version__} has no torch.nn.attention.varlen.varlen_attn taking scale, window_size "
-                "and enable_gqa")
+        return (f"torch {torch.__version__} has no torch.nn.attention.varlen.varlen_attn taking scale and "
+                "window_size (a newer torch has it)")
     if dtype not in (torch.float16, torch.bfloat16):
         return f"dtype {dtype}: the flash kernel takes float16 or bfloat16 (a bf16 model or autocast gives them)"
     if dropout:

@@ -395,3 +395,27 @@ def test_real_flash_kernel_on_the_gpu(packed, sequences):
     assert varlen_kernel("cuda", torch.bfloat16, attention.head_dim) == "flash"
     alone = per_token_logprobs_alone(model, sequences)
     assert compare_packed_with_alone(model, packed, sequences, mode="varlen", alone=alone) < 5e-2
+
+
+def test_each_public_form_of_torch_varlen_attn_is_called_right():
+    """torch 2.12+ (enable_gqa) as is; the form without enable_gqa gets each key/value head repeated for its query
+    heads; torch 2.9's first form (is_causal, no scale) is not used: transformers' scaling could not be passed."""
+    def without_gqa(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
+                    window_size=(-1, -1)):
+        assert key.shape[1] == query.shape[1]  # this form has no GQA: heads must already match
+        return _reference_varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale=scale,
+                                      window_size=window_size, enable_gqa=False)
+
+    def first_form(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, return_aux=None):
+        raise AssertionError("never called")
+
+    assert varlen_module._adapted(_reference_varlen_attn) is _reference_varlen_attn
+    assert varlen_module._adapted(first_form) is None
+    adapted = varlen_module._adapted(without_gqa)
+    generator = torch.Generator().manual_seed(6)
+    query, key, value = (torch.randn(10, heads, 8, generator=generator) for heads in (4, 2, 2))
+    cu_seqlens = torch.tensor([0, 3, 10], dtype=torch.int32)
+    expected = _reference_varlen_attn(query, key, value, cu_seqlens, cu_seqlens, 7, 7, scale=0.3,
+                                      window_size=(-1, 0), enable_gqa=True)
+    got = adapted(query, key, value, cu_seqlens, cu_seqlens, 7, 7, scale=0.3, window_size=(-1, 0), enable_gqa=True)
+    assert torch.allclose(got, expected, atol=1e-6)
