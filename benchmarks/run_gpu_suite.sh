@@ -5,7 +5,8 @@
 #
 # Measured on one H200 (2026-11-29): the three workloads took about 2 minutes (pt-long-context v5 ~60 s,
 # logit-memory ~11 s, microbatch-budget ~53 s); chapters 5 and 9 ran in 11.6 s and 58.1 s. Not yet measured: v7's
-# varlen rows, v8's device profiles, packing-compiled (capped at 360 s: it compiles) and chapter 3's run. Every
+# varlen rows, v8's device profiles, v9's fused varlen kernel, packing-compiled (capped at 360 s: it compiles) and
+# chapter 3's run. Every
 # other workload and chapter is capped at 200 s. Writes
 # benchmarks/results/<workload>/<workload>_LABEL.json (never overwriting) and benchmarks/results/figures/LABEL/*.png.
 # When $OUT is set (the device tool), copies the JSON files to $OUT/results/<workload>/ and the whole log to

@@ -665,7 +665,8 @@ print(f"2300 samples into rows of 64: TRL {len(trl_packed)} rows (batches of 100
 #
 # The cell drives the course's benchmark runner. With `RUN_MODE = "real_gpu"` on a CUDA GPU it runs the preflight of
 # the `PT-SFT-CUDA` profile, measures, and writes one JSON record under `lab_results/` (version 6 took about a minute
-# on an H200; v7 adds its varlen rows, v8 the GPU's busy time per row; plus downloading the model once); on a
+# on an H200; v7 adds its varlen rows, v8 the GPU's busy time per row, v9 runs varlen in one fused kernel; plus
+# downloading the model once); on a
 # machine without one, preflight refuses and the record says why. The default `"dry_run"` records only the plan;
 # `"cpu_smoke"` runs the same code on `tiny_qwen2` in seconds, which proves the wiring and nothing about speed.
 #
