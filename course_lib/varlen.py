@@ -31,7 +31,7 @@ import torch
 from ._checks import require_int, require_real, require_tensor
 
 __all__ = ["VARLEN_ATTENTION", "VARLEN_KERNELS", "sample_bounds", "flash_varlen_unavailable", "varlen_kernel",
-           "varlen_sdpa_attention", "varlen_flash_attention", "varlen_auto_attention", "register_varlen_attention",
+           "varlen_kernel_used", "varlen_sdpa_attention", "varlen_flash_attention", "varlen_auto_attention", "register_varlen_attention",
            "varlen_attention"]
 
 VARLEN_ATTENTION = "course_varlen_sdpa"  # the per-sample reference kernel
@@ -65,12 +65,18 @@ def _bounds_from_cu_seqlens(cu_seqlens, length: int) -> list[int]:
     return bounds
 
 
+@torch.compiler.disable  # traced, the cache's version check would be frozen into the graph and go stale
 def _cached(tensor: torch.Tensor, compute, key: object = "bounds"):
     """compute() once per tensor object, version and key: every layer gets the same boundaries, one host copy per
     forward.
 
-    The cache lives on the tensor itself (no module state) and an in-place change of the tensor invalidates it.
+    The cache lives on the tensor itself (no module state). An in-place change through torch (`copy_`, `+=`,
+    indexing) bumps the tensor's version and invalidates it; a write that torch does not count (through `.data`
+    or a numpy view) does not, so give each batch its own position_ids. Inference tensors have no version: they
+    are not cached (each layer reads the boundaries again).
     """
+    if tensor.is_inference():
+        return compute()
     cache = getattr(tensor, "_course_varlen_cache", None)
     if cache is None or cache[0] != tensor._version:
         cache = (tensor._version, {})
@@ -94,7 +100,10 @@ def _row_bounds(rows: int, length: int, kwargs: dict) -> list[list[int]]:
                 raise ValueError("cu_seq_lens_k must equal cu_seq_lens_q: varlen attention here is self-attention")
             return _bounds_from_cu_seqlens(cu_seqlens, length)
 
-        bounds = _cached(cu_seqlens, checked_bounds)
+        # the k tensor's identity and version are part of the key: another k is checked again
+        k_key = None if other is None else (id(other), getattr(other, "_version", None)
+                                            if isinstance(other, torch.Tensor) and not other.is_inference() else None)
+        bounds = _cached(cu_seqlens, checked_bounds, ("bounds", k_key))
         return [bounds if bounds[-1] == length else checked_bounds()]  # another row length: raises
     if position_ids is None:
         raise ValueError("varlen attention needs position_ids or cu_seq_lens_q to find the samples")
@@ -189,7 +198,8 @@ def flash_varlen_unavailable(device, dtype: torch.dtype, head_dim: int, dropout:
         return (f"torch {torch.__version__} has no torch.nn.attention.varlen.varlen_attn taking scale and "
                 "window_size (a newer torch has it)")
     if dtype not in (torch.float16, torch.bfloat16):
-        return f"dtype {dtype}: the flash kernel takes float16 or bfloat16 (a bf16 model or autocast gives them)"
+        return (f"dtype {dtype}: the flash kernel takes float16 or bfloat16 (load the model in bf16: under autocast "
+                "an fp32 model's rotary embedding hands attention fp32 queries and keys)")
     if dropout:
         return f"dropout {dropout}: the fused varlen kernel runs without dropout"
     if head_dim % 8 or head_dim > 256:
@@ -198,12 +208,17 @@ def flash_varlen_unavailable(device, dtype: torch.dtype, head_dim: int, dropout:
         return "this torch build has no flash attention kernels"
     if not torch.cuda.is_available():
         return "no CUDA GPU is visible to torch"
+    if torch.version.hip is not None:
+        return "a ROCm build: the fused path is written and tested for NVIDIA's CUDA kernels only"
     if device.index is not None and device.index >= torch.cuda.device_count():
         return f"{device} is not among the {torch.cuda.device_count()} CUDA device(s) torch sees"
     capability = _capability(device if device.index is not None else torch.device("cuda", torch.cuda.current_device()))
     if capability < FLASH_MIN_CAPABILITY:
         return (f"compute capability {capability[0]}.{capability[1]}: torch's flash kernels need "
                 f"{FLASH_MIN_CAPABILITY[0]}.{FLASH_MIN_CAPABILITY[1]} (Ampere) or newer")
+    if 192 < head_dim <= 224 and capability in ((8, 6), (8, 9), (12, 0), (12, 1)):
+        return (f"head_dim {head_dim} on compute capability {capability[0]}.{capability[1]}: torch's flash kernels "
+                "do not train with head_dim in (192, 224] there")
     return None
 
 
@@ -261,15 +276,40 @@ def _checked(query, key, value, attention_mask, dropout, scaling, kwargs):
     return query, key, value, dropout, scaling, _row_bounds(query.shape[0], query.shape[2], kwargs)
 
 
+def _kernel_for(kernel: str, query, key, value, dropout: float) -> str:
+    """varlen_kernel for these tensors: the fused kernel also needs query, key and value in one dtype."""
+    if key.dtype != query.dtype or value.dtype != query.dtype:
+        if kernel == "flash":
+            raise ValueError(f"kernel='flash' cannot run here: query {query.dtype}, key {key.dtype} and value "
+                             f"{value.dtype} differ (autocast over an fp32 model does this: load it in bf16)")
+        return "sdpa"
+    return varlen_kernel(query.device, query.dtype, query.shape[3], dropout, kernel)
+
+
 def _run(kernel: str, module, query, key, value, attention_mask, dropout, scaling, kwargs):
     query, key, value, dropout, scaling, bounds = _checked(query, key, value, attention_mask, dropout, scaling, kwargs)
-    if varlen_kernel(query.device, query.dtype, query.shape[3], dropout, kernel) == "flash":
+    chosen = _kernel_for(kernel, query, key, value, dropout)
+    if module is not None:
+        module._course_varlen_kernel = chosen  # what ran, for varlen_kernel_used
+    if chosen == "flash":
         source = kwargs["cu_seq_lens_q"] if kwargs.get("cu_seq_lens_q") is not None else kwargs["position_ids"]
         longest = max(end - start for row_bounds in bounds for start, end in pairwise(row_bounds))
         return _flash_attend(query, key, value, _flat_cu_seqlens(source, bounds, query.device), longest, scaling), None
     outputs = [_attend(module, query[row:row + 1], key[row:row + 1], value[row:row + 1], row_bounds, dropout, scaling)
                for row, row_bounds in enumerate(bounds)]  # [1, L, H, D] each
     return torch.cat(outputs, dim=0), None  # [R, L, H, D]
+
+
+def varlen_kernel_used(model) -> str:
+    """The kernel ("flash" or "sdpa") the model's varlen attention layers ran in their latest forward; ValueError
+    when no varlen forward has run, or when layers ran different kernels."""
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    used = {module._course_varlen_kernel for module in model.modules() if hasattr(module, "_course_varlen_kernel")}
+    if len(used) != 1:
+        raise ValueError(f"model's varlen attention layers ran {sorted(used) or 'no forward yet'}: expected one "
+                         "kernel after a forward under varlen_attention")
+    return used.pop()
 
 
 def varlen_sdpa_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
@@ -316,6 +356,11 @@ def varlen_attention(model, kernel: str = "auto"):
 
     kernel: "auto" (the fused flash kernel where it runs, else SDPA per sample), "flash" (that kernel or a
     ValueError at the first forward that cannot use it) or "sdpa" (per sample everywhere: the reference).
+
+    Run backward inside the block: with gradient checkpointing, backward runs the forward again, and after the
+    block it would run under the model's own attention, across the samples. For a training loop that cannot
+    wrap each step, switch the model for good instead:
+    `model.set_attn_implementation(register_varlen_attention("auto"))`.
     """
     if not hasattr(model, "set_attn_implementation") or not hasattr(model, "config"):
         raise ValueError(f"model must be a transformers model, got {type(model).__name__}")

@@ -249,6 +249,7 @@ from course_lib import (  # noqa: E402
     flash_varlen_unavailable,
     varlen_flash_attention,
     varlen_kernel,
+    varlen_kernel_used,
 )
 from course_lib import varlen as varlen_module  # noqa: E402
 
@@ -419,3 +420,76 @@ def test_each_public_form_of_torch_varlen_attn_is_called_right():
                                       window_size=(-1, 0), enable_gqa=True)
     got = adapted(query, key, value, cu_seqlens, cu_seqlens, 7, 7, scale=0.3, window_size=(-1, 0), enable_gqa=True)
     assert torch.allclose(got, expected, atol=1e-6)
+
+
+def test_gpu_rules_for_the_fused_kernel(monkeypatch):
+    """The rules that need a GPU to meet, with the GPU's answers stood in: sm80+ only, no training head_dim in
+    (192, 224] on sm86 / sm89 / sm120, no ROCm build."""
+    if varlen_module._torch_varlen_attn() is None:
+        pytest.skip(f"torch {torch.__version__} has no usable varlen_attn")
+    capability = {"value": (8, 0)}
+    monkeypatch.setattr(torch.backends.cuda, "is_flash_attention_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(varlen_module, "_capability", lambda device: capability["value"])
+    assert flash_varlen_unavailable("cuda", torch.bfloat16, 64) is None
+    assert "not among the 1 CUDA device" in flash_varlen_unavailable("cuda:1", torch.bfloat16, 64)
+    for value, head_dim, refused in [((7, 5), 64, "compute capability 7.5"), ((8, 6), 200, "(192, 224]"),
+                                     ((8, 9), 224, "(192, 224]"), ((12, 0), 208, "(192, 224]"),
+                                     ((8, 6), 128, None), ((9, 0), 200, None), ((8, 6), 232, None)]:
+        capability["value"] = value
+        reason = flash_varlen_unavailable("cuda", torch.float16, head_dim)
+        assert reason is None if refused is None else refused in reason, (value, head_dim, reason)
+    monkeypatch.setattr(torch.version, "hip", "6.2")
+    assert "ROCm" in flash_varlen_unavailable("cuda", torch.float16, 64)
+
+
+def test_query_key_value_of_different_dtypes_stay_per_sample(reference_kernel):
+    """Autocast over an fp32 model hands attention fp32 queries and keys and bf16 values: the fused kernel
+    refuses mixed dtypes, so auto runs per-sample SDPA there and says so, and kernel='flash' says why not."""
+    model = tiny_qwen2(seed=0, attn_implementation="sdpa")
+    ids, position_ids = torch.randint(3, 2048, (1, 8)), torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4]])
+    with pytest.raises(ValueError, match="no forward yet"):
+        varlen_kernel_used(model)
+    with varlen_attention(model), torch.no_grad():
+        model(input_ids=ids, position_ids=position_ids, use_cache=False)
+    assert varlen_kernel_used(model) == "flash"  # the reference stands in for the fused kernel on fp32
+    with varlen_attention(model), torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        model(input_ids=ids, position_ids=position_ids, use_cache=False)
+    assert varlen_kernel_used(model) == "sdpa"
+    with (varlen_attention(model, kernel="flash"), torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16),
+          pytest.raises(ValueError, match="differ")):
+        model(input_ids=ids, position_ids=position_ids, use_cache=False)
+    with pytest.raises(ValueError, match="torch.nn.Module"):
+        varlen_kernel_used("model")
+
+
+def test_boundaries_are_read_again_when_they_change(sequences):
+    """In-place changes of position_ids between forwards, compiled (dynamo) and eager; inference tensors, which
+    have no version to cache by; a second cu_seq_lens_k against the same cu_seq_lens_q."""
+    model = tiny_qwen2(seed=0, attn_implementation="sdpa")
+    ids = torch.randint(3, 2048, (1, 6), generator=torch.Generator().manual_seed(7))
+    first, second = torch.tensor([[0, 1, 2, 0, 1, 2]]), torch.tensor([[0, 1, 0, 1, 2, 3]])
+    with varlen_attention(model), torch.no_grad():
+        expected = model(input_ids=ids, position_ids=second.clone(), use_cache=False).logits
+        compiled = torch.compile(model, backend="aot_eager")
+        reused = first.clone()
+        compiled(input_ids=ids, position_ids=reused, use_cache=False)
+        reused.copy_(second)  # the same buffer, new boundaries
+        assert torch.allclose(compiled(input_ids=ids, position_ids=reused, use_cache=False).logits, expected,
+                              atol=1e-6)
+        reused.copy_(first)
+        model(input_ids=ids, position_ids=reused, use_cache=False)
+        reused.copy_(second)
+        assert torch.allclose(model(input_ids=ids, position_ids=reused, use_cache=False).logits, expected, atol=1e-6)
+    with varlen_attention(model), torch.inference_mode():
+        inference = model(input_ids=ids, position_ids=torch.tensor([[0, 1, 0, 1, 2, 3]]), use_cache=False).logits
+    assert torch.allclose(inference, expected, atol=1e-6)
+    attention = model.model.layers[0].self_attn
+    q, kv = torch.zeros(1, 4, 4, 16), torch.zeros(1, 2, 4, 16)
+    cu_q = torch.tensor([0, 2, 4], dtype=torch.int32)
+    varlen_sdpa_attention(attention, q, kv, kv, None, cu_seq_lens_q=cu_q, cu_seq_lens_k=cu_q.clone())
+    with pytest.raises(ValueError, match="cu_seq_lens_k must equal"):
+        varlen_sdpa_attention(attention, q, kv, kv, None, cu_seq_lens_q=cu_q,
+                              cu_seq_lens_k=torch.tensor([0, 1, 4], dtype=torch.int32))

@@ -17,6 +17,9 @@ def reference_varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *
     """[T, H, D] inputs -> [T, H, D]: causal softmax attention inside each cu_seqlens span only, GQA by sharing each
     key/value head among H / H_kv query heads. Asserts the argument contract the real kernel relies on."""
     assert cu_seq_q.dtype == torch.int32 and torch.equal(cu_seq_q, cu_seq_k) and max_q == max_k
+    assert cu_seq_q.device == query.device and query.dtype == key.dtype == value.dtype  # the kernel checks these
+    assert all(tensor.stride(-1) == 1 for tensor in (query, key, value)) and query.shape[-1] % 8 == 0
+    # (the real kernel also takes only float16 / bfloat16: here fp32 runs too, so the CPU tests can be exact)
     assert window_size == (-1, 0)  # causal
     heads, kv_heads = query.shape[1], key.shape[1]
     assert enable_gqa == (heads != kv_heads)

@@ -211,21 +211,13 @@ def _pair_at(ctx, model, lengths: list[int], scale: int = 1) -> tuple[dict, dict
 
 def _varlen_row(ctx, model, lengths: list[int], scale: int) -> dict[str, Any]:
     """The packed row at this scale, timed under varlen attention (every row carries its scale, 1 included)."""
-    from course_lib import varlen_attention
+    from course_lib import varlen_attention, varlen_kernel_used
 
     scaled, ledger, samples = scaled_samples(lengths, scale, model.config.vocab_size)
     batch = varlen_batch(packed_row(samples, ctx.device)[0], scaled)  # never builds the [T, T] mask it would drop
     with varlen_attention(model):
         row = packing_row(ctx, model, "boundary_isolated_packing_varlen", batch, ledger["packing"], scale)
-    return {**row, "scale": scale, "attention_kernel": varlen_kernel_of(model, ctx)}
-
-
-def varlen_kernel_of(model, ctx) -> str:
-    """The kernel ("flash" or "sdpa") varlen_attention(model) runs in this workload's steps: the model is loaded in
-    ctx.dtype and the step autocasts to it, so the attention's inputs are ctx.dtype on ctx.device."""
-    from course_lib import varlen_kernel
-
-    return varlen_kernel(ctx.device, ctx.dtype, model.model.layers[0].self_attn.head_dim)
+    return {**row, "scale": scale, "attention_kernel": varlen_kernel_used(model)}  # what the layers ran
 
 
 def fused_kernel_checks(ctx, model, lengths: list[int], tolerance: float) -> dict[str, bool]:
