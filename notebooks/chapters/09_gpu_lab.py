@@ -541,8 +541,9 @@ if mine["run_mode"] != "real_gpu":
 
 # %%
 here = "cuda" if torch.cuda.is_available() else "cpu"
-why_not = flash_varlen_unavailable(here, torch.bfloat16, 64)  # Qwen2.5-0.5B: head_dim 64, run in bf16
-print(f"varlen attention on this machine ({here}, bf16): kernel {varlen_kernel(here, torch.bfloat16, 64)!r}"
+run_dtype = torch.bfloat16 if here == "cpu" or torch.cuda.is_bf16_supported() else torch.float16  # as the runner
+why_not = flash_varlen_unavailable(here, run_dtype, 64)  # Qwen2.5-0.5B: head_dim 64
+print(f"varlen attention on this machine ({here}, {run_dtype}): kernel {varlen_kernel(here, run_dtype, 64)!r}"
       + ("" if why_not is None else f"; not the fused one, because {why_not}"))
 
 # %% [markdown]
