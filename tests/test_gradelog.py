@@ -14,12 +14,13 @@ def _outcome(student, chapter, status, reason="", notes=(), display=None):
 
 
 def test_later_outcomes_replace_earlier_ones_and_skips_change_nothing(tmp_path):
-    gradelog.update_log(tmp_path, [_outcome("ann", "01", "graded", notes=["cell 3 timed out"]),
-                                   _outcome(None, None, "failed", "cannot tell student and chapter", display="x.ipynb")])
-    log = gradelog.update_log(tmp_path, [_outcome("ann", "01", "skipped", "already graded")])
-    assert log["ann/01"]["status"] == "graded" and log["ann/01"]["notes"] == "cell 3 timed out"
+    log = gradelog.update_log(tmp_path, [_outcome("ann", "01", "graded", notes=["cell 3 timed out"]),
+                                         _outcome(None, None, "failed", "cannot tell student and chapter",
+                                                  display="x.ipynb")])
     assert log["ann/01"]["max_score"] == 8.0 and "max_score" not in log["x.ipynb/"]  # the points graded against
     assert log["x.ipynb/"]["reason"] == "cannot tell student and chapter"
+    log = gradelog.update_log(tmp_path, [_outcome("ann", "01", "skipped", "already graded")])
+    assert log["ann/01"]["status"] == "graded" and log["ann/01"]["notes"] == "cell 3 timed out"
     log = gradelog.update_log(tmp_path, [_outcome("ann", "01", "failed", "not valid JSON")])
     assert (log["ann/01"]["status"], log["ann/01"]["reason"]) == ("failed", "not valid JSON")
     assert json.loads((tmp_path / gradelog.LOG_NAME).read_text(encoding="utf-8")) == log
@@ -39,3 +40,15 @@ def test_within_one_run_a_grade_outranks_a_failed_file_of_the_same_name(tmp_path
     log = gradelog.update_log(tmp_path, [_outcome("alice", "01", "graded", notes=["n"]),
                                          _outcome("alice", "01", "failed", "not a notebook (.pdf)", display="a.pdf")])
     assert (log["alice/01"]["status"], log["alice/01"]["notes"]) == ("graded", "n")
+
+
+def test_failures_that_name_no_student_last_one_run(tmp_path):
+    """homework.ipynb failed (no student); renamed ann_01.ipynb and graded next run: its old failure is gone, while
+    a named student's failure outlives runs that did not meet that student."""
+    unnamed = _outcome(None, None, "failed", "cannot tell the student", display="homework.ipynb")
+    log = gradelog.update_log(tmp_path, [unnamed, _outcome("bob", "01", "failed", "not valid JSON")])
+    assert set(log) == {"homework.ipynb/", "bob/01"}
+    log = gradelog.update_log(tmp_path, [_outcome("ann", "01", "graded")])
+    assert set(log) == {"ann/01", "bob/01"}
+    log = gradelog.update_log(tmp_path, [unnamed])  # met again: listed again
+    assert set(log) == {"ann/01", "bob/01", "homework.ipynb/"}

@@ -6,6 +6,9 @@ one run's summary, and the next run's grades.csv would forget them. The log keep
 entry per student and chapter, replaced by each later submission that was graded or failed (a skipped one leaves
 it as it was). A graded entry keeps the chapter's points at grading time, so a chapter rebuilt with other points
 shows which grades were given against the old ones.
+
+A failure that names no student (a file called `homework.ipynb`) belongs to no one's record: each run replaces the
+earlier runs' unnamed failures with its own, so once the file is renamed and graded, its old failure is gone.
 """
 
 from __future__ import annotations
@@ -38,9 +41,14 @@ def read_log(root: Path) -> dict[str, dict[str, Any]]:
     return {}
 
 
+def _unnamed(entry: dict[str, Any]) -> bool:
+    """An entry for a file whose student could not be told: it is filed under the file's own name."""
+    return entry.get("student") == entry.get("file")
+
+
 def update_log(root: Path, outcomes: list[Any]) -> dict[str, dict[str, Any]]:
     """Record this run's graded and failed outcomes (student, chapter, status, reason, notes, file) -> the log."""
-    log = read_log(root)
+    log = {key: entry for key, entry in read_log(root).items() if not _unnamed(entry)}  # this run reports its own
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
     for outcome in sorted(outcomes, key=lambda o: o.status == "graded"):  # within a run, a grade outranks a
         if outcome.status not in ("graded", "failed"):                    # failed file of the same name (a .pdf)
