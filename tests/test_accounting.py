@@ -75,6 +75,7 @@ def test_seed_gpu_hours_per_step():
     assert parts["total"] == pytest.approx(sum(v for k, v in parts.items() if k != "total"))
     assert f"{300 * parts['total']:,.0f}" == "487"
     assert f"{parts['decode'] / parts['total']:.0%}" == "59%"
+    assert f"{parts['train'] / parts['total']:.0%}" == "26%"  # "the training pass itself is about a quarter"
 
 
 def test_busy_quarter_adds_about_one_gpu_hour():

@@ -42,6 +42,9 @@ def test_logit_memory_reproduces_seed_003_table(committed):
     assert peaks == {("full", 4096): 7.5, ("chunked", 4096): 3.7, ("chunked_recompute", 4096): 2.2,
                      ("full", 16384): 29.9, ("chunked", 16384): 11.2, ("chunked_recompute", 16384): 2.2}
     assert all(r["max_abs_diff_vs_full"] == 0.0 for r in rows)
+    full = {r["tokens"]: r["peak_above_start_bytes"] for r in rows if r["method"] == "full"}
+    # seed 003 and chapter 5: about 12 bytes per logit on the full path (bf16 logits, an fp32 copy, fp32 log-softmax)
+    assert {tokens: round(peak / (tokens * 151_936)) for tokens, peak in full.items()} == {4096: 12, 16384: 12}
 
 
 def test_microbatch_token_budget_lowers_the_peak(committed):

@@ -209,9 +209,10 @@ def test_balanced_partition_bad_input():
 def test_seed003_section_14_1_padding_and_packing_arithmetic():
     """Seed 003 §14.1: 64 episodes of 10..149 tokens (median 18, 2,472 in all) padded to 149 compute 9,536
     positions, 74% of them padding; packed into rows of 256 they need 10 rows, 96.6% full. The seed's own lengths
-    are not printed; these 64 have the same count, range, median and sum."""
-    lengths = [10] * 20 + [15] * 11 + [18] * 2 + [64] * 28 + [65] * 2 + [149]
-    assert (len(lengths), min(lengths), max(lengths), float(np.median(lengths)), sum(lengths)) == (64, 10, 149, 18.0, 2472)
+    are not printed; these 64 have all five statistics it prints: count, min, median, p90 and max, and its sum."""
+    lengths = [10] * 26 + [18] * 12 + [71] * 2 + [72] * 16 + [79] * 7 + [149]
+    assert (len(lengths), min(lengths), float(np.median(lengths)), float(np.percentile(lengths, 90)), max(lengths),
+            sum(lengths)) == (64, 10, 18.0, 79.0, 149, 2472)
     padded = describe_microbatches(lengths, [list(range(64))])
     assert (padded["computed_tokens"], padded["real_tokens"]) == (9536, 2472)
     assert f"{padded['padding_ratio']:.0%}" == "74%" and f"{1 - padded['padding_ratio']:.0%}" == "26%"
