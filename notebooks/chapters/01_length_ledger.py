@@ -139,6 +139,7 @@ grading.assert_matches_reference(ledger_from_roles, "ledger_from_roles", _cases)
 grading.assert_rejects(ledger_from_roles, "ledger_from_roles", [
     ((["user", "robot"],), {}), ((["sytem"],), {}), ((["User", "assistant"],), {}),
     ((["assistant", "eos"],), {"supervise_eos": "no"}), ((["assistant", "eos"],), {"supervise_eos": 0}),
+    ((["user", "assistant"],), {"supervise_eos": "no"}), (([],), {"supervise_eos": 1}),  # checked with no eos too
 ])
 ### END HIDDEN TESTS
 
@@ -299,6 +300,11 @@ _cases.append((([{"name": "min", "prompt_tokens": 95, "supervised_tokens": 10}],
                {"min_kept_supervised_tokens": 5, "max_supervision_loss_ratio": 0.5}))
 _cases.append((([{"name": "prompt-too-long", "prompt_tokens": 200, "supervised_tokens": 10}], 100, 8),
                {"min_kept_supervised_tokens": 1, "max_supervision_loss_ratio": 1.0}))
+# The default minimum (1 kept token) with a ratio that admits the cut; two samples that share a name (one record each).
+_cases.append((([{"name": "cut", "prompt_tokens": 90, "supervised_tokens": 20}], 100, 0),
+               {"max_supervision_loss_ratio": 0.5}))
+_cases.append((([{"name": "twin", "prompt_tokens": 10, "supervised_tokens": 5},
+                 {"name": "twin", "prompt_tokens": 120, "supervised_tokens": 5}], 128, 8), {}))
 grading.assert_matches_reference(audit_context_fit, "audit_context_fit", _cases)
 _ok = [{"name": "a", "prompt_tokens": 10, "supervised_tokens": 5}]
 grading.assert_rejects(audit_context_fit, "audit_context_fit", [
@@ -315,6 +321,11 @@ grading.assert_rejects(audit_context_fit, "audit_context_fit", [
     ((_ok, 128, 8), {"min_kept_supervised_tokens": 7.5}),
     (([{"prompt_tokens": 10, "supervised_tokens": 5}], 128, 8), {}),                          # no name
     (([{"name": "bad", "prompt_tokens": 10, "supervised_tokens": 5.5}], 128, 8), {}),
+    (([{"name": "bad", "prompt_tokens": 10, "supervised_tokens": True}], 128, 8), {}),
+    (([{"name": "bad", "prompt_tokens": True, "supervised_tokens": 5}], 128, 8), {}),
+    # The arguments are checked even when there is no sample to audit.
+    (([], 0, 8), {}), (([], 128, -1), {}), (([], 128, 8), {"min_kept_supervised_tokens": 0}),
+    (([], 128, 8), {"max_supervision_loss_ratio": 1.5}),
 ])
 ### END HIDDEN TESTS
 

@@ -97,3 +97,43 @@ MUTANTS["audit_context_fit"].update({
         "    if template < 0:\n"
         '        raise ValueError(f"template_tokens must be >= 0, got {template}")')),
 })
+
+# Wrong answers a second review tried on the edges (empty input, duplicates, defaults, where a check runs).
+MUTANTS["ledger_from_roles"].update({
+    # An empty list of roles refused, although the TODO promises four zeros for it.
+    "empty_roles_refused": mutate(_LEDGER_TARGET, ('roles = require_sequence("roles", roles)',
+                                                   'roles = require_sequence("roles", roles, allow_empty=False)')),
+    # One end-of-turn token per sample assumed: a multi-turn chat's later answers lose their EOS.
+    "eos_counted_once": mutate(_LEDGER_TARGET, ('eos = int((role_array == "eos").sum())',
+                                                'eos = int("eos" in role_array.tolist())')),
+    # supervise_eos is only looked at (and checked) when the roles hold an eos token.
+    "supervise_eos_checked_only_with_an_eos": mutate(_LEDGER_TARGET, (
+        'supervise_eos = require_bool("supervise_eos", supervise_eos)',
+        'if "eos" in roles:\n        supervise_eos = require_bool("supervise_eos", supervise_eos)')),
+})
+MUTANTS["audit_context_fit"].update({
+    # Records kept in a dict keyed by name: two samples with one name become one record.
+    "records_keyed_by_name": mutate(_AUDIT, ('    return {"records": records,',
+                                             '    records = list({r["name"]: r for r in records}.values())\n'
+                                             '    return {"records": records,')),
+    # A "sensible" default of 32 kept tokens instead of the signature's 1.
+    "default_min_kept_32": mutate(_AUDIT, ("min_kept_supervised_tokens: int = 1", "min_kept_supervised_tokens: int = 32")),
+    # The window, template, minimum and ratio checked inside the loop: with no samples, nothing is checked.
+    "arguments_checked_per_sample": mutate(_AUDIT, (
+        '    target = require_positive_int("target_context_len", target_context_len)\n'
+        '    min_kept = require_positive_int("min_kept_supervised_tokens", min_kept_supervised_tokens)\n'
+        '    max_ratio = require_ratio("max_supervision_loss_ratio", max_supervision_loss_ratio)\n'
+        '    template = require_nonnegative_int("template_tokens", template_tokens)\n', ""), (
+        '        require_keys(f"samples[{index}]", sample, ("name", "prompt_tokens", "supervised_tokens"))\n',
+        '        require_keys(f"samples[{index}]", sample, ("name", "prompt_tokens", "supervised_tokens"))\n'
+        '        target = require_positive_int("target_context_len", target_context_len)\n'
+        '        min_kept = require_positive_int("min_kept_supervised_tokens", min_kept_supervised_tokens)\n'
+        '        max_ratio = require_ratio("max_supervision_loss_ratio", max_supervision_loss_ratio)\n'
+        '        template = require_nonnegative_int("template_tokens", template_tokens)\n')),
+    # A sample's lengths checked with isinstance(int): True passes as one token.
+    "bool_sample_lengths_accepted": mutate(_AUDIT, (
+        "supervised = require_positive_int(f\"samples[{index}]['supervised_tokens']\", sample[\"supervised_tokens\"])",
+        'supervised = sample["supervised_tokens"]\n'
+        "        if not isinstance(supervised, int) or supervised <= 0:\n"
+        '            raise ValueError(f"samples[{index}] needs a positive integer supervised_tokens")')),
+})
