@@ -373,6 +373,8 @@ grading.assert_rejects(pad_batch, "pad_batch", [
     (([{"input_ids": [5.5, 6.0], "labels": [5, 6]}], 0), {}),                      # ids must be integers
     (([{"input_ids": [5, 6], "labels": [5.5, 6.0]}], 0), {}),                      # and so must labels
     (([{"input_ids": [True, False], "labels": [1, 0]}], 0), {}),                   # bools are not token ids
+    (([{"input_ids": [5.0, 6.0], "labels": [5, 6]}], 0), {}),                      # whole floats are floats
+    (([{"input_ids": [5, 6], "labels": [-100.0, 6.0]}], 0), {}),
 ])
 ### END HIDDEN TESTS
 

@@ -151,3 +151,32 @@ def pad_batch(features, pad_token_id):
 ''',
     },
 }
+
+# Wrong answers a second review tried on the edges (masks from token values, whole floats, ignored arguments).
+MUTANTS["build_labels"].update({
+    # Supervision decided by token value: any token whose id also occurs in an answer is supervised, a user turn's
+    # word or end-of-turn token included.
+    "supervision_by_token_value": _build(
+        labels="[i if i in {j for j, r in zip(input_ids, roles) if r in kept} else IGNORE_INDEX for i in input_ids]"),
+    # max_length read as padding="max_length": short samples are padded up to it instead of left alone.
+    "pads_up_to_max_length": _build(
+        cut="(input_ids + [0] * (max_length - len(input_ids)))[:max_length], "
+            "(labels + [IGNORE_INDEX] * (max_length - len(labels)))[:max_length]"),
+})
+_IDS_CHECK = "input_ids = require_tensor(f\"features[{index}]['input_ids']\", feature[\"input_ids\"], ndim=1, dtype_kind=\"i\")"
+MUTANTS["pad_batch"].update({
+    # Float ids accepted when they are whole numbers: [5.0, 6.0] goes through (only 5.5 is refused).
+    "whole_float_ids_accepted": mutate(_PAD_TARGET, (
+        _IDS_CHECK,
+        _IDS_CHECK.replace('dtype_kind="i"', 'dtype_kind="if"') + "\n"
+        "        if bool((input_ids != input_ids.round()).any()):\n"
+        "            raise ValueError(f\"features[{index}]['input_ids'] must hold whole numbers\")")),
+    # Pads input_ids with 0 whatever pad_token_id says.
+    "pad_token_id_ignored": mutate(_PAD_TARGET, ("batch_first=True, padding_value=pad_token_id)",
+                                                 "batch_first=True, padding_value=0)")),
+    # The width taken from the first feature, as if the features came sorted longest first.
+    "width_of_the_first_feature": mutate(_PAD_TARGET, (
+        "    attention_mask = (torch.arange(input_ids.shape[1])",
+        "    input_ids, labels = input_ids[:, :len(id_rows[0])], labels[:, :len(id_rows[0])]\n"
+        "    attention_mask = (torch.arange(input_ids.shape[1])")),
+})
