@@ -301,6 +301,10 @@ with grading.library_blocked("block_causal_mask", "varlen_metadata"):
         (([{"input_ids": [1.5, 2.0], "labels": [1, 2]}],), {}),                    # ids must be integers
         (([{"input_ids": [1, 2], "labels": [-100.0, 2.0]}],), {}),
         (([{"input_ids": [True, False], "labels": [1, 0]}],), {}),                  # bools are not token ids
+        (([{"input_ids": [1, 2], "labels": [True, False]}],), {}),                  # nor labels
+        # Each sample on its own: an empty sample between others, two length mismatches that cancel on the row.
+        (([{"input_ids": [1], "labels": [1]}, {"input_ids": [], "labels": []}, {"input_ids": [2], "labels": [2]}],), {}),
+        (([{"input_ids": [1, 2], "labels": [1]}, {"input_ids": [3], "labels": [3, 4]}],), {}),
     ])
 ### END HIDDEN TESTS
 

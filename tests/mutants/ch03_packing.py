@@ -169,3 +169,40 @@ MUTANTS["block_causal_mask"].update({
         "return (keyed.unsqueeze(-1) == keyed.unsqueeze(-2)).tril_()  # [..., L, L]",
         "return (keyed.unsqueeze(-1) == keyed.unsqueeze(-2)).tril_().view(*shape, shape[-1])")),
 })
+
+# Wrong answers a second review tried on the edges (checks made on the row instead of each sample, unsorted ids).
+_PACKING_TARGET = "course_lib.packing.build_boundary_isolated_packing"
+_EMPTY_CHECK = ("        if not sample_ids:\n"
+                "            raise ValueError(f\"samples[{segment}]['input_ids'] must not be empty\")\n")
+_LENGTH_CHECK_LIB = ("        if len(sample_labels) != len(sample_ids):\n"
+                     "            raise ValueError(f\"samples[{segment}]['labels'] has length {len(sample_labels)}, \"\n"
+                     "                             f\"expected len(input_ids) = {len(sample_ids)}\")\n")
+_ROW_TOKENS = "    tokens = list(zip(segment_ids, position_ids, strict=True))\n"
+MUTANTS["build_boundary_isolated_packing"].update({
+    # Lengths compared on the whole row: two mismatches that cancel (2 ids + 1 label, 1 id + 2 labels) pass.
+    "length_checked_on_the_row_only": mutate(_PACKING_TARGET, (_LENGTH_CHECK_LIB, ""), (
+        _ROW_TOKENS, "    if len(labels) != len(input_ids):\n"
+                     "        raise ValueError('labels and input_ids differ in length')\n" + _ROW_TOKENS)),
+    # Emptiness checked on the row: an empty sample between others passes (and gets no tokens).
+    "empty_checked_on_the_row_only": mutate(_PACKING_TARGET, (_EMPTY_CHECK, ""), (
+        _ROW_TOKENS, "    if not input_ids:\n        raise ValueError('the row is empty')\n" + _ROW_TOKENS)),
+    # Labels checked for integers with isinstance(int): bool labels pass (ids are checked properly).
+    "bool_labels_accepted": mutate(_PACKING_TARGET, (
+        "sample_labels = require_tensor(f\"samples[{segment}]['labels']\", sample[\"labels\"], ndim=1, dtype_kind=\"i\")",
+        "sample_labels = list(sample[\"labels\"])\n"
+        "        if not all(isinstance(label, int) for label in sample_labels):\n"
+        "            raise ValueError(f\"samples[{segment}]['labels'] must be integers\")"), (
+        "sample_ids, sample_labels = sample_ids.tolist(), sample_labels.tolist()",
+        "sample_ids, sample_labels = sample_ids.tolist(), [int(label) for label in sample_labels]")),
+})
+MUTANTS["block_causal_mask"].update({
+    # Padding ids -0, -1, -2, ...: a padding token in column 0 gets id 0, the id of sample 0.
+    "padding_ids_start_at_zero": _mask().replace(_OWN_PADDING_IDS, "own_padding_ids = -torch.arange(length)"),
+    # Samples found from runs of equal ids: a sample whose id comes back later in the row is split in two.
+    "samples_from_runs": _mask().replace(
+        _KEYED, "starts = torch.ones_like(segment_ids)\n"
+                "    starts[..., 1:] = (segment_ids[..., 1:] != segment_ids[..., :-1]).long()\n"
+                "    keyed = torch.where(segment_ids >= 0, starts.cumsum(-1), own_padding_ids)"),
+    # The padding test written on the sample index: ids >= 1 are samples, so id 0 is treated as padding.
+    "sample_zero_is_padding": _mask().replace(_KEYED, "keyed = torch.where(segment_ids > 0, segment_ids, own_padding_ids)"),
+})
