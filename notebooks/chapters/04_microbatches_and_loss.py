@@ -194,7 +194,7 @@ grading.assert_matches_reference(token_budget_batches, "token_budget_batches", _
 grading.assert_rejects(token_budget_batches, "token_budget_batches", [
     (([10, 20, 300], 256), {}), (([257], 256), {}), (([1, 2], 0), {}), (([1, 2], -8), {}), (([1, 2], 8.5), {}),
     (([1, 0], 8), {}), (([1, -3], 8), {}), (([], 8), {}), (([1.5, 2], 8), {}),
-    (([1, 1], True), {}), (([2.0, 3.0], 6), {}), (([True, 2], 4), {}),
+    (([1, 1], True), {}), (([2.0, 3.0], 6), {}), (([True, 2], 4), {}), (([1, 2], 8.0), {}),
 ])
 ### END HIDDEN TESTS
 
@@ -273,7 +273,7 @@ grading.assert_matches_reference(packed_token_budget_batches, "packed_token_budg
 grading.assert_rejects(packed_token_budget_batches, "packed_token_budget_batches", [
     (([10, 20, 300], 256), {}), (([257], 256), {}), (([1, 2], 0), {}), (([1, 2], 8.5), {}),
     (([1, 0], 8), {}), (([], 8), {}), (([1, -3], 8), {}),
-    (([1, 1], True), {}), (([2.0, 3.0], 6), {}), (([True, 2], 4), {}),
+    (([1, 1], True), {}), (([2.0, 3.0], 6), {}), (([True, 2], 4), {}), (([1, 2], 8.0), {}),
 ])
 ### END HIDDEN TESTS
 
@@ -471,7 +471,24 @@ _cases += [((_diverged[:1], torch.tensor([[True, True, False]])), {}),
 _values32 = torch.rand(3, 4, generator=_generator)
 _cases += [((_values32, (_values32 > 0.5).double()), {}),
            ((_values32, _values32 > 0.5), {"mode": "constant", "norm_const": torch.tensor(4.0, dtype=torch.float64)})]
+# A perfectly predicted supervised token has loss 0 and still counts in the mean.
+_zeros = torch.tensor([[0.0, 2.0, 0.0], [1.0, 0.0, 3.0]])
+_cases += [((_zeros, torch.ones(2, 3, dtype=torch.bool)), {}),
+           ((_zeros, torch.tensor([[True, False, True], [False, True, True]])), {})]
+# A microbatch with no supervised token under constant: 0 in the losses' dtype (float64 here).
+_cases += [((torch.rand(2, 3, generator=_generator, dtype=torch.float64), torch.zeros(2, 3, dtype=torch.bool)),
+            {"mode": "constant", "norm_const": 5})]
 grading.assert_matches_reference(aggregate_loss, "aggregate_loss", _cases, rtol=1e-5, atol=1e-6)
+# ... and that 0 keeps the graph: an accumulation loop calls backward on it (a zero gradient, not an error).
+_leaf = torch.rand(2, 3, generator=_generator).requires_grad_()
+with grading.library_blocked("aggregate_loss"):
+    _empty = aggregate_loss(_leaf, torch.zeros(2, 3, dtype=torch.bool), mode="constant", norm_const=5)
+assert isinstance(_empty, torch.Tensor) and _empty.requires_grad, (
+    "aggregate_loss(losses that require grad, a mask that selects no token, mode='constant', norm_const=5) returned "
+    f"{_empty!r}, expected a 0 that keeps the autograd graph (backward on it must give a zero gradient)")
+_empty_grad = torch.autograd.grad(_empty, _leaf, allow_unused=True)[0]
+assert _empty_grad is None or not bool(_empty_grad.any()), (
+    f"aggregate_loss over a mask that selects no token gives the losses a gradient {_empty_grad}, expected 0")
 _mask = torch.tensor([[1, 0, 1, 1], [0, 0, 1, 0], [1, 1, 1, 0]], dtype=torch.bool)
 grading.assert_rejects(aggregate_loss, "aggregate_loss", [
     ((_values, torch.zeros(3, 4, dtype=torch.bool)), {}),

@@ -128,3 +128,57 @@ MUTANTS["aggregate_loss"].update({
     # nansum "fixes" nan * 0 by dropping every nan, a supervised one included: a diverged loss looks finite.
     "nansum_hides_a_diverged_token": _aggregate_total("(token_losses * mask).nansum()"),
 })
+
+# Wrong answers a second review tried on the edges (ties, whole-float budgets, zero losses, empty microbatches).
+_TBB = "course_lib.microbatch.token_budget_batches"
+_PTBB = "course_lib.microbatch.packed_token_budget_batches"
+_TORCH_SORT = "sorted_lengths, order = torch.sort(torch.tensor(lengths), descending=True, stable=True)"
+_NUMPY_SORT = ("order = torch.from_numpy(__import__('numpy').argsort(-__import__('numpy').asarray(lengths)))\n"
+               "    sorted_lengths = torch.tensor(lengths)[order]")
+_BUDGET_CHECK = 'max_tokens = require_positive_int("max_tokens", max_tokens)'
+_WHOLE_FLOAT_BUDGET = ("if isinstance(max_tokens, bool) or max_tokens != int(max_tokens) or max_tokens <= 0:\n"
+                       '        raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")\n'
+                       "    max_tokens = int(max_tokens)")
+MUTANTS["token_budget_batches"].update({
+    # np.argsort(-lengths): the default quicksort is not stable, so equal lengths may leave index order.
+    "unstable_argsort": mutate(_TBB, (_TORCH_SORT, _NUMPY_SORT)),
+    # A whole float budget (8.0) accepted as a budget of 8.
+    "whole_float_budget_accepted": mutate(_TBB, (_BUDGET_CHECK, _WHOLE_FLOAT_BUDGET)),
+    # One count for every microbatch, from the longest sequence overall.
+    "global_longest_sets_the_count": mutate(_TBB, ("fits = max_tokens // int(sorted_lengths[start])",
+                                                   "fits = max_tokens // int(sorted_lengths[0])")),
+})
+MUTANTS["packed_token_budget_batches"].update({
+    "unstable_argsort": mutate(_PTBB, (_TORCH_SORT, _NUMPY_SORT)),
+    "whole_float_budget_accepted": mutate(_PTBB, (_BUDGET_CHECK, _WHOLE_FLOAT_BUDGET)),
+    # First fit: a sequence goes into the first earlier microbatch with room, not only the open one.
+    "first_fit_decreasing": '''
+def packed_token_budget_batches(lengths, max_tokens):
+    max_tokens = require_positive_int("max_tokens", max_tokens)
+    lengths = require_lengths("lengths", lengths, maximum=max_tokens, maximum_name="max_tokens")
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches, used = [], []
+    for i in order:
+        for number, total in enumerate(used):
+            if total + lengths[i] <= max_tokens:
+                batches[number].append(i)
+                used[number] += lengths[i]
+                break
+        else:
+            batches.append([i])
+            used.append(lengths[i])
+    return batches
+''',
+})
+MUTANTS["aggregate_loss"].update({
+    # The supervised tokens counted as the nonzero masked losses: a perfectly predicted token (loss 0) is not counted.
+    "counts_nonzero_losses": _aggregate().replace("count = int((mask != 0).sum())",
+                                                  "count = int((torch.where(mask != 0, token_losses, 0) != 0).sum())"),
+    # An empty microbatch under constant returns a fresh 0: no graph (backward fails) and float32 whatever the losses.
+    "empty_mask_fresh_zero": _aggregate(constant="torch.tensor(0.0) if count == 0 else total / norm_const"),
+    # Per-row token means averaged over rows: every row weighs the same, whatever its token count.
+    "mean_of_row_means": _aggregate(token_mean="(masked_normalize(token_losses, mask, dim=-1) / (mask != 0).sum(-1)"
+                                               ").nanmean() if token_losses.dim() > 1 else total / count"),
+    # total / mask.sum(): a float64 mask promotes the loss to float64.
+    "divides_by_mask_sum": _aggregate(token_mean="total / mask.sum()"),
+})
