@@ -303,6 +303,8 @@ _cases.append((([{"name": "prompt-too-long", "prompt_tokens": 200, "supervised_t
 # The default minimum (1 kept token) with a ratio that admits the cut; two samples that share a name (one record each).
 _cases.append((([{"name": "cut", "prompt_tokens": 90, "supervised_tokens": 20}], 100, 0),
                {"max_supervision_loss_ratio": 0.5}))
+_cases += [(([{"name": "cut", "prompt_tokens": 90, "supervised_tokens": 20}], 100, 0),
+            {"max_supervision_loss_ratio": ratio}) for ratio in (0, 1)]  # the numbers 0 and 1, written as ints
 _cases.append((([{"name": "twin", "prompt_tokens": 10, "supervised_tokens": 5},
                  {"name": "twin", "prompt_tokens": 120, "supervised_tokens": 5}], 128, 8), {}))
 grading.assert_matches_reference(audit_context_fit, "audit_context_fit", _cases)

@@ -137,3 +137,11 @@ MUTANTS["audit_context_fit"].update({
         "        if not isinstance(supervised, int) or supervised <= 0:\n"
         '            raise ValueError(f"samples[{index}] needs a positive integer supervised_tokens")')),
 })
+MUTANTS["audit_context_fit"].update({
+    # The ratio must be a float: the numbers 0 and 1 (ints) are refused, although they lie in [0, 1].
+    "int_ratio_refused": mutate(_AUDIT, (
+        'max_ratio = require_ratio("max_supervision_loss_ratio", max_supervision_loss_ratio)',
+        "if not isinstance(max_supervision_loss_ratio, float):\n"
+        '        raise ValueError("max_supervision_loss_ratio must be a float")\n'
+        '    max_ratio = require_ratio("max_supervision_loss_ratio", max_supervision_loss_ratio)')),
+})
