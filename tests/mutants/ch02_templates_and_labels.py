@@ -180,3 +180,18 @@ MUTANTS["pad_batch"].update({
         "    input_ids, labels = input_ids[:, :len(id_rows[0])], labels[:, :len(id_rows[0])]\n"
         "    attention_mask = (torch.arange(input_ids.shape[1])")),
 })
+MUTANTS["build_labels"].update({
+    # Tidies the caller's messages in place (strips every content) before rendering.
+    "strips_the_callers_messages": _build().replace(
+        "    rendered = render_chat(",
+        "    for message in messages:\n"
+        '        message["content"] = message["content"].strip()\n'
+        "    rendered = render_chat("),
+})
+MUTANTS["pad_batch"].update({
+    # Attention where the id is not the pad id or the label is supervised: a real prompt token that carries the pad
+    # id (and label -100) is hidden.
+    "attention_mask_from_ids_or_labels": mutate(_PAD_TARGET, (
+        "attention_mask = (torch.arange(input_ids.shape[1])[None, :] < lengths[:, None]).long()",
+        "attention_mask = ((input_ids != pad_token_id) | (labels != IGNORE_INDEX)).long()")),
+})
