@@ -306,6 +306,13 @@ with grading.library_blocked("block_causal_mask", "varlen_metadata"):
         (([{"input_ids": [1], "labels": [1]}, {"input_ids": [], "labels": []}, {"input_ids": [2], "labels": [2]}],), {}),
         (([{"input_ids": [1, 2], "labels": [1]}, {"input_ids": [3], "labels": [3, 4]}],), {}),
     ])
+    _row = build_boundary_isolated_packing([{"input_ids": (4, 5), "labels": (-100, 5)}, {"input_ids": [6], "labels": [6]}])
+_keys = ("input_ids", "labels", "segment_ids", "position_ids", "attention_allowed")
+_types = {key: type(_row[key]).__name__ for key in _keys}
+_types["attention_allowed rows"] = sorted({type(mask_row).__name__ for mask_row in _row["attention_allowed"]})
+assert all(kind in ("list", ["list"]) for kind in _types.values()), (
+    "build_boundary_isolated_packing must return lists (a tuple never equals TRL's list row), got the types "
+    f"{_types}")
 ### END HIDDEN TESTS
 
 # %% [markdown]

@@ -206,3 +206,9 @@ MUTANTS["block_causal_mask"].update({
     # The padding test written on the sample index: ids >= 1 are samples, so id 0 is treated as padding.
     "sample_zero_is_padding": _mask().replace(_KEYED, "keyed = torch.where(segment_ids > 0, segment_ids, own_padding_ids)"),
 })
+MUTANTS["build_boundary_isolated_packing"].update({
+    # segment_ids and position_ids unzipped with zip(*...): tuples, not the lists the TODO asks for (a tuple never
+    # equals TRL's list row).
+    "zip_star_gives_tuples": mutate(_PACKING_TARGET, (
+        _ROW_TOKENS, "    segment_ids, position_ids = zip(*zip(segment_ids, position_ids, strict=True))\n" + _ROW_TOKENS)),
+})
