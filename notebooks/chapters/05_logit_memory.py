@@ -253,6 +253,11 @@ _int_gen = torch.Generator().manual_seed(23)
 _cases.append(((torch.randint(-2, 3, (2, 24, 16), generator=_int_gen).bfloat16(),
                 torch.randint(-2, 3, (300, 16), generator=_int_gen).bfloat16(),
                 torch.randint(300, (2, 24), generator=_int_gen)), {"chunk_size": 10}))
+# bf16 inputs whose integer dot products (up to 1024, exact in an fp32 accumulator) are NOT exact in bf16: the
+# logits round as the model's bf16 lm_head rounds them, so a matmul upcast to fp32 first gives other log-probs.
+_cases.append(((torch.randint(-8, 9, (2, 24, 16), generator=_int_gen).bfloat16(),
+                torch.randint(-8, 9, (64, 16), generator=_int_gen).bfloat16(),
+                torch.randint(64, (2, 24), generator=_int_gen)), {"chunk_size": 10}))
 grading.assert_matches_reference(checkpointed_log_probs, "checkpointed_log_probs", _cases, rtol=1e-5, atol=1e-6)
 
 

@@ -12,7 +12,7 @@ def checkpointed_log_probs(hidden, weight, ids, chunk_size=1024):
         return LOG_PROBS
 
     pieces = [PIECE for start in STARTS]
-    return torch.cat(pieces, dim=1) if pieces else hidden.new_zeros(hidden.shape[:2], dtype=torch.float32)
+    return torch.cat(pieces, dim=1) if pieces else hidden.new_zeros(hidden.shape[:2], dtype=EMPTY_DTYPE)
 '''
 
 _RECOMPUTED = ("checkpoint(chunk_log_probs, hidden[:, start:start + chunk_size], weight, ids[:, start:start + chunk_size], "
@@ -22,7 +22,8 @@ _ALL_STARTS = "range(0, hidden.shape[1], chunk_size)"
 
 def _checkpointed(log_probs="selected_log_probs(hidden_chunk @ weight.T, ids_chunk)", piece=_RECOMPUTED,
                   starts=_ALL_STARTS):
-    return _CHECKPOINTED.replace("LOG_PROBS", log_probs).replace("PIECE", piece).replace("STARTS", starts)
+    return _CHECKPOINTED.replace("EMPTY_DTYPE", "torch.promote_types(hidden.dtype, torch.float32)").replace(
+        "LOG_PROBS", log_probs).replace("PIECE", piece).replace("STARTS", starts)
 
 
 MUTANTS = {
@@ -110,3 +111,31 @@ ALTERNATIVES = {
             "hidden.new_zeros(hidden.shape[:2], dtype=torch.promote_types(hidden.dtype, torch.float32))"),
     },
 }
+
+# A second review's wrong answers (some caught already, kept as different mistakes; the rest caught since).
+_WIDE = "torch.promote_types({0}.dtype, torch.float32)"
+MUTANTS["checkpointed_log_probs"].update({
+    # A lambda over the loop variable: checkpoint's replay in backward sees the LAST chunk's ids for every chunk,
+    # so the values are right and the gradients are not.
+    "late_binding_lambda": '''
+def checkpointed_log_probs(hidden, weight, ids, chunk_size=1024):
+    chunk_size = check_head_inputs(hidden, weight, ids, chunk_size)
+    pieces = []
+    for start in range(0, hidden.shape[1], chunk_size):
+        pieces.append(checkpoint(lambda h, w: selected_log_probs(h @ w.T, ids[:, start:start + chunk_size]),
+                                 hidden[:, start:start + chunk_size], weight, use_reentrant=False))
+    if not pieces:
+        return hidden.new_zeros(hidden.shape[:2], dtype=torch.promote_types(hidden.dtype, torch.float32))
+    return torch.cat(pieces, dim=1)
+''',
+    # Upcast before the matmul: bf16 logits no longer match the model's lm_head (which multiplies in bf16).
+    "matmul_in_fp32": mutate(_TARGET, ("selected_log_probs(hidden_chunk @ weight.T, ids_chunk)",
+                                       f"selected_log_probs(hidden_chunk.to({_WIDE.format('hidden_chunk')}) @ "
+                                       f"weight.to({_WIDE.format('weight')}).T, ids_chunk)")),
+    # hidden detached inside the chunk: the output layer trains, nothing flows back into the model.
+    "hidden_detached": mutate(_TARGET, ("selected_log_probs(hidden_chunk @ weight.T, ids_chunk)",
+                                        "selected_log_probs(hidden_chunk.detach() @ weight.T, ids_chunk)")),
+    # The log-probs cast back to the inputs' dtype: bf16 log-probs, the fp32 log-softmax thrown away.
+    "output_in_input_dtype": mutate(_TARGET, ("return torch.cat(pieces, dim=1)  ",
+                                              "return torch.cat(pieces, dim=1).to(hidden.dtype)  ")),
+})
