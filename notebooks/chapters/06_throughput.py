@@ -148,7 +148,10 @@ _cases += [((hf_config(name, **overrides),), {"dtype_bytes": 2})
                                    ("tiny-qwen2", {"num_key_value_heads": 1}), ("Qwen3-8B", {"head_dim": 64}))]
 # hidden_size not a multiple of the head count: the head width is hidden_size // heads, an int (not 33.33...).
 _cases += [(({"num_hidden_layers": 2, "num_attention_heads": 3, "hidden_size": 100},), {}),
-           (({"num_hidden_layers": 5, "num_attention_heads": 12, "hidden_size": 1000, "num_key_value_heads": 4},), {})]
+           (({"num_hidden_layers": 5, "num_attention_heads": 12, "hidden_size": 1000, "num_key_value_heads": 4},), {}),
+           # 110 / 8 = 13.75 and 1000 / 24 = 41.67: floored to 13 and 41, not rounded to 14 and 42
+           (({"num_hidden_layers": 3, "num_attention_heads": 8, "hidden_size": 110},), {}),
+           (({"num_hidden_layers": 2, "num_attention_heads": 24, "hidden_size": 1000, "num_key_value_heads": 8},), {})]
 grading.assert_matches_reference(kv_bytes_per_token, "kv_bytes_per_token", _cases)
 grading.assert_rejects(kv_bytes_per_token, "kv_bytes_per_token", [
     (({"num_hidden_layers": 2, "num_attention_heads": 4},), {}),                             # no head_dim, no hidden_size
@@ -271,6 +274,8 @@ grading.assert_rejects(decode_tokens_per_s, "decode_tokens_per_s", [
     ((float("nan"), 64, 2048, 147_456, 4.8e12), {}), ((8.2e9, 64, 2048, float("inf"), 4.8e12), {}),
     ((8.2e9, 64, 2048, 147_456, float("inf")), {}), ((8.2e9, 64.0, 2048, 147_456, 4.8e12), {}),
     ((8.2e9, True, 2048, 147_456, 4.8e12), {}),
+    ((8.2e9, 64, 2048, 147_456, 4.8e12), {"weight_bytes_per_param": float("nan")}),
+    ((8.2e9, 64, 2048, 147_456, 4.8e12), {"weight_bytes_per_param": float("inf")}),
 ])
 ### END HIDDEN TESTS
 

@@ -55,3 +55,33 @@ MUTANTS["kv_bytes_per_token"].update({
     # The `or` idiom: a head_dim of 0 silently falls back to hidden_size // heads.
     "zero_head_dim_falls_back": mutate(_KV, ("    if head_dim is None:\n", "    if not head_dim:\n")),
 })
+
+# A second review's wrong answers (some caught already, kept as different mistakes; the rest caught since).
+_DERIVED = 'head_dim = require_positive_int("config.hidden_size", field("hidden_size")) // heads'
+MUTANTS["kv_bytes_per_token"].update({
+    # Rounded instead of floored: 110 / 8 = 13.75 gives a head width of 14.
+    "head_dim_rounded": mutate(_KV, (_DERIVED, _DERIVED.replace("head_dim = ", "head_dim = round(").replace(
+        ") // heads", ") / heads)"))),
+    # Ceiling division: a head width of 34 for 100 / 3.
+    "head_dim_ceil_division": mutate(_KV, (_DERIVED, _DERIVED.replace("head_dim = ", "head_dim = -(-").replace(
+        ") // heads", ") // heads)"))),
+    # Absent num_key_value_heads read as multi-query attention (one KV head) instead of no GQA.
+    "absent_kv_heads_is_one": mutate(_KV, ("heads if kv_heads is None else kv_heads", "1 if kv_heads is None else kv_heads")),
+})
+MUTANTS["decode_tokens_per_s"].update({
+    # The keyword argument checked by hand: `<= 0` lets nan and inf through.
+    "weight_bytes_nan_unchecked": mutate(_DECODE, (
+        'weight_bytes_per_param = require_real("weight_bytes_per_param", weight_bytes_per_param, minimum=0.0,\n'
+        '                                          strict_minimum=True)',
+        "if weight_bytes_per_param <= 0:\n"
+        '        raise ValueError(f"weight_bytes_per_param must be > 0, got {weight_bytes_per_param}")')),
+    # The token being decoded counted into the cache it reads: context + 1 per sequence.
+    "kv_read_off_by_one": mutate(_DECODE, (_STEP, _STEP.replace("batch * context", "batch * (context + 1)"))),
+})
+MUTANTS["gpu_hours_per_step"].update({
+    # The busy share divides every part, training included.
+    "busy_divides_everything": mutate(_HOURS, ("flops_per_hour = mfu * peak_flops * SECONDS_PER_HOUR",
+                                               "flops_per_hour = busy * mfu * peak_flops * SECONDS_PER_HOUR")),
+    # Decode charged on MFU too, as if it were compute-bound.
+    "decode_divided_by_mfu": mutate(_HOURS, (_DECODE_HOURS, _DECODE_HOURS + " / mfu")),
+})
