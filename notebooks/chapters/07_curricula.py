@@ -258,6 +258,15 @@ _cases.append(((_edge_base, _edge, _edge_limits), {}))
 for _key, _value in (("long_context_score", 0.5625), ("short_context_score", 0.625), ("failed_runs", 3),
                      ("peak_memory_gb", 10.75), ("cost_per_supervised_token", 1.75)):
     _cases.append(((_edge_base, {**_edge, _key: _value}, _edge_limits), {}))
+# Scores with many decimals (any real run's): the evidence is the exact difference, not a rounded one, and a gain
+# of 0.03996 is below a minimum of 0.04 (rounded to 4 places it would pass), a regression of 0.02004 above 0.02.
+_cases.append(((baseline, {**accepted_run, "long_context_score": 0.59996}, limits), {}))
+_cases.append(((baseline, {**accepted_run, "short_context_score": 0.79996}, limits), {}))
+for _ in range(30):
+    _base = {"long_context_score": _rng.random(), "short_context_score": _rng.random(),
+             "supervised_tokens_per_optimizer_step": 8192}
+    _cases.append(((_base, {**accepted_run, "long_context_score": _rng.random(),
+                            "short_context_score": _rng.random()}, limits), {}))
 grading.assert_matches_reference(evaluate_length_curriculum_stage, "evaluate_length_curriculum_stage", _cases)
 _bad = [((baseline, {**accepted_run, "long_context_score": float("nan")}, limits), {}),
         ((baseline, {**accepted_run, "peak_memory_gb": "big"}, limits), {}),
@@ -361,6 +370,8 @@ for _ in range(80):
 _cases.append(((["x", "y", "z"], [0.0, 1.0, 0.0]), {}))
 _cases.append(((["x", "y", "z"], [0.25, 0.5, 0.75], 0.25, 0.75), {}))
 _cases.append(((["x", "y"], [1.0, 0.9375]), {"low": 0.5, "high": 1.0}))
+_cases.append(((["x", "y", "z", "w"], [0, 1, 0.5, 1]), {}))                    # integer rates are real numbers too
+_cases.append(((["a", "b", "a", "c"], [0.5, 0.25, 1.0, 0.0]), {}))             # one rate per position, not per task
 grading.assert_matches_reference(filter_by_pass_rate, "filter_by_pass_rate", _cases)
 grading.assert_rejects(filter_by_pass_rate, "filter_by_pass_rate", [
     ((["a", "b"], [0.5]), {}), ((["a"], [0.5, 0.5]), {}), ((["a", "b"], [0.5, 1.5]), {}),

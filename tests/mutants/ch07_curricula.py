@@ -68,3 +68,41 @@ MUTANTS["evaluate_length_curriculum_stage"].update({
     # `is` for the budgets: true for two copies of a small literal, false for 8192 read from a log at run time.
     "budget_compared_with_is": mutate(_GATE, ("                                 == candidate[", "                                 is candidate[")),
 })
+
+# A second review's wrong answers (some caught already, kept as different mistakes; the rest caught since).
+MUTANTS["evaluate_length_curriculum_stage"].update({
+    # Evidence rounded to 4 decimals "to hide float noise": a gain of 0.03996 becomes 0.04 and passes min 0.04.
+    "evidence_rounded": mutate(_GATE, (
+        '"long_context_gain": score["candidate.long_context_score"] - score["baseline.long_context_score"],',
+        '"long_context_gain": round(score["candidate.long_context_score"] - score["baseline.long_context_score"], 4),'),
+        ('"short_context_regression": score["baseline.short_context_score"] - score["candidate.short_context_score"],',
+         '"short_context_regression": round(score["baseline.short_context_score"] - '
+         'score["candidate.short_context_score"], 4),')),
+    # `== True` for the flags: the integer 1 (and 1.0) count as a checked finite loss.
+    "flag_equals_true": mutate(_GATE, ('candidate["loss_finite"] is not True', 'candidate["loss_finite"] != True')),
+    # The sign of the regression flipped: an improvement on short contexts is read as a regression.
+    "regression_sign_flipped": mutate(_GATE, (
+        'score["baseline.short_context_score"] - score["candidate.short_context_score"]',
+        'score["candidate.short_context_score"] - score["baseline.short_context_score"]')),
+})
+MUTANTS["filter_by_pass_rate"].update({
+    # Rates looked up by task: two entries of the same task collapse onto the last one's rate.
+    "rates_keyed_by_task": '''
+def filter_by_pass_rate(tasks, pass_rates, low=0.0, high=1.0):
+    rates = [require_ratio(f"pass_rates[{i}]", r) for i, r in enumerate(pass_rates)]
+    if len(rates) != len(tasks):
+        raise ValueError(f"pass_rates has {len(rates)} entries but tasks has {len(tasks)}")
+    low, high = require_real("low", low), require_real("high", high)
+    if not low < high:
+        raise ValueError(f"low must be < high, got low={low}, high={high}")
+    rate_of = dict(zip(tasks, rates))
+    return [task for task in tasks if low < rate_of[task] < high]
+''',
+    # Rates checked with isinstance(float): the integer rates 0 and 1 of an all-fail / all-pass group are refused.
+    "integer_rates_refused": _filter(checked='[r if isinstance(r, float) and 0.0 <= r <= 1.0 else '
+                                             'require_ratio(f"pass_rates[{i}]", "not a float") '
+                                             'for i, r in enumerate(pass_rates)]'),
+    # Only the kept rates are validated: a rate of 1.5 outside (low, high) is silently dropped.
+    "validates_only_kept_rates": _filter(checked="list(pass_rates)",
+                                         keep='low < rate < high and require_ratio("pass_rate", rate) is not None'),
+})
