@@ -138,6 +138,9 @@ for _ in range(150):
 for _k in range(0, 62):  # exact powers of two and their neighbours, far beyond float precision
     _cases += [((2**_k, 2**62), {}), ((2**_k + 1, 2**62), {})] + ([((2**_k - 1, 2**62), {})] if _k > 1 else [])
 _cases += [((1, 1), {}), ((7, 7), {}), ((5, 6), {}), ((8192, 8192), {}), ((100, 100), {}), ((65, 100), {})]
+# numpy integers (a length read from an array of lengths) are integers: the bucket is still a Python int
+_cases += [((np.int64(5), 8), {}), ((5, np.int64(6)), {}), ((np.int64(4097), np.int64(8192)), {}),
+           ((np.int32(2500), np.int32(3000)), {})]
 grading.assert_matches_reference(assign_bucket, "assign_bucket", _cases)
 grading.assert_rejects(assign_bucket, "assign_bucket", [
     ((0, 8192), {}), ((-3, 8192), {}), ((8193, 8192), {}), ((101, 100), {}), ((4, 0), {}), ((4, -8), {}),
@@ -252,6 +255,8 @@ for _window, _overlap in ((256, 64), (8, 0), (8, 7), (1, 0), (5, 4)):
         if _length >= 1:
             _cases.append(((_length, _window, _overlap), {}))
 _cases += [((600,), {}), ((100_000,), {}), ((5000,), {"overlap": 0}), ((5000,), {"window": 512})]
+# few windows over a length beyond float precision: (2**55 + 1 - 2**54) / 2**54 rounds to 1.0 as a float
+_cases += [((2**55 + 1, 2**54, 0), {}), ((2**56 + 3, 2**54 + 2, 2), {})]
 grading.assert_matches_reference(sliding_windows, "sliding_windows", _cases)
 grading.assert_rejects(sliding_windows, "sliding_windows", [
     ((0, 256, 64), {}), ((-5, 256, 64), {}), ((10, 0, 0), {}), ((10, 64, 64), {}), ((10, 64, 80), {}),

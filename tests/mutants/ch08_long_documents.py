@@ -91,3 +91,36 @@ def assign_bucket(length, max_length):
 ''',
     },
 }
+
+# A second review's wrong answers (some caught already, kept as different mistakes; the rest caught since).
+MUTANTS["sliding_windows"].update({
+    # Float division for the ceiling: right for every realistic length, one window short beyond 2**53.
+    "float_ceil_division": _windows(n_windows="1 + max(0, math.ceil((length - window) / stride))"),
+    # Plain tuples instead of Window: `w.loss_start` no longer works downstream.
+    "plain_tuples": _windows().replace("[Window(*map(int, row))", "[tuple(map(int, row))"),
+    # Starts at every stride below the length: trailing windows that own nothing (start inside the last one).
+    "starts_up_to_length": _windows(starts="np.arange(0, length, stride, dtype=np.int64)", n_windows="None"),
+})
+MUTANTS["assign_bucket"].update({
+    # Checked by isinstance(int): a numpy length (np.int64 from a lengths array) is refused.
+    "numpy_integers_refused": '''
+def assign_bucket(length, max_length):
+    for name, value in (("max_length", max_length), ("length", length)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if length > max_length:
+        raise ValueError(f"length = {length} exceeds max_length = {max_length}")
+    return min(1 << (length - 1).bit_length(), max_length)
+''',
+    # The checks' return values discarded: a numpy max_length comes back as the (numpy) cap.
+    "checked_values_discarded": '''
+def assign_bucket(length, max_length):
+    require_positive_int("max_length", max_length)
+    require_int("length", length, minimum=1)
+    if length > max_length:
+        raise ValueError(f"length = {length} exceeds max_length = {max_length}")
+    return min(1 << (int(length) - 1).bit_length(), max_length)
+''',
+    # Lengths above max_length "bucketed" at the next power of two instead of refused.
+    "too_long_gets_next_power": _bucket(too_long="False", bucket="1 << (length - 1).bit_length()"),
+})
