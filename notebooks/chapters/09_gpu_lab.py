@@ -222,6 +222,8 @@ assert unmasked["padding"] == ledger["padding"], (
 ### BEGIN HIDDEN TESTS
 import random
 
+import numpy as np
+
 from course_lib.nb import grading
 
 _rng = random.Random(9)
@@ -231,7 +233,9 @@ _cases += [(([_rng.randint(1, 512) for _ in range(_rng.randint(1, 12))],), {"mas
 # Edges: one sample (nothing to pad, nothing to pack), equal lengths (packing saves nothing), length-1 samples
 # (nothing to supervise), a tuple.
 _cases += [(([1],), {}), (([7],), {"mask_first_label": False}), (([64, 64, 64],), {}),
-           (([1, 1, 200],), {"mask_first_label": False}), (([1, 1, 200],), {}), (((5, 3),), {})]
+           (([1, 1, 200],), {"mask_first_label": False}), (([1, 1, 200],), {}), (((5, 3),), {}),
+           # lengths as a numpy array (as a lengths column is often read): the counts are still Python ints
+           ((np.array([48, 96, 32, 64]),), {}), ((np.array([7, 300, 12], dtype=np.int32),), {"mask_first_label": False})]
 grading.assert_matches_reference(padding_vs_packing_ledger, "padding_vs_packing_ledger", _cases)
 grading.assert_rejects(padding_vs_packing_ledger, "padding_vs_packing_ledger",
                        [(([],), {}), (([48, 0],), {}), (([48, -3],), {}), (([48, 2.5],), {}),
@@ -389,6 +393,8 @@ else:
 ### BEGIN HIDDEN TESTS
 import random
 
+import numpy as np
+
 from course_lib.nb import grading
 
 _rng = random.Random(11)
@@ -408,7 +414,10 @@ _cases += [(({"effective_supervised_tokens": 236, "median_step_ms": 50.0},
               "median_step_ms": 6.25}), {}),
            # counts read from two JSON files: equal, but two int objects (`is` is not equality)
            (({"effective_supervised_tokens": 50_000, "median_step_ms": 80.0},
-             {"effective_supervised_tokens": int("50000"), "median_step_ms": 64.0}), {})]
+             {"effective_supervised_tokens": int("50000"), "median_step_ms": 64.0}), {}),
+           # a row read with numpy/pandas: the shared count comes back as a Python int
+           (({"effective_supervised_tokens": np.int64(236), "median_step_ms": np.float64(63.4)},
+             {"effective_supervised_tokens": np.int64(236), "median_step_ms": np.float64(48.8)}), {})]
 grading.assert_matches_reference(compare_padding_and_packing, "compare_padding_and_packing", _cases,
                                  rtol=1e-9, atol=1e-9)
 _good = {"effective_supervised_tokens": 236, "median_step_ms": 63.4}
@@ -427,6 +436,8 @@ grading.assert_rejects(compare_padding_and_packing, "compare_padding_and_packing
       {"effective_supervised_tokens": 236.0, "median_step_ms": 48.8}), {}),
     (({"effective_supervised_tokens": True, "median_step_ms": 63.4},
       {"effective_supervised_tokens": True, "median_step_ms": 48.8}), {}),
+    ((_good, {"effective_supervised_tokens": 236, "median_step_ms": "48.8"}), {}),      # a string is not a time
+    (({"effective_supervised_tokens": 236, "median_step_ms": True}, _good), {}),
 ])
 ### END HIDDEN TESTS
 

@@ -95,3 +95,38 @@ MUTANTS["compare_padding_and_packing"].update({
     "tokens_compared_with_is_not": mutate("course_lib.lab.compare_padding_and_packing",
                                           ("if packed_tokens != tokens:", "if packed_tokens is not tokens:")),
 })
+
+# A second review's wrong answers (some caught already, kept as different mistakes; the rest caught since).
+_LEDGER_TARGET = "course_lib.lab.padding_vs_packing_ledger"
+MUTANTS["padding_vs_packing_ledger"].update({
+    # The checked list discarded: a numpy array (or tensor) of lengths gives numpy (torch) integer counts.
+    "checked_lengths_discarded": mutate(_LEDGER_TARGET, (
+        'lengths = require_lengths("sample_lengths", sample_lengths)',
+        'require_lengths("sample_lengths", sample_lengths)\n    lengths = list(sample_lengths)')),
+    # The caller's list sorted in place to find the longest sample.
+    "sorts_the_callers_list": mutate(_LEDGER_TARGET, ("padded = count * max(lengths)",
+                                                      "padded = count * (sample_lengths.sort() or sample_lengths[-1])")),
+    # Packing's cross-sample labels counted even when masked (N - 1 always).
+    "cross_labels_always_counted": _ledger(cross="count - 1",
+                                           packing_supervised="sample_tokens - count + (0 if mask_first_label else cross)"),
+})
+MUTANTS["compare_padding_and_packing"].update({
+    # The check's return value discarded: a numpy count from a DataFrame row comes back as numpy.
+    "checked_tokens_discarded": _compare(token_check="(lambda name, value: require_positive_int(name, value) and value)"),
+    # float() as the check: the strings "63.4" and True pass as step times.
+    "float_cast_step_times": _COMPARE.replace("TOKEN_CHECK", "require_positive_int").replace("GUARD", "True").replace(
+        "SCALE", "1000.0").replace("RATIO", "packing_rate / padding_rate").replace(
+        "REDUCTION", "1 - packing_ms / padding_ms").replace(
+        'padding_ms = require_real("padding.median_step_ms", padding["median_step_ms"], minimum=0.0, strict_minimum=True)',
+        'padding_ms = float(padding["median_step_ms"])\n'
+        '    if not (0 < padding_ms < float("inf")):\n'
+        '        raise ValueError(f"padding.median_step_ms must be a positive finite number, got {padding_ms}")').replace(
+        'packing_ms = require_real("packing.median_step_ms", packing["median_step_ms"], minimum=0.0, strict_minimum=True)',
+        'packing_ms = float(packing["median_step_ms"])\n'
+        '    if not (0 < packing_ms < float("inf")):\n'
+        '        raise ValueError(f"packing.median_step_ms must be a positive finite number, got {packing_ms}")'),
+    # Rates from the processed tokens when the row has them: padding looks faster the more it pads.
+    "rates_from_processed_tokens": _compare().replace(
+        "padding_rate = tokens /", 'padding_rate = padding.get("processed_tokens", tokens) /').replace(
+        "packing_rate = packed_tokens /", 'packing_rate = packing.get("processed_tokens", packed_tokens) /'),
+})
