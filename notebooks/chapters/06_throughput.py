@@ -383,6 +383,7 @@ grading.assert_rejects(gpu_hours_per_step, "gpu_hours_per_step", [
     (_ok[:4] + (-5.0,) + _ok[5:], {}), (_ok[:4] + (0.0,) + _ok[5:], {}),                      # decode rate <= 0
     (_ok[:5] + (float("inf"),) + _ok[6:], {}), (_ok[:4] + (float("inf"),) + _ok[5:], {}),
     ((8.2e9, True) + _ok[2:], {}), ((float("nan"),) + _ok[1:], {}), ((float("inf"),) + _ok[1:], {}),
+    ((8.2e9, 512.0) + _ok[2:], {}),                                                            # a float is no count
     (_ok[:2] + (float("inf"),) + _ok[3:], {}),
 ])
 ### END HIDDEN TESTS

@@ -85,3 +85,11 @@ MUTANTS["gpu_hours_per_step"].update({
     # Decode charged on MFU too, as if it were compute-bound.
     "decode_divided_by_mfu": mutate(_HOURS, (_DECODE_HOURS, _DECODE_HOURS + " / mfu")),
 })
+MUTANTS["gpu_hours_per_step"].update({
+    # Episodes checked for a whole value instead of an integer: 512.0 passes (as batch = 64.0 must not).
+    "integral_float_episodes": mutate(_HOURS, ('episodes = require_positive_int("episodes", episodes)',
+                                               'if isinstance(episodes, bool) or not float(episodes).is_integer() '
+                                               'or episodes < 1:\n'
+                                               '        raise ValueError(f"episodes must be a positive integer, got '
+                                               '{episodes!r}")')),
+})
