@@ -257,6 +257,7 @@ for _window, _overlap in ((256, 64), (8, 0), (8, 7), (1, 0), (5, 4)):
 _cases += [((600,), {}), ((100_000,), {}), ((5000,), {"overlap": 0}), ((5000,), {"window": 512})]
 # few windows over a length beyond float precision: (2**55 + 1 - 2**54) / 2**54 rounds to 1.0 as a float
 _cases += [((2**55 + 1, 2**54, 0), {}), ((2**56 + 3, 2**54 + 2, 2), {})]
+_cases += [((np.int64(600), 256, 64), {}), ((np.int64(1000), np.int64(100), np.int64(30)), {})]  # numpy integers
 grading.assert_matches_reference(sliding_windows, "sliding_windows", _cases)
 grading.assert_rejects(sliding_windows, "sliding_windows", [
     ((0, 256, 64), {}), ((-5, 256, 64), {}), ((10, 0, 0), {}), ((10, 64, 64), {}), ((10, 64, 80), {}),

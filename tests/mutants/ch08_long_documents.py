@@ -124,3 +124,16 @@ def assign_bucket(length, max_length):
     # Lengths above max_length "bucketed" at the next power of two instead of refused.
     "too_long_gets_next_power": _bucket(too_long="False", bucket="1 << (length - 1).bit_length()"),
 })
+MUTANTS["sliding_windows"].update({
+    # Checked by isinstance(int): a numpy length (from an array of document lengths) is refused.
+    "numpy_length_refused": _windows().replace(
+        'length = require_positive_int("length", length)',
+        'if not isinstance(length, int) or isinstance(length, bool) or length < 1:\n'
+        '        raise ValueError(f"length must be a positive integer, got {length!r}")'),
+})
+ALTERNATIVES["sliding_windows"].update({
+    # Each later window owns from its start + overlap: the previous window is always full, so that is its end.
+    "owned_from_start_plus_overlap": _windows(loss_starts="np.concatenate([[0], starts[1:] + overlap])"),
+    # The ceiling as (a + s - 1) // s, the other integer idiom.
+    "add_then_floor_ceiling": _windows(n_windows="1 + max(0, (length - window + stride - 1) // stride)"),
+})
