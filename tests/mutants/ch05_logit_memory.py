@@ -139,3 +139,16 @@ def checkpointed_log_probs(hidden, weight, ids, chunk_size=1024):
     "output_in_input_dtype": mutate(_TARGET, ("return torch.cat(pieces, dim=1)  ",
                                               "return torch.cat(pieces, dim=1).to(hidden.dtype)  ")),
 })
+MUTANTS["checkpointed_log_probs"].update({
+    # The matmul outside the checkpoint: each chunk's [B, C, V] logits are checkpoint's input, so autograd keeps them.
+    "checkpoint_after_matmul": _checkpointed(
+        log_probs="selected_log_probs(hidden_chunk, ids_chunk)",
+        piece="checkpoint(chunk_log_probs, hidden[:, start:start + chunk_size] @ weight.T, weight, "
+              "ids[:, start:start + chunk_size], use_reentrant=False)"),
+})
+ALTERNATIVES["checkpointed_log_probs"].update({
+    # F.linear instead of `@ weight.T`, and the chunk's ids gathered by index: the same bf16 matmul and values.
+    "linear_and_index_ranges": mutate(_TARGET, ("selected_log_probs(hidden_chunk @ weight.T, ids_chunk)",
+                                                "selected_log_probs(torch.nn.functional.linear(hidden_chunk, weight), "
+                                                "ids_chunk)")),
+})
