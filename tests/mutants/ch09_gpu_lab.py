@@ -130,3 +130,22 @@ MUTANTS["compare_padding_and_packing"].update({
         "padding_rate = tokens /", 'padding_rate = padding.get("processed_tokens", tokens) /').replace(
         "packing_rate = packed_tokens /", 'packing_rate = packing.get("processed_tokens", packed_tokens) /'),
 })
+
+# Correct answers that differ from the library's code: each must keep every point.
+ALTERNATIVES = {
+    "padding_vs_packing_ledger": {
+        # Unmasked packing supervises every label but the row's first; the reduction as padding / padded.
+        "total_minus_one_and_padding_share": _ledger(
+            packing_supervised="sample_tokens - count if mask_first_label else sample_tokens - 1",
+            reduction="(padded - packed) / padded").replace(
+            "\ndef padding_vs_packing_ledger", "from course_lib._checks import require_bool, require_lengths\n\n\n"
+            "def padding_vs_packing_ledger").replace(
+            'lengths = require_lengths("sample_lengths", sample_lengths)',
+            'lengths = require_lengths("sample_lengths", sample_lengths)\n'
+            '    mask_first_label = require_bool("mask_first_label", mask_first_label)'),
+    },
+    "compare_padding_and_packing": {
+        # The ratio and the reduction from the step times directly.
+        "from_step_times": _compare(ratio="padding_ms / packing_ms", reduction="(padding_ms - packing_ms) / padding_ms"),
+    },
+}
