@@ -43,9 +43,11 @@ def evaluate_length_curriculum_stage(baseline: Mapping[str, Any], candidate: Map
              for who, run in (("baseline", baseline), ("candidate", candidate))
              for key in ("long_context_score", "short_context_score")}
     limit = {key: require_real(f"limits['{key}']", limits[key]) for key in limit_fields}
+    budget = {who: require_int(f"{who}['supervised_tokens_per_optimizer_step']",
+                               run["supervised_tokens_per_optimizer_step"], minimum=1)
+              for who, run in (("baseline", baseline), ("candidate", candidate))}
     evidence = {
-        "token_budget_matches": (baseline["supervised_tokens_per_optimizer_step"]
-                                 == candidate["supervised_tokens_per_optimizer_step"]),
+        "token_budget_matches": budget["baseline"] == budget["candidate"],  # Python ints: a bool
         "long_context_gain": score["candidate.long_context_score"] - score["baseline.long_context_score"],
         "short_context_regression": score["baseline.short_context_score"] - score["candidate.short_context_score"],
     }

@@ -66,7 +66,8 @@ MUTANTS["filter_by_pass_rate"].update({
 })
 MUTANTS["evaluate_length_curriculum_stage"].update({
     # `is` for the budgets: true for two copies of a small literal, false for 8192 read from a log at run time.
-    "budget_compared_with_is": mutate(_GATE, ("                                 == candidate[", "                                 is candidate[")),
+    "budget_compared_with_is": mutate(_GATE, ('budget["baseline"] == budget["candidate"]',
+                                              'budget["baseline"] is budget["candidate"]')),
 })
 
 # A second review's wrong answers (some caught already, kept as different mistakes; the rest caught since).
