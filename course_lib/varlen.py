@@ -22,6 +22,7 @@ mask: the boundaries are the only source of truth.
 from __future__ import annotations
 
 import inspect
+import weakref
 from contextlib import contextmanager
 from functools import lru_cache
 from itertools import groupby, pairwise
@@ -66,24 +67,29 @@ def _bounds_from_cu_seqlens(cu_seqlens, length: int) -> list[int]:
 
 
 @torch.compiler.disable  # traced, the cache's version check would be frozen into the graph and go stale
-def _cached(tensor: torch.Tensor, compute, key: object = "bounds"):
+def _cached(tensor: torch.Tensor, compute, key: object = "bounds", companion: torch.Tensor | None = None):
     """compute() once per tensor object, version and key: every layer gets the same boundaries, one host copy per
     forward.
 
     The cache lives on the tensor itself (no module state). An in-place change through torch (`copy_`, `+=`,
     indexing) bumps the tensor's version and invalidates it; a write that torch does not count (through `.data`
     or a numpy view) does not, so give each batch its own position_ids. Inference tensors have no version: they
-    are not cached (each layer reads the boundaries again).
+    are not cached (each layer reads the boundaries again). A `companion` tensor the result also depends on (the
+    cu_seq_lens_k checked against it) must be that very object, at that version: a new one is checked again, even
+    if it reuses a freed one's id.
     """
-    if tensor.is_inference():
+    if tensor.is_inference() or (companion is not None and companion.is_inference()):
         return compute()
     cache = getattr(tensor, "_course_varlen_cache", None)
     if cache is None or cache[0] != tensor._version:
         cache = (tensor._version, {})
         tensor._course_varlen_cache = cache
-    if key not in cache[1]:
-        cache[1][key] = compute()
-    return cache[1][key]
+    key = key if companion is None else (key, id(companion), companion._version)
+    entry = cache[1].get(key)
+    if entry is None or (companion is not None and entry[1]() is not companion):
+        entry = (compute(), weakref.ref(companion) if companion is not None else None)
+        cache[1][key] = entry
+    return entry[0]
 
 
 def _row_bounds(rows: int, length: int, kwargs: dict) -> list[list[int]]:
@@ -93,17 +99,15 @@ def _row_bounds(rows: int, length: int, kwargs: dict) -> list[list[int]]:
         if rows != 1:
             raise ValueError(f"cu_seq_lens_q describes one flattened row, but the batch has {rows} rows")
         other = kwargs.get("cu_seq_lens_k")
+        if other is not None and not isinstance(other, torch.Tensor):
+            raise ValueError(f"cu_seq_lens_k must be a tensor equal to cu_seq_lens_q, got {type(other).__name__}")
 
         def checked_bounds() -> list[int]:  # once per forward: the k check reads device tensors to the host too
-            if other is not None and (not isinstance(other, torch.Tensor)
-                                      or not torch.equal(other.cpu(), cu_seqlens.cpu())):
+            if other is not None and not torch.equal(other.cpu(), cu_seqlens.cpu()):
                 raise ValueError("cu_seq_lens_k must equal cu_seq_lens_q: varlen attention here is self-attention")
             return _bounds_from_cu_seqlens(cu_seqlens, length)
 
-        # the k tensor's identity and version are part of the key: another k is checked again
-        k_key = None if other is None else (id(other), getattr(other, "_version", None)
-                                            if isinstance(other, torch.Tensor) and not other.is_inference() else None)
-        bounds = _cached(cu_seqlens, checked_bounds, ("bounds", k_key))
+        bounds = _cached(cu_seqlens, checked_bounds, companion=other)  # another k is checked again
         return [bounds if bounds[-1] == length else checked_bounds()]  # another row length: raises
     if position_ids is None:
         raise ValueError("varlen attention needs position_ids or cu_seq_lens_q to find the samples")
