@@ -195,3 +195,176 @@ MUTANTS["pad_batch"].update({
         "attention_mask = (torch.arange(input_ids.shape[1])[None, :] < lengths[:, None]).long()",
         "attention_mask = ((input_ids != pad_token_id) | (labels != IGNORE_INDEX)).long()")),
 })
+
+# More correct answers written differently (pure Python, torch, numpy; other check orders and messages).
+ALTERNATIVES["build_labels"] = {
+    # Plain Python lists; max_length checked before supervise_eos.
+    "plain_lists": '''
+from course_lib import IGNORE_INDEX, render_chat
+from course_lib._checks import require_bool, require_positive_int
+
+
+def build_labels(tokenizer, messages, *, supervise_eos=True, max_length=None, chat_template=None):
+    if max_length is not None:
+        max_length = require_positive_int("max_length", max_length)
+    supervise_eos = require_bool("supervise_eos", supervise_eos)
+    rendered = render_chat(tokenizer, messages, chat_template=chat_template)
+    keep = {"assistant", "eos"} if supervise_eos else {"assistant"}
+    input_ids = [int(token) for token in rendered["input_ids"]]
+    labels = [token if role in keep else IGNORE_INDEX for token, role in zip(input_ids, rendered["roles"], strict=True)]
+    if max_length is not None:
+        input_ids, labels = input_ids[:max_length], labels[:max_length]
+    return {"input_ids": input_ids, "labels": labels}
+''',
+    # torch.where on tensors, own checks with other messages, rendering first.
+    "torch_where_own_checks": '''
+import torch
+
+from course_lib import render_chat
+
+IGNORE = -100
+
+
+def build_labels(tokenizer, messages, *, supervise_eos=True, max_length=None, chat_template=None):
+    rendered = render_chat(tokenizer, messages, chat_template=chat_template)
+    if not isinstance(supervise_eos, bool):
+        raise ValueError(f"supervise_eos should be a bool, not {type(supervise_eos).__name__}")
+    if max_length is not None and (type(max_length) is not int or max_length < 1):
+        raise ValueError(f"max_length should be a positive int or None, got {max_length!r}")
+    ids = torch.tensor(rendered["input_ids"], dtype=torch.long)
+    wanted = ("assistant", "eos") if supervise_eos else ("assistant",)
+    supervised = torch.tensor([role in wanted for role in rendered["roles"]], dtype=torch.bool)
+    labels = torch.where(supervised, ids, torch.full_like(ids, IGNORE))
+    if max_length is not None:
+        ids, labels = ids[:max_length], labels[:max_length]
+    return {"input_ids": ids.tolist(), "labels": labels.tolist()}
+''',
+    # A loop that stops at max_length (itertools.islice), labels appended one by one.
+    "islice_loop": '''
+from itertools import islice
+
+from course_lib import IGNORE_INDEX, render_chat
+from course_lib._checks import require_bool, require_positive_int
+
+
+def build_labels(tokenizer, messages, *, supervise_eos=True, max_length=None, chat_template=None):
+    supervise_eos = require_bool("supervise_eos", supervise_eos)
+    limit = None if max_length is None else require_positive_int("max_length", max_length)
+    rendered = render_chat(tokenizer, messages, chat_template=chat_template)
+    input_ids, labels = [], []
+    for token, role in islice(zip(rendered["input_ids"], rendered["roles"], strict=True), limit):
+        input_ids.append(int(token))
+        if role == "assistant" or (supervise_eos and role == "eos"):
+            labels.append(int(token))
+        else:
+            labels.append(IGNORE_INDEX)
+    return {"input_ids": input_ids, "labels": labels}
+''',
+}
+ALTERNATIVES["pad_batch"].update({
+    # Plain Python rows checked element by element, padded as lists, one torch.tensor per key at the end.
+    "python_lists_then_tensor": '''
+from numbers import Integral
+
+import torch
+
+from course_lib import IGNORE_INDEX
+
+
+def _ints(what, values):
+    values = values.tolist() if hasattr(values, "tolist") else list(values)
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, Integral):
+            raise ValueError(f"{what} must hold integers, found {value!r}")
+    return [int(value) for value in values]
+
+
+def pad_batch(features, pad_token_id):
+    if not features:
+        raise ValueError("pad_batch needs at least one feature")
+    if isinstance(pad_token_id, bool) or not isinstance(pad_token_id, Integral) or pad_token_id < 0:
+        raise ValueError(f"pad_token_id must be an integer >= 0, got {pad_token_id!r}")
+    rows = []
+    for number, feature in enumerate(features):
+        if "input_ids" not in feature or "labels" not in feature:
+            raise ValueError(f"feature {number} needs both input_ids and labels")
+        ids, labels = _ints(f"feature {number} input_ids", feature["input_ids"]), _ints(
+            f"feature {number} labels", feature["labels"])
+        if len(ids) != len(labels):
+            raise ValueError(f"feature {number}: {len(ids)} input_ids but {len(labels)} labels")
+        if not ids:
+            raise ValueError(f"feature {number} is empty")
+        rows.append((ids, labels))
+    width = max(len(ids) for ids, _ in rows)
+    return {
+        "input_ids": torch.tensor([ids + [pad_token_id] * (width - len(ids)) for ids, _ in rows], dtype=torch.long),
+        "labels": torch.tensor([labels + [IGNORE_INDEX] * (width - len(labels)) for _, labels in rows],
+                               dtype=torch.long),
+        "attention_mask": torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in rows],
+                                       dtype=torch.long),
+    }
+''',
+    # torch.full then row slices filled in place (the new tensors, not the caller's lists).
+    "full_then_fill": '''
+import torch
+
+from course_lib import IGNORE_INDEX
+from course_lib._checks import require_int, require_keys, require_tensor
+
+
+def pad_batch(features, pad_token_id):
+    pad_token_id = require_int("pad_token_id", pad_token_id, minimum=0)
+    if len(features) == 0:
+        raise ValueError("features is empty")
+    rows = []
+    for index, feature in enumerate(features):
+        require_keys(f"features[{index}]", feature, ("input_ids", "labels"))
+        ids = require_tensor("input_ids", feature["input_ids"], ndim=1, dtype_kind="i")
+        labels = require_tensor("labels", feature["labels"], ndim=1, dtype_kind="i")
+        if ids.numel() == 0 or ids.numel() != labels.numel():
+            raise ValueError(f"features[{index}]: {ids.numel()} ids and {labels.numel()} labels")
+        rows.append((ids, labels))
+    batch, width = len(rows), max(len(ids) for ids, _ in rows)
+    input_ids = torch.full((batch, width), pad_token_id, dtype=torch.long)
+    labels = torch.full((batch, width), IGNORE_INDEX, dtype=torch.long)
+    attention_mask = torch.zeros((batch, width), dtype=torch.long)
+    for row, (ids, row_labels) in enumerate(rows):
+        input_ids[row, :len(ids)] = ids
+        labels[row, :len(ids)] = row_labels
+        attention_mask[row, :len(ids)] = 1
+    return {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}
+''',
+    # numpy arrays padded with np.full, handed to torch with torch.from_numpy.
+    "numpy_full": '''
+import numpy as np
+import torch
+
+IGNORE = -100
+
+
+def pad_batch(features, pad_token_id):
+    if type(pad_token_id) is bool or not isinstance(pad_token_id, (int, np.integer)) or pad_token_id < 0:
+        raise ValueError(f"bad pad_token_id {pad_token_id!r}: need an integer >= 0")
+    if len(features) == 0:
+        raise ValueError("no features to pad")
+    arrays = []
+    for feature in features:
+        try:
+            ids, labels = np.asarray(feature["input_ids"]), np.asarray(feature["labels"])
+        except KeyError as missing:
+            raise ValueError(f"a feature has no {missing}") from None
+        if ids.dtype.kind not in "iu" or labels.dtype.kind not in "iu":
+            raise ValueError(f"input_ids and labels must be integer arrays, got {ids.dtype} and {labels.dtype}")
+        if ids.shape != labels.shape or ids.ndim != 1 or len(ids) == 0:
+            raise ValueError(f"input_ids {ids.shape} and labels {labels.shape} must be one non-empty length")
+        arrays.append((ids, labels))
+    width = max(len(ids) for ids, _ in arrays)
+    out_ids = np.full((len(arrays), width), pad_token_id, dtype=np.int64)
+    out_labels = np.full((len(arrays), width), IGNORE, dtype=np.int64)
+    out_mask = np.zeros((len(arrays), width), dtype=np.int64)
+    for row, (ids, labels) in enumerate(arrays):
+        out_ids[row, :len(ids)], out_labels[row, :len(ids)], out_mask[row, :len(ids)] = ids, labels, 1
+    return {"input_ids": torch.from_numpy(out_ids), "labels": torch.from_numpy(out_labels),
+            "attention_mask": torch.from_numpy(out_mask)}
+''',
+})
