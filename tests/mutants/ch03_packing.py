@@ -212,3 +212,139 @@ MUTANTS["build_boundary_isolated_packing"].update({
     "zip_star_gives_tuples": mutate(_PACKING_TARGET, (
         _ROW_TOKENS, "    segment_ids, position_ids = zip(*zip(segment_ids, position_ids, strict=True))\n" + _ROW_TOKENS)),
 })
+
+# More correct answers written differently (pure Python checks, itertools, another padding key, torch.eye).
+ALTERNATIVES["build_boundary_isolated_packing"] = {
+    # Every sample checked first (numbers.Integral, bools refused), then the row built with a double loop over columns.
+    "check_first_then_index_loops": '''
+from numbers import Integral
+
+
+def _integers(what, values):
+    values = list(values)
+    if any(isinstance(value, bool) or not isinstance(value, Integral) for value in values):
+        raise ValueError(f"{what} must hold integers only, got {values!r}")
+    return [int(value) for value in values]
+
+
+def build_boundary_isolated_packing(samples):
+    if len(samples) == 0:
+        raise ValueError("samples is empty: nothing to pack")
+    checked = []
+    for number, sample in enumerate(samples):
+        if "input_ids" not in sample or "labels" not in sample:
+            raise ValueError(f"sample {number} needs input_ids and labels")
+        ids = _integers(f"sample {number} input_ids", sample["input_ids"])
+        labels = _integers(f"sample {number} labels", sample["labels"])
+        if not ids:
+            raise ValueError(f"sample {number} has no tokens")
+        if len(labels) != len(ids):
+            raise ValueError(f"sample {number}: {len(ids)} input_ids but {len(labels)} labels")
+        checked.append((ids, labels))
+    input_ids, labels, segment_ids, position_ids = [], [], [], []
+    for number, (ids, sample_labels) in enumerate(checked):
+        input_ids.extend(ids)
+        labels.extend(sample_labels)
+        segment_ids.extend([number] * len(ids))
+        position_ids.extend(list(range(len(ids))))
+    size = len(input_ids)
+    allowed = [[segment_ids[key] == segment_ids[query] and key <= query for key in range(size)] for query in range(size)]
+    return {"input_ids": input_ids, "labels": labels, "segment_ids": segment_ids, "position_ids": position_ids,
+            "attention_allowed": allowed}
+''',
+    # itertools.chain for the concatenation; the mask built block by block (a sample's rows are a lower triangle).
+    "itertools_blocks": '''
+from itertools import chain
+
+from course_lib._checks import require_keys, require_sequence, require_tensor
+
+
+def build_boundary_isolated_packing(samples):
+    samples = require_sequence("samples", samples, allow_empty=False)
+    id_rows, label_rows = [], []
+    for index, sample in enumerate(samples):
+        require_keys(f"samples[{index}]", sample, ("input_ids", "labels"))
+        ids = require_tensor(f"samples[{index}]['input_ids']", sample["input_ids"], ndim=1, dtype_kind="i").tolist()
+        labels = require_tensor(f"samples[{index}]['labels']", sample["labels"], ndim=1, dtype_kind="i").tolist()
+        if len(ids) == 0 or len(ids) != len(labels):
+            raise ValueError(f"samples[{index}]: {len(ids)} input_ids and {len(labels)} labels (need equal, >= 1)")
+        id_rows.append(ids)
+        label_rows.append(labels)
+    total = sum(len(ids) for ids in id_rows)
+    mask, start = [], 0
+    for ids in id_rows:
+        for position in range(len(ids)):
+            mask.append([False] * start + [True] * (position + 1) + [False] * (total - start - position - 1))
+        start += len(ids)
+    return {"input_ids": list(chain.from_iterable(id_rows)), "labels": list(chain.from_iterable(label_rows)),
+            "segment_ids": [segment for segment, ids in enumerate(id_rows) for _ in ids],
+            "position_ids": [position for ids in id_rows for position in range(len(ids))],
+            "attention_allowed": mask}
+''',
+    # A tensor mask from torch (block diagonal & lower triangle), handed back with .tolist() (Python bools).
+    "torch_mask_tolist": '''
+import torch
+
+
+def build_boundary_isolated_packing(samples):
+    if not isinstance(samples, (list, tuple)) or not samples:
+        raise ValueError("samples must be a non-empty list")
+    ids_parts, label_parts = [], []
+    for index, sample in enumerate(samples):
+        for key in ("input_ids", "labels"):
+            if key not in sample:
+                raise ValueError(f"samples[{index}] has no {key}")
+        ids, labels = torch.as_tensor(list(sample["input_ids"])), torch.as_tensor(list(sample["labels"]))
+        for key, values in (("input_ids", ids), ("labels", labels)):
+            if values.dtype == torch.bool or values.is_floating_point():
+                raise ValueError(f"samples[{index}]['{key}'] must hold integers, got {values.dtype}")
+        if ids.numel() == 0:
+            raise ValueError(f"samples[{index}]['input_ids'] is empty")
+        if labels.numel() != ids.numel():
+            raise ValueError(f"samples[{index}]: labels and input_ids differ in length")
+        ids_parts.append(ids.long())
+        label_parts.append(labels.long())
+    lengths = torch.tensor([len(ids) for ids in ids_parts])
+    segments = torch.repeat_interleave(torch.arange(len(ids_parts)), lengths)
+    positions = torch.cat([torch.arange(n) for n in lengths.tolist()])
+    mask = (segments[:, None] == segments[None, :]) & torch.ones(len(segments), len(segments), dtype=torch.bool).tril()
+    return {"input_ids": torch.cat(ids_parts).tolist(), "labels": torch.cat(label_parts).tolist(),
+            "segment_ids": segments.tolist(), "position_ids": positions.tolist(), "attention_allowed": mask.tolist()}
+''',
+}
+ALTERNATIVES["block_causal_mask"].update({
+    # Same id and a real query, lower triangle, or the diagonal (torch.eye): no padding ids at all.
+    "same_real_or_diagonal": '''
+import torch
+
+
+def block_causal_mask(segment_ids):
+    if not isinstance(segment_ids, torch.Tensor):
+        raise ValueError(f"segment_ids must be a tensor, got {type(segment_ids).__name__}")
+    if segment_ids.ndim == 0:
+        raise ValueError("segment_ids must have at least one dimension")
+    if segment_ids.dtype == torch.bool or torch.is_floating_point(segment_ids) or torch.is_complex(segment_ids):
+        raise ValueError(f"segment_ids must be integers, got {segment_ids.dtype}")
+    length = segment_ids.shape[-1]
+    query, key = segment_ids.unsqueeze(-1), segment_ids.unsqueeze(-2)
+    causal = torch.arange(length)[:, None] >= torch.arange(length)[None, :]
+    same_sample = (query == key) & (query >= 0) & causal
+    return same_sample | torch.eye(length, dtype=torch.bool)
+''',
+    # Real ids shifted up by L, each padding token keyed by its column 0 .. L-1; torch.tril on the comparison.
+    "shift_real_ids_by_length": '''
+import torch
+
+from course_lib._checks import require_tensor
+
+
+def block_causal_mask(segment_ids):
+    segment_ids = require_tensor("segment_ids", segment_ids, dtype_kind="i")
+    if segment_ids.dim() == 0:
+        raise ValueError(f"segment_ids must be [..., L], got a 0-d tensor {segment_ids}")
+    length = segment_ids.size(-1)
+    ids = segment_ids.to(torch.int64)
+    keyed = torch.where(ids < 0, torch.arange(length).expand_as(ids), ids + length)
+    return torch.tril(keyed[..., :, None] == keyed[..., None, :])
+''',
+})
