@@ -136,33 +136,33 @@ for name, plan in [("4 per microbatch, data order", fixed_count_batches(range(16
 
 # %% nbgrader={"grade": true, "solution": false, "grade_id": "test_token_budget_batches", "locked": true, "points": 4, "schema_version": 3}
 # A small case by hand: lengths 3, 7, 2, 5, 2, 4 under 12 padded tokens.
-_got = token_budget_batches([3, 7, 2, 5, 2, 4], 12)
-assert _got == [[1], [3, 5], [0, 2, 4]], (
-    f"token_budget_batches([3, 7, 2, 5, 2, 4], 12) returned {_got}, expected [[1], [3, 5], [0, 2, 4]]")
-_got = token_budget_batches([4, 4, 4], 8)  # count x longest == max_tokens fits; equal lengths keep index order
-assert _got == [[0, 1], [2]], f"token_budget_batches([4, 4, 4], 8) returned {_got}, expected [[0, 1], [2]]"
+_t_got = token_budget_batches([3, 7, 2, 5, 2, 4], 12)
+assert _t_got == [[1], [3, 5], [0, 2, 4]], (
+    f"token_budget_batches([3, 7, 2, 5, 2, 4], 12) returned {_t_got}, expected [[1], [3, 5], [0, 2, 4]]")
+_t_got = token_budget_batches([4, 4, 4], 8)  # count x longest == max_tokens fits; equal lengths keep index order
+assert _t_got == [[0, 1], [2]], f"token_budget_batches([4, 4, 4], 8) returned {_t_got}, expected [[0, 1], [2]]"
 # Seed 003 §14.2's table on its 512 trajectories.
-_plan = token_budget_batches(agent_lengths, BUDGET)
-_bad = [i for plan in (_got, _plan) for batch in plan for i in batch if type(i) is not int]
-assert not _bad, (f"the indices must be Python ints, not numpy or torch integers (a plan is logged and shared "
-                  f"between ranks as JSON); got {type(_bad[0]).__module__}.{type(_bad[0]).__name__}")
-assert sorted(i for batch in _plan for i in batch) == list(range(512)), (
+_t_plan = token_budget_batches(agent_lengths, BUDGET)
+_t_bad = [i for plan in (_t_got, _t_plan) for batch in plan for i in batch if type(i) is not int]
+assert not _t_bad, (f"the indices must be Python ints, not numpy or torch integers (a plan is logged and shared "
+                  f"between ranks as JSON); got {type(_t_bad[0]).__module__}.{type(_t_bad[0]).__name__}")
+assert sorted(i for batch in _t_plan for i in batch) == list(range(512)), (
     "token_budget_batches(agent_lengths, BUDGET) must place each of the indices 0 .. 511 in exactly one microbatch")
-_plans = [("8 per microbatch, random", fixed_count_batches(random_order, 8)),
+_t_plans = [("8 per microbatch, random", fixed_count_batches(random_order, 8)),
           ("8 per microbatch, sorted", fixed_count_batches(agent_lengths.argsort(), 8)),
-          ("token budget 128k, sorted", _plan)]
-_table = [format_microbatch_summary(name, describe_microbatches(agent_lengths, plan)) for name, plan in _plans]
-_want = ["8 per microbatch, random       |   64 microbatches | padding 59.3% | largest    524k tokens",
+          ("token budget 128k, sorted", _t_plan)]
+_t_table = [format_microbatch_summary(name, describe_microbatches(agent_lengths, plan)) for name, plan in _t_plans]
+_t_want = ["8 per microbatch, random       |   64 microbatches | padding 59.3% | largest    524k tokens",
          "8 per microbatch, sorted       |   64 microbatches | padding  3.6% | largest    524k tokens",
          "token budget 128k, sorted      |   51 microbatches | padding  3.0% | largest    131k tokens"]
-assert _table == _want, (f"token_budget_batches(agent_lengths, BUDGET) gives the table row\n{_table[2]}\n"
-                         f"expected\n{_want[2]}")
+assert _t_table == _t_want, (f"token_budget_batches(agent_lengths, BUDGET) gives the table row\n{_t_table[2]}\n"
+                         f"expected\n{_t_want[2]}")
 # Seed 003 §14.7: the microbatch that holds the longest trajectory.
-_home = batch_containing(_plan, int(agent_lengths.argmax()))
-_home_size = len(_home) * int(agent_lengths[_home].max())
-assert len(_home) == 2 and _home_size == 131_072, (
+_t_home = batch_containing(_t_plan, int(agent_lengths.argmax()))
+_t_home_size = len(_t_home) * int(agent_lengths[_t_home].max())
+assert len(_t_home) == 2 and _t_home_size == 131_072, (
     f"in token_budget_batches(agent_lengths, BUDGET) the longest trajectory (index {int(agent_lengths.argmax())}) "
-    f"shares microbatch {_home} ({len(_home)} sequences, {_home_size:,} padded tokens); expected 2 sequences, "
+    f"shares microbatch {_t_home} ({len(_t_home)} sequences, {_t_home_size:,} padded tokens); expected 2 sequences, "
     f"131,072 padded tokens")
 try:
     token_budget_batches([10, 20, 300], 256)
@@ -176,21 +176,21 @@ import random
 
 from course_lib.nb import grading
 
-_rng = random.Random(4)
-_cases = []
+_t_rng = random.Random(4)
+_t_cases = []
 for _ in range(60):
-    _lengths = [_rng.randint(1, 60) for _ in range(_rng.randint(1, 30))]
-    _cases.append(((_lengths, max(_lengths) + _rng.choice([0, 0, 1, 7, 30, 200])), {}))
+    _t_lengths = [_t_rng.randint(1, 60) for _ in range(_t_rng.randint(1, 30))]
+    _t_cases.append(((_t_lengths, max(_t_lengths) + _t_rng.choice([0, 0, 1, 7, 30, 200])), {}))
 for _ in range(10):  # many ties: equal lengths must keep their index order
-    _lengths = [_rng.choice([4, 8, 16]) for _ in range(_rng.randint(5, 25))]
-    _cases.append(((_lengths, _rng.choice([16, 32, 40, 48])), {}))
-_cases += [
+    _t_lengths = [_t_rng.choice([4, 8, 16]) for _ in range(_t_rng.randint(5, 25))]
+    _t_cases.append(((_t_lengths, _t_rng.choice([16, 32, 40, 48])), {}))
+_t_cases += [
     (([5], 5), {}), (([1], 100), {}), (([3, 3, 3, 3], 12), {}), (([3, 3, 3, 3], 11), {}),
     (([6, 2, 2, 2, 2, 2, 2], 6), {}), (([9, 1, 1, 1], 9), {}), ((tuple(range(1, 21)), 40), {}),
     ((np.array([30, 10, 20, 10]), 40), {}), ((seed003_agent_lengths(64), 65_536), {}),
     ((agent_lengths, BUDGET), {}), ((agent_lengths, 2 * BUDGET), {}),
 ]
-grading.assert_matches_reference(token_budget_batches, "token_budget_batches", _cases)
+grading.assert_matches_reference(token_budget_batches, "token_budget_batches", _t_cases)
 grading.assert_rejects(token_budget_batches, "token_budget_batches", [
     (([10, 20, 300], 256), {}), (([257], 256), {}), (([1, 2], 0), {}), (([1, 2], -8), {}), (([1, 2], 8.5), {}),
     (([1, 0], 8), {}), (([1, -3], 8), {}), (([], 8), {}), (([1.5, 2], 8), {}),
@@ -225,25 +225,25 @@ print(f"token budget 512: {chat_cost['count']} microbatches of {[len(b) for b in
 #| solution: course_lib.microbatch.packed_token_budget_batches
 
 # %% nbgrader={"grade": true, "solution": false, "grade_id": "test_packed_token_budget_batches", "locked": true, "points": 3, "schema_version": 3}
-_got = packed_token_budget_batches([3, 7, 2, 5, 2, 4], 12)
-assert _got == [[1, 3], [5, 0, 2, 4]], (
-    f"packed_token_budget_batches([3, 7, 2, 5, 2, 4], 12) returned {_got}, expected [[1, 3], [5, 0, 2, 4]]")
-_got = packed_token_budget_batches([6, 6, 1], 12)  # a sum equal to max_tokens fits
-assert _got == [[0, 1], [2]], f"packed_token_budget_batches([6, 6, 1], 12) returned {_got}, expected [[0, 1], [2]]"
+_t_got = packed_token_budget_batches([3, 7, 2, 5, 2, 4], 12)
+assert _t_got == [[1, 3], [5, 0, 2, 4]], (
+    f"packed_token_budget_batches([3, 7, 2, 5, 2, 4], 12) returned {_t_got}, expected [[1, 3], [5, 0, 2, 4]]")
+_t_got = packed_token_budget_batches([6, 6, 1], 12)  # a sum equal to max_tokens fits
+assert _t_got == [[0, 1], [2]], f"packed_token_budget_batches([6, 6, 1], 12) returned {_t_got}, expected [[0, 1], [2]]"
 # Seed 003 exercise 2: 512 trajectories, packed, 128k per microbatch.
-_packed = packed_token_budget_batches(agent_lengths, BUDGET)
-_bad = [i for plan in (_got, _packed) for batch in plan for i in batch if type(i) is not int]
-assert not _bad, (f"the indices must be Python ints, not numpy or torch integers (a plan is logged and shared "
-                  f"between ranks as JSON); got {type(_bad[0]).__module__}.{type(_bad[0]).__name__}")
-assert sorted(i for batch in _packed for i in batch) == list(range(512)), (
+_t_packed = packed_token_budget_batches(agent_lengths, BUDGET)
+_t_bad = [i for plan in (_t_got, _t_packed) for batch in plan for i in batch if type(i) is not int]
+assert not _t_bad, (f"the indices must be Python ints, not numpy or torch integers (a plan is logged and shared "
+                  f"between ranks as JSON); got {type(_t_bad[0]).__module__}.{type(_t_bad[0]).__name__}")
+assert sorted(i for batch in _t_packed for i in batch) == list(range(512)), (
     "packed_token_budget_batches(agent_lengths, BUDGET) must place each of the indices 0 .. 511 in exactly one "
     "microbatch")
-_summary = describe_microbatches(agent_lengths, _packed, packed=True)
-assert _summary["count"] == 49 and _summary["largest_tokens"] <= BUDGET and _summary["padding_ratio"] == 0.0, (
-    f"packed_token_budget_batches(agent_lengths, BUDGET) gives {_summary['count']} microbatches, the largest "
-    f"{_summary['largest_tokens']:,} tokens; expected 49 microbatches, none above {BUDGET:,} tokens")
-assert _summary["count"] >= -(-int(agent_lengths.sum()) // BUDGET), (  # never below ceil(sum / budget) = 46
-    f"{_summary['count']} microbatches is below the bound ceil(sum / budget) = 46: some microbatch is over budget")
+_t_summary = describe_microbatches(agent_lengths, _t_packed, packed=True)
+assert _t_summary["count"] == 49 and _t_summary["largest_tokens"] <= BUDGET and _t_summary["padding_ratio"] == 0.0, (
+    f"packed_token_budget_batches(agent_lengths, BUDGET) gives {_t_summary['count']} microbatches, the largest "
+    f"{_t_summary['largest_tokens']:,} tokens; expected 49 microbatches, none above {BUDGET:,} tokens")
+assert _t_summary["count"] >= -(-int(agent_lengths.sum()) // BUDGET), (  # never below ceil(sum / budget) = 46
+    f"{_t_summary['count']} microbatches is below the bound ceil(sum / budget) = 46: some microbatch is over budget")
 try:
     packed_token_budget_batches([257], 256)
 except ValueError:
@@ -256,20 +256,20 @@ import random
 
 from course_lib.nb import grading
 
-_rng = random.Random(5)
-_cases = []
+_t_rng = random.Random(5)
+_t_cases = []
 for _ in range(60):
-    _lengths = [_rng.randint(1, 60) for _ in range(_rng.randint(1, 30))]
-    _cases.append(((_lengths, max(_lengths) + _rng.choice([0, 0, 1, 7, 30, 200])), {}))
+    _t_lengths = [_t_rng.randint(1, 60) for _ in range(_t_rng.randint(1, 30))]
+    _t_cases.append(((_t_lengths, max(_t_lengths) + _t_rng.choice([0, 0, 1, 7, 30, 200])), {}))
 for _ in range(10):
-    _lengths = [_rng.choice([4, 8, 16]) for _ in range(_rng.randint(5, 25))]
-    _cases.append(((_lengths, _rng.choice([16, 20, 33, 48])), {}))
-_cases += [
+    _t_lengths = [_t_rng.choice([4, 8, 16]) for _ in range(_t_rng.randint(5, 25))]
+    _t_cases.append(((_t_lengths, _t_rng.choice([16, 20, 33, 48])), {}))
+_t_cases += [
     (([5], 5), {}), (([1], 100), {}), (([5, 4], 8), {}), (([5, 4], 9), {}), (([2, 9, 3, 4], 9), {}),
     (([1, 1, 1, 1, 1], 2), {}), ((tuple(range(1, 21)), 40), {}), ((np.array([30, 10, 20, 10]), 40), {}),
     ((seed003_agent_lengths(64), 65_536), {}), ((agent_lengths, BUDGET), {}), ((agent_lengths, 65_537), {}),
 ]
-grading.assert_matches_reference(packed_token_budget_batches, "packed_token_budget_batches", _cases)
+grading.assert_matches_reference(packed_token_budget_batches, "packed_token_budget_batches", _t_cases)
 grading.assert_rejects(packed_token_budget_batches, "packed_token_budget_batches", [
     (([10, 20, 300], 256), {}), (([257], 256), {}), (([1, 2], 0), {}), (([1, 2], 8.5), {}),
     (([1, 0], 8), {}), (([], 8), {}), (([1, -3], 8), {}),
@@ -375,136 +375,136 @@ print("masked sum:", masked_normalize(token_losses, loss_mask).item(),
 #| solution: course_lib.loss.aggregate_loss
 
 # %% nbgrader={"grade": true, "solution": false, "grade_id": "test_aggregate_loss", "locked": true, "points": 4, "schema_version": 3}
-_losses = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
-_mask = torch.tensor([[True, True, False], [False, True, False]])
-_shown = "losses [[1., 2., 3.], [4., 5., 6.]], mask [[T, T, F], [F, T, F]]"
-_got = aggregate_loss(_losses, _mask)
-assert isinstance(_got, torch.Tensor) and _got.shape == () and _got.dtype == torch.float32, (
-    f"aggregate_loss({_shown}) must return a 0-d tensor in the losses' dtype (float32), got {_got!r}")
-assert abs(_got.item() - 8.0 / 3.0) < 1e-6, f"aggregate_loss({_shown}) returned {_got}, expected 8 / 3 = 2.6667"
-_got = aggregate_loss(_losses, _mask, mode="constant", norm_const=4)
-assert abs(_got.item() - 2.0) < 1e-6, (
-    f"aggregate_loss({_shown}, mode='constant', norm_const=4) returned {_got}, expected 8 / 4 = 2.0")
-_got = aggregate_loss(_losses, torch.zeros(2, 3, dtype=torch.bool), mode="constant", norm_const=10)
-assert _got.item() == 0.0, (
-    f"aggregate_loss with a mask that selects no token, mode='constant', norm_const=10 returned {_got}, expected 0")
+_t_losses = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+_t_mask = torch.tensor([[True, True, False], [False, True, False]])
+_t_shown = "losses [[1., 2., 3.], [4., 5., 6.]], mask [[T, T, F], [F, T, F]]"
+_t_got = aggregate_loss(_t_losses, _t_mask)
+assert isinstance(_t_got, torch.Tensor) and _t_got.shape == () and _t_got.dtype == torch.float32, (
+    f"aggregate_loss({_t_shown}) must return a 0-d tensor in the losses' dtype (float32), got {_t_got!r}")
+assert abs(_t_got.item() - 8.0 / 3.0) < 1e-6, f"aggregate_loss({_t_shown}) returned {_t_got}, expected 8 / 3 = 2.6667"
+_t_got = aggregate_loss(_t_losses, _t_mask, mode="constant", norm_const=4)
+assert abs(_t_got.item() - 2.0) < 1e-6, (
+    f"aggregate_loss({_t_shown}, mode='constant', norm_const=4) returned {_t_got}, expected 8 / 4 = 2.0")
+_t_got = aggregate_loss(_t_losses, torch.zeros(2, 3, dtype=torch.bool), mode="constant", norm_const=10)
+assert _t_got.item() == 0.0, (
+    f"aggregate_loss with a mask that selects no token, mode='constant', norm_const=10 returned {_t_got}, expected 0")
 # The mask may hold 0 and 1 instead of True and False: an integer mask must select the same tokens.
-_got = aggregate_loss(_losses, _mask.long())
-assert abs(_got.item() - 8.0 / 3.0) < 1e-6, (
-    f"aggregate_loss({_shown} as 0/1 torch.long) returned {_got}, expected 8 / 3 = 2.6667 "
+_t_got = aggregate_loss(_t_losses, _t_mask.long())
+assert abs(_t_got.item() - 8.0 / 3.0) < 1e-6, (
+    f"aggregate_loss({_t_shown} as 0/1 torch.long) returned {_t_got}, expected 8 / 3 = 2.6667 "
     f"(indexing a tensor with an integer tensor picks rows by number, it does not select by mask)")
 # The loss keeps the dtype of token_losses, whatever the mask's or norm_const's.
-_float64_four = torch.tensor(4.0, dtype=torch.float64)
-for _kwargs, _what, _want in (
-        ({"mask": _mask.double()}, "the mask as float64 0/1", 8.0 / 3.0),
-        ({"mask": _mask, "mode": "constant", "norm_const": _float64_four}, "norm_const a float64 0-d tensor 4.0", 2.0)):
-    _got = aggregate_loss(_losses, **_kwargs)
-    assert _got.dtype == torch.float32 and abs(_got.item() - _want) < 1e-6, (
-        f"aggregate_loss(float32 losses, {_what}) returned {_got!r}, expected a float32 tensor {_want:.4f}: the "
+_t_float64_four = torch.tensor(4.0, dtype=torch.float64)
+for _t_kwargs, _t_what, _t_want in (
+        ({"mask": _t_mask.double()}, "the mask as float64 0/1", 8.0 / 3.0),
+        ({"mask": _t_mask, "mode": "constant", "norm_const": _t_float64_four}, "norm_const a float64 0-d tensor 4.0", 2.0)):
+    _t_got = aggregate_loss(_t_losses, **_t_kwargs)
+    assert _t_got.dtype == torch.float32 and abs(_t_got.item() - _t_want) < 1e-6, (
+        f"aggregate_loss(float32 losses, {_t_what}) returned {_t_got!r}, expected a float32 tensor {_t_want:.4f}: the "
         f"loss keeps the dtype of token_losses")
 # inf and nan where the mask is off (padding) must not reach the loss.
-_poisoned = torch.tensor([[2.0, float("inf"), 4.0], [float("nan"), 6.0, float("-inf")]])
-_keep = torch.tensor([[True, False, True], [False, True, False]])
-for _kwargs, _what, _want in (({}, "", 4.0),
+_t_poisoned = torch.tensor([[2.0, float("inf"), 4.0], [float("nan"), 6.0, float("-inf")]])
+_t_keep = torch.tensor([[True, False, True], [False, True, False]])
+for _t_kwargs, _t_what, _t_want in (({}, "", 4.0),
                               ({"mode": "constant", "norm_const": 4}, ", mode='constant', norm_const=4", 3.0)):
-    _got = aggregate_loss(_poisoned, _keep, **_kwargs)
-    assert abs(_got.item() - _want) < 1e-6, (
-        f"aggregate_loss(losses [[2, inf, 4], [nan, 6, -inf]], mask [[T, F, T], [F, T, F]]{_what}) returned "
-        f"{_got}, expected {_want}: masked-out losses must not reach the result (nan * 0 is nan: select, do not "
+    _t_got = aggregate_loss(_t_poisoned, _t_keep, **_t_kwargs)
+    assert abs(_t_got.item() - _t_want) < 1e-6, (
+        f"aggregate_loss(losses [[2, inf, 4], [nan, 6, -inf]], mask [[T, F, T], [F, T, F]]{_t_what}) returned "
+        f"{_t_got}, expected {_t_want}: masked-out losses must not reach the result (nan * 0 is nan: select, do not "
         f"multiply)")
 # Seed 003 §14.7: four microbatches of 96, 112, 180 and 355 tokens. The gradient of the summed loss with respect
 # to each token loss is that token's weight; local token means distort it by N / (K n_k), the global count does not.
-_counts = [96, 112, 180, 355]
-_parts = [torch.rand(1, count, generator=torch.Generator().manual_seed(count)).requires_grad_() for count in _counts]
-_ones = [torch.ones(1, count, dtype=torch.bool) for count in _counts]
-_local = sum(aggregate_loss(p, m) / len(_parts) for p, m in zip(_parts, _ones, strict=True))
-_global = sum(aggregate_loss(p, m, mode="constant", norm_const=sum(_counts)) for p, m in zip(_parts, _ones, strict=True))
-assert _local.requires_grad and _global.requires_grad, (
+_t_counts = [96, 112, 180, 355]
+_t_parts = [torch.rand(1, count, generator=torch.Generator().manual_seed(count)).requires_grad_() for count in _t_counts]
+_t_ones = [torch.ones(1, count, dtype=torch.bool) for count in _t_counts]
+_t_local = sum(aggregate_loss(p, m) / len(_t_parts) for p, m in zip(_t_parts, _t_ones, strict=True))
+_t_global = sum(aggregate_loss(p, m, mode="constant", norm_const=sum(_t_counts)) for p, m in zip(_t_parts, _t_ones, strict=True))
+assert _t_local.requires_grad and _t_global.requires_grad, (
     "aggregate_loss must keep the autograd graph: its result needs a gradient with respect to token_losses")
-_local_weights = [w[0, 0].item() for w in torch.autograd.grad(_local, _parts)]
-_global_weights = [w[0, 0].item() for w in torch.autograd.grad(_global, _parts)]
-_ratios = [round(a / b, 2) for a, b in zip(_local_weights, _global_weights, strict=True)]
-assert _ratios == [1.93, 1.66, 1.03, 0.52], (
+_t_local_weights = [w[0, 0].item() for w in torch.autograd.grad(_t_local, _t_parts)]
+_t_global_weights = [w[0, 0].item() for w in torch.autograd.grad(_t_global, _t_parts)]
+_t_ratios = [round(a / b, 2) for a, b in zip(_t_local_weights, _t_global_weights, strict=True)]
+assert _t_ratios == [1.93, 1.66, 1.03, 0.52], (
     f"token weight under local token means / 4, relative to the global sum / N, per microbatch of 96, 112, 180, "
-    f"355 tokens: {_ratios}, expected [1.93, 1.66, 1.03, 0.52]")
-assert all(abs(w * sum(_counts) - 1.0) < 1e-5 for w in _global_weights), (
-    f"with mode='constant', norm_const=N = {sum(_counts)} every token must weigh 1 / N; got weight x N = "
-    f"{[round(w * sum(_counts), 4) for w in _global_weights]}")
-for _kwargs, _why in (({"mask": torch.zeros(2, 3, dtype=torch.bool)}, "token_mean over a mask that selects no token"),
+    f"355 tokens: {_t_ratios}, expected [1.93, 1.66, 1.03, 0.52]")
+assert all(abs(w * sum(_t_counts) - 1.0) < 1e-5 for w in _t_global_weights), (
+    f"with mode='constant', norm_const=N = {sum(_t_counts)} every token must weigh 1 / N; got weight x N = "
+    f"{[round(w * sum(_t_counts), 4) for w in _t_global_weights]}")
+for _t_kwargs, _t_why in (({"mask": torch.zeros(2, 3, dtype=torch.bool)}, "token_mean over a mask that selects no token"),
                       ({"mode": "constant"}, "mode='constant' without norm_const"),
                       ({"mode": "sum"}, "an unknown mode")):
     try:
-        aggregate_loss(**({"token_losses": _losses, "mask": _mask} | _kwargs))
+        aggregate_loss(**({"token_losses": _t_losses, "mask": _t_mask} | _t_kwargs))
     except ValueError:
         pass
     else:
-        raise AssertionError(f"aggregate_loss must raise ValueError for {_why}")
+        raise AssertionError(f"aggregate_loss must raise ValueError for {_t_why}")
 ### BEGIN HIDDEN TESTS
 from course_lib.nb import grading
 
-_generator = torch.Generator().manual_seed(6)
-_cases = []
-for _shape in [(1, 1), (1, 7), (3, 5), (4, 9), (8, 3), (2, 16), (6,), (2, 3, 4)]:
-    for _dtype in (torch.float32, torch.float64):
-        _values = torch.rand(_shape, generator=_generator, dtype=_dtype) * 5
-        _keep = torch.rand(_shape, generator=_generator) < 0.6
-        _keep.view(-1)[0] = True                                                  # at least one supervised token
-        _count = int(_keep.sum())
-        _cases.append(((_values, _keep), {}))
-        _cases.append(((_values, _keep.long()), {"mode": "token_mean"}))
-        _cases.append(((_values, _keep), {"mode": "constant", "norm_const": 3 * _count + 1}))
-        _cases.append(((_values, _keep.float()), {"mode": "constant", "norm_const": 0.75}))
-        _cases.append(((_values, _keep), {"mode": "constant", "norm_const": torch.tensor(float(_count))}))
-_values = torch.rand(3, 4, generator=_generator)
-_cases += [((_values, torch.ones(3, 4, dtype=torch.bool)), {}),
-           ((_values, torch.zeros(3, 4, dtype=torch.bool)), {"mode": "constant", "norm_const": 7}),
-           ((_values, torch.tensor([[0, 0, 0, 1], [0, 0, 0, 0], [1, 1, 0, 0]])), {})]
+_t_generator = torch.Generator().manual_seed(6)
+_t_cases = []
+for _t_shape in [(1, 1), (1, 7), (3, 5), (4, 9), (8, 3), (2, 16), (6,), (2, 3, 4)]:
+    for _t_dtype in (torch.float32, torch.float64):
+        _t_values = torch.rand(_t_shape, generator=_t_generator, dtype=_t_dtype) * 5
+        _t_keep = torch.rand(_t_shape, generator=_t_generator) < 0.6
+        _t_keep.view(-1)[0] = True                                                  # at least one supervised token
+        _t_count = int(_t_keep.sum())
+        _t_cases.append(((_t_values, _t_keep), {}))
+        _t_cases.append(((_t_values, _t_keep.long()), {"mode": "token_mean"}))
+        _t_cases.append(((_t_values, _t_keep), {"mode": "constant", "norm_const": 3 * _t_count + 1}))
+        _t_cases.append(((_t_values, _t_keep.float()), {"mode": "constant", "norm_const": 0.75}))
+        _t_cases.append(((_t_values, _t_keep), {"mode": "constant", "norm_const": torch.tensor(float(_t_count))}))
+_t_values = torch.rand(3, 4, generator=_t_generator)
+_t_cases += [((_t_values, torch.ones(3, 4, dtype=torch.bool)), {}),
+           ((_t_values, torch.zeros(3, 4, dtype=torch.bool)), {"mode": "constant", "norm_const": 7}),
+           ((_t_values, torch.tensor([[0, 0, 0, 1], [0, 0, 0, 0], [1, 1, 0, 0]])), {})]
 # inf and nan where the mask is off must not reach the loss.
-_poisoned = torch.tensor([[1.0, 2.0, float("inf")], [3.0, float("nan"), float("-inf")]])
-_poison_mask = torch.tensor([[True, True, False], [True, False, False]])
-_cases += [((_poisoned, _poison_mask), {}), ((_poisoned, _poison_mask), {"mode": "constant", "norm_const": 4})]
+_t_poisoned = torch.tensor([[1.0, 2.0, float("inf")], [3.0, float("nan"), float("-inf")]])
+_t_poison_mask = torch.tensor([[True, True, False], [True, False, False]])
+_t_cases += [((_t_poisoned, _t_poison_mask), {}), ((_t_poisoned, _t_poison_mask), {"mode": "constant", "norm_const": 4})]
 # ... but a nan or inf on a supervised token is a real divergence: it must show in the loss, not be cleaned away.
-_diverged = torch.tensor([[1.0, float("nan"), 2.0], [1.0, float("inf"), 3.0]])
-_cases += [((_diverged[:1], torch.tensor([[True, True, False]])), {}),
-           ((_diverged[1:], torch.tensor([[True, True, False]])), {"mode": "constant", "norm_const": 2})]
+_t_diverged = torch.tensor([[1.0, float("nan"), 2.0], [1.0, float("inf"), 3.0]])
+_t_cases += [((_t_diverged[:1], torch.tensor([[True, True, False]])), {}),
+           ((_t_diverged[1:], torch.tensor([[True, True, False]])), {"mode": "constant", "norm_const": 2})]
 # The loss keeps the losses' dtype whatever the mask's or norm_const's (a float64 mask, a float64 0-d tensor).
-_values32 = torch.rand(3, 4, generator=_generator)
-_cases += [((_values32, (_values32 > 0.5).double()), {}),
-           ((_values32, _values32 > 0.5), {"mode": "constant", "norm_const": torch.tensor(4.0, dtype=torch.float64)})]
+_t_values32 = torch.rand(3, 4, generator=_t_generator)
+_t_cases += [((_t_values32, (_t_values32 > 0.5).double()), {}),
+           ((_t_values32, _t_values32 > 0.5), {"mode": "constant", "norm_const": torch.tensor(4.0, dtype=torch.float64)})]
 # A perfectly predicted supervised token has loss 0 and still counts in the mean.
-_zeros = torch.tensor([[0.0, 2.0, 0.0], [1.0, 0.0, 3.0]])
-_cases += [((_zeros, torch.ones(2, 3, dtype=torch.bool)), {}),
-           ((_zeros, torch.tensor([[True, False, True], [False, True, True]])), {})]
+_t_zeros = torch.tensor([[0.0, 2.0, 0.0], [1.0, 0.0, 3.0]])
+_t_cases += [((_t_zeros, torch.ones(2, 3, dtype=torch.bool)), {}),
+           ((_t_zeros, torch.tensor([[True, False, True], [False, True, True]])), {})]
 # A microbatch with no supervised token under constant: 0 in the losses' dtype (float64 here).
-_cases += [((torch.rand(2, 3, generator=_generator, dtype=torch.float64), torch.zeros(2, 3, dtype=torch.bool)),
+_t_cases += [((torch.rand(2, 3, generator=_t_generator, dtype=torch.float64), torch.zeros(2, 3, dtype=torch.bool)),
             {"mode": "constant", "norm_const": 5})]
-grading.assert_matches_reference(aggregate_loss, "aggregate_loss", _cases, rtol=1e-5, atol=1e-6)
+grading.assert_matches_reference(aggregate_loss, "aggregate_loss", _t_cases, rtol=1e-5, atol=1e-6)
 # ... and that 0 keeps the graph: an accumulation loop calls backward on it (a zero gradient, not an error).
-_leaf = torch.rand(2, 3, generator=_generator).requires_grad_()
+_t_leaf = torch.rand(2, 3, generator=_t_generator).requires_grad_()
 with grading.library_blocked("aggregate_loss"):
-    _empty = aggregate_loss(_leaf, torch.zeros(2, 3, dtype=torch.bool), mode="constant", norm_const=5)
-assert isinstance(_empty, torch.Tensor) and _empty.requires_grad, (
+    _t_empty = aggregate_loss(_t_leaf, torch.zeros(2, 3, dtype=torch.bool), mode="constant", norm_const=5)
+assert isinstance(_t_empty, torch.Tensor) and _t_empty.requires_grad, (
     "aggregate_loss(losses that require grad, a mask that selects no token, mode='constant', norm_const=5) returned "
-    f"{_empty!r}, expected a 0 that keeps the autograd graph (backward on it must give a zero gradient)")
-_empty_grad = torch.autograd.grad(_empty, _leaf, allow_unused=True)[0]
-assert _empty_grad is None or not bool(_empty_grad.any()), (
-    f"aggregate_loss over a mask that selects no token gives the losses a gradient {_empty_grad}, expected 0")
-_mask = torch.tensor([[1, 0, 1, 1], [0, 0, 1, 0], [1, 1, 1, 0]], dtype=torch.bool)
+    f"{_t_empty!r}, expected a 0 that keeps the autograd graph (backward on it must give a zero gradient)")
+_t_empty_grad = torch.autograd.grad(_t_empty, _t_leaf, allow_unused=True)[0]
+assert _t_empty_grad is None or not bool(_t_empty_grad.any()), (
+    f"aggregate_loss over a mask that selects no token gives the losses a gradient {_t_empty_grad}, expected 0")
+_t_mask = torch.tensor([[1, 0, 1, 1], [0, 0, 1, 0], [1, 1, 1, 0]], dtype=torch.bool)
 grading.assert_rejects(aggregate_loss, "aggregate_loss", [
-    ((_values, torch.zeros(3, 4, dtype=torch.bool)), {}),
-    ((_values, _mask), {"mode": "constant"}),
-    ((_values, _mask), {"mode": "constant", "norm_const": 0}),
-    ((_values, _mask), {"mode": "constant", "norm_const": -3.0}),
-    ((_values, _mask), {"mode": "constant", "norm_const": float("nan")}),
-    ((_values, _mask), {"mode": "constant", "norm_const": "12"}),
-    ((_values, _mask), {"mode": "token_mean", "norm_const": 12}),
-    ((_values, _mask), {"mode": "sequence_mean"}),
-    ((_values, _mask[:2]), {}),
-    ((_values, torch.full((3, 4), 2)), {}),
-    ((_values, torch.full((3, 4), 0.5)), {}),
-    ((_values, _mask), {"mode": "constant", "norm_const": float("inf")}),
-    ((_values, _mask), {"mode": "constant", "norm_const": True}),
-    ((_values, _mask), {"mode": "constant", "norm_const": torch.tensor([6.0])}),
+    ((_t_values, torch.zeros(3, 4, dtype=torch.bool)), {}),
+    ((_t_values, _t_mask), {"mode": "constant"}),
+    ((_t_values, _t_mask), {"mode": "constant", "norm_const": 0}),
+    ((_t_values, _t_mask), {"mode": "constant", "norm_const": -3.0}),
+    ((_t_values, _t_mask), {"mode": "constant", "norm_const": float("nan")}),
+    ((_t_values, _t_mask), {"mode": "constant", "norm_const": "12"}),
+    ((_t_values, _t_mask), {"mode": "token_mean", "norm_const": 12}),
+    ((_t_values, _t_mask), {"mode": "sequence_mean"}),
+    ((_t_values, _t_mask[:2]), {}),
+    ((_t_values, torch.full((3, 4), 2)), {}),
+    ((_t_values, torch.full((3, 4), 0.5)), {}),
+    ((_t_values, _t_mask), {"mode": "constant", "norm_const": float("inf")}),
+    ((_t_values, _t_mask), {"mode": "constant", "norm_const": True}),
+    ((_t_values, _t_mask), {"mode": "constant", "norm_const": torch.tensor([6.0])}),
 ])
 ### END HIDDEN TESTS
 
