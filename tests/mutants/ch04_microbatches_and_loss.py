@@ -182,3 +182,220 @@ MUTANTS["aggregate_loss"].update({
     # total / mask.sum(): a float64 mask promotes the loss to float64.
     "divides_by_mask_sum": _aggregate(token_mean="total / mask.sum()"),
 })
+
+# More correct answers written differently (own checks, numpy, recursion, a running sum, other check orders).
+_OWN_LENGTH_CHECKS = '''
+from numbers import Integral
+
+
+def _checked(lengths, max_tokens):
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, Integral) or max_tokens < 1:
+        raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")
+    values = lengths.tolist() if hasattr(lengths, "tolist") else list(lengths)
+    if len(values) == 0:
+        raise ValueError("lengths is empty")
+    for index, value in enumerate(values):
+        if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
+            raise ValueError(f"lengths[{index}] must be a positive integer, got {value!r}")
+        if value > max_tokens:
+            raise ValueError(f"lengths[{index}] = {value} is longer than max_tokens = {max_tokens}")
+    return [int(value) for value in values], int(max_tokens)
+'''
+ALTERNATIVES["token_budget_batches"].update({
+    # Own checks; a plain loop that closes the open microbatch when one more would pass the budget.
+    "own_checks_plain_walk": _OWN_LENGTH_CHECKS + '''
+
+def token_budget_batches(lengths, max_tokens):
+    lengths, max_tokens = _checked(lengths, max_tokens)
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    batches, current, width = [], [], 0
+    for i in order:
+        if current and (len(current) + 1) * width > max_tokens:
+            batches.append(current)
+            current = []
+        if not current:
+            width = lengths[i]
+        current.append(i)
+    batches.append(current)
+    return batches
+''',
+    # numpy: a stable argsort of the negated lengths, slices of max_tokens // width, int() on each index.
+    "numpy_stable_argsort": '''
+import numpy as np
+
+from course_lib._checks import require_lengths, require_positive_int
+
+
+def token_budget_batches(lengths, max_tokens):
+    max_tokens = require_positive_int("max_tokens", max_tokens)
+    lengths = np.array(require_lengths("lengths", lengths, maximum=max_tokens, maximum_name="max_tokens"))
+    order = np.argsort(-lengths, kind="stable")
+    batches, start = [], 0
+    while start < len(order):
+        take = max_tokens // int(lengths[order[start]])
+        batches.append([int(i) for i in order[start:start + take]])
+        start += take
+    return batches
+''',
+    # Recursion on the rest of the sorted order (lengths checked first, then the budget).
+    "recursive_on_the_rest": _OWN_LENGTH_CHECKS + '''
+
+def _plan(order, lengths, max_tokens):
+    if not order:
+        return []
+    take = max_tokens // lengths[order[0]]
+    return [order[:take]] + _plan(order[take:], lengths, max_tokens)
+
+
+def token_budget_batches(lengths, max_tokens):
+    lengths, max_tokens = _checked(lengths, max_tokens)
+    order = sorted(range(len(lengths)), key=lengths.__getitem__, reverse=True)
+    return _plan(order, lengths, max_tokens)
+''',
+})
+ALTERNATIVES["packed_token_budget_batches"] = {
+    # Own checks; a running sum that resets when the next sequence does not fit.
+    "own_checks_running_sum": _OWN_LENGTH_CHECKS + '''
+
+def packed_token_budget_batches(lengths, max_tokens):
+    lengths, max_tokens = _checked(lengths, max_tokens)
+    batches, current, used = [], [], 0
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        if used + lengths[i] > max_tokens:
+            batches.append(current)
+            current, used = [], 0
+        current.append(i)
+        used += lengths[i]
+    batches.append(current)
+    return batches
+''',
+    # torch.argsort(stable=True, descending=True) over a tensor of the checked lengths; the loop on Python ints.
+    "torch_argsort": '''
+import torch
+
+from course_lib._checks import require_lengths, require_positive_int
+
+
+def packed_token_budget_batches(lengths, max_tokens):
+    max_tokens = require_positive_int("max_tokens", max_tokens)
+    values = require_lengths("lengths", lengths, maximum=max_tokens, maximum_name="max_tokens")
+    order = torch.argsort(torch.tensor(values), descending=True, stable=True).tolist()
+    batches = [[order[0]]]
+    room = max_tokens - values[order[0]]
+    for i in order[1:]:
+        if values[i] <= room:
+            batches[-1].append(i)
+            room -= values[i]
+        else:
+            batches.append([i])
+            room = max_tokens - values[i]
+    return batches
+''',
+    # numpy cumulative sums: each microbatch ends at the last sorted position whose running total still fits.
+    "numpy_cumsum": '''
+import numpy as np
+
+from course_lib._checks import require_lengths, require_positive_int
+
+
+def packed_token_budget_batches(lengths, max_tokens):
+    max_tokens = require_positive_int("max_tokens", max_tokens)
+    lengths = np.asarray(require_lengths("lengths", lengths, maximum=max_tokens, maximum_name="max_tokens"))
+    order = np.argsort(-lengths, kind="mergesort")
+    totals = np.cumsum(lengths[order])
+    batches, start, before = [], 0, 0
+    while start < len(order):
+        stop = int(np.searchsorted(totals, before + max_tokens, side="right"))
+        batches.append(order[start:stop].tolist())
+        before, start = int(totals[stop - 1]), stop
+    return batches
+''',
+}
+ALTERNATIVES["aggregate_loss"].update({
+    # Own checks (shape, 0/1 values, norm_const by hand); the supervised losses selected with masked_select.
+    "masked_select_own_checks": '''
+import math
+
+import torch
+
+
+def aggregate_loss(token_losses, mask, mode="token_mean", norm_const=None):
+    if mode not in ("token_mean", "constant"):
+        raise ValueError(f"unknown mode {mode!r}")
+    if token_losses.shape != mask.shape:
+        raise ValueError(f"shapes differ: losses {tuple(token_losses.shape)}, mask {tuple(mask.shape)}")
+    if mask.dtype != torch.bool and not bool(((mask == 0) | (mask == 1)).all()):
+        raise ValueError("mask may hold only 0 and 1")
+    selected = torch.masked_select(token_losses, mask.bool())
+    if mode == "token_mean":
+        if norm_const is not None:
+            raise ValueError("token_mean takes no norm_const")
+        if selected.numel() == 0:
+            raise ValueError("no supervised token: the token mean is undefined")
+        return selected.sum() / selected.numel()
+    if norm_const is None:
+        raise ValueError("constant needs norm_const")
+    if isinstance(norm_const, torch.Tensor):
+        if norm_const.ndim != 0:
+            raise ValueError(f"norm_const must be a number or a 0-d tensor, got shape {tuple(norm_const.shape)}")
+        norm_const = norm_const.item()
+    if isinstance(norm_const, bool) or not isinstance(norm_const, (int, float)):
+        raise ValueError(f"norm_const must be a number, got {norm_const!r}")
+    if not math.isfinite(norm_const) or norm_const <= 0:
+        raise ValueError(f"norm_const must be positive and finite, got {norm_const}")
+    return selected.sum() / norm_const
+''',
+    # masked_normalize for the checks and the sum; torch.count_nonzero for the count; normalize_constant for constant.
+    "masked_normalize_constant": '''
+import torch
+
+from course_lib.loss import masked_normalize
+from course_lib._checks import require_real
+
+
+def aggregate_loss(token_losses, mask, mode="token_mean", norm_const=None):
+    if mode == "constant":
+        if norm_const is None:
+            raise ValueError("mode='constant' needs norm_const")
+        constant = require_real("norm_const", norm_const, minimum=0.0, strict_minimum=True)
+        return masked_normalize(token_losses, mask, normalize_constant=constant)
+    if mode != "token_mean":
+        raise ValueError(f"mode {mode!r} is neither 'token_mean' nor 'constant'")
+    if norm_const is not None:
+        raise ValueError("norm_const is for mode='constant' only")
+    total = masked_normalize(token_losses, mask)
+    count = torch.count_nonzero(mask)
+    if int(count) == 0:
+        raise ValueError("the mask selects no token")
+    return total / count
+''',
+    # torch.where with a zero of the losses' dtype, summed; the count as a Python int from mask.sum().
+    "where_then_sum": '''
+import torch
+
+from course_lib._checks import require_real
+
+
+def aggregate_loss(token_losses, mask, mode="token_mean", norm_const=None):
+    if not isinstance(token_losses, torch.Tensor) or not isinstance(mask, torch.Tensor):
+        raise ValueError("token_losses and mask must be tensors")
+    if mask.shape != token_losses.shape:
+        raise ValueError("mask must have the shape of token_losses")
+    if not bool(torch.isin(mask.double(), torch.tensor([0.0, 1.0], dtype=torch.float64)).all()):
+        raise ValueError("mask values must be 0 or 1")
+    keep = mask != 0
+    total = torch.where(keep, token_losses, token_losses.new_zeros(())).sum()
+    if mode == "token_mean":
+        if norm_const is not None:
+            raise ValueError("norm_const goes with mode='constant'")
+        count = int(keep.sum().item())
+        if not count:
+            raise ValueError("token_mean of zero tokens")
+        return total / count
+    if mode == "constant":
+        if norm_const is None:
+            raise ValueError("mode='constant' requires norm_const")
+        return total / require_real("norm_const", norm_const, minimum=0.0, strict_minimum=True)
+    raise ValueError(f"mode must be 'token_mean' or 'constant', got {mode!r}")
+''',
+})
