@@ -94,8 +94,8 @@ for token_id, role in list(zip(rendered["input_ids"], rendered["roles"], strict=
 #| solution: course_lib.ledger.ledger_from_roles
 
 # %% nbgrader={"grade": true, "solution": false, "grade_id": "test_ledger_from_roles", "locked": true, "points": 3, "schema_version": 3}
-_roles = render_chat(tokenizer, chat)["roles"]
-ledger = ledger_from_roles(_roles)
+_t_roles = render_chat(tokenizer, chat)["roles"]
+ledger = ledger_from_roles(_t_roles)
 want = measure_sample(tokenizer, chat)
 assert set(ledger) == set(want), (
     f"ledger_from_roles(roles of chat) returned the keys {sorted(ledger)}, expected {sorted(want)}")
@@ -104,14 +104,14 @@ assert all(type(count) is int for count in ledger.values()), (
     f"the counts must be Python ints, not numpy or torch integers (a ledger is written to JSON): got {count_types}")
 assert ledger == want, f"ledger_from_roles(roles of chat) returned {ledger}, expected {want}"
 # Without EOS supervision the end-of-turn token moves from supervised to template; the total stays the same.
-no_eos = ledger_from_roles(_roles, supervise_eos=False)
+no_eos = ledger_from_roles(_t_roles, supervise_eos=False)
 want_no_eos = measure_sample(tokenizer, chat, supervise_eos=False)
-assert no_eos["total_tokens"] == len(_roles), (
+assert no_eos["total_tokens"] == len(_t_roles), (
     f"ledger_from_roles(roles of chat, supervise_eos=False) returned total_tokens {no_eos['total_tokens']}, "
-    f"expected {len(_roles)}, one per role")
-assert no_eos["template_tokens"] + no_eos["prompt_tokens"] + no_eos["supervised_tokens"] == len(_roles), (
+    f"expected {len(_t_roles)}, one per role")
+assert no_eos["template_tokens"] + no_eos["prompt_tokens"] + no_eos["supervised_tokens"] == len(_t_roles), (
     f"ledger_from_roles(roles of chat, supervise_eos=False) returned {no_eos}: template + prompt + supervised "
-    f"must add up to all {len(_roles)} tokens (an unsupervised eos token counts as template)")
+    f"must add up to all {len(_t_roles)} tokens (an unsupervised eos token counts as template)")
 assert no_eos == want_no_eos, (
     f"ledger_from_roles(roles of chat, supervise_eos=False) returned {no_eos}, expected {want_no_eos}")
 try:
@@ -128,14 +128,14 @@ import random
 
 from course_lib.nb import grading
 
-_chats = [chat] + list(load_chats(sample_data_path("sharegpt.json"))["messages"])
-_cases = [((render_chat(load_course_tokenizer(template), messages)["roles"],), {"supervise_eos": eos})
-          for messages in _chats for eos in (True, False) for template in ("chatml", "llama3", "alpaca")]
-_rng = random.Random(3)
-_names = ("template", "system", "user", "assistant", "eos")
-_cases += [(([_rng.choice(_names) for _ in range(_rng.randint(0, 40))],), {"supervise_eos": _rng.random() < 0.5})
+_t_chats = [chat] + list(load_chats(sample_data_path("sharegpt.json"))["messages"])
+_t_cases = [((render_chat(load_course_tokenizer(template), messages)["roles"],), {"supervise_eos": eos})
+          for messages in _t_chats for eos in (True, False) for template in ("chatml", "llama3", "alpaca")]
+_t_rng = random.Random(3)
+_t_names = ("template", "system", "user", "assistant", "eos")
+_t_cases += [(([_t_rng.choice(_t_names) for _ in range(_t_rng.randint(0, 40))],), {"supervise_eos": _t_rng.random() < 0.5})
            for _ in range(40)]
-grading.assert_matches_reference(ledger_from_roles, "ledger_from_roles", _cases)
+grading.assert_matches_reference(ledger_from_roles, "ledger_from_roles", _t_cases)
 grading.assert_rejects(ledger_from_roles, "ledger_from_roles", [
     ((["user", "robot"],), {}), ((["sytem"],), {}), ((["User", "assistant"],), {}),
     ((["assistant", "eos"],), {"supervise_eos": "no"}), ((["assistant", "eos"],), {"supervise_eos": 0}),
@@ -284,43 +284,43 @@ import random
 
 from course_lib.nb import grading
 
-_rng = random.Random(1)
-_cases = []
+_t_rng = random.Random(1)
+_t_cases = []
 for _ in range(60):
-    _window = _rng.randint(16, 512)
-    _samples = [{"name": f"s{i}", "prompt_tokens": _rng.randint(0, _window), "supervised_tokens": _rng.randint(1, 200)}
-                for i in range(_rng.randint(0, 8))]
-    _cases.append(((_samples, _window, _rng.randint(0, 16)),
-                   {"min_kept_supervised_tokens": _rng.randint(1, 50),
-                    "max_supervision_loss_ratio": _rng.choice([0.0, 0.1, 0.25, 0.5, 1.0])}))
+    _t_window = _t_rng.randint(16, 512)
+    _t_samples = [{"name": f"s{i}", "prompt_tokens": _t_rng.randint(0, _t_window), "supervised_tokens": _t_rng.randint(1, 200)}
+                for i in range(_t_rng.randint(0, 8))]
+    _t_cases.append(((_t_samples, _t_window, _t_rng.randint(0, 16)),
+                   {"min_kept_supervised_tokens": _t_rng.randint(1, 50),
+                    "max_supervision_loss_ratio": _t_rng.choice([0.0, 0.1, 0.25, 0.5, 1.0])}))
 # The exact window edge: total == C fits, C + 1 does not; a cut keeping exactly the minimum is admitted.
-_cases.append((([{"name": "edge", "prompt_tokens": 90, "supervised_tokens": 10}], 100, 0), {}))
-_cases.append((([{"name": "edge+1", "prompt_tokens": 91, "supervised_tokens": 10}], 100, 0), {}))
-_cases.append((([{"name": "min", "prompt_tokens": 95, "supervised_tokens": 10}], 100, 0),
+_t_cases.append((([{"name": "edge", "prompt_tokens": 90, "supervised_tokens": 10}], 100, 0), {}))
+_t_cases.append((([{"name": "edge+1", "prompt_tokens": 91, "supervised_tokens": 10}], 100, 0), {}))
+_t_cases.append((([{"name": "min", "prompt_tokens": 95, "supervised_tokens": 10}], 100, 0),
                {"min_kept_supervised_tokens": 5, "max_supervision_loss_ratio": 0.5}))
-_cases.append((([{"name": "prompt-too-long", "prompt_tokens": 200, "supervised_tokens": 10}], 100, 8),
+_t_cases.append((([{"name": "prompt-too-long", "prompt_tokens": 200, "supervised_tokens": 10}], 100, 8),
                {"min_kept_supervised_tokens": 1, "max_supervision_loss_ratio": 1.0}))
 # The default minimum (1 kept token) with a ratio that admits the cut; two samples that share a name (one record each).
-_cases.append((([{"name": "cut", "prompt_tokens": 90, "supervised_tokens": 20}], 100, 0),
+_t_cases.append((([{"name": "cut", "prompt_tokens": 90, "supervised_tokens": 20}], 100, 0),
                {"max_supervision_loss_ratio": 0.5}))
-_cases += [(([{"name": "cut", "prompt_tokens": 90, "supervised_tokens": 20}], 100, 0),
+_t_cases += [(([{"name": "cut", "prompt_tokens": 90, "supervised_tokens": 20}], 100, 0),
             {"max_supervision_loss_ratio": ratio}) for ratio in (0, 1)]  # the numbers 0 and 1, written as ints
-_cases.append((([{"name": "twin", "prompt_tokens": 10, "supervised_tokens": 5},
+_t_cases.append((([{"name": "twin", "prompt_tokens": 10, "supervised_tokens": 5},
                  {"name": "twin", "prompt_tokens": 120, "supervised_tokens": 5}], 128, 8), {}))
-grading.assert_matches_reference(audit_context_fit, "audit_context_fit", _cases)
-_ok = [{"name": "a", "prompt_tokens": 10, "supervised_tokens": 5}]
+grading.assert_matches_reference(audit_context_fit, "audit_context_fit", _t_cases)
+_t_ok = [{"name": "a", "prompt_tokens": 10, "supervised_tokens": 5}]
 grading.assert_rejects(audit_context_fit, "audit_context_fit", [
     (([{"name": "bad", "prompt_tokens": 64, "supervised_tokens": 0}], 128, 8), {}),
     (([{"name": "bad", "prompt_tokens": -1, "supervised_tokens": 4}], 128, 8), {}),
-    ((_ok, 0, 8), {}), ((_ok, 128, -1), {}),
-    ((_ok, 128, 8), {"min_kept_supervised_tokens": 0}),
-    ((_ok, 128, 8), {"max_supervision_loss_ratio": 1.1}),
-    ((_ok, 128, 8), {"max_supervision_loss_ratio": -0.1}),
-    ((_ok, 128, 8), {"max_supervision_loss_ratio": float("nan")}),
+    ((_t_ok, 0, 8), {}), ((_t_ok, 128, -1), {}),
+    ((_t_ok, 128, 8), {"min_kept_supervised_tokens": 0}),
+    ((_t_ok, 128, 8), {"max_supervision_loss_ratio": 1.1}),
+    ((_t_ok, 128, 8), {"max_supervision_loss_ratio": -0.1}),
+    ((_t_ok, 128, 8), {"max_supervision_loss_ratio": float("nan")}),
     (([{"name": "bad", "prompt_tokens": 10, "supervised_tokens": -5}], 128, 8), {}),
     (([{"name": "bad", "prompt_tokens": 10.5, "supervised_tokens": 5}], 128, 8), {}),
-    ((_ok, True, 8), {}), ((_ok, 128.5, 8), {}), ((_ok, 128, 2.5), {}), ((_ok, 128, True), {}),
-    ((_ok, 128, 8), {"min_kept_supervised_tokens": 7.5}),
+    ((_t_ok, True, 8), {}), ((_t_ok, 128.5, 8), {}), ((_t_ok, 128, 2.5), {}), ((_t_ok, 128, True), {}),
+    ((_t_ok, 128, 8), {"min_kept_supervised_tokens": 7.5}),
     (([{"prompt_tokens": 10, "supervised_tokens": 5}], 128, 8), {}),                          # no name
     (([{"name": "bad", "prompt_tokens": 10, "supervised_tokens": 5.5}], 128, 8), {}),
     (([{"name": "bad", "prompt_tokens": 10, "supervised_tokens": True}], 128, 8), {}),

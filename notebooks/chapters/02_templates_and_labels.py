@@ -210,32 +210,32 @@ import random
 
 from course_lib.nb import grading
 
-_rng = random.Random(2)
-_words = ("packing", "label", "掩码", "模板", "token", "window", "EOS", "-100", "\n", "谢谢", "the", "answer", "。")
-def _text():
-    return " ".join(_rng.choice(_words) for _ in range(_rng.randint(1, 12)))
-def _random_chat():
-    messages = [{"role": "system", "content": _text()}] if _rng.random() < 0.5 else []
-    for _ in range(_rng.randint(1, 3)):
-        messages += [{"role": "user", "content": _text()}, {"role": "assistant", "content": _text()}]
+_t_rng = random.Random(2)
+_t_words = ("packing", "label", "掩码", "模板", "token", "window", "EOS", "-100", "\n", "谢谢", "the", "answer", "。")
+def _t_text():
+    return " ".join(_t_rng.choice(_t_words) for _ in range(_t_rng.randint(1, 12)))
+def _t_random_chat():
+    messages = [{"role": "system", "content": _t_text()}] if _t_rng.random() < 0.5 else []
+    for _ in range(_t_rng.randint(1, 3)):
+        messages += [{"role": "user", "content": _t_text()}, {"role": "assistant", "content": _t_text()}]
     return messages
-_chats = [chat] + [list(m) for n in ("sharegpt.json", "alpaca.jsonl", "alpaca.csv")
+_t_chats = [chat] + [list(m) for n in ("sharegpt.json", "alpaca.jsonl", "alpaca.csv")
                    for m in load_chats(sample_data_path(n))["messages"]]
-_chats += [_random_chat() for _ in range(10)]
-_chats += [[{"role": "user", "content": "hi"}, {"role": "assistant", "content": ""}],  # an empty answer: EOS only
+_t_chats += [_t_random_chat() for _ in range(10)]
+_t_chats += [[{"role": "user", "content": "hi"}, {"role": "assistant", "content": ""}],  # an empty answer: EOS only
            chat[:4],  # ends on a user turn: the last turn carries no loss
            [{"role": "assistant", "content": "Opening line."}, {"role": "user", "content": "ok"}]]
-_cases = []
-for _messages in _chats:
-    for _name in CHAT_TEMPLATES:
-        _full = len(render_chat(tokenizers[_name], _messages)["input_ids"])
-        _cases.append(((tokenizers[_name], _messages),
-                       {"supervise_eos": _rng.random() < 0.5,
-                        "max_length": _rng.choice([None, None, 1, _rng.randint(1, _full), _full, _full + 7])}))
-_cases += [((tokenizer, chat), {"chat_template": _name, "supervise_eos": _eos})
-           for _name in CHAT_TEMPLATES for _eos in (True, False)]
-_cases += [((tokenizer, chat), {"max_length": _length}) for _length in (1, 9, 33, 34, 35)]
-grading.assert_matches_reference(build_labels, "build_labels", _cases)
+_t_cases = []
+for _t_messages in _t_chats:
+    for _t_name in CHAT_TEMPLATES:
+        _t_full = len(render_chat(tokenizers[_t_name], _t_messages)["input_ids"])
+        _t_cases.append(((tokenizers[_t_name], _t_messages),
+                       {"supervise_eos": _t_rng.random() < 0.5,
+                        "max_length": _t_rng.choice([None, None, 1, _t_rng.randint(1, _t_full), _t_full, _t_full + 7])}))
+_t_cases += [((tokenizer, chat), {"chat_template": _t_name, "supervise_eos": _eos})
+           for _t_name in CHAT_TEMPLATES for _eos in (True, False)]
+_t_cases += [((tokenizer, chat), {"max_length": _length}) for _length in (1, 9, 33, 34, 35)]
+grading.assert_matches_reference(build_labels, "build_labels", _t_cases)
 grading.assert_rejects(build_labels, "build_labels", [
     ((tokenizer, chat), {"max_length": 0}), ((tokenizer, chat), {"max_length": -4}),
     ((tokenizer, chat), {"max_length": 2.5}), ((tokenizer, chat), {"max_length": True}),
@@ -244,8 +244,8 @@ grading.assert_rejects(build_labels, "build_labels", [
     ((tokenizer, chat), {"supervise_eos": "false"}), ((tokenizer, chat), {"supervise_eos": 0}),
 ])
 with grading.library_blocked("build_labels"):
-    _out = build_labels(tokenizer, chat)
-assert type(_out["input_ids"]) is list and type(_out["labels"]) is list, "input_ids and labels must be lists"
+    _t_out = build_labels(tokenizer, chat)
+assert type(_t_out["input_ids"]) is list and type(_t_out["labels"]) is list, "input_ids and labels must be lists"
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -342,34 +342,34 @@ import numpy as np
 
 from course_lib.nb import grading
 
-_rng = random.Random(5)
-def _feature(length, pad_id):
-    ids = [_rng.choice([pad_id, _rng.randint(0, 2047)]) for _ in range(length)]  # the pad id also appears as a real token
-    return {"input_ids": ids, "labels": [i if _rng.random() < 0.5 else IGNORE_INDEX for i in ids]}
-_cases = []
+_t_rng = random.Random(5)
+def _t_feature(length, pad_id):
+    ids = [_t_rng.choice([pad_id, _t_rng.randint(0, 2047)]) for _ in range(length)]  # the pad id also appears as a real token
+    return {"input_ids": ids, "labels": [i if _t_rng.random() < 0.5 else IGNORE_INDEX for i in ids]}
+_t_cases = []
 for _ in range(40):
-    _pad = _rng.choice([0, 0, 2, _rng.randint(0, 2047)])
-    _features = [_feature(_rng.randint(1, 24), _pad) for _ in range(_rng.randint(1, 6))]
-    _cases.append(((_features, _pad), {}))
-_cases.append((([_feature(7, 3), _feature(7, 3)], 3), {}))  # equal lengths: no padding at all
-_cases.append((([_feature(1, 0)], 0), {}))  # one sample of one token
-_as_arrays = [{"input_ids": np.array(f["input_ids"]), "labels": torch.tensor(f["labels"])}
-              for f in (_feature(5, 1), _feature(9, 1))]
-_cases.append(((_as_arrays, 1), {}))  # numpy arrays and tensors are accepted too
-_as_int32 = [{"input_ids": np.array(f["input_ids"], dtype=np.int32), "labels": torch.tensor(f["labels"], dtype=torch.int32)}
-             for f in (_feature(4, 2), _feature(6, 2))]
-_cases.append(((_as_int32, 2), {}))  # 32-bit ids come back as torch.long
-_cases.append((([{"input_ids": [0, 5, 0], "labels": [IGNORE_INDEX, 5, 0]}, {"input_ids": [9], "labels": [9]}], 0), {}))
-grading.assert_matches_reference(pad_batch, "pad_batch", _cases)
-_good = {"input_ids": [5, 6], "labels": [IGNORE_INDEX, 6]}
+    _t_pad = _t_rng.choice([0, 0, 2, _t_rng.randint(0, 2047)])
+    _t_features = [_t_feature(_t_rng.randint(1, 24), _t_pad) for _ in range(_t_rng.randint(1, 6))]
+    _t_cases.append(((_t_features, _t_pad), {}))
+_t_cases.append((([_t_feature(7, 3), _t_feature(7, 3)], 3), {}))  # equal lengths: no padding at all
+_t_cases.append((([_t_feature(1, 0)], 0), {}))  # one sample of one token
+_t_as_arrays = [{"input_ids": np.array(f["input_ids"]), "labels": torch.tensor(f["labels"])}
+              for f in (_t_feature(5, 1), _t_feature(9, 1))]
+_t_cases.append(((_t_as_arrays, 1), {}))  # numpy arrays and tensors are accepted too
+_t_as_int32 = [{"input_ids": np.array(f["input_ids"], dtype=np.int32), "labels": torch.tensor(f["labels"], dtype=torch.int32)}
+             for f in (_t_feature(4, 2), _t_feature(6, 2))]
+_t_cases.append(((_t_as_int32, 2), {}))  # 32-bit ids come back as torch.long
+_t_cases.append((([{"input_ids": [0, 5, 0], "labels": [IGNORE_INDEX, 5, 0]}, {"input_ids": [9], "labels": [9]}], 0), {}))
+grading.assert_matches_reference(pad_batch, "pad_batch", _t_cases)
+_t_good = {"input_ids": [5, 6], "labels": [IGNORE_INDEX, 6]}
 grading.assert_rejects(pad_batch, "pad_batch", [
     (([], 0), {}),
-    (([_good, {"input_ids": [1, 2]}], 0), {}),
+    (([_t_good, {"input_ids": [1, 2]}], 0), {}),
     (([{"labels": [1]}], 0), {}),
     (([{"input_ids": [1, 2, 3], "labels": [1, 2]}], 0), {}),
-    (([_good, {"input_ids": [7], "labels": [7, 7]}], 0), {}),
-    (([_good, {"input_ids": [], "labels": []}], 0), {}),
-    (([_good], -1), {}), (([_good], 1.5), {}), (([_good], True), {}),
+    (([_t_good, {"input_ids": [7], "labels": [7, 7]}], 0), {}),
+    (([_t_good, {"input_ids": [], "labels": []}], 0), {}),
+    (([_t_good], -1), {}), (([_t_good], 1.5), {}), (([_t_good], True), {}),
     (([{"input_ids": [5.5, 6.0], "labels": [5, 6]}], 0), {}),                      # ids must be integers
     (([{"input_ids": [5, 6], "labels": [5.5, 6.0]}], 0), {}),                      # and so must labels
     (([{"input_ids": [True, False], "labels": [1, 0]}], 0), {}),                   # bools are not token ids

@@ -261,27 +261,27 @@ assert list(from_tuples["input_ids"]) == [4, 5, 6] and list(from_tuples["labels"
     "build_boundary_isolated_packing([{'input_ids': (4, 5), 'labels': (-100, 5)}, {'input_ids': [6], 'labels': [6]}]) "
     f"returned input_ids {from_tuples['input_ids']} and labels {from_tuples['labels']}, "
     "expected [4, 5, 6] and [-100, 5, 6]")
-for _bad in ([], [{"input_ids": [1, 2], "labels": [-100]}]):
+for _t_bad in ([], [{"input_ids": [1, 2], "labels": [-100]}]):
     try:
-        build_boundary_isolated_packing(_bad)
+        build_boundary_isolated_packing(_t_bad)
     except ValueError:
         pass
     else:
-        raise AssertionError(f"build_boundary_isolated_packing({_bad!r}) must raise ValueError")
+        raise AssertionError(f"build_boundary_isolated_packing({_t_bad!r}) must raise ValueError")
 ### BEGIN HIDDEN TESTS
 import random
 
 from course_lib.nb import grading
 
-_rng = random.Random(3)
-_cases = []
+_t_rng = random.Random(3)
+_t_cases = []
 for _ in range(40):
-    _batch = []
-    for _ in range(_rng.randint(1, 5)):
-        _ids = [_rng.randint(0, 2047) for _ in range(_rng.randint(1, 7))]
-        _batch.append({"input_ids": _ids, "labels": [t if _rng.random() < 0.6 else -100 for t in _ids]})
-    _cases.append(((_batch,), {}))
-_cases += [
+    _t_batch = []
+    for _ in range(_t_rng.randint(1, 5)):
+        _t_ids = [_t_rng.randint(0, 2047) for _ in range(_t_rng.randint(1, 7))]
+        _t_batch.append({"input_ids": _t_ids, "labels": [t if _t_rng.random() < 0.6 else -100 for t in _t_ids]})
+    _t_cases.append(((_t_batch,), {}))
+_t_cases += [
     (([{"input_ids": [5], "labels": [5]}],), {}),                                   # one token
     (([{"input_ids": [7, 8, 9, 10], "labels": [-100, -100, 9, 10]}],), {}),         # one sample
     (([{"input_ids": [1], "labels": [-100]}, {"input_ids": [2], "labels": [2]},
@@ -290,7 +290,7 @@ _cases += [
     (([{"input_ids": [1, 2], "labels": [9, 8], "extra": "kept out"}, {"input_ids": [3, 4, 5], "labels": [3, 4, 5]}],), {}),
 ]
 with grading.library_blocked("block_causal_mask", "varlen_metadata"):
-    grading.assert_matches_reference(build_boundary_isolated_packing, "build_boundary_isolated_packing", _cases)
+    grading.assert_matches_reference(build_boundary_isolated_packing, "build_boundary_isolated_packing", _t_cases)
     grading.assert_rejects(build_boundary_isolated_packing, "build_boundary_isolated_packing", [
         (([],), {}),
         (([{"input_ids": [1, 2], "labels": [-100]}],), {}),
@@ -306,13 +306,13 @@ with grading.library_blocked("block_causal_mask", "varlen_metadata"):
         (([{"input_ids": [1], "labels": [1]}, {"input_ids": [], "labels": []}, {"input_ids": [2], "labels": [2]}],), {}),
         (([{"input_ids": [1, 2], "labels": [1]}, {"input_ids": [3], "labels": [3, 4]}],), {}),
     ])
-    _row = build_boundary_isolated_packing([{"input_ids": (4, 5), "labels": (-100, 5)}, {"input_ids": [6], "labels": [6]}])
-_keys = ("input_ids", "labels", "segment_ids", "position_ids", "attention_allowed")
-_types = {key: type(_row[key]).__name__ for key in _keys}
-_types["attention_allowed rows"] = sorted({type(mask_row).__name__ for mask_row in _row["attention_allowed"]})
-assert all(kind in ("list", ["list"]) for kind in _types.values()), (
+    _t_row = build_boundary_isolated_packing([{"input_ids": (4, 5), "labels": (-100, 5)}, {"input_ids": [6], "labels": [6]}])
+_t_keys = ("input_ids", "labels", "segment_ids", "position_ids", "attention_allowed")
+_t_types = {key: type(_t_row[key]).__name__ for key in _t_keys}
+_t_types["attention_allowed rows"] = sorted({type(mask_row).__name__ for mask_row in _t_row["attention_allowed"]})
+assert all(kind in ("list", ["list"]) for kind in _t_types.values()), (
     "build_boundary_isolated_packing must return lists (a tuple never equals TRL's list row), got the types "
-    f"{_types}")
+    f"{_t_types}")
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -394,24 +394,24 @@ assert big_ids[2].tolist() == [False, False, True], (
 ### BEGIN HIDDEN TESTS
 from course_lib.nb import grading
 
-_generator = torch.Generator().manual_seed(5)
-_cases = []
-for _shape in [(1,), (2,), (7,), (16,), (2, 9), (3, 12), (4, 1), (2, 3, 6)]:
+_t_generator = torch.Generator().manual_seed(5)
+_t_cases = []
+for _t_shape in [(1,), (2,), (7,), (16,), (2, 9), (3, 12), (4, 1), (2, 3, 6)]:
     for _ in range(4):
-        _cases.append(((torch.randint(-2, 4, _shape, generator=_generator),), {}))
-for _lengths, _padding in [([3, 2], 0), ([1, 1, 1], 2), ([5], 3), ([2, 4, 1], 1), ([8], 0)]:
-    _row = [segment for segment, n in enumerate(_lengths) for _ in range(n)] + [-1] * _padding
-    _cases.append(((torch.tensor(_row),), {}))
-    _cases.append(((torch.tensor([_row, _row[::-1]], dtype=torch.int32),), {}))
-_cases += [((torch.full((5,), -1),), {}), ((torch.zeros(6, dtype=torch.long),), {}),
+        _t_cases.append(((torch.randint(-2, 4, _t_shape, generator=_t_generator),), {}))
+for _t_lengths, _t_padding in [([3, 2], 0), ([1, 1, 1], 2), ([5], 3), ([2, 4, 1], 1), ([8], 0)]:
+    _t_row = [segment for segment, n in enumerate(_t_lengths) for _ in range(n)] + [-1] * _t_padding
+    _t_cases.append(((torch.tensor(_t_row),), {}))
+    _t_cases.append(((torch.tensor([_t_row, _t_row[::-1]], dtype=torch.int32),), {}))
+_t_cases += [((torch.full((5,), -1),), {}), ((torch.zeros(6, dtype=torch.long),), {}),
            ((torch.tensor([[0, 0, 1, -1], [2, 2, -5, -5]]),), {})]
 # Large sample ids: a padding token's own id must not collide with any real id (1000 + column, L + column, ...).
-_cases += [((torch.tensor([[1001, 1001, -1, 5000, 5000, -1], [0, 7, 7, -3, 100000, -1]]),), {})]
-_cases += [((torch.tensor([big + 2, big + 2, -1, -1]),), {}) for big in (100, 1000, 1024, 10_000, 65_536, 1_000_000)]
+_t_cases += [((torch.tensor([[1001, 1001, -1, 5000, 5000, -1], [0, 7, 7, -3, 100000, -1]]),), {})]
+_t_cases += [((torch.tensor([big + 2, big + 2, -1, -1]),), {}) for big in (100, 1000, 1024, 10_000, 65_536, 1_000_000)]
 # More leading dimensions, and a non-contiguous batch (a transposed view: .view() cannot flatten it).
-_cases += [((torch.randint(-2, 4, (2, 2, 3, 5), generator=_generator),), {}),
-           ((torch.randint(-2, 4, (3, 2, 6), generator=_generator).transpose(0, 1),), {})]
-grading.assert_matches_reference(block_causal_mask, "block_causal_mask", _cases)
+_t_cases += [((torch.randint(-2, 4, (2, 2, 3, 5), generator=_t_generator),), {}),
+           ((torch.randint(-2, 4, (3, 2, 6), generator=_t_generator).transpose(0, 1),), {})]
+grading.assert_matches_reference(block_causal_mask, "block_causal_mask", _t_cases)
 grading.assert_rejects(block_causal_mask, "block_causal_mask", [
     ((torch.tensor(3),), {}), ((torch.zeros(4),), {}), ((torch.ones(3, dtype=torch.bool),), {}),
 ])
