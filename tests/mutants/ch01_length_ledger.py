@@ -353,3 +353,39 @@ def audit_context_fit(samples, target_context_len, template_tokens, min_kept_sup
 ''',
     },
 }
+ALTERNATIVES["audit_context_fit"].update({
+    # A helper named _window: the graded cell once had a global of that name, which replaced the student's helper.
+    "helper_named_window": '''
+from course_lib._checks import (require_keys, require_nonnegative_int, require_positive_int, require_ratio,
+                                require_sequence)
+
+
+def _window(target, template, prompt, supervised):
+    return min(supervised, max(0, target - template - prompt))
+
+
+def audit_context_fit(samples, target_context_len, template_tokens, min_kept_supervised_tokens=1,
+                      max_supervision_loss_ratio=0.0):
+    target = require_positive_int("target_context_len", target_context_len)
+    template = require_nonnegative_int("template_tokens", template_tokens)
+    min_kept = require_positive_int("min_kept_supervised_tokens", min_kept_supervised_tokens)
+    max_ratio = require_ratio("max_supervision_loss_ratio", max_supervision_loss_ratio)
+    out = {"records": [], "fit_names": [], "truncated_names": [], "overflow_names": []}
+    for index, sample in enumerate(require_sequence("samples", samples)):
+        require_keys(f"samples[{index}]", sample, ("name", "prompt_tokens", "supervised_tokens"))
+        prompt = require_nonnegative_int("prompt_tokens", sample["prompt_tokens"])
+        supervised = require_positive_int("supervised_tokens", sample["supervised_tokens"])
+        kept = _window(target, template, prompt, supervised)
+        ratio = (supervised - kept) / supervised
+        if kept == supervised:
+            decision, key = "fit", "fit_names"
+        elif kept >= min_kept and ratio <= max_ratio:
+            decision, key = "truncate", "truncated_names"
+        else:
+            decision, key, kept = "overflow", "overflow_names", 0
+        out[key].append(sample["name"])
+        out["records"].append({"name": sample["name"], "total_tokens": template + prompt + supervised,
+                               "kept_supervised_tokens": kept, "supervision_loss_ratio": ratio, "decision": decision})
+    return out
+''',
+})

@@ -368,3 +368,34 @@ def pad_batch(features, pad_token_id):
             "attention_mask": torch.from_numpy(out_mask)}
 ''',
 })
+ALTERNATIVES["pad_batch"].update({
+    # A helper named _pad: the graded cell once had a global of that name, which replaced the student's helper.
+    "helper_named_pad": '''
+import torch
+
+from course_lib import IGNORE_INDEX
+from course_lib._checks import require_int, require_keys, require_tensor
+
+
+def _pad(row, width, value):
+    return torch.cat([row, torch.full((width - len(row),), value, dtype=torch.long)])
+
+
+def pad_batch(features, pad_token_id):
+    pad_token_id = require_int("pad_token_id", pad_token_id, minimum=0)
+    if len(features) == 0:
+        raise ValueError("features must not be empty")
+    rows = []
+    for index, feature in enumerate(features):
+        require_keys(f"features[{index}]", feature, ("input_ids", "labels"))
+        ids = require_tensor("input_ids", feature["input_ids"], ndim=1, dtype_kind="i").long()
+        labels = require_tensor("labels", feature["labels"], ndim=1, dtype_kind="i").long()
+        if len(ids) == 0 or len(ids) != len(labels):
+            raise ValueError(f"features[{index}]: {len(ids)} ids and {len(labels)} labels")
+        rows.append((ids, labels))
+    width = max(len(ids) for ids, _ in rows)
+    return {"input_ids": torch.stack([_pad(ids, width, pad_token_id) for ids, _ in rows]),
+            "labels": torch.stack([_pad(labels, width, IGNORE_INDEX) for _, labels in rows]),
+            "attention_mask": torch.stack([_pad(torch.ones(len(ids), dtype=torch.long), width, 0) for ids, _ in rows])}
+''',
+})

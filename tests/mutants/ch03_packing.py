@@ -348,3 +348,8 @@ def block_causal_mask(segment_ids):
     return torch.tril(keyed[..., :, None] == keyed[..., None, :])
 ''',
 })
+ALTERNATIVES["build_boundary_isolated_packing"].update({
+    # A helper named _ids: the graded cell once had a global of that name, which replaced the student's helper.
+    "helper_named_ids": ALTERNATIVES["build_boundary_isolated_packing"]["check_first_then_index_loops"].replace(
+        "_integers", "_ids"),
+})
