@@ -399,3 +399,28 @@ def aggregate_loss(token_losses, mask, mode="token_mean", norm_const=None):
     raise ValueError(f"mode must be 'token_mean' or 'constant', got {mode!r}")
 ''',
 })
+ALTERNATIVES["aggregate_loss"].update({
+    # token_mean as .mean() of the selected losses; constant as their sum divided by float(norm_const).
+    "selected_mean": '''
+import torch
+
+from course_lib.loss import masked_normalize
+from course_lib._checks import require_real
+
+
+def aggregate_loss(token_losses, mask, mode="token_mean", norm_const=None):
+    masked_normalize(token_losses, mask)  # shapes and 0/1 values
+    selected = token_losses[mask != 0]
+    if mode == "token_mean":
+        if norm_const is not None:
+            raise ValueError("token_mean does not take norm_const")
+        if selected.numel() == 0:
+            raise ValueError("empty mask: no token to average")
+        return selected.mean()
+    if mode != "constant":
+        raise ValueError(f"unknown mode {mode!r}")
+    if norm_const is None:
+        raise ValueError("norm_const missing for mode='constant'")
+    return selected.sum() / require_real("norm_const", norm_const, minimum=0.0, strict_minimum=True)
+''',
+})
