@@ -152,3 +152,94 @@ ALTERNATIVES["checkpointed_log_probs"].update({
                                                 "selected_log_probs(torch.nn.functional.linear(hidden_chunk, weight), "
                                                 "ids_chunk)")),
 })
+
+# A third review's correct answers, in other styles students use.
+ALTERNATIVES["checkpointed_log_probs"].update({
+    # A module-level chunk function, an explicit loop with min() for the end, T = 0 handled first with torch.empty.
+    "explicit_loop_module_level_fn": '''
+import torch
+from torch.utils.checkpoint import checkpoint
+
+
+def _chunk_log_probs(hidden_chunk, weight, ids_chunk):
+    return selected_log_probs(hidden_chunk @ weight.T, ids_chunk)
+
+
+def checkpointed_log_probs(hidden, weight, ids, chunk_size=1024):
+    chunk_size = check_head_inputs(hidden, weight, ids, chunk_size)
+    batch, tokens = hidden.shape[0], hidden.shape[1]
+    if tokens == 0:
+        return torch.empty(batch, 0, dtype=torch.promote_types(hidden.dtype, torch.float32), device=hidden.device)
+    pieces = []
+    start = 0
+    while start < tokens:
+        end = min(start + chunk_size, tokens)
+        pieces.append(checkpoint(_chunk_log_probs, hidden[:, start:end], weight, ids[:, start:end],
+                                 use_reentrant=False, preserve_rng_state=False))
+        start = end
+    return torch.cat(pieces, dim=1)
+''',
+    # functools.partial binds each chunk's ids (no late binding), torch.narrow for the chunk, torch.cat on a tuple.
+    "partial_and_narrow": '''
+import functools
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+
+def checkpointed_log_probs(hidden, weight, ids, chunk_size=1024):
+    chunk_size = check_head_inputs(hidden, weight, ids, chunk_size)
+
+    def head(hidden_chunk, weight, ids_chunk):
+        return selected_log_probs(hidden_chunk @ weight.T, ids_chunk)
+
+    tokens = hidden.size(1)
+    pieces = tuple(
+        checkpoint(functools.partial(head, ids_chunk=ids.narrow(1, start, min(chunk_size, tokens - start))),
+                   hidden.narrow(1, start, min(chunk_size, tokens - start)), weight, use_reentrant=False)
+        for start in range(0, tokens, chunk_size))
+    if len(pieces) == 0:
+        return hidden.new_zeros((hidden.size(0), 0), dtype=torch.promote_types(hidden.dtype, torch.float32))
+    return torch.cat(pieces, dim=1)
+''',
+    # torch.utils.checkpoint reached through the module, and torch.matmul with weight.t().
+    "module_checkpoint_and_matmul": '''
+import torch
+import torch.utils.checkpoint
+
+
+def checkpointed_log_probs(hidden, weight, ids, chunk_size=1024):
+    chunk_size = check_head_inputs(hidden, weight, ids, chunk_size)
+    out_dtype = torch.promote_types(hidden.dtype, torch.float32)
+    results = []
+    for hidden_chunk, ids_chunk in zip(torch.split(hidden, chunk_size, dim=1), torch.split(ids, chunk_size, dim=1)):
+        results.append(torch.utils.checkpoint.checkpoint(
+            lambda h, w, i: selected_log_probs(torch.matmul(h, w.t()), i), hidden_chunk, weight, ids_chunk,
+            use_reentrant=False))
+    return torch.cat(results, dim=1) if results else torch.zeros(hidden.shape[0], 0, dtype=out_dtype)
+''',
+})
+ALTERNATIVES["checkpointed_log_probs"].update({
+    # The weight reached by closure instead of passed to checkpoint: the non-reentrant checkpoint still replays it.
+    "weight_by_closure": '''
+import torch
+from torch.utils.checkpoint import checkpoint
+
+
+def checkpointed_log_probs(hidden, weight, ids, chunk_size=1024):
+    chunk_size = check_head_inputs(hidden, weight, ids, chunk_size)
+
+    def one_chunk(hidden_chunk, ids_chunk):
+        return selected_log_probs(hidden_chunk @ weight.T, ids_chunk)
+
+    pieces = [checkpoint(one_chunk, hidden[:, s:s + chunk_size], ids[:, s:s + chunk_size], use_reentrant=False)
+              for s in range(0, hidden.shape[1], chunk_size)]
+    if not pieces:
+        return hidden.new_empty((hidden.shape[0], 0), dtype=torch.promote_types(hidden.dtype, torch.float32))
+    return torch.cat(pieces, dim=1)
+''',
+})
+# torch.einsum for the chunk's logits: the same bf16 matmul (one rounding of an fp32 accumulation).
+ALTERNATIVES["checkpointed_log_probs"]["einsum_logits"] = mutate(_TARGET, (
+    "selected_log_probs(hidden_chunk @ weight.T, ids_chunk)",
+    'selected_log_probs(torch.einsum("btd,vd->btv", hidden_chunk, weight), ids_chunk)'))
