@@ -93,3 +93,185 @@ MUTANTS["gpu_hours_per_step"].update({
                                                '        raise ValueError(f"episodes must be a positive integer, got '
                                                '{episodes!r}")')),
 })
+
+# A third review's correct answers, in other styles students use.
+ALTERNATIVES = {
+    "kv_bytes_per_token": {
+        # Hand-written checks (numbers.Integral, bools refused) and math.prod; dtype_bytes checked last.
+        "hand_checks_and_prod": '''
+import math
+import numbers
+from collections.abc import Mapping
+
+
+def _positive(name, value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def kv_bytes_per_token(config, dtype_bytes=2):
+    if isinstance(config, str):
+        config = load_model_config(config)
+    get = config.get if isinstance(config, Mapping) else (lambda key: getattr(config, key, None))
+    layers = _positive("num_hidden_layers", get("num_hidden_layers"))
+    heads = _positive("num_attention_heads", get("num_attention_heads"))
+    kv_heads = get("num_key_value_heads")
+    kv_heads = heads if kv_heads is None else _positive("num_key_value_heads", kv_heads)
+    head_dim = get("head_dim")
+    if head_dim is None:
+        head_dim = divmod(_positive("hidden_size", get("hidden_size")), heads)[0]
+    head_dim = _positive("head_dim", head_dim)
+    dtype_bytes = _positive("dtype_bytes", dtype_bytes)
+    return math.prod([2, layers, kv_heads, head_dim, dtype_bytes])
+''',
+        # A dict of the fields first (from a mapping or attributes), then require_positive_int on each.
+        "fields_dict_first": '''
+from collections.abc import Mapping
+
+from course_lib._checks import require_positive_int
+
+
+def kv_bytes_per_token(config, dtype_bytes=2):
+    dtype_bytes = require_positive_int("dtype_bytes", dtype_bytes)
+    if isinstance(config, str):
+        config = load_model_config(config)
+    keys = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_size")
+    if isinstance(config, Mapping):
+        fields = {key: config.get(key) for key in keys}
+    else:
+        fields = {key: getattr(config, key, None) for key in keys}
+    if fields["num_key_value_heads"] is None:
+        fields["num_key_value_heads"] = fields["num_attention_heads"]
+    if fields["head_dim"] is None:
+        hidden = require_positive_int("hidden_size", fields["hidden_size"])
+        fields["head_dim"] = hidden // require_positive_int("num_attention_heads", fields["num_attention_heads"])
+    total = 2 * dtype_bytes
+    for key in ("num_hidden_layers", "num_key_value_heads", "head_dim"):
+        total *= require_positive_int(key, fields[key])
+    require_positive_int("num_attention_heads", fields["num_attention_heads"])
+    return total
+''',
+    },
+    "decode_tokens_per_s": {
+        # Rearranged: bandwidth * batch / bytes per step; hand-written finite-positive checks.
+        "rearranged_hand_checks": '''
+import math
+import numbers
+
+
+def decode_tokens_per_s(n_params, batch, context, kv_bytes, bandwidth, *, weight_bytes_per_param=2.0):
+    for name, value in (("batch", batch), ("context", context)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    for name, value in (("n_params", n_params), ("kv_bytes", kv_bytes), ("bandwidth", bandwidth),
+                        ("weight_bytes_per_param", weight_bytes_per_param)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    bytes_per_step = weight_bytes_per_param * n_params + batch * context * kv_bytes
+    return float(bandwidth * batch / bytes_per_step)
+''',
+        # Seconds for the weights and for the caches apart, added; the checks through require_real in a loop.
+        "two_read_times": '''
+from course_lib._checks import require_positive_int, require_real
+
+
+def decode_tokens_per_s(n_params, batch, context, kv_bytes, bandwidth, *, weight_bytes_per_param=2.0):
+    batch = require_positive_int("batch", batch)
+    context = require_positive_int("context", context)
+    n_params, kv_bytes, bandwidth, weight_bytes_per_param = (
+        require_real(name, value, minimum=0.0, strict_minimum=True)
+        for name, value in (("n_params", n_params), ("kv_bytes", kv_bytes), ("bandwidth", bandwidth),
+                            ("weight_bytes_per_param", weight_bytes_per_param)))
+    weight_seconds = weight_bytes_per_param * n_params / bandwidth
+    cache_seconds = batch * context * kv_bytes / bandwidth
+    return batch / (weight_seconds + cache_seconds)
+''',
+    },
+    "gpu_hours_per_step": {
+        # Seconds first, hours at the end; the dict built decode first; total added in another order.
+        "seconds_then_hours": '''
+from course_lib._checks import require_positive_int, require_real
+
+
+def gpu_hours_per_step(n_params, episodes, total_tokens, policy_tokens, decode_rate, peak_flops, mfu, busy):
+    mfu = require_real("mfu", mfu, minimum=0.0, maximum=1.0, strict_minimum=True)
+    busy = require_real("busy", busy, minimum=0.0, maximum=1.0, strict_minimum=True)
+    episodes = require_positive_int("episodes", episodes)
+    n_params = require_real("n_params", n_params, minimum=0.0, strict_minimum=True)
+    total_tokens = require_real("total_tokens", total_tokens, minimum=0.0, strict_minimum=True)
+    policy_tokens = require_real("policy_tokens", policy_tokens, minimum=0.0, strict_minimum=True)
+    decode_rate = require_real("decode_rate", decode_rate, minimum=0.0, strict_minimum=True)
+    peak_flops = require_real("peak_flops", peak_flops, minimum=0.0, strict_minimum=True)
+    if policy_tokens > total_tokens:
+        raise ValueError("policy_tokens cannot exceed total_tokens")
+    flops_per_second = mfu * peak_flops
+    seconds = {
+        "decode": episodes * policy_tokens / decode_rate / busy,
+        "train": 6 * n_params * episodes * total_tokens / flops_per_second,
+        "old_logp": 2 * n_params * episodes * total_tokens / flops_per_second,
+        "prefill": 2 * n_params * episodes * (total_tokens - policy_tokens) / flops_per_second,
+    }
+    hours = {key: value / SECONDS_PER_HOUR for key, value in seconds.items()}
+    hours["total"] = hours["decode"] + hours["prefill"] + hours["old_logp"] + hours["train"]
+    return hours
+''',
+        # Forward FLOPs per token once (2N), the parts as multiples of it; float() on every part.
+        "forward_units": '''
+from course_lib._checks import require_positive_int, require_real
+
+
+def gpu_hours_per_step(n_params, episodes, total_tokens, policy_tokens, decode_rate, peak_flops, mfu, busy):
+    n_params, total_tokens, policy_tokens, decode_rate, peak_flops = (
+        require_real(name, value, minimum=0.0, strict_minimum=True)
+        for name, value in (("n_params", n_params), ("total_tokens", total_tokens), ("policy_tokens", policy_tokens),
+                            ("decode_rate", decode_rate), ("peak_flops", peak_flops)))
+    episodes = require_positive_int("episodes", episodes)
+    mfu, busy = (require_real(name, value, minimum=0.0, maximum=1.0, strict_minimum=True)
+                 for name, value in (("mfu", mfu), ("busy", busy)))
+    if policy_tokens > total_tokens:
+        raise ValueError(f"policy_tokens {policy_tokens} > total_tokens {total_tokens}")
+    forward_hours_per_token = 2 * n_params / (mfu * peak_flops) / SECONDS_PER_HOUR
+    all_tokens = episodes * total_tokens
+    parts = {
+        "train": float(3 * forward_hours_per_token * all_tokens),
+        "old_logp": float(forward_hours_per_token * all_tokens),
+        "prefill": float(forward_hours_per_token * episodes * (total_tokens - policy_tokens)),
+        "decode": float(episodes * policy_tokens / (decode_rate * busy) / SECONDS_PER_HOUR),
+    }
+    parts["total"] = sum(parts.values())
+    return parts
+''',
+    },
+}
+ALTERNATIVES["gpu_hours_per_step"].update({
+    # Hand-written checks (chained comparisons for (0, 1], math.isfinite); the parts summed in a loop.
+    "hand_checks": '''
+import math
+import numbers
+
+
+def gpu_hours_per_step(n_params, episodes, total_tokens, policy_tokens, decode_rate, peak_flops, mfu, busy):
+    if isinstance(episodes, bool) or not isinstance(episodes, numbers.Integral) or episodes < 1:
+        raise ValueError(f"episodes must be a positive integer, got {episodes!r}")
+    for name, value in (("n_params", n_params), ("total_tokens", total_tokens), ("policy_tokens", policy_tokens),
+                        ("decode_rate", decode_rate), ("peak_flops", peak_flops)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    for name, value in (("mfu", mfu), ("busy", busy)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value <= 1:
+            raise ValueError(f"{name} must lie in (0, 1], got {value!r}")
+    if policy_tokens > total_tokens:
+        raise ValueError("more policy tokens than tokens")
+    flops = mfu * peak_flops * SECONDS_PER_HOUR
+    result = {"train": 6 * n_params * episodes * total_tokens / flops,
+              "old_logp": 2 * n_params * episodes * total_tokens / flops,
+              "prefill": 2 * n_params * episodes * (total_tokens - policy_tokens) / flops,
+              "decode": episodes * policy_tokens / decode_rate / busy / SECONDS_PER_HOUR}
+    total = 0.0
+    for value in result.values():
+        total += value
+    result["total"] = total
+    return result
+''',
+})
