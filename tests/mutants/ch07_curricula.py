@@ -107,3 +107,137 @@ def filter_by_pass_rate(tasks, pass_rates, low=0.0, high=1.0):
     "validates_only_kept_rates": _filter(checked="list(pass_rates)",
                                          keep='low < rate < high and require_ratio("pass_rate", rate) is not None'),
 })
+
+# A third review's correct answers, in other styles students use.
+ALTERNATIVES = {
+    "evaluate_length_curriculum_stage": {
+        # The limits checked first, the gates as an if-chain appended in the table's order, == on the budgets.
+        "if_chain_limits_first": '''
+from course_lib._checks import require_int, require_keys, require_real
+
+
+def evaluate_length_curriculum_stage(baseline, candidate, limits):
+    require_keys("limits", limits, ["min_long_context_gain", "max_short_context_regression", "max_failed_runs",
+                                    "max_peak_memory_gb", "max_cost_per_supervised_token"])
+    require_keys("candidate", candidate, ["long_context_score", "short_context_score",
+                                          "supervised_tokens_per_optimizer_step", "loss_finite", "gradients_finite",
+                                          "failed_runs", "peak_memory_gb", "cost_per_supervised_token"])
+    require_keys("baseline", baseline, ["long_context_score", "short_context_score",
+                                        "supervised_tokens_per_optimizer_step"])
+    lim = {key: require_real(f"limits.{key}", value) for key, value in limits.items()
+           if key in ("min_long_context_gain", "max_short_context_regression", "max_failed_runs",
+                      "max_peak_memory_gb", "max_cost_per_supervised_token")}
+    gain = (require_real("candidate.long_context_score", candidate["long_context_score"])
+            - require_real("baseline.long_context_score", baseline["long_context_score"]))
+    regression = (require_real("baseline.short_context_score", baseline["short_context_score"])
+                  - require_real("candidate.short_context_score", candidate["short_context_score"]))
+    failed_runs = require_int("candidate.failed_runs", candidate["failed_runs"], minimum=0)
+    peak = require_real("candidate.peak_memory_gb", candidate["peak_memory_gb"])
+    cost = require_real("candidate.cost_per_supervised_token", candidate["cost_per_supervised_token"])
+    matches = bool(baseline["supervised_tokens_per_optimizer_step"]
+                   == candidate["supervised_tokens_per_optimizer_step"])
+    failed = []
+    if not matches:
+        failed.append("token_budget_mismatch")
+    if gain < lim["min_long_context_gain"]:
+        failed.append("insufficient_long_context_gain")
+    if regression > lim["max_short_context_regression"]:
+        failed.append("short_context_regression")
+    if candidate["loss_finite"] is not True:
+        failed.append("nonfinite_loss")
+    if candidate["gradients_finite"] is not True:
+        failed.append("nonfinite_gradients")
+    if failed_runs > lim["max_failed_runs"]:
+        failed.append("failed_runs")
+    if peak > lim["max_peak_memory_gb"]:
+        failed.append("peak_memory_budget")
+    if cost > lim["max_cost_per_supervised_token"]:
+        failed.append("cost_budget")
+    failed = [gate for gate in CURRICULUM_GATES if gate in failed]
+    return {"evidence": {"long_context_gain": gain, "short_context_regression": regression,
+                         "token_budget_matches": matches},
+            "failed_gates": failed, "decision": "advance" if not failed else "hold"}
+''',
+        # "Passes" written as the table's comparisons (gain >= minimum, value <= limit); failed = not passed.
+        "passes_then_negated": '''
+from course_lib._checks import require_int, require_keys, require_real
+
+
+def evaluate_length_curriculum_stage(baseline, candidate, limits):
+    base_keys = ("long_context_score", "short_context_score", "supervised_tokens_per_optimizer_step")
+    require_keys("baseline", baseline, base_keys)
+    require_keys("candidate", candidate, base_keys + ("loss_finite", "gradients_finite", "failed_runs",
+                                                      "peak_memory_gb", "cost_per_supervised_token"))
+    require_keys("limits", limits, ("min_long_context_gain", "max_short_context_regression", "max_failed_runs",
+                                    "max_peak_memory_gb", "max_cost_per_supervised_token"))
+    real = {}
+    for who, run, keys in (("baseline", baseline, ("long_context_score", "short_context_score")),
+                           ("candidate", candidate, ("long_context_score", "short_context_score", "peak_memory_gb",
+                                                     "cost_per_supervised_token")),
+                           ("limits", limits, ("min_long_context_gain", "max_short_context_regression",
+                                               "max_failed_runs", "max_peak_memory_gb",
+                                               "max_cost_per_supervised_token"))):
+        for key in keys:
+            real[who, key] = require_real(f"{who}[{key!r}]", run[key])
+    runs = require_int("candidate['failed_runs']", candidate["failed_runs"], minimum=0)
+    evidence = {
+        "long_context_gain": real["candidate", "long_context_score"] - real["baseline", "long_context_score"],
+        "short_context_regression": real["baseline", "short_context_score"] - real["candidate", "short_context_score"],
+        "token_budget_matches": baseline["supervised_tokens_per_optimizer_step"]
+        == candidate["supervised_tokens_per_optimizer_step"],
+    }
+    passes = {
+        "token_budget_mismatch": evidence["token_budget_matches"],
+        "insufficient_long_context_gain": evidence["long_context_gain"] >= real["limits", "min_long_context_gain"],
+        "short_context_regression": evidence["short_context_regression"]
+        <= real["limits", "max_short_context_regression"],
+        "nonfinite_loss": candidate["loss_finite"] is True,
+        "nonfinite_gradients": candidate["gradients_finite"] is True,
+        "failed_runs": runs <= real["limits", "max_failed_runs"],
+        "peak_memory_budget": real["candidate", "peak_memory_gb"] <= real["limits", "max_peak_memory_gb"],
+        "cost_budget": real["candidate", "cost_per_supervised_token"]
+        <= real["limits", "max_cost_per_supervised_token"],
+    }
+    failed_gates = [gate for gate in CURRICULUM_GATES if not passes[gate]]
+    return {"decision": "hold" if failed_gates else "advance", "failed_gates": failed_gates, "evidence": evidence}
+''',
+    },
+    "filter_by_pass_rate": {
+        # The bounds first, then the lengths, then each rate; a numpy mask picks the tasks.
+        "bounds_first_numpy_mask": '''
+import numpy as np
+
+from course_lib._checks import require_ratio, require_real
+
+
+def filter_by_pass_rate(tasks, pass_rates, low=0.0, high=1.0):
+    low = require_real("low", low)
+    high = require_real("high", high)
+    if low >= high:
+        raise ValueError(f"need low < high, got {low} and {high}")
+    if len(tasks) != len(pass_rates):
+        raise ValueError(f"{len(tasks)} tasks but {len(pass_rates)} pass_rates")
+    rates = np.array([require_ratio(f"pass_rates[{i}]", rate) for i, rate in enumerate(pass_rates)], dtype=float)
+    keep = (rates > low) & (rates < high)
+    return [task for task, kept in zip(tasks, keep) if kept]
+''',
+        # An index loop appending to a list; the rates checked inside the loop.
+        "index_loop": '''
+from course_lib._checks import require_ratio, require_real
+
+
+def filter_by_pass_rate(tasks, pass_rates, low=0.0, high=1.0):
+    if len(pass_rates) != len(tasks):
+        raise ValueError("pass_rates and tasks must have the same length")
+    low, high = require_real("low", low), require_real("high", high)
+    if not low < high:
+        raise ValueError("low must be below high")
+    rates = [require_ratio("pass_rates", rate) for rate in pass_rates]
+    kept = []
+    for i in range(len(tasks)):
+        if rates[i] > low and rates[i] < high:
+            kept.append(tasks[i])
+    return kept
+''',
+    },
+}
