@@ -108,6 +108,7 @@ print(f"integer: (n - 1).bit_length() = {(n - 1).bit_length()} -> bucket 2**{(n 
 # the field for a `max_length` that is not a positive integer (`require_positive_int`), a `length` that is not an
 # integer $\ge 1$ (`require_int(..., minimum=1)`: an empty document has no bucket, and `True` is not a length), and
 # a `length` above `max_length` (cut it into windows first instead of padding it into a bucket it does not fit).
+# A numpy integer (a length read from an array) is an integer too: accept it, and still return a Python int.
 
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_assign_bucket", "locked": false, "schema_version": 3}
 #| solution: course_lib.longdoc.assign_bucket
@@ -219,7 +220,8 @@ for window in split_document(list(range(600)), 256, 64):
 #   to be full length, which would change its overlap). A document that fits gives one window.
 # * the first window owns from 0, every later one from the previous window's end; each owns up to its own end.
 # * Raise a `ValueError` naming the field for a `length` or `window` that is not a positive integer, an `overlap`
-#   that is not an integer $\ge 0$, and `overlap >= window` (the window would never advance).
+#   that is not an integer $\ge 0$, and `overlap >= window` (the window would never advance). A numpy integer is an
+#   integer too (`require_int` and `require_positive_int` accept it and return a Python int).
 
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_sliding_windows", "locked": false, "schema_version": 3}
 #| solution: course_lib.longdoc.sliding_windows

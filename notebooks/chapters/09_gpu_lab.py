@@ -182,6 +182,8 @@ print("BASE-CPU passes:", preflight("BASE-CPU")["passed"])
 # labels are not masked, else 0); counts are Python ints, ratios floats. Raise a `ValueError` naming the field for
 # an empty list or a length that is not a positive integer (`require_lengths("sample_lengths", sample_lengths)`
 # does this; `48.0` and `True` are not lengths), and for a `mask_first_label` that is not a bool (`require_bool`).
+# `sample_lengths` may be a list, a tuple or a 1-D numpy array of integers (a lengths column); the counts you
+# return are Python ints either way.
 
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_padding_vs_packing_ledger", "locked": false, "schema_version": 3}
 #| solution: course_lib.lab.padding_vs_packing_ledger
@@ -355,7 +357,8 @@ for candidate, step_ms in (("padding", 63.4), ("packing", 48.8)):  # the seed's 
 # `packing_tokens_per_second`, `throughput_ratio` (packing / padding) and `step_time_reduction` (1 - packing ms /
 # padding ms). Raise a `ValueError` when a key is missing, when the token counts are not positive integers or
 # **differ** between the two, or when a step time is not a positive finite number (`require_keys`,
-# `require_positive_int`, `require_real(..., minimum=0.0, strict_minimum=True)`).
+# `require_positive_int`, `require_real(..., minimum=0.0, strict_minimum=True)`). A row read with numpy or pandas
+# holds numpy numbers: a numpy integer count and a numpy float time are valid (those helpers accept them).
 
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_compare_padding_and_packing", "locked": false, "schema_version": 3}
 #| solution: course_lib.lab.compare_padding_and_packing
