@@ -137,3 +137,147 @@ ALTERNATIVES["sliding_windows"].update({
     # The ceiling as (a + s - 1) // s, the other integer idiom.
     "add_then_floor_ceiling": _windows(n_windows="1 + max(0, (length - window + stride - 1) // stride)"),
 })
+
+# A third review's correct answers, in other styles students use.
+ALTERNATIVES["assign_bucket"].update({
+    # 2 ** bit_length, length checked before max_length, its own message for a document that is too long.
+    "power_of_bit_length_length_first": '''
+from course_lib._checks import require_int, require_positive_int
+
+
+def assign_bucket(length, max_length):
+    length = require_int("length", length, minimum=1)
+    max_length = require_positive_int("max_length", max_length)
+    if length > max_length:
+        raise ValueError(f"length {length} does not fit max_length {max_length}: cut it into windows")
+    bucket = 2 ** (length - 1).bit_length()
+    return bucket if bucket < max_length else max_length
+''',
+    # An exact power of two tested with length & (length - 1); otherwise the next power above.
+    "power_of_two_test": '''
+from course_lib._checks import require_int, require_positive_int
+
+
+def assign_bucket(length, max_length):
+    max_length = require_positive_int("max_length", max_length)
+    length = require_int("length", length, minimum=1)
+    if length > max_length:
+        raise ValueError("length must not exceed max_length")
+    if length & (length - 1) == 0:
+        bucket = length
+    else:
+        bucket = 1 << length.bit_length()
+    return min(bucket, max_length)
+''',
+    # The binary string's length as the bit length.
+    "bin_string": '''
+from course_lib._checks import require_int, require_positive_int
+
+
+def assign_bucket(length, max_length):
+    max_length = require_positive_int("max_length", max_length)
+    length = require_int("length", length, minimum=1)
+    if length > max_length:
+        raise ValueError(f"length = {length} > max_length = {max_length}")
+    if length == 1:
+        return 1
+    return min(1 << len(bin(length - 1)[2:]), max_length)
+''',
+})
+ALTERNATIVES["sliding_windows"].update({
+    # Pure Python: divmod for the ceiling, a list of starts and ends, the owned start from the previous end.
+    "divmod_pure_python": '''
+from course_lib._checks import require_int, require_positive_int
+
+
+def sliding_windows(length, window=256, overlap=64):
+    window = require_positive_int("window", window)
+    overlap = require_int("overlap", overlap, minimum=0)
+    if overlap >= window:
+        raise ValueError(f"overlap ({overlap}) must be smaller than window ({window})")
+    length = require_positive_int("length", length)
+    stride = window - overlap
+    more, rest = divmod(max(0, length - window), stride)
+    count = 1 + more + (1 if rest else 0)
+    starts = [i * stride for i in range(count)]
+    ends = [min(start + window, length) for start in starts]
+    owned = [0] + ends[:-1]
+    return [Window(s, e, o, e) for s, e, o in zip(starts, ends, owned)]
+''',
+    # range() over the starts, stopping at the first window that reaches the end of the document.
+    "range_with_break": '''
+from course_lib._checks import require_int, require_positive_int
+
+
+def sliding_windows(length, window=256, overlap=64):
+    length = require_positive_int("length", length)
+    window = require_positive_int("window", window)
+    overlap = require_int("overlap", overlap, minimum=0)
+    if overlap >= window:
+        raise ValueError("overlap must be less than window")
+    result = []
+    for start in range(0, length, window - overlap):
+        end = min(start + window, length)
+        result.append(Window(start, end, result[-1].end if result else 0, end))
+        if end == length:
+            break
+    return result
+''',
+    # An exact ceiling with fractions.Fraction (no float rounding).
+    "fraction_ceiling": '''
+import math
+from fractions import Fraction
+
+from course_lib._checks import require_int, require_positive_int
+
+
+def sliding_windows(length, window=256, overlap=64):
+    length = require_positive_int("length", length)
+    window = require_positive_int("window", window)
+    overlap = require_int("overlap", overlap, minimum=0)
+    if overlap >= window:
+        raise ValueError(f"overlap must be < window, got {overlap} >= {window}")
+    stride = window - overlap
+    n_windows = 1 + math.ceil(Fraction(max(0, length - window), stride))
+    windows, previous_end = [], 0
+    for i in range(n_windows):
+        start, end = i * stride, min(i * stride + window, length)
+        windows.append(Window(start, end, previous_end, end))
+        previous_end = end
+    return windows
+''',
+})
+
+# A third review: the TODO text now says numpy integers (and a numpy array of lengths) are valid input; an
+# answer that refuses them is wrong by the text.
+for (_todo, _name), _source in {
+    # isinstance(x, int): a numpy integer length (read from an array of lengths) is refused.
+    ("assign_bucket", "numpy_integers_refused"): '''
+def assign_bucket(length, max_length):
+    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
+        raise ValueError(f"max_length must be a positive integer, got {max_length!r}")
+    if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+        raise ValueError(f"length must be an integer >= 1, got {length!r}")
+    if length > max_length:
+        raise ValueError("length exceeds max_length")
+    return min(1 << (length - 1).bit_length(), max_length)
+''',
+    # isinstance(x, int): a numpy integer length, window or overlap is refused.
+    ("sliding_windows", "numpy_integers_refused"): '''
+def sliding_windows(length, window=256, overlap=64):
+    for name, value, low in (("length", length, 1), ("window", window, 1), ("overlap", overlap, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    if overlap >= window:
+        raise ValueError("overlap must be < window")
+    stride = window - overlap
+    n = 1 + max(0, -(-(length - window) // stride))
+    out, prev = [], 0
+    for i in range(n):
+        end = min(i * stride + window, length)
+        out.append(Window(i * stride, end, prev, end))
+        prev = end
+    return out
+''',
+}.items():
+    MUTANTS[_todo][_name] = _source

@@ -149,3 +149,155 @@ ALTERNATIVES = {
         "from_step_times": _compare(ratio="padding_ms / packing_ms", reduction="(padding_ms - packing_ms) / padding_ms"),
     },
 }
+
+# A third review's correct answers, in other styles students use.
+ALTERNATIVES["padding_vs_packing_ledger"].update({
+    # One pass over the lengths for the sum and the maximum; supervised counts as sums of L - 1; keys reordered.
+    "loop_sums": '''
+from course_lib._checks import require_bool, require_lengths
+
+
+def padding_vs_packing_ledger(sample_lengths, *, mask_first_label=True):
+    mask_first_label = require_bool("mask_first_label", mask_first_label)
+    lengths = require_lengths("sample_lengths", sample_lengths)
+    total, longest, shifted = 0, 0, 0
+    for length in lengths:
+        total += length
+        longest = max(longest, length)
+        shifted += length - 1
+    n = len(lengths)
+    padded = n * longest
+    cross = 0 if mask_first_label else n - 1
+    return {
+        "processed_token_reduction": 1 - total / padded,
+        "packing": {"cross_sample_labels": cross, "effective_supervised_tokens": shifted + cross,
+                    "padding_ratio": 0 / total, "padding_tokens": 0, "processed_tokens": total},
+        "padding": {"cross_sample_labels": 0, "effective_supervised_tokens": shifted,
+                    "padding_ratio": (padded - total) / padded, "padding_tokens": padded - total,
+                    "processed_tokens": padded},
+        "sample_tokens": total,
+        "samples": n,
+    }
+''',
+    # numpy for the sums, converted back to Python ints and floats.
+    "numpy_then_int": '''
+import numpy as np
+
+from course_lib._checks import require_bool, require_lengths
+
+
+def padding_vs_packing_ledger(sample_lengths, *, mask_first_label=True):
+    lengths = np.asarray(require_lengths("sample_lengths", sample_lengths), dtype=np.int64)
+    if not require_bool("mask_first_label", mask_first_label):
+        cross = int(lengths.size) - 1
+    else:
+        cross = 0
+    n, tokens, padded = int(lengths.size), int(lengths.sum()), int(lengths.size * lengths.max())
+    ledger = {"samples": n, "sample_tokens": tokens}
+    for name, processed, supervised, crossing in (("padding", padded, tokens - n, 0),
+                                                 ("packing", tokens, tokens - n + cross, cross)):
+        ledger[name] = {"processed_tokens": processed, "padding_tokens": processed - tokens,
+                        "padding_ratio": float(processed - tokens) / processed,
+                        "effective_supervised_tokens": supervised, "cross_sample_labels": crossing}
+    ledger["processed_token_reduction"] = float(padded - tokens) / padded
+    return ledger
+''',
+})
+ALTERNATIVES["compare_padding_and_packing"].update({
+    # The step times checked first; the rates through effective_tokens_per_second from the setup cell.
+    "times_first_setup_helper": '''
+from course_lib._checks import require_keys, require_positive_int, require_real
+
+
+def compare_padding_and_packing(padding, packing):
+    for name, row in (("padding", padding), ("packing", packing)):
+        require_keys(name, row, ("median_step_ms", "effective_supervised_tokens"))
+    padding_ms = require_real("padding median_step_ms", padding["median_step_ms"], minimum=0.0, strict_minimum=True)
+    packing_ms = require_real("packing median_step_ms", packing["median_step_ms"], minimum=0.0, strict_minimum=True)
+    counts = [require_positive_int(f"{name} effective_supervised_tokens", row["effective_supervised_tokens"])
+              for name, row in (("padding", padding), ("packing", packing))]
+    if counts[0] != counts[1]:
+        raise ValueError(f"the two candidates supervise different token counts: {counts}")
+    tokens = counts[0]
+    padding_rate = effective_tokens_per_second(tokens, padding_ms)
+    packing_rate = effective_tokens_per_second(tokens, packing_ms)
+    return {"step_time_reduction": (padding_ms - packing_ms) / padding_ms,
+            "throughput_ratio": packing_rate / padding_rate,
+            "packing_tokens_per_second": packing_rate, "padding_tokens_per_second": padding_rate,
+            "effective_supervised_tokens": tokens}
+''',
+    # Rates as tokens * 1000 / ms, hand-written checks (numbers.Integral and numbers.Real, bools refused).
+    "hand_checks_times_1000": '''
+import math
+import numbers
+
+
+def compare_padding_and_packing(padding, packing):
+    for name, row in (("padding", padding), ("packing", packing)):
+        for key in ("effective_supervised_tokens", "median_step_ms"):
+            if key not in row:
+                raise ValueError(f"{name} is missing {key!r}")
+        tokens = row["effective_supervised_tokens"]
+        if isinstance(tokens, bool) or not isinstance(tokens, numbers.Integral) or tokens <= 0:
+            raise ValueError(f"{name}['effective_supervised_tokens'] must be a positive integer, got {tokens!r}")
+        step = row["median_step_ms"]
+        if isinstance(step, bool) or not isinstance(step, numbers.Real) or not math.isfinite(step) or step <= 0:
+            raise ValueError(f"{name}['median_step_ms'] must be a positive finite number, got {step!r}")
+    if padding["effective_supervised_tokens"] != packing["effective_supervised_tokens"]:
+        raise ValueError("the effective_supervised_tokens differ")
+    tokens = int(padding["effective_supervised_tokens"])
+    padding_ms, packing_ms = float(padding["median_step_ms"]), float(packing["median_step_ms"])
+    padding_rate = tokens * 1000.0 / padding_ms
+    packing_rate = tokens * 1000.0 / packing_ms
+    return {"effective_supervised_tokens": tokens, "padding_tokens_per_second": padding_rate,
+            "packing_tokens_per_second": packing_rate, "throughput_ratio": padding_ms / packing_ms,
+            "step_time_reduction": 1.0 - packing_ms / padding_ms}
+''',
+})
+
+# A third review: the TODO text now says numpy integers (and a numpy array of lengths) are valid input; an
+# answer that refuses them is wrong by the text.
+for (_todo, _name), _source in {
+    # isinstance(x, int) / (int, float): a row read with numpy (np.int64 count) is refused.
+    ("compare_padding_and_packing", "numpy_integers_refused"): '''
+import math
+def compare_padding_and_packing(padding, packing):
+    for name, row in (("padding", padding), ("packing", packing)):
+        for key in ("effective_supervised_tokens", "median_step_ms"):
+            if key not in row:
+                raise ValueError(f"{name} is missing {key!r}")
+        t = row["effective_supervised_tokens"]
+        if isinstance(t, bool) or not isinstance(t, int) or t <= 0:
+            raise ValueError("tokens")
+        s = row["median_step_ms"]
+        if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or s <= 0:
+            raise ValueError("ms")
+    if padding["effective_supervised_tokens"] != packing["effective_supervised_tokens"]:
+        raise ValueError("differ")
+    tokens = padding["effective_supervised_tokens"]
+    a, b = padding["median_step_ms"], packing["median_step_ms"]
+    return {"effective_supervised_tokens": tokens, "padding_tokens_per_second": tokens / (a / 1000),
+            "packing_tokens_per_second": tokens / (b / 1000), "throughput_ratio": a / b,
+            "step_time_reduction": 1 - b / a}
+''',
+    # Only a list or tuple of Python ints: a numpy array of lengths (a lengths column) is refused.
+    ("padding_vs_packing_ledger", "numpy_array_refused"): '''
+def padding_vs_packing_ledger(sample_lengths, *, mask_first_label=True):
+    if not isinstance(sample_lengths, (list, tuple)) or not sample_lengths:
+        raise ValueError("sample_lengths must be a non-empty list")
+    for i, L in enumerate(sample_lengths):
+        if isinstance(L, bool) or not isinstance(L, int) or L < 1:
+            raise ValueError(f"sample_lengths[{i}] must be a positive integer")
+    if not isinstance(mask_first_label, bool):
+        raise ValueError("mask_first_label must be a bool")
+    n, tot = len(sample_lengths), sum(sample_lengths)
+    padded = n * max(sample_lengths)
+    cross = 0 if mask_first_label else n - 1
+    def c(p, s, x):
+        return {"processed_tokens": p, "padding_tokens": p - tot, "padding_ratio": (p - tot) / p,
+                "effective_supervised_tokens": s, "cross_sample_labels": x}
+    return {"samples": n, "sample_tokens": tot, "padding": c(padded, tot - n, 0), "packing": c(tot, tot - n + cross, cross),
+            "processed_token_reduction": 1 - tot / padded}
+''',
+}.items():
+    MUTANTS[_todo][_name] = _source
