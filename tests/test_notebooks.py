@@ -101,3 +101,33 @@ def test_chapter_source_is_well_formed(name):
         assert f"test_{todo}" in tests, f"{name}: TODO {todo} has no graded test cell test_{todo}"
     meta = json.loads((ROOT / "course.json").read_text(encoding="utf-8"))
     assert meta["repository"].count("/") == 1
+
+
+_LOCAL_SCOPES = (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+
+
+def _module_level_names(node: ast.AST) -> set[str]:
+    """Names a cell binds in the notebook's global namespace (not inside functions, classes or comprehensions)."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return {node.name}
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return {alias.asname or alias.name.split(".")[0] for alias in node.names}
+    if isinstance(node, _LOCAL_SCOPES):
+        return set()
+    names = {node.id} if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store) else set()
+    for child in ast.iter_child_nodes(node):
+        names |= _module_level_names(child)
+    return names
+
+
+@pytest.mark.parametrize("name", CHAPTERS)
+def test_graded_cells_keep_their_globals_out_of_the_students_way(name):
+    """A graded cell's private globals are _t_*: a test's _plan once replaced a student's _plan helper, and the
+    correct answer lost its whole cell (TypeError: 'list' object is not callable)."""
+    text = (ROOT / "chapters" / f"{name}.py").read_text(encoding="utf-8")
+    offending = {}
+    for cell in re.split(r"(?m)^(?=# %%)", text):
+        if cell.startswith("# %%") and '"grade": true' in cell.splitlines()[0]:
+            private = {n for n in _module_level_names(ast.parse(cell)) if n.startswith("_") and n != "_"}
+            offending.update({n: cell.splitlines()[0] for n in private if not n.startswith("_t_")})
+    assert not offending, f"{name}: graded-cell globals without the _t_ prefix: {sorted(offending)}"

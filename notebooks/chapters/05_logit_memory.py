@@ -178,49 +178,49 @@ print("same log-probs:", torch.equal(full_path(hidden, weight, targets), chunked
 
 # %% nbgrader={"grade": true, "solution": false, "grade_id": "test_checkpointed_log_probs", "locked": true, "points": 6, "schema_version": 3}
 # Seed check: the three methods give the same log-probs; recomputing keeps (almost) nothing for backward.
-_gen = torch.Generator().manual_seed(0)
-_hidden = torch.randn(2, 300, 32, generator=_gen, dtype=torch.float64).requires_grad_()
-_weight = (torch.randn(1000, 32, generator=_gen, dtype=torch.float64) / 32**0.5).requires_grad_()
-_ids = torch.randint(1000, (2, 300), generator=_gen)
-_shown = "checkpointed_log_probs(hidden [2, 300, 32] fp64, weight [1000, 32] fp64, ids [2, 300], chunk_size=64)"
-_full = selected_log_probs(_hidden @ _weight.T, _ids)                                    # [2, 300]
-_mine = checkpointed_log_probs(_hidden, _weight, _ids, chunk_size=64)                    # 4 chunks of 64 + 44
-_what = f"shape {tuple(_mine.shape)}, {_mine.dtype}" if isinstance(_mine, torch.Tensor) else type(_mine).__name__
-assert isinstance(_mine, torch.Tensor) and tuple(_mine.shape) == (2, 300) and _mine.dtype == torch.float64, (
-    f"{_shown} returned {_what}, expected a tensor of shape (2, 300), torch.float64")
-assert torch.allclose(_mine, _full), (
-    f"{_shown} differs from the full path by up to {(_mine - _full).abs().max().item():.2e}")
+_t_gen = torch.Generator().manual_seed(0)
+_t_hidden = torch.randn(2, 300, 32, generator=_t_gen, dtype=torch.float64).requires_grad_()
+_t_weight = (torch.randn(1000, 32, generator=_t_gen, dtype=torch.float64) / 32**0.5).requires_grad_()
+_t_ids = torch.randint(1000, (2, 300), generator=_t_gen)
+_t_shown = "checkpointed_log_probs(hidden [2, 300, 32] fp64, weight [1000, 32] fp64, ids [2, 300], chunk_size=64)"
+_t_full = selected_log_probs(_t_hidden @ _t_weight.T, _t_ids)                                    # [2, 300]
+_t_mine = checkpointed_log_probs(_t_hidden, _t_weight, _t_ids, chunk_size=64)                    # 4 chunks of 64 + 44
+_t_what = f"shape {tuple(_t_mine.shape)}, {_t_mine.dtype}" if isinstance(_t_mine, torch.Tensor) else type(_t_mine).__name__
+assert isinstance(_t_mine, torch.Tensor) and tuple(_t_mine.shape) == (2, 300) and _t_mine.dtype == torch.float64, (
+    f"{_t_shown} returned {_t_what}, expected a tensor of shape (2, 300), torch.float64")
+assert torch.allclose(_t_mine, _t_full), (
+    f"{_t_shown} differs from the full path by up to {(_t_mine - _t_full).abs().max().item():.2e}")
 # T = 0: an empty [B, 0] tensor, in the dtype a longer input gives.
 try:
-    _empty = checkpointed_log_probs(_hidden[:, :0], _weight, _ids[:, :0], chunk_size=64)
-except (RuntimeError, ValueError, IndexError, TypeError) as _error:
-    raise AssertionError(f"checkpointed_log_probs with T = 0 (hidden [2, 0, 32], ids [2, 0]) raised {_error!r}; "
-                         f"expected an empty [2, 0] tensor (there is no chunk to concatenate)") from _error
-_what = f"shape {tuple(_empty.shape)}, {_empty.dtype}" if isinstance(_empty, torch.Tensor) else type(_empty).__name__
-assert isinstance(_empty, torch.Tensor) and tuple(_empty.shape) == (2, 0) and _empty.dtype == torch.float64, (
-    f"checkpointed_log_probs with T = 0 (hidden [2, 0, 32] fp64) returned {_what}, expected a tensor of shape "
+    _t_empty = checkpointed_log_probs(_t_hidden[:, :0], _t_weight, _t_ids[:, :0], chunk_size=64)
+except (RuntimeError, ValueError, IndexError, TypeError) as _t_error:
+    raise AssertionError(f"checkpointed_log_probs with T = 0 (hidden [2, 0, 32], ids [2, 0]) raised {_t_error!r}; "
+                         f"expected an empty [2, 0] tensor (there is no chunk to concatenate)") from _t_error
+_t_what = f"shape {tuple(_t_empty.shape)}, {_t_empty.dtype}" if isinstance(_t_empty, torch.Tensor) else type(_t_empty).__name__
+assert isinstance(_t_empty, torch.Tensor) and tuple(_t_empty.shape) == (2, 0) and _t_empty.dtype == torch.float64, (
+    f"checkpointed_log_probs with T = 0 (hidden [2, 0, 32] fp64) returned {_t_what}, expected a tensor of shape "
     f"(2, 0), torch.float64")
-_full.sum().backward()
-_full_grads, _hidden.grad, _weight.grad = (_hidden.grad, _weight.grad), None, None
-_mine.sum().backward()
-assert _hidden.grad is not None and _weight.grad is not None, "no gradient reaches hidden or weight"
-for _name, _grad, _want in (("hidden", _hidden.grad, _full_grads[0]), ("weight", _weight.grad, _full_grads[1])):
-    assert torch.allclose(_grad, _want), (
-        f"{_shown}: the gradient with respect to {_name} differs from the full path's by up to "
-        f"{(_grad - _want).abs().max().item():.2e}")
+_t_full.sum().backward()
+_t_full_grads, _t_hidden.grad, _t_weight.grad = (_t_hidden.grad, _t_weight.grad), None, None
+_t_mine.sum().backward()
+assert _t_hidden.grad is not None and _t_weight.grad is not None, "no gradient reaches hidden or weight"
+for _t_name, _t_grad, _t_want in (("hidden", _t_hidden.grad, _t_full_grads[0]), ("weight", _t_weight.grad, _t_full_grads[1])):
+    assert torch.allclose(_t_grad, _t_want), (
+        f"{_t_shown}: the gradient with respect to {_t_name} differs from the full path's by up to "
+        f"{(_t_grad - _t_want).abs().max().item():.2e}")
 # A trainer may ask torch.autograd.grad for the gradients of chosen inputs instead of calling .backward().
 try:
-    _grads = torch.autograd.grad(checkpointed_log_probs(_hidden, _weight, _ids, 64).sum(), (_hidden, _weight))
-except RuntimeError as _error:
-    raise AssertionError(f"torch.autograd.grad through {_shown} raised {_error!r}; the reentrant checkpoint only "
-                         f"supports .backward(): pass use_reentrant=False") from _error
-assert all(torch.allclose(_grad, _want) for _grad, _want in zip(_grads, _full_grads, strict=True)), (
-    f"torch.autograd.grad through {_shown} gives other gradients than .backward() on the full path")
-_chunked_kept = saved_tensor_bytes(lambda h, w, i: chunked_log_probs(h, w, i, 64), _hidden, _weight, _ids)
-_my_kept = saved_tensor_bytes(lambda h, w, i: checkpointed_log_probs(h, w, i, 64), _hidden, _weight, _ids)
-assert _chunked_kept >= 8 * 2 * 300 * 1000                  # every chunk's fp64 log-softmax: [2, 300, 1000]
-assert _my_kept < _chunked_kept / 10, (
-    f"{_shown}: autograd keeps {_my_kept:,} bytes for backward, chunking alone {_chunked_kept:,}; expected less "
+    _t_grads = torch.autograd.grad(checkpointed_log_probs(_t_hidden, _t_weight, _t_ids, 64).sum(), (_t_hidden, _t_weight))
+except RuntimeError as _t_error:
+    raise AssertionError(f"torch.autograd.grad through {_t_shown} raised {_t_error!r}; the reentrant checkpoint only "
+                         f"supports .backward(): pass use_reentrant=False") from _t_error
+assert all(torch.allclose(_t_grad, _t_want) for _t_grad, _t_want in zip(_t_grads, _t_full_grads, strict=True)), (
+    f"torch.autograd.grad through {_t_shown} gives other gradients than .backward() on the full path")
+_t_chunked_kept = saved_tensor_bytes(lambda h, w, i: chunked_log_probs(h, w, i, 64), _t_hidden, _t_weight, _t_ids)
+_t_my_kept = saved_tensor_bytes(lambda h, w, i: checkpointed_log_probs(h, w, i, 64), _t_hidden, _t_weight, _t_ids)
+assert _t_chunked_kept >= 8 * 2 * 300 * 1000                  # every chunk's fp64 log-softmax: [2, 300, 1000]
+assert _t_my_kept < _t_chunked_kept / 10, (
+    f"{_t_shown}: autograd keeps {_t_my_kept:,} bytes for backward, chunking alone {_t_chunked_kept:,}; expected less "
     f"than a tenth: is each chunk computed inside checkpoint(..., use_reentrant=False)?")
 ### BEGIN HIDDEN TESTS
 import random
@@ -230,7 +230,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from course_lib.nb import grading
 
 
-def _head(batch, tokens, width, vocab, seed, dtype=torch.float64):
+def _t_head(batch, tokens, width, vocab, seed, dtype=torch.float64):
     generator = torch.Generator().manual_seed(seed)
     hidden = torch.randn(batch, tokens, width, generator=generator, dtype=dtype).requires_grad_()
     weight = (torch.randn(vocab, width, generator=generator, dtype=dtype) / width**0.5).requires_grad_()
@@ -238,31 +238,31 @@ def _head(batch, tokens, width, vocab, seed, dtype=torch.float64):
 
 
 # Values: random shapes and chunk sizes (T not a multiple of C, C > T, C = 1), fp32, T = 0, default chunk.
-_rng = random.Random(5)
-_cases = []
-for _k in range(10):
-    _tokens = _rng.randint(1, 30)
-    _args = _head(_rng.randint(1, 3), _tokens, _rng.randint(1, 8), _rng.randint(2, 30), seed=_k)
-    _cases.append((_args, {"chunk_size": _rng.choice([1, 3, 7, _tokens, _tokens + 5])}))
-_cases.append((_head(2, 37, 8, 50, seed=20, dtype=torch.float32), {"chunk_size": 5}))
-_cases.append((_head(1, 19, 4, 9, seed=21), {}))
-_cases += [(_head(2, 0, 4, 9, seed=22, dtype=_dtype), {"chunk_size": 4})                      # T = 0
-           for _dtype in (torch.float32, torch.float64, torch.bfloat16)]
+_t_rng = random.Random(5)
+_t_cases = []
+for _t_k in range(10):
+    _t_tokens = _t_rng.randint(1, 30)
+    _t_args = _t_head(_t_rng.randint(1, 3), _t_tokens, _t_rng.randint(1, 8), _t_rng.randint(2, 30), seed=_t_k)
+    _t_cases.append((_t_args, {"chunk_size": _t_rng.choice([1, 3, 7, _t_tokens, _t_tokens + 5])}))
+_t_cases.append((_t_head(2, 37, 8, 50, seed=20, dtype=torch.float32), {"chunk_size": 5}))
+_t_cases.append((_t_head(1, 19, 4, 9, seed=21), {}))
+_t_cases += [(_t_head(2, 0, 4, 9, seed=22, dtype=_t_dtype), {"chunk_size": 4})                      # T = 0
+           for _t_dtype in (torch.float32, torch.float64, torch.bfloat16)]
 # bf16 inputs whose logits are small integers (exact in bf16): only the log-softmax's precision can differ.
-_int_gen = torch.Generator().manual_seed(23)
-_cases.append(((torch.randint(-2, 3, (2, 24, 16), generator=_int_gen).bfloat16(),
-                torch.randint(-2, 3, (300, 16), generator=_int_gen).bfloat16(),
-                torch.randint(300, (2, 24), generator=_int_gen)), {"chunk_size": 10}))
+_t_int_gen = torch.Generator().manual_seed(23)
+_t_cases.append(((torch.randint(-2, 3, (2, 24, 16), generator=_t_int_gen).bfloat16(),
+                torch.randint(-2, 3, (300, 16), generator=_t_int_gen).bfloat16(),
+                torch.randint(300, (2, 24), generator=_t_int_gen)), {"chunk_size": 10}))
 # bf16 inputs whose integer dot products (up to 1024, exact in an fp32 accumulator) are NOT exact in bf16: the
 # logits round as the model's bf16 lm_head rounds them, so a matmul upcast to fp32 first gives other log-probs.
-_cases.append(((torch.randint(-8, 9, (2, 24, 16), generator=_int_gen).bfloat16(),
-                torch.randint(-8, 9, (64, 16), generator=_int_gen).bfloat16(),
-                torch.randint(64, (2, 24), generator=_int_gen)), {"chunk_size": 10}))
-grading.assert_matches_reference(checkpointed_log_probs, "checkpointed_log_probs", _cases, rtol=1e-5, atol=1e-6)
+_t_cases.append(((torch.randint(-8, 9, (2, 24, 16), generator=_t_int_gen).bfloat16(),
+                torch.randint(-8, 9, (64, 16), generator=_t_int_gen).bfloat16(),
+                torch.randint(64, (2, 24), generator=_t_int_gen)), {"chunk_size": 10}))
+grading.assert_matches_reference(checkpointed_log_probs, "checkpointed_log_probs", _t_cases, rtol=1e-5, atol=1e-6)
 
 
 # Gradients with respect to hidden and weight, under a random upstream gradient.
-def _values_and_grads(fn, hidden, weight, ids, chunk_size, seed):
+def _t_values_and_grads(fn, hidden, weight, ids, chunk_size, seed):
     hidden.grad = weight.grad = None
     values = fn(hidden, weight, ids, chunk_size)
     upstream = torch.randn(tuple(values.shape), generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
@@ -270,27 +270,27 @@ def _values_and_grads(fn, hidden, weight, ids, chunk_size, seed):
     return [values.detach(), hidden.grad, weight.grad]
 
 
-_reference = grading.reference("checkpointed_log_probs")
-for _k, (_batch, _tokens, _width, _vocab, _chunk) in enumerate([(1, 13, 4, 11, 4), (2, 29, 6, 17, 8),
+_t_reference = grading.reference("checkpointed_log_probs")
+for _t_k, (_t_batch, _t_tokens, _t_width, _t_vocab, _t_chunk) in enumerate([(1, 13, 4, 11, 4), (2, 29, 6, 17, 8),
                                                                 (3, 10, 5, 7, 10), (2, 9, 3, 13, 1)]):
-    _args = _head(_batch, _tokens, _width, _vocab, seed=40 + _k)
-    _expected = _values_and_grads(_reference, *_args, _chunk, seed=_k)
+    _t_args = _t_head(_t_batch, _t_tokens, _t_width, _t_vocab, seed=40 + _t_k)
+    _t_expected = _t_values_and_grads(_t_reference, *_t_args, _t_chunk, seed=_t_k)
     with grading.library_blocked("checkpointed_log_probs"):
-        _got = _values_and_grads(checkpointed_log_probs, *_args, _chunk, seed=_k)
-    grading.assert_same(_got, _expected, rtol=1e-7, atol=1e-9, path=f"[values, hidden.grad, weight.grad] (case {_k})")
+        _t_got = _t_values_and_grads(checkpointed_log_probs, *_t_args, _t_chunk, seed=_t_k)
+    grading.assert_same(_t_got, _t_expected, rtol=1e-7, atol=1e-9, path=f"[values, hidden.grad, weight.grad] (case {_t_k})")
 # torch.autograd.grad (as a trainer computing gradients of chosen inputs does) must work too: the reentrant
 # checkpoint (use_reentrant=True) only supports .backward().
-_args = _head(2, 11, 4, 9, seed=50)
-_expected = torch.autograd.grad(_reference(*_args, 4).sum(), _args[:2])
+_t_args = _t_head(2, 11, 4, 9, seed=50)
+_t_expected = torch.autograd.grad(_t_reference(*_t_args, 4).sum(), _t_args[:2])
 with grading.library_blocked("checkpointed_log_probs"):
-    _got = torch.autograd.grad(checkpointed_log_probs(*_args, 4).sum(), _args[:2])
-grading.assert_same(list(_got), list(_expected), rtol=1e-7, atol=1e-9, path="autograd.grad of (hidden, weight)")
+    _t_got = torch.autograd.grad(checkpointed_log_probs(*_t_args, 4).sum(), _t_args[:2])
+grading.assert_same(list(_t_got), list(_t_expected), rtol=1e-7, atol=1e-9, path="autograd.grad of (hidden, weight)")
 
 
 # Recompute: what autograd keeps is far below chunking alone. Chunking: no tensor near the full [B, T, V] logits,
 # in forward or in backward. A dispatch mode sees every kernel's output, the backward pass included (checkpoint's
 # replay, a custom autograd.Function's backward), so a chunk that is only small on the way forward shows.
-class _Largest(TorchDispatchMode):
+class _t_Largest(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.numel = 0
@@ -303,48 +303,48 @@ class _Largest(TorchDispatchMode):
         return result
 
 
-def _largest_tensor(*args, **kwargs):
+def _t_largest_tensor(*args, **kwargs):
     """The most elements of any tensor made while the student's function runs forward and backward."""
-    with grading.library_blocked("checkpointed_log_probs"), _Largest() as probe:
+    with grading.library_blocked("checkpointed_log_probs"), _t_Largest() as probe:
         checkpointed_log_probs(*args, **kwargs).sum().backward()
     return probe.numel
 
 
-_hidden, _weight, _ids = _head(1, 2048, 16, 512, seed=60, dtype=torch.float32)
-for _tokens in (512, 2048):
-    _args = (_hidden[:, :_tokens], _weight, _ids[:, :_tokens])
-    _chunked_kept = saved_tensor_bytes(lambda h, w, i: chunked_log_probs(h, w, i, 128), *_args)
+_t_hidden, _t_weight, _t_ids = _t_head(1, 2048, 16, 512, seed=60, dtype=torch.float32)
+for _t_tokens in (512, 2048):
+    _t_args = (_t_hidden[:, :_t_tokens], _t_weight, _t_ids[:, :_t_tokens])
+    _t_chunked_kept = saved_tensor_bytes(lambda h, w, i: chunked_log_probs(h, w, i, 128), *_t_args)
     with grading.library_blocked("checkpointed_log_probs"):
-        _kept = saved_tensor_bytes(lambda h, w, i: checkpointed_log_probs(h, w, i, 128), *_args)
-    assert _kept < _chunked_kept / 10, (
-        f"T = {_tokens}: autograd keeps {_kept} bytes, chunking alone keeps {_chunked_kept}: is each chunk recomputed?")
+        _t_kept = saved_tensor_bytes(lambda h, w, i: checkpointed_log_probs(h, w, i, 128), *_t_args)
+    assert _t_kept < _t_chunked_kept / 10, (
+        f"T = {_t_tokens}: autograd keeps {_t_kept} bytes, chunking alone keeps {_t_chunked_kept}: is each chunk recomputed?")
 # (tokens, width, vocab, chunk_size or None for the default 1024): many small chunks, and the default. The width is
 # small enough that hidden [1, T, D] and its gradient stay below one chunk's logits [1, C, V].
-for _tokens, _width, _vocab, _chunk in [(2048, 16, 512, 128), (2048, 4, 512, 16), (4096, 8, 64, None)]:
-    _args = _head(1, _tokens, _width, _vocab, seed=61, dtype=torch.float32)
-    _largest = _largest_tensor(*_args, **({} if _chunk is None else {"chunk_size": _chunk}))
-    _bound = 2 * (_chunk or 1024) * _vocab
-    assert _largest <= _bound, (
-        f"T = {_tokens}, chunk_size = {_chunk or 'default (1024)'}: a tensor of {_largest} elements in forward or "
-        f"backward; one chunk's logits have {_bound // 2}: are the chunks `chunk_size` tokens long?")
+for _t_tokens, _t_width, _t_vocab, _t_chunk in [(2048, 16, 512, 128), (2048, 4, 512, 16), (4096, 8, 64, None)]:
+    _t_args = _t_head(1, _t_tokens, _t_width, _t_vocab, seed=61, dtype=torch.float32)
+    _t_largest = _t_largest_tensor(*_t_args, **({} if _t_chunk is None else {"chunk_size": _t_chunk}))
+    _t_bound = 2 * (_t_chunk or 1024) * _t_vocab
+    assert _t_largest <= _t_bound, (
+        f"T = {_t_tokens}, chunk_size = {_t_chunk or 'default (1024)'}: a tensor of {_t_largest} elements in forward or "
+        f"backward; one chunk's logits have {_t_bound // 2}: are the chunks `chunk_size` tokens long?")
 
 # The caller's tensors are left as they were: no requires_grad switched on, no values changed.
-_plain = _head(2, 12, 4, 10, seed=70, dtype=torch.float32)
-_plain = tuple(tensor.detach() for tensor in _plain)
-_before = [tensor.clone() for tensor in _plain]
+_t_plain = _t_head(2, 12, 4, 10, seed=70, dtype=torch.float32)
+_t_plain = tuple(tensor.detach() for tensor in _t_plain)
+_t_before = [tensor.clone() for tensor in _t_plain]
 with grading.library_blocked("checkpointed_log_probs"):
-    checkpointed_log_probs(*_plain, chunk_size=5)
-assert not _plain[0].requires_grad and not _plain[1].requires_grad, "the function turned on requires_grad of an input"
-grading.assert_same(list(_plain), _before, path="inputs after the call")
+    checkpointed_log_probs(*_t_plain, chunk_size=5)
+assert not _t_plain[0].requires_grad and not _t_plain[1].requires_grad, "the function turned on requires_grad of an input"
+grading.assert_same(list(_t_plain), _t_before, path="inputs after the call")
 
-_ok = _head(2, 8, 4, 10, seed=0, dtype=torch.float32)
+_t_ok = _t_head(2, 8, 4, 10, seed=0, dtype=torch.float32)
 grading.assert_rejects(checkpointed_log_probs, "checkpointed_log_probs", [
-    (_ok, {"chunk_size": 0}), (_ok, {"chunk_size": 2.5}),
-    ((_ok[0][0], _ok[1], _ok[2]), {"chunk_size": 4}),                                    # hidden [T, D]
-    ((_ok[0], _ok[1][:, :3], _ok[2]), {"chunk_size": 4}),                                # widths differ
-    ((_ok[0], _ok[1], _ok[2][:, :5]), {"chunk_size": 4}),                                # ids shape
-    ((_ok[0], _ok[1], _ok[2] + 10), {"chunk_size": 4}),                                  # ids >= V
-    ((_ok[0], _ok[1], _ok[2].float()), {"chunk_size": 4}),                               # ids not integers
+    (_t_ok, {"chunk_size": 0}), (_t_ok, {"chunk_size": 2.5}),
+    ((_t_ok[0][0], _t_ok[1], _t_ok[2]), {"chunk_size": 4}),                                    # hidden [T, D]
+    ((_t_ok[0], _t_ok[1][:, :3], _t_ok[2]), {"chunk_size": 4}),                                # widths differ
+    ((_t_ok[0], _t_ok[1], _t_ok[2][:, :5]), {"chunk_size": 4}),                                # ids shape
+    ((_t_ok[0], _t_ok[1], _t_ok[2] + 10), {"chunk_size": 4}),                                  # ids >= V
+    ((_t_ok[0], _t_ok[1], _t_ok[2].float()), {"chunk_size": 4}),                               # ids not integers
 ])
 ### END HIDDEN TESTS
 

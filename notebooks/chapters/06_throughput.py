@@ -99,60 +99,60 @@ print(f"without the cache: {positions[False] / positions[True]:.1f}x the positio
 
 # %% nbgrader={"grade": true, "solution": false, "grade_id": "test_kv_bytes_per_token", "locked": true, "points": 4, "schema_version": 3}
 # Seed: Qwen3-8B, 36 layers x 8 KV heads x head_dim 128, K and V in bf16: 147 KB per token.
-_got = kv_bytes_per_token(load_model_config("Qwen3-8B"))
-assert _got == 147_456, f"kv_bytes_per_token(load_model_config('Qwen3-8B')) returned {_got!r}, expected 147456"
-for _config, _shown in (("Qwen/Qwen3-8B", "'Qwen/Qwen3-8B'"), (hf_config("Qwen3-8B"), "hf_config('Qwen3-8B')")):
-    _got = kv_bytes_per_token(_config)
-    assert _got == 147_456, f"kv_bytes_per_token({_shown}) returned {_got!r}, expected 147456"
-_got = kv_bytes_per_token("Qwen3-0.6B")
-assert _got == 2 * 28 * 8 * 128 * 2, (                                               # head_dim 128, not 1024 / 16
-    f"kv_bytes_per_token('Qwen3-0.6B') returned {_got!r}, expected 2 x 28 x 8 x 128 x 2 = 114688 (its head_dim "
+_t_got = kv_bytes_per_token(load_model_config("Qwen3-8B"))
+assert _t_got == 147_456, f"kv_bytes_per_token(load_model_config('Qwen3-8B')) returned {_t_got!r}, expected 147456"
+for _t_config, _t_shown in (("Qwen/Qwen3-8B", "'Qwen/Qwen3-8B'"), (hf_config("Qwen3-8B"), "hf_config('Qwen3-8B')")):
+    _t_got = kv_bytes_per_token(_t_config)
+    assert _t_got == 147_456, f"kv_bytes_per_token({_t_shown}) returned {_t_got!r}, expected 147456"
+_t_got = kv_bytes_per_token("Qwen3-0.6B")
+assert _t_got == 2 * 28 * 8 * 128 * 2, (                                               # head_dim 128, not 1024 / 16
+    f"kv_bytes_per_token('Qwen3-0.6B') returned {_t_got!r}, expected 2 x 28 x 8 x 128 x 2 = 114688 (its head_dim "
     f"field is 128, not hidden_size / heads = 64)")
-_got = kv_bytes_per_token("Qwen2.5-0.5B", dtype_bytes=4)
-assert _got == 2 * 24 * 2 * (896 // 14) * 4, (                                       # no head_dim field
-    f"kv_bytes_per_token('Qwen2.5-0.5B', dtype_bytes=4) returned {_got!r}, expected 2 x 24 x 2 x 64 x 4 = 24576")
-assert type(_got) is int, (
-    f"kv_bytes_per_token('Qwen2.5-0.5B', dtype_bytes=4) returned {type(_got).__name__} {_got!r}: it must be a Python "
+_t_got = kv_bytes_per_token("Qwen2.5-0.5B", dtype_bytes=4)
+assert _t_got == 2 * 24 * 2 * (896 // 14) * 4, (                                       # no head_dim field
+    f"kv_bytes_per_token('Qwen2.5-0.5B', dtype_bytes=4) returned {_t_got!r}, expected 2 x 24 x 2 x 64 x 4 = 24576")
+assert type(_t_got) is int, (
+    f"kv_bytes_per_token('Qwen2.5-0.5B', dtype_bytes=4) returned {type(_t_got).__name__} {_t_got!r}: it must be a Python "
     f"int (bytes are whole numbers); a head width from hidden_size / heads is a float, use //")
-_config = {"num_hidden_layers": 4, "num_attention_heads": 8, "hidden_size": 512,
+_t_config = {"num_hidden_layers": 4, "num_attention_heads": 8, "hidden_size": 512,
            "num_key_value_heads": None, "head_dim": None}                            # None: the same as absent
 try:
-    _got = kv_bytes_per_token(_config)
-except ValueError as _error:
-    raise AssertionError(f"kv_bytes_per_token({_config}) raised {_error!r}; a field set to None counts as absent "
-                         f"(no GQA: num_attention_heads KV heads; head_dim = hidden_size // heads)") from _error
-assert _got == 2 * 4 * 8 * 64 * 2, (
-    f"kv_bytes_per_token({_config}) returned {_got!r}, expected 2 x 4 x 8 x 64 x 2 = 8192")
+    _t_got = kv_bytes_per_token(_t_config)
+except ValueError as _t_error:
+    raise AssertionError(f"kv_bytes_per_token({_t_config}) raised {_t_error!r}; a field set to None counts as absent "
+                         f"(no GQA: num_attention_heads KV heads; head_dim = hidden_size // heads)") from _t_error
+assert _t_got == 2 * 4 * 8 * 64 * 2, (
+    f"kv_bytes_per_token({_t_config}) returned {_t_got!r}, expected 2 x 4 x 8 x 64 x 2 = 8192")
 ### BEGIN HIDDEN TESTS
 import random
 
 from course_lib.nb import grading
 
-_rng = random.Random(6)
-_cases = []
+_t_rng = random.Random(6)
+_t_cases = []
 for _ in range(40):
-    _heads = _rng.choice([1, 2, 4, 8, 12, 16, 32, 40, 64])
-    _config = {"num_hidden_layers": _rng.randint(1, 96), "num_attention_heads": _heads,
-               "hidden_size": _heads * _rng.choice([32, 64, 80, 128])}
-    if _rng.random() < 0.7:
-        _config["num_key_value_heads"] = _rng.choice([d for d in range(1, _heads + 1) if _heads % d == 0])
-    if _rng.random() < 0.6:
-        _config["head_dim"] = _rng.choice([64, 96, 128, 256])
-    _cases.append(((_config,), {"dtype_bytes": _rng.choice([1, 2, 4])}))
-_cases += [(({"num_hidden_layers": 4, "num_attention_heads": 8, "hidden_size": 512,
+    _t_heads = _t_rng.choice([1, 2, 4, 8, 12, 16, 32, 40, 64])
+    _t_config = {"num_hidden_layers": _t_rng.randint(1, 96), "num_attention_heads": _t_heads,
+               "hidden_size": _t_heads * _t_rng.choice([32, 64, 80, 128])}
+    if _t_rng.random() < 0.7:
+        _t_config["num_key_value_heads"] = _t_rng.choice([d for d in range(1, _t_heads + 1) if _t_heads % d == 0])
+    if _t_rng.random() < 0.6:
+        _t_config["head_dim"] = _t_rng.choice([64, 96, 128, 256])
+    _t_cases.append(((_t_config,), {"dtype_bytes": _t_rng.choice([1, 2, 4])}))
+_t_cases += [(({"num_hidden_layers": 4, "num_attention_heads": 8, "hidden_size": 512,
               "num_key_value_heads": None, "head_dim": None},), {})]
-_cases += [((name,), {"dtype_bytes": d}) for name in ("Qwen3-8B", "Qwen/Qwen3-0.6B", "Qwen2.5-0.5B", "tiny-qwen2")
+_t_cases += [((name,), {"dtype_bytes": d}) for name in ("Qwen3-8B", "Qwen/Qwen3-0.6B", "Qwen2.5-0.5B", "tiny-qwen2")
            for d in (1, 2, 4)]
-_cases += [((hf_config(name, **overrides),), {"dtype_bytes": 2})
+_t_cases += [((hf_config(name, **overrides),), {"dtype_bytes": 2})
            for name, overrides in (("Qwen3-0.6B", {}), ("Qwen2.5-0.5B", {}), ("tiny-qwen2", {}),
                                    ("tiny-qwen2", {"num_key_value_heads": 1}), ("Qwen3-8B", {"head_dim": 64}))]
 # hidden_size not a multiple of the head count: the head width is hidden_size // heads, an int (not 33.33...).
-_cases += [(({"num_hidden_layers": 2, "num_attention_heads": 3, "hidden_size": 100},), {}),
+_t_cases += [(({"num_hidden_layers": 2, "num_attention_heads": 3, "hidden_size": 100},), {}),
            (({"num_hidden_layers": 5, "num_attention_heads": 12, "hidden_size": 1000, "num_key_value_heads": 4},), {}),
            # 110 / 8 = 13.75 and 1000 / 24 = 41.67: floored to 13 and 41, not rounded to 14 and 42
            (({"num_hidden_layers": 3, "num_attention_heads": 8, "hidden_size": 110},), {}),
            (({"num_hidden_layers": 2, "num_attention_heads": 24, "hidden_size": 1000, "num_key_value_heads": 8},), {})]
-grading.assert_matches_reference(kv_bytes_per_token, "kv_bytes_per_token", _cases)
+grading.assert_matches_reference(kv_bytes_per_token, "kv_bytes_per_token", _t_cases)
 grading.assert_rejects(kv_bytes_per_token, "kv_bytes_per_token", [
     (({"num_hidden_layers": 2, "num_attention_heads": 4},), {}),                             # no head_dim, no hidden_size
     (({"num_attention_heads": 4, "head_dim": 16},), {}),                                     # no layers
@@ -242,30 +242,30 @@ print({key: H200[key] for key in ("memory_bandwidth", "dense_flops", "flops_dtyp
 
 # %% nbgrader={"grade": true, "solution": false, "grade_id": "test_decode_tokens_per_s", "locked": true, "points": 4, "schema_version": 3}
 # Seed: Qwen3-8B (8.2e9 parameters, 147,456 KV bytes per token) on an H200 (4.8 TB/s).
-_rates = [decode_tokens_per_s(8.2e9, b, c, 147_456, 4.8e12) for b, c in [(64, 2048), (64, 16_384), (256, 16_384)]]
-assert [round(rate) for rate in _rates] == [8598, 1796, 1935], (
+_t_rates = [decode_tokens_per_s(8.2e9, b, c, 147_456, 4.8e12) for b, c in [(64, 2048), (64, 16_384), (256, 16_384)]]
+assert [round(rate) for rate in _t_rates] == [8598, 1796, 1935], (
     f"decode_tokens_per_s(8.2e9, batch, context, 147_456, 4.8e12) for (batch, context) = (64, 2048), (64, 16384), "
-    f"(256, 16384) returned {[round(rate) for rate in _rates]} (rounded), expected [8598, 1796, 1935]")
-assert isinstance(_rates[0], float), f"decode_tokens_per_s must return a float, got {type(_rates[0]).__name__}"
-_rate = decode_tokens_per_s(8.2e9, 64, 2048, 147_456, 4.8e12, weight_bytes_per_param=1)    # 8-bit weights
-assert round(_rate) == 11160, (
-    f"decode_tokens_per_s(8.2e9, 64, 2048, 147_456, 4.8e12, weight_bytes_per_param=1) returned {_rate:.0f}, "
+    f"(256, 16384) returned {[round(rate) for rate in _t_rates]} (rounded), expected [8598, 1796, 1935]")
+assert isinstance(_t_rates[0], float), f"decode_tokens_per_s must return a float, got {type(_t_rates[0]).__name__}"
+_t_rate = decode_tokens_per_s(8.2e9, 64, 2048, 147_456, 4.8e12, weight_bytes_per_param=1)    # 8-bit weights
+assert round(_t_rate) == 11160, (
+    f"decode_tokens_per_s(8.2e9, 64, 2048, 147_456, 4.8e12, weight_bytes_per_param=1) returned {_t_rate:.0f}, "
     f"expected 11160: the weights take weight_bytes_per_param x N bytes")
 ### BEGIN HIDDEN TESTS
 import random
 
 from course_lib.nb import grading
 
-_rng = random.Random(7)
-_bandwidths = [load_hardware(name)["memory_bandwidth"] for name in ("H200", "H100-SXM", "A100-80GB", "L4", "T4")]
-_cases = []
+_t_rng = random.Random(7)
+_t_bandwidths = [load_hardware(name)["memory_bandwidth"] for name in ("H200", "H100-SXM", "A100-80GB", "L4", "T4")]
+_t_cases = []
 for _ in range(60):
-    _kwargs = {"weight_bytes_per_param": _rng.choice([0.5, 1, 2.0, 4])} if _rng.random() < 0.5 else {}
-    _cases.append(((10 ** _rng.uniform(8, 11), _rng.randint(1, 512), _rng.randint(1, 131_072),
-                    _rng.choice([12_288, 114_688, 147_456, _rng.uniform(1e3, 5e5)]), _rng.choice(_bandwidths)),
-                   _kwargs))
-_cases += [((8.2e9, 1, 1, 147_456, 4.8e12), {}), ((5e8, 1024, 1, 12_288, 3e11), {"weight_bytes_per_param": 1})]
-grading.assert_matches_reference(decode_tokens_per_s, "decode_tokens_per_s", _cases)
+    _t_kwargs = {"weight_bytes_per_param": _t_rng.choice([0.5, 1, 2.0, 4])} if _t_rng.random() < 0.5 else {}
+    _t_cases.append(((10 ** _t_rng.uniform(8, 11), _t_rng.randint(1, 512), _t_rng.randint(1, 131_072),
+                    _t_rng.choice([12_288, 114_688, 147_456, _t_rng.uniform(1e3, 5e5)]), _t_rng.choice(_t_bandwidths)),
+                   _t_kwargs))
+_t_cases += [((8.2e9, 1, 1, 147_456, 4.8e12), {}), ((5e8, 1024, 1, 12_288, 3e11), {"weight_bytes_per_param": 1})]
+grading.assert_matches_reference(decode_tokens_per_s, "decode_tokens_per_s", _t_cases)
 grading.assert_rejects(decode_tokens_per_s, "decode_tokens_per_s", [
     ((0, 64, 2048, 147_456, 4.8e12), {}), ((8.2e9, 0, 2048, 147_456, 4.8e12), {}),
     ((8.2e9, 64, 2048.5, 147_456, 4.8e12), {}), ((8.2e9, 64, 2048, 0, 4.8e12), {}),
@@ -346,45 +346,45 @@ plt.show()
 
 # %% nbgrader={"grade": true, "solution": false, "grade_id": "test_gpu_hours_per_step", "locked": true, "points": 5, "schema_version": 3}
 # Seed: Qwen3-8B, 512 episodes of 24k tokens (6k sampled), decode at 1,796 tokens/s (batch 64, 16k), H200, MFU 0.4.
-_decode_rate = 64 / ((2 * 8.2e9 + 64 * 16_384 * 147_456) / 4.8e12)
-_parts = gpu_hours_per_step(8.2e9, 512, 24_000, 6_000, _decode_rate, 989e12, 0.4, 0.5)
-_shown = f"gpu_hours_per_step(8.2e9, 512, 24_000, 6_000, {_decode_rate:.1f}, 989e12, 0.4, 0.5)"
-assert sorted(_parts) == ["decode", "old_logp", "prefill", "total", "train"], (
-    f"{_shown} returned the keys {sorted(_parts)}, expected ['decode', 'old_logp', 'prefill', 'total', 'train']")
-_rounded = {key: round(value, 2) for key, value in _parts.items()}
-assert _rounded == {"train": 0.42, "old_logp": 0.14, "prefill": 0.11, "decode": 0.95, "total": 1.62}, (
-    f"{_shown} returned (rounded) {_rounded}, expected "
+_t_decode_rate = 64 / ((2 * 8.2e9 + 64 * 16_384 * 147_456) / 4.8e12)
+_t_parts = gpu_hours_per_step(8.2e9, 512, 24_000, 6_000, _t_decode_rate, 989e12, 0.4, 0.5)
+_t_shown = f"gpu_hours_per_step(8.2e9, 512, 24_000, 6_000, {_t_decode_rate:.1f}, 989e12, 0.4, 0.5)"
+assert sorted(_t_parts) == ["decode", "old_logp", "prefill", "total", "train"], (
+    f"{_t_shown} returned the keys {sorted(_t_parts)}, expected ['decode', 'old_logp', 'prefill', 'total', 'train']")
+_t_rounded = {key: round(value, 2) for key, value in _t_parts.items()}
+assert _t_rounded == {"train": 0.42, "old_logp": 0.14, "prefill": 0.11, "decode": 0.95, "total": 1.62}, (
+    f"{_t_shown} returned (rounded) {_t_rounded}, expected "
     f"{{'train': 0.42, 'old_logp': 0.14, 'prefill': 0.11, 'decode': 0.95, 'total': 1.62}}")
-assert f"{300 * _parts['total']:,.0f}" == "487" and f"{_parts['decode'] / _parts['total']:.0%}" == "59%", (
-    f"{_shown}: 300 steps take {300 * _parts['total']:,.0f} GPU-hours, decode share "
-    f"{_parts['decode'] / _parts['total']:.0%}; expected 487 and 59%")
+assert f"{300 * _t_parts['total']:,.0f}" == "487" and f"{_t_parts['decode'] / _t_parts['total']:.0%}" == "59%", (
+    f"{_t_shown}: 300 steps take {300 * _t_parts['total']:,.0f} GPU-hours, decode share "
+    f"{_t_parts['decode'] / _t_parts['total']:.0%}; expected 487 and 59%")
 ### BEGIN HIDDEN TESTS
 import random
 
 from course_lib.nb import grading
 
-_rng = random.Random(8)
-_cases = []
+_t_rng = random.Random(8)
+_t_cases = []
 for _ in range(60):
-    _total = _rng.choice([_rng.randint(100, 200_000), _rng.uniform(100, 2e5)])
-    _cases.append(((10 ** _rng.uniform(8, 11), _rng.randint(1, 4096), _total, _rng.uniform(1, _total),
-                    10 ** _rng.uniform(1, 5), _rng.choice([989e12, 312e12, 121e12, 65e12]),
-                    _rng.uniform(0.05, 1.0), _rng.uniform(0.05, 1.0)), {}))
-_cases += [((8.2e9, 512, 24_000, 24_000, 1796.0, 989e12, 1.0, 1.0), {}),              # all tokens sampled
+    _t_total = _t_rng.choice([_t_rng.randint(100, 200_000), _t_rng.uniform(100, 2e5)])
+    _t_cases.append(((10 ** _t_rng.uniform(8, 11), _t_rng.randint(1, 4096), _t_total, _t_rng.uniform(1, _t_total),
+                    10 ** _t_rng.uniform(1, 5), _t_rng.choice([989e12, 312e12, 121e12, 65e12]),
+                    _t_rng.uniform(0.05, 1.0), _t_rng.uniform(0.05, 1.0)), {}))
+_t_cases += [((8.2e9, 512, 24_000, 24_000, 1796.0, 989e12, 1.0, 1.0), {}),              # all tokens sampled
            ((8.2e9, 1, 24_000, 1, 1796.0, 989e12, 0.4, 0.25), {})]
-grading.assert_matches_reference(gpu_hours_per_step, "gpu_hours_per_step", _cases)
-_ok = (8.2e9, 512, 24_000, 6_000, 1796.0, 989e12, 0.4, 0.5)
+grading.assert_matches_reference(gpu_hours_per_step, "gpu_hours_per_step", _t_cases)
+_t_ok = (8.2e9, 512, 24_000, 6_000, 1796.0, 989e12, 0.4, 0.5)
 grading.assert_rejects(gpu_hours_per_step, "gpu_hours_per_step", [
-    (_ok[:7] + (0,), {}), (_ok[:7] + (1.5,), {}), (_ok[:6] + (0.0, 0.5), {}), (_ok[:6] + (1.2, 0.5), {}),
-    ((8.2e9, 512, 6_000, 24_000) + _ok[4:], {}), ((8.2e9, 0) + _ok[2:], {}), ((8.2e9, 2.5) + _ok[2:], {}),
-    (_ok[:4] + (float("nan"),) + _ok[5:], {}), ((-1.0,) + _ok[1:], {}), ((8.2e9, 512, 0, 0) + _ok[4:], {}),
-    (_ok[:5] + (0,) + _ok[6:], {}),
-    (_ok[:3] + (0,) + _ok[4:], {}),                                                           # no policy tokens
-    (_ok[:4] + (-5.0,) + _ok[5:], {}), (_ok[:4] + (0.0,) + _ok[5:], {}),                      # decode rate <= 0
-    (_ok[:5] + (float("inf"),) + _ok[6:], {}), (_ok[:4] + (float("inf"),) + _ok[5:], {}),
-    ((8.2e9, True) + _ok[2:], {}), ((float("nan"),) + _ok[1:], {}), ((float("inf"),) + _ok[1:], {}),
-    ((8.2e9, 512.0) + _ok[2:], {}),                                                            # a float is no count
-    (_ok[:2] + (float("inf"),) + _ok[3:], {}),
+    (_t_ok[:7] + (0,), {}), (_t_ok[:7] + (1.5,), {}), (_t_ok[:6] + (0.0, 0.5), {}), (_t_ok[:6] + (1.2, 0.5), {}),
+    ((8.2e9, 512, 6_000, 24_000) + _t_ok[4:], {}), ((8.2e9, 0) + _t_ok[2:], {}), ((8.2e9, 2.5) + _t_ok[2:], {}),
+    (_t_ok[:4] + (float("nan"),) + _t_ok[5:], {}), ((-1.0,) + _t_ok[1:], {}), ((8.2e9, 512, 0, 0) + _t_ok[4:], {}),
+    (_t_ok[:5] + (0,) + _t_ok[6:], {}),
+    (_t_ok[:3] + (0,) + _t_ok[4:], {}),                                                           # no policy tokens
+    (_t_ok[:4] + (-5.0,) + _t_ok[5:], {}), (_t_ok[:4] + (0.0,) + _t_ok[5:], {}),                      # decode rate <= 0
+    (_t_ok[:5] + (float("inf"),) + _t_ok[6:], {}), (_t_ok[:4] + (float("inf"),) + _t_ok[5:], {}),
+    ((8.2e9, True) + _t_ok[2:], {}), ((float("nan"),) + _t_ok[1:], {}), ((float("inf"),) + _t_ok[1:], {}),
+    ((8.2e9, 512.0) + _t_ok[2:], {}),                                                            # a float is no count
+    (_t_ok[:2] + (float("inf"),) + _t_ok[3:], {}),
 ])
 ### END HIDDEN TESTS
 

@@ -225,50 +225,50 @@ import random
 
 from course_lib.nb import grading
 
-_rng = random.Random(7)
-_grid = [k / 16 for k in range(17)]  # dyadic scores: a difference that equals a limit is exact
-_cases = [((baseline, accepted_run, limits), {}), ((baseline, {**accepted_run, "loss_finite": 1}, limits), {}),
+_t_rng = random.Random(7)
+_t_grid = [k / 16 for k in range(17)]  # dyadic scores: a difference that equals a limit is exact
+_t_cases = [((baseline, accepted_run, limits), {}), ((baseline, {**accepted_run, "loss_finite": 1}, limits), {}),
           ((baseline, {**accepted_run, "gradients_finite": "true"}, limits), {}),
           ((baseline, {**accepted_run, "gradients_finite": 1}, limits), {}),
           ((baseline, {**accepted_run, "loss_finite": "true"}, limits), {}),
           # a budget read at run time (from a log, a config): equal to 8192, but not the same object as the literal
           ((baseline, {**accepted_run, "supervised_tokens_per_optimizer_step": int("8192")}, limits), {})]
 for _ in range(150):
-    _base = {"long_context_score": _rng.choice(_grid), "short_context_score": _rng.choice(_grid),
+    _t_base = {"long_context_score": _t_rng.choice(_t_grid), "short_context_score": _t_rng.choice(_t_grid),
              "supervised_tokens_per_optimizer_step": 8192}
-    _cand = {"long_context_score": _rng.choice(_grid), "short_context_score": _rng.choice(_grid),
-             "supervised_tokens_per_optimizer_step": _rng.choice([8192, 8192, 8192, 4096, 8193]),
-             "loss_finite": _rng.choice([True, True, True, False]),
-             "gradients_finite": _rng.choice([True, True, True, False]),
-             "failed_runs": _rng.choice([0, 0, 1, 2, 3]), "peak_memory_gb": _rng.choice([9.5, 10.0, 10.5, 11.0]),
-             "cost_per_supervised_token": _rng.choice([1.0, 1.25, 1.5, 1.75])}
-    _lim = {"min_long_context_gain": _rng.choice([-0.25, 0.0, 0.0625, 0.125, 0.25]),
-            "max_short_context_regression": _rng.choice([0.0, 0.0625, 0.125]),
-            "max_failed_runs": _rng.choice([0, 1, 2]), "max_peak_memory_gb": _rng.choice([10.0, 10.5]),
-            "max_cost_per_supervised_token": _rng.choice([1.25, 1.5])}
-    _cases.append(((_base, _cand, _lim), {}))
+    _t_cand = {"long_context_score": _t_rng.choice(_t_grid), "short_context_score": _t_rng.choice(_t_grid),
+             "supervised_tokens_per_optimizer_step": _t_rng.choice([8192, 8192, 8192, 4096, 8193]),
+             "loss_finite": _t_rng.choice([True, True, True, False]),
+             "gradients_finite": _t_rng.choice([True, True, True, False]),
+             "failed_runs": _t_rng.choice([0, 0, 1, 2, 3]), "peak_memory_gb": _t_rng.choice([9.5, 10.0, 10.5, 11.0]),
+             "cost_per_supervised_token": _t_rng.choice([1.0, 1.25, 1.5, 1.75])}
+    _t_lim = {"min_long_context_gain": _t_rng.choice([-0.25, 0.0, 0.0625, 0.125, 0.25]),
+            "max_short_context_regression": _t_rng.choice([0.0, 0.0625, 0.125]),
+            "max_failed_runs": _t_rng.choice([0, 1, 2]), "max_peak_memory_gb": _t_rng.choice([10.0, 10.5]),
+            "max_cost_per_supervised_token": _t_rng.choice([1.25, 1.5])}
+    _t_cases.append(((_t_base, _t_cand, _t_lim), {}))
 # Every value exactly at its limit passes; one step past it fails.
-_edge_base = {"long_context_score": 0.5, "short_context_score": 0.75, "supervised_tokens_per_optimizer_step": 4096}
-_edge = {"long_context_score": 0.625, "short_context_score": 0.6875, "supervised_tokens_per_optimizer_step": 4096,
+_t_edge_base = {"long_context_score": 0.5, "short_context_score": 0.75, "supervised_tokens_per_optimizer_step": 4096}
+_t_edge = {"long_context_score": 0.625, "short_context_score": 0.6875, "supervised_tokens_per_optimizer_step": 4096,
          "loss_finite": True, "gradients_finite": True, "failed_runs": 2, "peak_memory_gb": 10.5,
          "cost_per_supervised_token": 1.5}
-_edge_limits = {"min_long_context_gain": 0.125, "max_short_context_regression": 0.0625, "max_failed_runs": 2,
+_t_edge_limits = {"min_long_context_gain": 0.125, "max_short_context_regression": 0.0625, "max_failed_runs": 2,
                 "max_peak_memory_gb": 10.5, "max_cost_per_supervised_token": 1.5}
-_cases.append(((_edge_base, _edge, _edge_limits), {}))
-for _key, _value in (("long_context_score", 0.5625), ("short_context_score", 0.625), ("failed_runs", 3),
+_t_cases.append(((_t_edge_base, _t_edge, _t_edge_limits), {}))
+for _t_key, _t_value in (("long_context_score", 0.5625), ("short_context_score", 0.625), ("failed_runs", 3),
                      ("peak_memory_gb", 10.75), ("cost_per_supervised_token", 1.75)):
-    _cases.append(((_edge_base, {**_edge, _key: _value}, _edge_limits), {}))
+    _t_cases.append(((_t_edge_base, {**_t_edge, _t_key: _t_value}, _t_edge_limits), {}))
 # Scores with many decimals (any real run's): the evidence is the exact difference, not a rounded one, and a gain
 # of 0.03996 is below a minimum of 0.04 (rounded to 4 places it would pass), a regression of 0.02004 above 0.02.
-_cases.append(((baseline, {**accepted_run, "long_context_score": 0.59996}, limits), {}))
-_cases.append(((baseline, {**accepted_run, "short_context_score": 0.79996}, limits), {}))
+_t_cases.append(((baseline, {**accepted_run, "long_context_score": 0.59996}, limits), {}))
+_t_cases.append(((baseline, {**accepted_run, "short_context_score": 0.79996}, limits), {}))
 for _ in range(30):
-    _base = {"long_context_score": _rng.random(), "short_context_score": _rng.random(),
+    _t_base = {"long_context_score": _t_rng.random(), "short_context_score": _t_rng.random(),
              "supervised_tokens_per_optimizer_step": 8192}
-    _cases.append(((_base, {**accepted_run, "long_context_score": _rng.random(),
-                            "short_context_score": _rng.random()}, limits), {}))
-grading.assert_matches_reference(evaluate_length_curriculum_stage, "evaluate_length_curriculum_stage", _cases)
-_bad = [((baseline, {**accepted_run, "long_context_score": float("nan")}, limits), {}),
+    _t_cases.append(((_t_base, {**accepted_run, "long_context_score": _t_rng.random(),
+                            "short_context_score": _t_rng.random()}, limits), {}))
+grading.assert_matches_reference(evaluate_length_curriculum_stage, "evaluate_length_curriculum_stage", _t_cases)
+_t_bad = [((baseline, {**accepted_run, "long_context_score": float("nan")}, limits), {}),
         ((baseline, {**accepted_run, "peak_memory_gb": "big"}, limits), {}),
         ((baseline, {**accepted_run, "failed_runs": -1}, limits), {}),
         ((baseline, {**accepted_run, "failed_runs": 0.5}, limits), {}),
@@ -280,15 +280,15 @@ _bad = [((baseline, {**accepted_run, "long_context_score": float("nan")}, limits
         ((baseline, {**accepted_run, "failed_runs": True}, limits), {}),
         ((baseline, {**accepted_run, "short_context_score": float("nan")}, limits), {}),
         (({**baseline, "short_context_score": float("nan")}, accepted_run, limits), {})]
-_bad += [((baseline, accepted_run, {**limits, _limit: float("nan")}), {})
-         for _limit in ("min_long_context_gain", "max_short_context_regression", "max_failed_runs",
+_t_bad += [((baseline, accepted_run, {**limits, _t_limit: float("nan")}), {})
+         for _t_limit in ("min_long_context_gain", "max_short_context_regression", "max_failed_runs",
                         "max_cost_per_supervised_token")]
-for _who, _field in (("baseline", "supervised_tokens_per_optimizer_step"), ("candidate", "gradients_finite"),
+for _t_who, _t_field in (("baseline", "supervised_tokens_per_optimizer_step"), ("candidate", "gradients_finite"),
                      ("candidate", "cost_per_supervised_token"), ("limits", "max_failed_runs")):
-    _args = {"baseline": dict(baseline), "candidate": dict(accepted_run), "limits": dict(limits)}
-    del _args[_who][_field]
-    _bad.append(((_args["baseline"], _args["candidate"], _args["limits"]), {}))
-grading.assert_rejects(evaluate_length_curriculum_stage, "evaluate_length_curriculum_stage", _bad)
+    _t_args = {"baseline": dict(baseline), "candidate": dict(accepted_run), "limits": dict(limits)}
+    del _t_args[_t_who][_t_field]
+    _t_bad.append(((_t_args["baseline"], _t_args["candidate"], _t_args["limits"]), {}))
+grading.assert_rejects(evaluate_length_curriculum_stage, "evaluate_length_curriculum_stage", _t_bad)
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -359,20 +359,20 @@ import random
 
 from course_lib.nb import grading
 
-_rng = random.Random(11)
-_bounds = [(-1.0, 2.0), (0.0, 1.0), (0.125, 0.875), (0.0, 0.5), (0.5, 1.0), (0.25, 0.75), (-0.5, 0.25)]
-_cases = []
+_t_rng = random.Random(11)
+_t_bounds = [(-1.0, 2.0), (0.0, 1.0), (0.125, 0.875), (0.0, 0.5), (0.5, 1.0), (0.25, 0.75), (-0.5, 0.25)]
+_t_cases = []
 for _ in range(80):
-    _n = _rng.randint(0, 25)
-    _rates = [_rng.choice([_rng.randint(0, 8) / 8, _rng.random()]) for _ in range(_n)]
-    _low, _high = _rng.choice(_bounds)
-    _cases.append(((list(range(100, 100 + _n)), _rates, _low, _high), {}))
-_cases.append(((["x", "y", "z"], [0.0, 1.0, 0.0]), {}))
-_cases.append(((["x", "y", "z"], [0.25, 0.5, 0.75], 0.25, 0.75), {}))
-_cases.append(((["x", "y"], [1.0, 0.9375]), {"low": 0.5, "high": 1.0}))
-_cases.append(((["x", "y", "z", "w"], [0, 1, 0.5, 1]), {}))                    # integer rates are real numbers too
-_cases.append(((["a", "b", "a", "c"], [0.5, 0.25, 1.0, 0.0]), {}))             # one rate per position, not per task
-grading.assert_matches_reference(filter_by_pass_rate, "filter_by_pass_rate", _cases)
+    _t_n = _t_rng.randint(0, 25)
+    _t_rates = [_t_rng.choice([_t_rng.randint(0, 8) / 8, _t_rng.random()]) for _ in range(_t_n)]
+    _t_low, _t_high = _t_rng.choice(_t_bounds)
+    _t_cases.append(((list(range(100, 100 + _t_n)), _t_rates, _t_low, _t_high), {}))
+_t_cases.append(((["x", "y", "z"], [0.0, 1.0, 0.0]), {}))
+_t_cases.append(((["x", "y", "z"], [0.25, 0.5, 0.75], 0.25, 0.75), {}))
+_t_cases.append(((["x", "y"], [1.0, 0.9375]), {"low": 0.5, "high": 1.0}))
+_t_cases.append(((["x", "y", "z", "w"], [0, 1, 0.5, 1]), {}))                    # integer rates are real numbers too
+_t_cases.append(((["a", "b", "a", "c"], [0.5, 0.25, 1.0, 0.0]), {}))             # one rate per position, not per task
+grading.assert_matches_reference(filter_by_pass_rate, "filter_by_pass_rate", _t_cases)
 grading.assert_rejects(filter_by_pass_rate, "filter_by_pass_rate", [
     ((["a", "b"], [0.5]), {}), ((["a"], [0.5, 0.5]), {}), ((["a", "b"], [0.5, 1.5]), {}),
     ((["a", "b"], [0.5, -0.125]), {}), ((["a", "b"], [0.5, float("nan")]), {}),

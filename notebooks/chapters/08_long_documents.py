@@ -131,18 +131,18 @@ import random
 
 from course_lib.nb import grading
 
-_rng = random.Random(5)
-_cases = []
+_t_rng = random.Random(5)
+_t_cases = []
 for _ in range(150):
-    _max = _rng.choice([_rng.randint(1, 5000), 2 ** _rng.randint(0, 20), 8192, 3000])
-    _cases.append(((_rng.randint(1, _max), _max), {}))
-for _k in range(0, 62):  # exact powers of two and their neighbours, far beyond float precision
-    _cases += [((2**_k, 2**62), {}), ((2**_k + 1, 2**62), {})] + ([((2**_k - 1, 2**62), {})] if _k > 1 else [])
-_cases += [((1, 1), {}), ((7, 7), {}), ((5, 6), {}), ((8192, 8192), {}), ((100, 100), {}), ((65, 100), {})]
+    _t_max = _t_rng.choice([_t_rng.randint(1, 5000), 2 ** _t_rng.randint(0, 20), 8192, 3000])
+    _t_cases.append(((_t_rng.randint(1, _t_max), _t_max), {}))
+for _t_k in range(0, 62):  # exact powers of two and their neighbours, far beyond float precision
+    _t_cases += [((2**_t_k, 2**62), {}), ((2**_t_k + 1, 2**62), {})] + ([((2**_t_k - 1, 2**62), {})] if _t_k > 1 else [])
+_t_cases += [((1, 1), {}), ((7, 7), {}), ((5, 6), {}), ((8192, 8192), {}), ((100, 100), {}), ((65, 100), {})]
 # numpy integers (a length read from an array of lengths) are integers: the bucket is still a Python int
-_cases += [((np.int64(5), 8), {}), ((5, np.int64(6)), {}), ((np.int64(4097), np.int64(8192)), {}),
+_t_cases += [((np.int64(5), 8), {}), ((5, np.int64(6)), {}), ((np.int64(4097), np.int64(8192)), {}),
            ((np.int32(2500), np.int32(3000)), {})]
-grading.assert_matches_reference(assign_bucket, "assign_bucket", _cases)
+grading.assert_matches_reference(assign_bucket, "assign_bucket", _t_cases)
 grading.assert_rejects(assign_bucket, "assign_bucket", [
     ((0, 8192), {}), ((-3, 8192), {}), ((8193, 8192), {}), ((101, 100), {}), ((4, 0), {}), ((4, -8), {}),
     ((2.5, 8), {}), ((True, 8), {}), ((4, 8.0), {}), ((1, True), {}),
@@ -238,29 +238,29 @@ for args, want in (((200, 256, 64), [Window(0, 200, 0, 200)]),  # a document tha
                    ((257, 256, 64), [Window(0, 256, 0, 256), Window(192, 257, 256, 257)])):
     got = sliding_windows(*args)
     assert got == want, f"sliding_windows{args} returned {got}, expected {want}"
-_owned = [t for w in sliding_windows(1000, 100, 30) for t in range(w.loss_start, w.loss_end)]
-assert _owned == list(range(1000)), (  # every token owned exactly once, in order
-    f"sliding_windows(1000, 100, 30): the owned ranges [loss_start, loss_end) cover {len(_owned)} positions, "
-    f"{len(set(_owned))} distinct; expected each of the 1000 tokens exactly once, in order")
+_t_owned = [t for w in sliding_windows(1000, 100, 30) for t in range(w.loss_start, w.loss_end)]
+assert _t_owned == list(range(1000)), (  # every token owned exactly once, in order
+    f"sliding_windows(1000, 100, 30): the owned ranges [loss_start, loss_end) cover {len(_t_owned)} positions, "
+    f"{len(set(_t_owned))} distinct; expected each of the 1000 tokens exactly once, in order")
 ### BEGIN HIDDEN TESTS
 import random
 
 from course_lib.nb import grading
 
-_rng = random.Random(9)
-_cases = []
+_t_rng = random.Random(9)
+_t_cases = []
 for _ in range(150):
-    _window = _rng.randint(1, 300)
-    _cases.append(((_rng.randint(1, 3000), _window, _rng.randint(0, _window - 1)), {}))
-for _window, _overlap in ((256, 64), (8, 0), (8, 7), (1, 0), (5, 4)):
-    for _length in (1, _window - 1, _window, _window + 1, 2 * _window - _overlap, 2 * _window - _overlap + 1, 1000):
-        if _length >= 1:
-            _cases.append(((_length, _window, _overlap), {}))
-_cases += [((600,), {}), ((100_000,), {}), ((5000,), {"overlap": 0}), ((5000,), {"window": 512})]
+    _t_window = _t_rng.randint(1, 300)
+    _t_cases.append(((_t_rng.randint(1, 3000), _t_window, _t_rng.randint(0, _t_window - 1)), {}))
+for _t_window, _t_overlap in ((256, 64), (8, 0), (8, 7), (1, 0), (5, 4)):
+    for _t_length in (1, _t_window - 1, _t_window, _t_window + 1, 2 * _t_window - _t_overlap, 2 * _t_window - _t_overlap + 1, 1000):
+        if _t_length >= 1:
+            _t_cases.append(((_t_length, _t_window, _t_overlap), {}))
+_t_cases += [((600,), {}), ((100_000,), {}), ((5000,), {"overlap": 0}), ((5000,), {"window": 512})]
 # few windows over a length beyond float precision: (2**55 + 1 - 2**54) / 2**54 rounds to 1.0 as a float
-_cases += [((2**55 + 1, 2**54, 0), {}), ((2**56 + 3, 2**54 + 2, 2), {})]
-_cases += [((np.int64(600), 256, 64), {}), ((np.int64(1000), np.int64(100), np.int64(30)), {})]  # numpy integers
-grading.assert_matches_reference(sliding_windows, "sliding_windows", _cases)
+_t_cases += [((2**55 + 1, 2**54, 0), {}), ((2**56 + 3, 2**54 + 2, 2), {})]
+_t_cases += [((np.int64(600), 256, 64), {}), ((np.int64(1000), np.int64(100), np.int64(30)), {})]  # numpy integers
+grading.assert_matches_reference(sliding_windows, "sliding_windows", _t_cases)
 grading.assert_rejects(sliding_windows, "sliding_windows", [
     ((0, 256, 64), {}), ((-5, 256, 64), {}), ((10, 0, 0), {}), ((10, 64, 64), {}), ((10, 64, 80), {}),
     ((10, 64, -1), {}), ((10.0, 64, 8), {}), ((10, 64, 8.5), {}),

@@ -228,17 +228,17 @@ import numpy as np
 
 from course_lib.nb import grading
 
-_rng = random.Random(9)
-_cases = [(([48, 96, 32, 64],), {"mask_first_label": _mask}) for _mask in (True, False)]
-_cases += [(([_rng.randint(1, 512) for _ in range(_rng.randint(1, 12))],), {"mask_first_label": _rng.random() < 0.5})
+_t_rng = random.Random(9)
+_t_cases = [(([48, 96, 32, 64],), {"mask_first_label": _t_mask}) for _t_mask in (True, False)]
+_t_cases += [(([_t_rng.randint(1, 512) for _ in range(_t_rng.randint(1, 12))],), {"mask_first_label": _t_rng.random() < 0.5})
            for _ in range(60)]
 # Edges: one sample (nothing to pad, nothing to pack), equal lengths (packing saves nothing), length-1 samples
 # (nothing to supervise), a tuple.
-_cases += [(([1],), {}), (([7],), {"mask_first_label": False}), (([64, 64, 64],), {}),
+_t_cases += [(([1],), {}), (([7],), {"mask_first_label": False}), (([64, 64, 64],), {}),
            (([1, 1, 200],), {"mask_first_label": False}), (([1, 1, 200],), {}), (((5, 3),), {}),
            # lengths as a numpy array (as a lengths column is often read): the counts are still Python ints
            ((np.array([48, 96, 32, 64]),), {}), ((np.array([7, 300, 12], dtype=np.int32),), {"mask_first_label": False})]
-grading.assert_matches_reference(padding_vs_packing_ledger, "padding_vs_packing_ledger", _cases)
+grading.assert_matches_reference(padding_vs_packing_ledger, "padding_vs_packing_ledger", _t_cases)
 grading.assert_rejects(padding_vs_packing_ledger, "padding_vs_packing_ledger",
                        [(([],), {}), (([48, 0],), {}), (([48, -3],), {}), (([48, 2.5],), {}),
                         (([48.0, 96],), {}), (([48, True],), {}),
@@ -400,15 +400,15 @@ import numpy as np
 
 from course_lib.nb import grading
 
-_rng = random.Random(11)
-_cases = []
+_t_rng = random.Random(11)
+_t_cases = []
 for _ in range(50):
-    _tokens = _rng.randint(1, 50_000)
-    _cases.append((({"effective_supervised_tokens": _tokens, "median_step_ms": _rng.uniform(0.5, 800.0)},
-                    {"effective_supervised_tokens": _tokens, "median_step_ms": _rng.uniform(0.5, 800.0)}), {}))
+    _t_tokens = _t_rng.randint(1, 50_000)
+    _t_cases.append((({"effective_supervised_tokens": _t_tokens, "median_step_ms": _t_rng.uniform(0.5, 800.0)},
+                    {"effective_supervised_tokens": _t_tokens, "median_step_ms": _t_rng.uniform(0.5, 800.0)}), {}))
 # Edges: equal times (ratio 1, no reduction), packing slower (ratio < 1, negative reduction), integer times,
 # full record rows with extra keys.
-_cases += [(({"effective_supervised_tokens": 236, "median_step_ms": 50.0},
+_t_cases += [(({"effective_supervised_tokens": 236, "median_step_ms": 50.0},
              {"effective_supervised_tokens": 236, "median_step_ms": 50.0}), {}),
            (({"effective_supervised_tokens": 236, "median_step_ms": 40},
              {"effective_supervised_tokens": 236, "median_step_ms": 61}), {}),
@@ -421,26 +421,26 @@ _cases += [(({"effective_supervised_tokens": 236, "median_step_ms": 50.0},
            # a row read with numpy/pandas: the shared count comes back as a Python int
            (({"effective_supervised_tokens": np.int64(236), "median_step_ms": np.float64(63.4)},
              {"effective_supervised_tokens": np.int64(236), "median_step_ms": np.float64(48.8)}), {})]
-grading.assert_matches_reference(compare_padding_and_packing, "compare_padding_and_packing", _cases,
+grading.assert_matches_reference(compare_padding_and_packing, "compare_padding_and_packing", _t_cases,
                                  rtol=1e-9, atol=1e-9)
-_good = {"effective_supervised_tokens": 236, "median_step_ms": 63.4}
+_t_good = {"effective_supervised_tokens": 236, "median_step_ms": 63.4}
 grading.assert_rejects(compare_padding_and_packing, "compare_padding_and_packing", [
-    ((_good, {"effective_supervised_tokens": 239, "median_step_ms": 48.8}), {}),
-    (({"effective_supervised_tokens": 240, "median_step_ms": 63.4}, _good), {}),
-    ((_good, {"effective_supervised_tokens": 236, "median_step_ms": 0.0}), {}),
-    (({"effective_supervised_tokens": 236, "median_step_ms": -1.0}, _good), {}),
-    ((_good, {"effective_supervised_tokens": 236}), {}),
+    ((_t_good, {"effective_supervised_tokens": 239, "median_step_ms": 48.8}), {}),
+    (({"effective_supervised_tokens": 240, "median_step_ms": 63.4}, _t_good), {}),
+    ((_t_good, {"effective_supervised_tokens": 236, "median_step_ms": 0.0}), {}),
+    (({"effective_supervised_tokens": 236, "median_step_ms": -1.0}, _t_good), {}),
+    ((_t_good, {"effective_supervised_tokens": 236}), {}),
     (({"effective_supervised_tokens": 0, "median_step_ms": 63.4}, {"effective_supervised_tokens": 0, "median_step_ms": 48.8}), {}),
-    ((_good, {"effective_supervised_tokens": 236, "median_step_ms": float("nan")}), {}),
-    (({"effective_supervised_tokens": 236, "median_step_ms": float("inf")}, _good), {}),
+    ((_t_good, {"effective_supervised_tokens": 236, "median_step_ms": float("nan")}), {}),
+    (({"effective_supervised_tokens": 236, "median_step_ms": float("inf")}, _t_good), {}),
     (({"effective_supervised_tokens": 236.0, "median_step_ms": 63.4},
       {"effective_supervised_tokens": 236.0, "median_step_ms": 48.8}), {}),              # token counts are ints
     (({"effective_supervised_tokens": 236, "median_step_ms": 63.4},
       {"effective_supervised_tokens": 236.0, "median_step_ms": 48.8}), {}),
     (({"effective_supervised_tokens": True, "median_step_ms": 63.4},
       {"effective_supervised_tokens": True, "median_step_ms": 48.8}), {}),
-    ((_good, {"effective_supervised_tokens": 236, "median_step_ms": "48.8"}), {}),      # a string is not a time
-    (({"effective_supervised_tokens": 236, "median_step_ms": True}, _good), {}),
+    ((_t_good, {"effective_supervised_tokens": 236, "median_step_ms": "48.8"}), {}),      # a string is not a time
+    (({"effective_supervised_tokens": 236, "median_step_ms": True}, _t_good), {}),
 ])
 ### END HIDDEN TESTS
 

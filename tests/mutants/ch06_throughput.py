@@ -275,3 +275,11 @@ def gpu_hours_per_step(n_params, episodes, total_tokens, policy_tokens, decode_r
     return result
 ''',
 })
+
+# A helper named like a graded cell's global of old (the decode test cell set `_rate` before gpu_hours_per_step's
+# cell ran, replacing the helper): graded cells' globals are `_t_*` now, so this correct answer keeps its points.
+ALTERNATIVES["gpu_hours_per_step"]["helper_named_rate"] = ALTERNATIVES["gpu_hours_per_step"]["hand_checks"].replace(
+    '"decode": episodes * policy_tokens / decode_rate / busy / SECONDS_PER_HOUR}',
+    '"decode": _rate(episodes * policy_tokens, decode_rate) / busy}').replace(
+    "def gpu_hours_per_step(", "def _rate(tokens, per_second):\n    return tokens / per_second / SECONDS_PER_HOUR\n\n\n"
+    "def gpu_hours_per_step(", 1)
