@@ -336,10 +336,15 @@ def test_every_long_context_row_carries_the_profile_of_one_more_step(smoke):
         assert profile["device"] == "cpu" and profile["operations"] > 0 and profile["busy_ms"] > 0
     # the tiny model runs the same operators at every length: the count follows the code path, not the tokens
     assert len({row["device_profile"]["operations"] for row in record["measurements"]["length_curve"]}) == 1
-    without = copy.deepcopy(record)  # records before v8 have no profile and stay valid
+    without = copy.deepcopy(record)  # records before v8 have no profile and stay valid; from v8 on it is required
     for section in without["measurements"].values():
         for row in section:
             del row["device_profile"]
+    with pytest.raises(ValueError, match=r"length_curve\[0\]: missing key 'device_profile' \(recorded from v8 on\)"):
+        validate_result(without)
+    without["workload"]["version"] = "v7"
+    for row in without["measurements"]["varlen_packing"]:
+        del row["attention_kernel"]
     validate_result(without)
 
 
@@ -353,6 +358,9 @@ def test_varlen_rows_say_which_kernel_ran(smoke):
     before = copy.deepcopy(record)
     for row in before["measurements"]["varlen_packing"]:
         del row["attention_kernel"]
+    with pytest.raises(ValueError, match="missing key 'attention_kernel' \\(recorded from v9 on\\)"):
+        validate_result(before)  # a v9 record must say which kernel ran
+    before["workload"]["version"] = "v8"
     validate_result(before)
     before["measurements"]["varlen_packing"][0]["attention_kernel"] = "flash_attention_2"
     with pytest.raises(ValueError, match="attention_kernel"):

@@ -213,15 +213,30 @@ def _all_checks_pass(record: dict[str, Any]) -> bool:
     return bool(record["checks"]) and all(all(group.values()) for group in record["checks"].values())
 
 
+# Row fields the schema keeps optional for older records, required from the workload version that added them.
+REQUIRED_SINCE: dict[str, dict[str, dict[str, int]]] = {
+    "pt-long-context": {**{section: {"device_profile": 8} for section in
+                           ("length_curve", "packing_comparison", "packing_scale")},
+                        "varlen_packing": {"device_profile": 8, "attention_kernel": 9}},
+}
+
+
 def _row_errors(record: dict[str, Any]) -> list[str]:
     errors: list[str] = []
-    sections = ROW_SCHEMAS[record["workload"]["id"]]
+    workload = record["workload"]["id"]
+    sections = ROW_SCHEMAS[workload]
+    found = re.fullmatch(r"v(\d+)", str(record["workload"].get("version", "")))
+    version = int(found.group(1)) if found else None
     for name, rows in record["measurements"].items():
         if name not in sections:
-            errors.append(f"$.measurements.{name}: unknown section for {record['workload']['id']}; "
-                          f"expected {sorted(sections)}")
-        else:
-            ListOf(sections[name]).check(rows, f"$.measurements.{name}", errors)
+            errors.append(f"$.measurements.{name}: unknown section for {workload}; expected {sorted(sections)}")
+            continue
+        ListOf(sections[name]).check(rows, f"$.measurements.{name}", errors)
+        since = REQUIRED_SINCE.get(workload, {}).get(name, {})
+        for index, row in enumerate(rows if version is not None and isinstance(rows, list) else []):
+            errors += [f"$.measurements.{name}[{index}]: missing key {key!r} (recorded from v{first} on)"
+                       for key, first in since.items() if version >= first and isinstance(row, dict)
+                       and key not in row]
     return errors
 
 
