@@ -130,11 +130,11 @@ from course_lib.nb import grading
 
 _t_chats = [chat] + list(load_chats(sample_data_path("sharegpt.json"))["messages"])
 _t_cases = [((render_chat(load_course_tokenizer(template), messages)["roles"],), {"supervise_eos": eos})
-          for messages in _t_chats for eos in (True, False) for template in ("chatml", "llama3", "alpaca")]
+            for messages in _t_chats for eos in (True, False) for template in ("chatml", "llama3", "alpaca")]
 _t_rng = random.Random(3)
 _t_names = ("template", "system", "user", "assistant", "eos")
 _t_cases += [(([_t_rng.choice(_t_names) for _ in range(_t_rng.randint(0, 40))],), {"supervise_eos": _t_rng.random() < 0.5})
-           for _ in range(40)]
+             for _ in range(40)]
 grading.assert_matches_reference(ledger_from_roles, "ledger_from_roles", _t_cases)
 grading.assert_rejects(ledger_from_roles, "ledger_from_roles", [
     ((["user", "robot"],), {}), ((["sytem"],), {}), ((["User", "assistant"],), {}),
@@ -289,24 +289,24 @@ _t_cases = []
 for _ in range(60):
     _t_window = _t_rng.randint(16, 512)
     _t_samples = [{"name": f"s{i}", "prompt_tokens": _t_rng.randint(0, _t_window), "supervised_tokens": _t_rng.randint(1, 200)}
-                for i in range(_t_rng.randint(0, 8))]
+                  for i in range(_t_rng.randint(0, 8))]
     _t_cases.append(((_t_samples, _t_window, _t_rng.randint(0, 16)),
-                   {"min_kept_supervised_tokens": _t_rng.randint(1, 50),
-                    "max_supervision_loss_ratio": _t_rng.choice([0.0, 0.1, 0.25, 0.5, 1.0])}))
+                     {"min_kept_supervised_tokens": _t_rng.randint(1, 50),
+                      "max_supervision_loss_ratio": _t_rng.choice([0.0, 0.1, 0.25, 0.5, 1.0])}))
 # The exact window edge: total == C fits, C + 1 does not; a cut keeping exactly the minimum is admitted.
 _t_cases.append((([{"name": "edge", "prompt_tokens": 90, "supervised_tokens": 10}], 100, 0), {}))
 _t_cases.append((([{"name": "edge+1", "prompt_tokens": 91, "supervised_tokens": 10}], 100, 0), {}))
 _t_cases.append((([{"name": "min", "prompt_tokens": 95, "supervised_tokens": 10}], 100, 0),
-               {"min_kept_supervised_tokens": 5, "max_supervision_loss_ratio": 0.5}))
+                 {"min_kept_supervised_tokens": 5, "max_supervision_loss_ratio": 0.5}))
 _t_cases.append((([{"name": "prompt-too-long", "prompt_tokens": 200, "supervised_tokens": 10}], 100, 8),
-               {"min_kept_supervised_tokens": 1, "max_supervision_loss_ratio": 1.0}))
+                 {"min_kept_supervised_tokens": 1, "max_supervision_loss_ratio": 1.0}))
 # The default minimum (1 kept token) with a ratio that admits the cut; two samples that share a name (one record each).
 _t_cases.append((([{"name": "cut", "prompt_tokens": 90, "supervised_tokens": 20}], 100, 0),
-               {"max_supervision_loss_ratio": 0.5}))
+                 {"max_supervision_loss_ratio": 0.5}))
 _t_cases += [(([{"name": "cut", "prompt_tokens": 90, "supervised_tokens": 20}], 100, 0),
-            {"max_supervision_loss_ratio": ratio}) for ratio in (0, 1)]  # the numbers 0 and 1, written as ints
+              {"max_supervision_loss_ratio": ratio}) for ratio in (0, 1)]  # the numbers 0 and 1, written as ints
 _t_cases.append((([{"name": "twin", "prompt_tokens": 10, "supervised_tokens": 5},
-                 {"name": "twin", "prompt_tokens": 120, "supervised_tokens": 5}], 128, 8), {}))
+                   {"name": "twin", "prompt_tokens": 120, "supervised_tokens": 5}], 128, 8), {}))
 grading.assert_matches_reference(audit_context_fit, "audit_context_fit", _t_cases)
 _t_ok = [{"name": "a", "prompt_tokens": 10, "supervised_tokens": 5}]
 grading.assert_rejects(audit_context_fit, "audit_context_fit", [

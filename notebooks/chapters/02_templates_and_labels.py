@@ -220,20 +220,20 @@ def _t_random_chat():
         messages += [{"role": "user", "content": _t_text()}, {"role": "assistant", "content": _t_text()}]
     return messages
 _t_chats = [chat] + [list(m) for n in ("sharegpt.json", "alpaca.jsonl", "alpaca.csv")
-                   for m in load_chats(sample_data_path(n))["messages"]]
+                     for m in load_chats(sample_data_path(n))["messages"]]
 _t_chats += [_t_random_chat() for _ in range(10)]
 _t_chats += [[{"role": "user", "content": "hi"}, {"role": "assistant", "content": ""}],  # an empty answer: EOS only
-           chat[:4],  # ends on a user turn: the last turn carries no loss
-           [{"role": "assistant", "content": "Opening line."}, {"role": "user", "content": "ok"}]]
+             chat[:4],  # ends on a user turn: the last turn carries no loss
+             [{"role": "assistant", "content": "Opening line."}, {"role": "user", "content": "ok"}]]
 _t_cases = []
 for _t_messages in _t_chats:
     for _t_name in CHAT_TEMPLATES:
         _t_full = len(render_chat(tokenizers[_t_name], _t_messages)["input_ids"])
         _t_cases.append(((tokenizers[_t_name], _t_messages),
-                       {"supervise_eos": _t_rng.random() < 0.5,
-                        "max_length": _t_rng.choice([None, None, 1, _t_rng.randint(1, _t_full), _t_full, _t_full + 7])}))
+                         {"supervise_eos": _t_rng.random() < 0.5,
+                          "max_length": _t_rng.choice([None, None, 1, _t_rng.randint(1, _t_full), _t_full, _t_full + 7])}))
 _t_cases += [((tokenizer, chat), {"chat_template": _t_name, "supervise_eos": _eos})
-           for _t_name in CHAT_TEMPLATES for _eos in (True, False)]
+             for _t_name in CHAT_TEMPLATES for _eos in (True, False)]
 _t_cases += [((tokenizer, chat), {"max_length": _length}) for _length in (1, 9, 33, 34, 35)]
 grading.assert_matches_reference(build_labels, "build_labels", _t_cases)
 grading.assert_rejects(build_labels, "build_labels", [
@@ -354,10 +354,10 @@ for _ in range(40):
 _t_cases.append((([_t_feature(7, 3), _t_feature(7, 3)], 3), {}))  # equal lengths: no padding at all
 _t_cases.append((([_t_feature(1, 0)], 0), {}))  # one sample of one token
 _t_as_arrays = [{"input_ids": np.array(f["input_ids"]), "labels": torch.tensor(f["labels"])}
-              for f in (_t_feature(5, 1), _t_feature(9, 1))]
+                for f in (_t_feature(5, 1), _t_feature(9, 1))]
 _t_cases.append(((_t_as_arrays, 1), {}))  # numpy arrays and tensors are accepted too
 _t_as_int32 = [{"input_ids": np.array(f["input_ids"], dtype=np.int32), "labels": torch.tensor(f["labels"], dtype=torch.int32)}
-             for f in (_t_feature(4, 2), _t_feature(6, 2))]
+               for f in (_t_feature(4, 2), _t_feature(6, 2))]
 _t_cases.append(((_t_as_int32, 2), {}))  # 32-bit ids come back as torch.long
 _t_cases.append((([{"input_ids": [0, 5, 0], "labels": [IGNORE_INDEX, 5, 0]}, {"input_ids": [9], "labels": [9]}], 0), {}))
 grading.assert_matches_reference(pad_batch, "pad_batch", _t_cases)

@@ -404,13 +404,13 @@ for _t_lengths, _t_padding in [([3, 2], 0), ([1, 1, 1], 2), ([5], 3), ([2, 4, 1]
     _t_cases.append(((torch.tensor(_t_row),), {}))
     _t_cases.append(((torch.tensor([_t_row, _t_row[::-1]], dtype=torch.int32),), {}))
 _t_cases += [((torch.full((5,), -1),), {}), ((torch.zeros(6, dtype=torch.long),), {}),
-           ((torch.tensor([[0, 0, 1, -1], [2, 2, -5, -5]]),), {})]
+             ((torch.tensor([[0, 0, 1, -1], [2, 2, -5, -5]]),), {})]
 # Large sample ids: a padding token's own id must not collide with any real id (1000 + column, L + column, ...).
 _t_cases += [((torch.tensor([[1001, 1001, -1, 5000, 5000, -1], [0, 7, 7, -3, 100000, -1]]),), {})]
 _t_cases += [((torch.tensor([big + 2, big + 2, -1, -1]),), {}) for big in (100, 1000, 1024, 10_000, 65_536, 1_000_000)]
 # More leading dimensions, and a non-contiguous batch (a transposed view: .view() cannot flatten it).
 _t_cases += [((torch.randint(-2, 4, (2, 2, 3, 5), generator=_t_generator),), {}),
-           ((torch.randint(-2, 4, (3, 2, 6), generator=_t_generator).transpose(0, 1),), {})]
+             ((torch.randint(-2, 4, (3, 2, 6), generator=_t_generator).transpose(0, 1),), {})]
 grading.assert_matches_reference(block_causal_mask, "block_causal_mask", _t_cases)
 grading.assert_rejects(block_causal_mask, "block_causal_mask", [
     ((torch.tensor(3),), {}), ((torch.zeros(4),), {}), ((torch.ones(3, dtype=torch.bool),), {}),

@@ -145,18 +145,18 @@ assert _t_got == [[0, 1], [2]], f"token_budget_batches([4, 4, 4], 8) returned {_
 _t_plan = token_budget_batches(agent_lengths, BUDGET)
 _t_bad = [i for plan in (_t_got, _t_plan) for batch in plan for i in batch if type(i) is not int]
 assert not _t_bad, (f"the indices must be Python ints, not numpy or torch integers (a plan is logged and shared "
-                  f"between ranks as JSON); got {type(_t_bad[0]).__module__}.{type(_t_bad[0]).__name__}")
+                    f"between ranks as JSON); got {type(_t_bad[0]).__module__}.{type(_t_bad[0]).__name__}")
 assert sorted(i for batch in _t_plan for i in batch) == list(range(512)), (
     "token_budget_batches(agent_lengths, BUDGET) must place each of the indices 0 .. 511 in exactly one microbatch")
 _t_plans = [("8 per microbatch, random", fixed_count_batches(random_order, 8)),
-          ("8 per microbatch, sorted", fixed_count_batches(agent_lengths.argsort(), 8)),
-          ("token budget 128k, sorted", _t_plan)]
+            ("8 per microbatch, sorted", fixed_count_batches(agent_lengths.argsort(), 8)),
+            ("token budget 128k, sorted", _t_plan)]
 _t_table = [format_microbatch_summary(name, describe_microbatches(agent_lengths, plan)) for name, plan in _t_plans]
 _t_want = ["8 per microbatch, random       |   64 microbatches | padding 59.3% | largest    524k tokens",
-         "8 per microbatch, sorted       |   64 microbatches | padding  3.6% | largest    524k tokens",
-         "token budget 128k, sorted      |   51 microbatches | padding  3.0% | largest    131k tokens"]
+           "8 per microbatch, sorted       |   64 microbatches | padding  3.6% | largest    524k tokens",
+           "token budget 128k, sorted      |   51 microbatches | padding  3.0% | largest    131k tokens"]
 assert _t_table == _t_want, (f"token_budget_batches(agent_lengths, BUDGET) gives the table row\n{_t_table[2]}\n"
-                         f"expected\n{_t_want[2]}")
+                             f"expected\n{_t_want[2]}")
 # Seed 003 §14.7: the microbatch that holds the longest trajectory.
 _t_home = batch_containing(_t_plan, int(agent_lengths.argmax()))
 _t_home_size = len(_t_home) * int(agent_lengths[_t_home].max())
@@ -234,7 +234,7 @@ assert _t_got == [[0, 1], [2]], f"packed_token_budget_batches([6, 6, 1], 12) ret
 _t_packed = packed_token_budget_batches(agent_lengths, BUDGET)
 _t_bad = [i for plan in (_t_got, _t_packed) for batch in plan for i in batch if type(i) is not int]
 assert not _t_bad, (f"the indices must be Python ints, not numpy or torch integers (a plan is logged and shared "
-                  f"between ranks as JSON); got {type(_t_bad[0]).__module__}.{type(_t_bad[0]).__name__}")
+                    f"between ranks as JSON); got {type(_t_bad[0]).__module__}.{type(_t_bad[0]).__name__}")
 assert sorted(i for batch in _t_packed for i in batch) == list(range(512)), (
     "packed_token_budget_batches(agent_lengths, BUDGET) must place each of the indices 0 .. 511 in exactly one "
     "microbatch")
@@ -406,7 +406,7 @@ for _t_kwargs, _t_what, _t_want in (
 _t_poisoned = torch.tensor([[2.0, float("inf"), 4.0], [float("nan"), 6.0, float("-inf")]])
 _t_keep = torch.tensor([[True, False, True], [False, True, False]])
 for _t_kwargs, _t_what, _t_want in (({}, "", 4.0),
-                              ({"mode": "constant", "norm_const": 4}, ", mode='constant', norm_const=4", 3.0)):
+                                    ({"mode": "constant", "norm_const": 4}, ", mode='constant', norm_const=4", 3.0)):
     _t_got = aggregate_loss(_t_poisoned, _t_keep, **_t_kwargs)
     assert abs(_t_got.item() - _t_want) < 1e-6, (
         f"aggregate_loss(losses [[2, inf, 4], [nan, 6, -inf]], mask [[T, F, T], [F, T, F]]{_t_what}) returned "
@@ -431,8 +431,8 @@ assert all(abs(w * sum(_t_counts) - 1.0) < 1e-5 for w in _t_global_weights), (
     f"with mode='constant', norm_const=N = {sum(_t_counts)} every token must weigh 1 / N; got weight x N = "
     f"{[round(w * sum(_t_counts), 4) for w in _t_global_weights]}")
 for _t_kwargs, _t_why in (({"mask": torch.zeros(2, 3, dtype=torch.bool)}, "token_mean over a mask that selects no token"),
-                      ({"mode": "constant"}, "mode='constant' without norm_const"),
-                      ({"mode": "sum"}, "an unknown mode")):
+                          ({"mode": "constant"}, "mode='constant' without norm_const"),
+                          ({"mode": "sum"}, "an unknown mode")):
     try:
         aggregate_loss(**({"token_losses": _t_losses, "mask": _t_mask} | _t_kwargs))
     except ValueError:
@@ -457,8 +457,8 @@ for _t_shape in [(1, 1), (1, 7), (3, 5), (4, 9), (8, 3), (2, 16), (6,), (2, 3, 4
         _t_cases.append(((_t_values, _t_keep), {"mode": "constant", "norm_const": torch.tensor(float(_t_count))}))
 _t_values = torch.rand(3, 4, generator=_t_generator)
 _t_cases += [((_t_values, torch.ones(3, 4, dtype=torch.bool)), {}),
-           ((_t_values, torch.zeros(3, 4, dtype=torch.bool)), {"mode": "constant", "norm_const": 7}),
-           ((_t_values, torch.tensor([[0, 0, 0, 1], [0, 0, 0, 0], [1, 1, 0, 0]])), {})]
+             ((_t_values, torch.zeros(3, 4, dtype=torch.bool)), {"mode": "constant", "norm_const": 7}),
+             ((_t_values, torch.tensor([[0, 0, 0, 1], [0, 0, 0, 0], [1, 1, 0, 0]])), {})]
 # inf and nan where the mask is off must not reach the loss.
 _t_poisoned = torch.tensor([[1.0, 2.0, float("inf")], [3.0, float("nan"), float("-inf")]])
 _t_poison_mask = torch.tensor([[True, True, False], [True, False, False]])
@@ -466,18 +466,18 @@ _t_cases += [((_t_poisoned, _t_poison_mask), {}), ((_t_poisoned, _t_poison_mask)
 # ... but a nan or inf on a supervised token is a real divergence: it must show in the loss, not be cleaned away.
 _t_diverged = torch.tensor([[1.0, float("nan"), 2.0], [1.0, float("inf"), 3.0]])
 _t_cases += [((_t_diverged[:1], torch.tensor([[True, True, False]])), {}),
-           ((_t_diverged[1:], torch.tensor([[True, True, False]])), {"mode": "constant", "norm_const": 2})]
+             ((_t_diverged[1:], torch.tensor([[True, True, False]])), {"mode": "constant", "norm_const": 2})]
 # The loss keeps the losses' dtype whatever the mask's or norm_const's (a float64 mask, a float64 0-d tensor).
 _t_values32 = torch.rand(3, 4, generator=_t_generator)
 _t_cases += [((_t_values32, (_t_values32 > 0.5).double()), {}),
-           ((_t_values32, _t_values32 > 0.5), {"mode": "constant", "norm_const": torch.tensor(4.0, dtype=torch.float64)})]
+             ((_t_values32, _t_values32 > 0.5), {"mode": "constant", "norm_const": torch.tensor(4.0, dtype=torch.float64)})]
 # A perfectly predicted supervised token has loss 0 and still counts in the mean.
 _t_zeros = torch.tensor([[0.0, 2.0, 0.0], [1.0, 0.0, 3.0]])
 _t_cases += [((_t_zeros, torch.ones(2, 3, dtype=torch.bool)), {}),
-           ((_t_zeros, torch.tensor([[True, False, True], [False, True, True]])), {})]
+             ((_t_zeros, torch.tensor([[True, False, True], [False, True, True]])), {})]
 # A microbatch with no supervised token under constant: 0 in the losses' dtype (float64 here).
 _t_cases += [((torch.rand(2, 3, generator=_t_generator, dtype=torch.float64), torch.zeros(2, 3, dtype=torch.bool)),
-            {"mode": "constant", "norm_const": 5})]
+              {"mode": "constant", "norm_const": 5})]
 grading.assert_matches_reference(aggregate_loss, "aggregate_loss", _t_cases, rtol=1e-5, atol=1e-6)
 # ... and that 0 keeps the graph: an accumulation loop calls backward on it (a zero gradient, not an error).
 _t_leaf = torch.rand(2, 3, generator=_t_generator).requires_grad_()

@@ -247,17 +247,17 @@ for _t_k in range(10):
 _t_cases.append((_t_head(2, 37, 8, 50, seed=20, dtype=torch.float32), {"chunk_size": 5}))
 _t_cases.append((_t_head(1, 19, 4, 9, seed=21), {}))
 _t_cases += [(_t_head(2, 0, 4, 9, seed=22, dtype=_t_dtype), {"chunk_size": 4})                      # T = 0
-           for _t_dtype in (torch.float32, torch.float64, torch.bfloat16)]
+             for _t_dtype in (torch.float32, torch.float64, torch.bfloat16)]
 # bf16 inputs whose logits are small integers (exact in bf16): only the log-softmax's precision can differ.
 _t_int_gen = torch.Generator().manual_seed(23)
 _t_cases.append(((torch.randint(-2, 3, (2, 24, 16), generator=_t_int_gen).bfloat16(),
-                torch.randint(-2, 3, (300, 16), generator=_t_int_gen).bfloat16(),
-                torch.randint(300, (2, 24), generator=_t_int_gen)), {"chunk_size": 10}))
+                  torch.randint(-2, 3, (300, 16), generator=_t_int_gen).bfloat16(),
+                  torch.randint(300, (2, 24), generator=_t_int_gen)), {"chunk_size": 10}))
 # bf16 inputs whose integer dot products (up to 1024, exact in an fp32 accumulator) are NOT exact in bf16: the
 # logits round as the model's bf16 lm_head rounds them, so a matmul upcast to fp32 first gives other log-probs.
 _t_cases.append(((torch.randint(-8, 9, (2, 24, 16), generator=_t_int_gen).bfloat16(),
-                torch.randint(-8, 9, (64, 16), generator=_t_int_gen).bfloat16(),
-                torch.randint(64, (2, 24), generator=_t_int_gen)), {"chunk_size": 10}))
+                  torch.randint(-8, 9, (64, 16), generator=_t_int_gen).bfloat16(),
+                  torch.randint(64, (2, 24), generator=_t_int_gen)), {"chunk_size": 10}))
 grading.assert_matches_reference(checkpointed_log_probs, "checkpointed_log_probs", _t_cases, rtol=1e-5, atol=1e-6)
 
 
@@ -272,7 +272,7 @@ def _t_values_and_grads(fn, hidden, weight, ids, chunk_size, seed):
 
 _t_reference = grading.reference("checkpointed_log_probs")
 for _t_k, (_t_batch, _t_tokens, _t_width, _t_vocab, _t_chunk) in enumerate([(1, 13, 4, 11, 4), (2, 29, 6, 17, 8),
-                                                                (3, 10, 5, 7, 10), (2, 9, 3, 13, 1)]):
+                                                                            (3, 10, 5, 7, 10), (2, 9, 3, 13, 1)]):
     _t_args = _t_head(_t_batch, _t_tokens, _t_width, _t_vocab, seed=40 + _t_k)
     _t_expected = _t_values_and_grads(_t_reference, *_t_args, _t_chunk, seed=_t_k)
     with grading.library_blocked("checkpointed_log_probs"):

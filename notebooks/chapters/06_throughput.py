@@ -115,7 +115,7 @@ assert type(_t_got) is int, (
     f"kv_bytes_per_token('Qwen2.5-0.5B', dtype_bytes=4) returned {type(_t_got).__name__} {_t_got!r}: it must be a Python "
     f"int (bytes are whole numbers); a head width from hidden_size / heads is a float, use //")
 _t_config = {"num_hidden_layers": 4, "num_attention_heads": 8, "hidden_size": 512,
-           "num_key_value_heads": None, "head_dim": None}                            # None: the same as absent
+             "num_key_value_heads": None, "head_dim": None}                            # None: the same as absent
 try:
     _t_got = kv_bytes_per_token(_t_config)
 except ValueError as _t_error:
@@ -133,25 +133,25 @@ _t_cases = []
 for _ in range(40):
     _t_heads = _t_rng.choice([1, 2, 4, 8, 12, 16, 32, 40, 64])
     _t_config = {"num_hidden_layers": _t_rng.randint(1, 96), "num_attention_heads": _t_heads,
-               "hidden_size": _t_heads * _t_rng.choice([32, 64, 80, 128])}
+                 "hidden_size": _t_heads * _t_rng.choice([32, 64, 80, 128])}
     if _t_rng.random() < 0.7:
         _t_config["num_key_value_heads"] = _t_rng.choice([d for d in range(1, _t_heads + 1) if _t_heads % d == 0])
     if _t_rng.random() < 0.6:
         _t_config["head_dim"] = _t_rng.choice([64, 96, 128, 256])
     _t_cases.append(((_t_config,), {"dtype_bytes": _t_rng.choice([1, 2, 4])}))
 _t_cases += [(({"num_hidden_layers": 4, "num_attention_heads": 8, "hidden_size": 512,
-              "num_key_value_heads": None, "head_dim": None},), {})]
+                "num_key_value_heads": None, "head_dim": None},), {})]
 _t_cases += [((name,), {"dtype_bytes": d}) for name in ("Qwen3-8B", "Qwen/Qwen3-0.6B", "Qwen2.5-0.5B", "tiny-qwen2")
-           for d in (1, 2, 4)]
+             for d in (1, 2, 4)]
 _t_cases += [((hf_config(name, **overrides),), {"dtype_bytes": 2})
-           for name, overrides in (("Qwen3-0.6B", {}), ("Qwen2.5-0.5B", {}), ("tiny-qwen2", {}),
+             for name, overrides in (("Qwen3-0.6B", {}), ("Qwen2.5-0.5B", {}), ("tiny-qwen2", {}),
                                    ("tiny-qwen2", {"num_key_value_heads": 1}), ("Qwen3-8B", {"head_dim": 64}))]
 # hidden_size not a multiple of the head count: the head width is hidden_size // heads, an int (not 33.33...).
 _t_cases += [(({"num_hidden_layers": 2, "num_attention_heads": 3, "hidden_size": 100},), {}),
-           (({"num_hidden_layers": 5, "num_attention_heads": 12, "hidden_size": 1000, "num_key_value_heads": 4},), {}),
-           # 110 / 8 = 13.75 and 1000 / 24 = 41.67: floored to 13 and 41, not rounded to 14 and 42
-           (({"num_hidden_layers": 3, "num_attention_heads": 8, "hidden_size": 110},), {}),
-           (({"num_hidden_layers": 2, "num_attention_heads": 24, "hidden_size": 1000, "num_key_value_heads": 8},), {})]
+             (({"num_hidden_layers": 5, "num_attention_heads": 12, "hidden_size": 1000, "num_key_value_heads": 4},), {}),
+             # 110 / 8 = 13.75 and 1000 / 24 = 41.67: floored to 13 and 41, not rounded to 14 and 42
+             (({"num_hidden_layers": 3, "num_attention_heads": 8, "hidden_size": 110},), {}),
+             (({"num_hidden_layers": 2, "num_attention_heads": 24, "hidden_size": 1000, "num_key_value_heads": 8},), {})]
 grading.assert_matches_reference(kv_bytes_per_token, "kv_bytes_per_token", _t_cases)
 grading.assert_rejects(kv_bytes_per_token, "kv_bytes_per_token", [
     (({"num_hidden_layers": 2, "num_attention_heads": 4},), {}),                             # no head_dim, no hidden_size
@@ -262,7 +262,7 @@ _t_cases = []
 for _ in range(60):
     _t_kwargs = {"weight_bytes_per_param": _t_rng.choice([0.5, 1, 2.0, 4])} if _t_rng.random() < 0.5 else {}
     _t_cases.append(((10 ** _t_rng.uniform(8, 11), _t_rng.randint(1, 512), _t_rng.randint(1, 131_072),
-                    _t_rng.choice([12_288, 114_688, 147_456, _t_rng.uniform(1e3, 5e5)]), _t_rng.choice(_t_bandwidths)),
+                      _t_rng.choice([12_288, 114_688, 147_456, _t_rng.uniform(1e3, 5e5)]), _t_rng.choice(_t_bandwidths)),
                    _t_kwargs))
 _t_cases += [((8.2e9, 1, 1, 147_456, 4.8e12), {}), ((5e8, 1024, 1, 12_288, 3e11), {"weight_bytes_per_param": 1})]
 grading.assert_matches_reference(decode_tokens_per_s, "decode_tokens_per_s", _t_cases)
@@ -368,10 +368,10 @@ _t_cases = []
 for _ in range(60):
     _t_total = _t_rng.choice([_t_rng.randint(100, 200_000), _t_rng.uniform(100, 2e5)])
     _t_cases.append(((10 ** _t_rng.uniform(8, 11), _t_rng.randint(1, 4096), _t_total, _t_rng.uniform(1, _t_total),
-                    10 ** _t_rng.uniform(1, 5), _t_rng.choice([989e12, 312e12, 121e12, 65e12]),
-                    _t_rng.uniform(0.05, 1.0), _t_rng.uniform(0.05, 1.0)), {}))
+                      10 ** _t_rng.uniform(1, 5), _t_rng.choice([989e12, 312e12, 121e12, 65e12]),
+                      _t_rng.uniform(0.05, 1.0), _t_rng.uniform(0.05, 1.0)), {}))
 _t_cases += [((8.2e9, 512, 24_000, 24_000, 1796.0, 989e12, 1.0, 1.0), {}),              # all tokens sampled
-           ((8.2e9, 1, 24_000, 1, 1796.0, 989e12, 0.4, 0.25), {})]
+             ((8.2e9, 1, 24_000, 1, 1796.0, 989e12, 0.4, 0.25), {})]
 grading.assert_matches_reference(gpu_hours_per_step, "gpu_hours_per_step", _t_cases)
 _t_ok = (8.2e9, 512, 24_000, 6_000, 1796.0, 989e12, 0.4, 0.5)
 grading.assert_rejects(gpu_hours_per_step, "gpu_hours_per_step", [

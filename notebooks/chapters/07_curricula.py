@@ -228,35 +228,35 @@ from course_lib.nb import grading
 _t_rng = random.Random(7)
 _t_grid = [k / 16 for k in range(17)]  # dyadic scores: a difference that equals a limit is exact
 _t_cases = [((baseline, accepted_run, limits), {}), ((baseline, {**accepted_run, "loss_finite": 1}, limits), {}),
-          ((baseline, {**accepted_run, "gradients_finite": "true"}, limits), {}),
-          ((baseline, {**accepted_run, "gradients_finite": 1}, limits), {}),
-          ((baseline, {**accepted_run, "loss_finite": "true"}, limits), {}),
-          # a budget read at run time (from a log, a config): equal to 8192, but not the same object as the literal
-          ((baseline, {**accepted_run, "supervised_tokens_per_optimizer_step": int("8192")}, limits), {})]
+            ((baseline, {**accepted_run, "gradients_finite": "true"}, limits), {}),
+            ((baseline, {**accepted_run, "gradients_finite": 1}, limits), {}),
+            ((baseline, {**accepted_run, "loss_finite": "true"}, limits), {}),
+            # a budget read at run time (from a log, a config): equal to 8192, but not the same object as the literal
+            ((baseline, {**accepted_run, "supervised_tokens_per_optimizer_step": int("8192")}, limits), {})]
 for _ in range(150):
     _t_base = {"long_context_score": _t_rng.choice(_t_grid), "short_context_score": _t_rng.choice(_t_grid),
-             "supervised_tokens_per_optimizer_step": 8192}
+               "supervised_tokens_per_optimizer_step": 8192}
     _t_cand = {"long_context_score": _t_rng.choice(_t_grid), "short_context_score": _t_rng.choice(_t_grid),
-             "supervised_tokens_per_optimizer_step": _t_rng.choice([8192, 8192, 8192, 4096, 8193]),
-             "loss_finite": _t_rng.choice([True, True, True, False]),
-             "gradients_finite": _t_rng.choice([True, True, True, False]),
-             "failed_runs": _t_rng.choice([0, 0, 1, 2, 3]), "peak_memory_gb": _t_rng.choice([9.5, 10.0, 10.5, 11.0]),
-             "cost_per_supervised_token": _t_rng.choice([1.0, 1.25, 1.5, 1.75])}
+               "supervised_tokens_per_optimizer_step": _t_rng.choice([8192, 8192, 8192, 4096, 8193]),
+               "loss_finite": _t_rng.choice([True, True, True, False]),
+               "gradients_finite": _t_rng.choice([True, True, True, False]),
+               "failed_runs": _t_rng.choice([0, 0, 1, 2, 3]), "peak_memory_gb": _t_rng.choice([9.5, 10.0, 10.5, 11.0]),
+               "cost_per_supervised_token": _t_rng.choice([1.0, 1.25, 1.5, 1.75])}
     _t_lim = {"min_long_context_gain": _t_rng.choice([-0.25, 0.0, 0.0625, 0.125, 0.25]),
-            "max_short_context_regression": _t_rng.choice([0.0, 0.0625, 0.125]),
-            "max_failed_runs": _t_rng.choice([0, 1, 2]), "max_peak_memory_gb": _t_rng.choice([10.0, 10.5]),
-            "max_cost_per_supervised_token": _t_rng.choice([1.25, 1.5])}
+              "max_short_context_regression": _t_rng.choice([0.0, 0.0625, 0.125]),
+              "max_failed_runs": _t_rng.choice([0, 1, 2]), "max_peak_memory_gb": _t_rng.choice([10.0, 10.5]),
+              "max_cost_per_supervised_token": _t_rng.choice([1.25, 1.5])}
     _t_cases.append(((_t_base, _t_cand, _t_lim), {}))
 # Every value exactly at its limit passes; one step past it fails.
 _t_edge_base = {"long_context_score": 0.5, "short_context_score": 0.75, "supervised_tokens_per_optimizer_step": 4096}
 _t_edge = {"long_context_score": 0.625, "short_context_score": 0.6875, "supervised_tokens_per_optimizer_step": 4096,
-         "loss_finite": True, "gradients_finite": True, "failed_runs": 2, "peak_memory_gb": 10.5,
-         "cost_per_supervised_token": 1.5}
+           "loss_finite": True, "gradients_finite": True, "failed_runs": 2, "peak_memory_gb": 10.5,
+           "cost_per_supervised_token": 1.5}
 _t_edge_limits = {"min_long_context_gain": 0.125, "max_short_context_regression": 0.0625, "max_failed_runs": 2,
-                "max_peak_memory_gb": 10.5, "max_cost_per_supervised_token": 1.5}
+                  "max_peak_memory_gb": 10.5, "max_cost_per_supervised_token": 1.5}
 _t_cases.append(((_t_edge_base, _t_edge, _t_edge_limits), {}))
 for _t_key, _t_value in (("long_context_score", 0.5625), ("short_context_score", 0.625), ("failed_runs", 3),
-                     ("peak_memory_gb", 10.75), ("cost_per_supervised_token", 1.75)):
+                         ("peak_memory_gb", 10.75), ("cost_per_supervised_token", 1.75)):
     _t_cases.append(((_t_edge_base, {**_t_edge, _t_key: _t_value}, _t_edge_limits), {}))
 # Scores with many decimals (any real run's): the evidence is the exact difference, not a rounded one, and a gain
 # of 0.03996 is below a minimum of 0.04 (rounded to 4 places it would pass), a regression of 0.02004 above 0.02.
@@ -264,27 +264,27 @@ _t_cases.append(((baseline, {**accepted_run, "long_context_score": 0.59996}, lim
 _t_cases.append(((baseline, {**accepted_run, "short_context_score": 0.79996}, limits), {}))
 for _ in range(30):
     _t_base = {"long_context_score": _t_rng.random(), "short_context_score": _t_rng.random(),
-             "supervised_tokens_per_optimizer_step": 8192}
+               "supervised_tokens_per_optimizer_step": 8192}
     _t_cases.append(((_t_base, {**accepted_run, "long_context_score": _t_rng.random(),
-                            "short_context_score": _t_rng.random()}, limits), {}))
+                                "short_context_score": _t_rng.random()}, limits), {}))
 grading.assert_matches_reference(evaluate_length_curriculum_stage, "evaluate_length_curriculum_stage", _t_cases)
 _t_bad = [((baseline, {**accepted_run, "long_context_score": float("nan")}, limits), {}),
-        ((baseline, {**accepted_run, "peak_memory_gb": "big"}, limits), {}),
-        ((baseline, {**accepted_run, "failed_runs": -1}, limits), {}),
-        ((baseline, {**accepted_run, "failed_runs": 0.5}, limits), {}),
-        ((baseline, accepted_run, {**limits, "max_peak_memory_gb": float("nan")}), {}),
-        ((baseline, accepted_run, {**limits, "max_peak_memory_gb": float("inf")}), {}),
-        (({**baseline, "long_context_score": float("nan")}, accepted_run, limits), {}),
-        ((baseline, {**accepted_run, "cost_per_supervised_token": float("nan")}, limits), {}),
-        ((baseline, {**accepted_run, "peak_memory_gb": "9.8"}, limits), {}),
-        ((baseline, {**accepted_run, "failed_runs": True}, limits), {}),
-        ((baseline, {**accepted_run, "short_context_score": float("nan")}, limits), {}),
-        (({**baseline, "short_context_score": float("nan")}, accepted_run, limits), {})]
+          ((baseline, {**accepted_run, "peak_memory_gb": "big"}, limits), {}),
+          ((baseline, {**accepted_run, "failed_runs": -1}, limits), {}),
+          ((baseline, {**accepted_run, "failed_runs": 0.5}, limits), {}),
+          ((baseline, accepted_run, {**limits, "max_peak_memory_gb": float("nan")}), {}),
+          ((baseline, accepted_run, {**limits, "max_peak_memory_gb": float("inf")}), {}),
+          (({**baseline, "long_context_score": float("nan")}, accepted_run, limits), {}),
+          ((baseline, {**accepted_run, "cost_per_supervised_token": float("nan")}, limits), {}),
+          ((baseline, {**accepted_run, "peak_memory_gb": "9.8"}, limits), {}),
+          ((baseline, {**accepted_run, "failed_runs": True}, limits), {}),
+          ((baseline, {**accepted_run, "short_context_score": float("nan")}, limits), {}),
+          (({**baseline, "short_context_score": float("nan")}, accepted_run, limits), {})]
 _t_bad += [((baseline, accepted_run, {**limits, _t_limit: float("nan")}), {})
-         for _t_limit in ("min_long_context_gain", "max_short_context_regression", "max_failed_runs",
-                        "max_cost_per_supervised_token")]
+           for _t_limit in ("min_long_context_gain", "max_short_context_regression", "max_failed_runs",
+                            "max_cost_per_supervised_token")]
 for _t_who, _t_field in (("baseline", "supervised_tokens_per_optimizer_step"), ("candidate", "gradients_finite"),
-                     ("candidate", "cost_per_supervised_token"), ("limits", "max_failed_runs")):
+                         ("candidate", "cost_per_supervised_token"), ("limits", "max_failed_runs")):
     _t_args = {"baseline": dict(baseline), "candidate": dict(accepted_run), "limits": dict(limits)}
     del _t_args[_t_who][_t_field]
     _t_bad.append(((_t_args["baseline"], _t_args["candidate"], _t_args["limits"]), {}))

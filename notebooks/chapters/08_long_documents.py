@@ -141,7 +141,7 @@ for _t_k in range(0, 62):  # exact powers of two and their neighbours, far beyon
 _t_cases += [((1, 1), {}), ((7, 7), {}), ((5, 6), {}), ((8192, 8192), {}), ((100, 100), {}), ((65, 100), {})]
 # numpy integers (a length read from an array of lengths) are integers: the bucket is still a Python int
 _t_cases += [((np.int64(5), 8), {}), ((5, np.int64(6)), {}), ((np.int64(4097), np.int64(8192)), {}),
-           ((np.int32(2500), np.int32(3000)), {})]
+             ((np.int32(2500), np.int32(3000)), {})]
 grading.assert_matches_reference(assign_bucket, "assign_bucket", _t_cases)
 grading.assert_rejects(assign_bucket, "assign_bucket", [
     ((0, 8192), {}), ((-3, 8192), {}), ((8193, 8192), {}), ((101, 100), {}), ((4, 0), {}), ((4, -8), {}),

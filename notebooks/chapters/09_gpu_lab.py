@@ -231,13 +231,13 @@ from course_lib.nb import grading
 _t_rng = random.Random(9)
 _t_cases = [(([48, 96, 32, 64],), {"mask_first_label": _t_mask}) for _t_mask in (True, False)]
 _t_cases += [(([_t_rng.randint(1, 512) for _ in range(_t_rng.randint(1, 12))],), {"mask_first_label": _t_rng.random() < 0.5})
-           for _ in range(60)]
+             for _ in range(60)]
 # Edges: one sample (nothing to pad, nothing to pack), equal lengths (packing saves nothing), length-1 samples
 # (nothing to supervise), a tuple.
 _t_cases += [(([1],), {}), (([7],), {"mask_first_label": False}), (([64, 64, 64],), {}),
-           (([1, 1, 200],), {"mask_first_label": False}), (([1, 1, 200],), {}), (((5, 3),), {}),
-           # lengths as a numpy array (as a lengths column is often read): the counts are still Python ints
-           ((np.array([48, 96, 32, 64]),), {}), ((np.array([7, 300, 12], dtype=np.int32),), {"mask_first_label": False})]
+             (([1, 1, 200],), {"mask_first_label": False}), (([1, 1, 200],), {}), (((5, 3),), {}),
+             # lengths as a numpy array (as a lengths column is often read): the counts are still Python ints
+             ((np.array([48, 96, 32, 64]),), {}), ((np.array([7, 300, 12], dtype=np.int32),), {"mask_first_label": False})]
 grading.assert_matches_reference(padding_vs_packing_ledger, "padding_vs_packing_ledger", _t_cases)
 grading.assert_rejects(padding_vs_packing_ledger, "padding_vs_packing_ledger",
                        [(([],), {}), (([48, 0],), {}), (([48, -3],), {}), (([48, 2.5],), {}),
@@ -405,11 +405,11 @@ _t_cases = []
 for _ in range(50):
     _t_tokens = _t_rng.randint(1, 50_000)
     _t_cases.append((({"effective_supervised_tokens": _t_tokens, "median_step_ms": _t_rng.uniform(0.5, 800.0)},
-                    {"effective_supervised_tokens": _t_tokens, "median_step_ms": _t_rng.uniform(0.5, 800.0)}), {}))
+                      {"effective_supervised_tokens": _t_tokens, "median_step_ms": _t_rng.uniform(0.5, 800.0)}), {}))
 # Edges: equal times (ratio 1, no reduction), packing slower (ratio < 1, negative reduction), integer times,
 # full record rows with extra keys.
 _t_cases += [(({"effective_supervised_tokens": 236, "median_step_ms": 50.0},
-             {"effective_supervised_tokens": 236, "median_step_ms": 50.0}), {}),
+               {"effective_supervised_tokens": 236, "median_step_ms": 50.0}), {}),
            (({"effective_supervised_tokens": 236, "median_step_ms": 40},
              {"effective_supervised_tokens": 236, "median_step_ms": 61}), {}),
            (({"candidate": "padding", "processed_tokens": 384, "effective_supervised_tokens": 236, "median_step_ms": 7.5},
