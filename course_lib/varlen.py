@@ -228,7 +228,11 @@ def flash_varlen_unavailable(device, dtype: torch.dtype, head_dim: int, dropout:
 
 def varlen_kernel(device, dtype: torch.dtype, head_dim: int, dropout: float = 0.0, kernel: str = "auto") -> str:
     """The kernel ("flash" or "sdpa") that `kernel` runs on this device and dtype; ValueError if "flash" cannot run."""
-    reason = flash_varlen_unavailable(device, dtype, head_dim, dropout)  # checks the arguments, "sdpa" too
+    return _choose(kernel, flash_varlen_unavailable(device, dtype, head_dim, dropout))  # arguments checked for sdpa too
+
+
+def _choose(kernel: object, reason: str | None) -> str:
+    """The kernel `kernel` runs, given why the fused one cannot (None: it can)."""
     if _checked_kernel(kernel) == "sdpa":
         return "sdpa"
     if reason is None:
@@ -238,13 +242,14 @@ def varlen_kernel(device, dtype: torch.dtype, head_dim: int, dropout: float = 0.
     return "sdpa"
 
 
-def _flat_cu_seqlens(source: torch.Tensor, bounds: list[list[int]], device: torch.device) -> torch.Tensor:
-    """Every row's sample bounds as one int32 cu_seqlens over the flattened batch [R * L], on device, cached on
-    `source` (the position_ids or cu_seq_lens_q the bounds came from): one host-to-device copy per forward."""
-    def build() -> torch.Tensor:
+def _flat_cu_seqlens(source: torch.Tensor, bounds: list[list[int]], device: torch.device) -> tuple[torch.Tensor, int]:
+    """(every row's sample bounds as one int32 cu_seqlens over the flattened batch [R * L] on device, the longest
+    sample), cached on `source` (the position_ids or cu_seq_lens_q the bounds came from): once per forward."""
+    def build() -> tuple[torch.Tensor, int]:
         length = bounds[0][-1]
         flat = [0, *(row * length + bound for row, row_bounds in enumerate(bounds) for bound in row_bounds[1:])]
-        return torch.tensor(flat, dtype=torch.int32, device=device)  # [N_total + 1]
+        longest = max(end - start for row_bounds in bounds for start, end in pairwise(row_bounds))
+        return torch.tensor(flat, dtype=torch.int32, device=device), longest  # [N_total + 1]
 
     return _cached(source, build, ("cu_seqlens", len(bounds), str(device)))
 
@@ -283,10 +288,8 @@ def _checked(query, key, value, attention_mask, dropout, scaling, kwargs):
 def _kernel_for(kernel: str, query, key, value, dropout: float) -> str:
     """varlen_kernel for these tensors: the fused kernel also needs query, key and value in one dtype."""
     if key.dtype != query.dtype or value.dtype != query.dtype:
-        if kernel == "flash":
-            raise ValueError(f"kernel='flash' cannot run here: query {query.dtype}, key {key.dtype} and value "
-                             f"{value.dtype} differ (autocast over an fp32 model does this: load it in bf16)")
-        return "sdpa"
+        return _choose(kernel, f"query {query.dtype}, key {key.dtype} and value {value.dtype} differ (autocast over "
+                               "an fp32 model does this: load it in bf16)")
     return varlen_kernel(query.device, query.dtype, query.shape[3], dropout, kernel)
 
 
@@ -297,8 +300,8 @@ def _run(kernel: str, module, query, key, value, attention_mask, dropout, scalin
         module._course_varlen_kernel = chosen  # what ran, for varlen_kernel_used
     if chosen == "flash":
         source = kwargs["cu_seq_lens_q"] if kwargs.get("cu_seq_lens_q") is not None else kwargs["position_ids"]
-        longest = max(end - start for row_bounds in bounds for start, end in pairwise(row_bounds))
-        return _flash_attend(query, key, value, _flat_cu_seqlens(source, bounds, query.device), longest, scaling), None
+        cu_seqlens, longest = _flat_cu_seqlens(source, bounds, query.device)
+        return _flash_attend(query, key, value, cu_seqlens, longest, scaling), None
     outputs = [_attend(module, query[row:row + 1], key[row:row + 1], value[row:row + 1], row_bounds, dropout, scaling)
                for row, row_bounds in enumerate(bounds)]  # [1, L, H, D] each
     return torch.cat(outputs, dim=0), None  # [R, L, H, D]

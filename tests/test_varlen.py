@@ -303,11 +303,11 @@ def test_torch_kernel_takes_the_arguments_as_wired():
 def test_flattened_boundaries_offset_every_row():
     bounds = [[0, 2, 6], [0, 1, 2, 6]]
     source = torch.zeros(2, 6, dtype=torch.long)
-    cu_seqlens = varlen_module._flat_cu_seqlens(source, bounds, torch.device("cpu"))
-    assert cu_seqlens.tolist() == [0, 2, 6, 7, 8, 12] and cu_seqlens.dtype == torch.int32
-    assert varlen_module._flat_cu_seqlens(source, bounds, torch.device("cpu")) is cu_seqlens  # once per forward
+    cu_seqlens, longest = varlen_module._flat_cu_seqlens(source, bounds, torch.device("cpu"))
+    assert cu_seqlens.tolist() == [0, 2, 6, 7, 8, 12] and cu_seqlens.dtype == torch.int32 and longest == 4
+    assert varlen_module._flat_cu_seqlens(source, bounds, torch.device("cpu"))[0] is cu_seqlens  # once per forward
     source.add_(0)  # an in-place change invalidates the cache
-    assert varlen_module._flat_cu_seqlens(source, bounds, torch.device("cpu")) is not cu_seqlens
+    assert varlen_module._flat_cu_seqlens(source, bounds, torch.device("cpu"))[0] is not cu_seqlens
 
 
 @pytest.mark.parametrize("rows", [1, 3])
