@@ -173,9 +173,21 @@ def test_failure_messages_name_the_call_that_failed():
 def test_shown_arguments_keeps_messages_short():
     shown = grading.shown_arguments(([list(range(100))] * 50, torch.zeros(4, 5), torch.tensor([1, 2])),
                                     {"pad_token_id": 0})
-    assert len(shown) <= 404 and shown.endswith(" ...")
+    assert len(shown) <= 420 and " ..., " in shown and shown.endswith("pad_token_id=0")  # long arguments cut, keywords kept
     assert grading.shown_arguments((torch.zeros(4, 5), torch.tensor([1, 2])), {"pad_token_id": 0}) == (
         "Tensor(shape=[4, 5], dtype=torch.float32), [1, 2] (Tensor, torch.int64), pad_token_id=0")
+
+
+def test_shown_arguments_name_a_tokenizer_and_keep_every_keyword():
+    """A build_labels failure once read `TokenizersBackend(name_or_path='/tmp/...cour...lse, single_word=False, …})`
+    and lost max_length and supervise_eos, the very arguments the failing case varied."""
+    from course_lib.tokenizer import load_course_tokenizer
+
+    chat = [{"role": "user", "content": "word " * 200}, {"role": "assistant", "content": "ok"}]
+    shown = grading.shown_arguments((load_course_tokenizer(), chat), {"max_length": 20, "supervise_eos": False})
+    assert shown.startswith("<") and "name_or_path" not in shown and "single_word" not in shown, shown
+    assert shown.endswith("max_length=20, supervise_eos=False"), shown
+    assert len(shown) < 450
 
 
 def test_the_arguments_shown_are_those_before_the_call():

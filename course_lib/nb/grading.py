@@ -220,10 +220,17 @@ def shown_arguments(args: Sequence[Any], kwargs: Mapping[str, Any], limit: int =
             if int(getattr(value, "numel", lambda: value.size)()) > 16:
                 return f"{type(value).__name__}(shape={list(value.shape)}, dtype={value.dtype})"
             return repr(value.tolist()) + f" ({type(value).__name__}, {value.dtype})"
+        if isinstance(getattr(value, "name_or_path", None), str):  # a tokenizer or config: its name, not its vocab
+            return f"<{type(value).__name__} {value.name_or_path.rstrip('/').rsplit('/', 1)[-1]!r}>"
         return short.repr(value)
 
-    text = ", ".join([one(value) for value in args] + [f"{key}={one(value)}" for key, value in kwargs.items()])
-    return text if len(text) <= limit else text[:limit] + " ..."
+    keywords = ", ".join(f"{key}={one(value)}" for key, value in kwargs.items())
+    positional = ", ".join(one(value) for value in args)
+    room = max(limit - len(keywords), limit // 2)  # the keywords stay whole: they are what a case varies
+    if len(positional) > room:
+        positional = positional[:room] + " ..."
+    text = ", ".join(part for part in (positional, keywords) if part)
+    return text if len(text) <= 2 * limit else text[:2 * limit] + " ..."
 
 
 def _call_student(student: Callable, name: str, label: str, args: Sequence[Any], kwargs: Mapping[str, Any],
