@@ -22,7 +22,8 @@ c.Execute.interrupt_on_timeout = True
 c.IgnorePattern.enabled = True
 c.IgnorePattern.pattern = r"[\s\S]"  # any text at all
 
-# Students see "# YOUR CODE HERE / raise NotImplementedError()" in the release notebooks.
+# Students see "# YOUR CODE HERE / raise NotImplementedError(...)" in the release notebooks: the build
+# (course_lib.nb.build.name_the_stubs) then names the function in the message.
 c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
 c.ClearSolutions.begin_solution_delimeter = "BEGIN SOLUTION"
 c.ClearSolutions.end_solution_delimeter = "END SOLUTION"

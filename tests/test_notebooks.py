@@ -62,7 +62,24 @@ def test_release_has_no_solution_or_hidden_test(name, source_notebooks):
         leaked = [line for line in _solution_body_lines(target) if line in code]
         assert not leaked, f"{name}: release shows solution lines of {target}: {leaked[:3]}"
     for grade_id, source in cells.solution_cells(release).items():
-        assert "raise NotImplementedError()" in source, f"{name}/{grade_id}: TODO cell does not raise NotImplementedError"
+        function = grade_id.removeprefix("todo_")
+        assert f'raise NotImplementedError("{function} is not written yet' in source, (
+            f"{name}/{grade_id}: TODO cell does not raise a NotImplementedError that names {function}")
+
+
+def test_release_stubs_name_their_function():
+    """Each stub names the function it stands in: a teaching cell that calls an unwritten TODO says which one."""
+    stub = "    # YOUR CODE HERE\n    raise NotImplementedError()"
+    cell = f"import torch\n\n\ndef first(x):\n    \"\"\"Doc.\"\"\"\n{stub}\n\n\ndef second(y, *, z=1):\n{stub}\n"
+    named = build.name_the_stubs(cell)
+    assert named.count("raise NotImplementedError(") == 2
+    assert 'raise NotImplementedError("first is not written yet: it is a TODO of this notebook")' in named
+    assert 'raise NotImplementedError("second is not written yet: it is a TODO of this notebook")' in named
+    assert build.name_the_stubs("raise NotImplementedError()") == "raise NotImplementedError()"  # no function: as is
+    namespace = {}
+    exec(compile(named, "<cell>", "exec"), namespace)
+    with pytest.raises(NotImplementedError, match="^second is not written yet"):
+        namespace["second"](1)
 
 
 @pytest.mark.parametrize("name", CHAPTERS)
@@ -131,3 +148,40 @@ def test_graded_cells_keep_their_globals_out_of_the_students_way(name):
             private = {n for n in _module_level_names(ast.parse(cell)) if n.startswith("_") and n != "_"}
             offending.update({n: cell.splitlines()[0] for n in private if not n.startswith("_t_")})
     assert not offending, f"{name}: graded-cell globals without the _t_ prefix: {sorted(offending)}"
+
+
+def _global_loads(node: ast.AST) -> set[str]:
+    """Names a statement reads from the notebook's namespace (a nested scope's own names and parameters excluded)."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, *_LOCAL_SCOPES)):
+        inner = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        own = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        own |= {a.arg for n in ast.walk(node) if isinstance(n, ast.arguments)
+                for a in [*n.posonlyargs, *n.args, *n.kwonlyargs, n.vararg, n.kwarg] if a is not None}
+        return inner - own
+    names = {node.id} if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) else set()
+    for child in ast.iter_child_nodes(node):
+        names |= _global_loads(child)
+    return names
+
+
+@pytest.mark.parametrize("name", CHAPTERS)
+def test_teaching_cells_never_read_what_a_test_cell_bound(name):
+    """A test cell's names are its own. Chapter 2's figure once drew the visible test's 2 x 3 toy `batch` under a
+    caption about the ten sample chats: the cell meant to rebind `batch` had stopped at an unwritten TODO."""
+    text = (ROOT / "chapters" / f"{name}.py").read_text(encoding="utf-8")
+    bound_by_tests, offending = {}, []
+    for cell in re.split(r"(?m)^(?=# %%)", text):
+        if not cell.startswith("# %%") or cell.startswith("# %% [markdown]"):
+            continue
+        tree = ast.parse(cell)
+        if '"grade": true' in cell.splitlines()[0]:
+            grade_id = re.search(r'"grade_id": "(\w+)"', cell).group(1)
+            bound_by_tests.update(dict.fromkeys(_module_level_names(tree), grade_id))
+            continue
+        bound_here = set()
+        for statement in tree.body:  # a name this cell bound before reading it is its own
+            stores = _module_level_names(statement)
+            offending += [f"{n} (bound by {bound_by_tests[n]}, read by `{cell.splitlines()[1][:50]}`)"
+                          for n in sorted(_global_loads(statement) - bound_here - stores) if n in bound_by_tests]
+            bound_here |= stores
+    assert not offending, f"{name}: teaching cells read names a graded test cell bound: {offending}"

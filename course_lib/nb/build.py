@@ -235,9 +235,32 @@ def generate_release(name: str, course_root: Path) -> Path:
     return release
 
 
+STUB = "raise NotImplementedError()"  # nbgrader's code_stub (notebooks/nbgrader_config.py) ends with it
+
+
+def name_the_stubs(source: str) -> str:
+    """A TODO cell's stubs say which function is not written yet.
+
+    A teaching cell far below that calls an unwritten TODO then fails with `NotImplementedError: pad_batch is not
+    written yet ...` rather than an empty message, so the student knows which TODO the rest of the chapter needs.
+    """
+    lines, function = source.split("\n"), None
+    for index, line in enumerate(lines):
+        if match := re.match(r"\s*def (\w+)\(", line):
+            function = match.group(1)
+        elif line.strip() == STUB and function:
+            lines[index] = line.replace(STUB, f'raise NotImplementedError("{function} is not written yet: it is a '
+                                              f'TODO of this notebook")')
+    return "\n".join(lines)
+
+
 def normalize_release(path: Path) -> None:
-    """Stable bytes for a committed release notebook (sorted keys, no volatile metadata)."""
+    """Stable bytes for a committed release notebook (sorted keys, no volatile metadata), its stubs named."""
     notebook = json.loads(path.read_text(encoding="utf-8"))
+    for cell in notebook["cells"]:
+        if cell["cell_type"] == "code" and cell.get("metadata", {}).get("nbgrader", {}).get("solution"):
+            source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+            cell["source"] = name_the_stubs(source).splitlines(keepends=True)
     path.write_text(json.dumps(notebook, indent=1, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
 
 

@@ -47,9 +47,9 @@ chat = [
 # ## 1. Why: the length you guess is not the length the model sees
 #
 # A sample's length is not the length of its answer, nor the sum of its pieces tokenized one by one.
-# The chat template adds role markers and end-of-turn tokens, and BPE merges across the seams between
-# pieces. The only honest length is the length of the sequence the trainer will actually see: the chat
-# rendered **once** with a fixed tokenizer and template. Let us measure one conversation both ways.
+# The chat template adds role markers, newlines and end-of-turn tokens that no piece contains. The only honest
+# length is the length of the sequence the trainer will actually see: the chat rendered **once** with a fixed
+# tokenizer and template. Let us measure one conversation both ways.
 
 # %%
 ledger = measure_sample(tokenizer, chat)

@@ -294,25 +294,25 @@ print("".join(pieces))
 #| solution: course_lib.labels.pad_batch
 
 # %% nbgrader={"grade": true, "solution": false, "grade_id": "test_pad_batch", "locked": true, "points": 5, "schema_version": 3}
-features = [{"input_ids": [5, 6, 7], "labels": [IGNORE_INDEX, 6, 7]}, {"input_ids": [8], "labels": [8]}]
-features_before = [{key: list(values) for key, values in feature.items()} for feature in features]
-batch = pad_batch(features, pad_token_id=0)
-call = f"pad_batch({features_before}, pad_token_id=0)"
-assert set(batch) == {"input_ids", "labels", "attention_mask"}, (
-    f"{call} returned the keys {sorted(batch)}, expected ['attention_mask', 'input_ids', 'labels']")
-dtypes = {key: str(getattr(batch[key], "dtype", type(batch[key]).__name__)) for key in batch}
-assert all(isinstance(batch[key], torch.Tensor) and batch[key].dtype == torch.long for key in batch), (
+toy_features = [{"input_ids": [5, 6, 7], "labels": [IGNORE_INDEX, 6, 7]}, {"input_ids": [8], "labels": [8]}]
+toy_before = [{key: list(values) for key, values in feature.items()} for feature in toy_features]
+toy_batch = pad_batch(toy_features, pad_token_id=0)
+call = f"pad_batch({toy_before}, pad_token_id=0)"
+assert set(toy_batch) == {"input_ids", "labels", "attention_mask"}, (
+    f"{call} returned the keys {sorted(toy_batch)}, expected ['attention_mask', 'input_ids', 'labels']")
+dtypes = {key: str(getattr(toy_batch[key], "dtype", type(toy_batch[key]).__name__)) for key in toy_batch}
+assert all(isinstance(toy_batch[key], torch.Tensor) and toy_batch[key].dtype == torch.long for key in toy_batch), (
     f"{call}: every value must be a torch.long tensor, got {dtypes}")
-assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]], (
-    f"{call} returned input_ids {batch['input_ids'].tolist()}, expected [[5, 6, 7], [8, 0, 0]]")
-assert batch["labels"].tolist() == [[IGNORE_INDEX, 6, 7], [8, IGNORE_INDEX, IGNORE_INDEX]], (
-    f"{call} returned labels {batch['labels'].tolist()}, expected [[-100, 6, 7], [8, -100, -100]]")
-assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]], (
-    f"{call} returned attention_mask {batch['attention_mask'].tolist()}, expected [[1, 1, 1], [1, 0, 0]]")
+assert toy_batch["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]], (
+    f"{call} returned input_ids {toy_batch['input_ids'].tolist()}, expected [[5, 6, 7], [8, 0, 0]]")
+assert toy_batch["labels"].tolist() == [[IGNORE_INDEX, 6, 7], [8, IGNORE_INDEX, IGNORE_INDEX]], (
+    f"{call} returned labels {toy_batch['labels'].tolist()}, expected [[-100, 6, 7], [8, -100, -100]]")
+assert toy_batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]], (
+    f"{call} returned attention_mask {toy_batch['attention_mask'].tolist()}, expected [[1, 1, 1], [1, 0, 0]]")
 unchanged = all(feature.keys() == before.keys() and all(type(feature[key]) is list and feature[key] == before[key]
                                                         for key in before)
-                for feature, before in zip(features, features_before, strict=True))
-assert unchanged, (f"{call} changed the caller's features into {features}: build new tensors, "
+                for feature, before in zip(toy_features, toy_before, strict=True))
+assert unchanged, (f"{call} changed the caller's features into {toy_features}: build new tensors, "
                    "do not pad (or convert) the given lists in place")
 # The alpaca case: the end-of-turn token IS the pad token (id 0), so real tokens carry the pad id.
 eos_is_pad = [{"input_ids": [9, 4, 0], "labels": [IGNORE_INDEX, 4, 0]}, {"input_ids": [3, 0], "labels": [3, 0]}]
@@ -381,8 +381,8 @@ grading.assert_rejects(pad_batch, "pad_batch", [
 # %% [markdown]
 # ## 5. The classic bugs, shown and caught (经典错误)
 #
-# Seed 002 lists the label bugs that cost its author days: padding with the pad id in the labels, labels not
-# cut together with the inputs, and user turns left supervised. Each is one plausible line away from the
+# Seed 002 lists label bugs from practice (the first one took its author half a day to find): padding with the pad
+# id in the labels, labels not cut together with the inputs, and user turns left supervised. Each is one plausible line away from the
 # right code. We write each one out, measure what it does, and catch it.
 #
 # **Bug 1: the pad id in the labels.** The loss of a causal LM averages the cross-entropy over every target

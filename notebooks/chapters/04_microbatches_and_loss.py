@@ -569,6 +569,7 @@ print(f"({time.perf_counter() - started:.1f} s for {1 + 2 * len(splits)} accumul
 # like a perfectly normal loss. The per-token weights behind the errors:
 
 # %%
+assert "token budget 640" in splits, "the cell above stopped at token_budget_batches (TODO 1): write it, rerun both"
 for split, microbatches in splits.items():
     tokens = [int(supervised[rows].sum()) for rows in microbatches]
     print(f"{split:<16} tokens {str(tokens):<22} per-token weight vs correct "

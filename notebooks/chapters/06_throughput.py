@@ -92,7 +92,8 @@ print(f"without the cache: {positions[False] / positions[True]:.1f}x the positio
 # `num_hidden_layers`, `num_key_value_heads` (absent or `None`: no GQA, use `num_attention_heads`) and `head_dim`
 # (absent or `None`: `hidden_size // num_attention_heads`). Raise `ValueError` naming the field when one of them is
 # missing or not a positive integer, and for a `dtype_bytes` that is not a positive integer (`require_positive_int`
-# does both).
+# does both; `True` is not an integer here). The head width must be positive whether given or derived: a
+# `hidden_size` of 4 over 8 heads derives 0, so check it after deriving it.
 
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_kv_bytes_per_token", "locked": false, "schema_version": 3}
 #| solution: course_lib.accounting.kv_bytes_per_token
@@ -202,10 +203,11 @@ assert cache_bytes == context * kv_bytes_per_token(model.config, dtype_bytes=4)
 
 # %%
 N_QWEN3_8B = 8.2e9                                                   # parameters of Qwen3-8B, as in seed 003
-KV_QWEN3_8B = kv_bytes_per_token(hf_config("Qwen3-8B"))
+KV_QWEN3_8B = 36 * 8 * 128 * 2 * 2     # layers x KV heads x head_dim x (keys, values) x bf16 bytes: seed 003's 147 KB
 for batch, context in [(1, 16_384), (64, 2048), (64, 16_384)]:
     print(f"batch {batch:2d} x {context:6,d} tokens of context: KV cache {batch * context * KV_QWEN3_8B / 1e9:6.1f} GB "
           f"(bf16 weights: {2 * N_QWEN3_8B / 1e9:.1f} GB)")
+assert kv_bytes_per_token(hf_config("Qwen3-8B")) == KV_QWEN3_8B, "your TODO 1 disagrees with the hand count"
 
 # %% [markdown]
 # One 16k-token sequence already holds about 15% of the weights' bytes in cache; 64 of them hold ten times the

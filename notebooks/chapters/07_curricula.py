@@ -169,6 +169,7 @@ print("broken candidate: ", stability_evidence(model))
 # * Return `{"decision", "failed_gates", "evidence"}`. Raise a `ValueError` naming the field for a missing field
 #   (`require_keys`), a score, limit, peak memory or cost that is not a finite real number (`require_real`: a NaN
 #   would pass every comparison silently), and a `failed_runs` that is not an integer $\ge 0$ (`require_int`).
+#   A bool is not a number here: `True` as a score, a limit or `failed_runs` is refused (the helpers do it).
 
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_evaluate_length_curriculum_stage", "locked": false, "schema_version": 3}
 #| solution: course_lib.curriculum.evaluate_length_curriculum_stage
@@ -302,15 +303,21 @@ grading.assert_rejects(evaluate_length_curriculum_stage, "evaluate_length_curric
 
 # %%
 print("gates, in reporting order:", ", ".join(CURRICULUM_GATES))
+seed_baseline = {"long_context_score": 0.56, "short_context_score": 0.82, "supervised_tokens_per_optimizer_step": 8192}
+seed_limits = {"min_long_context_gain": 0.04, "max_short_context_regression": 0.02, "max_failed_runs": 0,
+               "max_peak_memory_gb": 10.5, "max_cost_per_supervised_token": 1.4}
+seed_accepted = {"long_context_score": 0.63, "short_context_score": 0.81, "supervised_tokens_per_optimizer_step": 8192,
+                 "loss_finite": True, "gradients_finite": True, "failed_runs": 0, "peak_memory_gb": 9.8,
+                 "cost_per_supervised_token": 1.25}
 candidates = {
-    "accepted": accepted_run,
-    "rejected": {**accepted_run, "long_context_score": 0.64, "short_context_score": 0.77,
+    "accepted": seed_accepted,
+    "rejected": {**seed_accepted, "long_context_score": 0.64, "short_context_score": 0.77,
                  "supervised_tokens_per_optimizer_step": 4096, "peak_memory_gb": 11.2,
                  "cost_per_supervised_token": 1.3},
-    "non-finite": {**accepted_run, "loss_finite": False, "gradients_finite": False, "failed_runs": 1},
+    "non-finite": {**seed_accepted, "loss_finite": False, "gradients_finite": False, "failed_runs": 1},
 }
 for name, run in candidates.items():
-    verdict = evaluate_length_curriculum_stage(baseline, run, limits)
+    verdict = evaluate_length_curriculum_stage(seed_baseline, run, seed_limits)
     weighted = verdict["evidence"]["long_context_gain"] - verdict["evidence"]["short_context_regression"]
     print(f"{name:<10} weighted score {weighted:+.2f} | gates: {verdict['decision']:<7} {verdict['failed_gates']}")
 
@@ -331,7 +338,8 @@ for name, run in candidates.items():
 # Implement `filter_by_pass_rate(tasks, pass_rates, low=0.0, high=1.0)`: the tasks whose rate lies **strictly**
 # inside `(low, high)`, in their original order. Raise a `ValueError` naming the field for a pass rate that is not
 # a real number in [0, 1] (`require_ratio`, which refuses NaN), for `pass_rates` and `tasks` of different lengths,
-# for a `low` or `high` that is not a finite real (`require_real`), and for `low >= high`.
+# for a `low` or `high` that is not a finite real (`require_real`), and for `low >= high`. A bool is not a rate:
+# `True` is refused, though `True == 1` in Python (both helpers refuse it).
 
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_filter_by_pass_rate", "locked": false, "schema_version": 3}
 #| solution: course_lib.curriculum.filter_by_pass_rate

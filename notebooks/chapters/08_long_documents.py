@@ -69,9 +69,11 @@ print(f"padded to {MAX_LENGTH}: {global_max['padding_ratio']:.1%} of the compute
 #
 # ## 2. Geometric buckets (几何分桶)
 #
-# Seed 004 assigns a document of $n$ tokens to the bucket $\min(2^{\lceil \log_2 n \rceil}, \text{max\_length})$:
-# 1, 2, 3–4, 5–8, ..., 4097–8192. A document is padded by less than half its bucket, whatever its scale. Here are
-# real documents: the paragraphs of the course corpus, tokenized with the course tokenizer.
+# Seed 004's code assigns a document of $n$ tokens to the bucket $\min(2^{\lceil \log_2 n \rceil}, \text{max\_length})$:
+# 1, 2, 3–4, 5–8, ..., 4097–8192. (Its prose names the intervals [1, 8], [9, 16], ..., [4097, 8192], which its
+# function does not produce below 8; the course follows the function.) A document is padded by less than half its
+# bucket, whatever its scale. Here are real documents: the paragraphs of the course corpus, tokenized with the
+# course tokenizer.
 
 # %%
 tokenizer = load_course_tokenizer()
@@ -86,8 +88,8 @@ print(f"{len(paragraphs)} paragraphs, bucket sizes used: {sorted(set(buckets.tol
 # %% [markdown]
 # The seed computes the exponent with floating point: `math.ceil(math.log2(n))`. For ordinary lengths that is
 # right, but the logarithm of $2^k + 1$ lies within half a float ulp of $k$ once $k \ge 49$, so from
-# $n = 2^{49} + 1$ on `math.log2` returns exactly $k$ and the document lands in a bucket **smaller than itself**. Integers do not round: the smallest power of two $\ge n$ is
-# `1 << (n - 1).bit_length()`.
+# $n = 2^{49} + 1$ on `math.log2` returns exactly $k$ and the document lands in a bucket **smaller than itself**.
+# Integers do not round: the smallest power of two $\ge n$ is `1 << (n - 1).bit_length()`.
 
 # %%
 for n in (2**48 + 1, 2**49 + 1):
@@ -114,7 +116,7 @@ print(f"integer: (n - 1).bit_length() = {(n - 1).bit_length()} -> bucket 2**{(n 
 #| solution: course_lib.longdoc.assign_bucket
 
 # %% nbgrader={"grade": true, "solution": false, "grade_id": "test_assign_bucket", "locked": true, "points": 3, "schema_version": 3}
-# Seed 004's intervals: 1, 2, 3-4, 5-8, 9-16, ..., 4097-8192.
+# The intervals of seed 004's function: 1, 2, 3-4, 5-8, 9-16, ..., 4097-8192.
 for n, want in ((1, 1), (2, 2), (3, 4), (4, 4), (5, 8), (8, 8), (9, 16), (16, 16), (17, 32),
                 (4097, 8192), (6000, 8192), (8192, 8192)):
     got = assign_bucket(n, 8192)
@@ -217,7 +219,9 @@ for window in split_document(list(range(600)), 256, 64):
 # * stride $s$ = `window - overlap`; window $i$ starts at $i \cdot s$ and ends at $\min(i \cdot s +
 #   \text{window}, \text{length})$; there are $1 + \lceil \max(0, \text{length} - \text{window}) / s \rceil$
 #   windows, so the last one ends exactly at `length` and may be shorter than `window` (it is **not** shifted back
-#   to be full length, which would change its overlap). A document that fits gives one window.
+#   to be full length, which would change its overlap). A document that fits gives one window. Compute the ceiling
+#   in integers (`-(-a // s)`), not with `math.ceil(a / s)`: the grader also tries lengths beyond $2^{53}$, where a
+#   float division rounds and the count comes out one short.
 # * the first window owns from 0, every later one from the previous window's end; each owns up to its own end.
 # * Raise a `ValueError` naming the field for a `length` or `window` that is not a positive integer, an `overlap`
 #   that is not an integer $\ge 0$, and `overlap >= window` (the window would never advance). A numpy integer is an

@@ -358,7 +358,8 @@ for candidate, step_ms in (("padding", 63.4), ("packing", 48.8)):  # the seed's 
 # padding ms). Raise a `ValueError` when a key is missing, when the token counts are not positive integers or
 # **differ** between the two, or when a step time is not a positive finite number (`require_keys`,
 # `require_positive_int`, `require_real(..., minimum=0.0, strict_minimum=True)`). A row read with numpy or pandas
-# holds numpy numbers: a numpy integer count and a numpy float time are valid (those helpers accept them).
+# holds numpy numbers: a numpy integer count and a numpy float time are valid (those helpers accept them); a bool
+# is neither a count nor a time (`True` is refused, as the helpers do).
 
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_compare_padding_and_packing", "locked": false, "schema_version": 3}
 #| solution: course_lib.lab.compare_padding_and_packing
@@ -523,7 +524,9 @@ if mine["run_mode"] != "real_gpu":
 # `torch.profiler` (`device_profile`): how many operations the GPU ran and how long it was actually busy. The report
 # prints the GPU's busy share of the step's wall time (忙碌占比). Well below 1, the GPU spends most of the step
 # waiting for the next launch, and fewer tokens save little time; near 1, the step is the GPU's work, and the ratio
-# of the two layouts' busy times is the speed-up packing can deliver.
+# of the two layouts' busy times is the speed-up packing can deliver. On a CPU the "device" is the host itself:
+# the profiled step's operators carry the profiler's own overhead while the wall time is the unprofiled median, so
+# a smoke run's share can come out above 1. Read the share on a GPU, where kernel durations are not slowed by it.
 #
 # **Measured by the course on an NVIDIA H200** (2026-11-29, this workload, three runs; the records are in the
 # repository's `benchmarks/results/`): every check passes and 384 → 240 processed tokens, but packing's effective
