@@ -25,7 +25,31 @@ def _library_copy(name: str):
     return copy
 
 
+class _AlwaysEqual:
+    """What a submission can return to pass any == or != comparison."""
+
+    def __eq__(self, other):
+        return True
+
+    def __ne__(self, other):
+        return False
+
+    __hash__ = object.__hash__
+
+
+class _AlwaysEqualText(str):
+    def __eq__(self, other):
+        return True
+
+    def __ne__(self, other):
+        return False
+
+    __hash__ = str.__hash__
+
+
 @pytest.mark.parametrize(("got", "expected"), [
+    (_AlwaysEqual(), "advance"), (_AlwaysEqual(), None), (_AlwaysEqual(), b"x"),  # text and None: by their own ==
+    ({"decision": _AlwaysEqual()}, {"decision": "hold"}), (_AlwaysEqualText("advance"), "hold"),
     (np.int64(3), 3),                 # equal value, but json.dumps fails on it
     (3.0, 3),                         # a float where an int is promised (a true division)
     (True, 1), (1, True),             # bool and int are different answers
@@ -44,6 +68,7 @@ def test_assert_same_refuses_the_wrong_type(got, expected):
 @pytest.mark.parametrize(("got", "expected"), [
     (3, 3), (3, 3.0), (np.float64(0.5), 0.5), (0.1 + 0.2, 0.3), ((1, 2), [1, 2]), ([True], [True]),
     (torch.tensor([1, 2]), torch.tensor([1, 2])), ([1, 2], np.array([1, 2])), ("fit", "fit"), (None, None),
+    (np.str_("fit"), "fit"), (_AlwaysEqualText("fit"), "fit"), (b"x", b"x"),
 ])
 def test_assert_same_accepts_equal_values_of_the_promised_type(got, expected):
     grading.assert_same(got, expected)

@@ -106,6 +106,13 @@ def assert_same(got: Any, expected: Any, *, rtol: float = 1e-9, atol: float = 1e
             raise AssertionError(f"{path}: expected a number {expected!r}, got {got!r}")
         if not math.isclose(float(got), float(expected), rel_tol=rtol, abs_tol=atol):
             raise AssertionError(f"{path}: {got!r} != expected {expected!r}")
+    elif isinstance(expected, (str, bytes)) or expected is None:
+        # compared by the expected type's own equality: a returned object whose __eq__/__ne__ always agree (or a str
+        # subclass that overrides them) would otherwise pass for any text the library returns
+        same = got is None if expected is None else (isinstance(got, type(expected))
+                                                      and type(expected).__eq__(expected, got) is True)
+        if not same:
+            raise AssertionError(f"{path}: {got!r} != expected {expected!r}")
     else:
         if hasattr(got, "item") and getattr(got, "ndim", None) == 0:
             got = got.item()
