@@ -282,6 +282,9 @@ def test_a_todo_cell_without_metadata_is_found_by_its_function_name(tmp_path):
     ("import course_lib.nb.grading as g\ng.assert_matches_reference = lambda *a, **k: None", "course_lib.nb"),
     ("import sys\nsys.settrace(None)  # blinds the grader's line counter", "settrace"),
     ("from torch.utils._python_dispatch import TorchDispatchMode", "_python_dispatch"),
+    ("get_ipython().input_transformers_cleanup.append(lambda lines: ['pass'])  # every later cell does nothing",
+     "get_ipython"),
+    ("from IPython.core.interactiveshell import InteractiveShell\nInteractiveShell.showtraceback = print", "IPython"),
 ])
 def test_student_code_that_touches_the_grading_machinery_is_flagged(tampering, shown):
     """A TODO cell that patches what the hidden tests use is graded, and flagged for a human to read."""
@@ -293,3 +296,74 @@ def test_student_code_that_touches_the_grading_machinery_is_flagged(tampering, s
     assert any("flagged for review" in note and shown in note for note in prepared.notes), prepared.notes
     honest = match.prepare(cells.read(build.NOTEBOOKS_DIR / "release" / CHAPTER / f"{CHAPTER}.ipynb"), release, release)
     assert not any("flagged" in note for note in honest.notes), honest.notes
+
+
+def test_odd_metadata_and_half_an_emoji_are_read_matched_and_written(tmp_path):
+    """JSON that nbformat reads but that broke the run: a cell's metadata or nbgrader entry that is not a dict, a
+    grade_id that is a list (the matcher hashed it), a cell without metadata, and a lone surrogate ("\\ud83d", half
+    an emoji: valid JSON, but no UTF-8 file can hold it, so writing the graded notebook failed)."""
+    release_path = build.NOTEBOOKS_DIR / "release" / CHAPTER / f"{CHAPTER}.ipynb"
+    release = cells.read(release_path)
+    content = json.loads(release_path.read_text(encoding="utf-8"))
+    plain = [i for i, c in enumerate(content["cells"]) if c["cell_type"] == "code" and not c["metadata"]]
+    markdown = [i for i, c in enumerate(content["cells"]) if c["cell_type"] == "markdown"]
+    content["cells"][plain[0]]["metadata"] = {"nbgrader": "not a dict"}
+    content["cells"][plain[1]]["metadata"] = {"nbgrader": {"grade_id": ["a", "list"]}}
+    content["cells"][plain[2]]["metadata"] = ["not", "a", "dict"]
+    del content["cells"][markdown[1]]["metadata"]
+    content["cells"][markdown[2]]["source"] = "my notes \ud83d"
+    notebook, problem = submissions.read_notebook(json.dumps(content).encode("utf-8"))
+    assert problem is None, problem
+    assert "\ud83d" not in notebook.cells[markdown[2]].source and "\ufffd" in notebook.cells[markdown[2]].source
+    prepared = match.prepare(notebook, release, release)
+    assert prepared.unmatched is None
+    graded = {cells.nbgrader_meta(c).get("grade_id") for c in prepared.notebook.cells} - {None}
+    assert graded == {cells.nbgrader_meta(c).get("grade_id") for c in release.cells} - {None}
+    nbformat.write(prepared.notebook, str(tmp_path / "prepared.ipynb"))  # what the grader does with it
+
+
+def test_a_notebook_the_matcher_cannot_read_fails_alone(tmp_path):
+    """Whatever the matcher raises on one notebook is that notebook's failure, not the run's."""
+    from course_lib.nb import grade
+
+    release = cells.read(build.NOTEBOOKS_DIR / "release" / CHAPTER / f"{CHAPTER}.ipynb")
+    broken = grade.Chapter(CHAPTER, nbformat.v4.new_notebook(), release)  # source and release differ: prepare raises
+    found = [submissions.Submission(Path(f"{s}_{CHAPTER}.ipynb"), f"{s}_{CHAPTER}.ipynb", s, CHAPTER, release)
+             for s in ("ann", "ben")]
+    outcomes = []
+    assert grade._prepare_all(tmp_path, found, {CHAPTER: broken}, True, outcomes) == []
+    assert [(o.student, o.status) for o in outcomes] == [("ann", "failed"), ("ben", "failed")]
+    assert "could not match this notebook's cells" in outcomes[0].reason and "rebuild the course" in outcomes[0].reason
+
+
+def test_a_notebook_that_cannot_be_recorded_fails_alone(tmp_path, monkeypatch):
+    """An error while recording one executed notebook (nbgrader, the file system) fails that notebook; the
+    notebooks after it are still recorded."""
+    from course_lib.nb import grade
+
+    release = cells.read(build.NOTEBOOKS_DIR / "release" / CHAPTER / f"{CHAPTER}.ipynb")
+
+    class Recorder:
+        def __init__(self, root, staging):
+            pass
+
+        def record(self, student, chapter, executed, timestamp):
+            if student == "ann":
+                raise UnicodeEncodeError("utf-8", "\ud83d", 0, 1, "surrogates not allowed")
+            return "nbgrader autograde failed: as expected"
+
+    def execute_all(jobs, workers, on_result):
+        for job in jobs:
+            on_result({"key": job["key"], "notebook": job["notebook"], "seconds": 1.0})
+
+    monkeypatch.setattr(grade, "NbgraderRecorder", Recorder)
+    monkeypatch.setattr(grade, "execute_all", execute_all)
+    ready = [(submissions.Submission(tmp_path / f"{s}.ipynb", f"{s}.ipynb", s, CHAPTER, release, raw=b"{}"),
+              match.Prepared(notebook=release)) for s in ("ann", "ben")]
+    (tmp_path / "scratch").mkdir()
+    outcomes = grade._execute_and_record(tmp_path, tmp_path, tmp_path / "scratch", ready, workers=1, progress=False,
+                                         limits=(5, 10), kernel_name="python3")
+    reasons = {o.student: (o.status, o.reason) for o in outcomes}
+    assert reasons["ann"][0] == "failed" and "failed while recording this notebook: UnicodeEncodeError" in reasons["ann"][1]
+    assert reasons["ben"] == ("failed", "nbgrader autograde failed: as expected")
+    assert (tmp_path / "submitted" / "ann" / CHAPTER / f"{CHAPTER}.ipynb").read_bytes() == b"{}"  # the file is kept

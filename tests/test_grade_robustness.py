@@ -142,6 +142,21 @@ def graded(tmp_path_factory):
     _write(full, inbox / ".ipynb_checkpoints" / f"zoe_{CHAPTER}-checkpoint.ipynb")
     (inbox / "__MACOSX").mkdir()
     (inbox / "__MACOSX" / f"._zoe_{CHAPTER}.ipynb").write_bytes(b"\x00\x05\x16\x07")
+    # JSON nbformat reads but that stopped the whole run: metadata that is not a dict, a grade_id that is a list,
+    # and half an emoji (a lone surrogate, "\ud83d": valid JSON that no UTF-8 file can hold)
+    odd = json.loads(nbformat.writes(_release_with(root, solutions, scratch / "odd.ipynb")))
+    plain = [i for i, c in enumerate(odd["cells"]) if c["cell_type"] == "code" and not c["metadata"]]
+    odd["cells"][plain[0]]["metadata"] = {"nbgrader": "not a dict"}
+    odd["cells"][plain[1]]["metadata"] = {"nbgrader": {"grade_id": ["a", "list"]}}
+    odd["cells"][0]["source"] += "\n\nmy notes \ud83d"
+    (inbox / f"odd_{CHAPTER}.ipynb").write_text(json.dumps(odd), encoding="utf-8")
+
+    # an untouched release whose first cell silences IPython's tracebacks: each test cell still raises, but shows no
+    # error output, and nbgrader reads only the outputs
+    hush = cells.read(root / "release" / CHAPTER / f"{CHAPTER}.ipynb")
+    _insert_code(hush, 2, "get_ipython().showtraceback = lambda *args, **kwargs: None")
+    _write(hush, inbox / f"hush_{CHAPTER}.ipynb")
+
     chatty = _release_with(root, solutions, scratch / "chatty.ipynb")
     _insert_code(chatty, 2, f"print('x' * {CHATTY_CHARS})")
     _write(chatty, inbox / f"chatty_{CHAPTER}.ipynb")
@@ -185,7 +200,7 @@ def _points(graded, student: str) -> tuple[float, float, float]:
 def test_run_finishes_with_a_summary_and_exit_1_for_the_failed_files(graded):
     run = graded["run"]
     assert run.returncode == 1, run.stdout + run.stderr[-3000:]
-    assert "graded 11, failed 7, skipped 0" in run.stdout, run.stdout
+    assert "graded 13, failed 7, skipped 0" in run.stdout, run.stdout
 
 
 def test_a_cell_that_loops_forever_times_out_and_the_rest_is_graded(graded):
@@ -221,6 +236,18 @@ def test_a_correct_answer_that_warns_on_stderr_keeps_every_point(graded):
 def test_stripped_metadata_and_new_cell_ids_are_matched_back_by_position_and_content(graded):
     assert _points(graded, "strip") == (8.0, 3.0, 5.0)
     assert "nbgrader metadata missing; cells were matched" in _feedback(graded, "strip")
+
+
+def test_odd_metadata_and_half_an_emoji_are_graded_and_the_file_kept(graded):
+    assert _points(graded, "odd") == (8.0, 3.0, 5.0)
+    kept = graded["root"] / "submitted" / "odd" / CHAPTER / f"{CHAPTER}.ipynb"
+    assert kept.read_bytes() == (graded["inbox"] / f"odd_{CHAPTER}.ipynb").read_bytes()
+
+
+def test_a_cell_that_raises_without_showing_its_error_still_fails(graded):
+    """Silencing IPython's traceback hides the error output, not the error: the kernel's reply still says it."""
+    assert _points(graded, "hush") == (0.0, 0.0, 0.0)
+    assert "flagged for review" in _line(graded, "hush_") and "NotImplementedError" in _feedback(graded, "hush")
 
 
 def test_student_code_finds_no_other_submission_source_or_gradebook(graded):
@@ -319,7 +346,7 @@ def test_regrading_needs_force_and_force_overwrites(graded):
     root, base = graded["root"], graded["base"]
     before = (root / "grades.csv").read_text(encoding="utf-8")
     again = _course("grade", str(graded["inbox"]), "--root", str(root), "--no-progress", cwd=base)
-    assert "graded 0, failed 7, skipped 11" in again.stdout, again.stdout + again.stderr[-2000:]
+    assert "graded 0, failed 7, skipped 13" in again.stdout, again.stdout + again.stderr[-2000:]
     assert "already graded; use --force" in _line({"run": again}, "crash_")
     assert _rows(root / "grades.csv")["crash"] == _rows_from_text(before)["crash"]
     # crash resubmits a complete notebook, zipped: only --force replaces the grade

@@ -34,7 +34,9 @@ def read(path: str | Path) -> nbformat.NotebookNode:
 
 
 def nbgrader_meta(cell: Any) -> dict:
-    return dict(cell.get("metadata", {}).get("nbgrader", {}))
+    metadata = cell.get("metadata")
+    grading = metadata.get("nbgrader") if isinstance(metadata, dict) else None
+    return dict(grading) if isinstance(grading, dict) else {}
 
 
 def is_setup(cell: Any) -> bool:

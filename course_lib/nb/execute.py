@@ -189,6 +189,11 @@ def execute_notebook(job: dict[str, Any]) -> dict[str, Any]:
                     not_run = _mark_not_run(notebook, index + 1, f"not run: {problem}")
                     break
                 reply = replies.get(index, {}).get("content", {})
+                if (reply.get("status") == "error" and reply.get("ename") != TIMEOUT_ENAME
+                        and not any(output.get("output_type") == "error" for output in cell.outputs)):
+                    # the kernel says the cell raised, but no error was shown (student code that silences
+                    # IPython's showtraceback): nbgrader reads only the outputs, so the reply's error goes there
+                    cell.outputs.append(error_output(str(reply.get("ename") or "Error"), str(reply.get("evalue") or "")))
                 if reply.get("ename") == TIMEOUT_ENAME:
                     timed_out.append(index)
                     cell.outputs.append(error_output(TIMEOUT_ENAME, f"interrupted after {client.timeout} s"))

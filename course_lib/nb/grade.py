@@ -218,12 +218,16 @@ def _prepare_all(root: Path, found: list[submissions.Submission], chapters: dict
             outcome.status, outcome.reason = "skipped", "already graded; use --force to grade it again"
         else:
             chapter = chapters[submission.chapter]
-            prepared = match.prepare(submission.notebook, chapter.source, chapter.release)
-            if prepared.unmatched:
-                outcome.reason = "unmatched: " + prepared.unmatched + _look_alike(submission.notebook, root, submission.chapter)
-            else:
-                ready.append((submission, prepared))
-                continue
+            try:
+                prepared = match.prepare(submission.notebook, chapter.source, chapter.release)
+                if prepared.unmatched:
+                    outcome.reason = ("unmatched: " + prepared.unmatched
+                                      + _look_alike(submission.notebook, root, submission.chapter))
+                else:
+                    ready.append((submission, prepared))
+                    continue
+            except Exception as error:  # noqa: BLE001 - one notebook the matcher cannot read must not stop the run
+                outcome.reason = f"the grader could not match this notebook's cells: {type(error).__name__}: {error}"
         outcomes.append(outcome)
     return ready
 
@@ -296,7 +300,13 @@ def _execute_and_record(root: Path, out: Path, scratch: Path, ready: list, *, wo
 
     def record(result: dict) -> None:
         submission, prepared = by_key[result["key"]]
-        outcomes.append(_record_one(recorder, out, submission, prepared, result, stamps[submission.key]))
+        try:
+            outcomes.append(_record_one(recorder, out, submission, prepared, result, stamps[submission.key]))
+        except Exception as error:  # noqa: BLE001 - one notebook nbgrader cannot take must not stop the others
+            outcomes.append(Outcome(submission.display, submission.student, submission.chapter, "failed",
+                                    f"the grader failed while recording this notebook: {type(error).__name__}: "
+                                    f"{str(error)[:300]} (the file is kept in submitted/)",
+                                    notes=list(prepared.notes), seconds=result.get("seconds", 0.0)))
         bar.update(1)
 
     execute_all(jobs, workers, record)

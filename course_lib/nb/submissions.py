@@ -168,6 +168,10 @@ def read_notebook(data: bytes) -> tuple[Any | None, str | None]:
         return None, f"not valid JSON ({error.msg} at line {error.lineno}, column {error.colno})"
     if not isinstance(content, dict) or not isinstance(content.get("cells", content.get("worksheets")), list):
         return None, "valid JSON but not a Jupyter notebook (no list of cells)"
+    content = _valid_text(content)
+    for cell in content.get("cells") or []:  # before nbformat, which refuses a cell without metadata
+        if isinstance(cell, dict):
+            _repair_metadata(cell)
     try:
         notebook = nbformat.reads(json.dumps(content), as_version=4)
         for cell in notebook.cells:
@@ -175,13 +179,48 @@ def read_notebook(data: bytes) -> tuple[Any | None, str | None]:
                 raise ValueError(f"unknown cell type {cell.get('cell_type')!r}")
             if not isinstance(cell.get("source", ""), str):
                 raise ValueError("a cell's source is not text")
-            cell.setdefault("metadata", {})
+            _repair_metadata(cell)
             if cell.cell_type == "code":
                 cell.setdefault("outputs", [])
                 cell.setdefault("execution_count", None)
     except Exception as error:  # noqa: BLE001 - whatever nbformat finds wrong is the student's file
         return None, f"not a readable notebook ({type(error).__name__}: {str(error)[:200]})"
     return notebook, None
+
+
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _valid_text(content: Any) -> Any:
+    """`content` with every lone surrogate (JSON allows "\\ud83d", half an emoji; no file can hold it) replaced by
+    U+FFFD, so that the notebook can be written again; `content` itself when there is none."""
+    try:
+        json.dumps(content, ensure_ascii=False).encode("utf-8")
+        return content
+    except UnicodeEncodeError:
+        pass
+
+    def clean(value: Any) -> Any:
+        if isinstance(value, str):
+            return LONE_SURROGATE.sub("\ufffd", value)
+        if isinstance(value, list):
+            return [clean(item) for item in value]
+        if isinstance(value, dict):
+            return {clean(key): clean(item) for key, item in value.items()}
+        return value
+
+    return clean(content)
+
+
+def _repair_metadata(cell: dict) -> None:
+    """A cell's metadata as the grader reads it: a dict (missing or not a dict: empty), whose nbgrader entry, if
+    any, is a dict with a text grade_id (otherwise it is dropped, and the cell is matched by its content)."""
+    metadata = cell.get("metadata")
+    if not isinstance(metadata, dict):
+        cell["metadata"] = metadata = nbformat.from_dict({})
+    grading = metadata.get("nbgrader")
+    if "nbgrader" in metadata and not (isinstance(grading, dict) and isinstance(grading.get("grade_id", ""), str)):
+        del metadata["nbgrader"]
 
 
 def discover(folder: Path, chapters: list[str], scratch: Path) -> Found:
