@@ -367,3 +367,25 @@ def test_a_notebook_that_cannot_be_recorded_fails_alone(tmp_path, monkeypatch):
     assert reasons["ann"][0] == "failed" and "failed while recording this notebook: UnicodeEncodeError" in reasons["ann"][1]
     assert reasons["ben"] == ("failed", "nbgrader autograde failed: as expected")
     assert (tmp_path / "submitted" / "ann" / CHAPTER / f"{CHAPTER}.ipynb").read_bytes() == b"{}"  # the file is kept
+
+
+@pytest.mark.parametrize("stamp", ["last tuesday-ish", None])  # None: a folder named timestamp.txt
+def test_a_timestamp_nbgrader_cannot_read_is_left_out_with_a_note(tmp_path, stamp):
+    """nbgrader fails a notebook whose timestamp.txt it cannot parse (and a folder by that name crashed the run);
+    one stray file in a folder of submissions would fail them all. It is left out, with a note; a good one is kept."""
+    from course_lib.nb import grade
+
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    if stamp is None:
+        (inbox / "timestamp.txt").mkdir()
+    else:
+        (inbox / "timestamp.txt").write_text(stamp, encoding="utf-8")
+    submission = submissions.Submission(inbox / f"ann_{CHAPTER}.ipynb", f"ann_{CHAPTER}.ipynb", "ann", CHAPTER, raw=b"{}")
+    staged, note = grade._stage_original(tmp_path / "course", submission)
+    assert not staged.exists() and "timestamp.txt beside it was left out" in note
+    assert (staged.parent / f"{CHAPTER}.ipynb").read_bytes() == b"{}"
+    if stamp is not None:
+        (inbox / "timestamp.txt").write_text("2025-03-01 12:00:00.000000 UTC", encoding="utf-8")
+        staged, note = grade._stage_original(tmp_path / "course", submission)
+        assert note is None and staged.read_text(encoding="utf-8").startswith("2025-03-01")

@@ -176,7 +176,7 @@ class NbgraderRecorder:
         folder = self.staging / student / chapter
         folder.mkdir(parents=True, exist_ok=True)
         nbformat.write(executed, str(folder / f"{chapter}.ipynb"))
-        if timestamp is not None and timestamp.exists():
+        if timestamp is not None and timestamp.is_file():
             shutil.copy2(timestamp, folder / "timestamp.txt")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # nbgrader's models warn about sqlalchemy autoflush on every save
@@ -194,15 +194,36 @@ class NbgraderRecorder:
             return {g.name: (float(g.score or 0.0), float(g.max_score)) for g in notebook.grades}
 
 
-def _stage_original(root: Path, submission: submissions.Submission) -> Path | None:
-    """The raw file into nbgrader's submitted/<student>/<chapter>/<chapter>.ipynb; returns a timestamp file."""
+def _stage_original(root: Path, submission: submissions.Submission) -> tuple[Path, str | None]:
+    """The raw file into nbgrader's submitted/<student>/<chapter>/<chapter>.ipynb; returns the timestamp file, and a
+    note when the timestamp.txt beside the submission was left out (nbgrader fails a notebook whose timestamp it
+    cannot parse, and one stray timestamp.txt in a folder of submissions would fail every one of them)."""
     folder = root / "submitted" / submission.student / submission.chapter
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"{submission.chapter}.ipynb").write_bytes(submission.raw or b"")
-    original_stamp = submission.path.parent / "timestamp.txt"
+    original_stamp, note = submission.path.parent / "timestamp.txt", None
     if original_stamp.exists() and original_stamp.resolve() != (folder / "timestamp.txt").resolve():
-        shutil.copy2(original_stamp, folder / "timestamp.txt")
-    return folder / "timestamp.txt"
+        problem = _unreadable_timestamp(original_stamp)
+        if problem is None:
+            shutil.copy2(original_stamp, folder / "timestamp.txt")
+        else:
+            note = f"the timestamp.txt beside it was left out ({problem}); graded without a submission time"
+    return folder / "timestamp.txt", note
+
+
+def _unreadable_timestamp(path: Path) -> str | None:
+    """Why nbgrader could not read this timestamp file (as its CourseDirectory does), or None when it can."""
+    from nbgrader.utils import parse_utc
+
+    if not path.is_file():
+        return "not a file"
+    try:
+        text = path.read_text(encoding="utf-8").strip()
+        if text:
+            parse_utc(text)
+    except (OSError, ValueError, OverflowError) as error:
+        return f"not a time: {type(error).__name__}: {str(error)[:100]}"
+    return None
 
 
 def _prepare_all(root: Path, found: list[submissions.Submission], chapters: dict[str, Chapter], force: bool,
@@ -288,7 +309,10 @@ def _execute_and_record(root: Path, out: Path, scratch: Path, ready: list, *, wo
     from tqdm import tqdm
 
     recorder = NbgraderRecorder(root, scratch / "executed")
-    stamps = {s.key: _stage_original(root, s) for s, _ in ready}
+    stamps = {}
+    for submission, prepared in ready:
+        stamps[submission.key], note = _stage_original(root, submission)
+        prepared.notes += [note] if note else []
     by_key = {s.key: (s, p) for s, p in ready}
     markers = scratch / "started"
     markers.mkdir()
