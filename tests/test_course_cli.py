@@ -389,3 +389,6 @@ def test_a_timestamp_nbgrader_cannot_read_is_left_out_with_a_note(tmp_path, stam
         (inbox / "timestamp.txt").write_text("2025-03-01 12:00:00.000000 UTC", encoding="utf-8")
         staged, note = grade._stage_original(tmp_path / "course", submission)
         assert note is None and staged.read_text(encoding="utf-8").startswith("2025-03-01")
+        (inbox / "timestamp.txt").unlink()  # a later submission without a stamp must not inherit this one
+        staged, note = grade._stage_original(tmp_path / "course", submission)
+        assert note is None and not staged.exists()

@@ -201,14 +201,18 @@ def _stage_original(root: Path, submission: submissions.Submission) -> tuple[Pat
     folder = root / "submitted" / submission.student / submission.chapter
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"{submission.chapter}.ipynb").write_bytes(submission.raw or b"")
-    original_stamp, note = submission.path.parent / "timestamp.txt", None
-    if original_stamp.exists() and original_stamp.resolve() != (folder / "timestamp.txt").resolve():
-        problem = _unreadable_timestamp(original_stamp)
-        if problem is None:
-            shutil.copy2(original_stamp, folder / "timestamp.txt")
-        else:
+    original_stamp, staged, note = submission.path.parent / "timestamp.txt", folder / "timestamp.txt", None
+    if original_stamp.exists() and original_stamp.resolve() == staged.resolve():
+        return staged, None  # the submission lies in submitted/ itself: its stamp is already there
+    problem = _unreadable_timestamp(original_stamp) if original_stamp.exists() else "absent"
+    if problem is None:
+        shutil.copy2(original_stamp, staged)
+    else:  # an earlier submission's stamp must not date this one
+        if staged.is_file():
+            staged.unlink()
+        if problem != "absent":
             note = f"the timestamp.txt beside it was left out ({problem}); graded without a submission time"
-    return folder / "timestamp.txt", note
+    return staged, note
 
 
 def _unreadable_timestamp(path: Path) -> str | None:
