@@ -392,3 +392,15 @@ def test_a_timestamp_nbgrader_cannot_read_is_left_out_with_a_note(tmp_path, stam
         (inbox / "timestamp.txt").unlink()  # a later submission without a stamp must not inherit this one
         staged, note = grade._stage_original(tmp_path / "course", submission)
         assert note is None and not staged.exists()
+
+
+def test_student_ids_that_differ_only_in_case_are_one_student(tmp_path):
+    """ALICE_ and alice_ would share submitted/, autograded/ and feedback/ folders on macOS or Windows: neither is
+    graded, both are named, and the files stay where they are."""
+    made = [submissions.Submission(tmp_path / f"{who}_{CHAPTER}.ipynb", f"{who}_{CHAPTER}.ipynb", who, CHAPTER,
+                                   notebook={}, raw=b"{}") for who in ("ALICE", "alice", "bob")]
+    submissions.flag_duplicates(made)
+    alice, lower, bob = made
+    assert alice.problem == lower.problem and bob.problem is None
+    assert alice.problem.startswith(f"duplicate: 2 submissions for ALICE/{CHAPTER} / alice/{CHAPTER} (student ids "
+                                    "that differ only in case)"), alice.problem

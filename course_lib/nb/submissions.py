@@ -346,16 +346,21 @@ def read_submission(path: Path, relative: Path, display: str, chapters: list[str
 
 def flag_duplicates(submissions: list[Submission]) -> None:
     """Two readable files for one student and chapter: neither is graded (which one counts is the instructor's
-    call); a file that fails anyway (empty, hidden, not JSON) makes no duplicate."""
+    call); a file that fails anyway (empty, hidden, not JSON) makes no duplicate. Student ids that differ only in
+    case count as one student: on a case-insensitive file system (macOS, Windows) their submitted/, autograded/ and
+    feedback/ folders would be one folder."""
     by_key: dict[str, list[Submission]] = {}
     for submission in submissions:
         if submission.student and submission.chapter and submission.problem is None:
-            by_key.setdefault(submission.key, []).append(submission)
-    for key, group in by_key.items():
+            by_key.setdefault(submission.key.casefold(), []).append(submission)
+    for group in by_key.values():
         if len(group) > 1:
             names = ", ".join(s.display for s in group)
+            keys = " / ".join(dict.fromkeys(s.key for s in group))
+            case = " (student ids that differ only in case)" if len({s.key for s in group}) > 1 else ""
             for submission in group:
-                submission.problem = f"duplicate: {len(group)} submissions for {key} ({names}); keep one and rerun"
+                submission.problem = (f"duplicate: {len(group)} submissions for {keys}{case} ({names}); "
+                                      "keep one and rerun")
 
 
 def scratch_dir(root: Path) -> Path:
