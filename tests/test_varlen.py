@@ -300,6 +300,45 @@ def test_torch_kernel_takes_the_arguments_as_wired():
     assert query.grad.shape == query.shape
 
 
+def test_torch_kernel_is_dispatched_causal_with_the_models_gqa_shapes():
+    """The real op as dispatched on meta tensors, Qwen2.5-0.5B's shapes (14 query heads, 2 key/value heads, head_dim
+    64, bf16), three rows, forward and backward: causal (is_causal=True from window_size (-1, 0), which torch
+    compares as a tuple), the given scale, and GQA either as enable_gqa (torch 2.12+) or, in torch 2.11's form
+    without it, with every key/value head repeated for its query heads; key / value gradients keep 2 heads."""
+    import inspect
+
+    from torch.nn.attention.varlen import varlen_attn
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    if varlen_module._torch_varlen_attn() is None:
+        pytest.skip(f"torch {torch.__version__} has no varlen_attn taking scale and window_size")
+
+    class Dispatched(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.calls = {}
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.namespace == "torch_attn":
+                self.calls[func.name().split("::")[-1]] = args
+            return func(*args, **(kwargs or {}))
+
+    heads, kv_heads, dim = 14, 2, 64
+    query, key, value = (torch.empty(3, count, 40, dim, device="meta", dtype=torch.bfloat16, requires_grad=True)
+                         for count in (heads, kv_heads, kv_heads))
+    cu_seqlens = torch.empty(8, device="meta", dtype=torch.int32)  # 7 samples over the 3 rows
+    with Dispatched() as dispatched:
+        out = varlen_module._flash_attend(query, key, value, cu_seqlens, 33, 0.125)
+        out.sum().backward()
+    assert out.shape == (3, 40, heads, dim) and key.grad.shape == value.grad.shape == (3, kv_heads, 40, dim)
+    forward, backward = dispatched.calls["_varlen_attn"], dispatched.calls["_varlen_attn_backward"]
+    assert forward[5:10] == (33, 33, True, 0.125, [-1, 0])  # max_q, max_k, is_causal, scale, window_size
+    assert backward[8:11] == (33, 33, True) and backward[12:14] == (0.125, [-1, 0])
+    has_gqa = "enable_gqa" in inspect.signature(varlen_attn).parameters
+    assert forward[1].shape == forward[2].shape == (120, kv_heads if has_gqa else heads, dim)
+    assert not has_gqa or forward[10] is True  # torch 2.12+: enable_gqa follows window_size
+
+
 def test_flattened_boundaries_offset_every_row():
     bounds = [[0, 2, 6], [0, 1, 2, 6]]
     source = torch.zeros(2, 6, dtype=torch.long)

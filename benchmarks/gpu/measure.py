@@ -6,6 +6,7 @@ import math
 import os
 import statistics
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -96,9 +97,12 @@ def profile_step(step: Callable[[], Any], device: torch.device) -> dict[str, Any
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     try:
         synchronize(device)
-        with profile(activities=activities) as prof:
-            step()
-            synchronize(device)
+        with warnings.catch_warnings():
+            # torch 2.11 warns once per process that the profiler clears its events after each cycle: one cycle here
+            warnings.filterwarnings("ignore", message="Profiler clears events at the end of each cycle")
+            with profile(activities=activities) as prof:
+                step()
+                synchronize(device)
         return device_activity(prof.events(), device.type)
     except Exception as error:  # any profiler failure: the timed rows must still be recorded
         return {"device": device.type, "operations": None, "busy_ms": None,
