@@ -448,6 +448,7 @@ print("caught:", any(label != IGNORE_INDEX and role not in ("assistant", "eos")
 # %%
 from matplotlib.colors import ListedColormap
 
+batch = pad_batch([build_labels(tokenizer, messages) for messages in sample_chats], tokenizer.pad_token_id)  # TODOs 1, 2
 fig, (left, right) = plt.subplots(1, 2, figsize=(12, 3.6), gridspec_kw={"width_ratios": [1, 2]})
 colors = {"template": "#BBBBBB", "system": "#8172B2", "user": "#4C72B0", "assistant": "#55A868", "eos": "#C44E52"}
 for row, name in enumerate(CHAT_TEMPLATES):
