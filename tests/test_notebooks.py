@@ -76,6 +76,11 @@ def test_release_stubs_name_their_function():
     assert 'raise NotImplementedError("first is not written yet: it is a TODO of this notebook")' in named
     assert 'raise NotImplementedError("second is not written yet: it is a TODO of this notebook")' in named
     assert build.name_the_stubs("raise NotImplementedError()") == "raise NotImplementedError()"  # no function: as is
+    tricky = ('def outer(x):\n    """Like def other(y): ..."""\n    def inner():\n        pass\n\n'
+              f'{stub}\n\n\nasync def fetch (x):\n{stub}\n')  # a def in a docstring, a nested def, async, a space
+    tricky_named = build.name_the_stubs(tricky)
+    assert '"outer is not written yet' in tricky_named and '"fetch is not written yet' in tricky_named, tricky_named
+    assert "other is not" not in tricky_named and "inner is not" not in tricky_named
     namespace = {}
     exec(compile(named, "<cell>", "exec"), namespace)
     with pytest.raises(NotImplementedError, match="^second is not written yet"):
@@ -185,3 +190,28 @@ def test_teaching_cells_never_read_what_a_test_cell_bound(name):
                           for n in sorted(_global_loads(statement) - bound_here - stores) if n in bound_by_tests]
             bound_here |= stores
     assert not offending, f"{name}: teaching cells read names a graded test cell bound: {offending}"
+
+
+def test_a_graded_test_cell_keeps_its_names_to_itself():
+    """Built test cells run inside a function: a visible test's `counts = {...}` once replaced a student's helper
+    `counts`, and the correct answer lost its cell (tests/mutants/ch09: helper_named_counts). A string literal that
+    spans lines keeps its exact text."""
+    cell = ('counts = {"n": count_them([1, 2])}\nassert counts == {"n": 2}\ntext = """a\n  b\n"""\n'
+            'assert text == "a\\n  b\\n", repr(text)\n### BEGIN HIDDEN TESTS\nassert count_them([]) == 0\n'
+            '### END HIDDEN TESTS\n')
+    student = "def counts(items):\n    return len(items)\n\n\ndef count_them(items):\n    return counts(items)\n"
+    wrapped = build.keep_test_names_local(cell)
+    assert wrapped.startswith(f"def {build.TEST_FUNCTION}():") and wrapped.endswith(f"\n{build.TEST_FUNCTION}()")
+    assert "\n    ### BEGIN HIDDEN TESTS\n" in wrapped  # nbgrader finds its delimiters anywhere in a line
+
+    at_top_level = {}
+    exec(student, at_top_level)
+    with pytest.raises(TypeError, match="not callable"):  # the cell as written: the test's dict replaces the helper
+        exec(compile(cell, "<test cell>", "exec"), at_top_level)
+    wrapped_namespace = {}
+    exec(student, wrapped_namespace)
+    helper = wrapped_namespace["counts"]
+    exec(compile(wrapped, "<test cell>", "exec"), wrapped_namespace)  # the checks pass, the helper survives
+    assert wrapped_namespace["counts"] is helper and "text" not in wrapped_namespace
+    with pytest.raises(AssertionError):  # and a failing check still fails
+        exec(compile(build.keep_test_names_local("assert 1 == 2"), "<test cell>", "exec"), {})

@@ -169,6 +169,31 @@ def expand_markdown(source: str, settings: dict, name: str) -> str:
     return source.replace("{{COLAB_BADGE}}", badge)
 
 
+TEST_FUNCTION = "_t_checks"
+
+
+def keep_test_names_local(source: str) -> str:
+    """A graded test cell's code inside a function of its own, called at the end of the cell.
+
+    Graded cells run in the student's namespace, between the student's TODO cell and the hidden tests' calls of the
+    student's function. At the top level, a test's `counts = {...}` replaced a student's helper `counts`, and the
+    correct answer that called it lost its whole cell (TypeError: 'dict' object is not callable). Inside a function
+    the test's names are locals: the student's stay as the student wrote them. The lines of a string literal that
+    spans lines are left as they are (indenting them would change the string).
+    """
+    import io
+    import tokenize
+
+    lines = source.split("\n")
+    in_string = set()  # 0-based indices of lines that continue a multi-line string literal
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.STRING and token.end[0] > token.start[0]:
+            in_string.update(range(token.start[0], token.end[0]))  # lines start[0] + 1 ... end[0], 1-based
+    body = [line if not line.strip() or index in in_string else "    " + line for index, line in enumerate(lines)]
+    return (f"def {TEST_FUNCTION}():  # the checks run in a function: their names never replace yours\n"
+            + "\n".join(body).rstrip() + f"\n\n\n{TEST_FUNCTION}()")
+
+
 def build_source_notebook(chapter_py: Path, course_root: Path) -> ChapterBuild:
     """Jupytext percent source -> notebooks/source/<name>/<name>.ipynb with solutions inserted."""
     import jupytext
@@ -195,6 +220,8 @@ def build_source_notebook(chapter_py: Path, course_root: Path) -> ChapterBuild:
         if meta and meta.get("grade"):
             result.graded_cells.append(meta["grade_id"])
             result.points += float(meta.get("points", 0))
+            if cell.cell_type == "code" and not meta.get("solution"):
+                cell.source = keep_test_names_local(cell.source)
     notebook.metadata = {"kernelspec": KERNELSPEC, "language_info": {"name": "python"}}
     notebook.nbformat, notebook.nbformat_minor = 4, 5
     for index, cell in enumerate(notebook.cells):
@@ -243,14 +270,23 @@ def name_the_stubs(source: str) -> str:
 
     A teaching cell far below that calls an unwritten TODO then fails with `NotImplementedError: pad_batch is not
     written yet ...` rather than an empty message, so the student knows which TODO the rest of the chapter needs.
+    Each stub is named after the innermost function that holds it (read from the code, not from the lines above it);
+    a stub outside any function, or a cell that does not parse, is left as it is.
     """
-    lines, function = source.split("\n"), None
-    for index, line in enumerate(lines):
-        if match := re.match(r"\s*def (\w+)\(", line):
-            function = match.group(1)
-        elif line.strip() == STUB and function:
-            lines[index] = line.replace(STUB, f'raise NotImplementedError("{function} is not written yet: it is a '
-                                              f'TODO of this notebook")')
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return source
+    lines = source.split("\n")
+
+    def visit(node: ast.AST, function: str | None) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.Raise) and function and lines[child.lineno - 1].strip() == STUB:
+                lines[child.lineno - 1] = lines[child.lineno - 1].replace(
+                    STUB, f'raise NotImplementedError("{function} is not written yet: it is a TODO of this notebook")')
+            visit(child, child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else function)
+
+    visit(tree, None)
     return "\n".join(lines)
 
 
