@@ -283,8 +283,10 @@ def test_a_todo_cell_without_metadata_is_found_by_its_function_name(tmp_path):
     ("import sys\nsys.settrace(None)  # blinds the grader's line counter", "settrace"),
     ("from torch.utils._python_dispatch import TorchDispatchMode", "_python_dispatch"),
     ("get_ipython().input_transformers_cleanup.append(lambda lines: ['pass'])  # every later cell does nothing",
-     "get_ipython"),
-    ("from IPython.core.interactiveshell import InteractiveShell\nInteractiveShell.showtraceback = print", "IPython"),
+     "input_transformers_cleanup"),
+    ("from IPython.core.interactiveshell import InteractiveShell\nInteractiveShell.showtraceback = print",
+     "InteractiveShell"),
+    ("get_ipython().showtraceback = lambda *args, **kwargs: None", "showtraceback"),
 ])
 def test_student_code_that_touches_the_grading_machinery_is_flagged(tampering, shown):
     """A TODO cell that patches what the hidden tests use is graded, and flagged for a human to read."""
@@ -296,6 +298,19 @@ def test_student_code_that_touches_the_grading_machinery_is_flagged(tampering, s
     assert any("flagged for review" in note and shown in note for note in prepared.notes), prepared.notes
     honest = match.prepare(cells.read(build.NOTEBOOKS_DIR / "release" / CHAPTER / f"{CHAPTER}.ipynb"), release, release)
     assert not any("flagged" in note for note in honest.notes), honest.notes
+
+
+@pytest.mark.parametrize("ordinary", [
+    "from IPython.display import display", "get_ipython().run_line_magic('matplotlib', 'inline')",
+    "from sentence_transformers import SentenceTransformer", "my_transformers = []",
+])
+def test_ordinary_notebook_code_is_not_flagged(ordinary):
+    release = cells.read(build.NOTEBOOKS_DIR / "release" / CHAPTER / f"{CHAPTER}.ipynb")
+    student = cells.read(build.NOTEBOOKS_DIR / "release" / CHAPTER / f"{CHAPTER}.ipynb")
+    todo = next(i for i, c in enumerate(release.cells) if cells.nbgrader_meta(c).get("grade_id") == "todo_audit_context_fit")
+    student.cells[todo].source += "\n" + ordinary + "\n"
+    prepared = match.prepare(student, release, release)
+    assert not any("flagged" in note for note in prepared.notes), prepared.notes
 
 
 def test_odd_metadata_and_half_an_emoji_are_read_matched_and_written(tmp_path):
@@ -369,7 +384,9 @@ def test_a_notebook_that_cannot_be_recorded_fails_alone(tmp_path, monkeypatch):
     assert (tmp_path / "submitted" / "ann" / CHAPTER / f"{CHAPTER}.ipynb").read_bytes() == b"{}"  # the file is kept
 
 
-@pytest.mark.parametrize("stamp", ["last tuesday-ish", None])  # None: a folder named timestamp.txt
+@pytest.mark.parametrize("stamp", ["last tuesday-ish", None,  # None: a folder named timestamp.txt
+                                   "2025-01-01 12:00:00 ../../../etc/passwd",  # dateutil warned: the run stopped
+                                   "2025-01-01 12:00:00 /dev/stdin"])  # dateutil read standard input: a hang
 def test_a_timestamp_nbgrader_cannot_read_is_left_out_with_a_note(tmp_path, stamp):
     """nbgrader fails a notebook whose timestamp.txt it cannot parse (and a folder by that name crashed the run);
     one stray file in a folder of submissions would fail them all. It is left out, with a note; a good one is kept."""
@@ -404,3 +421,18 @@ def test_student_ids_that_differ_only_in_case_are_one_student(tmp_path):
     assert alice.problem == lower.problem and bob.problem is None
     assert alice.problem.startswith(f"duplicate: 2 submissions for ALICE/{CHAPTER} / alice/{CHAPTER} (student ids "
                                     "that differ only in case)"), alice.problem
+
+
+def test_an_unreadable_stamp_inside_submitted_is_not_handed_to_nbgrader(tmp_path):
+    """Grading nbgrader's own layout in place: the student's file stays, but nbgrader does not get it."""
+    from course_lib.nb import grade
+
+    folder = tmp_path / "course" / "submitted" / "ann" / CHAPTER
+    folder.mkdir(parents=True)
+    (folder / "timestamp.txt").write_text("last tuesday-ish", encoding="utf-8")
+    submission = submissions.Submission(folder / f"{CHAPTER}.ipynb", f"ann/{CHAPTER}", "ann", CHAPTER, raw=b"{}")
+    staged, note = grade._stage_original(tmp_path / "course", submission)
+    assert staged is None and "timestamp.txt beside it was left out" in note
+    assert (folder / "timestamp.txt").read_text(encoding="utf-8") == "last tuesday-ish"
+    (folder / "timestamp.txt").write_text("2025-03-01 12:00:00.000000 UTC", encoding="utf-8")
+    assert grade._stage_original(tmp_path / "course", submission) == (folder / "timestamp.txt", None)

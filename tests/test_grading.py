@@ -50,6 +50,7 @@ class _AlwaysEqualText(str):
 @pytest.mark.parametrize(("got", "expected"), [
     (_AlwaysEqual(), "advance"), (_AlwaysEqual(), None), (_AlwaysEqual(), b"x"),  # text and None: by their own ==
     ({"decision": _AlwaysEqual()}, {"decision": "hold"}), (_AlwaysEqualText("advance"), "hold"),
+    (3.0, "3.0"), (np.float64(1.0), "1"), (1.0, "advance"), (0.0, None),  # a float where text or None is promised
     (np.int64(3), 3),                 # equal value, but json.dumps fails on it
     (3.0, 3),                         # a float where an int is promised (a true division)
     (True, 1), (1, True),             # bool and int are different answers
@@ -210,9 +211,20 @@ def test_shown_arguments_name_a_tokenizer_and_keep_every_keyword():
 
     chat = [{"role": "user", "content": "word " * 200}, {"role": "assistant", "content": "ok"}]
     shown = grading.shown_arguments((load_course_tokenizer(), chat), {"max_length": 20, "supervise_eos": False})
-    assert shown.startswith("<") and "name_or_path" not in shown and "single_word" not in shown, shown
+    assert shown.startswith("<TokenizersBackend 'tokenizer', eos '<|im_end|>'>, "), shown
+    assert "name_or_path" not in shown and "single_word" not in shown, shown
     assert shown.endswith("max_length=20, supervise_eos=False"), shown
     assert len(shown) < 450
+
+
+def test_shown_arguments_tell_model_configs_apart_by_their_shape():
+    """hf_config objects have no name: chapter 6's hidden cases differ in the fields kv_bytes_per_token reads."""
+    from course_lib import hf_config
+
+    shown = grading.shown_arguments((hf_config("tiny-qwen2", num_key_value_heads=1),), {"dtype_bytes": 2})
+    assert shown.startswith("<Qwen2Config num_hidden_layers=") and "num_key_value_heads=1 " in shown, shown
+    assert shown.endswith(", dtype_bytes=2"), shown
+    assert shown != grading.shown_arguments((hf_config("tiny-qwen2"),), {"dtype_bytes": 2})
 
 
 def test_the_arguments_shown_are_those_before_the_call():

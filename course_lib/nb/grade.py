@@ -21,9 +21,11 @@ from __future__ import annotations
 import contextlib
 import csv
 import os
+import re
 import shutil
 import sys
 import time
+import traceback
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -194,25 +196,31 @@ class NbgraderRecorder:
             return {g.name: (float(g.score or 0.0), float(g.max_score)) for g in notebook.grades}
 
 
-def _stage_original(root: Path, submission: submissions.Submission) -> tuple[Path, str | None]:
+def _stage_original(root: Path, submission: submissions.Submission) -> tuple[Path | None, str | None]:
     """The raw file into nbgrader's submitted/<student>/<chapter>/<chapter>.ipynb; returns the timestamp file, and a
     note when the timestamp.txt beside the submission was left out (nbgrader fails a notebook whose timestamp it
     cannot parse, and one stray timestamp.txt in a folder of submissions would fail every one of them)."""
     folder = root / "submitted" / submission.student / submission.chapter
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"{submission.chapter}.ipynb").write_bytes(submission.raw or b"")
-    original_stamp, staged, note = submission.path.parent / "timestamp.txt", folder / "timestamp.txt", None
-    if original_stamp.exists() and original_stamp.resolve() == staged.resolve():
-        return staged, None  # the submission lies in submitted/ itself: its stamp is already there
+    original_stamp, staged = submission.path.parent / "timestamp.txt", folder / "timestamp.txt"
+    in_place = original_stamp.exists() and original_stamp.resolve() == staged.resolve()  # graded inside submitted/
     problem = _unreadable_timestamp(original_stamp) if original_stamp.exists() else "absent"
+    note = (f"the timestamp.txt beside it was left out ({problem}); graded without a submission time"
+            if problem not in (None, "absent") else None)
+    if in_place:  # the student's file stays where it is; an unreadable one is not handed to nbgrader
+        return (staged if problem is None else None), note
     if problem is None:
         shutil.copy2(original_stamp, staged)
-    else:  # an earlier submission's stamp must not date this one
-        if staged.is_file():
-            staged.unlink()
-        if problem != "absent":
-            note = f"the timestamp.txt beside it was left out ({problem}); graded without a submission time"
+    elif staged.is_file():  # an earlier submission's stamp must not date this one
+        staged.unlink()
     return staged, note
+
+
+# What nbgrader's submission times look like (`2025-03-01 12:00:00.000000 UTC`, ISO forms): only such text reaches
+# its parser, whose time-zone lookup opens whatever path a zone word names (`/dev/stdin` hangs, `../..` warns).
+TIMESTAMP = re.compile(r"^\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}(:\d{2}(\.\d{1,9})?)?"
+                       r"( ?(UTC|GMT|Z|[+-]\d{2}(:?\d{2})?))?$")
 
 
 def _unreadable_timestamp(path: Path) -> str | None:
@@ -223,9 +231,11 @@ def _unreadable_timestamp(path: Path) -> str | None:
         return "not a file"
     try:
         text = path.read_text(encoding="utf-8").strip()
+        if text and not TIMESTAMP.match(text):
+            return f"not a time nbgrader writes: {text[:60]!r}"
         if text:
             parse_utc(text)
-    except (OSError, ValueError, OverflowError) as error:
+    except Exception as error:  # noqa: BLE001 - a probe: whatever stops the parser leaves the stamp out
         return f"not a time: {type(error).__name__}: {str(error)[:100]}"
     return None
 
@@ -328,13 +338,7 @@ def _execute_and_record(root: Path, out: Path, scratch: Path, ready: list, *, wo
 
     def record(result: dict) -> None:
         submission, prepared = by_key[result["key"]]
-        try:
-            outcomes.append(_record_one(recorder, out, submission, prepared, result, stamps[submission.key]))
-        except Exception as error:  # noqa: BLE001 - one notebook nbgrader cannot take must not stop the others
-            outcomes.append(Outcome(submission.display, submission.student, submission.chapter, "failed",
-                                    f"the grader failed while recording this notebook: {type(error).__name__}: "
-                                    f"{str(error)[:300]} (the file is kept in submitted/)",
-                                    notes=list(prepared.notes), seconds=result.get("seconds", 0.0)))
+        outcomes.append(_record_one(recorder, out, submission, prepared, result, stamps[submission.key]))
         bar.update(1)
 
     execute_all(jobs, workers, record)
@@ -349,16 +353,23 @@ def _record_one(recorder: NbgraderRecorder, out: Path, submission: submissions.S
     if result.get("notebook") is None:
         outcome.reason = result["problem"]
         return outcome
-    executed = nbformat.reads(result["notebook"], as_version=4)
-    cells = {i: c for i, c in enumerate(executed.cells)}
-    for index in result.get("timed_out", []):
-        grade_id = nbgrader_meta(cells[index]).get("grade_id")
-        outcome.notes.append(f"cell {index}{' (' + grade_id + ')' if grade_id else ''} timed out and was interrupted")
-    if result.get("problem"):
-        outcome.notes.append(result["problem"] + "; the cells after it were not run")
-    for index in result.get("cut", []):
-        outcome.notes.append(f"cell {index}: output over {MAX_OUTPUT_CHARS:,} characters was cut")
-    error = recorder.record(submission.student, submission.chapter, executed, stamp)
+    try:  # this notebook's own content: what goes wrong here fails this notebook, not the run
+        executed = nbformat.reads(result["notebook"], as_version=4)
+        cells = {i: c for i, c in enumerate(executed.cells)}
+        for index in result.get("timed_out", []):
+            grade_id = nbgrader_meta(cells[index]).get("grade_id")
+            outcome.notes.append(f"cell {index}{' (' + grade_id + ')' if grade_id else ''} timed out and was "
+                                 "interrupted")
+        if result.get("problem"):
+            outcome.notes.append(result["problem"] + "; the cells after it were not run")
+        for index in result.get("cut", []):
+            outcome.notes.append(f"cell {index}: output over {MAX_OUTPUT_CHARS:,} characters was cut")
+        error = recorder.record(submission.student, submission.chapter, executed, stamp)
+    except Exception as failure:  # noqa: BLE001 - one notebook nbgrader cannot take must not stop the others
+        traceback.print_exc(file=sys.stderr)  # for the instructor; the outcome says it in a line
+        outcome.reason = (f"the grader failed while recording this notebook: {type(failure).__name__}: "
+                          f"{str(failure)[:300]} (the file is kept in submitted/)")
+        return outcome
     if error:
         outcome.reason = error
         return outcome

@@ -101,17 +101,17 @@ def assert_same(got: Any, expected: Any, *, rtol: float = 1e-9, atol: float = 1e
             raise AssertionError(f"{path}: length {len(got)} != expected {len(expected)}")
         for index, (left, right) in enumerate(zip(got, expected, strict=True)):
             assert_same(left, right, rtol=rtol, atol=atol, path=f"{path}[{index}]")
-    elif isinstance(expected, float) or isinstance(got, float):
-        if not isinstance(got, (int, float)) or isinstance(got, bool) != isinstance(expected, bool):
-            raise AssertionError(f"{path}: expected a number {expected!r}, got {got!r}")
-        if not math.isclose(float(got), float(expected), rel_tol=rtol, abs_tol=atol):
-            raise AssertionError(f"{path}: {got!r} != expected {expected!r}")
     elif isinstance(expected, (str, bytes)) or expected is None:
         # compared by the expected type's own equality: a returned object whose __eq__/__ne__ always agree (or a str
         # subclass that overrides them) would otherwise pass for any text the library returns
         same = got is None if expected is None else (isinstance(got, type(expected))
                                                       and type(expected).__eq__(expected, got) is True)
         if not same:
+            raise AssertionError(f"{path}: {got!r} != expected {expected!r}")
+    elif isinstance(expected, float) or isinstance(got, float):
+        if not isinstance(got, (int, float)) or isinstance(got, bool) != isinstance(expected, bool):
+            raise AssertionError(f"{path}: expected a number {expected!r}, got {got!r}")
+        if not math.isclose(float(got), float(expected), rel_tol=rtol, abs_tol=atol):
             raise AssertionError(f"{path}: {got!r} != expected {expected!r}")
     else:
         if hasattr(got, "item") and getattr(got, "ndim", None) == 0:
@@ -213,9 +213,14 @@ def _changed(before: Any, after: Any, path: str) -> str | None:
     return None if both_nan or (type(old) is type(new) and old == new) else f"{path} (value)"
 
 
+CONFIG_FIELDS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim")
+
+
 def shown_arguments(args: Sequence[Any], kwargs: Mapping[str, Any], limit: int = 400) -> str:
     """The arguments of a call as a student can read them in a message: short reprs, tensors by shape and dtype
-    when large, the whole cut at `limit` characters."""
+    when large, a model config by its shape fields, a tokenizer by its name and end-of-turn token; the positional
+    arguments cut to leave the keywords whole within `limit` characters (at least half of it for the positional
+    ones), the whole never over twice `limit`."""
     import reprlib
 
     short = reprlib.Repr()
@@ -227,8 +232,12 @@ def shown_arguments(args: Sequence[Any], kwargs: Mapping[str, Any], limit: int =
             if int(getattr(value, "numel", lambda: value.size)()) > 16:
                 return f"{type(value).__name__}(shape={list(value.shape)}, dtype={value.dtype})"
             return repr(value.tolist()) + f" ({type(value).__name__}, {value.dtype})"
-        if isinstance(getattr(value, "name_or_path", None), str):  # a tokenizer or config: its name, not its vocab
-            return f"<{type(value).__name__} {value.name_or_path.rstrip('/').rsplit('/', 1)[-1]!r}>"
+        if hasattr(value, "model_type") and hasattr(value, "to_dict"):  # a transformers config: its shape fields
+            fields = " ".join(f"{key}={getattr(value, key)!r}" for key in CONFIG_FIELDS if hasattr(value, key))
+            return f"<{type(value).__name__} {fields}>"
+        if isinstance(getattr(value, "name_or_path", None), str) and hasattr(value, "encode"):  # a tokenizer
+            name = value.name_or_path.rstrip("/").rsplit("/", 1)[-1]
+            return f"<{type(value).__name__} {name!r}, eos {getattr(value, 'eos_token', None)!r}>"  # eos: its template
         return short.repr(value)
 
     keywords = ", ".join(f"{key}={one(value)}" for key, value in kwargs.items())

@@ -33,11 +33,13 @@ MIN_RECOGNIZED = 0.3  # share of the chapter's cells that must be recognised for
 DEF_NAME = re.compile(r"^\s*def\s+([A-Za-z_]\w*)\s*\(", re.MULTILINE)
 # Student code has no reason to touch the grading machinery; code that does is flagged for a human to read
 # (the kernel is not a sandbox: a determined submission can patch what the hidden tests import).
-# settrace and the dispatch modes are how the grader counts notebook lines and measures memory; the IPython shell
-# (get_ipython) is how code rewrites the cells after it (input transformers) or hides their errors (showtraceback).
+# settrace and the dispatch modes are how the grader counts notebook lines and measures memory; the IPython shell's
+# hooks are how code rewrites the cells after it (input / AST transformers) or hides their errors (showtraceback).
+# `from IPython.display import display` or `%matplotlib inline` are ordinary and not flagged.
 TAMPERING = re.compile(r"course_lib\.nb|\bgrading\b|__code__|library_blocked|_ORIGINALS|sys\.modules\[|"
                        r"\bsettrace\b|\bgettrace\b|_python_dispatch|DispatchMode|"
-                       r"get_ipython|\bIPython\b|showtraceback|_transformers|set_custom_exc")
+                       r"input_transformers\w*|ast_transformers|showtraceback|showsyntaxerror|set_custom_exc|"
+                       r"InteractiveShell")
 
 
 @dataclass
