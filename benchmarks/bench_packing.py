@@ -219,6 +219,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: small ops, shared CPUs)")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, one repeat")
+    parser.add_argument("--step-only", action="store_true", help="only the training-step table (the slow section)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     totals, mask_sizes, scales = [10_000, 100_000, 1_000_000], [512, 1024, 2048, 4096], [1, 4, 16, 32]
@@ -231,6 +232,9 @@ def main(argv: list[str] | None = None) -> None:
           f"seed {args.seed}, rounded, clipped to [1, {args.max_length}]: mean {lengths.mean():.1f}, "
           f"median {np.median(lengths):.0f}, max {lengths.max()}; best of {args.repeats} (varlen, masks: best of 10+)")
     print(f"# load average at start: {os.getloadavg()[0]:.2f}")
+    if args.step_only:
+        bench_packed_step(scales, args.repeats)
+        return
     bench_plans(lengths, args.capacity, args.repeats)
     bench_quadratic(lengths, args.capacity, args.naive_n, args.repeats)
     micro_repeats = max(args.repeats, 10)  # cheap calls: more repeats so a shared CPU's noise washes out

@@ -148,11 +148,17 @@ def test_graded_cells_keep_their_globals_out_of_the_students_way(name):
     correct answer lost its whole cell (TypeError: 'list' object is not callable)."""
     text = (ROOT / "chapters" / f"{name}.py").read_text(encoding="utf-8")
     offending = {}
-    for cell in re.split(r"(?m)^(?=# %%)", text):
-        if cell.startswith("# %%") and '"grade": true' in cell.splitlines()[0]:
+    for cell in _code_cells(text):
+        if '"grade": true' in cell.splitlines()[0]:
             private = {n for n in _module_level_names(ast.parse(cell)) if n.startswith("_") and n != "_"}
             offending.update({n: cell.splitlines()[0] for n in private if not n.startswith("_t_")})
     assert not offending, f"{name}: graded-cell globals without the _t_ prefix: {sorted(offending)}"
+
+
+def _code_cells(text: str) -> list[str]:
+    """The code cells of a chapter source (jupytext percent format), each from its `# %%` line."""
+    return [cell for cell in re.split(r"(?m)^(?=# %%)", text)
+            if cell.startswith("# %%") and not cell.startswith("# %% [markdown]")]
 
 
 def _global_loads(node: ast.AST) -> set[str]:
@@ -169,15 +175,10 @@ def _global_loads(node: ast.AST) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("name", CHAPTERS)
-def test_teaching_cells_never_read_what_a_test_cell_bound(name):
-    """A test cell's names are its own. Chapter 2's figure once drew the visible test's 2 x 3 toy `batch` under a
-    caption about the ten sample chats: the cell meant to rebind `batch` had stopped at an unwritten TODO."""
-    text = (ROOT / "chapters" / f"{name}.py").read_text(encoding="utf-8")
+def _teaching_reads_of_test_names(text: str) -> list[str]:
+    """The names teaching cells of a chapter source read that a graded test cell bound (not bound first by them)."""
     bound_by_tests, offending = {}, []
-    for cell in re.split(r"(?m)^(?=# %%)", text):
-        if not cell.startswith("# %%") or cell.startswith("# %% [markdown]"):
-            continue
+    for cell in _code_cells(text):
         tree = ast.parse(cell)
         if '"grade": true' in cell.splitlines()[0]:
             grade_id = re.search(r'"grade_id": "(\w+)"', cell).group(1)
@@ -186,10 +187,31 @@ def test_teaching_cells_never_read_what_a_test_cell_bound(name):
         bound_here = set()
         for statement in tree.body:  # a name this cell bound before reading it is its own
             stores = _module_level_names(statement)
+            reads = _global_loads(statement)
+            if isinstance(statement, ast.AugAssign):  # `x += 1` reads x first
+                reads |= {n.id for n in ast.walk(statement.target) if isinstance(n, ast.Name)}
+            # a simple statement (`x = f(x)`) reads before it binds; a loop or a with block binds its names first
+            own = stores if isinstance(statement, (ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, ast.If,
+                                                   ast.Try, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) else set()
             offending += [f"{n} (bound by {bound_by_tests[n]}, read by `{cell.splitlines()[1][:50]}`)"
-                          for n in sorted(_global_loads(statement) - bound_here - stores) if n in bound_by_tests]
+                          for n in sorted(reads - bound_here - own) if n in bound_by_tests]
             bound_here |= stores
+    return offending
+
+
+@pytest.mark.parametrize("name", CHAPTERS)
+def test_teaching_cells_never_read_what_a_test_cell_bound(name):
+    """A test cell's names are its own. Chapter 2's figure once drew the visible test's 2 x 3 toy `batch` under a
+    caption about the ten sample chats: the cell meant to rebind `batch` had stopped at an unwritten TODO."""
+    offending = _teaching_reads_of_test_names((ROOT / "chapters" / f"{name}.py").read_text(encoding="utf-8"))
     assert not offending, f"{name}: teaching cells read names a graded test cell bound: {offending}"
+
+
+def test_the_name_check_sees_a_rebinding_that_reads_first():
+    test_cell = '# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_x"}\nbatch, count = [1], 0\n'
+    found = _teaching_reads_of_test_names(test_cell + "# %%\nbatch = [b + 1 for b in batch]\n"
+                                          "# %%\ncount += 1\n# %%\nfor count in range(2):\n    print(count)\n")
+    assert [entry.split()[0] for entry in found] == ["batch", "count"], found
 
 
 def test_a_graded_test_cell_keeps_its_names_to_itself():
