@@ -148,6 +148,9 @@ def test_names_and_layouts_are_read_as_student_and_chapter():
     assert read(Path(f"{CHAPTER}.ipynb"), chapters)[2].startswith("cannot tell the student")
     assert read(Path(f"{CHAPTER}/{CHAPTER}.ipynb"), chapters)[2].startswith("cannot tell the student")
     assert read(Path(f"week3/alice_{CHAPTER}.IPYNB"), chapters)[:2] == ("alice", CHAPTER)
+    # a student's copy of the course's own layout: the student is above release/, which is no student
+    assert read(Path(f"ned/release/{CHAPTER}/{CHAPTER}.ipynb"), chapters) == ("ned", CHAPTER, None)
+    assert read(Path(f"release/{CHAPTER}/{CHAPTER}.ipynb"), chapters)[2].startswith("cannot tell the student")
 
 
 def test_a_student_named_file_wins_over_the_folders_above_it():
@@ -436,3 +439,45 @@ def test_an_unreadable_stamp_inside_submitted_is_not_handed_to_nbgrader(tmp_path
     assert (folder / "timestamp.txt").read_text(encoding="utf-8") == "last tuesday-ish"
     (folder / "timestamp.txt").write_text("2025-03-01 12:00:00.000000 UTC", encoding="utf-8")
     assert grade._stage_original(tmp_path / "course", submission) == (folder / "timestamp.txt", None)
+
+
+def test_a_kernel_that_does_not_exist_stops_before_anything_is_graded(tmp_path):
+    """A mistyped --kernel graded every submission 0 ('NoSuchKernel'), exit 0, and a rerun with the right name then
+    skipped them all as already graded."""
+    root = build.copy_course_skeleton(build.NOTEBOOKS_DIR, tmp_path / "course")
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    shutil.copy(build.NOTEBOOKS_DIR / "release" / CHAPTER / f"{CHAPTER}.ipynb", inbox / f"ann_{CHAPTER}.ipynb")
+    completed = _course("grade", str(inbox), "--root", str(root), "--kernel", "course-contaner", cwd=tmp_path)
+    assert completed.returncode == 2, completed.stdout + completed.stderr
+    assert "--kernel 'course-contaner': no Jupyter kernel spec has that name" in completed.stderr
+    assert not (root / "gradebook.db").exists() and not (root / "submitted").exists()
+
+
+def test_the_course_roots_own_files_are_not_submissions(tmp_path):
+    """Pointed at the course root after the README's feedback step: chapters/*.py and feedback-*.zip were failed as
+    submissions (a phantom student 'chapters' in grades.csv); they are the course's own files."""
+    root = build.copy_course_skeleton(build.NOTEBOOKS_DIR, tmp_path / "course")
+    with zipfile.ZipFile(root / "feedback-alice.zip", "w") as archive:
+        archive.writestr(f"alice/{CHAPTER}/{CHAPTER}.html", "<html></html>")
+    found = submissions.discover(root, [CHAPTER], tmp_path / "scratch")
+    assert not found.submissions, [(s.display, s.problem) for s in found.submissions]
+    assert f"chapters/{CHAPTER}.py" in found.course_files and "feedback-alice.zip" in found.course_files
+
+
+def test_the_edited_test_cell_check_needs_no_nbgrader(monkeypatch):
+    """course check on Colab (no nbgrader) did not flag an edited test cell: the checksum is now computed here,
+    equal to nbgrader's on every graded cell of every chapter."""
+    from nbgrader.utils import compute_checksum
+
+    from course_lib.nb import check
+
+    graded = [cell for notebook in sorted((build.NOTEBOOKS_DIR / "release").glob("*/*.ipynb"))
+              for cell in cells.read(notebook).cells if cells.nbgrader_meta(cell).get("grade")]
+    assert len(graded) > 9 and all(check.nbgrader_checksum(c) == compute_checksum(c) for c in graded)
+    monkeypatch.setitem(sys.modules, "nbgrader.utils", None)  # as on Colab: importing it fails
+    monkeypatch.setitem(sys.modules, "nbgrader", None)
+    test_cell = next(c for c in graded if not cells.nbgrader_meta(c).get("solution"))
+    assert not check._edited(test_cell)
+    test_cell.source += "\npass"
+    assert check._edited(test_cell)

@@ -267,6 +267,19 @@ def _prepare_all(root: Path, found: list[submissions.Submission], chapters: dict
     return ready
 
 
+def _require_kernel(kernel_name: str) -> None:
+    """ValueError before anything is graded when no Jupyter kernel spec has this name: every submission would
+    otherwise score 0 with 'NoSuchKernel' in its feedback, and a rerun with the right name would skip them all as
+    already graded."""
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    try:
+        KernelSpecManager().get_kernel_spec(kernel_name)
+    except NoSuchKernel:
+        raise ValueError(f"--kernel {kernel_name!r}: no Jupyter kernel spec has that name "
+                         "(`jupyter kernelspec list` shows the installed ones); nothing was graded") from None
+
+
 def grade_submissions(source: Path, root: Path = build.NOTEBOOKS_DIR, *, workers: int | None = None,
                       cell_timeout: float = 60, notebook_timeout: float = 900, force: bool = False,
                       out: Path | None = None, progress: bool = True, kernel_name: str = "python3") -> GradeRun:
@@ -274,10 +287,11 @@ def grade_submissions(source: Path, root: Path = build.NOTEBOOKS_DIR, *, workers
     started = time.perf_counter()
     root, out = Path(root).resolve(), Path(out or root).resolve()
     workers = max(1, workers or os.cpu_count() or 1)
-    scratch = submissions.scratch_dir(root)
     outcomes: list[Outcome] = []
     found = submissions.Found()
     with _interpreter_tools_on_path():
+        _require_kernel(kernel_name)
+        scratch = submissions.scratch_dir(root)
         try:
             found = submissions.discover(submissions.unpack(Path(source), scratch), known_chapters(root), scratch)
             if not found.submissions:

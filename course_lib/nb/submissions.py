@@ -32,7 +32,9 @@ STUDENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,99}$")
 MAX_BYTES = 50 * 1024 * 1024
 JUNK_FOLDERS = {".ipynb_checkpoints", "__MACOSX"}  # Jupyter's autosaves and macOS's zip copies, never submissions
 JUNK_FILES = {".DS_Store", "Thumbs.db", "desktop.ini"}
-COURSE_FOLDERS = {"autograded", "feedback", "release", "source"}  # the course's own output, when pointed at it
+# The course's own folders and output files, left out when the grader is pointed at the course root itself.
+COURSE_FOLDERS = {"autograded", "chapters", "feedback", "release", "source"}
+COURSE_OUTPUTS = re.compile(r"^feedback-.+\.zip$")  # the feedback zips the README's loop writes into the course root
 NBGRADER_FILES = {"timestamp.txt"}  # read beside the notebook it dates
 COPY_PREFIX = re.compile(r"^(?:copy[ _]of[ _])+", re.IGNORECASE)
 COPY_SUFFIX = re.compile(r"(?:[ _]?\(\d+\))+$")
@@ -65,7 +67,8 @@ class Found:
     def ignored(self) -> list[str]:
         """One summary line per kind of file that was not graded on purpose."""
         kinds = [(self.junk, "copies and system files (__MACOSX/, .ipynb_checkpoints/, .DS_Store), not submissions"),
-                 (self.course_files, "in the course's own autograded/, feedback/, release/ or source/ folders"),
+                 (self.course_files, "the course's own (autograded/, chapters/, feedback/, release/, source/, "
+                                     "feedback-*.zip)"),
                  (self.other_files, "neither a notebook (.ipynb) nor a zip")]
         return [f"ignored {len(names)} file{'s' if len(names) > 1 else ''}, {what}: {_some(names)}"
                 for names, what in kinds if names]
@@ -133,6 +136,11 @@ def name_student_chapter(relative: Path, chapters: list[str]) -> tuple[str | Non
 
 def _student_from_folders(relative: Path, folders: tuple[str, ...], chapter: str,
                           chapters: list[str]) -> tuple[str | None, str, str | None]:
+    if len(folders) >= 2 and folders[-1] == chapter and folders[-2] in COURSE_FOLDERS:
+        if len(folders) >= 3:  # a student's copy of the course layout: <student>/release/<chapter>/<chapter>.ipynb
+            return folders[-3], chapter, None
+        return None, chapter, (f"cannot tell the student of {relative.as_posix()!r}: {folders[-2]}/ is the course's "
+                               "own folder; put it in a folder named after the student")
     if len(folders) >= 2 and folders[-1] == chapter:
         return folders[-2], chapter, None  # nbgrader: <student>/<chapter>/<chapter>.ipynb
     if folders and folders[-1] != chapter:  # <student>/<chapter>.ipynb, or <student>_<chapter>(.zip)/<chapter>.ipynb
@@ -245,7 +253,8 @@ def _discover_into(found: Found, folder: Path, prefix: Path, chapters: list[str]
         suffix = path.suffix.lower()
         if _is_junk(relative):
             found.junk.append(display)
-        elif course_root and relative.parts[0] in COURSE_FOLDERS and len(relative.parts) > 1:
+        elif course_root and (len(relative.parts) > 1 and relative.parts[0] in COURSE_FOLDERS
+                              or len(relative.parts) == 1 and COURSE_OUTPUTS.match(relative.name)):
             found.course_files.append(display)
         elif any(part.startswith(".") for part in relative.parts):
             _hidden(found, path, relative, display, chapters, notebook_or_zip=suffix in (".ipynb", ".zip"))
