@@ -414,6 +414,15 @@ def test_a_timestamp_nbgrader_cannot_read_is_left_out_with_a_note(tmp_path, stam
         assert note is None and not staged.exists()
 
 
+def test_a_student_id_that_differs_only_in_case_from_an_earlier_run_is_held(tmp_path):
+    made = [submissions.Submission(tmp_path / f"{who}_{CHAPTER}.ipynb", f"{who}_{CHAPTER}.ipynb", who, CHAPTER,
+                                   notebook={}, raw=b"{}") for who in ("ALICE", "alice", "bob")]
+    submissions.flag_case_clashes(made, ["alice", "carol"])
+    upper, same, bob = made
+    assert upper.problem.startswith("student id 'ALICE' differs only in case from 'alice', graded before")
+    assert same.problem is None and bob.problem is None  # alice again is a regrade, bob is new
+
+
 def test_student_ids_that_differ_only_in_case_are_one_student(tmp_path):
     """ALICE_ and alice_ would share submitted/, autograded/ and feedback/ folders on macOS or Windows: neither is
     graded, both are named, and the files stay where they are."""

@@ -297,6 +297,9 @@ def grade_submissions(source: Path, root: Path = build.NOTEBOOKS_DIR, *, workers
             if not found.submissions:
                 return _nothing_found(source, found, time.perf_counter() - started, workers)
             submissions.flag_duplicates(found.submissions)
+            submitted = root / "submitted"
+            submissions.flag_case_clashes(found.submissions, sorted(p.name for p in submitted.iterdir() if p.is_dir())
+                                          if submitted.is_dir() else [])
             chapters = load_chapters(root, {s.chapter for s in found.submissions if s.chapter and s.problem is None})
             ready = _prepare_all(root, found.submissions, chapters, force, outcomes)
             if ready:

@@ -372,6 +372,22 @@ def flag_duplicates(submissions: list[Submission]) -> None:
                                       "keep one and rerun")
 
 
+def flag_case_clashes(submissions: list[Submission], graded_before: list[str]) -> None:
+    """A student id that differs only in case from one graded in an earlier run (`ALICE` now, `alice` then): on a
+    case-insensitive file system their submitted/, autograded/ and feedback/ folders are one folder. Not graded;
+    the files stay where they are."""
+    earlier = {}
+    for name in graded_before:
+        earlier.setdefault(name.casefold(), name)
+    for submission in submissions:
+        if submission.student and submission.problem is None and submission.student not in graded_before:
+            other = earlier.get(submission.student.casefold())
+            if other is not None:
+                submission.problem = (f"student id {submission.student!r} differs only in case from {other!r}, graded "
+                                      "before: their folders would be one on macOS or Windows; use one spelling "
+                                      "and rerun")
+
+
 def scratch_dir(root: Path) -> Path:
     """The grader's own scratch space, inside the course root: never beside the kernels' temporary folders,
     where student code could reach unzipped submissions or executed notebooks by a relative path."""
