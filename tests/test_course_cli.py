@@ -490,3 +490,7 @@ def test_the_edited_test_cell_check_needs_no_nbgrader(monkeypatch):
     assert not check._edited(test_cell)
     test_cell.source += "\npass"
     assert check._edited(test_cell)
+    for points in (None, "five"):  # metadata the checksum cannot be computed from: edited, not a crash
+        broken = nbformat.from_dict({**test_cell, "metadata": {"nbgrader": {**cells.nbgrader_meta(test_cell)}}})
+        broken.metadata.nbgrader.pop("points") if points is None else broken.metadata.nbgrader.update(points=points)
+        assert check._edited(broken)

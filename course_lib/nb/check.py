@@ -49,9 +49,15 @@ def nbgrader_checksum(cell: Any) -> str:
 
 
 def _edited(cell: Any) -> bool:
-    """Does a test cell differ from the handed-out one (by nbgrader's checksum)?"""
+    """Does a test cell differ from the handed-out one (by nbgrader's checksum)? Metadata the checksum cannot even
+    be computed from (points removed or not a number) was edited too."""
     checksum = nbgrader_meta(cell).get("checksum")
-    return bool(checksum) and nbgrader_checksum(cell) != checksum
+    if not checksum:
+        return False
+    try:
+        return nbgrader_checksum(cell) != checksum
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return True
 
 
 def check_notebook(path: str | Path, *, cell_timeout: float = 60, notebook_timeout: float = 900,
