@@ -286,7 +286,9 @@ print("".join(pieces))
 # "attention_mask"}`, each a `torch.long` tensor of shape `[B, L]` with `L` the longest sample, right-padded
 # as in the table. Raise a `ValueError` that names the problem for: an empty list; a feature missing
 # `input_ids` or `labels` (`require_keys` does it); `input_ids` and `labels` of different lengths (the
-# "labels not truncated with the inputs" bug); an empty sample; ids or labels that are not integers (nor bools); a
+# "labels not truncated with the inputs" bug); an empty sample; ids or labels that are not one flat row of integers (not
+# bools, not floats, not a `[1, T]` tensor as `tokenizer(..., return_tensors="pt")` gives: `require_tensor(...,
+# ndim=1, dtype_kind="i")` checks all three); a
 # `pad_token_id` that is not an integer ≥ 0 (`require_int(..., minimum=0)`; `True` is not one). Leave the
 # caller's features as they are: build new tensors, do not pad the given lists in place.
 
@@ -375,6 +377,9 @@ grading.assert_rejects(pad_batch, "pad_batch", [
     (([{"input_ids": [True, False], "labels": [1, 0]}], 0), {}),                   # bools are not token ids
     (([{"input_ids": [5.0, 6.0], "labels": [5, 6]}], 0), {}),                      # whole floats are floats
     (([{"input_ids": [5, 6], "labels": [-100.0, 6.0]}], 0), {}),
+    (([{"input_ids": torch.tensor([[5, 6]]), "labels": torch.tensor([[5, 6]])}], 0), {}),  # a [1, T] tensor is 2-D
+    (([_t_good, {"input_ids": [[5, 6]], "labels": [5]}], 0), {}),                  # each field is checked:
+    (([_t_good, {"input_ids": [5], "labels": [[5, 6]]}], 0), {}),                  # one row of one token each
 ])
 ### END HIDDEN TESTS
 

@@ -225,8 +225,8 @@ for column in range(seam - 3, seam + 3):
 # compared with TRL's rows and written out as JSON).
 #
 # Raise `ValueError` for an empty `samples`, a sample without `input_ids` or `labels` (`require_keys` from the
-# setup does this), empty `input_ids`, ids or labels that are not integers (bools are not token ids), or `labels` of
-# a different length.
+# setup does this), empty `input_ids`, ids or labels that are not one flat row of integers (bools are not token ids,
+# and `[[1, 2]]` is a row of rows), or `labels` of a different length.
 # Build new lists: the caller's samples stay as they were. Write the positions and the mask
 # yourself: the grader switches `varlen_metadata` and `block_causal_mask` off while it runs your function.
 
@@ -305,6 +305,9 @@ with grading.library_blocked("block_causal_mask", "varlen_metadata"):
         (([{"input_ids": [1, 2], "labels": [-100.0, 2.0]}],), {}),
         (([{"input_ids": [True, False], "labels": [1, 0]}],), {}),                  # bools are not token ids
         (([{"input_ids": [1, 2], "labels": [True, False]}],), {}),                  # nor labels
+        (([{"input_ids": [[1, 2]], "labels": [[1, 2]]}],), {}),                     # nor rows of ids: one flat row
+        (([{"input_ids": [[1, 2]], "labels": [1]}],), {}),                          # each field on its own
+        (([{"input_ids": [1], "labels": [[1, 2]]}],), {}),
         # Each sample on its own: an empty sample between others, two length mismatches that cancel on the row.
         (([{"input_ids": [1], "labels": [1]}, {"input_ids": [], "labels": []}, {"input_ids": [2], "labels": [2]}],), {}),
         (([{"input_ids": [1, 2], "labels": [1]}, {"input_ids": [3], "labels": [3, 4]}],), {}),

@@ -499,6 +499,7 @@ grading.assert_rejects(aggregate_loss, "aggregate_loss", [
     ((_t_values, _t_mask), {"mode": "constant", "norm_const": "12"}),
     ((_t_values, _t_mask), {"mode": "token_mean", "norm_const": 12}),
     ((_t_values, _t_mask), {"mode": "sequence_mean"}),
+    ((_t_values, _t_mask), {"mode": "sum", "norm_const": 12}),                   # unknown, even with a norm_const
     ((_t_values, _t_mask[:2]), {}),
     ((_t_values, torch.full((3, 4), 2)), {}),
     ((_t_values, torch.full((3, 4), 0.5)), {}),

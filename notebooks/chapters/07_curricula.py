@@ -168,7 +168,9 @@ print("broken candidate: ", stability_evidence(model))
 #   `CURRICULUM_GATES`; `decision` is `"hold"` when any gate failed, else `"advance"`.
 # * Return `{"decision", "failed_gates", "evidence"}`. Raise a `ValueError` naming the field for a missing field
 #   (`require_keys`), a score, limit, peak memory or cost that is not a finite real number (`require_real`: a NaN
-#   would pass every comparison silently), and a `failed_runs` that is not an integer $\ge 0$ (`require_int`).
+#   would pass every comparison silently), a `failed_runs` that is not an integer $\ge 0$ and a
+#   `supervised_tokens_per_optimizer_step` that is not an integer $\ge 1$ (`require_int`: a step of no tokens trains
+#   nothing, so two such budgets "matching" would prove nothing).
 #   A bool is not a number here: `True` as a score, a limit or `failed_runs` is refused (the helpers do it).
 
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_evaluate_length_curriculum_stage", "locked": false, "schema_version": 3}
@@ -263,6 +265,9 @@ for _t_key, _t_value in (("long_context_score", 0.5625), ("short_context_score",
 # of 0.03996 is below a minimum of 0.04 (rounded to 4 places it would pass), a regression of 0.02004 above 0.02.
 _t_cases.append(((baseline, {**accepted_run, "long_context_score": 0.59996}, limits), {}))
 _t_cases.append(((baseline, {**accepted_run, "short_context_score": 0.79996}, limits), {}))
+# The smallest budget is one token per step, on both sides.
+_t_cases.append((({**baseline, "supervised_tokens_per_optimizer_step": 1},
+                  {**accepted_run, "supervised_tokens_per_optimizer_step": 1}, limits), {}))
 for _ in range(30):
     _t_base = {"long_context_score": _t_rng.random(), "short_context_score": _t_rng.random(),
                "supervised_tokens_per_optimizer_step": 8192}
@@ -280,7 +285,10 @@ _t_bad = [((baseline, {**accepted_run, "long_context_score": float("nan")}, limi
           ((baseline, {**accepted_run, "peak_memory_gb": "9.8"}, limits), {}),
           ((baseline, {**accepted_run, "failed_runs": True}, limits), {}),
           ((baseline, {**accepted_run, "short_context_score": float("nan")}, limits), {}),
-          (({**baseline, "short_context_score": float("nan")}, accepted_run, limits), {})]
+          (({**baseline, "short_context_score": float("nan")}, accepted_run, limits), {}),
+          (({**baseline, "supervised_tokens_per_optimizer_step": 0},                   # budgets are integers >= 1
+            {**accepted_run, "supervised_tokens_per_optimizer_step": 0}, limits), {}),
+          ((baseline, {**accepted_run, "supervised_tokens_per_optimizer_step": 8192.5}, limits), {})]
 _t_bad += [((baseline, accepted_run, {**limits, _t_limit: float("nan")}), {})
            for _t_limit in ("min_long_context_gain", "max_short_context_regression", "max_failed_runs",
                             "max_cost_per_supervised_token")]

@@ -431,6 +431,7 @@ grading.assert_rejects(compare_padding_and_packing, "compare_padding_and_packing
     ((_t_good, {"effective_supervised_tokens": 236, "median_step_ms": 0.0}), {}),
     (({"effective_supervised_tokens": 236, "median_step_ms": -1.0}, _t_good), {}),
     ((_t_good, {"effective_supervised_tokens": 236}), {}),
+    (({"effective_supervised_tokens": 236}, _t_good), {}),                              # either side's key
     (({"effective_supervised_tokens": 0, "median_step_ms": 63.4}, {"effective_supervised_tokens": 0, "median_step_ms": 48.8}), {}),
     ((_t_good, {"effective_supervised_tokens": 236, "median_step_ms": float("nan")}), {}),
     (({"effective_supervised_tokens": 236, "median_step_ms": float("inf")}, _t_good), {}),

@@ -127,8 +127,8 @@ from torch.nn.utils.rnn import pad_sequence
 
 def _as_long(name, values):
     row = torch.tensor(values)
-    if row.dtype == torch.bool or row.is_floating_point() or row.is_complex():
-        raise ValueError(f"{name} must be integers, got {row.dtype}")
+    if row.dtype == torch.bool or row.is_floating_point() or row.is_complex() or row.dim() != 1:
+        raise ValueError(f"{name} must be one row of integers, got {row.dtype} of shape {tuple(row.shape)}")
     return row.long()
 
 

@@ -296,8 +296,9 @@ def build_boundary_isolated_packing(samples):
                 raise ValueError(f"samples[{index}] has no {key}")
         ids, labels = torch.as_tensor(list(sample["input_ids"])), torch.as_tensor(list(sample["labels"]))
         for key, values in (("input_ids", ids), ("labels", labels)):
-            if values.dtype == torch.bool or values.is_floating_point():
-                raise ValueError(f"samples[{index}]['{key}'] must hold integers, got {values.dtype}")
+            if values.dtype == torch.bool or values.is_floating_point() or values.dim() != 1:
+                raise ValueError(f"samples[{index}]['{key}'] must be one row of integers, got {values.dtype} "
+                                 f"of shape {tuple(values.shape)}")
         if ids.numel() == 0:
             raise ValueError(f"samples[{index}]['input_ids'] is empty")
         if labels.numel() != ids.numel():

@@ -134,8 +134,9 @@ def evaluate_length_curriculum_stage(baseline, candidate, limits):
     failed_runs = require_int("candidate.failed_runs", candidate["failed_runs"], minimum=0)
     peak = require_real("candidate.peak_memory_gb", candidate["peak_memory_gb"])
     cost = require_real("candidate.cost_per_supervised_token", candidate["cost_per_supervised_token"])
-    matches = bool(baseline["supervised_tokens_per_optimizer_step"]
-                   == candidate["supervised_tokens_per_optimizer_step"])
+    budgets = [require_int(f"{who}.supervised_tokens_per_optimizer_step", run["supervised_tokens_per_optimizer_step"],
+                           minimum=1) for who, run in (("baseline", baseline), ("candidate", candidate))]
+    matches = bool(budgets[0] == budgets[1])
     failed = []
     if not matches:
         failed.append("token_budget_mismatch")
@@ -180,6 +181,9 @@ def evaluate_length_curriculum_stage(baseline, candidate, limits):
         for key in keys:
             real[who, key] = require_real(f"{who}[{key!r}]", run[key])
     runs = require_int("candidate['failed_runs']", candidate["failed_runs"], minimum=0)
+    for who, run in (("baseline", baseline), ("candidate", candidate)):
+        require_int(f"{who}['supervised_tokens_per_optimizer_step']", run["supervised_tokens_per_optimizer_step"],
+                    minimum=1)
     evidence = {
         "long_context_gain": real["candidate", "long_context_score"] - real["baseline", "long_context_score"],
         "short_context_regression": real["baseline", "short_context_score"] - real["candidate", "short_context_score"],

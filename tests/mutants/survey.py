@@ -1,0 +1,251 @@
+"""Machine-made wrong answers: every small edit of every TODO solution, graded by the chapter's own tests.
+
+The hand-written catalogue holds the mistakes a teacher expects; this survey holds the ones nobody thought
+of. Each TODO's solution (the code between `### BEGIN SOLUTION` and `### END SOLUTION`) is edited one
+operator at a time (a comparison's edge or sense, an arithmetic operator, an integer one up or one down,
+`and` for `or`, a `not` dropped, `min` for `max`, a slice bound moved, one statement deleted), and each edit is
+graded in process exactly as `test_mutants.py` grades the catalogue. An edit whose own graded cells all still
+pass *survives*. A survivor is either a gap in the hidden tests (fix the tests) or an edit that changes
+nothing a student could be asked for (list it in `equivalent.py` with the reason).
+
+    python -m tests.mutants.survey              # every chapter; prints the survivors not yet explained
+    python -m tests.mutants.survey 03_packing   # one chapter
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import copy
+import dataclasses
+import signal
+import sys
+import tempfile
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
+SECONDS_PER_EDIT = 20  # an edit that turns a loop endless is killed (its cell fails), never waited on
+
+_BOUNDARY = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt}
+_NEGATION = {ast.Lt: ast.GtE, ast.LtE: ast.Gt, ast.Gt: ast.LtE, ast.GtE: ast.Lt, ast.Eq: ast.NotEq,
+             ast.NotEq: ast.Eq, ast.In: ast.NotIn, ast.NotIn: ast.In, ast.Is: ast.IsNot, ast.IsNot: ast.Is}
+_ARITHMETIC = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.FloorDiv: ast.Div,
+               ast.Mod: ast.FloorDiv, ast.Pow: ast.Mult}
+_SWAPPED_CALLS = {"min": "max", "max": "min", "any": "all", "all": "any"}
+_UNWRAPPED_CALLS = {"int", "float", "bool", "abs", "round", "sorted", "list", "tuple"}
+_SYMBOL = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!=", ast.In: "in",
+           ast.NotIn: "not in", ast.Is: "is", ast.IsNot: "is not", ast.Add: "+", ast.Sub: "-", ast.Mult: "*",
+           ast.Div: "/", ast.FloorDiv: "//", ast.Mod: "%", ast.Pow: "**", ast.And: "and", ast.Or: "or"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Edit:
+    """One machine-made wrong answer: which TODO, the solution line it changes (stripped), and how."""
+
+    todo: str
+    line: str
+    change: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.todo} | {self.line} | {self.change}"
+
+
+def _solution_lines(source: str) -> range:
+    lines = source.splitlines()
+    begin = next(i for i, line in enumerate(lines, 1) if line.strip() == BEGIN)
+    end = next(i for i, line in enumerate(lines, 1) if line.strip() == END)
+    return range(begin + 1, end)
+
+
+def _sites(tree: ast.Module, inside: range) -> Iterator[tuple[ast.AST, str, object]]:
+    """(node, description, replacement maker) for every edit point on a solution line."""
+    for node in ast.walk(tree):
+        if getattr(node, "lineno", None) not in inside:
+            continue
+        if isinstance(node, ast.Compare):
+            for index, op in enumerate(node.ops):
+                for table, kind in ((_BOUNDARY, "edge"), (_NEGATION, "sense")):
+                    if type(op) in table:
+                        new = table[type(op)]
+                        yield node, f"{kind}: {_SYMBOL[type(op)]} -> {_SYMBOL[new]}", ("op", index, new)
+        elif isinstance(node, ast.BinOp) and type(node.op) in _ARITHMETIC:
+            new = _ARITHMETIC[type(node.op)]
+            yield node, f"arithmetic: {_SYMBOL[type(node.op)]} -> {_SYMBOL[new]}", ("binop", new)
+            if isinstance(node.op, (ast.Sub, ast.Div, ast.FloorDiv, ast.Mod)):
+                yield node, f"operands swapped: a {_SYMBOL[type(node.op)]} b -> b {_SYMBOL[type(node.op)]} a", ("swap",)
+        elif isinstance(node, ast.AugAssign) and type(node.op) in _ARITHMETIC:
+            new = _ARITHMETIC[type(node.op)]
+            yield node, f"arithmetic: {_SYMBOL[type(node.op)]}= -> {_SYMBOL[new]}=", ("binop", new)
+        elif isinstance(node, ast.BoolOp):
+            new = ast.Or if isinstance(node.op, ast.And) else ast.And
+            yield node, f"logic: {_SYMBOL[type(node.op)]} -> {_SYMBOL[new]}", ("boolop", new)
+        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.Not, ast.USub)):
+            yield node, f"unary: {'not' if isinstance(node.op, ast.Not) else '-'} dropped", ("unwrap",)
+        elif isinstance(node, ast.Constant) and type(node.value) is bool:
+            yield node, f"constant: {node.value} -> {not node.value}", ("const", not node.value)
+        elif isinstance(node, ast.Constant) and type(node.value) is int:
+            for delta in (1, -1):
+                yield node, f"constant: {node.value} -> {node.value + delta}", ("const", node.value + delta)
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _UNWRAPPED_CALLS
+              and len(node.args) == 1 and not node.keywords):
+            yield node, f"call: {node.func.id}() dropped", ("unwrap_call",)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _SWAPPED_CALLS:
+            new = _SWAPPED_CALLS[node.func.id]
+            yield node, f"call: {node.func.id} -> {new}", ("call", new)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and not node.args + node.keywords:
+            yield node, f"call: .{node.func.attr}() dropped", ("method",)
+        if isinstance(node, ast.Call):
+            for index, keyword in enumerate(node.keywords):
+                if keyword.arg is not None:
+                    yield node, f"keyword: {keyword.arg}= dropped", ("keyword", index)
+        elif isinstance(node, ast.Slice):
+            for bound in ("lower", "upper"):
+                if getattr(node, bound) is not None:
+                    for delta in (1, -1):
+                        yield node, f"slice {bound} {delta:+d}", ("slice", bound, delta)
+        if isinstance(node, ast.stmt) and not isinstance(node, (ast.FunctionDef, ast.Pass)):
+            yield node, f"deleted: {type(node).__name__.lower()}", ("delete",)
+
+
+def _apply(node: ast.AST, how: tuple) -> None:
+    kind = how[0]
+    if kind == "op":
+        node.ops[how[1]] = how[2]()
+    elif kind in ("binop", "boolop"):
+        node.op = how[1]()
+    elif kind == "const":
+        node.value = how[1]
+    elif kind == "call":
+        node.func = ast.Name(id=how[1], ctx=ast.Load())
+    elif kind == "slice":
+        bound = getattr(node, how[1])
+        setattr(node, how[1], ast.BinOp(left=bound, op=ast.Add() if how[2] > 0 else ast.Sub(),
+                                         right=ast.Constant(abs(how[2]))))
+
+
+class _Replace(ast.NodeTransformer):
+    def __init__(self, target: ast.AST, how: tuple):
+        self.target, self.how = target, how
+
+    def generic_visit(self, node):
+        if node is self.target and self.how[0] == "unwrap":
+            return node.operand
+        if node is self.target and self.how[0] == "swap":
+            node.left, node.right = node.right, node.left
+            return node
+        if node is self.target and self.how[0] == "unwrap_call":
+            return node.args[0]
+        if node is self.target and self.how[0] == "method":
+            return node.func.value
+        if node is self.target and self.how[0] == "keyword":
+            del node.keywords[self.how[1]]
+            return node
+        if node is self.target and self.how[0] == "delete":
+            return ast.Pass()
+        if node is self.target:
+            _apply(node, self.how)
+            return node
+        return super().generic_visit(node)
+
+
+def edits_of(todo: str, source: str) -> Iterator[tuple[Edit, str]]:
+    """Every single-edit variant of one TODO solution cell, as (edit, edited source)."""
+    inside = _solution_lines(source)
+    lines = source.splitlines()
+    pristine = ast.parse(source)
+    sites = list(_sites(pristine, inside))
+    seen = set()
+    for index, (_, change, how) in enumerate(sites):
+        tree = copy.deepcopy(pristine)
+        target, _, _ = list(_sites(tree, inside))[index]
+        line = lines[target.lineno - 1].split("  #")[0].strip()
+        edited = ast.unparse(ast.fix_missing_locations(_Replace(target, how).visit(tree)))
+        edit = Edit(todo.removeprefix("todo_"), line, change)
+        occurrence = sum(1 for key in seen if key[:3] == (edit.todo, line, change))
+        seen.add((edit.todo, line, change, occurrence))
+        if occurrence:
+            edit = Edit(edit.todo, line, f"{change} #{occurrence + 1}")
+        yield edit, edited
+
+
+class _TooSlow(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float) -> Iterator[None]:
+    """Raise in the main thread after `seconds`, then every second, until the block ends."""
+    def _raise(*_):
+        raise _TooSlow(f"over {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, _raise)
+    signal.setitimer(signal.ITIMER_REAL, seconds, 1.0)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def source_notebooks(chapters: list[str] | None = None) -> dict:
+    from course_lib.nb import build, cells
+
+    root = build.copy_course_skeleton(build.NOTEBOOKS_DIR, Path(tempfile.mkdtemp(prefix="survey-")))
+    found = {}
+    for path in build.chapter_sources(root / "chapters"):
+        if chapters is None or path.stem in chapters:
+            found[path.stem] = cells.read(build.build_source_notebook(path, root).source_notebook)
+    return found
+
+
+def survivors(chapter: str, notebook, *, progress=None) -> tuple[list[Edit], int]:
+    """The edits of the chapter's TODOs that keep every point of their own cells, and how many edits were tried."""
+    from course_lib.nb import cells
+
+    solutions = cells.solution_cells(notebook)
+    alive, tried = [], 0
+    for todo, source in solutions.items():
+        for edit, edited in edits_of(todo, source):
+            tried += 1
+            try:
+                with _time_limit(SECONDS_PER_EDIT), warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # an edited answer may warn; only its grade matters here
+                    results = cells.grade_in_process(notebook, {**solutions, todo: edited})
+            except _TooSlow:
+                continue  # killed outside a cell (in setup): counts as caught
+            own = [r for r in results if r.grade_id == f"test_{edit.todo}" or r.grade_id.startswith(f"test_{edit.todo}__")]
+            if not own:
+                raise RuntimeError(f"{chapter}: no graded cell for {todo}")
+            if all(r.passed for r in own):
+                alive.append(edit)
+            if progress:
+                progress(tried)
+    return alive, tried
+
+
+def main(argv: list[str] | None = None) -> int:
+    from tests.mutants.equivalent import EQUIVALENT
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("chapters", nargs="*")
+    parser.add_argument("--all", action="store_true", help="print explained survivors too")
+    args = parser.parse_args(argv)
+    unexplained = 0
+    for chapter, notebook in source_notebooks(args.chapters or None).items():
+        alive, tried = survivors(chapter, notebook)
+        explained = EQUIVALENT.get(chapter, {})
+        print(f"{chapter}: {tried} edits, {len(alive)} survive, "
+              f"{sum(edit.key not in explained for edit in alive)} unexplained", flush=True)
+        for edit in alive:
+            if args.all or edit.key not in explained:
+                print(f"    {edit.key!r}: {explained.get(edit.key, 'UNEXPLAINED')!r},")
+        unexplained += sum(edit.key not in explained for edit in alive)
+    return 1 if unexplained else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

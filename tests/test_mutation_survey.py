@@ -1,0 +1,84 @@
+"""The survey of machine-made wrong answers (tests/mutants/survey.py): no edit of a solution survives unexplained.
+
+Every single-operator edit of every TODO solution is graded by the chapter's own tests. An edit that keeps its
+cell's points is either listed in tests/mutants/equivalent.py with the reason it changes nothing the TODO asks
+for, or it is a gap in the hidden tests and fails here. A listed edit that no longer survives (or is no longer
+made) fails too, so the list of explanations stays exactly the list of survivors.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.mutants import survey
+from tests.mutants.equivalent import EQUIVALENT
+
+CHAPTERS = sorted(path.stem for path in (Path(__file__).parent.parent / "notebooks" / "chapters").glob("[0-9]*.py"))
+
+
+@pytest.fixture(scope="module")
+def notebooks():
+    return survey.source_notebooks()
+
+
+def test_every_chapter_is_surveyed(notebooks):
+    assert sorted(notebooks) == CHAPTERS and len(CHAPTERS) == 9
+    assert set(EQUIVALENT) <= set(CHAPTERS), sorted(set(EQUIVALENT) - set(CHAPTERS))
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_no_edit_survives_unexplained(chapter, notebooks):
+    alive, tried = survey.survivors(chapter, notebooks[chapter])
+    assert tried >= 30, f"{chapter}: only {tried} edits were made"
+    keys = {edit.key for edit in alive}
+    explained = set(EQUIVALENT.get(chapter, {}))
+    assert not keys - explained, (
+        f"{chapter}: these edits of a solution keep every point; catch them in the hidden tests, or explain them "
+        f"in tests/mutants/equivalent.py: {sorted(keys - explained)}")
+    assert not explained - keys, (
+        f"{chapter}: these explained edits no longer survive (or are no longer made); remove them from "
+        f"tests/mutants/equivalent.py: {sorted(explained - keys)}")
+
+
+def test_the_survey_finds_a_gap_when_hidden_tests_are_removed(notebooks):
+    """Without its hidden tests, chapter 9's comparison cell lets wrong answers through, and the survey says so."""
+    notebook = survey.copy.deepcopy(notebooks["09_gpu_lab"])
+    for cell in notebook.cells:
+        if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "test_compare_padding_and_packing":
+            stripped = re.sub(r"### BEGIN HIDDEN TESTS.*?### END HIDDEN TESTS\n?", "", cell.source, flags=re.S)
+            assert stripped != cell.source
+            cell.source = stripped
+    alive, _ = survey.survivors("09_gpu_lab", notebook)
+    unexplained = {edit.key for edit in alive} - set(EQUIVALENT["09_gpu_lab"])
+    # the visible tests never leave a key out, so a solution that forgets either side's key check keeps its points
+    for side in ("padding", "packing"):
+        assert any(key.startswith(f'compare_padding_and_packing | require_keys("{side}"') and key.endswith("deleted: expr")
+                   for key in unexplained), unexplained
+
+
+def test_edits_cover_each_operator_once_per_site():
+    source = '''import torch
+
+
+def f(values, limit):
+    """doc"""
+    ### BEGIN SOLUTION
+    kept = [v for v in values if v < limit and not v == 0]
+    total = max(kept) - 1
+    return kept[1:], total
+    ### END SOLUTION
+'''
+    changes = {(edit.line, edit.change) for edit, _ in survey.edits_of("todo_f", source)}
+    line = "kept = [v for v in values if v < limit and not v == 0]"
+    for change in ("edge: < -> <=", "sense: < -> >=", "logic: and -> or", "unary: not dropped",
+                   "sense: == -> !=", "constant: 0 -> 1", "deleted: assign"):
+        assert (line, change) in changes, change
+    for change in ("call: max -> min", "arithmetic: - -> +", "operands swapped: a - b -> b - a", "constant: 1 -> 0"):
+        assert ("total = max(kept) - 1", change) in changes, change
+    assert ("return kept[1:], total", "slice lower +1") in changes
+    assert not any(line == '"""doc"""' or "import" in line for line, _ in changes), "only solution lines are edited"
+    edited = dict((edit.change, text) for edit, text in survey.edits_of("todo_f", source) if edit.line == line)
+    assert "v <= limit" in edited["edge: < -> <="] and "v < limit" not in edited["edge: < -> <="]
