@@ -118,6 +118,12 @@ def test_weight_bytes_per_param():
     (lambda: decode_tokens_per_s(N, 0, 2048, KV, 4.8e12), "batch"),
     (lambda: decode_tokens_per_s(N, 64, 2048.5, KV, 4.8e12), "context"),
     (lambda: decode_tokens_per_s(N, 64, 2048, KV, -1), "bandwidth"),
+    (lambda: decode_tokens_per_s(N, 64, 2048, KV, 0.0), "bandwidth"),    # every rate input is > 0, not >= 0
+    (lambda: decode_tokens_per_s(N, 64, 2048, 0, 4.8e12), "kv_bytes"),
+    (lambda: decode_tokens_per_s(N, 64, 2048, -KV, 4.8e12), "kv_bytes"),
+    (lambda: decode_tokens_per_s(N, 64, 2048, KV, 4.8e12, weight_bytes_per_param=0), "weight_bytes_per_param"),
+    (lambda: decode_tokens_per_s(N, 64, 2048, KV, 4.8e12, weight_bytes_per_param=-2.0), "weight_bytes_per_param"),
+    (lambda: gpu_hours_per_step(0.0, 512, 24_000, 6_000, 1796, 989e12, 0.4, 0.5), "n_params"),
     (lambda: train_tokens_per_s(N, 989e12, 0.0), "mfu"),
     (lambda: train_tokens_per_s(N, 989e12, 1.2), "mfu"),
     (lambda: gpu_hours_per_step(N, 512, 24_000, 6_000, 1796, 989e12, 0.4, 0), "busy"),
@@ -127,6 +133,8 @@ def test_weight_bytes_per_param():
     (lambda: kv_bytes_per_token({"num_hidden_layers": 2, "num_attention_heads": 4}), "hidden_size"),
     (lambda: kv_bytes_per_token("Llama-7B"), "name"),
     (lambda: kv_bytes_per_token("Qwen3-8B", dtype_bytes=0), "dtype_bytes"),
+    (lambda: kv_bytes_per_token({"num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 0}), "head_dim"),
+    (lambda: kv_bytes_per_token({"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 2}), "head_dim"),
 ])
 def test_bad_input(call, match):
     with pytest.raises(ValueError, match=match):

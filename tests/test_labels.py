@@ -158,6 +158,29 @@ def test_pad_batch_rejects_bad_features():
         pad_batch([good, {"input_ids": [], "labels": []}], 0)
     with pytest.raises(ValueError, match="pad_token_id"):
         pad_batch([good], -1)
+    # each field is one flat row of integers: a [1, T] tensor (return_tensors="pt"), floats and bools are refused
+    for bad, field in (({"input_ids": torch.tensor([[5, 6]]), "labels": [6]}, "input_ids"),
+                       ({"input_ids": [5], "labels": [[5, 6]]}, "labels"),
+                       ({"input_ids": [5.0, 6.0], "labels": [5, 6]}, "input_ids"),
+                       ({"input_ids": [5, 6], "labels": [True, False]}, "labels")):
+        with pytest.raises(ValueError, match=rf"features\[1\]\['{field}'\]"):
+            pad_batch([good, bad], 0)
+
+
+def test_pad_batch_returns_long_from_any_integer_dtype():
+    features = [{"input_ids": torch.tensor([5, 6], dtype=torch.int32), "labels": torch.tensor([-100, 6], dtype=torch.int16)},
+                {"input_ids": [7], "labels": [7]}]
+    batch = pad_batch(features, 0)
+    assert {key: value.dtype for key, value in batch.items()} == dict.fromkeys(batch, torch.long)
+    assert batch["labels"].tolist() == [[-100, 6], [7, -100]]
+
+
+def test_build_labels_takes_a_template_by_name_and_refuses_a_non_bool(tokenizers):
+    # the chatml tokenizer rendering with the llama3 template by name gives llama3's labels
+    assert build_labels(tokenizers["chatml"], CHAT, chat_template="llama3") == build_labels(tokenizers["llama3"], CHAT)
+    assert build_labels(tokenizers["chatml"], CHAT, chat_template="llama3") != build_labels(tokenizers["chatml"], CHAT)
+    with pytest.raises(ValueError, match="supervise_eos"):
+        build_labels(tokenizers["chatml"], CHAT, supervise_eos=1)
 
 
 def test_labels_equal_trl_sft_trainer_assistant_only_loss(tmp_path, tokenizers):

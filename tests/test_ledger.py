@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from course_lib import (
     CHAT_TEMPLATES,
     LEDGER_KEYS,
+    ledger_from_roles,
     length_ledger,
     measure_sample,
     overflow_ratio,
@@ -153,3 +154,30 @@ def test_length_ledger_adds_the_four_columns(tokenizers):
     assert summary["count"] == 3
     with pytest.raises(ValueError, match="messages_column"):
         length_ledger(dataset, tokenizers["llama3"], messages_column="conversations")
+
+
+# ---- ledger_from_roles: the span-aligned half of measure_sample --------------------------------------------------
+
+def test_ledger_from_roles_counts_by_hand():
+    roles = ["template", "system", "system", "user", "template", "assistant", "assistant", "eos", "template"]
+    ledger = ledger_from_roles(roles)
+    assert ledger == {"template_tokens": 3, "prompt_tokens": 3, "supervised_tokens": 3, "total_tokens": 9}
+    assert all(type(count) is int for count in ledger.values()), {key: type(v) for key, v in ledger.items()}
+    # without EOS supervision the end-of-turn token is template; the total does not move
+    assert ledger_from_roles(roles, supervise_eos=False) == {
+        "template_tokens": 4, "prompt_tokens": 3, "supervised_tokens": 2, "total_tokens": 9}
+    assert ledger_from_roles([]) == dict.fromkeys(("template_tokens", "prompt_tokens", "supervised_tokens",
+                                                   "total_tokens"), 0)
+
+
+@pytest.mark.parametrize(("roles", "kwargs", "named"), [
+    (["user", "robot"], {}, "robot"),
+    (["User", "assistant"], {}, "User"),      # roles are case-sensitive
+    (["assistant", 3], {}, "3"),               # one per token, each a role name
+    ("user", {}, "sequence"),
+    (["assistant", "eos"], {"supervise_eos": 1}, "supervise_eos"),
+])
+def test_ledger_from_roles_refuses_what_is_not_a_role(roles, kwargs, named):
+    with pytest.raises(ValueError, match=named):
+        ledger_from_roles(roles, **kwargs)
+

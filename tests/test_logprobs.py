@@ -68,6 +68,15 @@ def test_chunked_and_checkpointed_agree_with_full_in_fp32(chunk):
         torch.testing.assert_close(weight_grad, full[2], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_an_empty_sequence_gives_an_empty_result_in_the_full_computations_dtype(dtype):
+    hidden, weight, ids = _head_inputs(2, 0, 8, 50, seed=0, dtype=dtype)              # T = 0
+    full = cl.selected_log_probs(hidden @ weight.T, ids)
+    for fn in (cl.chunked_log_probs, cl.checkpointed_log_probs):
+        got = fn(hidden, weight, ids, 4)
+        assert got.shape == full.shape == (2, 0) and got.dtype == full.dtype, (fn.__name__, got.shape, got.dtype)
+
+
 def test_selected_log_probs_computes_low_precision_logits_in_fp32():
     generator = torch.Generator().manual_seed(0)
     logits = (torch.randn(2, 9, 300, generator=generator) * 4).bfloat16()

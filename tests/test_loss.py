@@ -87,7 +87,8 @@ def test_aggregate_loss_empty_mask():
 
 @pytest.mark.parametrize("kwargs, field", [
     ({"mask": torch.ones(3, 2, dtype=torch.bool)}, "shape"),
-    ({"mode": "sequence_mean"}, "mode"),
+    ({"mode": "sequence_mean"}, "mode must be one of"),
+    ({"mode": "sum", "norm_const": 4.0}, "mode must be one of"),  # an unknown mode, even with a norm_const
     ({"mode": "constant"}, "norm_const"),
     ({"mode": "constant", "norm_const": 0}, "norm_const"),
     ({"mode": "constant", "norm_const": -3.0}, "norm_const"),

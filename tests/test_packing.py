@@ -80,6 +80,11 @@ def reference_block_causal(segment_ids):
 
 # ---------- seed 000 examples verbatim ----------
 
+def test_pack_sample_lengths_utilization_below_one_and_empty():
+    assert pack_sample_lengths([5, 4], 8) == {"bins": [[5], [4]], "utilization": 9 / 16}
+    assert pack_sample_lengths([], 8) == {"bins": [], "utilization": 0.0}
+
+
 def test_seed000_pack_sample_lengths():
     report = pack_sample_lengths([7, 6, 4, 3], 10)
     assert report["bins"] == [[7, 3], [6, 4]]
@@ -99,6 +104,11 @@ def test_seed000_boundary_isolated_packing():
     assert attention[2] == [True, True, True, False, False]
     assert attention[3] == [False, False, False, True, False]
     assert attention[4] == [False, False, False, True, True]
+    # plain Python values throughout (rows are compared with TRL's and written as JSON), from tensors too
+    from_tensors = build_boundary_isolated_packing([{"input_ids": torch.tensor([11, 12]), "labels": torch.tensor([-100, 12])}])
+    assert {key: {type(value) for value in values} for key, values in from_tensors.items() if key != "attention_allowed"} \
+        == dict.fromkeys(("input_ids", "labels", "segment_ids", "position_ids"), {int})
+    assert {type(value) for row in from_tensors["attention_allowed"] for value in row} == {bool}
 
 
 def test_seed000_invalid_inputs():
@@ -135,6 +145,8 @@ def test_bfd_and_sequential_equal_brute_force(case):
 def test_plan_is_a_partition_within_capacity_and_deterministic(case, strategy, random):
     lengths, capacity = case
     bins = plan_packing(lengths, capacity, strategy)
+    assert type(bins) is list and all(type(row) is list and all(type(i) is int for i in row) for row in bins), (
+        "a plan holds Python lists of Python ints (it is written to JSON and indexes datasets)")
     assert sorted(i for row in bins for i in row) == list(range(len(lengths)))
     assert all(row and sum(lengths[i] for i in row) <= capacity for row in bins)
     assert len(bins) >= math.ceil(sum(lengths) / capacity)
@@ -282,6 +294,12 @@ def test_pack_sequences_accepts_objects_and_bare_ids():
     (lambda: plan_packing([4, 11, 2], 10), r"lengths\[1\] = 11 exceeds capacity = 10"),
     (lambda: plan_packing(torch.tensor([4, 11]), 10), r"lengths\[1\] = 11 exceeds capacity = 10"),
     (lambda: plan_packing([4, 2.5], 10), r"lengths\[1\] must be an integer, got 2.5"),
+    # the fast path (a list of ints, an integer array) names the first offending entry, at each edge
+    (lambda: plan_packing([1, 0], 10), r"lengths\[1\] must be >= 1, got 0"),
+    (lambda: plan_packing(np.array([1, 3, 0]), 10), r"lengths\[2\] must be >= 1, got 0"),
+    (lambda: plan_packing([10, 11], 10), r"lengths\[1\] = 11 exceeds capacity = 10"),
+    (lambda: plan_packing(np.array([], dtype=np.int64), 10), "lengths must not be empty"),
+    (lambda: plan_packing(np.ones((2, 2), dtype=np.int64), 10), "lengths must be one-dimensional"),
     (lambda: plan_packing([4, True], 10), r"lengths\[1\] must be an integer, got True"),
     (lambda: plan_packing(np.array([1.0, 2.0]), 10), r"lengths\[0\] must be an integer, got 1.0"),
     (lambda: plan_packing([4], 0), "capacity must be >= 1, got 0"),
@@ -294,8 +312,19 @@ def test_pack_sequences_accepts_objects_and_bare_ids():
     (lambda: block_causal_mask(torch.zeros(4)), r"segment_ids must be an integer tensor .* torch.float32"),
     (lambda: additive_attention_mask(torch.ones(2, 2)), "allowed must be a bool tensor"),
     (lambda: additive_attention_mask(torch.ones(2, 2, dtype=torch.bool), torch.int32), "dtype must be a floating"),
+    (lambda: additive_attention_mask(torch.ones(1, 2, 3, dtype=torch.bool)), r"shape \[R, L, L\] or \[L, L\], got \(1, 2, 3\)"),
+    (lambda: additive_attention_mask(torch.ones(2, 3, dtype=torch.bool)), r"got \(1, 2, 3\)"),  # [L, L] is square too
     (lambda: build_boundary_isolated_packing([{"input_ids": [], "labels": []}]), r"samples\[0\]\['input_ids'\]"),
     (lambda: build_boundary_isolated_packing([{"input_ids": [1]}]), r"samples\[0\] is missing field\(s\) \['labels'\]"),
+    # each field is one flat row of integers, checked on its own
+    (lambda: build_boundary_isolated_packing([{"input_ids": [[1, 2]], "labels": [1]}]),
+     r"samples\[0\]\['input_ids'\] must have 1 dimension"),
+    (lambda: build_boundary_isolated_packing([{"input_ids": [1], "labels": [[1, 2]]}]),
+     r"samples\[0\]\['labels'\] must have 1 dimension"),
+    (lambda: build_boundary_isolated_packing([{"input_ids": [1.0, 2.0], "labels": [1, 2]}]),
+     r"samples\[0\]\['input_ids'\] must .*integer"),
+    (lambda: build_boundary_isolated_packing([{"input_ids": [1, 2], "labels": [True, False]}]),
+     r"samples\[0\]\['labels'\] must .*integer"),
     (lambda: pack_sequences([], 8), "sequences must not be empty"),
     (lambda: pack_sequences([[1, 2, 3]], 2), r"sequence_lengths\[0\] = 3 exceeds max_tokens = 2"),
     (lambda: pack_sequences([{"ids": [1, 2, 3], "action_mask": [1, 1, 1]}], 8),
@@ -317,6 +346,9 @@ def test_seed002_packing_target_length():
     assert packing_target_length(4096, headroom=1.0) == 4096
     assert packing_target_length(8192, 0.9) == 7372
     assert all(1 <= packing_target_length(n) <= n for n in range(2, 3000))  # n = 1 leaves no token: refused
+    for headroom in (0, 0.0, -0.1, 1.01, float("nan")):  # a share of the window in (0, 1]
+        with pytest.raises(ValueError, match="headroom"):
+            packing_target_length(4096, headroom)
 
 
 def _suitability_reference(lengths, max_length):

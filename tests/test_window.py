@@ -78,6 +78,7 @@ def test_template_tokens_count():
 
 @pytest.mark.parametrize("min_kept, max_ratio, decision", [
     (20, 0.4, "truncate"),   # both gates pass: kept 24 >= 20, lost 0.4 <= 0.4
+    (24, 0.4, "truncate"),   # each gate at its edge: kept 24 == 24 and lost 0.4 == 0.4 still pass
     (25, 0.4, "overflow"),   # only the ratio gate passes
     (20, 0.39, "overflow"),  # only the kept gate passes
 ])

@@ -1,0 +1,161 @@
+"""The same machine-made edits, made to the library's functions and run against the library's own tests.
+
+The notebooks' hidden tests grade a student against the library, so the library must be right on its own: this
+is the audit of that. For each library function a TODO asks for, every single-operator edit of its body (the edits
+of `survey.py`) is swapped into the live function (its `__code__`, so every `from course_lib... import` name sees
+it) and the library tests that call the function are run. An edit that passes them all *survives*: either a test
+is missing, or the edit changes nothing (an error message's words, a default numpy already gives).
+
+A one-off audit, not part of `make test` (one pytest run per edit, a few minutes per function):
+
+    python -m tests.mutants.library_survey                        # every TODO function
+    python -m tests.mutants.library_survey course_lib.window.audit_context_fit
+    python -m tests.mutants.library_survey course_lib.packing     # every function the module defines
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import importlib
+import inspect
+import io
+import re
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+from tests.mutants import survey
+
+ROOT = Path(__file__).resolve().parents[2]
+NOT_LIBRARY_TESTS = {"test_notebooks.py", "test_autograde.py", "test_mutants.py", "test_course_cli.py",
+                     "test_grade_robustness.py", "test_packaging.py", "test_run_notebook.py", "test_gpu_suite.py",
+                     "test_mutation_survey.py", "test_benchmarks_smoke.py"}
+
+
+def todo_targets() -> dict[str, str]:
+    """'course_lib.module.function' -> chapter, for every `#| solution:` line of the chapter sources."""
+    found = {}
+    for path in sorted((ROOT / "notebooks" / "chapters").glob("[0-9]*.py")):
+        for target in re.findall(r"^#\| solution: (\S+)$", path.read_text(encoding="utf-8"), flags=re.M):
+            found[target] = path.stem
+    return found
+
+
+def _function(target: str):
+    module_name, _, name = target.rpartition(".")
+    return importlib.import_module(module_name), name
+
+
+class _Callers:
+    """A pytest plugin: which test ids call each watched code object (in setup, call or teardown)."""
+
+    def __init__(self, codes: dict):
+        self.codes, self.callers = codes, collections.defaultdict(set)
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(self, item, nextitem):
+        def profile(frame, event, arg):
+            if event == "call" and frame.f_code in self.codes:
+                self.callers[self.codes[frame.f_code]].add(item.nodeid)
+
+        sys.setprofile(profile)
+        try:
+            yield
+        finally:
+            sys.setprofile(None)
+
+
+def _pytest(args: list[str], plugins=()) -> int:
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
+            warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return int(pytest.main([*args, "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "--capture=sys",
+                                "-W", "ignore"], plugins=list(plugins)))
+
+
+def callers(targets: list[str]) -> dict[str, set[str]]:
+    """target -> the library tests that call it, found by running the library tests once."""
+    codes = {}
+    for target in targets:
+        module, name = _function(target)
+        codes[getattr(module, name).__code__] = target
+    plugin = _Callers(codes)
+    files = [str(path) for path in sorted((ROOT / "tests").glob("test_*.py")) if path.name not in NOT_LIBRARY_TESTS]
+    _pytest(files, [plugin])
+    return {target: plugin.callers.get(target, set()) for target in targets}
+
+
+def survivors(target: str, source: str, tests: set[str], *, progress=None) -> tuple[list[survey.Edit], int]:
+    """The edits of `target` that pass every test in `tests`, and how many edits were made."""
+    module, name = _function(target)
+    function = getattr(module, name)
+    original = function.__code__
+    alive, tried = [], 0
+    for edit, edited in survey.edits_of(f"todo_{name}", source):
+        namespace = dict(vars(module))
+        try:
+            exec(compile(edited, f"<edit of {target}>", "exec"), namespace)
+        except Exception:  # noqa: BLE001 - an edit that does not even define the function is caught
+            continue
+        tried += 1
+        function.__code__ = namespace[name].__code__
+        try:
+            with survey._time_limit(120):
+                passed = _pytest(["-x", *sorted(tests)]) == 0
+        except survey._TooSlow:
+            passed = False
+        finally:
+            function.__code__ = original
+        if passed:
+            alive.append(edit)
+        if progress:
+            progress(edit, passed)
+    return alive, tried
+
+
+def module_targets(module_name: str) -> list[str]:
+    """Every plain function a course_lib module defines (not the ones it imports), as dotted names."""
+    module = importlib.import_module(module_name)
+    return [f"{module_name}.{name}" for name, value in vars(module).items()
+            if inspect.isfunction(value) and value.__module__ == module_name
+            and not any(isinstance(cell.cell_contents, type(value)) for cell in value.__closure__ or ())]
+
+
+def main(argv: list[str] | None = None) -> int:
+    from course_lib.nb.build import solution_source
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("targets", nargs="*", help="course_lib.module.function or course_lib.module "
+                                                   "(default: every function a TODO asks for)")
+    args = parser.parse_args(argv)
+    targets = []
+    for name in args.targets or list(todo_targets()):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            targets.append(name)  # a function: course_lib.module.function
+        else:
+            targets += module_targets(name)
+    sources = {}
+    for target in targets:
+        module, name = _function(target)
+        try:
+            sources[target] = solution_source(getattr(module, name))
+        except (ValueError, OSError, TypeError) as error:
+            print(f"{target}: skipped ({error})", flush=True)
+    covering = callers(list(sources))
+    total_alive = 0
+    for target, source in sources.items():
+        alive, tried = survivors(target, source, covering[target])
+        total_alive += len(alive)
+        print(f"{target}: {len(covering[target])} tests call it; {tried} edits, {len(alive)} survive", flush=True)
+        for edit in alive:
+            print(f"    {edit.key}", flush=True)
+    return 1 if total_alive else 0
+
+if __name__ == "__main__":
+    sys.exit(main())
