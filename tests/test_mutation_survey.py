@@ -20,8 +20,8 @@ CHAPTERS = sorted(path.stem for path in (Path(__file__).parent.parent / "noteboo
 
 
 @pytest.fixture(scope="module")
-def notebooks():
-    return survey.source_notebooks()
+def notebooks(tmp_path_factory):
+    return survey.source_notebooks(scratch=tmp_path_factory.mktemp("survey"))
 
 
 def test_every_chapter_is_surveyed(notebooks):

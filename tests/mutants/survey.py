@@ -191,10 +191,11 @@ def _time_limit(seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
-def source_notebooks(chapters: list[str] | None = None) -> dict:
+def source_notebooks(chapters: list[str] | None = None, scratch: Path | None = None) -> dict:
+    """chapter -> its built source notebook (solutions and hidden tests), built under `scratch` (a temp dir)."""
     from course_lib.nb import build, cells
 
-    root = build.copy_course_skeleton(build.NOTEBOOKS_DIR, Path(tempfile.mkdtemp(prefix="survey-")))
+    root = build.copy_course_skeleton(build.NOTEBOOKS_DIR, scratch or Path(tempfile.mkdtemp(prefix="survey-")))
     found = {}
     for path in build.chapter_sources(root / "chapters"):
         if chapters is None or path.stem in chapters:
