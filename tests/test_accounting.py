@@ -78,6 +78,27 @@ def test_seed_gpu_hours_per_step():
     assert f"{parts['train'] / parts['total']:.0%}" == "26%"  # "the training pass itself is about a quarter"
 
 
+SEED_STEP = {"n_params": N, "episodes": 512, "total_tokens": 24_000, "policy_tokens": 6_000, "decode_rate": 1796.0,
+             "peak_flops": 989e12, "mfu": 0.4, "busy": 0.5}
+
+
+@pytest.mark.parametrize("field, values", [
+    ("n_params", (0.0, -1.0, float("inf"))), ("total_tokens", (0, -24_000.0)), ("policy_tokens", (0, -6_000.0)),
+    ("decode_rate", (0.0, -1.0)), ("peak_flops", (0.0, -989e12)), ("mfu", (0.0, 1.2, "0.4")),
+    ("busy", (0.0, 1.5, float("nan"))), ("episodes", (0, 512.0, True)),
+])
+def test_gpu_hours_refuses_each_field_out_of_range(field, values):
+    for value in values:
+        with pytest.raises(ValueError, match=field):
+            gpu_hours_per_step(**{**SEED_STEP, field: value})
+
+
+def test_gpu_hours_all_tokens_sampled_is_valid():
+    """policy_tokens may equal total_tokens (an episode with no prompt): then nothing is prefilled."""
+    parts = gpu_hours_per_step(**{**SEED_STEP, "policy_tokens": 24_000})
+    assert parts["prefill"] == 0.0 and parts["decode"] > 0
+
+
 def test_busy_quarter_adds_about_one_gpu_hour():
     """Seed: halving the busy fraction from 0.5 to 0.25 adds about 1 GPU-hour per step."""
     decode_rate = decode_tokens_per_s(N, 64, 16_384, KV, 4.8e12)

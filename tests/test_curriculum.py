@@ -85,11 +85,18 @@ def test_missing_fields_are_named(who, field):
 
 
 @pytest.mark.parametrize("change", [{"long_context_score": float("nan")}, {"peak_memory_gb": "big"},
-                                    {"failed_runs": -1}])
+                                    {"failed_runs": -1}, {"supervised_tokens_per_optimizer_step": 0},
+                                    {"supervised_tokens_per_optimizer_step": 8192.5}])
 def test_bad_values_raise(change):
     """A NaN score would pass every comparison gate silently."""
     with pytest.raises(ValueError, match=next(iter(change))):
         evaluate_length_curriculum_stage(BASELINE, {**GOOD, **change}, LIMITS)
+
+
+def test_the_smallest_token_budget_is_one_token():
+    one = {"supervised_tokens_per_optimizer_step": 1}
+    result = evaluate_length_curriculum_stage({**BASELINE, **one}, {**GOOD, **one}, LIMITS)
+    assert result["evidence"]["token_budget_matches"] is True
 
 
 # --- pass-rate filters ----------------------------------------------------------------------------------------

@@ -117,6 +117,12 @@ def test_seed_window_shape_256_64():
     assert sliding_windows(257, 256, 64) == [Window(0, 256, 0, 256), Window(192, 257, 256, 257)]
 
 
+def test_window_count_is_exact_past_float_precision():
+    """(length - window) / stride in floats rounds 2**60 + 1 down to 2**60: the last token would get no window."""
+    windows = sliding_windows(2**61 + 1, window=2**60, overlap=0)
+    assert [(w.start, w.end) for w in windows] == [(0, 2**60), (2**60, 2**61), (2**61, 2**61 + 1)]
+
+
 def test_window_cost_256_64():
     """Long documents cost window / stride = 256 / 192 = 1.33x the tokens; the overlap is context only."""
     cost = sliding_window_cost(100_000)
