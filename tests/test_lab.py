@@ -132,6 +132,10 @@ def test_compare_ratio_is_the_inverse_time_ratio(tokens, padding_ms, packing_ms)
     ({"effective_supervised_tokens": 236, "median_step_ms": 0.0},
      {"effective_supervised_tokens": 236, "median_step_ms": 48.8}, "padding.median_step_ms"),
     ({"effective_supervised_tokens": 236, "median_step_ms": 63.4}, {"effective_supervised_tokens": 236}, "packing"),
+    ({"effective_supervised_tokens": 236}, {"effective_supervised_tokens": 236, "median_step_ms": 48.8},
+     r"padding is missing field\(s\) \['median_step_ms'\]"),
+    ({"effective_supervised_tokens": 236, "median_step_ms": 63.4},
+     {"effective_supervised_tokens": 236, "median_step_ms": -1.0}, "packing.median_step_ms"),
     ({"effective_supervised_tokens": 0, "median_step_ms": 63.4},
      {"effective_supervised_tokens": 0, "median_step_ms": 48.8}, "padding.effective_supervised_tokens"),
 ])
