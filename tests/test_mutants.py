@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from course_lib.nb import build, cells
-from tests.mutants import alternatives, catalogue
+from tests.mutants import alternatives, catalogue, own_results
 
 ROOT = build.NOTEBOOKS_DIR
 CATALOGUE = catalogue()
@@ -48,7 +48,7 @@ def _graded_with(notebook, todo: str, source: str) -> list:
 @pytest.mark.parametrize(("chapter", "todo", "mutant"), CASES, ids=[f"{c}:{t}:{m}" for c, t, m in CASES])
 def test_mutant_loses_only_its_own_points(chapter, todo, mutant, source_notebooks):
     results = _graded_with(source_notebooks[chapter], todo, CATALOGUE[chapter][todo][mutant])
-    own = [r for r in results if r.grade_id == f"test_{todo}" or r.grade_id.startswith(f"test_{todo}__")]
+    own = own_results(results, todo)
     others = [r for r in results if r not in own]
     assert own and not any(r.passed for r in own), f"mutant {mutant} of {todo} keeps its points"
     assert all(r.passed for r in others), [(r.grade_id, r.message) for r in others if not r.passed]

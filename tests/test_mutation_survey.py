@@ -8,6 +8,7 @@ made) fails too, so the list of explanations stays exactly the list of survivors
 
 from __future__ import annotations
 
+import copy
 import re
 from pathlib import Path
 
@@ -45,7 +46,7 @@ def test_no_edit_survives_unexplained(chapter, notebooks):
 
 def test_the_survey_finds_a_gap_when_hidden_tests_are_removed(notebooks):
     """Without its hidden tests, chapter 9's comparison cell lets wrong answers through, and the survey says so."""
-    notebook = survey.copy.deepcopy(notebooks["09_gpu_lab"])
+    notebook = copy.deepcopy(notebooks["09_gpu_lab"])
     for cell in notebook.cells:
         if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "test_compare_padding_and_packing":
             stripped = re.sub(r"### BEGIN HIDDEN TESTS.*?### END HIDDEN TESTS\n?", "", cell.source, flags=re.S)

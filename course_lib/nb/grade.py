@@ -372,9 +372,8 @@ def _record_one(recorder: NbgraderRecorder, out: Path, submission: submissions.S
         return outcome
     try:  # this notebook's own content: what goes wrong here fails this notebook, not the run
         executed = nbformat.reads(result["notebook"], as_version=4)
-        cells = {i: c for i, c in enumerate(executed.cells)}
         for index in result.get("timed_out", []):
-            grade_id = nbgrader_meta(cells[index]).get("grade_id")
+            grade_id = nbgrader_meta(executed.cells[index]).get("grade_id")
             outcome.notes.append(f"cell {index}{' (' + grade_id + ')' if grade_id else ''} timed out and was "
                                  "interrupted")
         if result.get("problem"):

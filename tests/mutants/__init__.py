@@ -35,6 +35,11 @@ def mutate(target: str, *edits: tuple[str, str]) -> str:
     return "\n".join(required_imports(function)) + "\n\n\n" + source
 
 
+def own_results(results: list, todo: str) -> list:
+    """The results of a TODO's own graded cells: `test_<todo>` and any `test_<todo>__<part>`."""
+    return [r for r in results if r.grade_id == f"test_{todo}" or r.grade_id.startswith(f"test_{todo}__")]
+
+
 def catalogue() -> dict[str, dict[str, dict[str, str]]]:
     """chapter name -> {todo_name: {mutant_name: source}} for every chapter module in this package."""
     found = {}

@@ -36,13 +36,10 @@ NOT_LIBRARY_TESTS = {"test_notebooks.py", "test_autograde.py", "test_mutants.py"
                      "test_mutation_survey.py", "test_benchmarks_smoke.py"}
 
 
-def todo_targets() -> dict[str, str]:
-    """'course_lib.module.function' -> chapter, for every `#| solution:` line of the chapter sources."""
-    found = {}
-    for path in sorted((ROOT / "notebooks" / "chapters").glob("[0-9]*.py")):
-        for target in re.findall(r"^#\| solution: (\S+)$", path.read_text(encoding="utf-8"), flags=re.M):
-            found[target] = path.stem
-    return found
+def todo_targets() -> list[str]:
+    """'course_lib.module.function' for every `#| solution:` line of the chapter sources, in chapter order."""
+    return [target for path in sorted((ROOT / "notebooks" / "chapters").glob("[0-9]*.py"))
+            for target in re.findall(r"^#\| solution: (\S+)$", path.read_text(encoding="utf-8"), flags=re.M)]
 
 
 def _function(target: str):
@@ -118,11 +115,11 @@ def survivors(target: str, source: str, tests: set[str], *, progress=None) -> tu
 
 
 def module_targets(module_name: str) -> list[str]:
-    """Every plain function a course_lib module defines (not the ones it imports), as dotted names."""
+    """Every plain function a course_lib module defines (not the ones it imports, not decorated wrappers, whose
+    closure a swapped `__code__` could not take), as dotted names."""
     module = importlib.import_module(module_name)
     return [f"{module_name}.{name}" for name, value in vars(module).items()
-            if inspect.isfunction(value) and value.__module__ == module_name
-            and not any(isinstance(cell.cell_contents, type(value)) for cell in value.__closure__ or ())]
+            if inspect.isfunction(value) and value.__module__ == module_name and value.__closure__ is None]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
                                                    "(default: every function a TODO asks for)")
     args = parser.parse_args(argv)
     targets = []
-    for name in args.targets or list(todo_targets()):
+    for name in args.targets or todo_targets():
         try:
             importlib.import_module(name)
         except ImportError:

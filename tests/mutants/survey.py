@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import collections
 import contextlib
 import copy
 import dataclasses
@@ -25,6 +26,8 @@ import tempfile
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+
+from tests.mutants import own_results
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 SECONDS_PER_EDIT = 20  # an edit that turns a loop endless is killed (its cell fails), never waited on
@@ -111,20 +114,34 @@ def _sites(tree: ast.Module, inside: range) -> Iterator[tuple[ast.AST, str, obje
             yield node, f"deleted: {type(node).__name__.lower()}", ("delete",)
 
 
-def _apply(node: ast.AST, how: tuple) -> None:
+def _apply(node: ast.AST, how: tuple) -> ast.AST:
+    """The node that replaces `node` under the edit `how` (`node` itself, changed in place, or another node)."""
     kind = how[0]
+    if kind == "unwrap":
+        return node.operand
+    if kind == "unwrap_call":
+        return node.args[0]
+    if kind == "method":
+        return node.func.value
+    if kind == "delete":
+        return ast.Pass()
     if kind == "op":
         node.ops[how[1]] = how[2]()
     elif kind in ("binop", "boolop"):
         node.op = how[1]()
+    elif kind == "swap":
+        node.left, node.right = node.right, node.left
     elif kind == "const":
         node.value = how[1]
     elif kind == "call":
         node.func = ast.Name(id=how[1], ctx=ast.Load())
+    elif kind == "keyword":
+        del node.keywords[how[1]]
     elif kind == "slice":
         bound = getattr(node, how[1])
         setattr(node, how[1], ast.BinOp(left=bound, op=ast.Add() if how[2] > 0 else ast.Sub(),
                                          right=ast.Constant(abs(how[2]))))
+    return node
 
 
 class _Replace(ast.NodeTransformer):
@@ -132,24 +149,7 @@ class _Replace(ast.NodeTransformer):
         self.target, self.how = target, how
 
     def generic_visit(self, node):
-        if node is self.target and self.how[0] == "unwrap":
-            return node.operand
-        if node is self.target and self.how[0] == "swap":
-            node.left, node.right = node.right, node.left
-            return node
-        if node is self.target and self.how[0] == "unwrap_call":
-            return node.args[0]
-        if node is self.target and self.how[0] == "method":
-            return node.func.value
-        if node is self.target and self.how[0] == "keyword":
-            del node.keywords[self.how[1]]
-            return node
-        if node is self.target and self.how[0] == "delete":
-            return ast.Pass()
-        if node is self.target:
-            _apply(node, self.how)
-            return node
-        return super().generic_visit(node)
+        return _apply(node, self.how) if node is self.target else super().generic_visit(node)
 
 
 def edits_of(todo: str, source: str) -> Iterator[tuple[Edit, str]]:
@@ -157,19 +157,16 @@ def edits_of(todo: str, source: str) -> Iterator[tuple[Edit, str]]:
     inside = _solution_lines(source)
     lines = source.splitlines()
     pristine = ast.parse(source)
-    sites = list(_sites(pristine, inside))
-    seen = set()
-    for index, (_, change, how) in enumerate(sites):
+    position = {id(node): index for index, node in enumerate(ast.walk(pristine))}  # a node's place in walk order
+    made = collections.Counter()  # (line, change) -> edits so far: a second one on a line is named "... #2"
+    for site, change, how in _sites(pristine, inside):
         tree = copy.deepcopy(pristine)
-        target, _, _ = list(_sites(tree, inside))[index]
+        target = list(ast.walk(tree))[position[id(site)]]  # the same node in the copy (same walk order)
         line = lines[target.lineno - 1].split("  #")[0].strip()
         edited = ast.unparse(ast.fix_missing_locations(_Replace(target, how).visit(tree)))
-        edit = Edit(todo.removeprefix("todo_"), line, change)
-        occurrence = sum(1 for key in seen if key[:3] == (edit.todo, line, change))
-        seen.add((edit.todo, line, change, occurrence))
-        if occurrence:
-            edit = Edit(edit.todo, line, f"{change} #{occurrence + 1}")
-        yield edit, edited
+        made[line, change] += 1
+        suffix = f" #{made[line, change]}" if made[line, change] > 1 else ""
+        yield Edit(todo.removeprefix("todo_"), line, change + suffix), edited
 
 
 class _TooSlow(Exception):
@@ -218,7 +215,7 @@ def survivors(chapter: str, notebook, *, progress=None) -> tuple[list[Edit], int
                     results = cells.grade_in_process(notebook, {**solutions, todo: edited})
             except _TooSlow:
                 continue  # killed outside a cell (in setup): counts as caught
-            own = [r for r in results if r.grade_id == f"test_{edit.todo}" or r.grade_id.startswith(f"test_{edit.todo}__")]
+            own = own_results(results, edit.todo)
             if not own:
                 raise RuntimeError(f"{chapter}: no graded cell for {todo}")
             if all(r.passed for r in own):
