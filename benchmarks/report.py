@@ -16,7 +16,7 @@ from typing import Any
 
 from benchmarks.gpu.records import DEFAULT_RESULTS_DIR, iter_result_files, read_result
 
-__all__ = ["load_results", "format_record", "plot_length_curve", "plot_packing_bars", "plot_packing_scale", "main"]
+__all__ = ["load_results", "format_record", "format_runs_side_by_side", "plot_length_curve", "plot_packing_bars", "plot_packing_scale", "main"]
 
 _GIB = 1024**3
 
@@ -94,13 +94,24 @@ def _profile_cells(row: dict[str, Any]) -> list[Any]:
     return [profile["busy_ms"], _ratio(profile["busy_ms"], row["median_step_ms"]), profile["operations"]]
 
 
+def _gpu_busy_ms(row: dict[str, Any]) -> float | None:
+    """The GPU's busy time in a row's profiled step (v8+ on CUDA); None before v8, on the host, or when it failed."""
+    profile = row.get("device_profile") or {}
+    return profile.get("busy_ms") if profile.get("device") == "cuda" else None
+
+
+def _busy_speedup(candidate: dict[str, Any], padding: dict[str, Any]) -> float | None:
+    """Padding's GPU busy time over the candidate's: the speed-up if launches cost nothing (same supervised tokens)."""
+    return _ratio(_gpu_busy_ms(padding), _gpu_busy_ms(candidate))
+
+
 def _busy_reading(packing: list[dict[str, Any]]) -> list[str]:
     """What bounds the seed's pair: the wall-clock speed-up beside the device-busy one (v8 GPU rows)."""
     profiles = [r.get("device_profile") or {} for r in packing]
-    if len(packing) != 2 or any(p.get("device") != "cuda" or p.get("busy_ms") is None for p in profiles):
+    if len(packing) != 2 or any(_gpu_busy_ms(r) is None for r in packing):
         return [f"device profile failed: {p['error']}" for p in profiles if p.get("error")][:1]
     padding, packed = packing
-    busy = _ratio(padding["device_profile"]["busy_ms"], packed["device_profile"]["busy_ms"])
+    busy = _busy_speedup(packed, padding)
     wall = _ratio(padding["median_step_ms"], packed["median_step_ms"])
     shares = [_ratio(r["device_profile"]["busy_ms"], r["median_step_ms"]) for r in packing]
     busy_ms = " -> ".join(f"{r['device_profile']['busy_ms']:.1f}" for r in packing)
@@ -113,27 +124,61 @@ def _busy_reading(packing: list[dict[str, Any]]) -> list[str]:
 def _scale_table(record: dict[str, Any]) -> list[str]:
     """The scale series: padding vs packing with every sample length multiplied, and packing's speed-up at each.
 
-    With varlen rows (v7), the varlen packed step and its speed-up over padding sit beside the block-mask ones.
+    With varlen rows (v7), the varlen packed step and its speed-up over padding sit beside the block-mask ones. With
+    GPU profiles (v8 on CUDA), each speed-up is also given in GPU busy time (`busy_x`): what the layout saves on the
+    device, which a launch-bound step's wall clock hides and which repeats from run to run where the clock does not.
     """
     rows = _scale_rows(record)
     if len(rows) < 2:
         return []
     varlen = bool(record["measurements"].get("varlen_packing"))
-    headers = ["scale", "pad_tokens", "pack_tokens", "pad_ms", "pack_ms", "speedup"]
+    busy = any(_gpu_busy_ms(row) is not None for triple in rows for row in triple)
+    headers = ["scale", "pad_tokens", "pack_tokens", "pad_ms", "pack_ms", "speedup", *(["busy_x"] if busy else [])]
     if varlen:
-        headers += ["varlen_ms", "varlen_speedup"]
+        headers += ["varlen_ms", "varlen_speedup", *(["varlen_busy_x"] if busy else [])]
     table = []
     for pad, pack, fast in rows:
         row = [pad.get("scale", 1), pad["processed_tokens"], pack["processed_tokens"], pad["median_step_ms"],
-               pack["median_step_ms"], _speedup(pack, pad)]
+               pack["median_step_ms"], _speedup(pack, pad), *([_busy_speedup(pack, pad)] if busy else [])]
         if varlen:
-            row += [fast.get("median_step_ms"), _speedup(fast, pad)]
+            row += [fast.get("median_step_ms"), _speedup(fast, pad), *([_busy_speedup(fast, pad)] if busy else [])]
         table.append(row)
     kernels = sorted({row.get("attention_kernel", "sdpa") for row in record["measurements"].get("varlen_packing", [])})
     return ["padding vs packing by scale (sample lengths x scale; pack = block mask, varlen = per-sample attention, "
-            f"kernel {' + '.join(kernels) or '-'})\n" + _table(headers, table),
+            f"kernel {' + '.join(kernels) or '-'}"
+            + ("; busy_x = padding's GPU busy ms / the packed row's" if busy else "") + ")\n" + _table(headers, table),
             f"packing scale checks: {record['checks'].get('packing_scale')}",
             *([f"varlen packing checks: {record['checks'].get('varlen_packing')}"] if varlen else [])]
+
+
+def format_runs_side_by_side(records: list[dict[str, Any]]) -> str | None:
+    """pt-long-context runs next to each other: packing's speed-up at the seed's size and at the largest scale, by the
+    clock and in GPU busy time -> a table and, per GPU, the spread of each across runs (None for fewer than 2 runs).
+
+    The clock of a launch-bound step moves with the host from run to run; the device's busy time does not, so the
+    spread tells which of the two ratios a run can be quoted by.
+    """
+    runs = [r for r in records if r["workload"]["id"] == "pt-long-context" and len(_scale_rows(r)) >= 1]
+    if len(runs) < 2:
+        return None
+    table, spreads = [], {}
+    for record in runs:
+        rows = _scale_rows(record)
+        (pad, pack, fast), (last_pad, _, last_fast) = rows[0], rows[-1]
+        gpu = record["hardware"]["gpu_name"] or record["hardware"]["device"]
+        values = [_speedup(pack, pad), _busy_speedup(pack, pad), _speedup(fast, pad), _busy_speedup(fast, pad),
+                  last_pad.get("scale", 1), _speedup(last_fast, last_pad), _busy_speedup(last_fast, last_pad)]
+        table.append([record["run_label"], record["workload"]["version"], gpu, *values])
+        for name, value in zip(("block mask x1 by the clock", "block mask x1 in busy time"), values[:2], strict=True):
+            if value is not None:
+                spreads.setdefault((gpu, name), []).append(value)
+    lines = ["pt-long-context runs side by side: packing / padding effective tokens/s (clock) and padding / packing "
+             "GPU busy ms (busy)\n" + _table(
+                 ["run", "version", "device", "x1_clock", "x1_busy", "varlen_x1_clock", "varlen_x1_busy",
+                  "largest_scale", "varlen_clock", "varlen_busy"], table)]
+    lines += [f"{gpu}, {name}: {min(v):.3g} to {max(v):.3g} over {len(v)} runs"
+              for (gpu, name), v in spreads.items() if len(v) >= 2]
+    return "\n".join(lines)
 
 
 def _speedup(candidate: dict, padding: dict) -> float | None:
@@ -324,15 +369,19 @@ def _scale_rows(record: dict[str, Any]) -> list[tuple[dict, dict, dict]]:
 def plot_packing_scale(records: list[dict[str, Any]], path: str | Path) -> Path | None:
     """Step time of both layouts and packing's speed-up against size, one line per run -> the PNG path.
 
-    The dashed line is the token ratio (padding / packing processed tokens): the speed-up a step whose time is
+    The dotted gray line is the token ratio (padding / packing processed tokens): the speed-up a step whose time is
     proportional to processed tokens would reach. Below it the step is bound by something else (kernel launches).
+    Runs with GPU profiles (v8 on CUDA) get a third panel: the same speed-ups in GPU busy time.
     """
     from matplotlib.ticker import ScalarFormatter
 
-    drawn = _figure(records, "packing_scale", 2, (11, 4))
+    profiled = [r for r in _with_rows(records, "pt-long-context", "packing_scale")
+                if any(_gpu_busy_ms(row) is not None for triple in _scale_rows(r) for row in triple)]
+    drawn = _figure(records, "packing_scale", 3 if profiled else 2, (16, 4) if profiled else (11, 4))
     if drawn is None:
         return None
-    runs, fig, (time_ax, ratio_ax) = drawn
+    runs, fig, axes = drawn
+    time_ax, ratio_ax = axes[:2]
     for record in runs:
         rows = _scale_rows(record)
         sizes = [pad["processed_tokens"] for pad, _, _ in rows]
@@ -347,19 +396,32 @@ def plot_packing_scale(records: list[dict[str, Any]], path: str | Path) -> Path 
                          label=f"packing, varlen ({record['run_label']})")
             ratio_ax.plot(sizes, [_speedup(fast, pad) for pad, _, fast in rows], "^:", color=ratio_line.get_color(),
                           label=f"varlen ({record['run_label']})")
+    speedup_axes = [ratio_ax]
+    if profiled:  # the same speed-ups in GPU busy time: what the layout saves on the device, launches aside
+        busy_ax = axes[2]
+        speedup_axes.append(busy_ax)
+        for record in profiled:
+            rows = _scale_rows(record)
+            sizes = [pad["processed_tokens"] for pad, _, _ in rows]
+            line = busy_ax.plot(sizes, [_busy_speedup(pack, pad) for pad, pack, _ in rows], "o-",
+                                label=f"block mask ({record['run_label']})")[0]
+            if record["measurements"].get("varlen_packing"):
+                busy_ax.plot(sizes, [_busy_speedup(fast, pad) for pad, _, fast in rows], "^:", color=line.get_color(),
+                             label=f"varlen ({record['run_label']})")
+        busy_ax.set(ylabel="padding / packing GPU busy ms", title="packing's speed-up in GPU busy time")
     rows = _scale_rows(runs[0])  # the token ratio depends on the samples only: the same line for every run
-    ratio_ax.plot([pad["processed_tokens"] for pad, _, _ in rows],
-                  [pad["processed_tokens"] / pack["processed_tokens"] for pad, pack, _ in rows], ":", color="gray",
-                  label="token ratio (time proportional to tokens)")
-    ratio_ax.axhline(1.0, color="black", linewidth=0.8)
-    for ax in (time_ax, ratio_ax):
+    for ax in speedup_axes:
+        ax.plot([pad["processed_tokens"] for pad, _, _ in rows],
+                [pad["processed_tokens"] / pack["processed_tokens"] for pad, pack, _ in rows], ":", color="gray",
+                label="token ratio (time proportional to tokens)")
+        ax.axhline(1.0, color="black", linewidth=0.8)
+    for ax in axes:
         ax.set_xscale("log", base=2)
         ax.xaxis.set_major_formatter(ScalarFormatter())
         ax.set_xlabel("tokens padding processes (four samples, lengths x scale)")
+        ax.legend(fontsize=7)
     time_ax.set(ylabel="median step (ms)", title="step time: padding vs packing")
-    ratio_ax.set(ylabel="packing / padding effective tokens/s", title="packing's speed-up")
-    time_ax.legend(fontsize=7)
-    ratio_ax.legend(fontsize=7)
+    ratio_ax.set(ylabel="packing / padding effective tokens/s", title="packing's speed-up by the clock")
     return _save(fig, path)
 
 
@@ -383,6 +445,9 @@ def main(argv: list[str] | None = None) -> int:
     records, errors = load_results(args.paths)
     for record in records:
         print(format_record(record), end="\n\n")
+    side_by_side = format_runs_side_by_side(records)
+    if side_by_side:
+        print(side_by_side, end="\n\n")
     for line in errors:
         print(f"invalid result skipped: {line}", file=sys.stderr)
     if args.plots:

@@ -21,6 +21,7 @@ from benchmarks.gpu.schema import SCHEMA_VERSION, validate_result  # noqa: E402
 from benchmarks.report import (  # noqa: E402
     format_record,
     format_run,
+    format_runs_side_by_side,
     load_results,
     plot_length_curve,
     plot_packing_bars,
@@ -448,6 +449,56 @@ def test_report_reads_what_bounds_the_step_from_gpu_profiles(smoke):
     packing["device_profile"] = {"device": "cuda", "operations": None, "busy_ms": None, "error": "RuntimeError: no CUPTI"}
     text = format_record(validate_result(record))
     assert "what bounds the step" not in text and "device profile failed: RuntimeError: no CUPTI" in text
+
+
+def _gpu_profiled(record, busy_ms: dict, label: str):
+    """A copy of a cpu_smoke pt-long-context record whose rows carry CUDA profiles: busy_ms[(candidate, scale)]."""
+    record = copy.deepcopy(record)
+    record["run_label"] = label
+    measurements = record["measurements"]
+    for row in measurements["packing_comparison"] + measurements["packing_scale"] + measurements["varlen_packing"]:
+        row["device_profile"] = {"device": "cuda", "operations": 3000,
+                                 "busy_ms": busy_ms[row["candidate"], row.get("scale", 1)]}
+    return validate_result(record)
+
+
+BUSY = {("padding", 1): 12.0, ("boundary_isolated_packing", 1): 10.0, ("boundary_isolated_packing_varlen", 1): 8.0,
+        ("padding", 2): 30.0, ("boundary_isolated_packing", 2): 20.0, ("boundary_isolated_packing_varlen", 2): 15.0}
+
+
+def test_report_gives_each_scale_speedup_in_gpu_busy_time(smoke, tmp_path):
+    """busy_x = padding's busy ms / the packed row's, per scale and layout; absent where no row ran on a GPU."""
+    plain = format_record(smoke["pt-long-context"][1])
+    assert "busy_x" not in plain  # the host's profile is not a GPU's busy time
+    text = format_record(_gpu_profiled(smoke["pt-long-context"][1], BUSY, "gpu"))
+    table = text.split("padding vs packing by scale")[1].split("packing scale checks")[0].splitlines()
+    assert table[1].split() == ["scale", "pad_tokens", "pack_tokens", "pad_ms", "pack_ms", "speedup", "busy_x",
+                                "varlen_ms", "varlen_speedup", "varlen_busy_x"]
+    assert [(row.split()[6], row.split()[9]) for row in table[2:4]] == [("1.2", "1.5"), ("1.5", "2")]
+    from PIL import Image
+
+    three = plot_packing_scale([_gpu_profiled(smoke["pt-long-context"][1], BUSY, "gpu")], tmp_path / "three.png")
+    two = plot_packing_scale([smoke["pt-long-context"][1]], tmp_path / "two.png")
+    assert Image.open(three).size[0] > Image.open(two).size[0]  # the third panel: busy-time speed-ups
+
+
+def test_runs_side_by_side_show_the_spread_of_each_ratio(smoke):
+    record = smoke["pt-long-context"][1]
+    assert format_runs_side_by_side([record]) is None  # one run: nothing to set beside it
+    slower = {key: value * (1.5 if key[0] == "padding" else 1.0) for key, value in BUSY.items()}
+    text = format_runs_side_by_side([_gpu_profiled(record, BUSY, "run-a"), _gpu_profiled(record, slower, "run-b"),
+                                     record, smoke["logit-memory"][1]])
+    lines = text.splitlines()
+    assert lines[1].split() == ["run", "version", "device", "x1_clock", "x1_busy", "varlen_x1_clock",
+                                "varlen_x1_busy", "largest_scale", "varlen_clock", "varlen_busy"]
+    a, b, host = (line.split() for line in lines[2:5])
+    assert (a[0], a[4], a[6], a[7], a[9]) == ("run-a", "1.2", "1.5", "2", "2")
+    assert (b[0], b[4], b[6], b[9]) == ("run-b", "1.8", "2.25", "3")
+    assert host[0] == "smoke" and host[4] == host[6] == host[9] == "-"  # a host profile is no GPU busy time
+    clock = float(a[3])  # the same smoke record under three labels: the clock ratio is the same in each
+    assert f"cpu, block mask x1 by the clock: {clock:.3g} to {clock:.3g} over 3 runs" in text
+    assert "cpu, block mask x1 in busy time: 1.2 to 1.8 over 2 runs" in text
+    assert "logit" not in text
 
 
 def test_result_path_layout():
