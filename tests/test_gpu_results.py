@@ -86,7 +86,8 @@ def _by_scale(record):
     m = record["measurements"]
     rows = m["packing_comparison"] + m["packing_scale"]
     varlen = {row["scale"]: row for row in m["varlen_packing"]}
-    return {pad.get("scale", 1): (pad, pack, varlen[pad.get("scale", 1)]) for pad, pack in zip(rows[::2], rows[1::2])}
+    return {pad.get("scale", 1): (pad, pack, varlen[pad.get("scale", 1)])
+            for pad, pack in zip(rows[::2], rows[1::2], strict=True)}
 
 
 @pytest.mark.parametrize("label", V9_RUNS)
@@ -127,7 +128,7 @@ def test_packing_compiled_loss_matches_eager_and_target_is_read_as_measured(comm
     assert all(all(group.values()) for group in record["checks"].values())
     rows = record["measurements"]["compiled_packing"]
     ratios = {}
-    for padding, packing in zip(rows[::2], rows[1::2]):
+    for padding, packing in zip(rows[::2], rows[1::2], strict=True):
         assert (padding["processed_tokens"], packing["processed_tokens"]) == (384, 240)
         ratio = packing["effective_tokens_per_second"] / padding["effective_tokens_per_second"]
         target = record["targets"][f"packing_effective_throughput_ratio_compiled_{padding['compile_mode']}"]
