@@ -3,22 +3,22 @@
 #
 #   benchmarks/run_gpu_suite.sh LABEL [PROFILE]        (PROFILE defaults to PT-SFT-CUDA)
 #
-# Measured on one H200 (2026-11-29): the three workloads took about 2 minutes (pt-long-context v5 ~60 s,
-# logit-memory ~11 s, microbatch-budget ~53 s); chapters 5 and 9 ran in 11.6 s and 58.1 s. Not yet measured: v7's
-# varlen rows, v8's device profiles, v9's fused varlen kernel, packing-compiled (capped at 360 s: it compiles) and
-# chapter 3's run. Every
-# other workload and chapter is capped at 200 s. Writes
-# benchmarks/results/<workload>/<workload>_LABEL.json (never overwriting) and benchmarks/results/figures/LABEL/*.png.
-# When $OUT is set (the device tool), copies the JSON files to $OUT/results/<workload>/ and the whole log to
-# $OUT/suite.log; draw the figures again from the JSON with `python -m benchmarks.report ... --plots`. The device
-# tool allows 10 minutes a call: run `WORKLOADS=packing-compiled` in a call of its own when CHAPTERS=1.
+# Measured on one H200: 2026-11-29, pt-long-context v5 ~60 s, logit-memory ~11 s, microbatch-budget ~53 s;
+# 2026-11-30, pt-long-context v9 144 s and packing-compiled 76 s, chapters 3, 5 and 9 in 149, 19 and 147 s. The
+# device tool allows 10 minutes a call, so measure in two calls: the workloads, then `CHAPTERS=1 WORKLOADS=none`
+# (the chapters alone). packing-compiled is capped at 360 s (it compiles), every other workload and chapter at 200 s.
+# Writes benchmarks/results/<workload>/<workload>_LABEL.json (never overwriting) and
+# benchmarks/results/figures/LABEL/*.png. When $OUT is set (the device tool), copies the JSON files to
+# $OUT/results/<workload>/, the chapters' to $OUT/results/chapter03/, chapter05/ and chapter09/, and the whole log to
+# $OUT/suite.log (at most 8 files); draw the figures again from the JSON with `python -m benchmarks.report ... --plots`.
 # Wheels under tmp/whl/ (e.g. trl and datasets for an image without them) are installed to /tmp/site first.
-# A failed preflight or measurement still leaves a failure record. WORKLOADS="id ..." runs only those workloads.
+# A failed preflight or measurement still leaves a failure record. WORKLOADS="id ..." runs only those workloads,
+# WORKLOADS=none none of them.
 # With CHAPTERS=1 it then runs the GPU cells of the chapters too, without Jupyter (scripts/run_notebook.py on the
 # instructor notebooks): chapters 3, 5 and 9 with RUN_MODE="real_gpu" (their runner cells, and chapter 5's
-# peak-memory cell; chapter 9's result JSON lands in build/gpu_chapters/09/lab_results and, with $OUT, in
-# $OUT/results/chapter09/; chapters 3 and 5 keep theirs under build/gpu_chapters/ and their tables in the log). It
-# needs the instructor notebooks under notebooks/source (`course build`; carry them to a machine without nbgrader).
+# peak-memory cell), each writing its JSON under build/gpu_chapters/<chapter>/lab_results (chapter 9's with the label
+# chapter09-LABEL) and its tables to the log. It needs the instructor notebooks under notebooks/source (`course
+# build`; carry them to a machine without nbgrader).
 set -u -o pipefail
 
 LABEL="${1:?usage: benchmarks/run_gpu_suite.sh LABEL [PROFILE]}"
@@ -28,6 +28,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 PY="${PYTHON:-python3}"
 if [ -z "${PYTHON:-}" ] && [ -x .venv/bin/python ]; then PY=.venv/bin/python; fi
 LOG="${OUT:-/tmp}/suite.log"
+STARTED="$(mktemp)"  # its time tells this run's chapter records from older ones under build/
 
 if compgen -G "tmp/whl/*.whl" >/dev/null; then  # here, not in suite(): a pipeline runs it in a subshell
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site tmp/whl/*.whl \
@@ -40,6 +41,7 @@ suite() {
   local status=0 code workload
   local limit
   for workload in ${WORKLOADS:-pt-long-context logit-memory microbatch-budget packing-compiled}; do
+    if [ "$workload" = none ]; then continue; fi
     echo "== $workload ($(date +%T))"
     limit=200
     if [ "$workload" = packing-compiled ]; then limit=360; fi  # compiling is most of it; it runs last for that reason
@@ -79,10 +81,14 @@ if [ "${CHAPTERS:-0}" = 1 ]; then
   if [ "${PIPESTATUS[0]}" -ne 0 ] && [ "$status" -eq 0 ]; then status=1; fi
 fi
 if [ -n "${OUT:-}" ]; then  # the device tool brings back at most 8 files, at most 2 folders down
-  # the JSON and the log only (at most 6 files): the figures are drawn again from the JSON where they land
-  (cd benchmarks/results && for f in */*_"$LABEL".json; do mkdir -p "$OUT/results/${f%%/*}" && cp "$f" "$OUT/results/$f"; done)
-  if compgen -G "build/gpu_chapters/09/lab_results/*/*.json" >/dev/null; then
-    mkdir -p "$OUT/results/chapter09" && cp build/gpu_chapters/09/lab_results/*/*"$LABEL".json "$OUT/results/chapter09/"
-  fi
+  # the JSON and the log only: the figures are drawn again from the JSON where they land
+  (cd benchmarks/results && for f in */*_"$LABEL".json; do
+    if [ -f "$f" ]; then mkdir -p "$OUT/results/${f%%/*}" && cp "$f" "$OUT/results/$f"; fi
+  done)
+  for chapter in 03 05 09; do  # this run's records only (build/ may hold older ones), not chapter 9's cpu_smoke
+    find "build/gpu_chapters/$chapter/lab_results" -name '*.json' ! -name '*-cpu-smoke.json' -newer "$STARTED" \
+      2>/dev/null | while read -r f; do mkdir -p "$OUT/results/chapter$chapter" && cp "$f" "$OUT/results/chapter$chapter/"; done
+  done
 fi
+rm -f "$STARTED"
 exit "$status"

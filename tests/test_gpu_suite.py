@@ -49,6 +49,28 @@ def test_suite_on_a_cpu_records_refusals_runs_every_chapter_and_fills_out(tmp_pa
     assert log.count("code cells ran") == 3  # all three chapters ran to their end despite the refusals
     record = read_result(out / "results" / "logit_memory" / f"logit-memory_{LABEL}.json")
     assert record["failure"]["stage"] == "environment_preflight" and record["decision"] == "reject_until_fixed"
-    (chapter9,) = (out / "results" / "chapter09").glob(f"*{LABEL}.json")
-    assert read_result(chapter9)["failure"]["stage"] == "environment_preflight"
+    (chapter9,) = (out / "results" / "chapter09").glob("*.json")  # its real_gpu record, not its cpu_smoke one
+    assert chapter9.name.endswith(f"chapter09-{LABEL}.json")
+    for chapter in ("chapter03", "chapter05", "chapter09"):
+        (record,) = (out / "results" / chapter).glob("*.json")
+        assert read_result(record)["failure"]["stage"] == "environment_preflight", chapter
+    assert sum(path.is_file() for path in out.rglob("*")) <= 8  # what the device tool brings back
     assert not list((ROOT / "benchmarks" / "results").rglob(f"*{LABEL}*"))  # the real repository is untouched
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA the suite measures for real (minutes)")
+@pytest.mark.skipif(shutil.which("bash") is None or not is_git_checkout(), reason="needs bash and a checkout")
+def test_suite_with_no_workloads_measures_nothing_and_fetches_nothing_stray(tmp_path):
+    """WORKLOADS=none (the chapters' own call, here without them): preflight and the report only, and no file in $OUT
+    but the log (a glob that matched nothing once made a folder named '*')."""
+    repo = tmp_path / "repo"
+    copy_tracked_files(repo)
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {**os.environ, "PYTHON": sys.executable, "OUT": str(out), "WORKLOADS": "none"}
+    done = subprocess.run(["bash", "benchmarks/run_gpu_suite.sh", LABEL], cwd=repo, env=env, capture_output=True,
+                          text=True, timeout=300)
+    log = (out / "suite.log").read_text()
+    assert done.returncode == 0, log
+    assert "== preflight PT-SFT-CUDA" in log and "== report" in log and "== pt-long-context" not in log
+    assert [path.name for path in out.rglob("*")] == ["suite.log"]

@@ -681,17 +681,23 @@ print(f"2300 samples into rows of 64: TRL {len(trl_packed)} rows (batches of 100
 # and loss, before any speed is read.
 #
 # The cell drives the course's benchmark runner. With `RUN_MODE = "real_gpu"` on a CUDA GPU it runs the preflight of
-# the `PT-SFT-CUDA` profile, measures, and writes one JSON record under `lab_results/` (version 6 took about a minute
-# on an H200; v7 adds its varlen rows, v8 the GPU's busy time per row, v9 runs varlen in one fused kernel; plus
-# downloading the model once); on a
-# machine without one, preflight refuses and the record says why. The default `"dry_run"` records only the plan;
-# `"cpu_smoke"` runs the same code on `tiny_qwen2` in seconds, which proves the wiring and nothing about speed.
+# the `PT-SFT-CUDA` profile, measures, and writes one JSON record under `lab_results/` (version 9 took about two and
+# a half minutes on an H200, plus downloading the model once); on a machine without one, preflight refuses and the
+# record says why. The default `"dry_run"` records only the plan; `"cpu_smoke"` runs the same code on `tiny_qwen2` in
+# seconds, which proves the wiring and nothing about speed.
 #
-# **What the course measured on an NVIDIA H200** (workloads v5 and v6, three runs, 2026-11-29, records in the
-# repository's `benchmarks/results/`): every check passed and 384 → 240 processed tokens, yet packing's effective throughput was
-# 0.87–0.97× padding's at the seed's size, because a step of a 0.5B model is launch-bound there (128, 256 and 512
-# tokens all take 60–78 ms). Only at 6k–12k padded tokens did packing gain 1.1–1.2×, below the token ratio of 1.6×,
-# with the dense block mask scoring the whole square. The varlen rows are new in v7 and have not yet run on a GPU.
+# **What the course measured on an NVIDIA H200** (records in the repository's `benchmarks/results/`). Every check
+# passed in every run, and 384 → 240 processed tokens; the varlen rows ran torch's fused flash kernel, matched each
+# sample alone, and kept samples bitwise apart. Yet by the clock, packing's effective throughput at the seed's size
+# was 0.85×–1.18× padding's over six runs (2026-11-29 and 11-30). In the three runs of 11-30, which profile each
+# step, a step took 78–184 ms whatever its tokens, and at the seed's size the GPU was busy for only 8–11% of it (the
+# profiler's `busy_ms`). The rest is the host launching some 3,100 kernels, and its wobble from run to run is larger
+# than the layouts' difference. The GPU's busy time repeats to three digits:
+# packing needs 1.13× less of it at the seed's size (not the 1.6× of the tokens: a few thousand short kernels cost
+# about the same for 240 or 384 tokens). Along the scale series the busy-time gain grows to 1.33× at 3k padded tokens
+# for the block mask, then falls back to 1.14× at 12k as its dense $[T, T]$ square grows, while varlen, which scores
+# only each sample's own square, reaches 1.50×, 1.63× and 1.83× at 3k, 6k and 12k: past the token
+# ratio from 6k on.
 
 # %%
 from pathlib import Path
@@ -709,7 +715,9 @@ print(format_run(gpu_path, gpu_record))  # the file, the verdict, then the failu
 # Read a GPU record in this order: the checks (a packed row that fails one has no speed worth reading), then the
 # processed tokens (the layout's saving, exact on any machine), then the scale table: `speedup` is the block-mask
 # row against padding, `varlen_speedup` the varlen row against padding, and the token ratio (1.6 here) is what a
-# step whose time follows its tokens would reach. Where both stay near 1, your GPU is launch-bound at that size.
+# step whose time follows its tokens would reach. Where both stay near 1, your GPU is launch-bound at that size. On
+# a GPU the `busy_x` columns give the same speed-ups in GPU busy time: what the layout saves on the device, which
+# repeats from run to run where the clock may not.
 #
 # ## 10. Design questions in practice (实践中的设计问题)
 #

@@ -538,13 +538,22 @@ if mine["run_mode"] != "real_gpu":
 # compute the full $[T, T]$ square of the packed row. Same mechanism, same checks, opposite speed verdict from the
 # seed's: the layout decides the processed tokens, the machine decides what they cost.
 #
+# **And measured again with version 9** (2026-11-30, three runs: the suite, chapter 3 and this chapter). By the clock
+# packing was 0.85×, 0.94× and 1.18× padding at the seed's size: the same code, the same GPU, three verdicts. The
+# profiles say why: at the seed's size the GPU was busy for 10–11 ms of a 100–132 ms step (a busy share of 8–11%), so
+# the host's wobble decides the clock. Its busy time did not wobble: padding 11.4 ms and packing 10.1 ms in all
+# three runs, packing 1.13× ahead. Read the busy-time ratio (`busy_x` in the scale table) when the share is low;
+# read the clock only when the share is near 1, or over many runs.
+#
 # **Version 7 adds the fix for that square** (变长注意力, varlen attention). The packed row runs once more, at every
 # scale, with no mask at all: `course_lib.varlen` gives the model an attention that takes the sample boundaries
 # (`cu_seq_lens_q`, as TRL's padding-free collator sends them) and attends within each sample only, so attention
 # costs $\sum_i n_i^2$ instead of $T^2$. Its checks demand the same tokens and the same loss as the block-mask row;
 # its targets ask whether it reaches 1.3× padding on the seed's samples, and whether it beats the block mask at
-# the largest scale. The H200 records above are v5 and v6: they have no varlen rows yet. Your smoke record has
-# them (the `varlen_ms` columns of the scale table in section 5); on a CPU they are wiring evidence only.
+# the largest scale. On the H200 (v9, three runs) varlen needs 1.14× less GPU time than padding at the seed's size,
+# 1.50× at 3k padded tokens, 1.63× at 6k and 1.83× at 12k, where the block mask's gain has fallen back to 1.14×:
+# attention over $\sum_i n_i^2$ pairs is what keeps growing with length. Your smoke record has the same rows (the
+# `varlen_ms` columns of the scale table in section 5); on a CPU they are wiring evidence only.
 #
 # **Version 9 runs those rows in one kernel** (融合变长核, fused varlen kernel). Per-sample attention on a GPU is
 # one SDPA launch per sample and layer: exactly the fixed cost that already dominates this step. torch ships
@@ -555,7 +564,8 @@ if mine["run_mode"] != "real_gpu":
 # is 7.5: per sample). Each varlen row records `attention_kernel`, and where it says `flash` the record's checks
 # add two proofs on your GPU: the fused kernel's outputs match per-sample SDPA, and new keys for one sample leave
 # every other sample's outputs bitwise unchanged. `varlen_kernel("cuda", torch.bfloat16, 64)` tells you in advance
-# which kernel your GPU will get.
+# which kernel your GPU will get. On the course's H200 (torch 2.11) every varlen row ran `flash`, and both proofs
+# held in all three runs.
 
 # %%
 here = "cuda" if torch.cuda.is_available() else "cpu"
