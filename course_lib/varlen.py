@@ -56,8 +56,7 @@ def sample_bounds(position_ids) -> list[list[int]]:
     return [[0, *row, length] for row in rows]
 
 
-def _bounds_from_cu_seqlens(cu_seqlens, length: int) -> list[int]:
-    cu_seqlens = require_tensor("cu_seq_lens_q", cu_seqlens, ndim=1, dtype_kind="i")
+def _bounds_from_cu_seqlens(cu_seqlens: torch.Tensor, length: int) -> list[int]:
     bounds = cu_seqlens.tolist()
     if len(bounds) < 2 or bounds[0] != 0 or bounds[-1] != length or any(b <= a for a, b in pairwise(bounds)):
         shown = bounds if len(bounds) <= 8 else [*bounds[:4], "...", *bounds[-2:]]
@@ -96,6 +95,9 @@ def _row_bounds(rows: int, length: int, kwargs: dict) -> list[list[int]]:
     """The sample bounds of each of the rows, from cu_seq_lens_q (one flattened row) or position_ids [R or 1, L]."""
     cu_seqlens, position_ids = kwargs.get("cu_seq_lens_q"), kwargs.get("position_ids")
     if cu_seqlens is not None:
+        # checked before the cache, which lives on the tensor: a list or a string gets a ValueError, not an
+        # AttributeError (a list is converted anew for each layer, so pass a tensor to read the bounds once)
+        cu_seqlens = require_tensor("cu_seq_lens_q", cu_seqlens, ndim=1, dtype_kind="i")
         if rows != 1:
             raise ValueError(f"cu_seq_lens_q describes one flattened row, but the batch has {rows} rows")
         other = kwargs.get("cu_seq_lens_k")
@@ -111,6 +113,7 @@ def _row_bounds(rows: int, length: int, kwargs: dict) -> list[list[int]]:
         return [bounds if bounds[-1] == length else checked_bounds()]  # another row length: raises
     if position_ids is None:
         raise ValueError("varlen attention needs position_ids or cu_seq_lens_q to find the samples")
+    position_ids = require_tensor("position_ids", position_ids, ndim=2, dtype_kind="i")  # before the cache, as above
     bounds = _cached(position_ids, lambda: sample_bounds(position_ids))
     if len(bounds) == 1 and rows > 1:
         bounds = bounds * rows  # one position row shared by the batch, as transformers builds it by default
@@ -300,6 +303,7 @@ def _run(kernel: str, module, query, key, value, attention_mask, dropout, scalin
         module._course_varlen_kernel = chosen  # what ran, for varlen_kernel_used
     if chosen == "flash":
         source = kwargs["cu_seq_lens_q"] if kwargs.get("cu_seq_lens_q") is not None else kwargs["position_ids"]
+        source = torch.as_tensor(source)  # a list passed _checked: the cache needs a tensor to live on
         cu_seqlens, longest = _flat_cu_seqlens(source, bounds, query.device)
         return _flash_attend(query, key, value, cu_seqlens, longest, scaling), None
     outputs = [_attend(module, query[row:row + 1], key[row:row + 1], value[row:row + 1], row_bounds, dropout, scaling)

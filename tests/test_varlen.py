@@ -3,6 +3,7 @@ in forward and backward, from TRL's padding-free collator output too, and never 
 
 from __future__ import annotations
 
+import re
 from itertools import pairwise
 
 import pytest
@@ -242,6 +243,43 @@ def test_bad_input(packed):
     assert VARLEN_ATTENTION not in ("sdpa", "eager")
 
 
+def test_sample_bounds_are_python_ints_and_refuse_bad_positions():
+    bounds = sample_bounds(torch.tensor([[0, 1, 2, 0, 1], [0, 1, 2, 3, 4]]))
+    assert bounds == [[0, 3, 5], [0, 5]]
+    assert all(type(bound) is int for row in bounds for bound in row)  # slices and JSON take ints, not 0-d tensors
+    with pytest.raises(ValueError, match=r"position_ids must have shape \[R, L\] with L >= 1, got \(2, 0\)"):
+        sample_bounds(torch.zeros(2, 0, dtype=torch.long))
+    with pytest.raises(ValueError, match="position_ids must be an integer tensor, got dtype torch.float32"):
+        sample_bounds(torch.tensor([[0.0, 1.0, 0.0]]))
+
+
+def test_cu_seq_lens_q_is_checked_whole():
+    """Every bound must rise strictly (an empty sample or a step back is refused), and the message shows the
+    bounds as given: all of them up to 8, else the first four and the last two, with the count."""
+    attention = tiny_qwen2(seed=0, attn_implementation="sdpa").model.layers[0].self_attn
+
+    def attend(cu_seqlens, length: int = 6):
+        q, kv = torch.zeros(1, 4, length, 16), torch.zeros(1, 2, length, 16)
+        return varlen_sdpa_attention(attention, q, kv, kv, None, cu_seq_lens_q=cu_seqlens)
+
+    for bad, shown in (([0, 3, 3, 6], "[0, 3, 3, 6] (4 entries)"), ([0, 4, 2, 6], "[0, 4, 2, 6] (4 entries)"),
+                       ([0, 6, 6], "[0, 6, 6] (3 entries)")):
+        with pytest.raises(ValueError, match=re.escape(f"row length 6, got {shown}")):
+            attend(torch.tensor(bad, dtype=torch.int32))
+    for length, bad, shown in ((7, [0, 1, 2, 3, 4, 5, 5, 7], "[0, 1, 2, 3, 4, 5, 5, 7] (8 entries)"),
+                               (8, [0, 1, 2, 3, 4, 5, 6, 6, 8], "[0, 1, 2, 3, '...', 6, 8] (9 entries)"),
+                               (12, [0, *range(1, 11), 10, 12], "[0, 1, 2, 3, '...', 10, 12] (13 entries)")):
+        with pytest.raises(ValueError, match=re.escape(f"row length {length}, got {shown}")):
+            attend(torch.tensor(bad, dtype=torch.int32), length)
+    with pytest.raises(ValueError, match="cu_seq_lens_q must have 1 dimension"):
+        attend(torch.tensor([[0, 6]], dtype=torch.int32))
+    with pytest.raises(ValueError, match="cu_seq_lens_q must be an integer tensor, got dtype torch.float32"):
+        attend(torch.tensor([0.0, 6.0]))
+    with pytest.raises(ValueError, match="cu_seq_lens_q must be a tensor or a \\(nested\\) list of numbers"):
+        attend("0,6")
+    assert attend(torch.tensor([0, 2, 6], dtype=torch.int32))[0].shape == (1, 6, 4, 16)  # a good one runs
+
+
 # ---- the fused kernel (torch.nn.attention.varlen.varlen_attn): what runs here, and its wiring ----------------------
 
 from course_lib import (  # noqa: E402
@@ -363,6 +401,21 @@ def test_fused_path_equals_per_sample_sdpa(reference_kernel, rows):
                                           position_ids=position_ids)
     assert fused.shape == per_sample.shape == (rows, 12, 4, 16)
     assert torch.allclose(fused, per_sample, atol=1e-6)
+
+
+@pytest.mark.parametrize("attend", [varlen_sdpa_attention, varlen_flash_attention])
+def test_boundaries_given_as_lists_equal_tensors(reference_kernel, attend):
+    """position_ids or cu_seq_lens_q as plain lists (checked before the per-tensor cache, which a list cannot hold)
+    give what the same tensors give, on both kernels."""
+    attention = tiny_qwen2(seed=0, attn_implementation="sdpa").model.layers[0].self_attn
+    generator = torch.Generator().manual_seed(4)
+    query, key, value = (torch.randn(1, heads, 7, 16, generator=generator) for heads in (4, 2, 2))
+    positions, cu_seqlens = [[0, 1, 2, 0, 1, 2, 3]], [0, 3, 7]
+    expected, _ = attend(attention, query, key, value, None, position_ids=torch.tensor(positions))
+    assert torch.equal(attend(attention, query, key, value, None, position_ids=positions)[0], expected)
+    assert torch.equal(attend(attention, query, key, value, None, cu_seq_lens_q=cu_seqlens)[0], expected)
+    with pytest.raises(ValueError, match="position_ids must have 2 dimension"):
+        attend(attention, query, key, value, None, position_ids=positions[0])
 
 
 def test_fused_path_in_the_model_equals_each_sample_alone(reference_kernel, monkeypatch, packed, sequences):
