@@ -117,8 +117,20 @@ def _busy_reading(packing: list[dict[str, Any]]) -> list[str]:
     busy_ms = " -> ".join(f"{r['device_profile']['busy_ms']:.1f}" for r in packing)
     return [f"what bounds the step (padding -> packing): the GPU was busy {busy_ms} ms, "
             f"{' -> '.join(_cell(share) for share in shares)} of the median wall time; packing needs {_cell(busy)}x "
-            f"less device time and is {_cell(wall)}x faster by the clock (a busy share well below 1: launches and "
-            "Python, not tokens, set the pace)"]
+            f"less device time and is {_cell(wall)}x faster by the clock ({_bound_by(shares)})"]
+
+
+# below LAUNCH_BOUND_SHARE the GPU idles for most of the step; above DEVICE_BOUND_SHARE it is busy for nearly all
+LAUNCH_BOUND_SHARE, DEVICE_BOUND_SHARE = 0.5, 0.8
+
+
+def _bound_by(shares: list[float]) -> str:
+    """The reading of the busy shares of both layouts' steps: launch-bound, device-bound, or in between."""
+    if max(shares) < LAUNCH_BOUND_SHARE:
+        return "a busy share well below 1: launches and Python, not tokens, set the pace"
+    if min(shares) > DEVICE_BOUND_SHARE:
+        return "a busy share near 1: the GPU's work sets the pace, so the busy-time ratio is the layout's speed-up"
+    return "a busy share between: both the host's launches and the GPU's work set the pace"
 
 
 def _scale_table(record: dict[str, Any]) -> list[str]:

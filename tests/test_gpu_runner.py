@@ -445,6 +445,11 @@ def test_report_reads_what_bounds_the_step_from_gpu_profiles(smoke):
     text = format_record(validate_result(record))
     assert ("what bounds the step (padding -> packing): the GPU was busy 14.0 -> 9.0 ms, 0.2 -> 0.125 of the median "
             "wall time; packing needs 1.556x less device time and is 0.9722x faster by the clock") in text
+    assert "(a busy share well below 1: launches and Python, not tokens, set the pace)" in text
+    for pad_ms, pack_ms, reading in ((16.0, 10.0, "(a busy share near 1: the GPU's work sets the pace"),
+                                     (20.0, 14.0, "(a busy share between: both the host's launches and the GPU's")):
+        padding["median_step_ms"], packing["median_step_ms"] = pad_ms, pack_ms  # shares 0.875 / 0.9, 0.7 / 0.64
+        assert reading in format_record(validate_result(copy.deepcopy(record)))
     assert "what bounds the step" not in format_record(smoke["pt-long-context"][1])  # the host is no GPU
     packing["device_profile"] = {"device": "cuda", "operations": None, "busy_ms": None, "error": "RuntimeError: no CUPTI"}
     text = format_record(validate_result(record))
