@@ -253,6 +253,21 @@ def test_sample_bounds_are_python_ints_and_refuse_bad_positions():
         sample_bounds(torch.tensor([[0.0, 1.0, 0.0]]))
 
 
+def test_one_position_row_is_shared_by_the_batch_and_cu_seq_lens_k_must_be_a_tensor():
+    """transformers builds position_ids [1, L] for a whole batch by default: every row gets its bounds."""
+    attention = tiny_qwen2(seed=0, attn_implementation="sdpa").model.layers[0].self_attn
+    generator = torch.Generator().manual_seed(6)
+    query, key, value = (torch.randn(2, heads, 6, 16, generator=generator) for heads in (4, 2, 2))
+    positions = torch.tensor([[0, 1, 0, 1, 2, 3]])
+    shared, _ = varlen_sdpa_attention(attention, query, key, value, None, position_ids=positions)
+    per_row, _ = varlen_sdpa_attention(attention, query, key, value, None, position_ids=positions.expand(2, -1))
+    assert shared.shape == (2, 6, 4, 16) and torch.equal(shared, per_row)
+    cu_seqlens = torch.tensor([0, 2, 6], dtype=torch.int32)
+    with pytest.raises(ValueError, match="cu_seq_lens_k must be a tensor equal to cu_seq_lens_q, got list"):
+        varlen_sdpa_attention(attention, query[:1], key[:1], value[:1], None, cu_seq_lens_q=cu_seqlens,
+                              cu_seq_lens_k=[0, 2, 6])
+
+
 def test_cu_seq_lens_q_is_checked_whole():
     """Every bound must rise strictly (an empty sample or a step back is refused), and the message shows the
     bounds as given: all of them up to 8, else the first four and the last two, with the count."""
