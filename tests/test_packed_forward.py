@@ -149,3 +149,26 @@ def test_bad_input(model, packed, sequences):
         leaky_share(torch.zeros(2), torch.zeros(3), torch.ones(2, dtype=torch.bool))
     with pytest.raises(ValueError, match="no token"):
         leaky_share(torch.zeros(2), torch.zeros(2), torch.zeros(2, dtype=torch.bool))
+
+
+def test_rows_are_checked_before_the_model_sees_them(model, packed):
+    """ids in the vocabulary, positions >= 0, integers only, at least one column; int32 rows are read as long."""
+    ids, positions, segments = packed["ids"], packed["position_ids"], packed["segment_ids"]
+    vocab = model.get_input_embeddings().num_embeddings
+    too_big = ids.clone()
+    too_big[0, 3] = vocab
+    with pytest.raises(ValueError, match=f"ids must hold values <= {vocab - 1}, got {vocab} at index \\(0, 3\\)"):
+        packed_logits(model, too_big, positions, segments)
+    negative = positions.clone()
+    negative[0, 2] = -1
+    with pytest.raises(ValueError, match="position_ids must hold values >= 0, got -1 at index \\(0, 2\\)"):
+        packed_logits(model, ids, negative, segments)
+    with pytest.raises(ValueError, match="ids must be an integer tensor, got dtype torch.float32"):
+        packed_logits(model, ids.float(), positions, segments)
+    with pytest.raises(ValueError, match="segment_ids must be an integer tensor"):
+        packed_logits(model, ids, positions, segments.float())
+    with pytest.raises(ValueError, match=rf"ids must have shape \[R, L\] with L >= 1, got \({ids.shape[0]}, 0\)"):
+        packed_logits(model, ids[:, :0], positions[:, :0], segments[:, :0])
+    expected = packed_logits(model, ids, positions, segments)
+    narrow = packed_logits(model, ids.int(), positions.int(), segments.int())
+    assert torch.equal(narrow, expected)
