@@ -172,3 +172,16 @@ def test_rows_are_checked_before_the_model_sees_them(model, packed):
     expected = packed_logits(model, ids, positions, segments)
     narrow = packed_logits(model, ids.int(), positions.int(), segments.int())
     assert torch.equal(narrow, expected)
+
+
+@pytest.mark.parametrize("mode", ["position_ids", "varlen"])
+def test_a_wrong_restart_is_located_in_the_message(model, mode):
+    """The first column where the positions' restarts and the segments disagree, row by row: here row 1 runs on
+    through its boundaries at columns 2 and 5, so the message names row 1, column 2."""
+    ids = torch.zeros(2, 8, dtype=torch.long)
+    segments = torch.tensor([[0, 0, 0, 0, 1, 1, 1, 1], [0, 0, 1, 1, 1, 2, 2, 2]])
+    positions = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3], [0, 1, 2, 3, 4, 5, 6, 7]])
+    with pytest.raises(ValueError, match=r"do not restart exactly at segment boundaries \(row 1, column 2\)"):
+        packed_logits(model, ids, positions, segments, mode=mode)
+    positions[1] = torch.tensor([0, 1, 0, 1, 2, 0, 1, 2])  # restarted where the segments change: accepted
+    assert packed_logits(model, ids, positions, segments, mode=mode).shape[:2] == (2, 8)
