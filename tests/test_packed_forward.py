@@ -185,3 +185,22 @@ def test_a_wrong_restart_is_located_in_the_message(model, mode):
         packed_logits(model, ids, positions, segments, mode=mode)
     positions[1] = torch.tensor([0, 1, 0, 1, 2, 0, 1, 2])  # restarted where the segments change: accepted
     assert packed_logits(model, ids, positions, segments, mode=mode).shape[:2] == (2, 8)
+
+
+def test_position_ids_mode_needs_no_segments_and_no_cache_config(model, packed):
+    """mode='position_ids' is transformers' own detection: it runs without segment_ids, and it passes
+    use_cache=False itself, so a model whose config turns the cache on (Qwen2.5's hub config does) still gets the
+    packed attention, not the silent leak of the use_cache trap above."""
+    ids, positions, segments = packed["ids"], packed["position_ids"], packed["segment_ids"]
+    valid = (segments >= 0)[..., None]  # real tokens (padding columns attend differently in each mode)
+    reference = packed_logits(model, ids, positions, segments, mode="block_mask")
+    cached = model.config.use_cache
+    try:
+        for use_cache in (False, True):
+            model.config.use_cache = use_cache
+            logits = packed_logits(model, ids, positions, mode="position_ids")
+            assert ((logits - reference).abs() * valid).max() < 1e-4, use_cache
+    finally:
+        model.config.use_cache = cached
+    with pytest.raises(ValueError, match="ids must hold values >= 0, got -1"):
+        packed_logits(model, ids - ids - 1, positions, segments)
