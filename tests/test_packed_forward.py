@@ -204,3 +204,21 @@ def test_position_ids_mode_needs_no_segments_and_no_cache_config(model, packed):
         model.config.use_cache = cached
     with pytest.raises(ValueError, match="ids must hold values >= 0, got -1"):
         packed_logits(model, ids - ids - 1, positions, segments)
+
+
+def test_within_segment_mask_keeps_real_pairs_only():
+    """Position t predicts t+1 of its own sample: segment 0 counts, a boundary and padding (-1) never do."""
+    mask = within_segment_mask(torch.tensor([[0, 0, 1, 1, 1, -1, -1], [0, 1, 1, 2, -1, -1, -1]]))
+    assert mask.tolist() == [[True, False, True, True, False, False],
+                             [False, True, False, False, False, False]]
+
+
+def test_log_probs_of_a_bf16_model_are_float32(packed):
+    """The log-softmax runs in fp32 whatever the model's dtype: bf16 log-probs of a 151k vocabulary would lose
+    about two digits."""
+    model = tiny_qwen2(seed=0, attn_implementation="sdpa").to(torch.bfloat16)
+    logp = packed_token_logprobs(model, packed, mode="block_mask")
+    assert logp.dtype == torch.float32
+    logits = packed_logits(model, packed["ids"], packed["position_ids"], packed["segment_ids"])
+    expected = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, packed["ids"][:, 1:, None]).squeeze(-1)
+    assert torch.equal(logp, expected)

@@ -130,6 +130,11 @@ def test_gradient_checkpointing_keeps_the_varlen_context_through_backward(packed
     assert torch.allclose(varlen, reference, atol=1e-6)
     with pytest.raises(ValueError, match="gradient checkpointing"):  # the context would close before backward
         packed_logits(model, packed["ids"], packed["position_ids"], packed["segment_ids"], mode="varlen")
+    with torch.no_grad():  # no backward will follow: nothing to recompute, so the varlen forward is allowed
+        logits = packed_logits(model, packed["ids"], packed["position_ids"], packed["segment_ids"], mode="varlen")
+        block = packed_logits(model, packed["ids"], packed["position_ids"], packed["segment_ids"])
+    real = (packed["segment_ids"] >= 0)[..., None]
+    assert ((logits - block).abs() * real).max() < 1e-4
 
 
 def test_rows_without_position_ids_are_one_sample_each():
