@@ -222,3 +222,65 @@ def test_log_probs_of_a_bf16_model_are_float32(packed):
     logits = packed_logits(model, packed["ids"], packed["position_ids"], packed["segment_ids"])
     expected = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, packed["ids"][:, 1:, None]).squeeze(-1)
     assert torch.equal(logp, expected)
+
+
+def test_samples_alone_take_every_documented_form_and_refuse_bad_ids(model, sequences):
+    """A mapping with "ids", an object with .ids, or the bare ids (any integer dtype); ids 0 and V-1 are valid."""
+    from types import SimpleNamespace
+
+    vocab = model.get_input_embeddings().num_embeddings
+    first = sequences[0]
+    expected = per_token_logprobs_alone(model, [first])[0]
+    for form in ({"ids": first}, SimpleNamespace(ids=first), first.tolist(), first.int()):
+        assert torch.equal(per_token_logprobs_alone(model, [form])[0], expected)
+    edges = torch.tensor([0, vocab - 1, 5])
+    assert per_token_logprobs_alone(model, [edges])[0].shape == (2,)
+    for bad, message in (([first, edges + 1], f"sequences\\[1\\] must hold values <= {vocab - 1}, got {vocab}"),
+                         ([first.float()], "sequences\\[0\\] must be an integer tensor"),
+                         ([first, torch.tensor([], dtype=torch.long)], "sequences\\[1\\] must hold at least one"),
+                         ([{"input_ids": first}], "sequences\\[0\\] is missing"),
+                         ([first[None]], "sequences\\[0\\] must have 1 dimension")):
+        with pytest.raises(ValueError, match=message):
+            per_token_logprobs_alone(model, bad)
+
+
+def test_compare_packed_with_alone_checks_what_it_is_given(model, packed, sequences, alone):
+    """The gap is |packed - alone| either way round; a given reference, mask and override are each checked."""
+    shifted = [logp + 0.25 for logp in alone]
+    assert compare_packed_with_alone(model, packed, sequences, alone=shifted) == pytest.approx(0.25, abs=1e-4)
+    lowered = [logp - 0.25 for logp in alone]
+    assert compare_packed_with_alone(model, packed, sequences, alone=lowered) == pytest.approx(0.25, abs=1e-4)
+    keep = within_segment_mask(packed["segment_ids"])
+    as_bool = compare_packed_with_alone(model, packed, sequences, alone=shifted, mask=keep)
+    assert compare_packed_with_alone(model, packed, sequences, alone=shifted, mask=keep.long()) == as_bool
+    with pytest.raises(ValueError, match="mask must be a bool or integer tensor"):
+        compare_packed_with_alone(model, packed, sequences, alone=alone, mask=keep.float())
+    short = [*alone[:1], alone[1][:-1], *alone[2:]]
+    n = alone[1].numel() + 1
+    with pytest.raises(ValueError, match=f"sample 1 has {n} tokens packed but {n - 1} alone"):
+        compare_packed_with_alone(model, packed, sequences, alone=short)
+    with pytest.raises(ValueError, match="alone\\[0\\] must have 1 dimension"):
+        compare_packed_with_alone(model, packed, sequences, alone=[alone[0][None], *alone[1:]])
+    with pytest.raises(ValueError, match="alone\\[0\\] must be a floating-point tensor"):
+        compare_packed_with_alone(model, packed, sequences, alone=[alone[0].long(), *alone[1:]])
+    with pytest.raises(ValueError, match="position_ids must hold values >= 0"):
+        compare_packed_with_alone(model, packed, sequences, alone=alone, position_ids=packed["position_ids"] - 1)
+    one_segment = torch.where(packed["segment_ids"] >= 0, 0, -1)  # the override: one sample per row, a leak
+    assert compare_packed_with_alone(model, packed, sequences, alone=alone, segment_ids=one_segment) > 1e-2
+
+
+def test_leaky_share_reads_the_ratio_one_way_and_checks_its_inputs():
+    """exp(logp - reference) - 1: a token 0.2 nats above its reference is off by 0.221 (> 0.2), one 0.2 below by
+    0.181 (not); a ratio exactly at the threshold is not off."""
+    logp, reference = torch.tensor([0.2, -0.2]), torch.zeros(2)
+    assert leaky_share(logp, reference, torch.tensor([True, False])) == 1.0
+    assert leaky_share(logp, reference, torch.tensor([False, True])) == 0.0
+    share = leaky_share(torch.zeros(3), torch.zeros(3), torch.ones(3, dtype=torch.bool), threshold=0.0)
+    assert share == 0.0 and type(share) is float
+    assert leaky_share(logp, reference, torch.tensor([1, 0])) == 1.0  # an integer 0/1 mask selects, not indexes
+    for kwargs, message in (({"logp": torch.tensor([0, 1])}, "logp must be a floating-point tensor"),
+                            ({"reference": torch.tensor([0, 1])}, "reference must be a floating-point tensor"),
+                            ({"mask": torch.tensor([0.0, 1.0])}, "mask must be a bool or integer tensor")):
+        arguments = {"logp": logp, "reference": reference, "mask": torch.tensor([True, True]), **kwargs}
+        with pytest.raises(ValueError, match=message):
+            leaky_share(**arguments)
