@@ -89,8 +89,8 @@ SEED_STEP = {"n_params": N, "episodes": 512, "total_tokens": 24_000, "policy_tok
 ])
 def test_gpu_hours_refuses_each_field_out_of_range(field, values):
     for value in values:
-        with pytest.raises(ValueError, match=field):
-            gpu_hours_per_step(**{**SEED_STEP, field: value})
+        with pytest.raises(ValueError, match=f"^{field} "):  # its own check: "policy_tokens ... exceeds
+            gpu_hours_per_step(**{**SEED_STEP, field: value})  # total_tokens" must not stand in for it
 
 
 def test_gpu_hours_all_tokens_sampled_is_valid():
@@ -147,6 +147,10 @@ def test_weight_bytes_per_param():
     (lambda: gpu_hours_per_step(0.0, 512, 24_000, 6_000, 1796, 989e12, 0.4, 0.5), "n_params"),
     (lambda: train_tokens_per_s(N, 989e12, 0.0), "mfu"),
     (lambda: train_tokens_per_s(N, 989e12, 1.2), "mfu"),
+    (lambda: train_tokens_per_s(0.0, 989e12, 0.4), "^n_params "),
+    (lambda: train_tokens_per_s(-N, 989e12, 0.4), "^n_params "),
+    (lambda: train_tokens_per_s(N, 0.0, 0.4), "^peak_flops "),
+    (lambda: train_tokens_per_s(N, -989e12, 0.4), "^peak_flops "),
     (lambda: gpu_hours_per_step(N, 512, 24_000, 6_000, 1796, 989e12, 0.4, 0), "busy"),
     (lambda: gpu_hours_per_step(N, 512, 6_000, 24_000, 1796, 989e12, 0.4, 0.5), "policy_tokens"),
     (lambda: gpu_hours_per_step(N, 0, 24_000, 6_000, 1796, 989e12, 0.4, 0.5), "episodes"),
@@ -172,5 +176,6 @@ def test_hardware_table():
             assert spec["dense_flops"] == pytest.approx(spec["sparse_flops"] / 2, rel=2e-3)
     assert (H200["memory_bandwidth"], H200["dense_flops"], H200["flops_dtype"]) == (4.8e12, 989e12, "bf16")
     assert load_hardware("T4")["flops_dtype"] == "fp16"
-    with pytest.raises(ValueError, match="H200"):
+    assert type(hardware_names()) is list
+    with pytest.raises(ValueError, match=r"name must be one of \['H100-SXM', .*'H200'.*\], got 'B200'"):
         load_hardware("B200")
