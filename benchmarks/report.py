@@ -100,6 +100,11 @@ def _gpu_busy_ms(row: dict[str, Any]) -> float | None:
     return profile.get("busy_ms") if profile.get("device") == "cuda" else None
 
 
+def _has_gpu_busy(record: dict[str, Any]) -> bool:
+    """Whether any row of the record's scale series (padding, block mask or varlen) has a GPU busy time."""
+    return any(_gpu_busy_ms(row) is not None for triple in _scale_rows(record) for row in triple)
+
+
 def _busy_speedup(candidate: dict[str, Any], padding: dict[str, Any]) -> float | None:
     """Padding's GPU busy time over the candidate's: the speed-up if launches cost nothing (same supervised tokens)."""
     return _ratio(_gpu_busy_ms(padding), _gpu_busy_ms(candidate))
@@ -113,8 +118,8 @@ def _busy_reading(packing: list[dict[str, Any]]) -> list[str]:
     padding, packed = packing
     busy = _busy_speedup(packed, padding)
     wall = _ratio(padding["median_step_ms"], packed["median_step_ms"])
-    shares = [_ratio(r["device_profile"]["busy_ms"], r["median_step_ms"]) for r in packing]
-    busy_ms = " -> ".join(f"{r['device_profile']['busy_ms']:.1f}" for r in packing)
+    shares = [_ratio(_gpu_busy_ms(r), r["median_step_ms"]) for r in packing]
+    busy_ms = " -> ".join(f"{_gpu_busy_ms(r):.1f}" for r in packing)
     return [f"what bounds the step (padding -> packing): the GPU was busy {busy_ms} ms, "
             f"{' -> '.join(_cell(share) for share in shares)} of the median wall time; packing needs {_cell(busy)}x "
             f"less device time and is {_cell(wall)}x faster by the clock ({_bound_by(shares)})"]
@@ -144,7 +149,7 @@ def _scale_table(record: dict[str, Any]) -> list[str]:
     if len(rows) < 2:
         return []
     varlen = bool(record["measurements"].get("varlen_packing"))
-    busy = any(_gpu_busy_ms(row) is not None for triple in rows for row in triple)
+    busy = _has_gpu_busy(record)
     headers = ["scale", "pad_tokens", "pack_tokens", "pad_ms", "pack_ms", "speedup", *(["busy_x"] if busy else [])]
     if varlen:
         headers += ["varlen_ms", "varlen_speedup", *(["varlen_busy_x"] if busy else [])]
@@ -170,12 +175,11 @@ def format_runs_side_by_side(records: list[dict[str, Any]]) -> str | None:
     The clock of a launch-bound step moves with the host from run to run; the device's busy time does not, so the
     spread tells which of the two ratios a run can be quoted by.
     """
-    runs = [r for r in records if r["workload"]["id"] == "pt-long-context" and len(_scale_rows(r)) >= 1]
+    runs = [(r, rows) for r in records if r["workload"]["id"] == "pt-long-context" and (rows := _scale_rows(r))]
     if len(runs) < 2:
         return None
     table, spreads = [], {}
-    for record in runs:
-        rows = _scale_rows(record)
+    for record, rows in runs:
         (pad, pack, fast), (last_pad, _, last_fast) = rows[0], rows[-1]
         gpu = record["hardware"]["gpu_name"] or record["hardware"]["device"]
         values = [_speedup(pack, pad), _busy_speedup(pack, pad), _speedup(fast, pad), _busy_speedup(fast, pad),
@@ -387,8 +391,7 @@ def plot_packing_scale(records: list[dict[str, Any]], path: str | Path) -> Path 
     """
     from matplotlib.ticker import ScalarFormatter
 
-    profiled = [r for r in _with_rows(records, "pt-long-context", "packing_scale")
-                if any(_gpu_busy_ms(row) is not None for triple in _scale_rows(r) for row in triple)]
+    profiled = [r for r in _with_rows(records, "pt-long-context", "packing_scale") if _has_gpu_busy(r)]
     drawn = _figure(records, "packing_scale", 3 if profiled else 2, (16, 4) if profiled else (11, 4))
     if drawn is None:
         return None

@@ -91,8 +91,9 @@ def _cached(tensor: torch.Tensor, compute, key: object = "bounds", companion: to
     return entry[0]
 
 
-def _row_bounds(rows: int, length: int, kwargs: dict) -> list[list[int]]:
-    """The sample bounds of each of the rows, from cu_seq_lens_q (one flattened row) or position_ids [R or 1, L]."""
+def _row_bounds(rows: int, length: int, kwargs: dict) -> tuple[torch.Tensor, list[list[int]]]:
+    """(the checked tensor the bounds came from, the sample bounds of each of the rows), from cu_seq_lens_q (one
+    flattened row) or position_ids [R or 1, L]. The tensor is where per-forward results are cached."""
     cu_seqlens, position_ids = kwargs.get("cu_seq_lens_q"), kwargs.get("position_ids")
     if cu_seqlens is not None:
         # checked before the cache, which lives on the tensor: a list or a string gets a ValueError, not an
@@ -110,7 +111,7 @@ def _row_bounds(rows: int, length: int, kwargs: dict) -> list[list[int]]:
             return _bounds_from_cu_seqlens(cu_seqlens, length)
 
         bounds = _cached(cu_seqlens, checked_bounds, companion=other)  # another k is checked again
-        return [bounds if bounds[-1] == length else checked_bounds()]  # another row length: raises
+        return cu_seqlens, [bounds if bounds[-1] == length else checked_bounds()]  # another row length: raises
     if position_ids is None:
         raise ValueError("varlen attention needs position_ids or cu_seq_lens_q to find the samples")
     position_ids = require_tensor("position_ids", position_ids, ndim=2, dtype_kind="i")  # before the cache, as above
@@ -120,7 +121,7 @@ def _row_bounds(rows: int, length: int, kwargs: dict) -> list[list[int]]:
     if len(bounds) != rows or bounds[0][-1] != length:
         raise ValueError(f"position_ids of shape {tuple(position_ids.shape)} do not match a batch of {rows} rows "
                          f"of {length} tokens")
-    return bounds
+    return position_ids, bounds
 
 
 def _attend(module, query, key, value, bounds: list[int], dropout: float, scaling) -> torch.Tensor:
@@ -267,7 +268,7 @@ def _flash_attend(query, key, value, cu_seqlens: torch.Tensor, longest: int, sca
 
 
 def _checked(query, key, value, attention_mask, dropout, scaling, kwargs):
-    """The checks every varlen kernel shares -> (query, key, value, dropout, scaling, per-row bounds)."""
+    """The checks every varlen kernel shares -> (query, key, value, dropout, scaling, bounds source, per-row bounds)."""
     query = require_tensor("query", query, ndim=4, dtype_kind="f")
     key = require_tensor("key", key, ndim=4, dtype_kind="f")
     value = require_tensor("value", value, ndim=4, dtype_kind="f")
@@ -285,7 +286,7 @@ def _checked(query, key, value, attention_mask, dropout, scaling, kwargs):
         raise ValueError(f"sliding_window must be None for varlen attention, got {kwargs['sliding_window']!r}")
     dropout = require_real("dropout", dropout, minimum=0.0, maximum=1.0)
     scaling = None if scaling is None else require_real("scaling", scaling, minimum=0.0, strict_minimum=True)
-    return query, key, value, dropout, scaling, _row_bounds(query.shape[0], query.shape[2], kwargs)
+    return query, key, value, dropout, scaling, *_row_bounds(query.shape[0], query.shape[2], kwargs)
 
 
 def _kernel_for(kernel: str, query, key, value, dropout: float) -> str:
@@ -297,13 +298,12 @@ def _kernel_for(kernel: str, query, key, value, dropout: float) -> str:
 
 
 def _run(kernel: str, module, query, key, value, attention_mask, dropout, scaling, kwargs):
-    query, key, value, dropout, scaling, bounds = _checked(query, key, value, attention_mask, dropout, scaling, kwargs)
+    query, key, value, dropout, scaling, source, bounds = _checked(query, key, value, attention_mask, dropout, scaling,
+                                                                   kwargs)
     chosen = _kernel_for(kernel, query, key, value, dropout)
     if module is not None:
         module._course_varlen_kernel = chosen  # what ran, for varlen_kernel_used
     if chosen == "flash":
-        source = kwargs["cu_seq_lens_q"] if kwargs.get("cu_seq_lens_q") is not None else kwargs["position_ids"]
-        source = torch.as_tensor(source)  # a list passed _checked: the cache needs a tensor to live on
         cu_seqlens, longest = _flat_cu_seqlens(source, bounds, query.device)
         return _flash_attend(query, key, value, cu_seqlens, longest, scaling), None
     outputs = [_attend(module, query[row:row + 1], key[row:row + 1], value[row:row + 1], row_bounds, dropout, scaling)

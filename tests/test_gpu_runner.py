@@ -181,7 +181,7 @@ def test_varlen_alone_check_fails_for_a_leaky_attention(monkeypatch):
     assert varlen_equals_alone(torch.device("cpu"), [48, 96, 32, 64], 1e-4)
 
     def whole_row(rows, length, kwargs):  # one sample per row: the causal leak
-        return [[0, length]] * rows
+        return kwargs["position_ids"], [[0, length]] * rows
 
     monkeypatch.setattr(varlen_module, "_row_bounds", whole_row)
     assert not varlen_equals_alone(torch.device("cpu"), [48, 96, 32, 64], 1e-4)
