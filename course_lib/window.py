@@ -116,16 +116,34 @@ def _cut(sample: Mapping[str, Any], keep: int) -> dict[str, Any]:
     return cut
 
 
+def _policy_decision(labels: np.ndarray, target: int, min_kept: int, max_ratio: float) -> dict[str, Any]:
+    """One sample's labels [L] (some supervised) -> _window_decision's verdict for a cut at `target`."""
+    supervised_at = np.flatnonzero(labels != IGNORE_INDEX)  # [S]
+    supervised, end = len(supervised_at), int(supervised_at[-1]) + 1  # end: one past the last supervised token
+    if len(labels) <= target:  # nothing is cut
+        return _window_decision(len(labels) - supervised, supervised, target, min_kept, max_ratio)
+    verdict = _window_decision(end - supervised, supervised, target, min_kept, max_ratio)  # the tail is free
+    if verdict["decision"] == "fit":  # only the unlabelled tail is past the window
+        verdict.update(decision="truncate")
+    elif verdict["decision"] == "truncate" and bool((labels[target:end] == IGNORE_INDEX).any()):
+        verdict.update(decision="overflow", kept_supervised_tokens=0, reasons=["cut_would_remove_prompt_tokens"])
+    return verdict
+
+
 def apply_window_policy(samples: Sequence[Mapping[str, Any]], target_context_len: int, *,
                         min_kept_supervised_tokens: int = 1,
                         max_supervision_loss_ratio: float = 0.0) -> dict[str, Any]:
     """Samples {input_ids [L], labels [L], name?} -> {kept, dropped, audit}: cut only the supervision tail.
 
-    Supervised tokens are labels != -100; everything else counts as template + prompt. Only the final
-    run of tokens may be cut, and every cut token must be supervised: a cut that would remove a later
-    turn's prompt tokens leaves a half turn, so that sample overflows with "cut_would_remove_prompt_tokens".
+    Supervised tokens are labels != -100; the other tokens up to the last supervised one count as template +
+    prompt. The tokens after the last supervised one (chatml's newline after <|im_end|>, alpaca's blank line)
+    carry no loss and nothing after them is learned, so a cut drops them freely. A cut may remove supervised
+    tokens of the final answer only: one that would remove a prompt token before the last supervised token
+    leaves a half turn, so that sample overflows with "cut_would_remove_prompt_tokens".
     kept: admitted samples (input_ids, labels, attention_mask cut together). dropped: {name, index, reasons}.
-    audit: audit_context_fit's output on the label counts (template_tokens=0), with such samples as overflow.
+    audit: audit_context_fit's output on the label counts (template_tokens=0; a sample longer than the window
+    counts the prompt before its last supervised token), with such samples as overflow, and as "truncate" a
+    sample of which only the unlabelled tail is cut (no supervision is lost, so neither gate applies).
     """
     target = require_positive_int("target_context_len", target_context_len)
     min_kept = require_positive_int("min_kept_supervised_tokens", min_kept_supervised_tokens)
@@ -134,12 +152,9 @@ def apply_window_policy(samples: Sequence[Mapping[str, Any]], target_context_len
     for index, sample in enumerate(require_sequence("samples", samples)):
         labels = _label_array(index, sample)  # [L]
         name = sample.get("name", f"sample_{index}")
-        supervised = int((labels != IGNORE_INDEX).sum())
-        if supervised == 0:
+        if not (labels != IGNORE_INDEX).any():
             raise ValueError(f"samples[{index}] ({name!r}) has no supervised tokens (every label is -100)")
-        verdict = _window_decision(len(labels) - supervised, supervised, target, min_kept, max_ratio)
-        if verdict["decision"] == "truncate" and bool((labels[target:] == IGNORE_INDEX).any()):
-            verdict.update(decision="overflow", kept_supervised_tokens=0, reasons=["cut_would_remove_prompt_tokens"])
+        verdict = _policy_decision(labels, target, min_kept, max_ratio)
         records.append({"name": name, "total_tokens": len(labels),
                         "kept_supervised_tokens": verdict["kept_supervised_tokens"],
                         "supervision_loss_ratio": verdict["supervision_loss_ratio"],

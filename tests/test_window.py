@@ -180,6 +180,46 @@ def test_apply_refuses_to_cut_a_later_turn_prompt():
     assert out["kept"][0]["labels"] == labels[:16] and out["audit"]["truncated_names"] == ["two_turns"]
 
 
+def test_apply_cuts_the_unlabelled_tail_freely():
+    """The tokens after the last supervised one (a template's closing newline) carry no loss: a cut takes them
+    along. Counting them as a later turn's prompt would make every chatml and alpaca sample unfit to cut."""
+    sample = chat_sample(6, 10)
+    sample["input_ids"].append(99)
+    sample["labels"].append(IGNORE_INDEX)  # [6 prompt, 10 answer, 1 closing token]
+    out = apply_window_policy([sample], 12, max_supervision_loss_ratio=0.5)
+    assert out["kept"][0]["labels"] == sample["labels"][:12] and out["dropped"] == []
+    assert out["audit"]["records"][0] == {"name": "s", "total_tokens": 17, "kept_supervised_tokens": 6,
+                                          "supervision_loss_ratio": 0.4, "decision": "truncate"}
+    # Only the closing token is past the window: cut, nothing supervised lost, kept below min_kept all the same.
+    out = apply_window_policy([sample], 16, min_kept_supervised_tokens=32)
+    assert out["kept"][0]["labels"] == sample["labels"][:16]
+    assert out["audit"]["records"][0]["decision"] == "truncate"
+    assert out["audit"]["records"][0]["supervision_loss_ratio"] == 0.0
+    assert out["audit"]["records"][0]["kept_supervised_tokens"] == 10
+    # The whole sample fits: kept whole, closing token included.
+    assert apply_window_policy([sample], 17)["audit"]["fit_names"] == ["s"]
+
+
+@pytest.mark.parametrize("template", ["chatml", "llama3", "alpaca"])
+def test_apply_truncates_real_template_samples(tokenizers, template):
+    """A chat rendered by a real template is cut in its answer whatever closes the template."""
+    from course_lib import build_labels
+
+    chat = [{"role": "user", "content": "Say something long."},
+            {"role": "assistant", "content": " ".join(["word"] * 60)}]
+    built = build_labels(tokenizers[template], chat)
+    labels = [int(label) for label in built["labels"]]
+    first, end = labels.index(next(x for x in labels if x != IGNORE_INDEX)), len(labels)
+    while labels[end - 1] == IGNORE_INDEX:
+        end -= 1
+    target = first + (end - first) * 3 // 4  # inside the answer
+    out = apply_window_policy([{"name": "chat", **built}], target, max_supervision_loss_ratio=0.5)
+    (record,) = out["audit"]["records"]
+    assert record["decision"] == "truncate" and out["dropped"] == []
+    assert [int(x) for x in out["kept"][0]["labels"]] == labels[:target]
+    assert record["kept_supervised_tokens"] == target - first
+
+
 def test_apply_keeps_tensors_aligned():
     sample = chat_sample(6, 10)
     sample = {"input_ids": torch.tensor(sample["input_ids"]), "labels": torch.tensor(sample["labels"]),
@@ -223,19 +263,25 @@ def test_apply_agrees_with_audit(samples, target, min_kept, max_ratio):
                               max_supervision_loss_ratio=max_ratio)
     ledger = [{"name": s["name"], "prompt_tokens": s["labels"].count(IGNORE_INDEX),
                "supervised_tokens": len(s["labels"]) - s["labels"].count(IGNORE_INDEX)} for s in samples]
-    audit = audit_context_fit(ledger, target, 0, min_kept, max_ratio)
     kept = iter(out["kept"])
-    for sample, ours, theirs in zip(samples, out["audit"]["records"], audit["records"], strict=True):
-        tail = sample["labels"][target:]
-        if theirs["decision"] == "truncate" and IGNORE_INDEX in tail:
+    for sample, row, ours in zip(samples, ledger, out["audit"]["records"], strict=True):
+        labels = sample["labels"]
+        end = max(i for i, label in enumerate(labels) if label != IGNORE_INDEX) + 1  # past the last supervised
+        if len(labels) > target:  # a cut drops the unlabelled tail freely: the prompt is what precedes `end`
+            row = {**row, "prompt_tokens": labels[:end].count(IGNORE_INDEX)}
+        theirs = audit_context_fit([row], target, 0, min_kept, max_ratio)["records"][0]
+        theirs["total_tokens"] = len(labels)
+        if len(labels) > target and theirs["decision"] == "fit":  # only the tail past `end` is cut
+            theirs["decision"] = "truncate"
+        if theirs["decision"] == "truncate" and IGNORE_INDEX in labels[target:end]:
             assert ours["decision"] == "overflow" and ours["kept_supervised_tokens"] == 0
             continue
         assert ours == theirs
         if ours["decision"] != "overflow":
             cut = next(kept)
-            assert len(cut["input_ids"]) == len(cut["labels"]) == min(target, len(sample["labels"]))
+            assert cut["labels"] == labels[:target] and len(cut["input_ids"]) == len(cut["labels"])
             assert len(cut["labels"]) - cut["labels"].count(IGNORE_INDEX) == ours["kept_supervised_tokens"]
-            assert cut["labels"].count(IGNORE_INDEX) == sample["labels"].count(IGNORE_INDEX)  # no prompt token cut
+            assert labels[:end].count(IGNORE_INDEX) == cut["labels"][:end].count(IGNORE_INDEX)  # no prompt cut
     assert next(kept, None) is None
     assert len(out["kept"]) + len(out["dropped"]) == len(samples)
 

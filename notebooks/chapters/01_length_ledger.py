@@ -336,7 +336,9 @@ grading.assert_rejects(audit_context_fit, "audit_context_fit", [
 #
 # `audit_context_fit` decides on counts; `apply_window_policy` carries the decision out on `input_ids` and
 # `labels`: it cuts only the supervised tail (prompt and template untouched, ids and labels cut together) and
-# drops overflow samples with a reason you can log.
+# drops overflow samples with a reason you can log. One detail of real templates: chatml closes the answer with
+# `<|im_end|>` and then a newline that carries no label. A cut takes that newline along (nothing after it is
+# learned); a policy that counted it as "a later turn's prompt" would refuse to cut any chatml sample at all.
 
 # %%
 policy_samples = []
@@ -344,7 +346,11 @@ for index, n in enumerate(answer_lengths[:40]):
     built = build_labels(tokenizer, synthetic_chat(int(n)))
     policy_samples.append({"name": f"chat-{index}", **built})
 outcome = apply_window_policy(policy_samples, 256, min_kept_supervised_tokens=32, max_supervision_loss_ratio=0.25)
-print({key: len(value) for key, value in outcome.items() if isinstance(value, list)})
+audit = outcome["audit"]
+print(f"kept {len(outcome['kept'])} | dropped {len(outcome['dropped'])} | fit {len(audit['fit_names'])} | "
+      f"truncated {len(audit['truncated_names'])} | overflow {len(audit['overflow_names'])}")
+for record in [r for r in audit["records"] if r["decision"] == "truncate"][:2]:  # both gates passed
+    print(record)
 for record in outcome["dropped"][:3]:
     print(record)
 
