@@ -16,7 +16,7 @@ from typing import Any
 
 from benchmarks.gpu.records import DEFAULT_RESULTS_DIR, iter_result_files, read_result
 
-__all__ = ["load_results", "format_record", "format_runs_side_by_side", "plot_length_curve", "plot_packing_bars", "plot_packing_scale", "main"]
+__all__ = ["load_results", "device_name", "format_record", "format_runs_side_by_side", "plot_length_curve", "plot_packing_bars", "plot_packing_scale", "main"]
 
 _GIB = 1024**3
 
@@ -50,6 +50,13 @@ def _gib(value: int | None) -> float | None:
     return None if value is None else value / _GIB
 
 
+def device_name(record: dict[str, Any]) -> str:
+    """Where a record was measured: the GPU's name for a CUDA run, else its device ("cpu" for a smoke run, even on a
+    machine that has a GPU)."""
+    hardware = record["hardware"]
+    return hardware["gpu_name"] if hardware["device"].startswith("cuda") and hardware["gpu_name"] else hardware["device"]
+
+
 def _header(record: dict[str, Any]) -> str:
     """Seed 5.3's first print: run label, model, failure, evidence, decision."""
     keys = ("run_label", "run_mode", "model", "failure", "evidence_level", "decision")
@@ -57,8 +64,7 @@ def _header(record: dict[str, Any]) -> str:
     if shown["failure"]:
         shown["failure"] = {k: v for k, v in shown["failure"].items() if k != "traceback"}
     workload = record["workload"]
-    device = record["hardware"]["gpu_name"] or record["hardware"]["device"]
-    title = f"== {workload['id']} {workload['version']} | {device} | torch {record['framework']['torch']}"
+    title = f"== {workload['id']} {workload['version']} | {device_name(record)} | torch {record['framework']['torch']}"
     return title + "\n" + json.dumps(shown, ensure_ascii=False, indent=2)
 
 
@@ -181,7 +187,7 @@ def format_runs_side_by_side(records: list[dict[str, Any]]) -> str | None:
     table, spreads = [], {}
     for record, rows in runs:
         (pad, pack, fast), (last_pad, _, last_fast) = rows[0], rows[-1]
-        gpu = record["hardware"]["gpu_name"] or record["hardware"]["device"]
+        gpu = device_name(record)
         values = [_speedup(pack, pad), _busy_speedup(pack, pad), _speedup(fast, pad), _busy_speedup(fast, pad),
                   last_pad.get("scale", 1), _speedup(last_fast, last_pad), _busy_speedup(last_fast, last_pad)]
         table.append([record["run_label"], record["workload"]["version"], gpu, *values])

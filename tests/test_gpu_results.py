@@ -120,6 +120,27 @@ def test_gpu_busy_time_repeats_where_the_clock_does_not(committed):
         assert all(varlen[scale] >= block[scale] for scale in run)
 
 
+def test_varlen_targets_by_the_clock_and_their_busy_share(committed):
+    """What chapter 9 section 7 quotes: by the clock varlen reached 0.80, 0.83 and 0.91x padding at the seed's size
+    and beat the block mask at x32 in two runs of three (1.34, 1.16, 0.99x); at x32 the GPU was busy 91-95% of the
+    padding and block-mask steps but 58-76% of the varlen ones (95 ms of GPU work in 124-162 ms steps)."""
+    records = [committed["pt-long-context", label] for label in V9_RUNS]
+    x1 = sorted(round(r["targets"]["varlen_packing_effective_throughput_ratio"]["observed"], 2) for r in records)
+    assert x1 == [0.80, 0.83, 0.91] and not any(
+        r["targets"]["varlen_packing_effective_throughput_ratio"]["met"] for r in records)
+    largest = [r["targets"]["varlen_faster_than_block_mask_at_largest_scale"] for r in records]
+    assert sorted(round(t["observed"], 2) for t in largest) == [0.99, 1.16, 1.34]
+    assert [t["met"] for t in largest] == [t["observed"] > 1 for t in largest] and sum(t["met"] for t in largest) == 2
+    shares = {"dense": [], "varlen": []}
+    for run in map(_by_scale, records):
+        pad, pack, fast = run[32]
+        shares["dense"] += [_busy(row) / row["median_step_ms"] for row in (pad, pack)]
+        shares["varlen"].append(_busy(fast) / fast["median_step_ms"])
+        assert round(_busy(fast)) == 95 and 124 <= fast["median_step_ms"] < 163
+    assert (round(min(shares["dense"]), 2), round(max(shares["dense"]), 2)) == (0.91, 0.95)
+    assert (round(min(shares["varlen"]), 2), round(max(shares["varlen"]), 2)) == (0.58, 0.76)
+
+
 def test_packing_compiled_loss_matches_eager_and_target_is_read_as_measured(committed):
     """packing-compiled v1 on the H200: each compiled step's loss equals the eager one; by the clock packing was 0.83x
     (default) and 1.09x (reduce-overhead) of padding, the target's `met` exactly observed >= 1.3."""

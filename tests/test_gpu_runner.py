@@ -19,6 +19,7 @@ from benchmarks.gpu.measure import device_activity, median_and_p95, profile_step
 from benchmarks.gpu.records import read_result, result_path  # noqa: E402
 from benchmarks.gpu.schema import SCHEMA_VERSION, validate_result  # noqa: E402
 from benchmarks.report import (  # noqa: E402
+    device_name,
     format_record,
     format_run,
     format_runs_side_by_side,
@@ -325,6 +326,17 @@ def test_report_prints_seed_tables_and_draws(smoke, tmp_path, capsys):
     assert report_main([str(smoke["pt-long-context"][0]), str(broken)]) == 1
     out = capsys.readouterr()
     assert "padding vs packing" in out.out and "broken.json" in out.err
+
+
+def test_a_record_names_the_device_it_measured_on(smoke):
+    """A cpu_smoke run on a machine with a GPU was measured on the CPU: its header must not name the GPU."""
+    record = copy.deepcopy(smoke["pt-long-context"][1])
+    record["hardware"].update(device="cpu", gpu_name="NVIDIA H200", cuda_available=True)
+    assert device_name(record) == "cpu" and "| cpu | torch" in format_record(record)
+    record["hardware"]["device"] = "cuda"
+    assert device_name(record) == "NVIDIA H200" and "| NVIDIA H200 | torch" in format_record(record)
+    record["hardware"]["gpu_name"] = None
+    assert device_name(record) == "cuda"
 
 
 def test_every_long_context_row_carries_the_profile_of_one_more_step(smoke):
