@@ -132,9 +132,9 @@ for window in (256, 384, CAPACITY, 1024):
 
 # %% [markdown]
 # The rule reads the right direction: the further P95 sits below the window, the more padding to the window
-# wastes, and packing recovers nearly all of it (BFD rows above 90% full at every window). "Moderate" at 256 is
-# not "useless": with a few chats near the window, some rows hold one long chat and little else, and the rule
-# only warns that the saving shrinks as P95 approaches the window.
+# wastes, and packing recovers nearly all of it (BFD rows above 90% full at every window). `moderate` at 256 does
+# not mean packing is useless there: with a few chats near the window, some rows hold one long chat and little
+# else, and the rule only warns that the saving shrinks as P95 approaches the window.
 #
 # Sorting does the heavy lifting: FFD and BFD land on or next to the lower bound at every capacity, while
 # sequential packing pays for keeping the data order with extra rows when $C$ is tight. On these lengths FFD and

@@ -644,7 +644,8 @@ plt.show()
 # %%
 def transformers_accumulate(model, batch, microbatches, use_global_count):
     """Gradient accumulation with the model's own loss: token mean / K, or sum / N via num_items_in_batch -> [P]."""
-    total = torch.tensor(sum(int((batch["labels"][rows] != IGNORE_INDEX).sum()) for rows in microbatches))
+    # the shifted labels, as the Trainer counts them: a row's first label is never a prediction target
+    total = torch.tensor(sum(int((batch["labels"][rows, 1:] != IGNORE_INDEX).sum()) for rows in microbatches))
     model.zero_grad(set_to_none=True)
     for rows in microbatches:
         part = {key: value[rows] for key, value in batch.items()}
@@ -667,8 +668,8 @@ for name, use_global_count in (("model(...).loss / K", False), ("num_items_in_ba
 # The framework's two paths land where ours did: the default loss divided by $K$ carries the same distortion, and
 # `num_items_in_batch` reproduces the full batch. (The Trainer counts the same shifted labels we do,
 # `labels[..., 1:] != -100`, or `shift_labels` when a padding-free collator sends them; older transformers versions
-# counted the unshifted labels, one too many per row whose first label is not -100.) A hand-written accumulation loop that calls `model(**batch).loss / accumulation_steps`, the pattern
-# of countless tutorials, has the bug.
+# counted the unshifted labels, one too many per row whose first label is not -100.) A hand-written accumulation
+# loop that calls `model(**batch).loss / accumulation_steps`, the pattern of countless tutorials, has the bug.
 #
 # ## 8. Design questions in practice (实践中的设计问题)
 #

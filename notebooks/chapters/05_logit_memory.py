@@ -17,7 +17,7 @@
 #
 # **Objectives.** After this chapter you can
 # 1. size the **logits** (logits 张量) of a training microbatch from $N \times V$ alone, and say why, with a
-#    production vocabulary (词表), they outweigh the model's own per-token activations ($V \gg D$);
+#    production vocabulary (词表), they outweigh what a transformer layer keeps per token ($V \gg D$);
 # 2. measure what autograd **keeps for backward** (为反向保存的张量) with `saved_tensors_hooks`, and the largest
 #    tensor a forward pass creates, on a CPU;
 # 3. compute selected-token **log-probs** (对数概率) **chunked over time** (沿时间分块) and **recomputed in backward**
@@ -47,7 +47,7 @@ from course_lib import (
 from course_lib.tokenizer import corpus_files
 
 # %% [markdown]
-# ## 1. Why: the output layer keeps more than the whole model
+# ## 1. Why: one output layer keeps as much as many transformer layers
 #
 # A policy-gradient or SFT loss needs one number per token: the log-probability of the token that was actually
 # there, $\log p(x_{t+1} \mid x_{\le t})$. To get it, the output layer turns each hidden state (width $D$) into
@@ -93,8 +93,11 @@ for row in logit_memory_table():
 # %% [markdown]
 # Every Qwen3 size pays the same 0.61 MB per token, because $V$ does not grow with the model: 19.9 GB for a
 # 32k-token microbatch, *before* the log-softmax output and the gradient, each as large again. $V$ is 148 times
-# $D$ for Qwen3-0.6B and still 30 times $D$ for Qwen3-32B. For long-context training the logits are the first
-# memory decision, before activation checkpointing of the trunk or sharding.
+# $D$ for Qwen3-0.6B and still 30 times $D$ for Qwen3-32B. At the ~18 $D$ per token a layer keeps (measured
+# above), one fp32 copy of Qwen3-0.6B's logits weighs as much as 8 of its 28 layers; once the trunk is
+# checkpointed (each layer keeps only its input, one $D$-vector per token), it outweighs all 28 layers together.
+# For long-context training the logits are the first memory decision, before activation checkpointing of the
+# trunk or sharding.
 #
 # ## 2. The mechanism: full, chunked, chunked + recomputed (分块与重计算)
 #

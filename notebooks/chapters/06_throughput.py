@@ -330,11 +330,11 @@ plt.show()
 # |---|---|
 # | `train` | $6N \times \text{episodes} \times \text{total} \,/\, \text{FLOP/s} \,/\, 3600$ |
 # | `old_logp` (one more forward for the old policy's log-probs) | $2N \times \text{episodes} \times \text{total} \,/\, \text{FLOP/s} \,/\, 3600$ |
-# | `prefill` (prompt and tool tokens, processed once) | $2N \times \text{episodes} \times (\text{total} - \text{policy}) \,/\, \text{FLOP/s} \,/\, 3600$ |
+# | `prefill` (预填充: prompt and tool tokens, processed once) | $2N \times \text{episodes} \times (\text{total} - \text{policy}) \,/\, \text{FLOP/s} \,/\, 3600$ |
 # | `decode` (policy tokens at `decode_rate`) | $\text{episodes} \times \text{policy} \,/\, \text{decode rate} \,/\, 3600 \,/\, \text{busy}$ |
 #
-# `busy` is the share of time the inference engine is actually decoding (tool calls and stragglers leave it idle),
-# so the decode time is *divided* by it.
+# `busy` (忙碌占比, the busy share) is the share of time the inference engine is actually decoding (tool calls and
+# stragglers leave it idle), so the decode time is *divided* by it.
 #
 # ### TODO 3 · `gpu_hours_per_step`
 #
@@ -425,7 +425,7 @@ print(f"busy 0.25 instead of 0.5: {quarter_busy['total'] - parts['total']:+.2f} 
 # per token: more aggressive GQA, an 8-bit KV cache; (b) shorter contexts (summarise or truncate tool output);
 # (c) more GPUs on inference than on training; (d) prefix caching for prompts shared across a group.
 # *Recommendation:* measure the KV share of the bytes read per decode step first (section 3's printout;
-# `kv_read_share` in `course_lib.accounting`'s sweep); when KV reads dominate, (a) and (b) act directly on the term
+# the `kv_read_share` column of `course_lib.accounting.decode_rate_table`); when KV reads dominate, (a) and (b) act directly on the term
 # that sets the speed, (c) only buys capacity.
 #
 # **Problem: the run costs twice the GPU-hours the budget said.**

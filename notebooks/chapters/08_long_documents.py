@@ -173,9 +173,10 @@ print(f"geometric pads {saved:.1%} less than linear (article: 15%)")
 # %% [markdown]
 # We measure 10.5%, not 15%: same direction, smaller size. But the bigger finding is what the comparison depends
 # on. Geometric buckets are **scale-free**: each document loses less than half its bucket, so their padding stays
-# near 30% for any lognormal whose documents sit well below `max_length` (less once the cap at 8192 makes the last
-# bucket fit the longest documents exactly: 21% at a median of about 3k in the sweep below). Linear buckets have a fixed width, so they waste a lot on short documents (a 40-token
-# document in a 585-token bucket) and little on long ones. Sweep the median length and watch the sign change.
+# near 30% for a lognormal this wide ($\sigma = 1$) whose documents sit well below `max_length` (less once the cap at
+# 8192 makes the last bucket fit the longest documents exactly: 21% at a median of about 3k in the sweep below).
+# Linear buckets have a fixed width, so they waste a lot on short documents (a 40-token document in a 585-token
+# bucket) and little on long ones. Sweep the median length and watch the sign change.
 
 # %%
 log_medians = (4.0, 5.0, 6.0, 7.0, 8.0)  # lognormal mu; the median is exp(mu), sigma stays 1
@@ -196,9 +197,9 @@ for mu in log_medians:
 #
 # ## 4. Sliding windows with one owner per token (滑动窗口与损失归属)
 #
-# A document longer than the window cannot go into any bucket. Cutting it to the window (truncation) throws the
+# A document longer than the window cannot go into any bucket. Cutting it to the window (truncation, 截断) throws the
 # rest away. Seed 004 slides a 256-token window with a 64-token overlap instead: window $i$ starts at
-# $i \cdot s$ with stride $s = 256 - 64 = 192$, so each window repeats the last 64 tokens of the previous one as
+# $i \cdot s$ with stride (步长) $s = 256 - 64 = 192$, so each window repeats the last 64 tokens of the previous one as
 # context. The overlap must be **context only**: if every window puts a loss on all of its tokens, the overlap's
 # tokens are trained twice. So window $i$ **owns** the tokens from the previous window's end to its own end, and
 # the owned ranges partition the document.
@@ -313,7 +314,7 @@ assert predicted == list(range(1, len(ids)))
 # Supervising every window token gives a second loss to each overlap token except a window's first, which is never
 # a target (nothing precedes it in the window): 63 extra losses per later window here. Tokens that happen to sit in
 # an overlap then weigh double in the mean, and the "tokens trained" counter overstates the data. (The untrained
-# model's mean NLL is near $\ln 2048 \approx 7.6$ either way; the count is the point.) An overlap of at least one
+# model's mean NLL is near $\ln V = \ln 2048 \approx 7.6$, the log of its vocabulary size, either way; the count is the point.) An overlap of at least one
 # token matters too: with no overlap, each later window's first token is a target of no window at all.
 #
 # ## 6. A sober check: what do the windows cost, and what is "98% content utilization"?
@@ -337,7 +338,7 @@ print(f"  share of window slots holding a real token:      {processed / window_s
 print(f"  share of processed tokens that carry a new loss: {owned / processed:.1%}  (the rest is overlap context)")
 
 # %% [markdown]
-# The article does not define "content utilization", so we measure the three readings it could mean. Coverage is
+# The article does not define "content utilization" (内容利用率), so we measure the three readings it could mean. Coverage is
 # 100% by construction (windows never drop text, truncation would). The share of window slots holding a real token
 # is 92% here (each document's last window is short and padded) and approaches 100% for very long documents. The
 # share of processed tokens that carry a new loss is 78% here and tends to 75% (= 192 / 256). None is 98%, and the
@@ -397,7 +398,7 @@ plt.show()
 # buckets the padding share barely moves, or grows. *Cause:* the saving depends on where the lengths sit relative
 # to the bucket widths (section 3: from 0.08x to 4x linear's padding as the median grows). *Options:*
 # (a) geometric buckets (scale-free, under 50% per document); (b) linear or quantile edges fitted to your lengths;
-# (c) packing several documents per row instead of padding (chapter on packing). *Recommendation:* measure
+# (c) packing several documents per row instead of padding (chapter 3). *Recommendation:* measure
 # `bucket_padding` on your own length ledger for each candidate; prefer packing when the attention kernel supports
 # boundary-isolated rows.
 #
