@@ -104,7 +104,9 @@ def balanced_partition(lengths, k: int) -> list[list[int]]:
     """Karmarkar-Karp largest differencing: lengths [N] -> k index lists with near-equal sums (heaviest first).
 
     Each item starts as a k-way partial partition; the two partials with the largest spread merge, heaviest
-    subset of one with lightest of the other, until one remains. A heuristic: not always optimal.
+    subset of one with lightest of the other, until one remains. A heuristic: not always optimal. Deterministic:
+    among equal spreads the partial formed first merges first (the items' own partials in decreasing length, ties
+    by index), and each subset lists its indices in ascending order.
     """
     k = require_positive_int("k", k)
     lengths = require_lengths("lengths", lengths, minimum=0)

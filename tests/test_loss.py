@@ -240,3 +240,38 @@ def test_a_cpu_batch_meets_the_model_on_its_device():
         cl.supervised_token_losses(model, batch)
     assert "meta" in str(error.value) or "autocast" in str(error.value), error.value  # not a device mismatch
     assert seen == [torch.device("meta")]
+
+
+# --- what the library survey found untested (tests/mutants/library_survey.py) -------------------------------------
+
+def test_global_count_skips_each_rows_first_label(model, batch):
+    """A row's first label is never a prediction target: the global count must skip it even when it is supervised
+    (every other test batch starts with a prompt, where counting it or not gives the same number)."""
+    batch = {**batch, "labels": batch["labels"].clone()}
+    batch["labels"][:, 0] = batch["input_ids"][:, 0]  # supervised, yet never predicted
+    full = cl.accumulated_gradient(model, batch, [range(16)], normalize="local")  # the token mean of the targets
+    exact = cl.gradient_agreement(cl.accumulated_gradient(model, batch, _length_sorted_split(batch)), full)
+    assert exact["relative_error"] < 1e-6
+
+
+def test_a_bad_normalization_is_refused_before_the_gradients_are_touched(model, batch):
+    model.zero_grad(set_to_none=True)
+    cl.accumulated_gradient(model, batch, [range(16)])
+    before = cl.flat_gradient(model).clone()
+    with pytest.raises(ValueError, match=r"^normalize"):
+        cl.accumulated_gradient(model, batch, [[0, 1]], normalize="sequence")
+    assert torch.equal(cl.flat_gradient(model), before)
+
+
+def test_gradient_agreement_types_precision_and_messages():
+    result = cl.gradient_agreement(torch.tensor([4.0, -3.0]), torch.tensor([3.0, 4.0]))
+    assert type(result["relative_error"]) is float and type(result["cosine"]) is float
+    huge = torch.full((4,), 1e20)  # its fp32 norm overflows to inf; in float64 it is 2e20
+    assert cl.gradient_agreement(2 * huge, huge) == {"relative_error": 1.0, "cosine": 1.0}
+    for bad in (torch.tensor([True, False]), torch.tensor([1j, 2j])):  # integer gradients are allowed
+        with pytest.raises(ValueError, match=r"^gradient"):
+            cl.gradient_agreement(bad, torch.ones(2))
+        with pytest.raises(ValueError, match=r"^reference"):
+            cl.gradient_agreement(torch.ones(2), bad)
+    with pytest.raises(ValueError, match=r"got \(3,\) and \(2, 2\)$"):
+        cl.gradient_agreement(torch.ones(3), torch.ones(2, 2))

@@ -60,3 +60,53 @@ def test_spawned_ranks_agree_with_forked_ranks():
     spawned = cl.data_parallel_gradients(model, batch, [[0, 1], [2, 3]], normalizations=("global",),
                                          timeout_s=90.0, start_method="spawn")
     assert cl.gradient_agreement(spawned["global"], full)["relative_error"] < 1e-6
+
+
+def test_one_rank_is_plain_accumulation_and_no_rank_outlives_the_call():
+    """A world of one rank is legal (a laptop run of the same code) and equals single-process accumulation; every
+    rank process has been joined when the call returns."""
+    import multiprocessing
+
+    model = cl.tiny_qwen2(seed=0)
+    batch = cl.synthetic_supervised_batch(n_rows=4, min_length=6, max_length=16, seed=3)
+    gradients = cl.data_parallel_gradients(model, batch, [[0, 1, 2, 3]], timeout_s=60.0)
+    for normalize in ("global", "local"):
+        reference = cl.accumulated_gradient(model, batch, [[0, 1, 2, 3]], normalize=normalize)
+        assert cl.gradient_agreement(gradients[normalize], reference)["relative_error"] < 1e-6
+    assert multiprocessing.active_children() == []
+
+
+def test_a_bad_batch_is_refused_before_any_rank_starts():
+    model = cl.tiny_qwen2(seed=0)
+    batch = cl.synthetic_supervised_batch(n_rows=4, seed=0)
+    with pytest.raises(ValueError, match=r"^batch\['input_ids'\]"):
+        cl.data_parallel_gradients(model, {**batch, "input_ids": batch["input_ids"] + 10_000}, [[0, 1], [2, 3]])
+
+
+def test_a_run_past_its_timeout_raises_and_leaves_no_rank_behind():
+    """No rank can report within a millisecond (each forks, joins a gloo group and runs a step): the caller must
+    give up with the timeout in its message and terminate the ranks it started."""
+    import multiprocessing
+
+    model = cl.tiny_qwen2(seed=0)
+    batch = cl.synthetic_supervised_batch(n_rows=4, seed=0)
+    with pytest.raises(RuntimeError, match=r"no result within timeout_s = 0\.001 s"):
+        cl.data_parallel_gradients(model, batch, [[0, 1], [2, 3]], timeout_s=0.001)
+    assert multiprocessing.active_children() == []
+
+
+def test_a_hung_rank_is_terminated_at_the_timeout():
+    """A rank stuck in its step (here a forward that sleeps for minutes) must not hold the caller past timeout_s:
+    the call raises after it and terminates the ranks instead of waiting for them."""
+    import multiprocessing
+    import time
+
+    if "fork" not in multiprocessing.get_all_start_methods():
+        pytest.skip("a stuck forward is inherited by forked ranks only")
+    model = cl.tiny_qwen2(seed=0)
+    model.forward = lambda *args, **kwargs: time.sleep(300)  # forked ranks inherit the stuck forward
+    batch = cl.synthetic_supervised_batch(n_rows=4, seed=0)
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="no result within timeout_s = 5.0 s"):
+        cl.data_parallel_gradients(model, batch, [[0, 1], [2, 3]], timeout_s=5.0, start_method="fork")
+    assert time.monotonic() - started < 60 and multiprocessing.active_children() == []

@@ -220,3 +220,76 @@ def test_seed003_section_14_1_padding_and_packing_arithmetic():
     assert len(rows) == 10 == -(-2472 // 256)  # the lower bound, reached
     packed = describe_microbatches(lengths, rows, packed=True)
     assert f"{packed['real_tokens'] / (len(rows) * 256):.1%}" == "96.6%"
+
+
+# --- what the library survey found untested (tests/mutants/library_survey.py) -------------------------------------
+
+def _karmarkar_karp_reference(lengths, k):
+    """Largest differencing written from its definition, with a list and max() instead of a heap: every item starts
+    as a k-way partial (items in decreasing length, ties by index); the two partials of largest spread (max sum - min
+    sum; among equal spreads the one formed first) merge, heaviest subset of one with the lightest of the other,
+    until one is left -> its k subsets, indices ascending, heaviest subset first."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    partials = [(formed, [(lengths[i], [i])] + [(0, [])] * (k - 1)) for formed, i in enumerate(order)]
+
+    def largest_spread(entry):
+        formed, subsets = entry
+        return subsets[0][0] - subsets[-1][0], -formed  # subsets are kept heaviest first
+
+    formed = len(partials)
+    while len(partials) > 1:
+        first = max(partials, key=largest_spread)
+        partials.remove(first)
+        second = max(partials, key=largest_spread)
+        partials.remove(second)
+        merged = [(a + b, ia + ib) for (a, ia), (b, ib) in zip(first[1], second[1][::-1], strict=True)]
+        partials.append((formed, sorted(merged, key=lambda subset: -subset[0])))  # stable: ties keep their order
+        formed += 1
+    parts = [sorted(indices) for _, indices in partials[0][1]]
+    return sorted(parts, key=lambda part: (-sum(lengths[i] for i in part), part[:1]))
+
+
+@pytest.mark.parametrize("k", [2, 3, 4, 8])
+def test_balanced_partition_equals_the_differencing_reference(k):
+    """Random lengths, distinct and large or small with many ties (which the documented tie rule decides): the same
+    k subsets, ordered the same way, as plain sorted Python int lists."""
+    rng = random.Random(k)
+    for distinct in (True, False):
+        for _ in range(25):
+            n = rng.randint(k, 40)
+            values = rng.sample(range(1, 1_000_000), n) if distinct else [rng.randint(0, 12) for _ in range(n)]
+            parts = balanced_partition(values, k)
+            assert parts == _karmarkar_karp_reference(values, k)
+            assert all(type(i) is int for part in parts for i in part) and all(part == sorted(part) for part in parts)
+
+
+def test_helpers_refuse_what_they_document():
+    with pytest.raises(ValueError, match=r"^lengths\[1\]"):
+        balanced_partition([1, -1], 2)
+    assert balanced_partition([0, 0, 5], 2) == [[2], [0, 1]]  # zero lengths are sequences too
+    assert fixed_count_batches([], 4) == []
+    assert fixed_count_batches(torch.tensor([3, 0, 2]), 2) == [[3, 0], [2]]
+    with pytest.raises(ValueError, match=r"^order\[1\]"):
+        fixed_count_batches([0, -1], 2)
+    assert batch_containing([[], [2, 0]], 0) == [2, 0]
+    with pytest.raises(ValueError, match=r"^index"):
+        batch_containing([[0, 1]], -1)
+    with pytest.raises(ValueError, match=r"^batches\[0\]"):
+        batch_containing([[-1, 0]], 0)
+    with pytest.raises(ValueError, match=r"^name"):
+        format_microbatch_summary(7, {"count": 1, "padding_ratio": 0.0, "largest_tokens": 8})
+
+
+def test_describe_microbatches_sizes_are_python_ints():
+    for packed in (False, True):
+        summary = describe_microbatches(torch.tensor([5, 3, 2, 7]), [[0, 1], [2, 3]], packed=packed)
+        assert all(type(size) is int for size in summary["sizes"])
+        assert type(summary["largest_tokens"]) is int and type(summary["computed_tokens"]) is int
+
+
+def test_seed_draws_leave_the_global_generator_alone():
+    """The seed's lengths come from their own generator: drawing them must not move torch's global RNG, or a
+    notebook's later random draws would depend on whether this cell ran."""
+    state = torch.get_rng_state()
+    seed003_agent_lengths(64), seed003_random_order(64)
+    assert torch.equal(torch.get_rng_state(), state)

@@ -140,3 +140,72 @@ def test_corpus_chats_are_deterministic_runs_of_corpus_sentences():
         arguments = {"count": 4, "log_mean": 0.5, "log_sigma": 0.5, "max_sentences": 3, **bad}
         with pytest.raises(ValueError):
             corpus_chats(**arguments)
+
+
+# --- what the library survey found untested (tests/mutants/library_survey.py) -------------------------------------
+
+def test_sample_data_path_refuses_what_is_not_a_shipped_file():
+    assert sample_data_path("alpaca.jsonl").is_file()
+    for name in ("missing.jsonl", ".", "../samples"):
+        with pytest.raises(ValueError, match=r"^name must be a file in course_lib/data/samples"):
+            sample_data_path(name)
+
+
+def test_a_blank_system_field_adds_no_system_turn():
+    alpaca = {"instruction": "Hi.", "output": "Hello.", "system": "  \n"}
+    assert [m["role"] for m in to_messages(alpaca, "alpaca")] == ["user", "assistant"]
+    sharegpt = {"system": " ", "conversations": [{"from": "human", "value": "Hi."}, {"from": "gpt", "value": "Yo."}]}
+    assert [m["role"] for m in to_messages(sharegpt, "sharegpt")] == ["user", "assistant"]
+
+
+def test_sharegpt_conversations_must_be_a_non_empty_list_of_mappings():
+    with pytest.raises(ValueError, match=r"^sharegpt record needs a non-empty list"):
+        to_messages({"conversations": []}, "sharegpt")
+    with pytest.raises(ValueError, match=r"^sharegpt conversations\[1\] must be a mapping"):
+        to_messages({"conversations": [{"from": "human", "value": "Hi."}, "gpt: Yo."]}, "sharegpt")
+
+
+def test_a_record_needs_keys_and_get():
+    class KeysOnly:
+        def keys(self):
+            return ["instruction", "output"]
+
+    with pytest.raises(ValueError):
+        to_messages(KeysOnly(), "alpaca")
+
+
+def test_file_suffixes_are_read_case_blind(tmp_path):
+    upper = tmp_path / "RECORDS.JSONL"
+    upper.write_text(json.dumps({"instruction": "Hi.", "output": "Yo."}) + "\n", encoding="utf-8")
+    assert load_records(upper)[0] == {"instruction": "Hi.", "output": "Yo."}
+
+
+def test_records_to_chats_refuses_an_unknown_format_before_mapping():
+    dataset = load_records(sample_data_path("alpaca.jsonl"))
+    with pytest.raises(ValueError, match=r"^record_format must be one of \['alpaca', 'sharegpt'\] or None"):
+        records_to_chats(dataset, "openai")
+
+
+def test_corpus_chats_answers_are_exactly_the_drawn_number_of_consecutive_sentences():
+    """The answer of chat i is `size_i` consecutive corpus sentences, size_i the i-th of the seed's lognormal draw,
+    rounded and clipped to [1, max_sentences]; the question is one corpus sentence. Chapters 3 and 4 quote numbers
+    measured on these chats."""
+    import numpy as np
+
+    from course_lib import corpus_chats, corpus_files
+
+    english = next(path for path in corpus_files() if path.endswith("en_finetuning.txt"))
+    sentences = [line.strip() for line in open(english, encoding="utf-8") if line.strip()]
+    for seed, log_mean, log_sigma, max_sentences in ((0, 0.7, 0.9, 20), (5, 1.5, 1.2, 4), (2, -3.0, 0.1, 3)):
+        chats = corpus_chats(40, log_mean=log_mean, log_sigma=log_sigma, max_sentences=max_sentences, seed=seed)
+        drawn = np.random.default_rng(seed).lognormal(log_mean, log_sigma, size=40)
+        sizes = [min(max(int(round(x)), 1), max_sentences) for x in drawn]
+        for (user, assistant), size in zip(chats, sizes, strict=True):
+            assert user["content"].removeprefix("Explain this: ") in sentences
+            runs = {" ".join(sentences[start:start + size]) for start in range(len(sentences) - size + 1)}
+            assert assistant["content"] in runs
+    assert len(corpus_chats(3, max_sentences=len(sentences) - 1)) == 3
+    with pytest.raises(ValueError, match=rf"^max_sentences must be below the corpus's {len(sentences)} sentences"):
+        corpus_chats(3, max_sentences=len(sentences))
+    with pytest.raises(ValueError, match=r"^log_sigma"):
+        corpus_chats(3, log_sigma=-0.5)
