@@ -82,6 +82,10 @@ print(f"simulated: {draws.all(dim=1).float().mean():.3f} of groups at p = 0.9 ar
 # | `failed_runs` | failed runs of the candidate | above `max_failed_runs` |
 # | `peak_memory_budget`, `cost_budget` | peak memory (GB), cost per supervised token | either above its budget |
 #
+# Each gate holds the stage on its own, and the decision names every gate that failed. Why not one weighted score?
+# Because a weighted total lets a long-context gain buy back a short-context regression and has no term at all for
+# a budget mismatch or a NaN; section 3 shows it on seed 000's candidates, once your gates are written.
+#
 # Two rows are easy to get wrong, so we produce their evidence on real objects.
 #
 # **The token budget.** Take 200 chats with long-tailed answers, measure each from one rendering with the course
