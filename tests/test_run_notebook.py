@@ -50,6 +50,22 @@ def test_bad_settings_are_refused(tmp_path, setting, capsys):
     assert "run_notebook:" in capsys.readouterr().err
 
 
+GPU_CELL_CHAPTERS = ["03_packing", "05_logit_memory", "09_gpu_lab"]  # run whole below, through their GPU cell
+CPU_ONLY_CHAPTERS = [path.stem for path in sorted((SCRIPT.parents[1] / "notebooks" / "chapters").glob("[0-9]*.py"))
+                     if path.stem not in GPU_CELL_CHAPTERS]
+
+
+@pytest.mark.parametrize("name", CPU_ONLY_CHAPTERS)
+def test_every_cell_of_the_instructor_notebook_runs(name, tmp_path, capsys):
+    """Grading runs only setup, solution and test cells: a teaching cell that raises would pass every grading test
+    and stop a student halfway through the chapter. Each chapter's instructor notebook must run top to bottom."""
+    from course_lib.nb import build
+
+    root = build.copy_course_skeleton(build.NOTEBOOKS_DIR, tmp_path / "course")
+    notebook = build.build_source_notebook(root / "chapters" / f"{name}.py", root).source_notebook
+    assert run_notebook.main([str(notebook), "--cwd", str(tmp_path / "run")]) == 0, capsys.readouterr().out[-3000:]
+
+
 @pytest.fixture(scope="module")
 def runner_chapters(tmp_path_factory):
     """Fresh instructor notebooks of the chapters whose cells drive the benchmark runner."""
@@ -57,7 +73,7 @@ def runner_chapters(tmp_path_factory):
 
     root = build.copy_course_skeleton(build.NOTEBOOKS_DIR, tmp_path_factory.mktemp("course"))
     return {name: build.build_source_notebook(root / "chapters" / f"{name}.py", root).source_notebook
-            for name in ("03_packing", "05_logit_memory", "09_gpu_lab")}
+            for name in GPU_CELL_CHAPTERS}
 
 
 def _records(folder: Path) -> list[dict]:
@@ -68,7 +84,7 @@ def _records(folder: Path) -> list[dict]:
 
 
 @pytest.mark.skipif(torch_cuda_available(), reason="with CUDA, real_gpu measures instead of refusing")
-@pytest.mark.parametrize("name", ["03_packing", "05_logit_memory", "09_gpu_lab"])
+@pytest.mark.parametrize("name", GPU_CELL_CHAPTERS)
 def test_gpu_cell_without_a_gpu_records_the_refusal_and_the_chapter_goes_on(runner_chapters, name, tmp_path, capsys):
     assert run_notebook.main([str(runner_chapters[name]), "--set", 'RUN_MODE="real_gpu"', "--cwd", str(tmp_path)]) == 0
     refused = [r for r in _records(tmp_path) if r["run_mode"] == "real_gpu"]

@@ -301,8 +301,8 @@ for loaded in records:
 # %%
 predicted = padding_vs_packing_ledger(mine["workload"]["parameters"]["packing_sample_lengths"])
 for row in mine["measurements"]["packing_comparison"]:
-    mine = predicted["padding" if row["candidate"] == "padding" else "packing"]
-    same = all(row[key] == mine[key] for key in ("processed_tokens", "padding_tokens", "effective_supervised_tokens"))
+    expected = predicted["padding" if row["candidate"] == "padding" else "packing"]
+    same = all(row[key] == expected[key] for key in ("processed_tokens", "padding_tokens", "effective_supervised_tokens"))
     print(f"{row['candidate']:<26} processed {row['processed_tokens']:4d} | padding {row['padding_tokens']:4d} | "
           f"supervised {row['effective_supervised_tokens']:4d} | matches your ledger: {same}")
 
