@@ -1,7 +1,9 @@
 """Window policy: each sample fits whole, is cut in its supervision tail, or overflows.
 
-`audit_context_fit` works on a length ledger (template / prompt / supervised counts) and decides;
-`apply_window_policy` carries the decision out on real `input_ids` + `labels`.
+`audit_context_fit` works on a length ledger (template / prompt / supervised counts) and decides, as if every
+template and prompt token came before the answer; `apply_window_policy` carries the decision out on real
+`input_ids` + `labels`. Reading the labels, the policy is exact where the counts are not: a template's closing
+tokens after the answer (chatml's newline) are cut for free, and a cut through a later turn's prompt is refused.
 
 The two gates of a truncation (seed 000, Step 2): the kept supervision must reach
 `min_kept_supervised_tokens` AND the lost share must stay within `max_supervision_loss_ratio`.
@@ -125,7 +127,9 @@ def _policy_decision(labels: np.ndarray, target: int, min_kept: int, max_ratio: 
     verdict = _window_decision(end - supervised, supervised, target, min_kept, max_ratio)  # the tail is free
     if verdict["decision"] == "fit":  # only the unlabelled tail is past the window
         verdict.update(decision="truncate")
-    elif verdict["decision"] == "truncate" and bool((labels[target:end] == IGNORE_INDEX).any()):
+    elif int(supervised_at[0]) < target and bool((labels[target:end] == IGNORE_INDEX).any()):
+        # supervision starts inside the window, but the cut would also take a later turn's prompt: the reason,
+        # whatever the gates say about the counts
         verdict.update(decision="overflow", kept_supervised_tokens=0, reasons=["cut_would_remove_prompt_tokens"])
     return verdict
 

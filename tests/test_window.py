@@ -175,6 +175,10 @@ def test_apply_refuses_to_cut_a_later_turn_prompt():
     out = apply_window_policy([sample], 12, max_supervision_loss_ratio=0.9)
     assert out["kept"] == [] and out["dropped"][0]["reasons"] == ["cut_would_remove_prompt_tokens"]
     assert out["audit"]["records"][0]["decision"] == "overflow"
+    # A window inside the second prompt: the first answer fits, but the cut takes a prompt; that is the reason given,
+    # not the gates' reading of the counts (no supervision kept past the second prompt's 6 tokens).
+    out = apply_window_policy([sample], 10, max_supervision_loss_ratio=1.0)
+    assert out["dropped"] == [{"name": "two_turns", "index": 0, "reasons": ["cut_would_remove_prompt_tokens"]}]
     # A window that cuts only inside the final answer is fine: 16 of 20 kept, 2 of 6 final-answer tokens lost.
     out = apply_window_policy([sample], 16, max_supervision_loss_ratio=0.4)
     assert out["kept"][0]["labels"] == labels[:16] and out["audit"]["truncated_names"] == ["two_turns"]
@@ -273,8 +277,11 @@ def test_apply_agrees_with_audit(samples, target, min_kept, max_ratio):
         theirs["total_tokens"] = len(labels)
         if len(labels) > target and theirs["decision"] == "fit":  # only the tail past `end` is cut
             theirs["decision"] = "truncate"
-        if theirs["decision"] == "truncate" and IGNORE_INDEX in labels[target:end]:
+        first = min(i for i, label in enumerate(labels) if label != IGNORE_INDEX)
+        if first < target and IGNORE_INDEX in labels[target:end]:
             assert ours["decision"] == "overflow" and ours["kept_supervised_tokens"] == 0
+            assert {"name": sample["name"], "index": samples.index(sample),
+                    "reasons": ["cut_would_remove_prompt_tokens"]} in out["dropped"]
             continue
         assert ours == theirs
         if ours["decision"] != "overflow":

@@ -341,10 +341,8 @@ grading.assert_rejects(audit_context_fit, "audit_context_fit", [
 # learned); a policy that counted it as "a later turn's prompt" would refuse to cut any chatml sample at all.
 
 # %%
-policy_samples = []
-for index, n in enumerate(answer_lengths[:40]):
-    built = build_labels(tokenizer, synthetic_chat(int(n)))
-    policy_samples.append({"name": f"chat-{index}", **built})
+policy_chats = [synthetic_chat(int(n)) for n in answer_lengths[:40]]
+policy_samples = [{"name": f"chat-{index}", **build_labels(tokenizer, chat)} for index, chat in enumerate(policy_chats)]
 outcome = apply_window_policy(policy_samples, 256, min_kept_supervised_tokens=32, max_supervision_loss_ratio=0.25)
 audit = outcome["audit"]
 print(f"kept {len(outcome['kept'])} | dropped {len(outcome['dropped'])} | fit {len(audit['fit_names'])} | "
@@ -355,6 +353,34 @@ for record in outcome["dropped"][:3]:
     print(record)
 
 # %% [markdown]
+# Your `audit_context_fit` decided on counts, as if every template and prompt token came before the answer. The
+# policy reads the labels themselves, so on real chats it knows two things the counts do not: the template's
+# closing tokens after the answer (chatml 1, alpaca 2) are cut for free, and in a multi-turn chat a later prompt sits
+# between answers. Run your audit on each chat's own ledger and compare:
+
+# %%
+for window in (128, 256, 512):
+    differ = []
+    for sample, chat, record in zip(policy_samples, policy_chats,
+                                    apply_window_policy(policy_samples, window, min_kept_supervised_tokens=32,
+                                                        max_supervision_loss_ratio=0.25)["audit"]["records"],
+                                    strict=True):
+        row = measure_sample(tokenizer, chat)
+        counted = audit_context_fit([{"name": sample["name"], "prompt_tokens": row["prompt_tokens"],
+                                      "supervised_tokens": row["supervised_tokens"]}], window, row["template_tokens"],
+                                    min_kept_supervised_tokens=32, max_supervision_loss_ratio=0.25)["records"][0]
+        if (counted["decision"], counted["kept_supervised_tokens"]) != (record["decision"],
+                                                                       record["kept_supervised_tokens"]):
+            differ.append(f"{sample['name']}: audit {counted['decision']} keeps {counted['kept_supervised_tokens']}, "
+                          f"policy {record['decision']} keeps {record['kept_supervised_tokens']}")
+    print(f"window {window}: {len(differ)} of {len(policy_samples)} verdicts differ", *differ[:2], sep="\n  ")
+
+# %% [markdown]
+# Only samples the window cuts differ, and by the closing token: here every difference is a truncation where the
+# audit reserves a slot for the newline and keeps one supervised token fewer (under alpaca, two). Right at a gate,
+# that token can turn the audit's truncation into an overflow the policy would not make. Use the audit to plan a
+# window over a whole dataset from its ledger; let the policy, which sees the tokens, make the cut.
+#
 # ## 6. The same ledger in the framework (transformers)
 #
 # transformers' `apply_chat_template(..., return_assistant_tokens_mask=True)` marks the tokens the
