@@ -72,6 +72,15 @@ def test_check_shows_which_todos_pass_their_visible_tests(built):
     assert rows["test_audit_context_fit"][1:3] == ["FAIL", "5"], completed.stdout
     assert "NotImplementedError" in " ".join(rows["test_audit_context_fit"])
     assert "visible tests pass on 1 of 2 graded cells (3 of 8 points)" in completed.stdout
+    # A test cell emptied by the student proves nothing: EDITED, not a pass, and the check exits 1.
+    emptied = submission_with(release, {**solutions, "test_audit_context_fit": "pass  # my tests now pass"},
+                              base / "student" / f"{CHAPTER}_edited.ipynb")
+    completed = _course("check", str(emptied), cwd=base)
+    assert completed.returncode == 1, completed.stdout + completed.stderr[-2000:]
+    rows = {line.split()[0]: line.split() for line in completed.stdout.splitlines()[1:-1]}
+    assert rows["test_ledger_from_roles"][1:3] == ["PASS", "3"], completed.stdout
+    assert rows["test_audit_context_fit"][1:3] == ["EDITED", "5"], completed.stdout
+    assert "visible tests pass on 1 of 2 graded cells (3 of 8 points)" in completed.stdout
 
 
 def test_check_refuses_a_file_that_is_not_a_course_notebook(tmp_path):
@@ -494,3 +503,17 @@ def test_the_edited_test_cell_check_needs_no_nbgrader(monkeypatch):
         broken = nbformat.from_dict({**test_cell, "metadata": {"nbgrader": {**cells.nbgrader_meta(test_cell)}}})
         broken.metadata.nbgrader.pop("points") if points is None else broken.metadata.nbgrader.update(points=points)
         assert check._edited(broken)
+
+
+def test_build_names_an_unknown_chapter_and_lists_the_real_ones(tmp_path):
+    completed = _course("build", "nope", "--root", str(build.NOTEBOOKS_DIR), cwd=tmp_path)
+    assert completed.returncode == 2
+    assert "unknown chapter 'nope'; the chapters are: 01_length_ledger, 02_templates_and_labels" in completed.stderr
+
+
+def test_a_broken_notebook_is_described_in_one_readable_phrase():
+    from course_lib.nb.submissions import read_notebook
+
+    assert read_notebook(b'{"cells": "abc') == (None, "not valid JSON (Unterminated string starting at line 1, "
+                                                      "column 11)")
+    assert read_notebook(b'{"cells": [1,]}') == (None, "not valid JSON (Expecting value at line 1, column 14)")

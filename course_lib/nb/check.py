@@ -85,8 +85,9 @@ def check_notebook(path: str | Path, *, cell_timeout: float = 60, notebook_timeo
         meta = nbgrader_meta(cell)
         if cell.cell_type == "code" and meta.get("grade") and not meta.get("solution"):
             message = cell_message(cell)
-            rows.append(CheckRow(meta["grade_id"], float(meta.get("points", 0)), not message, message,
-                                 edited[meta["grade_id"]]))
+            # an edited test cell proves nothing about the answer (the grader runs the original): not a pass
+            rows.append(CheckRow(meta["grade_id"], float(meta.get("points", 0)),
+                                 not message and not edited[meta["grade_id"]], message, edited[meta["grade_id"]]))
     return rows
 
 
@@ -94,8 +95,10 @@ def format_rows(rows: list[CheckRow]) -> str:
     width = max(len("test"), *(len(r.grade_id) for r in rows))
     lines = [f"{'test':<{width}}  {'visible tests':<13}  {'points':>6}  message"]
     for row in rows:
-        note = row.message + ("  [test cell edited: the grader restores the original]" if row.edited else "")
-        lines.append(f"{row.grade_id:<{width}}  {'PASS' if row.passed else 'FAIL':<13}  {row.points:>6g}  {note}")
+        note = row.message + ("  [test cell edited: the grader runs the original; copy it back from the release "
+                              "notebook to see its result]" if row.edited else "")
+        status = "EDITED" if row.edited else "PASS" if row.passed else "FAIL"
+        lines.append(f"{row.grade_id:<{width}}  {status:<13}  {row.points:>6g}  {note.strip()}")
     passing = sum(r.points for r in rows if r.passed)
     total = sum(r.points for r in rows)
     lines.append(f"visible tests pass on {sum(r.passed for r in rows)} of {len(rows)} graded cells "

@@ -173,7 +173,8 @@ def read_notebook(data: bytes) -> tuple[Any | None, str | None]:
     except UnicodeDecodeError:
         return None, "not a text file (not UTF-8)"
     except json.JSONDecodeError as error:
-        return None, f"not valid JSON ({error.msg} at line {error.lineno}, column {error.colno})"
+        where = f"line {error.lineno}, column {error.colno}"  # some of json's messages already end in "at"
+        return None, f"not valid JSON ({error.msg}{' ' if error.msg.endswith(' at') else ' at '}{where})"
     if not isinstance(content, dict) or not isinstance(content.get("cells", content.get("worksheets")), list):
         return None, "valid JSON but not a Jupyter notebook (no list of cells)"
     content = _valid_text(content)
