@@ -365,6 +365,7 @@ def test_regrading_needs_force_and_force_overwrites(graded):
     assert "timed out" in rows["loop"]["notes"], rows["loop"]
     for student in ("empty", "garbage", "wrong"):
         assert rows[student]["status"].startswith("failed"), rows[student]
+        assert rows[student]["notes"].startswith("file: ") and student in rows[student]["notes"], rows[student]
     # a later submission that cannot be graded does not erase the grade, and grades.csv says it failed
     with zipfile.ZipFile(base / "broken.zip", "w") as archive:
         archive.writestr(f"class/loop_{CHAPTER}.ipynb", '{"cells": [')

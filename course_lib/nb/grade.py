@@ -431,7 +431,7 @@ def export_csv(root: Path, path: Path, log: dict[str, dict[str, Any]]) -> Path:
         if key not in rows:
             if entry["status"] == "failed":
                 rows[key] = {"student": key[0], "chapter": key[1], "status": "failed: " + entry["reason"],
-                             "score": "", "max_score": "", "notes": entry["file"]}
+                             "score": "", "max_score": "", "notes": f"file: {entry['file']}"}
         elif entry["status"] == "graded":
             rows[key]["notes"] = entry["notes"]
             graded_against = entry.get("max_score")
