@@ -192,3 +192,56 @@ def test_an_old_transformers_gets_a_clear_message(monkeypatch):
     monkeypatch.setattr(transformers, "__version__", "4.57.6")
     with pytest.raises(RuntimeError, match=r"transformers >= 5.0, found 4.57.6"):
         load_course_tokenizer()
+
+
+# --- what the library survey found untested (tests/mutants/library_survey.py) -------------------------------------
+
+def test_rendering_never_adds_the_tokenizers_own_special_tokens():
+    """The chat template writes every special token itself: a tokenizer whose post-processor prepends a BOS (as
+    Llama's do) must give the same ids, or every rendered chat would start with two BOS tokens."""
+    from tokenizers.processors import TemplateProcessing
+
+    from course_lib import load_course_tokenizer, render_chat
+
+    plain, with_bos = load_course_tokenizer("llama3"), load_course_tokenizer("llama3")
+    bos = with_bos.convert_tokens_to_ids("<|begin_of_text|>")
+    with_bos.backend_tokenizer.post_processor = TemplateProcessing(single="<|begin_of_text|> $A",
+                                                                   special_tokens=[("<|begin_of_text|>", bos)])
+    assert with_bos("hi")["input_ids"][0] == bos  # the post-processor is live
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]
+    ours, reference = render_chat(with_bos, chat), render_chat(plain, chat)
+    assert list(ours["input_ids"]) == list(reference["input_ids"]) and ours["roles"] == reference["roles"]
+    assert list(ours["input_ids"]).count(bos) == 1
+
+
+def test_a_generation_prompt_appends_the_assistant_header_as_template():
+    from course_lib import load_course_tokenizer, render_chat
+
+    tokenizer = load_course_tokenizer("chatml")
+    question = [{"role": "user", "content": "hi"}]
+    plain, prompted = render_chat(tokenizer, question), render_chat(tokenizer, question, add_generation_prompt=True)
+    assert prompted["text"] == plain["text"] + "<|im_start|>assistant\n"
+    assert list(prompted["input_ids"][:len(plain["input_ids"])]) == list(plain["input_ids"])
+    assert set(prompted["roles"][len(plain["roles"]):]) == {"template"} and len(prompted["roles"]) > len(plain["roles"])
+
+
+def test_render_chats_refuses_what_is_not_a_tokenizer():
+    from course_lib import render_chats
+
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]
+    for bad in (object(), len, "chatml"):
+        with pytest.raises(ValueError, match=r"^tokenizer must be a transformers tokenizer"):
+            render_chats(bad, [chat])
+
+
+def test_corpus_files_come_in_name_order_and_a_small_corpus_is_refused(tmp_path):
+    """Chapters index the corpus files (chapter 5 reads corpus_files()[1]): their order must not depend on the
+    file system. Training on a corpus too small for the vocabulary must say so instead of shipping a smaller one."""
+    from course_lib.tokenizer import corpus_files, train_course_tokenizer
+
+    files = corpus_files()
+    assert files == sorted(files) and len(files) >= 2
+    tiny = tmp_path / "tiny.txt"
+    tiny.write_text("a b c", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"^corpus too small: trained vocab_size = \d+, wanted 2048"):
+        train_course_tokenizer([str(tiny)])
