@@ -118,6 +118,14 @@ def require_sequence(name: str, value: object, *, allow_empty: bool = True) -> l
 _DTYPE_KINDS = {"b": "bool", "i": "integer", "f": "floating-point"}
 
 
+def _holds_bool(value: object) -> bool:
+    """Is there a Python bool anywhere in this nested list / tuple? (torch refuses numpy's among integers itself.)"""
+    if not isinstance(value, (list, tuple)):
+        return isinstance(value, bool)
+    kinds = set(map(type, value))  # one C-level pass per list
+    return bool in kinds or (bool(kinds & {list, tuple}) and any(map(_holds_bool, value)))
+
+
 def _tensor_kind(tensor: torch.Tensor) -> str:
     if tensor.dtype == torch.bool:
         return "b"
@@ -147,6 +155,9 @@ def require_tensor(name: str, value: object, *, ndim: int | tuple[int, ...] | No
         raise ValueError(f"{name} must have {' or '.join(map(str, allowed_ndims))} dimension(s), "
                          f"got shape {tuple(tensor.shape)}")
     if dtype_kind is not None:
+        if not given_tensor and "b" not in dtype_kind and tensor.dtype != torch.bool and _holds_bool(value):
+            # torch turns [True, 5] into [1, 5]: a flag among ids is a mistake, not token id 1
+            raise ValueError(f"{name} must hold numbers, not True/False, got {_shown(value)}")
         if not given_tensor and tensor.numel() == 0:
             tensor = tensor.to({"b": torch.bool, "i": torch.long, "f": torch.float32}[dtype_kind[0]])
         if _tensor_kind(tensor) not in dtype_kind:

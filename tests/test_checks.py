@@ -32,6 +32,8 @@ def test_require_tensor_converts_and_checks_shape_kind_and_range():
     given = torch.ones(3)
     assert require_tensor("x", given, dtype_kind="f") is given
     assert require_tensor("x", np.arange(3), ndim=(1, 2)).tolist() == [0, 1, 2]
+    # flags stay legal where booleans are: a mask given as a mixed list of True and 1
+    assert require_tensor("mask", [True, 1, 0], dtype_kind="bi").tolist() == [1, 1, 0]
     cases = [
         (None, {}, "ids must be a tensor .* got None"),
         ([[1, 2], [3]], {}, r"ids must be a tensor .* got \[\[1, 2\], \[3\]\]"),
@@ -43,6 +45,8 @@ def test_require_tensor_converts_and_checks_shape_kind_and_range():
         ([1, 7], {"maximum": 5}, "ids must hold values <= 5, got 7 at index 1"),
         ([[0, -3]], {"minimum": 0}, r"ids must hold values >= 0, got -3 at index \(0, 1\)"),
         ([float("nan")], {"minimum": 0}, "ids must be finite"),
+        ([5, True, -100], {"dtype_kind": "i"}, r"ids must hold numbers, not True/False, got \[5, True, -100\]"),
+        ([[5, 6], (False, 7)], {"dtype_kind": "if"}, "ids must hold numbers, not True/False"),
     ]
     for value, kwargs, message in cases:
         with pytest.raises(ValueError, match=message):
