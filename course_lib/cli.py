@@ -20,13 +20,11 @@ from course_lib.nb import build as nb_build
 
 
 def _build(args: argparse.Namespace) -> int:
-    known = [path.stem for path in nb_build.chapter_sources(Path(args.root).resolve() / "chapters")]
-    unknown = [name for name in args.chapters if name not in known]
-    if unknown and known:
-        print(f"unknown chapter {', '.join(map(repr, unknown))}; the chapters are: {', '.join(known)}",
-              file=sys.stderr)
+    try:
+        builds = nb_build.build_course(args.root, release=not args.no_release, only=args.chapters or None)
+    except nb_build.UnknownChapterError as error:
+        print(error, file=sys.stderr)
         return 2
-    builds = nb_build.build_course(args.root, release=not args.no_release, only=args.chapters or None)
     if not builds:
         print(f"no chapters found under {Path(args.root) / 'chapters'}", file=sys.stderr)
         return 2

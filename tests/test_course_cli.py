@@ -57,6 +57,11 @@ def test_build_writes_source_and_release_and_prints_a_summary(built):
     assert 'raise NotImplementedError(\\"audit_context_fit is not written yet' in release  # JSON escapes the quote
 
 
+def _check_rows(completed: subprocess.CompletedProcess) -> dict[str, list[str]]:
+    """`course check`'s table: grade_id -> the words of its row (header and summary line left out)."""
+    return {line.split()[0]: line.split() for line in completed.stdout.splitlines()[1:-1]}
+
+
 @pytest.mark.slow
 def test_check_shows_which_todos_pass_their_visible_tests(built):
     base, root, _ = built
@@ -67,7 +72,7 @@ def test_check_shows_which_todos_pass_their_visible_tests(built):
                            base / "student" / f"{CHAPTER}.ipynb")
     completed = _course("check", str(half), cwd=base)
     assert completed.returncode == 1, completed.stdout + completed.stderr[-2000:]
-    rows = {line.split()[0]: line.split() for line in completed.stdout.splitlines()[1:-1]}
+    rows = _check_rows(completed)
     assert rows["test_ledger_from_roles"][1:3] == ["PASS", "3"], completed.stdout
     assert rows["test_audit_context_fit"][1:3] == ["FAIL", "5"], completed.stdout
     assert "NotImplementedError" in " ".join(rows["test_audit_context_fit"])
@@ -77,7 +82,7 @@ def test_check_shows_which_todos_pass_their_visible_tests(built):
                               base / "student" / f"{CHAPTER}_edited.ipynb")
     completed = _course("check", str(emptied), cwd=base)
     assert completed.returncode == 1, completed.stdout + completed.stderr[-2000:]
-    rows = {line.split()[0]: line.split() for line in completed.stdout.splitlines()[1:-1]}
+    rows = _check_rows(completed)
     assert rows["test_ledger_from_roles"][1:3] == ["PASS", "3"], completed.stdout
     assert rows["test_audit_context_fit"][1:3] == ["EDITED", "5"], completed.stdout
     assert "visible tests pass on 1 of 2 graded cells (3 of 8 points)" in completed.stdout
@@ -517,3 +522,8 @@ def test_a_broken_notebook_is_described_in_one_readable_phrase():
     assert read_notebook(b'{"cells": "abc') == (None, "not valid JSON (Unterminated string starting at line 1, "
                                                       "column 11)")
     assert read_notebook(b'{"cells": [1,]}') == (None, "not valid JSON (Expecting value at line 1, column 14)")
+
+
+def test_the_build_module_names_an_unknown_chapter_too(capsys):
+    assert build.main(["--no-release", "nope"]) == 2
+    assert "unknown chapter 'nope'; the chapters are: 01_length_ledger" in capsys.readouterr().err

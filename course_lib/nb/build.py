@@ -300,16 +300,29 @@ def normalize_release(path: Path) -> None:
     path.write_text(json.dumps(notebook, indent=1, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
+class UnknownChapterError(ValueError):
+    """A chapter name asked for that is no chapter of the course."""
+
+
 def chapter_sources(chapters_dir: Path) -> list[Path]:
     return sorted(path for path in chapters_dir.glob("[0-9][0-9]_*.py"))
 
 
 def build_course(course_root: Path = NOTEBOOKS_DIR, *, release: bool = True,
                  only: list[str] | None = None) -> list[ChapterBuild]:
-    """Build every chapter (or `only` those): source notebooks, then release notebooks."""
+    """Build every chapter (or `only` those): source notebooks, then release notebooks.
+
+    A name in `only` that is no chapter raises UnknownChapterError (a ValueError) naming it and the chapters there
+    are; nothing is built.
+    """
     course_root = Path(course_root).resolve()
+    sources = chapter_sources(course_root / "chapters")
+    unknown = [name for name in only or () if name not in {path.stem for path in sources}]
+    if unknown and sources:
+        raise UnknownChapterError(f"unknown chapter {', '.join(map(repr, unknown))}; the chapters are: "
+                         f"{', '.join(path.stem for path in sources)}")
     builds = []
-    for chapter_py in chapter_sources(course_root / "chapters"):
+    for chapter_py in sources:
         if only and chapter_py.stem not in only:
             continue
         build = build_source_notebook(chapter_py, course_root)
@@ -336,7 +349,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-release", action="store_true", help="only build the nbgrader source notebooks")
     parser.add_argument("chapters", nargs="*", help="chapter names (default: all)")
     args = parser.parse_args(argv)
-    builds = build_course(args.root, release=not args.no_release, only=args.chapters or None)
+    try:
+        builds = build_course(args.root, release=not args.no_release, only=args.chapters or None)
+    except UnknownChapterError as error:
+        print(error, file=sys.stderr)
+        return 2
     print(f"{'chapter':<34} {'graded cells':>12} {'points':>7}  solutions from course_lib")
     for build in builds:
         print(f"{build.name:<34} {len(build.graded_cells):>12} {build.points:>7.0f}  {', '.join(build.solutions)}")
