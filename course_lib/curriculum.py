@@ -1,7 +1,8 @@
 """Curricula: when to advance a length stage (seed 000, Step 3) and which RL tasks to sample (seed 003 §14.5).
 
 A group of G rollouts whose rewards are all equal has zero advantage under a baseline computed from the group (its
-mean, or leave-one-out): a full rollout's cost for no gradient. Pass-rate filters skip tasks whose outcome is already decided.
+mean, or leave-one-out): a full rollout's cost for no gradient. Pass-rate filters skip tasks whose outcome is
+already decided.
 """
 
 from __future__ import annotations

@@ -359,13 +359,13 @@ for record in outcome["dropped"][:3]:
 # between answers. Run your audit on each chat's own ledger and compare:
 
 # %%
+policy_ledger = [measure_sample(tokenizer, chat) for chat in policy_chats]  # one rendering per chat, for all windows
 for window in (128, 256, 512):
     differ = []
-    for sample, chat, record in zip(policy_samples, policy_chats,
-                                    apply_window_policy(policy_samples, window, min_kept_supervised_tokens=32,
-                                                        max_supervision_loss_ratio=0.25)["audit"]["records"],
-                                    strict=True):
-        row = measure_sample(tokenizer, chat)
+    for sample, row, record in zip(policy_samples, policy_ledger,
+                                   apply_window_policy(policy_samples, window, min_kept_supervised_tokens=32,
+                                                       max_supervision_loss_ratio=0.25)["audit"]["records"],
+                                   strict=True):
         counted = audit_context_fit([{"name": sample["name"], "prompt_tokens": row["prompt_tokens"],
                                       "supervised_tokens": row["supervised_tokens"]}], window, row["template_tokens"],
                                     min_kept_supervised_tokens=32, max_supervision_loss_ratio=0.25)["records"][0]

@@ -425,8 +425,8 @@ print(f"busy 0.25 instead of 0.5: {quarter_busy['total'] - parts['total']:+.2f} 
 # per token: more aggressive GQA, an 8-bit KV cache; (b) shorter contexts (summarise or truncate tool output);
 # (c) more GPUs on inference than on training; (d) prefix caching for prompts shared across a group.
 # *Recommendation:* measure the KV share of the bytes read per decode step first (section 3's printout;
-# the `kv_read_share` column of `course_lib.accounting.decode_rate_table`); when KV reads dominate, (a) and (b) act directly on the term
-# that sets the speed, (c) only buys capacity.
+# the `kv_read_share` column of `course_lib.accounting.decode_rate_table`); when KV reads dominate, (a) and (b) act
+# directly on the term that sets the speed, (c) only buys capacity.
 #
 # **Problem: the run costs twice the GPU-hours the budget said.**
 # *Cause:* the busy share was assumed, not measured: tool calls and the slowest episodes of each group leave the

@@ -48,9 +48,10 @@ from course_lib import (
 # share of long samples stage by stage. In RL, a **task curriculum** decides which prompts get rollouts. Both
 # fail quietly when the decision rests on the wrong number. Here is the RL side's number.
 #
-# GRPO-style advantages compare each of a task's $G$ rollouts with the group's mean reward. When every reward in
-# the group is equal (all pass or all fail), every advantage is zero under any baseline computed from the group
-# itself (its mean, or leave-one-out): $G$ full rollouts, no gradient. With a true pass rate $p$ and binary rewards that happens with probability
+# GRPO-style advantages compare each of a task's $G$ rollouts with the group's mean reward. When every reward in the
+# group is equal (all pass or all fail), every advantage is zero under any baseline computed from the group itself
+# (its mean, or leave-one-out): $G$ full rollouts, no gradient. With a true pass rate $p$ and binary rewards that
+# happens with probability
 #
 # $$P_{\text{zero}}(p, G) = p^G + (1 - p)^G .$$
 
@@ -407,13 +408,13 @@ grading.assert_rejects(filter_by_pass_rate, "filter_by_pass_rate", [
 # %% [markdown]
 # ## 5. A simulated task pool: rollouts saved vs signal kept (模拟任务池)
 #
-# `simulate_pass_rate_filter` replays seed 003's `train_curriculum` loop without a model: each step takes the
-# tasks inside the filter plus `revisit=1` random excluded task (a revisit, 重访), keeps at most `prompts_per_step=8` of them, draws
-# $G = 8$ Bernoulli rewards per task from its **true** pass rate at that step, and updates the estimates. The 20
-# true pass rates rise over 60 steps the way a learning policy's do: they start between 0.05 and 0.88 and end
-# between 0.95 and 1.00. The filter cannot change that schedule here, so the simulator answers only the
-# accounting question: how many rollouts does each policy spend, and how many of them carry signal (land in a
-# group with mixed rewards)?
+# `simulate_pass_rate_filter` replays seed 003's `train_curriculum` loop without a model: each step takes the tasks
+# inside the filter plus `revisit=1` random excluded task (a revisit, 重访), keeps at most `prompts_per_step=8` of
+# them, draws $G = 8$ Bernoulli rewards per task from its **true** pass rate at that step, and updates the
+# estimates. The 20 true pass rates rise over 60 steps the way a learning policy's do: they start between 0.05 and
+# 0.88 and end between 0.95 and 1.00. The filter cannot change that schedule here, so the simulator answers only the
+# accounting question: how many rollouts does each policy spend, and how many of them carry signal (land in a group
+# with mixed rewards)?
 
 # %%
 STEPS, N_TASKS, GROUP = 60, 20, 8

@@ -309,13 +309,13 @@ assert predicted == list(range(1, len(ids)))
 
 # %% [markdown]
 # The document is longer than the model's 2048 positions: that is the reason for this section (and for
-# `verbose=False`, which keeps the tokenizer from warning about it). With owned ranges the count is exactly
-# $L - 1$: the windows together are one pass over the document.
-# Supervising every window token gives a second loss to each overlap token except a window's first, which is never
-# a target (nothing precedes it in the window): 63 extra losses per later window here. Tokens that happen to sit in
-# an overlap then weigh double in the mean, and the "tokens trained" counter overstates the data. (The untrained
-# model's mean NLL is near $\ln V = \ln 2048 \approx 7.6$, the log of its vocabulary size, either way; the count is the point.) An overlap of at least one
-# token matters too: with no overlap, each later window's first token is a target of no window at all.
+# `verbose=False`, which keeps the tokenizer from warning about it). With owned ranges the count is exactly $L - 1$:
+# the windows together are one pass over the document. Supervising every window token gives a second loss to each
+# overlap token except a window's first, which is never a target (nothing precedes it in the window): 63 extra
+# losses per later window here. Tokens that happen to sit in an overlap then weigh double in the mean, and the
+# "tokens trained" counter overstates the data. (The untrained model's mean NLL is near
+# $\ln V = \ln 2048 \approx 7.6$, the log of its vocabulary size, either way; the count is the point.) An overlap of
+# at least one token matters too: with no overlap, each later window's first token is a target of no window at all.
 #
 # ## 6. A sober check: what do the windows cost, and what is "98% content utilization"?
 #
@@ -338,13 +338,13 @@ print(f"  share of window slots holding a real token:      {processed / window_s
 print(f"  share of processed tokens that carry a new loss: {owned / processed:.1%}  (the rest is overlap context)")
 
 # %% [markdown]
-# The article does not define "content utilization" (内容利用率), so we measure the three readings it could mean. Coverage is
-# 100% by construction (windows never drop text, truncation would). The share of window slots holding a real token
-# is 92% here (each document's last window is short and padded) and approaches 100% for very long documents. The
-# share of processed tokens that carry a new loss is 78% here and tends to 75% (= 192 / 256). None is 98%, and the
-# one that measures compute, tokens processed per token learned, is about 1.3x: windows buy context at the start
-# of each piece at the price of a third more compute on long documents. That is usually a price worth paying for
-# documents that would otherwise be truncated, and a reason to keep the overlap modest.
+# The article does not define "content utilization" (内容利用率), so we measure the three readings it could mean.
+# Coverage is 100% by construction (windows never drop text, truncation would). The share of window slots holding a
+# real token is 92% here (each document's last window is short and padded) and approaches 100% for very long
+# documents. The share of processed tokens that carry a new loss is 78% here and tends to 75% (= 192 / 256). None is
+# 98%, and the one that measures compute, tokens processed per token learned, is about 1.3x: windows buy context at
+# the start of each piece at the price of a third more compute on long documents. That is usually a price worth
+# paying for documents that would otherwise be truncated, and a reason to keep the overlap modest.
 #
 # ## 7. The same windows in the framework (transformers)
 #

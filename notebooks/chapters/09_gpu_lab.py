@@ -538,11 +538,12 @@ if mine["run_mode"] != "real_gpu":
 # a smoke run's share can come out above 1. Read the share on a GPU, where kernel durations are not slowed by it.
 #
 # **Measured by the course on an NVIDIA H200** (2026-11-29, this workload, three runs; the records are in the
-# repository's `benchmarks/results/`). The machine had no hub access, so Qwen2.5-0.5B was random-initialized from its
-# shipped config: the timings do not depend on the weights, and the losses say nothing about quality. Every check
-# passes and 384 → 240 processed tokens, but packing's effective throughput is **0.87×, 0.93× and 0.97×** padding's. The H200 is so fast that the step is pure fixed cost: 128, 256
-# and 512 tokens all take 60–78 ms. The workload's scale series (every sample length ×2 … ×32) shows where tokens
-# start to matter: up to 3,072 padded tokens the speed-up is noise around 1 (0.85×–1.24×); at 6,144 and 12,288 it is
+# repository's `benchmarks/results/`). The machine had no hub access, so Qwen2.5-0.5B was random-initialized from
+# its shipped config: the timings do not depend on the weights, and the losses say nothing about quality. Every
+# check passes and 384 → 240 processed tokens, but packing's effective throughput is **0.87×, 0.93× and 0.97×**
+# padding's. The H200 is so fast that the step is pure fixed cost: 128, 256 and 512 tokens all take 60–78 ms. The
+# workload's scale series (every sample length ×2 … ×32) shows where tokens start to matter: up to 3,072 padded
+# tokens the speed-up is noise around 1 (0.85×–1.24×); at 6,144 and 12,288 it is
 # 1.12×–1.22× and 1.14×, still below the token ratio of 1.6×, partly because the dense block mask makes SDPA
 # compute the full $[T, T]$ square of the packed row. Same mechanism, same checks, opposite speed verdict from the
 # seed's: the layout decides the processed tokens, the machine decides what they cost.
