@@ -1,4 +1,7 @@
-"""Alpaca / ShareGPT records -> chat messages; JSON, JSONL and CSV files through `datasets.load_dataset`.
+"""Alpaca / ShareGPT records -> chat messages; JSON, JSONL, CSV and Arrow files through `datasets.load_dataset`.
+
+The four file formats are seed 002's (LlamaFactory's): an `.arrow` file is an Arrow IPC stream, the files
+`Dataset.save_to_disk` writes.
 
 A record with the wrong field names (say `question`/`answer` instead of `instruction`/`output`) raises a
 ValueError naming the missing field: a silently empty prompt would train the model on nothing.
@@ -26,7 +29,7 @@ __all__ = [
 ]
 
 RECORD_FORMATS = ("alpaca", "sharegpt")
-FILE_FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv"}  # extension -> datasets builder
+FILE_FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".arrow": "arrow"}  # extension -> datasets builder
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
                   "system": "system"}
 
@@ -114,7 +117,8 @@ def to_messages(example: Any, fmt: str | None = None) -> list[dict[str, str]]:
 
 
 def load_records(path: str | Path, fmt: str | None = None):
-    """A JSON / JSONL / CSV file -> datasets.Dataset of raw records; fmt ("json" or "csv") defaults from the suffix."""
+    """A JSON / JSONL / CSV / Arrow file -> datasets.Dataset of raw records; fmt ("json", "csv" or "arrow") defaults
+    from the suffix."""
     from datasets import load_dataset
 
     if not isinstance(path, (str, os.PathLike)) or not str(path):
@@ -123,10 +127,10 @@ def load_records(path: str | Path, fmt: str | None = None):
     if fmt is None:
         if path.suffix.lower() not in FILE_FORMATS:
             raise ValueError(f"cannot infer the file format of {str(path)!r}: extension {path.suffix!r} is not one of "
-                             f"{sorted(FILE_FORMATS)}; pass fmt='json' or fmt='csv'")
+                             f"{sorted(FILE_FORMATS)}; pass fmt= one of {sorted(set(FILE_FORMATS.values()))}")
         fmt = FILE_FORMATS[path.suffix.lower()]
-    if fmt not in ("json", "csv"):
-        raise ValueError(f"fmt must be 'json' or 'csv', got {fmt!r}")
+    if fmt not in FILE_FORMATS.values():
+        raise ValueError(f"fmt must be one of {sorted(set(FILE_FORMATS.values()))}, got {fmt!r}")
     if not path.is_file():
         raise ValueError(f"path {str(path)!r} is not a file")
     return load_dataset(fmt, data_files=str(path), split="train")

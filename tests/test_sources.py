@@ -7,6 +7,7 @@ import json
 import pytest
 
 from course_lib import (
+    FILE_FORMATS,
     build_labels,
     detect_record_format,
     load_chats,
@@ -120,6 +121,28 @@ def test_load_records_formats_and_errors(tmp_path):
     wrong.write_text(json.dumps({"question": "Q?", "answer": "A."}), encoding="utf-8")
     with pytest.raises(ValueError, match="missing field 'instruction'"):
         records_to_chats(load_records(wrong), "alpaca")
+
+
+def test_seed002s_four_file_formats_load_the_same_records(tmp_path):
+    """Seed 002: LlamaFactory reads json, jsonl, csv and arrow through `datasets.load_dataset`. An `.arrow` file is
+    what `Dataset.save_to_disk` writes; it loads by its suffix, and by fmt="arrow" under another name."""
+    from datasets import Dataset
+
+    rows = [{"instruction": "A", "input": "", "output": "B"}, {"instruction": "C", "input": "x", "output": "D"}]
+    (tmp_path / "r.json").write_text(json.dumps(rows), encoding="utf-8")
+    (tmp_path / "r.jsonl").write_text("\n".join(json.dumps(row) for row in rows), encoding="utf-8")
+    (tmp_path / "r.csv").write_text("instruction,input,output\nA,,B\nC,x,D\n", encoding="utf-8")
+    Dataset.from_list(rows).save_to_disk(str(tmp_path / "saved"))
+    (arrow,) = (tmp_path / "saved").glob("*.arrow")
+    renamed = tmp_path / "records.bin"
+    renamed.write_bytes(arrow.read_bytes())
+    expected = [to_messages(row) for row in rows]
+    for path, fmt in ((tmp_path / "r.json", None), (tmp_path / "r.jsonl", None), (tmp_path / "r.csv", None),
+                      (arrow, None), (renamed, "arrow")):
+        assert load_chats(path, fmt=fmt)["messages"] == expected, path.name
+    assert sorted(set(FILE_FORMATS.values())) == ["arrow", "csv", "json"]
+    with pytest.raises(ValueError, match=r"^fmt must be one of \['arrow', 'csv', 'json'\], got 'parquet'"):
+        load_records(renamed, fmt="parquet")
 
 
 def test_corpus_chats_are_deterministic_runs_of_corpus_sentences():

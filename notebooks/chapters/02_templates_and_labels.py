@@ -79,10 +79,11 @@ print(f"{len(sample_chats)} chats, {total_tokens} tokens, {answer_tokens} of the
 #
 # ## 2. Source layer: records to messages (数据源层)
 #
-# Datasets arrive as JSON, JSONL or CSV, loaded through Hugging Face `datasets.load_dataset`. Two record
-# shapes dominate: **Alpaca** (`instruction`, optional `input`, `output`, optional `system`) and **ShareGPT**
-# (`conversations`: a list of `{"from": "human" | "gpt" | "system", "value": ...}`). `to_messages` maps
-# either one to the chat-message list every template understands.
+# Datasets arrive as JSON, JSONL, CSV or Arrow (the files `Dataset.save_to_disk` writes), the four formats
+# LlamaFactory reads, all through Hugging Face `datasets.load_dataset`. Two record shapes dominate:
+# **Alpaca** (`instruction`, optional `input`, `output`, optional `system`) and **ShareGPT** (`conversations`: a
+# list of `{"from": "human" | "gpt" | "system", "value": ...}`). `to_messages` maps either one to the
+# chat-message list every template understands.
 
 # %%
 for name in ("alpaca.jsonl", "alpaca.csv", "sharegpt.json"):
