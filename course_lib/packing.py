@@ -6,6 +6,7 @@ that sees the same lengths computes the same plan without communicating.
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left, insort
 from collections import deque
 from fractions import Fraction
@@ -192,7 +193,7 @@ def packing_target_length(max_length: int, headroom: float = 0.95) -> int:
     """
     max_length = require_positive_int("max_length", max_length)
     headroom = require_real("headroom", headroom, minimum=0.0, maximum=1.0, strict_minimum=True)
-    target = int(headroom * max_length)
+    target = math.floor(Fraction(repr(headroom)) * max_length)  # the decimal given: 0.7 x 700 is 490, not 489.99..
     if target < 1:
         raise ValueError(f"headroom {headroom} x max_length {max_length} leaves no token per row")
     return target

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from decimal import Decimal
 from fractions import Fraction
 
 import numpy as np
@@ -346,6 +347,11 @@ def test_seed002_packing_target_length():
     assert packing_target_length(4096, headroom=1.0) == 4096
     assert packing_target_length(8192, 0.9) == 7372
     assert all(1 <= packing_target_length(n) <= n for n in range(2, 3000))  # n = 1 leaves no token: refused
+    # floor of the headroom as written, not of its binary float: 0.7 x 700 is 490 (the float product is 489.99..)
+    assert packing_target_length(700, 0.7) == 490
+    for headroom in ("0.7", "0.57", "0.29", "0.95", "0.333"):
+        assert all(packing_target_length(n, float(headroom)) == n * Decimal(headroom) // 1 for n in range(4, 5000)
+                   if n * Decimal(headroom) >= 1), headroom
     for headroom in (0, 0.0, -0.1, 1.01, float("nan")):  # a share of the window in (0, 1]
         with pytest.raises(ValueError, match="headroom"):
             packing_target_length(4096, headroom)
