@@ -47,7 +47,7 @@ def _require_ids(ids: object, shape: tuple[int, ...], vocab_size: int) -> torch.
         raise ValueError(f"ids must have shape {tuple(shape)}, got {tuple(ids.shape)}")
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
         raise ValueError(f"ids must lie in [0, {vocab_size}), got range [{int(ids.min())}, {int(ids.max())}]")
-    return ids
+    return ids.long()  # gather takes int64 ids (int16 or uint8 ids are valid token ids too)
 
 
 def selected_log_probs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -64,11 +64,18 @@ def selected_log_probs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
 def check_head_inputs(hidden: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, chunk_size: int) -> int:
     """Validate output-layer inputs: hidden [B, T, D], weight [V, D], integer ids [B, T] in [0, V); -> chunk_size.
 
-    Raises ValueError naming the field: not a tensor, wrong rank, widths that differ, ids of the wrong shape,
-    dtype or range, a chunk_size that is not a positive integer.
+    Raises ValueError naming the field: not a tensor, wrong rank, not floating, hidden and weight in different
+    dtypes outside autocast, widths that differ, ids of the wrong shape, dtype or range, a chunk_size that is not a
+    positive integer.
     """
     hidden = _require_tensor("hidden", hidden, ndim=3)
     weight = _require_tensor("weight", weight, ndim=2)
+    for name, tensor in (("hidden", hidden), ("weight", weight)):
+        if not tensor.dtype.is_floating_point:
+            raise ValueError(f"{name} must be a floating tensor, got dtype {tensor.dtype}")
+    if hidden.dtype != weight.dtype and not torch.is_autocast_enabled(hidden.device.type):
+        raise ValueError(f"hidden dtype {hidden.dtype} differs from weight dtype {weight.dtype}: cast one to the "
+                         f"other, or run under torch.autocast")
     if hidden.shape[-1] != weight.shape[-1]:
         raise ValueError(f"hidden width {hidden.shape[-1]} must equal weight width {weight.shape[-1]} (weight is [V, D])")
     _require_ids(ids, tuple(hidden.shape[:2]), weight.shape[0])

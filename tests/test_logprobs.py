@@ -107,11 +107,35 @@ def test_checkpointed_bf16_hidden_matches_full_path():
     (lambda h, w, i: cl.checkpointed_log_probs(h, w[:, :3], i, chunk_size=4), "width"),
     (lambda h, w, i: cl.chunked_log_probs(h, w, i[:, :5], chunk_size=4), "ids"),
     (lambda h, w, i: cl.chunked_log_probs(h, w.numpy(force=True), i, chunk_size=4), "weight"),
+    (lambda h, w, i: cl.checkpointed_log_probs(h.bfloat16(), w, i, chunk_size=4), r"hidden dtype torch.bfloat16 "),
+    (lambda h, w, i: cl.chunked_log_probs(h.double(), w, i, chunk_size=4), "differs from weight dtype"),
+    (lambda h, w, i: cl.chunked_log_probs(h.long(), w.long(), i, chunk_size=4), "hidden must be a floating"),
+    (lambda h, w, i: cl.chunked_log_probs(h, w.bool(), i, chunk_size=4), "weight must be a floating"),
 ])
 def test_log_prob_paths_reject_bad_input(call, field):
     hidden, weight, ids = _head_inputs(2, 8, 4, 10, seed=0, dtype=torch.float32)
     with pytest.raises(ValueError, match=field):
         call(hidden, weight, ids)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int16, torch.uint8])
+def test_every_path_takes_narrow_integer_ids(dtype):
+    """Token ids in any integer dtype are valid ids (gather itself wants int64): each path converts them."""
+    hidden, weight, ids = _head_inputs(2, 9, 4, 10, seed=1, dtype=torch.float32)
+    narrow = ids.to(dtype)
+    assert torch.equal(cl.selected_log_probs(hidden @ weight.T, narrow), cl.selected_log_probs(hidden @ weight.T, ids))
+    assert torch.equal(cl.chunked_log_probs(hidden, weight, narrow, 4), cl.chunked_log_probs(hidden, weight, ids, 4))
+    assert torch.equal(cl.checkpointed_log_probs(hidden, weight, narrow, 4),
+                       cl.checkpointed_log_probs(hidden, weight, ids, 4))
+
+
+def test_autocast_lets_hidden_and_weight_differ_in_dtype():
+    """Under autocast a bf16 hidden meets an fp32 weight in the matmul, as in mixed-precision training."""
+    hidden, weight, ids = _head_inputs(1, 12, 8, 32, seed=2, dtype=torch.float32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mixed = cl.checkpointed_log_probs(hidden.bfloat16(), weight, ids, chunk_size=5)
+        full = cl.selected_log_probs(hidden.bfloat16() @ weight.T, ids)
+    assert torch.equal(mixed, full)
 
 
 # ---- memory autograd keeps --------------------------------------------------------------------------
