@@ -141,8 +141,8 @@ def _checked_batch(model: torch.nn.Module, batch: object) -> dict[str, torch.Ten
                                maximum=last_id)                                   # [B, L]
     labels = require_tensor("batch['labels']", batch["labels"], ndim=2, dtype_kind="i", minimum=IGNORE_INDEX,
                             maximum=last_id)                                      # [B, L]
-    if input_ids.shape != labels.shape or input_ids.shape[1] == 0:
-        raise ValueError(f"input_ids and labels must share a [B, L] shape with L >= 1, got {tuple(input_ids.shape)} "
+    if input_ids.shape != labels.shape or 0 in input_ids.shape:
+        raise ValueError(f"input_ids and labels must share a [B, L] shape with B, L >= 1, got {tuple(input_ids.shape)} "
                          f"and {tuple(labels.shape)}")
     if bool(((labels < 0) & (labels != IGNORE_INDEX)).any()):
         raise ValueError(f"batch['labels'] must hold token ids or IGNORE_INDEX = {IGNORE_INDEX}, "

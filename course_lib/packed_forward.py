@@ -42,8 +42,8 @@ PACKED_MODES = ("block_mask", "position_ids", "varlen", "causal")
 def _as_rows(name: str, tensor, *, minimum: int | None = None, maximum: int | None = None) -> torch.Tensor:
     """An integer tensor [R, L] with L >= 1 (values within the bounds) -> long [R, L]."""
     tensor = require_tensor(name, tensor, dtype_kind="i", minimum=minimum, maximum=maximum)
-    if tensor.dim() != 2 or tensor.shape[1] == 0:
-        raise ValueError(f"{name} must have shape [R, L] with L >= 1, got {tuple(tensor.shape)}")
+    if tensor.dim() != 2 or 0 in tensor.shape:
+        raise ValueError(f"{name} must have shape [R, L] with R, L >= 1, got {tuple(tensor.shape)}")
     return tensor.long()
 
 

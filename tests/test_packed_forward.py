@@ -167,8 +167,11 @@ def test_rows_are_checked_before_the_model_sees_them(model, packed):
         packed_logits(model, ids.float(), positions, segments)
     with pytest.raises(ValueError, match="segment_ids must be an integer tensor"):
         packed_logits(model, ids, positions, segments.float())
-    with pytest.raises(ValueError, match=rf"ids must have shape \[R, L\] with L >= 1, got \({ids.shape[0]}, 0\)"):
+    with pytest.raises(ValueError, match=rf"ids must have shape \[R, L\] with R, L >= 1, got \({ids.shape[0]}, 0\)"):
         packed_logits(model, ids[:, :0], positions[:, :0], segments[:, :0])
+    for mode in ("block_mask", "position_ids", "varlen"):  # no row: refused before transformers' reshape error
+        with pytest.raises(ValueError, match=rf"ids must have shape \[R, L\] with R, L >= 1, got \(0, {ids.shape[1]}\)"):
+            packed_logits(model, ids[:0], positions[:0], segments[:0], mode=mode)
     expected = packed_logits(model, ids, positions, segments)
     narrow = packed_logits(model, ids.int(), positions.int(), segments.int())
     assert torch.equal(narrow, expected)
