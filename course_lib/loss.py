@@ -192,6 +192,13 @@ def microbatch_loss(model: torch.nn.Module, microbatch: Mapping[str, torch.Tenso
     """Loss of one microbatch: 'local' = token_mean / n_microbatches (the bug), 'global' = sum / global_tokens."""
     _require_normalization(normalize)
     n_microbatches = require_int("n_microbatches", n_microbatches, minimum=1)
+    if normalize == "local" and global_tokens is not None:
+        raise ValueError(f"global_tokens is only used with normalize='global', got global_tokens={global_tokens!r}")
+    if normalize == "global":
+        if global_tokens is None:
+            raise ValueError("global_tokens is required with normalize='global': the supervised tokens of the whole "
+                             "optimizer step")
+        global_tokens = require_real("global_tokens", global_tokens, minimum=0.0, strict_minimum=True)
     losses, mask = supervised_token_losses(model, microbatch)                     # [b, L-1] each
     if normalize == "local":
         return aggregate_loss(losses, mask, mode="token_mean") / n_microbatches
@@ -215,9 +222,12 @@ def accumulated_gradient(model: torch.nn.Module, batch: Mapping[str, torch.Tenso
     batch = _checked_batch(model, batch)
     parts = [_rows(batch, rows) for rows in microbatches]
     global_tokens = sum(int((part["labels"][:, 1:] != IGNORE_INDEX).sum()) for part in parts)
+    if global_tokens == 0:
+        raise ValueError("the microbatches hold no supervised token: every label after each row's first is "
+                         f"IGNORE_INDEX = {IGNORE_INDEX}, so there is no loss to normalize")
     model.zero_grad(set_to_none=True)
     for part in parts:
-        microbatch_loss(model, part, normalize, len(parts), global_tokens).backward()
+        microbatch_loss(model, part, normalize, len(parts), global_tokens if normalize == "global" else None).backward()
     return flat_gradient(model)
 
 
