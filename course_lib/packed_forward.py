@@ -230,5 +230,8 @@ def leaky_share(logp, reference, mask, threshold: float = 0.2) -> float:
                          f"{tuple(mask.shape)} must have the same shape")
     if not mask.any():
         raise ValueError("mask selects no token")
-    off = ((logp - reference).exp() - 1).abs()
-    return float((off[mask] > threshold).float().mean())
+    off = ((logp - reference).exp() - 1).abs()[mask]  # [selected tokens]
+    if bool(off.isnan().any()):  # NaN > threshold is False: a broken run would read as perfect isolation
+        raise ValueError(f"logp and reference must be numbers where mask is set: exp(logp - reference) is NaN at "
+                         f"{int(off.isnan().sum())} of {off.numel()} masked tokens")
+    return float((off > threshold).float().mean())

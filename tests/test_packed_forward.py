@@ -287,3 +287,15 @@ def test_leaky_share_reads_the_ratio_one_way_and_checks_its_inputs():
         arguments = {"logp": logp, "reference": reference, "mask": torch.tensor([True, True]), **kwargs}
         with pytest.raises(ValueError, match=message):
             leaky_share(**arguments)
+
+
+def test_leaky_share_refuses_nan_where_the_mask_selects():
+    """NaN > threshold is False, so a NaN log-prob would count as a sample kept apart: a broken run reading as
+    perfect isolation. NaN outside the mask is not looked at; -inf against -inf (0 / 0) is NaN too."""
+    nan, inf = float("nan"), float("inf")
+    with pytest.raises(ValueError, match=r"exp\(logp - reference\) is NaN at 2 of 2 masked tokens"):
+        leaky_share(torch.tensor([nan, nan]), torch.zeros(2), torch.ones(2, dtype=torch.bool))
+    with pytest.raises(ValueError, match="is NaN at 1 of 2 masked tokens"):
+        leaky_share(torch.tensor([-inf, 0.0]), torch.tensor([-inf, 0.0]), torch.ones(2, dtype=torch.bool))
+    assert leaky_share(torch.tensor([nan, 0.3]), torch.zeros(2), torch.tensor([False, True])) == 1.0
+    assert leaky_share(torch.tensor([inf, 0.0]), torch.zeros(2), torch.ones(2, dtype=torch.bool)) == 0.5
