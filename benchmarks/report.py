@@ -152,8 +152,10 @@ def _scale_table(record: dict[str, Any]) -> list[str]:
     device, which a launch-bound step's wall clock hides and which repeats from run to run where the clock does not.
     """
     rows = _scale_rows(record)
+    unfit = [f"{entry['stage']} at x{entry['scale']}" for entry in record["measurements"].get("out_of_memory", [])]
+    oom = [f"out of GPU memory (recorded, larger scales not tried): {', '.join(unfit)}"] if unfit else []
     if len(rows) < 2:
-        return []
+        return oom
     varlen = bool(record["measurements"].get("varlen_packing"))
     busy = _has_gpu_busy(record)
     headers = ["scale", "pad_tokens", "pack_tokens", "pad_ms", "pack_ms", "speedup", *(["busy_x"] if busy else [])]
@@ -171,7 +173,7 @@ def _scale_table(record: dict[str, Any]) -> list[str]:
             f"kernel {' + '.join(kernels) or '-'}"
             + ("; busy_x = padding's GPU busy ms / the packed row's" if busy else "") + ")\n" + _table(headers, table),
             f"packing scale checks: {record['checks'].get('packing_scale')}",
-            *([f"varlen packing checks: {record['checks'].get('varlen_packing')}"] if varlen else [])]
+            *([f"varlen packing checks: {record['checks'].get('varlen_packing')}"] if varlen else []), *oom]
 
 
 def format_runs_side_by_side(records: list[dict[str, Any]]) -> str | None:

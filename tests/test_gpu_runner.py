@@ -252,6 +252,38 @@ def test_failure_becomes_a_record(tmp_path, capsys, factory, stage, error_type):
     assert "Traceback" not in capsys.readouterr().err  # and not shown to the user
 
 
+def test_a_scale_that_does_not_fit_the_gpu_is_recorded_not_a_failure(tmp_path, monkeypatch):
+    """A 16 GB GPU holds the seed's pair but not padding at x16: the run keeps every row it measured, records the
+    scale that ran out of memory in each series, tries no larger one, and checks varlen against the scales it has."""
+    from benchmarks.workloads import pt_long_context as workload
+
+    pair_at, varlen_row, parameters = workload._pair_at, workload._varlen_row, workload.parameters
+
+    def pair_until_x4(ctx, model, lengths, scale=1):
+        if scale >= 4:
+            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+        return pair_at(ctx, model, lengths, scale)
+
+    def varlen_until_x2(ctx, model, lengths, scale):
+        if scale >= 2:
+            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+        return varlen_row(ctx, model, lengths, scale)
+
+    monkeypatch.setattr(workload, "_pair_at", pair_until_x4)
+    monkeypatch.setattr(workload, "_varlen_row", varlen_until_x2)
+    monkeypatch.setattr(workload, "parameters", lambda mode: {**parameters(mode), "packing_scale_factors": [2, 4, 8]})
+    path, _ = run_workload("pt-long-context", "cpu_smoke", "small-gpu", results_dir=tmp_path, allow_hub=False)
+    stored = read_result(path)
+    assert stored["failure"] is None and stored["decision"] == "wiring_ok"
+    measured = stored["measurements"]
+    assert measured["out_of_memory"] == [{"stage": "packing_scale", "scale": 4}, {"stage": "varlen_packing", "scale": 2}]
+    assert [row["scale"] for row in measured["packing_scale"]] == [2, 2]
+    assert [row["scale"] for row in measured["varlen_packing"]] == [1]
+    assert all(stored["checks"]["varlen_packing"].values())
+    assert "out of GPU memory (recorded, larger scales not tried): packing_scale at x4, varlen_packing at x2" in (
+        format_record(stored))
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 def test_real_gpu_refuses_here_at_preflight(tmp_path, capsys):
     path, record = run_workload("logit-memory", "real_gpu", "no-gpu", results_dir=tmp_path, allow_hub=False)
@@ -343,7 +375,7 @@ def test_every_long_context_row_carries_the_profile_of_one_more_step(smoke):
     """v8: each timed row records what the device ran in one profiled step (here the host: operators and time)."""
     record = smoke["pt-long-context"][1]
     rows = [row for section in record["measurements"].values() for row in section]
-    assert record["workload"]["version"] == "v9" and len(rows) == 3 + 2 + 2 + 2
+    assert record["workload"]["version"] == "v10" and len(rows) == 3 + 2 + 2 + 2
     for row in rows:
         profile = row["device_profile"]
         assert profile["device"] == "cpu" and profile["operations"] > 0 and profile["busy_ms"] > 0

@@ -139,6 +139,8 @@ ROW_SCHEMAS: dict[str, dict[str, Any]] = {
                                             **PACKING_ROW}),
         "varlen_packing": Obj({"candidate": OneOf("boundary_isolated_packing_varlen"), "scale": int, **PACKING_ROW},
                               {**PROFILED, "attention_kernel": OneOf("flash", "sdpa")}),  # v9 on: the kernel run
+        # v10 on: the scale at which a series ran out of GPU memory (the larger ones were not tried)
+        "out_of_memory": Obj({"stage": OneOf("packing_scale", "varlen_packing"), "scale": int}),
     },
     "packing-compiled": {
         "compiled_packing": _long_context_row({"compile_mode": OneOf("default", "reduce-overhead"),

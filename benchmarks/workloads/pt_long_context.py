@@ -21,8 +21,8 @@ from benchmarks.gpu.models import course_token_ids
 
 # bump when lengths, samples, repeats, candidates or what a row records change
 # (v5: scale x16, v6: x32, v7: varlen packing, v8: each row's device profile, v9: varlen in the fused flash kernel
-# where it runs, and each varlen row's kernel)
-VERSION = "v9"
+# where it runs, and each varlen row's kernel, v10: a scale that does not fit the GPU is recorded, not a failure)
+VERSION = "v10"
 EVIDENCE_LEVEL = "real_model_length_and_packing_mechanism_benchmark"
 IGNORE = -100
 LENGTH_TEXT = "Long context training must preserve supervision while controlling memory and time."
@@ -334,8 +334,25 @@ def _targets(ctx, padding: dict, packing: dict) -> dict[str, dict]:
     }
 
 
+def _until_out_of_memory(ctx, model, stage: str, scales: list[int], run) -> list:
+    """[run(scale) for scale in scales], stopped at the first scale the GPU cannot hold: that scale goes to
+    measurements.out_of_memory and the larger ones are not tried (each needs more memory than the last). A 16 GB GPU
+    holds the seed's pair but not padding at x16 (20 GiB on the H200): the rows it did measure stay a result."""
+    done = []
+    for scale in scales:
+        try:
+            done.append(run(scale))
+        except torch.OutOfMemoryError:
+            model.zero_grad(set_to_none=True)
+            torch.cuda.empty_cache()
+            ctx.record["measurements"]["out_of_memory"].append({"stage": stage, "scale": scale})
+            break
+    return done
+
+
 def measure(ctx) -> None:
-    """Fill ctx.record: measurements.length_curve / packing_comparison / packing_scale / varlen_packing, checks, targets."""
+    """Fill ctx.record: measurements.length_curve / packing_comparison / packing_scale / varlen_packing /
+    out_of_memory, checks, targets."""
     p, out = ctx.parameters, ctx.record["measurements"]
     model = ctx.load_model(p["model_id"])
     ctx.stage = "length_curve"
@@ -349,12 +366,19 @@ def measure(ctx) -> None:
     ctx.record["targets"] = _targets(ctx, padding, packing)
     ctx.stage = "packing_scale"
     del packed, segment_ids
-    out["packing_scale"] = [row for scale in p["packing_scale_factors"]
-                            for row in _pair_at(ctx, model, lengths, scale)[:2]]
+    out["out_of_memory"] = []
+    out["packing_scale"] = [row for pair in _until_out_of_memory(
+        ctx, model, "packing_scale", p["packing_scale_factors"], lambda scale: _pair_at(ctx, model, lengths, scale)[:2])
+        for row in pair]
     ctx.record["checks"]["packing_scale"] = _scale_checks(out["packing_scale"])
     ctx.stage = "varlen_packing"
-    out["varlen_packing"] = [_varlen_row(ctx, model, lengths, scale) for scale in [1, *p["packing_scale_factors"]]]
-    pairs = _pairs(out["packing_comparison"] + out["packing_scale"])  # (padding, block mask) at scale 1, then each
+    measured_scales = [row["scale"] for row in out["packing_scale"][::2]]
+    out["varlen_packing"] = _until_out_of_memory(ctx, model, "varlen_packing", [1, *measured_scales],
+                                                 lambda scale: _varlen_row(ctx, model, lengths, scale))
+    if not out["varlen_packing"]:  # not even the seed's pair fit: no varlen row to check
+        return
+    # (padding, block mask) at scale 1, then each scale that varlen measured too
+    pairs = _pairs(out["packing_comparison"] + out["packing_scale"])[:len(out["varlen_packing"])]
     ctx.record["checks"]["varlen_packing"] = {
         **varlen_checks([block for _, block in pairs], out["varlen_packing"], p["loss_agreement_tolerance"]),
         "equals_each_sample_alone_fp32": varlen_equals_alone(ctx.device, lengths, p["alone_logprob_tolerance"]),

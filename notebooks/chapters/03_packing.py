@@ -684,7 +684,8 @@ print(f"2300 samples into rows of 64: TRL {len(trl_packed)} rows (batches of 100
 # the `PT-SFT-CUDA` profile, measures, and writes one JSON record under `lab_results/` (version 9 took about two and
 # a half minutes on an H200, plus downloading the model once); on a machine without one, preflight refuses and the
 # record says why. The default `"dry_run"` records only the plan; `"cpu_smoke"` runs the same code on `tiny_qwen2` in
-# seconds, which proves the wiring and nothing about speed.
+# seconds, which proves the wiring and nothing about speed. A scale your GPU cannot hold is recorded as
+# `out_of_memory`, not a failure. On Colab, download the JSON before the runtime is recycled (chapter 9 §4).
 #
 # **What the course measured on an NVIDIA H200** (records in the repository's `benchmarks/results/`). Every check
 # passed in every run, and 384 → 240 processed tokens; the varlen rows ran torch's fused flash kernel, matched each

@@ -492,7 +492,8 @@ else:
 # peak counter before every measurement, compares each method's log-probs with the full ones, and writes one JSON
 # record that is validated against the schema and never overwritten. Set `RUN_MODE = "real_gpu"` on a CUDA GPU
 # (about 11 s on an H200; a 16 GB GPU records the 16k full logits as out of memory rather than crashing).
-# The default `"dry_run"` records only the plan; `"cpu_smoke"` runs the same code on `tiny_qwen2`'s head.
+# The default `"dry_run"` records only the plan; `"cpu_smoke"` runs the same code on `tiny_qwen2`'s head. The record
+# lands in `lab_results/` in the working folder; on Colab, download it before the runtime is recycled (chapter 9 §4).
 
 # %%
 import time

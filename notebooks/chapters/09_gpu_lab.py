@@ -118,8 +118,9 @@ ENVIRONMENT_PROFILE = "PT-SFT-CUDA"  # the profile the run must pass before it m
 MODEL_ID = "Qwen/Qwen2.5-0.5B"  # another model is another series: never merge it with these results
 MODEL_REVISION = "main"  # the run resolves and records the actual commit
 WORKLOAD_ID = "pt-long-context"
-WORKLOAD_VERSION = "v9"  # v5: scale series to x16; v6: x32; v7: the packed row under varlen; v8: GPU busy time;
-# v9: varlen in torch's fused flash kernel where the GPU runs it, and each varlen row says which kernel ran
+WORKLOAD_VERSION = "v10"  # v5: scale series to x16; v6: x32; v7: the packed row under varlen; v8: GPU busy time;
+# v9: varlen in torch's fused flash kernel where the GPU runs it, and each varlen row says which kernel ran;
+# v10: a scale the GPU cannot hold is recorded under out_of_memory and the series stops there (not a failed run)
 SEQUENCE_LENGTHS = [128, 256, 512]  # length curve, batch 1; longer costs time and memory
 PACKING_SAMPLE_LENGTHS = [48, 96, 32, 64]  # the four fixed samples; padding and packing reuse the same tokens
 BATCH_SIZE = 1
@@ -129,7 +130,7 @@ MEMORY_TREND_TOLERANCE = 0.005  # adjacent lengths may differ by 0.5% of allocat
 ATTENTION_BACKEND = "sdpa"
 SEED = 42
 ALLOW_HUB = True  # False: never ask the hub; the model is then a random init from the shipped config
-RESULTS_DIR = Path("lab_results")  # next to this notebook, never the repository's committed results
+RESULTS_DIR = Path("lab_results")  # in the working folder, never the repository's committed results
 
 # %%
 planned = WORKLOADS[WORKLOAD_ID]
@@ -252,7 +253,13 @@ grading.assert_rejects(padding_vs_packing_ledger, "padding_vs_packing_ledger",
 # `(path, record)`. In `dry_run` it records the plan: the parameters, the environment, no model, decision
 # `ready_to_measure`. In `real_gpu` it runs preflight first; on a machine without CUDA that refusal is itself the
 # record (stage `environment_preflight`, decision `reject_until_fixed`). Any exception while measuring becomes a
-# failure record too: a failed attempt is a result, not a lost afternoon.
+# failure record too: a failed attempt is a result, not a lost afternoon. A scale of the series that your GPU
+# cannot hold (padding at ×16 took 20 GiB on the H200, at ×32 40 GiB) is not a failure: the run records it under
+# `out_of_memory`, tries no larger scale, and keeps every row it measured.
+#
+# **Keep the file.** `lab_results/` is in the notebook's working folder. On Colab that is `/content`, which is
+# wiped when the runtime is recycled: download the JSON (`from google.colab import files; files.download(str(path))`)
+# or point `RESULTS_DIR` at a mounted Drive folder before you run. The file is what you compare and hand in.
 
 # %%
 path, record = run_workload(WORKLOAD_ID, RUN_MODE, RUN_LABEL, results_dir=RESULTS_DIR, profile=ENVIRONMENT_PROFILE,
@@ -517,7 +524,7 @@ if mine["run_mode"] != "real_gpu":
 # %% [markdown]
 # | item | fields | seed 000 (RTX 5070 Ti) | how to act on it |
 # |---|---|---|---|
-# | run & comparability | failure, model commit, lengths, samples | no failure; 128 / 256 / 512; the four fixed samples | comparable with other v4–v9 runs of the same model (v5–v9 only add the scale series, the varlen rows, the device profile and the fused varlen kernel) |
+# | run & comparability | failure, model commit, lengths, samples | no failure; 128 / 256 / 512; the four fixed samples | comparable with other v4–v10 runs of the same model (v5–v10 only add the scale series, the varlen rows, the device profile, the fused varlen kernel and the out-of-memory record) |
 # | length mechanism | tokens_per_step, gradient norms, length checks | finite gradients at every length; memory trend passes with 0.5% tolerance | a tiny allocator wobble from 256 to 512 is not a failed mechanism |
 # | packing correctness | packing checks, effective supervised tokens | all boundary checks pass; 236 supervised tokens in both | any speed difference comes from the layout, not from less supervision |
 # | resources & speed | processed tokens, median ms, effective tokens/s, peak memory | 384 → 240; 63.4 → 48.8 ms; 3724 → 4835 tokens/s; peak ≈ 2.90 GiB | 37.5% fewer positions, 23% less time, ~30% more effective throughput |
