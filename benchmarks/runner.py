@@ -91,10 +91,12 @@ class RunContext:
 
 
 def _device_and_dtype(mode: str) -> tuple[torch.device, torch.dtype]:
+    from course_lib.preflight import native_bf16
+
     if mode == "cpu_smoke":
         return torch.device("cpu"), torch.float32
     if mode == "real_gpu" and torch.cuda.is_available():
-        return torch.device("cuda"), torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.device("cuda"), torch.bfloat16 if native_bf16() else torch.float16  # not a T4's emulated bf16
     return torch.device("cuda"), torch.bfloat16  # the plan (dry_run), or a real_gpu run preflight will refuse
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 __all__ = [
     "PACKAGES", "PreflightError", "profiles_path", "load_profiles", "load_profile", "profile_pins",
-    "probe_environment", "evaluate_profile", "preflight", "require_preflight", "format_preflight", "main",
+    "native_bf16", "probe_environment", "evaluate_profile", "preflight", "require_preflight", "format_preflight", "main",
 ]
 
 PACKAGES = ("torch", "transformers", "trl", "datasets")
@@ -84,6 +84,19 @@ def _package_version(name: str) -> str | None:
         return None
 
 
+def native_bf16() -> bool:
+    """Whether the visible CUDA GPU computes in bf16 itself: compute capability 8.0 on (A100, L4, H100, RTX 30xx).
+
+    torch.cuda.is_bf16_supported() says True on a T4 (7.5) too, where bf16 is emulated and slow: a run timed there
+    in bf16 would be timing the emulation. False without CUDA.
+    """
+    import torch
+
+    if not torch.cuda.is_available():
+        return False
+    return bool(torch.cuda.is_bf16_supported(including_emulation=False))
+
+
 def probe_environment() -> dict[str, Any]:
     """A snapshot of this interpreter and device: versions, CUDA, bf16, SDPA, free GPU memory (plain values)."""
     snapshot: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform()}
@@ -100,7 +113,7 @@ def probe_environment() -> dict[str, Any]:
     if torch.cuda.is_available():
         free, total = torch.cuda.mem_get_info()
         snapshot.update({
-            "cuda_available": True, "bf16_supported": bool(torch.cuda.is_bf16_supported()),
+            "cuda_available": True, "bf16_supported": native_bf16(),
             "gpu_name": torch.cuda.get_device_name(0), "free_gpu_memory_bytes": int(free),
             "total_gpu_memory_bytes": int(total),
             "sdpa_kernels": {"flash": torch.backends.cuda.flash_sdp_enabled(),
@@ -145,7 +158,8 @@ def _bf16_line(profile: dict[str, Any], env: dict[str, Any]) -> dict[str, Any]:
     if found:
         return _line("bf16", need, True, "pass")
     status = {"required": "fail", "preferred": "warn"}.get(need, "skip")
-    return _line("bf16", need, False, status, "no bf16 on this GPU: fp16 autocast is used instead")
+    return _line("bf16", need, False, status, "no native bf16 on this GPU (compute capability below 8.0; torch may "
+                 "emulate it, slowly): runs load the model in fp16 instead")
 
 
 def _attention_line(profile: dict[str, Any], env: dict[str, Any]) -> dict[str, Any]:

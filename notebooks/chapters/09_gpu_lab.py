@@ -43,7 +43,7 @@ from course_lib import (
     varlen_attention,
     varlen_kernel,
 )
-from course_lib.preflight import format_preflight, preflight
+from course_lib.preflight import format_preflight, native_bf16, preflight
 
 tokenizer = load_course_tokenizer()
 
@@ -593,7 +593,7 @@ if mine["run_mode"] != "real_gpu":
 
 # %%
 here = "cuda" if torch.cuda.is_available() else "cpu"
-run_dtype = torch.bfloat16 if here == "cpu" or torch.cuda.is_bf16_supported() else torch.float16  # as the runner
+run_dtype = torch.bfloat16 if here == "cpu" or native_bf16() else torch.float16  # as the runner
 why_not = flash_varlen_unavailable(here, run_dtype, 64)  # Qwen2.5-0.5B: head_dim 64
 print(f"varlen attention on this machine ({here}, {run_dtype}): kernel {varlen_kernel(here, run_dtype, 64)!r}"
       + ("" if why_not is None else f"; not the fused one, because {why_not}"))
