@@ -6,9 +6,12 @@
 # Measured on one H200: 2026-11-29, pt-long-context v5 ~60 s, logit-memory ~11 s, microbatch-budget ~53 s;
 # 2026-11-30, pt-long-context v9 144 s and packing-compiled 76 s, chapters 3, 5 and 9 in 149, 19 and 147 s. The
 # device tool allows 10 minutes a call, so measure in two calls: the workloads, then `CHAPTERS=1 WORKLOADS=none`
-# (the chapters alone). packing-compiled is capped at 360 s (it compiles), every other workload and chapter at 200 s.
-# Writes benchmarks/results/<workload>/<workload>_LABEL.json (never overwriting) and
-# benchmarks/results/figures/LABEL/*.png. When $OUT is set (the device tool), copies the JSON files to
+# (the chapters alone). Under the device tool ($OUT set) packing-compiled is capped at 360 s (it compiles), every other
+# workload and chapter at 200 s; elsewhere nothing is capped (a slower GPU, or the first run that downloads the model,
+# takes longer), unless LIMIT_S=seconds caps each step.
+# A label that already names a result file is refused before anything runs (exit 2): results are never overwritten.
+# Writes benchmarks/results/<workload>/<workload>_LABEL.json and benchmarks/results/figures/LABEL/*.png, and the log
+# to build/gpu_suite/LABEL.log. When $OUT is set (the device tool), copies the JSON files to
 # $OUT/results/<workload>/, the chapters' to $OUT/results/chapter03/, chapter05/ and chapter09/, and the whole log to
 # $OUT/suite.log (at most 8 files); draw the figures again from the JSON with `python -m benchmarks.report ... --plots`.
 # Wheels under tmp/whl/ (e.g. trl and datasets for an image without them) are installed to /tmp/site first.
@@ -27,7 +30,30 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 PY="${PYTHON:-python3}"
 if [ -z "${PYTHON:-}" ] && [ -x .venv/bin/python ]; then PY=.venv/bin/python; fi
-LOG="${OUT:-/tmp}/suite.log"
+WORKLOAD_IDS="pt-long-context logit-memory microbatch-budget packing-compiled"
+mkdir -p build/gpu_suite
+LOG="${OUT:-build/gpu_suite}/$([ -n "${OUT:-}" ] && echo suite || echo "$LABEL").log"
+
+results_of_label() {  # this label's result files, one per workload (a glob on *_LABEL would match my_LABEL too)
+  local f
+  local workload
+  for workload in $WORKLOAD_IDS; do
+    f="benchmarks/results/${workload//-/_}/${workload}_$LABEL.json"
+    if [ -f "$f" ]; then echo "$f"; fi
+  done
+}
+
+limited() {  # limited SECONDS command...: the device tool's cap, or LIMIT_S, or none
+  local cap="${LIMIT_S:-}"
+  if [ -z "$cap" ] && [ -n "${OUT:-}" ]; then cap="$1"; fi
+  shift
+  if [ -n "$cap" ]; then timeout "$cap" "$@"; else "$@"; fi
+}
+
+if [ "${WORKLOADS:-}" != none ] && [ -n "$(results_of_label)" ]; then
+  echo "refused: label $LABEL is taken ($(results_of_label | tr '\n' ' ')): results are never overwritten; choose a new label" >&2
+  exit 2
+fi
 STARTED="$(mktemp)"  # its time tells this run's chapter records from older ones under build/
 
 if compgen -G "tmp/whl/*.whl" >/dev/null; then  # here, not in suite(): a pipeline runs it in a subshell
@@ -40,19 +66,24 @@ suite() {
   $PY -m course_lib.preflight "$PROFILE" || echo "preflight failed: each workload below records a refusal"
   local status=0 code workload
   local limit
-  for workload in ${WORKLOADS:-pt-long-context logit-memory microbatch-budget packing-compiled}; do
+  for workload in ${WORKLOADS:-$WORKLOAD_IDS}; do
     if [ "$workload" = none ]; then continue; fi
     echo "== $workload ($(date +%T))"
     limit=200
     if [ "$workload" = packing-compiled ]; then limit=360; fi  # compiling is most of it; it runs last for that reason
-    timeout "$limit" $PY -m benchmarks.runner "$workload" --mode real_gpu --label "$LABEL" --profile "$PROFILE" \
+    limited "$limit" $PY -m benchmarks.runner "$workload" --mode real_gpu --label "$LABEL" --profile "$PROFILE" \
       --no-progress
     code=$?
-    if [ "$code" -eq 124 ]; then echo "$workload: timed out after $limit s (no result file)"; fi
+    if [ "$code" -eq 124 ]; then echo "$workload: timed out (no result file); raise LIMIT_S"; fi
     if [ "$code" -gt "$status" ]; then status=$code; fi
   done
   echo "== report ($(date +%T))"
-  $PY -m benchmarks.report benchmarks/results/*/*_"$LABEL".json --plots "benchmarks/results/figures/$LABEL" || true
+  if [ -n "$(results_of_label)" ]; then
+    # shellcheck disable=SC2046  # one path per line, no spaces in them
+    $PY -m benchmarks.report $(results_of_label) --plots "benchmarks/results/figures/$LABEL" || true
+  else
+    echo "no result file with label $LABEL"
+  fi
   return "$status"
 }
 
@@ -63,13 +94,13 @@ chapters() {
     return 1
   fi
   echo "== chapter 3: RUN_MODE=real_gpu ($(date +%T))"
-  timeout 200 $PY scripts/run_notebook.py notebooks/source/03_packing/03_packing.ipynb --set RUN_MODE='"real_gpu"' \
+  limited 200 $PY scripts/run_notebook.py notebooks/source/03_packing/03_packing.ipynb --set RUN_MODE='"real_gpu"' \
     --cwd build/gpu_chapters/03 || status=1
   echo "== chapter 5: peak GPU memory cell, RUN_MODE=real_gpu ($(date +%T))"
-  timeout 200 $PY scripts/run_notebook.py notebooks/source/05_logit_memory/05_logit_memory.ipynb \
+  limited 200 $PY scripts/run_notebook.py notebooks/source/05_logit_memory/05_logit_memory.ipynb \
     --set RUN_MODE='"real_gpu"' --cwd build/gpu_chapters/05 || status=1
   echo "== chapter 9: RUN_MODE=real_gpu ($(date +%T))"
-  timeout 200 $PY scripts/run_notebook.py notebooks/source/09_gpu_lab/09_gpu_lab.ipynb --set RUN_MODE='"real_gpu"' \
+  limited 200 $PY scripts/run_notebook.py notebooks/source/09_gpu_lab/09_gpu_lab.ipynb --set RUN_MODE='"real_gpu"' \
     --set RUN_LABEL="'chapter09-$LABEL'" --cwd build/gpu_chapters/09 || status=1
   return "$status"
 }
@@ -82,9 +113,10 @@ if [ "${CHAPTERS:-0}" = 1 ]; then
 fi
 if [ -n "${OUT:-}" ]; then  # the device tool brings back at most 8 files, at most 2 folders down
   # the JSON and the log only: the figures are drawn again from the JSON where they land
-  (cd benchmarks/results && for f in */*_"$LABEL".json; do
-    if [ -f "$f" ]; then mkdir -p "$OUT/results/${f%%/*}" && cp "$f" "$OUT/results/$f"; fi
-  done)
+  for f in $(results_of_label); do
+    f="${f#benchmarks/results/}"
+    mkdir -p "$OUT/results/${f%%/*}" && cp "benchmarks/results/$f" "$OUT/results/$f"
+  done
   for chapter in 03 05 09; do  # this run's records only (build/ may hold older ones), not chapter 9's cpu_smoke
     find "build/gpu_chapters/$chapter/lab_results" -name '*.json' ! -name '*-cpu-smoke.json' -newer "$STARTED" \
       2>/dev/null | while read -r f; do mkdir -p "$OUT/results/chapter$chapter" && cp "$f" "$OUT/results/chapter$chapter/"; done

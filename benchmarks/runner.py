@@ -144,7 +144,10 @@ def run_workload(workload_id: str, mode: str = "dry_run", label: str = "default"
     if mode not in MODES:
         raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
     profile = profile or DEFAULT_PROFILES[mode]
-    load_profile(profile)  # an unknown profile is a usage error, not a result
+    capabilities = load_profile(profile)["capabilities"]  # an unknown profile is a usage error, not a result
+    if mode != "dry_run" and mode not in capabilities:  # a plan needs no capability; a measurement needs its own
+        raise ValueError(f"profile {profile!r} cannot run mode {mode!r} (its capabilities: {capabilities}); "
+                         f"use --profile {DEFAULT_PROFILES[mode]}")
     path = result_path(results_dir, workload_id, check_label(label))
     if path.exists():
         raise FileExistsError(f"{path} exists: results are never overwritten; choose a new --label")

@@ -222,6 +222,19 @@ def test_bad_label_is_refused(tmp_path, label):
         run_workload("pt-long-context", "dry_run", label, results_dir=tmp_path)
 
 
+def test_a_profile_without_the_modes_capability_is_refused(tmp_path, capsys):
+    """BASE-CPU declares no real_gpu: measuring under it would pass its preflight (no CUDA needed) and then fail
+    deep in the model load. A plan (dry_run) needs no capability."""
+    with pytest.raises(ValueError, match=r"profile 'BASE-CPU' cannot run mode 'real_gpu' \(its capabilities: "
+                                         r"\['exercises', 'cpu_smoke'\]\); use --profile PT-SFT-CUDA"):
+        run_workload("logit-memory", "real_gpu", "base", results_dir=tmp_path, profile="BASE-CPU")
+    assert runner_main(["logit-memory", "--mode", "real_gpu", "--label", "base", "--profile", "BASE-CPU",
+                        "--results-dir", str(tmp_path), "--no-hub"]) == 2
+    assert "refused: profile 'BASE-CPU' cannot run mode 'real_gpu'" in capsys.readouterr().err
+    assert not list(tmp_path.rglob("*.json"))  # refused, not recorded: the label stays free
+    run_workload("logit-memory", "dry_run", "plan", results_dir=tmp_path, profile="BASE-CPU")
+
+
 class ExplodingModel(torch.nn.Module):
     """A real tiny model whose forward raises, as a broken kernel or a bad input would."""
 

@@ -68,9 +68,31 @@ def test_suite_with_no_workloads_measures_nothing_and_fetches_nothing_stray(tmp_
     out = tmp_path / "out"
     out.mkdir()
     env = {**os.environ, "PYTHON": sys.executable, "OUT": str(out), "WORKLOADS": "none"}
+    # another label that ends in this one: a glob on *_LABEL.json took it for this run's
+    stray = repo / "benchmarks" / "results" / "logit_memory" / f"logit-memory_old_{LABEL}.json"
+    stray.parent.mkdir(parents=True, exist_ok=True)
+    stray.write_text("{}")
     done = subprocess.run(["bash", "benchmarks/run_gpu_suite.sh", LABEL], cwd=repo, env=env, capture_output=True,
                           text=True, timeout=300)
     log = (out / "suite.log").read_text()
     assert done.returncode == 0, log
     assert "== preflight PT-SFT-CUDA" in log and "== report" in log and "== pt-long-context" not in log
+    assert f"no result file with label {LABEL}" in log
     assert [path.name for path in out.rglob("*")] == ["suite.log"]
+
+
+@pytest.mark.skipif(shutil.which("bash") is None or not is_git_checkout(), reason="needs bash and a checkout")
+def test_a_taken_label_is_refused_before_anything_runs(tmp_path):
+    """Every runner would refuse a taken label one by one, and the report would then print the old files as this
+    run's: the suite refuses it up front, and writes no log."""
+    repo = tmp_path / "repo"
+    copy_tracked_files(repo)
+    taken = repo / "benchmarks" / "results" / "logit_memory" / f"logit-memory_{LABEL}.json"
+    taken.parent.mkdir(parents=True, exist_ok=True)
+    taken.write_text("{}")
+    env = {**os.environ, "PYTHON": sys.executable, "WORKLOADS": "logit-memory"}
+    env.pop("OUT", None)
+    done = subprocess.run(["bash", "benchmarks/run_gpu_suite.sh", LABEL], cwd=repo, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2 and f"refused: label {LABEL} is taken" in done.stderr, done.stderr
+    assert "== preflight" not in done.stdout and not (repo / "build" / "gpu_suite" / f"{LABEL}.log").exists()
