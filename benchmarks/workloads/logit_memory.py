@@ -14,7 +14,7 @@ import torch
 
 from benchmarks.gpu.measure import time_steps
 
-VERSION = "v1"
+VERSION = "v2"  # v2: agreement checked where the full log-probs fit (v1 failed chunking when full ran out of memory)
 EVIDENCE_LEVEL = "real_lm_head_shape_logit_memory_benchmark"
 METHODS = ("full", "chunked", "chunked_recompute")
 _GB = 1e9
@@ -109,11 +109,15 @@ def _memory_metric(rows: list[dict]) -> str:
 def checks_and_targets(ctx, rows: list[dict]) -> tuple[dict[str, bool], dict[str, dict]]:
     """Agreement with the full log-probs; chunked+recompute memory flat from the shortest to the longest T.
 
-    A comparison that could not be made (full out of memory, non-finite difference) counts as not passing.
+    The agreement is checked at every T where the full log-probs fit (a 16 GB GPU cannot hold them at 16k tokens:
+    that row says out_of_memory, and chunking is not blamed for it). A method that fails where full ran (its own
+    out of memory, a non-finite difference) does not pass, nor does a run where full fit at no T.
     """
     p = ctx.parameters
-    diffs = {name: [r["max_abs_diff_vs_full"] for r in rows if r["method"] == name] for name in METHODS[1:]}
-    worst = {name: math.inf if None in values else max(values) for name, values in diffs.items()}
+    full_ran = {r["tokens"] for r in rows if r["method"] == "full" and not r["out_of_memory"]}
+    diffs = {name: [r["max_abs_diff_vs_full"] for r in rows if r["method"] == name and r["tokens"] in full_ran]
+             for name in METHODS[1:]}
+    worst = {name: math.inf if None in values or not values else max(values) for name, values in diffs.items()}
     metric = _memory_metric(rows)
     recompute = [r[metric] for r in rows if r["method"] == "chunked_recompute"]  # ordered by T
     flat = None not in recompute and recompute[-1] <= recompute[0] * (1 + p["flat_tolerance"])
@@ -124,7 +128,7 @@ def checks_and_targets(ctx, rows: list[dict]) -> tuple[dict[str, bool], dict[str
     targets = {
         "recompute_peak_flat": {"expected": "flat from the shortest to the longest T (seed: 2.2 GB at 4096 and 16384)",
                                 "observed": f"{shown} ({metric})", "met": flat if ctx.mode == "real_gpu" else None},
-        "log_probs_identical_to_full": {"expected": "max diff 0 (seed: 0e+00)",
+        "log_probs_identical_to_full": {"expected": "max diff 0 where the full log-probs fit (seed: 0e+00)",
                                         "observed": largest if math.isfinite(largest) else None,
                                         "met": largest == 0.0},
     }
