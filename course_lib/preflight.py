@@ -147,7 +147,8 @@ def _cuda_line(profile: dict[str, Any], env: dict[str, Any]) -> dict[str, Any]:
     need = "available" if need == "required" else need
     if found:
         return _line("cuda", need, f"available ({env['gpu_name']}, CUDA {env['cuda_version']})", "pass")
-    why = f"CUDA not available: torch.version.cuda={env['cuda_version']}, no visible NVIDIA GPU"
+    why = ("CUDA not available: a CPU build of torch (torch.version.cuda=None)" if env["cuda_version"] is None else
+           f"CUDA not available: torch.version.cuda={env['cuda_version']}, no visible NVIDIA GPU")
     return _line("cuda", need, "unavailable", "fail" if need == "available" else "skip", why)
 
 
@@ -167,6 +168,9 @@ def _attention_line(profile: dict[str, Any], env: dict[str, Any]) -> dict[str, A
     if backend != "sdpa":
         return _line("attention_backend", backend, None, "fail", f"unsupported backend {backend!r} (only sdpa)")
     detail = f"kernels {env['sdpa_kernels']}" if env["sdpa_kernels"] else ""
+    if not env["sdpa_available"]:
+        detail = ("torch is not installed" if env.get("torch") is None else
+                  "torch.nn.functional.scaled_dot_product_attention is missing (torch too old)")
     found = "sdpa" if env["sdpa_available"] else "missing"
     return _line("attention_backend", backend, found, "pass" if env["sdpa_available"] else "fail", detail)
 

@@ -66,6 +66,8 @@ def test_pt_sft_cuda_fails_here_with_a_cuda_line():
     assert not record["passed"] and "cuda" in record["failed"]
     cuda_row = next(row for row in format_preflight(record).splitlines() if row.startswith("cuda"))
     assert "FAIL" in cuda_row and "CUDA not available" in cuda_row
+    if torch.version.cuda is None:  # this machine's CPU wheel: say so, not "no visible NVIDIA GPU"
+        assert "a CPU build of torch" in cuda_row
     with pytest.raises(PreflightError, match="cuda: expected available"):
         require_preflight("PT-SFT-CUDA")
 
@@ -141,3 +143,13 @@ def test_native_bf16_is_not_a_t4s_emulated_bf16(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)  # sm80 on
     assert native_bf16() is True
     assert _device_and_dtype("real_gpu") == (torch.device("cuda"), torch.bfloat16)
+
+
+def test_attention_line_says_why_sdpa_is_missing():
+    from course_lib.preflight import _attention_line
+
+    profile = load_profile("PT-SFT-CUDA")
+    no_torch = _attention_line(profile, {"torch": None, "sdpa_available": False, "sdpa_kernels": None})
+    assert (no_torch["status"], no_torch["detail"]) == ("fail", "torch is not installed")
+    old_torch = _attention_line(profile, {"torch": "2.0.0", "sdpa_available": False, "sdpa_kernels": None})
+    assert "scaled_dot_product_attention is missing" in old_torch["detail"]
