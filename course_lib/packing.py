@@ -381,6 +381,10 @@ def packed_to_sequences(packed: torch.Tensor, segment_ids: torch.Tensor, rows: l
     per_transition = packed.shape[1] == length - 1
     sequences: dict[int, torch.Tensor] = {}
     for row_number, row in enumerate(rows):
+        segments_here = int((segment_ids[row_number] >= 0).any() and segment_ids[row_number].max() + 1)
+        if segments_here > len(row):  # an extra segment's tokens would be dropped without a word
+            raise ValueError(f"segment_ids[{row_number}] has tokens of {segments_here} segments, but rows[{row_number}] "
+                             f"lists {len(row)} sequences")
         for segment, index in enumerate(row):
             columns = (segment_ids[row_number] == segment).nonzero().flatten()  # [n]
             if not len(columns):

@@ -272,6 +272,19 @@ def test_pack_sequences_layout_round_trips(case):
     assert (packed["sample_logp"][same_sequence_next] < 0).all()
 
 
+def test_packed_to_sequences_refuses_rows_that_do_not_cover_every_segment():
+    """rows must list every segment a packed row holds: one fewer would drop that segment's tokens silently; one
+    more finds no tokens for it. Padding (-1) belongs to no segment."""
+    values, segments = torch.tensor([[1, 2, 3, 4]]), torch.tensor([[0, 0, 1, -1]])
+    assert [t.tolist() for t in packed_to_sequences(values, segments, [[0, 1]])] == [[1, 2], [3]]
+    with pytest.raises(ValueError, match=r"^segment_ids\[0\] has tokens of 2 segments, but rows\[0\] lists 1 "):
+        packed_to_sequences(values, segments, [[0]])
+    with pytest.raises(ValueError, match=r"^rows\[0\] holds 3 sequences, but segment_ids\[0\] has no token of "
+                                         r"segment 2"):
+        packed_to_sequences(values, segments, [[0, 1, 2]])
+    assert [t.tolist() for t in packed_to_sequences(values, torch.tensor([[0, 0, 0, 0]]), [[0]])] == [[1, 2, 3, 4]]
+
+
 def test_pack_sequences_accepts_objects_and_bare_ids():
     class Trajectory:
         def __init__(self, ids):
