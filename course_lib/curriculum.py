@@ -12,7 +12,15 @@ from typing import Any
 
 import torch
 
-from ._checks import require_bool, require_int, require_keys, require_positive_int, require_ratio, require_real
+from ._checks import (
+    require_bool,
+    require_int,
+    require_keys,
+    require_positive_int,
+    require_ratio,
+    require_real,
+    require_sequence,
+)
 
 __all__ = [
     "CURRICULUM_GATES",
@@ -97,6 +105,7 @@ def variance_weighted_sample(tasks: Sequence[Any], pass_rates: Sequence[float], 
     the number of tasks with p strictly inside (0, 1); when every weight is 0 this raises ValueError
     rather than falling back to uniform: nothing left is informative, and revisiting is the caller's choice.
     """
+    pass_rates = require_sequence("pass_rates", pass_rates)  # read twice below: a generator would be spent once
     tasks = filter_by_pass_rate(tasks, pass_rates, -1.0, 2.0)  # every task, as a list, its rate checked
     informative = filter_by_pass_rate(range(len(tasks)), pass_rates)  # indices with p(1-p) > 0
     k = require_positive_int("k", k)

@@ -145,6 +145,10 @@ def test_variance_sampler_without_replacement_is_deterministic():
         variance_weighted_sample(list("abcdef"), rates, 5)
     with pytest.raises(ValueError, match="all weights p\\(1-p\\) are zero"):
         variance_weighted_sample(["a", "b"], [0.0, 1.0], 1)
+    # rates given as a generator: read twice inside, so refused by name (it said "pass_rates has 0 entries")
+    with pytest.raises(ValueError, match=r"^pass_rates must be a sequence \(a list or tuple\)"):
+        variance_weighted_sample(["a", "b"], (rate for rate in [0.5, 0.5]), 1)
+    assert variance_weighted_sample(["a", "b"], torch.tensor([0.5, 0.0]), 1) == ["a"]  # a tensor is a sequence
 
 
 def test_all_pass_probability_seed_fact():
