@@ -8,6 +8,9 @@ from numbers import Integral, Real
 
 import torch
 
+INT64_MAX = 2**63 - 1  # lengths and token counts become int64 tensors or arrays: beyond this they wrap or overflow
+SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes
+
 
 def _shown(value: object) -> str:
     text = repr(value)
@@ -52,7 +55,10 @@ def require_real(name: str, value: object, *, minimum: float | None = None, maxi
         if hasattr(value, "item") and getattr(value, "ndim", 1) == 0:
             return require_real(name, value.item(), minimum=minimum, maximum=maximum, strict_minimum=strict_minimum)
         raise ValueError(f"{name} must be a real number, got {_shown(value)}")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # an int beyond ~1.8e308
+        raise ValueError(f"{name} must be finite, got an integer of {len(str(abs(int(value))))} digits") from None
     if not math.isfinite(value):
         raise ValueError(f"{name} must be finite, got {value}")
     if minimum is not None and (value <= minimum if strict_minimum else value < minimum):
@@ -68,10 +74,11 @@ def require_ratio(name: str, value: object) -> float:
 
 
 def require_lengths(name: str, lengths: object, *, allow_empty: bool = False, minimum: int = 1,
-                    maximum: int | None = None, maximum_name: str | None = None) -> list[int]:
-    """A sequence of integer lengths, each in [minimum, maximum]; returns a list of Python ints.
+                    maximum: int | None = None, maximum_name: str | None = None, summed: bool = False) -> list[int]:
+    """A sequence of integer lengths, each in [minimum, maximum] and within int64; returns a list of Python ints.
 
-    Accepts lists, tuples, numpy arrays and 1-D tensors.
+    Accepts lists, tuples, numpy arrays and 1-D tensors. summed=True: their total must fit an int64 too (for a
+    caller that adds them up in a tensor or an array, where an overflow wraps around silently).
     """
     if hasattr(lengths, "tolist") and not isinstance(lengths, (list, tuple)):
         if getattr(lengths, "ndim", 1) != 1:
@@ -85,13 +92,15 @@ def require_lengths(name: str, lengths: object, *, allow_empty: bool = False, mi
     for index, length in enumerate(lengths):
         item = f"{name}[{index}]"
         if maximum is not None:
-            value = require_int(item, length, minimum=minimum)
+            value = require_int(item, length, minimum=minimum, maximum=INT64_MAX)
             if value > maximum:
                 bound = maximum_name or str(maximum)
                 raise ValueError(f"{item} = {value} exceeds {bound} = {maximum}")
             checked.append(value)
         else:
-            checked.append(require_int(item, length, minimum=minimum))
+            checked.append(require_int(item, length, minimum=minimum, maximum=INT64_MAX))
+    if summed and sum(checked) > INT64_MAX:
+        raise ValueError(f"{name} sum to {sum(checked)}, more than an int64 count holds ({INT64_MAX})")
     return checked
 
 

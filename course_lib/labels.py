@@ -10,7 +10,15 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ._checks import require_bool, require_int, require_keys, require_positive_int, require_sequence, require_tensor
+from ._checks import (
+    INT64_MAX,
+    require_bool,
+    require_int,
+    require_keys,
+    require_positive_int,
+    require_sequence,
+    require_tensor,
+)
 from .tokenizer import render_chat
 from .window import IGNORE_INDEX
 
@@ -45,7 +53,7 @@ def pad_batch(features, pad_token_id: int) -> dict[str, torch.Tensor]:
     Right padding to L = max T_b: input_ids with pad_token_id, labels with IGNORE_INDEX (never the pad id),
     attention_mask 1 on real tokens and 0 on padding (from the lengths, not from the ids).
     """
-    pad_token_id = require_int("pad_token_id", pad_token_id, minimum=0)
+    pad_token_id = require_int("pad_token_id", pad_token_id, minimum=0, maximum=INT64_MAX)
     id_rows, label_rows = [], []
     for index, feature in enumerate(require_sequence("features", features, allow_empty=False)):
         require_keys(f"features[{index}]", feature, ("input_ids", "labels"))

@@ -52,7 +52,7 @@ def assign_buckets(lengths: Any, max_length: int) -> np.ndarray:
     v = values - 1
     for shift in (1, 2, 4, 8, 16, 32):  # smear the highest set bit down: v becomes 2^k - 1
         v |= v >> shift
-    return np.minimum(v + 1, max_length)  # [N]
+    return np.minimum(v, max_length - 1) + 1  # [N]; v + 1 would overflow int64 for lengths above 2**62
 
 
 def geometric_edges(max_length: int, min_edge: int = 1) -> list[int]:
@@ -81,10 +81,11 @@ def bucket_padding(lengths: Any, edges: Sequence[int]) -> dict[str, Any]:
     edge_values = require_lengths("edges", edges)
     if any(b <= a for a, b in zip(edge_values, edge_values[1:], strict=False)):
         raise ValueError(f"edges must be strictly increasing, got {edge_values[:8]}...")
-    values = np.asarray(require_lengths("lengths", lengths, maximum=edge_values[-1], maximum_name="edges[-1]"),
-                        dtype=np.int64)  # [N]
-    padded = np.asarray(edge_values, dtype=np.int64)[np.searchsorted(edge_values, values, side="left")]  # [N]
-    tokens, padded_tokens = int(values.sum()), int(padded.sum())
+    listed = require_lengths("lengths", lengths, maximum=edge_values[-1], maximum_name="edges[-1]")
+    bucket = np.searchsorted(edge_values, np.asarray(listed, dtype=np.int64), side="left")  # [N] edge index
+    per_edge = np.bincount(bucket, minlength=len(edge_values)).tolist()  # [E] lengths padded to each edge
+    # Python ints: an int64 sum of many long lengths could wrap around
+    tokens, padded_tokens = sum(listed), sum(edge * count for edge, count in zip(edge_values, per_edge, strict=True))
     return {"tokens": tokens, "padded_tokens": padded_tokens, "padding_tokens": padded_tokens - tokens,
             "padding_ratio": (padded_tokens - tokens) / padded_tokens}
 

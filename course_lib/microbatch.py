@@ -87,7 +87,7 @@ def packed_token_budget_batches(lengths, max_tokens: int) -> list[list[int]]:
     Neighbours stay length-balanced; `plan_packing(..., "ffd")` fills tighter (512 seed lengths at 128k: 49 vs 46).
     """
     max_tokens = require_positive_int("max_tokens", max_tokens)
-    lengths = require_lengths("lengths", lengths, maximum=max_tokens, maximum_name="max_tokens")
+    lengths = require_lengths("lengths", lengths, maximum=max_tokens, maximum_name="max_tokens", summed=True)
     sorted_lengths, order = torch.sort(torch.tensor(lengths), descending=True, stable=True)  # [N] each; ties by index
     cumulative = torch.cumsum(sorted_lengths, 0)  # [N] tokens up to and including each
     batches, start, used = [], 0, 0
@@ -132,7 +132,7 @@ def describe_microbatches(lengths, batches, *, packed: bool = False) -> dict:
 
     sizes[b] = len(b) x max length (padded) or sum of lengths (packed); `batches` must partition range(N).
     """
-    lengths = require_lengths("lengths", lengths)
+    lengths = require_lengths("lengths", lengths, summed=True)
     batches = require_partition("batches", batches, len(lengths))
     packed = require_bool("packed", packed)
     table = torch.tensor(lengths)  # [N]

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from ._checks import (
+    INT64_MAX,
     require_keys,
     require_lengths,
     require_nonnegative_int,
@@ -47,12 +48,17 @@ def _lengths_array(name: str, lengths, capacity: int | None = None, capacity_nam
     """lengths [N] (list, numpy array or tensor of ints >= 1, each <= capacity) -> int64 array [N]."""
     if torch.is_tensor(lengths):
         lengths = lengths.detach().cpu().numpy()
-    fast = (isinstance(lengths, np.ndarray) and lengths.ndim == 1 and lengths.dtype.kind in "iu") or (
+    fast = (isinstance(lengths, np.ndarray) and lengths.ndim == 1 and lengths.dtype.kind in "iu"
+            and not (lengths.dtype == np.uint64 and lengths.size and lengths.max() > INT64_MAX)) or (  # would wrap
         isinstance(lengths, list) and set(map(type, lengths)) == {int}  # bools and floats take the slow path
     )
     if not fast:  # the element-wise checks name the offending entry
         lengths = require_lengths(name, lengths, maximum=capacity, maximum_name=capacity_name)
-    array = np.asarray(lengths, dtype=np.int64)
+    try:
+        array = np.asarray(lengths, dtype=np.int64)
+    except OverflowError:  # a Python int beyond int64: the element-wise checks name it
+        require_lengths(name, lengths, maximum=capacity, maximum_name=capacity_name)
+        raise
     if array.size == 0:
         raise ValueError(f"{name} must not be empty")
     if array.min() < 1:

@@ -228,3 +228,41 @@ def test_only_value_error_escapes_junk_in_optional_arguments(name, valid_calls):
                 raise
 
     check()
+
+
+BEYOND_INT64 = [  # (call, the message's start): numbers past what an int64 tensor or array holds
+    (lambda: course_lib.plan_packing([2**63 + 5], 10), r"lengths\[0\] must be <= 9223372036854775807, got 9223372036854775813"),
+    (lambda: course_lib.plan_packing(__import__("numpy").array([2**63 + 5], dtype="uint64"), 10),
+     r"lengths\[0\] must be <= 9223372036854775807, got 9223372036854775813"),  # not the wrapped-around value
+    (lambda: course_lib.varlen_metadata([2**63]), r"seq_lengths\[0\] must be <= "),
+    (lambda: course_lib.balanced_partition([2**63, 1], 2), r"lengths\[0\] must be <= "),
+    (lambda: course_lib.token_budget_batches([2**63], 2**64), r"lengths\[0\] must be <= "),
+    (lambda: course_lib.summarize_length_distribution([2**63], 10, 20), r"lengths\[0\] must be <= "),
+    (lambda: course_lib.split_document([2**63], 4, 1), r"input_ids\[0\] must be <= "),
+    (lambda: course_lib.describe_microbatches([2**62] * 4, [[0, 1], [2, 3]]), r"lengths sum to 18446744073709551616"),
+    (lambda: course_lib.packed_token_budget_batches([2**62] * 3, 2**62), r"lengths sum to 13835058055282163712, more "),
+    (lambda: course_lib.pad_batch([{"input_ids": [1, 2], "labels": [1, 2]}, {"input_ids": [1], "labels": [1]}], 2**63),
+     r"pad_token_id must be <= 9223372036854775807"),
+    (lambda: course_lib.synthetic_supervised_batch(seed=2**64), r"seed must be <= 18446744073709551615"),
+    (lambda: course_lib.simulate_pass_rate_filter(torch.tensor([0.5]), 8, 1, seed=2**64), r"seed must be <= "),
+    (lambda: course_lib.zero_advantage_probability(10**400), r"pass_rate must be finite, got an integer of 401 digits"),
+]
+
+
+@pytest.mark.parametrize("call, message", BEYOND_INT64)
+def test_numbers_beyond_int64_are_refused_by_name_not_wrapped(call, message):
+    """An int64 sum or cast wraps around silently (a batch three times over budget, a padding ratio of 1 with no
+    tokens) or raises OverflowError / torch's "Overflow when unpacking long long": each is a named ValueError."""
+    with pytest.raises(ValueError, match=rf"^{message}"):
+        call()
+
+
+def test_lengths_up_to_int64_still_work_exactly():
+    """Python ints add exactly: bucket_padding's totals past 2**63 are right, and buckets of lengths above 2**62
+    (where `v + 1` used to wrap to a negative bucket) equal the scalar assign_bucket."""
+    padding = course_lib.bucket_padding([2**62] * 4, [2**62])
+    assert padding == {"tokens": 2**64, "padded_tokens": 2**64, "padding_tokens": 0, "padding_ratio": 0.0}
+    lengths = [2**62 + 1, 2**63 - 1, 3]
+    assert course_lib.assign_buckets(lengths, 2**63 - 1).tolist() == [
+        course_lib.assign_bucket(length, 2**63 - 1) for length in lengths] == [2**63 - 1, 2**63 - 1, 4]
+    assert course_lib.synthetic_supervised_batch(seed=2**64 - 1)["input_ids"].shape[0] > 0
