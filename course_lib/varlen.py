@@ -273,9 +273,12 @@ def _checked(query, key, value, attention_mask, dropout, scaling, kwargs):
     key = require_tensor("key", key, ndim=4, dtype_kind="f")
     value = require_tensor("value", value, ndim=4, dtype_kind="f")
     if (key.shape != value.shape or key.shape[0] != query.shape[0] or key.shape[3] != query.shape[3]
-            or query.shape[1] % key.shape[1]):
+            or key.shape[1] == 0 or query.shape[1] % key.shape[1]):
         raise ValueError(f"query {tuple(query.shape)}, key {tuple(key.shape)} and value {tuple(value.shape)} must be "
-                         "[R, H, L, D], [R, H_kv, L, D], [R, H_kv, L, D] with H a multiple of H_kv")
+                         "[R, H, L, D], [R, H_kv, L, D], [R, H_kv, L, D] with H a multiple of H_kv >= 1")
+    if len({query.dtype, key.dtype, value.dtype}) > 1 and not torch.is_autocast_enabled(query.device.type):
+        raise ValueError(f"query {query.dtype}, key {key.dtype} and value {value.dtype} must share a dtype outside "
+                         "autocast (SDPA takes one)")
     if key.shape[2] != query.shape[2]:
         raise ValueError(f"key length {key.shape[2]} != query length {query.shape[2]}: varlen attention runs without "
                          "a cache (use_cache=False)")

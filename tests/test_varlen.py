@@ -625,6 +625,8 @@ def test_attention_inputs_are_checked_field_by_field():
         ((q, torch.zeros(1, 2, 6, 8), torch.zeros(1, 2, 6, 8)), {}, shapes),     # head widths differ
         ((q, torch.zeros(1, 3, 6, 16), torch.zeros(1, 3, 6, 16)), {}, shapes),   # 4 heads over 3 key heads
         ((torch.zeros(2, 4, 6, 16), kv, kv), {}, shapes),                        # rows differ
+        ((q, kv[:, :0], kv[:, :0]), {}, shapes),                                 # no key head (was ZeroDivisionError)
+        ((q, kv.half(), kv.half()), {}, r"^query torch.float32, key torch.float16 and value torch.float16 must share"),
         ((q, kv, kv), {"dropout": 1.5}, r"^dropout"),
         ((q, kv, kv), {"dropout": -0.1}, r"^dropout"),
         ((q, kv, kv), {"scaling": 0.0}, r"^scaling"),
@@ -637,3 +639,6 @@ def test_attention_inputs_are_checked_field_by_field():
         varlen_sdpa_attention(attention, q, torch.zeros(1, 2, 9, 16), torch.zeros(1, 2, 9, 16), None, **positions)
     output, _ = varlen_sdpa_attention(attention, q, kv, kv, None, scaling=0.25, **positions)  # the valid call runs
     assert output.shape == (1, 6, 4, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast casts mixed inputs for SDPA: allowed there
+        mixed, _ = varlen_sdpa_attention(attention, q, kv.bfloat16(), kv.bfloat16(), None, **positions)
+    assert mixed.shape == (1, 6, 4, 16)
