@@ -40,7 +40,9 @@ def evaluate_length_curriculum_stage(baseline: Mapping[str, Any], candidate: Map
                                      limits: Mapping[str, float]) -> dict[str, Any]:
     """Short-window baseline vs longer-window candidate -> {decision: advance|hold, failed_gates, evidence}.
 
-    failed_gates lists the names of CURRICULUM_GATES that failed, in that order; any failure holds.
+    failed_gates lists the names of CURRICULUM_GATES that failed, in that order; any failure holds. A stability
+    flag passes only as the bool True (seed 000's `is not True`): a numpy or 0-d torch bool fails closed, so convert
+    with bool(...) where it is measured.
     """
     shared = ("long_context_score", "short_context_score", "supervised_tokens_per_optimizer_step")
     require_keys("baseline", baseline, shared)

@@ -66,6 +66,18 @@ def test_every_gate_fires_alone_and_all_in_order():
     assert result["failed_gates"] == list(CURRICULUM_GATES) and result["decision"] == "hold"
 
 
+def test_stability_flags_fail_closed_unless_the_bool_true():
+    """Seed 000's `is not True`: a numpy or torch bool True fails its gate too (documented; convert with bool()),
+    and bool() of either passes."""
+    import numpy as np
+
+    for flag in (np.bool_(True), torch.tensor(True), torch.isfinite(torch.tensor(1.0)), 1, "true", None):
+        result = evaluate_length_curriculum_stage(BASELINE, {**GOOD, "loss_finite": flag}, LIMITS)
+        assert result["failed_gates"] == ["nonfinite_loss"], flag
+        assert evaluate_length_curriculum_stage(BASELINE, {**GOOD, "loss_finite": bool(flag)}, LIMITS)[
+            "decision"] == ("advance" if flag not in (None,) else "hold")
+
+
 def test_gate_boundaries_are_inclusive():
     """Gain exactly at the minimum, regression / memory / cost exactly at the limit all pass."""
     baseline = {**BASELINE, "long_context_score": 0.5, "short_context_score": 0.75}

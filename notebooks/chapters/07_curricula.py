@@ -169,8 +169,9 @@ print("broken candidate: ", stability_evidence(model))
 #   score, "short_context_regression": baseline − candidate short score}`.
 # * Each gate of `CURRICULUM_GATES` fails on its own evidence, in the table's sense: a gain **below** the minimum,
 #   a regression, failed-run count, peak memory or cost **above** its limit (a value equal to a limit passes),
-#   a stability flag that **is not** `True`. `failed_gates` lists the failed gate names in the order of
-#   `CURRICULUM_GATES`; `decision` is `"hold"` when any gate failed, else `"advance"`.
+#   a stability flag that **is not** `True` (seed 000's `is not True`: a gate fails closed, so `1`, `"true"` and
+#   even a numpy or torch bool fail it; §2's cell converts with `bool(...)`). `failed_gates` lists the failed
+#   gate names in the order of `CURRICULUM_GATES`; `decision` is `"hold"` when any gate failed, else `"advance"`.
 # * Return `{"decision", "failed_gates", "evidence"}`. Raise a `ValueError` naming the field for a missing field
 #   (`require_keys`), a score, limit, peak memory or cost that is not a finite real number (`require_real`: a NaN
 #   would pass every comparison silently), a `failed_runs` that is not an integer $\ge 0$ and a
