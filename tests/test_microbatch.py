@@ -111,6 +111,35 @@ def test_budget_batches_match_the_teaching_walk(lengths, extra, packed):
     assert sorted(i for batch in plan for i in batch) == list(range(len(lengths)))
 
 
+def _seed002_packing_sampler(lengths, max_length):
+    """Seed 002's PackingSampler.pack, its four steps as written: sort by length, longest first; start an empty
+    batch; add a sample while the batch's total plus its length stays <= max_length; else emit the batch, open a new
+    one."""
+    batches, current, total = [], [], 0
+    for index in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        if current and total + lengths[index] > max_length:
+            batches.append(current)
+            current, total = [], 0
+        current.append(index)
+        total += lengths[index]
+    return batches + ([current] if current else [])
+
+
+def test_seed002_packing_sampler_is_next_fit_decreasing():
+    """packed_token_budget_batches is seed 002's greedy PackingSampler (next-fit decreasing): the same batches, in
+    the same order, on long-tailed random lengths (seed 002's 90% short / 10% long case included)."""
+    generator = np.random.default_rng(2)
+    for _ in range(300):
+        max_length = int(generator.choice([64, 512, 4096]))
+        lengths = np.minimum(generator.lognormal(np.log(max_length / 8), 1.0, generator.integers(1, 60)).astype(int) + 1,
+                             max_length).tolist()
+        assert packed_token_budget_batches(lengths, max_length) == _seed002_packing_sampler(lengths, max_length)
+    skewed = [int(n) for n in generator.integers(10, 100, 90)] + [int(n) for n in generator.integers(2000, 4000, 10)]
+    plan = packed_token_budget_batches(skewed, 4096)
+    assert plan == _seed002_packing_sampler(skewed, 4096)
+    assert all(sum(skewed[i] for i in batch) <= 4096 for batch in plan)
+
+
 def test_sequence_over_budget_is_refused():
     with pytest.raises(ValueError, match=r"lengths\[2\] = 300 exceeds max_tokens = 256"):
         token_budget_batches([10, 20, 300], 256)

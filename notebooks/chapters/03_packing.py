@@ -94,7 +94,9 @@ print(f"padded batch: {padded_positions} positions for {real_tokens} real tokens
 #
 # * **FFD**: into the *first* row that still has room;
 # * **BFD**: into the row with the *least* room that still fits (TRL's `pack_dataset(strategy="bfd")`);
-# * **sequential** (next fit) keeps the data order and opens a new row whenever the sample does not fit.
+# * **sequential** (next fit) keeps the data order and opens a new row whenever the sample does not fit. (Seed
+#   002's `PackingSampler` is next fit too, but over the samples sorted longest first: chapter 4's
+#   `packed_token_budget_batches`.)
 #
 # Seed 000's small example: lengths 7, 6, 4, 3 into rows of 10 fill two rows exactly.
 

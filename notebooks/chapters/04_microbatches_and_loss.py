@@ -218,8 +218,9 @@ print(f"token budget 512: {chat_cost['count']} microbatches of {[len(b) for b in
 # Write `packed_token_budget_batches(lengths, max_tokens)`: the same walk over the same longest-first order
 # (stable), but a microbatch takes the next sequence while the **sum** of its lengths stays ≤ `max_tokens`;
 # when the next one does not fit, the microbatch closes and a new one opens with it (next-fit decreasing:
-# microbatches hold consecutive runs of the sorted order). Same return value and the same `ValueError` cases as
-# TODO 1. Write the walk yourself: `plan_packing` builds a different plan.
+# microbatches hold consecutive runs of the sorted order). This is also seed 002's description of LlamaFactory's
+# greedy `PackingSampler` (sort descending, add while it fits, else open a new batch; no going back). Same return
+# value and the same `ValueError` cases as TODO 1. Write the walk yourself: `plan_packing` builds a different plan.
 
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_packed_token_budget_batches", "locked": false, "schema_version": 3}
 #| solution: course_lib.microbatch.packed_token_budget_batches
