@@ -5,6 +5,9 @@ integer bit arithmetic: float log2 rounds large lengths (2**53 + 1 -> 53.0) into
 
 Windows: window i covers tokens [start, end); it OWNS [loss_start, loss_end), the tokens no earlier window
 covered, so the owned ranges partition [0, length) and overlapping tokens are context only, never counted twice.
+
+Short texts: seed 004's two rules for a corpus of many short texts (drop the shortest, pad the rest to a slot size
+before packing), measured against plain packing of the same texts.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ._checks import require_int, require_lengths, require_positive_int
+from ._checks import require_int, require_lengths, require_nonnegative_int, require_positive_int
+from .packing import plan_packing
 from .window import IGNORE_INDEX
 
 __all__ = [
@@ -28,6 +32,7 @@ __all__ = [
     "sliding_windows",
     "sliding_window_cost",
     "split_document",
+    "short_text_packing",
 ]
 
 
@@ -150,3 +155,27 @@ def split_document(input_ids: Sequence[int], window: int = 256, overlap: int = 6
         labels[w.loss_start - w.start:] = ids[w.loss_start:w.loss_end]
         pieces.append({"input_ids": ids[w.start:w.end].tolist(), "labels": labels.tolist(), "window": w})
     return pieces
+
+
+def short_text_packing(lengths: Any, capacity: int, *, pad_to: int = 256, min_length: int = 32) -> dict[str, Any]:
+    """Seed 004 §5.1's rules for short texts against plain packing: lengths [N] -> {kept, dropped, dropped_tokens,
+    pack, pad_then_pack}, each arm {rows, positions, padding_ratio}.
+
+    Texts under min_length tokens are dropped (both arms). "pack" packs the kept texts' real lengths into rows of
+    capacity; "pad_then_pack" first pads each one shorter than pad_to up to pad_to, as the seed advises, then packs;
+    both with best fit decreasing (plan_packing "bfd"). padding_ratio = positions holding no real token / positions.
+    """
+    capacity = require_positive_int("capacity", capacity)
+    pad_to = require_int("pad_to", pad_to, minimum=1, maximum=capacity)
+    min_length = require_nonnegative_int("min_length", min_length)
+    listed = require_lengths("lengths", lengths, maximum=capacity, maximum_name="capacity")
+    kept = [length for length in listed if length >= min_length]
+    if not kept:
+        raise ValueError(f"every length is below min_length = {min_length}: nothing is left to pack")
+    real_tokens = sum(kept)
+    arms = {}
+    for name, units in (("pack", kept), ("pad_then_pack", [max(length, pad_to) for length in kept])):
+        positions = len(plan_packing(units, capacity)) * capacity
+        arms[name] = {"rows": positions // capacity, "positions": positions,
+                      "padding_ratio": (positions - real_tokens) / positions}
+    return {"kept": len(kept), "dropped": len(listed) - len(kept), "dropped_tokens": sum(listed) - real_tokens, **arms}

@@ -163,6 +163,7 @@ def _valid_calls(tokenizer, model):
         "sliding_windows": ((300,), {}),
         "sliding_window_cost": ((300,), {}),
         "split_document": ((list(range(300)),), {}),
+        "short_text_packing": (([10, 40, 300, 20, 100], 512), {}),
         "padding_vs_packing_ledger": (([3, 4],), {}),
         **{name: ((model.model.layers[0].self_attn, torch.zeros(1, 4, 6, 16), torch.zeros(1, 2, 6, 16),
                    torch.zeros(1, 2, 6, 16), None), {"position_ids": torch.arange(6)[None]})

@@ -17,6 +17,7 @@ from course_lib.longdoc import (
     compare_bucket_padding,
     geometric_edges,
     linear_edges,
+    short_text_packing,
     sliding_window_cost,
     sliding_windows,
     split_document,
@@ -189,3 +190,37 @@ def test_split_document_labels():
 def test_split_document_without_overlap_loses_window_starts():
     pieces = split_document(list(range(600)), 256, 0)
     assert predicted_positions(pieces) == [t for t in range(1, 600) if t not in (256, 512)]
+
+
+def test_short_text_packing_by_hand_and_chapter_8s_tweets():
+    """Seed 004 §5.1: drop texts under 32 tokens, pad the rest to 256 before packing. By hand, rows of 512: 10 and
+    20 are dropped; packed, 300 + 100 + 40 share one row (72 of 512 positions padding); padded to 256 first, 300
+    fills one row and the two 256-slots another (584 of 1024)."""
+    out = short_text_packing([10, 40, 300, 20, 100], 512, pad_to=256, min_length=32)
+    assert (out["kept"], out["dropped"], out["dropped_tokens"]) == (3, 2, 30)
+    assert out["pack"] == {"rows": 1, "positions": 512, "padding_ratio": 72 / 512}
+    assert out["pad_then_pack"] == {"rows": 2, "positions": 1024, "padding_ratio": 584 / 1024}
+    same = short_text_packing([10, 40, 300, 20, 100], 512, pad_to=1, min_length=0)  # no slot, no drop
+    assert same["pad_then_pack"] == same["pack"] and same["dropped"] == 0
+    tweets = np.clip(np.rint(np.random.default_rng(0).lognormal(np.log(40), 0.8, 10_000)), 1, 512).astype(np.int64)
+    rules = short_text_packing(tweets, 4096)  # chapter 8 §9's numbers
+    assert (rules["dropped"], round(rules["dropped_tokens"] / int(tweets.sum()), 3)) == (3795, 0.135)
+    assert (rules["pack"]["rows"], rules["pad_then_pack"]["rows"]) == (117, 390)
+    assert (round(rules["pack"]["padding_ratio"], 3), round(rules["pad_then_pack"]["padding_ratio"], 3)) == (
+        0.006, 0.702)
+    everything = short_text_packing(tweets, 4096, min_length=0)
+    assert (everything["pack"]["rows"], everything["pad_then_pack"]["rows"]) == (135, 627)
+    assert round(everything["pad_then_pack"]["padding_ratio"], 3) == 0.786
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"lengths": [10, 20], "capacity": 512}, r"^every length is below min_length = 32"),
+    ({"lengths": [10, 600], "capacity": 512}, r"^lengths\[1\] = 600 exceeds capacity = 512"),
+    ({"lengths": [40], "capacity": 512, "pad_to": 1024}, r"^pad_to must be <= 512"),
+    ({"lengths": [40], "capacity": 512, "pad_to": 0}, r"^pad_to must be >= 1"),
+    ({"lengths": [40], "capacity": 512, "min_length": -1}, r"^min_length must be >= 0"),
+    ({"lengths": [], "capacity": 512}, r"^lengths must not be empty"),
+])
+def test_short_text_packing_bad_input(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        short_text_packing(**kwargs)
