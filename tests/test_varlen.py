@@ -305,6 +305,7 @@ def test_cu_seq_lens_q_is_checked_whole():
 from course_lib import (  # noqa: E402
     VARLEN_KERNELS,
     flash_varlen_unavailable,
+    register_varlen_attention,
     varlen_flash_attention,
     varlen_kernel,
     varlen_kernel_used,
@@ -642,3 +643,23 @@ def test_attention_inputs_are_checked_field_by_field():
     with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast casts mixed inputs for SDPA: allowed there
         mixed, _ = varlen_sdpa_attention(attention, q, kv.bfloat16(), kv.bfloat16(), None, **positions)
     assert mixed.shape == (1, 6, 4, 16)
+
+
+def test_register_varlen_attention_registers_every_kernel_with_both_interfaces():
+    """Registration is global and idempotent, so once any test registered the kernels, a register that registers
+    nothing would pass every later test (the library survey found that): remove them, register, look."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+
+    names = varlen_module.VARLEN_KERNELS
+    for name in names.values():
+        AttentionInterface._global_mapping.pop(name, None)
+        AttentionMaskInterface._global_mapping.pop(name, None)
+    assert register_varlen_attention("flash") == names["flash"]
+    for kernel, name in names.items():  # all three, whichever was asked for
+        assert AttentionInterface._global_mapping[name] is varlen_module._ATTENTIONS[kernel]
+        assert AttentionMaskInterface._global_mapping[name] is flash_attention_mask
+    model = tiny_qwen2(seed=0, attn_implementation="sdpa")
+    with varlen_attention(model, kernel="sdpa"):
+        assert model.config._attn_implementation == names["sdpa"]
+    assert model.config._attn_implementation == "sdpa"
