@@ -47,6 +47,12 @@ def _function(target: str):
     return importlib.import_module(module_name), name
 
 
+def _body(function):
+    """The function whose code runs: a decorated one's `__wrapped__` (a @contextmanager's own helper code is shared
+    by every context manager in the process, so swapping it would change nothing and every edit would survive)."""
+    return getattr(function, "__wrapped__", function)
+
+
 class _Callers:
     """A pytest plugin: which test ids call each watched code object (in setup, call or teardown)."""
 
@@ -79,7 +85,7 @@ def callers(targets: list[str]) -> dict[str, set[str]]:
     codes = {}
     for target in targets:
         module, name = _function(target)
-        codes[getattr(module, name).__code__] = target
+        codes[_body(getattr(module, name)).__code__] = target
     plugin = _Callers(codes)
     files = [str(path) for path in sorted((ROOT / "tests").glob("test_*.py")) if path.name not in NOT_LIBRARY_TESTS]
     _pytest(files, [plugin])
@@ -89,7 +95,7 @@ def callers(targets: list[str]) -> dict[str, set[str]]:
 def survivors(target: str, source: str, tests: set[str], *, progress=None) -> tuple[list[survey.Edit], int]:
     """The edits of `target` that pass every test in `tests`, and how many edits were made."""
     module, name = _function(target)
-    function = getattr(module, name)
+    function = _body(getattr(module, name))
     original = function.__code__
     alive, tried = [], 0
     for edit, edited in survey.edits_of(f"todo_{name}", source):
@@ -99,7 +105,7 @@ def survivors(target: str, source: str, tests: set[str], *, progress=None) -> tu
         except Exception:  # noqa: BLE001 - an edit that does not even define the function is caught
             continue
         tried += 1
-        function.__code__ = namespace[name].__code__
+        function.__code__ = _body(namespace[name]).__code__
         try:
             with survey._time_limit(120):
                 passed = _pytest(["-x", *sorted(tests)]) == 0
