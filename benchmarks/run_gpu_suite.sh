@@ -10,8 +10,9 @@
 # workload and chapter at 200 s; elsewhere nothing is capped (a slower GPU, or the first run that downloads the model,
 # takes longer), unless LIMIT_S=seconds caps each step.
 # A label that already names a result file is refused before anything runs (exit 2): results are never overwritten.
-# Writes benchmarks/results/<workload>/<workload>_LABEL.json and benchmarks/results/figures/LABEL/*.png, and the log
-# to build/gpu_suite/LABEL.log. When $OUT is set (the device tool), copies the JSON files to
+# A label that is not a valid run label is refused too (exit 2). A step that times out makes the exit status 1.
+# Writes benchmarks/results/<workload>/<workload>_LABEL.json and benchmarks/results/figures/LABEL/*.png, and appends
+# the log to build/gpu_suite/LABEL.log. When $OUT is set (the device tool), copies the JSON files to
 # $OUT/results/<workload>/, the chapters' to $OUT/results/chapter03/, chapter05/ and chapter09/, and the whole log to
 # $OUT/suite.log (at most 8 files); draw the figures again from the JSON with `python -m benchmarks.report ... --plots`.
 # Wheels under tmp/whl/ (e.g. trl and datasets for an image without them) are installed to /tmp/site first.
@@ -30,15 +31,21 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 PY="${PYTHON:-python3}"
 if [ -z "${PYTHON:-}" ] && [ -x .venv/bin/python ]; then PY=.venv/bin/python; fi
-WORKLOAD_IDS="pt-long-context logit-memory microbatch-budget packing-compiled"
+# the label, the workloads and the result paths come from the runner's own code, so they cannot drift from it
+if ! refusal=$($PY -c 'import sys; from benchmarks.gpu.records import check_label; check_label(sys.argv[1])' \
+    "$LABEL" 2>&1); then
+  echo "refused: $(printf '%s\n' "$refusal" | tail -n 1)" >&2  # the ValueError's line, before a log file is named
+  exit 2
+fi
+WORKLOAD_IDS="$($PY -c 'from benchmarks.workloads import WORKLOADS; print(*WORKLOADS)')" || exit 2
 mkdir -p build/gpu_suite
 LOG="${OUT:-build/gpu_suite}/$([ -n "${OUT:-}" ] && echo suite || echo "$LABEL").log"
 
-results_of_label() {  # this label's result files, one per workload (a glob on *_LABEL would match my_LABEL too)
-  local f
-  local workload
+results_of_label() {  # this label's result files (a glob on *_LABEL.json would take my_LABEL's too)
+  local workload f
   for workload in $WORKLOAD_IDS; do
-    f="benchmarks/results/${workload//-/_}/${workload}_$LABEL.json"
+    f="$($PY -c 'import sys; from benchmarks.gpu.records import result_path
+print(result_path("benchmarks/results", *sys.argv[1:]))' "$workload" "$LABEL")"
     if [ -f "$f" ]; then echo "$f"; fi
   done
 }
@@ -74,7 +81,10 @@ suite() {
     limited "$limit" $PY -m benchmarks.runner "$workload" --mode real_gpu --label "$LABEL" --profile "$PROFILE" \
       --no-progress
     code=$?
-    if [ "$code" -eq 124 ]; then echo "$workload: timed out (no result file); raise LIMIT_S"; fi
+    if [ "$code" -eq 124 ]; then  # 1, not 124: the device tool reads 124 as its own time limit
+      echo "$workload: timed out (no result file); raise LIMIT_S"
+      code=1
+    fi
     if [ "$code" -gt "$status" ]; then status=$code; fi
   done
   echo "== report ($(date +%T))"
@@ -105,7 +115,9 @@ chapters() {
   return "$status"
 }
 
-suite 2>&1 | tee "$LOG"
+echo "== run_gpu_suite.sh $LABEL $PROFILE ($(date -u +%FT%TZ); WORKLOADS=${WORKLOADS:-all} CHAPTERS=${CHAPTERS:-0})" \
+  >> "$LOG"  # appended: the chapters' own call with the same label keeps the workloads' log
+suite 2>&1 | tee -a "$LOG"
 status=${PIPESTATUS[0]}
 if [ "${CHAPTERS:-0}" = 1 ]; then
   chapters 2>&1 | tee -a "$LOG"  # one log: the device tool returns at most 8 files

@@ -96,3 +96,28 @@ def test_a_taken_label_is_refused_before_anything_runs(tmp_path):
                           text=True, timeout=60)
     assert done.returncode == 2 and f"refused: label {LABEL} is taken" in done.stderr, done.stderr
     assert "== preflight" not in done.stdout and not (repo / "build" / "gpu_suite" / f"{LABEL}.log").exists()
+
+
+@pytest.mark.skipif(shutil.which("bash") is None or not is_git_checkout(), reason="needs bash and a checkout")
+def test_bad_label_a_timed_out_step_and_the_appended_log(tmp_path):
+    """A label is checked before it names a log file (`../../x` once wrote a log outside build/); a step past LIMIT_S
+    ends the suite with 1, not timeout's 124 (which the device tool reads as its own limit); the chapters' second
+    call with the same label appends to the log instead of wiping the first call's."""
+    repo = tmp_path / "repo"
+    copy_tracked_files(repo)
+    env = {key: value for key, value in os.environ.items() if key != "OUT"}
+    env.update(PYTHON=sys.executable)
+
+    def suite(label, **extra):
+        return subprocess.run(["bash", "benchmarks/run_gpu_suite.sh", label], cwd=repo, env={**env, **extra},
+                              capture_output=True, text=True, timeout=300)
+
+    bad = suite("../../escaped", WORKLOADS="none")
+    assert bad.returncode == 2 and "refused: ValueError: label must match" in bad.stderr, bad.stderr
+    assert not list(tmp_path.rglob("escaped*"))
+    timed_out = suite(LABEL, WORKLOADS="logit-memory", LIMIT_S="0.2")  # importing torch alone takes longer
+    log = repo / "build" / "gpu_suite" / f"{LABEL}.log"
+    assert timed_out.returncode == 1 and "logit-memory: timed out (no result file); raise LIMIT_S" in log.read_text()
+    assert suite(LABEL, WORKLOADS="none").returncode == 0
+    text = log.read_text()
+    assert text.count(f"== run_gpu_suite.sh {LABEL} ") == 2 and "timed out" in text  # the first call's log kept
