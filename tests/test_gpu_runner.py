@@ -295,6 +295,11 @@ def test_a_scale_that_does_not_fit_the_gpu_is_recorded_not_a_failure(tmp_path, m
     assert all(stored["checks"]["varlen_packing"].values())
     assert "out of GPU memory (recorded, larger scales not tried): packing_scale at x4, varlen_packing at x2" in (
         format_record(stored))
+    monkeypatch.setattr(workload, "parameters", lambda mode: {**parameters(mode), "packing_scale_factors": [4, 8]})
+    _, none_fit = run_workload("pt-long-context", "cpu_smoke", "tiny-gpu", results_dir=tmp_path, allow_hub=False)
+    assert none_fit["measurements"]["packing_scale"] == [] and none_fit["failure"] is None
+    assert "packing_scale" not in none_fit["checks"]  # no group that would pass on no evidence
+    assert [row["scale"] for row in none_fit["measurements"]["varlen_packing"]] == [1]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")

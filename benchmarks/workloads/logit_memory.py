@@ -88,7 +88,9 @@ def _rows_at(ctx, weight: torch.Tensor, tokens: int) -> list[dict[str, Any]]:
         try:
             fields, log_probs = _measure_method(ctx, fn, weight, hidden, ids, f"{name} T={tokens}")
         except torch.OutOfMemoryError:
-            fields, log_probs = _out_of_memory_fields(ctx), None
+            fields, log_probs = None, None
+        if fields is None:  # out of the except block, whose traceback held the failed method's tensors
+            fields = _out_of_memory_fields(ctx)
         weight.grad, hidden.grad = None, None
         if name == "full":
             reference = log_probs

@@ -100,6 +100,8 @@ def _plan_row(ctx, model, name: str, batches: list[list[int]], lengths: torch.Te
                            warmup=p["warmup_steps"], repeats=p["repeat_steps"], observe=observe,
                            progress=ctx.progress, desc=name)
     except torch.OutOfMemoryError:  # the fixed-count plan not fitting a small GPU is the finding, not a crash
+        timed = None
+    if timed is None:  # freed out of the except block, whose traceback held the failed step's tensors
         model.zero_grad(set_to_none=True)
         torch.cuda.empty_cache()
         return {**row, "out_of_memory": True}

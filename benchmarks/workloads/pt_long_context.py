@@ -342,11 +342,13 @@ def _until_out_of_memory(ctx, model, stage: str, scales: list[int], run) -> list
     for scale in scales:
         try:
             done.append(run(scale))
+            continue
         except torch.OutOfMemoryError:
-            model.zero_grad(set_to_none=True)
-            torch.cuda.empty_cache()
             ctx.record["measurements"]["out_of_memory"].append({"stage": stage, "scale": scale})
-            break
+        # out of the except block: its traceback no longer holds the failed step's tensors, so the cache can free them
+        model.zero_grad(set_to_none=True)
+        torch.cuda.empty_cache()
+        break
     return done
 
 
@@ -370,7 +372,8 @@ def measure(ctx) -> None:
     out["packing_scale"] = [row for pair in _until_out_of_memory(
         ctx, model, "packing_scale", p["packing_scale_factors"], lambda scale: _pair_at(ctx, model, lengths, scale)[:2])
         for row in pair]
-    ctx.record["checks"]["packing_scale"] = _scale_checks(out["packing_scale"])
+    if out["packing_scale"]:  # no scale fit: no group, rather than checks that pass on no evidence
+        ctx.record["checks"]["packing_scale"] = _scale_checks(out["packing_scale"])
     ctx.stage = "varlen_packing"
     measured_scales = [row["scale"] for row in out["packing_scale"][::2]]
     out["varlen_packing"] = _until_out_of_memory(ctx, model, "varlen_packing", [1, *measured_scales],
