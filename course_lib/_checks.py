@@ -57,8 +57,9 @@ def require_real(name: str, value: object, *, minimum: float | None = None, maxi
         raise ValueError(f"{name} must be a real number, got {_shown(value)}")
     try:
         value = float(value)
-    except OverflowError:  # an int beyond ~1.8e308
-        raise ValueError(f"{name} must be finite, got an integer of {len(str(abs(int(value))))} digits") from None
+    except OverflowError:  # an int (or a fraction of ints) beyond ~1.8e308
+        raise ValueError(f"{name} must be finite, got a number too large for a float (about 2**"
+                         f"{abs(int(value)).bit_length()})") from None
     if not math.isfinite(value):
         raise ValueError(f"{name} must be finite, got {value}")
     if minimum is not None and (value <= minimum if strict_minimum else value < minimum):
@@ -184,6 +185,14 @@ def require_tensor(name: str, value: object, *, ndim: int | tuple[int, ...] | No
                 raise ValueError(f"{name} must hold values {word} {bound}, got {tensor[index].item()!r} "
                                  f"at index {index if len(index) != 1 else index[0]}")
     return tensor
+
+
+def autocast_enabled(device: torch.device) -> bool:
+    """Whether torch.autocast is on for this device's type; False for a type autocast does not know (meta)."""
+    try:
+        return torch.is_autocast_enabled(device.type)
+    except RuntimeError:
+        return False
 
 
 def require_partition(name: str, groups: object, count: int | None = None) -> list[list[int]]:

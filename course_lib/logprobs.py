@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from ._checks import require_bool, require_int, require_positive_int, require_tensor
+from ._checks import autocast_enabled, require_bool, require_int, require_positive_int, require_tensor
 
 __all__ = [
     "QWEN3_VOCAB_SIZE",
@@ -73,7 +73,7 @@ def check_head_inputs(hidden: torch.Tensor, weight: torch.Tensor, ids: torch.Ten
     for name, tensor in (("hidden", hidden), ("weight", weight)):
         if not tensor.dtype.is_floating_point:
             raise ValueError(f"{name} must be a floating tensor, got dtype {tensor.dtype}")
-    if hidden.dtype != weight.dtype and not torch.is_autocast_enabled(hidden.device.type):
+    if hidden.dtype != weight.dtype and not autocast_enabled(hidden.device):
         raise ValueError(f"hidden dtype {hidden.dtype} differs from weight dtype {weight.dtype}: cast one to the "
                          f"other, or run under torch.autocast")
     if hidden.shape[-1] != weight.shape[-1]:

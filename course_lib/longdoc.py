@@ -175,7 +175,7 @@ def short_text_packing(lengths: Any, capacity: int, *, pad_to: int = 256, min_le
     real_tokens = sum(kept)
     arms = {}
     for name, units in (("pack", kept), ("pad_then_pack", [max(length, pad_to) for length in kept])):
-        positions = len(plan_packing(units, capacity)) * capacity
-        arms[name] = {"rows": positions // capacity, "positions": positions,
-                      "padding_ratio": (positions - real_tokens) / positions}
+        rows = len(plan_packing(units, capacity))
+        arms[name] = {"rows": rows, "positions": rows * capacity,
+                      "padding_ratio": (rows * capacity - real_tokens) / (rows * capacity)}
     return {"kept": len(kept), "dropped": len(listed) - len(kept), "dropped_tokens": sum(listed) - real_tokens, **arms}

@@ -195,7 +195,8 @@ def packing_target_length(max_length: int, headroom: float = 0.95) -> int:
     """max_length -> the packed rows' target length floor(headroom x max_length), never above max_length.
 
     Seed 002's production setting packs to 0.95 x max_length, leaving room for the tokenizer's edge cases:
-    4096 -> 3891 (the seed prints 3890; 0.95 x 4096 = 3891.2).
+    4096 -> 3891 (the seed prints 3890; 0.95 x 4096 = 3891.2). The headroom is read as the decimal a Python float
+    prints (0.7 x 700 = 490); a float32 headroom is first widened, so np.float32(0.7) is 0.699999988... (489).
     """
     max_length = require_positive_int("max_length", max_length)
     headroom = require_real("headroom", headroom, minimum=0.0, maximum=1.0, strict_minimum=True)

@@ -147,8 +147,12 @@ def _cuda_line(profile: dict[str, Any], env: dict[str, Any]) -> dict[str, Any]:
     need = "available" if need == "required" else need
     if found:
         return _line("cuda", need, f"available ({env['gpu_name']}, CUDA {env['cuda_version']})", "pass")
-    why = ("CUDA not available: a CPU build of torch (torch.version.cuda=None)" if env["cuda_version"] is None else
-           f"CUDA not available: torch.version.cuda={env['cuda_version']}, no visible NVIDIA GPU")
+    if env.get("torch") is None:
+        why = "CUDA not available: torch is not installed"
+    elif env["cuda_version"] is None:
+        why = "CUDA not available: a torch build without CUDA (torch.version.cuda=None)"
+    else:
+        why = f"CUDA not available: torch.version.cuda={env['cuda_version']}, no visible NVIDIA GPU"
     return _line("cuda", need, "unavailable", "fail" if need == "available" else "skip", why)
 
 

@@ -29,7 +29,7 @@ from itertools import groupby, pairwise
 
 import torch
 
-from ._checks import require_int, require_real, require_tensor
+from ._checks import autocast_enabled, require_int, require_real, require_tensor
 
 __all__ = ["VARLEN_ATTENTION", "VARLEN_KERNELS", "sample_bounds", "flash_varlen_unavailable", "varlen_kernel",
            "varlen_kernel_used", "varlen_sdpa_attention", "varlen_flash_attention", "varlen_auto_attention", "register_varlen_attention",
@@ -276,7 +276,7 @@ def _checked(query, key, value, attention_mask, dropout, scaling, kwargs):
             or key.shape[1] == 0 or query.shape[1] % key.shape[1]):
         raise ValueError(f"query {tuple(query.shape)}, key {tuple(key.shape)} and value {tuple(value.shape)} must be "
                          "[R, H, L, D], [R, H_kv, L, D], [R, H_kv, L, D] with H a multiple of H_kv >= 1")
-    if len({query.dtype, key.dtype, value.dtype}) > 1 and not torch.is_autocast_enabled(query.device.type):
+    if len({query.dtype, key.dtype, value.dtype}) > 1 and not autocast_enabled(query.device):
         raise ValueError(f"query {query.dtype}, key {key.dtype} and value {value.dtype} must share a dtype outside "
                          "autocast (SDPA takes one)")
     if key.shape[2] != query.shape[2]:

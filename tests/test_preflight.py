@@ -67,7 +67,7 @@ def test_pt_sft_cuda_fails_here_with_a_cuda_line():
     cuda_row = next(row for row in format_preflight(record).splitlines() if row.startswith("cuda"))
     assert "FAIL" in cuda_row and "CUDA not available" in cuda_row
     if torch.version.cuda is None:  # this machine's CPU wheel: say so, not "no visible NVIDIA GPU"
-        assert "a CPU build of torch" in cuda_row
+        assert "a torch build without CUDA" in cuda_row
     with pytest.raises(PreflightError, match="cuda: expected available"):
         require_preflight("PT-SFT-CUDA")
 
@@ -153,3 +153,10 @@ def test_attention_line_says_why_sdpa_is_missing():
     assert (no_torch["status"], no_torch["detail"]) == ("fail", "torch is not installed")
     old_torch = _attention_line(profile, {"torch": "2.0.0", "sdpa_available": False, "sdpa_kernels": None})
     assert "scaled_dot_product_attention is missing" in old_torch["detail"]
+
+
+def test_cuda_line_says_when_torch_is_missing():
+    from course_lib.preflight import _cuda_line
+
+    line = _cuda_line(load_profile("PT-SFT-CUDA"), {"torch": None, "cuda_available": False, "cuda_version": None})
+    assert (line["status"], line["detail"]) == ("fail", "CUDA not available: torch is not installed")
