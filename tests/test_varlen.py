@@ -240,8 +240,10 @@ def test_bad_input(packed):
         varlen_sdpa_attention(attention, q, kv, kv, None, position_ids=torch.arange(6)[None], sliding_window=4)
     with pytest.raises(ValueError, match="position_ids"):
         sample_bounds(torch.zeros(3, dtype=torch.long))
-    with pytest.raises(ValueError, match="model must be a transformers model"), varlen_attention(object()):
-        pass
+    for not_a_model in (object(), torch.nn.Linear(2, 2), type("ConfigOnly", (), {"config": model.config})()):
+        # a config alone is not enough: the block switches attention through set_attn_implementation
+        with pytest.raises(ValueError, match="model must be a transformers model"), varlen_attention(not_a_model):
+            pass
     with pytest.raises(ValueError, match="do not restart"):
         running = torch.arange(packed["ids"].shape[1]).expand_as(packed["ids"])
         packed_logits(model, packed["ids"], running, packed["segment_ids"], mode="varlen")
