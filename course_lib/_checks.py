@@ -9,7 +9,7 @@ from numbers import Integral, Real
 import torch
 
 INT64_MAX = 2**63 - 1  # lengths and token counts become int64 tensors or arrays: beyond this they wrap or overflow
-SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes
+_SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes
 
 
 def _shown(value: object) -> str:
@@ -38,6 +38,11 @@ def require_bool(name: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise ValueError(f"{name} must be True or False, got {_shown(value)}")
     return value
+
+
+def require_seed(name: str, value: object) -> int:
+    """An integer torch.Generator.manual_seed takes, in [-2**63, 2**64 - 1]."""
+    return require_int(name, value, minimum=_SEED_RANGE[0], maximum=_SEED_RANGE[1])
 
 
 def require_positive_int(name: str, value: object) -> int:

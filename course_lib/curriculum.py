@@ -13,13 +13,13 @@ from typing import Any
 import torch
 
 from ._checks import (
-    SEED_RANGE,
     require_bool,
     require_int,
     require_keys,
     require_positive_int,
     require_ratio,
     require_real,
+    require_seed,
     require_sequence,
 )
 
@@ -185,7 +185,7 @@ def simulate_pass_rate_filter(true_pass_rates: Any, group_size: int = 8, steps: 
     if weighting not in ("filter", "variance"):
         raise ValueError(f"weighting must be 'filter' or 'variance', got {weighting!r}")
     rates = _true_rate_table(true_pass_rates, steps)  # [steps, T]
-    gen = torch.Generator().manual_seed(require_int("seed", seed, minimum=SEED_RANGE[0], maximum=SEED_RANGE[1]))
+    gen = torch.Generator().manual_seed(require_seed("seed", seed))
     n_tasks = rates.shape[1]
     recent = torch.full((n_tasks, history), float("nan"), dtype=torch.float64)  # last `history` group means
     recent[:, -1] = 0.5

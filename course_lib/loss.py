@@ -17,12 +17,12 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from ._checks import (
-    SEED_RANGE,
     require_causal_lm,
     require_int,
     require_keys,
     require_lengths,
     require_real,
+    require_seed,
     require_sequence,
     require_tensor,
 )
@@ -117,7 +117,7 @@ def synthetic_supervised_batch(n_rows: int = 16, min_length: int = 6, max_length
     min_length = require_int("min_length", min_length, minimum=3)
     max_length = require_int("max_length", max_length, minimum=min_length)
     vocab_size = require_int("vocab_size", vocab_size, minimum=2)
-    generator = torch.Generator().manual_seed(require_int("seed", seed, minimum=SEED_RANGE[0], maximum=SEED_RANGE[1]))
+    generator = torch.Generator().manual_seed(require_seed("seed", seed))
     lengths = torch.randint(min_length, max_length + 1, (n_rows,), generator=generator)            # [R]
     prompts = 1 + (torch.rand(n_rows, generator=generator) * (lengths - 2)).long()                 # [R] in [1, len-2]
     positions = torch.arange(int(lengths.max()))                                                   # [L]
