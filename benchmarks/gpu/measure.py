@@ -13,7 +13,8 @@ from typing import Any
 import torch
 
 __all__ = ["median_and_p95", "nearest_rank", "synchronize", "reset_peak", "peak_bytes", "time_steps",
-           "profile_step", "device_activity", "gradient_l2_norm", "finite_or_none", "autocast_for"]
+           "profile_step", "device_activity", "gradient_l2_norm", "finite_or_none", "autocast_for",
+           "free_after_out_of_memory"]
 
 
 def nearest_rank(values: list[float], fraction: float) -> float:
@@ -139,3 +140,11 @@ def finite_or_none(value: float) -> float | None:
     """A float for JSON, or None where it is NaN/inf (strict JSON has no NaN; the finite check records it)."""
     value = float(value)
     return value if math.isfinite(value) else None
+
+
+def free_after_out_of_memory(model: torch.nn.Module | None = None) -> None:
+    """After a torch.OutOfMemoryError, once out of its except block (whose traceback holds the failed step's
+    tensors): drop the model's gradients and return the cached blocks, so the next measurement starts clean."""
+    if model is not None:
+        model.zero_grad(set_to_none=True)
+    torch.cuda.empty_cache()

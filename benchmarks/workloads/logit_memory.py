@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.gpu.measure import time_steps
+from benchmarks.gpu.measure import free_after_out_of_memory, time_steps
 
 VERSION = "v2"  # v2: agreement checked where the full log-probs fit (v1 failed chunking when full ran out of memory)
 EVIDENCE_LEVEL = "real_lm_head_shape_logit_memory_benchmark"
@@ -75,7 +75,7 @@ def _measure_method(ctx, fn, weight, hidden, ids, desc: str) -> tuple[dict[str, 
 
 def _out_of_memory_fields(ctx) -> dict[str, Any]:
     """A method that does not fit is a measured outcome on a small GPU, not a crashed run."""
-    torch.cuda.empty_cache()
+    free_after_out_of_memory()  # the caller sets the gradients to None itself
     return {"peak_above_start_bytes": None, "saved_tensor_bytes": None, "median_step_ms": None, "p95_step_ms": None}
 
 
@@ -89,7 +89,7 @@ def _rows_at(ctx, weight: torch.Tensor, tokens: int) -> list[dict[str, Any]]:
             fields, log_probs = _measure_method(ctx, fn, weight, hidden, ids, f"{name} T={tokens}")
         except torch.OutOfMemoryError:
             fields, log_probs = None, None
-        if fields is None:  # out of the except block, whose traceback held the failed method's tensors
+        if fields is None:  # out of the except block, as free_after_out_of_memory needs
             fields = _out_of_memory_fields(ctx)
         weight.grad, hidden.grad = None, None
         if name == "full":

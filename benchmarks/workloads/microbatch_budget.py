@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.gpu.measure import autocast_for, finite_or_none, gradient_l2_norm, time_steps
+from benchmarks.gpu.measure import autocast_for, finite_or_none, free_after_out_of_memory, gradient_l2_norm, time_steps
 
 VERSION = "v1"
 EVIDENCE_LEVEL = "real_model_microbatch_memory_benchmark"
@@ -101,9 +101,8 @@ def _plan_row(ctx, model, name: str, batches: list[list[int]], lengths: torch.Te
                            progress=ctx.progress, desc=name)
     except torch.OutOfMemoryError:  # the fixed-count plan not fitting a small GPU is the finding, not a crash
         timed = None
-    if timed is None:  # freed out of the except block, whose traceback held the failed step's tensors
-        model.zero_grad(set_to_none=True)
-        torch.cuda.empty_cache()
+    if timed is None:
+        free_after_out_of_memory(model)  # out of the except block, as it needs
         return {**row, "out_of_memory": True}
     return {**row, "median_step_ms": timed["median_step_ms"], "p95_step_ms": timed["p95_step_ms"],
             "tokens_per_second": row["real_tokens"] / (timed["median_step_ms"] / 1000.0),

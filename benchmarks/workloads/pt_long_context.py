@@ -16,7 +16,14 @@ from typing import Any
 
 import torch
 
-from benchmarks.gpu.measure import autocast_for, finite_or_none, gradient_l2_norm, profile_step, time_steps
+from benchmarks.gpu.measure import (
+    autocast_for,
+    finite_or_none,
+    free_after_out_of_memory,
+    gradient_l2_norm,
+    profile_step,
+    time_steps,
+)
 from benchmarks.gpu.models import course_token_ids
 
 # bump when lengths, samples, repeats, candidates or what a row records change
@@ -345,9 +352,7 @@ def _until_out_of_memory(ctx, model, stage: str, scales: list[int], run) -> list
             continue
         except torch.OutOfMemoryError:
             ctx.record["measurements"]["out_of_memory"].append({"stage": stage, "scale": scale})
-        # out of the except block: its traceback no longer holds the failed step's tensors, so the cache can free them
-        model.zero_grad(set_to_none=True)
-        torch.cuda.empty_cache()
+        free_after_out_of_memory(model)  # out of the except block, as it needs
         break
     return done
 
