@@ -10,12 +10,13 @@ content instead, so `render_chat` can give every token of ONE rendering a role.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ._checks import require_bool, require_sequence
+from ._checks import require_bool, require_real, require_sequence
 
 __all__ = [
     "CHAT_TEMPLATES",
@@ -25,6 +26,7 @@ __all__ = [
     "COURSE_VOCAB_SIZE",
     "ROLE_NAMES",
     "HubUnavailableError",
+    "hub_commit",
     "course_tokenizer_dir",
     "corpus_files",
     "train_course_tokenizer",
@@ -188,16 +190,59 @@ def load_course_tokenizer(template: str = "chatml"):
     return tokenizer
 
 
+_OFFLINE_VALUES = ("1", "true", "yes", "on")
+
+
+def hub_commit(model_id: str, revision: str = "main", *, timeout_s: float = 5.0,
+               token: str | bool | None = None) -> tuple[str | None, str, bool]:
+    """Ask the model hub once, without retries -> (commit sha or None, note, whether the hub answered).
+
+    (sha, "resolved on the hub", True) when it resolves; (None, "hub answered: ...", True) when it answered with
+    an error (a missing or gated repository: loading would fail the same way); (None, why, False) when it cannot
+    be reached within `timeout_s` or HF_HUB_OFFLINE is set. One request: huggingface_hub's file downloads retry a
+    failed connection five times with back-off, about 45 s offline before the cache is even looked at.
+    """
+    for name, value in (("model_id", model_id), ("revision", revision)):
+        if not isinstance(value, str) or not value.strip():
+            raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+    timeout_s = require_real("timeout_s", timeout_s, minimum=0.0, strict_minimum=True)
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in _OFFLINE_VALUES:
+        return None, "HF_HUB_OFFLINE is set", False
+    try:
+        from huggingface_hub import HfApi
+        from huggingface_hub.errors import HfHubHTTPError
+    except ImportError as error:
+        return None, f"huggingface_hub is not importable ({error})", False
+    try:
+        info = HfApi().model_info(model_id, revision=revision, timeout=timeout_s, token=token)
+    except HfHubHTTPError as error:  # a response came back: reachable, the repository or revision is the problem
+        return None, f"hub answered: {type(error).__name__}: {str(error).splitlines()[0]}", True
+    except Exception as error:  # connection, DNS, proxy, timeout: not reachable now
+        return None, f"hub unreachable ({type(error).__name__})", False
+    return info.sha, "resolved on the hub", True
+
+
 def load_tokenizer(model_id: str, *, local_files_only: bool = False, **kwargs: Any):
-    """AutoTokenizer.from_pretrained(model_id) from the hub or its cache; HubUnavailableError when it cannot."""
+    """AutoTokenizer.from_pretrained(model_id) from the hub or its cache; HubUnavailableError when it cannot.
+
+    The hub is asked once first (`hub_commit`); when it cannot be reached the tokenizer comes from the local cache
+    at once (or the error is raised at once) instead of after huggingface_hub's ~45 s of retries. A local folder
+    is loaded as is.
+    """
     from transformers import AutoTokenizer
 
+    why_offline = None
+    if not local_files_only and not Path(str(model_id)).is_dir():
+        _, note, answered = hub_commit(str(model_id), kwargs.get("revision") or "main", token=kwargs.get("token"))
+        if not answered:
+            why_offline, local_files_only = note, True
     try:
         return AutoTokenizer.from_pretrained(model_id, local_files_only=local_files_only, **kwargs)
     except (OSError, ValueError, ConnectionError) as error:
+        where = f" ({why_offline}; looked in the local cache only)" if why_offline else ""
         raise HubUnavailableError(
             f"could not load the tokenizer of {model_id!r}: the model hub was unreachable or the files are not "
-            f"cached (local_files_only={local_files_only}). Offline, use course_lib.load_course_tokenizer(). "
+            f"cached (local_files_only={local_files_only}){where}. Offline, use course_lib.load_course_tokenizer(). "
             f"Cause: {type(error).__name__}: {error}"
         ) from error
 

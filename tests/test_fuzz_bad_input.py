@@ -20,6 +20,7 @@ import course_lib
 # Functions that do not take data (paths, hub access, process spawning, tokenizer training) are out of scope.
 EXCLUDED = {
     "course_tokenizer_dir", "corpus_files", "train_course_tokenizer", "build_course_tokenizer", "load_tokenizer",
+    "hub_commit",
     "data_parallel_gradients", "hardware_names", "tiny_qwen2", "hf_config",
 }
 # The first parameter of these is a real object the fuzz does not vary.

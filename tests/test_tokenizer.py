@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from course_lib import (
     SPECIAL_TOKENS,
     HubUnavailableError,
     course_tokenizer_dir,
+    hub_commit,
     load_course_tokenizer,
     load_tokenizer,
     render_chat,
@@ -183,6 +185,97 @@ def test_load_tokenizer_with_hf_hub_offline_does_not_hang(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert "CLEAR OSError" in done.stdout, done.stderr[-2000:]
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as probe:  # bound, never listening, closed: connecting to it is refused at once
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _cached_hub_tokenizer(cache_dir: Path, model_id: str = "Qwen/Qwen2.5-0.5B") -> None:
+    """The course tokenizer laid out as huggingface_hub caches a download of `model_id` (refs/main -> snapshot)."""
+    import shutil
+
+    repo = cache_dir / f"models--{model_id.replace('/', '--')}"
+    snapshot = repo / "snapshots" / ("c" * 40)
+    snapshot.mkdir(parents=True)
+    for item in course_tokenizer_dir().iterdir():
+        if item.is_file():
+            shutil.copy(item, snapshot / item.name)
+    shutil.copy(Path(__file__).resolve().parents[1] / "course_lib/data/configs/Qwen2.5-0.5B.json",
+                snapshot / "config.json")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("c" * 40)
+
+
+@pytest.mark.parametrize("cached", [True, False], ids=["cached", "not-cached"])
+def test_load_tokenizer_offline_asks_the_hub_once_then_the_cache(tmp_path, cached):
+    """An unreachable hub (connection refused) is asked once: the cache answers at once, or the error comes at once.
+
+    transformers alone retries each file's request five times with back-off (2 min 24 s here for a cached
+    tokenizer); huggingface_hub logs each retry, so a 'Retrying' line means the probe did not take effect.
+    """
+    if cached:
+        _cached_hub_tokenizer(tmp_path)
+    code = ("from course_lib import load_tokenizer, HubUnavailableError\n"
+            "try:\n"
+            f"    tokenizer = load_tokenizer('Qwen/Qwen2.5-0.5B', cache_dir={str(tmp_path)!r})\n"
+            "    print('LOADED', type(tokenizer).__name__, len(tokenizer))\n"
+            "except HubUnavailableError as error:\n"
+            "    print('CLEAR', error)\n")
+    env = {key: value for key, value in os.environ.items() if key != "HF_HUB_OFFLINE"}
+    env["HF_ENDPOINT"] = f"http://127.0.0.1:{_closed_port()}"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert "Retrying" not in done.stderr, done.stderr[-2000:]
+    if cached:
+        assert "LOADED Qwen2Tokenizer 2048" in done.stdout, done.stdout + done.stderr[-2000:]
+    else:
+        assert "CLEAR" in done.stdout and "hub unreachable (ConnectError)" in done.stdout, done.stdout + done.stderr
+
+
+def test_hub_commit_tells_an_answer_from_no_answer(monkeypatch):
+    """A hub that answers (a commit, or an HTTP error) is reachable; a refused connection or HF_HUB_OFFLINE is not."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from huggingface_hub import constants
+
+    class Hub(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            known = self.path.startswith("/api/models/Qwen/Qwen2.5-0.5B")
+            body = json.dumps({"id": "Qwen/Qwen2.5-0.5B", "sha": "d" * 40} if known else {"error": "not found"})
+            self.send_response(200 if known else 404)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Hub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    try:
+        monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{server.server_address[1]}")
+        assert hub_commit("Qwen/Qwen2.5-0.5B") == ("d" * 40, "resolved on the hub", True)
+        commit, note, answered = hub_commit("nobody/nothing")
+        assert (commit, answered) == (None, True) and note.startswith("hub answered:"), note
+        monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{_closed_port()}")
+        assert hub_commit("Qwen/Qwen2.5-0.5B", timeout_s=2.0) == (None, "hub unreachable (ConnectError)", False)
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+        assert hub_commit("Qwen/Qwen2.5-0.5B") == (None, "HF_HUB_OFFLINE is set", False)
+    finally:
+        server.shutdown()
+
+
+@pytest.mark.parametrize("arguments, field", [((None,), "model_id"), (("",), "model_id"), (("a/b", " "), "revision"),
+                                              (("a/b", "main", 0), "timeout_s"), (("a/b", "main", math.nan), "timeout_s")])
+def test_hub_commit_refuses_bad_arguments_before_asking(arguments, field):
+    with pytest.raises(ValueError, match=field):
+        hub_commit(*arguments[:2], **({"timeout_s": arguments[2]} if len(arguments) > 2 else {}))
 
 
 def test_an_old_transformers_gets_a_clear_message(monkeypatch):

@@ -7,27 +7,19 @@ tiny Qwen2. Nothing here touches the hub unless `allow_hub` is true and HF_HUB_O
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
 
 __all__ = ["resolve_model_commit", "model_record", "load_causal_lm", "load_lm_head_weight", "course_token_ids"]
 
-_OFFLINE_VALUES = ("1", "true", "yes", "on")
-
 
 def resolve_model_commit(model_id: str, revision: str = "main", *, timeout_s: float = 5.0) -> tuple[str | None, str]:
-    """(commit sha, note) from the hub, or (None, why not) when offline or unreachable within timeout_s."""
-    if os.environ.get("HF_HUB_OFFLINE", "").lower() in _OFFLINE_VALUES:
-        return None, "HF_HUB_OFFLINE is set"
-    try:
-        from huggingface_hub import HfApi
+    """(commit sha, note) from the hub, or (None, why not) when offline, unreachable or answering with an error."""
+    from course_lib import hub_commit
 
-        info = HfApi().model_info(model_id, revision=revision, timeout=timeout_s)
-    except Exception as error:  # any network / auth / missing-package error means: not reachable
-        return None, f"hub unreachable ({type(error).__name__})"
-    return info.sha, "resolved on the hub"
+    commit, note, _ = hub_commit(model_id, revision, timeout_s=timeout_s)
+    return commit, note
 
 
 def model_record(model_id: str | None, source: str, description: str, *, revision: str | None = None,
