@@ -159,6 +159,47 @@ def test_saved_bytes_full_and_chunked_grow_with_tokens_checkpointed_stays_flat()
     assert all(checkpointed * 10 <= full for checkpointed, full in zip(flat, saved["full"], strict=True))
 
 
+def _trl_chunked(chunk_size):
+    """TRL's memory-lean log-probs (trl.kernels.ChunkedLogProbFunction: vocabulary tiles, each rebuilt in backward),
+    on our [B, T, D] layout; no optional outputs."""
+    from trl.kernels import ChunkedLogProbFunction
+
+    def log_probs(hidden, weight, ids):
+        flat = ChunkedLogProbFunction.apply(hidden.reshape(-1, hidden.shape[-1]), weight, None, ids.reshape(-1),
+                                            1.0, chunk_size, None, 1.0, ())[0]
+        return flat.reshape(ids.shape)
+    return log_probs
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_every_path_agrees_with_trl_values_and_gradients(seed):
+    """TRL ships the same mechanism: trl.trainer.utils.selective_log_softmax over full logits, and
+    ChunkedLogProbFunction, which never materializes [T, V] and recomputes its tiles in backward."""
+    from trl.trainer.utils import selective_log_softmax
+
+    hidden, weight, ids = _head_inputs(2, 150, 32, 1000, seed, dtype=torch.float32)
+    upstream = torch.rand(ids.shape, generator=torch.Generator().manual_seed(seed))
+    trl_full = _value_and_grads(lambda h, w, i: selective_log_softmax(h @ w.T, i), hidden, weight, ids, upstream)
+    trl_chunked = _value_and_grads(_trl_chunked(256), hidden, weight, ids, upstream)
+    ours = {"selected": lambda h, w, i: cl.selected_log_probs(h @ w.T, i),
+            "chunked": lambda h, w, i: cl.chunked_log_probs(h, w, i, 64),
+            "checkpointed": lambda h, w, i: cl.checkpointed_log_probs(h, w, i, 64)}
+    for name, fn in ours.items():
+        got = _value_and_grads(fn, hidden, weight, ids, upstream)
+        for reference in (trl_full, trl_chunked):
+            for mine, theirs, what in zip(got, reference, ("log-probs", "d hidden", "d weight"), strict=True):
+                assert torch.allclose(mine, theirs, atol=2e-5, rtol=1e-5), (name, what)
+
+
+def test_checkpointed_keeps_no_more_for_backward_than_trl_chunked():
+    """Both rebuild the logits in backward; TRL keeps a log-normalizer per token besides its inputs, ours nothing."""
+    hidden, weight, ids = _head_inputs(1, 2048, 32, 1000, 0, dtype=torch.float32)
+    ours = cl.saved_tensor_bytes(lambda h, w, i: cl.checkpointed_log_probs(h, w, i, 256), hidden, weight, ids)
+    theirs = cl.saved_tensor_bytes(_trl_chunked(256), hidden, weight, ids)
+    full = cl.saved_tensor_bytes(lambda h, w, i: cl.selected_log_probs(h @ w.T, i), hidden, weight, ids)
+    assert ours <= theirs < full // 100, (ours, theirs, full)
+
+
 def test_checkpointed_keeps_exactly_its_inputs():
     tokens, width, vocab = 1000, 16, 512
     hidden_ids_weight = 4 * tokens * width + 8 * tokens + 4 * vocab * width
