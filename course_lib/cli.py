@@ -114,9 +114,9 @@ def parser() -> argparse.ArgumentParser:
                        help="seconds per notebook (default: %(default)s)")
     grade.add_argument("--force", action="store_true", help="grade again what the gradebook already holds")
     grade.add_argument("--out", type=Path, default=None, help="where grades.csv and feedback/ go (default: root)")
-    grade.add_argument("--kernel", default="python3",
+    grade.add_argument("--kernel", default=None,
                        help="Jupyter kernel spec for every submission, e.g. one that starts a container "
-                            "(default: %(default)s)")
+                            "(default: ipykernel on the Python that runs `course`)")
     grade.add_argument("--no-progress", action="store_true")
     grade.set_defaults(run=_grade)
 
@@ -137,7 +137,16 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
+def _printable_everywhere() -> None:
+    """Characters the console cannot show (Chinese or U+FFFD on a cp1252 / cp936 Windows console or pipe) are
+    printed as backslash escapes instead of raising UnicodeEncodeError in the middle of a report."""
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
+
+
 def main(argv: list[str] | None = None) -> int:
+    _printable_everywhere()
     args = parser().parse_args(argv)
     return args.run(args)
 

@@ -260,8 +260,9 @@ def _data_parallel_worker(rank: int, world_size: int, port: int, model: torch.nn
 
     torch.set_num_threads(1)
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
-                                timeout=datetime.timedelta(seconds=timeout_s))
+        # use_libuv=0: torch's Windows builds before 2.7 have no libuv, yet their TCP store asked for it by default
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}?use_libuv=0", rank=rank,
+                                world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s))
         gradients = {}
         for normalize in normalizations:
             model.zero_grad(set_to_none=True)

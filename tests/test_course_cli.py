@@ -88,6 +88,31 @@ def test_check_shows_which_todos_pass_their_visible_tests(built):
     assert "visible tests pass on 1 of 2 graded cells (3 of 8 points)" in completed.stdout
 
 
+@pytest.mark.slow
+def test_check_runs_this_python_and_survives_a_console_that_cannot_print_chinese(built, tmp_path):
+    """Two student machines: a `python3` kernel spec of another interpreter in a Jupyter folder (it won over the
+    Python running `course`, whose kernel then never started), and a Windows console in cp1252 (the table's
+    message with Chinese in it raised UnicodeEncodeError instead of printing)."""
+    base, root, _ = built
+    solutions = cells.solution_cells(cells.read(root / "source" / CHAPTER / f"{CHAPTER}.ipynb"))
+    release = root / "release" / CHAPTER / f"{CHAPTER}.ipynb"
+    wrong = ("def ledger_from_roles(roles, template_tokens=0):\n"
+             "    raise ValueError('长度账本 not finished')\n")
+    notebook = submission_with(release, {**solutions, "todo_ledger_from_roles": wrong}, tmp_path / f"{CHAPTER}.ipynb")
+    other = tmp_path / "jupyter" / "kernels" / "python3"
+    other.mkdir(parents=True)
+    (other / "kernel.json").write_text(json.dumps({
+        "argv": [str(tmp_path / "no-such-python"), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "Python 3 (another interpreter)", "language": "python"}), encoding="utf-8")
+    env = {**os.environ, "JUPYTER_PATH": str(tmp_path / "jupyter"), "PYTHONIOENCODING": "cp1252"}
+    completed = _course("check", str(notebook), cwd=tmp_path, env=env)
+    assert completed.returncode == 1, completed.stdout + completed.stderr[-2000:]
+    rows = _check_rows(completed)
+    assert rows["test_ledger_from_roles"][1:3] == ["FAIL", "3"], completed.stdout
+    assert "ValueError: \\u957f\\u5ea6\\u8d26\\u672c not finished" in " ".join(rows["test_ledger_from_roles"])
+    assert rows["test_audit_context_fit"][1:3] == ["PASS", "5"], completed.stdout
+
+
 def test_check_refuses_a_file_that_is_not_a_course_notebook(tmp_path):
     (tmp_path / "broken.ipynb").write_text("{", encoding="utf-8")
     completed = _course("check", str(tmp_path / "broken.ipynb"), cwd=tmp_path)

@@ -125,6 +125,17 @@ def test_chapter_source_is_well_formed(name):
     assert meta["repository"].count("/") == 1
 
 
+def test_the_setup_cell_installs_an_archive_that_needs_no_git():
+    from packaging.requirements import Requirement
+
+    settings = build.course_settings(ROOT)
+    requirement = Requirement(build.package_spec(settings))
+    assert requirement.name == "course_lib"
+    assert requirement.url == (f"https://github.com/{settings['repository']}/archive/refs/heads/"
+                               f"{settings['branch']}.zip")
+    assert f'"{build.package_spec(settings)}"' in build.setup_code(settings)
+
+
 _LOCAL_SCOPES = (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
 
 

@@ -1,7 +1,8 @@
-"""The install path students use on Colab / ModelScope (`pip install "course_lib @ git+<repository>"`), offline.
+"""The install path students use on Colab / ModelScope (`pip install "course_lib @ <repository>/archive/...zip"`),
+offline.
 
-A git+ install sees the tracked files only, so the wheel is built from a copy of `git ls-files`, installed into a
-fresh folder, and imported from outside the repository: the tokenizer, the model configs, the environment
+GitHub's archive of a branch holds the tracked files only, so the wheel is built from a copy of `git ls-files`,
+installed into a fresh folder, and imported from outside the repository: the tokenizer, the model configs, the environment
 profiles and the GPU workloads must all come with it, and nothing of the tests or results.
 """
 

@@ -139,6 +139,13 @@ def course_settings(course_root: Path) -> dict:
     return json.loads((course_root / "course.json").read_text(encoding="utf-8"))
 
 
+def package_spec(settings: dict) -> str:
+    """What the setup cell installs: the course repository's branch as GitHub's zip archive (a PEP 508 URL
+    requirement). An archive, not `git+https://`: pip needs no git for it, and Windows laptops often have none."""
+    return (f"course_lib @ https://github.com/{settings['repository']}/archive/refs/heads/"
+            f"{settings['branch']}.zip")
+
+
 def setup_code(settings: dict) -> str:
     """The first code cell of every chapter: works locally, on Colab and on ModelScope."""
     return textwrap.dedent(f"""\
@@ -148,7 +155,7 @@ def setup_code(settings: dict) -> str:
         import sys
 
         if importlib.util.find_spec("course_lib") is None:
-            subprocess.run([sys.executable, "-m", "pip", "install", "-q", "{settings['package_spec']}"], check=True)
+            subprocess.run([sys.executable, "-m", "pip", "install", "-q", "{package_spec(settings)}"], check=True)
 
         import matplotlib.pyplot as plt
         import torch

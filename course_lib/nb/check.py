@@ -61,8 +61,8 @@ def _edited(cell: Any) -> bool:
 
 
 def check_notebook(path: str | Path, *, cell_timeout: float = 60, notebook_timeout: float = 900,
-                   kernel_name: str = "python3") -> list[CheckRow]:
-    """Run the notebook and report each graded cell's visible tests."""
+                   kernel_name: str | None = None) -> list[CheckRow]:
+    """Run the notebook and report each graded cell's visible tests (kernel_name None: ipykernel on this Python)."""
     path = Path(path)
     notebook, problem = read_notebook(path.read_bytes())
     if problem:

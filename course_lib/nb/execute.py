@@ -134,10 +134,31 @@ def worker_init(temp_root: str | None = None) -> None:
     os.environ.setdefault("MPLBACKEND", "Agg")
 
 
+def _this_interpreter_specs():
+    """A kernel spec manager whose every kernel is ipykernel on this interpreter (sys.executable).
+
+    The name "python3" is looked up in Jupyter's kernel folders, and a spec there can start another Python: outside a
+    virtual environment (Anaconda's base, a python.org install) the user folder wins, and `python -m ipykernel install
+    --user` from any other interpreter writes exactly such a spec. That kernel may lack course_lib, or hold another
+    version of it, and every cell would run there. Checking and grading need the Python that runs them.
+    """
+    import sys
+
+    from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
+
+    class ThisInterpreter(KernelSpecManager):
+        def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
+            return KernelSpec(argv=[sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                              display_name=f"Python ({sys.executable})", language="python", resource_dir="")
+
+    return ThisInterpreter()
+
+
 def execute_notebook(job: dict[str, Any]) -> dict[str, Any]:
     """Run `job['notebook']` (nbformat JSON); returns the executed notebook and what went wrong.
 
-    job keys: key, notebook (str), cell_timeout, notebook_timeout, kernel_name; cwd (optional: the kernel's
+    job keys: key, notebook (str), cell_timeout, notebook_timeout, kernel_name (None or absent: ipykernel on this
+    interpreter; a name: that Jupyter kernel spec, e.g. one that starts a container); cwd (optional: the kernel's
     working folder; default a new empty temporary folder, removed afterwards); started (optional: a file
     written first thing, so that the parent knows which jobs had started when a worker died).
     """
@@ -161,14 +182,16 @@ def execute_notebook(job: dict[str, Any]) -> dict[str, Any]:
     client = NotebookClient(
         notebook, timeout=int(cell_timeout), allow_errors=True, interrupt_on_timeout=True,
         error_on_timeout={"ename": TIMEOUT_ENAME, "evalue": f"the cell ran past {cell_timeout:g} s", "traceback": []},
-        kernel_name=job.get("kernel_name", "python3"), resources={"metadata": {"path": workdir}},
+        kernel_name=job.get("kernel_name") or "python3", resources={"metadata": {"path": workdir}},
         on_cell_executed=on_cell_executed, iopub_timeout=5, shutdown_kernel="immediate", record_timing=False,
     )
     # the connection file (the keys to this kernel) goes to Jupyter's runtime folder, not beside the kernels
     runtime = jupyter_runtime_dir()
     os.makedirs(runtime, exist_ok=True)
-    client.create_kernel_manager().connection_file = os.path.join(
-        runtime, f"{CONNECTION_PREFIX}{job.get('run_id', 'single')}-{uuid.uuid4()}.json")
+    manager = client.create_kernel_manager()
+    manager.connection_file = os.path.join(runtime, f"{CONNECTION_PREFIX}{job.get('run_id', 'single')}-{uuid.uuid4()}.json")
+    if not job.get("kernel_name"):
+        manager.kernel_spec_manager = _this_interpreter_specs()
     timed_out, not_run, problem = [], [], None
     try:
         with client.setup_kernel(cwd=workdir, env=env, stderr=subprocess.DEVNULL):

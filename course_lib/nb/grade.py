@@ -282,15 +282,19 @@ def _require_kernel(kernel_name: str) -> None:
 
 def grade_submissions(source: Path, root: Path = build.NOTEBOOKS_DIR, *, workers: int | None = None,
                       cell_timeout: float = 60, notebook_timeout: float = 900, force: bool = False,
-                      out: Path | None = None, progress: bool = True, kernel_name: str = "python3") -> GradeRun:
-    """Grade every submission under `source` (folder or zip) into the course at `root`."""
+                      out: Path | None = None, progress: bool = True, kernel_name: str | None = None) -> GradeRun:
+    """Grade every submission under `source` (folder or zip) into the course at `root`.
+
+    kernel_name None: every submission runs in ipykernel on this interpreter; a name: that Jupyter kernel spec.
+    """
     started = time.perf_counter()
     root, out = Path(root).resolve(), Path(out or root).resolve()
     workers = max(1, workers or os.cpu_count() or 1)
     outcomes: list[Outcome] = []
     found = submissions.Found()
     with _interpreter_tools_on_path():
-        _require_kernel(kernel_name)
+        if kernel_name is not None:
+            _require_kernel(kernel_name)
         scratch = submissions.scratch_dir(root)
         try:
             found = submissions.discover(submissions.unpack(Path(source), scratch), known_chapters(root), scratch)
@@ -336,7 +340,7 @@ def _nothing_found(source: Path, found: submissions.Found, seconds: float, worke
 
 
 def _execute_and_record(root: Path, out: Path, scratch: Path, ready: list, *, workers: int, progress: bool,
-                        limits: tuple[float, float], kernel_name: str) -> list[Outcome]:
+                        limits: tuple[float, float], kernel_name: str | None) -> list[Outcome]:
     from tqdm import tqdm
 
     recorder = NbgraderRecorder(root, scratch / "executed")
