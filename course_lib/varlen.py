@@ -301,14 +301,20 @@ def _kernel_for(kernel: str, query, key, value, dropout: float) -> str:
 
 
 def _run(kernel: str, module, query, key, value, attention_mask, dropout, scaling, kwargs):
+    if not isinstance(module, torch.nn.Module):
+        raise ValueError(f"module must be the attention layer (a torch.nn.Module), got {type(module).__name__}")
     query, key, value, dropout, scaling, source, bounds = _checked(query, key, value, attention_mask, dropout, scaling,
                                                                    kwargs)
     chosen = _kernel_for(kernel, query, key, value, dropout)
-    if module is not None:
-        module._course_varlen_kernel = chosen  # what ran, for varlen_kernel_used
+    module._course_varlen_kernel = chosen  # what ran, for varlen_kernel_used
     if chosen == "flash":
         cu_seqlens, longest = _flat_cu_seqlens(source, bounds, query.device)
         return _flash_attend(query, key, value, cu_seqlens, longest, scaling), None
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1 and getattr(module, "num_key_value_groups", None) != groups:
+        # transformers' SDPA path repeats the key/value heads by this attribute (or passes enable_gqa when it has it)
+        raise ValueError(f"module.num_key_value_groups must be {groups} for {query.shape[1]} query heads over "
+                         f"{key.shape[1]} key/value heads, got {getattr(module, 'num_key_value_groups', None)!r}")
     outputs = [_attend(module, query[row:row + 1], key[row:row + 1], value[row:row + 1], row_bounds, dropout, scaling)
                for row, row_bounds in enumerate(bounds)]  # [1, L, H, D] each
     return torch.cat(outputs, dim=0), None  # [R, L, H, D]

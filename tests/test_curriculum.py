@@ -155,6 +155,9 @@ def test_variance_sampler_without_replacement_is_deterministic():
     assert first == again and len(set(first)) == 4 and not {"a", "e"} & set(first)
     with pytest.raises(ValueError, match="k = 5 exceeds the 4"):
         variance_weighted_sample(list("abcdef"), rates, 5)
+    for bad_k in (0, -1, "2", 1.5, True):  # each refused by name, not by torch.multinomial's RuntimeError
+        with pytest.raises(ValueError, match=r"^k must be"):
+            variance_weighted_sample(list("abcdef"), rates, bad_k)
     with pytest.raises(ValueError, match="all weights p\\(1-p\\) are zero"):
         variance_weighted_sample(["a", "b"], [0.0, 1.0], 1)
     # rates given as a generator: read twice inside, so refused by name (it said "pass_rates has 0 entries")

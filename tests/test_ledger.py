@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import numpy as np
 import pytest
 from datasets import Dataset
@@ -61,7 +62,10 @@ def test_vectorized_summary_equals_brute_force_nearest_rank(lengths, a, b):
     short, long = min(a, b), max(a, b)
     expected = _brute_force_summary(lengths, short, long)
     assert summarize_length_distribution(lengths, short, long) == expected
-    assert summarize_length_distribution(np.asarray(lengths, dtype=np.int64), short, long) == expected
+    from_numpy = summarize_length_distribution(np.asarray(lengths, dtype=np.int64), short, long)
+    assert from_numpy == expected
+    # == cannot tell numpy ints from Python ints; json.dumps can (a numpy int64 count breaks it)
+    assert json.loads(json.dumps(from_numpy)) == expected
     assert summarize_length_distribution_reference(lengths, short, long) == expected
 
 

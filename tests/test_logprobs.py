@@ -243,6 +243,7 @@ def test_logit_memory_table_reproduces_seed_003():
     assert {f"{row['microbatch_gb']:.1f}" for row in rows} == {"19.9"}
     assert cl.logit_bytes(32_768, 151_936) == 19_914_555_392
     assert cl.logit_bytes(1, 151_936, dtype_bytes=2) == 303_872
+    assert cl.logit_bytes(0, 151_936) == 0  # an empty microbatch holds no logits
 
 
 def test_qwen3_constants_agree_with_the_shipped_configs():

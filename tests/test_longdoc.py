@@ -78,6 +78,7 @@ def test_edges():
     assert geometric_edges(100, 8) == [8, 16, 32, 64, 100]
     assert linear_edges(8192, 4) == [2048, 4096, 6144, 8192]
     assert linear_edges(10, 3) == [4, 7, 10]
+    assert linear_edges(4, 4) == [1, 2, 3, 4]  # one token per bucket: the most buckets a maximum of 4 allows
     with pytest.raises(ValueError, match="n_buckets"):
         linear_edges(4, 5)
 

@@ -161,7 +161,7 @@ def test_corpus_chats_are_deterministic_runs_of_corpus_sentences():
     assert max(sizes) <= 5 * 2  # at most 5 sentences (a sentence may hold one inner '. ')
     for bad in ({"count": 0}, {"max_sentences": 0}, {"log_sigma": -1.0}, {"seed": -1}, {"max_sentences": 10**6}):
         arguments = {"count": 4, "log_mean": 0.5, "log_sigma": 0.5, "max_sentences": 3, **bad}
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match=f"^{next(iter(bad))}"):  # ours, not numpy's own ValueError
             corpus_chats(**arguments)
 
 

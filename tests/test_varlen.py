@@ -610,6 +610,23 @@ def test_boundaries_are_read_again_when_they_change(sequences):
                               cu_seq_lens_k=torch.tensor([0, 1, 4], dtype=torch.int32))
 
 
+def test_the_attention_layer_is_checked_before_transformers_meets_it():
+    """transformers' SDPA path reads the layer's num_key_value_groups to repeat the key/value heads: without a layer,
+    or with a wrong count, it failed with torch's shape error (found by fuzzing one argument at a time)."""
+    layer = tiny_qwen2(seed=0, attn_implementation="sdpa").model.layers[0].self_attn
+    q, kv = torch.zeros(1, 4, 6, 16), torch.zeros(1, 2, 6, 16)
+    positions = {"position_ids": torch.arange(6)[None]}
+    for junk in (None, 3, "layer"):
+        with pytest.raises(ValueError, match=r"^module must be the attention layer \(a torch.nn.Module\)"):
+            varlen_sdpa_attention(junk, q, kv, kv, None, **positions)
+    with pytest.raises(ValueError, match=r"^module.num_key_value_groups must be 2 for 4 query heads over 2 key/value "
+                                         r"heads, got None"):
+        varlen_sdpa_attention(torch.nn.Identity(), q, kv, kv, None, **positions)
+    varlen_sdpa_attention(torch.nn.Identity(), q, q, q, None, **positions)  # no grouping: nothing to repeat
+    output, _ = varlen_sdpa_attention(layer, q, kv, kv, None, **positions)
+    assert output.shape == (1, 6, 4, 16)
+
+
 def test_attention_inputs_are_checked_field_by_field():
     """varlen_sdpa_attention is a public attention function: each bad argument gets its own message, anchored on
     the field (found untested by the library survey: every check of the shared `_checked` could be deleted)."""
