@@ -1,4 +1,6 @@
-"""Logit memory (seed 003 §14.3): what full, chunked and chunked + recomputed log-probs keep, measured in one run.
+"""Logit memory (seed 003 §14.3): what full, chunked and chunked + recomputed log-probs keep, measured in one run,
+beside TRL's two log-prob paths (selective_log_softmax over full logits; ChunkedLogProbFunction, which never holds
+the [T, V] logits and rebuilds its vocabulary tiles in backward, at its trainer's tile width of 32768).
 
     python -m benchmarks.bench_logprobs            # CPU: saved-tensor bytes at T = 1k .. 16k, V 8192, D 256, fp32
     python -m benchmarks.bench_logprobs --smoke    # seconds, for CI
@@ -8,6 +10,10 @@ CPU measures the bytes autograd saves for backward (torch.autograd.graph.saved_t
 beyond the inputs hidden, weight and ids unless stated. GPU measures torch.cuda.max_memory_allocated above the
 starting level over forward + backward. Inputs are random (seeded): no model is loaded. Every method's log-probs and
 gradients (wrt hidden and weight) are compared with the full computation in the same run.
+
+The CPU run exits 1 (after printing everything) when a method disagrees with the full computation beyond its dtype's
+tolerance (fp32 1e-4, half precision 5e-2), when recompute's saved bytes spread by more than 5% across T, or when it
+does not keep at least 10x less than the full path at the longest T: a missed target is a failed run, not a line.
 """
 
 from __future__ import annotations
@@ -30,12 +36,34 @@ from course_lib.logprobs import (
     selected_log_probs,
 )
 
+TRL_TILE = 32768  # the vocabulary tile TRL's trainers give ChunkedLogProbFunction (trl/trainer/utils.py)
+
+
+def trl_selective(h, w, i):
+    """TRL's log-probs over full logits (trl.trainer.utils.selective_log_softmax)."""
+    from trl.trainer.utils import selective_log_softmax
+
+    return selective_log_softmax(h @ w.T, i)
+
+
+def trl_chunked(h, w, i):
+    """TRL's memory-lean log-probs (trl.kernels.ChunkedLogProbFunction) on the [B, T, D] layout, no extra outputs."""
+    from trl.kernels import ChunkedLogProbFunction
+
+    flat = ChunkedLogProbFunction.apply(h.reshape(-1, h.shape[-1]), w, None, i.reshape(-1), 1.0, TRL_TILE, None, 1.0,
+                                        ())[0]
+    return flat.reshape(i.shape)
+
+
 METHODS: dict[str, Callable[..., Callable]] = {
     "full": lambda chunk: (lambda h, w, i: selected_log_probs(h @ w.T, i)),      # [B, T, V] logits at once
     "chunked": lambda chunk: (lambda h, w, i: chunked_log_probs(h, w, i, chunk)),
     "recompute": lambda chunk: (lambda h, w, i: checkpointed_log_probs(h, w, i, chunk)),
+    "trl full": lambda chunk: trl_selective,
+    "trl chunked": lambda chunk: trl_chunked,
 }
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 5e-2, torch.float16: 5e-2}
 
 
 def print_environment(device: torch.device) -> None:
@@ -97,18 +125,19 @@ def run_cpu(token_counts: list[int], vocab: int, width: int, chunk: int, dtype: 
     return rows
 
 
-def print_cpu(rows: list[dict], vocab: int, width: int, chunk: int, dtype_name: str) -> None:
+def print_cpu(rows: list[dict], vocab: int, width: int, chunk: int, dtype_name: str) -> list[str]:
+    """Print the table and the targets -> the targets missed (empty when every one is met)."""
     mb = 1e6
     print(f"# V = {vocab}, D = {width}, B = 1, {dtype_name}, chunk {chunk}; saved = bytes autograd keeps beyond "
           f"hidden/weight/ids; +inputs counts them too; full/+in = ratio of +inputs; dlogp = max |method - full|; "
           f"dhidden, dweight = max |method - full| / max |full|; step = best wall s of forward + backward")
-    print(f"{'T':>6} {'method':<10} {'saved MB':>10} {'+inputs MB':>11} {'full/saved':>10} {'full/+in':>8} "
+    print(f"{'T':>6} {'method':<11} {'saved MB':>10} {'+inputs MB':>11} {'full/saved':>10} {'full/+in':>8} "
           f"{'step s':>7} {'s/full':>6} | {'dlogp':>8} {'dhidden':>8} {'dweight':>8}")
     full = {r["tokens"]: r for r in rows if r["method"] == "full"}
     for r in rows:
         base = full[r["tokens"]]
         ratio = f"{base['saved'] / r['saved']:.1f}x" if r["saved"] else "inf"
-        print(f"{r['tokens']:6d} {r['method']:<10} {r['saved'] / mb:10.2f} {r['with_inputs'] / mb:11.2f} {ratio:>10} "
+        print(f"{r['tokens']:6d} {r['method']:<11} {r['saved'] / mb:10.2f} {r['with_inputs'] / mb:11.2f} {ratio:>10} "
               f"{base['with_inputs'] / r['with_inputs']:7.1f}x {r['seconds']:7.3f} {r['seconds'] / base['seconds']:6.2f} | "
               + " ".join(f"{d:8.1e}" for d in r["diffs"]))
     recompute = [r["saved"] for r in rows if r["method"] == "recompute"]
@@ -118,6 +147,15 @@ def print_cpu(rows: list[dict], vocab: int, width: int, chunk: int, dtype_name: 
     print(f"# recompute saved bytes across T: min {min(recompute)} B, max {max(recompute)} B, spread {spread:.1%} "
           f"(target <= 5%); at T = {longest}: full {full[longest]['saved']} B vs recompute {at_longest} B "
           f"(target >= 10x); one chunk's fp32 logits, rebuilt in backward: {logit_bytes(chunk, vocab) / mb:.1f} MB")
+    tolerance = TOLERANCE[_DTYPES[dtype_name]]
+    missed = [f"{r['method']} at T = {r['tokens']} differs from full by {max(r['diffs']):.1e} (tolerance {tolerance:g})"
+              for r in rows if max(r["diffs"]) > tolerance]
+    if spread > 0.05:
+        missed.append(f"recompute's saved bytes spread {spread:.1%} across T (target <= 5%)")
+    if full[longest]["saved"] < 10 * max(at_longest, 1):
+        missed.append(f"recompute keeps {at_longest} B at T = {longest}, not 10x less than full's {full[longest]['saved']} B")
+    print("# targets: " + ("all met" if not missed else "MISSED: " + "; ".join(missed)))
+    return missed
 
 
 def run_cuda(token_counts: list[int], vocab: int, width: int, chunk: int, dtype: torch.dtype) -> list[dict]:
@@ -159,7 +197,7 @@ def print_arithmetic() -> None:
               f"token {row['per_token_mb']:.2f} MB | 32k-token microbatch {row['microbatch_gb']:.1f} GB")
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cuda", action="store_true", help="peak GPU memory, Qwen3-0.6B lm_head shape, bf16")
     parser.add_argument("--tokens", type=int, nargs="+", help="sequence lengths T (default by mode)")
@@ -187,9 +225,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.cuda:
         print(f"# V = {vocab}, D = {width}, B = 1, {dtype}, chunk {args.chunk_size}; peak above start, fwd + bwd")
         print_cuda(run_cuda(tokens, vocab, width, args.chunk_size, _DTYPES[dtype]))
-    else:
-        rows = run_cpu(tokens, vocab, width, args.chunk_size, _DTYPES[dtype], max(1, args.repeats))
-        print_cpu(rows, vocab, width, args.chunk_size, dtype)
+        return 0
+    rows = run_cpu(tokens, vocab, width, args.chunk_size, _DTYPES[dtype], max(1, args.repeats))
+    return 1 if print_cpu(rows, vocab, width, args.chunk_size, dtype) else 0
 
 
 if __name__ == "__main__":

@@ -5,7 +5,10 @@ and a training step of padding vs packing with a block mask vs packing with varl
     python -m benchmarks.bench_packing --smoke    # seconds, for CI
 
 Lengths: numpy default_rng(seed) lognormal with mu = ln(mean) - sigma^2 / 2 (so the unclipped mean is `mean`),
-rounded and clipped to [1, max_length]. Times are the best of --repeats wall-clock runs (time.perf_counter).
+rounded and clipped to [1, max_length]. Times are the best of --repeats wall-clock runs (time.perf_counter); the
+training step runs one untimed warm-up per layout, then its repeats round-robin across the layouts, so load that
+comes and goes lands on all of them. Exits 1 (after printing everything) when a side-by-side check fails: our plan
+differs from TRL's, the teaching packer's bins from ours, or a layout's loss from the block mask's.
 """
 
 from __future__ import annotations
@@ -22,6 +25,15 @@ import numpy as np
 import torch
 
 from course_lib.packing import block_causal_mask, pack_sample_lengths, plan_packing, varlen_metadata
+
+FAILURES: list[str] = []  # side-by-side checks that failed in this run; main() exits 1 when any did
+
+
+def check(ok: bool, what: str) -> bool:
+    """Record a failed side-by-side check (printed at the end, exit status 1); returns ok."""
+    if not ok:
+        FAILURES.append(what)
+    return ok
 
 
 def lognormal_lengths(n: int, mean: float, sigma: float, max_length: int, seed: int) -> np.ndarray:
@@ -94,11 +106,13 @@ def bench_plans(lengths: np.ndarray, capacity: int, repeats: int) -> None:
     ours_as_lengths = [[int(lengths[i]) for i in row] for row in rows["bfd"]]
     counts = {**{f"ours plan_packing({s!r})": len(b) for s, b in rows.items()}, **{n: len(r) for n, r in trl_rows.items()}}
     counts["ours plan_packing('bfd') + Arrow rows"] = len(rows["bfd"])
-    reference = timings["ours plan_packing('bfd')"]
-    print(f"{'method':<58}{'seconds':>9}{'x ours bfd':>12}{'rows':>9}{'rows/bound':>12}")
+    # like for like: TRL's pack_dataset returns packed rows, so the reference is our plan *with* the rows built
+    reference = timings["ours plan_packing('bfd') + Arrow rows"]
+    print(f"{'method':<58}{'seconds':>9}{'x ours rows':>12}{'rows':>9}{'rows/bound':>12}")
     for name, seconds in timings.items():
         print(f"{name:<58}{seconds:>9.3f}{seconds / reference:>12.2f}{counts[name]:>9,}{counts[name] / bound:>12.5f}")
-    print(f"ours 'bfd' plan identical to TRL's global bfd rows (same order, same lengths): {ours_as_lengths == global_trl}")
+    same = check(ours_as_lengths == global_trl, "our 'bfd' plan differs from TRL's global bfd rows")
+    print(f"ours 'bfd' plan identical to TRL's global bfd rows (same order, same lengths): {same}")
 
 
 def bench_quadratic(lengths: np.ndarray, capacity: int, naive_n: int, repeats: int) -> None:
@@ -109,7 +123,8 @@ def bench_quadratic(lengths: np.ndarray, capacity: int, naive_n: int, repeats: i
         subset = lengths[:n].tolist()
         teaching_seconds, report = best_time(lambda s=subset: pack_sample_lengths(s, capacity), repeats)
         ours_seconds, bins = best_time(lambda s=subset: plan_packing(s, capacity, "ffd"), repeats)
-        same = [[subset[i] for i in row] for row in bins] == report["bins"]
+        same = check([[subset[i] for i in row] for row in bins] == report["bins"],
+                     f"n = {n}: the teaching packer's bins differ from plan_packing('ffd')'s")
         print(f"{n:>8,}{teaching_seconds:>12.4f}{ours_seconds:>12.4f}{teaching_seconds / ours_seconds:>10.1f}{same!s:>11}")
 
 
@@ -142,8 +157,8 @@ def bench_masks(lengths: np.ndarray, sizes: list[int], repeats: int) -> None:
         line = f"{size:>7,}{seconds * 1e3:>10.3f}{seconds / size**2 * 1e9:>10.3f}"
         if size <= 1024:
             segments, positions = varlen_positions(segment_ids)
-            seed_seconds, seed_mask = best_time(lambda s=segments, p=positions: seed_list_mask(s, p), 1)
-            assert seed_mask == mask.tolist()
+            seed_seconds, seed_mask = best_time(lambda s=segments, p=positions: seed_list_mask(s, p), repeats)
+            check(seed_mask == mask.tolist(), f"L = {size}: the seed's list mask differs from block_causal_mask")
             line += f"{seed_seconds * 1e3:>14.1f}{seed_seconds / seconds:>9.0f}"
         print(line)
 
@@ -171,7 +186,7 @@ def bench_packed_step(scales: list[int], repeats: int) -> None:
           "[1, 1, T, T], with transformers' own packed path (position_ids only, use_cache=False: transformers finds "
           "the restarts and builds the mask), and with our varlen attention (no mask); samples 48/96/32/64 x scale")
     print(f"{'scale':>6}{'pad tok':>9}{'pack tok':>10}{'pad ms':>9}{'block ms':>10}{'hf ms':>9}{'varlen ms':>11}"
-          f"{'block/pad':>11}{'hf/pad':>9}{'varlen/pad':>12}{'varlen/hf':>11}")
+          f"{'block/pad':>11}{'hf/pad':>9}{'varlen/pad':>12}{'varlen/hf':>11}{'varlen/block':>14}{'load':>6}")
 
     def step(batch):
         model.zero_grad(set_to_none=True)
@@ -185,19 +200,29 @@ def bench_packed_step(scales: list[int], repeats: int) -> None:
         packed = packed_batch(samples, torch.device("cpu"), torch.float32)[0]
         framework = {**{k: v for k, v in packed.items() if k != "attention_mask"}, "use_cache": False}
         varlen = varlen_batch(packed, lengths)
-        pad_s, _ = best_time(lambda b=padded: step(b), repeats)
-        block_s, block_loss = best_time(lambda b=packed: step(b), repeats)
-        hf_s, hf_loss = best_time(lambda b=framework: step(b), repeats)
-        with varlen_attention(model):
-            varlen_s, varlen_loss = best_time(lambda b=varlen: step(b), repeats)
-        for name, loss in (("transformers' packed path", hf_loss), ("varlen", varlen_loss)):
-            if abs(loss - block_loss) > 1e-4 * abs(block_loss):
-                raise AssertionError(f"x{scale}: {name} loss {loss} differs from the block mask's {block_loss}")
+        layouts = {"padding": (padded, False), "block": (packed, False), "hf": (framework, False),
+                   "varlen": (varlen, True)}
+        best, losses = dict.fromkeys(layouts, math.inf), {}
+        for timed in (False, *[True] * repeats):  # one untimed warm-up each, then the repeats round-robin
+            for name, (batch, under_varlen) in layouts.items():
+                start = time.perf_counter()
+                if under_varlen:
+                    with varlen_attention(model):
+                        losses[name] = step(batch)
+                else:
+                    losses[name] = step(batch)
+                if timed:
+                    best[name] = min(best[name], time.perf_counter() - start)
+        for name, label in (("padding", "padding"), ("hf", "transformers' packed path"), ("varlen", "varlen")):
+            check(abs(losses[name] - losses["block"]) <= 1e-4 * abs(losses["block"]),
+                  f"x{scale}: {label} loss {losses[name]} differs from the block mask's {losses['block']}")
+        pad_s, block_s, hf_s, varlen_s = (best[name] for name in layouts)
         print(f"{scale:>6}{padded['input_ids'].numel():>9,}{packed['input_ids'].numel():>10,}{pad_s * 1e3:>9.1f}"
               f"{block_s * 1e3:>10.1f}{hf_s * 1e3:>9.1f}{varlen_s * 1e3:>11.1f}{pad_s / block_s:>10.2f}x"
-              f"{pad_s / hf_s:>8.2f}x{pad_s / varlen_s:>11.2f}x{hf_s / varlen_s:>10.2f}x")
-    print("(x: speed-up in step time; every packed row carries the same supervised tokens as the padded batch, and its "
-          "loss equals the block mask's within 1e-4)")
+              f"{pad_s / hf_s:>8.2f}x{pad_s / varlen_s:>11.2f}x{hf_s / varlen_s:>10.2f}x{block_s / varlen_s:>13.2f}x"
+              f"{os.getloadavg()[0]:>6.2f}")
+    print("(x: speed-up in step time; every layout carries the same supervised tokens, and its loss equals the block "
+          "mask's within 1e-4; load: the 1-minute load average after the row)")
 
 
 def print_environment() -> None:
@@ -207,7 +232,7 @@ def print_environment() -> None:
     print(f"# {platform.platform()} | {os.cpu_count()} CPUs | torch threads {torch.get_num_threads()}")
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=200_000, help="samples for the plan benchmark")
     parser.add_argument("--capacity", type=int, default=4096)
@@ -221,7 +246,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, one repeat")
     parser.add_argument("--step-only", action="store_true", help="only the training-step table (the slow section)")
     args = parser.parse_args(argv)
+    if args.max_length > args.capacity:
+        parser.error(f"--max-length {args.max_length} exceeds --capacity {args.capacity}: a sample longer than a row "
+                     "cannot be packed (lower --max-length with --capacity)")
     torch.set_num_threads(args.threads)
+    FAILURES.clear()
     totals, mask_sizes, scales = [10_000, 100_000, 1_000_000], [512, 1024, 2048, 4096], [1, 4, 16, 32]
     if args.smoke:
         args.n, args.naive_n, args.repeats = 2_000, 400, 1
@@ -231,16 +260,17 @@ def main(argv: list[str] | None = None) -> None:
     print(f"# lengths: n = {args.n:,}, lognormal(mu = ln({args.mean:g}) - {args.sigma:g}^2/2, sigma = {args.sigma:g}), "
           f"seed {args.seed}, rounded, clipped to [1, {args.max_length}]: mean {lengths.mean():.1f}, "
           f"median {np.median(lengths):.0f}, max {lengths.max()}; best of {args.repeats} (varlen, masks: best of 10+)")
-    print(f"# load average at start: {os.getloadavg()[0]:.2f}")
-    if args.step_only:
-        bench_packed_step(scales, args.repeats)
-        return
-    bench_plans(lengths, args.capacity, args.repeats)
-    bench_quadratic(lengths, args.capacity, args.naive_n, args.repeats)
-    micro_repeats = max(args.repeats, 10)  # cheap calls: more repeats so a shared CPU's noise washes out
-    bench_varlen(lengths, totals, micro_repeats)
-    bench_masks(lengths, mask_sizes, micro_repeats)
+    print(f"# load average at start: {os.getloadavg()[0]:.2f}; sections: "
+          + ("the training step only (--step-only)" if args.step_only else "all"))
+    if not args.step_only:
+        bench_plans(lengths, args.capacity, args.repeats)
+        bench_quadratic(lengths, args.capacity, args.naive_n, args.repeats)
+        micro_repeats = max(args.repeats, 10)  # cheap calls: more repeats so a shared CPU's noise washes out
+        bench_varlen(lengths, totals, micro_repeats)
+        bench_masks(lengths, mask_sizes, micro_repeats)
     bench_packed_step(scales, args.repeats)
+    print("# checks: " + ("all agree" if not FAILURES else "FAILED: " + "; ".join(FAILURES)))
+    return 1 if FAILURES else 0
 
 
 if __name__ == "__main__":

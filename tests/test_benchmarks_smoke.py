@@ -14,13 +14,15 @@ import torch
 
 
 def _run(main) -> str:
-    """main(["--smoke"])'s printed output; the benchmark's torch thread setting is put back afterwards."""
+    """main(["--smoke"])'s printed output, after checking that it returned the exit status 0 (a benchmark returns 1
+    when a check or target of its own fails); the benchmark's torch thread setting is put back afterwards."""
     out, threads = io.StringIO(), torch.get_num_threads()
     try:
         with contextlib.redirect_stdout(out):
-            main(["--smoke"])
+            status = main(["--smoke"])
     finally:
         torch.set_num_threads(threads)
+    assert status == 0, out.getvalue()[-3000:]
     return out.getvalue()
 
 
@@ -42,6 +44,10 @@ def test_bench_logprobs_smoke_meets_its_own_targets():
     from benchmarks import bench_logprobs
 
     printed = _run(bench_logprobs.main)
+    assert "# targets: all met" in printed, printed[-2000:]
+    methods = {line.split()[1] + (" " + line.split()[2] if line.split()[1] == "trl" else "")
+               for line in printed.splitlines() if line[:6].strip().isdigit()}
+    assert methods == {"full", "chunked", "recompute", "trl full", "trl chunked"}, methods
     line = next(line for line in printed.splitlines() if line.startswith("# recompute saved bytes across T"))
     spread = float(re.search(r"spread ([\d.]+)%", line).group(1))
     full, recompute = map(int, re.search(r"full (\d+) B vs recompute (\d+) B", line).groups())
