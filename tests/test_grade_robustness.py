@@ -100,7 +100,7 @@ def graded(tmp_path_factory):
 
     # a plausible wrong answer that passes the visible tests, with its test cell "fixed" by the student and
     # the other test cell deleted: only the restored hidden tests can catch it
-    mutant_name, mutant = sorted(catalogue()[CHAPTER]["ledger_from_roles"].items())[0]
+    mutant_name, mutant = sorted(catalogue(with_library_callers=False)[CHAPTER]["ledger_from_roles"].items())[0]
     edited = _release_with(root, {**solutions, "todo_ledger_from_roles": mutant}, scratch / "e.ipynb")
     edited.cells[_index(edited, "test_ledger_from_roles")].source = "pass  # my tests now pass"
     del edited.cells[_index(edited, "test_audit_context_fit")]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import pkgutil
+import re
 import textwrap
 
 from course_lib.nb.build import required_imports, resolve
@@ -40,13 +41,53 @@ def own_results(results: list, todo: str) -> list:
     return [r for r in results if r.grade_id == f"test_{todo}" or r.grade_id.startswith(f"test_{todo}__")]
 
 
-def catalogue() -> dict[str, dict[str, dict[str, str]]]:
-    """chapter name -> {todo_name: {mutant_name: source}} for every chapter module in this package."""
+def solution_targets(chapter: str) -> dict[str, str]:
+    """todo_name -> 'course_lib.module.function', read from the chapter source's `#| solution:` lines."""
+    from course_lib.nb.build import NOTEBOOKS_DIR
+
+    source = (NOTEBOOKS_DIR / "chapters" / f"{chapter}.py").read_text(encoding="utf-8")
+    targets = re.findall(r"^#\| solution: (course_lib\.[\w.]+)$", source, flags=re.MULTILINE)
+    return {target.rsplit(".", 1)[1]: target for target in targets}
+
+
+def library_callers(chapter: str) -> dict[str, dict[str, str]]:
+    """todo_name -> {name: source}: answers that are right in every value because they call the library's own
+    function, which the TODO asks the student to write. Each must lose its cell, whichever way it reaches it."""
+    found = {}
+    for todo, target in solution_targets(chapter).items():
+        module, name = target.rsplit(".", 1)
+        signature = inspect.signature(resolve(target))
+        passed = ", ".join(f"*{p.name}" if p.kind is p.VAR_POSITIONAL else f"**{p.name}" if p.kind is p.VAR_KEYWORD
+                           else p.name if p.kind is p.POSITIONAL_ONLY else f"{p.name}={p.name}"
+                           for p in signature.parameters.values())
+        found[todo] = {
+            # through the module attribute, with the TODO's own signature
+            "calls_the_library": (f"import {module}\n\n\ndef {name}(*args, **kwargs):\n"
+                                  f"    return {module}.{name}(*args, **kwargs)\n"),
+            # through a name imported before the hidden tests capture anything
+            "calls_the_library_by_alias": (f"from {module} import {name} as _theirs\n\n\n"
+                                           f"def {name}{signature}:\n"
+                                           f"    return _theirs({passed})\n"),
+            # a new function object around the library's code, taken before any test switches that code off
+            "copies_the_library_function": (
+                f"import types\n\nimport {module}\n\n_theirs = {module}.{name}\n"
+                f"{name} = types.FunctionType(_theirs.__code__, _theirs.__globals__, {name!r}, _theirs.__defaults__)\n"
+                f"{name}.__kwdefaults__ = _theirs.__kwdefaults__\n"),
+        }
+    return found
+
+
+def catalogue(with_library_callers: bool = True) -> dict[str, dict[str, dict[str, str]]]:
+    """chapter name -> {todo_name: {mutant_name: source}} for every chapter module in this package, with the
+    library callers of every TODO added (`library_callers`) unless `with_library_callers` is false."""
     found = {}
     for module_info in pkgutil.iter_modules(__path__):
         if module_info.name.startswith("ch"):
             module = importlib.import_module(f"{__name__}.{module_info.name}")
-            found[module.CHAPTER] = module.MUTANTS
+            mutants = {todo: dict(entries) for todo, entries in module.MUTANTS.items()}
+            for todo, callers in (library_callers(module.CHAPTER) if with_library_callers else {}).items():
+                mutants.setdefault(todo, {}).update(callers)
+            found[module.CHAPTER] = mutants
     return found
 
 
