@@ -231,7 +231,8 @@ def test_load_tokenizer_offline_asks_the_hub_once_then_the_cache(tmp_path, cache
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert "Retrying" not in done.stderr, done.stderr[-2000:]
     if cached:
-        assert "LOADED Qwen2Tokenizer 2048" in done.stdout, done.stdout + done.stderr[-2000:]
+        # the class name differs across transformers 5.x (Qwen2Tokenizer, TokenizersBackend at 5.0): the vocabulary not
+        assert done.stdout.startswith("LOADED ") and done.stdout.split()[-1] == "2048", done.stdout + done.stderr[-2000:]
     else:
         assert "CLEAR" in done.stdout and "hub unreachable (ConnectError)" in done.stdout, done.stdout + done.stderr
 
