@@ -72,12 +72,14 @@ def test_vectorized_summary_equals_brute_force_nearest_rank(lengths, a, b):
 
 def test_overflow_ratio_is_strictly_greater():
     assert overflow_ratio([100, 2048, 2049], 2048) == pytest.approx(1 / 3)
+    assert type(overflow_ratio([1, 9], 8)) is float  # not numpy's float64
     assert overflow_ratio([2048, 2048], 2048) == 0.0
     assert overflow_ratio([], 2048) == 0.0
     with pytest.raises(ValueError, match="context_len"):
         overflow_ratio([1, 2], 0)
-    with pytest.raises(ValueError, match="lengths"):
-        overflow_ratio([-3], 8)
+    for negative in ([-3], [-1]):
+        with pytest.raises(ValueError, match="lengths"):
+            overflow_ratio(negative, 8)
 
 
 @settings(max_examples=60, deadline=None)

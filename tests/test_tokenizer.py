@@ -237,8 +237,10 @@ def test_load_tokenizer_offline_asks_the_hub_once_then_the_cache(tmp_path, cache
         assert "CLEAR" in done.stdout and "hub unreachable (ConnectError)" in done.stdout, done.stdout + done.stderr
 
 
-def test_hub_commit_tells_an_answer_from_no_answer(monkeypatch):
-    """A hub that answers (a commit, or an HTTP error) is reachable; a refused connection or HF_HUB_OFFLINE is not."""
+@pytest.fixture
+def fake_hub(monkeypatch):
+    """A local stand-in for the hub's model-info API: Qwen/Qwen2.5-0.5B at commit d..d (e..e at revision v1);
+    gated/model the same but only with `Authorization: Bearer hf_test` (401 without); anything else 404."""
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -246,9 +248,13 @@ def test_hub_commit_tells_an_answer_from_no_answer(monkeypatch):
 
     class Hub(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 (http.server's name)
-            known = self.path.startswith("/api/models/Qwen/Qwen2.5-0.5B")
-            body = json.dumps({"id": "Qwen/Qwen2.5-0.5B", "sha": "d" * 40} if known else {"error": "not found"})
-            self.send_response(200 if known else 404)
+            known = next((m for m in ("Qwen/Qwen2.5-0.5B", "gated/model") if self.path.startswith(f"/api/models/{m}")),
+                         None)
+            allowed = known != "gated/model" or self.headers.get("Authorization") == "Bearer hf_test"
+            status = 404 if known is None else 200 if allowed else 401
+            sha = ("e" if self.path.split("?")[0].endswith("/revision/v1") else "d") * 40
+            body = json.dumps({"id": known, "sha": sha} if status == 200 else {"error": f"{status} for {self.path}"})
+            self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.end_headers()
             self.wfile.write(body.encode())
@@ -258,18 +264,102 @@ def test_hub_commit_tells_an_answer_from_no_answer(monkeypatch):
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Hub)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    for name in ("HF_HUB_OFFLINE", "HF_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{server.server_address[1]}")
+    yield
+    server.shutdown()
+
+
+def test_hub_commit_tells_an_answer_from_no_answer(fake_hub, monkeypatch):
+    """A hub that answers (a commit, or an HTTP error) is reachable; a refused connection or HF_HUB_OFFLINE is not."""
+    from huggingface_hub import constants
+
+    assert hub_commit("Qwen/Qwen2.5-0.5B") == ("d" * 40, "resolved on the hub", True)
+    commit, note, answered = hub_commit("nobody/nothing")
+    assert (commit, answered) == (None, True) and note.startswith("hub answered:"), note
+    assert "nobody/nothing" in note and "\n" not in note, note  # the error's first line, whole
+    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{_closed_port()}")
+    assert hub_commit("Qwen/Qwen2.5-0.5B", timeout_s=2.0) == (None, "hub unreachable (ConnectError)", False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert hub_commit("Qwen/Qwen2.5-0.5B") == (None, "HF_HUB_OFFLINE is set", False)
+
+
+def test_hub_commit_asks_for_the_revision_and_sends_the_token(fake_hub):
+    assert hub_commit("Qwen/Qwen2.5-0.5B", "v1") == ("e" * 40, "resolved on the hub", True)
+    assert hub_commit("gated/model", token="hf_test") == ("d" * 40, "resolved on the hub", True)
+    commit, note, answered = hub_commit("gated/model")  # no token: the hub answers 401, which is an answer
+    assert (commit, answered) == (None, True) and "401" in note, note
+
+
+@pytest.mark.parametrize("value", ["TRUE", " 1 ", "yes", "On"])
+def test_hub_commit_reads_hf_hub_offline_as_huggingface_hub_does(fake_hub, monkeypatch, value):
+    monkeypatch.setenv("HF_HUB_OFFLINE", value)
+    assert hub_commit("Qwen/Qwen2.5-0.5B") == (None, "HF_HUB_OFFLINE is set", False)
+
+
+def test_hub_commit_gives_up_after_timeout_s(monkeypatch):
+    """A hub that accepts the connection and never answers: huggingface_hub's client waits without a limit unless
+    given one, so timeout_s must reach it."""
+    import socket
+    import threading
+
+    from huggingface_hub import constants
+
+    silent = socket.socket()  # listens and accepts (the kernel's backlog), never answers
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    try:
-        monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{server.server_address[1]}")
-        assert hub_commit("Qwen/Qwen2.5-0.5B") == ("d" * 40, "resolved on the hub", True)
-        commit, note, answered = hub_commit("nobody/nothing")
-        assert (commit, answered) == (None, True) and note.startswith("hub answered:"), note
-        monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{_closed_port()}")
-        assert hub_commit("Qwen/Qwen2.5-0.5B", timeout_s=2.0) == (None, "hub unreachable (ConnectError)", False)
-        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-        assert hub_commit("Qwen/Qwen2.5-0.5B") == (None, "HF_HUB_OFFLINE is set", False)
-    finally:
-        server.shutdown()
+    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{silent.getsockname()[1]}")
+    result = []
+    asking = threading.Thread(target=lambda: result.append(hub_commit("Qwen/Qwen2.5-0.5B", timeout_s=0.5)),
+                              daemon=True)
+    asking.start()
+    asking.join(30)
+    silent.close()
+    assert result and result[0][0] is None and result[0][2] is False, result
+
+
+def test_hub_commit_without_huggingface_hub(monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # import huggingface_hub raises ImportError
+    commit, note, answered = hub_commit("Qwen/Qwen2.5-0.5B")
+    assert (commit, answered) == (None, False) and note.startswith("huggingface_hub is not importable"), note
+
+
+def test_load_tokenizer_asks_no_hub_for_a_folder_or_with_local_files_only(monkeypatch, tmp_path):
+    import course_lib.tokenizer
+
+    def no_hub(*args, **kwargs):
+        raise AssertionError(f"hub_commit{args} was called")
+
+    monkeypatch.setattr(course_lib.tokenizer, "hub_commit", no_hub)
+    assert len(load_tokenizer(str(course_tokenizer_dir()))) == 2048
+    with pytest.raises(HubUnavailableError):
+        load_tokenizer("Qwen/Qwen2.5-0.5B", local_files_only=True, cache_dir=str(tmp_path))
+
+
+def test_load_tokenizer_goes_local_only_when_the_hub_does_not_answer(monkeypatch):
+    import transformers
+
+    import course_lib.tokenizer
+
+    asked, loaded = [], []
+
+    def unreachable(*args, **kwargs):
+        asked.append((args, kwargs))
+        return None, "hub unreachable (ConnectError)", False
+
+    def from_pretrained(model_id, **kwargs):
+        loaded.append(kwargs)
+        raise OSError("not in the cache")
+
+    monkeypatch.setattr(course_lib.tokenizer, "hub_commit", unreachable)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", from_pretrained)
+    with pytest.raises(HubUnavailableError, match=r"hub unreachable \(ConnectError\); looked in the local cache only"):
+        load_tokenizer("Qwen/Qwen2.5-0.5B", revision="v1", token="hf_test")
+    assert asked == [(("Qwen/Qwen2.5-0.5B", "v1"), {"token": "hf_test"})]
+    assert [kwargs.get("local_files_only") for kwargs in loaded] == [True]
 
 
 @pytest.mark.parametrize("arguments, field", [((None,), "model_id"), (("",), "model_id"), (("a/b", " "), "revision"),
