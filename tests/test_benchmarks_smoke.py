@@ -53,3 +53,30 @@ def test_bench_logprobs_smoke_meets_its_own_targets():
     full, recompute = map(int, re.search(r"full (\d+) B vs recompute (\d+) B", line).groups())
     assert spread <= 5.0, line                 # recompute keeps the same bytes at every T
     assert full >= 10 * max(recompute, 1), line  # and at least 10x less than the full path at the longest T
+
+
+def test_the_cpu_step_table_in_benchmarks_readme_is_the_committed_runs():
+    """Every figure of the README's CPU training-step table comes from the two committed step-only runs: the times
+    from the first, each ratio as the first run's value with the range over both."""
+    from pathlib import Path
+
+    logs = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "logs" / "cpu-2026-12-01"
+    runs = []
+    for name in ("bench_packing_step_only.txt", "bench_packing_step_only_2.txt"):
+        text = (logs / name).read_text(encoding="utf-8")
+        assert "# checks: all agree" in text and "sections: the training step only" in text
+        rows = [line.split() for line in text.splitlines() if line[:6].strip().isdigit()]
+        runs.append({int(row[0]): row for row in rows})
+    readme = (logs.parents[2] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Measured on this CPU: what the dense mask costs", 1)[1].split("\n## ", 1)[0]
+    table = [line for line in section.splitlines() if re.match(r"^\| (1|4|16|32) \| [\d,]+ / [\d,]+ \|", line)]
+    assert len(table) == 4
+    for line in table:
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        first, second = runs[0][int(cells[0])], runs[1][int(cells[0])]
+        assert cells[1] == f"{first[1]} / {first[2]}"
+        assert cells[2:6] == first[3:7]  # padding, block mask, transformers, varlen ms
+        for cell, one, two in zip(cells[6:], first[7:12], second[7:12], strict=True):
+            low, high = sorted((float(one.rstrip("x")), float(two.rstrip("x"))))
+            shown = f"{one.rstrip('x')}×" + (f" ({low:.2f}–{high:.2f})" if low != high else "")
+            assert cell == shown, (cells[0], cell, shown)

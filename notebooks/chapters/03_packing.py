@@ -562,7 +562,7 @@ print(f"attention scores per layer and head: a mask over each row {square:,} | v
 # Equal to running each sample alone, and a fraction of the scores. The saving grows with the number of samples
 # per row: $k$ equal samples in a row of length $L$ need $k \cdot (L/k)^2 = L^2/k$ scores. Once rows reach
 # thousands of tokens this is what should let packing pay off: on this course's CPU a training step on four samples
-# of 1,024–3,072 tokens runs 3.9× faster with varlen than with the block mask (`benchmarks/README.md`). Whether it
+# of 1,024–3,072 tokens runs 3.8–4.0× faster with varlen than with the block mask (`benchmarks/README.md`). Whether it
 # does on your GPU is section 9's measurement; on the tiny rows of this chapter a mask costs nothing worth saving.
 #
 # ## 7. Figure: padded and packed layouts, drawn to the same scale
