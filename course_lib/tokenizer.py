@@ -198,7 +198,8 @@ def hub_commit(model_id: str, revision: str = "main", *, timeout_s: float = 5.0,
     """Ask the model hub once, without retries -> (commit sha or None, note, whether the hub answered).
 
     (sha, "resolved on the hub", True) when it resolves; (None, "hub answered: ...", True) when it answered with
-    an error (a missing or gated repository: loading would fail the same way); (None, why, False) when it cannot
+    an error (a missing or gated repository: loading would fail the same way), or (None, "not a hub model id: ...",
+    True) for a name that is no repository id (a mistyped folder: loading says what is wrong); (None, why, False) when it cannot
     be reached within `timeout_s` or HF_HUB_OFFLINE is set. One request: huggingface_hub's file downloads retry a
     failed connection five times with back-off, about 45 s offline before the cache is even looked at.
     """
@@ -206,17 +207,19 @@ def hub_commit(model_id: str, revision: str = "main", *, timeout_s: float = 5.0,
         if not isinstance(value, str) or not value.strip():
             raise ValueError(f"{name} must be a non-empty string, got {value!r}")
     timeout_s = require_real("timeout_s", timeout_s, minimum=0.0, strict_minimum=True)
-    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in _OFFLINE_VALUES:
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in _OFFLINE_VALUES:  # huggingface_hub's reading, no strip
         return None, "HF_HUB_OFFLINE is set", False
     try:
         from huggingface_hub import HfApi
-        from huggingface_hub.errors import HfHubHTTPError
+        from huggingface_hub.errors import HfHubHTTPError, HFValidationError
     except ImportError as error:
         return None, f"huggingface_hub is not importable ({error})", False
     try:
         info = HfApi().model_info(model_id, revision=revision, timeout=timeout_s, token=token)
     except HfHubHTTPError as error:  # a response came back: reachable, the repository or revision is the problem
         return None, f"hub answered: {type(error).__name__}: {str(error).splitlines()[0]}", True
+    except HFValidationError as error:  # './my_tokenizer' mistyped: no request was made, and none would help
+        return None, f"not a hub model id: {str(error).splitlines()[0]}", True
     except Exception as error:  # connection, DNS, proxy, timeout: not reachable now
         return None, f"hub unreachable ({type(error).__name__})", False
     return info.sha, "resolved on the hub", True
@@ -233,7 +236,8 @@ def load_tokenizer(model_id: str, *, local_files_only: bool = False, **kwargs: A
 
     why_offline = None
     if not local_files_only and not Path(str(model_id)).is_dir():
-        _, note, answered = hub_commit(str(model_id), kwargs.get("revision") or "main", token=kwargs.get("token"))
+        _, note, answered = hub_commit(str(model_id), kwargs.get("revision") or "main", timeout_s=10.0,
+                                       token=kwargs.get("token"))  # 10 s: a slow hub that answers is not offline
         if not answered:
             why_offline, local_files_only = note, True
     try:

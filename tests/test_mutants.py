@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from course_lib.nb import build, cells
-from tests.mutants import alternatives, catalogue, own_results
+from tests.mutants import alternatives, catalogue, library_callers, own_results
 
 ROOT = build.NOTEBOOKS_DIR
 CATALOGUE = catalogue()
@@ -29,13 +29,18 @@ def source_notebooks(tmp_path_factory):
 
 
 def test_catalogue_covers_every_todo_with_three_mutants():
+    """At least three hand-written wrong answers per TODO, and the three generated library callers besides."""
+    written = catalogue(with_library_callers=False)
     chapters = {path.stem for path in build.chapter_sources(ROOT / "chapters")}
     for chapter in chapters:
         source = (ROOT / "chapters" / f"{chapter}.py").read_text(encoding="utf-8")
         todos = [line.split('"grade_id": "todo_')[1].split('"')[0] for line in source.splitlines()
                  if '"grade_id": "todo_' in line]
+        assert sorted(library_callers(chapter)) == sorted(todos), chapter  # a solution target for every TODO
         for todo in todos:
-            assert len(CATALOGUE.get(chapter, {}).get(todo, {})) >= 3, f"{chapter}: fewer than 3 mutants for {todo}"
+            assert len(written.get(chapter, {}).get(todo, {})) >= 3, f"{chapter}: fewer than 3 mutants for {todo}"
+            callers = set(CATALOGUE[chapter][todo]) - set(written[chapter][todo])
+            assert callers == {"calls_the_library", "calls_the_library_by_alias", "copies_the_library_function"}
 
 
 def _graded_with(notebook, todo: str, source: str) -> list:

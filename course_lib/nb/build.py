@@ -150,8 +150,8 @@ def setup_code(settings: dict) -> str:
     """The first code cell of every chapter: works locally, on Colab and on ModelScope."""
     return textwrap.dedent(f"""\
         # Setup (local, Colab, ModelScope): install the course package when it is missing, then import it.
-        # An ImportError below, on a machine that kept an older course_lib? Uncomment the next line, run this cell once,
-        # comment it again and restart the kernel:
+        # An ImportError below, on a machine that kept an older course_lib? This cell is locked: copy the next line
+        # without its "# " into a new cell, run that cell once, then restart the kernel.
         # %pip install -q --upgrade --force-reinstall --no-deps "{package_spec(settings)}"
         import importlib.util
         import subprocess

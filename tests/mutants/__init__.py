@@ -13,7 +13,6 @@ from __future__ import annotations
 import importlib
 import inspect
 import pkgutil
-import re
 import textwrap
 
 from course_lib.nb.build import required_imports, resolve
@@ -43,10 +42,11 @@ def own_results(results: list, todo: str) -> list:
 
 def solution_targets(chapter: str) -> dict[str, str]:
     """todo_name -> 'course_lib.module.function', read from the chapter source's `#| solution:` lines."""
-    from course_lib.nb.build import NOTEBOOKS_DIR
+    from course_lib.nb.build import NOTEBOOKS_DIR, SOLUTION_DIRECTIVE
 
     source = (NOTEBOOKS_DIR / "chapters" / f"{chapter}.py").read_text(encoding="utf-8")
-    targets = re.findall(r"^#\| solution: (course_lib\.[\w.]+)$", source, flags=re.MULTILINE)
+    targets = [target.strip() for line in source.splitlines() if (found := SOLUTION_DIRECTIVE.match(line))
+               for target in found.group("targets").split(",") if target.strip()]
     return {target.rsplit(".", 1)[1]: target for target in targets}
 
 
