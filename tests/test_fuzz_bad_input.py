@@ -249,12 +249,6 @@ def _optional_parameters(name):
     return [p.name for p in parameters if p.default is not p.empty and (name, p.name) not in NOT_FUZZED]
 
 
-def _positional_count(name):
-    """How many positional arguments the function's valid call passes without a default (the required ones)."""
-    parameters = inspect.signature(getattr(course_lib, name)).parameters.values()
-    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty for p in parameters)
-
-
 OPTIONAL_TARGETS = [name for name in course_lib.__all__ if inspect.isfunction(getattr(course_lib, name))
                     and name not in EXCLUDED and _optional_parameters(name)]
 
@@ -301,14 +295,14 @@ def test_only_value_error_escapes_junk_in_optional_arguments(name, valid_calls):
 # Left out, each with its reason (they take only the fixed first argument, or need a forward first).
 NO_REQUIRED_JUNK = {"flat_gradient": "its one argument is the fixed model",
                     "varlen_kernel_used": "its one argument is the fixed model, and it needs a varlen forward first"}
-ONE_AT_A_TIME = sorted((name, index) for name, _ in TARGETS if name not in NO_REQUIRED_JUNK
-                       for index in range(_positional_count(name)) if index >= (name in FIXED_FIRST))
+ONE_AT_A_TIME = sorted((name, (name in FIXED_FIRST) + index) for name, arity in TARGETS if name not in NO_REQUIRED_JUNK
+                       for index in range(arity))  # TARGETS' arity leaves the fixed first argument out
 
 
 def test_one_at_a_time_covers_every_fuzzed_function(valid_calls):
     fuzzed = {name for name, _ in TARGETS} - set(NO_REQUIRED_JUNK)
     assert sorted(fuzzed - set(valid_calls)) == []
-    only_fixed = {name for name in fuzzed if _positional_count(name) <= (name in FIXED_FIRST)}  # nothing to vary
+    only_fixed = {name for name, arity in TARGETS if arity == 0}  # nothing but the fixed first argument to vary
     assert fuzzed - only_fixed == {name for name, _ in ONE_AT_A_TIME}
 
 
