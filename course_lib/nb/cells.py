@@ -98,18 +98,11 @@ def grade_in_process(source_notebook: Any, solutions: dict[str, str]) -> list[Ce
 
 
 def _grade_in_process(source_notebook: Any, solutions: dict[str, str]) -> list[CellResult]:
-    import matplotlib
+    from . import checker
 
-    matplotlib.use("Agg")
-    namespace: dict[str, Any] = {"__name__": "__main__"}
-    for index, source in enumerate(setup_cells(source_notebook)):
-        error = _run(source, namespace, f"setup-{index}")
-        if error:
-            raise RuntimeError(f"setup cell {index} failed: {error}")
-    for grade_id, source in solutions.items():
-        _run(source, namespace, grade_id)
-    results = []
-    for grade_id, points, source in graded_cells(source_notebook):
-        error = _run(source, namespace, grade_id)
-        results.append(CellResult(grade_id, points, 0.0 if error else points, error is None, error or ""))
-    return results
+    tests = graded_cells(source_notebook)
+    problem, verdicts = checker.run_checks(setup_cells(source_notebook), solutions, tests,
+                                           names=checker.defined_functions(solution_cells(source_notebook)))
+    if problem:
+        raise RuntimeError(problem)
+    return [CellResult(v.grade_id, v.points, v.points if v.passed else 0.0, v.passed, v.message) for v in verdicts]

@@ -42,6 +42,29 @@ def _tripwire_code(name: str):
     return namespace["tripwire"].__code__
 
 
+def _blockable(name: str) -> Callable:
+    function = reference(name)
+    if not hasattr(function, "__code__") or function.__code__.co_freevars:
+        raise ValueError(f"course_lib.{name} cannot be blocked (not a plain module-level function)")
+    return function
+
+
+# The library's functions that the tripwire can switch off, with their code as first imported.
+BLOCKABLE = {name: value.__code__ for name, value in _ORIGINALS.items()
+             if callable(value) and hasattr(value, "__code__") and not value.__code__.co_freevars}
+
+
+def block_library(name: str) -> None:
+    """In this process until `unblock_library`: calling the library's `name` raises (the grader's student
+    processes switch the TODOs' counterparts off before the student's code runs)."""
+    _blockable(name).__code__ = _tripwire_code(name)
+
+
+def unblock_library(name: str) -> None:
+    """The library's `name` runs its own code again."""
+    _blockable(name).__code__ = BLOCKABLE[name]
+
+
 @contextlib.contextmanager
 def library_blocked(*names: str) -> Iterator[None]:
     """Within the block, calling the library's `name` raises, through whatever name it is reached by.
@@ -52,9 +75,7 @@ def library_blocked(*names: str) -> Iterator[None]:
     saved = []
     try:
         for name in names:
-            function = reference(name)
-            if not hasattr(function, "__code__") or function.__code__.co_freevars:
-                raise ValueError(f"course_lib.{name} cannot be blocked (not a plain module-level function)")
+            function = _blockable(name)
             saved.append((function, function.__code__))
             function.__code__ = _tripwire_code(name)
         yield
@@ -63,8 +84,24 @@ def library_blocked(*names: str) -> Iterator[None]:
             function.__code__ = code
 
 
+def _is_graders_stand_in(function: Any) -> bool:
+    """Is this the grader's stand-in for a student's function (its calls run in a process of their own)?"""
+    from .checker import StudentFunction
+
+    return isinstance(function, StudentFunction)
+
+
 def assert_own_function(function: Callable, name: str) -> None:
     """The function is defined in the notebook and is not the library's object."""
+    if _is_graders_stand_in(function):
+        seen = function.ownership()
+        if not seen["callable"]:
+            raise AssertionError(f"{name} must be a function, got {seen['type']}")
+        if seen["library"]:
+            raise AssertionError(f"{name} is the library's function, not yours")
+        if seen["module"] != "__main__":
+            raise AssertionError(f"{name} must be defined in this notebook (it comes from {seen['module']!r})")
+        return
     if not callable(function):
         raise AssertionError(f"{name} must be a function, got {type(function).__name__}")
     if function is reference(name) or getattr(function, "__wrapped__", None) is reference(name):
@@ -160,7 +197,7 @@ def as_case(case: Any) -> Case:
 
 def _snapshot(value: Any) -> Any:
     """A copy of an argument to compare with after a call: tensors (values, dtype, requires_grad), numpy arrays,
-    dicts, lists and tuples deeply; plain values by value; any other object (a tokenizer) by identity."""
+    dicts, lists and tuples deeply; plain values by value; any other object (a tokenizer) by its type."""
     import numpy as np
     import torch
 
@@ -174,7 +211,10 @@ def _snapshot(value: Any) -> Any:
         return (type(value).__name__, [_snapshot(item) for item in value])
     if value is None or isinstance(value, (bool, int, float, str, bytes)):
         return ("value", value)
-    return ("object", id(value))
+    from .checker import Opaque
+
+    kind = type(value)
+    return ("object", value.type_name if isinstance(value, Opaque) else f"{kind.__module__}.{kind.__qualname__}")
 
 
 def _changed(before: Any, after: Any, path: str) -> str | None:
@@ -249,18 +289,29 @@ def shown_arguments(args: Sequence[Any], kwargs: Mapping[str, Any], limit: int =
     return text if len(text) <= 2 * limit else text[:2 * limit] + " ..."
 
 
-def _call_student(student: Callable, name: str, label: str, args: Sequence[Any], kwargs: Mapping[str, Any],
-                  shown: str) -> Any:
-    """student(*args, **kwargs) with the library switched off; an exception it raises becomes a failure that says
-    which call raised it (`shown`: its arguments as they were before the call; the tripwire's AssertionError passes
-    through as it is)."""
+def _kind(error: BaseException) -> str:
+    """An exception's type name as the student's code raised it (the grader rebuilds it as its builtin base)."""
+    return getattr(error, "student_type", None) or type(error).__name__
+
+
+def _outcomes(student: Callable, name: str, cases: list[Case], *, with_arguments: bool) -> list[tuple]:
+    """Call the student's function on every case, the library's `name` switched off: ("ok", result, args after,
+    kwargs after) or ("raised", exception) per case. The grader's stand-in makes all the calls in one process of
+    the student's and sends back data; in a notebook they run here. The tripwire's AssertionError passes through."""
+    if _is_graders_stand_in(student):
+        return student.outcomes(cases, with_arguments=with_arguments)
+    outcomes: list[tuple] = []
     with library_blocked(name):
-        try:
-            return student(*args, **kwargs)
-        except AssertionError:
-            raise
-        except Exception as error:  # the student's code may raise anything: it is a wrong answer, with its input
-            raise AssertionError(f"{label} raised {type(error).__name__}: {error}\n  called with: {shown}") from error
+        for args, kwargs in cases:
+            try:
+                result = student(*args, **kwargs)
+            except AssertionError:
+                raise
+            except Exception as error:  # noqa: BLE001 - the student's code may raise anything: a wrong answer
+                outcomes.append(("raised", error))
+                continue
+            outcomes.append(("ok", result, list(args), dict(kwargs)))
+    return outcomes
 
 
 def assert_matches_reference(student: Callable, name: str, cases: Iterable[Any], **tolerance: float) -> None:
@@ -271,16 +322,27 @@ def assert_matches_reference(student: Callable, name: str, cases: Iterable[Any],
     """
     assert_own_function(student, name)
     library = reference(name)
-    checked = 0
-    for case in cases:
+    calls, checks = [], []
+    for index, case in enumerate(cases):
         args, kwargs = as_case(case)
         expected = library(*args, **kwargs)
-        named = {**{f"argument {index}": arg for index, arg in enumerate(args)}, **kwargs}
+        named = {**{f"argument {i}": arg for i, arg in enumerate(args)}, **kwargs}
         before = {key: _snapshot(value) for key, value in named.items()}
-        label, shown = f"{name}(case {checked})", shown_arguments(args, kwargs)  # before the call can change them
-        got = _call_student(student, name, label, args, kwargs, shown)
-        changed = next((found for key, value in named.items()
-                        if (found := _changed(before[key], _snapshot(value), key))), None)
+        calls.append((args, kwargs))  # shown before the call can change them
+        checks.append((expected, before, f"{name}(case {index})", shown_arguments(args, kwargs)))
+    if not calls:
+        raise ValueError("assert_matches_reference needs at least one case")
+    for (expected, before, label, shown), outcome in zip(checks, _outcomes(student, name, calls, with_arguments=True),
+                                                         strict=True):
+        if outcome[0] == "raised":
+            error = outcome[1]
+            if isinstance(error, AssertionError):
+                raise error
+            raise AssertionError(f"{label} raised {_kind(error)}: {error}\n  called with: {shown}") from error
+        _, got, args_after, kwargs_after = outcome
+        after = {**{f"argument {i}": arg for i, arg in enumerate(args_after)}, **kwargs_after}
+        changed = next((found for key in before if (found := _changed(before[key], _snapshot(after.get(key)), key))),
+                       None)
         if changed:
             raise AssertionError(f"{label} changed its input in place: {changed}; "
                                  "work on a copy, the caller still needs its data")
@@ -288,9 +350,6 @@ def assert_matches_reference(student: Callable, name: str, cases: Iterable[Any],
             assert_same(got, expected, path=label, **tolerance)
         except AssertionError as error:
             raise AssertionError(f"{error}\n  called with: {shown}") from None
-        checked += 1
-    if not checked:
-        raise ValueError("assert_matches_reference needs at least one case")
 
 
 def expect_value_error(call: Callable, *args: Any, **kwargs: Any) -> str:
@@ -308,15 +367,18 @@ def expect_value_error(call: Callable, *args: Any, **kwargs: Any) -> str:
 def assert_rejects(student: Callable, name: str, bad_cases: Iterable[Any]) -> None:
     """Every bad case raises ValueError in the library (checked) and in the student's function."""
     library = reference(name)
-    checked = 0
-    for case in bad_cases:
-        args, kwargs = as_case(case)
-        expect_value_error(library, *args, **kwargs)
-        with library_blocked(name):
-            expect_value_error(student, *args, **kwargs)
-        checked += 1
-    if not checked:
+    cases = [as_case(case) for case in bad_cases]
+    if not cases:
         raise ValueError("assert_rejects needs at least one bad case")
+    shown = [shown_arguments(args, kwargs) for args, kwargs in cases]  # before any call can change them
+    for args, kwargs in cases:
+        expect_value_error(library, *args, **kwargs)
+    for outcome, arguments in zip(_outcomes(student, name, cases, with_arguments=False), shown, strict=True):
+        if outcome[0] == "ok":
+            raise AssertionError(f"expected ValueError, nothing was raised\n  called with: {arguments}")
+        if not isinstance(outcome[1], ValueError):
+            raise AssertionError(f"expected ValueError, got {_kind(outcome[1])}: {outcome[1]}\n"
+                                 f"  called with: {arguments}") from outcome[1]
 
 
 def notebook_lines_run(function: Callable, *args: Any, **kwargs: Any) -> int:
@@ -335,20 +397,39 @@ def notebook_lines_run(function: Callable, *args: Any, **kwargs: Any) -> int:
             count += 1
         return trace
 
+    if _is_graders_stand_in(function):
+        return function.probe(lambda own: notebook_lines_run(own, *args, **kwargs))
     previous = sys.gettrace()
     sys.settrace(trace)
     try:
         function(*args, **kwargs)
+        tampered = sys.gettrace() is not trace
     finally:
         sys.settrace(previous)
+    if tampered:
+        raise AssertionError("the function changed the line tracer the grader counts with (sys.settrace)")
     return count
 
 
 def assert_no_python_loop_over_tokens(student: Callable, name: str, make_input: Callable[[int], Any]) -> None:
     """The student's function runs about as many lines of Python for 128 tokens as for 8 (a loop over tokens
     would run 16 to 256 times more): `make_input(length)` builds the positional arguments for one length."""
-    with library_blocked(name):
+    with contextlib.nullcontext() if _is_graders_stand_in(student) else library_blocked(name):
         short, long = (notebook_lines_run(student, *make_input(length)) for length in (8, 128))
     if long > 2 * short + 20:
         raise AssertionError(f"{name} runs {short} lines of Python for 8 tokens and {long} for 128: a Python loop over "
                              "tokens? Use tensor operations (broadcasting) instead")
+
+
+def in_student_process(student: Callable, work: Callable[[Callable], Any]) -> Any:
+    """work(student's function) where the student's function runs, with the library's counterpart switched off;
+    work's return value must be data (numbers, tensors, lists, dicts).
+
+    For a check that needs the function's result beyond its value: a backward pass through it, what autograd keeps
+    for it, the lines it runs. In the grader the student's function runs in a process of its own, and `work` runs
+    there beside it; in your notebook it simply runs here.
+    """
+    if _is_graders_stand_in(student):
+        return student.probe(work)
+    with library_blocked(student.__name__) if student.__name__ in _ORIGINALS else contextlib.nullcontext():
+        return work(student)

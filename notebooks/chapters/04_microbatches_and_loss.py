@@ -416,14 +416,24 @@ for _t_kwargs, _t_what, _t_want in (({}, "", 4.0),
 # Seed 003 §14.7: four microbatches of 96, 112, 180 and 355 tokens. The gradient of the summed loss with respect
 # to each token loss is that token's weight; local token means distort it by N / (K n_k), the global count does not.
 _t_counts = [96, 112, 180, 355]
-_t_parts = [torch.rand(1, count, generator=torch.Generator().manual_seed(count)).requires_grad_() for count in _t_counts]
-_t_ones = [torch.ones(1, count, dtype=torch.bool) for count in _t_counts]
-_t_local = sum(aggregate_loss(p, m) / len(_t_parts) for p, m in zip(_t_parts, _t_ones, strict=True))
-_t_global = sum(aggregate_loss(p, m, mode="constant", norm_const=sum(_t_counts)) for p, m in zip(_t_parts, _t_ones, strict=True))
-assert _t_local.requires_grad and _t_global.requires_grad, (
+
+
+def _t_token_weights(aggregate):
+    """d(summed loss) / d(token loss) per microbatch, under local token means / 4 and under the global count."""
+    parts = [torch.rand(1, count, generator=torch.Generator().manual_seed(count)).requires_grad_() for count in _t_counts]
+    ones = [torch.ones(1, count, dtype=torch.bool) for count in _t_counts]
+    local = sum(aggregate(p, m) / len(parts) for p, m in zip(parts, ones, strict=True))
+    global_ = sum(aggregate(p, m, mode="constant", norm_const=sum(_t_counts)) for p, m in zip(parts, ones, strict=True))
+    if not (local.requires_grad and global_.requires_grad):
+        return None
+    return [[w[0, 0].item() for w in torch.autograd.grad(total, parts)] for total in (local, global_)]
+
+
+# The gradient runs where your function runs (in the grader: a process of its own); only the numbers come back.
+_t_weights = in_student_process(aggregate_loss, _t_token_weights)
+assert _t_weights is not None, (
     "aggregate_loss must keep the autograd graph: its result needs a gradient with respect to token_losses")
-_t_local_weights = [w[0, 0].item() for w in torch.autograd.grad(_t_local, _t_parts)]
-_t_global_weights = [w[0, 0].item() for w in torch.autograd.grad(_t_global, _t_parts)]
+_t_local_weights, _t_global_weights = _t_weights
 _t_ratios = [round(a / b, 2) for a, b in zip(_t_local_weights, _t_global_weights, strict=True)]
 assert _t_ratios == [1.93, 1.66, 1.03, 0.52], (
     f"token weight under local token means / 4, relative to the global sum / N, per microbatch of 96, 112, 180, "
@@ -482,12 +492,19 @@ _t_cases += [((torch.rand(2, 3, generator=_t_generator, dtype=torch.float64), to
 grading.assert_matches_reference(aggregate_loss, "aggregate_loss", _t_cases, rtol=1e-5, atol=1e-6)
 # ... and that 0 keeps the graph: an accumulation loop calls backward on it (a zero gradient, not an error).
 _t_leaf = torch.rand(2, 3, generator=_t_generator).requires_grad_()
-with grading.library_blocked("aggregate_loss"):
-    _t_empty = aggregate_loss(_t_leaf, torch.zeros(2, 3, dtype=torch.bool), mode="constant", norm_const=5)
-assert isinstance(_t_empty, torch.Tensor) and _t_empty.requires_grad, (
+
+
+def _t_empty_loss_and_grad(aggregate):
+    empty = aggregate(_t_leaf, torch.zeros(2, 3, dtype=torch.bool), mode="constant", norm_const=5)
+    if not (isinstance(empty, torch.Tensor) and empty.requires_grad):
+        return empty, None
+    return empty.detach(), torch.autograd.grad(empty, _t_leaf, allow_unused=True)[0]
+
+
+_t_empty, _t_empty_grad = grading.in_student_process(aggregate_loss, _t_empty_loss_and_grad)
+assert _t_empty_grad is not None or (isinstance(_t_empty, torch.Tensor) and _t_empty.requires_grad), (
     "aggregate_loss(losses that require grad, a mask that selects no token, mode='constant', norm_const=5) returned "
     f"{_t_empty!r}, expected a 0 that keeps the autograd graph (backward on it must give a zero gradient)")
-_t_empty_grad = torch.autograd.grad(_t_empty, _t_leaf, allow_unused=True)[0]
 assert _t_empty_grad is None or not bool(_t_empty_grad.any()), (
     f"aggregate_loss over a mask that selects no token gives the losses a gradient {_t_empty_grad}, expected 0")
 _t_mask = torch.tensor([[1, 0, 1, 1], [0, 0, 1, 0], [1, 1, 1, 0]], dtype=torch.bool)

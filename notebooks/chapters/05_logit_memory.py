@@ -204,23 +204,38 @@ assert isinstance(_t_empty, torch.Tensor) and tuple(_t_empty.shape) == (2, 0) an
     f"checkpointed_log_probs with T = 0 (hidden [2, 0, 32] fp64) returned {_t_what}, expected a tensor of shape "
     f"(2, 0), torch.float64")
 _t_full.sum().backward()
-_t_full_grads, _t_hidden.grad, _t_weight.grad = (_t_hidden.grad, _t_weight.grad), None, None
-_t_mine.sum().backward()
-assert _t_hidden.grad is not None and _t_weight.grad is not None, "no gradient reaches hidden or weight"
-for _t_name, _t_grad, _t_want in (("hidden", _t_hidden.grad, _t_full_grads[0]), ("weight", _t_weight.grad, _t_full_grads[1])):
-    assert torch.allclose(_t_grad, _t_want), (
-        f"{_t_shown}: the gradient with respect to {_t_name} differs from the full path's by up to "
-        f"{(_t_grad - _t_want).abs().max().item():.2e}")
-# A trainer may ask torch.autograd.grad for the gradients of chosen inputs instead of calling .backward().
-try:
-    _t_grads = torch.autograd.grad(checkpointed_log_probs(_t_hidden, _t_weight, _t_ids, 64).sum(), (_t_hidden, _t_weight))
-except RuntimeError as _t_error:
-    raise AssertionError(f"torch.autograd.grad through {_t_shown} raised {_t_error!r}; the reentrant checkpoint only "
-                         f"supports .backward(): pass use_reentrant=False") from _t_error
-assert all(torch.allclose(_t_grad, _t_want) for _t_grad, _t_want in zip(_t_grads, _t_full_grads, strict=True)), (
+_t_full_grads = (_t_hidden.grad, _t_weight.grad)
+
+
+def _t_gradients(log_probs):
+    """Gradients of the summed log-probs with respect to (hidden, weight): by .backward(), then by autograd.grad (as
+    a trainer computing the gradients of chosen inputs does), or why there are none."""
+    hidden, weight = _t_hidden.detach().clone().requires_grad_(), _t_weight.detach().clone().requires_grad_()
+    values = log_probs(hidden, weight, _t_ids, chunk_size=64)
+    if not values.requires_grad:
+        return "no gradient reaches hidden or weight"
+    values.sum().backward()
+    by_backward = (hidden.grad, weight.grad)
+    try:
+        by_grad = torch.autograd.grad(log_probs(hidden, weight, _t_ids, 64).sum(), (hidden, weight))
+    except RuntimeError as error:
+        return (f"torch.autograd.grad through {_t_shown} raised {error!r}; the reentrant checkpoint only supports "
+                f".backward(): pass use_reentrant=False")
+    return by_backward, by_grad
+
+
+# Backward runs where your function runs (in the grader: a process of its own); only the gradients come back.
+_t_grads = in_student_process(checkpointed_log_probs, _t_gradients)
+assert not isinstance(_t_grads, str), _t_grads
+for _t_name, _t_grad, _t_want in zip(("hidden", "weight"), _t_grads[0], _t_full_grads, strict=True):
+    assert _t_grad is not None and torch.allclose(_t_grad, _t_want), (
+        f"{_t_shown}: the gradient with respect to {_t_name} differs from the full path's"
+        + ("" if _t_grad is None else f" by up to {(_t_grad - _t_want).abs().max().item():.2e}"))
+assert all(torch.allclose(_t_grad, _t_want) for _t_grad, _t_want in zip(_t_grads[1], _t_full_grads, strict=True)), (
     f"torch.autograd.grad through {_t_shown} gives other gradients than .backward() on the full path")
 _t_chunked_kept = saved_tensor_bytes(lambda h, w, i: chunked_log_probs(h, w, i, 64), _t_hidden, _t_weight, _t_ids)
-_t_my_kept = saved_tensor_bytes(lambda h, w, i: checkpointed_log_probs(h, w, i, 64), _t_hidden, _t_weight, _t_ids)
+_t_my_kept = in_student_process(checkpointed_log_probs, lambda log_probs: saved_tensor_bytes(
+    lambda h, w, i: log_probs(h, w, i, 64), _t_hidden, _t_weight, _t_ids))
 assert _t_chunked_kept >= 8 * 2 * 300 * 1000                  # every chunk's fp64 log-softmax: [2, 300, 1000]
 assert _t_my_kept < _t_chunked_kept / 10, (
     f"{_t_shown}: autograd keeps {_t_my_kept:,} bytes for backward, chunking alone {_t_chunked_kept:,}; expected less "
@@ -278,16 +293,16 @@ for _t_k, (_t_batch, _t_tokens, _t_width, _t_vocab, _t_chunk) in enumerate([(1, 
                                                                             (3, 10, 5, 7, 10), (2, 9, 3, 13, 1)]):
     _t_args = _t_head(_t_batch, _t_tokens, _t_width, _t_vocab, seed=40 + _t_k)
     _t_expected = _t_values_and_grads(_t_reference, *_t_args, _t_chunk, seed=_t_k)
-    with grading.library_blocked("checkpointed_log_probs"):
-        _t_got = _t_values_and_grads(checkpointed_log_probs, *_t_args, _t_chunk, seed=_t_k)
+    _t_got = grading.in_student_process(checkpointed_log_probs, lambda fn: _t_values_and_grads(
+        fn, *_t_args, _t_chunk, seed=_t_k))  # noqa: B023 - called at once
     grading.assert_same(_t_got, _t_expected, rtol=1e-7, atol=1e-9, path=f"[values, hidden.grad, weight.grad] (case {_t_k})")
 # torch.autograd.grad (as a trainer computing gradients of chosen inputs does) must work too: the reentrant
 # checkpoint (use_reentrant=True) only supports .backward().
 _t_args = _t_head(2, 11, 4, 9, seed=50)
 _t_expected = torch.autograd.grad(_t_reference(*_t_args, 4).sum(), _t_args[:2])
-with grading.library_blocked("checkpointed_log_probs"):
-    _t_got = torch.autograd.grad(checkpointed_log_probs(*_t_args, 4).sum(), _t_args[:2])
-grading.assert_same(list(_t_got), list(_t_expected), rtol=1e-7, atol=1e-9, path="autograd.grad of (hidden, weight)")
+_t_got = grading.in_student_process(checkpointed_log_probs, lambda fn: list(torch.autograd.grad(
+    fn(*_t_args, 4).sum(), _t_args[:2])))
+grading.assert_same(_t_got, list(_t_expected), rtol=1e-7, atol=1e-9, path="autograd.grad of (hidden, weight)")
 
 
 # Recompute: what autograd keeps is far below chunking alone. Chunking: no tensor near the full [B, T, V] logits,
@@ -308,17 +323,20 @@ class _t_Largest(TorchDispatchMode):
 
 def _t_largest_tensor(*args, **kwargs):
     """The most elements of any tensor made while the student's function runs forward and backward."""
-    with grading.library_blocked("checkpointed_log_probs"), _t_Largest() as probe:
-        checkpointed_log_probs(*args, **kwargs).sum().backward()
-    return probe.numel
+    def largest(log_probs):
+        with _t_Largest() as probe:
+            log_probs(*args, **kwargs).sum().backward()
+        return probe.numel
+
+    return grading.in_student_process(checkpointed_log_probs, largest)
 
 
 _t_hidden, _t_weight, _t_ids = _t_head(1, 2048, 16, 512, seed=60, dtype=torch.float32)
 for _t_tokens in (512, 2048):
     _t_args = (_t_hidden[:, :_t_tokens], _t_weight, _t_ids[:, :_t_tokens])
     _t_chunked_kept = saved_tensor_bytes(lambda h, w, i: chunked_log_probs(h, w, i, 128), *_t_args)
-    with grading.library_blocked("checkpointed_log_probs"):
-        _t_kept = saved_tensor_bytes(lambda h, w, i: checkpointed_log_probs(h, w, i, 128), *_t_args)
+    _t_kept = grading.in_student_process(checkpointed_log_probs, lambda fn: saved_tensor_bytes(
+        lambda h, w, i: fn(h, w, i, 128), *_t_args))  # noqa: B023 - called at once
     assert _t_kept < _t_chunked_kept / 10, (
         f"T = {_t_tokens}: autograd keeps {_t_kept} bytes, chunking alone keeps {_t_chunked_kept}: is each chunk recomputed?")
 # (tokens, width, vocab, chunk_size or None for the default 1024): many small chunks, and the default. The width is
@@ -335,10 +353,17 @@ for _t_tokens, _t_width, _t_vocab, _t_chunk in [(2048, 16, 512, 128), (2048, 4, 
 _t_plain = _t_head(2, 12, 4, 10, seed=70, dtype=torch.float32)
 _t_plain = tuple(tensor.detach() for tensor in _t_plain)
 _t_before = [tensor.clone() for tensor in _t_plain]
-with grading.library_blocked("checkpointed_log_probs"):
-    checkpointed_log_probs(*_t_plain, chunk_size=5)
-assert not _t_plain[0].requires_grad and not _t_plain[1].requires_grad, "the function turned on requires_grad of an input"
-grading.assert_same(list(_t_plain), _t_before, path="inputs after the call")
+
+
+def _t_inputs_after(log_probs):
+    inputs = [tensor.clone() for tensor in _t_plain]
+    log_probs(*inputs, chunk_size=5)
+    return [tensor.requires_grad for tensor in inputs], [tensor.detach() for tensor in inputs]
+
+
+_t_flags, _t_after = grading.in_student_process(checkpointed_log_probs, _t_inputs_after)
+assert not _t_flags[0] and not _t_flags[1], "the function turned on requires_grad of an input"
+grading.assert_same(_t_after, _t_before, path="inputs after the call")
 
 _t_ok = _t_head(2, 8, 4, 10, seed=0, dtype=torch.float32)
 grading.assert_rejects(checkpointed_log_probs, "checkpointed_log_probs", [

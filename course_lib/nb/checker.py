@@ -1,0 +1,909 @@
+"""Hidden tests in a process of their own: the student's functions answer from forked children, in data only.
+
+A grade is trustworthy only if no student code can change the verdict. Student code that shares an interpreter
+with the checks can switch them off (rebind `grading.assert_same`, patch `torch.allclose`, ...), so the checks
+run here and the student's code never does:
+
+1. the chapter's setup cells (the course's own, locked code) run in this process;
+2. the TODO cells are compiled, not run: `student_module` keeps their imports, definitions and assignments to
+   plain names; any other top-level statement (one that patches a module, prints, loops) is dropped;
+3. each TODO function's name is bound to a `StudentFunction`. Calling it forks a child of this process; the child
+   switches the library's counterpart off, runs the compiled TODO code, calls the student's function and sends
+   back the result, or the exception it raised, as data (`encode` -> torch.save -> torch.load(weights_only=True)
+   -> `decode`; never a pickle of a student object). The child ends with the call; what it patched dies with it;
+4. the graded test cells (visible and hidden tests) run here, on those results.
+
+A check that needs the student's function inside its own process (a backward pass through the result, a memory
+or line probe) hands it a probe (`StudentFunction.probe`): the probe runs in the child beside the call and
+returns data, which the check judges here.
+
+    >>> fn = StudentFunction(StudentCode({}, {"todo": "def double(x):\\n    return 2 * x\\n"}), "double")
+    >>> fn(21)
+    42
+
+The process that runs this module (`python -m course_lib.nb.checker`, inside the grading sandbox) reads a job
+(setup sources, TODO sources, test cells) as JSON on stdin and writes one JSON line per cell on a file descriptor
+that no child keeps; it makes itself undumpable, so a child (same user) cannot read or write its memory.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import functools
+import io
+import json
+import os
+import select
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+MAX_RESULT_BYTES = 256 * 2**20  # what one call may send back
+MAX_DEPTH = 48
+MAX_NODES = 2_000_000
+MAX_TEXT = 2_000  # an exception message or an object's repr, as sent back
+CALL_TIMEOUT_S = 60.0
+
+# Builtin exception types a student's exception comes back as (the first of its bases found here): tests catch
+# ValueError, TypeError, ...; a student's own subclass of ValueError is still a ValueError to them.
+EXCEPTIONS = {cls.__name__: cls for cls in (
+    ValueError, TypeError, KeyError, IndexError, LookupError, AssertionError, NotImplementedError, RecursionError,
+    RuntimeError, ZeroDivisionError, OverflowError, ArithmeticError, AttributeError, NameError, ImportError,
+    MemoryError, OSError, StopIteration, Exception)}
+
+
+class UnreadableResult(AssertionError):
+    """What came back from the student's process is not data this module wrote."""
+
+
+class StudentProcessEnded(AssertionError):
+    """The student's call did not come back: it ran past its time, or its process ended without an answer."""
+
+
+# ---------------------------------------------------------------------------------------------------- the data form
+@dataclass(frozen=True)
+class Opaque:
+    """An object that is not data (a model, a student's own class): its type and repr, equal to nothing else."""
+
+    type_name: str
+    text: str
+
+    def __eq__(self, other: object) -> bool:
+        return False
+
+    def __ne__(self, other: object) -> bool:
+        return True
+
+    __hash__ = object.__hash__
+
+    def __repr__(self) -> str:
+        return f"<{self.type_name} {self.text}>"
+
+
+def _type_name(value: Any) -> str:
+    kind = type(value)
+    return f"{getattr(kind, '__module__', '?')}.{getattr(kind, '__qualname__', kind.__name__)}"
+
+
+def _short_repr(value: Any) -> str:
+    try:
+        text = repr(value)
+    except Exception as error:  # noqa: BLE001 - a student's __repr__ may raise anything
+        text = f"<repr raised {type(error).__name__}>"
+    return text if isinstance(text, str) and len(text) <= MAX_TEXT else str(text)[:MAX_TEXT] + "..."
+
+
+def encode(value: Any, _state: list[int] | None = None, _depth: int = 0) -> Any:
+    """A value as a tree that torch.save writes and torch.load(weights_only=True) reads back.
+
+    Leaves: None, bool, int, float, str, bytes of exactly those types (a numpy int64, an int subclass or a str
+    with its own __eq__ is not one). Every other node is a tuple (tag, ...): list, tuple, namedtuple, dict, set,
+    frozenset, tensor (detached copy, requires_grad kept), ndarray, numpy scalar, dtype, device, torch.Size, or
+    object (type name and repr only).
+    """
+    state = [0] if _state is None else _state
+    state[0] += 1
+    if state[0] > MAX_NODES or _depth > MAX_DEPTH:
+        raise ValueError("the result is too large or too deeply nested to send back")
+    exact = type(value)
+    if value is None or exact in (bool, int, float, str, bytes):
+        return value
+    if exact in (list, tuple, set, frozenset):
+        return (exact.__name__, [encode(item, state, _depth + 1) for item in value])
+    if exact is dict or isinstance(value, Mapping) and type(value).__module__ in ("collections", "builtins"):
+        return ("dict", [[encode(key, state, _depth + 1), encode(item, state, _depth + 1)]
+                         for key, item in value.items()])
+    return _encode_special(value, state, _depth)
+
+
+def _encode_special(value: Any, state: list[int], depth: int) -> Any:
+    import numpy as np
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return _encode_tensor(value)
+    if isinstance(value, torch.Size):
+        return ("size", [int(n) for n in value])
+    if isinstance(value, torch.dtype):
+        return ("dtype", str(value).removeprefix("torch."))
+    if isinstance(value, torch.device):
+        return ("device", str(value))
+    if type(value) is np.ndarray:
+        return ("ndarray", value.dtype.str, encode(value.tolist(), state, depth + 1), list(value.shape))
+    if isinstance(value, np.generic) and type(value).__module__ == "numpy":
+        return ("npscalar", value.dtype.str, encode(value.item(), state, depth + 1))
+    if isinstance(value, tuple) and isinstance(getattr(type(value), "_fields", None), tuple):
+        fields = [str(name) for name in type(value)._fields]
+        return ("namedtuple", type(value).__name__, fields, [encode(item, state, depth + 1) for item in value])
+    return ("object", _type_name(value), _short_repr(value))
+
+
+def _encode_tensor(value: Any) -> tuple:
+    import torch
+
+    requires_grad = bool(value.requires_grad)
+    plain = value.detach()
+    if type(plain) is not torch.Tensor:
+        plain = plain.as_subclass(torch.Tensor)
+    if plain.is_meta:
+        return ("meta_tensor", list(plain.shape), str(plain.dtype).removeprefix("torch."), requires_grad)
+    if plain.layout != torch.strided:
+        plain = plain.to_dense()
+    return ("tensor", plain.cpu().clone(), requires_grad)
+
+
+def decode(node: Any, _depth: int = 0) -> Any:
+    """The value `encode` described, rebuilt from plain parts; anything else raises UnreadableResult."""
+    if _depth > MAX_DEPTH + 2:
+        raise UnreadableResult("the result is nested too deeply")
+    if node is None or type(node) in (bool, int, float, str, bytes):
+        return node
+    if type(node) is not tuple or not node or type(node[0]) is not str:
+        raise UnreadableResult(f"unexpected node {type(node).__name__}")
+    tag, parts = node[0], node[1:]
+    try:
+        return _DECODERS[tag](parts, _depth + 1)
+    except KeyError:
+        raise UnreadableResult(f"unknown tag {tag!r:.40}") from None
+    except (TypeError, ValueError, IndexError, RuntimeError, AttributeError) as error:
+        raise UnreadableResult(f"malformed {tag!r:.40} node: {error}"[:200]) from None
+
+
+def _items(parts: tuple, depth: int) -> list:
+    (items,) = parts
+    if type(items) is not list:
+        raise TypeError("expected a list")
+    return [decode(item, depth) for item in items]
+
+
+def _decode_dict(parts: tuple, depth: int) -> dict:
+    (pairs,) = parts
+    if type(pairs) is not list or not all(type(pair) is list and len(pair) == 2 for pair in pairs):
+        raise TypeError("expected [key, value] pairs")
+    return {decode(key, depth): decode(value, depth) for key, value in pairs}
+
+
+def _decode_tensor(parts: tuple, depth: int) -> Any:
+    import torch
+
+    tensor, requires_grad = parts
+    if type(tensor) is not torch.Tensor or type(requires_grad) is not bool:
+        raise TypeError("expected a tensor and a flag")
+    return tensor.requires_grad_(requires_grad) if requires_grad and tensor.is_floating_point() else tensor
+
+
+def _decode_meta(parts: tuple, depth: int) -> Any:
+    import torch
+
+    shape, dtype, requires_grad = parts
+    tensor = torch.empty([int(n) for n in shape], dtype=_dtype(dtype), device="meta")
+    return tensor.requires_grad_(bool(requires_grad)) if requires_grad else tensor
+
+
+def _dtype(name: Any) -> Any:
+    import torch
+
+    dtype = getattr(torch, str(name), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"not a dtype: {name!r:.40}")
+    return dtype
+
+
+def _decode_ndarray(parts: tuple, depth: int) -> Any:
+    import numpy as np
+
+    dtype, values, shape = parts
+    return np.asarray(decode(values, depth), dtype=np.dtype(str(dtype))).reshape([int(n) for n in shape])
+
+
+def _decode_npscalar(parts: tuple, depth: int) -> Any:
+    import numpy as np
+
+    dtype, value = parts
+    return np.dtype(str(dtype)).type(decode(value, depth))
+
+
+@functools.lru_cache(maxsize=256)
+def _namedtuple_class(name: str, fields: tuple[str, ...]) -> type:
+    from collections import namedtuple
+
+    return namedtuple(name, fields)  # noqa: PYI024 - rebuilt from the child's description
+
+
+def _decode_namedtuple(parts: tuple, depth: int) -> Any:
+    name, fields, items = parts
+    return _namedtuple_class(str(name), tuple(str(f) for f in fields))(*_items((items,), depth))
+
+
+_DECODERS: dict[str, Callable[[tuple, int], Any]] = {
+    "list": _items,
+    "tuple": lambda parts, depth: tuple(_items(parts, depth)),
+    "set": lambda parts, depth: set(_items(parts, depth)),
+    "frozenset": lambda parts, depth: frozenset(_items(parts, depth)),
+    "dict": _decode_dict,
+    "tensor": _decode_tensor,
+    "meta_tensor": _decode_meta,
+    "size": lambda parts, depth: __import__("torch").Size([int(n) for n in parts[0]]),
+    "dtype": lambda parts, depth: _dtype(parts[0]),
+    "device": lambda parts, depth: __import__("torch").device(str(parts[0])),
+    "ndarray": _decode_ndarray,
+    "npscalar": _decode_npscalar,
+    "namedtuple": _decode_namedtuple,
+    "object": lambda parts, depth: Opaque(str(parts[0])[:200], str(parts[1])[:MAX_TEXT]),
+}
+
+
+def dump(value: Any) -> bytes:
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    return buffer.getvalue()
+
+
+def load(data: bytes) -> Any:
+    """torch.load of bytes from the student's process: weights_only, so no code of theirs runs here."""
+    import torch
+
+    try:
+        return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+    except Exception as error:  # noqa: BLE001 - whatever the unpickler refuses is an unreadable answer
+        raise UnreadableResult("the student's process sent back something that is not data "
+                               f"({type(error).__name__})") from None
+
+
+def describe_exception(error: BaseException) -> tuple:
+    """('raised', builtin base name, the exception's own type name, its message): how an exception travels."""
+    base = next((kind.__name__ for kind in type(error).__mro__ if EXCEPTIONS.get(kind.__name__) is kind), "Exception")
+    try:
+        message = str(error)
+    except Exception:  # noqa: BLE001 - a student's __str__ may raise
+        message = "<the exception's message could not be read>"
+    return ("raised", base, _type_name(error).removeprefix("builtins."), message[:MAX_TEXT])
+
+
+def rebuild_exception(parts: tuple) -> BaseException:
+    """The exception a call raised, as its builtin base type with the same message (`describe_exception`)."""
+    base, type_name, message = (str(part) for part in parts)
+    kind = EXCEPTIONS.get(base, Exception)
+    error = kind(message)
+    error.student_type = type_name  # type: ignore[attr-defined]
+    return error
+
+
+# ---------------------------------------------------------------------------------------------- the student's code
+def _kept(statement: ast.stmt) -> bool:
+    """Imports, function and class definitions, and assignments to plain names; nothing else runs."""
+    if isinstance(statement, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return True
+    if isinstance(statement, ast.Assign):
+        return all(isinstance(target, ast.Name) for target in statement.targets)
+    return isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name) and statement.simple == 1
+
+
+def student_module(sources: Mapping[str, str]) -> tuple[Any, list[str]]:
+    """The TODO cells' kept statements as one code object, and notes on what was left out.
+
+    A cell that does not parse contributes nothing (its function is then missing, and the tests say so).
+    """
+    body: list[ast.stmt] = []
+    notes = []
+    for label, source in sources.items():
+        try:
+            tree = ast.parse(_without_magics(source), filename=f"<{label}>")
+        except SyntaxError as error:
+            notes.append(f"{label}: the cell does not parse ({error.msg}, line {error.lineno}); nothing of it ran")
+            continue
+        dropped = [statement.lineno for statement in tree.body if not _kept(statement)]
+        if dropped:
+            notes.append(f"{label}: the grader ran only the imports, definitions and name assignments of this cell "
+                         f"(left out: the statements on lines {', '.join(map(str, dropped[:8]))})")
+        body += [statement for statement in tree.body if _kept(statement)]
+    module = ast.Module(body=body, type_ignores=[])
+    return compile(module, "<your TODO cells>", "exec", dont_inherit=True), notes
+
+
+def _without_magics(source: str) -> str:
+    """IPython's `%magic` and `!shell` lines blanked (they are not Python; the grader does not run them)."""
+    return "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in source.split("\n"))
+
+
+def defined_functions(sources: Mapping[str, str]) -> list[str]:
+    """Top-level function names of the (instructor's) TODO cells: the names the tests call."""
+    names = []
+    for source in sources.values():
+        tree = ast.parse(_without_magics(source))
+        names += [node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    return names
+
+
+# ------------------------------------------------------------------------------------------------- the child calls
+def _close_inherited(keep: tuple[int, ...]) -> None:
+    """Standard streams to /dev/null and every other descriptor closed but `keep`: nothing the checker writes
+    to (its verdict channel, the sandbox's pipes) stays open in the student's process."""
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    top = min(int(os.sysconf("SC_OPEN_MAX")), 1 << 16)
+    start = 3
+    for fd in sorted(keep):
+        os.closerange(start, fd)
+        start = fd + 1
+    os.closerange(start, top)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def run_in_child(work: Callable[[], Any], timeout_s: float, keep: int | None = None) -> Any:
+    """work() in a forked child; its encoded return value decoded here, or its exception raised again here.
+
+    The child's own descendants are killed when it ends (all of this sandbox's processes but this one, when this
+    process is the sandbox's first; else the child's process group), except the process `keep`.
+    """
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        status = 0
+        try:
+            os.close(read_fd)
+            os.setpgid(0, 0)
+            _close_inherited(keep=(write_fd,))
+            try:
+                payload = ("ok", encode(work()))
+            except BaseException as error:  # noqa: BLE001 - whatever the student's code raised travels as data
+                payload = describe_exception(error)
+            _write_all(write_fd, dump(payload))
+        except BaseException:  # noqa: BLE001 - an answer that cannot be written is no answer
+            status = 3
+        finally:
+            os._exit(status)
+    os.close(write_fd)
+    try:
+        data, ending = _collect(pid, read_fd, timeout_s)
+    finally:
+        os.close(read_fd)
+        _end_child(pid, keep)
+    if data is None:
+        raise StudentProcessEnded(ending)
+    payload = load(data)
+    if type(payload) is not tuple or not payload or payload[0] not in ("ok", "raised"):
+        raise UnreadableResult("the student's process sent back an answer of an unknown form")
+    if payload[0] == "raised":
+        if len(payload) != 4:
+            raise UnreadableResult("the student's process sent back a malformed exception")
+        raise rebuild_exception(payload[1:])
+    if len(payload) != 2:
+        raise UnreadableResult("the student's process sent back a malformed answer")
+    return decode(payload[1])
+
+
+def _collect(pid: int, read_fd: int, timeout_s: float) -> tuple[bytes | None, str]:
+    """Read the child's answer until it closes the pipe; (None, why) when it runs out of time or says nothing."""
+    deadline = time.monotonic() + timeout_s
+    chunks, size = [], 0
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None, f"the call ran past {timeout_s:g} s and was stopped"
+        ready, _, _ = select.select([read_fd], [], [], min(left, 1.0))
+        if not ready:
+            continue
+        chunk = os.read(read_fd, 1 << 20)
+        if not chunk:
+            break
+        size += len(chunk)
+        if size > MAX_RESULT_BYTES:
+            return None, f"the call sent back more than {MAX_RESULT_BYTES >> 20} MB"
+        chunks.append(chunk)
+    _, status = os.waitpid(pid, 0)
+    if chunks and os.waitstatus_to_exitcode(status) == 0:
+        return b"".join(chunks), ""
+    code = os.waitstatus_to_exitcode(status)
+    how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
+    return None, f"the process running the call {how} before it answered (os._exit, a crash, or out of memory?)"
+
+
+def _end_child(pid: int, keep: int | None = None) -> None:
+    """Kill the child and whatever it started; reap them."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError, ChildProcessError):
+        os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
+    if os.getpid() == 1:
+        kill_all_others(keep)
+
+
+def kill_all_others(keep: int | None = None) -> None:
+    """As a PID namespace's first process: kill every other process in it (what student code left running, even
+    in a session of its own) and reap them. No process of the grader's but this one lives in the namespace."""
+    for _ in range(50):
+        others = [int(name) for name in os.listdir("/proc") if name.isdigit() and int(name) not in (1, keep)]
+        for other in others:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(other, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(-1, os.WNOHANG)[0] > 0:
+                pass
+        if not others:
+            return
+        time.sleep(0.01)
+
+
+def answers_to(function: Callable, cases: list[tuple[tuple, dict]], with_arguments: bool) -> list[tuple]:
+    """In the student's process: every case's ("ok", result[, args after, kwargs after]) or its exception."""
+    answers: list[tuple] = []
+    for args, kwargs in cases:
+        try:
+            result = function(*args, **kwargs)
+        except Exception as error:  # noqa: BLE001 - travels as data; the checker judges it
+            answers.append(describe_exception(error))
+            continue
+        answers.append(("ok", result, list(args), dict(kwargs)) if with_arguments else ("ok", result))
+    return answers
+
+
+@dataclass
+class StudentCode:
+    """The TODO cells of one submission, compiled, and the processes that run them.
+
+    `namespace` is what the cells see (the setup cells' names); `names` are the TODO functions. Calls go to a
+    server process forked once (`_Server`: the cells run once there, as in a kernel); a check whose arguments
+    cannot be sent (a lambda, a tensor in an autograd graph) or that needs a probe runs in a child forked for it.
+    """
+
+    namespace: dict[str, Any]
+    sources: Mapping[str, str]
+    call_timeout_s: float = CALL_TIMEOUT_S
+    names: tuple[str, ...] = ()
+    code: Any = None
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0  # time spent waiting for the student's processes
+    server: Any = None
+
+    def __post_init__(self) -> None:
+        self.code, self.notes = student_module(self.sources)
+
+    def run(self, name: str, work: Callable[[Callable], Any]) -> Any:
+        """work(the student's `name`) in a child forked for it, with the library's `name` switched off there."""
+        started = time.monotonic()
+        try:
+            return run_in_child(lambda: work(self.function(self.student_namespace(), name)), self.call_timeout_s,
+                                keep=self.server.pid if self.server else None)
+        finally:
+            self.seconds += time.monotonic() - started
+
+    def answers(self, name: str, cases: list[tuple[tuple, dict]], with_arguments: bool) -> list:
+        """answers_to(the student's `name`, cases), from the server when the cases can be sent, else a child."""
+        started = time.monotonic()
+        try:
+            if self.server is None or not self.server.alive():
+                self.server = _Server(self)
+            answers = self.server.ask(name, cases, with_arguments, self.call_timeout_s)
+        finally:
+            self.seconds += time.monotonic() - started
+        if answers is None:  # not picklable: the arguments exist in a forked child already
+            answers = self.run(name, lambda function: answers_to(function, cases, with_arguments))
+        return answers
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+    def student_namespace(self) -> dict[str, Any]:
+        """In a student process: every TODO's library counterpart off first (so a copy the TODO code makes of it
+        is the tripwire too), then the TODO code in a copy of the setup names."""
+        from . import grading
+
+        for name in self.names:
+            if name in grading.BLOCKABLE:
+                grading.block_library(name)
+        namespace = dict(self.namespace)
+        namespace["__name__"] = "__main__"
+        exec(self.code, namespace)  # noqa: S102 - the student's code, in a student process only
+        return namespace
+
+    def function(self, namespace: dict[str, Any], name: str) -> Callable:
+        """The student's `name`, with the library's `name` off and the other TODOs' counterparts on (the student's
+        function may use them)."""
+        from . import grading
+
+        for other in self.names:
+            if other in grading.BLOCKABLE and other != name:
+                grading.unblock_library(other)
+        if name in grading.BLOCKABLE:
+            grading.block_library(name)
+        if name not in namespace:
+            raise NameError(f"{name} is not defined by your TODO cells (the grader runs only their imports, "
+                            "definitions and name assignments: is it defined there, and does the cell parse?)")
+        return namespace[name]
+
+
+class _Server:
+    """A child forked once that runs the TODO code and answers requests: (name, cases, with_arguments) pickled
+    here (the checker's own data; objects of the setup cells travel by name), answers as `encode`d data."""
+
+    def __init__(self, code: StudentCode):
+        self.code = code
+        self.setup_ids = {id(value): key for key, value in code.namespace.items() if _by_name(value)}
+        requests_read, self.requests = os.pipe()
+        self.answers, answers_write = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:
+            status = 0
+            try:
+                os.close(self.requests)
+                os.close(self.answers)
+                os.setpgid(0, 0)
+                _close_inherited(keep=(requests_read, answers_write))
+                self._serve(requests_read, answers_write)
+            except BaseException:  # noqa: BLE001 - the server ends; the checker sees its pipe close
+                status = 3
+            finally:
+                os._exit(status)
+        os.close(requests_read)
+        os.close(answers_write)
+
+    def alive(self) -> bool:
+        return self.pid is not None
+
+    def ask(self, name: str, cases: list, with_arguments: bool, timeout_s: float) -> list | None:
+        """The answers to one request; None when the cases cannot be pickled. A server that runs past `timeout_s`
+        or ends is stopped and StudentProcessEnded raised."""
+        try:
+            request = self._pickle((name, cases, with_arguments))
+        except Exception:  # noqa: BLE001 - whatever pickle refuses goes through a forked child instead
+            return None
+        deadline = time.monotonic() + timeout_s
+        try:
+            _send_frame(self.requests, request, deadline)
+            data = _receive_frame(self.answers, deadline)
+        except (TimeoutError, OSError, EOFError) as error:
+            self.stop()
+            raise StudentProcessEnded(_why_stopped(error, timeout_s)) from None
+        payload = load(data)
+        if type(payload) is tuple and len(payload) == 4 and payload[0] == "raised":
+            raise rebuild_exception(payload[1:])
+        if type(payload) is not tuple or len(payload) != 2 or payload[0] != "ok":
+            raise UnreadableResult("the student's process sent back an answer of an unknown form")
+        answers = decode(payload[1])
+        if type(answers) is not list or len(answers) != len(cases):
+            raise UnreadableResult("the student's process sent back a wrong number of answers")
+        return answers
+
+    def stop(self) -> None:
+        if self.pid is None:
+            return
+        for fd in (self.requests, self.answers):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        pid, self.pid = self.pid, None
+        _end_child(pid)
+
+    def _pickle(self, request: tuple) -> bytes:
+        import pickle
+
+        buffer = io.BytesIO()
+        pickler = pickle.Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL)
+        pickler.persistent_id = lambda value: self.setup_ids.get(id(value)) if _by_name(value) else None
+        pickler.dump(request)
+        return buffer.getvalue()
+
+    def _serve(self, requests: int, answers: int) -> None:
+        """In the server: the TODO code once, then one answer per request until the checker closes the pipe."""
+        import pickle
+
+        try:
+            namespace, failure = self.code.student_namespace(), None
+        except BaseException as error:  # noqa: BLE001 - a TODO cell that fails at definition time
+            namespace, failure = {}, describe_exception(error)
+        setup = self.code.namespace
+        while True:
+            try:
+                data = _receive_frame(requests, None)
+            except EOFError:
+                return
+            unpickler = pickle.Unpickler(io.BytesIO(data))
+            unpickler.persistent_load = lambda key: setup[key]
+            name, cases, with_arguments = unpickler.load()
+            try:
+                if failure:
+                    payload = failure
+                else:
+                    payload = ("ok", encode(answers_to(self.code.function(namespace, name), cases, with_arguments)))
+            except BaseException as error:  # noqa: BLE001 - travels as data
+                payload = describe_exception(error)
+            _send_frame(answers, dump(payload), None)
+
+
+def _by_name(value: Any) -> bool:
+    """Objects of the setup cells that travel to the server by name: not data (a tokenizer, a model, a config)."""
+    import numpy as np
+    import torch
+
+    plain = (type(None), bool, int, float, str, bytes, list, tuple, dict, set, frozenset, torch.Tensor, np.ndarray)
+    return not isinstance(value, plain) and not callable(value) or isinstance(value, torch.nn.Module)
+
+
+def _why_stopped(error: BaseException, timeout_s: float) -> str:
+    if isinstance(error, TimeoutError):
+        return f"the call ran past {timeout_s:g} s and was stopped"
+    return ("the process running your function ended before it answered (os._exit, a crash, a kill, or out of "
+            "memory?)")
+
+
+def _send_frame(fd: int, data: bytes, deadline: float | None) -> None:
+    view = memoryview(len(data).to_bytes(8, "big") + data)
+    while view:
+        if deadline is not None:
+            _wait(fd, deadline, write=True)
+        view = view[os.write(fd, view[:1 << 16]):]
+
+
+def _receive_frame(fd: int, deadline: float | None) -> bytes:
+    header = _receive_exactly(fd, 8, deadline)
+    size = int.from_bytes(header, "big")
+    if size > MAX_RESULT_BYTES:
+        raise OSError(f"an answer of {size} bytes")
+    return _receive_exactly(fd, size, deadline)
+
+
+def _receive_exactly(fd: int, size: int, deadline: float | None) -> bytes:
+    chunks, left = [], size
+    while left:
+        if deadline is not None:
+            _wait(fd, deadline, write=False)
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            raise EOFError("the pipe closed")
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def _wait(fd: int, deadline: float, *, write: bool) -> None:
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        ready = select.select([], [fd], [], min(left, 1.0))[1] if write else select.select([fd], [], [], min(left, 1.0))[0]
+        if ready:
+            return
+
+
+def _answer(answer: Any, with_arguments: bool) -> tuple:
+    """One case's answer as `outcomes` returns it, checked for its form."""
+    if type(answer) is tuple and len(answer) == 4 and answer[0] == "raised":
+        return ("raised", rebuild_exception(answer[1:]))
+    if type(answer) is tuple and answer and answer[0] == "ok" and len(answer) == (4 if with_arguments else 2):
+        if with_arguments and (type(answer[2]) is not list or type(answer[3]) is not dict):
+            raise UnreadableResult("the student's process sent back malformed arguments")
+        return answer
+    raise UnreadableResult("the student's process sent back an answer of an unknown form")
+
+
+class StudentFunction:
+    """Stands for the student's function `name` in the checker: a call runs it in a child and returns data."""
+
+    __module__ = "__main__"
+
+    def __init__(self, code: StudentCode, name: str):
+        self._code, self.__name__, self.__qualname__ = code, name, name
+
+    def call_and_arguments(self, args: tuple, kwargs: dict) -> tuple[Any, list, dict]:
+        """(result, the positional arguments, the keyword arguments) as they are after the call, in the child."""
+        def work(function: Callable) -> tuple:
+            result = function(*args, **kwargs)
+            return result, list(args), dict(kwargs)
+
+        return self._code.run(self.__name__, work)
+
+    def outcomes(self, cases: list[tuple[tuple, dict]], *, with_arguments: bool) -> list[tuple]:
+        """Every case's ("ok", result, args after, kwargs after) or ("raised", exception), from the student's
+        process."""
+        return [_answer(answer, with_arguments) for answer in self._code.answers(self.__name__, cases, with_arguments)]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        (answer,) = self.outcomes([(args, kwargs)], with_arguments=False)
+        if answer[0] == "raised":
+            raise answer[1]
+        return answer[1]
+
+    def probe(self, work: Callable[[Callable], Any]) -> Any:
+        """work(the student's real function), run in the child; its return value must be data."""
+        return self._code.run(self.__name__, work)
+
+    def ownership(self) -> dict[str, Any]:
+        """What the student's object is, as the child sees it (callable, module, the library's own object?)."""
+        from . import grading
+
+        library = grading.reference(self.__name__) if self.__name__ in grading._ORIGINALS else None
+
+        def work(function: Callable) -> dict[str, Any]:
+            return {"callable": callable(function), "type": type(function).__name__,
+                    "module": str(getattr(function, "__module__", None)),
+                    "library": library is not None and (function is library
+                                                        or getattr(function, "__wrapped__", None) is library)}
+
+        return self._code.run(self.__name__, work)
+
+    def __repr__(self) -> str:
+        return f"<your function {self.__name__}, run by the grader in a process of its own>"
+
+
+# ------------------------------------------------------------------------------------------------------ the checks
+@dataclass
+class CellVerdict:
+    grade_id: str
+    points: float
+    passed: bool
+    message: str = ""
+    seconds: float = 0.0
+    student_seconds: float = 0.0
+    needs_regrade: str = ""  # why the cell could not be judged through no fault of the student
+
+
+class CellBudgetExceeded(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    """CellBudgetExceeded in this (main) thread when the block runs past `seconds`."""
+    deadline = time.monotonic() + seconds
+
+    def expired(signum, frame):
+        if time.monotonic() >= deadline - 0.01:  # a SIGALRM that a student process sent early is ignored
+            raise CellBudgetExceeded
+        signal.setitimer(signal.ITIMER_REAL, max(deadline - time.monotonic(), 0.001))
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.001))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _last_line(error: BaseException) -> str:
+    text = traceback.format_exception_only(type(error), error)[-1].strip()
+    student_type = getattr(error, "student_type", None)
+    if student_type and student_type != type(error).__name__:
+        text = f"{student_type}: {text.split(': ', 1)[-1]}" if ": " in text else student_type
+    return text
+
+
+def run_setup(namespace: dict[str, Any], sources: list[str], timeout_s: float) -> str | None:
+    """The setup cells in `namespace`; None, or why they could not run (never the student's fault)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    for index, source in enumerate(sources):
+        try:
+            with time_limit(timeout_s), contextlib.redirect_stdout(io.StringIO()):
+                exec(compile(_without_magics(source), f"<setup-{index}>", "exec", dont_inherit=True), namespace)  # noqa: S102
+        except CellBudgetExceeded:
+            return f"setup cell {index} ran past {timeout_s:g} s (a loaded machine?)"
+        except Exception as error:  # noqa: BLE001 - the course's own cell failed: an instructor's problem
+            return f"setup cell {index} failed: {_last_line(error)}"
+    return None
+
+
+def check_cell(namespace: dict[str, Any], student: StudentCode, grade_id: str, points: float, source: str,
+               timeout_s: float) -> CellVerdict:
+    """One graded test cell, run here; the student's calls count against the same time limit."""
+    started, student_before = time.monotonic(), student.seconds
+    verdict = CellVerdict(grade_id, points, passed=False)
+    try:
+        with time_limit(timeout_s), contextlib.redirect_stdout(io.StringIO()):
+            exec(compile(source, f"<{grade_id}>", "exec", dont_inherit=True), namespace)  # noqa: S102
+        verdict.passed = True
+    except CellBudgetExceeded:
+        spent = student.seconds - student_before
+        if spent >= timeout_s / 2:
+            verdict.message = (f"CellTimeout: the cell ran past {timeout_s:g} s, {spent:.0f} s of them in your "
+                               "functions")
+        else:
+            verdict.message = f"the tests ran past {timeout_s:g} s, only {spent:.0f} s of them in your functions"
+            verdict.needs_regrade = f"{grade_id}: {verdict.message} (a loaded machine?)"
+    except Exception as error:  # noqa: BLE001 - any failure of a test cell loses its points
+        verdict.message = _last_line(error)
+    verdict.seconds = time.monotonic() - started
+    verdict.student_seconds = student.seconds - student_before
+    return verdict
+
+
+def run_checks(setup: list[str], solutions: Mapping[str, str], tests: list[tuple[str, float, str]], *,
+               names: list[str], cell_timeout_s: float = 60.0, call_timeout_s: float = CALL_TIMEOUT_S,
+               on_verdict: Callable[[CellVerdict], None] | None = None) -> tuple[str | None, list[CellVerdict]]:
+    """(setup problem or None, a verdict per test cell): the setup cells, then each test cell with the student's
+    TODO functions `names` bound to `StudentFunction`s."""
+    namespace: dict[str, Any] = {"__name__": "__main__"}
+    problem = run_setup(namespace, setup, cell_timeout_s)
+    if problem:
+        return problem, []
+    student = StudentCode(dict(namespace), solutions, call_timeout_s, tuple(names))
+    for name in names:
+        namespace[name] = StudentFunction(student, name)
+    verdicts = []
+    try:
+        for grade_id, points, source in tests:
+            verdict = check_cell(namespace, student, grade_id, points, source, cell_timeout_s)
+            verdicts.append(verdict)
+            if on_verdict:
+                on_verdict(verdict)
+    finally:
+        student.close()
+    return None, verdicts
+
+
+# ---------------------------------------------------------------------------------------------- the checker process
+def make_undumpable() -> None:
+    """PR_SET_DUMPABLE 0: processes of the same user (the student's children) can no longer read or write this
+    process's memory or open its descriptors through /proc. A no-op off Linux."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE = 4
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
+
+
+def main() -> int:
+    """Read a job (JSON) on stdin; write {"setup": ...} then one {"cell": ...} JSON line per test cell on the
+    original stdout, which only this process keeps (the cells' own prints go nowhere)."""
+    make_undumpable()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a student process's SIGINT must not interrupt a check
+    job = json.loads(sys.stdin.buffer.read().decode("utf-8"))
+    verdicts_fd = os.dup(1)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.set_inheritable(verdicts_fd, False)
+    out = os.fdopen(verdicts_fd, "w", encoding="utf-8", buffering=1)
+
+    def emit(verdict: CellVerdict) -> None:
+        out.write(json.dumps({"cell": verdict.__dict__}) + "\n")
+
+    problem, _ = run_checks(job["setup"], job["solutions"], [tuple(t) for t in job["tests"]], names=job["names"],
+                            cell_timeout_s=float(job["cell_timeout"]), call_timeout_s=float(job["call_timeout"]),
+                            on_verdict=emit)
+    out.write(json.dumps({"setup": problem}) + "\n")
+    out.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

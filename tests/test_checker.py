@@ -1,0 +1,209 @@
+"""The checker: student functions answer from processes of their own, in data only, and cannot change a verdict."""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import pickle
+import signal
+
+import numpy as np
+import pytest
+import torch
+
+from course_lib.nb import checker, grading
+
+
+def stand_in(source: str, name: str, namespace: dict | None = None, timeout_s: float = 20.0):
+    code = checker.StudentCode(dict(namespace or {}), {"todo": source}, timeout_s, (name,))
+    return checker.StudentFunction(code, name), code
+
+
+def run_cell(test_source: str, solution: str, names: list[str], cell_timeout_s: float = 20.0,
+             call_timeout_s: float = 10.0):
+    problem, verdicts = checker.run_checks(["import torch\nfrom course_lib.nb import grading"], {"todo": solution},
+                                           [("test", 1.0, test_source)], names=names,
+                                           cell_timeout_s=cell_timeout_s, call_timeout_s=call_timeout_s)
+    assert problem is None
+    return verdicts[0]
+
+
+@pytest.mark.parametrize("value", [
+    None, True, 3, -2**70, 2.5, float("inf"), "text", b"bytes", [1, [2, (3, 4)]], (), {"a": 1, 2: [3]}, {1, 2},
+    frozenset({"x"}), torch.arange(6).reshape(2, 3), torch.tensor([1.5], dtype=torch.bfloat16),
+    torch.ones(2, requires_grad=True), torch.Size([2, 3]), torch.float16, np.arange(4, dtype=np.int32),
+    np.int64(7), np.float32(0.5), np.array(["a", "bc"]),
+])
+def test_values_travel_as_data_with_their_types(value):
+    back = checker.decode(checker.load(checker.dump(checker.encode(value))))
+    assert type(back) is type(value)
+    if isinstance(value, torch.Tensor):
+        assert back.dtype == value.dtype and back.requires_grad == value.requires_grad
+        assert torch.equal(back.detach(), value.detach())
+    elif isinstance(value, np.ndarray):
+        assert back.dtype == value.dtype and np.array_equal(back, value)
+    elif isinstance(value, float) and math.isnan(value):
+        assert math.isnan(back)
+    else:
+        assert back == value
+
+
+def test_a_numpy_int_stays_a_numpy_int_and_fails_the_python_int_check():
+    back = checker.decode(checker.encode(np.int64(3)))
+    with pytest.raises(AssertionError, match="expected a Python int"):
+        grading.assert_same(back, 3)
+
+
+def test_objects_come_back_as_opaque_and_equal_nothing():
+    class Sneaky(int):
+        def __eq__(self, other):
+            return True
+
+    back = checker.decode(checker.encode(Sneaky(4)))
+    assert isinstance(back, checker.Opaque) and back != 4 and not (back == back)  # noqa: PLR0124
+    with pytest.raises(AssertionError):
+        grading.assert_same(back, 4)
+
+
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
+def test_what_the_student_process_sends_is_read_without_running_its_code():
+    class Boom:
+        def __reduce__(self):
+            return (os.system, ("echo pwned",))
+
+    buffer = io.BytesIO()
+    pickle.dump(("ok", Boom()), buffer)
+    with pytest.raises(checker.UnreadableResult):
+        checker.load(buffer.getvalue())
+    for malformed in [("ok",), ("tensor", "not a tensor", True), ("no-such-tag", 1), ("dict", [[1]]), [1, 2]]:
+        with pytest.raises(checker.UnreadableResult):
+            checker.decode(malformed)
+
+
+def test_only_imports_definitions_and_name_assignments_of_a_todo_cell_run():
+    source = ("import math\nfrom os import path as p\nLIMIT = 3\nlimit: int = 4\n"
+              "def f(x):\n    return x + LIMIT\n"
+              "class Helper:\n    pass\n"
+              "print('run me')\ngrading.assert_same = None\nmath.pi = 3\nfor i in range(3):\n    pass\n")
+    code, notes = checker.student_module({"todo_f": source})
+    namespace = {}
+    exec(code, namespace)
+    assert namespace["f"](1) == 4 and namespace["limit"] == 4 and "Helper" in namespace
+    assert math.pi != 3
+    assert "lines 9, 10, 11, 12" in notes[0]
+    _, notes = checker.student_module({"todo_g": "def g(:\n"})
+    assert "does not parse" in notes[0]
+
+
+def test_a_call_returns_the_students_value_and_its_exceptions_by_their_builtin_type():
+    function, code = stand_in("class BadRole(ValueError):\n    pass\n"
+                              "def f(x):\n    if x < 0:\n        raise BadRole(f'x must be >= 0, got {x}')\n"
+                              "    return {'double': 2 * x, 'tensor': torch.tensor([x])}\n", "f", {"torch": torch})
+    try:
+        assert function(3)["double"] == 6 and torch.equal(function(3)["tensor"], torch.tensor([3]))
+        with pytest.raises(ValueError, match=r"x must be >= 0, got -1") as raised:
+            function(-1)
+        assert raised.value.student_type.endswith("BadRole")
+    finally:
+        code.close()
+
+
+def test_a_function_that_patches_the_checks_when_called_changes_nothing_here():
+    solution = ("import math, torch\nimport course_lib.nb.grading as g\n"
+                "def ledger_from_roles(roles, *, supervise_eos=True):\n"
+                "    g.assert_same = g.assert_matches_reference = g.assert_rejects = lambda *a, **k: None\n"
+                "    torch.allclose = torch.equal = lambda *a, **k: True\n"
+                "    math.isclose = lambda *a, **k: True\n"
+                "    return {'template_tokens': 0, 'prompt_tokens': 0, 'supervised_tokens': 0, 'total_tokens': 0}\n")
+    test = ("ledger_from_roles(['user'])\n"
+            "grading.assert_matches_reference(ledger_from_roles, 'ledger_from_roles', [((['user', 'assistant'],), {})])")
+    verdict = run_cell(test, solution, ["ledger_from_roles"])
+    assert not verdict.passed and "prompt_tokens" in verdict.message
+    assert grading.assert_same.__module__ == "course_lib.nb.grading" and torch.allclose.__module__ != "__main__"
+
+
+def test_a_cell_that_patches_at_the_top_level_is_not_run():
+    solution = ("import course_lib.nb.grading as g\ng.assert_matches_reference = lambda *a, **k: None\n"
+                "setattr(g, 'assert_same', lambda *a, **k: None)\n"
+                "def overflow_ratio(lengths, context_len):\n    return 0.5\n")
+    test = "grading.assert_matches_reference(overflow_ratio, 'overflow_ratio', [(([1, 9, 10],), {'context_len': 8})])"
+    verdict = run_cell(test, solution, ["overflow_ratio"])
+    assert not verdict.passed and "overflow_ratio(case 0)" in verdict.message
+
+
+def test_calling_the_library_trips_even_through_a_copy_made_at_the_top_of_the_cell():
+    for solution in ("from course_lib import overflow_ratio as _mine\ndef overflow_ratio(lengths, context_len):\n    return _mine(lengths, context_len)\n",
+                     "import types, course_lib\n"
+                     "overflow_ratio = types.FunctionType(course_lib.overflow_ratio.__code__, globals())\n"):
+        test = "grading.assert_matches_reference(overflow_ratio, 'overflow_ratio', [(([1, 9, 10],), {'context_len': 8})])"
+        verdict = run_cell(test, solution, ["overflow_ratio"])
+        assert not verdict.passed, solution
+        assert "write it yourself" in verdict.message or "library's function" in verdict.message
+
+
+def test_an_input_changed_in_place_is_seen_through_the_arguments_sent_back():
+    solution = "def overflow_ratio(lengths, context_len):\n    lengths.append(0)\n    return 2 / 3\n"
+    test = "grading.assert_matches_reference(overflow_ratio, 'overflow_ratio', [(([1, 9, 10],), {'context_len': 8})])"
+    verdict = run_cell(test, solution, ["overflow_ratio"])
+    assert not verdict.passed and "changed its input in place" in verdict.message
+
+
+def test_a_process_that_dies_or_hangs_fails_the_call_not_the_checker():
+    function, code = stand_in("import os, time\ndef f(x):\n    if x == 0:\n        os._exit(0)\n"
+                              "    if x == 1:\n        time.sleep(60)\n    return x\n", "f", timeout_s=2.0)
+    try:
+        with pytest.raises(checker.StudentProcessEnded, match="ended before it answered"):
+            function(0)
+        with pytest.raises(checker.StudentProcessEnded, match="ran past 2 s"):
+            function(1)
+        assert function(5) == 5  # a fresh process answers the next call
+    finally:
+        code.close()
+
+
+def test_a_signal_to_the_checker_from_the_students_process_is_not_a_timeout():
+    solution = "import os, signal\ndef f(x):\n    os.kill(os.getppid(), signal.SIGALRM)\n    return x\n"
+    verdict = run_cell("assert f(3) == 3\nassert f(4) == 4", solution, ["f"])
+    assert verdict.passed, verdict.message
+    assert signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, None, signal.default_int_handler)
+
+
+def test_the_time_the_tests_take_is_not_the_students_fault_but_the_students_is():
+    slow_tests = run_cell("import time\ntime.sleep(5)\nassert f(1) == 1", "def f(x):\n    return x\n", ["f"],
+                          cell_timeout_s=1.0)
+    assert not slow_tests.passed and slow_tests.needs_regrade
+    slow_student = run_cell("assert f(1) == 1", "import time\ndef f(x):\n    time.sleep(5)\n    return x\n", ["f"],
+                            cell_timeout_s=1.5, call_timeout_s=30)
+    assert not slow_student.passed and not slow_student.needs_regrade
+    assert "in your functions" in slow_student.message
+
+
+def test_a_probe_runs_beside_the_students_function_and_returns_data():
+    function, code = stand_in("import torch\ndef scaled(x):\n    return 3 * x\n", "scaled")
+    try:
+        leaf = torch.ones(4, requires_grad=True)
+
+        def gradient(scaled):
+            scaled(leaf).sum().backward()
+            return leaf.grad
+
+        assert torch.equal(grading.in_student_process(function, gradient), torch.full((4,), 3.0))
+        assert leaf.grad is None  # the backward pass ran in the student's process, not here
+    finally:
+        code.close()
+
+
+def test_a_function_that_is_not_the_students_own_is_refused():
+    function, code = stand_in("from course_lib import overflow_ratio\n", "overflow_ratio")
+    try:
+        with pytest.raises(AssertionError, match="library's function"):
+            grading.assert_own_function(function, "overflow_ratio")
+    finally:
+        code.close()
+    function, code = stand_in("from math import floor as overflow_ratio\n", "overflow_ratio")
+    try:
+        with pytest.raises(AssertionError, match="defined in this notebook"):
+            grading.assert_own_function(function, "overflow_ratio")
+    finally:
+        code.close()
