@@ -57,16 +57,27 @@ def _grade(args: argparse.Namespace) -> int:
     if not (Path(args.root) / "nbgrader_config.py").exists():
         print(f"course grade: {args.root} is not a course root (no nbgrader_config.py)", file=sys.stderr)
         return 2
+    from course_lib.nb import confined, sandbox
+
+    if args.sandbox == "none":
+        print("course grade: WARNING: --sandbox none: every submission's code runs with your rights (it can read "
+              "the solutions, change the gradebook and other submissions, and reach the network); each row of "
+              "grades.csv says so", file=sys.stderr)
     try:
+        confinement = confined.Confinement(mode=args.sandbox, image=args.image,
+                                           memory_bytes=int(args.memory_gb * 2**30))
         run = grade.grade_submissions(Path(args.submissions), Path(args.root), workers=args.workers,
                                       cell_timeout=args.cell_timeout, notebook_timeout=args.notebook_timeout,
                                       force=args.force, out=args.out, progress=not args.no_progress,
-                                      kernel_name=args.kernel)
+                                      kernel_name=args.kernel, confinement=confinement)
+    except sandbox.SandboxUnavailable as error:
+        print(f"course grade: {error}", file=sys.stderr)
+        return 2
     except ValueError as error:
         print(f"course grade: {error}", file=sys.stderr)
         return 2
     print(grade.summary(run))
-    return 1 if run.count("failed") else 0
+    return 1 if run.count("failed") or run.count("regrade") else 0
 
 
 def _preflight(args: argparse.Namespace) -> int:
@@ -117,6 +128,13 @@ def parser() -> argparse.ArgumentParser:
     grade.add_argument("--kernel", default=None,
                        help="Jupyter kernel spec for every submission, e.g. one that starts a container "
                             "(default: ipykernel on the Python that runs `course`)")
+    grade.add_argument("--sandbox", choices=("bwrap", "none", "container"), default="bwrap",
+                       help="confinement of the students' code: bubblewrap (default; Linux, `apt-get install "
+                            "bubblewrap`), a docker/podman container (--image), or none (your rights: trusted code "
+                            "only)")
+    grade.add_argument("--image", default=None, help="with --sandbox container: an image with the course installed")
+    grade.add_argument("--memory-gb", type=float, default=4.0,
+                       help="address space per sandboxed process, in GiB (default: %(default)s)")
     grade.add_argument("--no-progress", action="store_true")
     grade.set_defaults(run=_grade)
 

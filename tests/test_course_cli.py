@@ -396,7 +396,7 @@ def test_a_notebook_the_matcher_cannot_read_fails_alone(tmp_path):
 def test_a_notebook_that_cannot_be_recorded_fails_alone(tmp_path, monkeypatch):
     """An error while recording one executed notebook (nbgrader, the file system) fails that notebook; the
     notebooks after it are still recorded."""
-    from course_lib.nb import grade
+    from course_lib.nb import confined, grade
 
     release = cells.read(build.NOTEBOOKS_DIR / "release" / CHAPTER / f"{CHAPTER}.ipynb")
 
@@ -409,17 +409,23 @@ def test_a_notebook_that_cannot_be_recorded_fails_alone(tmp_path, monkeypatch):
                 raise UnicodeEncodeError("utf-8", "\ud83d", 0, 1, "surrogates not allowed")
             return "nbgrader autograde failed: as expected"
 
-    def execute_all(jobs, workers, on_result):
+    def grade_all(jobs, workers, confinement, on_result):
         for job in jobs:
-            on_result({"key": job["key"], "notebook": job["notebook"], "seconds": 1.0})
+            verdicts = {grade_id: {"grade_id": grade_id, "passed": True, "message": ""}
+                        for grade_id, _, _ in job["checker"]["tests"]}
+            on_result(job["key"], {"notebook": job["kernel"]["notebook"], "seconds": 1.0},
+                      confined.CheckerResult(verdicts=verdicts))
 
     monkeypatch.setattr(grade, "NbgraderRecorder", Recorder)
-    monkeypatch.setattr(grade, "execute_all", execute_all)
+    monkeypatch.setattr(confined, "grade_all", grade_all)
+    source = cells.read(build.NOTEBOOKS_DIR / "source" / CHAPTER / f"{CHAPTER}.ipynb")
+    chapters = {CHAPTER: grade.Chapter(CHAPTER, source, release)}
     ready = [(submissions.Submission(tmp_path / f"{s}.ipynb", f"{s}.ipynb", s, CHAPTER, release, raw=b"{}"),
               match.Prepared(notebook=release)) for s in ("ann", "ben")]
     (tmp_path / "scratch").mkdir()
-    outcomes = grade._execute_and_record(tmp_path, tmp_path, tmp_path / "scratch", ready, workers=1, progress=False,
-                                         limits=(5, 10), kernel_name="python3")
+    outcomes = grade._execute_and_record(tmp_path, tmp_path, ready, chapters, workers=1, progress=False,
+                                         limits=(5, 10), kernel_name="python3", confinement=confined.Confinement(),
+                                         staging=tmp_path / "scratch")
     reasons = {o.student: (o.status, o.reason) for o in outcomes}
     assert reasons["ann"][0] == "failed" and "failed while recording this notebook: UnicodeEncodeError" in reasons["ann"][1]
     assert reasons["ben"] == ("failed", "nbgrader autograde failed: as expected")

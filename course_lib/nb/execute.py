@@ -17,25 +17,20 @@ Output: each code cell keeps at most MAX_OUTPUT_CHARS characters of printed text
 results, error messages); the rest is cut with a note, before the notebook leaves the worker. (nbgrader's
 LimitOutput counts lines, so one `print('x' * 50_000_000)` would otherwise make a 50 MB graded notebook.)
 
-Workers: `execute_all` runs the notebooks in a pool of worker processes. A notebook whose code kills its worker
-breaks the pool; the other unfinished notebooks run again in a fresh one, and the one that was running fails alone.
-
-This is not a security sandbox: the kernel runs as the grading user, with its file system and network.
+Where it runs: `course check` runs it on the student's own machine. `course grade` runs `python -m
+course_lib.nb.execute` inside the grading sandbox (`confined.py`), which reads the job on stdin and writes the result
+on stdout; the grader takes only the outputs from it, as untrusted data. The grade itself comes from the checker
+(`checker.py`), which never runs in this kernel.
 """
 
 from __future__ import annotations
 
-import multiprocessing
-import multiprocessing.util
 import os
 import shutil
 import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
@@ -116,22 +111,6 @@ def _cap_rich_output(output: Any, limit: int) -> bool:
         output["traceback"] = [line for line, _ in traceback]
         was_cut = was_cut or this_cut or any(c for _, c in traceback)
     return was_cut
-
-
-def worker_init(temp_root: str | None = None) -> None:
-    """Worker processes start in an empty folder, so nothing about the course is found through them either.
-
-    With `temp_root`, the worker's and its kernels' temporary folders go there (TMPDIR): the parent removes that
-    folder after the pool, so a worker killed before its own cleanup leaves nothing behind.
-    """
-    if temp_root is not None:
-        tempfile.tempdir = temp_root
-        os.environ["TMPDIR"] = temp_root
-    folder = tempfile.mkdtemp(prefix="course-worker-")
-    os.chdir(folder)
-    multiprocessing.util.Finalize(None, shutil.rmtree, args=(folder, True), exitpriority=10)
-    os.environ["NBGRADER_EXECUTION"] = "autograde"
-    os.environ.setdefault("MPLBACKEND", "Agg")
 
 
 def _this_interpreter_specs():
@@ -254,81 +233,25 @@ def _kernel_answers(client: Any, notebook: Any, replies: dict[int, dict]) -> boo
 
 
 CONNECTION_PREFIX = "kernel-grade-"  # + run id: what a killed worker's kernel leaves in Jupyter's runtime folder
-WORKER_DIED = "the grading worker died while running this notebook (does its code kill processes?)"
-MAX_POOL_BREAKS = 3  # a job in this many broken pools without ever being seen to start fails (the pool cannot run)
 
 
-def execute_all(jobs: list[dict], workers: int, on_result: Callable[[dict], None]) -> None:
-    """Execute every job (see `execute_notebook`; each with a `started` marker path) in worker processes,
-    calling `on_result` with each result as it comes.
+def main() -> int:
+    """The sandboxed side of a grading run: a job (JSON, see `execute_notebook`) on stdin, the result (JSON) on
+    stdout. The grader reads the result as untrusted data: the notebook's code ran in this process's kernel."""
+    import json
+    import sys
 
-    A notebook whose code kills its worker breaks the whole pool, and every unfinished job with it. The jobs
-    that had not started run again in a fresh pool. When one job alone had started, it is the one whose worker
-    died: it gets a failed result (`WORKER_DIED`). When several had, each runs again alone, which tells.
-    Workers and kernels keep their temporary folders in one folder per call, removed at the end with any
-    connection file a killed worker's kernel left behind.
-    """
-    run_id, temp_root = uuid.uuid4().hex[:12], tempfile.mkdtemp(prefix="course-grade-")
-    try:
-        _execute_all(list({**job, "run_id": run_id} for job in jobs), workers, on_result, temp_root)
-    finally:  # what killed workers could not clean up themselves
-        shutil.rmtree(temp_root, ignore_errors=True)
-        for leftover in Path(jupyter_runtime_dir()).glob(f"{CONNECTION_PREFIX}{run_id}-*.json"):
-            leftover.unlink(missing_ok=True)
+    from .checker import make_undumpable
 
-
-def _execute_all(jobs: list[dict], workers: int, on_result: Callable[[dict], None], temp_root: str) -> None:
-    waiting, alone = jobs, []
-    while waiting or alone:
-        if alone:
-            batch, width = [alone.pop(0)], 1
-        else:
-            batch, width, waiting = waiting, workers, []
-        started, not_started = [], []
-        for job in _run_pool(batch, width, on_result, temp_root):
-            job["breaks"] = job.get("breaks", 0) + 1
-            (started if _took_marker(job) else not_started).append(job)
-        if len(started) == 1:  # the only notebook running when a worker died
-            on_result({"key": started[0]["key"], "problem": WORKER_DIED, "notebook": None})
-        else:
-            alone += started
-        for job in not_started:
-            if job["breaks"] < MAX_POOL_BREAKS:
-                waiting.append(job)
-            else:
-                on_result({"key": job["key"], "notebook": None,
-                           "problem": f"the grading workers died {job['breaks']} times before running this notebook"})
+    make_undumpable()  # the kernel (same user) cannot reach into this process's memory
+    job = json.loads(sys.stdin.buffer.read().decode("utf-8"))
+    os.environ["NBGRADER_EXECUTION"] = "autograde"
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    result = execute_notebook(job)
+    sys.stdout.write(json.dumps(result))
+    sys.stdout.flush()
+    return 0
 
 
-def _took_marker(job: dict) -> bool:
-    """Had the job started (its worker wrote the marker)? The marker is removed for the next try."""
-    marker = Path(job["started"])
-    if not marker.exists():
-        return False
-    marker.unlink()
-    return True
-
-
-def _run_pool(batch: list[dict], width: int, on_result: Callable[[dict], None], temp_root: str) -> list[dict]:
-    """Run `batch` in a fresh pool of `width` workers; returns the jobs left unfinished when the pool broke."""
-    unfinished = []
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=min(width, len(batch)), mp_context=context, initializer=worker_init,
-                             initargs=(temp_root,)) as pool:
-        futures = {}
-        for job in batch:
-            try:
-                futures[pool.submit(execute_notebook, job)] = job
-            except BrokenProcessPool:
-                unfinished.append(job)
-        for future in as_completed(futures):
-            try:
-                result = future.result()
-            except BrokenProcessPool:
-                unfinished.append(futures[future])
-                continue
-            except Exception as error:  # noqa: BLE001 - a job that fails in its worker takes only itself
-                result = {"key": futures[future]["key"], "notebook": None,
-                          "problem": f"worker failed: {type(error).__name__}: {error}"}
-            on_result(result)
-    return unfinished
+if __name__ == "__main__":
+    raise SystemExit(main())

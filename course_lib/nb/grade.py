@@ -5,13 +5,16 @@
    is a failure, not an empty success.
 2. Match each notebook's cells to the chapter's source (`match.py`): graded test cells come back from
    the source with their hidden tests; edits, deletions and stripped metadata are noted.
-3. Execute each prepared notebook in a worker process (`execute.py`), the kernel in a new empty
-   folder outside the course, with a per-cell and a per-notebook time limit. A notebook whose code kills
-   its worker breaks the pool: the jobs it took with it run again in a fresh one, and the notebook that
-   was running fails alone.
-4. In this process, one at a time (sqlite has one writer), hand each executed notebook to nbgrader's
-   autograde with its Execute step removed: nbgrader restores locked cells from its gradebook, scores
-   the test cells and records the grades. Then the feedback page and, at the end, grades.csv.
+3. Run each prepared notebook twice, each run confined by the grading sandbox (`confined.py`, `sandbox.py`:
+   bubblewrap by default, no network, an empty scratch, nothing of the course in view): the notebook as handed
+   out in a kernel, for its outputs; and the checker (`checker.py`), which runs the chapter's setup and graded
+   test cells, hidden tests included, while the student's TODO functions answer from processes of their own.
+   The checker's verdicts decide the grade; the kernel's outputs are only shown.
+4. In this process, one at a time (sqlite has one writer), after both runs have ended: the verdicts become the
+   test cells' outputs, and nbgrader's autograde (its Execute step removed) restores locked cells, scores the
+   test cells, records the grades and writes the autograded notebook without the hidden tests. Then the
+   feedback page and, at the end, grades.csv. A submission whose setup or tests could not run through no fault
+   of its own (a timeout on a loaded machine) is not graded but marked for regrading.
 
 Nothing already in the gradebook is graded again without `force`.
 """
@@ -34,10 +37,9 @@ from typing import Any
 
 import nbformat
 
-from . import build, feedback, gradelog, match, submissions
+from . import build, cells, checker, confined, feedback, gradelog, match, sandbox, submissions
 from .build import interpreter_bin_on_path
 from .cells import nbgrader_meta
-from .execute import MAX_OUTPUT_CHARS, execute_all
 
 
 @dataclass
@@ -47,7 +49,7 @@ class Outcome:
     display: str
     student: str | None
     chapter: str | None
-    status: str  # graded | failed | skipped
+    status: str  # graded | failed | skipped | regrade (not graded through no fault of its own: grade it again)
     reason: str = ""
     cells: list[feedback.CellOutcome] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -154,6 +156,7 @@ class NbgraderRecorder:
         from nbgrader.preprocessors import (
             AssignLatePenalties,
             CheckCellMetadata,
+            ClearHiddenTests,
             DeduplicateIds,
             IgnorePattern,
             LimitOutput,
@@ -163,14 +166,19 @@ class NbgraderRecorder:
         )
         from traitlets.config.loader import PyFileConfigLoader
 
+        from .nbgrader_hooks import ScrubTestOutputs
+
         self.root, self.staging = root, staging
         config = PyFileConfigLoader("nbgrader_config.py", path=str(root)).load_config()
         config.CourseDirectory.root = str(root)
         config.CourseDirectory.submitted_directory = str(staging)
         config.Autograde.sanitize_preprocessors = [DeduplicateIds, OverwriteKernelspec, OverwriteCells,
                                                    CheckCellMetadata]
+        # after the grades are saved, the hidden tests nbgrader restored into the test cells go again: the
+        # autograded notebook (what formgrader shows and generate_feedback renders) never holds them
         config.Autograde.autograde_preprocessors = [IgnorePattern, ClearMetadataPreprocessor, LimitOutput,
-                                                    SaveAutoGrades, AssignLatePenalties, CheckCellMetadata]
+                                                    SaveAutoGrades, AssignLatePenalties, ClearHiddenTests,
+                                                    ScrubTestOutputs, CheckCellMetadata]
         self.api = NbGraderAPI(CourseDirectory(config=config), config=config)
 
     def record(self, student: str, chapter: str, executed: Any, timestamp: Path | None) -> str | None:
@@ -282,11 +290,16 @@ def _require_kernel(kernel_name: str) -> None:
 
 def grade_submissions(source: Path, root: Path = build.NOTEBOOKS_DIR, *, workers: int | None = None,
                       cell_timeout: float = 60, notebook_timeout: float = 900, force: bool = False,
-                      out: Path | None = None, progress: bool = True, kernel_name: str | None = None) -> GradeRun:
+                      out: Path | None = None, progress: bool = True, kernel_name: str | None = None,
+                      confinement: confined.Confinement | None = None) -> GradeRun:
     """Grade every submission under `source` (folder or zip) into the course at `root`.
 
     kernel_name None: every submission runs in ipykernel on this interpreter; a name: that Jupyter kernel spec.
+    confinement: the sandbox around the student's code (default bwrap); sandbox.SandboxUnavailable, before anything
+    is graded, when it cannot run here.
     """
+    confinement = confinement or confined.Confinement()
+    sandbox.require(confinement.mode, image=confinement.image)
     started = time.perf_counter()
     root, out = Path(root).resolve(), Path(out or root).resolve()
     workers = max(1, workers or os.cpu_count() or 1)
@@ -307,8 +320,9 @@ def grade_submissions(source: Path, root: Path = build.NOTEBOOKS_DIR, *, workers
             chapters = load_chapters(root, {s.chapter for s in found.submissions if s.chapter and s.problem is None})
             ready = _prepare_all(root, found.submissions, chapters, force, outcomes)
             if ready:
-                outcomes += _execute_and_record(root, out, scratch, ready, workers=workers, progress=progress,
-                                                limits=(cell_timeout, notebook_timeout), kernel_name=kernel_name)
+                outcomes += _execute_and_record(root, out, ready, chapters, workers=workers, progress=progress,
+                                                limits=(cell_timeout, notebook_timeout), kernel_name=kernel_name,
+                                                confinement=confinement, staging=scratch / "executed")
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         order = {s.display: i for i, s in enumerate(found.submissions)}
@@ -339,51 +353,67 @@ def _nothing_found(source: Path, found: submissions.Found, seconds: float, worke
     return GradeRun([Outcome(str(source), None, None, "failed", reason)], seconds, workers)
 
 
-def _execute_and_record(root: Path, out: Path, scratch: Path, ready: list, *, workers: int, progress: bool,
-                        limits: tuple[float, float], kernel_name: str | None) -> list[Outcome]:
+def _jobs(ready: list, chapters: dict[str, Chapter], limits: tuple[float, float],
+          kernel_name: str | None) -> list[dict]:
+    """The two runs of every ready submission: its notebook in a kernel (as handed out), its TODO cells under the
+    checker (with the chapter source's setup and graded test cells)."""
+    jobs = []
+    for submission, prepared in ready:
+        source = chapters[submission.chapter].source
+        tests = cells.graded_cells(source)
+        jobs.append({"key": submission.key,
+                     "kernel": {"key": submission.key, "notebook": nbformat.writes(prepared.notebook),
+                                "cell_timeout": limits[0], "notebook_timeout": limits[1], "kernel_name": kernel_name},
+                     "checker": {"setup": cells.setup_cells(source), "tests": tests,
+                                 "solutions": cells.solution_cells(prepared.notebook),
+                                 "names": checker.defined_functions(cells.solution_cells(source)),
+                                 "cell_timeout": limits[0], "call_timeout": limits[0]}})
+    return jobs
+
+
+def _execute_and_record(root: Path, out: Path, ready: list, chapters: dict[str, Chapter], *, workers: int,
+                        progress: bool, limits: tuple[float, float], kernel_name: str | None,
+                        confinement: confined.Confinement, staging: Path) -> list[Outcome]:
     from tqdm import tqdm
 
-    recorder = NbgraderRecorder(root, scratch / "executed")
+    recorder = NbgraderRecorder(root, staging)
     stamps = {}
     for submission, prepared in ready:
         stamps[submission.key], note = _stage_original(root, submission)
         prepared.notes += [note] if note else []
     by_key = {s.key: (s, p) for s, p in ready}
-    markers = scratch / "started"
-    markers.mkdir()
-    jobs = [{"key": s.key, "notebook": nbformat.writes(p.notebook), "cell_timeout": limits[0],
-             "notebook_timeout": limits[1], "kernel_name": kernel_name, "started": str(markers / str(number))}
-            for number, (s, p) in enumerate(ready)]
     outcomes = []
-    bar = tqdm(total=len(jobs), desc="grading", unit="nb", disable=not progress, file=sys.stderr)
+    bar = tqdm(total=len(ready), desc="grading", unit="nb", disable=not progress, file=sys.stderr)
 
-    def record(result: dict) -> None:
-        submission, prepared = by_key[result["key"]]
-        outcomes.append(_record_one(recorder, out, submission, prepared, result, stamps[submission.key]))
+    def record(key: str, answer: dict, checked: confined.CheckerResult) -> None:
+        submission, prepared = by_key[key]
+        hidden = confined.hidden_lines(cells.graded_cells(chapters[submission.chapter].source))
+        outcome = _record_one(recorder, out, submission, prepared, answer, checked, hidden, stamps[submission.key])
+        if confinement.mode == "none":
+            outcome.notes.append(UNCONFINED_NOTE)
+        outcomes.append(outcome)
         bar.update(1)
 
-    execute_all(jobs, workers, record)
+    confined.grade_all(_jobs(ready, chapters, limits, kernel_name), workers, confinement, record)
     bar.close()
     return outcomes
 
 
+UNCONFINED_NOTE = "graded with --sandbox none: the student's code ran with the instructor's rights"
+
+
 def _record_one(recorder: NbgraderRecorder, out: Path, submission: submissions.Submission,
-                prepared: match.Prepared, result: dict, stamp: Path) -> Outcome:
+                prepared: match.Prepared, answer: dict, checked: confined.CheckerResult, hidden: list[str],
+                stamp: Path) -> Outcome:
     outcome = Outcome(submission.display, submission.student, submission.chapter, "failed",
-                      notes=list(prepared.notes), seconds=result.get("seconds", 0.0))
-    if result.get("notebook") is None:
-        outcome.reason = result["problem"]
+                      notes=list(prepared.notes), seconds=float(answer.get("seconds") or 0.0) + checked.seconds)
+    regrade = confined.needs_regrade(checked)
+    if regrade:
+        outcome.status, outcome.reason = "regrade", f"needs regrading: {regrade}"
         return outcome
     try:  # this notebook's own content: what goes wrong here fails this notebook, not the run
-        executed = nbformat.reads(result["notebook"], as_version=4)
-        for index in result.get("timed_out", []):
-            grade_id = nbgrader_meta(executed.cells[index]).get("grade_id")
-            outcome.notes.append(f"cell {index}{' (' + grade_id + ')' if grade_id else ''} timed out and was "
-                                 "interrupted")
-        if result.get("problem"):
-            outcome.notes.append(result["problem"] + "; the cells after it were not run")
-        for index in result.get("cut", []):
-            outcome.notes.append(f"cell {index}: output over {MAX_OUTPUT_CHARS:,} characters was cut")
+        executed, notes = confined.executed_notebook(prepared.notebook, answer)
+        outcome.notes += notes + confined.apply_verdicts(executed, checked, hidden)
         error = recorder.record(submission.student, submission.chapter, executed, stamp)
     except Exception as failure:  # noqa: BLE001 - one notebook nbgrader cannot take must not stop the others
         traceback.print_exc(file=sys.stderr)  # for the instructor; the outcome says it in a line
@@ -433,8 +463,9 @@ def export_csv(root: Path, path: Path, log: dict[str, dict[str, Any]]) -> Path:
     for entry in log.values():
         key = (entry["student"], entry["chapter"])
         if key not in rows:
-            if entry["status"] == "failed":
-                rows[key] = {"student": key[0], "chapter": key[1], "status": "failed: " + entry["reason"],
+            if entry["status"] in ("failed", "regrade"):  # a regrade's reason starts "needs regrading: "
+                status = entry["reason"] if entry["status"] == "regrade" else "failed: " + entry["reason"]
+                rows[key] = {"student": key[0], "chapter": key[1], "status": status,
                              "score": "", "max_score": "", "notes": f"file: {entry['file']}"}
         elif entry["status"] == "graded":
             rows[key]["notes"] = entry["notes"]
@@ -443,7 +474,8 @@ def export_csv(root: Path, path: Path, log: dict[str, dict[str, Any]]) -> Path:
                 rows[key]["status"] = (f"graded against {graded_against:g} points; the chapter now has "
                                        f"{float(rows[key]['max_score']):g}: grade it again with --force")
         else:  # graded before; the latest submission could not be graded, so the grade shown is the earlier one
-            rows[key]["status"] = f"graded; a later submission ({entry['file']}) failed: {entry['reason']}"
+            what = entry["reason"] if entry["status"] == "regrade" else f"failed: {entry['reason']}"
+            rows[key]["status"] = f"graded; a later submission ({entry['file']}) {what}"
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="", encoding="utf-8") as handle:
         writer = csv.DictWriter(handle, ["student", "chapter", "status", "score", "max_score", *columns, "notes"],
@@ -464,6 +496,9 @@ def summary(run: GradeRun) -> str:
             lines.append(f"{o.status:<8} {o.display}: {o.reason}")
     lines += run.notes
     per_minute = 60 * run.count("graded") / run.seconds if run.seconds else 0.0
+    if run.count("regrade"):
+        lines.append(f"{run.count('regrade')} submission(s) need regrading through no fault of their own: run the same "
+                     "`course grade` again (on a less loaded machine, or with a larger --cell-timeout)")
     lines.append(f"graded {run.count('graded')}, failed {run.count('failed')}, skipped {run.count('skipped')} "
                  f"in {run.seconds:.1f} s ({per_minute:.1f} submissions/min, {run.workers} workers)"
                  + (f"; gradebook export {run.csv_path}" if run.csv_path else ""))

@@ -51,7 +51,7 @@ def update_log(root: Path, outcomes: list[Any]) -> dict[str, dict[str, Any]]:
     log = {key: entry for key, entry in read_log(root).items() if not _unnamed(entry)}  # this run reports its own
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
     for outcome in sorted(outcomes, key=lambda o: o.status == "graded"):  # within a run, a grade outranks a
-        if outcome.status not in ("graded", "failed"):                    # failed file of the same name (a .pdf)
+        if outcome.status not in ("graded", "failed", "regrade"):         # failed file of the same name (a .pdf)
             continue
         student, chapter = outcome.student or outcome.display, outcome.chapter or ""
         log[log_key(student, chapter)] = {

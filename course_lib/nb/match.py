@@ -9,8 +9,9 @@ by a monotone alignment that maximises the summed similarity of matched cells:
 - otherwise cells of one type match by content (line-based similarity), TODO cells more loosely
   (the student rewrote their body) but only when they still define the TODO's function name.
 
-Then the graded test cells come from the source (visible + hidden tests) whatever the student did to
-them, and every edit, deletion and missing TODO is written down for the feedback. A submission whose
+Then the graded test cells come back as they were handed out (visible tests; the checker runs the source's hidden
+tests elsewhere) whatever the student did to them, and every edit, deletion and missing TODO is written down for the
+feedback. A submission whose
 cells do not resemble the chapter at all is reported as unmatched instead of being graded.
 """
 
@@ -133,8 +134,9 @@ def _from_source(cell: Any) -> Any:
 
 
 def prepare(submission: Any, source: Any, release: Any) -> Prepared:
-    """The notebook to execute: the student's cells, with graded test cells (and a deleted setup cell) from
-    the source. `release` must be the release notebook of the same chapter (same cells as the source)."""
+    """The notebook to execute: the student's cells, with graded test cells from the release and a deleted or edited
+    setup cell from the source. `release` must be the release notebook of the same chapter (same cells as the
+    source)."""
     if len(release.cells) != len(source.cells):
         raise ValueError("release and source notebooks differ in their cells; rebuild the course")
     pairs = align(release.cells, submission.cells)
@@ -156,8 +158,8 @@ def prepare(submission: Any, source: Any, release: Any) -> Prepared:
             continue
         reference, original = release.cells[i], source.cells[i]
         grade_id = nbgrader_meta(original).get("grade_id")
-        if is_test_cell(original):
-            cells.append(_from_source(original))
+        if is_test_cell(original):  # as handed out: the hidden tests never enter the student's kernel
+            cells.append(_from_source(reference))
             if j is None:
                 result.notes.append(f"{grade_id}: test cell deleted or not recognised; restored from the source")
             elif _lines(submission.cells[j].source) not in (_lines(reference.source), _lines(original.source)):

@@ -1,0 +1,243 @@
+"""One submission, graded in two confined runs: its notebook in a kernel, its TODO functions under the checker.
+
+    kernel run   python -m course_lib.nb.execute   the student's notebook as handed out (visible tests only):
+                                                   its outputs, for the feedback; never a grade
+    checker run  python -m course_lib.nb.checker   the setup cells, then the graded test cells with their hidden
+                                                   tests, the TODO functions answering from student processes:
+                                                   the grade
+
+Each runs in the grading sandbox (`sandbox.py`: bubblewrap by default) with its own empty scratch, and both return
+data on stdout that this side reads as untrusted: the notebook is rebuilt from the prepared one with only the
+outputs taken, the verdicts are checked against the cells that were asked for, and any text of the hidden tests in
+a message is removed before it can reach a feedback page.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import queue
+import sys
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import nbformat
+
+from . import sandbox
+from .cells import nbgrader_meta
+from .execute import MAX_OUTPUT_CHARS, cap_outputs, error_output
+
+MAX_VERDICT_MESSAGE = 1_000
+MIN_HIDDEN_LINE = 12  # shorter lines of hidden tests (`)`, `for x in y:`) are too common to redact
+REDACTED = "[text of the hidden tests removed]"
+
+
+@dataclass(frozen=True)
+class Confinement:
+    """How the two runs are confined: the sandbox mode (bwrap, none, container), a container image, and limits."""
+
+    mode: str = "bwrap"
+    image: str | None = None
+    memory_bytes: int = sandbox.Limits.memory_bytes
+    processes: int = sandbox.Limits.processes
+    scratch_bytes: int = sandbox.Limits.scratch_bytes
+
+    def limits(self, wall_s: float) -> sandbox.Limits:
+        return sandbox.Limits(memory_bytes=self.memory_bytes, processes=self.processes,
+                              scratch_bytes=self.scratch_bytes, wall_s=wall_s)
+
+
+@dataclass
+class CheckerResult:
+    """What the checker said: a verdict per graded cell it reached, or why it could not judge."""
+
+    verdicts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    setup_problem: str | None = None
+    ended: str | None = None  # why the checker stopped before the end (None: it finished)
+    timed_out: bool = False
+    seconds: float = 0.0
+
+
+def hidden_lines(source_tests: list[tuple[str, float, str]]) -> list[str]:
+    """Distinctive lines of the hidden tests (between the markers), longest first: what no message may carry."""
+    lines = set()
+    for _, _, text in source_tests:
+        inside = False
+        for line in text.splitlines():
+            if "BEGIN HIDDEN TESTS" in line:
+                inside = True
+            elif "END HIDDEN TESTS" in line:
+                inside = False
+            elif inside and len(line.strip()) >= MIN_HIDDEN_LINE:
+                lines.add(line.strip())
+    return sorted(lines, key=len, reverse=True)
+
+
+def redact(message: str, hidden: list[str]) -> str:
+    """`message` without any line of the hidden tests (a student function can read them in its own memory and
+    put them in an error message or a result's repr), cut to MAX_VERDICT_MESSAGE characters."""
+    for line in hidden:
+        if line in message:
+            message = message.replace(line, REDACTED)
+    return message if len(message) <= MAX_VERDICT_MESSAGE else message[:MAX_VERDICT_MESSAGE] + " ..."
+
+
+def run_kernel(job: dict[str, Any], confinement: Confinement, slot: int | None = None) -> dict[str, Any]:
+    """The notebook run in the sandbox; the driver's JSON answer, or {"problem": ...} when there is none."""
+    wall = float(job["notebook_timeout"]) + 60
+    result = sandbox.run([sys.executable, "-m", "course_lib.nb.execute"], stdin=json.dumps(job).encode("utf-8"),
+                         mode=confinement.mode, image=confinement.image, limits=confinement.limits(wall),
+                         **_bwrap_only(confinement, slot, as_pid_1=False))
+    if result.timed_out:
+        return {"problem": f"the notebook's run passed the grader's limit of {wall:g} s and was stopped",
+                "seconds": result.seconds}
+    try:
+        answer = json.loads(result.stdout.decode("utf-8"))
+        if not isinstance(answer, dict):
+            raise ValueError("not an object")
+    except ValueError:
+        last = result.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or [f"exit {result.returncode}"]
+        return {"problem": f"the notebook's run ended without a result ({last[0][:200]})", "seconds": result.seconds}
+    answer["seconds"] = result.seconds
+    return answer
+
+
+def _bwrap_only(confinement: Confinement, slot: int | None, *, as_pid_1: bool) -> dict[str, Any]:
+    return {"slot": slot, "as_pid_1": as_pid_1} if confinement.mode == "bwrap" else {}
+
+
+def run_checker(job: dict[str, Any], confinement: Confinement, slot: int | None = None) -> CheckerResult:
+    """The checker run in the sandbox, as the first process of its PID namespace (the student's processes it
+    starts can neither signal it nor outlive a call); its verdict lines read as untrusted data."""
+    cells = len(job["tests"]) + len(job["setup"])
+    wall = float(job["cell_timeout"]) * (cells + 1) + 60
+    result = sandbox.run([sys.executable, "-m", "course_lib.nb.checker"], stdin=json.dumps(job).encode("utf-8"),
+                         mode=confinement.mode, image=confinement.image, limits=confinement.limits(wall),
+                         **_bwrap_only(confinement, slot, as_pid_1=True))
+    checked = CheckerResult(timed_out=result.timed_out, seconds=result.seconds)
+    expected = [grade_id for grade_id, _, _ in job["tests"]]
+    finished = False
+    for line in result.stdout.decode("utf-8", "replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            break  # not the checker's writing: read no further
+        if not isinstance(record, dict):
+            break
+        if "setup" in record:
+            checked.setup_problem = record["setup"] if isinstance(record["setup"], str) else None
+            finished = True
+            break
+        verdict = record.get("cell")
+        if not _well_formed(verdict, expected, checked.verdicts):
+            break
+        checked.verdicts[verdict["grade_id"]] = verdict
+    if not finished:
+        checked.ended = ("the checker was stopped at the grader's time limit" if result.timed_out else
+                         f"the checker ended early (exit status {result.returncode}; killed by the code it checked?)")
+    return checked
+
+
+def _well_formed(verdict: Any, expected: list[str], seen: dict[str, Any]) -> bool:
+    """A verdict for the next expected cell, with the fields and types the checker writes."""
+    if not isinstance(verdict, dict) or len(seen) >= len(expected) or verdict.get("grade_id") != expected[len(seen)]:
+        return False
+    return (isinstance(verdict.get("passed"), bool) and isinstance(verdict.get("message"), str)
+            and isinstance(verdict.get("needs_regrade", ""), str))
+
+
+def executed_notebook(prepared: Any, answer: dict[str, Any]) -> tuple[Any, list[str]]:
+    """The prepared notebook with the outputs the kernel run reported (only those: cells, sources and metadata
+    stay the grader's), cut to MAX_OUTPUT_CHARS per cell; and notes on what went wrong."""
+    notebook = copy.deepcopy(prepared)
+    notes = []
+    ran = None
+    if isinstance(answer.get("notebook"), str):
+        try:
+            ran = nbformat.reads(answer["notebook"], as_version=4)
+        except Exception:  # noqa: BLE001 - whatever the sandbox sent is untrusted
+            notes.append("the notebook's run sent back an unreadable notebook; its outputs are not shown")
+    if ran is not None and len(ran.cells) == len(notebook.cells):
+        for mine, theirs in zip(notebook.cells, ran.cells, strict=True):
+            if mine.cell_type == "code" and theirs.get("cell_type") == "code":
+                mine.outputs = [output for output in theirs.get("outputs", []) if _plain_output(output)]
+                count = theirs.get("execution_count")
+                mine.execution_count = count if isinstance(count, int) else None
+    elif ran is not None:
+        notes.append("the notebook's run sent back other cells than it was given; its outputs are not shown")
+    if isinstance(answer.get("problem"), str) and answer["problem"]:
+        notes.append(answer["problem"][:300] + "; the cells after it were not run")
+    for index in answer.get("timed_out") or []:
+        if isinstance(index, int) and 0 <= index < len(notebook.cells):
+            grade_id = nbgrader_meta(notebook.cells[index]).get("grade_id")
+            notes.append(f"cell {index}{' (' + grade_id + ')' if grade_id else ''} timed out and was interrupted")
+    for index in cap_outputs(notebook):
+        notes.append(f"cell {index}: output over {MAX_OUTPUT_CHARS:,} characters was cut")
+    return notebook, notes
+
+
+def _plain_output(output: Any) -> bool:
+    return isinstance(output, dict) and output.get("output_type") in ("stream", "display_data", "execute_result",
+                                                                      "error")
+
+
+def apply_verdicts(notebook: Any, checked: CheckerResult, hidden: list[str]) -> list[str]:
+    """Each graded test cell's outputs become the checker's verdict (an error output when it failed): nbgrader
+    scores those cells from them. A cell the checker did not reach fails with the reason. Returns notes."""
+    notes = []
+    for cell in notebook.cells:
+        meta = nbgrader_meta(cell)
+        if cell.cell_type != "code" or not meta.get("grade") or meta.get("solution"):
+            continue
+        verdict = checked.verdicts.get(meta.get("grade_id"))
+        cell.execution_count = cell.execution_count or 1
+        if verdict is None:
+            reason = checked.setup_problem or checked.ended or "the checker did not reach this cell"
+            cell.outputs = [error_output("NotChecked", reason)]
+        elif verdict["passed"]:
+            cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="the grader's tests passed\n")]
+        else:
+            name, _, text = redact(verdict["message"], hidden).partition(": ")
+            if not text or " " in name:
+                name, text = "TestFailed", redact(verdict["message"], hidden)
+            cell.outputs = [error_output(name, text)]
+    if checked.ended:
+        notes.append(checked.ended)
+    return notes
+
+
+def needs_regrade(checked: CheckerResult) -> str | None:
+    """Why this submission must be graded again through no fault of its own (None: its grade stands)."""
+    if checked.setup_problem:
+        return checked.setup_problem
+    if checked.timed_out:
+        return checked.ended
+    reasons = [verdict["needs_regrade"] for verdict in checked.verdicts.values() if verdict.get("needs_regrade")]
+    return "; ".join(reasons) or None
+
+
+def grade_all(jobs: list[dict[str, Any]], workers: int, confinement: Confinement,
+              on_result: Any) -> None:
+    """Both runs of every job (`{"key", "kernel": ..., "checker": ...}`), `workers` submissions at a time;
+    on_result(key, kernel answer, CheckerResult) in this thread, one at a time (the gradebook has one writer)."""
+    slots: queue.SimpleQueue[int] = queue.SimpleQueue()
+    for slot in range(max(1, workers)):
+        slots.put(slot)
+
+    def both(job: dict[str, Any]) -> tuple[dict[str, Any], CheckerResult]:
+        slot = slots.get()  # each worker's sandboxes get a uid of their own (see sandbox.run)
+        try:
+            return run_kernel(job["kernel"], confinement, slot), run_checker(job["checker"], confinement, slot)
+        finally:
+            slots.put(slot)
+
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        futures: list[tuple[str, Future]] = [(job["key"], pool.submit(both, job)) for job in jobs]
+        for key, future in futures:
+            try:
+                answer, checked = future.result()
+            except Exception as error:  # noqa: BLE001 - one submission's trouble is its own
+                answer = {"problem": f"the grader could not run this notebook: {type(error).__name__}: {error}"}
+                checked = CheckerResult(ended=answer["problem"])
+            on_result(key, answer, checked)
