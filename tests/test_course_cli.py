@@ -402,7 +402,7 @@ def test_a_notebook_that_cannot_be_recorded_fails_alone(tmp_path, monkeypatch):
 
     class Recorder:
         def __init__(self, root, staging):
-            pass
+            self.root = root
 
         def record(self, student, chapter, executed, timestamp):
             if student == "ann":
@@ -558,3 +558,60 @@ def test_a_broken_notebook_is_described_in_one_readable_phrase():
 def test_the_build_module_names_an_unknown_chapter_too(capsys):
     assert build.main(["--no-release", "nope"]) == 2
     assert "unknown chapter 'nope'; the chapters are: 01_length_ledger" in capsys.readouterr().err
+
+
+def _database_rows(path):
+    import sqlite3
+
+    connection = sqlite3.connect(path)
+    try:
+        return connection.execute("select student, score from grades order by student").fetchall()
+    finally:
+        connection.close()
+
+
+def _tree(folder):
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("fails", [True, False])
+def test_recording_one_submission_is_all_or_nothing(tmp_path, fails):
+    """A failure while recording (nbgrader half done, a full disk) leaves the gradebook, the student's autograded
+    folder and feedback folder as they were before; a recording that finishes keeps all three."""
+    import sqlite3
+
+    from course_lib.nb import grade
+
+    root = tmp_path / "course"
+    autograded, page = root / "autograded" / "ann" / CHAPTER, root / "feedback" / "ann" / CHAPTER
+    for folder in (autograded, page):
+        folder.mkdir(parents=True)
+        (folder / "old.txt").write_text("earlier grading", encoding="utf-8")
+    connection = sqlite3.connect(root / "gradebook.db")
+    connection.execute("create table grades (student text, score real)")
+    connection.execute("insert into grades values ('ben', 3.0), ('ann', 1.0)")
+    connection.commit()
+    connection.close()
+    before = (_database_rows(root / "gradebook.db"), _tree(autograded), _tree(page))
+
+    def record():
+        with grade.all_or_nothing(root, root, "ann", CHAPTER):
+            connection = sqlite3.connect(root / "gradebook.db")
+            connection.execute("update grades set score = 8.0 where student = 'ann'")
+            connection.execute("delete from grades where student = 'ben'")
+            connection.commit()
+            connection.close()
+            (autograded / "old.txt").write_text("half written", encoding="utf-8")
+            (page / "new.html").write_text("<p>new</p>", encoding="utf-8")
+            if fails:
+                raise OSError(28, "No space left on device")
+
+    if fails:
+        with pytest.raises(OSError, match="No space left"):
+            record()
+        assert (_database_rows(root / "gradebook.db"), _tree(autograded), _tree(page)) == before
+    else:
+        record()
+        assert _database_rows(root / "gradebook.db") == [("ann", 8.0)]
+        assert _tree(page)["new.html"] == b"<p>new</p>"
+    assert not list(root.glob(".recording-*"))  # the copies are gone either way

@@ -27,6 +27,7 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 import time
 import traceback
 import warnings
@@ -414,25 +415,75 @@ def _record_one(recorder: NbgraderRecorder, out: Path, submission: submissions.S
     try:  # this notebook's own content: what goes wrong here fails this notebook, not the run
         executed, notes = confined.executed_notebook(prepared.notebook, answer)
         outcome.notes += notes + confined.apply_verdicts(executed, checked, hidden)
-        error = recorder.record(submission.student, submission.chapter, executed, stamp)
+        with all_or_nothing(recorder.root, out, submission.student, submission.chapter):
+            error = recorder.record(submission.student, submission.chapter, executed, stamp)
+            if error:
+                raise RecordingFailed(error)
+            messages = feedback.graded_messages(executed)
+            scores = recorder.scores(submission.student, submission.chapter)
+            outcome.cells = [feedback.CellOutcome(grade_id, score, top, messages.get(grade_id, ""))
+                             for grade_id, (score, top) in _ordered(scores, executed)]
+            page = out / "feedback" / submission.student / submission.chapter / f"{submission.chapter}.html"
+            page.parent.mkdir(parents=True, exist_ok=True)
+            page.write_text(feedback.render_html(submission.student, submission.chapter, outcome.cells,
+                                                 outcome.notes), encoding="utf-8")
+    except RecordingFailed as failed:
+        outcome.reason, outcome.cells = str(failed), []
+        return outcome
     except Exception as failure:  # noqa: BLE001 - one notebook nbgrader cannot take must not stop the others
         traceback.print_exc(file=sys.stderr)  # for the instructor; the outcome says it in a line
         outcome.reason = (f"the grader failed while recording this notebook: {type(failure).__name__}: "
-                          f"{str(failure)[:300]} (the file is kept in submitted/)")
+                          f"{str(failure)[:300]} (the file is kept in submitted/; the gradebook, autograded/ and "
+                          "feedback/ are as they were)")
+        outcome.cells = []
         return outcome
-    if error:
-        outcome.reason = error
-        return outcome
-    messages = feedback.graded_messages(executed)
-    scores = recorder.scores(submission.student, submission.chapter)
-    outcome.cells = [feedback.CellOutcome(grade_id, score, top, messages.get(grade_id, ""))
-                     for grade_id, (score, top) in _ordered(scores, executed)]
     outcome.status = "graded"
-    page = out / "feedback" / submission.student / submission.chapter / f"{submission.chapter}.html"
-    page.parent.mkdir(parents=True, exist_ok=True)
-    page.write_text(feedback.render_html(submission.student, submission.chapter, outcome.cells, outcome.notes),
-                    encoding="utf-8")
     return outcome
+
+
+class RecordingFailed(Exception):
+    """nbgrader could not record a submission (its own message)."""
+
+
+@contextlib.contextmanager
+def all_or_nothing(root: Path, out: Path, student: str, chapter: str) -> Iterator[None]:
+    """What recording one submission writes (the gradebook, autograded/<student>/<chapter>/, its feedback folder)
+    is kept only when the block finishes; an exception puts all three back as they were, then propagates.
+
+    The copies go to a folder in the course root (the same file system) and are removed afterwards.
+    """
+    saved = Path(tempfile.mkdtemp(prefix=".recording-", dir=root))
+    gradebook = root / "gradebook.db"
+    folders = [root / "autograded" / student / chapter, out / "feedback" / student / chapter]
+    try:
+        if gradebook.exists():
+            _copy_database(gradebook, saved / "gradebook.db")
+        for index, folder in enumerate(folders):
+            if folder.exists():
+                shutil.copytree(folder, saved / str(index), symlinks=True)
+        yield
+    except BaseException:
+        if (saved / "gradebook.db").exists():
+            _copy_database(saved / "gradebook.db", gradebook)
+        for index, folder in enumerate(folders):
+            shutil.rmtree(folder, ignore_errors=True)
+            if (saved / str(index)).exists():
+                shutil.copytree(saved / str(index), folder, symlinks=True)
+        raise
+    finally:
+        shutil.rmtree(saved, ignore_errors=True)
+
+
+def _copy_database(source: Path, target: Path) -> None:
+    """sqlite's online backup: a consistent copy page by page, into a new or an existing database file."""
+    import sqlite3
+
+    reader, writer = sqlite3.connect(source), sqlite3.connect(target)
+    try:
+        reader.backup(writer)
+    finally:
+        reader.close()
+        writer.close()
 
 
 def _ordered(scores: dict[str, tuple[float, float]], notebook: Any) -> list[tuple[str, tuple[float, float]]]:
