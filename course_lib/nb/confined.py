@@ -86,7 +86,7 @@ def redact(message: str, hidden: list[str]) -> str:
 def run_kernel(job: dict[str, Any], confinement: Confinement, slot: int | None = None) -> dict[str, Any]:
     """The notebook run in the sandbox; the driver's JSON answer, or {"problem": ...} when there is none."""
     wall = float(job["notebook_timeout"]) + 60
-    result = sandbox.run([sys.executable, "-m", "course_lib.nb.execute"], stdin=json.dumps(job).encode("utf-8"),
+    result = sandbox.run([_python(confinement), "-m", "course_lib.nb.execute"], stdin=json.dumps(job).encode("utf-8"),
                          mode=confinement.mode, image=confinement.image, limits=confinement.limits(wall),
                          **_bwrap_only(confinement, slot, as_pid_1=False))
     if result.timed_out:
@@ -103,6 +103,11 @@ def run_kernel(job: dict[str, Any], confinement: Confinement, slot: int | None =
     return answer
 
 
+def _python(confinement: Confinement) -> str:
+    """This interpreter (bound read-only in the sandbox at its own path), or the image's `python` in a container."""
+    return "python" if confinement.mode == "container" else sys.executable
+
+
 def _bwrap_only(confinement: Confinement, slot: int | None, *, as_pid_1: bool) -> dict[str, Any]:
     return {"slot": slot, "as_pid_1": as_pid_1} if confinement.mode == "bwrap" else {}
 
@@ -112,7 +117,7 @@ def run_checker(job: dict[str, Any], confinement: Confinement, slot: int | None 
     starts can neither signal it nor outlive a call); its verdict lines read as untrusted data."""
     cells = len(job["tests"]) + len(job["setup"])
     wall = float(job["cell_timeout"]) * (cells + 1) + 60
-    result = sandbox.run([sys.executable, "-m", "course_lib.nb.checker"], stdin=json.dumps(job).encode("utf-8"),
+    result = sandbox.run([_python(confinement), "-m", "course_lib.nb.checker"], stdin=json.dumps(job).encode("utf-8"),
                          mode=confinement.mode, image=confinement.image, limits=confinement.limits(wall),
                          **_bwrap_only(confinement, slot, as_pid_1=True))
     checked = CheckerResult(timed_out=result.timed_out, seconds=result.seconds)
