@@ -615,3 +615,27 @@ def test_recording_one_submission_is_all_or_nothing(tmp_path, fails):
         assert _database_rows(root / "gradebook.db") == [("ann", 8.0)]
         assert _tree(page)["new.html"] == b"<p>new</p>"
     assert not list(root.glob(".recording-*"))  # the copies are gone either way
+
+
+@pytest.mark.slow
+def test_a_setup_cell_out_of_time_marks_the_submission_for_regrading_not_zero(built, tmp_path):
+    """The locked setup cell importing torch on a loaded machine is no fault of the student's: with a cell limit
+    too short for it, the submission is not graded but marked for regrading, the summary counts it, grades.csv says
+    why; the same command with a sane limit grades it without --force."""
+    base, root, _ = built
+    course = tmp_path / "course"
+    shutil.copytree(root, course)
+    solutions = cells.solution_cells(cells.read(course / "source" / CHAPTER / f"{CHAPTER}.ipynb"))
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    submission_with(course / "release" / CHAPTER / f"{CHAPTER}.ipynb", solutions, inbox / f"rita_{CHAPTER}.ipynb")
+    rushed = _course("grade", str(inbox), "--root", str(course), "--cell-timeout", "0.5", "--no-progress", cwd=tmp_path)
+    assert rushed.returncode == 1, rushed.stdout + rushed.stderr[-2000:]
+    assert "1 submission(s) need regrading through no fault of their own" in rushed.stdout, rushed.stdout
+    assert "graded 0, failed 0, skipped 0" in rushed.stdout, rushed.stdout
+    row = next(line for line in (course / "grades.csv").read_text(encoding="utf-8").splitlines()
+               if line.startswith("rita,"))
+    assert "needs regrading: setup cell 0 ran past 0.5 s" in row, row
+    assert not (course / "autograded" / "rita").exists()  # nothing recorded: a zero would have been
+    again = _course("grade", str(inbox), "--root", str(course), "--no-progress", cwd=tmp_path)
+    assert again.returncode == 0 and "rita/01_length_ledger 8/8" in again.stdout, again.stdout + again.stderr[-2000:]
