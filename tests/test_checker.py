@@ -207,3 +207,26 @@ def test_a_function_that_is_not_the_students_own_is_refused():
             grading.assert_own_function(function, "overflow_ratio")
     finally:
         code.close()
+
+
+@pytest.mark.parametrize("mode", ["none", "bwrap"])
+def test_the_checker_program_sends_probes_and_cases_to_the_students_process(mode):
+    """`python -m course_lib.nb.checker`, as course grade runs it: its stand-ins must be the classes grading knows
+    (run as __main__, a second copy of the module made them plain callables, and backward through a probe failed)."""
+    from course_lib.nb import confined, sandbox
+
+    if mode == "bwrap":
+        try:
+            sandbox.require("bwrap")
+        except sandbox.SandboxUnavailable as error:
+            pytest.skip(str(error))
+    test = ("leaf = torch.ones(2, requires_grad=True)\n"
+            "assert grading.in_student_process(scaled, lambda f: torch.autograd.grad(f(leaf).sum(), leaf)[0]).tolist()"
+            " == [3.0, 3.0]\n"
+            "grading.assert_matches_reference(scaled, 'scaled', [((1,), {})])\n")
+    job = {"setup": ["import torch\nfrom course_lib.nb import grading\ngrading._ORIGINALS['scaled'] = lambda x: 3 * x"],
+           "tests": [("test_scaled", 1.0, test)], "solutions": {"todo_scaled": "def scaled(x):\n    return 3 * x\n"},
+           "names": ["scaled"], "cell_timeout": 60, "call_timeout": 60}
+    checked = confined.run_checker(job, confined.Confinement(mode=mode))
+    assert checked.ended is None and checked.setup_problem is None
+    assert checked.verdicts["test_scaled"]["passed"], checked.verdicts["test_scaled"]["message"]

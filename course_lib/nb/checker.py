@@ -906,4 +906,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # run as the package's module, not as __main__: grading recognises the stand-ins by this module's classes
+    from course_lib.nb import checker as package_module
+
+    sys.exit(package_module.main())
