@@ -230,3 +230,13 @@ def test_the_checker_program_sends_probes_and_cases_to_the_students_process(mode
     checked = confined.run_checker(job, confined.Confinement(mode=mode))
     assert checked.ended is None and checked.setup_problem is None
     assert checked.verdicts["test_scaled"]["passed"], checked.verdicts["test_scaled"]["message"]
+
+
+def test_a_cell_out_of_time_mid_call_leaves_no_half_answer_for_the_next_cell():
+    """The cell's time runs out while the server computes: the next cell's call must get its own answer."""
+    problem, verdicts = checker.run_checks(
+        [""], {"todo": "import time\ndef f(x):\n    if x == 'slow':\n        time.sleep(3)\n    return x\n"},
+        [("slow", 1.0, "f('slow')"), ("next", 1.0, "assert f(1) == 1 and f(2) == 2")], names=["f"],
+        cell_timeout_s=1.0, call_timeout_s=30)
+    assert problem is None
+    assert not verdicts[0].passed and verdicts[1].passed, (verdicts[0].message, verdicts[1].message)

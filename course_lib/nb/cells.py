@@ -1,9 +1,9 @@
-"""Reading chapter notebooks by their nbgrader cells, and grading them in-process.
+"""Reading chapter notebooks by their nbgrader cells, and grading them with the checker in this process.
 
-In-process grading runs exactly the cells nbgrader runs for the grade: the chapter's setup cells,
-the solution cells (the student's code), and the graded test cells taken from the SOURCE notebook
-(visible and hidden tests as nbgrader's autograde restores them). Teaching cells are skipped, which
-is why graded cells may depend only on setup cells and the TODO functions.
+`grade_in_process` runs exactly what `course grade`'s checker runs for the grade: the chapter's setup cells, then
+the graded test cells taken from the SOURCE notebook (visible and hidden tests), with the student's TODO functions
+answering from processes of their own (`checker.py`). Teaching cells are not run, which is why graded cells may
+depend only on setup cells and the TODO functions. The mutant catalogue and the surveys grade this way.
 """
 
 from __future__ import annotations

@@ -592,6 +592,9 @@ class _Server:
         except (TimeoutError, OSError, EOFError) as error:
             self.stop()
             raise StudentProcessEnded(_why_stopped(error, timeout_s)) from None
+        except BaseException:  # the cell's own time ran out mid-request: a half-read answer must not be the next one
+            self.stop()
+            raise
         payload = load(data)
         if type(payload) is tuple and len(payload) == 4 and payload[0] == "raised":
             raise rebuild_exception(payload[1:])
