@@ -104,7 +104,7 @@ def main() -> int:
     builds = build.build_course(build.NOTEBOOKS_DIR)
     for chapter in builds:
         print(f"{chapter.name:<28} {len(chapter.graded_cells)} graded cells, {chapter.points:.0f} points")
-    print("\n== grading sample submissions (course grade: parallel kernels, nbgrader's gradebook) ==")
+    print("\n== grading sample submissions (course grade: each submission confined by bubblewrap, nbgrader's gradebook) ==")
     from course_lib.nb import grade
 
     # Grade in a scratch copy of the built course: nbgrader refuses to rebuild a chapter whose gradebook holds

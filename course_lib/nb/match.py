@@ -32,8 +32,8 @@ MIN_SIMILARITY = 0.5
 MIN_SOLUTION_SIMILARITY = 0.15
 MIN_RECOGNIZED = 0.3  # share of the chapter's cells that must be recognised for a submission to count as it
 DEF_NAME = re.compile(r"^\s*def\s+([A-Za-z_]\w*)\s*\(", re.MULTILINE)
-# Student code has no reason to touch the grading machinery; code that does is flagged for a human to read
-# (the kernel is not a sandbox: a determined submission can patch what the hidden tests import).
+# Student code has no reason to touch the grading machinery; code that does is flagged for a human to read (the
+# checker's verdicts are out of its reach, but an attempt says something about the submission).
 # settrace and the dispatch modes are how the grader counts notebook lines and measures memory; the IPython shell's
 # hooks are how code rewrites the cells after it (input / AST transformers) or hides their errors (showtraceback).
 # `from IPython.display import display` or `%matplotlib inline` are ordinary and not flagged.
