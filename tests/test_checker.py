@@ -240,3 +240,22 @@ def test_a_cell_out_of_time_mid_call_leaves_no_half_answer_for_the_next_cell():
         cell_timeout_s=1.0, call_timeout_s=30)
     assert problem is None
     assert not verdicts[0].passed and verdicts[1].passed, (verdicts[0].message, verdicts[1].message)
+
+
+def test_a_process_the_students_function_forks_cannot_answer_a_later_call():
+    """A fork inside the student's function copies the server, pipes and loop included: the copy answered the next
+    request too, and a later call (another TODO's) read that stale answer. Run as course grade runs the checker."""
+    from course_lib.nb import confined, sandbox
+
+    try:
+        sandbox.require("bwrap")
+    except sandbox.SandboxUnavailable as error:
+        pytest.skip(str(error))
+    solution = "import os\ndef f(x):\n    os.fork()\n    return x\ndef g(x):\n    return 2 * x\n"
+    job = {"setup": [""], "solutions": {"todo": solution}, "names": ["f", "g"], "cell_timeout": 60,
+           "call_timeout": 60,
+           "tests": [("same_cell", 1.0, "f(1)\nassert g(5) == 10, g(5)\nassert g(6) == 12"),
+                     ("next_cell", 1.0, "assert g(7) == 14, g(7)")]}
+    checked = confined.run_checker(job, confined.Confinement())
+    assert checked.ended is None
+    assert all(verdict["passed"] for verdict in checked.verdicts.values()), checked.verdicts

@@ -510,6 +510,8 @@ class StudentCode:
             if self.server is None or not self.server.alive():
                 self.server = _Server(self)
             answers = self.server.ask(name, cases, with_arguments, self.call_timeout_s)
+            if self.server.left_processes():  # what it forked shares its pipes: a stale answer could follow
+                self.close()
         finally:
             self.seconds += time.monotonic() - started
         if answers is None:  # not picklable: the arguments exist in a forked child already
@@ -604,6 +606,13 @@ class _Server:
         if type(answers) is not list or len(answers) != len(cases):
             raise UnreadableResult("the student's process sent back a wrong number of answers")
         return answers
+
+    def left_processes(self) -> bool:
+        """Are processes other than the server running beside this checker (what the student's code forked)?
+        Known only as a PID namespace's first process, which sees every process of its sandbox."""
+        if os.getpid() != 1:
+            return False
+        return any(name.isdigit() and int(name) not in (1, self.pid) for name in os.listdir("/proc"))
 
     def stop(self) -> None:
         if self.pid is None:
@@ -843,6 +852,8 @@ def check_cell(namespace: dict[str, Any], student: StudentCode, grade_id: str, p
             verdict.needs_regrade = f"{grade_id}: {verdict.message} (a loaded machine?)"
     except Exception as error:  # noqa: BLE001 - any failure of a test cell loses its points
         verdict.message = _last_line(error)
+    finally:
+        student.close()  # each cell starts with a fresh student process: nothing one cell's calls left behind
     verdict.seconds = time.monotonic() - started
     verdict.student_seconds = student.seconds - student_before
     return verdict

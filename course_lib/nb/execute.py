@@ -243,13 +243,16 @@ def main() -> int:
 
     from .checker import make_undumpable
 
-    make_undumpable()  # the kernel (same user) cannot reach into this process's memory
+    make_undumpable()  # the kernel (same user) cannot reach into this process's memory or descriptors
     job = json.loads(sys.stdin.buffer.read().decode("utf-8"))
     os.environ["NBGRADER_EXECUTION"] = "autograde"
     os.environ.setdefault("MPLBACKEND", "Agg")
+    result_fd = os.dup(1)  # the result's channel, kept by this process alone (not inherited by the kernel)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)  # the kernel inherits standard output: what it writes there goes nowhere
     result = execute_notebook(job)
-    sys.stdout.write(json.dumps(result))
-    sys.stdout.flush()
+    with os.fdopen(result_fd, "w", encoding="utf-8") as out:
+        out.write(json.dumps(result))
     return 0
 
 
