@@ -1,11 +1,13 @@
-"""Benchmark: `course grade` (parallel kernels) against sequential `nbgrader autograde`, same submissions, same run.
+"""Benchmark: `course grade` confined (bwrap) and unconfined (--sandbox none), and sequential `nbgrader autograde`,
+same submissions, same run.
 
     python benchmarks/bench_grading.py [--per-chapter 4] [--workers N] [--chapters 01_length_ledger ...]
 
 Builds every chapter in a scratch course, writes 4 submissions per chapter (the instructor's solutions in the
-release notebook, then wrong answers from the mutant catalogue, one TODO each), copies the course twice, and
-grades the same files with both graders. Prints submissions per minute, the speed-up, and whether the two
-gradebooks agree cell by cell. A benchmark, not a CI test: it takes minutes.
+release notebook, then wrong answers from the mutant catalogue, one TODO each), copies the course three times, and
+grades the same files with the three graders. Prints submissions per minute, the sandbox's overhead per submission
+(bwrap against none: target <= 15%), the speed-up over nbgrader, and whether the gradebooks agree cell by cell. A
+benchmark, not a CI test: it takes minutes.
 
 Before either is timed, one kernel imports what every submission imports (torch, transformers, trl, course_lib), so
 neither grader pays the first read of those files from disk: nbgrader runs first, and that cost would otherwise be
@@ -76,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     import nbgrader
     import torch
 
-    from course_lib.nb import autograde, build, grade
+    from course_lib.nb import autograde, build, confined, grade
 
     scratch = Path(tempfile.mkdtemp(prefix="bench-grading-"))
     try:
@@ -90,8 +92,9 @@ def main(argv: list[str] | None = None) -> int:
         for chapter in builds:
             staged[chapter.name] = write_submissions(root, chapter.name, args.per_chapter, inbox)
         total = sum(len(v) for v in staged.values())
-        sequential_root = scratch / "sequential"
+        sequential_root, unconfined_root = scratch / "sequential", scratch / "unconfined"
         shutil.copytree(root, sequential_root)
+        shutil.copytree(root, unconfined_root)
         workers = args.workers or os.cpu_count() or 1
         print(f"{total} submissions, {len(builds)} chapters | {os.cpu_count()} cores, {workers} workers | "
               f"python {platform.python_version()}, nbgrader {nbgrader.__version__}, torch {torch.__version__}")
@@ -100,22 +103,35 @@ def main(argv: list[str] | None = None) -> int:
         subprocess.run([sys.executable, "-c", warm], check=True)  # untimed: the same page cache for both graders
         sequential_s = sequential_nbgrader(sequential_root, staged)
         print(f"sequential nbgrader autograde: {sequential_s:7.1f} s  {60 * total / sequential_s:5.1f} submissions/min")
+        unconfined = grade.grade_submissions(inbox, unconfined_root, workers=workers, progress=False,
+                                             confinement=confined.Confinement(mode="none"))
+        print(f"course grade --sandbox none:   {unconfined.seconds:7.1f} s  "
+              f"{60 * total / unconfined.seconds:5.1f} submissions/min (graded {unconfined.count('graded')}) | "
+              f"load average {os.getloadavg()[0]:.1f}")
         run = grade.grade_submissions(inbox, root, workers=workers, progress=False)
         parallel_s = run.seconds
-        print(f"course grade ({workers} workers):   {parallel_s:7.1f} s  {60 * total / parallel_s:5.1f} submissions/min "
-              f"(graded {run.count('graded')}, failed {run.count('failed')})")
-        print(f"speed-up: {sequential_s / parallel_s:.2f}x")
+        print(f"course grade --sandbox bwrap:  {parallel_s:7.1f} s  {60 * total / parallel_s:5.1f} submissions/min "
+              f"(graded {run.count('graded')}, failed {run.count('failed')}, {workers} workers) | "
+              f"load average {os.getloadavg()[0]:.1f}")
+        per_bwrap, per_none = parallel_s / total, unconfined.seconds / total
+        overhead = per_bwrap / per_none - 1
+        print(f"sandbox overhead per submission: {per_bwrap:.2f} s vs {per_none:.2f} s = {overhead:+.1%} "
+              f"(target <= +15%: {'met' if overhead <= 0.15 else 'MISSED'})")
+        print(f"speed-up over sequential nbgrader: {sequential_s / parallel_s:.2f}x")
 
         disagreements = []
         for chapter, notebooks in staged.items():
             for student in notebooks:
                 ours = {g: s for g, (s, _) in grade.NbgraderRecorder(root, scratch / "x").scores(student, chapter).items()}
                 theirs = {g: s for g, (s, _) in autograde.cell_scores(sequential_root, chapter, student).items()}
-                if ours != theirs:
-                    disagreements.append(f"{chapter}/{student}: course {ours} vs nbgrader {theirs}")
-        print("per-cell scores agree with nbgrader's on every submission" if not disagreements
+                open_ = {g: s for g, (s, _) in autograde.cell_scores(unconfined_root, chapter, student).items()}
+                if not ours == theirs == open_:
+                    disagreements.append(f"{chapter}/{student}: course {ours} vs --sandbox none {open_} vs "
+                                         f"nbgrader {theirs}")
+        print("per-cell scores agree across the three graders on every submission" if not disagreements
               else "DISAGREEMENTS:\n  " + "\n  ".join(disagreements))
-        return 1 if disagreements or run.count("failed") else 0
+        failed = run.count("failed") + unconfined.count("failed")
+        return 1 if disagreements or failed or overhead > 0.15 else 0
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
