@@ -7,8 +7,10 @@ and a training step of padding vs packing with a block mask vs packing with varl
 Lengths: numpy default_rng(seed) lognormal with mu = ln(mean) - sigma^2 / 2 (so the unclipped mean is `mean`),
 rounded and clipped to [1, max_length]. Times are the best of --repeats wall-clock runs (time.perf_counter); the
 training step runs one untimed warm-up per layout, then its repeats round-robin across the layouts, so load that
-comes and goes lands on all of them. Exits 1 (after printing everything) when a side-by-side check fails: our plan
-differs from TRL's, the teaching packer's bins from ours, or a layout's loss from the block mask's.
+comes and goes lands on all of them. The split-packing section draws the same lengths clipped to
+--split-max-length instead, so some samples are longer than a row. Exits 1 (after printing everything) when a
+side-by-side check fails: our plan differs from TRL's, our split plan needs more rows than TRL's bfd_split or misses
+or repeats a token, the teaching packer's bins differ from ours, or a layout's loss from the block mask's.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import numpy as np
 import torch
 
 from course_lib.packing import block_causal_mask, pack_sample_lengths, plan_packing, varlen_metadata
+from course_lib.packing_split import plan_split_packing
 
 FAILURES: list[str] = []  # side-by-side checks that failed in this run; main() exits 1 when any did
 
@@ -53,14 +56,17 @@ def best_time(function, repeats: int):
     return best, result
 
 
-def token_dataset(lengths: np.ndarray):
-    """A datasets.Dataset with one input_ids list per length (token values 0), built straight from Arrow."""
+def token_dataset(lengths: np.ndarray, numbered: bool = False):
+    """A datasets.Dataset with one input_ids list per length, built straight from Arrow; token values 0, or with
+    numbered=True each token's index in the concatenated data (so a packed row shows which tokens it placed)."""
     import pyarrow as pa
     from datasets import Dataset
     from datasets.table import InMemoryTable
 
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    column = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(np.zeros(offsets[-1], dtype=np.int32)))
+    values = np.arange(offsets[-1], dtype=np.int64 if offsets[-1] >= 2**31 else np.int32) if numbered else (
+        np.zeros(offsets[-1], dtype=np.int32))
+    column = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values))
     return Dataset(InMemoryTable(pa.table({"input_ids": column})))
 
 
@@ -113,6 +119,87 @@ def bench_plans(lengths: np.ndarray, capacity: int, repeats: int) -> None:
         print(f"{name:<58}{seconds:>9.3f}{seconds / reference:>12.2f}{counts[name]:>9,}{counts[name] / bound:>12.5f}")
     same = check(ours_as_lengths == global_trl, "our 'bfd' plan differs from TRL's global bfd rows")
     print(f"ours 'bfd' plan identical to TRL's global bfd rows (same order, same lengths): {same}")
+
+
+def materialize_split(dataset, plan: list[list[tuple[int, int, int]]]):
+    """Our split plan applied to the tokens: gather every span's tokens in plan order, cut into packed rows."""
+    import pyarrow as pa
+
+    column = dataset.data.table.column("input_ids").combine_chunks()
+    offsets = column.offsets.to_numpy()
+    sample_starts = offsets[:-1] - offsets[0]  # [N] in column.flatten(), which starts at the array's own offset
+    spans = np.array([span for row in plan for span in row], dtype=np.int64)  # [P, 3]
+    piece_lengths = spans[:, 2] - spans[:, 1]  # [P]
+    piece_ends = np.cumsum(piece_lengths)  # [P] in the packed output
+    # output token t of piece p reads input token sample_starts[sample] + start + (t - output start of p)
+    shift = np.repeat(sample_starts[spans[:, 0]] + spans[:, 1] - (piece_ends - piece_lengths), piece_lengths)  # [T]
+    taken = column.flatten().take(pa.array(np.arange(piece_ends[-1]) + shift))
+    row_ends = piece_ends[np.cumsum([len(row) for row in plan]) - 1]  # [R]
+    return pa.LargeListArray.from_arrays(pa.array(np.concatenate([[0], row_ends])), taken)
+
+
+def places_every_token_once(rows, total: int) -> bool:
+    """Packed rows of numbered tokens (token_dataset(numbered=True)) hold each of the total tokens exactly once."""
+    values = rows.flatten().to_numpy(zero_copy_only=False)
+    seen = np.zeros(total, dtype=bool)
+    seen[values] = True
+    return len(values) == total and bool(seen.all())
+
+
+def split_plan_is_exact(plan: list[list[tuple[int, int, int]]], lengths: np.ndarray, capacity: int) -> bool:
+    """Every row within capacity, and each sample's spans, in token order, tile [0, length) with no gap or overlap."""
+    spans = np.array([span for row in plan for span in row], dtype=np.int64)  # [P, 3]
+    row_totals = np.add.reduceat(spans[:, 2] - spans[:, 1], np.cumsum([0] + [len(row) for row in plan[:-1]]))
+    sample, start, stop = spans[np.lexsort((spans[:, 1], spans[:, 0]))].T  # by sample, then start
+    first = np.r_[True, sample[1:] != sample[:-1]]  # [P] a sample's first piece
+    last = np.r_[sample[1:] != sample[:-1], True]  # [P] its last
+    return bool(row_totals.max() <= capacity and np.array_equal(sample[first], np.arange(len(lengths)))
+                and (start[first] == 0).all() and (start[~first] == stop[:-1][~first[1:]]).all()
+                and np.array_equal(stop[last], lengths))
+
+
+def bench_split_plans(lengths: np.ndarray, capacity: int, repeats: int) -> None:
+    from datasets import disable_progress_bars
+    from trl import pack_dataset
+
+    disable_progress_bars()
+    total = int(lengths.sum())
+    bound = math.ceil(total / capacity)
+    print(f"\n## plan_split_packing vs trl.pack_dataset('bfd_split'): n = {len(lengths):,} "
+          f"({int((lengths > capacity).sum()):,} longer than the row, max {int(lengths.max()):,}), capacity = "
+          f"{capacity}, total tokens = {total:,}, lower bound ceil(sum/capacity) = {bound:,} rows")
+    dataset = token_dataset(lengths, numbered=True)  # built outside every timed region
+    timings, counts, exact = {}, {}, {}
+    timings["ours plan_split_packing"], plan = best_time(lambda: plan_split_packing(lengths, capacity), repeats)
+    timings["ours plan_split_packing + Arrow rows"], ours_rows = best_time(
+        lambda: materialize_split(dataset, plan_split_packing(lengths, capacity)), repeats)
+    counts["ours plan_split_packing"] = counts["ours plan_split_packing + Arrow rows"] = len(plan)
+    exact["ours plan_split_packing"] = split_plan_is_exact(plan, lengths, capacity)
+    exact["ours plan_split_packing + Arrow rows"] = places_every_token_once(ours_rows, total)
+    runs = {"trl pack_dataset('bfd_split'), default map batches of 1000": None,
+            "trl pack_dataset('bfd_split'), one map batch (global)": {"batch_size": None}}
+    trl_lengths = {}
+    for name, map_kwargs in runs.items():
+        timings[name], packed = best_time(
+            lambda kw=map_kwargs: pack_dataset(dataset, capacity, strategy="bfd_split", map_kwargs=kw), repeats)
+        table = packed.data.table
+        trl_lengths[name], counts[name] = table.column("seq_lengths").to_pylist(), table.num_rows
+        exact[name] = places_every_token_once(table.column("input_ids").combine_chunks(), total)
+    reference = timings["ours plan_split_packing + Arrow rows"]  # like for like: TRL returns packed rows
+    print(f"{'method':<62}{'seconds':>9}{'x ours rows':>12}{'rows':>9}{'rows/bound':>12}{'every token once':>18}")
+    for name, seconds in timings.items():
+        print(f"{name:<62}{seconds:>9.3f}{seconds / reference:>12.2f}{counts[name]:>9,}{counts[name] / bound:>12.5f}"
+              f"{exact[name]!s:>18}")
+    check(exact["ours plan_split_packing"], "our split plan misses or repeats a token, or overfills a row")
+    check(exact["ours plan_split_packing + Arrow rows"], "our split rows miss or repeat a token")
+    for name in runs:
+        check(exact[name], f"{name} misses or repeats a token: the row counts are not comparable")
+        check(len(plan) <= counts[name], f"our split plan needs {len(plan)} rows, more than {name}'s {counts[name]}")
+    same = check([[stop - start for _, start, stop in row] for row in plan]
+                 == trl_lengths["trl pack_dataset('bfd_split'), one map batch (global)"],
+                 "our split plan differs from TRL's global bfd_split rows")
+    print(f"ours split plan identical to TRL's global bfd_split rows (same order, same lengths): {same}; "
+          f"rows <= TRL's in both runs: {all(len(plan) <= counts[name] for name in runs)}")
 
 
 def bench_quadratic(lengths: np.ndarray, capacity: int, naive_n: int, repeats: int) -> None:
@@ -239,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mean", type=float, default=650.0, help="unclipped lognormal mean length")
     parser.add_argument("--sigma", type=float, default=1.0)
     parser.add_argument("--max-length", type=int, default=4096)
+    parser.add_argument("--split-max-length", type=int, default=65536,
+                        help="clip of the same draw for the split-packing section (longer than a row allowed)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--naive-n", type=int, default=5_000, help="largest n for the quadratic teaching version")
     parser.add_argument("--repeats", type=int, default=3)
@@ -264,6 +353,8 @@ def main(argv: list[str] | None = None) -> int:
           + ("the training step only (--step-only)" if args.step_only else "all"))
     if not args.step_only:
         bench_plans(lengths, args.capacity, args.repeats)
+        split_lengths = lognormal_lengths(args.n, args.mean, args.sigma, args.split_max_length, args.seed)
+        bench_split_plans(split_lengths, args.capacity, args.repeats)
         bench_quadratic(lengths, args.capacity, args.naive_n, args.repeats)
         micro_repeats = max(args.repeats, 10)  # cheap calls: more repeats so a shared CPU's noise washes out
         bench_varlen(lengths, totals, micro_repeats)

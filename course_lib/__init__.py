@@ -9,6 +9,7 @@ One module per stop of the data path, in the order a chat sample travels:
     window      fit | truncate | overflow, and cutting only the supervision tail
     labels      input_ids + labels (-100 outside answers), padding a batch
     packing     bin plans, boundary-isolated rows, block-causal masks, varlen metadata
+    packing_split  over-long samples cut into row-sized pieces, each packed like a sample (TRL's bfd_split)
     varlen      attention per packed sample from cu_seqlens / position restarts: no [L, L] mask
     packed_forward  a transformers model on packed rows, checked against each sample alone
     microbatch  token-budget microbatches, balanced data-parallel partitions
@@ -35,6 +36,7 @@ from . import (
     microbatch,
     packed_forward,
     packing,
+    packing_split,
     sources,
     tiny,
     tokenizer,
@@ -52,6 +54,7 @@ from .loss import *  # noqa: F403
 from .microbatch import *  # noqa: F403
 from .packed_forward import *  # noqa: F403
 from .packing import *  # noqa: F403
+from .packing_split import *  # noqa: F403
 from .sources import *  # noqa: F403
 from .tiny import *  # noqa: F403
 from .tokenizer import *  # noqa: F403
@@ -61,7 +64,7 @@ from .window import *  # noqa: F403
 __version__ = "0.1.0"
 __all__ = [
     name
-    for module in (tokenizer, tiny, sources, ledger, window, labels, packing, varlen, packed_forward, microbatch,
-                   logprobs, loss, accounting, curriculum, longdoc, lab)
+    for module in (tokenizer, tiny, sources, ledger, window, labels, packing, packing_split, varlen, packed_forward,
+                   microbatch, logprobs, loss, accounting, curriculum, longdoc, lab)
     for name in module.__all__
 ]

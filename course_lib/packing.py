@@ -334,13 +334,19 @@ def pack_sequences(sequences, max_tokens: int, pad_id: int = 0) -> dict:
 
     Each sequence is a mapping with "ids" and optional "action_mask"/"sample_logp" (length len(ids) - 1), an object
     with those attributes, or a bare 1-D sequence of ids. segment_ids is the sequence's index within its row, -1 on
-    padding; the transition entry that would predict the next sequence's first token stays 0.
+    padding; the transition entry that would predict the next sequence's first token stays 0. A sequence longer than
+    max_tokens is refused: `pack_split_sequences` cuts it into pieces instead.
     """
     max_tokens = require_positive_int("max_tokens", max_tokens)
     pad_id = require_nonnegative_int("pad_id", pad_id)
     ids, fields = _read_sequences(require_sequence("sequences", sequences, allow_empty=False))
     lengths = _lengths_array("sequence_lengths", [len(sequence_ids) for sequence_ids in ids], max_tokens, "max_tokens")
-    rows = plan_packing(lengths, max_tokens, "ffd")
+    return _lay_out_rows(ids, fields, lengths, plan_packing(lengths, max_tokens, "ffd"), max_tokens, pad_id)
+
+
+def _lay_out_rows(ids: list[torch.Tensor], fields: dict, lengths: np.ndarray, rows: list[list[int]], max_tokens: int,
+                  pad_id: int) -> dict:
+    """Checked sequences (ids [n_i], fields [n_i - 1]) placed as rows lists them -> pack_sequences' dict."""
     order = [index for row in rows for index in row]  # sequences in packed order
     packed_lengths = torch.from_numpy(lengths[order])  # [N]
     metadata = varlen_metadata(packed_lengths)

@@ -32,7 +32,12 @@ def test_bench_packing_smoke_runs_every_section():
 
     printed = _run(bench_packing.main)
     assert "ours 'bfd' plan identical to TRL's global bfd rows (same order, same lengths): True" in printed
-    for section in ("## plan_packing vs trl.pack_dataset", "## seed teaching first-fit", "## varlen_metadata",
+    assert ("ours split plan identical to TRL's global bfd_split rows (same order, same lengths): True; "
+            "rows <= TRL's in both runs: True") in printed
+    split_section = printed.split("## plan_split_packing vs", 1)[1].split("\n## ", 1)[0]
+    assert "(0 longer than the row" not in split_section  # the smoke size still cuts some sample
+    for section in ("## plan_packing vs trl.pack_dataset", "## plan_split_packing vs trl.pack_dataset('bfd_split')",
+                    "## seed teaching first-fit", "## varlen_metadata",
                     "## block_causal_mask", "## a training step"):
         assert section in printed, f"bench_packing --smoke printed no {section!r} section"
     step_rows = printed.split("## a training step", 1)[1].splitlines()[2:4]

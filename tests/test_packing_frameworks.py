@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 import datasets
+import numpy as np
 import pytest
 import torch
 from datasets import Dataset
@@ -15,6 +16,7 @@ from trl import pack_dataset
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
 from course_lib.packing import build_boundary_isolated_packing, plan_packing, varlen_metadata
+from course_lib.packing_split import plan_split_packing, split_into_pieces
 
 datasets.disable_progress_bars()
 SOME = settings(deadline=None, max_examples=12)
@@ -113,6 +115,51 @@ def test_trl_truncates_an_overlong_sample_where_we_refuse():
     assert sorted(n for row in packed for n in row["seq_lengths"]) == [5, 6]  # 3 tokens silently dropped
     with pytest.raises(ValueError, match=r"lengths\[1\] = 9 exceeds capacity = 6"):
         plan_packing([5, 9], 6)
+
+
+def _trl_spans(packed_dataset):
+    """TRL packed rows -> (sample, start, stop) per segment, read back from each segment's first token."""
+    rows = []
+    for row in packed_dataset:
+        spans, offset = [], 0
+        for n in row["seq_lengths"]:
+            sample, start = divmod(row["input_ids"][offset], TOKEN_STRIDE)
+            spans.append((sample, start, start + n))
+            offset += n
+        rows.append(spans)
+    return rows
+
+
+@SOME
+@given(st.lists(st.integers(1, 80), min_size=1, max_size=40), st.integers(8, 24))
+def test_our_split_plan_equals_trl_bfd_split(lengths, capacity):
+    """TRL's bfd_split in one map batch, on the same samples: its rows are our plan's spans (same order), its tokens
+    and labels our pieces' through build_boundary_isolated_packing, its collator's positions restart at every piece."""
+    samples = _samples(lengths)
+    packed = pack_dataset(Dataset.from_list(samples), seq_length=capacity, strategy="bfd_split",
+                          map_kwargs={"batch_size": None})
+    plan = plan_split_packing(lengths, capacity)
+    assert _trl_spans(packed) == plan
+    rows = [build_boundary_isolated_packing(pieces) for pieces in split_into_pieces(samples, plan)]
+    for row, ours in zip(packed, rows, strict=True):
+        assert row["input_ids"] == ours["input_ids"] and row["labels"] == ours["labels"]
+    batch = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)(list(packed))
+    assert batch["position_ids"][0].tolist() == [position for ours in rows for position in ours["position_ids"]]
+
+
+def test_split_plan_needs_no_more_rows_than_trl_bfd_split():
+    """2,300 long-tailed samples, a quarter of them longer than the row: TRL's default map batches of 1000 need more
+    rows than our one plan; with one batch TRL's rows are ours."""
+    lengths = np.clip(np.random.default_rng(0).lognormal(3.5, 1.0, 2300).round(), 1, None).astype(int).tolist()
+    capacity = 64
+    assert sum(n > capacity for n in lengths) > 400 and max(lengths) < TOKEN_STRIDE
+    dataset = Dataset.from_list(_samples(lengths))
+    plan = plan_split_packing(lengths, capacity)
+    batched = pack_dataset(dataset, seq_length=capacity, strategy="bfd_split")
+    one_batch = pack_dataset(dataset, seq_length=capacity, strategy="bfd_split", map_kwargs={"batch_size": None})
+    assert sorted(n for row in batched for n in row["seq_lengths"]) == sorted(
+        stop - start for row in plan for _, start, stop in row)  # the same pieces, every token placed
+    assert len(plan) < len(batched) and _trl_spans(one_batch) == plan
 
 
 @SOME
