@@ -47,13 +47,16 @@ def build_labels(tokenizer, messages, *, supervise_eos: bool = True, max_length:
     return {"input_ids": input_ids.tolist(), "labels": labels.tolist()}
 
 
-def pad_batch(features, pad_token_id: int) -> dict[str, torch.Tensor]:
+def pad_batch(features, pad_token_id: int, *, pad_to_multiple_of: int | None = None) -> dict[str, torch.Tensor]:
     """B features {"input_ids" [T_b], "labels" [T_b]} -> {"input_ids", "labels", "attention_mask"}, each [B, L] long.
 
-    Right padding to L = max T_b: input_ids with pad_token_id, labels with IGNORE_INDEX (never the pad id),
-    attention_mask 1 on real tokens and 0 on padding (from the lengths, not from the ids).
+    Right padding to L = max T_b, rounded up to a multiple of pad_to_multiple_of when given (as transformers'
+    collators round it): input_ids with pad_token_id, labels with IGNORE_INDEX (never the pad id), attention_mask
+    1 on real tokens and 0 on padding (from the lengths, not from the ids).
     """
     pad_token_id = require_int("pad_token_id", pad_token_id, minimum=0, maximum=INT64_MAX)
+    if pad_to_multiple_of is not None:
+        pad_to_multiple_of = require_positive_int("pad_to_multiple_of", pad_to_multiple_of)
     id_rows, label_rows = [], []
     for index, feature in enumerate(require_sequence("features", features, allow_empty=False)):
         require_keys(f"features[{index}]", feature, ("input_ids", "labels"))
@@ -70,5 +73,9 @@ def pad_batch(features, pad_token_id: int) -> dict[str, torch.Tensor]:
     lengths = torch.tensor([len(row) for row in id_rows])  # [B]
     input_ids = torch.nn.utils.rnn.pad_sequence(id_rows, batch_first=True, padding_value=pad_token_id)  # [B, L]
     labels = torch.nn.utils.rnn.pad_sequence(label_rows, batch_first=True, padding_value=IGNORE_INDEX)  # [B, L]
+    if pad_to_multiple_of is not None:
+        extra = -input_ids.shape[1] % pad_to_multiple_of  # columns up to the next multiple: 0 .. multiple - 1
+        input_ids = torch.cat([input_ids, input_ids.new_full((len(id_rows), extra), pad_token_id)], dim=1)  # [B, L']
+        labels = torch.cat([labels, labels.new_full((len(id_rows), extra), IGNORE_INDEX)], dim=1)  # [B, L']
     attention_mask = (torch.arange(input_ids.shape[1])[None, :] < lengths[:, None]).long()  # [B, L]
     return {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}

@@ -196,3 +196,70 @@ def test_labels_equal_trl_sft_trainer_assistant_only_loss(tmp_path, tokenizers):
         ours = build_labels(tokenizers["chatml"], messages)
         assert trainer.train_dataset[index]["input_ids"] == ours["input_ids"]
         assert trainer.train_dataset[index]["labels"] == ours["labels"]
+
+
+# ---- pad_to_multiple_of: the width rounded up, as the framework collators round it ----------------------------------
+
+@pytest.mark.parametrize("multiple", [None, 1, 3, 8, 64])
+@pytest.mark.parametrize("name", ["llama3", "chatml"])
+def test_pad_to_multiple_of_matches_transformers_and_trl_collators(tokenizers, name, multiple):
+    """The same batch as DataCollatorForSeq2Seq and TRL's DataCollatorForLanguageModeling with the same
+    pad_to_multiple_of: ids padded with the pad id, labels with -100 and attention_mask 0 on the added columns."""
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    tokenizer = tokenizers[name]
+    features = [build_labels(tokenizer, CHAT), build_labels(tokenizer, CHAT[:3]), build_labels(tokenizer, CHAT[1:3])]
+    ours = pad_batch(features, tokenizer.pad_token_id, pad_to_multiple_of=multiple)
+    seq2seq = DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=IGNORE_INDEX, pad_to_multiple_of=multiple,
+                                     return_tensors="pt")([dict(f) for f in features])
+    trl = DataCollatorForLanguageModeling(pad_token_id=tokenizer.pad_token_id, pad_to_multiple_of=multiple)(
+        [dict(f) for f in features])
+    longest = max(len(f["input_ids"]) for f in features)
+    width = ours["input_ids"].shape[1]
+    assert width % (multiple or 1) == 0 and longest <= width < longest + (multiple or 1)
+    for theirs in (seq2seq, trl):
+        for key in ("input_ids", "labels", "attention_mask"):
+            assert ours[key].dtype == torch.long
+            assert torch.equal(ours[key], theirs[key]), key
+
+
+def test_pad_to_multiple_of_left_padding_is_the_collators_mirror_image(tokenizers):
+    """pad_batch pads on the right only; the left-padding collator puts the same columns on the other side."""
+    tokenizer = tokenizers["chatml"]
+    features = [build_labels(tokenizer, CHAT), build_labels(tokenizer, CHAT[:3])]
+    ours = pad_batch(features, tokenizer.pad_token_id, pad_to_multiple_of=16)
+    left = DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=IGNORE_INDEX, pad_to_multiple_of=16,
+                                  return_tensors="pt")
+    tokenizer.padding_side = "left"
+    try:
+        theirs = left([dict(f) for f in features])
+    finally:
+        tokenizer.padding_side = "right"
+    for key in ("input_ids", "labels", "attention_mask"):
+        for row, feature in enumerate(features):
+            length = len(feature["input_ids"])
+            real_right, real_left = ours[key][row, :length], theirs[key][row, -length:]
+            assert torch.equal(real_right, real_left), key
+            assert torch.equal(ours[key][row, length:], theirs[key][row, :-length]), key  # the padding columns
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.integers(0, 2047), st.booleans()), min_size=1, max_size=12),
+                min_size=1, max_size=6), st.integers(0, 2047), st.integers(1, 9))
+def test_pad_to_multiple_of_equals_brute_force(rows, pad_token_id, multiple):
+    features = [{"input_ids": [i for i, _ in row], "labels": [i if keep else IGNORE_INDEX for i, keep in row]}
+                for row in rows]
+    batch = pad_batch(features, pad_token_id, pad_to_multiple_of=multiple)
+    longest = max(len(row) for row in rows)
+    assert batch["input_ids"].shape == (len(rows), -(-longest // multiple) * multiple)  # ceil(longest / m) * m
+    assert_padded_batch_is_right(batch, features, pad_token_id)
+    unrounded = pad_batch(features, pad_token_id)
+    assert all(torch.equal(batch[key][:, :longest], unrounded[key]) for key in batch)
+
+
+@pytest.mark.parametrize("bad", [0, -8, True, False, 2.5, 8.0, "8", [8], torch.tensor([8])], ids=repr)
+def test_pad_to_multiple_of_must_be_a_positive_integer(bad):
+    good = [{"input_ids": [5, 6], "labels": [-100, 6]}]
+    with pytest.raises(ValueError, match=r"^pad_to_multiple_of must be"):
+        pad_batch(good, 0, pad_to_multiple_of=bad)
+    assert pad_batch(good, 0, pad_to_multiple_of=torch.tensor(4))["input_ids"].shape == (1, 4)  # a 0-d tensor is an int

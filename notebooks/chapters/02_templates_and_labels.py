@@ -282,15 +282,18 @@ print("".join(pieces))
 #
 # ### TODO 2 · `pad_batch`: right padding (右填充)
 #
-# Write `pad_batch(features, pad_token_id)`: `features` is a non-empty list of dicts with `input_ids` and
-# `labels` (lists, numpy arrays or 1-D tensors of the same length). Return `{"input_ids", "labels",
+# Write `pad_batch(features, pad_token_id, *, pad_to_multiple_of=None)`: `features` is a non-empty list of dicts with
+# `input_ids` and `labels` (lists, numpy arrays or 1-D tensors of the same length). Return `{"input_ids", "labels",
 # "attention_mask"}`, each a `torch.long` tensor of shape `[B, L]` with `L` the longest sample, right-padded
-# as in the table. Raise a `ValueError` that names the problem for: an empty list; a feature missing
+# as in the table. With `pad_to_multiple_of=m`, `L` is the longest sample rounded up to a multiple of `m` (8 → 8,
+# 9 → 16 for `m = 8`), as transformers' collators round it for tensor-core-friendly shapes; the extra columns are
+# padding like any other. Raise a `ValueError` that names the problem for: an empty list; a feature missing
 # `input_ids` or `labels` (`require_keys` does it); `input_ids` and `labels` of different lengths (the
 # "labels not truncated with the inputs" bug); an empty sample; ids or labels that are not one flat row of integers (not
 # bools, not floats, not a `[1, T]` tensor as `tokenizer(..., return_tensors="pt")` gives: `require_tensor(...,
 # ndim=1, dtype_kind="i")` checks all three); a
-# `pad_token_id` that is not an integer ≥ 0 (`require_int(..., minimum=0)`; `True` is not one). Leave the
+# `pad_token_id` that is not an integer ≥ 0 (`require_int(..., minimum=0)`; `True` is not one); a `pad_to_multiple_of`
+# that is neither `None` nor a positive integer (`require_positive_int`). Leave the
 # caller's features as they are: build new tensors, do not pad the given lists in place.
 
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_pad_batch", "locked": false, "schema_version": 3}
@@ -363,6 +366,14 @@ _t_as_int32 = [{"input_ids": np.array(f["input_ids"], dtype=np.int32), "labels":
                for f in (_t_feature(4, 2), _t_feature(6, 2))]
 _t_cases.append(((_t_as_int32, 2), {}))  # 32-bit ids come back as torch.long
 _t_cases.append((([{"input_ids": [0, 5, 0], "labels": [IGNORE_INDEX, 5, 0]}, {"input_ids": [9], "labels": [9]}], 0), {}))
+for _ in range(12):  # the width rounded up to a multiple: already one, one short, one past, a multiple above L
+    _t_pad = _t_rng.randint(0, 2047)
+    _t_features = [_t_feature(_t_rng.randint(1, 20), _t_pad) for _ in range(_t_rng.randint(1, 4))]
+    _t_cases.append(((_t_features, _t_pad), {"pad_to_multiple_of": _t_rng.choice([1, 2, 3, 5, 8, 64])}))
+_t_cases.append((([_t_feature(8, 1), _t_feature(3, 1)], 1), {"pad_to_multiple_of": 8}))  # 8 is a multiple: no extra
+_t_cases.append((([_t_feature(9, 4)], 4), {"pad_to_multiple_of": 8}))                    # 9 -> 16
+_t_cases.append((([_t_feature(2, 0), _t_feature(1, 0)], 0), {"pad_to_multiple_of": None}))
+_t_cases.append((([_t_feature(5, 7)], 7), {"pad_to_multiple_of": np.int64(4)}))          # a numpy integer is one
 grading.assert_matches_reference(pad_batch, "pad_batch", _t_cases)
 _t_good = {"input_ids": [5, 6], "labels": [IGNORE_INDEX, 6]}
 grading.assert_rejects(pad_batch, "pad_batch", [
@@ -381,6 +392,9 @@ grading.assert_rejects(pad_batch, "pad_batch", [
     (([{"input_ids": torch.tensor([[5, 6]]), "labels": torch.tensor([[5, 6]])}], 0), {}),  # a [1, T] tensor is 2-D
     (([_t_good, {"input_ids": [[5, 6]], "labels": [5]}], 0), {}),                  # each field is checked:
     (([_t_good, {"input_ids": [5], "labels": [[5, 6]]}], 0), {}),                  # one row of one token each
+    (([_t_good], 0), {"pad_to_multiple_of": 0}), (([_t_good], 0), {"pad_to_multiple_of": -8}),
+    (([_t_good], 0), {"pad_to_multiple_of": True}), (([_t_good], 0), {"pad_to_multiple_of": 2.5}),
+    (([_t_good], 0), {"pad_to_multiple_of": 8.0}), (([_t_good], 0), {"pad_to_multiple_of": "8"}),
 ])
 ### END HIDDEN TESTS
 
@@ -485,7 +499,8 @@ plt.show()
 # **transformers.** `apply_chat_template(..., return_assistant_tokens_mask=True)` marks the tokens produced
 # inside the template's `{% generation %}` blocks: each answer and its end-of-turn token. Our labels must be
 # exactly the ids under that mask, on every sample chat and every template. `DataCollatorForSeq2Seq` with
-# `label_pad_token_id=-100` is the reference right-padding collator.
+# `label_pad_token_id=-100` is the reference right-padding collator, and with `pad_to_multiple_of=8` it rounds the
+# width up as `pad_batch` does.
 
 # %%
 from transformers import DataCollatorForSeq2Seq
@@ -506,6 +521,11 @@ collator = DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=IGNORE_INDEX, re
 theirs = collator([dict(feature) for feature in features])
 print(f"labels equal the assistant-token mask on {checked} (template, chat) pairs")
 print("pad_batch == DataCollatorForSeq2Seq:", {key: torch.equal(batch[key], theirs[key]) for key in batch})
+rounded = pad_batch(features, tokenizer.pad_token_id, pad_to_multiple_of=8)
+collator.pad_to_multiple_of = 8
+theirs = collator([dict(feature) for feature in features])
+print(f"width {batch['input_ids'].shape[1]} -> {rounded['input_ids'].shape[1]} with pad_to_multiple_of=8, equal:",
+      {key: torch.equal(rounded[key], theirs[key]) for key in rounded})
 
 # %% [markdown]
 # **TRL.** `SFTTrainer` with `SFTConfig(assistant_only_loss=True)` tokenizes a dataset of `messages` with the

@@ -27,8 +27,9 @@ def _build(labels="[i if r in kept else IGNORE_INDEX for i, r in zip(input_ids, 
 
 
 _PAD = '''
-def pad_batch(features, pad_token_id):
+def pad_batch(features, pad_token_id, *, pad_to_multiple_of=None):
     pad_token_id = require_int("pad_token_id", pad_token_id, minimum=0)
+    multiple = 1 if pad_to_multiple_of is None else require_positive_int("pad_to_multiple_of", pad_to_multiple_of)
     if not len(features):
         raise ValueError("features must be a non-empty list")
     rows = []
@@ -41,7 +42,7 @@ def pad_batch(features, pad_token_id):
         if not ids:
             raise ValueError(f"features[{index}] has empty input_ids")
         rows.append((ids, labels))
-    width = max(len(ids) for ids, _ in rows)
+    width = -(-max(len(ids) for ids, _ in rows) // multiple) * multiple
     batch = {"input_ids": [], "labels": [], "attention_mask": []}
     for ids, labels in rows:
         fill = width - len(ids)
@@ -132,8 +133,10 @@ def _as_long(name, values):
     return row.long()
 
 
-def pad_batch(features, pad_token_id):
+def pad_batch(features, pad_token_id, *, pad_to_multiple_of=None):
     require_int("pad_token_id", pad_token_id, minimum=0)
+    if pad_to_multiple_of is not None:
+        require_positive_int("pad_to_multiple_of", pad_to_multiple_of)
     if len(features) == 0:
         raise ValueError("features must not be empty")
     ids, labels = [], []
@@ -144,10 +147,15 @@ def pad_batch(features, pad_token_id):
             raise ValueError("input_ids and labels must be non-empty and of one length")
         ids.append(row_ids)
         labels.append(row_labels)
+    if pad_to_multiple_of is not None:  # a zero-length row of the rounded width sets pad_sequence's width
+        width = -(-max(len(row) for row in ids) // pad_to_multiple_of) * pad_to_multiple_of
+        ids, labels = ids + [torch.zeros(width, dtype=torch.long)], labels + [torch.zeros(width, dtype=torch.long)]
     masks = [torch.ones(len(row), dtype=torch.long) for row in ids]
-    return {"input_ids": pad_sequence(ids, batch_first=True, padding_value=pad_token_id),
-            "labels": pad_sequence(labels, batch_first=True, padding_value=IGNORE_INDEX),
-            "attention_mask": pad_sequence(masks, batch_first=True, padding_value=0)}
+    batch = {"input_ids": pad_sequence(ids, batch_first=True, padding_value=pad_token_id),
+             "labels": pad_sequence(labels, batch_first=True, padding_value=IGNORE_INDEX),
+             "attention_mask": pad_sequence(masks, batch_first=True, padding_value=0)}
+    rows = len(features)
+    return {key: value[:rows] for key, value in batch.items()}
 ''',
     },
 }
@@ -279,11 +287,14 @@ def _ints(what, values):
     return [int(value) for value in values]
 
 
-def pad_batch(features, pad_token_id):
+def pad_batch(features, pad_token_id, *, pad_to_multiple_of=None):
     if not features:
         raise ValueError("pad_batch needs at least one feature")
     if isinstance(pad_token_id, bool) or not isinstance(pad_token_id, Integral) or pad_token_id < 0:
         raise ValueError(f"pad_token_id must be an integer >= 0, got {pad_token_id!r}")
+    multiple = 1 if pad_to_multiple_of is None else pad_to_multiple_of
+    if isinstance(multiple, bool) or not isinstance(multiple, Integral) or multiple < 1:
+        raise ValueError(f"pad_to_multiple_of must be None or an integer >= 1, got {pad_to_multiple_of!r}")
     rows = []
     for number, feature in enumerate(features):
         if "input_ids" not in feature or "labels" not in feature:
@@ -296,6 +307,7 @@ def pad_batch(features, pad_token_id):
             raise ValueError(f"feature {number} is empty")
         rows.append((ids, labels))
     width = max(len(ids) for ids, _ in rows)
+    width += (multiple - width % multiple) % multiple
     return {
         "input_ids": torch.tensor([ids + [pad_token_id] * (width - len(ids)) for ids, _ in rows], dtype=torch.long),
         "labels": torch.tensor([labels + [IGNORE_INDEX] * (width - len(labels)) for _, labels in rows],
@@ -306,14 +318,18 @@ def pad_batch(features, pad_token_id):
 ''',
     # torch.full then row slices filled in place (the new tensors, not the caller's lists).
     "full_then_fill": '''
+import math
+
 import torch
 
 from course_lib import IGNORE_INDEX
-from course_lib._checks import require_int, require_keys, require_tensor
+from course_lib._checks import require_int, require_keys, require_positive_int, require_tensor
 
 
-def pad_batch(features, pad_token_id):
+def pad_batch(features, pad_token_id, *, pad_to_multiple_of=None):
     pad_token_id = require_int("pad_token_id", pad_token_id, minimum=0)
+    if pad_to_multiple_of is not None:
+        pad_to_multiple_of = require_positive_int("pad_to_multiple_of", pad_to_multiple_of)
     if len(features) == 0:
         raise ValueError("features is empty")
     rows = []
@@ -325,6 +341,8 @@ def pad_batch(features, pad_token_id):
             raise ValueError(f"features[{index}]: {ids.numel()} ids and {labels.numel()} labels")
         rows.append((ids, labels))
     batch, width = len(rows), max(len(ids) for ids, _ in rows)
+    if pad_to_multiple_of is not None:
+        width = math.ceil(width / pad_to_multiple_of) * pad_to_multiple_of
     input_ids = torch.full((batch, width), pad_token_id, dtype=torch.long)
     labels = torch.full((batch, width), IGNORE_INDEX, dtype=torch.long)
     attention_mask = torch.zeros((batch, width), dtype=torch.long)
@@ -342,9 +360,13 @@ import torch
 IGNORE = -100
 
 
-def pad_batch(features, pad_token_id):
+def pad_batch(features, pad_token_id, *, pad_to_multiple_of=None):
     if type(pad_token_id) is bool or not isinstance(pad_token_id, (int, np.integer)) or pad_token_id < 0:
         raise ValueError(f"bad pad_token_id {pad_token_id!r}: need an integer >= 0")
+    if pad_to_multiple_of is not None and (type(pad_to_multiple_of) is bool
+                                           or not isinstance(pad_to_multiple_of, (int, np.integer))
+                                           or pad_to_multiple_of < 1):
+        raise ValueError(f"bad pad_to_multiple_of {pad_to_multiple_of!r}: need None or an integer >= 1")
     if len(features) == 0:
         raise ValueError("no features to pad")
     arrays = []
@@ -359,6 +381,8 @@ def pad_batch(features, pad_token_id):
             raise ValueError(f"input_ids {ids.shape} and labels {labels.shape} must be one non-empty length")
         arrays.append((ids, labels))
     width = max(len(ids) for ids, _ in arrays)
+    if pad_to_multiple_of is not None:
+        width = int(np.ceil(width / pad_to_multiple_of)) * int(pad_to_multiple_of)
     out_ids = np.full((len(arrays), width), pad_token_id, dtype=np.int64)
     out_labels = np.full((len(arrays), width), IGNORE, dtype=np.int64)
     out_mask = np.zeros((len(arrays), width), dtype=np.int64)
@@ -374,15 +398,16 @@ ALTERNATIVES["pad_batch"].update({
 import torch
 
 from course_lib import IGNORE_INDEX
-from course_lib._checks import require_int, require_keys, require_tensor
+from course_lib._checks import require_int, require_keys, require_positive_int, require_tensor
 
 
 def _pad(row, width, value):
     return torch.cat([row, torch.full((width - len(row),), value, dtype=torch.long)])
 
 
-def pad_batch(features, pad_token_id):
+def pad_batch(features, pad_token_id, *, pad_to_multiple_of=None):
     pad_token_id = require_int("pad_token_id", pad_token_id, minimum=0)
+    step = 1 if pad_to_multiple_of is None else require_positive_int("pad_to_multiple_of", pad_to_multiple_of)
     if len(features) == 0:
         raise ValueError("features must not be empty")
     rows = []
@@ -394,6 +419,8 @@ def pad_batch(features, pad_token_id):
             raise ValueError(f"features[{index}]: {len(ids)} ids and {len(labels)} labels")
         rows.append((ids, labels))
     width = max(len(ids) for ids, _ in rows)
+    while width % step:
+        width += 1
     return {"input_ids": torch.stack([_pad(ids, width, pad_token_id) for ids, _ in rows]),
             "labels": torch.stack([_pad(labels, width, IGNORE_INDEX) for _, labels in rows]),
             "attention_mask": torch.stack([_pad(torch.ones(len(ids), dtype=torch.long), width, 0) for ids, _ in rows])}
