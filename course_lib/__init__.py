@@ -13,8 +13,8 @@ One module per stop of the data path, in the order a chat sample travels:
     varlen      attention per packed sample from cu_seqlens / position restarts: no [L, L] mask
     packed_forward  a transformers model on packed rows, checked against each sample alone
     microbatch  token-budget microbatches, balanced data-parallel partitions
-    logprobs    selected / chunked / checkpointed log-probs and the memory autograd keeps
-    loss        masked normalisation, global token-count loss aggregation
+    logprobs    selected / chunked / checkpointed log-probs, token entropy, and the memory autograd keeps
+    loss        masked normalisation, global token-count loss aggregation, no target across a packed boundary
     accounting  KV bytes, decode roofline, training rate, GPU-hours
     curriculum  length-curriculum gates, pass-rate filters
     longdoc     geometric buckets, sliding windows with single loss ownership

@@ -1,9 +1,10 @@
-"""Selected-token log-probs three ways (full, chunked, chunked + recomputed) and the memory autograd keeps.
+"""Selected-token log-probs (full, chunked, chunked + recomputed), token entropy, and the memory autograd keeps.
 
 With a production vocabulary the logits dominate a long-context microbatch: fp32 logits of one token are
 4 V bytes (0.61 MB for Qwen3's V = 151,936), so 32k tokens hold 19.9 GB before log-softmax and gradients.
 Chunking over time removes the full transient tensor from the forward pass; recomputing each chunk in
-backward (`torch.utils.checkpoint`) stops autograd from keeping every chunk's log-softmax.
+backward (`torch.utils.checkpoint`) stops autograd from keeping every chunk's log-softmax. The entropy of each
+token's distribution, which RL trainers log and regularise, reads the same whole row and gets the same treatment.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ __all__ = [
     "selected_log_probs",
     "chunked_log_probs",
     "checkpointed_log_probs",
+    "token_entropy",
+    "chunked_token_entropy",
     "check_head_inputs",
     "saved_tensor_bytes",
     "peak_cuda_memory",
@@ -61,13 +64,8 @@ def selected_log_probs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return log_probs.gather(-1, ids.unsqueeze(-1)).squeeze(-1)                    # [B, T]
 
 
-def check_head_inputs(hidden: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, chunk_size: int) -> int:
-    """Validate output-layer inputs: hidden [B, T, D], weight [V, D], integer ids [B, T] in [0, V); -> chunk_size.
-
-    Raises ValueError naming the field: not a tensor, wrong rank, not floating, hidden and weight in different
-    dtypes outside autocast, widths that differ, ids of the wrong shape, dtype or range, a chunk_size that is not a
-    positive integer.
-    """
+def _check_hidden_and_weight(hidden: object, weight: object) -> None:
+    """hidden [B, T, D] and weight [V, D]: floating tensors of one dtype (outside autocast) and one width D."""
     hidden = _require_tensor("hidden", hidden, ndim=3)
     weight = _require_tensor("weight", weight, ndim=2)
     for name, tensor in (("hidden", hidden), ("weight", weight)):
@@ -78,6 +76,16 @@ def check_head_inputs(hidden: torch.Tensor, weight: torch.Tensor, ids: torch.Ten
                          f"other, or run under torch.autocast")
     if hidden.shape[-1] != weight.shape[-1]:
         raise ValueError(f"hidden width {hidden.shape[-1]} must equal weight width {weight.shape[-1]} (weight is [V, D])")
+
+
+def check_head_inputs(hidden: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, chunk_size: int) -> int:
+    """Validate output-layer inputs: hidden [B, T, D], weight [V, D], integer ids [B, T] in [0, V); -> chunk_size.
+
+    Raises ValueError naming the field: not a tensor, wrong rank, not floating, hidden and weight in different
+    dtypes outside autocast, widths that differ, ids of the wrong shape, dtype or range, a chunk_size that is not a
+    positive integer.
+    """
+    _check_hidden_and_weight(hidden, weight)
     _require_ids(ids, tuple(hidden.shape[:2]), weight.shape[0])
     return require_positive_int("chunk_size", chunk_size)
 
@@ -106,6 +114,41 @@ def checkpointed_log_probs(hidden: torch.Tensor, weight: torch.Tensor, ids: torc
                          ids[:, start:start + chunk_size], use_reentrant=False)
               for start in range(0, hidden.shape[1], chunk_size)]
     if not pieces:  # T = 0: an empty [B, 0], in the dtype selected_log_probs gives for T > 0
+        return hidden.new_zeros(hidden.shape[:2], dtype=torch.promote_types(hidden.dtype, torch.float32))
+    return torch.cat(pieces, dim=1)                                               # [B, T]
+
+
+def token_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy in nats of softmax over the last axis, fp32 or wider: logits [..., T, V] -> [..., T] (fp64 stays fp64).
+
+    H = -sum_v p_v log p_v, TRL's `entropy_from_logits` (which computes it in the logits' dtype; here a bf16 row is
+    upcast first, as selected_log_probs does). Autograd keeps what TRL's keeps: the log-softmax and its exp, two
+    [..., V] tensors. As there, a -inf logit gives NaN (0 * log 0): mask a token with a large finite negative logit.
+    """
+    logits = _require_tensor("logits", logits)
+    if logits.ndim < 1 or not logits.dtype.is_floating_point:
+        raise ValueError(f"logits must be a floating tensor [..., V], got dtype {logits.dtype}, shape {tuple(logits.shape)}")
+    wide = logits.to(torch.promote_types(logits.dtype, torch.float32))            # [..., V]; fp32 copy of bf16
+    log_probs = wide.log_softmax(dim=-1)                                          # [..., V]
+    return -(log_probs.exp() * log_probs).sum(dim=-1)                             # [...]
+
+
+def chunked_token_entropy(hidden: torch.Tensor, weight: torch.Tensor, chunk_size: int = 1024) -> torch.Tensor:
+    """Token entropy of the output layer in time chunks, each recomputed in backward: hidden [B, T, D], weight [V, D]
+    -> [B, T].
+
+    The memory of checkpointed_log_probs: the [B, C, V] logits of one chunk exist only inside it, and autograd keeps
+    the chunk's inputs (views of hidden and weight), not its softmax; equal to token_entropy(hidden @ weight.T).
+    """
+    _check_hidden_and_weight(hidden, weight)
+    chunk_size = require_positive_int("chunk_size", chunk_size)
+
+    def chunk_entropy(hidden_chunk: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return token_entropy(hidden_chunk @ weight.T)                             # [B, C]; logits [B, C, V] live only here
+
+    pieces = [checkpoint(chunk_entropy, hidden[:, start:start + chunk_size], weight, use_reentrant=False)
+              for start in range(0, hidden.shape[1], chunk_size)]
+    if not pieces:  # T = 0: an empty [B, 0], in the dtype token_entropy gives for T > 0
         return hidden.new_zeros(hidden.shape[:2], dtype=torch.promote_types(hidden.dtype, torch.float32))
     return torch.cat(pieces, dim=1)                                               # [B, T]
 

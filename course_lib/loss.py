@@ -36,6 +36,7 @@ __all__ = [
     "aggregate_loss",
     "per_token_weight_distortion",
     "synthetic_supervised_batch",
+    "supervised_target_mask",
     "supervised_token_losses",
     "microbatch_loss",
     "flat_gradient",
@@ -107,16 +108,18 @@ def per_token_weight_distortion(tokens_per_microbatch: Sequence[int]) -> list[fl
 
 
 def synthetic_supervised_batch(n_rows: int = 16, min_length: int = 6, max_length: int = 48, vocab_size: int = 2048,
-                               seed: int = 0) -> dict[str, torch.Tensor]:
-    """Random right-padded SFT rows: -> input_ids, labels, attention_mask [n_rows, longest] (labels -100 off answers).
+                               seed: int = 0, *, pad_to_multiple_of: int | None = None) -> dict[str, torch.Tensor]:
+    """Random right-padded SFT rows: -> input_ids, labels, attention_mask [n_rows, L] (labels -100 off answers).
 
     Row r has a random length in [min_length, max_length] and a random prompt of 1 .. length-2 tokens;
-    its answer (the rest) is supervised. Token ids are uniform in [1, vocab_size); padding is id 0.
+    its answer (the rest) is supervised. Token ids are uniform in [1, vocab_size); padding is id 0. L is the
+    longest row, rounded up to a multiple of pad_to_multiple_of when given (the same rows, more padding columns).
     """
     n_rows = require_int("n_rows", n_rows, minimum=1)
     min_length = require_int("min_length", min_length, minimum=3)
     max_length = require_int("max_length", max_length, minimum=min_length)
     vocab_size = require_int("vocab_size", vocab_size, minimum=2)
+    multiple = 1 if pad_to_multiple_of is None else require_int("pad_to_multiple_of", pad_to_multiple_of, minimum=1)
     generator = torch.Generator().manual_seed(require_seed("seed", seed))
     lengths = torch.randint(min_length, max_length + 1, (n_rows,), generator=generator)            # [R]
     prompts = 1 + (torch.rand(n_rows, generator=generator) * (lengths - 2)).long()                 # [R] in [1, len-2]
@@ -125,14 +128,19 @@ def synthetic_supervised_batch(n_rows: int = 16, min_length: int = 6, max_length
     answer = inside & (positions >= prompts[:, None])                                              # [R, L]
     input_ids = torch.randint(1, vocab_size, inside.shape, generator=generator) * inside           # [R, L]
     labels = torch.where(answer, input_ids, IGNORE_INDEX)                                          # [R, L]
-    return {"input_ids": input_ids, "labels": labels, "attention_mask": inside.long()}
+    extra = (0, -len(positions) % multiple)                   # padding columns, drawn after the ids: same rows as without
+    return {"input_ids": torch.nn.functional.pad(input_ids, extra, value=0),                      # [R, L']
+            "labels": torch.nn.functional.pad(labels, extra, value=IGNORE_INDEX),
+            "attention_mask": torch.nn.functional.pad(inside.long(), extra, value=0)}
 
 
 def _checked_batch(model: torch.nn.Module, batch: object) -> dict[str, torch.Tensor]:
-    """batch -> its checked tensors: input_ids, labels [B, L], and attention_mask, position_ids [B, L] if present.
+    """batch -> its checked tensors: input_ids, labels [B, L], and attention_mask, position_ids, segment_ids [B, L]
+    if present.
 
-    Ids must lie in the model's vocabulary (labels may also be IGNORE_INDEX), attention_mask holds 0/1 and
-    position_ids >= 0: an id past the embedding table would otherwise fail deep inside the model. Other fields drop.
+    Ids must lie in the model's vocabulary (labels may also be IGNORE_INDEX), attention_mask holds 0/1,
+    position_ids >= 0 and segment_ids are integers (< 0 on padding): an id past the embedding table would otherwise
+    fail deep inside the model. Other fields drop.
     The tensors come back on the model's device (a collator's CPU batch meets a GPU model).
     """
     require_keys("batch", batch, ["input_ids", "labels"])
@@ -149,9 +157,10 @@ def _checked_batch(model: torch.nn.Module, batch: object) -> dict[str, torch.Ten
         raise ValueError(f"batch['labels'] must hold token ids or IGNORE_INDEX = {IGNORE_INDEX}, "
                          f"got {int(labels[(labels < 0) & (labels != IGNORE_INDEX)][0])}")
     checked = {"input_ids": input_ids, "labels": labels}
-    for key, kinds, maximum in (("attention_mask", "bi", 1), ("position_ids", "i", None)):
+    for key, kinds, minimum, maximum in (("attention_mask", "bi", 0, 1), ("position_ids", "i", 0, None),
+                                         ("segment_ids", "i", None, None)):
         if key in batch:
-            checked[key] = require_tensor(f"batch[{key!r}]", batch[key], ndim=2, dtype_kind=kinds, minimum=0,
+            checked[key] = require_tensor(f"batch[{key!r}]", batch[key], ndim=2, dtype_kind=kinds, minimum=minimum,
                                           maximum=maximum)
             if checked[key].shape != input_ids.shape:
                 raise ValueError(f"batch[{key!r}] has shape {tuple(checked[key].shape)}, expected "
@@ -159,18 +168,58 @@ def _checked_batch(model: torch.nn.Module, batch: object) -> dict[str, torch.Ten
     return {key: value.to(embeddings.weight.device) for key, value in checked.items()}
 
 
+def _row_field(name: str, value: object, shape: torch.Size, minimum: int | None = None) -> torch.Tensor | None:
+    """An optional integer field [B, L] of the labels' shape (values >= minimum), or None."""
+    if value is None:
+        return None
+    tensor = require_tensor(name, value, ndim=2, dtype_kind="i", minimum=minimum)
+    if tensor.shape != shape:
+        raise ValueError(f"{name} has shape {tuple(tensor.shape)}, expected {tuple(shape)} as labels")
+    return tensor
+
+
+def supervised_target_mask(labels, *, position_ids=None, segment_ids=None) -> torch.Tensor:
+    """labels [B, L] (aligned with input_ids) -> [B, L-1] bool: token t+1 is a supervised target of token t's sample.
+
+    A step is kept where labels[:, t+1] != IGNORE_INDEX and it stays inside one sample. On a packed row the step
+    into a later sample's first token crosses a boundary (its context is another document): it is dropped where
+    position_ids restart (a 0 after the row's first column, the rule of TRL's padding-free collator, which sets
+    those labels to -100) and where segment_ids change or the left token is padding (segment < 0).
+    """
+    labels = require_tensor("labels", labels, ndim=2, dtype_kind="i")
+    if labels.shape[1] == 0:
+        raise ValueError(f"labels must have shape [B, L] with L >= 1, got {tuple(labels.shape)}")
+    position_ids = _row_field("position_ids", position_ids, labels.shape, minimum=0)
+    segment_ids = _row_field("segment_ids", segment_ids, labels.shape)
+    mask = labels[:, 1:] != IGNORE_INDEX                                          # [B, L-1]
+    if position_ids is not None:
+        mask &= position_ids[:, 1:].to(mask.device) != 0                         # a restart: another sample's first token
+    if segment_ids is not None:
+        segment_ids = segment_ids.to(mask.device)
+        mask &= (segment_ids[:, 1:] == segment_ids[:, :-1]) & (segment_ids[:, :-1] >= 0)  # same sample, not padding
+    return mask
+
+
+def _target_mask(batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """supervised_target_mask of a checked batch: [B, L-1] bool."""
+    return supervised_target_mask(batch["labels"], position_ids=batch.get("position_ids"),
+                                  segment_ids=batch.get("segment_ids"))
+
+
 def supervised_token_losses(model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """Next-token NLL of a causal LM: batch input_ids, labels [B, L] -> (losses [B, L-1], mask [B, L-1] bool).
 
     labels follow the transformers convention (aligned with input_ids, IGNORE_INDEX outside answers); the
-    model is shifted here, as its own loss does. batch may carry attention_mask and position_ids.
+    model is shifted here, as its own loss does. batch may carry attention_mask, position_ids and segment_ids;
+    mask is `supervised_target_mask`: on packed rows a step across a sample boundary is no target. The model runs
+    without a cache, so packed rows with restarted position_ids and no attention_mask (TRL's padding-free batches)
+    attend within their samples (transformers' packed-sequence detection); an attention_mask would undo that.
     """
     batch = _checked_batch(model, batch)
-    input_ids, labels = batch["input_ids"], batch["labels"]
     extra = {key: batch[key] for key in ("attention_mask", "position_ids") if key in batch}
-    logits = model(input_ids=input_ids, **extra).logits[:, :-1]                   # [B, L-1, V]
-    targets = labels[:, 1:]                                                       # [B, L-1]
-    mask = targets != IGNORE_INDEX
+    logits = model(input_ids=batch["input_ids"], **extra, use_cache=False).logits[:, :-1]  # [B, L-1, V]
+    targets = batch["labels"][:, 1:]                                              # [B, L-1]
+    mask = _target_mask(batch)                                                    # [B, L-1]
     log_probs = selected_log_probs(logits, torch.where(mask, targets, 0))         # [B, L-1]
     return -log_probs, mask
 
@@ -222,10 +271,10 @@ def accumulated_gradient(model: torch.nn.Module, batch: Mapping[str, torch.Tenso
     microbatches = require_sequence("microbatches", microbatches, allow_empty=False)
     batch = _checked_batch(model, batch)
     parts = [_rows(batch, rows) for rows in microbatches]
-    global_tokens = sum(int((part["labels"][:, 1:] != IGNORE_INDEX).sum()) for part in parts)
+    global_tokens = sum(int(_target_mask(part).sum()) for part in parts)        # as supervised_token_losses counts
     if global_tokens == 0:
-        raise ValueError("the microbatches hold no supervised token: every label after each row's first is "
-                         f"IGNORE_INDEX = {IGNORE_INDEX}, so there is no loss to normalize")
+        raise ValueError("the microbatches hold no supervised token: every label after each row's first (and each "
+                         f"packed sample's first) is IGNORE_INDEX = {IGNORE_INDEX}, so there is no loss to normalize")
     model.zero_grad(set_to_none=True)
     for part in parts:
         microbatch_loss(model, part, normalize, len(parts), global_tokens if normalize == "global" else None).backward()
@@ -268,7 +317,7 @@ def _data_parallel_worker(rank: int, world_size: int, port: int, model: torch.nn
             model.zero_grad(set_to_none=True)
             global_tokens = None
             if normalize == "global":                                             # the one scalar all-reduce
-                count = (microbatch["labels"][:, 1:] != IGNORE_INDEX).sum().double()
+                count = _target_mask(microbatch).sum().double()
                 dist.all_reduce(count, op=dist.ReduceOp.SUM)
                 global_tokens = float(count)
             microbatch_loss(model, microbatch, normalize, 1, global_tokens).backward()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from importlib import resources
 
 import pytest
@@ -259,3 +260,166 @@ def test_qwen3_constants_agree_with_the_shipped_configs():
 def test_logit_bytes_rejects_bad_input(args, field):
     with pytest.raises(ValueError, match=field):
         cl.logit_bytes(*args)
+
+
+# ---- token entropy: the same whole row, the same memory treatment ---------------------------------------------------
+
+def _direct_entropy(logits):
+    """Brute force in fp64: -sum p log p of each row, a Python loop over rows."""
+    flat = logits.detach().double().reshape(-1, logits.shape[-1])
+    out = torch.empty(flat.shape[0], dtype=torch.float64)
+    for index, row in enumerate(flat):
+        log_probs = row - row.max() - (row - row.max()).exp().sum().log()
+        out[index] = -(log_probs.exp() * log_probs).sum()
+    return out.reshape(logits.shape[:-1])
+
+
+def _entropy_paths(chunk):
+    from trl.trainer.utils import entropy_from_logits
+
+    return {"token_entropy": lambda h, w, i: cl.token_entropy(h @ w.T),
+            "chunked_token_entropy": lambda h, w, i: cl.chunked_token_entropy(h, w, chunk_size=chunk),
+            "trl entropy_from_logits": lambda h, w, i: entropy_from_logits(h @ w.T)}
+
+
+def _trl_chunked_entropy(chunk_size):
+    """TRL's memory-lean head (vocabulary tiles rebuilt in backward) asked for its optional entropy output."""
+    from trl.kernels import ChunkedLogProbFunction
+
+    def entropy(hidden, weight, ids):
+        outputs = ChunkedLogProbFunction.apply(hidden.reshape(-1, hidden.shape[-1]), weight, None, ids.reshape(-1),
+                                               1.0, chunk_size, None, 1.0, ("entropy",))
+        return outputs[1].reshape(ids.shape)
+    return entropy
+
+
+@settings(max_examples=25, deadline=None)
+@given(batch=st.integers(1, 3), tokens=st.integers(1, 13), width=st.integers(1, 6), vocab=st.integers(2, 11),
+       chunk=st.integers(1, 16), seed=st.integers(0, 2**31 - 1))
+def test_entropy_paths_equal_the_direct_computation_and_trl_values_and_gradients(batch, tokens, width, vocab, chunk,
+                                                                                   seed):
+    """Ours (full and chunked + recomputed) and TRL's entropy_from_logits against the fp64 loop: values, and the
+    gradients of a random weighting with respect to hidden and weight."""
+    hidden, weight, ids = _head_inputs(batch, tokens, width, vocab, seed)
+    upstream = torch.randn(batch, tokens, generator=torch.Generator().manual_seed(seed + 1), dtype=torch.float64)
+    assert torch.allclose(cl.token_entropy(hidden @ weight.T), _direct_entropy(hidden @ weight.T), rtol=1e-10, atol=1e-12)
+    reference = _value_and_grads(lambda h, w, i: cl.token_entropy(h @ w.T), hidden, weight, ids, upstream)
+    for name, fn in _entropy_paths(chunk).items():
+        for got, expected in zip(_value_and_grads(fn, hidden, weight, ids, upstream), reference, strict=True):
+            torch.testing.assert_close(got.double(), expected, rtol=1e-6, atol=1e-9, msg=name)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_entropy_paths_agree_with_trl_chunked_head_values_and_gradients(seed):
+    """TRL's ChunkedLogProbFunction returns the entropy too (its optional output, with a gradient), from vocabulary
+    tiles rebuilt in backward; it accumulates in fp32, so the comparison runs in fp32 as the log-prob one does."""
+    hidden, weight, ids = _head_inputs(2, 150, 32, 1000, seed, dtype=torch.float32)
+    upstream = torch.rand(ids.shape, generator=torch.Generator().manual_seed(seed))
+    theirs = _value_and_grads(_trl_chunked_entropy(256), hidden, weight, ids, upstream)
+    for name, fn in _entropy_paths(64).items():
+        got = _value_and_grads(fn, hidden, weight, ids, upstream)
+        for mine, reference, what in zip(got, theirs, ("entropy", "d hidden", "d weight"), strict=True):
+            assert torch.allclose(mine, reference, atol=2e-5, rtol=1e-5), (name, what)
+
+
+@pytest.mark.parametrize("shape", [(7,), (3, 5), (2, 4, 9), (2, 3, 2, 6)])
+def test_token_entropy_takes_any_leading_shape_and_equals_trl_bit_for_bit_in_fp32(shape):
+    from trl.trainer.utils import entropy_from_logits
+
+    logits = torch.randn(shape, generator=torch.Generator().manual_seed(len(shape))) * 3
+    got = cl.token_entropy(logits)
+    assert got.shape == shape[:-1] and got.dtype == torch.float32
+    assert torch.equal(got, entropy_from_logits(logits))
+    torch.testing.assert_close(got.double(), _direct_entropy(logits), rtol=1e-6, atol=1e-6)
+    uniform = cl.token_entropy(torch.zeros(shape))                                   # log V nats for equal logits
+    torch.testing.assert_close(uniform, torch.full(shape[:-1], math.log(shape[-1])))
+
+
+def test_token_entropy_computes_low_precision_logits_in_fp32():
+    """TRL's entropy_from_logits stays in the logits' bf16; ours upcasts first, as selected_log_probs does."""
+    from trl.trainer.utils import entropy_from_logits
+
+    logits = (torch.randn(2, 9, 300, generator=torch.Generator().manual_seed(0)) * 4).bfloat16()
+    got = cl.token_entropy(logits)
+    expected = _direct_entropy(logits)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), expected, rtol=0, atol=1e-5)
+    in_bf16 = entropy_from_logits(logits).double()
+    assert (in_bf16 - expected).abs().max() > 10 * (got.double() - expected).abs().max()
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 16, 64])
+def test_chunked_token_entropy_agrees_with_full_in_fp32_and_bf16(chunk):
+    hidden, weight, ids = _head_inputs(2, 37, 8, 50, seed=chunk, dtype=torch.float32)
+    upstream = torch.randn(2, 37, generator=torch.Generator().manual_seed(0))
+    full = _value_and_grads(lambda h, w, i: cl.token_entropy(h @ w.T), hidden, weight, ids, upstream)
+    got = _value_and_grads(lambda h, w, i: cl.chunked_token_entropy(h, w, chunk), hidden, weight, ids, upstream)
+    for mine, theirs in zip(got, full, strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)
+    low = _head_inputs(1, 20, 16, 64, seed=3, dtype=torch.bfloat16)
+    assert torch.equal(cl.chunked_token_entropy(low[0], low[1], chunk), cl.token_entropy(low[0] @ low[1].T))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_chunked_token_entropy_of_an_empty_sequence_is_empty_in_the_full_dtype(dtype):
+    hidden, weight, _ = _head_inputs(2, 0, 8, 50, seed=0, dtype=dtype)
+    full = cl.token_entropy(hidden @ weight.T)
+    got = cl.chunked_token_entropy(hidden, weight, 4)
+    assert got.shape == full.shape == (2, 0) and got.dtype == full.dtype
+
+
+def test_chunked_token_entropy_under_autocast_equals_the_full_path():
+    hidden, weight, _ = _head_inputs(1, 12, 8, 32, seed=2, dtype=torch.float32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mixed = cl.chunked_token_entropy(hidden.bfloat16(), weight, chunk_size=5)
+        full = cl.token_entropy(hidden.bfloat16() @ weight.T)
+    assert torch.equal(mixed, full)
+
+
+def _entropy_saved(path, tokens, vocab=512, width=16, chunk=128, include_inputs=False):
+    from trl.trainer.utils import entropy_from_logits
+
+    hidden, weight, ids = _head_inputs(1, tokens, width, vocab, seed=0, dtype=torch.float32)
+    fns = {"full": lambda h, w: cl.token_entropy(h @ w.T),
+           "trl": lambda h, w: entropy_from_logits(h @ w.T),
+           "chunked": lambda h, w: cl.chunked_token_entropy(h, w, chunk),
+           "trl chunked": lambda h, w: _trl_chunked_entropy(chunk)(h, w, ids)}
+    return cl.saved_tensor_bytes(fns[path], hidden, weight, include_inputs=include_inputs)
+
+
+def test_entropy_saved_bytes_full_grows_with_tokens_chunked_stays_flat():
+    """The full path keeps what TRL's entropy_from_logits keeps (the fp32 log-softmax and its exp: 8 V bytes per
+    token); chunked + recomputed keeps nothing beyond its inputs, at every length, as checkpointed_log_probs."""
+    lengths = [256, 512, 1024, 2048]
+    saved = {path: [_entropy_saved(path, tokens) for tokens in lengths] for path in ("full", "trl", "chunked")}
+    assert saved["full"] == saved["trl"] == [8 * tokens * 512 for tokens in lengths]
+    assert saved["chunked"] == [0] * len(lengths)
+    assert saved["chunked"] == [_saved("checkpointed", tokens) for tokens in lengths]   # the log-probs' memory
+
+
+def test_chunked_token_entropy_keeps_exactly_its_inputs_and_less_than_trl_chunked():
+    tokens, width, vocab = 1000, 16, 512
+    assert _entropy_saved("chunked", tokens, vocab, width, include_inputs=True) == 4 * tokens * width + 4 * vocab * width
+    ours = _entropy_saved("chunked", 2048, 1000, 32, chunk=256)
+    theirs = _entropy_saved("trl chunked", 2048, 1000, 32, chunk=256)                  # + a log-normalizer per token
+    full = _entropy_saved("full", 2048, 1000, 32)
+    assert ours <= theirs < full // 100, (ours, theirs, full)
+
+
+@pytest.mark.parametrize("call, field", [
+    (lambda h, w: cl.token_entropy((h @ w.T).long()), "logits"),
+    (lambda h, w: cl.token_entropy((h @ w.T).tolist()), "logits"),
+    (lambda h, w: cl.token_entropy(torch.tensor(1.5)), "logits"),
+    (lambda h, w: cl.chunked_token_entropy(h, w, chunk_size=0), "chunk_size"),
+    (lambda h, w: cl.chunked_token_entropy(h, w, chunk_size=2.5), "chunk_size"),
+    (lambda h, w: cl.chunked_token_entropy(h, w, chunk_size=True), "chunk_size"),
+    (lambda h, w: cl.chunked_token_entropy(h[0], w), "hidden"),
+    (lambda h, w: cl.chunked_token_entropy(h, w[:, :3]), "width"),
+    (lambda h, w: cl.chunked_token_entropy(h, w.numpy(force=True)), "weight"),
+    (lambda h, w: cl.chunked_token_entropy(h.double(), w), "differs from weight dtype"),
+    (lambda h, w: cl.chunked_token_entropy(h.long(), w.long()), "hidden must be a floating"),
+])
+def test_entropy_paths_reject_bad_input(call, field):
+    hidden, weight, _ = _head_inputs(2, 8, 4, 10, seed=0, dtype=torch.float32)
+    with pytest.raises(ValueError, match=field):
+        call(hidden, weight)

@@ -284,3 +284,178 @@ def test_gradient_agreement_types_precision_and_messages():
             cl.gradient_agreement(torch.ones(2), bad)
     with pytest.raises(ValueError, match=r"got \(3,\) and \(2, 2\)$"):
         cl.gradient_agreement(torch.ones(3), torch.ones(2, 2))
+
+
+def test_synthetic_batch_pad_to_multiple_of_matches_the_transformers_collator():
+    """The same rows as without rounding, padded as DataCollatorForSeq2Seq pads them to a multiple of 8."""
+    from transformers import DataCollatorForSeq2Seq
+
+    plain = cl.synthetic_supervised_batch(n_rows=5, min_length=4, max_length=13, seed=2)
+    lengths = plain["attention_mask"].sum(dim=1).tolist()
+    rows = [{"input_ids": plain["input_ids"][r, :n].tolist(), "labels": plain["labels"][r, :n].tolist()}
+            for r, n in enumerate(lengths)]
+    collator = DataCollatorForSeq2Seq(cl.load_course_tokenizer(), label_pad_token_id=cl.IGNORE_INDEX,
+                                      return_tensors="pt")                                  # pad id 0, as ours
+    for multiple in (None, 1, 8, 32):
+        ours = cl.synthetic_supervised_batch(n_rows=5, min_length=4, max_length=13, seed=2, pad_to_multiple_of=multiple)
+        collator.pad_to_multiple_of = multiple
+        theirs = collator([dict(row) for row in rows])
+        assert ours["input_ids"].shape[1] % (multiple or 1) == 0
+        for key in ("input_ids", "labels", "attention_mask"):
+            assert torch.equal(ours[key], theirs[key]), (multiple, key)
+    for bad in (0, -4, True, 2.5):
+        with pytest.raises(ValueError, match=r"^pad_to_multiple_of must be"):
+            cl.synthetic_supervised_batch(pad_to_multiple_of=bad)
+
+
+# ---- packed rows: the shift must not cross a sample boundary -------------------------------------------------------
+
+def _plain_text_samples(count=4):
+    """Plain-text samples (pre-training style: labels = input_ids) of the course corpus, 9 to 30-odd tokens each."""
+    tokenizer = cl.load_course_tokenizer()
+    lines = [line for line in Path(cl.corpus_files()[1]).read_text(encoding="utf-8").splitlines() if line.strip()]
+    ids = [tokenizer(line, verbose=False)["input_ids"] for line in lines[:count]]
+    return [{"input_ids": sample, "labels": list(sample)} for sample in ids]
+
+
+def _packed_batch(samples):
+    """One boundary-isolated packed row [1, T]: input_ids, labels (= the ids), position_ids restarting at 0."""
+    packed = cl.build_boundary_isolated_packing(samples)
+    return {key: torch.tensor([packed[key]]) for key in ("input_ids", "labels", "position_ids")}, packed
+
+
+def test_the_step_across_a_sample_boundary_is_no_target():
+    """Samples [1, 2, 3] and [4, 5] packed, labels = input_ids: the plain shift keeps the step 3 -> 4, whose target
+    belongs to another document. Restarted position_ids, or segment_ids, exclude exactly that step."""
+    batch, packed = _packed_batch([{"input_ids": [1, 2, 3], "labels": [1, 2, 3]}, {"input_ids": [4, 5], "labels": [4, 5]}])
+    plain_shift = batch["labels"][:, 1:] != cl.IGNORE_INDEX                      # the old mask: [[T, T, T, T]]
+    expected = torch.tensor([[True, True, False, True]])                         # 1->2, 2->3, (3->4), 4->5
+    assert plain_shift.all() and not torch.equal(plain_shift, expected)
+    segment_ids = torch.tensor([packed["segment_ids"]])
+    for fields in ({"position_ids": batch["position_ids"]}, {"segment_ids": segment_ids},
+                   {"position_ids": batch["position_ids"], "segment_ids": segment_ids}):
+        assert torch.equal(cl.supervised_target_mask(batch["labels"], **fields), expected), fields
+    model = cl.tiny_qwen2(seed=0)
+    for fields in ({"position_ids": batch["position_ids"]}, {"segment_ids": segment_ids}):
+        _, mask = cl.supervised_token_losses(model, {"input_ids": batch["input_ids"], "labels": batch["labels"], **fields})
+        assert torch.equal(mask, expected), fields
+    assert torch.equal(cl.supervised_target_mask(batch["labels"]), plain_shift)  # an unpacked row keeps every step
+
+
+def _brute_force_target_mask(labels, position_ids, segment_ids):
+    rows, length = labels.shape
+    keep = torch.zeros(rows, length - 1, dtype=torch.bool)
+    for r in range(rows):
+        for t in range(length - 1):
+            same_sample = position_ids[r][t + 1] != 0 and segment_ids[r][t] == segment_ids[r][t + 1] >= 0
+            keep[r, t] = bool(labels[r][t + 1] != cl.IGNORE_INDEX and same_sample)
+    return keep
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.integers(1, 5), min_size=1, max_size=4), min_size=1, max_size=3), st.integers(0, 3),
+       st.integers(0, 2**31 - 1))
+def test_supervised_target_mask_equals_brute_force(rows_of_lengths, padding, seed):
+    """Random packed rows (samples of random lengths, padding with segment -1 and position 0 at the end), random
+    supervision: the vectorized mask equals the loop over every step."""
+    generator = torch.Generator().manual_seed(seed)
+    width = max(map(sum, rows_of_lengths)) + padding
+    position_ids = torch.zeros(len(rows_of_lengths), width, dtype=torch.long)
+    segment_ids = torch.full((len(rows_of_lengths), width), -1)
+    for row, lengths in enumerate(rows_of_lengths):
+        packed = cl.varlen_metadata(lengths)
+        position_ids[row, :sum(lengths)] = packed["position_ids"]
+        segment_ids[row, :sum(lengths)] = packed["seq_idx"]
+    labels = torch.where(torch.rand(position_ids.shape, generator=generator) < 0.7,
+                         torch.randint(0, 50, position_ids.shape, generator=generator), cl.IGNORE_INDEX)
+    expected = _brute_force_target_mask(labels, position_ids, segment_ids)
+    got = cl.supervised_target_mask(labels, position_ids=position_ids, segment_ids=segment_ids)
+    assert torch.equal(got, expected)
+    # position_ids alone agree wherever padding carries no label (a padding token's position 0 reads as a restart)
+    labelled = labels.masked_fill(segment_ids < 0, cl.IGNORE_INDEX)
+    assert torch.equal(cl.supervised_target_mask(labelled, position_ids=position_ids),
+                       cl.supervised_target_mask(labelled, segment_ids=segment_ids))
+
+
+def test_packed_per_sample_losses_equal_each_sample_alone():
+    """Plain-text samples packed in one row (position_ids only, as TRL's padding-free batches come): every kept
+    step's loss equals the sample run alone, and the row keeps exactly the samples' own steps."""
+    model = cl.tiny_qwen2(seed=0)
+    samples = _plain_text_samples()
+    batch, packed = _packed_batch(samples)
+    losses, mask = cl.supervised_token_losses(model, batch)                      # [1, T-1] each
+    assert int(mask.sum()) == sum(len(s["input_ids"]) - 1 for s in samples)    # the plain shift: 3 more
+    starts = torch.tensor([len(s["input_ids"]) for s in samples]).cumsum(0)[:-1]  # each later sample's first token
+    assert not mask[0, starts - 1].any()                                         # the steps into them are dropped
+    segment_ids = torch.tensor(packed["segment_ids"])
+    for index, sample in enumerate(samples):
+        alone, alone_mask = cl.supervised_token_losses(model, {key: torch.tensor([sample[key]]) for key in sample})
+        in_row = (segment_ids[:-1] == index) & mask[0]                           # steps whose context is this sample
+        assert alone_mask.all() and int(in_row.sum()) == alone.shape[1]
+        torch.testing.assert_close(losses[0, in_row], alone[0], rtol=1e-5, atol=1e-5)
+
+
+def test_packed_loss_equals_trl_padding_free_and_transformers_flattening():
+    """TRL's padding-free collator and transformers' DataCollatorWithFlattening mark each sample's first label -100;
+    our mask on the unmarked row (labels = input_ids) keeps exactly their targets, and the loss is the model's own."""
+    from transformers import DataCollatorWithFlattening
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    model = cl.tiny_qwen2(seed=0)
+    samples = _plain_text_samples()
+    batch, _ = _packed_batch(samples)
+    losses, mask = cl.supervised_token_losses(model, batch)
+    ids_only = [{"input_ids": s["input_ids"]} for s in samples]
+    for collated in (DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)(ids_only),
+                     DataCollatorWithFlattening(return_tensors="pt")(ids_only)):
+        assert torch.equal(collated["input_ids"], batch["input_ids"])
+        assert torch.equal(collated["position_ids"], batch["position_ids"])
+        assert torch.equal(mask, collated["labels"][:, 1:] != cl.IGNORE_INDEX)
+        with torch.no_grad():
+            theirs = model(input_ids=collated["input_ids"], position_ids=collated["position_ids"],
+                           labels=collated["labels"], use_cache=False).loss
+        torch.testing.assert_close(cl.aggregate_loss(losses, mask), theirs, rtol=1e-6, atol=0)
+
+
+def test_accumulated_gradient_on_packed_rows_equals_training_each_sample_alone():
+    """Packed rows (pack_sequences: position 0 and segment -1 on padding), accumulated row by row with the global
+    count: the gradient of unpacked training, every sample alone, its token-loss sum over the same N."""
+    model = cl.tiny_qwen2(seed=0)
+    samples = _plain_text_samples(6)
+    packed = cl.pack_sequences([s["input_ids"] for s in samples], 64)
+    labels = packed["ids"].masked_fill(packed["segment_ids"] < 0, cl.IGNORE_INDEX)
+    batch = {"input_ids": packed["ids"], "labels": labels, "position_ids": packed["position_ids"],
+             "segment_ids": packed["segment_ids"]}
+    assert len(packed["rows"]) >= 2 and any(len(row) >= 2 for row in packed["rows"])
+    packed_gradient = cl.accumulated_gradient(model, batch, [[row] for row in range(len(packed["rows"]))])
+    total = sum(len(s["input_ids"]) - 1 for s in samples)
+    model.zero_grad(set_to_none=True)
+    for sample in samples:
+        losses, mask = cl.supervised_token_losses(model, {key: torch.tensor([sample[key]]) for key in sample})
+        cl.aggregate_loss(losses, mask, mode="constant", norm_const=total).backward()
+    alone = cl.flat_gradient(model)
+    agreement = cl.gradient_agreement(packed_gradient, alone)
+    assert agreement["relative_error"] < 1e-5 and agreement["cosine"] > 1 - 1e-9, agreement
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"labels": torch.ones(4, dtype=torch.long)}, "labels"),
+    ({"labels": torch.ones(1, 4)}, "labels"),
+    ({"labels": torch.ones(1, 0, dtype=torch.long)}, "labels"),
+    ({"position_ids": torch.tensor([[0, 1, 0]])}, "position_ids"),
+    ({"position_ids": torch.tensor([[0, 1, -1, 0]])}, "position_ids"),
+    ({"position_ids": torch.tensor([[0.0, 1.0, 0.0, 1.0]])}, "position_ids"),
+    ({"segment_ids": torch.tensor([[0, 0, 1, 1]], dtype=torch.bool)}, "segment_ids"),
+    ({"segment_ids": [[0, 0, 1]]}, "segment_ids"),
+])
+def test_supervised_target_mask_rejects_bad_input(kwargs, field):
+    arguments = {"labels": torch.tensor([[1, 2, 3, 4]]), **kwargs}
+    with pytest.raises(ValueError, match=rf"^{field}"):
+        cl.supervised_target_mask(**arguments)
+
+
+def test_a_packed_batch_with_bad_segment_ids_is_refused(model):
+    batch = {"input_ids": torch.tensor([[1, 2, 3]]), "labels": torch.tensor([[1, 2, 3]])}
+    for bad, message in ((torch.tensor([[0.0, 0.0, 1.0]]), "integer"), (torch.tensor([[0, 1]]), "shape")):
+        with pytest.raises(ValueError, match=rf"^batch\['segment_ids'\].*{message}"):
+            cl.supervised_token_losses(model, {**batch, "segment_ids": bad})

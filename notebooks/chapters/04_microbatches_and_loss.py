@@ -37,6 +37,7 @@ from course_lib import (
     IGNORE_INDEX,
     balanced_partition,
     batch_containing,
+    build_boundary_isolated_packing,
     build_labels,
     corpus_chats,
     data_parallel_gradients,
@@ -688,6 +689,37 @@ for name, use_global_count in (("model(...).loss / K", False), ("num_items_in_ba
 # `labels[..., 1:] != -100`, or `shift_labels` when a padding-free collator sends them; older transformers versions
 # counted the unshifted labels, one too many per row whose first label is not -100.) A hand-written accumulation
 # loop that calls `model(**batch).loss / accumulation_steps`, the pattern of countless tutorials, has the bug.
+#
+# ### The count on packed rows: no target across a sample boundary (跨样本边界的目标)
+#
+# **Why.** The shift pairs each token with the next one in the row. In a padded row that is always the same
+# sample; in a packed row (chapter 3) the last token of one document is followed by the first token of the next,
+# and with plain-text labels (pre-training style, labels = input_ids) that step is a target like any other: the
+# model is trained to predict document B's first token from document A, and the global count $N$ counts it.
+# **Mechanism.** Drop the steps into a token whose position restarts at 0 (or whose segment id changes): TRL's
+# padding-free collator and transformers' `DataCollatorWithFlattening` label exactly those tokens -100, and
+# `supervised_token_losses` (with `supervised_target_mask`) drops them from any packed batch. Four of the chats'
+# answers as plain-text documents in one row, then each alone:
+
+# %%
+documents = [tokenizer(chat[-1]["content"], verbose=False)["input_ids"] for chat in chats[:4]]  # plain text
+packed = build_boundary_isolated_packing([{"input_ids": ids, "labels": ids} for ids in documents])
+row = {key: torch.tensor([packed[key]]) for key in ("input_ids", "labels", "position_ids")}  # [1, T], no mask
+plain_shift = row["labels"][:, 1:] != IGNORE_INDEX               # [1, T-1] every step of the row is a target
+losses, kept = supervised_token_losses(model, row)                # [1, T-1]: the boundary steps dropped
+crossing = plain_shift & ~kept                                    # targets whose context is another document
+alone = torch.cat([supervised_token_losses(model, {"input_ids": torch.tensor([ids]),
+                                                  "labels": torch.tensor([ids])})[0][0]
+                   for ids in documents])                         # each document alone, in row order
+print(f"{len(documents)} documents, {row['input_ids'].shape[1]} tokens in one row: the plain shift counts "
+      f"{int(plain_shift.sum())} targets, {int(crossing.sum())} of them across a boundary")
+print(f"kept {int(kept.sum())} targets | largest |packed - alone| loss {(losses[kept] - alone).abs().max():.1e} nats")
+
+# %% [markdown]
+# The plain shift counts 3 targets whose context is another document, one per boundary: with short samples
+# packed in long rows that is one target per sample, a small bias in the loss and a wrong $N$ in its normalizer.
+# Without them, every kept target's loss equals its document run alone to below $10^{-5}$ nats (the row passes no
+# attention mask, so transformers keeps the documents apart in attention as well; chapter 3).
 #
 # ## 8. Design questions in practice (实践中的设计问题)
 #

@@ -36,6 +36,7 @@ from course_lib import (
     QWEN3_VOCAB_SIZE,
     check_head_inputs,  # noqa: F401  (your solution uses it)
     chunked_log_probs,
+    chunked_token_entropy,
     load_course_tokenizer,
     logit_bytes,
     logit_memory_table,
@@ -43,6 +44,7 @@ from course_lib import (
     saved_tensor_bytes,
     selected_log_probs,
     tiny_qwen2,
+    token_entropy,
 )
 from course_lib.tokenizer import corpus_files
 
@@ -472,6 +474,39 @@ swapped_kept = saved_tensor_bytes(
                                             ids[:, 1:], 128).mean(), inputs, *parameters)
 print(f"kept for backward by the whole model: transformers loss {framework_kept / 1e6:.2f} MB | "
       f"trunk + checkpointed head {swapped_kept / 1e6:.2f} MB")
+
+# %% [markdown]
+# ### Entropy beside the log-probs (熵, ungraded)
+#
+# **Why.** An RL trainer logs more than the log-prob of each sampled token: the **entropy** (熵) of the policy's
+# whole next-token distribution, $H_t = -\sum_v p_v \log p_v$ in nats. A run whose mean entropy falls towards 0
+# has stopped exploring (entropy collapse, 熵坍缩); some losses add it as a bonus, and TRL's GRPO can keep only the
+# highest-entropy tokens (`top_entropy_quantile`). **Mechanism.** The log-prob reads one entry of the
+# log-softmax row; the entropy is the expectation of $-\log p$ over the whole row, so it needs the same $[B, T, V]$
+# logits and, computed directly, autograd keeps two rows of $V$ per token (the log-softmax and its exponential).
+# The fix is the same: `chunked_token_entropy(hidden, weight, chunk_size)` computes it chunk by chunk, each
+# recomputed in backward. On the tiny model's head, beside the log-probs of the same 512 tokens:
+
+# %%
+import math
+
+from trl.trainer.utils import entropy_from_logits
+
+entropy = chunked_token_entropy(hidden, weight, chunk_size=64)                     # [1, T] nats, recomputed in backward
+surprise = -selected_log_probs(hidden @ weight.T, targets)                           # [1, T] -log p of the actual token
+print(f"mean entropy {entropy.mean():.2f} nats (uniform over V: ln {weight.shape[0]} = {math.log(weight.shape[0]):.2f}) "
+      f"| mean -log p of the next token {surprise.mean():.2f} nats")
+print(f"largest |ours - TRL entropy_from_logits| {(entropy - entropy_from_logits(hidden @ weight.T)).abs().max():.1e}")
+entropy_kept = {name: saved_tensor_bytes(fn, hidden, weight) for name, fn in (
+    ("full", lambda h, w: token_entropy(h @ w.T)), ("chunked + recompute", lambda h, w: chunked_token_entropy(h, w, 64)))}
+print("kept for backward: " + " | ".join(f"{name} {kept / 1e6:.2f} MB" for name, kept in entropy_kept.items()))
+
+# %% [markdown]
+# The untrained model is almost uniform: its mean entropy, 7.61 nats, is within 0.02 of $\ln 2048 = 7.62$, and the
+# actual next token is no likelier than the rest (7.65 nats). Training pushes the log-probs up and, with them, the
+# entropy down; an RL run watches the entropy so that it does not reach 0 before the reward has been learned. The
+# full computation keeps 8.39 MB for backward (8 bytes per logit: $2 \cdot 4 T V$), the recomputed one 0.00 MB
+# beyond its inputs, at every length.
 
 # %% [markdown]
 # ## 5. Peak GPU memory (峰值显存; runs only with CUDA)
