@@ -27,7 +27,7 @@ from course_lib import (
     split_into_pieces,
     tiny_qwen2,
 )
-from tests.test_packing import reference_bfd_rows
+from tests.test_packing import _trajectories, reference_bfd_rows
 
 FAST = settings(deadline=None, max_examples=60)
 # lengths up to three rows long, so most cases cut some sample into full pieces and a remainder
@@ -123,13 +123,6 @@ def test_large_long_tailed_input_stays_within_a_tenth_of_a_percent_of_the_lower_
 
 
 # ---------- the row builders ----------
-
-def _trajectories(lengths, seed=0):
-    generator = torch.Generator().manual_seed(seed)
-    return [{"ids": torch.randint(1, 100, (n,), generator=generator),
-             "action_mask": (torch.rand(n - 1, generator=generator) > 0.5).float(),
-             "sample_logp": -torch.rand(n - 1, generator=generator) - 0.1} for n in lengths]
-
 
 @FAST
 @given(long_lengths_and_capacity.filter(lambda case: case[1] >= 2))
