@@ -53,6 +53,17 @@ def require_nonnegative_int(name: str, value: object) -> int:
     return require_int(name, value, minimum=0)
 
 
+def padded_width(width: int, pad_to_multiple_of: object) -> int:
+    """`width` rounded up to a multiple of pad_to_multiple_of (a positive int), or `width` itself for None.
+
+        padded_width(5, 8) == 8;  padded_width(16, 8) == 16;  padded_width(5, None) == 5
+    """
+    if pad_to_multiple_of is None:
+        return width
+    multiple = require_positive_int("pad_to_multiple_of", pad_to_multiple_of)
+    return width + (-width % multiple)
+
+
 def require_real(name: str, value: object, *, minimum: float | None = None, maximum: float | None = None,
                  strict_minimum: bool = False) -> float:
     """A finite real number within the bounds; returns it as a float."""

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from ._checks import (
+    padded_width,
     require_causal_lm,
     require_int,
     require_keys,
@@ -119,7 +120,7 @@ def synthetic_supervised_batch(n_rows: int = 16, min_length: int = 6, max_length
     min_length = require_int("min_length", min_length, minimum=3)
     max_length = require_int("max_length", max_length, minimum=min_length)
     vocab_size = require_int("vocab_size", vocab_size, minimum=2)
-    multiple = 1 if pad_to_multiple_of is None else require_int("pad_to_multiple_of", pad_to_multiple_of, minimum=1)
+    padded_width(0, pad_to_multiple_of)  # the argument checked before any draw
     generator = torch.Generator().manual_seed(require_seed("seed", seed))
     lengths = torch.randint(min_length, max_length + 1, (n_rows,), generator=generator)            # [R]
     prompts = 1 + (torch.rand(n_rows, generator=generator) * (lengths - 2)).long()                 # [R] in [1, len-2]
@@ -128,7 +129,7 @@ def synthetic_supervised_batch(n_rows: int = 16, min_length: int = 6, max_length
     answer = inside & (positions >= prompts[:, None])                                              # [R, L]
     input_ids = torch.randint(1, vocab_size, inside.shape, generator=generator) * inside           # [R, L]
     labels = torch.where(answer, input_ids, IGNORE_INDEX)                                          # [R, L]
-    extra = (0, -len(positions) % multiple)                   # padding columns, drawn after the ids: same rows as without
+    extra = (0, padded_width(len(positions), pad_to_multiple_of) - len(positions))  # after the draws: the same rows
     return {"input_ids": torch.nn.functional.pad(input_ids, extra, value=0),                      # [R, L']
             "labels": torch.nn.functional.pad(labels, extra, value=IGNORE_INDEX),
             "attention_mask": torch.nn.functional.pad(inside.long(), extra, value=0)}

@@ -16,6 +16,7 @@ import torch
 
 from ._checks import (
     INT64_MAX,
+    padded_width,
     require_keys,
     require_lengths,
     require_nonnegative_int,
@@ -329,24 +330,27 @@ def _read_sequences(sequences) -> tuple[list[torch.Tensor], dict[str, list[torch
     return ids, {name: values for name, values in fields.items() if values}
 
 
-def pack_sequences(sequences, max_tokens: int, pad_id: int = 0) -> dict:
+def pack_sequences(sequences, max_tokens: int, pad_id: int = 0, *, pad_to_multiple_of: int | None = None) -> dict:
     """First-fit-decreasing rows of max_tokens -> ids/position_ids/segment_ids [R, L], action_mask/sample_logp [R, L-1], rows.
 
     Each sequence is a mapping with "ids" and optional "action_mask"/"sample_logp" (length len(ids) - 1), an object
     with those attributes, or a bare 1-D sequence of ids. segment_ids is the sequence's index within its row, -1 on
     padding; the transition entry that would predict the next sequence's first token stays 0. A sequence longer than
-    max_tokens is refused: `pack_split_sequences` cuts it into pieces instead.
+    max_tokens is refused: `pack_split_sequences` cuts it into pieces instead. Rows are max_tokens wide, rounded up
+    to a multiple of pad_to_multiple_of when given (as transformers' collators round; the plan still fills max_tokens).
     """
     max_tokens = require_positive_int("max_tokens", max_tokens)
     pad_id = require_nonnegative_int("pad_id", pad_id)
+    width = padded_width(max_tokens, pad_to_multiple_of)
     ids, fields = _read_sequences(require_sequence("sequences", sequences, allow_empty=False))
     lengths = _lengths_array("sequence_lengths", [len(sequence_ids) for sequence_ids in ids], max_tokens, "max_tokens")
-    return _lay_out_rows(ids, fields, lengths, plan_packing(lengths, max_tokens, "ffd"), max_tokens, pad_id)
+    return _lay_out_rows(ids, fields, lengths, plan_packing(lengths, max_tokens, "ffd"), width, pad_id)
 
 
-def _lay_out_rows(ids: list[torch.Tensor], fields: dict, lengths: np.ndarray, rows: list[list[int]], max_tokens: int,
+def _lay_out_rows(ids: list[torch.Tensor], fields: dict, lengths: np.ndarray, rows: list[list[int]], width: int,
                   pad_id: int) -> dict:
-    """Checked sequences (ids [n_i], fields [n_i - 1]) placed as rows lists them -> pack_sequences' dict."""
+    """Checked sequences (ids [n_i], fields [n_i - 1]) placed as rows lists them, rows `width` wide -> pack_sequences'
+    dict."""
     order = [index for row in rows for index in row]  # sequences in packed order
     packed_lengths = torch.from_numpy(lengths[order])  # [N]
     metadata = varlen_metadata(packed_lengths)
@@ -359,7 +363,7 @@ def _lay_out_rows(ids: list[torch.Tensor], fields: dict, lengths: np.ndarray, ro
     token_sequence, position = metadata["seq_idx"], metadata["position_ids"]  # [T], [T]
     token_row = row_of_sequence[token_sequence]  # [T]
     token_column = column_start[token_sequence] + position  # [T]
-    shape = (len(rows), max_tokens)
+    shape = (len(rows), width)
     out = {
         "ids": torch.full(shape, pad_id, dtype=torch.long),
         "position_ids": torch.zeros(shape, dtype=torch.long),
@@ -370,7 +374,7 @@ def _lay_out_rows(ids: list[torch.Tensor], fields: dict, lengths: np.ndarray, ro
     out["segment_ids"][token_row, token_column] = segment_in_row[token_sequence]
     predicts_own_token = position < packed_lengths[token_sequence] - 1  # [T] the last token predicts nothing
     for name, values in fields.items():
-        out[name] = torch.zeros(len(rows), max_tokens - 1)  # [R, L-1]
+        out[name] = torch.zeros(len(rows), width - 1)  # [R, L-1]
         out[name][token_row[predicts_own_token], token_column[predicts_own_token]] = torch.cat(
             [values[index] for index in order])
     out["rows"] = rows

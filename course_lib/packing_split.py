@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._checks import (
+    padded_width,
     require_keys,
     require_lengths,
     require_nonnegative_int,
@@ -143,7 +144,8 @@ def split_into_pieces(samples, plan) -> list[list[dict]]:
              for sample, start, stop in row] for row in plan]
 
 
-def pack_split_sequences(sequences, max_tokens: int, pad_id: int = 0, plan=None) -> dict:
+def pack_split_sequences(sequences, max_tokens: int, pad_id: int = 0, plan=None, *,
+                         pad_to_multiple_of: int | None = None) -> dict:
     """`pack_sequences` for sequences of any length: rows of split pieces -> its dict, plus "pieces".
 
     plan: rows of (sequence, start, stop) spans within max_tokens; None plans with `plan_split_packing`. Every piece
@@ -155,6 +157,7 @@ def pack_split_sequences(sequences, max_tokens: int, pad_id: int = 0, plan=None)
     """
     max_tokens = require_positive_int("max_tokens", max_tokens)
     pad_id = require_nonnegative_int("pad_id", pad_id)
+    width = padded_width(max_tokens, pad_to_multiple_of)  # rows as pack_sequences pads them
     ids, fields = _read_sequences(require_sequence("sequences", sequences, allow_empty=False))
     lengths = _lengths_array("sequence_lengths", [len(sequence_ids) for sequence_ids in ids])
     if plan is None:
@@ -168,5 +171,5 @@ def pack_split_sequences(sequences, max_tokens: int, pad_id: int = 0, plan=None)
     piece_fields = {name: [values[sequence][start:stop - 1] for sequence, start, stop in pieces]
                     for name, values in fields.items()}
     piece_lengths = np.array([stop - start for _, start, stop in pieces], dtype=np.int64)  # [P]
-    return {**_lay_out_rows(piece_ids, piece_fields, piece_lengths, rows, max_tokens, pad_id), "pieces": pieces}
+    return {**_lay_out_rows(piece_ids, piece_fields, piece_lengths, rows, width, pad_id), "pieces": pieces}
 

@@ -271,3 +271,30 @@ def test_each_piece_on_tiny_qwen2_equals_that_piece_alone_and_a_continuation_los
 def test_bad_input_raises_value_error_naming_field_and_value(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+@pytest.mark.parametrize("multiple", [None, 1, 3, 8, 64])
+def test_rows_round_their_width_up_to_a_multiple_and_keep_every_token(multiple):
+    """pad_to_multiple_of widens the rows of both packers as transformers' collators widen a batch: padding ids,
+    segment -1 and zero transitions in the added columns, the first max_tokens columns unchanged."""
+    from course_lib import pack_sequences
+
+    trajectories = _trajectories([5, 3, 7, 2])
+    for pack, capacity in ((pack_sequences, 7), (pack_split_sequences, 6)):
+        plain = pack(trajectories, capacity, pad_id=9)
+        wide = pack(trajectories, capacity, pad_id=9, pad_to_multiple_of=multiple)
+        width = capacity if multiple is None else -(-capacity // multiple) * multiple
+        assert wide["ids"].shape == (len(plain["rows"]), width) and wide["rows"] == plain["rows"]
+        for name in ("ids", "position_ids", "segment_ids", "action_mask", "sample_logp"):
+            assert torch.equal(wide[name][:, :plain[name].shape[1]], plain[name]), name
+        assert bool((wide["ids"][:, capacity:] == 9).all()) and bool((wide["segment_ids"][:, capacity:] == -1).all())
+        assert not bool(wide["action_mask"][:, capacity - 1:].any())
+
+
+@pytest.mark.parametrize("bad", [0, -8, True, 2.0, "8"])
+def test_a_bad_pad_to_multiple_of_is_refused_by_name(bad):
+    from course_lib import pack_sequences
+
+    for pack in (pack_sequences, pack_split_sequences):
+        with pytest.raises(ValueError, match="pad_to_multiple_of"):
+            pack(_trajectories([3, 2]), 4, pad_to_multiple_of=bad)
