@@ -687,3 +687,38 @@ def test_an_ipykernel_runs_cells_over_loopback_inside():
     result, outputs = inside(NOTEBOOK, wall_s=120)
     ok(result)
     assert outputs == ["42\n"]
+
+
+UNDER_TMP = """
+import json, os, sys
+folder = sys.argv[1]
+with open(os.path.join(folder, "data.txt"), encoding="utf-8") as handle:
+    seen = handle.read()
+try:
+    open(os.path.join(folder, "planted"), "w").close()
+    planted = True
+except OSError:
+    planted = False
+with open("/tmp/scratch-file", "w") as handle:
+    handle.write("x")
+print(json.dumps({"seen": seen, "planted": planted, "tmp": sorted(os.listdir("/tmp"))}))
+"""
+
+
+@needs_bwrap
+def test_an_environment_that_lives_under_tmp_is_bound_read_only_inside_a_writable_tmp():
+    """A CI clone (its course package and .venv) under the host's /tmp: bwrap could not make /tmp a symlink to the
+    scratch over the folders it had bound there, and every sandbox failed to start."""
+    folder = Path(tempfile.mkdtemp(prefix="course-under-tmp-", dir="/tmp"))
+    try:
+        folder.chmod(0o755)  # as root the sandbox runs as an unprivileged uid, which must read it
+        (folder / "data.txt").write_text("bound", encoding="utf-8")
+        limits = sandbox.Limits(wall_s=30)
+        result = sandbox.run([PY, "-c", UNDER_TMP, str(folder)], mode="bwrap", limits=limits, read_only=[str(folder)])
+        ok(result)
+        seen = json.loads(result.stdout.decode().strip().splitlines()[-1])
+        assert seen["seen"] == "bound" and not seen["planted"]
+        assert "scratch-file" in seen["tmp"] and not (folder / "planted").exists()
+        assert not Path("/tmp/scratch-file").exists()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

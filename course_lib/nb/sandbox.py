@@ -15,9 +15,10 @@ What the command sees under bwrap (nothing else of the host is mounted):
       course_lib: for an editable install only the package folder, never the repository root that holds the
       solutions), the `read_only` extras, and a few /etc files (ld.so.cache, ld.so.conf(.d), nsswitch.conf,
       passwd, group, hosts, localtime, alternatives, fonts). sys.path entries outside these are not bound.
-    * SCRATCH: an empty private tmpfs of `scratch_bytes`, the working directory, HOME and TMPDIR; /tmp is a
-      symlink to it. /dev/shm is a tmpfs of `shm_bytes`. `/` and /dev are remounted read-only, so nothing else is
-      writable (an unbounded tmpfs would fill RAM). Everything written is gone when the command ends.
+    * SCRATCH: an empty private tmpfs of `scratch_bytes`, the working directory, HOME and TMPDIR; /tmp is another
+      of that size (holding, read-only, whatever the view binds under the host's /tmp: a CI clone's venv). /dev/shm
+      is a tmpfs of `shm_bytes`. `/` and /dev are remounted read-only, so nothing else is writable (an unbounded
+      tmpfs would fill RAM). Everything written is gone when the command ends.
     * a private /proc (only the sandbox's processes), no network but its own loopback (a kernel and its client
       talk TCP over 127.0.0.1 inside), a new session (no terminal injection), no capabilities, and, with
       bubblewrap >= 0.8, no further user namespaces.
@@ -128,7 +129,7 @@ class Limits:
     processes     tasks (processes + threads) of the sandbox; a Jupyter kernel, its nbclient client and torch
                   peaked at 24 inside. The default, 128, is ~5x that and still stops a fork bomb.
     file_bytes    RLIMIT_FSIZE: the largest file a process may write.
-    scratch_bytes size of the scratch tmpfs (HOME, TMPDIR, /tmp, working directory); RAM, not disk.
+    scratch_bytes size of the scratch tmpfs (HOME, TMPDIR, working directory) and of /tmp's; RAM, not disk.
     shm_bytes     size of the /dev/shm tmpfs.
     wall_s        wall-clock seconds before everything in the sandbox is killed.
     threads       OMP/MKL/OPENBLAS_NUM_THREADS inside.
@@ -347,9 +348,12 @@ def _inner_args(paths: list[str], limits: Limits, env: Mapping[str, str], disabl
     """bwrap options of the sandbox itself (the same as a normal user or as nobody under root)."""
     args = ["--unshare-all", "--unshare-user", *(["--disable-userns"] if disable_userns else []),
             "--die-with-parent", "--new-session", "--hostname", "sandbox"]
+    # /tmp first, a tmpfs of its own: a course or virtual environment that lives under the host's /tmp (a CI clone)
+    # is then bound inside it, read-only, and /tmp stays writable and bounded around it
+    args += ["--size", str(limits.scratch_bytes), "--tmpfs", "/tmp"]
     args += _view_args(paths)
     args += ["--proc", "/proc", "--dev", "/dev", "--size", str(limits.shm_bytes), "--tmpfs", "/dev/shm",
-             "--perms", "0700", "--size", str(limits.scratch_bytes), "--tmpfs", SCRATCH, "--symlink", SCRATCH, "/tmp",
+             "--perms", "0700", "--size", str(limits.scratch_bytes), "--tmpfs", SCRATCH,
              "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", SCRATCH, "--clearenv"]
     for key, value in env.items():
         args += ["--setenv", key, value]
