@@ -359,11 +359,11 @@ def test_bad_input_raises_value_error_naming_field_and_value(call, message):
 # Seed 002 §4.2: when does packing pay, and what length to pack to.
 def test_seed002_effective_tokens_arithmetic_the_readme_quotes():
     """Seed 002: packed rows of 4096 positions average 3820 real tokens, "+6.7% effective tokens". The 6.7% is
-    (4096 - 3820) / 4096, a share of positions; read as a rate gain (4096 / 3820 - 1) it is 7.2% (README)."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    (4096 - 3820) / 4096, a share of positions; read as a rate gain (4096 / 3820 - 1) it is 7.2% (docs/library.md)."""
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "library.md").read_text(encoding="utf-8")
     quoted = re.search(r"The ([\d.]+)% is \(4096 − 3820\) / 4096, a share of positions; as a rate gain it is ([\d.]+)%",
                        readme)
-    assert quoted, "the README's seed 002 sentence moved"
+    assert quoted, "docs/library.md's seed 002 sentence moved"
     assert quoted.groups() == (f"{(4096 - 3820) / 4096:.1%}"[:-1], f"{4096 / 3820 - 1:.1%}"[:-1]) == ("6.7", "7.2")
 
 
