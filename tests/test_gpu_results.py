@@ -1,7 +1,8 @@
 """The GPU results committed under benchmarks/results: schema-valid, internally consistent, and what they show.
 
 They were measured on an NVIDIA H200 (benchmarks/results/logs/ holds the runs' output); these tests re-measure
-nothing, they check that each committed record says what the README and the chapters quote from it.
+nothing, they check that each committed record says what docs/gpu-results.md, benchmarks/README.md and the
+chapters quote from it.
 """
 
 from __future__ import annotations

@@ -161,9 +161,8 @@ def graded(tmp_path_factory):
     _insert_code(chatty, 2, f"print('x' * {CHATTY_CHARS})")
     _write(chatty, inbox / f"chatty_{CHAPTER}.ipynb")
 
-    # the kernels' temporary folders go four levels deep into a fresh folder outside pytest's, so that the snoop's
-    # walk up to ../../../.. stays inside it and finds exactly what the grader put there (a shared /tmp may hold
-    # anyone's notebooks: the README asks instructors to point TMPDIR at a private folder)
+    # the grader's own temporary folders go four levels deep into a fresh folder outside pytest's (the kernels run
+    # in the sandbox's scratch: the snoop's walk must find nothing of the course wherever the grader's files are)
     kernels_tmp = Path(tempfile.mkdtemp(prefix="course-kernels-"))
     nested_tmp = kernels_tmp / "a" / "b" / "c"
     nested_tmp.mkdir(parents=True)

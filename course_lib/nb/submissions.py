@@ -34,7 +34,7 @@ JUNK_FOLDERS = {".ipynb_checkpoints", "__MACOSX"}  # Jupyter's autosaves and mac
 JUNK_FILES = {".DS_Store", "Thumbs.db", "desktop.ini"}
 # The course's own folders and output files, left out when the grader is pointed at the course root itself.
 COURSE_FOLDERS = {"autograded", "chapters", "feedback", "release", "source"}
-COURSE_OUTPUTS = re.compile(r"^feedback-.+\.zip$")  # the feedback zips the README's loop writes into the course root
+COURSE_OUTPUTS = re.compile(r"^feedback-.+\.zip$")  # the feedback zips docs/instructors.md's loop writes into the course root
 NBGRADER_FILES = {"timestamp.txt"}  # read beside the notebook it dates
 COPY_PREFIX = re.compile(r"^(?:copy[ _]of[ _])+", re.IGNORECASE)
 COPY_SUFFIX = re.compile(r"(?:[ _]?\(\d+\))+$")
