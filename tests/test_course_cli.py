@@ -418,7 +418,8 @@ def test_a_notebook_that_cannot_be_recorded_fails_alone(tmp_path, monkeypatch):
 
     monkeypatch.setattr(grade, "NbgraderRecorder", Recorder)
     monkeypatch.setattr(confined, "grade_all", grade_all)
-    source = cells.read(build.NOTEBOOKS_DIR / "source" / CHAPTER / f"{CHAPTER}.ipynb")
+    root = build.copy_course_skeleton(build.NOTEBOOKS_DIR, tmp_path / "course")  # a clean clone has no source/ yet
+    source = cells.read(build.build_source_notebook(root / "chapters" / f"{CHAPTER}.py", root).source_notebook)
     chapters = {CHAPTER: grade.Chapter(CHAPTER, source, release)}
     ready = [(submissions.Submission(tmp_path / f"{s}.ipynb", f"{s}.ipynb", s, CHAPTER, release, raw=b"{}"),
               match.Prepared(notebook=release)) for s in ("ann", "ben")]
