@@ -8,9 +8,6 @@ depend only on setup cells and the TODO functions. The mutant catalogue and the 
 
 from __future__ import annotations
 
-import contextlib
-import io
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,41 +57,9 @@ def setup_cells(notebook: Any) -> list[str]:
     return [c.source for c in notebook.cells if is_setup(c)]
 
 
-def _run(source: str, namespace: dict, label: str) -> str | None:
-    """Execute one cell; returns an error summary or None."""
-    stdout = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(stdout):
-            exec(compile(source, f"<{label}>", "exec", dont_inherit=True), namespace)
-    except BaseException as error:  # noqa: BLE001 - a student's cell may raise anything
-        if isinstance(error, KeyboardInterrupt):
-            raise
-        last = traceback.format_exception_only(type(error), error)[-1].strip()
-        return last
-    return None
-
-
-@contextlib.contextmanager
-def library_state_restored():
-    """Undo whatever graded code does to the course_lib modules' names (a submission may rebind them)."""
-    import sys
-
-    saved = {name: dict(vars(module)) for name, module in list(sys.modules.items())
-             if (name == "course_lib" or name.startswith("course_lib.")) and module is not None}
-    try:
-        yield
-    finally:
-        for name, attributes in saved.items():
-            module_dict = vars(sys.modules[name])
-            for key in [key for key in module_dict if key not in attributes]:
-                del module_dict[key]
-            module_dict.update(attributes)
-
-
 def grade_in_process(source_notebook: Any, solutions: dict[str, str]) -> list[CellResult]:
     """Grade `solutions` (grade_id -> code) with the source notebook's setup and test cells."""
-    with library_state_restored():
-        return _grade_in_process(source_notebook, solutions)
+    return _grade_in_process(source_notebook, solutions)
 
 
 def _grade_in_process(source_notebook: Any, solutions: dict[str, str]) -> list[CellResult]:

@@ -168,7 +168,7 @@ def execute_notebook(job: dict[str, Any]) -> dict[str, Any]:
     runtime = jupyter_runtime_dir()
     os.makedirs(runtime, exist_ok=True)
     manager = client.create_kernel_manager()
-    manager.connection_file = os.path.join(runtime, f"{CONNECTION_PREFIX}{job.get('run_id', 'single')}-{uuid.uuid4()}.json")
+    manager.connection_file = os.path.join(runtime, f"{CONNECTION_PREFIX}{uuid.uuid4()}.json")
     if not job.get("kernel_name"):
         manager.kernel_spec_manager = _this_interpreter_specs()
     timed_out, not_run, problem = [], [], None
@@ -232,7 +232,7 @@ def _kernel_answers(client: Any, notebook: Any, replies: dict[int, dict]) -> boo
     return replies.pop(probe_index, {}).get("content", {}).get("status") == "ok"
 
 
-CONNECTION_PREFIX = "kernel-grade-"  # + run id: what a killed worker's kernel leaves in Jupyter's runtime folder
+CONNECTION_PREFIX = "kernel-grade-"  # + a uuid: the connection file in Jupyter's runtime folder (the sandbox's scratch)
 
 
 def main() -> int:
