@@ -14,7 +14,7 @@
 # Writes benchmarks/results/<workload>/<workload>_LABEL.json and benchmarks/results/figures/LABEL/*.png, and appends
 # the log to build/gpu_suite/LABEL.log. When $OUT is set (the device tool), copies the JSON files to
 # $OUT/results/<workload>/, the chapters' to $OUT/results/chapter03/, chapter05/ and chapter09/, and the whole log to
-# $OUT/suite.log (at most 8 files); draw the figures again from the JSON with `python -m benchmarks.report ... --plots`.
+# $OUT/suite.log (at most 8 files); draw the figures again from the JSON with `python -m course_lib.lab.gpu.report ... --plots`.
 # Wheels under tmp/whl/ (e.g. trl and datasets for an image without them) are installed to /tmp/site first.
 # A failed preflight or measurement still leaves a failure record. WORKLOADS="id ..." runs only those workloads,
 # WORKLOADS=none none of them.
@@ -32,19 +32,19 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 PY="${PYTHON:-python3}"
 if [ -z "${PYTHON:-}" ] && [ -x .venv/bin/python ]; then PY=.venv/bin/python; fi
 # the label, the workloads and the result paths come from the runner's own code, so they cannot drift from it
-if ! refusal=$($PY -c 'import sys; from benchmarks.gpu.records import check_label; check_label(sys.argv[1])' \
+if ! refusal=$($PY -c 'import sys; from course_lib.lab.gpu.records import check_label; check_label(sys.argv[1])' \
     "$LABEL" 2>&1); then
   echo "refused: $(printf '%s\n' "$refusal" | tail -n 1)" >&2  # the ValueError's line, before a log file is named
   exit 2
 fi
-WORKLOAD_IDS="$($PY -c 'from benchmarks.workloads import WORKLOADS; print(*WORKLOADS)')" || exit 2
+WORKLOAD_IDS="$($PY -c 'from course_lib.lab.gpu.workloads import WORKLOADS; print(*WORKLOADS)')" || exit 2
 mkdir -p build/gpu_suite
 LOG="${OUT:-build/gpu_suite}/$([ -n "${OUT:-}" ] && echo suite || echo "$LABEL").log"
 
 results_of_label() {  # this label's result files (a glob on *_LABEL.json would take my_LABEL's too)
   local workload f
   for workload in $WORKLOAD_IDS; do
-    f="$($PY -c 'import sys; from benchmarks.gpu.records import result_path
+    f="$($PY -c 'import sys; from course_lib.lab.gpu.records import result_path
 print(result_path("benchmarks/results", *sys.argv[1:]))' "$workload" "$LABEL")"
     if [ -f "$f" ]; then echo "$f"; fi
   done
@@ -78,7 +78,7 @@ suite() {
     echo "== $workload ($(date +%T))"
     limit=200
     if [ "$workload" = packing-compiled ]; then limit=360; fi  # compiling is most of it; it runs last for that reason
-    limited "$limit" $PY -m benchmarks.runner "$workload" --mode real_gpu --label "$LABEL" --profile "$PROFILE" \
+    limited "$limit" $PY -m course_lib.lab.gpu.runner "$workload" --mode real_gpu --label "$LABEL" --profile "$PROFILE" \
       --no-progress
     code=$?
     if [ "$code" -eq 124 ]; then  # 1, not 124: the device tool reads 124 as its own time limit
@@ -90,7 +90,7 @@ suite() {
   echo "== report ($(date +%T))"
   if [ -n "$(results_of_label)" ]; then
     # shellcheck disable=SC2046  # one path per line, no spaces in them
-    $PY -m benchmarks.report $(results_of_label) --plots "benchmarks/results/figures/$LABEL" || true
+    $PY -m course_lib.lab.gpu.report $(results_of_label) --plots "benchmarks/results/figures/$LABEL" || true
   else
     echo "no result file with label $LABEL"
   fi

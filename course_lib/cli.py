@@ -87,7 +87,7 @@ def _preflight(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from benchmarks import runner
+    from course_lib.lab.gpu import runner
 
     argv = [args.workload, "--mode", args.mode, "--label", args.label]
     if args.results_dir:
@@ -143,7 +143,7 @@ def parser() -> argparse.ArgumentParser:
     pre.add_argument("--json", action="store_true")
     pre.set_defaults(run=_preflight)
 
-    bench = verbs.add_parser("bench", help="run a benchmark workload through benchmarks.runner")
+    bench = verbs.add_parser("bench", help="run a benchmark workload through course_lib.lab.gpu.runner")
     bench.add_argument("workload", help="workload id or 'all'")
     bench.add_argument("--mode", default="dry_run", help="dry_run, cpu_smoke or real_gpu (default: %(default)s)")
     bench.add_argument("--label", default="default")

@@ -23,8 +23,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root holds `benchmarks`
 
-from benchmarks.gpu.models import load_causal_lm  # noqa: E402
-from benchmarks.workloads.pt_long_context import (  # noqa: E402
+from course_lib.lab.gpu.models import load_causal_lm  # noqa: E402
+from course_lib.lab.gpu.workloads.pt_long_context import (  # noqa: E402
     packed_batch,
     packed_row,
     padded_batch,

@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the repository root holds `benchmarks`
 
-from benchmarks.report import load_results  # noqa: E402
+from course_lib.lab.gpu.report import load_results  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 GB = 1e9

@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root holds `benchmarks`
 
-from benchmarks.gpu.measure import device_activity, median_and_p95, profile_step  # noqa: E402
-from benchmarks.gpu.records import read_result, result_path  # noqa: E402
-from benchmarks.gpu.schema import SCHEMA_VERSION, validate_result  # noqa: E402
-from benchmarks.report import (  # noqa: E402
+from course_lib.lab.gpu.measure import device_activity, median_and_p95, profile_step  # noqa: E402
+from course_lib.lab.gpu.records import read_result, result_path  # noqa: E402
+from course_lib.lab.gpu.schema import SCHEMA_VERSION, validate_result  # noqa: E402
+from course_lib.lab.gpu.report import (  # noqa: E402
     device_name,
     format_record,
     format_run,
@@ -28,10 +28,10 @@ from benchmarks.report import (  # noqa: E402
     plot_packing_bars,
     plot_packing_scale,
 )
-from benchmarks.report import main as report_main  # noqa: E402
-from benchmarks.runner import main as runner_main  # noqa: E402
-from benchmarks.runner import run_workload  # noqa: E402
-from benchmarks.workloads import WORKLOADS  # noqa: E402
+from course_lib.lab.gpu.report import main as report_main  # noqa: E402
+from course_lib.lab.gpu.runner import main as runner_main  # noqa: E402
+from course_lib.lab.gpu.runner import run_workload  # noqa: E402
+from course_lib.lab.gpu.workloads import WORKLOADS  # noqa: E402
 from course_lib import tiny_qwen2  # noqa: E402
 
 WORKLOAD_IDS = sorted(WORKLOADS)
@@ -114,7 +114,7 @@ def test_cpu_smoke_compiled_packing_computes_what_the_eager_model_does(smoke):
 
 
 def test_compile_layers_needs_decoder_layers():
-    from benchmarks.workloads.packing_compiled import compile_layers
+    from course_lib.lab.gpu.workloads.packing_compiled import compile_layers
 
     with pytest.raises(ValueError, match="model must be a transformers causal LM with model.layers, got Linear"):
         compile_layers(torch.nn.Linear(2, 2), "default")
@@ -143,7 +143,7 @@ def test_varlen_check_catches_a_leaky_varlen_row():
     A sharper random init (initializer_range=0.1) stands in for the 0.5B model, where a leak moves the mean loss by
     ~1%; on the near-uniform default tiny model it moves only ~3e-4, which is why the per-token check exists.
     """
-    from benchmarks.workloads.pt_long_context import (
+    from course_lib.lab.gpu.workloads.pt_long_context import (
         PACKING_TEXTS,
         course_token_ids,
         packed_batch,
@@ -177,7 +177,7 @@ def test_varlen_check_catches_a_leaky_varlen_row():
 def test_varlen_alone_check_fails_for_a_leaky_attention(monkeypatch):
     """The per-token check on the device: correct varlen passes; varlen that ignores the boundaries fails."""
     import course_lib.varlen as varlen_module
-    from benchmarks.workloads.pt_long_context import varlen_equals_alone
+    from course_lib.lab.gpu.workloads.pt_long_context import varlen_equals_alone
 
     assert varlen_equals_alone(torch.device("cpu"), [48, 96, 32, 64], 1e-4)
 
@@ -268,7 +268,7 @@ def test_failure_becomes_a_record(tmp_path, capsys, factory, stage, error_type):
 def test_a_scale_that_does_not_fit_the_gpu_is_recorded_not_a_failure(tmp_path, monkeypatch):
     """A 16 GB GPU holds the seed's pair but not padding at x16: the run keeps every row it measured, records the
     scale that ran out of memory in each series, tries no larger one, and checks varlen against the scales it has."""
-    from benchmarks.workloads import pt_long_context as workload
+    from course_lib.lab.gpu.workloads import pt_long_context as workload
 
     pair_at, varlen_row, parameters = workload._pair_at, workload._varlen_row, workload.parameters
 
@@ -445,7 +445,7 @@ def test_fused_kernel_checks_pass_the_contract_and_catch_a_leak(monkeypatch, ker
     with a kernel that attends across the packed samples."""
     from types import SimpleNamespace
 
-    from benchmarks.workloads.pt_long_context import fused_kernel_checks
+    from course_lib.lab.gpu.workloads.pt_long_context import fused_kernel_checks
 
     from .varlen_reference import reference_varlen_attn, use_reference_varlen_kernel
 
@@ -588,7 +588,7 @@ def test_logit_memory_full_path_out_of_memory_is_a_finding_not_a_crash(tmp_path,
     """On a small GPU (a T4) the full 16k-token logits do not fit: the row says so, and chunking is checked against
     full where full ran (v2; v1 failed chunking for full's out of memory). Chunking failing on its own where full
     ran still fails, and so does a run where full fit nowhere: an agreement never shown never passes."""
-    from benchmarks.workloads import logit_memory
+    from course_lib.lab.gpu.workloads import logit_memory
 
     measure_method = logit_memory._measure_method
     monkeypatch.setattr(logit_memory, "_measure_method",
@@ -613,7 +613,7 @@ def test_logit_memory_full_path_out_of_memory_is_a_finding_not_a_crash(tmp_path,
 
 def test_microbatch_fixed_count_out_of_memory_is_a_finding_not_a_crash(tmp_path, monkeypatch):
     """The fixed-count plan not fitting is seed 003's point: recorded as out_of_memory, the budget plan still runs."""
-    from benchmarks.workloads import microbatch_budget
+    from course_lib.lab.gpu.workloads import microbatch_budget
 
     monkeypatch.setattr(microbatch_budget, "time_steps",
                         _out_of_memory_when(microbatch_budget.time_steps, lambda desc: desc.endswith("_random")))
@@ -630,7 +630,7 @@ def test_workloads_run_in_the_gpus_dtype_on_this_cpu(workload_id):
     """real_gpu measures in bf16; this runs each workload's code in bf16 (tiny sizes, CPU) so that a dtype bug
     (a float32 mask meeting bf16 scores, a bf16 loss compared at an fp32 tolerance) shows up before a GPU session.
     Tolerances are the real_gpu ones where they exist."""
-    from benchmarks.runner import RunContext
+    from course_lib.lab.gpu.runner import RunContext
 
     workload = WORKLOADS[workload_id]
     parameters = workload.parameters("cpu_smoke")
@@ -659,7 +659,7 @@ def test_format_run_says_what_a_notebook_needs_for_each_outcome(smoke, tmp_path)
 
 def test_memory_trend_allows_the_seeds_half_percent_of_allocator_noise():
     """Seed 000 v4: a peak may dip up to 0.5% from one length to the next (allocator noise); more is a failure."""
-    from benchmarks.workloads.pt_long_context import _length_checks
+    from course_lib.lab.gpu.workloads.pt_long_context import _length_checks
 
     def rows(*peaks):
         return [{"peak_allocated_bytes": peak, "losses": [1.0], "gradient_norms": [1.0]} for peak in peaks]

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.gpu.records import read_result
+from course_lib.lab.gpu.records import read_result
 from course_lib.nb import build
 from tests.repository import ROOT, copy_tracked_files, is_git_checkout
 

@@ -20,7 +20,7 @@ from course_lib import (
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root holds `benchmarks`
 
-from benchmarks.workloads import pt_long_context as workload  # noqa: E402
+from course_lib.lab.gpu.workloads import pt_long_context as workload  # noqa: E402
 
 SEED_LENGTHS = [48, 96, 32, 64]
 CPU = torch.device("cpu")
@@ -145,6 +145,6 @@ def test_compare_refuses_incomparable_or_bad_rows(padding, packing, field):
 
 
 def test_benchmark_default_results_dir_is_relative_to_the_working_directory():
-    from benchmarks.gpu.records import DEFAULT_RESULTS_DIR
+    from course_lib.lab.gpu.records import DEFAULT_RESULTS_DIR
 
     assert not DEFAULT_RESULTS_DIR.is_absolute() and DEFAULT_RESULTS_DIR.as_posix() == "benchmarks/results"

@@ -23,17 +23,17 @@ pytestmark = pytest.mark.slow
 MUST_SHIP = ["course_lib/data/tokenizer/", "course_lib/data/configs/Qwen2.5-0.5B.json",
              "course_lib/data/environments/profiles.json", "course_lib/data/environments/PT-SFT-CUDA/requirements.txt",
              "course_lib/data/hardware.json", "course_lib/data/corpus/", "course_lib/data/samples/",
-             "course_lib/nb/grading.py", "benchmarks/workloads/pt_long_context.py", "benchmarks/gpu/schema.py"]
-MUST_NOT_SHIP = ["tests/", "notebooks/", "benchmarks/results/", "scripts/"]
+             "course_lib/nb/grading.py", "course_lib/lab/gpu/workloads/pt_long_context.py", "course_lib/lab/gpu/schema.py"]
+MUST_NOT_SHIP = ["tests/", "notebooks/", "benchmarks/", "scripts/"]
 
 IMPORT_CHECK = """
 import pathlib, sys
-import course_lib, benchmarks.workloads
+import course_lib, course_lib.lab.gpu.workloads
 from course_lib import load_course_tokenizer, render_chat, tiny_qwen2
 from course_lib.preflight import load_profiles
 site = pathlib.Path(sys.argv[1]).resolve()
 assert pathlib.Path(course_lib.__file__).resolve().is_relative_to(site), course_lib.__file__
-assert pathlib.Path(benchmarks.workloads.__file__).resolve().is_relative_to(site), benchmarks.workloads.__file__
+assert pathlib.Path(course_lib.lab.gpu.workloads.__file__).resolve().is_relative_to(site), course_lib.lab.gpu.workloads.__file__
 ids = render_chat(load_course_tokenizer(), [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}])
 assert len(ids["input_ids"]) > 4
 assert tiny_qwen2().config.vocab_size == 2048
@@ -60,6 +60,8 @@ def test_wheel_ships_the_data_and_not_the_repository(wheel):
         assert any(name.startswith(required) for name in names), f"wheel lacks {required}"
     for excluded in MUST_NOT_SHIP:
         assert not any(name.startswith(excluded) for name in names), f"wheel ships {excluded}"
+    top_level = {name.split("/", 1)[0] for name in names if not name.split("/", 1)[0].endswith(".dist-info")}
+    assert top_level == {"course_lib"}, top_level  # nothing a site-packages could collide on (e.g. `benchmarks`)
 
 
 def test_installed_wheel_works_outside_the_repository(wheel, tmp_path):

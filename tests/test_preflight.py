@@ -132,7 +132,7 @@ def test_version_lines(name, found, status):
 def test_native_bf16_is_not_a_t4s_emulated_bf16(monkeypatch):
     """torch.cuda.is_bf16_supported() says True on a T4 (compute capability 7.5), where bf16 is emulated: preflight
     and the runner ask for native bf16, so a T4 warns and the runner loads the model in fp16 there."""
-    from benchmarks.runner import _device_and_dtype
+    from course_lib.lab.gpu.runner import _device_and_dtype
     from course_lib.preflight import native_bf16
 
     assert native_bf16() in (True, False) and (torch.cuda.is_available() or native_bf16() is False)

@@ -78,7 +78,7 @@ def runner_chapters(tmp_path_factory):
 
 def _records(folder: Path) -> list[dict]:
     """The result records a chapter wrote, read (and schema-checked) by the benchmarks' own reader."""
-    from benchmarks.gpu.records import read_result
+    from course_lib.lab.gpu.records import read_result
 
     return [read_result(path) for path in sorted(folder.glob("lab_results/*/*.json"))]
 

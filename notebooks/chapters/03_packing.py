@@ -705,8 +705,8 @@ print(f"2300 samples into rows of 64: TRL {len(trl_packed)} rows (batches of 100
 # %%
 from pathlib import Path
 
-from benchmarks.report import format_run
-from benchmarks.runner import run_workload
+from course_lib.lab.gpu.report import format_run
+from course_lib.lab.gpu.runner import run_workload
 
 RUN_MODE = "dry_run"  # "real_gpu": measure on a CUDA GPU (PT-SFT-CUDA preflight first) | "cpu_smoke": tiny model, CPU
 gpu_path, gpu_record = run_workload("pt-long-context", RUN_MODE, time.strftime("chapter03-%Y%m%d-%H%M%S"),

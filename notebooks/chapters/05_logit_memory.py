@@ -558,8 +558,8 @@ else:
 # %%
 import time
 
-from benchmarks.report import format_run
-from benchmarks.runner import run_workload
+from course_lib.lab.gpu.report import format_run
+from course_lib.lab.gpu.runner import run_workload
 
 RUN_MODE = "dry_run"  # "real_gpu": measure on a CUDA GPU (PT-SFT-CUDA preflight first) | "cpu_smoke": tiny head, CPU
 bench_path, bench_record = run_workload("logit-memory", RUN_MODE, time.strftime("chapter05-%Y%m%d-%H%M%S"),

@@ -56,12 +56,12 @@ tokenizer = load_course_tokenizer()
 # block-causal mask so no sample sees another. We build both from the benchmark's own code and count.
 
 # %%
-from benchmarks.gpu.models import course_token_ids
-from benchmarks.gpu.records import result_path
-from benchmarks.report import device_name, format_record, load_results
-from benchmarks.runner import run_workload
-from benchmarks.workloads import WORKLOADS
-from benchmarks.workloads import pt_long_context as workload
+from course_lib.lab.gpu.models import course_token_ids
+from course_lib.lab.gpu.records import result_path
+from course_lib.lab.gpu.report import device_name, format_record, load_results
+from course_lib.lab.gpu.runner import run_workload
+from course_lib.lab.gpu.workloads import WORKLOADS
+from course_lib.lab.gpu.workloads import pt_long_context as workload
 
 cpu = torch.device("cpu")
 model = tiny_qwen2(seed=42).eval()
@@ -109,7 +109,7 @@ print(f"loss padded {loss_padded.item():.6f} | loss packed {loss_packed.item():.
 # | result | one JSON per run, `<results>/pt_long_context/pt-long-context_<label>.json` | a new label per run; a result is never overwritten |
 #
 # The parameter cell below mirrors the seed's. It declares the run; the workload itself lives once, in
-# `benchmarks/workloads/pt_long_context.py`, and the next cell checks that what you declared is what it will run.
+# `course_lib/lab/gpu/workloads/pt_long_context.py`, and the next cell checks that what you declared is what it will run.
 
 # %%
 RUN_MODE = "dry_run"  # "dry_run": record the plan only | "real_gpu": measure (needs a CUDA GPU that passes preflight)

@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from benchmarks.gpu.measure import autocast_for
-from benchmarks.workloads.pt_long_context import (
+from course_lib.lab.gpu.measure import autocast_for
+from course_lib.lab.gpu.workloads.pt_long_context import (
     losses_agree,
     packed_batch,
     packing_checks,

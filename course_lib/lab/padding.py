@@ -4,12 +4,12 @@ measured step time turns into effective supervised tokens per second.
 The lab trains on four fixed samples (48 / 96 / 32 / 64 tokens) twice: as a padded batch [4, 96] and as one
 boundary-isolated packed row [1, 240]. Before anything is timed, the token ledger already says what each
 candidate processes and supervises; the measurement then says what that costs. The benchmark workload
-(`benchmarks/workloads/pt_long_context.py`) takes its ledger and its rates from here.
+(`course_lib/lab/gpu/workloads/pt_long_context.py`) takes its ledger and its rates from here.
 """
 
 from __future__ import annotations
 
-from ._checks import (
+from .._checks import (
     require_bool,
     require_keys,
     require_lengths,

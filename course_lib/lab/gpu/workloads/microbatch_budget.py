@@ -12,7 +12,13 @@ from typing import Any
 
 import torch
 
-from benchmarks.gpu.measure import autocast_for, finite_or_none, free_after_out_of_memory, gradient_l2_norm, time_steps
+from course_lib.lab.gpu.measure import (
+    autocast_for,
+    finite_or_none,
+    free_after_out_of_memory,
+    gradient_l2_norm,
+    time_steps,
+)
 
 VERSION = "v1"
 EVIDENCE_LEVEL = "real_model_microbatch_memory_benchmark"

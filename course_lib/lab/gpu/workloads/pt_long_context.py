@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.gpu.measure import (
+from course_lib.lab.gpu.measure import (
     autocast_for,
     finite_or_none,
     free_after_out_of_memory,
@@ -24,7 +24,7 @@ from benchmarks.gpu.measure import (
     profile_step,
     time_steps,
 )
-from benchmarks.gpu.models import course_token_ids
+from course_lib.lab.gpu.models import course_token_ids
 
 # bump when lengths, samples, repeats, candidates or what a row records change
 # (v5: scale x16, v6: x32, v7: varlen packing, v8: each row's device profile, v9: varlen in the fused flash kernel

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.gpu.measure import free_after_out_of_memory, time_steps
+from course_lib.lab.gpu.measure import free_after_out_of_memory, time_steps
 
 VERSION = "v2"  # v2: agreement checked where the full log-probs fit (v1 failed chunking when full ran out of memory)
 EVIDENCE_LEVEL = "real_lm_head_shape_logit_memory_benchmark"

@@ -1,7 +1,7 @@
 """Read GPU benchmark results: seed 000 §5.3 / §5.4 tables (and the logit-memory / microbatch tables), and figures.
 
-    python -m benchmarks.report                       # every result under benchmarks/results
-    python -m benchmarks.report FILE_OR_DIR ... --plots out/   # also the length curve and padding-vs-packing bars
+    python -m course_lib.lab.gpu.report                       # every result under benchmarks/results
+    python -m course_lib.lab.gpu.report FILE_OR_DIR ... --plots out/   # also the length curve and padding-vs-packing bars
 
 Every file is validated when read; an invalid one is reported by name and skipped.
 """
@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks.gpu.records import DEFAULT_RESULTS_DIR, iter_result_files, read_result
+from course_lib.lab.gpu.records import DEFAULT_RESULTS_DIR, iter_result_files, read_result
 
 __all__ = ["load_results", "device_name", "format_record", "format_runs_side_by_side", "plot_length_curve", "plot_packing_bars", "plot_packing_scale", "main"]
 
@@ -461,7 +461,7 @@ def _save(fig, path: str | Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: print every valid result's tables; exit 1 when a file was invalid or none was found."""
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.report", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m course_lib.lab.gpu.report", description=__doc__.split("\n\n")[0])
     parser.add_argument("paths", nargs="*", default=[str(DEFAULT_RESULTS_DIR)])
     parser.add_argument("--plots", default=None, help="folder for length_curve.png, padding_vs_packing.png and packing_scale.png")
     args = parser.parse_args(argv)

@@ -1,8 +1,8 @@
 """The GPU benchmark runner: one workload, one mode, one labelled JSON result that is never overwritten.
 
-    python -m benchmarks.runner pt-long-context --mode dry_run --label my-run
-    python -m benchmarks.runner all --mode real_gpu --label h200-2026-12-01 [--profile PT-SFT-CUDA]
-    python -m benchmarks.runner logit-memory --mode cpu_smoke --label ci --results-dir /tmp/results
+    python -m course_lib.lab.gpu.runner pt-long-context --mode dry_run --label my-run
+    python -m course_lib.lab.gpu.runner all --mode real_gpu --label h200-2026-12-01 [--profile PT-SFT-CUDA]
+    python -m course_lib.lab.gpu.runner logit-memory --mode cpu_smoke --label ci --results-dir /tmp/results
 
 Modes: dry_run (records the plan; decision ready_to_measure), real_gpu (preflight, then measure), cpu_smoke
 (the same code path on CPU with tiny_qwen2; its evidence says wiring only). Any exception while measuring becomes
@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from benchmarks.gpu.models import load_causal_lm, load_lm_head_weight, model_record
-from benchmarks.gpu.records import (
+from course_lib.lab.gpu.models import load_causal_lm, load_lm_head_weight, model_record
+from course_lib.lab.gpu.records import (
     DEFAULT_RESULTS_DIR,
     check_label,
     failure_block,
@@ -30,8 +30,8 @@ from benchmarks.gpu.records import (
     result_path,
     write_result,
 )
-from benchmarks.gpu.schema import CPU_SMOKE_EVIDENCE, MODES
-from benchmarks.workloads import WORKLOADS
+from course_lib.lab.gpu.schema import CPU_SMOKE_EVIDENCE, MODES
+from course_lib.lab.gpu.workloads import WORKLOADS
 
 __all__ = ["DEFAULT_PROFILES", "RunContext", "run_workload", "main"]
 
@@ -173,7 +173,7 @@ def _summary(path: Path, record: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: exit 0 when every run was recorded without failure, 1 when one holds a failure, 2 when one is refused."""
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.runner", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m course_lib.lab.gpu.runner", description=__doc__.split("\n\n")[0])
     parser.add_argument("workload", choices=[*WORKLOADS, "all"])
     parser.add_argument("--mode", choices=MODES, default="dry_run")
     parser.add_argument("--label", default="default")

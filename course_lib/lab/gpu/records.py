@@ -15,7 +15,7 @@ __all__ = ["DEFAULT_RESULTS_DIR", "check_label", "result_path", "new_record", "f
            "framework_versions", "write_result", "read_result", "iter_result_files"]
 
 # Relative to the working directory: the repository root in a checkout (where run_gpu_suite.sh runs), the
-# notebook's folder when benchmarks is pip-installed (never a folder inside site-packages).
+# notebook's folder when course_lib is pip-installed (never a folder inside site-packages).
 DEFAULT_RESULTS_DIR = Path("benchmarks") / "results"
 
 
