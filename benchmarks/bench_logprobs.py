@@ -26,15 +26,8 @@ from collections.abc import Callable
 
 import torch
 
-from course_lib.logprobs import (
-    checkpointed_log_probs,
-    chunked_log_probs,
-    logit_bytes,
-    logit_memory_table,
-    peak_cuda_memory,
-    saved_tensor_bytes,
-    selected_log_probs,
-)
+from course_lib.lab.memory import logit_memory_table, peak_cuda_memory, saved_tensor_bytes
+from course_lib.logprobs import checkpointed_log_probs, chunked_log_probs, logit_bytes, selected_log_probs
 
 TRL_TILE = 32768  # the vocabulary tile TRL's trainers give ChunkedLogProbFunction (trl/trainer/utils.py)
 

@@ -1,13 +1,23 @@
 """Instruments: what measures and compares the mechanisms, never part of the data path.
 
 `course_lib` holds the mechanisms a training job runs (measure, fit, label, pack, batch, lose, account); this
-package holds what a chapter or a benchmark uses to show them at work: the padding-vs-packing ledger, and under
-`course_lib.lab.gpu` the GPU workloads, their runner and their report.
+package holds what a chapter or a benchmark uses to show them at work:
+
+    padding     the padding-vs-packing token ledger and effective tokens per second
+    leaks       each packed sample against the same sample run alone, and the leaky variants to compare
+    gradients   accumulated and data-parallel (gloo) gradients against the full-batch gradient
+    memory      bytes autograd saves for backward, CUDA peaks, the logits' memory table
+    gpu         the GPU workloads, their runner and their report (`python -m course_lib.lab.gpu.runner`)
+
+The chapters import these names from `course_lib` too, which re-exports them.
 """
 
 from __future__ import annotations
 
-from . import padding
+from . import gradients, leaks, memory, padding
+from .gradients import *  # noqa: F403
+from .leaks import *  # noqa: F403
+from .memory import *  # noqa: F403
 from .padding import *  # noqa: F403
 
-__all__ = [*padding.__all__]
+__all__ = [name for module in (padding, leaks, gradients, memory) for name in module.__all__]

@@ -1,0 +1,97 @@
+"""Memory meters: what autograd keeps for backward (any device), the CUDA peak of a step, and the logits' table.
+
+`course_lib.logprobs` holds the three ways to compute selected-token log-probs; this module measures what each one
+costs in memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from .._checks import require_bool, require_positive_int
+from ..logprobs import QWEN3_HIDDEN_SIZES, QWEN3_VOCAB_SIZE, logit_bytes
+
+__all__ = ["saved_tensor_bytes", "peak_cuda_memory", "logit_memory_table"]
+
+
+def _storage_key(tensor: torch.Tensor) -> tuple[str, int, int] | None:
+    try:
+        storage = tensor.untyped_storage()
+    except (RuntimeError, NotImplementedError):                                  # e.g. tensor subclasses without storage
+        return None
+    return str(tensor.device), storage.data_ptr(), storage.nbytes()
+
+
+def saved_tensor_bytes(fn: Callable[..., object], *args: object, include_inputs: bool = False) -> int:
+    """Bytes of the distinct storages autograd saves for backward while fn(*args) runs (inputs excluded by default).
+
+    Each underlying storage counts once, whole (a saved view keeps its whole storage alive). With
+    include_inputs=False, storages shared with any tensor in args (hidden, weight, ids and their views)
+    are left out: they exist before the call and the caller pays for them anyway.
+    """
+    if not callable(fn):
+        raise ValueError(f"fn must be callable, got {type(fn).__name__}")
+    include_inputs = require_bool("include_inputs", include_inputs)
+    saved: dict[tuple[str, int], int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        key = _storage_key(tensor)
+        if key is not None:
+            saved[key[:2]] = key[2]
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        output = fn(*args)
+    del output                                                                    # frees the graph and what it saved
+    if not include_inputs:
+        for arg in args:
+            key = _storage_key(arg) if isinstance(arg, torch.Tensor) else None
+            if key is not None:
+                saved.pop(key[:2], None)
+    return sum(saved.values())
+
+
+def peak_cuda_memory(fn: Callable[..., torch.Tensor], *args: object, backward: bool = True) -> int:
+    """Peak CUDA bytes allocated above the starting level while fn(*args) runs, plus output.sum().backward().
+
+    Clears .grad of every tensor argument first, so a fresh weight gradient counts (as in a training step).
+    Raises RuntimeError when CUDA is not available: the peak counters exist only on a GPU.
+    """
+    if not callable(fn):
+        raise ValueError(f"fn must be callable, got {type(fn).__name__}")
+    backward = require_bool("backward", backward)
+    if not torch.cuda.is_available():
+        raise RuntimeError("peak_cuda_memory needs a CUDA device; on CPU use saved_tensor_bytes")
+    tensors = [arg for arg in args if isinstance(arg, torch.Tensor)]
+    for tensor in tensors:
+        tensor.grad = None
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    start = torch.cuda.memory_allocated()
+    output = fn(*args)
+    if backward:
+        output.float().sum().backward()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - start
+    del output
+    for tensor in tensors:
+        tensor.grad = None
+    return int(peak)
+
+
+def logit_memory_table(hidden_sizes: dict[str, int] | None = None, vocab_size: int = QWEN3_VOCAB_SIZE,
+                       n_tokens: int = 32_768, dtype_bytes: int = 4) -> list[dict[str, object]]:
+    """One row per model: keys model, hidden_size, vocab_per_hidden, per_token_mb, microbatch_gb (1 MB = 1e6 B)."""
+    hidden_sizes = QWEN3_HIDDEN_SIZES if hidden_sizes is None else hidden_sizes
+    if not hasattr(hidden_sizes, "items"):
+        raise ValueError(f"hidden_sizes must map model names to hidden sizes, got {hidden_sizes!r:.80}")
+    logit_bytes(n_tokens, vocab_size, dtype_bytes)  # validates the three sizes even for an empty table
+    rows = []
+    for model, hidden_size in hidden_sizes.items():
+        hidden_size = require_positive_int(f"hidden_sizes[{model!r}]", hidden_size)
+        rows.append({"model": model, "hidden_size": hidden_size, "vocab_per_hidden": vocab_size / hidden_size,
+                     "per_token_mb": logit_bytes(1, vocab_size, dtype_bytes) / 1e6,
+                     "microbatch_gb": logit_bytes(n_tokens, vocab_size, dtype_bytes) / 1e9})
+    return rows
