@@ -45,7 +45,7 @@ test-lower-bounds: venv
 	$(LOWER)/bin/pip install -q -c environments/lower-bounds.txt -r environments/dev-requirements.txt -e .
 	$(LOWER)/bin/python -c "import transformers, trl, datasets; print('lower bounds:', transformers.__version__, trl.__version__, datasets.__version__)"
 	$(LOWER)/bin/python -m pytest -q -n 2 -p no:cacheprovider $(LIBRARY_TESTS)
-	$(BIN)/python -m course_lib.nb.build > /dev/null
+	$(BIN)/python -m course_lib.instructor.build > /dev/null
 	rm -rf $(LOWER_RUN) && mkdir -p $(LOWER_RUN)
 	for chapter in $(CHAPTERS); do \
 	  $(LOWER)/bin/python scripts/run_notebook.py notebooks/source/$$chapter/$$chapter.ipynb --cwd $(LOWER_RUN) \

@@ -27,14 +27,13 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # the mutant catalogue lives in tests/mutants
+sys.path.insert(0, str(REPO))  # the mutant catalogue (tests/mutants) and real nbgrader autograde (tests/support)
 
 
 def write_submissions(root: Path, chapter: str, per_chapter: int, inbox: Path) -> dict[str, Path]:
     """student -> notebook: the solutions, then mutants (one wrong TODO each), blank releases if short."""
-    from course_lib.nb import cells
+    from course_lib.instructor import cells
     from tests.mutants import catalogue
-    from tests.test_autograde import submission_with
 
     source, release = (root / step / chapter / f"{chapter}.ipynb" for step in ("source", "release"))
     solutions = cells.solution_cells(cells.read(source))
@@ -46,10 +45,10 @@ def write_submissions(root: Path, chapter: str, per_chapter: int, inbox: Path) -
         student = f"s{index:02d}"
         path = inbox / f"{student}_{chapter}.ipynb"
         if index == 0:
-            submission_with(release, solutions, path)
+            cells.with_answers(release, solutions, path)
         elif index - 1 < len(wrong):
             todo, _, code = wrong[index - 1]
-            submission_with(release, {**solutions, f"todo_{todo}": code}, path)
+            cells.with_answers(release, {**solutions, f"todo_{todo}": code}, path)
         else:
             shutil.copy2(release, path)
         written[student] = path
@@ -57,7 +56,7 @@ def write_submissions(root: Path, chapter: str, per_chapter: int, inbox: Path) -
 
 
 def sequential_nbgrader(root: Path, staged: dict[str, dict[str, Path]]) -> float:
-    from course_lib.nb import autograde
+    from tests.support import autograde
 
     started = time.perf_counter()
     for chapter, notebooks in staged.items():
@@ -78,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     import nbgrader
     import torch
 
-    from course_lib.nb import autograde, build, confined, grade
+    from course_lib.instructor import build, confined, grade
+    from tests.support import autograde
 
     scratch = Path(tempfile.mkdtemp(prefix="bench-grading-"))
     try:
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{total} submissions, {len(builds)} chapters | {os.cpu_count()} cores, {workers} workers | "
               f"python {platform.python_version()}, nbgrader {nbgrader.__version__}, torch {torch.__version__}")
 
-        warm = "import torch, transformers, trl, datasets, nbgrader, course_lib, course_lib.nb.grading"
+        warm = "import torch, transformers, trl, datasets, nbgrader, course_lib, course_lib.grading"
         subprocess.run([sys.executable, "-c", warm], check=True)  # untimed: the same page cache for both graders
         sequential_s = sequential_nbgrader(sequential_root, staged)
         print(f"sequential nbgrader autograde: {sequential_s:7.1f} s  {60 * total / sequential_s:5.1f} submissions/min")

@@ -265,8 +265,8 @@ def bench_packed_step(scales: list[int], repeats: int) -> None:
     """Forward + backward of tiny_qwen2 (fp32, sdpa) on pt-long-context's four samples, lengths x scale: padding, our
     block mask, transformers' own packed path (position_ids only: it finds the restarts and builds the mask) and our
     varlen attention, side by side in one run, each packed loss checked against the block mask's."""
-    from course_lib.lab.gpu.workloads.pt_long_context import packed_batch, padded_batch, scaled_samples, varlen_batch
     from course_lib import tiny_qwen2, varlen_attention
+    from course_lib.lab.gpu.workloads.pt_long_context import packed_batch, padded_batch, scaled_samples, varlen_batch
 
     model = tiny_qwen2(seed=0, attn_implementation="sdpa").train()
     print("\n## a training step (tiny_qwen2, fp32, sdpa): padding [4, Lmax] vs one packed row with our block mask "

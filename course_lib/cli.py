@@ -16,7 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from course_lib.nb import build as nb_build
+from course_lib.instructor import build as nb_build
 
 
 def _build(args: argparse.Namespace) -> int:
@@ -37,7 +37,7 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from course_lib.nb import check
+    from course_lib.instructor import check
 
     try:
         rows = check.check_notebook(args.notebook, cell_timeout=args.cell_timeout)
@@ -49,7 +49,7 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _grade(args: argparse.Namespace) -> int:
-    from course_lib.nb import grade
+    from course_lib.instructor import grade
 
     if not Path(args.submissions).exists():
         print(f"course grade: {args.submissions} does not exist", file=sys.stderr)
@@ -57,7 +57,7 @@ def _grade(args: argparse.Namespace) -> int:
     if not (Path(args.root) / "nbgrader_config.py").exists():
         print(f"course grade: {args.root} is not a course root (no nbgrader_config.py)", file=sys.stderr)
         return 2
-    from course_lib.nb import confined, sandbox
+    from course_lib.instructor import confined, sandbox
 
     if args.sandbox == "none":
         print("course grade: WARNING: --sandbox none: every submission's code runs with your rights (it can read "

@@ -23,7 +23,7 @@ c.IgnorePattern.enabled = True
 c.IgnorePattern.pattern = r"[\s\S]"  # any text at all
 
 # Students see "# YOUR CODE HERE / raise NotImplementedError(...)" in the release notebooks: the build
-# (course_lib.nb.build.name_the_stubs) then names the function in the message.
+# (course_lib.instructor.build.name_the_stubs) then names the function in the message.
 c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
 c.ClearSolutions.begin_solution_delimeter = "BEGIN SOLUTION"
 c.ClearSolutions.end_solution_delimeter = "END SOLUTION"
@@ -33,11 +33,11 @@ c.ClearHiddenTests.end_test_delimeter = "END HIDDEN TESTS"
 # nbgrader's Generate Feedback (formgrader's button, `nbgrader generate_feedback`) renders the autograded notebooks,
 # whose test cells autograde restored with their hidden tests, next to the tracebacks that quote them. Its pages
 # leave out the hidden blocks (ClearHiddenTests) and keep only the one-line error of a test cell, no traceback and
-# no stderr (course_lib.nb.nbgrader_hooks). Dotted names: nbgrader imports them only when it renders feedback, and a
+# no stderr (course_lib.instructor.nbgrader_hooks). Dotted names: nbgrader imports them only when it renders feedback, and a
 # machine without course_lib then gets an error, not a page that shows the hidden tests.
 c.GenerateFeedback.preprocessors = [
     "nbgrader.preprocessors.GetGrades",
     "nbgrader.preprocessors.ClearHiddenTests",
-    "course_lib.nb.nbgrader_hooks.ScrubTestOutputs",
+    "course_lib.instructor.nbgrader_hooks.ScrubTestOutputs",
     "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
 ]

@@ -5,17 +5,18 @@
 2. Build every chapter (jupytext source -> nbgrader source -> release) in `notebooks/`.
 3. Grade three sample submissions per chapter with `course grade` into a scratch copy of the built course,
    `build/demo/course/` (nbgrader's own layout and gradebook, grades.csv, feedback/): the instructor's solution, the untouched release, and a release filled
-   with the solutions except one wrong answer from the mutant catalogue. Print the gradebook.
+   with the solutions except one wrong answer (`demo_wrong_answers.json`, taken from the tests' wrong-answer
+   catalogue; a test keeps the two equal). Print the gradebook.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
-import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # the mutant catalogue lives in tests/mutants
+WRONG_ANSWERS = Path(__file__).resolve().with_name("demo_wrong_answers.json")  # chapter -> {todo, name, source}
 
 
 def library_tour() -> None:
@@ -60,12 +61,10 @@ def library_tour() -> None:
 
 
 def write_samples(root: Path, inbox: Path) -> dict[str, list[str]]:
-    """<student>_<chapter>.ipynb files: the solution, the untouched release, one mutant per chapter."""
-    from course_lib.nb import build, cells
-    from tests.mutants import catalogue
-    from tests.test_autograde import submission_with
+    """<student>_<chapter>.ipynb files: the solution, the untouched release, one wrong answer per chapter."""
+    from course_lib.instructor import build, cells
 
-    mutants = catalogue(with_library_callers=False)  # answers wrong in value: the gradebook shows what they lose
+    wrong_answers = json.loads(WRONG_ANSWERS.read_text(encoding="utf-8"))
     shutil.rmtree(inbox, ignore_errors=True)
     inbox.mkdir(parents=True)
     students = {}
@@ -76,12 +75,11 @@ def write_samples(root: Path, inbox: Path) -> dict[str, list[str]]:
         shutil.copy2(source, inbox / f"sample-solution_{chapter}.ipynb")
         shutil.copy2(release, inbox / f"sample-blank_{chapter}.ipynb")
         students[chapter] = ["sample-solution", "sample-blank"]
-        if chapter in mutants:
-            todo, wrong = sorted(mutants[chapter].items())[0]
-            mutant_name, mutant_source = sorted(wrong.items())[0]
-            solutions = {**cells.solution_cells(cells.read(source)), f"todo_{todo}": mutant_source}
-            student = f"sample-mutant-{mutant_name}".replace("_", "-")
-            submission_with(release, solutions, inbox / f"{student}_{chapter}.ipynb")
+        if chapter in wrong_answers:
+            wrong = wrong_answers[chapter]
+            solutions = {**cells.solution_cells(cells.read(source)), f"todo_{wrong['todo']}": wrong["source"]}
+            student = f"sample-mutant-{wrong['name']}".replace("_", "-")
+            cells.with_answers(release, solutions, inbox / f"{student}_{chapter}.ipynb")
             students[chapter].append(student)
     return students
 
@@ -97,7 +95,7 @@ def print_gradebook(run) -> None:
 
 
 def main() -> int:
-    from course_lib.nb import build
+    from course_lib.instructor import build
 
     library_tour()
     print("\n== building the course ==")
@@ -105,7 +103,7 @@ def main() -> int:
     for chapter in builds:
         print(f"{chapter.name:<28} {len(chapter.graded_cells)} graded cells, {chapter.points:.0f} points")
     print("\n== grading sample submissions (course grade: each submission confined by bubblewrap, nbgrader's gradebook) ==")
-    from course_lib.nb import grade
+    from course_lib.instructor import grade
 
     # Grade in a scratch copy of the built course: nbgrader refuses to rebuild a chapter whose gradebook holds
     # submissions, and the repository's notebooks/ must stay rebuildable.

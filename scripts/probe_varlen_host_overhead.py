@@ -23,6 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root holds `benchmarks`
 
+from course_lib import varlen_attention, varlen_kernel_used  # noqa: E402
 from course_lib.lab.gpu.models import load_causal_lm  # noqa: E402
 from course_lib.lab.gpu.workloads.pt_long_context import (  # noqa: E402
     packed_batch,
@@ -31,7 +32,6 @@ from course_lib.lab.gpu.workloads.pt_long_context import (  # noqa: E402
     scaled_samples,
     varlen_batch,
 )
-from course_lib import varlen_attention, varlen_kernel_used  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")

@@ -7,7 +7,7 @@ Cells run in order in one namespace (as a kernel would), with matplotlib's Agg b
 seconds. `--set NAME=EXPR` replaces the first top-level assignment `NAME = ...` of a code cell with `NAME = EXPR`
 (e.g. a parameter cell's RUN_MODE); a name that no cell assigns is an error. The first failing cell stops the
 run with its traceback and exit code 1. Used to run the chapters' GPU cells on a GPU machine (benchmarks/README.md).
-It reads the notebook's JSON itself rather than through course_lib.nb.cells, which needs nbformat: a bare GPU
+It reads the notebook's JSON itself rather than through course_lib.instructor.cells, which needs nbformat: a bare GPU
 image with only torch and transformers can run it.
 """
 

@@ -5,26 +5,16 @@ from __future__ import annotations
 
 import time
 
-import nbformat
 import pytest
 
-from course_lib.nb import autograde, build, cells
+from course_lib.instructor import build, cells
+from course_lib.instructor.cells import with_answers as submission_with
 from tests.mutants import catalogue
+from tests.support import autograde
 
 ROOT = build.NOTEBOOKS_DIR
 CHAPTERS = [path.stem for path in build.chapter_sources(ROOT / "chapters")]
 CATALOGUE = catalogue()
-
-
-def submission_with(release_path, solutions: dict[str, str], target):
-    """The release notebook with its TODO cells replaced by `solutions` (grade_id -> code)."""
-    notebook = cells.read(release_path)
-    for cell in notebook.cells:
-        grade_id = cells.nbgrader_meta(cell).get("grade_id")
-        if cell.cell_type == "code" and grade_id in solutions:
-            cell.source = solutions[grade_id]
-    nbformat.write(notebook, str(target))
-    return target
 
 
 @pytest.mark.slow

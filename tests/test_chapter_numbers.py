@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import course_lib as cl
-from course_lib.nb import build
+from course_lib.instructor import build
 
 
 def _chapter(name: str, tmp_path) -> tuple[list[str], str]:

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from course_lib.nb import checker, grading
+from course_lib import grading
+from course_lib.grading import checker
 
 
 def stand_in(source: str, name: str, namespace: dict | None = None, timeout_s: float = 20.0):
@@ -22,7 +23,7 @@ def stand_in(source: str, name: str, namespace: dict | None = None, timeout_s: f
 
 def run_cell(test_source: str, solution: str, names: list[str], cell_timeout_s: float = 20.0,
              call_timeout_s: float = 10.0):
-    problem, verdicts = checker.run_checks(["import torch\nfrom course_lib.nb import grading"], {"todo": solution},
+    problem, verdicts = checker.run_checks(["import torch\nfrom course_lib import grading"], {"todo": solution},
                                            [("test", 1.0, test_source)], names=names,
                                            cell_timeout_s=cell_timeout_s, call_timeout_s=call_timeout_s)
     assert problem is None
@@ -110,7 +111,7 @@ def test_a_call_returns_the_students_value_and_its_exceptions_by_their_builtin_t
 
 
 def test_a_function_that_patches_the_checks_when_called_changes_nothing_here():
-    solution = ("import math, torch\nimport course_lib.nb.grading as g\n"
+    solution = ("import math, torch\nimport course_lib.grading as g\n"
                 "def ledger_from_roles(roles, *, supervise_eos=True):\n"
                 "    g.assert_same = g.assert_matches_reference = g.assert_rejects = lambda *a, **k: None\n"
                 "    torch.allclose = torch.equal = lambda *a, **k: True\n"
@@ -120,11 +121,11 @@ def test_a_function_that_patches_the_checks_when_called_changes_nothing_here():
             "grading.assert_matches_reference(ledger_from_roles, 'ledger_from_roles', [((['user', 'assistant'],), {})])")
     verdict = run_cell(test, solution, ["ledger_from_roles"])
     assert not verdict.passed and "prompt_tokens" in verdict.message
-    assert grading.assert_same.__module__ == "course_lib.nb.grading" and torch.allclose.__module__ != "__main__"
+    assert grading.assert_same.__module__ == "course_lib.grading" and torch.allclose.__module__ != "__main__"
 
 
 def test_a_cell_that_patches_at_the_top_level_is_not_run():
-    solution = ("import course_lib.nb.grading as g\ng.assert_matches_reference = lambda *a, **k: None\n"
+    solution = ("import course_lib.grading as g\ng.assert_matches_reference = lambda *a, **k: None\n"
                 "setattr(g, 'assert_same', lambda *a, **k: None)\n"
                 "def overflow_ratio(lengths, context_len):\n    return 0.5\n")
     test = "grading.assert_matches_reference(overflow_ratio, 'overflow_ratio', [(([1, 9, 10],), {'context_len': 8})])"
@@ -211,9 +212,9 @@ def test_a_function_that_is_not_the_students_own_is_refused():
 
 @pytest.mark.parametrize("mode", ["none", "bwrap"])
 def test_the_checker_program_sends_probes_and_cases_to_the_students_process(mode):
-    """`python -m course_lib.nb.checker`, as course grade runs it: its stand-ins must be the classes grading knows
+    """`python -m course_lib.grading.checker`, as course grade runs it: its stand-ins must be the classes grading knows
     (run as __main__, a second copy of the module made them plain callables, and backward through a probe failed)."""
-    from course_lib.nb import confined, sandbox
+    from course_lib.instructor import confined, sandbox
 
     if mode == "bwrap":
         try:
@@ -224,7 +225,7 @@ def test_the_checker_program_sends_probes_and_cases_to_the_students_process(mode
             "assert grading.in_student_process(scaled, lambda f: torch.autograd.grad(f(leaf).sum(), leaf)[0]).tolist()"
             " == [3.0, 3.0]\n"
             "grading.assert_matches_reference(scaled, 'scaled', [((1,), {})])\n")
-    job = {"setup": ["import torch\nfrom course_lib.nb import grading\ngrading._ORIGINALS['scaled'] = lambda x: 3 * x"],
+    job = {"setup": ["import torch\nfrom course_lib import grading\ngrading._ORIGINALS['scaled'] = lambda x: 3 * x"],
            "tests": [("test_scaled", 1.0, test)], "solutions": {"todo_scaled": "def scaled(x):\n    return 3 * x\n"},
            "names": ["scaled"], "cell_timeout": 60, "call_timeout": 60}
     checked = confined.run_checker(job, confined.Confinement(mode=mode))
@@ -245,7 +246,7 @@ def test_a_cell_out_of_time_mid_call_leaves_no_half_answer_for_the_next_cell():
 def test_a_process_the_students_function_forks_cannot_answer_a_later_call():
     """A fork inside the student's function copies the server, pipes and loop included: the copy answered the next
     request too, and a later call (another TODO's) read that stale answer. Run as course grade runs the checker."""
-    from course_lib.nb import confined, sandbox
+    from course_lib.instructor import confined, sandbox
 
     try:
         sandbox.require("bwrap")

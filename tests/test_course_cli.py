@@ -15,8 +15,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_lib.nb import build, cells, execute, match, submissions
-from tests.test_autograde import submission_with
+from course_lib.instructor import build, cells, execute, match, submissions
+from course_lib.instructor.cells import with_answers as submission_with
 
 CHAPTER = "01_length_ledger"
 COURSE = str(Path(sys.executable).parent / "course")
@@ -321,7 +321,7 @@ def test_a_todo_cell_without_metadata_is_found_by_its_function_name(tmp_path):
 
 
 @pytest.mark.parametrize(("tampering", "shown"), [
-    ("import course_lib.nb.grading as g\ng.assert_matches_reference = lambda *a, **k: None", "course_lib.nb"),
+    ("import course_lib.grading as g\ng.assert_matches_reference = lambda *a, **k: None", "course_lib.grading"),
     ("import sys\nsys.settrace(None)  # blinds the grader's line counter", "settrace"),
     ("from torch.utils._python_dispatch import TorchDispatchMode", "_python_dispatch"),
     ("get_ipython().input_transformers_cleanup.append(lambda lines: ['pass'])  # every later cell does nothing",
@@ -381,7 +381,7 @@ def test_odd_metadata_and_half_an_emoji_are_read_matched_and_written(tmp_path):
 
 def test_a_notebook_the_matcher_cannot_read_fails_alone(tmp_path):
     """Whatever the matcher raises on one notebook is that notebook's failure, not the run's."""
-    from course_lib.nb import grade
+    from course_lib.instructor import grade
 
     release = cells.read(build.NOTEBOOKS_DIR / "release" / CHAPTER / f"{CHAPTER}.ipynb")
     broken = grade.Chapter(CHAPTER, nbformat.v4.new_notebook(), release)  # source and release differ: prepare raises
@@ -396,7 +396,7 @@ def test_a_notebook_the_matcher_cannot_read_fails_alone(tmp_path):
 def test_a_notebook_that_cannot_be_recorded_fails_alone(tmp_path, monkeypatch):
     """An error while recording one executed notebook (nbgrader, the file system) fails that notebook; the
     notebooks after it are still recorded."""
-    from course_lib.nb import confined, grade
+    from course_lib.instructor import confined, grade
 
     release = cells.read(build.NOTEBOOKS_DIR / "release" / CHAPTER / f"{CHAPTER}.ipynb")
 
@@ -439,7 +439,7 @@ def test_a_notebook_that_cannot_be_recorded_fails_alone(tmp_path, monkeypatch):
 def test_a_timestamp_nbgrader_cannot_read_is_left_out_with_a_note(tmp_path, stamp):
     """nbgrader fails a notebook whose timestamp.txt it cannot parse (and a folder by that name crashed the run);
     one stray file in a folder of submissions would fail them all. It is left out, with a note; a good one is kept."""
-    from course_lib.nb import grade
+    from course_lib.instructor import grade
 
     inbox = tmp_path / "inbox"
     inbox.mkdir()
@@ -483,7 +483,7 @@ def test_student_ids_that_differ_only_in_case_are_one_student(tmp_path):
 
 def test_an_unreadable_stamp_inside_submitted_is_not_handed_to_nbgrader(tmp_path):
     """Grading nbgrader's own layout in place: the student's file stays, but nbgrader does not get it."""
-    from course_lib.nb import grade
+    from course_lib.instructor import grade
 
     folder = tmp_path / "course" / "submitted" / "ann" / CHAPTER
     folder.mkdir(parents=True)
@@ -525,7 +525,7 @@ def test_the_edited_test_cell_check_needs_no_nbgrader(monkeypatch):
     equal to nbgrader's on every graded cell of every chapter."""
     from nbgrader.utils import compute_checksum
 
-    from course_lib.nb import check
+    from course_lib.instructor import check
 
     graded = [cell for notebook in sorted((build.NOTEBOOKS_DIR / "release").glob("*/*.ipynb"))
               for cell in cells.read(notebook).cells if cells.nbgrader_meta(cell).get("grade")]
@@ -549,7 +549,7 @@ def test_build_names_an_unknown_chapter_and_lists_the_real_ones(tmp_path):
 
 
 def test_a_broken_notebook_is_described_in_one_readable_phrase():
-    from course_lib.nb.submissions import read_notebook
+    from course_lib.instructor.submissions import read_notebook
 
     assert read_notebook(b'{"cells": "abc') == (None, "not valid JSON (Unterminated string starting at line 1, "
                                                       "column 11)")
@@ -581,7 +581,7 @@ def test_recording_one_submission_is_all_or_nothing(tmp_path, fails):
     folder and feedback folder as they were before; a recording that finishes keeps all three."""
     import sqlite3
 
-    from course_lib.nb import grade
+    from course_lib.instructor import grade
 
     root = tmp_path / "course"
     autograded, page = root / "autograded" / "ann" / CHAPTER, root / "feedback" / "ann" / CHAPTER

@@ -21,8 +21,9 @@ from nbgrader.apps import NbGraderAPI
 from nbgrader.coursedir import CourseDirectory
 from traitlets.config.loader import PyFileConfigLoader
 
-from course_lib.nb import autograde, build
+from course_lib.instructor import build
 from tests.mutants import mutate
+from tests.support import autograde
 
 CHAPTER = "01_length_ledger"
 TODO = "todo_ledger_from_roles"

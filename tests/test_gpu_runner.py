@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root holds `benchmarks`
 
+from course_lib import tiny_qwen2  # noqa: E402
 from course_lib.lab.gpu.measure import device_activity, median_and_p95, profile_step  # noqa: E402
 from course_lib.lab.gpu.records import read_result, result_path  # noqa: E402
-from course_lib.lab.gpu.schema import SCHEMA_VERSION, validate_result  # noqa: E402
 from course_lib.lab.gpu.report import (  # noqa: E402
     device_name,
     format_record,
@@ -31,8 +31,8 @@ from course_lib.lab.gpu.report import (  # noqa: E402
 from course_lib.lab.gpu.report import main as report_main  # noqa: E402
 from course_lib.lab.gpu.runner import main as runner_main  # noqa: E402
 from course_lib.lab.gpu.runner import run_workload  # noqa: E402
+from course_lib.lab.gpu.schema import SCHEMA_VERSION, validate_result  # noqa: E402
 from course_lib.lab.gpu.workloads import WORKLOADS  # noqa: E402
-from course_lib import tiny_qwen2  # noqa: E402
 
 WORKLOAD_IDS = sorted(WORKLOADS)
 
@@ -143,6 +143,7 @@ def test_varlen_check_catches_a_leaky_varlen_row():
     A sharper random init (initializer_range=0.1) stands in for the 0.5B model, where a leak moves the mean loss by
     ~1%; on the near-uniform default tiny model it moves only ~3e-4, which is why the per-token check exists.
     """
+    from course_lib import varlen_attention
     from course_lib.lab.gpu.workloads.pt_long_context import (
         PACKING_TEXTS,
         course_token_ids,
@@ -151,7 +152,6 @@ def test_varlen_check_catches_a_leaky_varlen_row():
         varlen_batch,
         varlen_checks,
     )
-    from course_lib import varlen_attention
 
     model = tiny_qwen2(seed=0, attn_implementation="sdpa", initializer_range=0.1)
     lengths = [48, 96, 32, 64]

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from course_lib.instructor import build
 from course_lib.lab.gpu.records import read_result
-from course_lib.nb import build
 from tests.repository import ROOT, copy_tracked_files, is_git_checkout
 
 LABEL = "cpu-suite-check"

@@ -16,9 +16,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_lib.nb import build, cells
+from course_lib.instructor import build, cells
+from course_lib.instructor.cells import with_answers as submission_with
 from tests.mutants import catalogue
-from tests.test_autograde import submission_with
 
 pytestmark = pytest.mark.slow
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
-from course_lib.nb import gradelog
+from course_lib.instructor import gradelog
 
 
 def _outcome(student, chapter, status, reason="", notes=(), display=None):

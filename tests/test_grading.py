@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import course_lib
-from course_lib.nb import grading
+from course_lib import grading
 
 
 def _as_student(function):

@@ -33,7 +33,7 @@ import nbformat
 import pytest
 
 import course_lib
-from course_lib.nb import build, cells
+from course_lib.instructor import build, cells
 
 CHAPTER = "01_length_ledger"
 LEDGER, AUDIT = "test_ledger_from_roles", "test_audit_context_fit"
@@ -414,10 +414,10 @@ import sys as _sys
 
 def _switch_off_the_checks():
     spellings = []
-    for get in (lambda: _importlib.import_module("course_lib." + "nb" + ".grading"),
-                lambda: _sys.modules["course_lib.nb.grading"],
-                lambda: __import__("course_lib.nb.grading", fromlist=["grading"]),
-                lambda: _sys.modules["course_lib.nb"].grading):
+    for get in (lambda: _importlib.import_module("course_lib." + "grading"),
+                lambda: _sys.modules["course_lib.grading"],
+                lambda: __import__("course_lib.grading", fromlist=["grading"]),
+                lambda: _sys.modules["course_lib"].grading):
         try:
             spellings.append(get())
         except Exception:
@@ -463,7 +463,7 @@ def _from_the_checks():
         frame = _sys._getframe(2)
     except ValueError:
         return False
-    return str(frame.f_globals.get("__name__", "")).startswith(("course_lib.nb.grading", "__main__"))
+    return str(frame.f_globals.get("__name__", "")).startswith(("course_lib.grading", "__main__"))
 
 
 def _isinstance(value, kinds):

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from course_lib.nb import build, cells
+from course_lib.instructor import build, cells
 from tests.mutants import alternatives, catalogue, library_callers, own_results
+from tests.support.grading import grade_in_process
 
 ROOT = build.NOTEBOOKS_DIR
 CATALOGUE = catalogue()
@@ -47,7 +48,7 @@ def _graded_with(notebook, todo: str, source: str) -> list:
     """The chapter's graded cells run on the instructor's solutions, with `source` as the answer to one TODO."""
     solutions = cells.solution_cells(notebook)
     assert f"todo_{todo}" in solutions, f"the chapter has no TODO cell todo_{todo}"
-    return cells.grade_in_process(notebook, {**solutions, f"todo_{todo}": source})
+    return grade_in_process(notebook, {**solutions, f"todo_{todo}": source})
 
 
 @pytest.mark.parametrize(("chapter", "todo", "mutant"), CASES, ids=[f"{c}:{t}:{m}" for c, t, m in CASES])

@@ -10,7 +10,8 @@ import textwrap
 
 import pytest
 
-from course_lib.nb import build, cells
+from course_lib.instructor import build, cells
+from tests.support.grading import grade_in_process
 
 ROOT = build.NOTEBOOKS_DIR
 CHAPTERS = [path.stem for path in build.chapter_sources(ROOT / "chapters")]
@@ -30,7 +31,7 @@ def release_path(name: str):
 def test_every_chapter_has_a_committed_release():
     assert CHAPTERS, "no chapter sources found"
     for name in CHAPTERS:
-        assert release_path(name).exists(), f"{name}: release notebook missing; run `python -m course_lib.nb.build`"
+        assert release_path(name).exists(), f"{name}: release notebook missing; run `python -m course_lib.instructor.build`"
 
 
 @pytest.mark.parametrize("name", CHAPTERS)
@@ -39,7 +40,7 @@ def test_committed_release_equals_a_fresh_build(name, tmp_path):
     build.build_source_notebook(root / "chapters" / f"{name}.py", root)
     fresh = build.generate_release(name, root)
     assert fresh.read_text(encoding="utf-8") == release_path(name).read_text(encoding="utf-8"), (
-        f"{name}: notebooks/release differs from a fresh build; run `python -m course_lib.nb.build {name}`")
+        f"{name}: notebooks/release differs from a fresh build; run `python -m course_lib.instructor.build {name}`")
 
 
 def _solution_body_lines(target: str) -> list[str]:
@@ -90,7 +91,7 @@ def test_release_stubs_name_their_function():
 @pytest.mark.parametrize("name", CHAPTERS)
 def test_instructor_solutions_earn_full_marks(name, source_notebooks):
     notebook = cells.read(source_notebooks[name].source_notebook)
-    results = cells.grade_in_process(notebook, cells.solution_cells(notebook))
+    results = grade_in_process(notebook, cells.solution_cells(notebook))
     failed = [(r.grade_id, r.message) for r in results if not r.passed]
     assert results and not failed, f"{name}: the library's own solutions lose points: {failed}"
 
@@ -99,7 +100,7 @@ def test_instructor_solutions_earn_full_marks(name, source_notebooks):
 def test_blank_release_scores_zero_on_every_graded_cell(name, source_notebooks):
     notebook = cells.read(source_notebooks[name].source_notebook)
     release = cells.read(release_path(name))
-    results = cells.grade_in_process(notebook, cells.solution_cells(release))
+    results = grade_in_process(notebook, cells.solution_cells(release))
     passed = [r.grade_id for r in results if r.passed]
     assert not passed, f"{name}: the untouched release earns points on {passed}"
     assert all("NotImplementedError" in r.message for r in results), [r.message for r in results]

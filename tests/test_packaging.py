@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 MUST_SHIP = ["course_lib/data/tokenizer/", "course_lib/data/configs/Qwen2.5-0.5B.json",
              "course_lib/data/environments/profiles.json", "course_lib/data/environments/PT-SFT-CUDA/requirements.txt",
              "course_lib/data/hardware.json", "course_lib/data/corpus/", "course_lib/data/samples/",
-             "course_lib/nb/grading.py", "course_lib/lab/gpu/workloads/pt_long_context.py", "course_lib/lab/gpu/schema.py"]
+             "course_lib/grading/__init__.py", "course_lib/lab/gpu/workloads/pt_long_context.py", "course_lib/lab/gpu/schema.py"]
 MUST_NOT_SHIP = ["tests/", "notebooks/", "benchmarks/", "scripts/"]
 
 IMPORT_CHECK = """

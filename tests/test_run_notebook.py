@@ -59,7 +59,7 @@ CPU_ONLY_CHAPTERS = [path.stem for path in sorted((SCRIPT.parents[1] / "notebook
 def test_every_cell_of_the_instructor_notebook_runs(name, tmp_path, capsys):
     """Grading runs only setup, solution and test cells: a teaching cell that raises would pass every grading test
     and stop a student halfway through the chapter. Each chapter's instructor notebook must run top to bottom."""
-    from course_lib.nb import build
+    from course_lib.instructor import build
 
     root = build.copy_course_skeleton(build.NOTEBOOKS_DIR, tmp_path / "course")
     notebook = build.build_source_notebook(root / "chapters" / f"{name}.py", root).source_notebook
@@ -69,7 +69,7 @@ def test_every_cell_of_the_instructor_notebook_runs(name, tmp_path, capsys):
 @pytest.fixture(scope="module")
 def runner_chapters(tmp_path_factory):
     """Fresh instructor notebooks of the chapters whose cells drive the benchmark runner."""
-    from course_lib.nb import build
+    from course_lib.instructor import build
 
     root = build.copy_course_skeleton(build.NOTEBOOKS_DIR, tmp_path_factory.mktemp("course"))
     return {name: build.build_source_notebook(root / "chapters" / f"{name}.py", root).source_notebook

@@ -1,4 +1,4 @@
-"""course_lib.nb.sandbox against a real bubblewrap: each hostile behaviour fails inside the sandbox, and, where it
+"""course_lib.instructor.sandbox against a real bubblewrap: each hostile behaviour fails inside the sandbox, and, where it
 is cheap, succeeds under mode="none" so that the test could fail. No mocks: every run starts bwrap."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import course_lib
-from course_lib.nb import sandbox
+from course_lib.instructor import sandbox
 
 PY = sys.executable
 PACKAGE = Path(course_lib.__file__).resolve().parent

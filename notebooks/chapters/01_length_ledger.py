@@ -126,7 +126,7 @@ else:
 ### BEGIN HIDDEN TESTS
 import random
 
-from course_lib.nb import grading
+from course_lib import grading
 
 _t_chats = [chat] + list(load_chats(sample_data_path("sharegpt.json"))["messages"])
 _t_cases = [((render_chat(load_course_tokenizer(template), messages)["roles"],), {"supervise_eos": eos})
@@ -282,7 +282,7 @@ assert small["fit_names"] == ["small"] and small["records"][0]["kept_supervised_
 ### BEGIN HIDDEN TESTS
 import random
 
-from course_lib.nb import grading
+from course_lib import grading
 
 _t_rng = random.Random(1)
 _t_cases = []

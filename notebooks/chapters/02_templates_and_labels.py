@@ -209,7 +209,7 @@ assert llama["labels"] == want_llama, (
 ### BEGIN HIDDEN TESTS
 import random
 
-from course_lib.nb import grading
+from course_lib import grading
 
 _t_rng = random.Random(2)
 _t_words = ("packing", "label", "掩码", "模板", "token", "window", "EOS", "-100", "\n", "谢谢", "the", "answer", "。")
@@ -346,7 +346,7 @@ import random
 
 import numpy as np
 
-from course_lib.nb import grading
+from course_lib import grading
 
 _t_rng = random.Random(5)
 def _t_feature(length, pad_id):

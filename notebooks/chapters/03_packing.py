@@ -276,7 +276,7 @@ for _t_bad in ([], [{"input_ids": [1, 2], "labels": [-100]}]):
 ### BEGIN HIDDEN TESTS
 import random
 
-from course_lib.nb import grading
+from course_lib import grading
 
 _t_rng = random.Random(3)
 _t_cases = []
@@ -400,7 +400,7 @@ assert big_ids[2].tolist() == [False, False, True], (
     f"block_causal_mask(torch.tensor([5, 5, -1]))[2] is {big_ids[2].tolist()}, expected [False, False, True]: "
     "give each padding token an id that no real sample uses")
 ### BEGIN HIDDEN TESTS
-from course_lib.nb import grading
+from course_lib import grading
 
 _t_generator = torch.Generator().manual_seed(5)
 _t_cases = []

@@ -175,7 +175,7 @@ else:
 ### BEGIN HIDDEN TESTS
 import random
 
-from course_lib.nb import grading
+from course_lib import grading
 
 _t_rng = random.Random(4)
 _t_cases = []
@@ -256,7 +256,7 @@ else:
 ### BEGIN HIDDEN TESTS
 import random
 
-from course_lib.nb import grading
+from course_lib import grading
 
 _t_rng = random.Random(5)
 _t_cases = []
@@ -452,7 +452,7 @@ for _t_kwargs, _t_why in (({"mask": torch.zeros(2, 3, dtype=torch.bool)}, "token
     else:
         raise AssertionError(f"aggregate_loss must raise ValueError for {_t_why}")
 ### BEGIN HIDDEN TESTS
-from course_lib.nb import grading
+from course_lib import grading
 
 _t_generator = torch.Generator().manual_seed(6)
 _t_cases = []

@@ -247,7 +247,7 @@ import random
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from course_lib.nb import grading
+from course_lib import grading
 
 
 def _t_head(batch, tokens, width, vocab, seed, dtype=torch.float64):

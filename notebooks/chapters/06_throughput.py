@@ -127,7 +127,7 @@ assert _t_got == 2 * 4 * 8 * 64 * 2, (
 ### BEGIN HIDDEN TESTS
 import random
 
-from course_lib.nb import grading
+from course_lib import grading
 
 _t_rng = random.Random(6)
 _t_cases = []
@@ -256,7 +256,7 @@ assert round(_t_rate) == 11160, (
 ### BEGIN HIDDEN TESTS
 import random
 
-from course_lib.nb import grading
+from course_lib import grading
 
 _t_rng = random.Random(7)
 _t_bandwidths = [load_hardware(name)["memory_bandwidth"] for name in ("H200", "H100-SXM", "A100-80GB", "L4", "T4")]
@@ -364,7 +364,7 @@ assert f"{300 * _t_parts['total']:,.0f}" == "487" and f"{_t_parts['decode'] / _t
 ### BEGIN HIDDEN TESTS
 import random
 
-from course_lib.nb import grading
+from course_lib import grading
 
 _t_rng = random.Random(8)
 _t_cases = []

@@ -232,7 +232,7 @@ assert (unchecked["decision"], unchecked["failed_gates"]) == want, (
 ### BEGIN HIDDEN TESTS
 import random
 
-from course_lib.nb import grading
+from course_lib import grading
 
 _t_rng = random.Random(7)
 _t_grid = [k / 16 for k in range(17)]  # dyadic scores: a difference that equals a limit is exact
@@ -379,7 +379,7 @@ else:
 ### BEGIN HIDDEN TESTS
 import random
 
-from course_lib.nb import grading
+from course_lib import grading
 
 _t_rng = random.Random(11)
 _t_bounds = [(-1.0, 2.0), (0.0, 1.0), (0.125, 0.875), (0.0, 0.5), (0.5, 1.0), (0.25, 0.75), (-0.5, 0.25)]

@@ -132,7 +132,7 @@ assert got == 2**54, (f"assign_bucket(2**53 + 1, 2**60) returned {got!r}, expect
 ### BEGIN HIDDEN TESTS
 import random
 
-from course_lib.nb import grading
+from course_lib import grading
 
 _t_rng = random.Random(5)
 _t_cases = []
@@ -251,7 +251,7 @@ assert _t_owned == list(range(1000)), (  # every token owned exactly once, in or
 ### BEGIN HIDDEN TESTS
 import random
 
-from course_lib.nb import grading
+from course_lib import grading
 
 _t_rng = random.Random(9)
 _t_cases = []

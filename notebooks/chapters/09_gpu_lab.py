@@ -227,7 +227,7 @@ import random
 
 import numpy as np
 
-from course_lib.nb import grading
+from course_lib import grading
 
 _t_rng = random.Random(9)
 _t_cases = [(([48, 96, 32, 64],), {"mask_first_label": _t_mask}) for _t_mask in (True, False)]
@@ -414,7 +414,7 @@ import random
 
 import numpy as np
 
-from course_lib.nb import grading
+from course_lib import grading
 
 _t_rng = random.Random(11)
 _t_cases = []

@@ -15,7 +15,7 @@ import inspect
 import pkgutil
 import textwrap
 
-from course_lib.nb.build import required_imports, resolve
+from course_lib.instructor.build import required_imports, resolve
 
 
 def mutate(target: str, *edits: tuple[str, str]) -> str:
@@ -42,7 +42,7 @@ def own_results(results: list, todo: str) -> list:
 
 def solution_targets(chapter: str) -> dict[str, str]:
     """todo_name -> 'course_lib.module.function', read from the chapter source's `#| solution:` lines."""
-    from course_lib.nb.build import NOTEBOOKS_DIR, SOLUTION_DIRECTIVE
+    from course_lib.instructor.build import NOTEBOOKS_DIR, SOLUTION_DIRECTIVE
 
     source = (NOTEBOOKS_DIR / "chapters" / f"{chapter}.py").read_text(encoding="utf-8")
     targets = [target.strip() for line in source.splitlines() if (found := SOLUTION_DIRECTIVE.match(line))

@@ -162,7 +162,7 @@ def module_targets(module_name: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from course_lib.nb.build import solution_source
+    from course_lib.instructor.build import solution_source
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("targets", nargs="*", help="course_lib.module.function or course_lib.module "

@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from tests.mutants import own_results
+from tests.support.grading import grade_in_process
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 SECONDS_PER_EDIT = 20  # an edit that turns a loop endless is killed (its cell fails), never waited on
@@ -190,7 +191,7 @@ def _time_limit(seconds: float) -> Iterator[None]:
 
 def source_notebooks(chapters: list[str] | None = None, scratch: Path | None = None) -> dict:
     """chapter -> its built source notebook (solutions and hidden tests), built under `scratch` (a temp dir)."""
-    from course_lib.nb import build, cells
+    from course_lib.instructor import build, cells
 
     root = build.copy_course_skeleton(build.NOTEBOOKS_DIR, scratch or Path(tempfile.mkdtemp(prefix="survey-")))
     found = {}
@@ -202,7 +203,7 @@ def source_notebooks(chapters: list[str] | None = None, scratch: Path | None = N
 
 def survivors(chapter: str, notebook, *, progress=None) -> tuple[list[Edit], int]:
     """The edits of the chapter's TODOs that keep every point of their own cells, and how many edits were tried."""
-    from course_lib.nb import cells
+    from course_lib.instructor import cells
 
     solutions = cells.solution_cells(notebook)
     alive, tried = [], 0
@@ -212,7 +213,7 @@ def survivors(chapter: str, notebook, *, progress=None) -> tuple[list[Edit], int
             try:
                 with _time_limit(SECONDS_PER_EDIT), warnings.catch_warnings():
                     warnings.simplefilter("ignore")  # an edited answer may warn; only its grade matters here
-                    results = cells.grade_in_process(notebook, {**solutions, todo: edited})
+                    results = grade_in_process(notebook, {**solutions, todo: edited})
             except _TooSlow:
                 continue  # killed outside a cell (in setup): counts as caught
             own = own_results(results, edit.todo)

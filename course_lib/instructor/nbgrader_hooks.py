@@ -24,7 +24,7 @@ import re
 from nbgrader.preprocessors import NbGraderPreprocessor
 from nbgrader.utils import is_grade, is_solution
 
-MAX_MESSAGE = 400  # as course_lib.nb.feedback: one error line, never a page of it
+MAX_MESSAGE = 400  # as course_lib.instructor.feedback: one error line, never a page of it
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 

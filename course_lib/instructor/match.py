@@ -25,7 +25,7 @@ from typing import Any
 
 import nbformat
 
-from .cells import is_setup, nbgrader_meta
+from .cells import is_setup, is_solution_cell, is_test_cell, nbgrader_meta
 
 GRADE_ID_SCORE = 3.0
 MIN_SIMILARITY = 0.5
@@ -37,7 +37,7 @@ DEF_NAME = re.compile(r"^\s*def\s+([A-Za-z_]\w*)\s*\(", re.MULTILINE)
 # settrace and the dispatch modes are how the grader counts notebook lines and measures memory; the IPython shell's
 # hooks are how code rewrites the cells after it (input / AST transformers) or hides their errors (showtraceback).
 # `from IPython.display import display` or `%matplotlib inline` are ordinary and not flagged.
-TAMPERING = re.compile(r"course_lib\.nb|\bgrading\b|__code__|library_blocked|_ORIGINALS|sys\.modules\[|"
+TAMPERING = re.compile(r"course_lib\.(?:nb|grading|instructor)\b|\bgrading\b|__code__|library_blocked|_ORIGINALS|sys\.modules\[|"
                        r"\bsettrace\b|\bgettrace\b|_python_dispatch|DispatchMode|"
                        r"input_transformers\w*|ast_transformers|showtraceback|showsyntaxerror|set_custom_exc|"
                        r"InteractiveShell")
@@ -56,15 +56,6 @@ class Prepared:
 
 def _lines(source: str) -> list[str]:
     return [line.rstrip() for line in source.splitlines() if line.strip()]
-
-
-def is_test_cell(cell: Any) -> bool:
-    meta = nbgrader_meta(cell)
-    return cell.cell_type == "code" and bool(meta.get("grade")) and not meta.get("solution")
-
-
-def is_solution_cell(cell: Any) -> bool:
-    return cell.cell_type == "code" and bool(nbgrader_meta(cell).get("solution"))
 
 
 def similarity(reference: Any, submitted: Any, known_ids: set[str]) -> float | None:

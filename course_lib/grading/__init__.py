@@ -1,4 +1,5 @@
-"""Helpers the chapters' hidden tests call: compare a student's function with the library's.
+"""What runs where the tests run: the helpers the chapters' tests call, and (in `checker`) the process that runs
+them beside the student's functions. Helpers compare a student's function with the library's.
 
 The tests know the student's code only through the TODO function's name and signature. Three
 checks make a grade trustworthy:

@@ -38,7 +38,8 @@ from typing import Any
 
 import nbformat
 
-from . import build, cells, checker, confined, feedback, gradelog, match, sandbox, submissions
+from ..grading import checker
+from . import build, cells, confined, feedback, gradelog, match, sandbox, submissions
 from .build import interpreter_bin_on_path
 from .cells import nbgrader_meta
 
@@ -198,11 +199,16 @@ class NbgraderRecorder:
         return None
 
     def scores(self, student: str, chapter: str) -> dict[str, tuple[float, float]]:
-        from nbgrader.api import Gradebook
+        return cell_scores(self.root, chapter, student)
 
-        with Gradebook(_gradebook_url(self.root)) as gradebook:
-            notebook = gradebook.find_submission_notebook(chapter, chapter, student)
-            return {g.name: (float(g.score or 0.0), float(g.max_score)) for g in notebook.grades}
+
+def cell_scores(root: Path, chapter: str, student: str) -> dict[str, tuple[float, float]]:
+    """grade_id -> (score, max_score) of one graded submission, read from the gradebook (an ungraded cell: 0)."""
+    from nbgrader.api import Gradebook
+
+    with Gradebook(_gradebook_url(root)) as gradebook:
+        notebook = gradebook.find_submission_notebook(chapter, chapter, student)
+        return {g.name: (float(g.score or 0.0), float(g.max_score)) for g in notebook.grades}
 
 
 def _stage_original(root: Path, submission: submissions.Submission) -> tuple[Path | None, str | None]:

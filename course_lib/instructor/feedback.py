@@ -11,7 +11,7 @@ import html
 from dataclasses import dataclass
 from typing import Any
 
-from .cells import nbgrader_meta
+from .cells import is_test_cell, nbgrader_meta
 
 MAX_MESSAGE = 400
 
@@ -49,8 +49,7 @@ def cell_message(cell: Any) -> str:
 
 def graded_messages(notebook: Any) -> dict[str, str]:
     """grade_id -> message of every graded test cell of an executed notebook."""
-    return {nbgrader_meta(cell)["grade_id"]: cell_message(cell) for cell in notebook.cells
-            if cell.cell_type == "code" and nbgrader_meta(cell).get("grade") and not nbgrader_meta(cell).get("solution")}
+    return {nbgrader_meta(cell)["grade_id"]: cell_message(cell) for cell in notebook.cells if is_test_cell(cell)}
 
 
 def render_html(student: str, chapter: str, outcomes: list[CellOutcome], notes: list[str]) -> str:

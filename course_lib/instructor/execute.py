@@ -18,7 +18,7 @@ results, error messages); the rest is cut with a note, before the notebook leave
 LimitOutput counts lines, so one `print('x' * 50_000_000)` would otherwise make a 50 MB graded notebook.)
 
 Where it runs: `course check` runs it on the student's own machine. `course grade` runs `python -m
-course_lib.nb.execute` inside the grading sandbox (`confined.py`), which reads the job on stdin and writes the result
+course_lib.instructor.execute` inside the grading sandbox (`confined.py`), which reads the job on stdin and writes the result
 on stdout; the grader takes only the outputs from it, as untrusted data. The grade itself comes from the checker
 (`checker.py`), which never runs in this kernel.
 """
@@ -241,7 +241,7 @@ def main() -> int:
     import json
     import sys
 
-    from .checker import make_undumpable
+    from ..grading.checker import make_undumpable
 
     make_undumpable()  # the kernel (same user) cannot reach into this process's memory or descriptors
     job = json.loads(sys.stdin.buffer.read().decode("utf-8"))

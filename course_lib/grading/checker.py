@@ -21,7 +21,7 @@ returns data, which the check judges here.
     >>> fn(21)
     42
 
-The process that runs this module (`python -m course_lib.nb.checker`, inside the grading sandbox) reads a job
+The process that runs this module (`python -m course_lib.grading.checker`, inside the grading sandbox) reads a job
 (setup sources, TODO sources, test cells) as JSON on stdin and writes one JSON line per cell on a file descriptor
 that no child keeps; it makes itself undumpable, so a child (same user) cannot read or write its memory.
 """
@@ -526,7 +526,7 @@ class StudentCode:
     def student_namespace(self) -> dict[str, Any]:
         """In a student process: every TODO's library counterpart off first (so a copy the TODO code makes of it
         is the tripwire too), then the TODO code in a copy of the setup names."""
-        from . import grading
+        from course_lib import grading
 
         for name in self.names:
             if name in grading.BLOCKABLE:
@@ -539,7 +539,7 @@ class StudentCode:
     def function(self, namespace: dict[str, Any], name: str) -> Callable:
         """The student's `name`, with the library's `name` off and the other TODOs' counterparts on (the student's
         function may use them)."""
-        from . import grading
+        from course_lib import grading
 
         for other in self.names:
             if other in grading.BLOCKABLE and other != name:
@@ -758,7 +758,7 @@ class StudentFunction:
 
     def ownership(self) -> dict[str, Any]:
         """What the student's object is, as the child sees it (callable, module, the library's own object?)."""
-        from . import grading
+        from course_lib import grading
 
         library = grading.reference(self.__name__) if self.__name__ in grading._ORIGINALS else None
 
@@ -921,6 +921,6 @@ def main() -> int:
 
 if __name__ == "__main__":
     # run as the package's module, not as __main__: grading recognises the stand-ins by this module's classes
-    from course_lib.nb import checker as package_module
+    from course_lib.grading import checker as package_module
 
     sys.exit(package_module.main())

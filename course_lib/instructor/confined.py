@@ -1,8 +1,8 @@
 """One submission, graded in two confined runs: its notebook in a kernel, its TODO functions under the checker.
 
-    kernel run   python -m course_lib.nb.execute   the student's notebook as handed out (visible tests only):
+    kernel run   python -m course_lib.instructor.execute   the student's notebook as handed out (visible tests only):
                                                    its outputs, for the feedback; never a grade
-    checker run  python -m course_lib.nb.checker   the setup cells, then the graded test cells with their hidden
+    checker run  python -m course_lib.grading.checker   the setup cells, then the graded test cells with their hidden
                                                    tests, the TODO functions answering from student processes:
                                                    the grade
 
@@ -25,7 +25,7 @@ from typing import Any
 import nbformat
 
 from . import sandbox
-from .cells import nbgrader_meta
+from .cells import is_test_cell, nbgrader_meta
 from .execute import MAX_OUTPUT_CHARS, cap_outputs, error_output
 
 MAX_VERDICT_MESSAGE = 1_000
@@ -86,7 +86,7 @@ def redact(message: str, hidden: list[str]) -> str:
 def run_kernel(job: dict[str, Any], confinement: Confinement, slot: int | None = None) -> dict[str, Any]:
     """The notebook run in the sandbox; the driver's JSON answer, or {"problem": ...} when there is none."""
     wall = float(job["notebook_timeout"]) + 60
-    result = sandbox.run([_python(confinement), "-m", "course_lib.nb.execute"], stdin=json.dumps(job).encode("utf-8"),
+    result = sandbox.run([_python(confinement), "-m", "course_lib.instructor.execute"], stdin=json.dumps(job).encode("utf-8"),
                          mode=confinement.mode, image=confinement.image, limits=confinement.limits(wall),
                          **_bwrap_only(confinement, slot, as_pid_1=False))
     if result.timed_out:
@@ -117,7 +117,7 @@ def run_checker(job: dict[str, Any], confinement: Confinement, slot: int | None 
     starts can neither signal it nor outlive a call); its verdict lines read as untrusted data."""
     cells = len(job["tests"]) + len(job["setup"])
     wall = float(job["cell_timeout"]) * (cells + 1) + 60
-    result = sandbox.run([_python(confinement), "-m", "course_lib.nb.checker"], stdin=json.dumps(job).encode("utf-8"),
+    result = sandbox.run([_python(confinement), "-m", "course_lib.grading.checker"], stdin=json.dumps(job).encode("utf-8"),
                          mode=confinement.mode, image=confinement.image, limits=confinement.limits(wall),
                          **_bwrap_only(confinement, slot, as_pid_1=True))
     checked = CheckerResult(timed_out=result.timed_out, seconds=result.seconds)
@@ -192,9 +192,9 @@ def apply_verdicts(notebook: Any, checked: CheckerResult, hidden: list[str]) -> 
     scores those cells from them. A cell the checker did not reach fails with the reason. Returns notes."""
     notes = []
     for cell in notebook.cells:
-        meta = nbgrader_meta(cell)
-        if cell.cell_type != "code" or not meta.get("grade") or meta.get("solution"):
+        if not is_test_cell(cell):
             continue
+        meta = nbgrader_meta(cell)
         verdict = checked.verdicts.get(meta.get("grade_id"))
         cell.execution_count = cell.execution_count or 1
         if verdict is None:

@@ -30,6 +30,8 @@ from pathlib import Path
 
 import nbformat
 
+from .cells import is_solution_cell, is_test_cell, nbgrader_meta
+
 SOLUTION_DIRECTIVE = re.compile(r"^#\|\s*solution:\s*(?P<targets>.+?)\s*$")
 SETUP_DIRECTIVE = "#| course-setup"
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
@@ -164,7 +166,7 @@ def setup_code(settings: dict) -> str:
         import torch
 
         import course_lib
-        from course_lib.nb.grading import in_student_process  # the tests' probes; the grader runs them beside your code
+        from course_lib.grading import in_student_process  # the tests' probes; the grader runs them beside your code
         from course_lib._checks import (require_int, require_keys, require_lengths, require_nonnegative_int,
                                         require_positive_int, require_ratio, require_real)
 
@@ -223,15 +225,15 @@ def build_source_notebook(chapter_py: Path, course_root: Path) -> ChapterBuild:
             # read-only for students, and restored from the source when graded (the tests rely on it)
             cell.metadata["nbgrader"] = {"grade": False, "solution": False, "locked": True,
                                          "grade_id": "setup", "schema_version": 3}
-        meta = cell.metadata.get("nbgrader")
-        if cell.cell_type == "code" and meta and meta.get("solution"):
+        meta = nbgrader_meta(cell)
+        if is_solution_cell(cell):
             cell.source, targets = expand_solution_cell(cell.source)
             result.solutions.extend(targets)
-        if meta and meta.get("grade"):
+        if meta.get("grade"):
             result.graded_cells.append(meta["grade_id"])
             result.points += float(meta.get("points", 0))
-            if cell.cell_type == "code" and not meta.get("solution"):
-                cell.source = keep_test_names_local(cell.source)
+        if is_test_cell(cell):
+            cell.source = keep_test_names_local(cell.source)
     notebook.metadata = {"kernelspec": KERNELSPEC, "language_info": {"name": "python"}}
     notebook.nbformat, notebook.nbformat_minor = 4, 5
     for index, cell in enumerate(notebook.cells):
@@ -304,7 +306,7 @@ def normalize_release(path: Path) -> None:
     """Stable bytes for a committed release notebook (sorted keys, no volatile metadata), its stubs named."""
     notebook = json.loads(path.read_text(encoding="utf-8"))
     for cell in notebook["cells"]:
-        if cell["cell_type"] == "code" and cell.get("metadata", {}).get("nbgrader", {}).get("solution"):
+        if is_solution_cell(cell):
             source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
             cell["source"] = name_the_stubs(source).splitlines(keepends=True)
     path.write_text(json.dumps(notebook, indent=1, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")

@@ -16,7 +16,7 @@ from typing import Any
 
 import nbformat
 
-from .cells import nbgrader_meta
+from .cells import is_test_cell, nbgrader_meta
 from .execute import execute_notebook
 from .feedback import cell_message
 from .submissions import read_notebook
@@ -67,8 +67,7 @@ def check_notebook(path: str | Path, *, cell_timeout: float = 60, notebook_timeo
     notebook, problem = read_notebook(path.read_bytes())
     if problem:
         raise ValueError(f"{path}: {problem}")
-    graded = [c for c in notebook.cells if c.cell_type == "code" and nbgrader_meta(c).get("grade")
-              and not nbgrader_meta(c).get("solution")]
+    graded = [c for c in notebook.cells if is_test_cell(c)]
     if not graded:
         raise ValueError(f"{path}: no graded test cells (nbgrader metadata) found; is this a course notebook?")
     edited = {nbgrader_meta(c)["grade_id"]: _edited(c) for c in graded}
@@ -83,7 +82,7 @@ def check_notebook(path: str | Path, *, cell_timeout: float = 60, notebook_timeo
     rows = []
     for cell in executed.cells:
         meta = nbgrader_meta(cell)
-        if cell.cell_type == "code" and meta.get("grade") and not meta.get("solution"):
+        if is_test_cell(cell):
             message = cell_message(cell)
             # an edited test cell proves nothing about the answer (the grader runs the original): not a pass
             rows.append(CheckRow(meta["grade_id"], float(meta.get("points", 0)),

@@ -6,7 +6,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from .build import interpreter_bin_on_path, nbgrader_command
+from course_lib.instructor.build import interpreter_bin_on_path, nbgrader_command
+from course_lib.instructor.grade import cell_scores
 
 
 def stage_submissions(course_root: Path, chapter: str, notebooks: dict[str, Path]) -> None:
@@ -24,10 +25,4 @@ def autograde(course_root: Path, chapter: str, *, timeout_s: int = 900) -> subpr
                           capture_output=True, text=True, timeout=timeout_s)
 
 
-def cell_scores(course_root: Path, chapter: str, student: str) -> dict[str, tuple[float, float]]:
-    """grade_id -> (score, max_score) of one autograded submission, read from the gradebook."""
-    from nbgrader.api import Gradebook
-
-    with Gradebook(f"sqlite:///{course_root / 'gradebook.db'}") as gradebook:
-        submission = gradebook.find_submission_notebook(chapter, chapter, student)
-        return {grade.name: (float(grade.score), float(grade.max_score)) for grade in submission.grades}
+__all__ = ["stage_submissions", "autograde", "cell_scores"]

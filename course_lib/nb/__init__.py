@@ -1,1 +1,0 @@
-"""The course's notebook tooling: building chapters with nbgrader, and the helpers hidden tests use."""

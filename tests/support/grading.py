@@ -1,0 +1,33 @@
+"""Grading chapter notebooks the way `course grade`'s checker does, in this process.
+
+`grade_in_process` runs exactly what the checker runs for the grade: the chapter's setup cells, then the graded test
+cells taken from the SOURCE notebook (visible and hidden tests), with the student's TODO functions answering from
+processes of their own (`course_lib.grading.checker`). Teaching cells are not run, which is why graded cells may
+depend only on setup cells and the TODO functions. The mutant catalogue and the surveys grade this way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from course_lib.grading import checker
+from course_lib.instructor.cells import graded_cells, setup_cells, solution_cells
+
+
+@dataclass(frozen=True)
+class CellResult:
+    grade_id: str
+    points: float
+    earned: float
+    passed: bool
+    message: str
+
+
+def grade_in_process(source_notebook: Any, solutions: dict[str, str]) -> list[CellResult]:
+    """Grade `solutions` (grade_id -> code) with the source notebook's setup and test cells."""
+    problem, verdicts = checker.run_checks(setup_cells(source_notebook), solutions, graded_cells(source_notebook),
+                                           names=checker.defined_functions(solution_cells(source_notebook)))
+    if problem:
+        raise RuntimeError(problem)
+    return [CellResult(v.grade_id, v.points, v.points if v.passed else 0.0, v.passed, v.message) for v in verdicts]

@@ -1,0 +1,87 @@
+"""The package is laid out by role, and imports flow one way:
+
+    course_lib (mechanisms)  <-  course_lib.lab (instruments)  <-  course_lib.grading (where tests run)
+                                                                <-  course_lib.instructor (build, check, grade)
+
+A mechanism never imports an instrument, the grader or the instructor's tools; what runs beside the tests never
+imports the instructor's tools; nothing installed imports the test suite or the repository's `benchmarks/`; the
+main job (`scripts/demo.py`) does not import the test suite either.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.mutants import catalogue
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "course_lib"
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Absolute names of every module `path` imports (relative imports resolved against its package)."""
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+    if path.name != "__init__.py":
+        package = package.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return found
+
+
+def role(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[0] != "course_lib":
+        return None
+    if len(parts) > 1 and parts[1] in ("lab", "grading", "instructor"):
+        return parts[1]
+    return "mechanism" if len(parts) > 1 and parts[1] != "cli" else None
+
+
+ALLOWED = {  # role -> roles it may import
+    "mechanism": {"mechanism"},
+    "lab": {"mechanism", "lab"},
+    "grading": {"mechanism", "lab", "grading"},
+    "instructor": {"mechanism", "lab", "grading", "instructor"},
+}
+MODULES = sorted(PACKAGE.rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_imports_flow_from_instruments_to_mechanisms_never_back(path):
+    module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+    imports = imported_modules(path)
+    assert not {name for name in imports if name.split(".")[0] in ("tests", "benchmarks")}, imports
+    own = role(module)
+    if own is None or path == PACKAGE / "__init__.py":  # the CLI and the top-level re-exports reach every role
+        return
+    wrong = {name for name in imports if role(name) is not None and role(name) not in ALLOWED[own]
+             and name != "course_lib"}
+    assert not wrong, f"{module} ({own}) imports {sorted(wrong)}"
+
+
+def test_the_main_job_does_not_import_the_test_suite():
+    imports = imported_modules(ROOT / "scripts" / "demo.py")
+    assert not {name for name in imports if name.split(".")[0] == "tests"}, imports
+
+
+def test_the_demos_wrong_answers_are_catalogued_wrong_answers():
+    """The demo grades one wrong answer per chapter from a data file; each is in the catalogue, which proves that it
+    loses its own cell and nothing else (test_mutants.py)."""
+    wrong = json.loads((ROOT / "scripts" / "demo_wrong_answers.json").read_text(encoding="utf-8"))
+    known = catalogue(with_library_callers=False)
+    assert set(wrong) == set(known)
+    for chapter, entry in wrong.items():
+        assert known[chapter][entry["todo"]][entry["name"]] == entry["source"], (chapter, entry["name"])
