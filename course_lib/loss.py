@@ -72,6 +72,13 @@ def aggregate_loss(token_losses: torch.Tensor, mask: torch.Tensor, mode: str = "
     token_mean over a microbatch with no masked-in token raises ValueError rather than returning 0 or NaN:
     a trainer that meets one has a data bug, or should use mode="constant" with the global count, which
     gives such a microbatch a loss of 0 and no gradient while keeping every other token's weight 1 / N.
+
+    Four supervised tokens in two rows: token_mean divides by this microbatch's 4, "constant" by the global count
+    (here 8 tokens over the whole accumulated batch):
+
+    >>> losses, mask = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]]), torch.tensor([[1, 1, 1], [1, 0, 0]])
+    >>> float(aggregate_loss(losses, mask)), float(aggregate_loss(losses, mask, "constant", norm_const=8))
+    (2.5, 1.25)
     """
     if mode not in LOSS_MODES:
         raise ValueError(f"mode must be one of {list(LOSS_MODES)}, got {mode!r}")

@@ -22,7 +22,7 @@ import torch
 
 from ._checks import require_causal_lm, require_keys, require_tensor
 from .packing import additive_attention_mask, block_causal_mask
-from .varlen import sample_bounds, varlen_attention
+from .varlen import restarts, sample_bounds, varlen_attention
 
 __all__ = [
     "PACKED_MODES",
@@ -44,10 +44,14 @@ def _as_rows(name: str, tensor, *, minimum: int | None = None, maximum: int | No
 
 
 def inferred_packed_segments(position_ids: torch.Tensor) -> torch.Tensor:
-    """position_ids [R, L] -> sequence number per token [R, L], as transformers infers it: new one where diff != 1."""
+    """position_ids [R, L] -> sequence number per token [R, L], as transformers infers it: new one where diff != 1.
+
+    >>> inferred_packed_segments(torch.tensor([[0, 1, 2, 0, 1, 0]])).tolist()
+    [[0, 0, 0, 1, 1, 2]]
+    """
     position_ids = _as_rows("position_ids", position_ids)
-    step = torch.diff(position_ids, dim=-1, prepend=position_ids[:, :1] - 1)  # [R, L]
-    return (step != 1).long().cumsum(-1)  # [R, L]
+    starts = restarts(position_ids).long()  # [R, L-1]
+    return torch.nn.functional.pad(starts, (1, 0)).cumsum(-1)  # [R, L]: the first token starts sample 0
 
 
 def _check_restarts_match_segments(position_ids: torch.Tensor, segment_ids: torch.Tensor) -> None:

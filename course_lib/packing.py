@@ -208,7 +208,19 @@ def packing_target_length(max_length: int, headroom: float = 0.95) -> int:
 
 
 def block_causal_mask(segment_ids: torch.Tensor) -> torch.Tensor:
-    """segment_ids [..., L] (negative = padding) -> allowed [..., L, L] bool: same segment and key j <= query i."""
+    """segment_ids [..., L] (negative = padding) -> allowed [..., L, L] bool: same segment and key j <= query i.
+
+    Samples of 3, 2 and 1 tokens in one row: one causal triangle per sample, nothing across (row = query):
+
+    >>> for row in block_causal_mask(torch.tensor([0, 0, 0, 1, 1, 2])).int().tolist():
+    ...     print(*row)
+    1 0 0 0 0 0
+    1 1 0 0 0 0
+    1 1 1 0 0 0
+    0 0 0 1 0 0
+    0 0 0 1 1 0
+    0 0 0 0 0 1
+    """
     segment_ids = require_tensor("segment_ids", segment_ids)
     if segment_ids.dim() < 1 or segment_ids.dtype.is_floating_point or segment_ids.dtype == torch.bool:
         raise ValueError(f"segment_ids must be an integer tensor with at least one dimension, got dtype "
@@ -240,7 +252,15 @@ def build_boundary_isolated_packing(samples) -> dict:
     """samples (dicts of input_ids, labels) -> one packed row as lists; attention_allowed is [T][T] bools.
 
     The teaching form (plain lists, an O(T^2) mask); `varlen_metadata` and `block_causal_mask` are the vectorized
-    forms that long rows use, tested equal to it on small inputs.
+    forms that long rows use, tested equal to it on small inputs. Labels travel unshifted with their tokens,
+    positions restart at 0 in every sample:
+
+    >>> row = build_boundary_isolated_packing([{"input_ids": [11, 12], "labels": [-100, 12]},
+    ...                                        {"input_ids": [21], "labels": [21]}])
+    >>> row["input_ids"], row["labels"], row["segment_ids"], row["position_ids"]
+    ([11, 12, 21], [-100, 12, 21], [0, 0, 1], [0, 1, 0])
+    >>> [[int(allowed) for allowed in query] for query in row["attention_allowed"]]
+    [[1, 0, 0], [1, 1, 0], [0, 0, 1]]
     """
     samples = require_sequence("samples", samples, allow_empty=False)
     input_ids: list[int] = []
@@ -275,7 +295,14 @@ def build_boundary_isolated_packing(samples) -> dict:
 
 
 def varlen_metadata(seq_lengths) -> dict:
-    """seq_lengths [N] -> position_ids [T], cu_seqlens [N+1] int32, max_seqlen int, seq_idx [T] (T = sum of lengths)."""
+    """seq_lengths [N] -> position_ids [T], cu_seqlens [N+1] int32, max_seqlen int, seq_idx [T] (T = sum of lengths).
+
+    What a varlen kernel reads instead of an [T, T] mask; samples of 3, 2 and 1 tokens:
+
+    >>> meta = varlen_metadata([3, 2, 1])
+    >>> meta["position_ids"].tolist(), meta["cu_seqlens"].tolist(), meta["max_seqlen"], meta["seq_idx"].tolist()
+    ([0, 1, 2, 0, 1, 0], [0, 3, 5, 6], 3, [0, 0, 0, 1, 1, 2])
+    """
     lengths = torch.from_numpy(_lengths_array("seq_lengths", seq_lengths))  # [N]
     ends = torch.cumsum(lengths, 0)  # [N]
     total, starts = int(ends[-1]), ends[:-1]  # starts of sequences 1..N-1
@@ -338,6 +365,14 @@ def pack_sequences(sequences, max_tokens: int, pad_id: int = 0, *, pad_to_multip
     padding; the transition entry that would predict the next sequence's first token stays 0. A sequence longer than
     max_tokens is refused: `pack_split_sequences` cuts it into pieces instead. Rows are max_tokens wide, rounded up
     to a multiple of pad_to_multiple_of when given (as transformers' collators round; the plan still fills max_tokens).
+
+    Sequences of 3, 2 and 1 tokens in rows of 4: the longest first, each into the first row it fits:
+
+    >>> packed = pack_sequences([[11, 12, 13], [21, 22], [31]], max_tokens=4)
+    >>> packed["ids"].tolist(), packed["rows"]
+    ([[11, 12, 13, 31], [21, 22, 0, 0]], [[0, 2], [1]])
+    >>> packed["position_ids"].tolist(), packed["segment_ids"].tolist()
+    ([[0, 1, 2, 0], [0, 1, 0, 0]], [[0, 0, 0, 1], [0, 0, -1, -1]])
     """
     max_tokens = require_positive_int("max_tokens", max_tokens)
     pad_id = require_nonnegative_int("pad_id", pad_id)

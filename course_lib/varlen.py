@@ -42,17 +42,30 @@ VARLEN_KERNELS = {"auto": "course_varlen", "flash": "course_varlen_fused", "sdpa
 FLASH_MIN_CAPABILITY = (8, 0)  # torch's flash attention kernels: Ampere (sm80) or newer
 
 
+def restarts(position_ids: torch.Tensor) -> torch.Tensor:
+    """position_ids [R, L] -> [R, L-1] bool: token t+1 starts a new sample (its position is not position t + 1).
+
+    The one rule for finding packed samples from positions, transformers' `find_packed_sequence_indices`:
+
+    >>> restarts(torch.tensor([[0, 1, 2, 0, 1, 0]])).int().tolist()
+    [[0, 0, 1, 0, 1]]
+    """
+    return torch.diff(position_ids, dim=-1) != 1
+
+
 def sample_bounds(position_ids) -> list[list[int]]:
     """position_ids [R, L] -> per row the sample bounds [0, s_1, ..., L]: a sample starts where diff != 1.
 
-    The rule is transformers' `find_packed_sequence_indices`; a padding run of zeros is one sample per token.
+    Samples of 3, 2 and 1 tokens packed in one row (a padding run of zeros is one sample per token):
+
+    >>> sample_bounds(torch.tensor([[0, 1, 2, 0, 1, 0]]))
+    [[0, 3, 5, 6]]
     """
     position_ids = require_tensor("position_ids", position_ids, ndim=2, dtype_kind="i")
     if position_ids.shape[1] == 0:
         raise ValueError(f"position_ids must have shape [R, L] with L >= 1, got {tuple(position_ids.shape)}")
     length = position_ids.shape[1]
-    starts = torch.diff(position_ids, dim=-1) != 1  # [R, L-1]: token t+1 starts a sample
-    rows = [(row.nonzero().flatten() + 1).tolist() for row in starts.cpu()]  # one host copy for all rows
+    rows = [(row.nonzero().flatten() + 1).tolist() for row in restarts(position_ids).cpu()]  # one host copy
     return [[0, *row, length] for row in rows]
 
 

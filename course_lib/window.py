@@ -148,6 +148,19 @@ def apply_window_policy(samples: Sequence[Mapping[str, Any]], target_context_len
     audit: audit_context_fit's output on the label counts (template_tokens=0; a sample longer than the window
     counts the prompt before its last supervised token), with such samples as overflow, and as "truncate" a
     sample of which only the unlabelled tail is cut (no supervision is lost, so neither gate applies).
+
+    A window of 5: a fitting sample is kept, one whose answer runs past the window loses 2 of its 5 supervised
+    tokens (within the 0.5 allowed here), one whose prompt alone fills the window overflows:
+
+    >>> result = apply_window_policy([
+    ...     {"name": "fits", "input_ids": [1, 2, 3, 4], "labels": [-100, -100, 3, 4]},
+    ...     {"name": "long", "input_ids": [1, 2, 3, 4, 5, 6, 7], "labels": [-100, -100, 3, 4, 5, 6, 7]},
+    ...     {"name": "prompt", "input_ids": [1, 2, 3, 4, 5, 6, 7], "labels": [-100] * 6 + [7]},
+    ... ], 5, max_supervision_loss_ratio=0.5)
+    >>> [(sample["name"], sample["labels"]) for sample in result["kept"]]
+    [('fits', [-100, -100, 3, 4]), ('long', [-100, -100, 3, 4, 5])]
+    >>> result["dropped"]
+    [{'name': 'prompt', 'index': 2, 'reasons': ['prompt_exceeds_window']}]
     """
     target = require_positive_int("target_context_len", target_context_len)
     min_kept = require_positive_int("min_kept_supervised_tokens", min_kept_supervised_tokens)
