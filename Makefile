@@ -1,4 +1,6 @@
-# Two entry points on a fresh machine: `make demo` (the main job) and `make test` (the suite).
+# Entry points on a fresh machine: `make demo` (the main job), `make test` (the fast tier: lint, doctests and every
+# test not marked slow, a couple of minutes) and `make test-all` (the whole suite: notebooks, nbgrader, the grader
+# against hostile submissions, the GPU suite on a CPU; what CI runs).
 # torch is installed first and pinned: an open range would pull a multi-GB CUDA build.
 PYTHON ?= python3
 VENV   := .venv
@@ -6,7 +8,7 @@ BIN    := $(VENV)/bin
 PROFILE ?= PT-CPU
 TORCH_PIN := torch==2.13.0
 
-.PHONY: venv demo test test-lower-bounds lint clean
+.PHONY: venv demo test test-all test-lower-bounds lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,9 +25,13 @@ venv: $(VENV)/.installed
 demo: venv
 	$(BIN)/python scripts/demo.py
 
-test: venv
-	$(BIN)/python -m ruff check course_lib tests benchmarks scripts notebooks/chapters
-	$(BIN)/python -m pytest -q -n 2
+test: lint
+	$(BIN)/python -m pytest -q -p no:cacheprovider --doctest-modules course_lib
+	$(BIN)/python -m pytest -q -n 2 -m "not slow"
+
+test-all: lint
+	$(BIN)/python -m pytest -q -p no:cacheprovider --doctest-modules course_lib
+	$(BIN)/python -m pytest -q -n 2 --durations=25
 
 # The oldest declared versions (environments/lower-bounds.txt): the library tests, then every chapter's instructor
 # notebook (solutions and hidden tests) run cell by cell. The notebooks are built in .venv (nbformat, nbgrader);
@@ -53,8 +59,11 @@ test-lower-bounds: venv
 	    || { cat $(LOWER_RUN)/$$chapter.log; exit 1; }; \
 	done
 
+LINTED := course_lib tests benchmarks scripts notebooks/chapters notebooks/nbgrader_config.py
+
 lint: venv
-	$(BIN)/python -m ruff check course_lib tests benchmarks scripts notebooks/chapters
+	$(BIN)/python -m ruff check $(LINTED)
+	$(BIN)/python -m ruff format --check $(LINTED)
 
 clean:
 	rm -rf $(VENV) $(LOWER) build *.egg-info

@@ -12,6 +12,8 @@ from course_lib.instructor.cells import with_answers as submission_with
 from tests.mutants import catalogue
 from tests.support import autograde
 
+pytestmark = pytest.mark.slow  # the whole module: `make test-all` runs it, `make test` does not
+
 ROOT = build.NOTEBOOKS_DIR
 CHAPTERS = [path.stem for path in build.chapter_sources(ROOT / "chapters")]
 CATALOGUE = catalogue()

@@ -16,6 +16,8 @@ import torch
 import course_lib as cl
 from course_lib.instructor import build
 
+pytestmark = pytest.mark.slow  # the whole module: `make test-all` runs it, `make test` does not
+
 
 def _chapter(name: str, tmp_path) -> tuple[list[str], str]:
     """A fresh instructor build of the chapter -> (its code cells, its markdown, all of it as one text)."""

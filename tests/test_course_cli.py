@@ -18,6 +18,8 @@ import pytest
 from course_lib.instructor import build, cells, execute, match, submissions
 from course_lib.instructor.cells import with_answers as submission_with
 
+pytestmark = pytest.mark.slow  # the whole module: `make test-all` runs it, `make test` does not
+
 CHAPTER = "01_length_ledger"
 COURSE = str(Path(sys.executable).parent / "course")
 

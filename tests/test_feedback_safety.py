@@ -25,6 +25,8 @@ from course_lib.instructor import build
 from tests.mutants import mutate
 from tests.support import autograde
 
+pytestmark = pytest.mark.slow  # the whole module: `make test-all` runs it, `make test` does not
+
 CHAPTER = "01_length_ledger"
 TODO = "todo_ledger_from_roles"
 TEST = "test_ledger_from_roles"

@@ -21,6 +21,8 @@ from course_lib.instructor import build
 from course_lib.lab.gpu.records import read_result
 from tests.repository import ROOT, copy_tracked_files, is_git_checkout
 
+pytestmark = pytest.mark.slow  # the whole module: `make test-all` runs it, `make test` does not
+
 LABEL = "cpu-suite-check"
 
 

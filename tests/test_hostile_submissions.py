@@ -35,6 +35,8 @@ import pytest
 import course_lib
 from course_lib.instructor import build, cells
 
+pytestmark = pytest.mark.slow  # the whole module: `make test-all` runs it, `make test` does not
+
 CHAPTER = "01_length_ledger"
 LEDGER, AUDIT = "test_ledger_from_roles", "test_audit_context_fit"
 COURSE = str(Path(sys.executable).parent / "course")

@@ -13,6 +13,8 @@ from course_lib.instructor import build, cells
 from tests.mutants import alternatives, catalogue, library_callers, own_results
 from tests.support.grading import grade_in_process
 
+pytestmark = pytest.mark.slow  # the whole module: `make test-all` runs it, `make test` does not
+
 ROOT = build.NOTEBOOKS_DIR
 CATALOGUE = catalogue()
 ALTERNATIVES = alternatives()

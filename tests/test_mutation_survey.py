@@ -17,6 +17,8 @@ import pytest
 from tests.mutants import survey
 from tests.mutants.equivalent import EQUIVALENT
 
+pytestmark = pytest.mark.slow  # the whole module: `make test-all` runs it, `make test` does not
+
 CHAPTERS = sorted(path.stem for path in (Path(__file__).parent.parent / "notebooks" / "chapters").glob("[0-9]*.py"))
 
 

@@ -13,6 +13,8 @@ import pytest
 from course_lib.instructor import build, cells
 from tests.support.grading import grade_in_process
 
+pytestmark = pytest.mark.slow  # the whole module: `make test-all` runs it, `make test` does not
+
 ROOT = build.NOTEBOOKS_DIR
 CHAPTERS = [path.stem for path in build.chapter_sources(ROOT / "chapters")]
 

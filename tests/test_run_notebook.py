@@ -8,6 +8,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
+pytestmark = pytest.mark.slow  # the whole module: `make test-all` runs it, `make test` does not
+
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "run_notebook.py"
 spec = importlib.util.spec_from_file_location("run_notebook", SCRIPT)
 run_notebook = importlib.util.module_from_spec(spec)
