@@ -37,9 +37,12 @@ def write_submissions(root: Path, chapter: str, per_chapter: int, inbox: Path) -
 
     source, release = (root / step / chapter / f"{chapter}.ipynb" for step in ("source", "release"))
     solutions = cells.solution_cells(cells.read(source))
-    wrong = [(todo, name, code) for todo, mutants in sorted(catalogue().get(chapter, {}).items())
-             for name, code in sorted(mutants.items())]
-    wrong = wrong[::max(1, len(wrong) // max(1, per_chapter - 1))]  # spread over the TODOs
+    wrong = [
+        (todo, name, code)
+        for todo, mutants in sorted(catalogue().get(chapter, {}).items())
+        for name, code in sorted(mutants.items())
+    ]
+    wrong = wrong[:: max(1, len(wrong) // max(1, per_chapter - 1))]  # spread over the TODOs
     written = {}
     for index in range(per_chapter):
         student = f"s{index:02d}"
@@ -85,8 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         root = build.copy_course_skeleton(build.NOTEBOOKS_DIR, scratch / "parallel")
         started = time.perf_counter()
         builds = build.build_course(root, only=args.chapters)
-        print(f"built {len(builds)} chapters in {time.perf_counter() - started:.0f} s "
-              "(not part of either measurement)")
+        print(f"built {len(builds)} chapters in {time.perf_counter() - started:.0f} s (not part of either measurement)")
         staged, inbox = {}, scratch / "inbox"
         inbox.mkdir()
         for chapter in builds:
@@ -96,40 +98,55 @@ def main(argv: list[str] | None = None) -> int:
         shutil.copytree(root, sequential_root)
         shutil.copytree(root, unconfined_root)
         workers = args.workers or os.cpu_count() or 1
-        print(f"{total} submissions, {len(builds)} chapters | {os.cpu_count()} cores, {workers} workers | "
-              f"python {platform.python_version()}, nbgrader {nbgrader.__version__}, torch {torch.__version__}")
+        print(
+            f"{total} submissions, {len(builds)} chapters | {os.cpu_count()} cores, {workers} workers | "
+            f"python {platform.python_version()}, nbgrader {nbgrader.__version__}, torch {torch.__version__}"
+        )
 
         warm = "import torch, transformers, trl, datasets, nbgrader, course_lib, course_lib.grading"
         subprocess.run([sys.executable, "-c", warm], check=True)  # untimed: the same page cache for both graders
         sequential_s = sequential_nbgrader(sequential_root, staged)
         print(f"sequential nbgrader autograde: {sequential_s:7.1f} s  {60 * total / sequential_s:5.1f} submissions/min")
-        unconfined = grade.grade_submissions(inbox, unconfined_root, workers=workers, progress=False,
-                                             confinement=confined.Confinement(mode="none"))
-        print(f"course grade --sandbox none:   {unconfined.seconds:7.1f} s  "
-              f"{60 * total / unconfined.seconds:5.1f} submissions/min (graded {unconfined.count('graded')}) | "
-              f"load average {os.getloadavg()[0]:.1f}")
+        unconfined = grade.grade_submissions(
+            inbox, unconfined_root, workers=workers, progress=False, confinement=confined.Confinement(mode="none")
+        )
+        print(
+            f"course grade --sandbox none:   {unconfined.seconds:7.1f} s  "
+            f"{60 * total / unconfined.seconds:5.1f} submissions/min (graded {unconfined.count('graded')}) | "
+            f"load average {os.getloadavg()[0]:.1f}"
+        )
         run = grade.grade_submissions(inbox, root, workers=workers, progress=False)
         parallel_s = run.seconds
-        print(f"course grade --sandbox bwrap:  {parallel_s:7.1f} s  {60 * total / parallel_s:5.1f} submissions/min "
-              f"(graded {run.count('graded')}, failed {run.count('failed')}, {workers} workers) | "
-              f"load average {os.getloadavg()[0]:.1f}")
+        print(
+            f"course grade --sandbox bwrap:  {parallel_s:7.1f} s  {60 * total / parallel_s:5.1f} submissions/min "
+            f"(graded {run.count('graded')}, failed {run.count('failed')}, {workers} workers) | "
+            f"load average {os.getloadavg()[0]:.1f}"
+        )
         per_bwrap, per_none = parallel_s / total, unconfined.seconds / total
         overhead = per_bwrap / per_none - 1
-        print(f"sandbox overhead per submission: {per_bwrap:.2f} s vs {per_none:.2f} s = {overhead:+.1%} "
-              f"(target <= +15%: {'met' if overhead <= 0.15 else 'MISSED'})")
+        print(
+            f"sandbox overhead per submission: {per_bwrap:.2f} s vs {per_none:.2f} s = {overhead:+.1%} "
+            f"(target <= +15%: {'met' if overhead <= 0.15 else 'MISSED'})"
+        )
         print(f"speed-up over sequential nbgrader: {sequential_s / parallel_s:.2f}x")
 
         disagreements = []
         for chapter, notebooks in staged.items():
             for student in notebooks:
-                ours = {g: s for g, (s, _) in grade.NbgraderRecorder(root, scratch / "x").scores(student, chapter).items()}
+                ours = {
+                    g: s for g, (s, _) in grade.NbgraderRecorder(root, scratch / "x").scores(student, chapter).items()
+                }
                 theirs = {g: s for g, (s, _) in autograde.cell_scores(sequential_root, chapter, student).items()}
                 open_ = {g: s for g, (s, _) in autograde.cell_scores(unconfined_root, chapter, student).items()}
                 if not ours == theirs == open_:
-                    disagreements.append(f"{chapter}/{student}: course {ours} vs --sandbox none {open_} vs "
-                                         f"nbgrader {theirs}")
-        print("per-cell scores agree across the three graders on every submission" if not disagreements
-              else "DISAGREEMENTS:\n  " + "\n  ".join(disagreements))
+                    disagreements.append(
+                        f"{chapter}/{student}: course {ours} vs --sandbox none {open_} vs nbgrader {theirs}"
+                    )
+        print(
+            "per-cell scores agree across the three graders on every submission"
+            if not disagreements
+            else "DISAGREEMENTS:\n  " + "\n  ".join(disagreements)
+        )
         failed = run.count("failed") + unconfined.count("failed")
         return 1 if disagreements or failed or overhead > 0.15 else 0
     finally:

@@ -43,15 +43,16 @@ def trl_chunked(h, w, i):
     """TRL's memory-lean log-probs (trl.kernels.ChunkedLogProbFunction) on the [B, T, D] layout, no extra outputs."""
     from trl.kernels import ChunkedLogProbFunction
 
-    flat = ChunkedLogProbFunction.apply(h.reshape(-1, h.shape[-1]), w, None, i.reshape(-1), 1.0, TRL_TILE, None, 1.0,
-                                        ())[0]
+    flat = ChunkedLogProbFunction.apply(
+        h.reshape(-1, h.shape[-1]), w, None, i.reshape(-1), 1.0, TRL_TILE, None, 1.0, ()
+    )[0]
     return flat.reshape(i.shape)
 
 
 METHODS: dict[str, Callable[..., Callable]] = {
-    "full": lambda chunk: (lambda h, w, i: selected_log_probs(h @ w.T, i)),      # [B, T, V] logits at once
-    "chunked": lambda chunk: (lambda h, w, i: chunked_log_probs(h, w, i, chunk)),
-    "recompute": lambda chunk: (lambda h, w, i: checkpointed_log_probs(h, w, i, chunk)),
+    "full": lambda chunk: lambda h, w, i: selected_log_probs(h @ w.T, i),  # [B, T, V] logits at once
+    "chunked": lambda chunk: lambda h, w, i: chunked_log_probs(h, w, i, chunk),
+    "recompute": lambda chunk: lambda h, w, i: checkpointed_log_probs(h, w, i, chunk),
     "trl full": lambda chunk: trl_selective,
     "trl chunked": lambda chunk: trl_chunked,
 }
@@ -62,9 +63,11 @@ TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 1e-1, torch.float16: 1e-1}  # 
 def print_environment(device: torch.device) -> None:
     import transformers
 
-    print(f"# python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}, "
-          f"{platform.machine()}, {torch.get_num_threads()} threads, device {device}"
-          + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""))
+    print(
+        f"# python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}, "
+        f"{platform.machine()}, {torch.get_num_threads()} threads, device {device}"
+        + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")
+    )
 
 
 def head_inputs(tokens: int, vocab: int, width: int, dtype: torch.dtype, device: torch.device, seed: int = 0):
@@ -98,8 +101,9 @@ def max_differences(got, reference) -> list[float]:
     return [logp] + [diff / max(float(b.abs().max()), 1e-30) for diff, b in zip(grads, reference[1:], strict=True)]
 
 
-def run_cpu(token_counts: list[int], vocab: int, width: int, chunk: int, dtype: torch.dtype,
-            repeats: int = 2) -> list[dict]:
+def run_cpu(
+    token_counts: list[int], vocab: int, width: int, chunk: int, dtype: torch.dtype, repeats: int = 2
+) -> list[dict]:
     """Saved-tensor bytes (beyond inputs, and with them), step time and agreement for each method and T."""
     device = torch.device("cpu")
     rows = []
@@ -112,8 +116,16 @@ def run_cpu(token_counts: list[int], vocab: int, width: int, chunk: int, dtype: 
             with_inputs = saved_tensor_bytes(fn, hidden, weight, ids, include_inputs=True)
             result, seconds = value_and_grads(fn, hidden, weight, ids, repeats)
             reference = result if name == "full" else reference
-            rows.append({"tokens": tokens, "method": name, "saved": saved, "with_inputs": with_inputs,
-                         "seconds": seconds, "diffs": max_differences(result, reference)})
+            rows.append(
+                {
+                    "tokens": tokens,
+                    "method": name,
+                    "saved": saved,
+                    "with_inputs": with_inputs,
+                    "seconds": seconds,
+                    "diffs": max_differences(result, reference),
+                }
+            )
             del result
     return rows
 
@@ -121,32 +133,45 @@ def run_cpu(token_counts: list[int], vocab: int, width: int, chunk: int, dtype: 
 def print_cpu(rows: list[dict], vocab: int, width: int, chunk: int, dtype_name: str) -> list[str]:
     """Print the table and the targets -> the targets missed (empty when every one is met)."""
     mb = 1e6
-    print(f"# V = {vocab}, D = {width}, B = 1, {dtype_name}, chunk {chunk}; saved = bytes autograd keeps beyond "
-          f"hidden/weight/ids; +inputs counts them too; full/+in = ratio of +inputs; dlogp = max |method - full|; "
-          f"dhidden, dweight = max |method - full| / max |full|; step = best wall s of forward + backward")
-    print(f"{'T':>6} {'method':<11} {'saved MB':>10} {'+inputs MB':>11} {'full/saved':>10} {'full/+in':>8} "
-          f"{'step s':>7} {'s/full':>6} | {'dlogp':>8} {'dhidden':>8} {'dweight':>8}")
+    print(
+        f"# V = {vocab}, D = {width}, B = 1, {dtype_name}, chunk {chunk}; saved = bytes autograd keeps beyond "
+        f"hidden/weight/ids; +inputs counts them too; full/+in = ratio of +inputs; dlogp = max |method - full|; "
+        f"dhidden, dweight = max |method - full| / max |full|; step = best wall s of forward + backward"
+    )
+    print(
+        f"{'T':>6} {'method':<11} {'saved MB':>10} {'+inputs MB':>11} {'full/saved':>10} {'full/+in':>8} "
+        f"{'step s':>7} {'s/full':>6} | {'dlogp':>8} {'dhidden':>8} {'dweight':>8}"
+    )
     full = {r["tokens"]: r for r in rows if r["method"] == "full"}
     for r in rows:
         base = full[r["tokens"]]
         ratio = f"{base['saved'] / r['saved']:.1f}x" if r["saved"] else "inf"
-        print(f"{r['tokens']:6d} {r['method']:<11} {r['saved'] / mb:10.2f} {r['with_inputs'] / mb:11.2f} {ratio:>10} "
-              f"{base['with_inputs'] / r['with_inputs']:7.1f}x {r['seconds']:7.3f} {r['seconds'] / base['seconds']:6.2f} | "
-              + " ".join(f"{d:8.1e}" for d in r["diffs"]))
+        print(
+            f"{r['tokens']:6d} {r['method']:<11} {r['saved'] / mb:10.2f} {r['with_inputs'] / mb:11.2f} {ratio:>10} "
+            f"{base['with_inputs'] / r['with_inputs']:7.1f}x {r['seconds']:7.3f} {r['seconds'] / base['seconds']:6.2f} | "
+            + " ".join(f"{d:8.1e}" for d in r["diffs"])
+        )
     recompute = [r["saved"] for r in rows if r["method"] == "recompute"]
     longest = max(full)
     spread = (max(recompute) - min(recompute)) / max(max(recompute), 1)
     at_longest = next(r["saved"] for r in rows if r["method"] == "recompute" and r["tokens"] == longest)
-    print(f"# recompute saved bytes across T: min {min(recompute)} B, max {max(recompute)} B, spread {spread:.1%} "
-          f"(target <= 5%); at T = {longest}: full {full[longest]['saved']} B vs recompute {at_longest} B "
-          f"(target >= 10x); one chunk's fp32 logits, rebuilt in backward: {logit_bytes(chunk, vocab) / mb:.1f} MB")
+    print(
+        f"# recompute saved bytes across T: min {min(recompute)} B, max {max(recompute)} B, spread {spread:.1%} "
+        f"(target <= 5%); at T = {longest}: full {full[longest]['saved']} B vs recompute {at_longest} B "
+        f"(target >= 10x); one chunk's fp32 logits, rebuilt in backward: {logit_bytes(chunk, vocab) / mb:.1f} MB"
+    )
     tolerance = TOLERANCE[_DTYPES[dtype_name]]
-    missed = [f"{r['method']} at T = {r['tokens']} differs from full by {max(r['diffs']):.1e} (tolerance {tolerance:g})"
-              for r in rows if max(r["diffs"]) > tolerance]
+    missed = [
+        f"{r['method']} at T = {r['tokens']} differs from full by {max(r['diffs']):.1e} (tolerance {tolerance:g})"
+        for r in rows
+        if max(r["diffs"]) > tolerance
+    ]
     if spread > 0.05:
         missed.append(f"recompute's saved bytes spread {spread:.1%} across T (target <= 5%)")
     if full[longest]["saved"] < 10 * max(at_longest, 1):
-        missed.append(f"recompute keeps {at_longest} B at T = {longest}, not 10x less than full's {full[longest]['saved']} B")
+        missed.append(
+            f"recompute keeps {at_longest} B at T = {longest}, not 10x less than full's {full[longest]['saved']} B"
+        )
     print("# targets: " + ("all met" if not missed else "MISSED: " + "; ".join(missed)))
     return missed
 
@@ -177,8 +202,11 @@ def run_cuda(token_counts: list[int], vocab: int, width: int, chunk: int, dtype:
 
 def print_cuda(rows: list[dict]) -> None:
     for tokens in sorted({r["tokens"] for r in rows}):
-        cells = [f"{r['method']} " + ("OOM" if r["peak"] is None else f"{r['peak'] / 1e9:4.1f} GB")
-                 for r in rows if r["tokens"] == tokens]
+        cells = [
+            f"{r['method']} " + ("OOM" if r["peak"] is None else f"{r['peak'] / 1e9:4.1f} GB")
+            for r in rows
+            if r["tokens"] == tokens
+        ]
         diffs = [r["diff"] for r in rows if r["tokens"] == tokens and r["diff"] is not None]
         print(f"T = {tokens:6d} | " + " | ".join(cells) + f" | max diff {max(diffs, default=float('nan')):.0e}")
 
@@ -186,8 +214,10 @@ def print_cuda(rows: list[dict]) -> None:
 def print_arithmetic() -> None:
     print("# seed 003 §14.3 arithmetic, V = 151936")
     for row in logit_memory_table():
-        print(f"{row['model']:<11} D {row['hidden_size']:5d} V/D {row['vocab_per_hidden']:4.0f} | fp32 logits per "
-              f"token {row['per_token_mb']:.2f} MB | 32k-token microbatch {row['microbatch_gb']:.1f} GB")
+        print(
+            f"{row['model']:<11} D {row['hidden_size']:5d} V/D {row['vocab_per_hidden']:4.0f} | fp32 logits per "
+            f"token {row['per_token_mb']:.2f} MB | 32k-token microbatch {row['microbatch_gb']:.1f} GB"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -64,7 +64,24 @@ from .window import *  # noqa: F403
 __version__ = "0.1.0"
 __all__ = [
     name
-    for module in (tokenizer, tiny, sources, ledger, window, labels, packing, packing_split, varlen, packed_forward,
-                   microbatch, logprobs, loss, accounting, curriculum, longdoc, lab)
+    for module in (
+        tokenizer,
+        tiny,
+        sources,
+        ledger,
+        window,
+        labels,
+        packing,
+        packing_split,
+        varlen,
+        packed_forward,
+        microbatch,
+        logprobs,
+        loss,
+        accounting,
+        curriculum,
+        longdoc,
+        lab,
+    )
     for name in module.__all__
 ]

@@ -56,7 +56,7 @@ def require_nonnegative_int(name: str, value: object) -> int:
 def padded_width(width: int, pad_to_multiple_of: object) -> int:
     """`width` rounded up to a multiple of pad_to_multiple_of (a positive int), or `width` itself for None.
 
-        padded_width(5, 8) == 8;  padded_width(16, 8) == 16;  padded_width(5, None) == 5
+    padded_width(5, 8) == 8;  padded_width(16, 8) == 16;  padded_width(5, None) == 5
     """
     if pad_to_multiple_of is None:
         return width
@@ -64,8 +64,14 @@ def padded_width(width: int, pad_to_multiple_of: object) -> int:
     return width + (-width % multiple)
 
 
-def require_real(name: str, value: object, *, minimum: float | None = None, maximum: float | None = None,
-                 strict_minimum: bool = False) -> float:
+def require_real(
+    name: str,
+    value: object,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    strict_minimum: bool = False,
+) -> float:
     """A finite real number within the bounds; returns it as a float."""
     if isinstance(value, bool) or not isinstance(value, Real):
         if hasattr(value, "item") and getattr(value, "ndim", 1) == 0:
@@ -74,8 +80,9 @@ def require_real(name: str, value: object, *, minimum: float | None = None, maxi
     try:
         value = float(value)
     except OverflowError:  # an int (or a fraction of ints) beyond ~1.8e308
-        raise ValueError(f"{name} must be finite, got a number too large for a float (about 2**"
-                         f"{abs(int(value)).bit_length()})") from None
+        raise ValueError(
+            f"{name} must be finite, got a number too large for a float (about 2**{abs(int(value)).bit_length()})"
+        ) from None
     if not math.isfinite(value):
         raise ValueError(f"{name} must be finite, got {value}")
     if minimum is not None and (value <= minimum if strict_minimum else value < minimum):
@@ -90,8 +97,16 @@ def require_ratio(name: str, value: object) -> float:
     return require_real(name, value, minimum=0.0, maximum=1.0)
 
 
-def require_lengths(name: str, lengths: object, *, allow_empty: bool = False, minimum: int = 1,
-                    maximum: int | None = None, maximum_name: str | None = None, summed: bool = False) -> list[int]:
+def require_lengths(
+    name: str,
+    lengths: object,
+    *,
+    allow_empty: bool = False,
+    minimum: int = 1,
+    maximum: int | None = None,
+    maximum_name: str | None = None,
+    summed: bool = False,
+) -> list[int]:
     """A sequence of integer lengths, each in [minimum, maximum] and within int64; returns a list of Python ints.
 
     Accepts lists, tuples, numpy arrays and 1-D tensors. summed=True: their total must fit an int64 too (for a
@@ -160,9 +175,15 @@ def _tensor_kind(tensor: torch.Tensor) -> str:
     return "c" if tensor.dtype.is_complex else "i"
 
 
-def require_tensor(name: str, value: object, *, ndim: int | tuple[int, ...] | None = None,
-                   dtype_kind: str | None = None, minimum: float | None = None,
-                   maximum: float | None = None) -> torch.Tensor:
+def require_tensor(
+    name: str,
+    value: object,
+    *,
+    ndim: int | tuple[int, ...] | None = None,
+    dtype_kind: str | None = None,
+    minimum: float | None = None,
+    maximum: float | None = None,
+) -> torch.Tensor:
     """A tensor (or array / nested list of numbers) of the given ndim(s) and dtype kinds, values in the bounds.
 
     dtype_kind holds the accepted kinds: "b" bool, "i" integer, "f" floating point (e.g. "bi"). An empty
@@ -174,12 +195,14 @@ def require_tensor(name: str, value: object, *, ndim: int | tuple[int, ...] | No
     try:  # the conversion is the check: ragged lists, None, strings and objects all fail here
         tensor = value if given_tensor else torch.as_tensor(value)
     except (TypeError, ValueError, RuntimeError) as error:
-        raise ValueError(f"{name} must be a tensor or a (nested) list of numbers, got {_shown(value)} "
-                         f"({error})") from error
+        raise ValueError(
+            f"{name} must be a tensor or a (nested) list of numbers, got {_shown(value)} ({error})"
+        ) from error
     allowed_ndims = (ndim,) if isinstance(ndim, int) else ndim
     if allowed_ndims is not None and tensor.ndim not in allowed_ndims:
-        raise ValueError(f"{name} must have {' or '.join(map(str, allowed_ndims))} dimension(s), "
-                         f"got shape {tuple(tensor.shape)}")
+        raise ValueError(
+            f"{name} must have {' or '.join(map(str, allowed_ndims))} dimension(s), got shape {tuple(tensor.shape)}"
+        )
     if dtype_kind is not None:
         if not given_tensor and "b" not in dtype_kind and tensor.dtype != torch.bool and _holds_bool(value):
             # torch turns [True, 5] into [1, 5]: a flag among ids is a mistake, not token id 1
@@ -198,8 +221,10 @@ def require_tensor(name: str, value: object, *, ndim: int | tuple[int, ...] | No
             bad = outside(tensor, bound)
             if bool(bad.any()):
                 index = tuple(int(i) for i in bad.nonzero()[0])
-                raise ValueError(f"{name} must hold values {word} {bound}, got {tensor[index].item()!r} "
-                                 f"at index {index if len(index) != 1 else index[0]}")
+                raise ValueError(
+                    f"{name} must hold values {word} {bound}, got {tensor[index].item()!r} "
+                    f"at index {index if len(index) != 1 else index[0]}"
+                )
     return tensor
 
 
@@ -216,8 +241,10 @@ def require_partition(name: str, groups: object, count: int | None = None) -> li
 
     count=None takes the number of indices given, so the groups must hold 0 .. count-1.
     """
-    groups = [require_lengths(f"{name}[{number}]", group, minimum=0)
-              for number, group in enumerate(require_sequence(name, groups))]
+    groups = [
+        require_lengths(f"{name}[{number}]", group, minimum=0)
+        for number, group in enumerate(require_sequence(name, groups))
+    ]
     total = sum(len(group) for group in groups)
     count = total if count is None else count
     seen: set[int] = set()

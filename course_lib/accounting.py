@@ -38,7 +38,7 @@ def kv_bytes_per_token(config: Any, dtype_bytes: int = 2) -> int:
     if isinstance(config, str):
         config = load_model_config(config)
 
-    def field(key: str) -> Any:                                                  # dict config or HF config object
+    def field(key: str) -> Any:  # dict config or HF config object
         return config.get(key) if isinstance(config, Mapping) else getattr(config, key, None)
 
     dtype_bytes = require_positive_int("dtype_bytes", dtype_bytes)
@@ -53,8 +53,9 @@ def kv_bytes_per_token(config: Any, dtype_bytes: int = 2) -> int:
     return 2 * layers * kv_heads * head_dim * dtype_bytes
 
 
-def decode_tokens_per_s(n_params: float, batch: int, context: int, kv_bytes: float, bandwidth: float, *,
-                        weight_bytes_per_param: float = 2.0) -> float:
+def decode_tokens_per_s(
+    n_params: float, batch: int, context: int, kv_bytes: float, bandwidth: float, *, weight_bytes_per_param: float = 2.0
+) -> float:
     """Roofline decode rate, tokens/s per GPU: b / ((weight_bytes_per_param N + b c s_kv) / bandwidth).
 
     bandwidth in bytes/s, kv_bytes per context token; every real argument must be > 0.
@@ -63,8 +64,9 @@ def decode_tokens_per_s(n_params: float, batch: int, context: int, kv_bytes: flo
     batch, context = require_positive_int("batch", batch), require_positive_int("context", context)
     kv_bytes = require_real("kv_bytes", kv_bytes, minimum=0.0, strict_minimum=True)
     bandwidth = require_real("bandwidth", bandwidth, minimum=0.0, strict_minimum=True)
-    weight_bytes_per_param = require_real("weight_bytes_per_param", weight_bytes_per_param, minimum=0.0,
-                                          strict_minimum=True)
+    weight_bytes_per_param = require_real(
+        "weight_bytes_per_param", weight_bytes_per_param, minimum=0.0, strict_minimum=True
+    )
     # One step reads the weights once and every sequence's KV cache, and yields one token per sequence.
     seconds_per_step = (weight_bytes_per_param * n_params + batch * context * kv_bytes) / bandwidth
     return batch / seconds_per_step
@@ -78,8 +80,16 @@ def train_tokens_per_s(n_params: float, peak_flops: float, mfu: float) -> float:
     return mfu * peak_flops / (6.0 * n_params)
 
 
-def gpu_hours_per_step(n_params: float, episodes: int, total_tokens: float, policy_tokens: float,
-                       decode_rate: float, peak_flops: float, mfu: float, busy: float) -> dict[str, float]:
+def gpu_hours_per_step(
+    n_params: float,
+    episodes: int,
+    total_tokens: float,
+    policy_tokens: float,
+    decode_rate: float,
+    peak_flops: float,
+    mfu: float,
+    busy: float,
+) -> dict[str, float]:
     """One RL step's GPU-hours -> {train, old_logp, prefill, decode, total}.
 
     total_tokens and policy_tokens are per episode. train: 6N FLOPs on every token; old_logp: one more
@@ -98,16 +108,23 @@ def gpu_hours_per_step(n_params: float, episodes: int, total_tokens: float, poli
     busy = require_real("busy", busy, minimum=0.0, maximum=1.0, strict_minimum=True)
     flops_per_hour = mfu * peak_flops * SECONDS_PER_HOUR
     parts = {
-        "train": 6 * n_params * episodes * total_tokens / flops_per_hour,          # forward + backward, every token
-        "old_logp": 2 * n_params * episodes * total_tokens / flops_per_hour,       # one more forward
+        "train": 6 * n_params * episodes * total_tokens / flops_per_hour,  # forward + backward, every token
+        "old_logp": 2 * n_params * episodes * total_tokens / flops_per_hour,  # one more forward
         "prefill": 2 * n_params * episodes * (total_tokens - policy_tokens) / flops_per_hour,
         "decode": episodes * policy_tokens / decode_rate / SECONDS_PER_HOUR / busy,
     }
     return {**parts, "total": sum(parts.values())}
 
 
-def decode_rate_table(n_params: float, kv_bytes: float, bandwidth: float, batches: Sequence[int],
-                      contexts: Sequence[int], *, weight_bytes_per_param: float = 2.0) -> list[dict[str, Any]]:
+def decode_rate_table(
+    n_params: float,
+    kv_bytes: float,
+    bandwidth: float,
+    batches: Sequence[int],
+    contexts: Sequence[int],
+    *,
+    weight_bytes_per_param: float = 2.0,
+) -> list[dict[str, Any]]:
     """Decode roofline over batches x contexts -> rows {batch, context, tokens_per_s, kv_read_share}.
 
     kv_read_share is the fraction of bytes read per step that is KV cache rather than weights.
@@ -115,11 +132,18 @@ def decode_rate_table(n_params: float, kv_bytes: float, bandwidth: float, batche
     rows = []
     for batch in require_lengths("batches", batches):
         for context in require_lengths("contexts", contexts):
-            rate = decode_tokens_per_s(n_params, batch, context, kv_bytes, bandwidth,
-                                       weight_bytes_per_param=weight_bytes_per_param)
+            rate = decode_tokens_per_s(
+                n_params, batch, context, kv_bytes, bandwidth, weight_bytes_per_param=weight_bytes_per_param
+            )
             kv_read = batch * context * kv_bytes
-            rows.append({"batch": int(batch), "context": int(context), "tokens_per_s": rate,
-                         "kv_read_share": kv_read / (kv_read + weight_bytes_per_param * n_params)})
+            rows.append(
+                {
+                    "batch": int(batch),
+                    "context": int(context),
+                    "tokens_per_s": rate,
+                    "kv_read_share": kv_read / (kv_read + weight_bytes_per_param * n_params),
+                }
+            )
     return rows
 
 

@@ -31,8 +31,10 @@ def _build(args: argparse.Namespace) -> int:
     print(f"{'chapter':<34} {'graded cells':>12} {'points':>7}")
     for chapter in builds:
         print(f"{chapter.name:<34} {len(chapter.graded_cells):>12} {chapter.points:>7g}")
-    print(f"{len(builds)} chapters, {sum(len(b.graded_cells) for b in builds)} graded cells, "
-          f"{sum(b.points for b in builds):g} points")
+    print(
+        f"{len(builds)} chapters, {sum(len(b.graded_cells) for b in builds)} graded cells, "
+        f"{sum(b.points for b in builds):g} points"
+    )
     return 0
 
 
@@ -60,16 +62,28 @@ def _grade(args: argparse.Namespace) -> int:
     from course_lib.instructor import confined, sandbox
 
     if args.sandbox == "none":
-        print("course grade: WARNING: --sandbox none: every submission's code runs with your rights (it can read "
-              "the solutions, change the gradebook and other submissions, and reach the network); each row of "
-              "grades.csv says so", file=sys.stderr)
+        print(
+            "course grade: WARNING: --sandbox none: every submission's code runs with your rights (it can read "
+            "the solutions, change the gradebook and other submissions, and reach the network); each row of "
+            "grades.csv says so",
+            file=sys.stderr,
+        )
     try:
-        confinement = confined.Confinement(mode=args.sandbox, image=args.image,
-                                           memory_bytes=int(args.memory_gb * 2**30))
-        run = grade.grade_submissions(Path(args.submissions), Path(args.root), workers=args.workers,
-                                      cell_timeout=args.cell_timeout, notebook_timeout=args.notebook_timeout,
-                                      force=args.force, out=args.out, progress=not args.no_progress,
-                                      kernel_name=args.kernel, confinement=confinement)
+        confinement = confined.Confinement(
+            mode=args.sandbox, image=args.image, memory_bytes=int(args.memory_gb * 2**30)
+        )
+        run = grade.grade_submissions(
+            Path(args.submissions),
+            Path(args.root),
+            workers=args.workers,
+            cell_timeout=args.cell_timeout,
+            notebook_timeout=args.notebook_timeout,
+            force=args.force,
+            out=args.out,
+            progress=not args.no_progress,
+            kernel_name=args.kernel,
+            confinement=confinement,
+        )
     except sandbox.SandboxUnavailable as error:
         print(f"course grade: {error}", file=sys.stderr)
         return 2
@@ -99,8 +113,12 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="course", description=__doc__.split("\n\n")[0],
-                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    top = argparse.ArgumentParser(
+        prog="course",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
     verbs = top.add_subparsers(dest="verb", required=True)
     root_help = "course root: the folder with nbgrader_config.py, chapters/, source/, release/ (default: %(default)s)"
 
@@ -116,25 +134,40 @@ def parser() -> argparse.ArgumentParser:
     check.set_defaults(run=_check)
 
     grade = verbs.add_parser("grade", help="autograde a folder or zip of submissions")
-    grade.add_argument("submissions", type=Path, help="folder or .zip: <student>_<chapter>.ipynb files or "
-                       "nbgrader's submitted/<student>/<chapter>/ layout")
+    grade.add_argument(
+        "submissions",
+        type=Path,
+        help="folder or .zip: <student>_<chapter>.ipynb files or nbgrader's submitted/<student>/<chapter>/ layout",
+    )
     grade.add_argument("--root", type=Path, default=nb_build.NOTEBOOKS_DIR, help=root_help)
     grade.add_argument("--workers", type=int, default=None, help="parallel kernels (default: number of cores)")
     grade.add_argument("--cell-timeout", type=float, default=60, help="seconds per cell (default: %(default)s)")
-    grade.add_argument("--notebook-timeout", type=float, default=900,
-                       help="seconds per notebook (default: %(default)s)")
+    grade.add_argument(
+        "--notebook-timeout", type=float, default=900, help="seconds per notebook (default: %(default)s)"
+    )
     grade.add_argument("--force", action="store_true", help="grade again what the gradebook already holds")
     grade.add_argument("--out", type=Path, default=None, help="where grades.csv and feedback/ go (default: root)")
-    grade.add_argument("--kernel", default=None,
-                       help="Jupyter kernel spec for every submission, e.g. one that starts a container "
-                            "(default: ipykernel on the Python that runs `course`)")
-    grade.add_argument("--sandbox", choices=("bwrap", "none", "container"), default="bwrap",
-                       help="confinement of the students' code: bubblewrap (default; Linux, `apt-get install "
-                            "bubblewrap`), a docker/podman container (--image), or none (your rights: trusted code "
-                            "only)")
+    grade.add_argument(
+        "--kernel",
+        default=None,
+        help="Jupyter kernel spec for every submission, e.g. one that starts a container "
+        "(default: ipykernel on the Python that runs `course`)",
+    )
+    grade.add_argument(
+        "--sandbox",
+        choices=("bwrap", "none", "container"),
+        default="bwrap",
+        help="confinement of the students' code: bubblewrap (default; Linux, `apt-get install "
+        "bubblewrap`), a docker/podman container (--image), or none (your rights: trusted code "
+        "only)",
+    )
     grade.add_argument("--image", default=None, help="with --sandbox container: an image with the course installed")
-    grade.add_argument("--memory-gb", type=float, default=4.0,
-                       help="address space per sandboxed process, in GiB (default: %(default)s)")
+    grade.add_argument(
+        "--memory-gb",
+        type=float,
+        default=4.0,
+        help="address space per sandboxed process, in GiB (default: %(default)s)",
+    )
     grade.add_argument("--no-progress", action="store_true")
     grade.set_defaults(run=_grade)
 

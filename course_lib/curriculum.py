@@ -32,12 +32,21 @@ __all__ = [
     "simulate_pass_rate_filter",
 ]
 
-CURRICULUM_GATES = ("token_budget_mismatch", "insufficient_long_context_gain", "short_context_regression",
-                    "nonfinite_loss", "nonfinite_gradients", "failed_runs", "peak_memory_budget", "cost_budget")
+CURRICULUM_GATES = (
+    "token_budget_mismatch",
+    "insufficient_long_context_gain",
+    "short_context_regression",
+    "nonfinite_loss",
+    "nonfinite_gradients",
+    "failed_runs",
+    "peak_memory_budget",
+    "cost_budget",
+)
 
 
-def evaluate_length_curriculum_stage(baseline: Mapping[str, Any], candidate: Mapping[str, Any],
-                                     limits: Mapping[str, float]) -> dict[str, Any]:
+def evaluate_length_curriculum_stage(
+    baseline: Mapping[str, Any], candidate: Mapping[str, Any], limits: Mapping[str, float]
+) -> dict[str, Any]:
     """Short-window baseline vs longer-window candidate -> {decision: advance|hold, failed_gates, evidence}.
 
     failed_gates lists the names of CURRICULUM_GATES that failed, in that order; any failure holds. A stability
@@ -46,18 +55,31 @@ def evaluate_length_curriculum_stage(baseline: Mapping[str, Any], candidate: Map
     """
     shared = ("long_context_score", "short_context_score", "supervised_tokens_per_optimizer_step")
     require_keys("baseline", baseline, shared)
-    require_keys("candidate", candidate, shared + ("loss_finite", "gradients_finite", "failed_runs", "peak_memory_gb",
-                                                   "cost_per_supervised_token"))
-    limit_fields = ("min_long_context_gain", "max_short_context_regression", "max_failed_runs", "max_peak_memory_gb",
-                    "max_cost_per_supervised_token")
+    require_keys(
+        "candidate",
+        candidate,
+        shared + ("loss_finite", "gradients_finite", "failed_runs", "peak_memory_gb", "cost_per_supervised_token"),
+    )
+    limit_fields = (
+        "min_long_context_gain",
+        "max_short_context_regression",
+        "max_failed_runs",
+        "max_peak_memory_gb",
+        "max_cost_per_supervised_token",
+    )
     require_keys("limits", limits, limit_fields)
-    score = {f"{who}.{key}": require_real(f"{who}['{key}']", run[key])  # NaN would pass every gate silently
-             for who, run in (("baseline", baseline), ("candidate", candidate))
-             for key in ("long_context_score", "short_context_score")}
+    score = {
+        f"{who}.{key}": require_real(f"{who}['{key}']", run[key])  # NaN would pass every gate silently
+        for who, run in (("baseline", baseline), ("candidate", candidate))
+        for key in ("long_context_score", "short_context_score")
+    }
     limit = {key: require_real(f"limits['{key}']", limits[key]) for key in limit_fields}
-    budget = {who: require_int(f"{who}['supervised_tokens_per_optimizer_step']",
-                               run["supervised_tokens_per_optimizer_step"], minimum=1)
-              for who, run in (("baseline", baseline), ("candidate", candidate))}
+    budget = {
+        who: require_int(
+            f"{who}['supervised_tokens_per_optimizer_step']", run["supervised_tokens_per_optimizer_step"], minimum=1
+        )
+        for who, run in (("baseline", baseline), ("candidate", candidate))
+    }
     evidence = {
         "token_budget_matches": budget["baseline"] == budget["candidate"],  # Python ints: a bool
         "long_context_gain": score["candidate.long_context_score"] - score["baseline.long_context_score"],
@@ -80,8 +102,9 @@ def evaluate_length_curriculum_stage(baseline: Mapping[str, Any], candidate: Map
     return {"decision": "hold" if failed_gates else "advance", "failed_gates": failed_gates, "evidence": evidence}
 
 
-def filter_by_pass_rate(tasks: Sequence[Any], pass_rates: Sequence[float], low: float = 0.0,
-                        high: float = 1.0) -> list[Any]:
+def filter_by_pass_rate(
+    tasks: Sequence[Any], pass_rates: Sequence[float], low: float = 0.0, high: float = 1.0
+) -> list[Any]:
     """Tasks whose estimated pass rate lies strictly inside (low, high), in their original order.
 
     low=0, high=1 drops exactly the tasks whose last group all failed or all passed; low=-1, high=2 keeps all.
@@ -89,8 +112,9 @@ def filter_by_pass_rate(tasks: Sequence[Any], pass_rates: Sequence[float], low: 
     try:
         n_tasks, listed_rates = len(tasks), list(pass_rates)
     except TypeError as error:
-        raise ValueError(f"tasks and pass_rates must be sequences, got {type(tasks).__name__} and "
-                         f"{type(pass_rates).__name__}") from error
+        raise ValueError(
+            f"tasks and pass_rates must be sequences, got {type(tasks).__name__} and {type(pass_rates).__name__}"
+        ) from error
     rates = [require_ratio(f"pass_rates[{i}]", rate) for i, rate in enumerate(listed_rates)]
     if len(rates) != n_tasks:
         raise ValueError(f"pass_rates has {len(rates)} entries but tasks has {n_tasks}")
@@ -100,8 +124,14 @@ def filter_by_pass_rate(tasks: Sequence[Any], pass_rates: Sequence[float], low: 
     return [task for task, rate in zip(tasks, rates, strict=True) if low < rate < high]
 
 
-def variance_weighted_sample(tasks: Sequence[Any], pass_rates: Sequence[float], k: int,
-                             generator: torch.Generator | None = None, *, replacement: bool = False) -> list[Any]:
+def variance_weighted_sample(
+    tasks: Sequence[Any],
+    pass_rates: Sequence[float],
+    k: int,
+    generator: torch.Generator | None = None,
+    *,
+    replacement: bool = False,
+) -> list[Any]:
     """k tasks drawn with probability proportional to p(1-p), the Bernoulli reward variance.
 
     Tasks with p in {0, 1} have weight 0 and are never drawn. Without replacement, k must not exceed
@@ -136,8 +166,9 @@ def _true_rate_table(true_pass_rates: Any, steps: int) -> torch.Tensor:
     try:
         rates = torch.as_tensor(true_pass_rates, dtype=torch.float64)
     except (TypeError, ValueError, RuntimeError) as error:
-        raise ValueError(f"true_pass_rates must be numbers of shape [T] or [steps, T], got "
-                         f"{type(true_pass_rates).__name__}") from error
+        raise ValueError(
+            f"true_pass_rates must be numbers of shape [T] or [steps, T], got {type(true_pass_rates).__name__}"
+        ) from error
     if rates.ndim == 1:
         rates = rates.expand(steps, -1)
     if rates.ndim != 2 or rates.shape[0] != steps or rates.shape[1] == 0:
@@ -147,8 +178,14 @@ def _true_rate_table(true_pass_rates: Any, steps: int) -> torch.Tensor:
     return rates
 
 
-def _choose_tasks(estimate: torch.Tensor, in_range: list[int], revisit: int, prompts_per_step: int,
-                  weighting: str, gen: torch.Generator) -> torch.Tensor:
+def _choose_tasks(
+    estimate: torch.Tensor,
+    in_range: list[int],
+    revisit: int,
+    prompts_per_step: int,
+    weighting: str,
+    gen: torch.Generator,
+) -> torch.Tensor:
     """Task indices for one step: the pool plus `revisit` random excluded tasks, capped at prompts_per_step."""
     if weighting == "variance":
         estimates, task_ids = estimate.tolist(), range(len(estimate))
@@ -165,9 +202,19 @@ def _choose_tasks(estimate: torch.Tensor, in_range: list[int], revisit: int, pro
     return candidates[torch.randperm(len(candidates), generator=gen)[:prompts_per_step]]
 
 
-def simulate_pass_rate_filter(true_pass_rates: Any, group_size: int = 8, steps: int = 60, low: float = 0.0,
-                              high: float = 1.0, revisit: int = 1, seed: int = 0, *, prompts_per_step: int = 8,
-                              history: int = 1, weighting: str = "filter") -> dict[str, Any]:
+def simulate_pass_rate_filter(
+    true_pass_rates: Any,
+    group_size: int = 8,
+    steps: int = 60,
+    low: float = 0.0,
+    high: float = 1.0,
+    revisit: int = 1,
+    seed: int = 0,
+    *,
+    prompts_per_step: int = 8,
+    history: int = 1,
+    weighting: str = "filter",
+) -> dict[str, Any]:
     """Bernoulli task pool [T] (or schedule [steps, T]) -> per-step episodes and zero-advantage shares.
 
     Mirrors seed 003's train_curriculum without a model: estimates start at 0.5; each step takes the tasks
@@ -194,15 +241,21 @@ def simulate_pass_rate_filter(true_pass_rates: Any, group_size: int = 8, steps: 
         estimate = recent.nanmean(dim=1)  # [T]
         in_range = filter_by_pass_rate(range(n_tasks), estimate.tolist(), low, high)  # task indices
         chosen = _choose_tasks(estimate, in_range, revisit, prompts_per_step, weighting, gen)  # [n]
-        rewards = (torch.rand(len(chosen), group_size, generator=gen, dtype=torch.float64)
-                   < rates[step, chosen, None]).double()  # [n, G]
+        rewards = (
+            torch.rand(len(chosen), group_size, generator=gen, dtype=torch.float64) < rates[step, chosen, None]
+        ).double()  # [n, G]
         recent[chosen] = torch.cat([recent[chosen, 1:], rewards.mean(dim=1, keepdim=True)], dim=1)
         flat_groups.append(int((rewards.amin(dim=1) == rewards.amax(dim=1)).sum()))  # all-pass or all-fail
         groups.append(len(chosen))
         pool_sizes.append(len(in_range))
         episodes.append(len(chosen) * group_size)
     zero_episodes = sum(flat_groups) * group_size
-    return {"episodes_per_step": episodes, "pool_size": pool_sizes, "zero_adv_groups_per_step": flat_groups,
-            "zero_adv_frac": [flat / n if n else 0.0 for flat, n in zip(flat_groups, groups, strict=True)],
-            "total_episodes": sum(episodes), "zero_adv_episodes": zero_episodes,
-            "informative_episodes": sum(episodes) - zero_episodes}
+    return {
+        "episodes_per_step": episodes,
+        "pool_size": pool_sizes,
+        "zero_adv_groups_per_step": flat_groups,
+        "zero_adv_frac": [flat / n if n else 0.0 for flat, n in zip(flat_groups, groups, strict=True)],
+        "total_episodes": sum(episodes),
+        "zero_adv_episodes": zero_episodes,
+        "informative_episodes": sum(episodes) - zero_episodes,
+    }

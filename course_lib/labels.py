@@ -27,8 +27,9 @@ __all__ = ["SUPERVISED_ROLES", "build_labels", "pad_batch"]
 SUPERVISED_ROLES = ("assistant", "eos")  # render_chat roles that carry loss; "eos" only when supervise_eos
 
 
-def build_labels(tokenizer, messages, *, supervise_eos: bool = True, max_length: int | None = None,
-                 chat_template: str | None = None) -> dict[str, list[int]]:
+def build_labels(
+    tokenizer, messages, *, supervise_eos: bool = True, max_length: int | None = None, chat_template: str | None = None
+) -> dict[str, list[int]]:
     """One chat -> {"input_ids" [T], "labels" [T]} from one rendering; right-truncated to max_length if given.
 
     labels[t] = input_ids[t] where render_chat gives token t the role "assistant" (or "eos" when supervise_eos),
@@ -64,8 +65,10 @@ def pad_batch(features, pad_token_id: int, *, pad_to_multiple_of: int | None = N
         labels = require_tensor(f"features[{index}]['labels']", feature["labels"], ndim=1, dtype_kind="i")
         input_ids, labels = input_ids.long(), labels.long()  # [T_b] each
         if len(input_ids) != len(labels):
-            raise ValueError(f"features[{index}]: input_ids has length {len(input_ids)} but labels has length "
-                             f"{len(labels)}; they must be equal (truncate both together)")
+            raise ValueError(
+                f"features[{index}]: input_ids has length {len(input_ids)} but labels has length "
+                f"{len(labels)}; they must be equal (truncate both together)"
+            )
         if len(input_ids) == 0:
             raise ValueError(f"features[{index}] has empty input_ids")
         id_rows.append(input_ids)

@@ -46,12 +46,17 @@ def ledger_from_roles(roles, *, supervise_eos: bool = True) -> dict[str, int]:
     eos = int((role_array == "eos").sum())
     supervised = answer + (eos if supervise_eos else 0)
     total = len(roles)
-    return {"template_tokens": total - prompt - supervised, "prompt_tokens": prompt,
-            "supervised_tokens": supervised, "total_tokens": total}
+    return {
+        "template_tokens": total - prompt - supervised,
+        "prompt_tokens": prompt,
+        "supervised_tokens": supervised,
+        "total_tokens": total,
+    }
 
 
-def measure_sample(tokenizer, messages, *, supervise_eos: bool = True,
-                   chat_template: str | None = None) -> dict[str, int]:
+def measure_sample(
+    tokenizer, messages, *, supervise_eos: bool = True, chat_template: str | None = None
+) -> dict[str, int]:
     """One chat -> {"template_tokens", "prompt_tokens", "supervised_tokens", "total_tokens"} from one rendering."""
     supervise_eos = require_bool("supervise_eos", supervise_eos)
     rendered = render_chat(tokenizer, messages, chat_template=chat_template)
@@ -88,9 +93,11 @@ def summarize_length_distribution_reference(lengths, short_threshold: int, long_
     """Teaching version (plain Python, the seed's loops); tested equal to summarize_length_distribution."""
     short, long = _check_thresholds(short_threshold, long_threshold)
     ordered = sorted(require_lengths("lengths", lengths, allow_empty=True, minimum=0))
-    buckets = {"short": sum(length <= short for length in ordered),
-               "medium": sum(short < length <= long for length in ordered),
-               "long": sum(length > long for length in ordered)}
+    buckets = {
+        "short": sum(length <= short for length in ordered),
+        "medium": sum(short < length <= long for length in ordered),
+        "long": sum(length > long for length in ordered),
+    }
     p50 = ordered[_nearest_rank_index(len(ordered), 0.50)] if ordered else 0
     p95 = ordered[_nearest_rank_index(len(ordered), 0.95)] if ordered else 0
     return {"count": len(ordered), "buckets": buckets, "p50_tokens": p50, "p95_tokens": p95}
@@ -103,8 +110,16 @@ def overflow_ratio(lengths, context_len: int) -> float:
     return float((totals > context_len).mean()) if len(totals) else 0.0
 
 
-def length_ledger(dataset, tokenizer, *, messages_column: str = "messages", supervise_eos: bool = True,
-                  chat_template: str | None = None, batch_size: int = 256, num_proc: int | None = None):
+def length_ledger(
+    dataset,
+    tokenizer,
+    *,
+    messages_column: str = "messages",
+    supervise_eos: bool = True,
+    chat_template: str | None = None,
+    batch_size: int = 256,
+    num_proc: int | None = None,
+):
     """datasets.Dataset of chats -> the same Dataset with the four LEDGER_KEYS columns added (batched map)."""
     if messages_column is None:
         raise ValueError("messages_column must be a column name, got None")
@@ -121,5 +136,4 @@ def length_ledger(dataset, tokenizer, *, messages_column: str = "messages", supe
         rows = [ledger_from_roles(chat["roles"], supervise_eos=supervise_eos) for chat in rendered]
         return {key: [row[key] for row in rows] for key in LEDGER_KEYS}
 
-    return dataset.map(measure_batch, batched=True, batch_size=batch_size, num_proc=num_proc,
-                       desc="length ledger")
+    return dataset.map(measure_batch, batched=True, batch_size=batch_size, num_proc=num_proc, desc="length ledger")

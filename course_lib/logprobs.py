@@ -52,11 +52,13 @@ def selected_log_probs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """Log-softmax gathered at ids, in fp32 or wider: logits [B, T, V], ids [B, T] -> [B, T] (fp32; fp64 stays fp64)."""
     logits = _require_tensor("logits", logits)
     if logits.ndim < 1 or not logits.dtype.is_floating_point:
-        raise ValueError(f"logits must be a floating tensor [..., V], got dtype {logits.dtype}, shape {tuple(logits.shape)}")
+        raise ValueError(
+            f"logits must be a floating tensor [..., V], got dtype {logits.dtype}, shape {tuple(logits.shape)}"
+        )
     ids = _require_ids(ids, tuple(logits.shape[:-1]), logits.shape[-1])
-    wide = logits.to(torch.promote_types(logits.dtype, torch.float32))            # [B, T, V]; fp32 copy of bf16
-    log_probs = wide.log_softmax(dim=-1)                                          # [B, T, V]
-    return log_probs.gather(-1, ids.unsqueeze(-1)).squeeze(-1)                    # [B, T]
+    wide = logits.to(torch.promote_types(logits.dtype, torch.float32))  # [B, T, V]; fp32 copy of bf16
+    log_probs = wide.log_softmax(dim=-1)  # [B, T, V]
+    return log_probs.gather(-1, ids.unsqueeze(-1)).squeeze(-1)  # [B, T]
 
 
 def _check_hidden_and_weight(hidden: object, weight: object) -> None:
@@ -67,10 +69,14 @@ def _check_hidden_and_weight(hidden: object, weight: object) -> None:
         if not tensor.dtype.is_floating_point:
             raise ValueError(f"{name} must be a floating tensor, got dtype {tensor.dtype}")
     if hidden.dtype != weight.dtype and not autocast_enabled(hidden.device):
-        raise ValueError(f"hidden dtype {hidden.dtype} differs from weight dtype {weight.dtype}: cast one to the "
-                         f"other, or run under torch.autocast")
+        raise ValueError(
+            f"hidden dtype {hidden.dtype} differs from weight dtype {weight.dtype}: cast one to the "
+            f"other, or run under torch.autocast"
+        )
     if hidden.shape[-1] != weight.shape[-1]:
-        raise ValueError(f"hidden width {hidden.shape[-1]} must equal weight width {weight.shape[-1]} (weight is [V, D])")
+        raise ValueError(
+            f"hidden width {hidden.shape[-1]} must equal weight width {weight.shape[-1]} (weight is [V, D])"
+        )
 
 
 def check_head_inputs(hidden: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, chunk_size: int) -> int:
@@ -89,28 +95,38 @@ def chunked_log_probs(hidden: torch.Tensor, weight: torch.Tensor, ids: torch.Ten
     """Output layer in time chunks (forward memory only): hidden [B, T, D], weight [V, D], ids [B, T] -> [B, T]."""
     chunk_size = check_head_inputs(hidden, weight, ids, chunk_size)
     # Autograd still keeps every chunk's log-softmax for backward, so saved memory grows with T.
-    pieces = [selected_log_probs(hidden[:, start:start + chunk_size] @ weight.T, ids[:, start:start + chunk_size])
-              for start in range(0, hidden.shape[1], chunk_size)]                # each [B, C]
+    pieces = [
+        selected_log_probs(hidden[:, start : start + chunk_size] @ weight.T, ids[:, start : start + chunk_size])
+        for start in range(0, hidden.shape[1], chunk_size)
+    ]  # each [B, C]
     if not pieces:  # T = 0: an empty [B, 0], in the dtype selected_log_probs gives for T > 0
         return hidden.new_zeros(hidden.shape[:2], dtype=torch.promote_types(hidden.dtype, torch.float32))
-    return torch.cat(pieces, dim=1)                                               # [B, T]
+    return torch.cat(pieces, dim=1)  # [B, T]
 
 
-def checkpointed_log_probs(hidden: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor,
-                           chunk_size: int = 1024) -> torch.Tensor:
+def checkpointed_log_probs(
+    hidden: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, chunk_size: int = 1024
+) -> torch.Tensor:
     """Chunked log-probs, each chunk recomputed in backward: hidden [B, T, D], weight [V, D], ids [B, T] -> [B, T]."""
     chunk_size = check_head_inputs(hidden, weight, ids, chunk_size)
 
     def chunk_log_probs(hidden_chunk: torch.Tensor, weight: torch.Tensor, ids_chunk: torch.Tensor) -> torch.Tensor:
-        return selected_log_probs(hidden_chunk @ weight.T, ids_chunk)             # [B, C]; logits [B, C, V] live only here
+        return selected_log_probs(hidden_chunk @ weight.T, ids_chunk)  # [B, C]; logits [B, C, V] live only here
 
     # Autograd keeps only each chunk's inputs (views of hidden, weight, ids); logits are rebuilt in backward.
-    pieces = [checkpoint(chunk_log_probs, hidden[:, start:start + chunk_size], weight,
-                         ids[:, start:start + chunk_size], use_reentrant=False)
-              for start in range(0, hidden.shape[1], chunk_size)]
+    pieces = [
+        checkpoint(
+            chunk_log_probs,
+            hidden[:, start : start + chunk_size],
+            weight,
+            ids[:, start : start + chunk_size],
+            use_reentrant=False,
+        )
+        for start in range(0, hidden.shape[1], chunk_size)
+    ]
     if not pieces:  # T = 0: an empty [B, 0], in the dtype selected_log_probs gives for T > 0
         return hidden.new_zeros(hidden.shape[:2], dtype=torch.promote_types(hidden.dtype, torch.float32))
-    return torch.cat(pieces, dim=1)                                               # [B, T]
+    return torch.cat(pieces, dim=1)  # [B, T]
 
 
 def token_entropy(logits: torch.Tensor) -> torch.Tensor:
@@ -122,10 +138,12 @@ def token_entropy(logits: torch.Tensor) -> torch.Tensor:
     """
     logits = _require_tensor("logits", logits)
     if logits.ndim < 1 or not logits.dtype.is_floating_point:
-        raise ValueError(f"logits must be a floating tensor [..., V], got dtype {logits.dtype}, shape {tuple(logits.shape)}")
-    wide = logits.to(torch.promote_types(logits.dtype, torch.float32))            # [..., V]; fp32 copy of bf16
-    log_probs = wide.log_softmax(dim=-1)                                          # [..., V]
-    return -(log_probs.exp() * log_probs).sum(dim=-1)                             # [...]
+        raise ValueError(
+            f"logits must be a floating tensor [..., V], got dtype {logits.dtype}, shape {tuple(logits.shape)}"
+        )
+    wide = logits.to(torch.promote_types(logits.dtype, torch.float32))  # [..., V]; fp32 copy of bf16
+    log_probs = wide.log_softmax(dim=-1)  # [..., V]
+    return -(log_probs.exp() * log_probs).sum(dim=-1)  # [...]
 
 
 def chunked_token_entropy(hidden: torch.Tensor, weight: torch.Tensor, chunk_size: int = 1024) -> torch.Tensor:
@@ -139,13 +157,15 @@ def chunked_token_entropy(hidden: torch.Tensor, weight: torch.Tensor, chunk_size
     chunk_size = require_positive_int("chunk_size", chunk_size)
 
     def chunk_entropy(hidden_chunk: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return token_entropy(hidden_chunk @ weight.T)                             # [B, C]; logits [B, C, V] live only here
+        return token_entropy(hidden_chunk @ weight.T)  # [B, C]; logits [B, C, V] live only here
 
-    pieces = [checkpoint(chunk_entropy, hidden[:, start:start + chunk_size], weight, use_reentrant=False)
-              for start in range(0, hidden.shape[1], chunk_size)]
+    pieces = [
+        checkpoint(chunk_entropy, hidden[:, start : start + chunk_size], weight, use_reentrant=False)
+        for start in range(0, hidden.shape[1], chunk_size)
+    ]
     if not pieces:  # T = 0: an empty [B, 0], in the dtype token_entropy gives for T > 0
         return hidden.new_zeros(hidden.shape[:2], dtype=torch.promote_types(hidden.dtype, torch.float32))
-    return torch.cat(pieces, dim=1)                                               # [B, T]
+    return torch.cat(pieces, dim=1)  # [B, T]
 
 
 def logit_bytes(n_tokens: int, vocab_size: int, dtype_bytes: int = 4) -> int:
@@ -154,5 +174,3 @@ def logit_bytes(n_tokens: int, vocab_size: int, dtype_bytes: int = 4) -> int:
     vocab_size = require_positive_int("vocab_size", vocab_size)
     dtype_bytes = require_positive_int("dtype_bytes", dtype_bytes)
     return n_tokens * vocab_size * dtype_bytes
-
-

@@ -52,8 +52,9 @@ def assign_bucket(length: int, max_length: int) -> int:
 def assign_buckets(lengths: Any, max_length: int) -> np.ndarray:
     """Lengths [N] -> buckets [N] (int64), assign_bucket applied to each, vectorized."""
     max_length = require_positive_int("max_length", max_length)
-    values = np.asarray(require_lengths("lengths", lengths, maximum=max_length, maximum_name="max_length"),
-                        dtype=np.int64)  # [N]
+    values = np.asarray(
+        require_lengths("lengths", lengths, maximum=max_length, maximum_name="max_length"), dtype=np.int64
+    )  # [N]
     v = values - 1
     for shift in (1, 2, 4, 8, 16, 32):  # smear the highest set bit down: v becomes 2^k - 1
         v |= v >> shift
@@ -91,17 +92,22 @@ def bucket_padding(lengths: Any, edges: Sequence[int]) -> dict[str, Any]:
     per_edge = np.bincount(bucket, minlength=len(edge_values)).tolist()  # [E] lengths padded to each edge
     # Python ints: an int64 sum of many long lengths could wrap around
     tokens, padded_tokens = sum(listed), sum(edge * count for edge, count in zip(edge_values, per_edge, strict=True))
-    return {"tokens": tokens, "padded_tokens": padded_tokens, "padding_tokens": padded_tokens - tokens,
-            "padding_ratio": (padded_tokens - tokens) / padded_tokens}
+    return {
+        "tokens": tokens,
+        "padded_tokens": padded_tokens,
+        "padding_tokens": padded_tokens - tokens,
+        "padding_ratio": (padded_tokens - tokens) / padded_tokens,
+    }
 
 
 def compare_bucket_padding(lengths: Any, max_length: int, min_edge: int = 1) -> dict[str, dict[str, Any]]:
     """Padding of geometric buckets vs linear buckets (same count) vs one global max_length bucket."""
     geometric = geometric_edges(max_length, min_edge)
-    return {"geometric": {**bucket_padding(lengths, geometric), "n_buckets": len(geometric)},
-            "linear": {**bucket_padding(lengths, linear_edges(max_length, len(geometric))),
-                       "n_buckets": len(geometric)},
-            "global_max": {**bucket_padding(lengths, [max_length]), "n_buckets": 1}}
+    return {
+        "geometric": {**bucket_padding(lengths, geometric), "n_buckets": len(geometric)},
+        "linear": {**bucket_padding(lengths, linear_edges(max_length, len(geometric))), "n_buckets": len(geometric)},
+        "global_max": {**bucket_padding(lengths, [max_length]), "n_buckets": 1},
+    }
 
 
 class Window(NamedTuple):
@@ -137,8 +143,12 @@ def sliding_window_cost(length: int, window: int = 256, overlap: int = 64) -> di
     """Windows, tokens processed (overlaps read twice) and the overhead processed / length for one document."""
     windows = sliding_windows(length, window, overlap)
     processed = sum(w.end - w.start for w in windows)
-    return {"windows": len(windows), "processed_tokens": processed, "owned_tokens": length,
-            "overhead": processed / length}
+    return {
+        "windows": len(windows),
+        "processed_tokens": processed,
+        "owned_tokens": length,
+        "overhead": processed / length,
+    }
 
 
 def split_document(input_ids: Sequence[int], window: int = 256, overlap: int = 64) -> list[dict[str, Any]]:
@@ -152,8 +162,8 @@ def split_document(input_ids: Sequence[int], window: int = 256, overlap: int = 6
     pieces = []
     for w in sliding_windows(len(ids), window, overlap):
         labels = np.full(w.end - w.start, IGNORE_INDEX, dtype=np.int64)  # [w]
-        labels[w.loss_start - w.start:] = ids[w.loss_start:w.loss_end]
-        pieces.append({"input_ids": ids[w.start:w.end].tolist(), "labels": labels.tolist(), "window": w})
+        labels[w.loss_start - w.start :] = ids[w.loss_start : w.loss_end]
+        pieces.append({"input_ids": ids[w.start : w.end].tolist(), "labels": labels.tolist(), "window": w})
     return pieces
 
 
@@ -176,6 +186,9 @@ def short_text_packing(lengths: Any, capacity: int, *, pad_to: int = 256, min_le
     arms = {}
     for name, units in (("pack", kept), ("pad_then_pack", [max(length, pad_to) for length in kept])):
         rows = len(plan_packing(units, capacity))
-        arms[name] = {"rows": rows, "positions": rows * capacity,
-                      "padding_ratio": (rows * capacity - real_tokens) / (rows * capacity)}
+        arms[name] = {
+            "rows": rows,
+            "positions": rows * capacity,
+            "padding_ratio": (rows * capacity - real_tokens) / (rows * capacity),
+        }
     return {"kept": len(kept), "dropped": len(listed) - len(kept), "dropped_tokens": sum(listed) - real_tokens, **arms}

@@ -51,22 +51,26 @@ def _require_mask(tensor: object, mask: object) -> torch.Tensor:
     return mask
 
 
-def masked_normalize(tensor: torch.Tensor, mask: torch.Tensor, dim: int | None = None,
-                     normalize_constant: float = 1.0) -> torch.Tensor:
+def masked_normalize(
+    tensor: torch.Tensor, mask: torch.Tensor, dim: int | None = None, normalize_constant: float = 1.0
+) -> torch.Tensor:
     """Sum of entries where mask is True (over dim, or all when None) / normalize_constant: [...] -> [...] minus dim."""
     mask = _require_mask(tensor, mask)
     constant = require_real("normalize_constant", normalize_constant)
     if constant == 0.0:
         raise ValueError("normalize_constant must be nonzero, got 0.0")
-    kept = torch.where(mask, tensor, torch.zeros((), dtype=tensor.dtype, device=tensor.device))  # NaN outside mask stays out
+    kept = torch.where(
+        mask, tensor, torch.zeros((), dtype=tensor.dtype, device=tensor.device)
+    )  # NaN outside mask stays out
     if dim is None:
         return kept.sum() / constant
     dim = require_int("dim", dim, minimum=-max(tensor.ndim, 1), maximum=max(tensor.ndim, 1) - 1)
     return kept.sum(dim=dim) / constant
 
 
-def aggregate_loss(token_losses: torch.Tensor, mask: torch.Tensor, mode: str = "token_mean",
-                   norm_const: float | None = None) -> torch.Tensor:
+def aggregate_loss(
+    token_losses: torch.Tensor, mask: torch.Tensor, mode: str = "token_mean", norm_const: float | None = None
+) -> torch.Tensor:
     """Scalar loss from token_losses [B, T] and mask [B, T]: masked sum / mask count ("token_mean") or / norm_const.
 
     token_mean over a microbatch with no masked-in token raises ValueError rather than returning 0 or NaN:
@@ -82,14 +86,15 @@ def aggregate_loss(token_losses: torch.Tensor, mask: torch.Tensor, mode: str = "
     """
     if mode not in LOSS_MODES:
         raise ValueError(f"mode must be one of {list(LOSS_MODES)}, got {mode!r}")
-    total = masked_normalize(token_losses, mask)                # [] masked sum; checks the tensors, shapes, 0/1 mask
+    total = masked_normalize(token_losses, mask)  # [] masked sum; checks the tensors, shapes, 0/1 mask
     if mode == "token_mean":
         if norm_const is not None:
             raise ValueError(f"norm_const is only used with mode='constant', got norm_const={norm_const!r}")
-        count = int((mask != 0).sum())                          # supervised tokens in this microbatch
+        count = int((mask != 0).sum())  # supervised tokens in this microbatch
         if count == 0:
-            raise ValueError("mask selects no token, so token_mean is undefined; use mode='constant' with the "
-                             "global token count")
+            raise ValueError(
+                "mask selects no token, so token_mean is undefined; use mode='constant' with the global token count"
+            )
         return total / count
     if norm_const is None:
         raise ValueError("norm_const is required with mode='constant' (e.g. the global token count)")
@@ -115,25 +120,37 @@ def _checked_batch(model: torch.nn.Module, batch: object) -> dict[str, torch.Ten
     require_keys("batch", batch, ["input_ids", "labels"])
     embeddings = require_causal_lm(model)
     last_id = embeddings.num_embeddings - 1
-    input_ids = require_tensor("batch['input_ids']", batch["input_ids"], ndim=2, dtype_kind="i", minimum=0,
-                               maximum=last_id)                                   # [B, L]
-    labels = require_tensor("batch['labels']", batch["labels"], ndim=2, dtype_kind="i", minimum=IGNORE_INDEX,
-                            maximum=last_id)                                      # [B, L]
+    input_ids = require_tensor(
+        "batch['input_ids']", batch["input_ids"], ndim=2, dtype_kind="i", minimum=0, maximum=last_id
+    )  # [B, L]
+    labels = require_tensor(
+        "batch['labels']", batch["labels"], ndim=2, dtype_kind="i", minimum=IGNORE_INDEX, maximum=last_id
+    )  # [B, L]
     if input_ids.shape != labels.shape or 0 in input_ids.shape:
-        raise ValueError(f"input_ids and labels must share a [B, L] shape with B, L >= 1, got {tuple(input_ids.shape)} "
-                         f"and {tuple(labels.shape)}")
+        raise ValueError(
+            f"input_ids and labels must share a [B, L] shape with B, L >= 1, got {tuple(input_ids.shape)} "
+            f"and {tuple(labels.shape)}"
+        )
     if bool(((labels < 0) & (labels != IGNORE_INDEX)).any()):
-        raise ValueError(f"batch['labels'] must hold token ids or IGNORE_INDEX = {IGNORE_INDEX}, "
-                         f"got {int(labels[(labels < 0) & (labels != IGNORE_INDEX)][0])}")
+        raise ValueError(
+            f"batch['labels'] must hold token ids or IGNORE_INDEX = {IGNORE_INDEX}, "
+            f"got {int(labels[(labels < 0) & (labels != IGNORE_INDEX)][0])}"
+        )
     checked = {"input_ids": input_ids, "labels": labels}
-    for key, kinds, minimum, maximum in (("attention_mask", "bi", 0, 1), ("position_ids", "i", 0, None),
-                                         ("segment_ids", "i", None, None)):
+    for key, kinds, minimum, maximum in (
+        ("attention_mask", "bi", 0, 1),
+        ("position_ids", "i", 0, None),
+        ("segment_ids", "i", None, None),
+    ):
         if key in batch:
-            checked[key] = require_tensor(f"batch[{key!r}]", batch[key], ndim=2, dtype_kind=kinds, minimum=minimum,
-                                          maximum=maximum)
+            checked[key] = require_tensor(
+                f"batch[{key!r}]", batch[key], ndim=2, dtype_kind=kinds, minimum=minimum, maximum=maximum
+            )
             if checked[key].shape != input_ids.shape:
-                raise ValueError(f"batch[{key!r}] has shape {tuple(checked[key].shape)}, expected "
-                                 f"{tuple(input_ids.shape)} as input_ids")
+                raise ValueError(
+                    f"batch[{key!r}] has shape {tuple(checked[key].shape)}, expected "
+                    f"{tuple(input_ids.shape)} as input_ids"
+                )
     return {key: value.to(embeddings.weight.device) for key, value in checked.items()}
 
 
@@ -160,9 +177,9 @@ def supervised_target_mask(labels, *, position_ids=None, segment_ids=None) -> to
         raise ValueError(f"labels must have shape [B, L] with L >= 1, got {tuple(labels.shape)}")
     position_ids = _row_field("position_ids", position_ids, labels.shape, minimum=0)
     segment_ids = _row_field("segment_ids", segment_ids, labels.shape)
-    mask = labels[:, 1:] != IGNORE_INDEX                                          # [B, L-1]
+    mask = labels[:, 1:] != IGNORE_INDEX  # [B, L-1]
     if position_ids is not None:
-        mask &= position_ids[:, 1:].to(mask.device) != 0                         # a restart: another sample's first token
+        mask &= position_ids[:, 1:].to(mask.device) != 0  # a restart: another sample's first token
     if segment_ids is not None:
         segment_ids = segment_ids.to(mask.device)
         mask &= (segment_ids[:, 1:] == segment_ids[:, :-1]) & (segment_ids[:, :-1] >= 0)  # same sample, not padding
@@ -171,11 +188,14 @@ def supervised_target_mask(labels, *, position_ids=None, segment_ids=None) -> to
 
 def _target_mask(batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """supervised_target_mask of a checked batch: [B, L-1] bool."""
-    return supervised_target_mask(batch["labels"], position_ids=batch.get("position_ids"),
-                                  segment_ids=batch.get("segment_ids"))
+    return supervised_target_mask(
+        batch["labels"], position_ids=batch.get("position_ids"), segment_ids=batch.get("segment_ids")
+    )
 
 
-def supervised_token_losses(model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def supervised_token_losses(
+    model: torch.nn.Module, batch: Mapping[str, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Next-token NLL of a causal LM: batch input_ids, labels [B, L] -> (losses [B, L-1], mask [B, L-1] bool).
 
     labels follow the transformers convention (aligned with input_ids, IGNORE_INDEX outside answers); the
@@ -187,17 +207,19 @@ def supervised_token_losses(model: torch.nn.Module, batch: Mapping[str, torch.Te
     batch = _checked_batch(model, batch)
     extra = {key: batch[key] for key in ("attention_mask", "position_ids") if key in batch}
     logits = model(input_ids=batch["input_ids"], **extra, use_cache=False).logits[:, :-1]  # [B, L-1, V]
-    targets = batch["labels"][:, 1:]                                              # [B, L-1]
-    mask = _target_mask(batch)                                                    # [B, L-1]
-    log_probs = selected_log_probs(logits, torch.where(mask, targets, 0))         # [B, L-1]
+    targets = batch["labels"][:, 1:]  # [B, L-1]
+    mask = _target_mask(batch)  # [B, L-1]
+    log_probs = selected_log_probs(logits, torch.where(mask, targets, 0))  # [B, L-1]
     return -log_probs, mask
 
 
 def _rows(batch: Mapping[str, torch.Tensor], rows: object) -> dict[str, torch.Tensor]:
     """The sub-batch of the given row indices (every [B, ...] field)."""
     n_rows = batch["input_ids"].shape[0]
-    index = torch.as_tensor(require_lengths("microbatch rows", rows, minimum=0, maximum=n_rows - 1,
-                                            maximum_name="last row index"), dtype=torch.long)
+    index = torch.as_tensor(
+        require_lengths("microbatch rows", rows, minimum=0, maximum=n_rows - 1, maximum_name="last row index"),
+        dtype=torch.long,
+    )
     return {key: value[index] for key, value in batch.items() if isinstance(value, torch.Tensor)}
 
 
@@ -206,8 +228,13 @@ def _require_normalization(normalize: object) -> None:
         raise ValueError(f"normalize must be one of {list(NORMALIZATIONS)}, got {normalize!r:.80}")
 
 
-def microbatch_loss(model: torch.nn.Module, microbatch: Mapping[str, torch.Tensor], normalize: str,
-                    n_microbatches: int = 1, global_tokens: float | None = None) -> torch.Tensor:
+def microbatch_loss(
+    model: torch.nn.Module,
+    microbatch: Mapping[str, torch.Tensor],
+    normalize: str,
+    n_microbatches: int = 1,
+    global_tokens: float | None = None,
+) -> torch.Tensor:
     """Loss of one microbatch: 'local' = token_mean / n_microbatches (the bug), 'global' = sum / global_tokens."""
     _require_normalization(normalize)
     n_microbatches = require_int("n_microbatches", n_microbatches, minimum=1)
@@ -215,12 +242,11 @@ def microbatch_loss(model: torch.nn.Module, microbatch: Mapping[str, torch.Tenso
         raise ValueError(f"global_tokens is only used with normalize='global', got global_tokens={global_tokens!r}")
     if normalize == "global":
         if global_tokens is None:
-            raise ValueError("global_tokens is required with normalize='global': the supervised tokens of the whole "
-                             "optimizer step")
+            raise ValueError(
+                "global_tokens is required with normalize='global': the supervised tokens of the whole optimizer step"
+            )
         global_tokens = require_real("global_tokens", global_tokens, minimum=0.0, strict_minimum=True)
-    losses, mask = supervised_token_losses(model, microbatch)                     # [b, L-1] each
+    losses, mask = supervised_token_losses(model, microbatch)  # [b, L-1] each
     if normalize == "local":
         return aggregate_loss(losses, mask, mode="token_mean") / n_microbatches
     return aggregate_loss(losses, mask, mode="constant", norm_const=global_tokens)
-
-

@@ -60,7 +60,7 @@ def fixed_count_batches(order, per_batch: int) -> list[list[int]]:
     """Consecutive chunks of `per_batch` indices taken from `order` [N] -> list of index lists."""
     order = require_lengths("order", order, allow_empty=True, minimum=0)  # sample indices
     per_batch = require_positive_int("per_batch", per_batch)
-    return [order[start:start + per_batch] for start in range(0, len(order), per_batch)]
+    return [order[start : start + per_batch] for start in range(0, len(order), per_batch)]
 
 
 def token_budget_batches(lengths, max_tokens: int) -> list[list[int]]:
@@ -75,7 +75,7 @@ def token_budget_batches(lengths, max_tokens: int) -> list[list[int]]:
     batches, start = [], 0
     while start < len(order):  # one step per microbatch: its first member sets the padded width
         fits = max_tokens // int(sorted_lengths[start])
-        batches.append(order[start:start + fits].tolist())
+        batches.append(order[start : start + fits].tolist())
         start += fits
     return batches
 
@@ -159,8 +159,10 @@ def format_microbatch_summary(name: str, summary: dict) -> str:
     count = require_nonnegative_int("summary['count']", summary["count"])
     padding_ratio = require_ratio("summary['padding_ratio']", summary["padding_ratio"])
     largest_tokens = require_nonnegative_int("summary['largest_tokens']", summary["largest_tokens"])
-    return (f"{name:<30} | {count:4d} microbatches | padding {padding_ratio:5.1%} | "
-            f"largest {largest_tokens / 1e3:6.0f}k tokens")
+    return (
+        f"{name:<30} | {count:4d} microbatches | padding {padding_ratio:5.1%} | "
+        f"largest {largest_tokens / 1e3:6.0f}k tokens"
+    )
 
 
 def batch_containing(batches, index: int) -> list[int]:

@@ -60,8 +60,10 @@ def _check_restarts_match_segments(position_ids: torch.Tensor, segment_ids: torc
     same_given = (segment_ids[:, 1:] == segment_ids[:, :-1]) & (segment_ids[:, 1:] >= 0)  # [R, L-1]
     if not torch.equal(same_inferred, same_given):
         row, column = (same_inferred != same_given).nonzero()[0].tolist()
-        raise ValueError(f"position_ids do not restart exactly at segment boundaries (row {row}, column {column + 1}): "
-                         "transformers would split or merge samples there; use mode='block_mask'")
+        raise ValueError(
+            f"position_ids do not restart exactly at segment boundaries (row {row}, column {column + 1}): "
+            "transformers would split or merge samples there; use mode='block_mask'"
+        )
 
 
 def packed_logits(model, ids, position_ids, segment_ids=None, *, mode: str = "block_mask") -> torch.Tensor:
@@ -94,8 +96,9 @@ def packed_logits(model, ids, position_ids, segment_ids=None, *, mode: str = "bl
     elif segment_ids is None:
         raise ValueError("segment_ids are required for mode='block_mask'")
     mask = additive_attention_mask(block_causal_mask(segment_ids.to(device)), model.dtype)  # [R, 1, L, L]
-    return model(input_ids=ids.to(device), position_ids=position_ids.to(device), attention_mask=mask,
-                 use_cache=False).logits  # [R, L, V]
+    return model(
+        input_ids=ids.to(device), position_ids=position_ids.to(device), attention_mask=mask, use_cache=False
+    ).logits  # [R, L, V]
 
 
 def _checkpointing(model) -> bool:
@@ -109,16 +112,24 @@ def _checkpointing(model) -> bool:
 def _varlen_logits(model, ids: torch.Tensor, position_ids: torch.Tensor, device: torch.device) -> torch.Tensor:
     """The rows flattened into one [1, R*L] with cu_seqlens (every row starts a sample) -> logits [R, L, V]."""
     if _checkpointing(model) and torch.is_grad_enabled():
-        raise ValueError("model has gradient checkpointing on: its backward would recompute attention after "
-                         "mode='varlen' has restored the model's own attention; run forward and backward inside "
-                         "`with varlen_attention(model):` instead")
+        raise ValueError(
+            "model has gradient checkpointing on: its backward would recompute attention after "
+            "mode='varlen' has restored the model's own attention; run forward and backward inside "
+            "`with varlen_attention(model):` instead"
+        )
     rows, length = ids.shape
-    bounds = [start + row * length for row, row_bounds in enumerate(sample_bounds(position_ids))
-              for start in row_bounds[:-1]] + [rows * length]
+    bounds = [
+        start + row * length for row, row_bounds in enumerate(sample_bounds(position_ids)) for start in row_bounds[:-1]
+    ] + [rows * length]
     cu_seqlens = torch.tensor(bounds, dtype=torch.int32)  # [S+1], on the host: no device sync per layer
     with varlen_attention(model):
-        logits = model(input_ids=ids.reshape(1, -1).to(device), position_ids=position_ids.reshape(1, -1).to(device),
-                       cu_seq_lens_q=cu_seqlens, cu_seq_lens_k=cu_seqlens, use_cache=False).logits  # [1, R*L, V]
+        logits = model(
+            input_ids=ids.reshape(1, -1).to(device),
+            position_ids=position_ids.reshape(1, -1).to(device),
+            cu_seq_lens_q=cu_seqlens,
+            cu_seq_lens_k=cu_seqlens,
+            use_cache=False,
+        ).logits  # [1, R*L, V]
     return logits.reshape(rows, length, -1)
 
 
@@ -134,8 +145,9 @@ def within_segment_mask(segment_ids) -> torch.Tensor:
 
 
 @torch.no_grad()
-def packed_token_logprobs(model, packed: dict, *, mode: str = "block_mask", position_ids=None,
-                          segment_ids=None) -> torch.Tensor:
+def packed_token_logprobs(
+    model, packed: dict, *, mode: str = "block_mask", position_ids=None, segment_ids=None
+) -> torch.Tensor:
     """A `pack_sequences` dict -> next-token log-probs [R, L-1]; position_ids / segment_ids override the dict's."""
     require_keys("packed", packed, ["ids", "position_ids", "segment_ids"])
     position_ids = packed["position_ids"] if position_ids is None else position_ids
@@ -143,5 +155,3 @@ def packed_token_logprobs(model, packed: dict, *, mode: str = "block_mask", posi
     logits = packed_logits(model, packed["ids"], position_ids, segment_ids, mode=mode)  # [R, L, V]
     ids = _as_rows("ids", packed["ids"])
     return _next_token_logprobs(logits, ids.to(logits.device)).to(ids.device)  # back where the packed rows live
-
-

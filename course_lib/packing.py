@@ -49,8 +49,12 @@ def _lengths_array(name: str, lengths, capacity: int | None = None, capacity_nam
     """lengths [N] (list, numpy array or tensor of ints >= 1, each <= capacity) -> int64 array [N]."""
     if torch.is_tensor(lengths):
         lengths = lengths.detach().cpu().numpy()
-    fast = (isinstance(lengths, np.ndarray) and lengths.ndim == 1 and lengths.dtype.kind in "iu"
-            and not (lengths.dtype == np.uint64 and lengths.size and lengths.max() > INT64_MAX)) or (  # would wrap
+    fast = (
+        isinstance(lengths, np.ndarray)
+        and lengths.ndim == 1
+        and lengths.dtype.kind in "iu"
+        and not (lengths.dtype == np.uint64 and lengths.size and lengths.max() > INT64_MAX)
+    ) or (  # would wrap
         isinstance(lengths, list) and set(map(type, lengths)) == {int}  # bools and floats take the slow path
     )
     if not fast:  # the element-wise checks name the offending entry
@@ -74,8 +78,9 @@ def _lengths_array(name: str, lengths, capacity: int | None = None, capacity_nam
 def pack_sample_lengths(lengths, max_tokens_per_bin: int) -> dict:
     """Teaching first-fit decreasing, O(n * bins): lengths [N] -> {"bins": lists of lengths, "utilization"}."""
     max_tokens_per_bin = require_positive_int("max_tokens_per_bin", max_tokens_per_bin)
-    lengths = require_lengths("lengths", lengths, allow_empty=True, maximum=max_tokens_per_bin,
-                              maximum_name="max_tokens_per_bin")
+    lengths = require_lengths(
+        "lengths", lengths, allow_empty=True, maximum=max_tokens_per_bin, maximum_name="max_tokens_per_bin"
+    )
     bins: list[list[int]] = []
     for length in sorted(lengths, reverse=True):
         target = next((bin_ for bin_ in bins if sum(bin_) + length <= max_tokens_per_bin), None)
@@ -223,8 +228,10 @@ def block_causal_mask(segment_ids: torch.Tensor) -> torch.Tensor:
     """
     segment_ids = require_tensor("segment_ids", segment_ids)
     if segment_ids.dim() < 1 or segment_ids.dtype.is_floating_point or segment_ids.dtype == torch.bool:
-        raise ValueError(f"segment_ids must be an integer tensor with at least one dimension, got dtype "
-                         f"{segment_ids.dtype} and shape {tuple(segment_ids.shape)}")
+        raise ValueError(
+            f"segment_ids must be an integer tensor with at least one dimension, got dtype "
+            f"{segment_ids.dtype} and shape {tuple(segment_ids.shape)}"
+        )
     segment_ids = segment_ids.long()
     # each padding token gets its own negative id, so it matches only itself: no empty softmax row
     own_padding_ids = -1 - torch.arange(segment_ids.shape[-1], device=segment_ids.device)  # [L]
@@ -275,16 +282,20 @@ def build_boundary_isolated_packing(samples) -> dict:
         if not sample_ids:
             raise ValueError(f"samples[{segment}]['input_ids'] must not be empty")
         if len(sample_labels) != len(sample_ids):
-            raise ValueError(f"samples[{segment}]['labels'] has length {len(sample_labels)}, "
-                             f"expected len(input_ids) = {len(sample_ids)}")
+            raise ValueError(
+                f"samples[{segment}]['labels'] has length {len(sample_labels)}, "
+                f"expected len(input_ids) = {len(sample_ids)}"
+            )
         input_ids += sample_ids
         labels += sample_labels  # labels travel with their tokens, unshifted
         segment_ids += [segment] * len(sample_ids)
         position_ids += range(len(sample_ids))  # positions restart at 0 in every sample
     tokens = list(zip(segment_ids, position_ids, strict=True))
     # query (row) may attend key (column) only inside its own sample, and only to itself or earlier tokens
-    attention_allowed = [[key_segment == query_segment and key_position <= query_position
-                          for key_segment, key_position in tokens] for query_segment, query_position in tokens]
+    attention_allowed = [
+        [key_segment == query_segment and key_position <= query_position for key_segment, key_position in tokens]
+        for query_segment, query_position in tokens
+    ]
     return {
         "input_ids": input_ids,
         "labels": labels,
@@ -315,7 +326,12 @@ def varlen_metadata(seq_lengths) -> dict:
     seq_idx[starts] = 1
     seq_idx.cumsum_(0)
     cu_seqlens = torch.cat([ends.new_zeros(1), ends]).to(torch.int32)  # [N+1]
-    return {"position_ids": position_ids, "cu_seqlens": cu_seqlens, "max_seqlen": int(lengths.max()), "seq_idx": seq_idx}
+    return {
+        "position_ids": position_ids,
+        "cu_seqlens": cu_seqlens,
+        "max_seqlen": int(lengths.max()),
+        "seq_idx": seq_idx,
+    }
 
 
 _TRANSITION_FIELDS = ("action_mask", "sample_logp")  # per-transition fields: one entry per token except the last
@@ -339,8 +355,10 @@ def _read_sequences(sequences) -> tuple[list[torch.Tensor], dict[str, list[torch
             raise ValueError(f"sequences[{index}] has no 'ids'")
         sequence_ids = require_tensor(f"sequences[{index}]['ids']", sequence_ids)
         if sequence_ids.dim() != 1 or sequence_ids.dtype.is_floating_point or sequence_ids.dtype == torch.bool:
-            raise ValueError(f"sequences[{index}]['ids'] must be a 1-D integer sequence, got "
-                             f"dtype {sequence_ids.dtype} and shape {tuple(sequence_ids.shape)}")
+            raise ValueError(
+                f"sequences[{index}]['ids'] must be a 1-D integer sequence, got "
+                f"dtype {sequence_ids.dtype} and shape {tuple(sequence_ids.shape)}"
+            )
         ids.append(sequence_ids.long())
         for name in _TRANSITION_FIELDS:
             value = _field(sequence, name)
@@ -348,12 +366,16 @@ def _read_sequences(sequences) -> tuple[list[torch.Tensor], dict[str, list[torch
                 continue
             value = require_tensor(f"sequences[{index}]['{name}']", value, dtype_kind="bif").float()
             if value.shape != (len(sequence_ids) - 1,):
-                raise ValueError(f"sequences[{index}]['{name}'] has shape {tuple(value.shape)}, "
-                                 f"expected (len(ids) - 1,) = ({len(sequence_ids) - 1},)")
+                raise ValueError(
+                    f"sequences[{index}]['{name}'] has shape {tuple(value.shape)}, "
+                    f"expected (len(ids) - 1,) = ({len(sequence_ids) - 1},)"
+                )
             fields[name].append(value)
     for name in _TRANSITION_FIELDS:
         if 0 < len(fields[name]) < len(ids):
-            raise ValueError(f"{name} is given for {len(fields[name])} of {len(ids)} sequences; give it for all or none")
+            raise ValueError(
+                f"{name} is given for {len(fields[name])} of {len(ids)} sequences; give it for all or none"
+            )
     return ids, {name: values for name, values in fields.items() if values}
 
 
@@ -382,8 +404,9 @@ def pack_sequences(sequences, max_tokens: int, pad_id: int = 0, *, pad_to_multip
     return _lay_out_rows(ids, fields, lengths, plan_packing(lengths, max_tokens, "ffd"), width, pad_id)
 
 
-def _lay_out_rows(ids: list[torch.Tensor], fields: dict, lengths: np.ndarray, rows: list[list[int]], width: int,
-                  pad_id: int) -> dict:
+def _lay_out_rows(
+    ids: list[torch.Tensor], fields: dict, lengths: np.ndarray, rows: list[list[int]], width: int, pad_id: int
+) -> dict:
     """Checked sequences (ids [n_i], fields [n_i - 1]) placed as rows lists them, rows `width` wide -> pack_sequences'
     dict."""
     order = [index for row in rows for index in row]  # sequences in packed order
@@ -411,7 +434,8 @@ def _lay_out_rows(ids: list[torch.Tensor], fields: dict, lengths: np.ndarray, ro
     for name, values in fields.items():
         out[name] = torch.zeros(len(rows), width - 1)  # [R, L-1]
         out[name][token_row[predicts_own_token], token_column[predicts_own_token]] = torch.cat(
-            [values[index] for index in order])
+            [values[index] for index in order]
+        )
     out["rows"] = rows
     return out
 
@@ -426,8 +450,10 @@ def packed_to_sequences(packed: torch.Tensor, segment_ids: torch.Tensor, rows: l
     rows = require_partition("rows", rows)
     n_rows, length = segment_ids.shape
     if packed.dim() < 2 or packed.shape[0] != n_rows or packed.shape[1] not in (length, length - 1):
-        raise ValueError(f"packed has shape {tuple(packed.shape)}, expected [R, L] or [R, L-1] for segment_ids "
-                         f"of shape {tuple(segment_ids.shape)}")
+        raise ValueError(
+            f"packed has shape {tuple(packed.shape)}, expected [R, L] or [R, L-1] for segment_ids "
+            f"of shape {tuple(segment_ids.shape)}"
+        )
     if len(rows) != n_rows:
         raise ValueError(f"rows lists {len(rows)} rows, but segment_ids has {n_rows}")
     per_transition = packed.shape[1] == length - 1
@@ -435,12 +461,16 @@ def packed_to_sequences(packed: torch.Tensor, segment_ids: torch.Tensor, rows: l
     for row_number, row in enumerate(rows):
         segments_here = int((segment_ids[row_number] >= 0).any() and segment_ids[row_number].max() + 1)
         if segments_here > len(row):  # an extra segment's tokens would be dropped without a word
-            raise ValueError(f"segment_ids[{row_number}] has tokens of {segments_here} segments, but rows[{row_number}] "
-                             f"lists {len(row)} sequences")
+            raise ValueError(
+                f"segment_ids[{row_number}] has tokens of {segments_here} segments, but rows[{row_number}] "
+                f"lists {len(row)} sequences"
+            )
         for segment, index in enumerate(row):
             columns = (segment_ids[row_number] == segment).nonzero().flatten()  # [n]
             if not len(columns):
-                raise ValueError(f"rows[{row_number}] holds {len(row)} sequences, but segment_ids[{row_number}] "
-                                 f"has no token of segment {segment}")
+                raise ValueError(
+                    f"rows[{row_number}] holds {len(row)} sequences, but segment_ids[{row_number}] "
+                    f"has no token of segment {segment}"
+                )
             sequences[index] = packed[row_number, columns[:-1] if per_transition else columns]
     return [sequences[index] for index in range(len(sequences))]

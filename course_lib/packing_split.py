@@ -37,8 +37,10 @@ def _pieces(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray,
     counts = -(-lengths // cut)  # [N] ceil(n / cut) pieces per sample
     pieces = int(counts.sum(dtype=object))  # exact: an int64 sum of 2**62-token samples would wrap
     if pieces > MAX_PIECES:
-        raise ValueError(f"lengths cut into {pieces} pieces of capacity {capacity}, more than a plan holds "
-                         f"({MAX_PIECES}): raise capacity")
+        raise ValueError(
+            f"lengths cut into {pieces} pieces of capacity {capacity}, more than a plan holds "
+            f"({MAX_PIECES}): raise capacity"
+        )
     sample = np.repeat(np.arange(len(lengths)), counts)  # [P]
     first_piece = np.cumsum(counts) - counts  # [N] each sample's first piece number
     start = (np.arange(pieces) - first_piece[sample]) * cut  # [P]
@@ -87,13 +89,16 @@ def _span(name: str, span, lengths: list[int]) -> tuple[int, int, int]:
     return sample, start, stop
 
 
-def _check_split_plan(plan, lengths: list[int], capacity: int | None = None,
-                      capacity_name: str = "capacity") -> list[list[tuple[int, int, int]]]:
+def _check_split_plan(
+    plan, lengths: list[int], capacity: int | None = None, capacity_name: str = "capacity"
+) -> list[list[tuple[int, int, int]]]:
     """A split plan for these lengths: every row non-empty and within capacity, every token placed exactly once."""
     checked = []
     for row_number, row in enumerate(require_sequence("plan", plan, allow_empty=False)):
-        spans = [_span(f"plan[{row_number}][{k}]", span, lengths)
-                 for k, span in enumerate(require_sequence(f"plan[{row_number}]", row, allow_empty=False))]
+        spans = [
+            _span(f"plan[{row_number}][{k}]", span, lengths)
+            for k, span in enumerate(require_sequence(f"plan[{row_number}]", row, allow_empty=False))
+        ]
         total = sum(stop - start for _, start, stop in spans)
         if capacity is not None and total > capacity:
             raise ValueError(f"plan[{row_number}] holds {total} tokens, more than {capacity_name} = {capacity}")
@@ -137,15 +142,23 @@ def split_into_pieces(samples, plan) -> list[list[dict]]:
 
         samples of 5 and 2 tokens, plan [[(0, 0, 3)], [(0, 3, 5), (1, 0, 2)]] -> [[s0[0:3]], [s0[3:5], s1[0:2]]]
     """
-    tokens = [_sample_tokens(index, sample)
-              for index, sample in enumerate(require_sequence("samples", samples, allow_empty=False))]
+    tokens = [
+        _sample_tokens(index, sample)
+        for index, sample in enumerate(require_sequence("samples", samples, allow_empty=False))
+    ]
     plan = _check_split_plan(plan, [len(ids) for ids, _ in tokens])
-    return [[{"input_ids": tokens[sample][0][start:stop], "labels": tokens[sample][1][start:stop]}
-             for sample, start, stop in row] for row in plan]
+    return [
+        [
+            {"input_ids": tokens[sample][0][start:stop], "labels": tokens[sample][1][start:stop]}
+            for sample, start, stop in row
+        ]
+        for row in plan
+    ]
 
 
-def pack_split_sequences(sequences, max_tokens: int, pad_id: int = 0, plan=None, *,
-                         pad_to_multiple_of: int | None = None) -> dict:
+def pack_split_sequences(
+    sequences, max_tokens: int, pad_id: int = 0, plan=None, *, pad_to_multiple_of: int | None = None
+) -> dict:
     """`pack_sequences` for sequences of any length: rows of split pieces -> its dict, plus "pieces".
 
     plan: rows of (sequence, start, stop) spans within max_tokens; None plans with `plan_split_packing`. Every piece
@@ -168,8 +181,9 @@ def pack_split_sequences(sequences, max_tokens: int, pad_id: int = 0, plan=None,
     number = {span: piece for piece, span in enumerate(pieces)}
     rows = [[number[span] for span in row] for row in plan]
     piece_ids = [ids[sequence][start:stop] for sequence, start, stop in pieces]
-    piece_fields = {name: [values[sequence][start:stop - 1] for sequence, start, stop in pieces]
-                    for name, values in fields.items()}
+    piece_fields = {
+        name: [values[sequence][start : stop - 1] for sequence, start, stop in pieces]
+        for name, values in fields.items()
+    }
     piece_lengths = np.array([stop - start for _, start, stop in pieces], dtype=np.int64)  # [P]
     return {**_lay_out_rows(piece_ids, piece_fields, piece_lengths, rows, width, pad_id), "pieces": pieces}
-

@@ -19,8 +19,19 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "PACKAGES", "PreflightError", "profiles_path", "load_profiles", "load_profile", "profile_pins",
-    "native_bf16", "probe_environment", "evaluate_profile", "preflight", "require_preflight", "format_preflight", "main",
+    "PACKAGES",
+    "PreflightError",
+    "profiles_path",
+    "load_profiles",
+    "load_profile",
+    "profile_pins",
+    "native_bf16",
+    "probe_environment",
+    "evaluate_profile",
+    "preflight",
+    "require_preflight",
+    "format_preflight",
+    "main",
 ]
 
 PACKAGES = ("torch", "transformers", "trl", "datasets")
@@ -101,9 +112,18 @@ def probe_environment() -> dict[str, Any]:
     """A snapshot of this interpreter and device: versions, CUDA, bf16, SDPA, free GPU memory (plain values)."""
     snapshot: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform()}
     snapshot.update({name: _package_version(name) for name in PACKAGES})
-    snapshot.update({"cuda_available": False, "cuda_version": None, "bf16_supported": None, "sdpa_available": False,
-                     "sdpa_kernels": None, "gpu_name": None, "free_gpu_memory_bytes": None,
-                     "total_gpu_memory_bytes": None})
+    snapshot.update(
+        {
+            "cuda_available": False,
+            "cuda_version": None,
+            "bf16_supported": None,
+            "sdpa_available": False,
+            "sdpa_kernels": None,
+            "gpu_name": None,
+            "free_gpu_memory_bytes": None,
+            "total_gpu_memory_bytes": None,
+        }
+    )
     try:
         import torch
     except ImportError:
@@ -112,14 +132,20 @@ def probe_environment() -> dict[str, Any]:
     snapshot["sdpa_available"] = hasattr(torch.nn.functional, "scaled_dot_product_attention")
     if torch.cuda.is_available():
         free, total = torch.cuda.mem_get_info()
-        snapshot.update({
-            "cuda_available": True, "bf16_supported": native_bf16(),
-            "gpu_name": torch.cuda.get_device_name(0), "free_gpu_memory_bytes": int(free),
-            "total_gpu_memory_bytes": int(total),
-            "sdpa_kernels": {"flash": torch.backends.cuda.flash_sdp_enabled(),
-                             "mem_efficient": torch.backends.cuda.mem_efficient_sdp_enabled(),
-                             "math": torch.backends.cuda.math_sdp_enabled()},
-        })
+        snapshot.update(
+            {
+                "cuda_available": True,
+                "bf16_supported": native_bf16(),
+                "gpu_name": torch.cuda.get_device_name(0),
+                "free_gpu_memory_bytes": int(free),
+                "total_gpu_memory_bytes": int(total),
+                "sdpa_kernels": {
+                    "flash": torch.backends.cuda.flash_sdp_enabled(),
+                    "mem_efficient": torch.backends.cuda.mem_efficient_sdp_enabled(),
+                    "math": torch.backends.cuda.math_sdp_enabled(),
+                },
+            }
+        )
     return snapshot
 
 
@@ -163,8 +189,14 @@ def _bf16_line(profile: dict[str, Any], env: dict[str, Any]) -> dict[str, Any]:
     if found:
         return _line("bf16", need, True, "pass")
     status = {"required": "fail", "preferred": "warn"}.get(need, "skip")
-    return _line("bf16", need, False, status, "no native bf16 on this GPU (compute capability below 8.0; torch may "
-                 "emulate it, slowly): runs load the model in fp16 instead")
+    return _line(
+        "bf16",
+        need,
+        False,
+        status,
+        "no native bf16 on this GPU (compute capability below 8.0; torch may "
+        "emulate it, slowly): runs load the model in fp16 instead",
+    )
 
 
 def _attention_line(profile: dict[str, Any], env: dict[str, Any]) -> dict[str, Any]:
@@ -173,8 +205,11 @@ def _attention_line(profile: dict[str, Any], env: dict[str, Any]) -> dict[str, A
         return _line("attention_backend", backend, None, "fail", f"unsupported backend {backend!r} (only sdpa)")
     detail = f"kernels {env['sdpa_kernels']}" if env["sdpa_kernels"] else ""
     if not env["sdpa_available"]:
-        detail = ("torch is not installed" if env.get("torch") is None else
-                  "torch.nn.functional.scaled_dot_product_attention is missing (torch too old)")
+        detail = (
+            "torch is not installed"
+            if env.get("torch") is None
+            else "torch.nn.functional.scaled_dot_product_attention is missing (torch too old)"
+        )
     found = "sdpa" if env["sdpa_available"] else "missing"
     return _line("attention_backend", backend, found, "pass" if env["sdpa_available"] else "fail", detail)
 
@@ -198,8 +233,12 @@ def evaluate_profile(profile: dict[str, Any], env: dict[str, Any]) -> dict[str, 
     versions = profile["versions"]
     checks = [_version_line("python", versions.get("python"), env["python"], None)]
     checks += [_version_line(name, versions.get(name), env[name], pins.get(name)) for name in PACKAGES]
-    checks += [_cuda_line(profile, env), _bf16_line(profile, env), _attention_line(profile, env),
-               _memory_line(profile, env)]
+    checks += [
+        _cuda_line(profile, env),
+        _bf16_line(profile, env),
+        _attention_line(profile, env),
+        _memory_line(profile, env),
+    ]
     return {
         "profile": profile["name"],
         "passed": all(line["status"] != "fail" for line in checks),
@@ -224,18 +263,24 @@ def require_preflight(profile: str, *, path: str | Path | None = None) -> dict[s
 
 
 def _failed_lines(record: dict[str, Any]) -> list[str]:
-    return [f"{line['name']}: expected {line['required']}, found {line['found']} ({line['detail']})"
-            for line in record["checks"] if line["status"] == "fail"]
+    return [
+        f"{line['name']}: expected {line['required']}, found {line['found']} ({line['detail']})"
+        for line in record["checks"]
+        if line["status"] == "fail"
+    ]
 
 
 def format_preflight(record: dict[str, Any]) -> str:
     """The pass/fail table of a preflight record, one row per check, and a verdict line."""
     rows = [("check", "required", "found", "status", "detail")]
-    rows += [(c["name"], str(c["required"]), str(c["found"]), c["status"].upper(), c["detail"])
-             for c in record["checks"]]
+    rows += [
+        (c["name"], str(c["required"]), str(c["found"]), c["status"].upper(), c["detail"]) for c in record["checks"]
+    ]
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row[:4], widths, strict=True)) + "  " + row[4]
-             for row in rows]
+    lines = [
+        "  ".join(cell.ljust(width) for cell, width in zip(row[:4], widths, strict=True)) + "  " + row[4]
+        for row in rows
+    ]
     verdict = "PASS" if record["passed"] else "FAIL: " + ", ".join(record["failed"])
     return "\n".join([f"preflight {record['profile']}", *lines, f"verdict: {verdict}"])
 

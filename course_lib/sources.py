@@ -30,8 +30,7 @@ __all__ = [
 
 RECORD_FORMATS = ("alpaca", "sharegpt")
 FILE_FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".arrow": "arrow"}  # extension -> datasets builder
-SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
-                  "system": "system"}
+SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
 
 
 def sample_data_path(name: str) -> Path:
@@ -73,8 +72,10 @@ def _alpaca_messages(example: Any) -> list[dict[str, str]]:
 def _sharegpt_messages(example: Any) -> list[dict[str, str]]:
     turns = example.get("conversations")
     if not isinstance(turns, (list, tuple)) or not turns:
-        raise ValueError("sharegpt record needs a non-empty list in field 'conversations' "
-                         f"(fields present: {sorted(example.keys())}, conversations = {turns!r:.60})")
+        raise ValueError(
+            "sharegpt record needs a non-empty list in field 'conversations' "
+            f"(fields present: {sorted(example.keys())}, conversations = {turns!r:.60})"
+        )
     system = _text_field(example, "system", "sharegpt", required=False)
     messages = [{"role": "system", "content": system}] if system.strip() else []
     for index, turn in enumerate(turns):
@@ -84,24 +85,31 @@ def _sharegpt_messages(example: Any) -> list[dict[str, str]]:
         speaker_key, text_key = ("from", "value") if turn.get("from") is not None else ("role", "content")
         speaker = turn.get(speaker_key)
         if speaker not in SHAREGPT_ROLES:
-            raise ValueError(f"sharegpt conversations[{index}] field 'from' must be one of "
-                             f"{sorted(SHAREGPT_ROLES)}, got {speaker!r}")
-        messages.append({"role": SHAREGPT_ROLES[speaker],
-                         "content": _text_field(turn, text_key, f"sharegpt conversations[{index}]", required=True)})
+            raise ValueError(
+                f"sharegpt conversations[{index}] field 'from' must be one of {sorted(SHAREGPT_ROLES)}, got {speaker!r}"
+            )
+        messages.append(
+            {
+                "role": SHAREGPT_ROLES[speaker],
+                "content": _text_field(turn, text_key, f"sharegpt conversations[{index}]", required=True),
+            }
+        )
     if not any(message["role"] == "assistant" for message in messages):
         raise ValueError("sharegpt record has no gpt/assistant turn: nothing to supervise")
     return messages
 
 
 def detect_record_format(example: Any) -> str:
-    """"sharegpt" if the record has `conversations`, "alpaca" if it has `instruction`, else ValueError."""
+    """ "sharegpt" if the record has `conversations`, "alpaca" if it has `instruction`, else ValueError."""
     keys = set(example.keys()) if hasattr(example, "keys") else set()  # a non-mapping falls through to the error
     if "conversations" in keys:
         return "sharegpt"
     if "instruction" in keys:
         return "alpaca"
-    raise ValueError(f"cannot tell the record format: no 'conversations' (sharegpt) or 'instruction' (alpaca) "
-                     f"field in {sorted(keys)}")
+    raise ValueError(
+        f"cannot tell the record format: no 'conversations' (sharegpt) or 'instruction' (alpaca) "
+        f"field in {sorted(keys)}"
+    )
 
 
 def to_messages(example: Any, fmt: str | None = None) -> list[dict[str, str]]:
@@ -126,8 +134,10 @@ def load_records(path: str | Path, fmt: str | None = None):
     path = Path(path)
     if fmt is None:
         if path.suffix.lower() not in FILE_FORMATS:
-            raise ValueError(f"cannot infer the file format of {str(path)!r}: extension {path.suffix!r} is not one of "
-                             f"{sorted(FILE_FORMATS)}; pass fmt= one of {sorted(set(FILE_FORMATS.values()))}")
+            raise ValueError(
+                f"cannot infer the file format of {str(path)!r}: extension {path.suffix!r} is not one of "
+                f"{sorted(FILE_FORMATS)}; pass fmt= one of {sorted(set(FILE_FORMATS.values()))}"
+            )
         fmt = FILE_FORMATS[path.suffix.lower()]
     if fmt not in FILE_FORMATS.values():
         raise ValueError(f"fmt must be one of {sorted(set(FILE_FORMATS.values()))}, got {fmt!r}")
@@ -143,8 +153,11 @@ def records_to_chats(dataset, record_format: str | None = None, *, messages_colu
     if not isinstance(messages_column, str) or not messages_column:
         raise ValueError(f"messages_column must be a column name, got {messages_column!r:.80}")
     require_dataset("dataset", dataset)
-    return dataset.map(lambda example: {messages_column: to_messages(example, record_format)},
-                       remove_columns=dataset.column_names, desc="to chat messages")
+    return dataset.map(
+        lambda example: {messages_column: to_messages(example, record_format)},
+        remove_columns=dataset.column_names,
+        desc="to chat messages",
+    )
 
 
 def load_chats(path: str | Path, record_format: str | None = None, *, fmt: str | None = None):
@@ -152,8 +165,9 @@ def load_chats(path: str | Path, record_format: str | None = None, *, fmt: str |
     return records_to_chats(load_records(path, fmt), record_format)
 
 
-def corpus_chats(count: int, *, log_mean: float = 0.7, log_sigma: float = 0.9, max_sentences: int = 20,
-                 seed: int = 0) -> list[list[dict[str, str]]]:
+def corpus_chats(
+    count: int, *, log_mean: float = 0.7, log_sigma: float = 0.9, max_sentences: int = 20, seed: int = 0
+) -> list[list[dict[str, str]]]:
     """count chats whose answers are runs of consecutive sentences from the English course corpus.
 
     The number of answer sentences is lognormal(log_mean, log_sigma), rounded, clipped to [1, max_sentences],
@@ -177,6 +191,10 @@ def corpus_chats(count: int, *, log_mean: float = 0.7, log_sigma: float = 0.9, m
     for size in sizes.tolist():
         start = int(rng.integers(0, len(sentences) - size))
         question = sentences[int(rng.integers(0, len(sentences)))]
-        chats.append([{"role": "user", "content": "Explain this: " + question},
-                      {"role": "assistant", "content": " ".join(sentences[start:start + size])}])
+        chats.append(
+            [
+                {"role": "user", "content": "Explain this: " + question},
+                {"role": "assistant", "content": " ".join(sentences[start : start + size])},
+            ]
+        )
     return chats

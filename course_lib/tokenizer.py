@@ -52,8 +52,10 @@ SPECIAL_TOKENS = (
 CHAT_TEMPLATES = ("chatml", "llama3", "alpaca")
 END_OF_TURN_TOKENS = {"chatml": "<|im_end|>", "llama3": "<|eot_id|>", "alpaca": "<|endoftext|>"}
 # Qwen2-style pre-tokenization: single digits, newline runs kept together, punctuation absorbs following newlines.
-_SPLIT_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_SPLIT_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 ROLE_NAMES = ("template", "system", "user", "assistant", "eos")
 _MESSAGE_ROLES = ("system", "user", "assistant")
 _DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -82,26 +84,36 @@ _TEMPLATE_SKELETON = """\
 
 
 def _template(name: str, begin: str, end: str, prefix: dict[str, str], suffix: dict[str, str]) -> str:
-    header = (f"{{#- course_lib chat template '{name}'. Assistant content + {end} is a generation block; "
-              "tracked_role='all' marks every message's content (used by course_lib.render_chat). -#}\n")
-    constants = (f"{{%- set BEGIN = {begin!r} -%}}\n{{%- set END = {end!r} -%}}\n"
-                 f"{{%- set PREFIX = {prefix!r} -%}}\n{{%- set SUFFIX = {suffix!r} -%}}\n")
+    header = (
+        f"{{#- course_lib chat template '{name}'. Assistant content + {end} is a generation block; "
+        "tracked_role='all' marks every message's content (used by course_lib.render_chat). -#}\n"
+    )
+    constants = (
+        f"{{%- set BEGIN = {begin!r} -%}}\n{{%- set END = {end!r} -%}}\n"
+        f"{{%- set PREFIX = {prefix!r} -%}}\n{{%- set SUFFIX = {suffix!r} -%}}\n"
+    )
     return header + constants + _TEMPLATE_SKELETON
 
 
 CHAT_TEMPLATE_SOURCES = {
     "chatml": _template(
-        "chatml", "", "<|im_end|>",
+        "chatml",
+        "",
+        "<|im_end|>",
         {role: f"<|im_start|>{role}\n" for role in _MESSAGE_ROLES},
         {"system": "<|im_end|>\n", "user": "<|im_end|>\n", "assistant": "\n"},
     ),
     "llama3": _template(
-        "llama3", "<|begin_of_text|>", "<|eot_id|>",
+        "llama3",
+        "<|begin_of_text|>",
+        "<|eot_id|>",
         {role: f"<|start_header_id|>{role}<|end_header_id|>\n\n" for role in _MESSAGE_ROLES},
         {"system": "<|eot_id|>", "user": "<|eot_id|>", "assistant": ""},
     ),
     "alpaca": _template(
-        "alpaca", "", "<|endoftext|>",
+        "alpaca",
+        "",
+        "<|endoftext|>",
         {"system": "", "user": "### Instruction:\n", "assistant": "### Response:\n"},
         {"system": "\n\n", "user": "\n\n", "assistant": "\n\n"},
     ),
@@ -128,13 +140,17 @@ def train_course_tokenizer(files: list[str] | None = None, vocab_size: int = COU
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(_SPLIT_PATTERN), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(_SPLIT_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False,
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     # Whole files, not lines, so blank lines ("\n\n") are seen and can become merges.
@@ -150,13 +166,19 @@ def build_course_tokenizer(tokenizer_object):
     from transformers import PreTrainedTokenizerFast
 
     wrapped = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer_object, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
-        model_max_length=2048, padding_side="right", clean_up_tokenization_spaces=False,
+        tokenizer_object=tokenizer_object,
+        eos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+        model_max_length=2048,
+        padding_side="right",
+        clean_up_tokenization_spaces=False,
     )
     wrapped.add_special_tokens({"additional_special_tokens": list(SPECIAL_TOKENS[1:])})
     # The default template is saved as chat_template.jinja, the others under additional_chat_templates/.
-    wrapped.chat_template = {"default": CHAT_TEMPLATE_SOURCES["chatml"],
-                             **{name: CHAT_TEMPLATE_SOURCES[name] for name in CHAT_TEMPLATES[1:]}}
+    wrapped.chat_template = {
+        "default": CHAT_TEMPLATE_SOURCES["chatml"],
+        **{name: CHAT_TEMPLATE_SOURCES[name] for name in CHAT_TEMPLATES[1:]},
+    }
     return wrapped
 
 
@@ -173,8 +195,10 @@ def _require_transformers_5() -> None:
 
     major = transformers.__version__.split(".", 1)[0]
     if not major.isdigit() or int(major) < 5:
-        raise RuntimeError(f"the course tokenizer needs transformers >= 5.0, found {transformers.__version__}: run "
-                           "pip install -U 'transformers>=5.0' (on Colab, then restart the session)")
+        raise RuntimeError(
+            f"the course tokenizer needs transformers >= 5.0, found {transformers.__version__}: run "
+            "pip install -U 'transformers>=5.0' (on Colab, then restart the session)"
+        )
 
 
 def load_course_tokenizer(template: str = "chatml"):
@@ -193,8 +217,9 @@ def load_course_tokenizer(template: str = "chatml"):
 _OFFLINE_VALUES = ("1", "true", "yes", "on")
 
 
-def hub_commit(model_id: str, revision: str = "main", *, timeout_s: float = 5.0,
-               token: str | bool | None = None) -> tuple[str | None, str, bool]:
+def hub_commit(
+    model_id: str, revision: str = "main", *, timeout_s: float = 5.0, token: str | bool | None = None
+) -> tuple[str | None, str, bool]:
     """Ask the model hub once, without retries -> (commit sha or None, note, whether the hub answered).
 
     (sha, "resolved on the hub", True) when it resolves; (None, "hub answered: ...", True) when it answered with
@@ -236,8 +261,9 @@ def load_tokenizer(model_id: str, *, local_files_only: bool = False, **kwargs: A
 
     why_offline = None
     if not local_files_only and not Path(str(model_id)).is_dir():
-        _, note, answered = hub_commit(str(model_id), kwargs.get("revision") or "main", timeout_s=10.0,
-                                       token=kwargs.get("token"))  # 10 s: a slow hub that answers is not offline
+        _, note, answered = hub_commit(
+            str(model_id), kwargs.get("revision") or "main", timeout_s=10.0, token=kwargs.get("token")
+        )  # 10 s: a slow hub that answers is not offline
         if not answered:
             why_offline, local_files_only = note, True
     try:
@@ -258,8 +284,9 @@ def _check_messages(messages: object) -> list[dict[str, str]]:
         if not hasattr(message, "keys") or "role" not in message or "content" not in message:
             raise ValueError(f"messages[{index}] must be a dict with 'role' and 'content', got {message!r:.80}")
         if message["role"] not in _MESSAGE_ROLES:
-            raise ValueError(f"messages[{index}]['role'] must be one of {list(_MESSAGE_ROLES)}, "
-                             f"got {message['role']!r}")
+            raise ValueError(
+                f"messages[{index}]['role'] must be one of {list(_MESSAGE_ROLES)}, got {message['role']!r}"
+            )
         if not isinstance(message["content"], str):
             raise ValueError(f"messages[{index}]['content'] must be a string, got {message['content']!r:.80}")
     return [{"role": message["role"], "content": message["content"]} for message in messages]
@@ -272,29 +299,37 @@ def _render_text_and_spans(tokenizer, messages, chat_template, add_generation_pr
     source = tokenizer.get_chat_template(chat_template_source(chat_template) if chat_template else None)
     kwargs = {**tokenizer.special_tokens_map, "tracked_role": "all"}
     rendered, spans = render_jinja_template(
-        conversations=[messages], chat_template=source, return_assistant_tokens_mask=True,
-        add_generation_prompt=add_generation_prompt, **kwargs,
+        conversations=[messages],
+        chat_template=source,
+        return_assistant_tokens_mask=True,
+        add_generation_prompt=add_generation_prompt,
+        **kwargs,
     )
     if len(spans[0]) != len(messages):
-        raise ValueError("chat template does not mark each message's content with {% generation %} under "
-                         f"tracked_role='all' ({len(spans[0])} spans for {len(messages)} messages); "
-                         "render_chat needs a course template (CHAT_TEMPLATES)")
+        raise ValueError(
+            "chat template does not mark each message's content with {% generation %} under "
+            f"tracked_role='all' ({len(spans[0])} spans for {len(messages)} messages); "
+            "render_chat needs a course template (CHAT_TEMPLATES)"
+        )
     return rendered[0], spans[0]
 
 
-def render_chat(tokenizer, messages, *, chat_template: str | None = None,
-                add_generation_prompt: bool = False) -> dict[str, Any]:
+def render_chat(
+    tokenizer, messages, *, chat_template: str | None = None, add_generation_prompt: bool = False
+) -> dict[str, Any]:
     """Render a chat ONCE and tokenize it once -> {"text", "input_ids" [T], "offsets" [T, 2], "roles" [T]}.
 
     A token's role is the role of the message content it overlaps (the same overlap rule as transformers'
     assistant mask), else "template"; the special token that closes an answer is "eos".
     """
-    return render_chats(tokenizer, [messages], chat_template=chat_template,
-                        add_generation_prompt=add_generation_prompt)[0]
+    return render_chats(
+        tokenizer, [messages], chat_template=chat_template, add_generation_prompt=add_generation_prompt
+    )[0]
 
 
-def render_chats(tokenizer, conversations, *, chat_template: str | None = None,
-                 add_generation_prompt: bool = False) -> list[dict[str, Any]]:
+def render_chats(
+    tokenizer, conversations, *, chat_template: str | None = None, add_generation_prompt: bool = False
+) -> list[dict[str, Any]]:
     """A batch of chats -> one render_chat dict per chat; the tokenizer runs once over the whole batch."""
     if not callable(tokenizer) or not hasattr(tokenizer, "get_chat_template"):
         raise ValueError(f"tokenizer must be a transformers tokenizer, got {type(tokenizer).__name__}")
@@ -314,8 +349,14 @@ def render_chats(tokenizer, conversations, *, chat_template: str | None = None,
         roles = _roles_from_spans(offsets, spans, [message["role"] for message in checked[index]])  # [T]
         answer_end = _span_last_token(roles == ROLE_NAMES.index("assistant"))  # [T] bool
         roles[answer_end & np.isin(input_ids, special_ids)] = ROLE_NAMES.index("eos")
-        results.append({"text": text, "input_ids": input_ids.tolist(), "offsets": offsets.tolist(),
-                        "roles": [ROLE_NAMES[code] for code in roles.tolist()]})
+        results.append(
+            {
+                "text": text,
+                "input_ids": input_ids.tolist(),
+                "offsets": offsets.tolist(),
+                "roles": [ROLE_NAMES[code] for code in roles.tolist()],
+            }
+        )
     return results
 
 

@@ -31,9 +31,19 @@ import torch
 
 from ._checks import autocast_enabled, require_int, require_real, require_tensor
 
-__all__ = ["VARLEN_ATTENTION", "VARLEN_KERNELS", "sample_bounds", "flash_varlen_unavailable", "varlen_kernel",
-           "varlen_kernel_used", "varlen_sdpa_attention", "varlen_flash_attention", "varlen_auto_attention", "register_varlen_attention",
-           "varlen_attention"]
+__all__ = [
+    "VARLEN_ATTENTION",
+    "VARLEN_KERNELS",
+    "sample_bounds",
+    "flash_varlen_unavailable",
+    "varlen_kernel",
+    "varlen_kernel_used",
+    "varlen_sdpa_attention",
+    "varlen_flash_attention",
+    "varlen_auto_attention",
+    "register_varlen_attention",
+    "varlen_attention",
+]
 
 VARLEN_ATTENTION = "course_varlen_sdpa"  # the per-sample reference kernel
 # kernel -> the attention implementation's name in transformers' AttentionInterface ("fused", not "flash": transformers
@@ -73,8 +83,9 @@ def _bounds_from_cu_seqlens(cu_seqlens: torch.Tensor, length: int) -> list[int]:
     bounds = cu_seqlens.tolist()
     if len(bounds) < 2 or bounds[0] != 0 or bounds[-1] != length or any(b <= a for a, b in pairwise(bounds)):
         shown = bounds if len(bounds) <= 8 else [*bounds[:4], "...", *bounds[-2:]]
-        raise ValueError(f"cu_seq_lens_q must rise strictly from 0 to the row length {length}, got {shown} "
-                         f"({len(bounds)} entries)")
+        raise ValueError(
+            f"cu_seq_lens_q must rise strictly from 0 to the row length {length}, got {shown} ({len(bounds)} entries)"
+        )
     return bounds
 
 
@@ -132,8 +143,9 @@ def _row_bounds(rows: int, length: int, kwargs: dict) -> tuple[torch.Tensor, lis
     if len(bounds) == 1 and rows > 1:
         bounds = bounds * rows  # one position row shared by the batch, as transformers builds it by default
     if len(bounds) != rows or bounds[0][-1] != length:
-        raise ValueError(f"position_ids of shape {tuple(position_ids.shape)} do not match a batch of {rows} rows "
-                         f"of {length} tokens")
+        raise ValueError(
+            f"position_ids of shape {tuple(position_ids.shape)} do not match a batch of {rows} rows of {length} tokens"
+        )
     return position_ids, bounds
 
 
@@ -153,9 +165,19 @@ def _attend(module, query, key, value, bounds: list[int], dropout: float, scalin
             start, end = group[0][0], group[-1][1]
             pieces.append(value[:, :, start:end].repeat_interleave(repeat, dim=1).transpose(1, 2))  # [1, n, H, D]
             continue
-        pieces += [sdpa_attention_forward(module, query[:, :, start:end], key[:, :, start:end],
-                                          value[:, :, start:end], None, dropout=dropout, scaling=scaling,
-                                          is_causal=True)[0] for start, end in group]  # [1, n, H, D] each
+        pieces += [
+            sdpa_attention_forward(
+                module,
+                query[:, :, start:end],
+                key[:, :, start:end],
+                value[:, :, start:end],
+                None,
+                dropout=dropout,
+                scaling=scaling,
+                is_causal=True,
+            )[0]
+            for start, end in group
+        ]  # [1, n, H, D] each
     return torch.cat(pieces, dim=1)
 
 
@@ -182,8 +204,7 @@ def _adapted(varlen_attn):
     if "enable_gqa" in parameters:
         return varlen_attn
 
-    def with_repeated_heads(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, scale, window_size,
-                            enable_gqa):
+    def with_repeated_heads(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, scale, window_size, enable_gqa):
         if enable_gqa:
             group = query.shape[1] // key.shape[1]
             key, value = key.repeat_interleave(group, dim=1), value.repeat_interleave(group, dim=1)  # [T, H, D]
@@ -216,11 +237,15 @@ def flash_varlen_unavailable(device, dtype: torch.dtype, head_dim: int, dropout:
     if device.type != "cuda":
         return f"the inputs are on {device}: the fused varlen kernel runs on CUDA only"
     if _torch_varlen_attn() is None:
-        return (f"torch {torch.__version__} has no torch.nn.attention.varlen.varlen_attn taking scale and "
-                "window_size (a newer torch has it)")
+        return (
+            f"torch {torch.__version__} has no torch.nn.attention.varlen.varlen_attn taking scale and "
+            "window_size (a newer torch has it)"
+        )
     if dtype not in (torch.float16, torch.bfloat16):
-        return (f"dtype {dtype}: the flash kernel takes float16 or bfloat16 (load the model in bf16: under autocast "
-                "an fp32 model's rotary embedding hands attention fp32 queries and keys)")
+        return (
+            f"dtype {dtype}: the flash kernel takes float16 or bfloat16 (load the model in bf16: under autocast "
+            "an fp32 model's rotary embedding hands attention fp32 queries and keys)"
+        )
     if dropout:
         return f"dropout {dropout}: the fused varlen kernel runs without dropout"
     if head_dim % 8 or head_dim > 256:
@@ -235,11 +260,15 @@ def flash_varlen_unavailable(device, dtype: torch.dtype, head_dim: int, dropout:
         return f"{device} is not among the {torch.cuda.device_count()} CUDA device(s) torch sees"
     capability = _capability(device if device.index is not None else torch.device("cuda", torch.cuda.current_device()))
     if capability < FLASH_MIN_CAPABILITY:
-        return (f"compute capability {capability[0]}.{capability[1]}: torch's flash kernels need "
-                f"{FLASH_MIN_CAPABILITY[0]}.{FLASH_MIN_CAPABILITY[1]} (Ampere) or newer")
+        return (
+            f"compute capability {capability[0]}.{capability[1]}: torch's flash kernels need "
+            f"{FLASH_MIN_CAPABILITY[0]}.{FLASH_MIN_CAPABILITY[1]} (Ampere) or newer"
+        )
     if 192 < head_dim <= 224 and capability in ((8, 6), (8, 9), (12, 0), (12, 1)):
-        return (f"head_dim {head_dim} on compute capability {capability[0]}.{capability[1]}: torch's flash kernels "
-                "do not train with head_dim in (192, 224] there")
+        return (
+            f"head_dim {head_dim} on compute capability {capability[0]}.{capability[1]}: torch's flash kernels "
+            "do not train with head_dim in (192, 224] there"
+        )
     return None
 
 
@@ -262,6 +291,7 @@ def _choose(kernel: object, reason: str | None) -> str:
 def _flat_cu_seqlens(source: torch.Tensor, bounds: list[list[int]], device: torch.device) -> tuple[torch.Tensor, int]:
     """(every row's sample bounds as one int32 cu_seqlens over the flattened batch [R * L] on device, the longest
     sample), cached on `source` (the position_ids or cu_seq_lens_q the bounds came from): once per forward."""
+
     def build() -> tuple[torch.Tensor, int]:
         length = bounds[0][-1]
         flat = [0, *(row * length + bound for row, row_bounds in enumerate(bounds) for bound in row_bounds[1:])]
@@ -275,8 +305,16 @@ def _flash_attend(query, key, value, cu_seqlens: torch.Tensor, longest: int, sca
     """query [R, H, L, D], key / value [R, H_kv, L, D] -> [R, L, H, D]: one fused varlen launch for the batch."""
     rows, heads, length, dim = query.shape
     flat = [tensor.transpose(1, 2).reshape(rows * length, tensor.shape[1], dim) for tensor in (query, key, value)]
-    out = _torch_varlen_attn()(*flat, cu_seqlens, cu_seqlens, longest, longest, scale=scaling, window_size=(-1, 0),
-                               enable_gqa=heads != key.shape[1])  # [R * L, H, D]
+    out = _torch_varlen_attn()(
+        *flat,
+        cu_seqlens,
+        cu_seqlens,
+        longest,
+        longest,
+        scale=scaling,
+        window_size=(-1, 0),
+        enable_gqa=heads != key.shape[1],
+    )  # [R * L, H, D]
     return out.view(rows, length, heads, dim)
 
 
@@ -285,19 +323,32 @@ def _checked(query, key, value, attention_mask, dropout, scaling, kwargs):
     query = require_tensor("query", query, ndim=4, dtype_kind="f")
     key = require_tensor("key", key, ndim=4, dtype_kind="f")
     value = require_tensor("value", value, ndim=4, dtype_kind="f")
-    if (key.shape != value.shape or key.shape[0] != query.shape[0] or key.shape[3] != query.shape[3]
-            or key.shape[1] == 0 or query.shape[1] % key.shape[1]):
-        raise ValueError(f"query {tuple(query.shape)}, key {tuple(key.shape)} and value {tuple(value.shape)} must be "
-                         "[R, H, L, D], [R, H_kv, L, D], [R, H_kv, L, D] with H a multiple of H_kv >= 1")
+    if (
+        key.shape != value.shape
+        or key.shape[0] != query.shape[0]
+        or key.shape[3] != query.shape[3]
+        or key.shape[1] == 0
+        or query.shape[1] % key.shape[1]
+    ):
+        raise ValueError(
+            f"query {tuple(query.shape)}, key {tuple(key.shape)} and value {tuple(value.shape)} must be "
+            "[R, H, L, D], [R, H_kv, L, D], [R, H_kv, L, D] with H a multiple of H_kv >= 1"
+        )
     if len({query.dtype, key.dtype, value.dtype}) > 1 and not autocast_enabled(query.device):
-        raise ValueError(f"query {query.dtype}, key {key.dtype} and value {value.dtype} must share a dtype outside "
-                         "autocast (SDPA takes one)")
+        raise ValueError(
+            f"query {query.dtype}, key {key.dtype} and value {value.dtype} must share a dtype outside "
+            "autocast (SDPA takes one)"
+        )
     if key.shape[2] != query.shape[2]:
-        raise ValueError(f"key length {key.shape[2]} != query length {query.shape[2]}: varlen attention runs without "
-                         "a cache (use_cache=False)")
+        raise ValueError(
+            f"key length {key.shape[2]} != query length {query.shape[2]}: varlen attention runs without "
+            "a cache (use_cache=False)"
+        )
     if attention_mask is not None:
-        raise ValueError("attention_mask must be None for varlen attention: the sample boundaries come from "
-                         "position_ids or cu_seq_lens_q (pass no 2-D padding mask)")
+        raise ValueError(
+            "attention_mask must be None for varlen attention: the sample boundaries come from "
+            "position_ids or cu_seq_lens_q (pass no 2-D padding mask)"
+        )
     if kwargs.get("sliding_window") is not None:
         raise ValueError(f"sliding_window must be None for varlen attention, got {kwargs['sliding_window']!r}")
     dropout = require_real("dropout", dropout, minimum=0.0, maximum=1.0)
@@ -308,16 +359,20 @@ def _checked(query, key, value, attention_mask, dropout, scaling, kwargs):
 def _kernel_for(kernel: str, query, key, value, dropout: float) -> str:
     """varlen_kernel for these tensors: the fused kernel also needs query, key and value in one dtype."""
     if key.dtype != query.dtype or value.dtype != query.dtype:
-        return _choose(kernel, f"query {query.dtype}, key {key.dtype} and value {value.dtype} differ (autocast over "
-                               "an fp32 model does this: load it in bf16)")
+        return _choose(
+            kernel,
+            f"query {query.dtype}, key {key.dtype} and value {value.dtype} differ (autocast over "
+            "an fp32 model does this: load it in bf16)",
+        )
     return varlen_kernel(query.device, query.dtype, query.shape[3], dropout, kernel)
 
 
 def _run(kernel: str, module, query, key, value, attention_mask, dropout, scaling, kwargs):
     if not isinstance(module, torch.nn.Module):
         raise ValueError(f"module must be the attention layer (a torch.nn.Module), got {type(module).__name__}")
-    query, key, value, dropout, scaling, source, bounds = _checked(query, key, value, attention_mask, dropout, scaling,
-                                                                   kwargs)
+    query, key, value, dropout, scaling, source, bounds = _checked(
+        query, key, value, attention_mask, dropout, scaling, kwargs
+    )
     chosen = _kernel_for(kernel, query, key, value, dropout)
     module._course_varlen_kernel = chosen  # what ran, for varlen_kernel_used
     if chosen == "flash":
@@ -326,10 +381,14 @@ def _run(kernel: str, module, query, key, value, attention_mask, dropout, scalin
     groups = query.shape[1] // key.shape[1]
     if groups > 1 and getattr(module, "num_key_value_groups", None) != groups:
         # transformers' SDPA path repeats the key/value heads by this attribute (or passes enable_gqa when it has it)
-        raise ValueError(f"module.num_key_value_groups must be {groups} for {query.shape[1]} query heads over "
-                         f"{key.shape[1]} key/value heads, got {getattr(module, 'num_key_value_groups', None)!r}")
-    outputs = [_attend(module, query[row:row + 1], key[row:row + 1], value[row:row + 1], row_bounds, dropout, scaling)
-               for row, row_bounds in enumerate(bounds)]  # [1, L, H, D] each
+        raise ValueError(
+            f"module.num_key_value_groups must be {groups} for {query.shape[1]} query heads over "
+            f"{key.shape[1]} key/value heads, got {getattr(module, 'num_key_value_groups', None)!r}"
+        )
+    outputs = [
+        _attend(module, query[row : row + 1], key[row : row + 1], value[row : row + 1], row_bounds, dropout, scaling)
+        for row, row_bounds in enumerate(bounds)
+    ]  # [1, L, H, D] each
     return torch.cat(outputs, dim=0), None  # [R, L, H, D]
 
 
@@ -340,8 +399,10 @@ def varlen_kernel_used(model) -> str:
         raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     used = {module._course_varlen_kernel for module in model.modules() if hasattr(module, "_course_varlen_kernel")}
     if len(used) != 1:
-        raise ValueError(f"model's varlen attention layers ran {sorted(used) or 'no forward yet'}: expected one "
-                         "kernel after a forward under varlen_attention")
+        raise ValueError(
+            f"model's varlen attention layers ran {sorted(used) or 'no forward yet'}: expected one "
+            "kernel after a forward under varlen_attention"
+        )
     return used.pop()
 
 

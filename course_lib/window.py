@@ -31,8 +31,13 @@ __all__ = ["IGNORE_INDEX", "audit_context_fit", "apply_window_policy"]
 IGNORE_INDEX = -100  # label of a token that carries no loss (template, prompt, padding)
 
 
-def audit_context_fit(samples: Sequence[Mapping[str, Any]], target_context_len: int, template_tokens: int,
-                      min_kept_supervised_tokens: int = 1, max_supervision_loss_ratio: float = 0.0) -> dict[str, Any]:
+def audit_context_fit(
+    samples: Sequence[Mapping[str, Any]],
+    target_context_len: int,
+    template_tokens: int,
+    min_kept_supervised_tokens: int = 1,
+    max_supervision_loss_ratio: float = 0.0,
+) -> dict[str, Any]:
     """Ledger rows {name, prompt_tokens, supervised_tokens} -> fit | truncate | overflow per sample.
 
     Returns {records: [{name, total_tokens, kept_supervised_tokens, supervision_loss_ratio, decision}],
@@ -58,12 +63,21 @@ def audit_context_fit(samples: Sequence[Mapping[str, Any]], target_context_len: 
             decision = "truncate"
         else:
             decision, kept = "overflow", 0
-        records.append({"name": sample["name"], "total_tokens": template + prompt + supervised,
-                        "kept_supervised_tokens": kept, "supervision_loss_ratio": loss_ratio, "decision": decision})
-    return {"records": records,
-            "fit_names": [r["name"] for r in records if r["decision"] == "fit"],
-            "truncated_names": [r["name"] for r in records if r["decision"] == "truncate"],
-            "overflow_names": [r["name"] for r in records if r["decision"] == "overflow"]}
+        records.append(
+            {
+                "name": sample["name"],
+                "total_tokens": template + prompt + supervised,
+                "kept_supervised_tokens": kept,
+                "supervision_loss_ratio": loss_ratio,
+                "decision": decision,
+            }
+        )
+    return {
+        "records": records,
+        "fit_names": [r["name"] for r in records if r["decision"] == "fit"],
+        "truncated_names": [r["name"] for r in records if r["decision"] == "truncate"],
+        "overflow_names": [r["name"] for r in records if r["decision"] == "overflow"],
+    }
 
 
 def _two_distinct(value: float, bound: float) -> str:
@@ -74,12 +88,21 @@ def _two_distinct(value: float, bound: float) -> str:
     return f"{value:.{digits}f} > {bound:.{digits}f}"
 
 
-def _window_decision(prompt_and_template_tokens: int, supervised_tokens: int, target_context_len: int,
-                     min_kept_supervised_tokens: int = 1, max_supervision_loss_ratio: float = 0.0) -> dict[str, Any]:
+def _window_decision(
+    prompt_and_template_tokens: int,
+    supervised_tokens: int,
+    target_context_len: int,
+    min_kept_supervised_tokens: int = 1,
+    max_supervision_loss_ratio: float = 0.0,
+) -> dict[str, Any]:
     """One sample's counts -> audit_context_fit's record plus the reasons of an overflow (empty otherwise)."""
     record = audit_context_fit(
         [{"name": None, "prompt_tokens": prompt_and_template_tokens, "supervised_tokens": supervised_tokens}],
-        target_context_len, 0, min_kept_supervised_tokens, max_supervision_loss_ratio)["records"][0]
+        target_context_len,
+        0,
+        min_kept_supervised_tokens,
+        max_supervision_loss_ratio,
+    )["records"][0]
     reasons = []
     if record["decision"] == "overflow" and prompt_and_template_tokens > target_context_len:
         reasons.append("prompt_exceeds_window")  # the root cause; the gates would only echo it
@@ -88,8 +111,9 @@ def _window_decision(prompt_and_template_tokens: int, supervised_tokens: int, ta
         if kept < min_kept_supervised_tokens:
             reasons.append(f"kept_supervised_tokens {kept} < {min_kept_supervised_tokens}")
         if record["supervision_loss_ratio"] > max_supervision_loss_ratio:
-            reasons.append("supervision_loss_ratio "
-                           f"{_two_distinct(record['supervision_loss_ratio'], max_supervision_loss_ratio)}")
+            reasons.append(
+                f"supervision_loss_ratio {_two_distinct(record['supervision_loss_ratio'], max_supervision_loss_ratio)}"
+            )
     return {**record, "reasons": reasons}
 
 
@@ -99,8 +123,10 @@ def _label_array(index: int, sample: Mapping[str, Any]) -> np.ndarray:
     n_ids = len(require_tensor(f"samples[{index}]['input_ids']", sample["input_ids"], ndim=1, dtype_kind="i"))
     labels = require_tensor(f"samples[{index}]['labels']", sample["labels"], ndim=1, dtype_kind="i")  # [L]
     if n_ids == 0 or len(labels) != n_ids:
-        raise ValueError(f"samples[{index}] needs non-empty input_ids and labels of equal length, "
-                         f"got {n_ids} input_ids and {len(labels)} labels")
+        raise ValueError(
+            f"samples[{index}] needs non-empty input_ids and labels of equal length, "
+            f"got {n_ids} input_ids and {len(labels)} labels"
+        )
     if "attention_mask" in sample:
         mask = require_tensor(f"samples[{index}]['attention_mask']", sample["attention_mask"], ndim=1)
         if len(mask) != n_ids:
@@ -134,9 +160,13 @@ def _policy_decision(labels: np.ndarray, target: int, min_kept: int, max_ratio: 
     return verdict
 
 
-def apply_window_policy(samples: Sequence[Mapping[str, Any]], target_context_len: int, *,
-                        min_kept_supervised_tokens: int = 1,
-                        max_supervision_loss_ratio: float = 0.0) -> dict[str, Any]:
+def apply_window_policy(
+    samples: Sequence[Mapping[str, Any]],
+    target_context_len: int,
+    *,
+    min_kept_supervised_tokens: int = 1,
+    max_supervision_loss_ratio: float = 0.0,
+) -> dict[str, Any]:
     """Samples {input_ids [L], labels [L], name?} -> {kept, dropped, audit}: cut only the supervision tail.
 
     Supervised tokens are labels != -100; the other tokens up to the last supervised one count as template +
@@ -172,15 +202,24 @@ def apply_window_policy(samples: Sequence[Mapping[str, Any]], target_context_len
         if not (labels != IGNORE_INDEX).any():
             raise ValueError(f"samples[{index}] ({name!r}) has no supervised tokens (every label is -100)")
         verdict = _policy_decision(labels, target, min_kept, max_ratio)
-        records.append({"name": name, "total_tokens": len(labels),
-                        "kept_supervised_tokens": verdict["kept_supervised_tokens"],
-                        "supervision_loss_ratio": verdict["supervision_loss_ratio"],
-                        "decision": verdict["decision"]})
+        records.append(
+            {
+                "name": name,
+                "total_tokens": len(labels),
+                "kept_supervised_tokens": verdict["kept_supervised_tokens"],
+                "supervision_loss_ratio": verdict["supervision_loss_ratio"],
+                "decision": verdict["decision"],
+            }
+        )
         if verdict["decision"] == "overflow":
             dropped.append({"name": name, "index": index, "reasons": verdict["reasons"]})
         else:
             kept.append(_cut(sample, min(len(labels), target)))
-    audit = {"records": records, **{key: [r["name"] for r in records if r["decision"] == decision]
-                                      for key, decision in (("fit_names", "fit"), ("truncated_names", "truncate"),
-                                                            ("overflow_names", "overflow"))}}
+    audit = {
+        "records": records,
+        **{
+            key: [r["name"] for r in records if r["decision"] == decision]
+            for key, decision in (("fit_names", "fit"), ("truncated_names", "truncate"), ("overflow_names", "overflow"))
+        },
+    }
     return {"kept": kept, "dropped": dropped, "audit": audit}

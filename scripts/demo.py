@@ -23,9 +23,11 @@ def library_tour() -> None:
     import course_lib as cl
 
     tokenizer = cl.load_course_tokenizer()
-    chat = [{"role": "system", "content": "You are a patient tutor."},
-            {"role": "user", "content": "Why pack samples?"},
-            {"role": "assistant", "content": "To fill each row with real tokens instead of padding."}]
+    chat = [
+        {"role": "system", "content": "You are a patient tutor."},
+        {"role": "user", "content": "Why pack samples?"},
+        {"role": "assistant", "content": "To fill each row with real tokens instead of padding."},
+    ]
     print("== length ledger (one rendering, course tokenizer, chatml) ==")
     print(cl.measure_sample(tokenizer, chat))
     print(cl.summarize_length_distribution([64, 128, 300, 900], 128, 512))
@@ -102,15 +104,22 @@ def main() -> int:
     builds = build.build_course(build.NOTEBOOKS_DIR)
     for chapter in builds:
         print(f"{chapter.name:<28} {len(chapter.graded_cells)} graded cells, {chapter.points:.0f} points")
-    print("\n== grading sample submissions (course grade: each submission confined by bubblewrap, nbgrader's gradebook) ==")
+    print(
+        "\n== grading sample submissions (course grade: each submission confined by bubblewrap, nbgrader's gradebook) =="
+    )
     from course_lib.instructor import grade
 
     # Grade in a scratch copy of the built course: nbgrader refuses to rebuild a chapter whose gradebook holds
     # submissions, and the repository's notebooks/ must stay rebuildable.
     course = REPO / "build" / "demo" / "course"
     shutil.rmtree(course, ignore_errors=True)
-    shutil.copytree(build.NOTEBOOKS_DIR, course, ignore=shutil.ignore_patterns(
-        "submitted", "autograded", "feedback", "grades.csv", "grading_log.json", ".grading-*"))
+    shutil.copytree(
+        build.NOTEBOOKS_DIR,
+        course,
+        ignore=shutil.ignore_patterns(
+            "submitted", "autograded", "feedback", "grades.csv", "grading_log.json", ".grading-*"
+        ),
+    )
     inbox = REPO / "build" / "demo" / "inbox"
     write_samples(course, inbox)
     run = grade.grade_submissions(inbox, course, force=True)

@@ -45,8 +45,15 @@ def _sync() -> None:
 
 
 def main() -> None:
-    model, _ = load_causal_lm("Qwen/Qwen2.5-0.5B", mode="real_gpu" if CUDA else "cpu_smoke", device=DEVICE,
-                              dtype=DTYPE, attention="sdpa", seed=42, allow_hub=False)
+    model, _ = load_causal_lm(
+        "Qwen/Qwen2.5-0.5B",
+        mode="real_gpu" if CUDA else "cpu_smoke",
+        device=DEVICE,
+        dtype=DTYPE,
+        attention="sdpa",
+        seed=42,
+        allow_hub=False,
+    )
     _, _, samples = scaled_samples(LENGTHS, 1, model.config.vocab_size)
     block, _ = packed_batch(samples, DEVICE, DTYPE)
     varlen = varlen_batch(packed_row(samples, DEVICE)[0], LENGTHS)

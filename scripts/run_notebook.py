@@ -26,8 +26,11 @@ from pathlib import Path
 def code_cells(notebook: Path) -> list[str]:
     """The notebook's code cells, as source strings, in order."""
     cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
-    return ["".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
-            for cell in cells if cell["cell_type"] == "code"]
+    return [
+        "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+        for cell in cells
+        if cell["cell_type"] == "code"
+    ]
 
 
 def apply_settings(sources: list[str], settings: list[str]) -> list[str]:

@@ -1,7 +1,7 @@
 """Regenerate course_lib/data/tokenizer/ from the shipped corpus; running it twice gives identical bytes.
 
-    python scripts/train_course_tokenizer.py            # rewrite the shipped tokenizer
-    python scripts/train_course_tokenizer.py --out DIR  # write elsewhere (tests compare the two)
+python scripts/train_course_tokenizer.py            # rewrite the shipped tokenizer
+python scripts/train_course_tokenizer.py --out DIR  # write elsewhere (tests compare the two)
 """
 
 from __future__ import annotations

@@ -50,8 +50,9 @@ def test_kv_bytes_match_a_real_transformers_cache():
 
 
 def test_seed_decode_rates():
-    rates = [decode_tokens_per_s(N, b, c, KV, H200["memory_bandwidth"]) for b, c in
-             [(64, 2048), (64, 16_384), (256, 16_384)]]
+    rates = [
+        decode_tokens_per_s(N, b, c, KV, H200["memory_bandwidth"]) for b, c in [(64, 2048), (64, 16_384), (256, 16_384)]
+    ]
     assert [round(r) for r in rates] == [8598, 1796, 1935]
 
 
@@ -67,26 +68,55 @@ def test_seed_training_outpaces_long_context_decode_4_5_times():
 
 def test_seed_gpu_hours_per_step():
     decode_rate = decode_tokens_per_s(N, 64, 16_384, KV, 4.8e12)
-    parts = gpu_hours_per_step(N, episodes=512, total_tokens=24_000, policy_tokens=6_000, decode_rate=decode_rate,
-                               peak_flops=989e12, mfu=0.4, busy=0.5)
+    parts = gpu_hours_per_step(
+        N,
+        episodes=512,
+        total_tokens=24_000,
+        policy_tokens=6_000,
+        decode_rate=decode_rate,
+        peak_flops=989e12,
+        mfu=0.4,
+        busy=0.5,
+    )
     assert list(parts) == ["train", "old_logp", "prefill", "decode", "total"]
-    assert {k: round(v, 2) for k, v in parts.items()} == {"train": 0.42, "old_logp": 0.14, "prefill": 0.11,
-                                                          "decode": 0.95, "total": 1.62}
+    assert {k: round(v, 2) for k, v in parts.items()} == {
+        "train": 0.42,
+        "old_logp": 0.14,
+        "prefill": 0.11,
+        "decode": 0.95,
+        "total": 1.62,
+    }
     assert parts["total"] == pytest.approx(sum(v for k, v in parts.items() if k != "total"))
     assert f"{300 * parts['total']:,.0f}" == "487"
     assert f"{parts['decode'] / parts['total']:.0%}" == "59%"
     assert f"{parts['train'] / parts['total']:.0%}" == "26%"  # "the training pass itself is about a quarter"
 
 
-SEED_STEP = {"n_params": N, "episodes": 512, "total_tokens": 24_000, "policy_tokens": 6_000, "decode_rate": 1796.0,
-             "peak_flops": 989e12, "mfu": 0.4, "busy": 0.5}
+SEED_STEP = {
+    "n_params": N,
+    "episodes": 512,
+    "total_tokens": 24_000,
+    "policy_tokens": 6_000,
+    "decode_rate": 1796.0,
+    "peak_flops": 989e12,
+    "mfu": 0.4,
+    "busy": 0.5,
+}
 
 
-@pytest.mark.parametrize("field, values", [
-    ("n_params", (0.0, -1.0, float("inf"))), ("total_tokens", (0, -24_000.0)), ("policy_tokens", (0, -6_000.0)),
-    ("decode_rate", (0.0, -1.0)), ("peak_flops", (0.0, -989e12)), ("mfu", (0.0, 1.2, "0.4")),
-    ("busy", (0.0, 1.5, float("nan"))), ("episodes", (0, 512.0, True)),
-])
+@pytest.mark.parametrize(
+    "field, values",
+    [
+        ("n_params", (0.0, -1.0, float("inf"))),
+        ("total_tokens", (0, -24_000.0)),
+        ("policy_tokens", (0, -6_000.0)),
+        ("decode_rate", (0.0, -1.0)),
+        ("peak_flops", (0.0, -989e12)),
+        ("mfu", (0.0, 1.2, "0.4")),
+        ("busy", (0.0, 1.5, float("nan"))),
+        ("episodes", (0, 512.0, True)),
+    ],
+)
 def test_gpu_hours_refuses_each_field_out_of_range(field, values):
     for value in values:
         with pytest.raises(ValueError, match=f"^{field} "):  # its own check: "policy_tokens ... exceeds
@@ -116,14 +146,18 @@ def test_exercise_6_long_context():
     parts = gpu_hours_per_step(N, 512, 24_000, 6_000, rate_64k, 989e12, 0.4, 0.5)
     assert round(parts["decode"], 2) == 3.53 and round(parts["total"], 2) == 4.20
     assert decode_tokens_per_s(N, 64, 65_536, KV / 4, 4.8e12) == pytest.approx(
-        decode_tokens_per_s(N, 64, 16_384, KV, 4.8e12))
+        decode_tokens_per_s(N, 64, 16_384, KV, 4.8e12)
+    )
 
 
 def test_decode_rate_table():
     rows = decode_rate_table(N, KV, 4.8e12, batches=[64, 256], contexts=[2048, 16_384])
     assert [(r["batch"], r["context"], round(r["tokens_per_s"])) for r in rows] == [
-        (64, 2048, 8598), (64, 16_384, 1796), (256, 2048, 13_113),
-        (256, 16_384, 1935)]
+        (64, 2048, 8598),
+        (64, 16_384, 1796),
+        (256, 2048, 13_113),
+        (256, 16_384, 1935),
+    ]
     assert rows[1]["kv_read_share"] == pytest.approx(64 * 16_384 * KV / (64 * 16_384 * KV + 2 * N))
     assert rows[1]["kv_read_share"] > 0.9  # at 16k, KV reads swamp the weight reads
 
@@ -131,36 +165,40 @@ def test_decode_rate_table():
 def test_weight_bytes_per_param():
     """8-bit weights halve the weight read; with b c s_kv -> 0 the rate doubles."""
     assert decode_tokens_per_s(N, 1, 1, 1e-9, 4.8e12, weight_bytes_per_param=1) == pytest.approx(
-        2 * decode_tokens_per_s(N, 1, 1, 1e-9, 4.8e12))
+        2 * decode_tokens_per_s(N, 1, 1, 1e-9, 4.8e12)
+    )
 
 
-@pytest.mark.parametrize("call, match", [
-    (lambda: decode_tokens_per_s(0, 64, 2048, KV, 4.8e12), "n_params"),
-    (lambda: decode_tokens_per_s(N, 0, 2048, KV, 4.8e12), "batch"),
-    (lambda: decode_tokens_per_s(N, 64, 2048.5, KV, 4.8e12), "context"),
-    (lambda: decode_tokens_per_s(N, 64, 2048, KV, -1), "bandwidth"),
-    (lambda: decode_tokens_per_s(N, 64, 2048, KV, 0.0), "bandwidth"),    # every rate input is > 0, not >= 0
-    (lambda: decode_tokens_per_s(N, 64, 2048, 0, 4.8e12), "kv_bytes"),
-    (lambda: decode_tokens_per_s(N, 64, 2048, -KV, 4.8e12), "kv_bytes"),
-    (lambda: decode_tokens_per_s(N, 64, 2048, KV, 4.8e12, weight_bytes_per_param=0), "weight_bytes_per_param"),
-    (lambda: decode_tokens_per_s(N, 64, 2048, KV, 4.8e12, weight_bytes_per_param=-2.0), "weight_bytes_per_param"),
-    (lambda: gpu_hours_per_step(0.0, 512, 24_000, 6_000, 1796, 989e12, 0.4, 0.5), "n_params"),
-    (lambda: train_tokens_per_s(N, 989e12, 0.0), "mfu"),
-    (lambda: train_tokens_per_s(N, 989e12, 1.2), "mfu"),
-    (lambda: train_tokens_per_s(0.0, 989e12, 0.4), "^n_params "),
-    (lambda: train_tokens_per_s(-N, 989e12, 0.4), "^n_params "),
-    (lambda: train_tokens_per_s(N, 0.0, 0.4), "^peak_flops "),
-    (lambda: train_tokens_per_s(N, -989e12, 0.4), "^peak_flops "),
-    (lambda: gpu_hours_per_step(N, 512, 24_000, 6_000, 1796, 989e12, 0.4, 0), "busy"),
-    (lambda: gpu_hours_per_step(N, 512, 6_000, 24_000, 1796, 989e12, 0.4, 0.5), "policy_tokens"),
-    (lambda: gpu_hours_per_step(N, 0, 24_000, 6_000, 1796, 989e12, 0.4, 0.5), "episodes"),
-    (lambda: gpu_hours_per_step(N, 512, 24_000, 6_000, float("nan"), 989e12, 0.4, 0.5), "decode_rate"),
-    (lambda: kv_bytes_per_token({"num_hidden_layers": 2, "num_attention_heads": 4}), "hidden_size"),
-    (lambda: kv_bytes_per_token("Llama-7B"), "name"),
-    (lambda: kv_bytes_per_token("Qwen3-8B", dtype_bytes=0), "dtype_bytes"),
-    (lambda: kv_bytes_per_token({"num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 0}), "head_dim"),
-    (lambda: kv_bytes_per_token({"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 2}), "head_dim"),
-])
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: decode_tokens_per_s(0, 64, 2048, KV, 4.8e12), "n_params"),
+        (lambda: decode_tokens_per_s(N, 0, 2048, KV, 4.8e12), "batch"),
+        (lambda: decode_tokens_per_s(N, 64, 2048.5, KV, 4.8e12), "context"),
+        (lambda: decode_tokens_per_s(N, 64, 2048, KV, -1), "bandwidth"),
+        (lambda: decode_tokens_per_s(N, 64, 2048, KV, 0.0), "bandwidth"),  # every rate input is > 0, not >= 0
+        (lambda: decode_tokens_per_s(N, 64, 2048, 0, 4.8e12), "kv_bytes"),
+        (lambda: decode_tokens_per_s(N, 64, 2048, -KV, 4.8e12), "kv_bytes"),
+        (lambda: decode_tokens_per_s(N, 64, 2048, KV, 4.8e12, weight_bytes_per_param=0), "weight_bytes_per_param"),
+        (lambda: decode_tokens_per_s(N, 64, 2048, KV, 4.8e12, weight_bytes_per_param=-2.0), "weight_bytes_per_param"),
+        (lambda: gpu_hours_per_step(0.0, 512, 24_000, 6_000, 1796, 989e12, 0.4, 0.5), "n_params"),
+        (lambda: train_tokens_per_s(N, 989e12, 0.0), "mfu"),
+        (lambda: train_tokens_per_s(N, 989e12, 1.2), "mfu"),
+        (lambda: train_tokens_per_s(0.0, 989e12, 0.4), "^n_params "),
+        (lambda: train_tokens_per_s(-N, 989e12, 0.4), "^n_params "),
+        (lambda: train_tokens_per_s(N, 0.0, 0.4), "^peak_flops "),
+        (lambda: train_tokens_per_s(N, -989e12, 0.4), "^peak_flops "),
+        (lambda: gpu_hours_per_step(N, 512, 24_000, 6_000, 1796, 989e12, 0.4, 0), "busy"),
+        (lambda: gpu_hours_per_step(N, 512, 6_000, 24_000, 1796, 989e12, 0.4, 0.5), "policy_tokens"),
+        (lambda: gpu_hours_per_step(N, 0, 24_000, 6_000, 1796, 989e12, 0.4, 0.5), "episodes"),
+        (lambda: gpu_hours_per_step(N, 512, 24_000, 6_000, float("nan"), 989e12, 0.4, 0.5), "decode_rate"),
+        (lambda: kv_bytes_per_token({"num_hidden_layers": 2, "num_attention_heads": 4}), "hidden_size"),
+        (lambda: kv_bytes_per_token("Llama-7B"), "name"),
+        (lambda: kv_bytes_per_token("Qwen3-8B", dtype_bytes=0), "dtype_bytes"),
+        (lambda: kv_bytes_per_token({"num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 0}), "head_dim"),
+        (lambda: kv_bytes_per_token({"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 2}), "head_dim"),
+    ],
+)
 def test_bad_input(call, match):
     with pytest.raises(ValueError, match=match):
         call()

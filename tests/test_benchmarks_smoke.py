@@ -32,13 +32,20 @@ def test_bench_packing_smoke_runs_every_section():
 
     printed = _run(bench_packing.main)
     assert "ours 'bfd' plan identical to TRL's global bfd rows (same order, same lengths): True" in printed
-    assert ("ours split plan identical to TRL's global bfd_split rows (same order, same lengths): True; "
-            "rows <= TRL's in both runs: True") in printed
+    assert (
+        "ours split plan identical to TRL's global bfd_split rows (same order, same lengths): True; "
+        "rows <= TRL's in both runs: True"
+    ) in printed
     split_section = printed.split("## plan_split_packing vs", 1)[1].split("\n## ", 1)[0]
     assert "(0 longer than the row" not in split_section  # the smoke size still cuts some sample
-    for section in ("## plan_packing vs trl.pack_dataset", "## plan_split_packing vs trl.pack_dataset('bfd_split')",
-                    "## seed teaching first-fit", "## varlen_metadata",
-                    "## block_causal_mask", "## a training step"):
+    for section in (
+        "## plan_packing vs trl.pack_dataset",
+        "## plan_split_packing vs trl.pack_dataset('bfd_split')",
+        "## seed teaching first-fit",
+        "## varlen_metadata",
+        "## block_causal_mask",
+        "## a training step",
+    ):
         assert section in printed, f"bench_packing --smoke printed no {section!r} section"
     step_rows = printed.split("## a training step", 1)[1].splitlines()[2:4]
     assert [row.split()[0] for row in step_rows] == ["1", "2"], step_rows  # both scales, every layout's loss agreed
@@ -50,13 +57,16 @@ def test_bench_logprobs_smoke_meets_its_own_targets():
 
     printed = _run(bench_logprobs.main)
     assert "# targets: all met" in printed, printed[-2000:]
-    methods = {line.split()[1] + (" " + line.split()[2] if line.split()[1] == "trl" else "")
-               for line in printed.splitlines() if line[:6].strip().isdigit()}
+    methods = {
+        line.split()[1] + (" " + line.split()[2] if line.split()[1] == "trl" else "")
+        for line in printed.splitlines()
+        if line[:6].strip().isdigit()
+    }
     assert methods == {"full", "chunked", "recompute", "trl full", "trl chunked"}, methods
     line = next(line for line in printed.splitlines() if line.startswith("# recompute saved bytes across T"))
     spread = float(re.search(r"spread ([\d.]+)%", line).group(1))
     full, recompute = map(int, re.search(r"full (\d+) B vs recompute (\d+) B", line).groups())
-    assert spread <= 5.0, line                 # recompute keeps the same bytes at every T
+    assert spread <= 5.0, line  # recompute keeps the same bytes at every T
     assert full >= 10 * max(recompute, 1), line  # and at least 10x less than the full path at the longest T
 
 

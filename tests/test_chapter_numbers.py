@@ -24,7 +24,9 @@ def _chapter(name: str, tmp_path) -> tuple[list[str], str]:
     root = build.copy_course_skeleton(build.NOTEBOOKS_DIR, tmp_path / "course")
     notebook = build.build_source_notebook(root / "chapters" / f"{name}.py", root).source_notebook
     cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
-    text = {kind: ["".join(cell["source"]) for cell in cells if cell["cell_type"] == kind] for kind in ("code", "markdown")}
+    text = {
+        kind: ["".join(cell["source"]) for cell in cells if cell["cell_type"] == kind] for kind in ("code", "markdown")
+    }
     return text["code"], "\n".join(text["markdown"])
 
 
@@ -53,10 +55,14 @@ def _printed(sources: list[str], namespace: dict | None = None) -> str:
 def test_chapter4_shows_the_targets_a_packed_shift_takes_from_another_document(tmp_path):
     code, prose = _chapter("04_microbatches_and_loss", tmp_path)
     assert "model = tiny_qwen2(seed=0)\n" in _cell(code, "def accumulate(")  # the model the cell below is given
-    printed = _printed([code[0], _cell(code, "chats = corpus_chats("), _cell(code, "documents = ")],
-                       {"model": cl.tiny_qwen2(seed=0)})
-    counted = re.search(r"(\d+) documents, (\d+) tokens in one row: the plain shift counts (\d+) targets, (\d+) of them "
-                        r"across a boundary\nkept (\d+) targets \| largest \|packed - alone\| loss (\S+) nats", printed)
+    printed = _printed(
+        [code[0], _cell(code, "chats = corpus_chats("), _cell(code, "documents = ")], {"model": cl.tiny_qwen2(seed=0)}
+    )
+    counted = re.search(
+        r"(\d+) documents, (\d+) tokens in one row: the plain shift counts (\d+) targets, (\d+) of them "
+        r"across a boundary\nkept (\d+) targets \| largest \|packed - alone\| loss (\S+) nats",
+        printed,
+    )
     assert counted, printed
     documents, tokens, plain, crossing, kept = map(int, counted.groups()[:5])
     assert (documents, plain, crossing, kept) == (4, tokens - 1, documents - 1, tokens - documents)
@@ -70,18 +76,31 @@ def test_chapter5_entropy_section_prints_what_its_prose_quotes(tmp_path):
 
     code, prose = _chapter("05_logit_memory", tmp_path)
     namespace: dict = {}
-    printed = _printed([code[0], _cell(code, "trunk_kept = saved_tensor_bytes("), _cell(code, "weight = model.lm_head"),
-                        _cell(code, "entropy = chunked_token_entropy(")], namespace)
-    line = re.search(r"mean entropy (\S+) nats \(uniform over V: ln (\d+) = (\S+)\) \| mean -log p of the next token "
-                     r"(\S+) nats\nlargest \|ours - TRL entropy_from_logits\| (\S+)\nkept for backward: full (\S+) MB \| "
-                     r"chunked \+ recompute (\S+) MB", printed)
+    printed = _printed(
+        [
+            code[0],
+            _cell(code, "trunk_kept = saved_tensor_bytes("),
+            _cell(code, "weight = model.lm_head"),
+            _cell(code, "entropy = chunked_token_entropy("),
+        ],
+        namespace,
+    )
+    line = re.search(
+        r"mean entropy (\S+) nats \(uniform over V: ln (\d+) = (\S+)\) \| mean -log p of the next token "
+        r"(\S+) nats\nlargest \|ours - TRL entropy_from_logits\| (\S+)\nkept for backward: full (\S+) MB \| "
+        r"chunked \+ recompute (\S+) MB",
+        printed,
+    )
     assert line, printed
     entropy, vocab, uniform, surprise, gap, full_mb, chunked_mb = line.groups()
     assert (entropy, vocab, uniform, surprise, full_mb, chunked_mb) == ("7.61", "2048", "7.62", "7.65", "8.39", "0.00")
     assert float(gap) < 1e-6
-    assert (f"its mean entropy, {entropy} nats, is within 0.02 of $\\ln {vocab} = {uniform}$" in prose
-            and f"likelier than the rest ({surprise} nats)" in prose
-            and f"keeps {full_mb} MB for backward" in prose and f"the recomputed one {chunked_mb} MB" in prose)
+    assert (
+        f"its mean entropy, {entropy} nats, is within 0.02 of $\\ln {vocab} = {uniform}$" in prose
+        and f"likelier than the rest ({surprise} nats)" in prose
+        and f"keeps {full_mb} MB for backward" in prose
+        and f"the recomputed one {chunked_mb} MB" in prose
+    )
     # the same numbers from the library and TRL, outside the notebook
     hidden, weight, targets = namespace["hidden"], namespace["weight"], namespace["targets"]
     ours = cl.chunked_token_entropy(hidden, weight, 64)
@@ -96,5 +115,7 @@ def test_the_new_sections_stay_ungraded(name):
     """The sections add no TODO and no graded cell: the chapters' points are what they were."""
     source = (build.NOTEBOOKS_DIR / "chapters" / f"{name}.py").read_text(encoding="utf-8")
     todos = re.findall(r'"grade_id": "todo_(\w+)"', source)
-    assert {"04_microbatches_and_loss": ["token_budget_batches", "packed_token_budget_batches", "aggregate_loss"],
-            "05_logit_memory": ["checkpointed_log_probs"]}[name] == todos
+    assert {
+        "04_microbatches_and_loss": ["token_budget_batches", "packed_token_budget_batches", "aggregate_loss"],
+        "05_logit_memory": ["checkpointed_log_probs"],
+    }[name] == todos

@@ -21,21 +21,48 @@ def stand_in(source: str, name: str, namespace: dict | None = None, timeout_s: f
     return checker.StudentFunction(code, name), code
 
 
-def run_cell(test_source: str, solution: str, names: list[str], cell_timeout_s: float = 20.0,
-             call_timeout_s: float = 10.0):
-    problem, verdicts = checker.run_checks(["import torch\nfrom course_lib import grading"], {"todo": solution},
-                                           [("test", 1.0, test_source)], names=names,
-                                           cell_timeout_s=cell_timeout_s, call_timeout_s=call_timeout_s)
+def run_cell(
+    test_source: str, solution: str, names: list[str], cell_timeout_s: float = 20.0, call_timeout_s: float = 10.0
+):
+    problem, verdicts = checker.run_checks(
+        ["import torch\nfrom course_lib import grading"],
+        {"todo": solution},
+        [("test", 1.0, test_source)],
+        names=names,
+        cell_timeout_s=cell_timeout_s,
+        call_timeout_s=call_timeout_s,
+    )
     assert problem is None
     return verdicts[0]
 
 
-@pytest.mark.parametrize("value", [
-    None, True, 3, -2**70, 2.5, float("inf"), "text", b"bytes", [1, [2, (3, 4)]], (), {"a": 1, 2: [3]}, {1, 2},
-    frozenset({"x"}), torch.arange(6).reshape(2, 3), torch.tensor([1.5], dtype=torch.bfloat16),
-    torch.ones(2, requires_grad=True), torch.Size([2, 3]), torch.float16, np.arange(4, dtype=np.int32),
-    np.int64(7), np.float32(0.5), np.array(["a", "bc"]),
-])
+@pytest.mark.parametrize(
+    "value",
+    [
+        None,
+        True,
+        3,
+        -(2**70),
+        2.5,
+        float("inf"),
+        "text",
+        b"bytes",
+        [1, [2, (3, 4)]],
+        (),
+        {"a": 1, 2: [3]},
+        {1, 2},
+        frozenset({"x"}),
+        torch.arange(6).reshape(2, 3),
+        torch.tensor([1.5], dtype=torch.bfloat16),
+        torch.ones(2, requires_grad=True),
+        torch.Size([2, 3]),
+        torch.float16,
+        np.arange(4, dtype=np.int32),
+        np.int64(7),
+        np.float32(0.5),
+        np.array(["a", "bc"]),
+    ],
+)
 def test_values_travel_as_data_with_their_types(value):
     back = checker.decode(checker.load(checker.dump(checker.encode(value))))
     assert type(back) is type(value)
@@ -83,10 +110,12 @@ def test_what_the_student_process_sends_is_read_without_running_its_code():
 
 
 def test_only_imports_definitions_and_name_assignments_of_a_todo_cell_run():
-    source = ("import math\nfrom os import path as p\nLIMIT = 3\nlimit: int = 4\n"
-              "def f(x):\n    return x + LIMIT\n"
-              "class Helper:\n    pass\n"
-              "print('run me')\ngrading.assert_same = None\nmath.pi = 3\nfor i in range(3):\n    pass\n")
+    source = (
+        "import math\nfrom os import path as p\nLIMIT = 3\nlimit: int = 4\n"
+        "def f(x):\n    return x + LIMIT\n"
+        "class Helper:\n    pass\n"
+        "print('run me')\ngrading.assert_same = None\nmath.pi = 3\nfor i in range(3):\n    pass\n"
+    )
     code, notes = checker.student_module({"todo_f": source})
     namespace = {}
     exec(code, namespace)
@@ -98,9 +127,13 @@ def test_only_imports_definitions_and_name_assignments_of_a_todo_cell_run():
 
 
 def test_a_call_returns_the_students_value_and_its_exceptions_by_their_builtin_type():
-    function, code = stand_in("class BadRole(ValueError):\n    pass\n"
-                              "def f(x):\n    if x < 0:\n        raise BadRole(f'x must be >= 0, got {x}')\n"
-                              "    return {'double': 2 * x, 'tensor': torch.tensor([x])}\n", "f", {"torch": torch})
+    function, code = stand_in(
+        "class BadRole(ValueError):\n    pass\n"
+        "def f(x):\n    if x < 0:\n        raise BadRole(f'x must be >= 0, got {x}')\n"
+        "    return {'double': 2 * x, 'tensor': torch.tensor([x])}\n",
+        "f",
+        {"torch": torch},
+    )
     try:
         assert function(3)["double"] == 6 and torch.equal(function(3)["tensor"], torch.tensor([3]))
         with pytest.raises(ValueError, match=r"x must be >= 0, got -1") as raised:
@@ -111,33 +144,43 @@ def test_a_call_returns_the_students_value_and_its_exceptions_by_their_builtin_t
 
 
 def test_a_function_that_patches_the_checks_when_called_changes_nothing_here():
-    solution = ("import math, torch\nimport course_lib.grading as g\n"
-                "def ledger_from_roles(roles, *, supervise_eos=True):\n"
-                "    g.assert_same = g.assert_matches_reference = g.assert_rejects = lambda *a, **k: None\n"
-                "    torch.allclose = torch.equal = lambda *a, **k: True\n"
-                "    math.isclose = lambda *a, **k: True\n"
-                "    return {'template_tokens': 0, 'prompt_tokens': 0, 'supervised_tokens': 0, 'total_tokens': 0}\n")
-    test = ("ledger_from_roles(['user'])\n"
-            "grading.assert_matches_reference(ledger_from_roles, 'ledger_from_roles', [((['user', 'assistant'],), {})])")
+    solution = (
+        "import math, torch\nimport course_lib.grading as g\n"
+        "def ledger_from_roles(roles, *, supervise_eos=True):\n"
+        "    g.assert_same = g.assert_matches_reference = g.assert_rejects = lambda *a, **k: None\n"
+        "    torch.allclose = torch.equal = lambda *a, **k: True\n"
+        "    math.isclose = lambda *a, **k: True\n"
+        "    return {'template_tokens': 0, 'prompt_tokens': 0, 'supervised_tokens': 0, 'total_tokens': 0}\n"
+    )
+    test = (
+        "ledger_from_roles(['user'])\n"
+        "grading.assert_matches_reference(ledger_from_roles, 'ledger_from_roles', [((['user', 'assistant'],), {})])"
+    )
     verdict = run_cell(test, solution, ["ledger_from_roles"])
     assert not verdict.passed and "prompt_tokens" in verdict.message
     assert grading.assert_same.__module__ == "course_lib.grading" and torch.allclose.__module__ != "__main__"
 
 
 def test_a_cell_that_patches_at_the_top_level_is_not_run():
-    solution = ("import course_lib.grading as g\ng.assert_matches_reference = lambda *a, **k: None\n"
-                "setattr(g, 'assert_same', lambda *a, **k: None)\n"
-                "def overflow_ratio(lengths, context_len):\n    return 0.5\n")
+    solution = (
+        "import course_lib.grading as g\ng.assert_matches_reference = lambda *a, **k: None\n"
+        "setattr(g, 'assert_same', lambda *a, **k: None)\n"
+        "def overflow_ratio(lengths, context_len):\n    return 0.5\n"
+    )
     test = "grading.assert_matches_reference(overflow_ratio, 'overflow_ratio', [(([1, 9, 10],), {'context_len': 8})])"
     verdict = run_cell(test, solution, ["overflow_ratio"])
     assert not verdict.passed and "overflow_ratio(case 0)" in verdict.message
 
 
 def test_calling_the_library_trips_even_through_a_copy_made_at_the_top_of_the_cell():
-    for solution in ("from course_lib import overflow_ratio as _mine\ndef overflow_ratio(lengths, context_len):\n    return _mine(lengths, context_len)\n",
-                     "import types, course_lib\n"
-                     "overflow_ratio = types.FunctionType(course_lib.overflow_ratio.__code__, globals())\n"):
-        test = "grading.assert_matches_reference(overflow_ratio, 'overflow_ratio', [(([1, 9, 10],), {'context_len': 8})])"
+    for solution in (
+        "from course_lib import overflow_ratio as _mine\ndef overflow_ratio(lengths, context_len):\n    return _mine(lengths, context_len)\n",
+        "import types, course_lib\n"
+        "overflow_ratio = types.FunctionType(course_lib.overflow_ratio.__code__, globals())\n",
+    ):
+        test = (
+            "grading.assert_matches_reference(overflow_ratio, 'overflow_ratio', [(([1, 9, 10],), {'context_len': 8})])"
+        )
         verdict = run_cell(test, solution, ["overflow_ratio"])
         assert not verdict.passed, solution
         assert "write it yourself" in verdict.message or "library's function" in verdict.message
@@ -151,8 +194,12 @@ def test_an_input_changed_in_place_is_seen_through_the_arguments_sent_back():
 
 
 def test_a_process_that_dies_or_hangs_fails_the_call_not_the_checker():
-    function, code = stand_in("import os, time\ndef f(x):\n    if x == 0:\n        os._exit(0)\n"
-                              "    if x == 1:\n        time.sleep(60)\n    return x\n", "f", timeout_s=2.0)
+    function, code = stand_in(
+        "import os, time\ndef f(x):\n    if x == 0:\n        os._exit(0)\n"
+        "    if x == 1:\n        time.sleep(60)\n    return x\n",
+        "f",
+        timeout_s=2.0,
+    )
     try:
         with pytest.raises(checker.StudentProcessEnded, match="ended before it answered"):
             function(0)
@@ -171,11 +218,17 @@ def test_a_signal_to_the_checker_from_the_students_process_is_not_a_timeout():
 
 
 def test_the_time_the_tests_take_is_not_the_students_fault_but_the_students_is():
-    slow_tests = run_cell("import time\ntime.sleep(5)\nassert f(1) == 1", "def f(x):\n    return x\n", ["f"],
-                          cell_timeout_s=1.0)
+    slow_tests = run_cell(
+        "import time\ntime.sleep(5)\nassert f(1) == 1", "def f(x):\n    return x\n", ["f"], cell_timeout_s=1.0
+    )
     assert not slow_tests.passed and slow_tests.needs_regrade
-    slow_student = run_cell("assert f(1) == 1", "import time\ndef f(x):\n    time.sleep(5)\n    return x\n", ["f"],
-                            cell_timeout_s=1.5, call_timeout_s=30)
+    slow_student = run_cell(
+        "assert f(1) == 1",
+        "import time\ndef f(x):\n    time.sleep(5)\n    return x\n",
+        ["f"],
+        cell_timeout_s=1.5,
+        call_timeout_s=30,
+    )
     assert not slow_student.passed and not slow_student.needs_regrade
     assert "in your functions" in slow_student.message
 
@@ -221,13 +274,20 @@ def test_the_checker_program_sends_probes_and_cases_to_the_students_process(mode
             sandbox.require("bwrap")
         except sandbox.SandboxUnavailable as error:
             pytest.skip(str(error))
-    test = ("leaf = torch.ones(2, requires_grad=True)\n"
-            "assert grading.in_student_process(scaled, lambda f: torch.autograd.grad(f(leaf).sum(), leaf)[0]).tolist()"
-            " == [3.0, 3.0]\n"
-            "grading.assert_matches_reference(scaled, 'scaled', [((1,), {})])\n")
-    job = {"setup": ["import torch\nfrom course_lib import grading\ngrading._ORIGINALS['scaled'] = lambda x: 3 * x"],
-           "tests": [("test_scaled", 1.0, test)], "solutions": {"todo_scaled": "def scaled(x):\n    return 3 * x\n"},
-           "names": ["scaled"], "cell_timeout": 60, "call_timeout": 60}
+    test = (
+        "leaf = torch.ones(2, requires_grad=True)\n"
+        "assert grading.in_student_process(scaled, lambda f: torch.autograd.grad(f(leaf).sum(), leaf)[0]).tolist()"
+        " == [3.0, 3.0]\n"
+        "grading.assert_matches_reference(scaled, 'scaled', [((1,), {})])\n"
+    )
+    job = {
+        "setup": ["import torch\nfrom course_lib import grading\ngrading._ORIGINALS['scaled'] = lambda x: 3 * x"],
+        "tests": [("test_scaled", 1.0, test)],
+        "solutions": {"todo_scaled": "def scaled(x):\n    return 3 * x\n"},
+        "names": ["scaled"],
+        "cell_timeout": 60,
+        "call_timeout": 60,
+    }
     checked = confined.run_checker(job, confined.Confinement(mode=mode))
     assert checked.ended is None and checked.setup_problem is None
     assert checked.verdicts["test_scaled"]["passed"], checked.verdicts["test_scaled"]["message"]
@@ -236,9 +296,13 @@ def test_the_checker_program_sends_probes_and_cases_to_the_students_process(mode
 def test_a_cell_out_of_time_mid_call_leaves_no_half_answer_for_the_next_cell():
     """The cell's time runs out while the server computes: the next cell's call must get its own answer."""
     problem, verdicts = checker.run_checks(
-        [""], {"todo": "import time\ndef f(x):\n    if x == 'slow':\n        time.sleep(3)\n    return x\n"},
-        [("slow", 1.0, "f('slow')"), ("next", 1.0, "assert f(1) == 1 and f(2) == 2")], names=["f"],
-        cell_timeout_s=1.0, call_timeout_s=30)
+        [""],
+        {"todo": "import time\ndef f(x):\n    if x == 'slow':\n        time.sleep(3)\n    return x\n"},
+        [("slow", 1.0, "f('slow')"), ("next", 1.0, "assert f(1) == 1 and f(2) == 2")],
+        names=["f"],
+        cell_timeout_s=1.0,
+        call_timeout_s=30,
+    )
     assert problem is None
     assert not verdicts[0].passed and verdicts[1].passed, (verdicts[0].message, verdicts[1].message)
 
@@ -253,10 +317,17 @@ def test_a_process_the_students_function_forks_cannot_answer_a_later_call():
     except sandbox.SandboxUnavailable as error:
         pytest.skip(str(error))
     solution = "import os\ndef f(x):\n    os.fork()\n    return x\ndef g(x):\n    return 2 * x\n"
-    job = {"setup": [""], "solutions": {"todo": solution}, "names": ["f", "g"], "cell_timeout": 60,
-           "call_timeout": 60,
-           "tests": [("same_cell", 1.0, "f(1)\nassert g(5) == 10, g(5)\nassert g(6) == 12"),
-                     ("next_cell", 1.0, "assert g(7) == 14, g(7)")]}
+    job = {
+        "setup": [""],
+        "solutions": {"todo": solution},
+        "names": ["f", "g"],
+        "cell_timeout": 60,
+        "call_timeout": 60,
+        "tests": [
+            ("same_cell", 1.0, "f(1)\nassert g(5) == 10, g(5)\nassert g(6) == 12"),
+            ("next_cell", 1.0, "assert g(7) == 14, g(7)"),
+        ],
+    }
     checked = confined.run_checker(job, confined.Confinement())
     assert checked.ended is None
     assert all(verdict["passed"] for verdict in checked.verdicts.values()), checked.verdicts

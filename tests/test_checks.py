@@ -18,7 +18,7 @@ from course_lib._checks import (
 def test_require_sequence_accepts_list_likes_and_refuses_the_rest():
     assert require_sequence("xs", (1, 2)) == [1, 2]
     assert require_sequence("xs", []) == []
-    assert len(require_sequence("xs", torch.ones(2, 3))) == 2                    # rows of a tensor
+    assert len(require_sequence("xs", torch.ones(2, 3))) == 2  # rows of a tensor
     for junk in (None, 3, "ab", b"ab", {"a": 1}, {1, 2}, torch.tensor(3)):
         with pytest.raises(ValueError, match="xs must be a sequence"):
             require_sequence("xs", junk)
@@ -28,7 +28,7 @@ def test_require_sequence_accepts_list_likes_and_refuses_the_rest():
 
 def test_require_tensor_converts_and_checks_shape_kind_and_range():
     assert require_tensor("ids", [[1, 2], [3, 4]], ndim=2, dtype_kind="i").dtype == torch.long
-    assert require_tensor("ids", [], ndim=1, dtype_kind="i").dtype == torch.long   # an empty list takes the kind
+    assert require_tensor("ids", [], ndim=1, dtype_kind="i").dtype == torch.long  # an empty list takes the kind
     given = torch.ones(3)
     assert require_tensor("x", given, dtype_kind="f") is given
     assert require_tensor("x", np.arange(3), ndim=(1, 2)).tolist() == [0, 1, 2]

@@ -52,8 +52,9 @@ def test_build_writes_source_and_release_and_prints_a_summary(built):
     points = sum(p for _, p, _ in cells.graded_cells(source))
     row = next(line for line in completed.stdout.splitlines() if line.startswith(CHAPTER))
     assert row.split()[1:] == [str(len(cells.graded_cells(source))), f"{points:g}"]
-    assert completed.stdout.strip().endswith(f"1 chapters, {len(cells.graded_cells(source))} graded cells, "
-                                             f"{points:g} points")
+    assert completed.stdout.strip().endswith(
+        f"1 chapters, {len(cells.graded_cells(source))} graded cells, {points:g} points"
+    )
     release = (root / "release" / CHAPTER / f"{CHAPTER}.ipynb").read_text(encoding="utf-8")
     assert "BEGIN HIDDEN TESTS" not in release and "BEGIN SOLUTION" not in release
     assert 'raise NotImplementedError(\\"audit_context_fit is not written yet' in release  # JSON escapes the quote
@@ -70,8 +71,9 @@ def test_check_shows_which_todos_pass_their_visible_tests(built):
     solutions = cells.solution_cells(cells.read(root / "source" / CHAPTER / f"{CHAPTER}.ipynb"))
     release = root / "release" / CHAPTER / f"{CHAPTER}.ipynb"
     (base / "student").mkdir(exist_ok=True)
-    half = submission_with(release, {"todo_ledger_from_roles": solutions["todo_ledger_from_roles"]},
-                           base / "student" / f"{CHAPTER}.ipynb")
+    half = submission_with(
+        release, {"todo_ledger_from_roles": solutions["todo_ledger_from_roles"]}, base / "student" / f"{CHAPTER}.ipynb"
+    )
     completed = _course("check", str(half), cwd=base)
     assert completed.returncode == 1, completed.stdout + completed.stderr[-2000:]
     rows = _check_rows(completed)
@@ -80,8 +82,11 @@ def test_check_shows_which_todos_pass_their_visible_tests(built):
     assert "NotImplementedError" in " ".join(rows["test_audit_context_fit"])
     assert "visible tests pass on 1 of 2 graded cells (3 of 8 points)" in completed.stdout
     # A test cell emptied by the student proves nothing: EDITED, not a pass, and the check exits 1.
-    emptied = submission_with(release, {**solutions, "test_audit_context_fit": "pass  # my tests now pass"},
-                              base / "student" / f"{CHAPTER}_edited.ipynb")
+    emptied = submission_with(
+        release,
+        {**solutions, "test_audit_context_fit": "pass  # my tests now pass"},
+        base / "student" / f"{CHAPTER}_edited.ipynb",
+    )
     completed = _course("check", str(emptied), cwd=base)
     assert completed.returncode == 1, completed.stdout + completed.stderr[-2000:]
     rows = _check_rows(completed)
@@ -98,14 +103,20 @@ def test_check_runs_this_python_and_survives_a_console_that_cannot_print_chinese
     base, root, _ = built
     solutions = cells.solution_cells(cells.read(root / "source" / CHAPTER / f"{CHAPTER}.ipynb"))
     release = root / "release" / CHAPTER / f"{CHAPTER}.ipynb"
-    wrong = ("def ledger_from_roles(roles, template_tokens=0):\n"
-             "    raise ValueError('长度账本 not finished')\n")
+    wrong = "def ledger_from_roles(roles, template_tokens=0):\n    raise ValueError('长度账本 not finished')\n"
     notebook = submission_with(release, {**solutions, "todo_ledger_from_roles": wrong}, tmp_path / f"{CHAPTER}.ipynb")
     other = tmp_path / "jupyter" / "kernels" / "python3"
     other.mkdir(parents=True)
-    (other / "kernel.json").write_text(json.dumps({
-        "argv": [str(tmp_path / "no-such-python"), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "Python 3 (another interpreter)", "language": "python"}), encoding="utf-8")
+    (other / "kernel.json").write_text(
+        json.dumps(
+            {
+                "argv": [str(tmp_path / "no-such-python"), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": "Python 3 (another interpreter)",
+                "language": "python",
+            }
+        ),
+        encoding="utf-8",
+    )
     env = {**os.environ, "JUPYTER_PATH": str(tmp_path / "jupyter"), "PYTHONIOENCODING": "cp1252"}
     completed = _course("check", str(notebook), cwd=tmp_path, env=env)
     assert completed.returncode == 1, completed.stdout + completed.stderr[-2000:]
@@ -146,15 +157,25 @@ def test_grade_fails_when_there_is_no_notebook_at_all(tmp_path):
 def test_grade_finds_alembic_beside_its_interpreter_without_an_activated_venv(tmp_path):
     """nbgrader runs `alembic` from PATH to create a new gradebook; PATH here does not name the venv."""
     bin_dir = Path(sys.executable).parent.resolve()
-    path = os.pathsep.join(folder for folder in os.environ.get("PATH", "").split(os.pathsep)
-                           if folder and Path(folder).resolve() != bin_dir)
+    path = os.pathsep.join(
+        folder
+        for folder in os.environ.get("PATH", "").split(os.pathsep)
+        if folder and Path(folder).resolve() != bin_dir
+    )
     if shutil.which("alembic", path=path):
         pytest.skip("an alembic outside the virtual environment is on PATH")
     root = build.copy_course_skeleton(build.NOTEBOOKS_DIR, tmp_path / "course")
     (tmp_path / "inbox").mkdir()
     (tmp_path / "inbox" / f"alice_{CHAPTER}.ipynb").write_bytes(b"")
-    completed = _course("grade", str(tmp_path / "inbox"), "--root", str(root), "--no-progress", cwd=tmp_path,
-                        env=dict(os.environ, PATH=path))
+    completed = _course(
+        "grade",
+        str(tmp_path / "inbox"),
+        "--root",
+        str(root),
+        "--no-progress",
+        cwd=tmp_path,
+        env=dict(os.environ, PATH=path),
+    )
     assert completed.returncode == 1 and "Traceback" not in completed.stderr, completed.stderr[-3000:]
     assert "empty file" in completed.stdout and "graded 0, failed 1" in completed.stdout
     assert (root / "gradebook.db").exists() and (root / "grades.csv").exists()
@@ -169,13 +190,33 @@ def test_preflight_prints_the_profile_table(tmp_path):
 
 
 def test_bench_records_a_dry_run_through_the_runner(tmp_path):
-    completed = _course("bench", "pt-long-context", "--mode", "dry_run", "--label", "cli-test",
-                        "--results-dir", str(tmp_path / "results"), "--no-hub", "--no-progress", cwd=tmp_path)
+    completed = _course(
+        "bench",
+        "pt-long-context",
+        "--mode",
+        "dry_run",
+        "--label",
+        "cli-test",
+        "--results-dir",
+        str(tmp_path / "results"),
+        "--no-hub",
+        "--no-progress",
+        cwd=tmp_path,
+    )
     assert completed.returncode == 0, completed.stderr[-2000:]
     written = list((tmp_path / "results").rglob("*.json"))
     assert len(written) == 1 and json.loads(written[0].read_text())["run_mode"] == "dry_run"
-    again = _course("bench", "pt-long-context", "--mode", "dry_run", "--label", "cli-test",
-                    "--results-dir", str(tmp_path / "results"), cwd=tmp_path)
+    again = _course(
+        "bench",
+        "pt-long-context",
+        "--mode",
+        "dry_run",
+        "--label",
+        "cli-test",
+        "--results-dir",
+        str(tmp_path / "results"),
+        cwd=tmp_path,
+    )
     assert again.returncode == 2 and len(list((tmp_path / "results").rglob("*.json"))) == 1
 
 
@@ -201,13 +242,19 @@ def test_a_student_named_file_wins_over_the_folders_above_it():
     assert read(Path(f"inbox9/term1/{CHAPTER}/zoe_{CHAPTER}.ipynb"), chapters) == ("zoe", CHAPTER, None)
     student, chapter, problem = read(Path(f"term1/02_templates_and_labels/zoe_{CHAPTER}.ipynb"), chapters)
     assert "folder named after chapter 02_templates_and_labels" in problem and f"says chapter {CHAPTER}" in problem
-    assert read(Path(f"bob/02_templates_and_labels/{CHAPTER}.ipynb"), chapters)[0::2] == (None, (
-        f"'bob/02_templates_and_labels/{CHAPTER}.ipynb' is in a folder named after chapter 02_templates_and_labels "
-        f"but its name says chapter {CHAPTER}; move or rename it and rerun"))
+    assert read(Path(f"bob/02_templates_and_labels/{CHAPTER}.ipynb"), chapters)[0::2] == (
+        None,
+        (
+            f"'bob/02_templates_and_labels/{CHAPTER}.ipynb' is in a folder named after chapter 02_templates_and_labels "
+            f"but its name says chapter {CHAPTER}; move or rename it and rerun"
+        ),
+    )
 
 
-@pytest.mark.parametrize("name", [f"Copy_of_{CHAPTER}", f"Copy of {CHAPTER}", f"{CHAPTER} (1)",
-                                  f"Copy of {CHAPTER} (2)", f"copy_of_{CHAPTER}(3)"])
+@pytest.mark.parametrize(
+    "name",
+    [f"Copy_of_{CHAPTER}", f"Copy of {CHAPTER}", f"{CHAPTER} (1)", f"Copy of {CHAPTER} (2)", f"copy_of_{CHAPTER}(3)"],
+)
 def test_colab_and_desktop_copies_of_a_chapter_take_the_student_from_the_folder(name):
     read = submissions.name_student_chapter
     assert read(Path(f"pat/{name}.ipynb"), [CHAPTER]) == ("pat", CHAPTER, None)
@@ -220,8 +267,13 @@ def test_no_file_is_left_out_without_a_line(tmp_path):
     and junk or other files counted in a summary line."""
     notebook = nbformat.writes(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1")]))
     inbox = tmp_path / "inbox"
-    for name in (f"week3/liam_{CHAPTER}.IPYNB", f".hidden/pete_{CHAPTER}.ipynb", f".ivy_{CHAPTER}.ipynb",
-                 f".ipynb_checkpoints/liam_{CHAPTER}-checkpoint.ipynb", f"__MACOSX/week3/._liam_{CHAPTER}.IPYNB"):
+    for name in (
+        f"week3/liam_{CHAPTER}.IPYNB",
+        f".hidden/pete_{CHAPTER}.ipynb",
+        f".ivy_{CHAPTER}.ipynb",
+        f".ipynb_checkpoints/liam_{CHAPTER}-checkpoint.ipynb",
+        f"__MACOSX/week3/._liam_{CHAPTER}.IPYNB",
+    ):
         (inbox / name).parent.mkdir(parents=True, exist_ok=True)
         (inbox / name).write_text(notebook, encoding="utf-8")
     (inbox / f"sam_{CHAPTER}.py").write_text("x = 1", encoding="utf-8")
@@ -238,14 +290,22 @@ def test_no_file_is_left_out_without_a_line(tmp_path):
     (tmp_path / "scratch").mkdir()
     found = submissions.discover(inbox, [CHAPTER], tmp_path / "scratch")
     by_name = {s.display: s for s in found.submissions}
-    assert sorted(by_name) == [f".hidden/pete_{CHAPTER}.ipynb", f".ivy_{CHAPTER}.ipynb", "broken.zip",
-                               f"olga_submission.zip/{CHAPTER}.ipynb", "olga_submission.zip/more.zip",
-                               f"olga_submission.zip/olga_{CHAPTER}.ipynb", f"sam_{CHAPTER}.py",
-                               f"week3/liam_{CHAPTER}.IPYNB"]
+    assert sorted(by_name) == [
+        f".hidden/pete_{CHAPTER}.ipynb",
+        f".ivy_{CHAPTER}.ipynb",
+        "broken.zip",
+        f"olga_submission.zip/{CHAPTER}.ipynb",
+        "olga_submission.zip/more.zip",
+        f"olga_submission.zip/olga_{CHAPTER}.ipynb",
+        f"sam_{CHAPTER}.py",
+        f"week3/liam_{CHAPTER}.IPYNB",
+    ]
     graded = {name: (s.student, s.chapter) for name, s in by_name.items() if s.problem is None}
-    assert graded == {f"week3/liam_{CHAPTER}.IPYNB": ("liam", CHAPTER),
-                      f"olga_submission.zip/olga_{CHAPTER}.ipynb": ("olga", CHAPTER),
-                      f"olga_submission.zip/{CHAPTER}.ipynb": ("olga_submission", CHAPTER)}
+    assert graded == {
+        f"week3/liam_{CHAPTER}.IPYNB": ("liam", CHAPTER),
+        f"olga_submission.zip/olga_{CHAPTER}.ipynb": ("olga", CHAPTER),
+        f"olga_submission.zip/{CHAPTER}.ipynb": ("olga_submission", CHAPTER),
+    }
     assert by_name[f".hidden/pete_{CHAPTER}.ipynb"].problem.startswith("hidden file or folder")
     assert by_name[f".ivy_{CHAPTER}.ipynb"].problem.startswith("hidden file or folder")
     assert "zip inside a zip" in by_name["olga_submission.zip/more.zip"].problem
@@ -261,8 +321,12 @@ def test_folders_and_zips_named_like_a_submission_links_and_course_folders(tmp_p
     (only a course root's own release/ is left out); a linked folder is followed; a broken link is reported."""
     notebook = nbformat.writes(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1")]))
     inbox, elsewhere = tmp_path / "inbox", tmp_path / "elsewhere" / "alice"
-    for path in (inbox / f"bob_{CHAPTER}" / f"{CHAPTER}.ipynb", inbox / "zed_02_templates_and_labels" / f"{CHAPTER}.ipynb",
-                 inbox / "cat" / "release" / CHAPTER / f"cat_{CHAPTER}.ipynb", elsewhere / f"{CHAPTER}.ipynb"):
+    for path in (
+        inbox / f"bob_{CHAPTER}" / f"{CHAPTER}.ipynb",
+        inbox / "zed_02_templates_and_labels" / f"{CHAPTER}.ipynb",
+        inbox / "cat" / "release" / CHAPTER / f"cat_{CHAPTER}.ipynb",
+        elsewhere / f"{CHAPTER}.ipynb",
+    ):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(notebook, encoding="utf-8")
     (inbox / "alice").symlink_to(elsewhere, target_is_directory=True)
@@ -273,10 +337,14 @@ def test_folders_and_zips_named_like_a_submission_links_and_course_folders(tmp_p
     found = submissions.discover(inbox, chapters, tmp_path / "scratch")
     by_name = {s.display: s for s in found.submissions}
     assert {name: (s.student, s.chapter) for name, s in by_name.items() if s.problem is None} == {
-        f"bob_{CHAPTER}/{CHAPTER}.ipynb": ("bob", CHAPTER), f"alice/{CHAPTER}.ipynb": ("alice", CHAPTER),
-        f"cat/release/{CHAPTER}/cat_{CHAPTER}.ipynb": ("cat", CHAPTER)}
-    assert "its folder names chapter 02_templates_and_labels" in by_name[
-        f"zed_02_templates_and_labels/{CHAPTER}.ipynb"].problem
+        f"bob_{CHAPTER}/{CHAPTER}.ipynb": ("bob", CHAPTER),
+        f"alice/{CHAPTER}.ipynb": ("alice", CHAPTER),
+        f"cat/release/{CHAPTER}/cat_{CHAPTER}.ipynb": ("cat", CHAPTER),
+    }
+    assert (
+        "its folder names chapter 02_templates_and_labels"
+        in by_name[f"zed_02_templates_and_labels/{CHAPTER}.ipynb"].problem
+    )
     assert by_name[f"dan_{CHAPTER}.ipynb"].problem == "a link to nothing (a broken symbolic link)"
     (inbox / "nbgrader_config.py").write_text("c = get_config()\n", encoding="utf-8")  # now a course root
     found = submissions.discover(inbox, chapters, tmp_path / "scratch")
@@ -289,13 +357,15 @@ def test_folders_and_zips_named_like_a_submission_links_and_course_folders(tmp_p
 
 
 def test_each_cell_keeps_at_most_the_output_limit():
-    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print(...)"),
-                                               nbformat.v4.new_code_cell("small")])
-    notebook.cells[0].outputs = [nbformat.v4.new_output("stream", name="stdout", text="x" * 700),
-                                 nbformat.v4.new_output("stream", name="stdout", text="y" * 700),
-                                 nbformat.v4.new_output("execute_result", data={"text/plain": "z" * 700},
-                                                        execution_count=1),
-                                 nbformat.v4.new_output("error", ename="E", evalue="e" * 700, traceback=["t" * 700])]
+    notebook = nbformat.v4.new_notebook(
+        cells=[nbformat.v4.new_code_cell("print(...)"), nbformat.v4.new_code_cell("small")]
+    )
+    notebook.cells[0].outputs = [
+        nbformat.v4.new_output("stream", name="stdout", text="x" * 700),
+        nbformat.v4.new_output("stream", name="stdout", text="y" * 700),
+        nbformat.v4.new_output("execute_result", data={"text/plain": "z" * 700}, execution_count=1),
+        nbformat.v4.new_output("error", ename="E", evalue="e" * 700, traceback=["t" * 700]),
+    ]
     notebook.cells[1].outputs = [nbformat.v4.new_output("stream", name="stdout", text="fine\n")]
     assert execute.cap_outputs(notebook, limit=500) == [0]
     stream, result, error = notebook.cells[0].outputs
@@ -311,9 +381,12 @@ def test_a_todo_cell_without_metadata_is_found_by_its_function_name(tmp_path):
     student = cells.read(build.NOTEBOOKS_DIR / "release" / CHAPTER / f"{CHAPTER}.ipynb")
     for cell in student.cells:
         cell.metadata = {}
-    todo = next(i for i, c in enumerate(release.cells) if cells.nbgrader_meta(c).get("grade_id") == "todo_audit_context_fit")
-    student.cells[todo].source, replaced = re.subn(r"raise NotImplementedError\(.*\)", "return {}",
-                                                   student.cells[todo].source)
+    todo = next(
+        i for i, c in enumerate(release.cells) if cells.nbgrader_meta(c).get("grade_id") == "todo_audit_context_fit"
+    )
+    student.cells[todo].source, replaced = re.subn(
+        r"raise NotImplementedError\(.*\)", "return {}", student.cells[todo].source
+    )
     assert replaced == 1
     prepared = match.prepare(student, release, release)
     assert prepared.unmatched is None
@@ -322,21 +395,30 @@ def test_a_todo_cell_without_metadata_is_found_by_its_function_name(tmp_path):
     assert set(graded) - {None} == {cells.nbgrader_meta(c).get("grade_id") for c in release.cells} - {None}
 
 
-@pytest.mark.parametrize(("tampering", "shown"), [
-    ("import course_lib.grading as g\ng.assert_matches_reference = lambda *a, **k: None", "course_lib.grading"),
-    ("import sys\nsys.settrace(None)  # blinds the grader's line counter", "settrace"),
-    ("from torch.utils._python_dispatch import TorchDispatchMode", "_python_dispatch"),
-    ("get_ipython().input_transformers_cleanup.append(lambda lines: ['pass'])  # every later cell does nothing",
-     "input_transformers_cleanup"),
-    ("from IPython.core.interactiveshell import InteractiveShell\nInteractiveShell.showtraceback = print",
-     "InteractiveShell"),
-    ("get_ipython().showtraceback = lambda *args, **kwargs: None", "showtraceback"),
-])
+@pytest.mark.parametrize(
+    ("tampering", "shown"),
+    [
+        ("import course_lib.grading as g\ng.assert_matches_reference = lambda *a, **k: None", "course_lib.grading"),
+        ("import sys\nsys.settrace(None)  # blinds the grader's line counter", "settrace"),
+        ("from torch.utils._python_dispatch import TorchDispatchMode", "_python_dispatch"),
+        (
+            "get_ipython().input_transformers_cleanup.append(lambda lines: ['pass'])  # every later cell does nothing",
+            "input_transformers_cleanup",
+        ),
+        (
+            "from IPython.core.interactiveshell import InteractiveShell\nInteractiveShell.showtraceback = print",
+            "InteractiveShell",
+        ),
+        ("get_ipython().showtraceback = lambda *args, **kwargs: None", "showtraceback"),
+    ],
+)
 def test_student_code_that_touches_the_grading_machinery_is_flagged(tampering, shown):
     """A TODO cell that patches what the hidden tests use is graded, and flagged for a human to read."""
     release = cells.read(build.NOTEBOOKS_DIR / "release" / CHAPTER / f"{CHAPTER}.ipynb")
     student = cells.read(build.NOTEBOOKS_DIR / "release" / CHAPTER / f"{CHAPTER}.ipynb")
-    todo = next(i for i, c in enumerate(release.cells) if cells.nbgrader_meta(c).get("grade_id") == "todo_audit_context_fit")
+    todo = next(
+        i for i, c in enumerate(release.cells) if cells.nbgrader_meta(c).get("grade_id") == "todo_audit_context_fit"
+    )
     student.cells[todo].source += "\n" + tampering + "\n"
     prepared = match.prepare(student, release, release)
     assert any("flagged for review" in note and shown in note for note in prepared.notes), prepared.notes
@@ -344,14 +426,21 @@ def test_student_code_that_touches_the_grading_machinery_is_flagged(tampering, s
     assert not any("flagged" in note for note in honest.notes), honest.notes
 
 
-@pytest.mark.parametrize("ordinary", [
-    "from IPython.display import display", "get_ipython().run_line_magic('matplotlib', 'inline')",
-    "from sentence_transformers import SentenceTransformer", "my_transformers = []",
-])
+@pytest.mark.parametrize(
+    "ordinary",
+    [
+        "from IPython.display import display",
+        "get_ipython().run_line_magic('matplotlib', 'inline')",
+        "from sentence_transformers import SentenceTransformer",
+        "my_transformers = []",
+    ],
+)
 def test_ordinary_notebook_code_is_not_flagged(ordinary):
     release = cells.read(build.NOTEBOOKS_DIR / "release" / CHAPTER / f"{CHAPTER}.ipynb")
     student = cells.read(build.NOTEBOOKS_DIR / "release" / CHAPTER / f"{CHAPTER}.ipynb")
-    todo = next(i for i, c in enumerate(release.cells) if cells.nbgrader_meta(c).get("grade_id") == "todo_audit_context_fit")
+    todo = next(
+        i for i, c in enumerate(release.cells) if cells.nbgrader_meta(c).get("grade_id") == "todo_audit_context_fit"
+    )
     student.cells[todo].source += "\n" + ordinary + "\n"
     prepared = match.prepare(student, release, release)
     assert not any("flagged" in note for note in prepared.notes), prepared.notes
@@ -387,8 +476,10 @@ def test_a_notebook_the_matcher_cannot_read_fails_alone(tmp_path):
 
     release = cells.read(build.NOTEBOOKS_DIR / "release" / CHAPTER / f"{CHAPTER}.ipynb")
     broken = grade.Chapter(CHAPTER, nbformat.v4.new_notebook(), release)  # source and release differ: prepare raises
-    found = [submissions.Submission(Path(f"{s}_{CHAPTER}.ipynb"), f"{s}_{CHAPTER}.ipynb", s, CHAPTER, release)
-             for s in ("ann", "ben")]
+    found = [
+        submissions.Submission(Path(f"{s}_{CHAPTER}.ipynb"), f"{s}_{CHAPTER}.ipynb", s, CHAPTER, release)
+        for s in ("ann", "ben")
+    ]
     outcomes = []
     assert grade._prepare_all(tmp_path, found, {CHAPTER: broken}, True, outcomes) == []
     assert [(o.student, o.status) for o in outcomes] == [("ann", "failed"), ("ben", "failed")]
@@ -413,31 +504,59 @@ def test_a_notebook_that_cannot_be_recorded_fails_alone(tmp_path, monkeypatch):
 
     def grade_all(jobs, workers, confinement, on_result):
         for job in jobs:
-            verdicts = {grade_id: {"grade_id": grade_id, "passed": True, "message": ""}
-                        for grade_id, _, _ in job["checker"]["tests"]}
-            on_result(job["key"], {"notebook": job["kernel"]["notebook"], "seconds": 1.0},
-                      confined.CheckerResult(verdicts=verdicts))
+            verdicts = {
+                grade_id: {"grade_id": grade_id, "passed": True, "message": ""}
+                for grade_id, _, _ in job["checker"]["tests"]
+            }
+            on_result(
+                job["key"],
+                {"notebook": job["kernel"]["notebook"], "seconds": 1.0},
+                confined.CheckerResult(verdicts=verdicts),
+            )
 
     monkeypatch.setattr(grade, "NbgraderRecorder", Recorder)
     monkeypatch.setattr(confined, "grade_all", grade_all)
     root = build.copy_course_skeleton(build.NOTEBOOKS_DIR, tmp_path / "course")  # a clean clone has no source/ yet
     source = cells.read(build.build_source_notebook(root / "chapters" / f"{CHAPTER}.py", root).source_notebook)
     chapters = {CHAPTER: grade.Chapter(CHAPTER, source, release)}
-    ready = [(submissions.Submission(tmp_path / f"{s}.ipynb", f"{s}.ipynb", s, CHAPTER, release, raw=b"{}"),
-              match.Prepared(notebook=release)) for s in ("ann", "ben")]
+    ready = [
+        (
+            submissions.Submission(tmp_path / f"{s}.ipynb", f"{s}.ipynb", s, CHAPTER, release, raw=b"{}"),
+            match.Prepared(notebook=release),
+        )
+        for s in ("ann", "ben")
+    ]
     (tmp_path / "scratch").mkdir()
-    outcomes = grade._execute_and_record(tmp_path, tmp_path, ready, chapters, workers=1, progress=False,
-                                         limits=(5, 10), kernel_name="python3", confinement=confined.Confinement(),
-                                         staging=tmp_path / "scratch")
+    outcomes = grade._execute_and_record(
+        tmp_path,
+        tmp_path,
+        ready,
+        chapters,
+        workers=1,
+        progress=False,
+        limits=(5, 10),
+        kernel_name="python3",
+        confinement=confined.Confinement(),
+        staging=tmp_path / "scratch",
+    )
     reasons = {o.student: (o.status, o.reason) for o in outcomes}
-    assert reasons["ann"][0] == "failed" and "failed while recording this notebook: UnicodeEncodeError" in reasons["ann"][1]
+    assert (
+        reasons["ann"][0] == "failed"
+        and "failed while recording this notebook: UnicodeEncodeError" in reasons["ann"][1]
+    )
     assert reasons["ben"] == ("failed", "nbgrader autograde failed: as expected")
     assert (tmp_path / "submitted" / "ann" / CHAPTER / f"{CHAPTER}.ipynb").read_bytes() == b"{}"  # the file is kept
 
 
-@pytest.mark.parametrize("stamp", ["last tuesday-ish", None,  # None: a folder named timestamp.txt
-                                   "2025-01-01 12:00:00 ../../../etc/passwd",  # dateutil warned: the run stopped
-                                   "2025-01-01 12:00:00 /dev/stdin"])  # dateutil read standard input: a hang
+@pytest.mark.parametrize(
+    "stamp",
+    [
+        "last tuesday-ish",
+        None,  # None: a folder named timestamp.txt
+        "2025-01-01 12:00:00 ../../../etc/passwd",  # dateutil warned: the run stopped
+        "2025-01-01 12:00:00 /dev/stdin",
+    ],
+)  # dateutil read standard input: a hang
 def test_a_timestamp_nbgrader_cannot_read_is_left_out_with_a_note(tmp_path, stamp):
     """nbgrader fails a notebook whose timestamp.txt it cannot parse (and a folder by that name crashed the run);
     one stray file in a folder of submissions would fail them all. It is left out, with a note; a good one is kept."""
@@ -449,7 +568,9 @@ def test_a_timestamp_nbgrader_cannot_read_is_left_out_with_a_note(tmp_path, stam
         (inbox / "timestamp.txt").mkdir()
     else:
         (inbox / "timestamp.txt").write_text(stamp, encoding="utf-8")
-    submission = submissions.Submission(inbox / f"ann_{CHAPTER}.ipynb", f"ann_{CHAPTER}.ipynb", "ann", CHAPTER, raw=b"{}")
+    submission = submissions.Submission(
+        inbox / f"ann_{CHAPTER}.ipynb", f"ann_{CHAPTER}.ipynb", "ann", CHAPTER, raw=b"{}"
+    )
     staged, note = grade._stage_original(tmp_path / "course", submission)
     assert not staged.exists() and "timestamp.txt beside it was left out" in note
     assert (staged.parent / f"{CHAPTER}.ipynb").read_bytes() == b"{}"
@@ -463,8 +584,12 @@ def test_a_timestamp_nbgrader_cannot_read_is_left_out_with_a_note(tmp_path, stam
 
 
 def test_a_student_id_that_differs_only_in_case_from_an_earlier_run_is_held(tmp_path):
-    made = [submissions.Submission(tmp_path / f"{who}_{CHAPTER}.ipynb", f"{who}_{CHAPTER}.ipynb", who, CHAPTER,
-                                   notebook={}, raw=b"{}") for who in ("ALICE", "alice", "bob")]
+    made = [
+        submissions.Submission(
+            tmp_path / f"{who}_{CHAPTER}.ipynb", f"{who}_{CHAPTER}.ipynb", who, CHAPTER, notebook={}, raw=b"{}"
+        )
+        for who in ("ALICE", "alice", "bob")
+    ]
     submissions.flag_case_clashes(made, ["alice", "carol"])
     upper, same, bob = made
     assert upper.problem.startswith("student id 'ALICE' differs only in case from 'alice', graded before")
@@ -474,13 +599,18 @@ def test_a_student_id_that_differs_only_in_case_from_an_earlier_run_is_held(tmp_
 def test_student_ids_that_differ_only_in_case_are_one_student(tmp_path):
     """ALICE_ and alice_ would share submitted/, autograded/ and feedback/ folders on macOS or Windows: neither is
     graded, both are named, and the files stay where they are."""
-    made = [submissions.Submission(tmp_path / f"{who}_{CHAPTER}.ipynb", f"{who}_{CHAPTER}.ipynb", who, CHAPTER,
-                                   notebook={}, raw=b"{}") for who in ("ALICE", "alice", "bob")]
+    made = [
+        submissions.Submission(
+            tmp_path / f"{who}_{CHAPTER}.ipynb", f"{who}_{CHAPTER}.ipynb", who, CHAPTER, notebook={}, raw=b"{}"
+        )
+        for who in ("ALICE", "alice", "bob")
+    ]
     submissions.flag_duplicates(made)
     alice, lower, bob = made
     assert alice.problem == lower.problem and bob.problem is None
-    assert alice.problem.startswith(f"duplicate: 2 submissions for ALICE/{CHAPTER} / alice/{CHAPTER} (student ids "
-                                    "that differ only in case)"), alice.problem
+    assert alice.problem.startswith(
+        f"duplicate: 2 submissions for ALICE/{CHAPTER} / alice/{CHAPTER} (student ids that differ only in case)"
+    ), alice.problem
 
 
 def test_an_unreadable_stamp_inside_submitted_is_not_handed_to_nbgrader(tmp_path):
@@ -529,8 +659,12 @@ def test_the_edited_test_cell_check_needs_no_nbgrader(monkeypatch):
 
     from course_lib.instructor import check
 
-    graded = [cell for notebook in sorted((build.NOTEBOOKS_DIR / "release").glob("*/*.ipynb"))
-              for cell in cells.read(notebook).cells if cells.nbgrader_meta(cell).get("grade")]
+    graded = [
+        cell
+        for notebook in sorted((build.NOTEBOOKS_DIR / "release").glob("*/*.ipynb"))
+        for cell in cells.read(notebook).cells
+        if cells.nbgrader_meta(cell).get("grade")
+    ]
     assert len(graded) > 9 and all(check.nbgrader_checksum(c) == compute_checksum(c) for c in graded)
     monkeypatch.setitem(sys.modules, "nbgrader.utils", None)  # as on Colab: importing it fails
     monkeypatch.setitem(sys.modules, "nbgrader", None)
@@ -553,8 +687,10 @@ def test_build_names_an_unknown_chapter_and_lists_the_real_ones(tmp_path):
 def test_a_broken_notebook_is_described_in_one_readable_phrase():
     from course_lib.instructor.submissions import read_notebook
 
-    assert read_notebook(b'{"cells": "abc') == (None, "not valid JSON (Unterminated string starting at line 1, "
-                                                      "column 11)")
+    assert read_notebook(b'{"cells": "abc') == (
+        None,
+        "not valid JSON (Unterminated string starting at line 1, column 11)",
+    )
     assert read_notebook(b'{"cells": [1,]}') == (None, "not valid JSON (Expecting value at line 1, column 14)")
 
 
@@ -636,8 +772,9 @@ def test_a_setup_cell_out_of_time_marks_the_submission_for_regrading_not_zero(bu
     assert rushed.returncode == 1, rushed.stdout + rushed.stderr[-2000:]
     assert "1 submission(s) need regrading through no fault of their own" in rushed.stdout, rushed.stdout
     assert "graded 0, failed 0, skipped 0" in rushed.stdout, rushed.stdout
-    row = next(line for line in (course / "grades.csv").read_text(encoding="utf-8").splitlines()
-               if line.startswith("rita,"))
+    row = next(
+        line for line in (course / "grades.csv").read_text(encoding="utf-8").splitlines() if line.startswith("rita,")
+    )
     assert "needs regrading: setup cell 0 ran past 0.5 s" in row, row
     assert not (course / "autograded" / "rita").exists()  # nothing recorded: a zero would have been
     again = _course("grade", str(inbox), "--root", str(course), "--no-progress", cwd=tmp_path)

@@ -19,23 +19,80 @@ from course_lib.curriculum import (
 )
 
 BASELINE = {"long_context_score": 0.56, "short_context_score": 0.82, "supervised_tokens_per_optimizer_step": 8192}
-LIMITS = {"min_long_context_gain": 0.04, "max_short_context_regression": 0.02, "max_failed_runs": 0,
-          "max_peak_memory_gb": 10.5, "max_cost_per_supervised_token": 1.4}
-GOOD = {"long_context_score": 0.63, "short_context_score": 0.81, "supervised_tokens_per_optimizer_step": 8192,
-        "loss_finite": True, "gradients_finite": True, "failed_runs": 0, "peak_memory_gb": 9.8,
-        "cost_per_supervised_token": 1.25}
+LIMITS = {
+    "min_long_context_gain": 0.04,
+    "max_short_context_regression": 0.02,
+    "max_failed_runs": 0,
+    "max_peak_memory_gb": 10.5,
+    "max_cost_per_supervised_token": 1.4,
+}
+GOOD = {
+    "long_context_score": 0.63,
+    "short_context_score": 0.81,
+    "supervised_tokens_per_optimizer_step": 8192,
+    "loss_finite": True,
+    "gradients_finite": True,
+    "failed_runs": 0,
+    "peak_memory_gb": 9.8,
+    "cost_per_supervised_token": 1.25,
+}
 
 
 def test_seed_length_curriculum_stage_decision():
     baseline = {"long_context_score": 0.56, "short_context_score": 0.82, "supervised_tokens_per_optimizer_step": 8192}
-    limits = {"min_long_context_gain": 0.04, "max_short_context_regression": 0.02, "max_failed_runs": 0, "max_peak_memory_gb": 10.5, "max_cost_per_supervised_token": 1.4}
-    accepted = evaluate_length_curriculum_stage(baseline, {"long_context_score": 0.63, "short_context_score": 0.81, "supervised_tokens_per_optimizer_step": 8192, "loss_finite": True, "gradients_finite": True, "failed_runs": 0, "peak_memory_gb": 9.8, "cost_per_supervised_token": 1.25}, limits)
+    limits = {
+        "min_long_context_gain": 0.04,
+        "max_short_context_regression": 0.02,
+        "max_failed_runs": 0,
+        "max_peak_memory_gb": 10.5,
+        "max_cost_per_supervised_token": 1.4,
+    }
+    accepted = evaluate_length_curriculum_stage(
+        baseline,
+        {
+            "long_context_score": 0.63,
+            "short_context_score": 0.81,
+            "supervised_tokens_per_optimizer_step": 8192,
+            "loss_finite": True,
+            "gradients_finite": True,
+            "failed_runs": 0,
+            "peak_memory_gb": 9.8,
+            "cost_per_supervised_token": 1.25,
+        },
+        limits,
+    )
     assert accepted["decision"] == "advance"
     assert accepted["failed_gates"] == []
-    rejected = evaluate_length_curriculum_stage(baseline, {"long_context_score": 0.64, "short_context_score": 0.77, "supervised_tokens_per_optimizer_step": 4096, "loss_finite": True, "gradients_finite": True, "failed_runs": 0, "peak_memory_gb": 11.2, "cost_per_supervised_token": 1.3}, limits)
+    rejected = evaluate_length_curriculum_stage(
+        baseline,
+        {
+            "long_context_score": 0.64,
+            "short_context_score": 0.77,
+            "supervised_tokens_per_optimizer_step": 4096,
+            "loss_finite": True,
+            "gradients_finite": True,
+            "failed_runs": 0,
+            "peak_memory_gb": 11.2,
+            "cost_per_supervised_token": 1.3,
+        },
+        limits,
+    )
     assert rejected["decision"] == "hold"
     assert rejected["failed_gates"] == ["token_budget_mismatch", "short_context_regression", "peak_memory_budget"]
-    nonfinite = evaluate_length_curriculum_stage(baseline, {"long_context_score": 0.63, "short_context_score": 0.81, "supervised_tokens_per_optimizer_step": 8192, "loss_finite": False, "gradients_finite": False, "failed_runs": 1, "peak_memory_gb": 9.8, "cost_per_supervised_token": 1.25}, limits)
+    nonfinite = evaluate_length_curriculum_stage(
+        baseline,
+        {
+            "long_context_score": 0.63,
+            "short_context_score": 0.81,
+            "supervised_tokens_per_optimizer_step": 8192,
+            "loss_finite": False,
+            "gradients_finite": False,
+            "failed_runs": 1,
+            "peak_memory_gb": 9.8,
+            "cost_per_supervised_token": 1.25,
+        },
+        limits,
+    )
     assert nonfinite["failed_gates"] == ["nonfinite_loss", "nonfinite_gradients", "failed_runs"]
 
 
@@ -74,21 +131,34 @@ def test_stability_flags_fail_closed_unless_the_bool_true():
     for flag in (np.bool_(True), torch.tensor(True), torch.isfinite(torch.tensor(1.0)), 1, "true", None):
         result = evaluate_length_curriculum_stage(BASELINE, {**GOOD, "loss_finite": flag}, LIMITS)
         assert result["failed_gates"] == ["nonfinite_loss"], flag
-        assert evaluate_length_curriculum_stage(BASELINE, {**GOOD, "loss_finite": bool(flag)}, LIMITS)[
-            "decision"] == ("advance" if flag not in (None,) else "hold")
+        assert evaluate_length_curriculum_stage(BASELINE, {**GOOD, "loss_finite": bool(flag)}, LIMITS)["decision"] == (
+            "advance" if flag not in (None,) else "hold"
+        )
 
 
 def test_gate_boundaries_are_inclusive():
     """Gain exactly at the minimum, regression / memory / cost exactly at the limit all pass."""
     baseline = {**BASELINE, "long_context_score": 0.5, "short_context_score": 0.75}
-    candidate = {**GOOD, "long_context_score": 0.625, "short_context_score": 0.5, "peak_memory_gb": 10.5,
-                 "cost_per_supervised_token": 1.4}
+    candidate = {
+        **GOOD,
+        "long_context_score": 0.625,
+        "short_context_score": 0.5,
+        "peak_memory_gb": 10.5,
+        "cost_per_supervised_token": 1.4,
+    }
     limits = {**LIMITS, "min_long_context_gain": 0.125, "max_short_context_regression": 0.25}
     assert evaluate_length_curriculum_stage(baseline, candidate, limits)["decision"] == "advance"
 
 
-@pytest.mark.parametrize("who, field", [("baseline", "short_context_score"), ("candidate", "loss_finite"),
-                                        ("limits", "max_failed_runs"), ("candidate", "peak_memory_gb")])
+@pytest.mark.parametrize(
+    "who, field",
+    [
+        ("baseline", "short_context_score"),
+        ("candidate", "loss_finite"),
+        ("limits", "max_failed_runs"),
+        ("candidate", "peak_memory_gb"),
+    ],
+)
 def test_missing_fields_are_named(who, field):
     arguments = {"baseline": dict(BASELINE), "candidate": dict(GOOD), "limits": dict(LIMITS)}
     del arguments[who][field]
@@ -96,9 +166,16 @@ def test_missing_fields_are_named(who, field):
         evaluate_length_curriculum_stage(**arguments)
 
 
-@pytest.mark.parametrize("change", [{"long_context_score": float("nan")}, {"peak_memory_gb": "big"},
-                                    {"failed_runs": -1}, {"supervised_tokens_per_optimizer_step": 0},
-                                    {"supervised_tokens_per_optimizer_step": 8192.5}])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"long_context_score": float("nan")},
+        {"peak_memory_gb": "big"},
+        {"failed_runs": -1},
+        {"supervised_tokens_per_optimizer_step": 0},
+        {"supervised_tokens_per_optimizer_step": 8192.5},
+    ],
+)
 def test_bad_values_raise(change):
     """A NaN score would pass every comparison gate silently."""
     with pytest.raises(ValueError, match=next(iter(change))):
@@ -113,6 +190,7 @@ def test_the_smallest_token_budget_is_one_token():
 
 # --- pass-rate filters ----------------------------------------------------------------------------------------
 
+
 def test_filter_default_drops_decided_tasks():
     tasks = ["a", "b", "c", "d", "e"]
     assert filter_by_pass_rate(tasks, [0.0, 0.125, 1.0, 0.5, 0.875]) == ["b", "d", "e"]
@@ -121,17 +199,25 @@ def test_filter_default_drops_decided_tasks():
 
 
 @settings(deadline=None, max_examples=100)
-@given(st.lists(st.sampled_from([0.0, 0.125, 0.25, 0.5, 0.75, 1.0]), max_size=20),
-       st.sampled_from([-1.0, 0.0, 0.125, 0.25]), st.sampled_from([0.5, 0.75, 1.0, 2.0]))
+@given(
+    st.lists(st.sampled_from([0.0, 0.125, 0.25, 0.5, 0.75, 1.0]), max_size=20),
+    st.sampled_from([-1.0, 0.0, 0.125, 0.25]),
+    st.sampled_from([0.5, 0.75, 1.0, 2.0]),
+)
 def test_filter_matches_reference(rates, low, high):
     tasks = list(range(len(rates)))
     assert filter_by_pass_rate(tasks, rates, low, high) == [t for t in tasks if low < rates[t] < high]
 
 
-@pytest.mark.parametrize("rates, low, high, match", [
-    ([0.5], 0.0, 1.0, "pass_rates has 1"), ([0.5, 1.5], 0.0, 1.0, r"pass_rates\[1\]"),
-    ([0.5, 0.5], 0.5, 0.5, "low must be < high"), ([0.5, float("nan")], 0.0, 1.0, r"pass_rates\[1\]"),
-])
+@pytest.mark.parametrize(
+    "rates, low, high, match",
+    [
+        ([0.5], 0.0, 1.0, "pass_rates has 1"),
+        ([0.5, 1.5], 0.0, 1.0, r"pass_rates\[1\]"),
+        ([0.5, 0.5], 0.5, 0.5, "low must be < high"),
+        ([0.5, float("nan")], 0.0, 1.0, r"pass_rates\[1\]"),
+    ],
+)
 def test_filter_bad_input(rates, low, high, match):
     tasks = ["a", "b"]
     with pytest.raises(ValueError, match=match):
@@ -192,8 +278,10 @@ def test_simulator_zero_advantage_share_matches_theory():
 def test_simulator_filter_saves_rollouts_on_saturated_tasks():
     """Tasks that become easy leave the pool: fewer episodes, a smaller share of zero-advantage groups."""
     schedule = torch.linspace(0.3, 1.0, 60)[:, None].expand(60, 20).clamp(max=1.0)  # the policy learns
-    arms = {arm: simulate_pass_rate_filter(schedule, 8, 60, low, high, revisit=1, seed=0)
-            for arm, (low, high) in {"all": (-1.0, 2.0), "filter": (0.0, 1.0)}.items()}
+    arms = {
+        arm: simulate_pass_rate_filter(schedule, 8, 60, low, high, revisit=1, seed=0)
+        for arm, (low, high) in {"all": (-1.0, 2.0), "filter": (0.0, 1.0)}.items()
+    }
     assert arms["filter"]["total_episodes"] < arms["all"]["total_episodes"]
     wasted = {arm: out["zero_adv_episodes"] / out["total_episodes"] for arm, out in arms.items()}
     assert wasted["filter"] < wasted["all"]
@@ -217,11 +305,17 @@ def test_simulator_history_and_variance_modes_run():
     assert history["total_episodes"] >= single["total_episodes"]  # one all-pass group excludes less often
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"true_pass_rates": [1.2]}, "true_pass_rates"), ({"true_pass_rates": [[0.5]] * 3, "steps": 4}, "shape"),
-    ({"group_size": 0}, "group_size"), ({"low": 1.0, "high": 0.0}, "low"), ({"weighting": "soft"}, "weighting"),
-    ({"revisit": -1}, "revisit"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"true_pass_rates": [1.2]}, "true_pass_rates"),
+        ({"true_pass_rates": [[0.5]] * 3, "steps": 4}, "shape"),
+        ({"group_size": 0}, "group_size"),
+        ({"low": 1.0, "high": 0.0}, "low"),
+        ({"weighting": "soft"}, "weighting"),
+        ({"revisit": -1}, "revisit"),
+    ],
+)
 def test_simulator_bad_input(kwargs, match):
     arguments = {"true_pass_rates": [0.5, 0.5], **kwargs}
     with pytest.raises(ValueError, match=match):

@@ -33,8 +33,9 @@ TEST = "test_ledger_from_roles"
 BEGIN, END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
 # Right on every visible check, wrong on a hidden one: supervise_eos="no" is taken as True instead of refused.
 SHORTCUT = "supervise_eos = bool(supervise_eos)  # my own shortcut"
-WRONG = mutate("course_lib.ledger.ledger_from_roles",
-               ('supervise_eos = require_bool("supervise_eos", supervise_eos)', SHORTCUT))
+WRONG = mutate(
+    "course_lib.ledger.ledger_from_roles", ('supervise_eos = require_bool("supervise_eos", supervise_eos)', SHORTCUT)
+)
 NBGRADER_DEFAULT = ["nbgrader.preprocessors.GetGrades", "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor"]
 CLEARED_ONLY = [*NBGRADER_DEFAULT[:1], "nbgrader.preprocessors.ClearHiddenTests", *NBGRADER_DEFAULT[1:]]
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -88,16 +89,22 @@ def submission(release: Path, solutions: dict[str, str], target: Path) -> Path:
 
 
 def generate_feedback(root: Path, *options: str) -> None:
-    completed = subprocess.run(build.nbgrader_command("generate_feedback", CHAPTER, "--force", *options,
-                                                      course_root=root),
-                               cwd=root, env=build.interpreter_bin_on_path(), capture_output=True, text=True,
-                               timeout=300)
+    completed = subprocess.run(
+        build.nbgrader_command("generate_feedback", CHAPTER, "--force", *options, course_root=root),
+        cwd=root,
+        env=build.interpreter_bin_on_path(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
 
 
 def pages(root: Path, folder: str) -> dict[str, str]:
-    found = {path.parent.parent.name: path.read_text(encoding="utf-8")
-             for path in (root / folder).glob(f"*/{CHAPTER}/*.html")}
+    found = {
+        path.parent.parent.name: path.read_text(encoding="utf-8")
+        for path in (root / folder).glob(f"*/{CHAPTER}/*.html")
+    }
     assert set(found) == {"correct", "wrong"}, found
     return found
 
@@ -105,19 +112,27 @@ def pages(root: Path, folder: str) -> dict[str, str]:
 @pytest.mark.slow
 def test_generate_feedback_shows_no_hidden_test(tmp_path):
     root = build.copy_course_skeleton(build.NOTEBOOKS_DIR, tmp_path / "course")
-    source = nbformat.read(str(build.build_source_notebook(root / "chapters" / f"{CHAPTER}.py", root)
-                               .source_notebook), as_version=4)
+    source = nbformat.read(
+        str(build.build_source_notebook(root / "chapters" / f"{CHAPTER}.py", root).source_notebook), as_version=4
+    )
     release = build.generate_release(CHAPTER, root)
     visible = "\n".join(cell.source for cell in nbformat.read(str(release), as_version=4).cells)
     # Lines a student cannot see in the release notebook (not a closing `])`, nor a line a visible cell has too).
     secrets = [line for line in dict.fromkeys(hidden_lines(source)) if line not in visible]
     assert len(secrets) >= 10, secrets
-    solutions = {cell.metadata["nbgrader"]["grade_id"]: cell.source for cell in source.cells
-                 if cell.cell_type == "code" and cell.metadata.get("nbgrader", {}).get("solution")}
-    autograde.stage_submissions(root, CHAPTER, {
-        "correct": submission(release, solutions, tmp_path / "correct.ipynb"),
-        "wrong": submission(release, {**solutions, TODO: WRONG}, tmp_path / "wrong.ipynb"),
-    })
+    solutions = {
+        cell.metadata["nbgrader"]["grade_id"]: cell.source
+        for cell in source.cells
+        if cell.cell_type == "code" and cell.metadata.get("nbgrader", {}).get("solution")
+    }
+    autograde.stage_submissions(
+        root,
+        CHAPTER,
+        {
+            "correct": submission(release, solutions, tmp_path / "correct.ipynb"),
+            "wrong": submission(release, {**solutions, TODO: WRONG}, tmp_path / "wrong.ipynb"),
+        },
+    )
     completed = autograde.autograde(root, CHAPTER)
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     scores = {student: autograde.cell_scores(root, CHAPTER, student) for student in ("correct", "wrong")}
@@ -126,8 +141,10 @@ def test_generate_feedback_shows_no_hidden_test(tmp_path):
     # The wrong answer failed inside the hidden block: its autograded traceback quotes a hidden line.
     graded = nbformat.read(str(root / "autograded" / "wrong" / CHAPTER / f"{CHAPTER}.ipynb"), as_version=4)
     test_cell = next(cell for cell in graded.cells if cell.metadata.get("nbgrader", {}).get("grade_id") == TEST)
-    traceback = ANSI.sub("", "\n".join(line for output in test_cell.outputs if output.output_type == "error"
-                                       for line in output.traceback))
+    traceback = ANSI.sub(
+        "",
+        "\n".join(line for output in test_cell.outputs if output.output_type == "error" for line in output.traceback),
+    )
     assert any(secret in traceback for secret in secrets), traceback
 
     generate_feedback(root)  # `nbgrader generate_feedback`, reading the course root's nbgrader_config.py
@@ -153,8 +170,11 @@ def test_generate_feedback_shows_no_hidden_test(tmp_path):
     # Without the hook the same command leaks: nbgrader's default preprocessors show the hidden blocks to every
     # student, and with ClearHiddenTests alone the wrong answer's traceback still quotes the hidden line it failed on.
     for folder, names in (("feedback_default", NBGRADER_DEFAULT), ("feedback_cleared", CLEARED_ONLY)):
-        generate_feedback(root, f"--CourseDirectory.feedback_directory={folder}",
-                          *(f"--GenerateFeedback.preprocessors={name}" for name in names))
+        generate_feedback(
+            root,
+            f"--CourseDirectory.feedback_directory={folder}",
+            *(f"--GenerateFeedback.preprocessors={name}" for name in names),
+        )
     assert all("HIDDEN TESTS" in leaks(page, secrets) for page in pages(root, "feedback_default").values())
     cleared = pages(root, "feedback_cleared")
     assert not leaks(cleared["correct"], secrets), leaks(cleared["correct"], secrets)

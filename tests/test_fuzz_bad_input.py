@@ -19,17 +19,33 @@ import course_lib
 
 # Functions that do not take data (paths, hub access, process spawning, tokenizer training) are out of scope.
 EXCLUDED = {
-    "course_tokenizer_dir", "corpus_files", "train_course_tokenizer", "build_course_tokenizer", "load_tokenizer",
+    "course_tokenizer_dir",
+    "corpus_files",
+    "train_course_tokenizer",
+    "build_course_tokenizer",
+    "load_tokenizer",
     "hub_commit",
-    "data_parallel_gradients", "hardware_names", "tiny_qwen2", "hf_config",
+    "data_parallel_gradients",
+    "hardware_names",
+    "tiny_qwen2",
+    "hf_config",
 }
 # The first parameter of these is a real object the fuzz does not vary.
 FIXED_FIRST = {
-    "render_chat": "tokenizer", "render_chats": "tokenizer", "measure_sample": "tokenizer", "build_labels": "tokenizer",
-    "packed_logits": "model", "packed_token_logprobs": "model", "per_token_logprobs_alone": "model",
-    "compare_packed_with_alone": "model", "supervised_token_losses": "model", "microbatch_loss": "model",
-    "flat_gradient": "model", "accumulated_gradient": "model",
-    "saved_tensor_bytes": "function", "peak_cuda_memory": "function",
+    "render_chat": "tokenizer",
+    "render_chats": "tokenizer",
+    "measure_sample": "tokenizer",
+    "build_labels": "tokenizer",
+    "packed_logits": "model",
+    "packed_token_logprobs": "model",
+    "per_token_logprobs_alone": "model",
+    "compare_packed_with_alone": "model",
+    "supervised_token_losses": "model",
+    "microbatch_loss": "model",
+    "flat_gradient": "model",
+    "accumulated_gradient": "model",
+    "saved_tensor_bytes": "function",
+    "peak_cuda_memory": "function",
 }
 
 # Raised by the environment, not the input: peak_cuda_memory reads CUDA's peak-memory counters, so on a machine
@@ -39,12 +55,24 @@ NEEDS_CUDA = {"peak_cuda_memory"}
 
 SMALL_INTS = st.sampled_from([-2, -1, 0, 1, 2, 3, 7, 64])
 JUNK = st.one_of(
-    st.none(), st.booleans(), SMALL_INTS, st.sampled_from([-0.5, 0.0, 0.25, 1.5, math.nan, math.inf]),
+    st.none(),
+    st.booleans(),
+    SMALL_INTS,
+    st.sampled_from([-0.5, 0.0, 0.25, 1.5, math.nan, math.inf]),
     st.sampled_from(["", "x", "bfd", "chatml", "token_mean"]),
-    st.lists(SMALL_INTS, max_size=5), st.lists(st.sampled_from([0.5, "a", None, [1]]), min_size=1, max_size=3),
+    st.lists(SMALL_INTS, max_size=5),
+    st.lists(st.sampled_from([0.5, "a", None, [1]]), min_size=1, max_size=3),
     st.sampled_from([{}, {"a": 1}, {"input_ids": [1, 2], "labels": [1]}, (1, 2), [[1, 2], [3]], [{"x": 1}]]),
-    st.sampled_from([torch.zeros(0), torch.ones(3), torch.ones(2, 3), torch.arange(6).reshape(2, 3),
-                     torch.ones(2, 3, dtype=torch.bool), torch.full((2, 2), -1)]),
+    st.sampled_from(
+        [
+            torch.zeros(0),
+            torch.ones(3),
+            torch.ones(2, 3),
+            torch.arange(6).reshape(2, 3),
+            torch.ones(2, 3, dtype=torch.bool),
+            torch.full((2, 2), -1),
+        ]
+    ),
 )
 
 
@@ -54,8 +82,11 @@ def _fuzz_targets():
         function = getattr(course_lib, name)
         if not inspect.isfunction(function) or name in EXCLUDED:
             continue
-        parameters = [p for p in inspect.signature(function).parameters.values()
-                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty]
+        parameters = [
+            p
+            for p in inspect.signature(function).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+        ]
         if name in FIXED_FIRST:
             parameters = parameters[1:]
         if parameters or name in FIXED_FIRST:
@@ -68,8 +99,11 @@ TARGETS = _fuzz_targets()
 
 @pytest.fixture(scope="module")
 def fixed_objects():
-    return {"tokenizer": course_lib.load_course_tokenizer(), "model": course_lib.tiny_qwen2(),
-            "function": lambda *args: torch.ones(2, requires_grad=True).sum()}   # a scalar with a graph
+    return {
+        "tokenizer": course_lib.load_course_tokenizer(),
+        "model": course_lib.tiny_qwen2(),
+        "function": lambda *args: torch.ones(2, requires_grad=True).sum(),
+    }  # a scalar with a graph
 
 
 def test_fuzz_covers_the_public_api():
@@ -81,8 +115,12 @@ def test_only_value_error_escapes(name, arity, fixed_objects):
     function = getattr(course_lib, name)
     first = [fixed_objects[FIXED_FIRST[name]]] if name in FIXED_FIRST else []
 
-    @settings(max_examples=40, deadline=None, derandomize=True,
-              suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+    @settings(
+        max_examples=40,
+        deadline=None,
+        derandomize=True,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    )
     @given(st.lists(JUNK, min_size=arity, max_size=arity))
     def check(arguments):
         try:
@@ -145,8 +183,10 @@ def _valid_calls(tokenizer, model):
         "describe_microbatches": (([3, 2], [[0], [1]]), {}),
         "checkpointed_log_probs": ((torch.ones(1, 2, 4), torch.ones(8, 4), torch.zeros(1, 2, dtype=torch.long)), {}),
         "chunked_token_entropy": ((torch.ones(1, 2, 4), torch.ones(8, 4)), {}),
-        "supervised_target_mask": ((torch.tensor([[1, 2, 3, 4, 5]]),), {"position_ids": torch.tensor([[0, 1, 2, 0, 1]]),
-                                                                        "segment_ids": torch.tensor([[0, 0, 0, 1, 1]])}),
+        "supervised_target_mask": (
+            (torch.tensor([[1, 2, 3, 4, 5]]),),
+            {"position_ids": torch.tensor([[0, 1, 2, 0, 1]]), "segment_ids": torch.tensor([[0, 0, 0, 1, 1]])},
+        ),
         "saved_tensor_bytes": (scalar, {}),
         "peak_cuda_memory": (scalar, {}),
         "logit_bytes": ((1, 8), {}),
@@ -170,9 +210,19 @@ def _valid_calls(tokenizer, model):
         "split_document": ((list(range(300)),), {}),
         "short_text_packing": (([10, 40, 300, 20, 100], 512), {}),
         "padding_vs_packing_ledger": (([3, 4],), {}),
-        **{name: ((model.model.layers[0].self_attn, torch.zeros(1, 4, 6, 16), torch.zeros(1, 2, 6, 16),
-                   torch.zeros(1, 2, 6, 16), None), {"position_ids": torch.arange(6)[None]})
-           for name in ("varlen_sdpa_attention", "varlen_flash_attention", "varlen_auto_attention")},
+        **{
+            name: (
+                (
+                    model.model.layers[0].self_attn,
+                    torch.zeros(1, 4, 6, 16),
+                    torch.zeros(1, 2, 6, 16),
+                    torch.zeros(1, 2, 6, 16),
+                    None,
+                ),
+                {"position_ids": torch.arange(6)[None]},
+            )
+            for name in ("varlen_sdpa_attention", "varlen_flash_attention", "varlen_auto_attention")
+        },
         "flash_varlen_unavailable": (("cuda", torch.bfloat16, 64), {}),
         "varlen_kernel": (("cpu", torch.float32, 16), {}),
         "register_varlen_attention": ((), {}),
@@ -186,10 +236,23 @@ def _valid_required_only_calls(tokenizer, model, packed, batch):
     ids = torch.zeros(1, 2, dtype=torch.long)
     samples = [{"input_ids": [1, 2, 3], "labels": [-100, 2, 3]}, {"input_ids": [4, 5], "labels": [4, 5]}]
     gate_baseline = {"long_context_score": 0.56, "short_context_score": 0.82, "supervised_tokens_per_optimizer_step": 8}
-    gate_candidate = {**gate_baseline, "long_context_score": 0.63, "short_context_score": 0.81, "loss_finite": True,
-                      "gradients_finite": True, "failed_runs": 0, "peak_memory_gb": 9.8, "cost_per_supervised_token": 1.2}
-    gate_limits = {"min_long_context_gain": 0.04, "max_short_context_regression": 0.02, "max_failed_runs": 0,
-                   "max_peak_memory_gb": 10.5, "max_cost_per_supervised_token": 1.4}
+    gate_candidate = {
+        **gate_baseline,
+        "long_context_score": 0.63,
+        "short_context_score": 0.81,
+        "loss_finite": True,
+        "gradients_finite": True,
+        "failed_runs": 0,
+        "peak_memory_gb": 9.8,
+        "cost_per_supervised_token": 1.2,
+    }
+    gate_limits = {
+        "min_long_context_gain": 0.04,
+        "max_short_context_regression": 0.02,
+        "max_failed_runs": 0,
+        "max_peak_memory_gb": 10.5,
+        "max_cost_per_supervised_token": 1.4,
+    }
     logp = torch.zeros(packed["ids"].shape)
     return {
         "assign_bucket": ((5, 64), {}),
@@ -202,8 +265,13 @@ def _valid_required_only_calls(tokenizer, model, packed, batch):
         "chat_template_source": (("chatml",), {}),
         "check_head_inputs": ((torch.ones(1, 2, 4), torch.ones(8, 4), ids, 1), {}),
         "chunked_log_probs": ((torch.ones(1, 2, 4), torch.ones(8, 4), ids, 1), {}),
-        "compare_padding_and_packing": (({"effective_supervised_tokens": 236, "median_step_ms": 63.4},
-                                         {"effective_supervised_tokens": 236, "median_step_ms": 48.8}), {}),
+        "compare_padding_and_packing": (
+            (
+                {"effective_supervised_tokens": 236, "median_step_ms": 63.4},
+                {"effective_supervised_tokens": 236, "median_step_ms": 48.8},
+            ),
+            {},
+        ),
         "detect_record_format": (({"instruction": "a", "output": "b"},), {}),
         "effective_tokens_per_second": ((236, 50.0), {}),
         "evaluate_length_curriculum_stage": ((gate_baseline, gate_candidate, gate_limits), {}),
@@ -256,8 +324,11 @@ def _optional_parameters(name):
     return [p.name for p in parameters if p.default is not p.empty and (name, p.name) not in NOT_FUZZED]
 
 
-OPTIONAL_TARGETS = [name for name in course_lib.__all__ if inspect.isfunction(getattr(course_lib, name))
-                    and name not in EXCLUDED and _optional_parameters(name)]
+OPTIONAL_TARGETS = [
+    name
+    for name in course_lib.__all__
+    if inspect.isfunction(getattr(course_lib, name)) and name not in EXCLUDED and _optional_parameters(name)
+]
 
 
 @pytest.fixture(scope="module")
@@ -272,7 +343,7 @@ def test_every_function_with_optional_arguments_has_a_valid_call(valid_calls):
             with pytest.raises(ValueError, match=REFUSED_HERE[name]):
                 getattr(course_lib, name)(*args, **kwargs)
         elif name not in NEEDS_CUDA or torch.cuda.is_available():
-            getattr(course_lib, name)(*args, **kwargs)                    # the baseline itself is valid
+            getattr(course_lib, name)(*args, **kwargs)  # the baseline itself is valid
 
 
 @pytest.mark.parametrize("name", OPTIONAL_TARGETS)
@@ -280,15 +351,19 @@ def test_only_value_error_escapes_junk_in_optional_arguments(name, valid_calls):
     function = getattr(course_lib, name)
     args, kwargs = valid_calls[name]
 
-    @settings(max_examples=25, deadline=None, derandomize=True,
-              suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+    @settings(
+        max_examples=25,
+        deadline=None,
+        derandomize=True,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    )
     @given(st.dictionaries(st.sampled_from(_optional_parameters(name)), JUNK, min_size=1))
     def check(junk):
         try:
             function(*args, **{**kwargs, **junk})
         except ValueError:
             pass
-        except RuntimeError as error:                                     # see NEEDS_CUDA: only a valid flag
+        except RuntimeError as error:  # see NEEDS_CUDA: only a valid flag
             valid = all(isinstance(value, bool) for value in junk.values())
             if not (name in NEEDS_CUDA and valid and not torch.cuda.is_available() and "CUDA" in str(error)):
                 raise
@@ -300,10 +375,16 @@ def test_only_value_error_escapes_junk_in_optional_arguments(name, valid_calls):
 # The first fuzz puts junk in every required argument at once, so the first argument's check nearly always answers
 # and the checks of later arguments are rarely reached (deleting `variance_weighted_sample`'s check of `k` passed it).
 # Left out, each with its reason (they take only the fixed first argument, or need a forward first).
-NO_REQUIRED_JUNK = {"flat_gradient": "its one argument is the fixed model",
-                    "varlen_kernel_used": "its one argument is the fixed model, and it needs a varlen forward first"}
-ONE_AT_A_TIME = sorted((name, (name in FIXED_FIRST) + index) for name, arity in TARGETS if name not in NO_REQUIRED_JUNK
-                       for index in range(arity))  # TARGETS' arity leaves the fixed first argument out
+NO_REQUIRED_JUNK = {
+    "flat_gradient": "its one argument is the fixed model",
+    "varlen_kernel_used": "its one argument is the fixed model, and it needs a varlen forward first",
+}
+ONE_AT_A_TIME = sorted(
+    (name, (name in FIXED_FIRST) + index)
+    for name, arity in TARGETS
+    if name not in NO_REQUIRED_JUNK
+    for index in range(arity)
+)  # TARGETS' arity leaves the fixed first argument out
 
 
 def test_one_at_a_time_covers_every_fuzzed_function(valid_calls):
@@ -318,12 +399,16 @@ def test_only_value_error_escapes_junk_in_one_required_argument(name, index, val
     function = getattr(course_lib, name)
     args, kwargs = valid_calls[name]
 
-    @settings(max_examples=20, deadline=None, derandomize=True,
-              suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+    @settings(
+        max_examples=20,
+        deadline=None,
+        derandomize=True,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    )
     @given(JUNK)
     def check(junk):
         try:
-            function(*args[:index], junk, *args[index + 1:], **kwargs)
+            function(*args[:index], junk, *args[index + 1 :], **kwargs)
         except ValueError:
             pass
 
@@ -331,9 +416,14 @@ def test_only_value_error_escapes_junk_in_one_required_argument(name, index, val
 
 
 BEYOND_INT64 = [  # (call, the message's start): numbers past what an int64 tensor or array holds
-    (lambda: course_lib.plan_packing([2**63 + 5], 10), r"lengths\[0\] must be <= 9223372036854775807, got 9223372036854775813"),
-    (lambda: course_lib.plan_packing(__import__("numpy").array([2**63 + 5], dtype="uint64"), 10),
-     r"lengths\[0\] must be <= 9223372036854775807, got 9223372036854775813"),  # not the wrapped-around value
+    (
+        lambda: course_lib.plan_packing([2**63 + 5], 10),
+        r"lengths\[0\] must be <= 9223372036854775807, got 9223372036854775813",
+    ),
+    (
+        lambda: course_lib.plan_packing(__import__("numpy").array([2**63 + 5], dtype="uint64"), 10),
+        r"lengths\[0\] must be <= 9223372036854775807, got 9223372036854775813",
+    ),  # not the wrapped-around value
     (lambda: course_lib.plan_split_packing([2**63 + 5], 10), r"lengths\[0\] must be <= 9223372036854775807, got "),
     (lambda: course_lib.plan_split_packing([2**63 - 1] * 2, 1), r"lengths cut into 18446744073709551614 pieces"),
     (lambda: course_lib.varlen_metadata([2**63]), r"seq_lengths\[0\] must be <= "),
@@ -343,12 +433,19 @@ BEYOND_INT64 = [  # (call, the message's start): numbers past what an int64 tens
     (lambda: course_lib.split_document([2**63], 4, 1), r"input_ids\[0\] must be <= "),
     (lambda: course_lib.describe_microbatches([2**62] * 4, [[0, 1], [2, 3]]), r"lengths sum to 18446744073709551616"),
     (lambda: course_lib.packed_token_budget_batches([2**62] * 3, 2**62), r"lengths sum to 13835058055282163712, more "),
-    (lambda: course_lib.pad_batch([{"input_ids": [1, 2], "labels": [1, 2]}, {"input_ids": [1], "labels": [1]}], 2**63),
-     r"pad_token_id must be <= 9223372036854775807"),
+    (
+        lambda: course_lib.pad_batch(
+            [{"input_ids": [1, 2], "labels": [1, 2]}, {"input_ids": [1], "labels": [1]}], 2**63
+        ),
+        r"pad_token_id must be <= 9223372036854775807",
+    ),
     (lambda: course_lib.synthetic_supervised_batch(seed=2**64), r"seed must be <= 18446744073709551615"),
     (lambda: course_lib.simulate_pass_rate_filter(torch.tensor([0.5]), 8, 1, seed=2**64), r"seed must be <= "),
-    (lambda: course_lib.zero_advantage_probability(10**400), r"pass_rate must be finite, got a number too large for a "
-                                                            r"float \(about 2\*\*1329\)"),
+    (
+        lambda: course_lib.zero_advantage_probability(10**400),
+        r"pass_rate must be finite, got a number too large for a "
+        r"float \(about 2\*\*1329\)",
+    ),
     (lambda: course_lib.zero_advantage_probability(10**5000), r"pass_rate must be finite"),  # past str()'s 4300 digits
 ]
 
@@ -367,6 +464,9 @@ def test_lengths_up_to_int64_still_work_exactly():
     padding = course_lib.bucket_padding([2**62] * 4, [2**62])
     assert padding == {"tokens": 2**64, "padded_tokens": 2**64, "padding_tokens": 0, "padding_ratio": 0.0}
     lengths = [2**62 + 1, 2**63 - 1, 3]
-    assert course_lib.assign_buckets(lengths, 2**63 - 1).tolist() == [
-        course_lib.assign_bucket(length, 2**63 - 1) for length in lengths] == [2**63 - 1, 2**63 - 1, 4]
+    assert (
+        course_lib.assign_buckets(lengths, 2**63 - 1).tolist()
+        == [course_lib.assign_bucket(length, 2**63 - 1) for length in lengths]
+        == [2**63 - 1, 2**63 - 1, 4]
+    )
     assert course_lib.synthetic_supervised_batch(seed=2**64 - 1)["input_ids"].shape[0] > 0

@@ -41,8 +41,14 @@ def test_logit_memory_reproduces_seed_003_table(committed, label):
     """Seed 003 §14.3: full 7.5 / chunked 3.7 / recompute 2.2 GB at T=4096; 29.9 / 11.2 / 2.2 GB at T=16384."""
     rows = committed["logit-memory", label]["measurements"]["log_prob_memory"]
     peaks = {(r["method"], r["tokens"]): round(r["peak_above_start_bytes"] / GB, 1) for r in rows}
-    assert peaks == {("full", 4096): 7.5, ("chunked", 4096): 3.7, ("chunked_recompute", 4096): 2.2,
-                     ("full", 16384): 29.9, ("chunked", 16384): 11.2, ("chunked_recompute", 16384): 2.2}
+    assert peaks == {
+        ("full", 4096): 7.5,
+        ("chunked", 4096): 3.7,
+        ("chunked_recompute", 4096): 2.2,
+        ("full", 16384): 29.9,
+        ("chunked", 16384): 11.2,
+        ("chunked_recompute", 16384): 2.2,
+    }
     assert all(r["max_abs_diff_vs_full"] == 0.0 for r in rows)
     full = {r["tokens"]: r["peak_above_start_bytes"] for r in rows if r["method"] == "full"}
     # seed 003 and chapter 5: about 12 bytes per logit on the full path (bf16 logits, an fp32 copy, fp32 log-softmax)
@@ -91,8 +97,10 @@ def _by_scale(record):
     m = record["measurements"]
     rows = m["packing_comparison"] + m["packing_scale"]
     varlen = {row["scale"]: row for row in m["varlen_packing"]}
-    return {pad.get("scale", 1): (pad, pack, varlen[pad.get("scale", 1)])
-            for pad, pack in zip(rows[::2], rows[1::2], strict=True)}
+    return {
+        pad.get("scale", 1): (pad, pack, varlen[pad.get("scale", 1)])
+        for pad, pack in zip(rows[::2], rows[1::2], strict=True)
+    }
 
 
 @pytest.mark.parametrize("label", V9_RUNS)
@@ -111,8 +119,10 @@ def test_gpu_busy_time_repeats_where_the_clock_does_not(committed):
     mask peaks at x8 (1.33x) and falls as its [T, T] square grows, while varlen passes the token ratio (1.6x) from
     x16 and reaches 1.83x at x32."""
     runs = [_by_scale(committed["pt-long-context", label]) for label in V9_RUNS]
-    clock = [pack["effective_tokens_per_second"] / pad["effective_tokens_per_second"] for pad, pack, _ in
-             (run[1] for run in runs)]
+    clock = [
+        pack["effective_tokens_per_second"] / pad["effective_tokens_per_second"]
+        for pad, pack, _ in (run[1] for run in runs)
+    ]
     busy = [_busy(pad) / _busy(pack) for pad, pack, _ in (run[1] for run in runs)]
     assert (round(min(clock), 2), round(max(clock), 2)) == (0.85, 1.18)
     assert (round(min(busy), 2), round(max(busy), 2)) == (1.13, 1.14)
@@ -132,7 +142,8 @@ def test_varlen_targets_by_the_clock_and_their_busy_share(committed):
     records = [committed["pt-long-context", label] for label in V9_RUNS]
     x1 = sorted(round(r["targets"]["varlen_packing_effective_throughput_ratio"]["observed"], 2) for r in records)
     assert x1 == [0.80, 0.83, 0.91] and not any(
-        r["targets"]["varlen_packing_effective_throughput_ratio"]["met"] for r in records)
+        r["targets"]["varlen_packing_effective_throughput_ratio"]["met"] for r in records
+    )
     largest = [r["targets"]["varlen_faster_than_block_mask_at_largest_scale"] for r in records]
     assert sorted(round(t["observed"], 2) for t in largest) == [0.99, 1.16, 1.34]
     assert [t["met"] for t in largest] == [t["observed"] > 1 for t in largest] and sum(t["met"] for t in largest) == 2

@@ -81,8 +81,11 @@ def test_cpu_smoke_is_valid_and_says_wiring_only(smoke, workload_id):
     assert record["evidence_level"] == "cpu_smoke_wiring_only" and record["decision"] == "wiring_ok"
     assert record["model"]["source"] == "tiny_qwen2_random_init" and record["preflight"]["passed"]
     assert record["hardware"]["device"] == "cpu"
-    assert all(target["met"] is not True for name, target in record["targets"].items()
-               if "throughput" in name or "peak" in name)  # no GPU claim from a CPU run
+    assert all(
+        target["met"] is not True
+        for name, target in record["targets"].items()
+        if "throughput" in name or "peak" in name
+    )  # no GPU claim from a CPU run
 
 
 def test_cpu_smoke_packing_reproduces_seed_token_counts(smoke):
@@ -102,7 +105,9 @@ def test_cpu_smoke_compiled_packing_computes_what_the_eager_model_does(smoke):
     rows = record["measurements"]["compiled_packing"]
     eager = smoke["pt-long-context"][1]["measurements"]["packing_comparison"]  # same tiny model, seed and batches
     assert [(row["compile_mode"], row["candidate"]) for row in rows] == [
-        ("default", "padding"), ("default", "boundary_isolated_packing")]
+        ("default", "padding"),
+        ("default", "boundary_isolated_packing"),
+    ]
     for compiled_row, eager_row in zip(rows, eager, strict=True):
         assert compiled_row["processed_tokens"] == eager_row["processed_tokens"]
         assert compiled_row["effective_supervised_tokens"] == eager_row["effective_supervised_tokens"] == 236
@@ -133,7 +138,9 @@ def test_cpu_smoke_varlen_packing_matches_block_mask(smoke):
         assert varlen_row["losses"][0] == pytest.approx(mask_row["losses"][0], rel=1e-5)
     assert all(record["checks"]["varlen_packing"].values())
     targets = record["targets"]
-    assert {"varlen_packing_effective_throughput_ratio", "varlen_faster_than_block_mask_at_largest_scale"} <= set(targets)
+    assert {"varlen_packing_effective_throughput_ratio", "varlen_faster_than_block_mask_at_largest_scale"} <= set(
+        targets
+    )
     assert all(targets[name]["met"] is None for name in targets if name.startswith("varlen"))  # no GPU claim on CPU
 
 
@@ -155,8 +162,9 @@ def test_varlen_check_catches_a_leaky_varlen_row():
 
     model = tiny_qwen2(seed=0, attn_implementation="sdpa", initializer_range=0.1)
     lengths = [48, 96, 32, 64]
-    packed = packed_batch(supervised_samples(course_token_ids(PACKING_TEXTS, lengths, 2048)), torch.device("cpu"),
-                          torch.float32)[0]
+    packed = packed_batch(
+        supervised_samples(course_token_ids(PACKING_TEXTS, lengths, 2048)), torch.device("cpu"), torch.float32
+    )[0]
     with torch.no_grad(), varlen_attention(model):
         good = float(model(**varlen_batch(packed, lengths)).loss)
         leaky = float(model(**varlen_batch(packed, [sum(lengths)])).loss)
@@ -171,7 +179,8 @@ def test_varlen_check_catches_a_leaky_varlen_row():
     for tolerance in (1e-4, gpu_tolerance):  # the leak moves the mean loss by ~1%: caught at the GPU's tolerance too
         assert not varlen_checks([row(block)], [row(leaky)], tolerance)["same_loss_as_block_mask_packing"]
     assert not varlen_checks([row(block)], [{**row(good), "processed_tokens": 384}], 1e-4)[
-        "same_tokens_as_block_mask_packing"]
+        "same_tokens_as_block_mask_packing"
+    ]
 
 
 def test_varlen_alone_check_fails_for_a_leaky_attention(monkeypatch):
@@ -190,8 +199,9 @@ def test_varlen_alone_check_fails_for_a_leaky_attention(monkeypatch):
 
 def test_cpu_smoke_logit_memory(smoke):
     rows = smoke["logit-memory"][1]["measurements"]["log_prob_memory"]
-    assert {(r["method"], r["tokens"]) for r in rows} == {(m, t) for m in ("full", "chunked", "chunked_recompute")
-                                                           for t in (128, 512)}
+    assert {(r["method"], r["tokens"]) for r in rows} == {
+        (m, t) for m in ("full", "chunked", "chunked_recompute") for t in (128, 512)
+    }
     assert all(r["max_abs_diff_vs_full"] <= 1e-3 for r in rows)
     by = {(r["method"], r["tokens"]): r["saved_tensor_bytes"] for r in rows}
     assert by[("chunked_recompute", 512)] < by[("chunked", 512)] <= by[("full", 512)]  # recompute keeps no logits
@@ -225,11 +235,29 @@ def test_bad_label_is_refused(tmp_path, label):
 def test_a_profile_without_the_modes_capability_is_refused(tmp_path, capsys):
     """BASE-CPU declares no real_gpu: measuring under it would pass its preflight (no CUDA needed) and then fail
     deep in the model load. A plan (dry_run) needs no capability."""
-    with pytest.raises(ValueError, match=r"profile 'BASE-CPU' cannot run mode 'real_gpu' \(its capabilities: "
-                                         r"\['exercises', 'cpu_smoke'\]\); use --profile PT-SFT-CUDA"):
+    with pytest.raises(
+        ValueError,
+        match=r"profile 'BASE-CPU' cannot run mode 'real_gpu' \(its capabilities: "
+        r"\['exercises', 'cpu_smoke'\]\); use --profile PT-SFT-CUDA",
+    ):
         run_workload("logit-memory", "real_gpu", "base", results_dir=tmp_path, profile="BASE-CPU")
-    assert runner_main(["logit-memory", "--mode", "real_gpu", "--label", "base", "--profile", "BASE-CPU",
-                        "--results-dir", str(tmp_path), "--no-hub"]) == 2
+    assert (
+        runner_main(
+            [
+                "logit-memory",
+                "--mode",
+                "real_gpu",
+                "--label",
+                "base",
+                "--profile",
+                "BASE-CPU",
+                "--results-dir",
+                str(tmp_path),
+                "--no-hub",
+            ]
+        )
+        == 2
+    )
     assert "refused: profile 'BASE-CPU' cannot run mode 'real_gpu'" in capsys.readouterr().err
     assert not list(tmp_path.rglob("*.json"))  # refused, not recorded: the label stays free
     run_workload("logit-memory", "dry_run", "plan", results_dir=tmp_path, profile="BASE-CPU")
@@ -251,13 +279,15 @@ def missing_weights(ctx):
     raise OSError("weights missing")
 
 
-@pytest.mark.parametrize("factory, stage, error_type", [
-    (lambda ctx: ExplodingModel(), "length_curve", "RuntimeError"),
-    (missing_weights, "revision_and_model", "OSError"),
-])
+@pytest.mark.parametrize(
+    "factory, stage, error_type",
+    [
+        (lambda ctx: ExplodingModel(), "length_curve", "RuntimeError"),
+        (missing_weights, "revision_and_model", "OSError"),
+    ],
+)
 def test_failure_becomes_a_record(tmp_path, capsys, factory, stage, error_type):
-    path, record = run_workload("pt-long-context", "cpu_smoke", "broken", results_dir=tmp_path,
-                                model_factory=factory)
+    path, record = run_workload("pt-long-context", "cpu_smoke", "broken", results_dir=tmp_path, model_factory=factory)
     stored = read_result(path)
     assert stored["failure"]["stage"] == stage and stored["failure"]["error_type"] == error_type
     assert stored["decision"] == "reject_until_fixed" and stored["evidence_level"] == "failed_cpu_smoke_attempt"
@@ -289,12 +319,16 @@ def test_a_scale_that_does_not_fit_the_gpu_is_recorded_not_a_failure(tmp_path, m
     stored = read_result(path)
     assert stored["failure"] is None and stored["decision"] == "wiring_ok"
     measured = stored["measurements"]
-    assert measured["out_of_memory"] == [{"stage": "packing_scale", "scale": 4}, {"stage": "varlen_packing", "scale": 2}]
+    assert measured["out_of_memory"] == [
+        {"stage": "packing_scale", "scale": 4},
+        {"stage": "varlen_packing", "scale": 2},
+    ]
     assert [row["scale"] for row in measured["packing_scale"]] == [2, 2]
     assert [row["scale"] for row in measured["varlen_packing"]] == [1]
     assert all(stored["checks"]["varlen_packing"].values())
     assert "out of GPU memory (recorded, larger scales not tried): packing_scale at x4, varlen_packing at x2" in (
-        format_record(stored))
+        format_record(stored)
+    )
     monkeypatch.setattr(workload, "parameters", lambda mode: {**parameters(mode), "packing_scale_factors": [4, 8]})
     _, none_fit = run_workload("pt-long-context", "cpu_smoke", "tiny-gpu", results_dir=tmp_path, allow_hub=False)
     assert none_fit["measurements"]["packing_scale"] == [] and none_fit["failure"] is None
@@ -310,8 +344,19 @@ def test_real_gpu_refuses_here_at_preflight(tmp_path, capsys):
     assert "cuda: expected available, found unavailable" in failure["message"]
     assert record["preflight"]["failed"][0] == "cuda"
     assert record["model"]["source"] == "not_loaded"
-    code = runner_main(["logit-memory", "--mode", "real_gpu", "--label", "cli", "--results-dir", str(tmp_path),
-                        "--no-hub", "--no-progress"])
+    code = runner_main(
+        [
+            "logit-memory",
+            "--mode",
+            "real_gpu",
+            "--label",
+            "cli",
+            "--results-dir",
+            str(tmp_path),
+            "--no-hub",
+            "--no-progress",
+        ]
+    )
     out = capsys.readouterr()
     assert code == 1 and "failed at stage environment_preflight" in out.out and "Traceback" not in out.err
 
@@ -322,17 +367,20 @@ def _mutated(record: dict, change) -> dict:
     return copied
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda r: r.pop("decision"), "missing key 'decision'"),
-    (lambda r: r.update(schema_version="v0"), "$.schema_version"),
-    (lambda r: r["workload"].update(version=4), "$.workload.version: expected str"),
-    (lambda r: r.update(decision="accept_mechanism"), "accept_mechanism needs real_gpu"),
-    (lambda r: r.update(failure={"stage": "x", "error_type": "E", "message": "m"}), "only a failure"),
-    (lambda r: r["measurements"].update(bogus=[]), "unknown section"),
-    (lambda r: r["measurements"]["packing_comparison"][0].update(processed_tokens="384"), "processed_tokens"),
-    (lambda r: r["model"].update(source="hub"), "resolved_commit"),
-    (lambda r: r["checks"]["packing"].update(position_ids_reset=1), "expected bool"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda r: r.pop("decision"), "missing key 'decision'"),
+        (lambda r: r.update(schema_version="v0"), "$.schema_version"),
+        (lambda r: r["workload"].update(version=4), "$.workload.version: expected str"),
+        (lambda r: r.update(decision="accept_mechanism"), "accept_mechanism needs real_gpu"),
+        (lambda r: r.update(failure={"stage": "x", "error_type": "E", "message": "m"}), "only a failure"),
+        (lambda r: r["measurements"].update(bogus=[]), "unknown section"),
+        (lambda r: r["measurements"]["packing_comparison"][0].update(processed_tokens="384"), "processed_tokens"),
+        (lambda r: r["model"].update(source="hub"), "resolved_commit"),
+        (lambda r: r["checks"]["packing"].update(position_ids_reset=1), "expected bool"),
+    ],
+)
 def test_validator_names_the_bad_field(smoke, change, message):
     record = smoke["pt-long-context"][1]
     validate_result(record)
@@ -462,12 +510,17 @@ def test_device_activity_counts_gpu_operations_and_their_time():
     from torch.autograd.profiler_util import FunctionEvent
 
     def event(name, start, end, device_type, **extra):
-        return FunctionEvent(id=start, name=name, thread=0, start_us=start, end_us=end, device_type=device_type,
-                             **extra)
+        return FunctionEvent(
+            id=start, name=name, thread=0, start_us=start, end_us=end, device_type=device_type, **extra
+        )
 
-    events = [event("aten::mm", 0, 900, DeviceType.CPU), event("gemm_kernel", 10, 410, DeviceType.CUDA),
-              event("Memcpy HtoD", 420, 470, DeviceType.CUDA), event("elementwise_kernel", 500, 525, DeviceType.CUDA),
-              event("my_range", 0, 600, DeviceType.CUDA, is_user_annotation=True)]
+    events = [
+        event("aten::mm", 0, 900, DeviceType.CPU),
+        event("gemm_kernel", 10, 410, DeviceType.CUDA),
+        event("Memcpy HtoD", 420, 470, DeviceType.CUDA),
+        event("elementwise_kernel", 500, 525, DeviceType.CUDA),
+        event("my_range", 0, 600, DeviceType.CUDA, is_user_annotation=True),
+    ]
     assert device_activity(events, "cuda") == {"device": "cuda", "operations": 3, "busy_ms": 0.475}
     with pytest.raises(ValueError, match="device_type must be 'cuda' or 'cpu', got 'tpu'"):
         device_activity(events, "tpu")
@@ -494,8 +547,12 @@ def test_a_failing_profiler_leaves_the_numbers_empty_and_says_why(monkeypatch):
     monkeypatch.setattr(torch.profiler, "profile", no_profiler)
     calls = []
     profile = profile_step(lambda: calls.append(1), torch.device("cpu"))
-    assert profile == {"device": "cpu", "operations": None, "busy_ms": None,
-                       "error": "RuntimeError: CUPTI could not be loaded"}
+    assert profile == {
+        "device": "cpu",
+        "operations": None,
+        "busy_ms": None,
+        "error": "RuntimeError: CUPTI could not be loaded",
+    }
     assert calls == []  # the profiler failed before the step
 
 
@@ -505,15 +562,24 @@ def test_report_reads_what_bounds_the_step_from_gpu_profiles(smoke):
     padding.update(median_step_ms=70.0, device_profile={"device": "cuda", "operations": 3100, "busy_ms": 14.0})
     packing.update(median_step_ms=72.0, device_profile={"device": "cuda", "operations": 3050, "busy_ms": 9.0})
     text = format_record(validate_result(record))
-    assert ("what bounds the step (padding -> packing): the GPU was busy 14.0 -> 9.0 ms, 0.2 -> 0.125 of the median "
-            "wall time; packing needs 1.556x less device time and is 0.9722x faster by the clock") in text
+    assert (
+        "what bounds the step (padding -> packing): the GPU was busy 14.0 -> 9.0 ms, 0.2 -> 0.125 of the median "
+        "wall time; packing needs 1.556x less device time and is 0.9722x faster by the clock"
+    ) in text
     assert "(a busy share well below 1: launches and Python, not tokens, set the pace)" in text
-    for pad_ms, pack_ms, reading in ((16.0, 10.0, "(a busy share near 1: the GPU's work sets the pace"),
-                                     (20.0, 14.0, "(a busy share between: both the host's launches and the GPU's")):
+    for pad_ms, pack_ms, reading in (
+        (16.0, 10.0, "(a busy share near 1: the GPU's work sets the pace"),
+        (20.0, 14.0, "(a busy share between: both the host's launches and the GPU's"),
+    ):
         padding["median_step_ms"], packing["median_step_ms"] = pad_ms, pack_ms  # shares 0.875 / 0.9, 0.7 / 0.64
         assert reading in format_record(validate_result(copy.deepcopy(record)))
     assert "what bounds the step" not in format_record(smoke["pt-long-context"][1])  # the host is no GPU
-    packing["device_profile"] = {"device": "cuda", "operations": None, "busy_ms": None, "error": "RuntimeError: no CUPTI"}
+    packing["device_profile"] = {
+        "device": "cuda",
+        "operations": None,
+        "busy_ms": None,
+        "error": "RuntimeError: no CUPTI",
+    }
     text = format_record(validate_result(record))
     assert "what bounds the step" not in text and "device profile failed: RuntimeError: no CUPTI" in text
 
@@ -524,13 +590,22 @@ def _gpu_profiled(record, busy_ms: dict, label: str):
     record["run_label"] = label
     measurements = record["measurements"]
     for row in measurements["packing_comparison"] + measurements["packing_scale"] + measurements["varlen_packing"]:
-        row["device_profile"] = {"device": "cuda", "operations": 3000,
-                                 "busy_ms": busy_ms[row["candidate"], row.get("scale", 1)]}
+        row["device_profile"] = {
+            "device": "cuda",
+            "operations": 3000,
+            "busy_ms": busy_ms[row["candidate"], row.get("scale", 1)],
+        }
     return validate_result(record)
 
 
-BUSY = {("padding", 1): 12.0, ("boundary_isolated_packing", 1): 10.0, ("boundary_isolated_packing_varlen", 1): 8.0,
-        ("padding", 2): 30.0, ("boundary_isolated_packing", 2): 20.0, ("boundary_isolated_packing_varlen", 2): 15.0}
+BUSY = {
+    ("padding", 1): 12.0,
+    ("boundary_isolated_packing", 1): 10.0,
+    ("boundary_isolated_packing_varlen", 1): 8.0,
+    ("padding", 2): 30.0,
+    ("boundary_isolated_packing", 2): 20.0,
+    ("boundary_isolated_packing_varlen", 2): 15.0,
+}
 
 
 def test_report_gives_each_scale_speedup_in_gpu_busy_time(smoke, tmp_path):
@@ -539,8 +614,18 @@ def test_report_gives_each_scale_speedup_in_gpu_busy_time(smoke, tmp_path):
     assert "busy_x" not in plain  # the host's profile is not a GPU's busy time
     text = format_record(_gpu_profiled(smoke["pt-long-context"][1], BUSY, "gpu"))
     table = text.split("padding vs packing by scale")[1].split("packing scale checks")[0].splitlines()
-    assert table[1].split() == ["scale", "pad_tokens", "pack_tokens", "pad_ms", "pack_ms", "speedup", "busy_x",
-                                "varlen_ms", "varlen_speedup", "varlen_busy_x"]
+    assert table[1].split() == [
+        "scale",
+        "pad_tokens",
+        "pack_tokens",
+        "pad_ms",
+        "pack_ms",
+        "speedup",
+        "busy_x",
+        "varlen_ms",
+        "varlen_speedup",
+        "varlen_busy_x",
+    ]
     assert [(row.split()[6], row.split()[9]) for row in table[2:4]] == [("1.2", "1.5"), ("1.5", "2")]
     from PIL import Image
 
@@ -553,11 +638,22 @@ def test_runs_side_by_side_show_the_spread_of_each_ratio(smoke):
     record = smoke["pt-long-context"][1]
     assert format_runs_side_by_side([record]) is None  # one run: nothing to set beside it
     slower = {key: value * (1.5 if key[0] == "padding" else 1.0) for key, value in BUSY.items()}
-    text = format_runs_side_by_side([_gpu_profiled(record, BUSY, "run-a"), _gpu_profiled(record, slower, "run-b"),
-                                     record, smoke["logit-memory"][1]])
+    text = format_runs_side_by_side(
+        [_gpu_profiled(record, BUSY, "run-a"), _gpu_profiled(record, slower, "run-b"), record, smoke["logit-memory"][1]]
+    )
     lines = text.splitlines()
-    assert lines[1].split() == ["run", "version", "device", "x1_clock", "x1_busy", "varlen_x1_clock",
-                                "varlen_x1_busy", "largest_scale", "varlen_clock", "varlen_busy"]
+    assert lines[1].split() == [
+        "run",
+        "version",
+        "device",
+        "x1_clock",
+        "x1_busy",
+        "varlen_x1_clock",
+        "varlen_x1_busy",
+        "largest_scale",
+        "varlen_clock",
+        "varlen_busy",
+    ]
     a, b, host = (line.split() for line in lines[2:5])
     assert (a[0], a[4], a[6], a[7], a[9]) == ("run-a", "1.2", "1.5", "2", "2")
     assert (b[0], b[4], b[6], b[9]) == ("run-b", "1.8", "2.25", "3")
@@ -577,10 +673,12 @@ def test_result_path_layout():
 
 def _out_of_memory_when(original, should_fail):
     """Wrap a measuring function so it raises CUDA's out-of-memory error where should_fail(desc) holds."""
+
     def wrapped(*args, **kwargs):
         if should_fail(kwargs.get("desc", args[-1] if args and isinstance(args[-1], str) else "")):
             raise torch.OutOfMemoryError("CUDA out of memory (simulated: a 16 GB GPU)")
         return original(*args, **kwargs)
+
     return wrapped
 
 
@@ -591,8 +689,9 @@ def test_logit_memory_full_path_out_of_memory_is_a_finding_not_a_crash(tmp_path,
     from course_lib.lab.gpu.workloads import logit_memory
 
     measure_method = logit_memory._measure_method
-    monkeypatch.setattr(logit_memory, "_measure_method",
-                        _out_of_memory_when(measure_method, lambda desc: desc == "full T=512"))
+    monkeypatch.setattr(
+        logit_memory, "_measure_method", _out_of_memory_when(measure_method, lambda desc: desc == "full T=512")
+    )
     path, record = run_workload("logit-memory", "cpu_smoke", "small-gpu", results_dir=tmp_path, allow_hub=False)
     assert read_result(path) == record and record["failure"] is None
     rows = {(r["method"], r["tokens"]): r for r in record["measurements"]["log_prob_memory"]}
@@ -601,12 +700,18 @@ def test_logit_memory_full_path_out_of_memory_is_a_finding_not_a_crash(tmp_path,
     assert rows["chunked", 512]["max_abs_diff_vs_full"] is None  # nothing to compare with at 512
     assert all(record["checks"]["log_probs"].values()) and record["decision"] == "wiring_ok"
     assert record["targets"]["log_probs_identical_to_full"]["observed"] is not None  # from T = 128
-    for also, failing in (("chunked T=128", {"chunked_matches_full"}),
-                          ("full T=128", {"chunked_matches_full", "chunked_recompute_matches_full"})):
-        monkeypatch.setattr(logit_memory, "_measure_method", _out_of_memory_when(
-            measure_method, lambda desc, also=also: desc in ("full T=512", also)))
-        _, record = run_workload("logit-memory", "cpu_smoke", f"small-gpu-{also[:4]}", results_dir=tmp_path,
-                                 allow_hub=False)
+    for also, failing in (
+        ("chunked T=128", {"chunked_matches_full"}),
+        ("full T=128", {"chunked_matches_full", "chunked_recompute_matches_full"}),
+    ):
+        monkeypatch.setattr(
+            logit_memory,
+            "_measure_method",
+            _out_of_memory_when(measure_method, lambda desc, also=also: desc in ("full T=512", also)),
+        )
+        _, record = run_workload(
+            "logit-memory", "cpu_smoke", f"small-gpu-{also[:4]}", results_dir=tmp_path, allow_hub=False
+        )
         checks = record["checks"]["log_probs"]
         assert {name for name, passed in checks.items() if not passed} == failing and record["decision"] == "tune"
 
@@ -615,8 +720,11 @@ def test_microbatch_fixed_count_out_of_memory_is_a_finding_not_a_crash(tmp_path,
     """The fixed-count plan not fitting is seed 003's point: recorded as out_of_memory, the budget plan still runs."""
     from course_lib.lab.gpu.workloads import microbatch_budget
 
-    monkeypatch.setattr(microbatch_budget, "time_steps",
-                        _out_of_memory_when(microbatch_budget.time_steps, lambda desc: desc.endswith("_random")))
+    monkeypatch.setattr(
+        microbatch_budget,
+        "time_steps",
+        _out_of_memory_when(microbatch_budget.time_steps, lambda desc: desc.endswith("_random")),
+    )
     path, record = run_workload("microbatch-budget", "cpu_smoke", "small-gpu", results_dir=tmp_path, allow_hub=False)
     assert read_result(path) == record and record["failure"] is None
     random_plan, sorted_plan, budget_plan = record["measurements"]["microbatch_plans"]
@@ -636,12 +744,18 @@ def test_workloads_run_in_the_gpus_dtype_on_this_cpu(workload_id):
     parameters = workload.parameters("cpu_smoke")
     gpu = workload.parameters("real_gpu")
     parameters.update({key: gpu[key] for key in ("loss_agreement_tolerance", "logprob_tolerance") if key in gpu})
-    ctx = RunContext(mode="cpu_smoke", device=torch.device("cpu"), dtype=torch.bfloat16, parameters=parameters,
-                     record={"measurements": {}, "checks": {}, "targets": {}, "model": None})
+    ctx = RunContext(
+        mode="cpu_smoke",
+        device=torch.device("cpu"),
+        dtype=torch.bfloat16,
+        parameters=parameters,
+        record={"measurements": {}, "checks": {}, "targets": {}, "model": None},
+    )
     workload.measure(ctx)
     assert ctx.record["model"]["dtype"] == "bfloat16"
-    failed = {group: [name for name, passed in checks.items() if not passed]
-              for group, checks in ctx.record["checks"].items()}
+    failed = {
+        group: [name for name, passed in checks.items() if not passed] for group, checks in ctx.record["checks"].items()
+    }
     assert ctx.record["checks"] and not any(failed.values()), failed
 
 
@@ -652,7 +766,8 @@ def test_format_run_says_what_a_notebook_needs_for_each_outcome(smoke, tmp_path)
     if not torch.cuda.is_available():  # preflight refuses a real_gpu run here, and the message says which line
         refused_path, refused = run_workload("logit-memory", "real_gpu", "refused", results_dir=tmp_path)
         assert "failed at stage environment_preflight: preflight PT-SFT-CUDA failed: cuda" in format_run(
-            refused_path, refused)
+            refused_path, refused
+        )
     path, record = smoke["pt-long-context"]
     assert "varlen_speedup" in format_run(path, record) and "decision wiring_ok" in format_run(path, record)
 
@@ -664,7 +779,7 @@ def test_memory_trend_allows_the_seeds_half_percent_of_allocator_noise():
     def rows(*peaks):
         return [{"peak_allocated_bytes": peak, "losses": [1.0], "gradient_norms": [1.0]} for peak in peaks]
 
-    assert _length_checks(rows(1000, 996, 2000), 0.005)["memory_non_decreasing_with_tolerance"]      # -0.4%
-    assert _length_checks(rows(1000, 995, 2000), 0.005)["memory_non_decreasing_with_tolerance"]      # -0.5%, the edge
+    assert _length_checks(rows(1000, 996, 2000), 0.005)["memory_non_decreasing_with_tolerance"]  # -0.4%
+    assert _length_checks(rows(1000, 995, 2000), 0.005)["memory_non_decreasing_with_tolerance"]  # -0.5%, the edge
     assert not _length_checks(rows(1000, 994, 2000), 0.005)["memory_non_decreasing_with_tolerance"]  # -0.6%
     assert "memory_non_decreasing_with_tolerance" not in _length_checks(rows(None, None, None), 0.005)  # CPU: unclaimed

@@ -41,12 +41,19 @@ def test_suite_on_a_cpu_records_refusals_runs_every_chapter_and_fills_out(tmp_pa
     out = tmp_path / "out"
     out.mkdir()
     env = {**os.environ, "PYTHON": sys.executable, "OUT": str(out), "WORKLOADS": "logit-memory", "CHAPTERS": "1"}
-    done = subprocess.run(["bash", "benchmarks/run_gpu_suite.sh", LABEL], cwd=repo, env=env, capture_output=True,
-                          text=True, timeout=600)
+    done = subprocess.run(
+        ["bash", "benchmarks/run_gpu_suite.sh", LABEL], cwd=repo, env=env, capture_output=True, text=True, timeout=600
+    )
     log = (out / "suite.log").read_text()
     assert done.returncode == 1, log  # a record holds a failure (the refused preflight): not 0, and not a crash
-    for section in ("== preflight PT-SFT-CUDA", "== logit-memory", "== report", "== chapter 3", "== chapter 5",
-                    "== chapter 9"):
+    for section in (
+        "== preflight PT-SFT-CUDA",
+        "== logit-memory",
+        "== report",
+        "== chapter 3",
+        "== chapter 5",
+        "== chapter 9",
+    ):
         assert section in log, section
     assert log.count("code cells ran") == 3  # all three chapters ran to their end despite the refusals
     record = read_result(out / "results" / "logit_memory" / f"logit-memory_{LABEL}.json")
@@ -74,8 +81,9 @@ def test_suite_with_no_workloads_measures_nothing_and_fetches_nothing_stray(tmp_
     stray = repo / "benchmarks" / "results" / "logit_memory" / f"logit-memory_old_{LABEL}.json"
     stray.parent.mkdir(parents=True, exist_ok=True)
     stray.write_text("{}")
-    done = subprocess.run(["bash", "benchmarks/run_gpu_suite.sh", LABEL], cwd=repo, env=env, capture_output=True,
-                          text=True, timeout=300)
+    done = subprocess.run(
+        ["bash", "benchmarks/run_gpu_suite.sh", LABEL], cwd=repo, env=env, capture_output=True, text=True, timeout=300
+    )
     log = (out / "suite.log").read_text()
     assert done.returncode == 0, log
     assert "== preflight PT-SFT-CUDA" in log and "== report" in log and "== pt-long-context" not in log
@@ -94,8 +102,9 @@ def test_a_taken_label_is_refused_before_anything_runs(tmp_path):
     taken.write_text("{}")
     env = {**os.environ, "PYTHON": sys.executable, "WORKLOADS": "logit-memory"}
     env.pop("OUT", None)
-    done = subprocess.run(["bash", "benchmarks/run_gpu_suite.sh", LABEL], cwd=repo, env=env, capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(
+        ["bash", "benchmarks/run_gpu_suite.sh", LABEL], cwd=repo, env=env, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 2 and f"refused: label {LABEL} is taken" in done.stderr, done.stderr
     assert "== preflight" not in done.stdout and not (repo / "build" / "gpu_suite" / f"{LABEL}.log").exists()
 
@@ -111,8 +120,14 @@ def test_bad_label_a_timed_out_step_and_the_appended_log(tmp_path):
     env.update(PYTHON=sys.executable)
 
     def suite(label, **extra):
-        return subprocess.run(["bash", "benchmarks/run_gpu_suite.sh", label], cwd=repo, env={**env, **extra},
-                              capture_output=True, text=True, timeout=300)
+        return subprocess.run(
+            ["bash", "benchmarks/run_gpu_suite.sh", label],
+            cwd=repo,
+            env={**env, **extra},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
 
     bad = suite("../../escaped", WORKLOADS="none")
     assert bad.returncode == 2 and "refused: ValueError: label must match" in bad.stderr, bad.stderr

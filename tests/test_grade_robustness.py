@@ -27,7 +27,7 @@ OTHER = "02_templates_and_labels"  # used for "a notebook for the wrong chapter"
 COURSE = [str(Path(sys.executable).parent / "course")]
 CHATTY_CHARS = 3_000_000  # printed by one cell: 30 times what the grader keeps
 
-SNOOP = r'''
+SNOOP = r"""
 import glob, json, os
 _found = {"cwd": sorted(os.listdir(".")), "hits": []}
 for _dirpath, _dirnames, _filenames in os.walk(".."):  # every folder beside this kernel's, in full
@@ -37,11 +37,11 @@ for _up in ("..", "../..", "../../..", "../../../.."):  # where nbgrader's layou
                      "submitted", "autograded", "feedback", "*_01_length_ledger.ipynb", "*/01_length_ledger/*.ipynb"):
         _found["hits"] += glob.glob(os.path.join(_up, _pattern))
 print("SNOOP " + json.dumps(_found))
-'''
+"""
 
 # a correct answer whose every call warns and writes to stderr, as a library it uses might (torch warns when a
 # tensor is passed to torch.tensor): nbgrader alone would fail each graded cell that calls it
-NOISY = '''
+NOISY = """
 import sys as _sys
 import warnings as _warnings
 
@@ -52,7 +52,7 @@ def ledger_from_roles(*args, **kwargs):
     _warnings.warn("a note from a library this answer uses", UserWarning)
     print("debug: ledger_from_roles was called", file=_sys.stderr)
     return _quiet_ledger_from_roles(*args, **kwargs)
-'''
+"""
 
 
 def _course(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -125,8 +125,10 @@ def graded(tmp_path_factory):
     if OTHER in chapters:
         shutil.copy2(root / "release" / OTHER / f"{OTHER}.ipynb", inbox / f"wrong_{CHAPTER}.ipynb")
     else:
-        _write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# My holiday photos")]),
-               inbox / f"wrong_{CHAPTER}.ipynb")
+        _write(
+            nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# My holiday photos")]),
+            inbox / f"wrong_{CHAPTER}.ipynb",
+        )
     _write(cells.read(root / "release" / CHAPTER / f"{CHAPTER}.ipynb"), inbox / f"dup_{CHAPTER}.ipynb")
     _write(cells.read(root / "release" / CHAPTER / f"{CHAPTER}.ipynb"), inbox / "dup" / CHAPTER / f"{CHAPTER}.ipynb")
     (inbox / "homework.ipynb").write_text("{}", encoding="utf-8")
@@ -167,12 +169,30 @@ def graded(tmp_path_factory):
     nested_tmp = kernels_tmp / "a" / "b" / "c"
     nested_tmp.mkdir(parents=True)
     try:
-        completed = _course("grade", str(inbox), "--root", str(root), "--cell-timeout", "25", "--workers", "2",
-                            "--no-progress", cwd=base, env=dict(os.environ, TMPDIR=str(nested_tmp)))
+        completed = _course(
+            "grade",
+            str(inbox),
+            "--root",
+            str(root),
+            "--cell-timeout",
+            "25",
+            "--workers",
+            "2",
+            "--no-progress",
+            cwd=base,
+            env=dict(os.environ, TMPDIR=str(nested_tmp)),
+        )
     finally:
         shutil.rmtree(kernels_tmp, ignore_errors=True)
-    return {"root": root, "base": base, "inbox": inbox, "run": completed, "solutions": solutions,
-            "mutant": mutant_name, "csv": _rows(root / "grades.csv")}
+    return {
+        "root": root,
+        "base": base,
+        "inbox": inbox,
+        "run": completed,
+        "solutions": solutions,
+        "mutant": mutant_name,
+        "csv": _rows(root / "grades.csv"),
+    }
 
 
 def _rows(path: Path) -> dict[str, dict[str, str]]:
@@ -192,8 +212,11 @@ def _feedback(graded, student: str) -> str:
 
 def _points(graded, student: str) -> tuple[float, float, float]:
     row = graded["csv"][student]
-    return (float(row["score"]), float(row[f"{CHAPTER}:test_ledger_from_roles"]),
-            float(row[f"{CHAPTER}:test_audit_context_fit"]))
+    return (
+        float(row["score"]),
+        float(row[f"{CHAPTER}:test_ledger_from_roles"]),
+        float(row[f"{CHAPTER}:test_audit_context_fit"]),
+    )
 
 
 def test_run_finishes_with_a_summary_and_exit_1_for_the_failed_files(graded):
@@ -226,8 +249,13 @@ def test_a_correct_answer_that_warns_on_stderr_keeps_every_point(graded):
     """Only an error fails a graded cell: the course's nbgrader config drops stderr before grading."""
     assert _points(graded, "noisy") == (8.0, 3.0, 5.0)
     executed = cells.read(graded["root"] / "autograded" / "noisy" / CHAPTER / f"{CHAPTER}.ipynb")
-    streams = {o.get("name") for c in executed.cells if c.cell_type == "code" for o in c.get("outputs", [])
-               if o.get("output_type") == "stream"}
+    streams = {
+        o.get("name")
+        for c in executed.cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+        if o.get("output_type") == "stream"
+    }
     assert "stderr" not in streams
     assert "8 / 8" in _feedback(graded, "noisy")
 
@@ -249,8 +277,14 @@ def test_a_cell_that_raises_without_showing_its_error_still_fails(graded):
     assert "flagged for review" in _line(graded, "hush_") and "NotImplementedError" in _feedback(graded, "hush")
 
 
-COURSE_FILE_NAMES = {"gradebook.db", "grades.csv", "grading_log.json", "nbgrader_config.py", "course.json",
-                     "timestamp.txt"}
+COURSE_FILE_NAMES = {
+    "gradebook.db",
+    "grades.csv",
+    "grading_log.json",
+    "nbgrader_config.py",
+    "course.json",
+    "timestamp.txt",
+}
 
 
 def test_student_code_finds_no_other_submission_source_or_gradebook(graded):
@@ -260,8 +294,13 @@ def test_student_code_finds_no_other_submission_source_or_gradebook(graded):
     assert found["cwd"] == [], found
     # the kernel's folder is a new folder in the sandbox's scratch: `..` holds only what this kernel's own imports
     # cached there (fontconfig), and above it the sandbox's read-only view, where no course file exists
-    course_files = [hit for hit in found["hits"] if os.path.basename(hit) in COURSE_FILE_NAMES
-                    or hit.endswith(f"{CHAPTER}.ipynb") or str(graded["root"]) in os.path.abspath(hit)]
+    course_files = [
+        hit
+        for hit in found["hits"]
+        if os.path.basename(hit) in COURSE_FILE_NAMES
+        or hit.endswith(f"{CHAPTER}.ipynb")
+        or str(graded["root"]) in os.path.abspath(hit)
+    ]
     assert course_files == [], course_files[:20]
     assert _points(graded, "snoop")[0] == 8.0
 
@@ -327,8 +366,17 @@ def test_a_notebook_that_kills_the_process_running_its_kernel_is_still_graded_by
     temp, runtime = base / "killer_tmp", base / "killer_runtime"
     temp.mkdir()
     runtime.mkdir()
-    run = _course("grade", str(inbox), "--root", str(root), "--workers", "2", "--no-progress", cwd=base,
-                  env=dict(os.environ, TMPDIR=str(temp), JUPYTER_RUNTIME_DIR=str(runtime)))
+    run = _course(
+        "grade",
+        str(inbox),
+        "--root",
+        str(root),
+        "--workers",
+        "2",
+        "--no-progress",
+        cwd=base,
+        env=dict(os.environ, TMPDIR=str(temp), JUPYTER_RUNTIME_DIR=str(runtime)),
+    )
     assert run.returncode == 0 and "graded 3, failed 0, skipped 0" in run.stdout, run.stdout + run.stderr[-3000:]
     # the sandboxes kept their files inside themselves: nothing in the grader's temporary or runtime folders
     assert list(temp.iterdir()) == [] and list(runtime.iterdir()) == []
@@ -340,8 +388,13 @@ def test_a_notebook_that_kills_the_process_running_its_kernel_is_still_graded_by
 
 def test_feedback_shows_results_and_messages_but_no_hidden_test_source(graded):
     source = cells.read(graded["root"] / "source" / CHAPTER / f"{CHAPTER}.ipynb")
-    hidden = [line.strip() for _, _, text in cells.graded_cells(source) if "BEGIN HIDDEN TESTS" in text
-              for line in text.split("### BEGIN HIDDEN TESTS", 1)[1].splitlines() if len(line.strip()) > 12]
+    hidden = [
+        line.strip()
+        for _, _, text in cells.graded_cells(source)
+        if "BEGIN HIDDEN TESTS" in text
+        for line in text.split("### BEGIN HIDDEN TESTS", 1)[1].splitlines()
+        if len(line.strip()) > 12
+    ]
     assert hidden
     for student in ("loop", "crash", "edit", "strip", "snoop", "noisy"):
         page = _feedback(graded, student)

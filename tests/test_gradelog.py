@@ -9,14 +9,25 @@ from course_lib.instructor import gradelog
 
 
 def _outcome(student, chapter, status, reason="", notes=(), display=None):
-    return SimpleNamespace(student=student, chapter=chapter, status=status, reason=reason, notes=list(notes),
-                           display=display or f"{student}_{chapter}.ipynb", max_score=8.0)
+    return SimpleNamespace(
+        student=student,
+        chapter=chapter,
+        status=status,
+        reason=reason,
+        notes=list(notes),
+        display=display or f"{student}_{chapter}.ipynb",
+        max_score=8.0,
+    )
 
 
 def test_later_outcomes_replace_earlier_ones_and_skips_change_nothing(tmp_path):
-    log = gradelog.update_log(tmp_path, [_outcome("ann", "01", "graded", notes=["cell 3 timed out"]),
-                                         _outcome(None, None, "failed", "cannot tell student and chapter",
-                                                  display="x.ipynb")])
+    log = gradelog.update_log(
+        tmp_path,
+        [
+            _outcome("ann", "01", "graded", notes=["cell 3 timed out"]),
+            _outcome(None, None, "failed", "cannot tell student and chapter", display="x.ipynb"),
+        ],
+    )
     assert log["ann/01"]["max_score"] == 8.0 and "max_score" not in log["x.ipynb/"]  # the points graded against
     assert log["x.ipynb/"]["reason"] == "cannot tell student and chapter"
     log = gradelog.update_log(tmp_path, [_outcome("ann", "01", "skipped", "already graded")])
@@ -37,8 +48,13 @@ def test_a_damaged_log_is_set_aside_not_trusted(tmp_path):
 def test_within_one_run_a_grade_outranks_a_failed_file_of_the_same_name(tmp_path):
     """alice_01.ipynb graded and alice_01.pdf failed in one run: the log keeps the grade (the pdf's line is in the
     run's summary), so grades.csv does not call the graded notebook 'followed by a failed submission'."""
-    log = gradelog.update_log(tmp_path, [_outcome("alice", "01", "graded", notes=["n"]),
-                                         _outcome("alice", "01", "failed", "not a notebook (.pdf)", display="a.pdf")])
+    log = gradelog.update_log(
+        tmp_path,
+        [
+            _outcome("alice", "01", "graded", notes=["n"]),
+            _outcome("alice", "01", "failed", "not a notebook (.pdf)", display="a.pdf"),
+        ],
+    )
     assert (log["alice/01"]["status"], log["alice/01"]["notes"]) == ("graded", "n")
 
 

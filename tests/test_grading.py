@@ -20,7 +20,9 @@ def _as_student(function):
 def _library_copy(name: str):
     """A second function object with the library's code: it keeps working while the grader trips the original."""
     original = grading.reference(name)
-    copy = types.FunctionType(original.__code__, original.__globals__, name, original.__defaults__, original.__closure__)
+    copy = types.FunctionType(
+        original.__code__, original.__globals__, name, original.__defaults__, original.__closure__
+    )
     copy.__kwdefaults__ = original.__kwdefaults__
     return copy
 
@@ -47,30 +49,53 @@ class _AlwaysEqualText(str):
     __hash__ = str.__hash__
 
 
-@pytest.mark.parametrize(("got", "expected"), [
-    (_AlwaysEqual(), "advance"), (_AlwaysEqual(), None), (_AlwaysEqual(), b"x"),  # text and None: by their own ==
-    ({"decision": _AlwaysEqual()}, {"decision": "hold"}), (_AlwaysEqualText("advance"), "hold"),
-    (3.0, "3.0"), (np.float64(1.0), "1"), (1.0, "advance"), (0.0, None),  # a float where text or None is promised
-    (np.int64(3), 3),                 # equal value, but json.dumps fails on it
-    (3.0, 3),                         # a float where an int is promised (a true division)
-    (True, 1), (1, True),             # bool and int are different answers
-    (torch.tensor(3), 3),             # a 0-d tensor is not a Python int
-    ({"n": np.int64(2)}, {"n": 2}),   # deep: inside dicts, lists and tuples too
-    ([1, np.int64(2)], [1, 2]),
-    (torch.tensor([1, 2], dtype=torch.int32), torch.tensor([1, 2])),            # dtype
-    (torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.0], dtype=torch.float64)),
-    ([1, 2], torch.tensor([1, 2])),   # a list where a tensor is promised
-])
+@pytest.mark.parametrize(
+    ("got", "expected"),
+    [
+        (_AlwaysEqual(), "advance"),
+        (_AlwaysEqual(), None),
+        (_AlwaysEqual(), b"x"),  # text and None: by their own ==
+        ({"decision": _AlwaysEqual()}, {"decision": "hold"}),
+        (_AlwaysEqualText("advance"), "hold"),
+        (3.0, "3.0"),
+        (np.float64(1.0), "1"),
+        (1.0, "advance"),
+        (0.0, None),  # a float where text or None is promised
+        (np.int64(3), 3),  # equal value, but json.dumps fails on it
+        (3.0, 3),  # a float where an int is promised (a true division)
+        (True, 1),
+        (1, True),  # bool and int are different answers
+        (torch.tensor(3), 3),  # a 0-d tensor is not a Python int
+        ({"n": np.int64(2)}, {"n": 2}),  # deep: inside dicts, lists and tuples too
+        ([1, np.int64(2)], [1, 2]),
+        (torch.tensor([1, 2], dtype=torch.int32), torch.tensor([1, 2])),  # dtype
+        (torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.0], dtype=torch.float64)),
+        ([1, 2], torch.tensor([1, 2])),  # a list where a tensor is promised
+    ],
+)
 def test_assert_same_refuses_the_wrong_type(got, expected):
     with pytest.raises(AssertionError):
         grading.assert_same(got, expected)
 
 
-@pytest.mark.parametrize(("got", "expected"), [
-    (3, 3), (3, 3.0), (np.float64(0.5), 0.5), (0.1 + 0.2, 0.3), ((1, 2), [1, 2]), ([True], [True]),
-    (torch.tensor([1, 2]), torch.tensor([1, 2])), ([1, 2], np.array([1, 2])), ("fit", "fit"), (None, None),
-    (np.str_("fit"), "fit"), (_AlwaysEqualText("fit"), "fit"), (b"x", b"x"),
-])
+@pytest.mark.parametrize(
+    ("got", "expected"),
+    [
+        (3, 3),
+        (3, 3.0),
+        (np.float64(0.5), 0.5),
+        (0.1 + 0.2, 0.3),
+        ((1, 2), [1, 2]),
+        ([True], [True]),
+        (torch.tensor([1, 2]), torch.tensor([1, 2])),
+        ([1, 2], np.array([1, 2])),
+        ("fit", "fit"),
+        (None, None),
+        (np.str_("fit"), "fit"),
+        (_AlwaysEqualText("fit"), "fit"),
+        (b"x", b"x"),
+    ],
+)
 def test_assert_same_accepts_equal_values_of_the_promised_type(got, expected):
     grading.assert_same(got, expected)
 
@@ -113,8 +138,14 @@ def test_switching_on_requires_grad_is_a_change_of_the_input():
         return reference(hidden, weight, ids, chunk_size)
 
     generator = torch.Generator().manual_seed(0)
-    case = ((torch.randn(1, 6, 4, generator=generator), torch.randn(9, 4, generator=generator),
-             torch.randint(9, (1, 6), generator=generator)), {"chunk_size": 4})
+    case = (
+        (
+            torch.randn(1, 6, 4, generator=generator),
+            torch.randn(9, 4, generator=generator),
+            torch.randint(9, (1, 6), generator=generator),
+        ),
+        {"chunk_size": 4},
+    )
     with pytest.raises(AssertionError, match="requires_grad switched on"):
         grading.assert_matches_reference(checkpointed_log_probs, "checkpointed_log_probs", [case])
 
@@ -133,19 +164,29 @@ def test_an_untouched_input_with_nan_is_not_a_change():
 
 def test_the_library_itself_leaves_every_graded_input_alone():
     """The rule the grader applies to students holds for the reference on the same kinds of input."""
-    features = [{"input_ids": np.array([5, 6, 7]), "labels": torch.tensor([-100, 6, 7])}, {"input_ids": [8], "labels": [8]}]
+    features = [
+        {"input_ids": np.array([5, 6, 7]), "labels": torch.tensor([-100, 6, 7])},
+        {"input_ids": [8], "labels": [8]},
+    ]
     segment_ids = torch.tensor([[0, 0, 1, -1, -1]])
     samples = [{"input_ids": [1, 2], "labels": [-100, 2]}, {"input_ids": [3], "labels": [3]}]
-    for name, args in (("pad_batch", (features, 0)), ("block_causal_mask", (segment_ids,)),
-                       ("build_boundary_isolated_packing", (samples,))):
+    for name, args in (
+        ("pad_batch", (features, 0)),
+        ("block_causal_mask", (segment_ids,)),
+        ("build_boundary_isolated_packing", (samples,)),
+    ):
         before = [grading._snapshot(arg) for arg in args]
         getattr(course_lib, name)(*args)
-        assert not any(grading._changed(old, grading._snapshot(arg), name) for old, arg in zip(before, args, strict=True))
+        assert not any(
+            grading._changed(old, grading._snapshot(arg), name) for old, arg in zip(before, args, strict=True)
+        )
 
 
 def test_a_python_loop_over_tokens_is_seen_without_timing_anything():
     notebook = {"__name__": "__main__", "torch": torch, "reference": _library_copy("block_causal_mask")}
-    exec(compile("""
+    exec(
+        compile(
+            """
 def vectorized(segment_ids):
     return reference(segment_ids)
 
@@ -156,7 +197,12 @@ def looped(segment_ids):
         for key in range(query + 1):
             allowed[query, key] = bool(segment_ids[query] == segment_ids[key])
     return allowed
-""", "<notebook cell>", "exec"), notebook)  # as a notebook defines them: module __main__
+""",
+            "<notebook cell>",
+            "exec",
+        ),
+        notebook,
+    )  # as a notebook defines them: module __main__
     vectorized, looped = notebook["vectorized"], notebook["looped"]
 
     def make_input(length):
@@ -164,8 +210,9 @@ def looped(segment_ids):
 
     assert grading.notebook_lines_run(looped, *make_input(8)) == grading.notebook_lines_run(looped, *make_input(8))
     assert grading.notebook_lines_run(looped, *make_input(64)) > 40 * grading.notebook_lines_run(looped, *make_input(8))
-    assert grading.notebook_lines_run(vectorized, *make_input(8)) == grading.notebook_lines_run(vectorized,
-                                                                                                *make_input(512))
+    assert grading.notebook_lines_run(vectorized, *make_input(8)) == grading.notebook_lines_run(
+        vectorized, *make_input(512)
+    )
     grading.assert_no_python_loop_over_tokens(vectorized, "block_causal_mask", make_input)
     with pytest.raises(AssertionError, match="Python loop over tokens"):
         grading.assert_no_python_loop_over_tokens(looped, "block_causal_mask", make_input)
@@ -187,8 +234,11 @@ def test_failure_messages_name_the_call_that_failed():
     def sliding_windows(length, window, stride):  # noqa: F811  (the next student's answer)
         return list(range(0, length - window + 1, stride))[: length // (length - 10)]  # ZeroDivisionError at 10
 
-    with pytest.raises(AssertionError, match=r"sliding_windows\(case 0\) raised ZeroDivisionError: integer division or "
-                                             r"modulo by zero\n  called with: 10, 4, 2"):
+    with pytest.raises(
+        AssertionError,
+        match=r"sliding_windows\(case 0\) raised ZeroDivisionError: integer division or "
+        r"modulo by zero\n  called with: 10, 4, 2",
+    ):
         grading.assert_matches_reference(sliding_windows, "sliding_windows", [(10, 4, 2)])
     with pytest.raises(AssertionError, match=r"expected ValueError, got ZeroDivisionError.*\n  called with: 10, 4, 2"):
         grading.expect_value_error(sliding_windows, 10, 4, 2)
@@ -197,11 +247,15 @@ def test_failure_messages_name_the_call_that_failed():
 
 
 def test_shown_arguments_keeps_messages_short():
-    shown = grading.shown_arguments(([list(range(100))] * 50, torch.zeros(4, 5), torch.tensor([1, 2])),
-                                    {"pad_token_id": 0})
-    assert len(shown) <= 420 and " ..., " in shown and shown.endswith("pad_token_id=0")  # long arguments cut, keywords kept
+    shown = grading.shown_arguments(
+        ([list(range(100))] * 50, torch.zeros(4, 5), torch.tensor([1, 2])), {"pad_token_id": 0}
+    )
+    assert (
+        len(shown) <= 420 and " ..., " in shown and shown.endswith("pad_token_id=0")
+    )  # long arguments cut, keywords kept
     assert grading.shown_arguments((torch.zeros(4, 5), torch.tensor([1, 2])), {"pad_token_id": 0}) == (
-        "Tensor(shape=[4, 5], dtype=torch.float32), [1, 2] (Tensor, torch.int64), pad_token_id=0")
+        "Tensor(shape=[4, 5], dtype=torch.float32), [1, 2] (Tensor, torch.int64), pad_token_id=0"
+    )
 
 
 def test_shown_arguments_name_a_tokenizer_and_keep_every_keyword():

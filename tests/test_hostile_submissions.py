@@ -51,7 +51,7 @@ ZEROS = '{"template_tokens": 0, "prompt_tokens": 0, "supervised_tokens": 0, "tot
 
 # ------------------------------------------------------------------------------------------- the hostile cells
 # Shared by the attacks that search the file system: every file the sandbox shows, from /.
-WALK = '''
+WALK = """
 import json as _json
 import os as _os
 
@@ -66,9 +66,11 @@ def _walk_everything(limit=400_000):
             if seen > limit:
                 return
             yield _os.path.join(dirpath, name)
-'''
+"""
 
-THEFT_TOP = WALK + '''
+THEFT_TOP = (
+    WALK
+    + """
 
 def _steal():
     found = {"notebooks": 0, "solutions": [], "course": []}
@@ -106,8 +108,9 @@ _stolen = _steal()
 print("THEFT " + _json.dumps(_stolen))
 for _path in _stolen["solutions"]:
     exec(_solution_code(_path) or "")
-'''
-THEFT_BODY = '''
+"""
+)
+THEFT_BODY = """
 found = _steal()
 for path in found["solutions"]:
     namespace = {}
@@ -115,9 +118,11 @@ for path in found["solutions"]:
     if "ledger_from_roles" in namespace:
         return namespace["ledger_from_roles"](roles, supervise_eos=supervise_eos)
 raise RuntimeError("THEFT " + _json.dumps(found))
-'''
+"""
 
-GRADEBOOK_TOP = WALK + '''
+GRADEBOOK_TOP = (
+    WALK
+    + """
 _GUESSES = @@GUESSES@@
 _FORGED = (\'{"cell": {"grade_id": "test_ledger_from_roles", "points": 3.0, "passed": true, "message": "", \'
            \'"seconds": 0.0, "student_seconds": 0.0, "needs_regrade": ""}}\\n\').encode()
@@ -164,12 +169,15 @@ def _vandalize():
 
 _vandalized = _vandalize()
 print("VANDAL " + _json.dumps(_vandalized))
-'''
-GRADEBOOK_BODY = '''
+"""
+)
+GRADEBOOK_BODY = """
 raise RuntimeError("VANDAL " + _json.dumps(_vandalize()))
-'''
+"""
 
-OTHERS_TOP = WALK + '''
+OTHERS_TOP = (
+    WALK
+    + """
 _GUESSES = @@GUESSES@@
 
 
@@ -200,12 +208,13 @@ def _raid():
 
 _raided = _raid()
 print("RAID " + _json.dumps(_raided))
-'''
-OTHERS_BODY = '''
+"""
+)
+OTHERS_BODY = """
 raise RuntimeError("RAID " + _json.dumps(_raid()))
-'''
+"""
 
-SECRETS_TOP = '''
+SECRETS_TOP = """
 import json as _json
 import os as _os
 
@@ -228,13 +237,13 @@ def _secrets():
 _found = _secrets()
 print("SECRET HITS " + _json.dumps(_found["hits"]))
 print("SECRET TEXTS " + _json.dumps(_found["texts"]))
-'''
-SECRETS_BODY = '''
+"""
+SECRETS_BODY = """
 found = _secrets()
 raise ValueError("SECRETS " + _json.dumps(found["hits"]) + " " + _json.dumps(found["texts"]))
-'''
+"""
 
-NETWORK_TOP = '''
+NETWORK_TOP = """
 import json as _json
 import socket as _socket
 
@@ -257,12 +266,12 @@ def _call_home(where):
 
 _called = _call_home("the top level")
 print("NETWORK " + _json.dumps(_called))
-'''
-NETWORK_BODY = '''
+"""
+NETWORK_BODY = """
 raise RuntimeError("NETWORK " + _json.dumps(_call_home("the function")))
-'''
+"""
 
-PLANTING_TOP = '''
+PLANTING_TOP = """
 import json as _json
 import os as _os
 import site as _site
@@ -307,27 +316,27 @@ def _plant(where):
 
 _planted = _plant("top")
 print("PLANT " + _json.dumps(_planted))
-'''
-PLANTING_BODY = '''
+"""
+PLANTING_BODY = """
 raise RuntimeError("PLANT " + _json.dumps({path: what for path, what in _plant("function").items() if "rit" in what}))
-'''
+"""
 
-KILLER_TOP = '''
+KILLER_TOP = """
 import os as _os
 import signal as _signal
 
 _killed = _os.kill(_os.getppid(), _signal.SIGKILL)
-'''
-KILLER_BODY = '''
+"""
+KILLER_BODY = """
 for target in (1, _os.getppid(), -1):
     try:
         _os.kill(target, _signal.SIGKILL)
     except OSError:
         pass
 _os._exit(0)
-'''
+"""
 
-FORKBOMB_TOP = '''
+FORKBOMB_TOP = """
 import os as _os
 
 try:
@@ -335,19 +344,19 @@ try:
         _os.fork()
 except OSError as _error:
     print("the fork bomb stopped here:", _error)
-'''
-FORKBOMB_BODY = '''
+"""
+FORKBOMB_BODY = """
 while True:
     _os.fork()
-'''
+"""
 
-MEMHOG_TOP = '''
+MEMHOG_TOP = """
 try:
     _hog = bytearray(20 * 2**30)
 except MemoryError:
     print("20 GB refused")
-'''
-MEMHOG_BODY = '''
+"""
+MEMHOG_BODY = """
 hog = []
 try:
     hog.append(bytearray(20 * 2**30))
@@ -359,9 +368,9 @@ try:
 except MemoryError:
     pass
 del hog
-'''
+"""
 
-DISKFILL_TOP = '''
+DISKFILL_TOP = """
 import json as _json
 import os as _os
 import tempfile as _tempfile
@@ -386,29 +395,29 @@ def _fill(where):
 
 _filled = _fill("top")
 print("FILLED " + _json.dumps(_filled))
-'''
-DISKFILL_BODY = '''
+"""
+DISKFILL_BODY = """
 _fill("function")
-'''
+"""
 
-FLOOD_TOP = '''
+FLOOD_TOP = """
 import sys as _sys
 
 print("x" * 50_000_000)
-'''
-FLOOD_BODY = '''
+"""
+FLOOD_BODY = """
 print("y" * 50_000_000)
 _sys.stderr.write("z" * 50_000_000)
-'''
+"""
 
-LOOP_BODY = '''
+LOOP_BODY = """
 while True:
     pass
-'''
+"""
 
 # The hidden tests call grading.assert_matches_reference / assert_rejects: switch them off by every import spelling,
 # in this process, and make every check "pass". The function itself is wrong.
-HELPERS_TOP = '''
+HELPERS_TOP = """
 import builtins as _builtins
 import importlib as _importlib
 import sys as _sys
@@ -443,12 +452,12 @@ class _AtDefinitionTime:
 
 # the visible test compares with measure_sample: in this namespace it now agrees with anything
 measure_sample = lambda *args, **kwargs: ledger_from_roles([])
-'''
-HELPERS_BODY = '''
+"""
+HELPERS_BODY = """
 _switch_off_the_checks()
-'''
+"""
 
-PATCHER_TOP = '''
+PATCHER_TOP = """
 import builtins as _builtins
 import math as _math
 import sys as _sys
@@ -492,13 +501,13 @@ def _patch_everything():
 
 
 _patched = _patch_everything()
-'''
-PATCHER_BODY = '''
+"""
+PATCHER_BODY = """
 _patch_everything()
 _builtins.type = _type  # breaks this process's libraries (isinstance(x, type) raises): its own loss
-'''
+"""
 
-HOOKS_TOP = '''
+HOOKS_TOP = """
 try:
     _shell = get_ipython()  # noqa: F821 - the kernel's
 
@@ -514,13 +523,13 @@ try:
     _shell.input_transformers_post.append(_echo_lines)
 except NameError:
     pass
-'''
-HOOKS_BODY = '''
+"""
+HOOKS_BODY = """
 try:
     get_ipython().events.register("post_run_cell", lambda result: print(result.info.raw_cell))  # noqa: F821
 except NameError:
     pass
-'''
+"""
 
 DIG_TOP = '''
 import gc as _gc
@@ -572,15 +581,15 @@ def _hidden_lines():
                 lines.append(line.strip())
     return lines
 '''
-DIG_RAISE_BODY = '''
+DIG_RAISE_BODY = """
 lines = _hidden_lines()
 raise ValueError(f"DUG {len(lines)} hidden lines:\\n" + "\\n".join(lines))
-'''
-DIG_RETURN_BODY = '''
+"""
+DIG_RETURN_BODY = """
 lines = _hidden_lines()
 if lines:
     return {line: 0 for line in lines}
-'''
+"""
 
 # student -> (top of the TODO cell, body of ledger_from_roles); the body falls through to a wrong ledger (all zeros)
 ATTACKS = {
@@ -608,8 +617,10 @@ ATTACKS = {
 def _ledger_cell(imports: str, top: str, body: str) -> str:
     """The TODO cell: the release's imports, the attack's top level, ledger_from_roles with the attack inside and a
     wrong ledger at its end."""
-    return (f"{imports}\n{top}\n\ndef ledger_from_roles(roles, *, supervise_eos: bool = True) -> dict[str, int]:\n"
-            f"{textwrap.indent(body.strip(), '    ')}\n    return {ZEROS}\n")
+    return (
+        f"{imports}\n{top}\n\ndef ledger_from_roles(roles, *, supervise_eos: bool = True) -> dict[str, int]:\n"
+        f"{textwrap.indent(body.strip(), '    ')}\n    return {ZEROS}\n"
+    )
 
 
 # ------------------------------------------------------------------------------------------------------- helpers
@@ -643,8 +654,14 @@ def _names(*paths: Path) -> set[str]:
 
 
 def _honest_files(root: Path, students: tuple[str, ...]) -> dict[str, str]:
-    return _hashes(*[root / step / student for step in ("submitted", "autograded", "feedback") for student in students
-                     if (root / step / student).exists()])
+    return _hashes(
+        *[
+            root / step / student
+            for step in ("submitted", "autograded", "feedback")
+            for student in students
+            if (root / step / student).exists()
+        ]
+    )
 
 
 def _gradebook_scores(root: Path) -> dict[str, dict[str, float]]:
@@ -719,8 +736,9 @@ def _readable_texts(path: Path) -> list[str]:
     texts = [raw]
     if path.suffix == ".ipynb":
         try:
-            texts.append("\n".join("".join(part) if isinstance(part, list) else part
-                                   for part in _strings(json.loads(raw))))
+            texts.append(
+                "\n".join("".join(part) if isinstance(part, list) else part for part in _strings(json.loads(raw)))
+            )
         except ValueError:
             pass
     if path.suffix in (".html", ".htm"):
@@ -750,8 +768,13 @@ def _cell(root: Path, student: str, grade_id: str) -> nbformat.NotebookNode:
 def _printed(root: Path, student: str) -> str:
     """Everything the student's notebook printed, as recorded in its autograded notebook."""
     notebook = cells.read(root / "autograded" / student / CHAPTER / f"{CHAPTER}.ipynb")
-    return "\n".join("".join(o.get("text", "")) for c in notebook.cells if c.cell_type == "code"
-                     for o in c.get("outputs", []) if o.get("output_type") == "stream")
+    return "\n".join(
+        "".join(o.get("text", ""))
+        for c in notebook.cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+        if o.get("output_type") == "stream"
+    )
 
 
 def _message(root: Path, student: str, grade_id: str) -> str:
@@ -771,8 +794,11 @@ def _line(run: subprocess.CompletedProcess, student: str) -> str:
 
 def _points(hostile: dict, student: str) -> tuple[float, float, float]:
     row = hostile["csv"][student]
-    return (float(row["score"] or "nan"), float(row.get(f"{CHAPTER}:{LEDGER}") or "nan"),
-            float(row.get(f"{CHAPTER}:{AUDIT}") or "nan"))
+    return (
+        float(row["score"] or "nan"),
+        float(row.get(f"{CHAPTER}:{LEDGER}") or "nan"),
+        float(row.get(f"{CHAPTER}:{AUDIT}") or "nan"),
+    )
 
 
 class _Listener:
@@ -786,8 +812,9 @@ class _Listener:
         self.unix.listen()
         self.accepted: list[str] = []
         self.stop = threading.Event()
-        self.threads = [threading.Thread(target=self._serve, args=(server,), daemon=True)
-                        for server in (self.tcp, self.unix)]
+        self.threads = [
+            threading.Thread(target=self._serve, args=(server,), daemon=True) for server in (self.tcp, self.unix)
+        ]
 
     @property
     def port(self) -> int:
@@ -891,37 +918,67 @@ def hostile(tmp_path_factory):
     honest_inbox = base / "honest"
     for student in HONEST_EARLIER:
         _submission(release, solutions, honest_inbox / f"{student}_{CHAPTER}.ipynb")
-    first = _course("grade", str(honest_inbox), "--root", str(root), "--workers", "2", *TIMEOUTS, "--no-progress",
-                    cwd=base)
+    first = _course(
+        "grade", str(honest_inbox), "--root", str(root), "--workers", "2", *TIMEOUTS, "--no-progress", cwd=base
+    )
     assert first.returncode == 0, first.stdout + first.stderr[-3000:]
 
-    course_files = [root / "chapters", root / "source", root / "release", root / "nbgrader_config.py",
-                    root / "course.json"]
-    before = {"course": _hashes(*course_files), "package": _hashes(PACKAGE, skip_pycache=True),
-              "package_names": _names(PACKAGE), "honest_files": _honest_files(root, HONEST_EARLIER),
-              "scores": _gradebook_scores(root), "csv": _rows(root / "grades.csv"),
-              "site": _names(*map(Path, site.getsitepackages())), "ipython": _host_ipython()}
+    course_files = [
+        root / "chapters",
+        root / "source",
+        root / "release",
+        root / "nbgrader_config.py",
+        root / "course.json",
+    ]
+    before = {
+        "course": _hashes(*course_files),
+        "package": _hashes(PACKAGE, skip_pycache=True),
+        "package_names": _names(PACKAGE),
+        "honest_files": _honest_files(root, HONEST_EARLIER),
+        "scores": _gradebook_scores(root),
+        "csv": _rows(root / "grades.csv"),
+        "site": _names(*map(Path, site.getsitepackages())),
+        "ipython": _host_ipython(),
+    }
     token = secrets.token_hex(16)
     honest_paths = sorted(before["honest_files"])
     hostile_inbox = base / "inbox"
     with _Listener() as listener:
-        fill = {"@@GUESSES@@": json.dumps([str(root / name) for name in ("gradebook.db", "grades.csv",
-                                                                          "grading_log.json")]),
-                "@@PORT@@": str(listener.port), "@@ABSTRACT@@": repr(listener.abstract), "@@PLANTED@@": PLANTED}
+        fill = {
+            "@@GUESSES@@": json.dumps(
+                [str(root / name) for name in ("gradebook.db", "grades.csv", "grading_log.json")]
+            ),
+            "@@PORT@@": str(listener.port),
+            "@@ABSTRACT@@": repr(listener.abstract),
+            "@@PLANTED@@": PLANTED,
+        }
         written = {}
         for student, (top, body) in ATTACKS.items():
             top = top.replace("@@GUESSES@@", json.dumps(honest_paths)) if student == "others" else top
             for key, value in fill.items():
                 top = top.replace(key, value)
             written[student] = _ledger_cell(imports, top, body)
-            _submission(release, {**solutions, "todo_ledger_from_roles": written[student]},
-                        hostile_inbox / f"{student}_{CHAPTER}.ipynb")
+            _submission(
+                release,
+                {**solutions, "todo_ledger_from_roles": written[student]},
+                hostile_inbox / f"{student}_{CHAPTER}.ipynb",
+            )
         _submission(release, solutions, hostile_inbox / f"{LATER}_{CHAPTER}.ipynb")
         env = dict(os.environ, COURSE_TEST_SECRET=token)
         with _FreeSpace(root) as free:
             started = time.monotonic()
-            run = _course("grade", str(hostile_inbox), "--root", str(root), "--workers", "2", *TIMEOUTS,
-                          "--no-progress", cwd=base, env=env)
+            run = _course(
+                "grade",
+                str(hostile_inbox),
+                "--root",
+                str(root),
+                "--workers",
+                "2",
+                *TIMEOUTS,
+                "--no-progress",
+                cwd=base,
+                env=env,
+            )
             seconds = time.monotonic() - started
         time.sleep(0.5)  # a connection accepted just before the end is recorded
     strays = _sandbox_processes()
@@ -930,16 +987,38 @@ def hostile(tmp_path_factory):
             break
         time.sleep(0.5)
         strays = _sandbox_processes()
-    after = {"course": _hashes(*course_files), "package": _hashes(PACKAGE, skip_pycache=True),
-             "package_names": _names(PACKAGE), "honest_files": _honest_files(root, HONEST_EARLIER),
-             "scores": _gradebook_scores(root), "csv": _rows(root / "grades.csv"),
-             "site": _names(*map(Path, site.getsitepackages())), "ipython": _host_ipython()}
+    after = {
+        "course": _hashes(*course_files),
+        "package": _hashes(PACKAGE, skip_pycache=True),
+        "package_names": _names(PACKAGE),
+        "honest_files": _honest_files(root, HONEST_EARLIER),
+        "scores": _gradebook_scores(root),
+        "csv": _rows(root / "grades.csv"),
+        "site": _names(*map(Path, site.getsitepackages())),
+        "ipython": _host_ipython(),
+    }
     planted = _host_planted()
     try:
-        yield {"root": root, "base": base, "source": source, "release": release, "solutions": solutions,
-               "first": first, "run": run, "seconds": seconds, "before": before, "after": after, "token": token,
-               "accepted": list(listener.accepted), "free": free, "strays": strays, "planted": planted,
-               "written": written, "csv": after["csv"], "honest_paths": honest_paths}
+        yield {
+            "root": root,
+            "base": base,
+            "source": source,
+            "release": release,
+            "solutions": solutions,
+            "first": first,
+            "run": run,
+            "seconds": seconds,
+            "before": before,
+            "after": after,
+            "token": token,
+            "accepted": list(listener.accepted),
+            "free": free,
+            "strays": strays,
+            "planted": planted,
+            "written": written,
+            "csv": after["csv"],
+            "honest_paths": honest_paths,
+        }
     finally:
         for path in planted:  # never leave the course environment broken, whatever the sandbox let through
             target = Path(path)
@@ -989,8 +1068,9 @@ def test_course_files_and_the_installed_package_are_byte_identical(hostile):
     changed = sorted(set(before["course"].items()) ^ set(after["course"].items()))
     assert not changed, changed[:10]
     changed = sorted({path for path, _ in set(before["package"].items()) ^ set(after["package"].items())})
-    assert not changed, [(path, time.ctime(os.stat(path).st_mtime) if os.path.exists(path) else "gone")
-                         for path in changed[:10]]
+    assert not changed, [
+        (path, time.ctime(os.stat(path).st_mtime) if os.path.exists(path) else "gone") for path in changed[:10]
+    ]
     new = sorted(after["package_names"] - before["package_names"])
     assert not [name for name in new if "__pycache__" not in name or PLANTED in name], new
 
@@ -1017,8 +1097,9 @@ def test_solution_theft_finds_no_course_file(hostile):
     assert message.startswith("RuntimeError: THEFT "), message
     found = json.loads(message.split("THEFT ", 1)[1])
     assert found["solutions"] == [] and found["course"] == [], found
-    seen = "\n".join([*_readable_texts(root / "autograded" / "theft" / CHAPTER / f"{CHAPTER}.ipynb"),
-                      _feedback(root, "theft")])
+    seen = "\n".join(
+        [*_readable_texts(root / "autograded" / "theft" / CHAPTER / f"{CHAPTER}.ipynb"), _feedback(root, "theft")]
+    )
     for secret in (str(root), str(hostile["base"]), str(hostile["base"].parent)):
         assert secret not in seen
 
@@ -1032,15 +1113,22 @@ def test_gradebook_overwrite_changes_nothing(hostile):
     assert scores["gradebook"] == {LEDGER: 0.0, AUDIT: 5.0}
     assert {s: scores[s] for s in HONEST_EARLIER} == {s: hostile["before"]["scores"][s] for s in HONEST_EARLIER}
     exported = hostile["base"] / "export.csv"
-    completed = subprocess.run(build.nbgrader_command("export", f"--to={exported}", course_root=root), cwd=root,
-                               env=build.interpreter_bin_on_path(), capture_output=True, text=True, timeout=300)
+    completed = subprocess.run(
+        build.nbgrader_command("export", f"--to={exported}", course_root=root),
+        cwd=root,
+        env=build.interpreter_bin_on_path(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-2000:]
     with open(exported, encoding="utf-8") as handle:
         students = {row["student_id"] for row in csv.DictReader(handle)}
     assert {*ATTACKS, LATER, *HONEST_EARLIER} <= students
     message = _message(root, "gradebook", LEDGER)  # what it did in the checker's student process
     assert message.startswith("RuntimeError: VANDAL ") and "overwrote" not in message and "/proc/" not in message, (
-        message)
+        message
+    )
 
 
 @pytest.mark.slow
@@ -1176,9 +1264,19 @@ def test_hooks_on_later_cells_show_no_hidden_test(hostile):
     assert "HOOK pre_run_cell" in printed and "HOOK input transformer" in printed, printed[:2000]
     nbgrader_pages = "feedback_nbgrader"
     completed = subprocess.run(
-        build.nbgrader_command("generate_feedback", CHAPTER, "--force",
-                               f"--CourseDirectory.feedback_directory={nbgrader_pages}", course_root=root),
-        cwd=root, env=build.interpreter_bin_on_path(), capture_output=True, text=True, timeout=600)
+        build.nbgrader_command(
+            "generate_feedback",
+            CHAPTER,
+            "--force",
+            f"--CourseDirectory.feedback_directory={nbgrader_pages}",
+            course_root=root,
+        ),
+        cwd=root,
+        env=build.interpreter_bin_on_path(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     pages = list((root / nbgrader_pages).glob(f"*/{CHAPTER}/*.html"))
     assert {p.parent.parent.name for p in pages} >= {"hooks", "digraise", "digreturn"}, pages
@@ -1200,8 +1298,19 @@ def test_sandbox_none_warns_and_says_so_on_every_row(hostile, tmp_path):
     root = shutil.copytree(hostile["base"] / "pristine", tmp_path / "course")
     inbox = tmp_path / "inbox"
     _submission(hostile["release"], hostile["solutions"], inbox / f"trusted_{CHAPTER}.ipynb")
-    run = _course("grade", str(inbox), "--root", str(root), "--sandbox", "none", "--workers", "1", *TIMEOUTS,
-                  "--no-progress", cwd=tmp_path)
+    run = _course(
+        "grade",
+        str(inbox),
+        "--root",
+        str(root),
+        "--sandbox",
+        "none",
+        "--workers",
+        "1",
+        *TIMEOUTS,
+        "--no-progress",
+        cwd=tmp_path,
+    )
     assert run.returncode == 0, run.stdout + run.stderr[-3000:]
     assert "WARNING: --sandbox none" in run.stderr
     rows = _rows(root / "grades.csv")
@@ -1226,5 +1335,6 @@ def test_without_bwrap_course_grade_refuses_in_one_line_and_grades_nothing(tmp_p
     assert "apt-get install bubblewrap" in lines[0] and "--sandbox none" in lines[0], lines[0]
     assert re.search(r"\bbwrap\b", lines[0]), lines[0]
     assert _hashes(root) == before
-    assert not [name for name in ("gradebook.db", "submitted", "autograded", "feedback", "grades.csv")
-                if (root / name).exists()]
+    assert not [
+        name for name in ("gradebook.db", "submitted", "autograded", "feedback", "grades.csv") if (root / name).exists()
+    ]

@@ -44,16 +44,28 @@ def _counted(batch: dict) -> tuple[int, int]:
 def test_seed_example():
     ledger = padding_vs_packing_ledger(SEED_LENGTHS)
     assert (ledger["samples"], ledger["sample_tokens"]) == (4, 240)
-    assert ledger["padding"] == {"processed_tokens": 384, "padding_tokens": 144, "padding_ratio": 0.375,
-                                 "effective_supervised_tokens": 236, "cross_sample_labels": 0}
-    assert ledger["packing"] == {"processed_tokens": 240, "padding_tokens": 0, "padding_ratio": 0.0,
-                                 "effective_supervised_tokens": 236, "cross_sample_labels": 0}
+    assert ledger["padding"] == {
+        "processed_tokens": 384,
+        "padding_tokens": 144,
+        "padding_ratio": 0.375,
+        "effective_supervised_tokens": 236,
+        "cross_sample_labels": 0,
+    }
+    assert ledger["packing"] == {
+        "processed_tokens": 240,
+        "padding_tokens": 0,
+        "padding_ratio": 0.0,
+        "effective_supervised_tokens": 236,
+        "cross_sample_labels": 0,
+    }
     assert ledger["processed_token_reduction"] == 0.375
 
 
 def test_unmasked_first_labels_supervise_across_boundaries():
-    masked, unmasked = padding_vs_packing_ledger(SEED_LENGTHS), padding_vs_packing_ledger(SEED_LENGTHS,
-                                                                                          mask_first_label=False)
+    masked, unmasked = (
+        padding_vs_packing_ledger(SEED_LENGTHS),
+        padding_vs_packing_ledger(SEED_LENGTHS, mask_first_label=False),
+    )
     assert unmasked["padding"] == masked["padding"]  # each row's first label drops out of the shift by itself
     assert unmasked["packing"]["effective_supervised_tokens"] == 239
     assert unmasked["packing"]["cross_sample_labels"] == 3
@@ -68,11 +80,15 @@ def test_ledger_equals_counts_on_the_benchmark_batches(lengths, mask_first_label
     packed = build_boundary_isolated_packing(samples)
     assert _counted(padded) == (ledger["padding"]["processed_tokens"], ledger["padding"]["effective_supervised_tokens"])
     assert (len(packed["input_ids"]), sum(label != -100 for label in packed["labels"][1:])) == (
-        ledger["packing"]["processed_tokens"], ledger["packing"]["effective_supervised_tokens"])
+        ledger["packing"]["processed_tokens"],
+        ledger["packing"]["effective_supervised_tokens"],
+    )
     real = int(padded["attention_mask"].sum())
     assert ledger["padding"]["padding_tokens"] == padded["input_ids"].numel() - real
     assert ledger["padding"]["padding_ratio"] == pytest.approx(1 - real / padded["input_ids"].numel())
-    assert ledger["processed_token_reduction"] == pytest.approx(1 - len(packed["input_ids"]) / padded["input_ids"].numel())
+    assert ledger["processed_token_reduction"] == pytest.approx(
+        1 - len(packed["input_ids"]) / padded["input_ids"].numel()
+    )
     starts = [i for i, position in enumerate(packed["position_ids"]) if position == 0][1:]  # later samples' starts
     assert ledger["packing"]["cross_sample_labels"] == sum(packed["labels"][i] != -100 for i in starts)
 
@@ -84,10 +100,16 @@ def test_ledger_equals_trl_padding_free_collator():
     ledger = padding_vs_packing_ledger(SEED_LENGTHS)
     padded = DataCollatorForLanguageModeling(pad_token_id=0)(samples)
     packed = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)(samples)
-    assert _counted(padded) == (384, 236) == (ledger["padding"]["processed_tokens"],
-                                             ledger["padding"]["effective_supervised_tokens"])
-    assert _counted(packed) == (240, 236) == (ledger["packing"]["processed_tokens"],
-                                             ledger["packing"]["effective_supervised_tokens"])
+    assert (
+        _counted(padded)
+        == (384, 236)
+        == (ledger["padding"]["processed_tokens"], ledger["padding"]["effective_supervised_tokens"])
+    )
+    assert (
+        _counted(packed)
+        == (240, 236)
+        == (ledger["packing"]["processed_tokens"], ledger["packing"]["effective_supervised_tokens"])
+    )
 
 
 @pytest.mark.parametrize("bad", [[], [48, 0], [48, -3], [48, 2.5], [True, 4], "48"])
@@ -108,8 +130,10 @@ def test_effective_tokens_per_second_and_the_seeds_rounding():
 
 
 def test_compare_reads_the_seed():
-    reading = compare_padding_and_packing({"effective_supervised_tokens": 236, "median_step_ms": 63.4},
-                                          {"effective_supervised_tokens": 236, "median_step_ms": 48.8})
+    reading = compare_padding_and_packing(
+        {"effective_supervised_tokens": 236, "median_step_ms": 63.4},
+        {"effective_supervised_tokens": 236, "median_step_ms": 48.8},
+    )
     assert reading["effective_supervised_tokens"] == 236
     assert round(reading["padding_tokens_per_second"]) == 3722 and round(reading["packing_tokens_per_second"]) == 4836
     assert reading["throughput_ratio"] == pytest.approx(63.4 / 48.8)  # ~1.30x, the seed's "about 30%"
@@ -117,28 +141,51 @@ def test_compare_reads_the_seed():
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.integers(min_value=1, max_value=10**6), st.floats(min_value=0.01, max_value=1e4),
-       st.floats(min_value=0.01, max_value=1e4))
+@given(
+    st.integers(min_value=1, max_value=10**6),
+    st.floats(min_value=0.01, max_value=1e4),
+    st.floats(min_value=0.01, max_value=1e4),
+)
 def test_compare_ratio_is_the_inverse_time_ratio(tokens, padding_ms, packing_ms):
-    reading = compare_padding_and_packing({"effective_supervised_tokens": tokens, "median_step_ms": padding_ms},
-                                          {"effective_supervised_tokens": tokens, "median_step_ms": packing_ms})
+    reading = compare_padding_and_packing(
+        {"effective_supervised_tokens": tokens, "median_step_ms": padding_ms},
+        {"effective_supervised_tokens": tokens, "median_step_ms": packing_ms},
+    )
     assert reading["throughput_ratio"] == pytest.approx(padding_ms / packing_ms)
     assert reading["step_time_reduction"] == pytest.approx(1 - 1 / reading["throughput_ratio"])
 
 
-@pytest.mark.parametrize("padding, packing, field", [
-    ({"effective_supervised_tokens": 236, "median_step_ms": 63.4},
-     {"effective_supervised_tokens": 239, "median_step_ms": 48.8}, "differ"),
-    ({"effective_supervised_tokens": 236, "median_step_ms": 0.0},
-     {"effective_supervised_tokens": 236, "median_step_ms": 48.8}, "padding.median_step_ms"),
-    ({"effective_supervised_tokens": 236, "median_step_ms": 63.4}, {"effective_supervised_tokens": 236}, "packing"),
-    ({"effective_supervised_tokens": 236}, {"effective_supervised_tokens": 236, "median_step_ms": 48.8},
-     r"padding is missing field\(s\) \['median_step_ms'\]"),
-    ({"effective_supervised_tokens": 236, "median_step_ms": 63.4},
-     {"effective_supervised_tokens": 236, "median_step_ms": -1.0}, "packing.median_step_ms"),
-    ({"effective_supervised_tokens": 0, "median_step_ms": 63.4},
-     {"effective_supervised_tokens": 0, "median_step_ms": 48.8}, "padding.effective_supervised_tokens"),
-])
+@pytest.mark.parametrize(
+    "padding, packing, field",
+    [
+        (
+            {"effective_supervised_tokens": 236, "median_step_ms": 63.4},
+            {"effective_supervised_tokens": 239, "median_step_ms": 48.8},
+            "differ",
+        ),
+        (
+            {"effective_supervised_tokens": 236, "median_step_ms": 0.0},
+            {"effective_supervised_tokens": 236, "median_step_ms": 48.8},
+            "padding.median_step_ms",
+        ),
+        ({"effective_supervised_tokens": 236, "median_step_ms": 63.4}, {"effective_supervised_tokens": 236}, "packing"),
+        (
+            {"effective_supervised_tokens": 236},
+            {"effective_supervised_tokens": 236, "median_step_ms": 48.8},
+            r"padding is missing field\(s\) \['median_step_ms'\]",
+        ),
+        (
+            {"effective_supervised_tokens": 236, "median_step_ms": 63.4},
+            {"effective_supervised_tokens": 236, "median_step_ms": -1.0},
+            "packing.median_step_ms",
+        ),
+        (
+            {"effective_supervised_tokens": 0, "median_step_ms": 63.4},
+            {"effective_supervised_tokens": 0, "median_step_ms": 48.8},
+            "padding.effective_supervised_tokens",
+        ),
+    ],
+)
 def test_compare_refuses_incomparable_or_bad_rows(padding, packing, field):
     with pytest.raises(ValueError, match=field):
         compare_padding_and_packing(padding, packing)

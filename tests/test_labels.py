@@ -61,6 +61,7 @@ def test_truncation_cuts_inputs_and_labels_together(tokenizers):
 
 # ---- seed 002's classic bugs, written as wrong implementations the tests catch ---------------------------------
 
+
 def wrong_labels_first_prompt_only(tokenizer, messages):
     """Bug: mask only the prompt before the first answer (a single-turn habit), so later user turns are trained."""
     rendered = render_chat(tokenizer, messages)
@@ -79,10 +80,13 @@ def wrong_pad_labels_with_pad_id(features, pad_token_id):
     """Bug: pad labels with the pad id (the model then learns to emit padding)."""
     width = max(len(f["input_ids"]) for f in features)
     pad = [[pad_token_id] * (width - len(f["input_ids"])) for f in features]
-    return {"input_ids": torch.tensor([f["input_ids"] + p for f, p in zip(features, pad, strict=True)]),
-            "labels": torch.tensor([f["labels"] + p for f, p in zip(features, pad, strict=True)]),
-            "attention_mask": torch.tensor([[1] * len(f["input_ids"]) + [0] * len(p)
-                                            for f, p in zip(features, pad, strict=True)])}
+    return {
+        "input_ids": torch.tensor([f["input_ids"] + p for f, p in zip(features, pad, strict=True)]),
+        "labels": torch.tensor([f["labels"] + p for f, p in zip(features, pad, strict=True)]),
+        "attention_mask": torch.tensor(
+            [[1] * len(f["input_ids"]) + [0] * len(p) for f, p in zip(features, pad, strict=True)]
+        ),
+    }
 
 
 def assert_padded_batch_is_right(batch, features, pad_token_id):
@@ -124,23 +128,28 @@ def test_pad_id_in_labels_is_caught(tokenizers):
 
 # ---- pad_batch -----------------------------------------------------------------------------------------------------
 
+
 def test_pad_batch_matches_transformers_collator(tokenizers):
     tokenizer = tokenizers["llama3"]
     features = [build_labels(tokenizer, CHAT), build_labels(tokenizer, CHAT[:3]), build_labels(tokenizer, CHAT[1:3])]
     ours = pad_batch(features, tokenizer.pad_token_id)
     theirs = DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=IGNORE_INDEX, return_tensors="pt")(
-        [dict(f) for f in features])
+        [dict(f) for f in features]
+    )
     for key in ("input_ids", "labels", "attention_mask"):
         assert ours[key].dtype == torch.long
         assert torch.equal(ours[key], theirs[key]), key
 
 
 @settings(max_examples=50, deadline=None)
-@given(st.lists(st.lists(st.tuples(st.integers(0, 2047), st.booleans()), min_size=1, max_size=12),
-                min_size=1, max_size=6), st.integers(0, 2047))
+@given(
+    st.lists(st.lists(st.tuples(st.integers(0, 2047), st.booleans()), min_size=1, max_size=12), min_size=1, max_size=6),
+    st.integers(0, 2047),
+)
 def test_pad_batch_equals_brute_force(rows, pad_token_id):
-    features = [{"input_ids": [i for i, _ in row], "labels": [i if keep else IGNORE_INDEX for i, keep in row]}
-                for row in rows]
+    features = [
+        {"input_ids": [i for i, _ in row], "labels": [i if keep else IGNORE_INDEX for i, keep in row]} for row in rows
+    ]
     batch = pad_batch(features, pad_token_id)
     assert batch["input_ids"].shape == (len(rows), max(len(row) for row in rows))
     assert_padded_batch_is_right(batch, features, pad_token_id)
@@ -159,17 +168,21 @@ def test_pad_batch_rejects_bad_features():
     with pytest.raises(ValueError, match="pad_token_id"):
         pad_batch([good], -1)
     # each field is one flat row of integers: a [1, T] tensor (return_tensors="pt"), floats and bools are refused
-    for bad, field in (({"input_ids": torch.tensor([[5, 6]]), "labels": [6]}, "input_ids"),
-                       ({"input_ids": [5], "labels": [[5, 6]]}, "labels"),
-                       ({"input_ids": [5.0, 6.0], "labels": [5, 6]}, "input_ids"),
-                       ({"input_ids": [5, 6], "labels": [True, False]}, "labels")):
+    for bad, field in (
+        ({"input_ids": torch.tensor([[5, 6]]), "labels": [6]}, "input_ids"),
+        ({"input_ids": [5], "labels": [[5, 6]]}, "labels"),
+        ({"input_ids": [5.0, 6.0], "labels": [5, 6]}, "input_ids"),
+        ({"input_ids": [5, 6], "labels": [True, False]}, "labels"),
+    ):
         with pytest.raises(ValueError, match=rf"features\[1\]\['{field}'\]"):
             pad_batch([good, bad], 0)
 
 
 def test_pad_batch_returns_long_from_any_integer_dtype():
-    features = [{"input_ids": torch.tensor([5, 6], dtype=torch.int32), "labels": torch.tensor([-100, 6], dtype=torch.int16)},
-                {"input_ids": [7], "labels": [7]}]
+    features = [
+        {"input_ids": torch.tensor([5, 6], dtype=torch.int32), "labels": torch.tensor([-100, 6], dtype=torch.int16)},
+        {"input_ids": [7], "labels": [7]},
+    ]
     batch = pad_batch(features, 0)
     assert {key: value.dtype for key, value in batch.items()} == dict.fromkeys(batch, torch.long)
     assert batch["labels"].tolist() == [[-100, 6], [7, -100]]
@@ -189,8 +202,14 @@ def test_labels_equal_trl_sft_trainer_assistant_only_loss(tmp_path, tokenizers):
     from course_lib import load_chats, sample_data_path, tiny_qwen2
 
     chats = load_chats(sample_data_path("sharegpt.json"))
-    config = SFTConfig(output_dir=str(tmp_path), assistant_only_loss=True, max_length=2048, report_to=[],
-                       use_cpu=True, disable_tqdm=True)
+    config = SFTConfig(
+        output_dir=str(tmp_path),
+        assistant_only_loss=True,
+        max_length=2048,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+    )
     trainer = SFTTrainer(model=tiny_qwen2(), args=config, train_dataset=chats, processing_class=tokenizers["chatml"])
     for index, messages in enumerate(chats["messages"]):
         ours = build_labels(tokenizers["chatml"], messages)
@@ -199,6 +218,7 @@ def test_labels_equal_trl_sft_trainer_assistant_only_loss(tmp_path, tokenizers):
 
 
 # ---- pad_to_multiple_of: the width rounded up, as the framework collators round it ----------------------------------
+
 
 @pytest.mark.parametrize("multiple", [None, 1, 3, 8, 64])
 @pytest.mark.parametrize("name", ["llama3", "chatml"])
@@ -210,10 +230,12 @@ def test_pad_to_multiple_of_matches_transformers_and_trl_collators(tokenizers, n
     tokenizer = tokenizers[name]
     features = [build_labels(tokenizer, CHAT), build_labels(tokenizer, CHAT[:3]), build_labels(tokenizer, CHAT[1:3])]
     ours = pad_batch(features, tokenizer.pad_token_id, pad_to_multiple_of=multiple)
-    seq2seq = DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=IGNORE_INDEX, pad_to_multiple_of=multiple,
-                                     return_tensors="pt")([dict(f) for f in features])
+    seq2seq = DataCollatorForSeq2Seq(
+        tokenizer, label_pad_token_id=IGNORE_INDEX, pad_to_multiple_of=multiple, return_tensors="pt"
+    )([dict(f) for f in features])
     trl = DataCollatorForLanguageModeling(pad_token_id=tokenizer.pad_token_id, pad_to_multiple_of=multiple)(
-        [dict(f) for f in features])
+        [dict(f) for f in features]
+    )
     longest = max(len(f["input_ids"]) for f in features)
     width = ours["input_ids"].shape[1]
     assert width % (multiple or 1) == 0 and longest <= width < longest + (multiple or 1)
@@ -228,8 +250,9 @@ def test_pad_to_multiple_of_left_padding_is_the_collators_mirror_image(tokenizer
     tokenizer = tokenizers["chatml"]
     features = [build_labels(tokenizer, CHAT), build_labels(tokenizer, CHAT[:3])]
     ours = pad_batch(features, tokenizer.pad_token_id, pad_to_multiple_of=16)
-    left = DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=IGNORE_INDEX, pad_to_multiple_of=16,
-                                  return_tensors="pt")
+    left = DataCollatorForSeq2Seq(
+        tokenizer, label_pad_token_id=IGNORE_INDEX, pad_to_multiple_of=16, return_tensors="pt"
+    )
     tokenizer.padding_side = "left"
     try:
         theirs = left([dict(f) for f in features])
@@ -244,11 +267,15 @@ def test_pad_to_multiple_of_left_padding_is_the_collators_mirror_image(tokenizer
 
 
 @settings(max_examples=50, deadline=None)
-@given(st.lists(st.lists(st.tuples(st.integers(0, 2047), st.booleans()), min_size=1, max_size=12),
-                min_size=1, max_size=6), st.integers(0, 2047), st.integers(1, 9))
+@given(
+    st.lists(st.lists(st.tuples(st.integers(0, 2047), st.booleans()), min_size=1, max_size=12), min_size=1, max_size=6),
+    st.integers(0, 2047),
+    st.integers(1, 9),
+)
 def test_pad_to_multiple_of_equals_brute_force(rows, pad_token_id, multiple):
-    features = [{"input_ids": [i for i, _ in row], "labels": [i if keep else IGNORE_INDEX for i, keep in row]}
-                for row in rows]
+    features = [
+        {"input_ids": [i for i, _ in row], "labels": [i if keep else IGNORE_INDEX for i, keep in row]} for row in rows
+    ]
     batch = pad_batch(features, pad_token_id, pad_to_multiple_of=multiple)
     longest = max(len(row) for row in rows)
     assert batch["input_ids"].shape == (len(rows), -(-longest // multiple) * multiple)  # ceil(longest / m) * m

@@ -67,8 +67,9 @@ def test_imports_flow_from_instruments_to_mechanisms_never_back(path):
     own = role(module)
     if own is None or path == PACKAGE / "__init__.py":  # the CLI and the top-level re-exports reach every role
         return
-    wrong = {name for name in imports if role(name) is not None and role(name) not in ALLOWED[own]
-             and name != "course_lib"}
+    wrong = {
+        name for name in imports if role(name) is not None and role(name) not in ALLOWED[own] and name != "course_lib"
+    }
     assert not wrong, f"{module} ({own}) imports {sorted(wrong)}"
 
 

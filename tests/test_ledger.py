@@ -24,12 +24,21 @@ from tests.conftest import CHAT
 
 # ---- seed 000, Step 1: the distribution summary ---------------------------------------------------------------
 
+
 def test_seed_example_verbatim():
     summary = summarize_length_distribution([64, 128, 300, 900], 128, 512)
-    assert summary == {"count": 4, "buckets": {"short": 2, "medium": 1, "long": 1}, "p50_tokens": 128,
-                       "p95_tokens": 900}
-    assert summarize_length_distribution([], 16, 32) == {"count": 0, "buckets": {"short": 0, "medium": 0, "long": 0},
-                                                        "p50_tokens": 0, "p95_tokens": 0}
+    assert summary == {
+        "count": 4,
+        "buckets": {"short": 2, "medium": 1, "long": 1},
+        "p50_tokens": 128,
+        "p95_tokens": 900,
+    }
+    assert summarize_length_distribution([], 16, 32) == {
+        "count": 0,
+        "buckets": {"short": 0, "medium": 0, "long": 0},
+        "p50_tokens": 0,
+        "p95_tokens": 0,
+    }
 
 
 def test_seed_invalid_inputs_raise():
@@ -86,10 +95,12 @@ def test_overflow_ratio_is_strictly_greater():
 @given(st.lists(st.integers(0, 100), min_size=1, max_size=50), st.integers(1, 100))
 def test_overflow_ratio_equals_brute_force(lengths, context_len):
     assert overflow_ratio(lengths, context_len) == pytest.approx(
-        sum(length > context_len for length in lengths) / len(lengths))
+        sum(length > context_len for length in lengths) / len(lengths)
+    )
 
 
 # ---- counts from one rendering ---------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", CHAT_TEMPLATES)
 def test_counts_add_up_to_the_rendered_length(tokenizers, name):
@@ -115,18 +126,22 @@ def test_single_turn_chatml_by_hand(tokenizers):
 
     # <|im_start|> user \n ... <|im_end|> \n <|im_start|> assistant \n ... [<|im_end|>] \n : nine template tokens
     assert measure_sample(tokenizer, chat) == {
-        "template_tokens": 9, "prompt_tokens": n_tokens("What is a token?"),
+        "template_tokens": 9,
+        "prompt_tokens": n_tokens("What is a token?"),
         "supervised_tokens": n_tokens("A piece of text.") + 1,
-        "total_tokens": 9 + n_tokens("What is a token?") + n_tokens("A piece of text.") + 1}
+        "total_tokens": 9 + n_tokens("What is a token?") + n_tokens("A piece of text.") + 1,
+    }
 
 
 def _piecewise_total(tokenizer, messages):
     """The mistake the seed warns about: tokenize template pieces and contents separately, then add."""
     pieces = []
     for message in messages:
-        pieces += {"system": [message["content"], "\n\n"],
-                   "user": ["### Instruction:\n", message["content"], "\n\n"],
-                   "assistant": ["### Response:\n", message["content"], "<|endoftext|>", "\n\n"]}[message["role"]]
+        pieces += {
+            "system": [message["content"], "\n\n"],
+            "user": ["### Instruction:\n", message["content"], "\n\n"],
+            "assistant": ["### Response:\n", message["content"], "<|endoftext|>", "\n\n"],
+        }[message["role"]]
     assert "".join(pieces) == tokenizer.apply_chat_template(messages, tokenize=False)  # same text, only counted apart
     return sum(len(tokenizer(piece, add_special_tokens=False)["input_ids"]) for piece in pieces)
 
@@ -148,6 +163,7 @@ def test_measure_rejects_bad_messages(tokenizers):
 
 # ---- batched ledger over a datasets.Dataset --------------------------------------------------------------------
 
+
 def test_length_ledger_adds_the_four_columns(tokenizers):
     chats = [CHAT, CHAT[1:3], [{"role": "user", "content": "你好"}, {"role": "assistant", "content": "你好！"}]]
     dataset = Dataset.from_dict({"messages": chats, "id": [0, 1, 2]})
@@ -155,8 +171,9 @@ def test_length_ledger_adds_the_four_columns(tokenizers):
         ledger = length_ledger(dataset, tokenizers["llama3"], supervise_eos=supervise_eos, batch_size=2)
         assert ledger.column_names == ["messages", "id", *LEDGER_KEYS]
         for row, chat in zip(ledger, chats, strict=True):
-            assert {key: row[key] for key in LEDGER_KEYS} == measure_sample(tokenizers["llama3"], chat,
-                                                                            supervise_eos=supervise_eos)
+            assert {key: row[key] for key in LEDGER_KEYS} == measure_sample(
+                tokenizers["llama3"], chat, supervise_eos=supervise_eos
+            )
     summary = summarize_length_distribution(ledger["total_tokens"], 20, 60)
     assert summary["count"] == 3
     with pytest.raises(ValueError, match="messages_column"):
@@ -165,6 +182,7 @@ def test_length_ledger_adds_the_four_columns(tokenizers):
 
 # ---- ledger_from_roles: the span-aligned half of measure_sample --------------------------------------------------
 
+
 def test_ledger_from_roles_counts_by_hand():
     roles = ["template", "system", "system", "user", "template", "assistant", "assistant", "eos", "template"]
     ledger = ledger_from_roles(roles)
@@ -172,19 +190,26 @@ def test_ledger_from_roles_counts_by_hand():
     assert all(type(count) is int for count in ledger.values()), {key: type(v) for key, v in ledger.items()}
     # without EOS supervision the end-of-turn token is template; the total does not move
     assert ledger_from_roles(roles, supervise_eos=False) == {
-        "template_tokens": 4, "prompt_tokens": 3, "supervised_tokens": 2, "total_tokens": 9}
-    assert ledger_from_roles([]) == dict.fromkeys(("template_tokens", "prompt_tokens", "supervised_tokens",
-                                                   "total_tokens"), 0)
+        "template_tokens": 4,
+        "prompt_tokens": 3,
+        "supervised_tokens": 2,
+        "total_tokens": 9,
+    }
+    assert ledger_from_roles([]) == dict.fromkeys(
+        ("template_tokens", "prompt_tokens", "supervised_tokens", "total_tokens"), 0
+    )
 
 
-@pytest.mark.parametrize(("roles", "kwargs", "named"), [
-    (["user", "robot"], {}, "robot"),
-    (["User", "assistant"], {}, "User"),      # roles are case-sensitive
-    (["assistant", 3], {}, "3"),               # one per token, each a role name
-    ("user", {}, "sequence"),
-    (["assistant", "eos"], {"supervise_eos": 1}, "supervise_eos"),
-])
+@pytest.mark.parametrize(
+    ("roles", "kwargs", "named"),
+    [
+        (["user", "robot"], {}, "robot"),
+        (["User", "assistant"], {}, "User"),  # roles are case-sensitive
+        (["assistant", 3], {}, "3"),  # one per token, each a role name
+        ("user", {}, "sequence"),
+        (["assistant", "eos"], {"supervise_eos": 1}, "supervise_eos"),
+    ],
+)
 def test_ledger_from_roles_refuses_what_is_not_a_role(roles, kwargs, named):
     with pytest.raises(ValueError, match=named):
         ledger_from_roles(roles, **kwargs)
-

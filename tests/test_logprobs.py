@@ -24,7 +24,7 @@ def _head_inputs(batch, tokens, width, vocab, seed, dtype=torch.float64):
 
 def _direct(hidden, weight, ids):
     """Brute force: the full logits, log-softmax written out, a Python loop over tokens."""
-    logits = (hidden @ weight.T).double()                                         # [B, T, V]
+    logits = (hidden @ weight.T).double()  # [B, T, V]
     out = torch.empty(ids.shape, dtype=torch.float64)
     for b in range(ids.shape[0]):
         for t in range(ids.shape[1]):
@@ -41,15 +41,23 @@ def _value_and_grads(fn, hidden, weight, ids, upstream):
 
 
 @settings(max_examples=25, deadline=None)
-@given(batch=st.integers(1, 3), tokens=st.integers(1, 13), width=st.integers(1, 6), vocab=st.integers(2, 11),
-       chunk=st.integers(1, 16), seed=st.integers(0, 2**31 - 1))
+@given(
+    batch=st.integers(1, 3),
+    tokens=st.integers(1, 13),
+    width=st.integers(1, 6),
+    vocab=st.integers(2, 11),
+    chunk=st.integers(1, 16),
+    seed=st.integers(0, 2**31 - 1),
+)
 def test_all_paths_equal_the_direct_computation_values_and_gradients(batch, tokens, width, vocab, chunk, seed):
     hidden, weight, ids = _head_inputs(batch, tokens, width, vocab, seed)
     upstream = torch.randn(batch, tokens, generator=torch.Generator().manual_seed(seed + 1), dtype=torch.float64)
     reference = _value_and_grads(_direct, hidden, weight, ids, upstream)
-    paths = {"selected": lambda h, w, i: cl.selected_log_probs(h @ w.T, i),
-             "chunked": lambda h, w, i: cl.chunked_log_probs(h, w, i, chunk_size=chunk),
-             "checkpointed": lambda h, w, i: cl.checkpointed_log_probs(h, w, i, chunk_size=chunk)}
+    paths = {
+        "selected": lambda h, w, i: cl.selected_log_probs(h @ w.T, i),
+        "chunked": lambda h, w, i: cl.chunked_log_probs(h, w, i, chunk_size=chunk),
+        "checkpointed": lambda h, w, i: cl.checkpointed_log_probs(h, w, i, chunk_size=chunk),
+    }
     for fn in paths.values():
         for got, expected in zip(_value_and_grads(fn, hidden, weight, ids, upstream), reference, strict=True):
             torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-9)
@@ -57,12 +65,13 @@ def test_all_paths_equal_the_direct_computation_values_and_gradients(batch, toke
 
 @pytest.mark.parametrize("chunk", [1, 5, 7, 16, 64])
 def test_chunked_and_checkpointed_agree_with_full_in_fp32(chunk):
-    hidden, weight, ids = _head_inputs(2, 37, 8, 50, seed=chunk, dtype=torch.float32)   # 37 is prime
+    hidden, weight, ids = _head_inputs(2, 37, 8, 50, seed=chunk, dtype=torch.float32)  # 37 is prime
     upstream = torch.randn(2, 37, generator=torch.Generator().manual_seed(0))
     full = _value_and_grads(lambda h, w, i: cl.selected_log_probs(h @ w.T, i), hidden, weight, ids, upstream)
     for fn in (cl.chunked_log_probs, cl.checkpointed_log_probs):
-        values, hidden_grad, weight_grad = _value_and_grads(lambda h, w, i, f=fn: f(h, w, i, chunk), hidden, weight,
-                                                            ids, upstream)
+        values, hidden_grad, weight_grad = _value_and_grads(
+            lambda h, w, i, f=fn: f(h, w, i, chunk), hidden, weight, ids, upstream
+        )
         # CPU matmul kernels may block a 5-row chunk differently from 37 rows: rounding-level differences only
         torch.testing.assert_close(values, full[0], rtol=1e-6, atol=1e-6)
         torch.testing.assert_close(hidden_grad, full[1], rtol=1e-5, atol=1e-6)
@@ -71,7 +80,7 @@ def test_chunked_and_checkpointed_agree_with_full_in_fp32(chunk):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_an_empty_sequence_gives_an_empty_result_in_the_full_computations_dtype(dtype):
-    hidden, weight, ids = _head_inputs(2, 0, 8, 50, seed=0, dtype=dtype)              # T = 0
+    hidden, weight, ids = _head_inputs(2, 0, 8, 50, seed=0, dtype=dtype)  # T = 0
     full = cl.selected_log_probs(hidden @ weight.T, ids)
     for fn in (cl.chunked_log_probs, cl.checkpointed_log_probs):
         got = fn(hidden, weight, ids, 4)
@@ -96,23 +105,26 @@ def test_checkpointed_bf16_hidden_matches_full_path():
     assert torch.equal(cl.checkpointed_log_probs(hidden, weight, ids, chunk_size=6), full)
 
 
-@pytest.mark.parametrize("call, field", [
-    (lambda h, w, i: cl.selected_log_probs(h @ w.T, i[:, :-1]), "ids"),
-    (lambda h, w, i: cl.selected_log_probs(h @ w.T, i.float()), "ids"),
-    (lambda h, w, i: cl.selected_log_probs(h @ w.T, i + 100), "ids"),
-    (lambda h, w, i: cl.selected_log_probs(h @ w.T, i - 100), "ids"),
-    (lambda h, w, i: cl.selected_log_probs((h @ w.T).long(), i), "logits"),
-    (lambda h, w, i: cl.chunked_log_probs(h, w, i, chunk_size=0), "chunk_size"),
-    (lambda h, w, i: cl.checkpointed_log_probs(h, w, i, chunk_size=2.5), "chunk_size"),
-    (lambda h, w, i: cl.checkpointed_log_probs(h[0], w, i, chunk_size=4), "hidden"),
-    (lambda h, w, i: cl.checkpointed_log_probs(h, w[:, :3], i, chunk_size=4), "width"),
-    (lambda h, w, i: cl.chunked_log_probs(h, w, i[:, :5], chunk_size=4), "ids"),
-    (lambda h, w, i: cl.chunked_log_probs(h, w.numpy(force=True), i, chunk_size=4), "weight"),
-    (lambda h, w, i: cl.checkpointed_log_probs(h.bfloat16(), w, i, chunk_size=4), r"hidden dtype torch.bfloat16 "),
-    (lambda h, w, i: cl.chunked_log_probs(h.double(), w, i, chunk_size=4), "differs from weight dtype"),
-    (lambda h, w, i: cl.chunked_log_probs(h.long(), w.long(), i, chunk_size=4), "hidden must be a floating"),
-    (lambda h, w, i: cl.chunked_log_probs(h, w.bool(), i, chunk_size=4), "weight must be a floating"),
-])
+@pytest.mark.parametrize(
+    "call, field",
+    [
+        (lambda h, w, i: cl.selected_log_probs(h @ w.T, i[:, :-1]), "ids"),
+        (lambda h, w, i: cl.selected_log_probs(h @ w.T, i.float()), "ids"),
+        (lambda h, w, i: cl.selected_log_probs(h @ w.T, i + 100), "ids"),
+        (lambda h, w, i: cl.selected_log_probs(h @ w.T, i - 100), "ids"),
+        (lambda h, w, i: cl.selected_log_probs((h @ w.T).long(), i), "logits"),
+        (lambda h, w, i: cl.chunked_log_probs(h, w, i, chunk_size=0), "chunk_size"),
+        (lambda h, w, i: cl.checkpointed_log_probs(h, w, i, chunk_size=2.5), "chunk_size"),
+        (lambda h, w, i: cl.checkpointed_log_probs(h[0], w, i, chunk_size=4), "hidden"),
+        (lambda h, w, i: cl.checkpointed_log_probs(h, w[:, :3], i, chunk_size=4), "width"),
+        (lambda h, w, i: cl.chunked_log_probs(h, w, i[:, :5], chunk_size=4), "ids"),
+        (lambda h, w, i: cl.chunked_log_probs(h, w.numpy(force=True), i, chunk_size=4), "weight"),
+        (lambda h, w, i: cl.checkpointed_log_probs(h.bfloat16(), w, i, chunk_size=4), r"hidden dtype torch.bfloat16 "),
+        (lambda h, w, i: cl.chunked_log_probs(h.double(), w, i, chunk_size=4), "differs from weight dtype"),
+        (lambda h, w, i: cl.chunked_log_probs(h.long(), w.long(), i, chunk_size=4), "hidden must be a floating"),
+        (lambda h, w, i: cl.chunked_log_probs(h, w.bool(), i, chunk_size=4), "weight must be a floating"),
+    ],
+)
 def test_log_prob_paths_reject_bad_input(call, field):
     hidden, weight, ids = _head_inputs(2, 8, 4, 10, seed=0, dtype=torch.float32)
     with pytest.raises(ValueError, match=field):
@@ -126,8 +138,9 @@ def test_every_path_takes_narrow_integer_ids(dtype):
     narrow = ids.to(dtype)
     assert torch.equal(cl.selected_log_probs(hidden @ weight.T, narrow), cl.selected_log_probs(hidden @ weight.T, ids))
     assert torch.equal(cl.chunked_log_probs(hidden, weight, narrow, 4), cl.chunked_log_probs(hidden, weight, ids, 4))
-    assert torch.equal(cl.checkpointed_log_probs(hidden, weight, narrow, 4),
-                       cl.checkpointed_log_probs(hidden, weight, ids, 4))
+    assert torch.equal(
+        cl.checkpointed_log_probs(hidden, weight, narrow, 4), cl.checkpointed_log_probs(hidden, weight, ids, 4)
+    )
 
 
 def test_autocast_lets_hidden_and_weight_differ_in_dtype():
@@ -141,11 +154,14 @@ def test_autocast_lets_hidden_and_weight_differ_in_dtype():
 
 # ---- memory autograd keeps --------------------------------------------------------------------------
 
+
 def _saved(fn_name, tokens, vocab=512, width=16, chunk=128, include_inputs=False):
     hidden, weight, ids = _head_inputs(1, tokens, width, vocab, seed=0, dtype=torch.float32)
-    fns = {"full": lambda h, w, i: cl.selected_log_probs(h @ w.T, i),
-           "chunked": lambda h, w, i: cl.chunked_log_probs(h, w, i, chunk),
-           "checkpointed": lambda h, w, i: cl.checkpointed_log_probs(h, w, i, chunk)}
+    fns = {
+        "full": lambda h, w, i: cl.selected_log_probs(h @ w.T, i),
+        "chunked": lambda h, w, i: cl.chunked_log_probs(h, w, i, chunk),
+        "checkpointed": lambda h, w, i: cl.checkpointed_log_probs(h, w, i, chunk),
+    }
     return cl.saved_tensor_bytes(fns[fn_name], hidden, weight, ids, include_inputs=include_inputs)
 
 
@@ -166,9 +182,11 @@ def _trl_chunked(chunk_size):
     from trl.kernels import ChunkedLogProbFunction
 
     def log_probs(hidden, weight, ids):
-        flat = ChunkedLogProbFunction.apply(hidden.reshape(-1, hidden.shape[-1]), weight, None, ids.reshape(-1),
-                                            1.0, chunk_size, None, 1.0, ())[0]
+        flat = ChunkedLogProbFunction.apply(
+            hidden.reshape(-1, hidden.shape[-1]), weight, None, ids.reshape(-1), 1.0, chunk_size, None, 1.0, ()
+        )[0]
         return flat.reshape(ids.shape)
+
     return log_probs
 
 
@@ -182,9 +200,11 @@ def test_every_path_agrees_with_trl_values_and_gradients(seed):
     upstream = torch.rand(ids.shape, generator=torch.Generator().manual_seed(seed))
     trl_full = _value_and_grads(lambda h, w, i: selective_log_softmax(h @ w.T, i), hidden, weight, ids, upstream)
     trl_chunked = _value_and_grads(_trl_chunked(256), hidden, weight, ids, upstream)
-    ours = {"selected": lambda h, w, i: cl.selected_log_probs(h @ w.T, i),
-            "chunked": lambda h, w, i: cl.chunked_log_probs(h, w, i, 64),
-            "checkpointed": lambda h, w, i: cl.checkpointed_log_probs(h, w, i, 64)}
+    ours = {
+        "selected": lambda h, w, i: cl.selected_log_probs(h @ w.T, i),
+        "chunked": lambda h, w, i: cl.chunked_log_probs(h, w, i, 64),
+        "checkpointed": lambda h, w, i: cl.checkpointed_log_probs(h, w, i, 64),
+    }
     for name, fn in ours.items():
         got = _value_and_grads(fn, hidden, weight, ids, upstream)
         for reference in (trl_full, trl_chunked):
@@ -210,9 +230,9 @@ def test_checkpointed_keeps_exactly_its_inputs():
 
 def test_saved_tensor_bytes_counts_each_storage_once():
     x = torch.randn(100, requires_grad=True)
-    assert cl.saved_tensor_bytes(lambda t: t * t, x, include_inputs=True) == 400     # x saved twice, counted once
+    assert cl.saved_tensor_bytes(lambda t: t * t, x, include_inputs=True) == 400  # x saved twice, counted once
     assert cl.saved_tensor_bytes(lambda t: t * t, x) == 0
-    assert cl.saved_tensor_bytes(lambda t: (t.exp() * 2).sum(), x) == 400             # exp's output
+    assert cl.saved_tensor_bytes(lambda t: (t.exp() * 2).sum(), x) == 400  # exp's output
     assert cl.saved_tensor_bytes(lambda t: t.detach() + 1, x) == 0
     with pytest.raises(ValueError, match="fn"):
         cl.saved_tensor_bytes("not a function", x)
@@ -235,6 +255,7 @@ def test_peak_cuda_memory_orders_the_three_paths():
 
 # ---- the seed's arithmetic --------------------------------------------------------------------------
 
+
 def test_logit_memory_table_reproduces_seed_003():
     rows = cl.logit_memory_table()
     assert [row["model"] for row in rows] == ["Qwen3-0.6B", "Qwen3-8B", "Qwen3-32B"]
@@ -255,14 +276,17 @@ def test_qwen3_constants_agree_with_the_shipped_configs():
         assert config["hidden_size"] == cl.QWEN3_HIDDEN_SIZES[name]
 
 
-@pytest.mark.parametrize("args, field", [((-1, 10), "n_tokens"), ((5, 0), "vocab_size"), ((5, 10, 0), "dtype_bytes"),
-                                         ((5.5, 10), "n_tokens")])
+@pytest.mark.parametrize(
+    "args, field",
+    [((-1, 10), "n_tokens"), ((5, 0), "vocab_size"), ((5, 10, 0), "dtype_bytes"), ((5.5, 10), "n_tokens")],
+)
 def test_logit_bytes_rejects_bad_input(args, field):
     with pytest.raises(ValueError, match=field):
         cl.logit_bytes(*args)
 
 
 # ---- token entropy: the same whole row, the same memory treatment ---------------------------------------------------
+
 
 def _direct_entropy(logits):
     """Brute force in fp64: -sum p log p of each row, a Python loop over rows."""
@@ -277,9 +301,11 @@ def _direct_entropy(logits):
 def _entropy_paths(chunk):
     from trl.trainer.utils import entropy_from_logits
 
-    return {"token_entropy": lambda h, w, i: cl.token_entropy(h @ w.T),
-            "chunked_token_entropy": lambda h, w, i: cl.chunked_token_entropy(h, w, chunk_size=chunk),
-            "trl entropy_from_logits": lambda h, w, i: entropy_from_logits(h @ w.T)}
+    return {
+        "token_entropy": lambda h, w, i: cl.token_entropy(h @ w.T),
+        "chunked_token_entropy": lambda h, w, i: cl.chunked_token_entropy(h, w, chunk_size=chunk),
+        "trl entropy_from_logits": lambda h, w, i: entropy_from_logits(h @ w.T),
+    }
 
 
 def _trl_chunked_entropy(chunk_size):
@@ -287,22 +313,41 @@ def _trl_chunked_entropy(chunk_size):
     from trl.kernels import ChunkedLogProbFunction
 
     def entropy(hidden, weight, ids):
-        outputs = ChunkedLogProbFunction.apply(hidden.reshape(-1, hidden.shape[-1]), weight, None, ids.reshape(-1),
-                                               1.0, chunk_size, None, 1.0, ("entropy",))
+        outputs = ChunkedLogProbFunction.apply(
+            hidden.reshape(-1, hidden.shape[-1]),
+            weight,
+            None,
+            ids.reshape(-1),
+            1.0,
+            chunk_size,
+            None,
+            1.0,
+            ("entropy",),
+        )
         return outputs[1].reshape(ids.shape)
+
     return entropy
 
 
 @settings(max_examples=25, deadline=None)
-@given(batch=st.integers(1, 3), tokens=st.integers(1, 13), width=st.integers(1, 6), vocab=st.integers(2, 11),
-       chunk=st.integers(1, 16), seed=st.integers(0, 2**31 - 1))
-def test_entropy_paths_equal_the_direct_computation_and_trl_values_and_gradients(batch, tokens, width, vocab, chunk,
-                                                                                   seed):
+@given(
+    batch=st.integers(1, 3),
+    tokens=st.integers(1, 13),
+    width=st.integers(1, 6),
+    vocab=st.integers(2, 11),
+    chunk=st.integers(1, 16),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_entropy_paths_equal_the_direct_computation_and_trl_values_and_gradients(
+    batch, tokens, width, vocab, chunk, seed
+):
     """Ours (full and chunked + recomputed) and TRL's entropy_from_logits against the fp64 loop: values, and the
     gradients of a random weighting with respect to hidden and weight."""
     hidden, weight, ids = _head_inputs(batch, tokens, width, vocab, seed)
     upstream = torch.randn(batch, tokens, generator=torch.Generator().manual_seed(seed + 1), dtype=torch.float64)
-    assert torch.allclose(cl.token_entropy(hidden @ weight.T), _direct_entropy(hidden @ weight.T), rtol=1e-10, atol=1e-12)
+    assert torch.allclose(
+        cl.token_entropy(hidden @ weight.T), _direct_entropy(hidden @ weight.T), rtol=1e-10, atol=1e-12
+    )
     reference = _value_and_grads(lambda h, w, i: cl.token_entropy(h @ w.T), hidden, weight, ids, upstream)
     for name, fn in _entropy_paths(chunk).items():
         for got, expected in zip(_value_and_grads(fn, hidden, weight, ids, upstream), reference, strict=True):
@@ -331,7 +376,7 @@ def test_token_entropy_takes_any_leading_shape_and_equals_trl_bit_for_bit_in_fp3
     assert got.shape == shape[:-1] and got.dtype == torch.float32
     assert torch.equal(got, entropy_from_logits(logits))
     torch.testing.assert_close(got.double(), _direct_entropy(logits), rtol=1e-6, atol=1e-6)
-    uniform = cl.token_entropy(torch.zeros(shape))                                   # log V nats for equal logits
+    uniform = cl.token_entropy(torch.zeros(shape))  # log V nats for equal logits
     torch.testing.assert_close(uniform, torch.full(shape[:-1], math.log(shape[-1])))
 
 
@@ -380,10 +425,12 @@ def _entropy_saved(path, tokens, vocab=512, width=16, chunk=128, include_inputs=
     from trl.trainer.utils import entropy_from_logits
 
     hidden, weight, ids = _head_inputs(1, tokens, width, vocab, seed=0, dtype=torch.float32)
-    fns = {"full": lambda h, w: cl.token_entropy(h @ w.T),
-           "trl": lambda h, w: entropy_from_logits(h @ w.T),
-           "chunked": lambda h, w: cl.chunked_token_entropy(h, w, chunk),
-           "trl chunked": lambda h, w: _trl_chunked_entropy(chunk)(h, w, ids)}
+    fns = {
+        "full": lambda h, w: cl.token_entropy(h @ w.T),
+        "trl": lambda h, w: entropy_from_logits(h @ w.T),
+        "chunked": lambda h, w: cl.chunked_token_entropy(h, w, chunk),
+        "trl chunked": lambda h, w: _trl_chunked_entropy(chunk)(h, w, ids),
+    }
     return cl.saved_tensor_bytes(fns[path], hidden, weight, include_inputs=include_inputs)
 
 
@@ -394,31 +441,36 @@ def test_entropy_saved_bytes_full_grows_with_tokens_chunked_stays_flat():
     saved = {path: [_entropy_saved(path, tokens) for tokens in lengths] for path in ("full", "trl", "chunked")}
     assert saved["full"] == saved["trl"] == [8 * tokens * 512 for tokens in lengths]
     assert saved["chunked"] == [0] * len(lengths)
-    assert saved["chunked"] == [_saved("checkpointed", tokens) for tokens in lengths]   # the log-probs' memory
+    assert saved["chunked"] == [_saved("checkpointed", tokens) for tokens in lengths]  # the log-probs' memory
 
 
 def test_chunked_token_entropy_keeps_exactly_its_inputs_and_less_than_trl_chunked():
     tokens, width, vocab = 1000, 16, 512
-    assert _entropy_saved("chunked", tokens, vocab, width, include_inputs=True) == 4 * tokens * width + 4 * vocab * width
+    assert (
+        _entropy_saved("chunked", tokens, vocab, width, include_inputs=True) == 4 * tokens * width + 4 * vocab * width
+    )
     ours = _entropy_saved("chunked", 2048, 1000, 32, chunk=256)
-    theirs = _entropy_saved("trl chunked", 2048, 1000, 32, chunk=256)                  # + a log-normalizer per token
+    theirs = _entropy_saved("trl chunked", 2048, 1000, 32, chunk=256)  # + a log-normalizer per token
     full = _entropy_saved("full", 2048, 1000, 32)
     assert ours <= theirs < full // 100, (ours, theirs, full)
 
 
-@pytest.mark.parametrize("call, field", [
-    (lambda h, w: cl.token_entropy((h @ w.T).long()), "logits"),
-    (lambda h, w: cl.token_entropy((h @ w.T).tolist()), "logits"),
-    (lambda h, w: cl.token_entropy(torch.tensor(1.5)), "logits"),
-    (lambda h, w: cl.chunked_token_entropy(h, w, chunk_size=0), "chunk_size"),
-    (lambda h, w: cl.chunked_token_entropy(h, w, chunk_size=2.5), "chunk_size"),
-    (lambda h, w: cl.chunked_token_entropy(h, w, chunk_size=True), "chunk_size"),
-    (lambda h, w: cl.chunked_token_entropy(h[0], w), "hidden"),
-    (lambda h, w: cl.chunked_token_entropy(h, w[:, :3]), "width"),
-    (lambda h, w: cl.chunked_token_entropy(h, w.numpy(force=True)), "weight"),
-    (lambda h, w: cl.chunked_token_entropy(h.double(), w), "differs from weight dtype"),
-    (lambda h, w: cl.chunked_token_entropy(h.long(), w.long()), "hidden must be a floating"),
-])
+@pytest.mark.parametrize(
+    "call, field",
+    [
+        (lambda h, w: cl.token_entropy((h @ w.T).long()), "logits"),
+        (lambda h, w: cl.token_entropy((h @ w.T).tolist()), "logits"),
+        (lambda h, w: cl.token_entropy(torch.tensor(1.5)), "logits"),
+        (lambda h, w: cl.chunked_token_entropy(h, w, chunk_size=0), "chunk_size"),
+        (lambda h, w: cl.chunked_token_entropy(h, w, chunk_size=2.5), "chunk_size"),
+        (lambda h, w: cl.chunked_token_entropy(h, w, chunk_size=True), "chunk_size"),
+        (lambda h, w: cl.chunked_token_entropy(h[0], w), "hidden"),
+        (lambda h, w: cl.chunked_token_entropy(h, w[:, :3]), "width"),
+        (lambda h, w: cl.chunked_token_entropy(h, w.numpy(force=True)), "weight"),
+        (lambda h, w: cl.chunked_token_entropy(h.double(), w), "differs from weight dtype"),
+        (lambda h, w: cl.chunked_token_entropy(h.long(), w.long()), "hidden must be a floating"),
+    ],
+)
 def test_entropy_paths_reject_bad_input(call, field):
     hidden, weight, _ = _head_inputs(2, 8, 4, 10, seed=0, dtype=torch.float32)
     with pytest.raises(ValueError, match=field):

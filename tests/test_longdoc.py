@@ -32,6 +32,7 @@ def seed_assign_bucket(doc_length, max_length):
 
 # --- buckets -------------------------------------------------------------------------------------------------
 
+
 def test_seed_buckets():
     """The seed's 2^n intervals: 1, 2, 3-4, 5-8, 9-16, ..., 4097-8192."""
     assert [assign_bucket(n, 8192) for n in (1, 2, 3, 4, 5, 8)] == [1, 2, 4, 4, 8, 8]
@@ -64,10 +65,16 @@ def test_vectorized_buckets_match_scalar(lengths):
     assert all(b >= n and (b == 1 or b // 2 < n) for n, b in zip(lengths, buckets.tolist(), strict=True))
 
 
-@pytest.mark.parametrize("length, max_length, match", [
-    (0, 8192, "length"), (-3, 8192, "length"), (8193, 8192, "exceeds max_length"), (4, 0, "max_length"),
-    (2.5, 8, "length"),
-])
+@pytest.mark.parametrize(
+    "length, max_length, match",
+    [
+        (0, 8192, "length"),
+        (-3, 8192, "length"),
+        (8193, 8192, "exceeds max_length"),
+        (4, 0, "max_length"),
+        (2.5, 8, "length"),
+    ],
+)
 def test_bucket_bad_input(length, max_length, match):
     with pytest.raises(ValueError, match=match):
         assign_bucket(length, max_length)
@@ -122,11 +129,13 @@ def test_the_three_readings_of_98_percent_content_utilization():
     covered = sum(len({t for w in sliding_windows(n) for t in range(w.start, w.end)}) for n in long_docs[:200])
     assert covered == sum(long_docs[:200])  # coverage: every token in some window
     assert round(processed / slots, 2) == 0.92 and round(sum(long_docs) / processed, 2) == 0.78
-    assert sliding_window_cost(10**6)["owned_tokens"] / sliding_window_cost(10**6)["processed_tokens"] == \
-        pytest.approx(192 / 256, abs=1e-3)
+    assert sliding_window_cost(10**6)["owned_tokens"] / sliding_window_cost(10**6)["processed_tokens"] == pytest.approx(
+        192 / 256, abs=1e-3
+    )
 
 
 # --- sliding windows --------------------------------------------------------------------------------------------
+
 
 def test_seed_window_shape_256_64():
     windows = sliding_windows(600, 256, 64)
@@ -164,10 +173,16 @@ def test_windows_partition_the_loss(length, window, data):
     assert windows[-1].end == length
 
 
-@pytest.mark.parametrize("length, window, overlap, match", [
-    (0, 256, 64, "length"), (10, 0, 0, "window"), (10, 64, 64, "overlap must be < window"),
-    (10, 64, -1, "overlap"), (10, 64, 80, "overlap"),
-])
+@pytest.mark.parametrize(
+    "length, window, overlap, match",
+    [
+        (0, 256, 64, "length"),
+        (10, 0, 0, "window"),
+        (10, 64, 64, "overlap must be < window"),
+        (10, 64, -1, "overlap"),
+        (10, 64, 80, "overlap"),
+    ],
+)
 def test_window_bad_input(length, window, overlap, match):
     with pytest.raises(ValueError, match=match):
         sliding_windows(length, window, overlap)
@@ -208,20 +223,25 @@ def test_short_text_packing_by_hand_and_chapter_8s_tweets():
     assert (rules["dropped"], round(rules["dropped_tokens"] / int(tweets.sum()), 3)) == (3795, 0.135)
     assert (rules["pack"]["rows"], rules["pad_then_pack"]["rows"]) == (117, 390)
     assert (round(rules["pack"]["padding_ratio"], 3), round(rules["pad_then_pack"]["padding_ratio"], 3)) == (
-        0.006, 0.702)
+        0.006,
+        0.702,
+    )
     everything = short_text_packing(tweets, 4096, min_length=0)
     assert (everything["pack"]["rows"], everything["pad_then_pack"]["rows"]) == (135, 627)
     assert round(everything["pad_then_pack"]["padding_ratio"], 3) == 0.786
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"lengths": [10, 20], "capacity": 512}, r"^every length is below min_length = 32"),
-    ({"lengths": [10, 600], "capacity": 512}, r"^lengths\[1\] = 600 exceeds capacity = 512"),
-    ({"lengths": [40], "capacity": 512, "pad_to": 1024}, r"^pad_to must be <= 512"),
-    ({"lengths": [40], "capacity": 512, "pad_to": 0}, r"^pad_to must be >= 1"),
-    ({"lengths": [40], "capacity": 512, "min_length": -1}, r"^min_length must be >= 0"),
-    ({"lengths": [], "capacity": 512}, r"^lengths must not be empty"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"lengths": [10, 20], "capacity": 512}, r"^every length is below min_length = 32"),
+        ({"lengths": [10, 600], "capacity": 512}, r"^lengths\[1\] = 600 exceeds capacity = 512"),
+        ({"lengths": [40], "capacity": 512, "pad_to": 1024}, r"^pad_to must be <= 512"),
+        ({"lengths": [40], "capacity": 512, "pad_to": 0}, r"^pad_to must be >= 1"),
+        ({"lengths": [40], "capacity": 512, "min_length": -1}, r"^min_length must be >= 0"),
+        ({"lengths": [], "capacity": 512}, r"^lengths must not be empty"),
+    ],
+)
 def test_short_text_packing_bad_input(kwargs, message):
     with pytest.raises(ValueError, match=message):
         short_text_packing(**kwargs)

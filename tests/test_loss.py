@@ -17,6 +17,7 @@ SNAPSHOTS = Path(__file__).parent / "_snapshots"
 
 # ---- masked_normalize: CS336 assignment 5 snapshots, exact -------------------------------------------
 
+
 @pytest.mark.parametrize("dim, name", [(0, "dim0"), (1, "dim1"), (-1, "dimlast"), (None, "dimNone")])
 def test_masked_normalize_matches_cs336_snapshot_exactly(dim, name):
     torch.manual_seed(42)
@@ -30,8 +31,12 @@ def test_masked_normalize_matches_cs336_snapshot_exactly(dim, name):
 
 
 @settings(max_examples=30, deadline=None)
-@given(shape=st.lists(st.integers(1, 5), min_size=1, max_size=3), seed=st.integers(0, 2**31 - 1),
-       constant=st.floats(0.5, 100.0), data=st.data())
+@given(
+    shape=st.lists(st.integers(1, 5), min_size=1, max_size=3),
+    seed=st.integers(0, 2**31 - 1),
+    constant=st.floats(0.5, 100.0),
+    data=st.data(),
+)
 def test_masked_normalize_equals_brute_force(shape, seed, constant, data):
     generator = torch.Generator().manual_seed(seed)
     tensor = torch.randn(shape, generator=generator, dtype=torch.float64)
@@ -51,14 +56,17 @@ def test_masked_normalize_keeps_nonfinite_values_outside_the_mask_out():
     assert cl.masked_normalize(tensor, mask, normalize_constant=2.0).item() == 1.5
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    ({"mask": torch.ones(2, 4, dtype=torch.bool)}, "shape"),
-    ({"normalize_constant": 0.0}, "normalize_constant"),
-    ({"normalize_constant": float("nan")}, "normalize_constant"),
-    ({"dim": 2}, "dim"),
-    ({"dim": 1.0}, "dim"),
-    ({"mask": torch.full((2, 3), 2.0)}, "mask"),
-])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"mask": torch.ones(2, 4, dtype=torch.bool)}, "shape"),
+        ({"normalize_constant": 0.0}, "normalize_constant"),
+        ({"normalize_constant": float("nan")}, "normalize_constant"),
+        ({"dim": 2}, "dim"),
+        ({"dim": 1.0}, "dim"),
+        ({"mask": torch.full((2, 3), 2.0)}, "mask"),
+    ],
+)
 def test_masked_normalize_rejects_bad_input(kwargs, field):
     arguments = {"tensor": torch.ones(2, 3), "mask": torch.ones(2, 3, dtype=torch.bool)} | kwargs
     with pytest.raises(ValueError, match=field):
@@ -66,6 +74,7 @@ def test_masked_normalize_rejects_bad_input(kwargs, field):
 
 
 # ---- aggregate_loss ----------------------------------------------------------------------------------
+
 
 def test_aggregate_loss_modes_by_hand():
     losses = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
@@ -85,16 +94,19 @@ def test_aggregate_loss_empty_mask():
     assert loss.item() == 0.0 and torch.equal(losses.grad, torch.zeros(2, 3))
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    ({"mask": torch.ones(3, 2, dtype=torch.bool)}, "shape"),
-    ({"mode": "sequence_mean"}, "mode must be one of"),
-    ({"mode": "sum", "norm_const": 4.0}, "mode must be one of"),  # an unknown mode, even with a norm_const
-    ({"mode": "constant"}, "norm_const"),
-    ({"mode": "constant", "norm_const": 0}, "norm_const"),
-    ({"mode": "constant", "norm_const": -3.0}, "norm_const"),
-    ({"mode": "constant", "norm_const": "12"}, "norm_const"),
-    ({"mode": "token_mean", "norm_const": 12}, "norm_const"),
-])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"mask": torch.ones(3, 2, dtype=torch.bool)}, "shape"),
+        ({"mode": "sequence_mean"}, "mode must be one of"),
+        ({"mode": "sum", "norm_const": 4.0}, "mode must be one of"),  # an unknown mode, even with a norm_const
+        ({"mode": "constant"}, "norm_const"),
+        ({"mode": "constant", "norm_const": 0}, "norm_const"),
+        ({"mode": "constant", "norm_const": -3.0}, "norm_const"),
+        ({"mode": "constant", "norm_const": "12"}, "norm_const"),
+        ({"mode": "token_mean", "norm_const": 12}, "norm_const"),
+    ],
+)
 def test_aggregate_loss_rejects_bad_input(kwargs, field):
     arguments = {"token_losses": torch.ones(2, 3), "mask": torch.ones(2, 3, dtype=torch.bool)} | kwargs
     with pytest.raises(ValueError, match=field):
@@ -102,13 +114,14 @@ def test_aggregate_loss_rejects_bad_input(kwargs, field):
 
 
 @settings(max_examples=40, deadline=None)
-@given(rows=st.integers(2, 12), width=st.integers(1, 9), n_microbatches=st.integers(1, 4),
-       seed=st.integers(0, 2**31 - 1))
+@given(
+    rows=st.integers(2, 12), width=st.integers(1, 9), n_microbatches=st.integers(1, 4), seed=st.integers(0, 2**31 - 1)
+)
 def test_global_normalisation_is_exact_and_local_distorts_by_n_over_k_nk(rows, width, n_microbatches, seed):
     generator = torch.Generator().manual_seed(seed)
     losses = torch.rand(rows, width, generator=generator, dtype=torch.float64).requires_grad_()
     mask = torch.rand(rows, width, generator=generator) > 0.4
-    mask[:, 0] = True                                                             # every row has a token
+    mask[:, 0] = True  # every row has a token
     chunks = [chunk for chunk in torch.randperm(rows, generator=generator).chunk(n_microbatches)]
     total = int(mask.sum())
     global_loss = sum(cl.aggregate_loss(losses[c], mask[c], mode="constant", norm_const=total) for c in chunks)
@@ -139,6 +152,7 @@ def test_per_token_weight_distortion_rejects_bad_counts(tokens):
 
 # ---- gradient accumulation on the tiny Qwen2 -----------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def model():
     return cl.tiny_qwen2(seed=0)
@@ -168,13 +182,14 @@ def test_synthetic_batch_shape_and_supervision():
 def test_token_losses_match_transformers_loss(model, batch):
     losses, mask = cl.supervised_token_losses(model, batch)
     with torch.no_grad():
-        reference = model(**batch).loss                                           # transformers' token mean
+        reference = model(**batch).loss  # transformers' token mean
         total = int(mask.sum())
-        summed = model(**batch, num_items_in_batch=torch.tensor(total)).loss      # transformers' sum / N
+        summed = model(**batch, num_items_in_batch=torch.tensor(total)).loss  # transformers' sum / N
     ours = cl.aggregate_loss(losses, mask)
     torch.testing.assert_close(ours, reference, rtol=1e-6, atol=0)
-    torch.testing.assert_close(cl.aggregate_loss(losses, mask, mode="constant", norm_const=total), summed,
-                               rtol=1e-6, atol=0)
+    torch.testing.assert_close(
+        cl.aggregate_loss(losses, mask, mode="constant", norm_const=total), summed, rtol=1e-6, atol=0
+    )
 
 
 def test_length_sorted_token_mean_distorts_and_global_count_reproduces_full_batch(model, batch):
@@ -185,8 +200,8 @@ def test_length_sorted_token_mean_distorts_and_global_count_reproduces_full_batc
     assert tokens == sorted(tokens) and tokens[-1] > 2 * tokens[0]
     local = cl.gradient_agreement(cl.accumulated_gradient(model, batch, chunks, normalize="local"), full)
     exact = cl.gradient_agreement(cl.accumulated_gradient(model, batch, chunks, normalize="global"), full)
-    assert local["relative_error"] > 0.1 and local["cosine"] < 0.99                # fp32, measured 0.82 and 0.78
-    assert exact["relative_error"] < 1e-6 and exact["cosine"] > 1 - 1e-9           # fp32 rounding only
+    assert local["relative_error"] > 0.1 and local["cosine"] < 0.99  # fp32, measured 0.82 and 0.78
+    assert exact["relative_error"] < 1e-6 and exact["cosine"] > 1 - 1e-9  # fp32 rounding only
 
 
 def test_random_split_local_still_distorts(model, batch):
@@ -216,24 +231,33 @@ def test_gradient_agreement_values():
     assert result["relative_error"] == pytest.approx(2**0.5) and result["cosine"] == pytest.approx(0.0, abs=1e-12)
 
 
-@pytest.mark.parametrize("call, field", [
-    (lambda m, b: cl.accumulated_gradient(m, b, []), "microbatches"),
-    (lambda m, b: cl.accumulated_gradient(m, b, [[0, 16]]), "rows"),
-    (lambda m, b: cl.accumulated_gradient(m, b, [[0, 1]], normalize="sequence"), "normalize"),
-    (lambda m, b: cl.supervised_token_losses(m, {"input_ids": b["input_ids"]}), "labels"),
-    (lambda m, b: cl.microbatch_loss(m, b, "global"), r"^global_tokens is required with normalize='global'"),
-    (lambda m, b: cl.microbatch_loss(m, b, "local", global_tokens=5), r"^global_tokens is only used with "),
-    (lambda m, b: cl.microbatch_loss(m, b, "global", global_tokens=0), r"^global_tokens must be > 0"),
-    (lambda m, b: cl.accumulated_gradient(m, dict(b, labels=torch.full_like(b["labels"], -100)), [[0], [1]]),
-     r"^the microbatches hold no supervised token"),
-    (lambda m, b: cl.supervised_token_losses(m, {key: value[:0] for key, value in b.items()}),
-     r"with B, L >= 1, got \(0, "),
-    (lambda m, b: cl.supervised_token_losses(m, {key: value[:, :0] for key, value in b.items()}),
-     r"with B, L >= 1, got \(\d+, 0\)"),
-    (lambda m, b: cl.gradient_agreement(torch.ones(3), torch.ones(4)), "shape"),
-    (lambda m, b: cl.gradient_agreement(torch.ones(3), torch.zeros(3)), "zeros"),
-    (lambda m, b: cl.synthetic_supervised_batch(min_length=8, max_length=7), "max_length"),
-])
+@pytest.mark.parametrize(
+    "call, field",
+    [
+        (lambda m, b: cl.accumulated_gradient(m, b, []), "microbatches"),
+        (lambda m, b: cl.accumulated_gradient(m, b, [[0, 16]]), "rows"),
+        (lambda m, b: cl.accumulated_gradient(m, b, [[0, 1]], normalize="sequence"), "normalize"),
+        (lambda m, b: cl.supervised_token_losses(m, {"input_ids": b["input_ids"]}), "labels"),
+        (lambda m, b: cl.microbatch_loss(m, b, "global"), r"^global_tokens is required with normalize='global'"),
+        (lambda m, b: cl.microbatch_loss(m, b, "local", global_tokens=5), r"^global_tokens is only used with "),
+        (lambda m, b: cl.microbatch_loss(m, b, "global", global_tokens=0), r"^global_tokens must be > 0"),
+        (
+            lambda m, b: cl.accumulated_gradient(m, dict(b, labels=torch.full_like(b["labels"], -100)), [[0], [1]]),
+            r"^the microbatches hold no supervised token",
+        ),
+        (
+            lambda m, b: cl.supervised_token_losses(m, {key: value[:0] for key, value in b.items()}),
+            r"with B, L >= 1, got \(0, ",
+        ),
+        (
+            lambda m, b: cl.supervised_token_losses(m, {key: value[:, :0] for key, value in b.items()}),
+            r"with B, L >= 1, got \(\d+, 0\)",
+        ),
+        (lambda m, b: cl.gradient_agreement(torch.ones(3), torch.ones(4)), "shape"),
+        (lambda m, b: cl.gradient_agreement(torch.ones(3), torch.zeros(3)), "zeros"),
+        (lambda m, b: cl.synthetic_supervised_batch(min_length=8, max_length=7), "max_length"),
+    ],
+)
 def test_gradient_helpers_reject_bad_input(model, batch, call, field):
     with pytest.raises(ValueError, match=field):
         call(model, batch)
@@ -252,6 +276,7 @@ def test_a_cpu_batch_meets_the_model_on_its_device():
 
 
 # --- what the library survey found untested (tests/mutants/library_survey.py) -------------------------------------
+
 
 def test_global_count_skips_each_rows_first_label(model, batch):
     """A row's first label is never a prediction target: the global count must skip it even when it is supervised
@@ -292,10 +317,13 @@ def test_synthetic_batch_pad_to_multiple_of_matches_the_transformers_collator():
 
     plain = cl.synthetic_supervised_batch(n_rows=5, min_length=4, max_length=13, seed=2)
     lengths = plain["attention_mask"].sum(dim=1).tolist()
-    rows = [{"input_ids": plain["input_ids"][r, :n].tolist(), "labels": plain["labels"][r, :n].tolist()}
-            for r, n in enumerate(lengths)]
-    collator = DataCollatorForSeq2Seq(cl.load_course_tokenizer(), label_pad_token_id=cl.IGNORE_INDEX,
-                                      return_tensors="pt")                                  # pad id 0, as ours
+    rows = [
+        {"input_ids": plain["input_ids"][r, :n].tolist(), "labels": plain["labels"][r, :n].tolist()}
+        for r, n in enumerate(lengths)
+    ]
+    collator = DataCollatorForSeq2Seq(
+        cl.load_course_tokenizer(), label_pad_token_id=cl.IGNORE_INDEX, return_tensors="pt"
+    )  # pad id 0, as ours
     for multiple in (None, 1, 8, 32):
         ours = cl.synthetic_supervised_batch(n_rows=5, min_length=4, max_length=13, seed=2, pad_to_multiple_of=multiple)
         collator.pad_to_multiple_of = multiple
@@ -309,6 +337,7 @@ def test_synthetic_batch_pad_to_multiple_of_matches_the_transformers_collator():
 
 
 # ---- packed rows: the shift must not cross a sample boundary -------------------------------------------------------
+
 
 def _plain_text_samples(count=4):
     """Plain-text samples (pre-training style: labels = input_ids) of the course corpus, 9 to 30-odd tokens each."""
@@ -327,17 +356,24 @@ def _packed_batch(samples):
 def test_the_step_across_a_sample_boundary_is_no_target():
     """Samples [1, 2, 3] and [4, 5] packed, labels = input_ids: the plain shift keeps the step 3 -> 4, whose target
     belongs to another document. Restarted position_ids, or segment_ids, exclude exactly that step."""
-    batch, packed = _packed_batch([{"input_ids": [1, 2, 3], "labels": [1, 2, 3]}, {"input_ids": [4, 5], "labels": [4, 5]}])
-    plain_shift = batch["labels"][:, 1:] != cl.IGNORE_INDEX                      # the old mask: [[T, T, T, T]]
-    expected = torch.tensor([[True, True, False, True]])                         # 1->2, 2->3, (3->4), 4->5
+    batch, packed = _packed_batch(
+        [{"input_ids": [1, 2, 3], "labels": [1, 2, 3]}, {"input_ids": [4, 5], "labels": [4, 5]}]
+    )
+    plain_shift = batch["labels"][:, 1:] != cl.IGNORE_INDEX  # the old mask: [[T, T, T, T]]
+    expected = torch.tensor([[True, True, False, True]])  # 1->2, 2->3, (3->4), 4->5
     assert plain_shift.all() and not torch.equal(plain_shift, expected)
     segment_ids = torch.tensor([packed["segment_ids"]])
-    for fields in ({"position_ids": batch["position_ids"]}, {"segment_ids": segment_ids},
-                   {"position_ids": batch["position_ids"], "segment_ids": segment_ids}):
+    for fields in (
+        {"position_ids": batch["position_ids"]},
+        {"segment_ids": segment_ids},
+        {"position_ids": batch["position_ids"], "segment_ids": segment_ids},
+    ):
         assert torch.equal(cl.supervised_target_mask(batch["labels"], **fields), expected), fields
     model = cl.tiny_qwen2(seed=0)
     for fields in ({"position_ids": batch["position_ids"]}, {"segment_ids": segment_ids}):
-        _, mask = cl.supervised_token_losses(model, {"input_ids": batch["input_ids"], "labels": batch["labels"], **fields})
+        _, mask = cl.supervised_token_losses(
+            model, {"input_ids": batch["input_ids"], "labels": batch["labels"], **fields}
+        )
         assert torch.equal(mask, expected), fields
     assert torch.equal(cl.supervised_target_mask(batch["labels"]), plain_shift)  # an unpacked row keeps every step
 
@@ -353,8 +389,11 @@ def _brute_force_target_mask(labels, position_ids, segment_ids):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.lists(st.integers(1, 5), min_size=1, max_size=4), min_size=1, max_size=3), st.integers(0, 3),
-       st.integers(0, 2**31 - 1))
+@given(
+    st.lists(st.lists(st.integers(1, 5), min_size=1, max_size=4), min_size=1, max_size=3),
+    st.integers(0, 3),
+    st.integers(0, 2**31 - 1),
+)
 def test_supervised_target_mask_equals_brute_force(rows_of_lengths, padding, seed):
     """Random packed rows (samples of random lengths, padding with segment -1 and position 0 at the end), random
     supervision: the vectorized mask equals the loop over every step."""
@@ -364,17 +403,22 @@ def test_supervised_target_mask_equals_brute_force(rows_of_lengths, padding, see
     segment_ids = torch.full((len(rows_of_lengths), width), -1)
     for row, lengths in enumerate(rows_of_lengths):
         packed = cl.varlen_metadata(lengths)
-        position_ids[row, :sum(lengths)] = packed["position_ids"]
-        segment_ids[row, :sum(lengths)] = packed["seq_idx"]
-    labels = torch.where(torch.rand(position_ids.shape, generator=generator) < 0.7,
-                         torch.randint(0, 50, position_ids.shape, generator=generator), cl.IGNORE_INDEX)
+        position_ids[row, : sum(lengths)] = packed["position_ids"]
+        segment_ids[row, : sum(lengths)] = packed["seq_idx"]
+    labels = torch.where(
+        torch.rand(position_ids.shape, generator=generator) < 0.7,
+        torch.randint(0, 50, position_ids.shape, generator=generator),
+        cl.IGNORE_INDEX,
+    )
     expected = _brute_force_target_mask(labels, position_ids, segment_ids)
     got = cl.supervised_target_mask(labels, position_ids=position_ids, segment_ids=segment_ids)
     assert torch.equal(got, expected)
     # position_ids alone agree wherever padding carries no label (a padding token's position 0 reads as a restart)
     labelled = labels.masked_fill(segment_ids < 0, cl.IGNORE_INDEX)
-    assert torch.equal(cl.supervised_target_mask(labelled, position_ids=position_ids),
-                       cl.supervised_target_mask(labelled, segment_ids=segment_ids))
+    assert torch.equal(
+        cl.supervised_target_mask(labelled, position_ids=position_ids),
+        cl.supervised_target_mask(labelled, segment_ids=segment_ids),
+    )
 
 
 def test_packed_per_sample_losses_equal_each_sample_alone():
@@ -383,14 +427,14 @@ def test_packed_per_sample_losses_equal_each_sample_alone():
     model = cl.tiny_qwen2(seed=0)
     samples = _plain_text_samples()
     batch, packed = _packed_batch(samples)
-    losses, mask = cl.supervised_token_losses(model, batch)                      # [1, T-1] each
-    assert int(mask.sum()) == sum(len(s["input_ids"]) - 1 for s in samples)    # the plain shift: 3 more
+    losses, mask = cl.supervised_token_losses(model, batch)  # [1, T-1] each
+    assert int(mask.sum()) == sum(len(s["input_ids"]) - 1 for s in samples)  # the plain shift: 3 more
     starts = torch.tensor([len(s["input_ids"]) for s in samples]).cumsum(0)[:-1]  # each later sample's first token
-    assert not mask[0, starts - 1].any()                                         # the steps into them are dropped
+    assert not mask[0, starts - 1].any()  # the steps into them are dropped
     segment_ids = torch.tensor(packed["segment_ids"])
     for index, sample in enumerate(samples):
         alone, alone_mask = cl.supervised_token_losses(model, {key: torch.tensor([sample[key]]) for key in sample})
-        in_row = (segment_ids[:-1] == index) & mask[0]                           # steps whose context is this sample
+        in_row = (segment_ids[:-1] == index) & mask[0]  # steps whose context is this sample
         assert alone_mask.all() and int(in_row.sum()) == alone.shape[1]
         torch.testing.assert_close(losses[0, in_row], alone[0], rtol=1e-5, atol=1e-5)
 
@@ -406,14 +450,20 @@ def test_packed_loss_equals_trl_padding_free_and_transformers_flattening():
     batch, _ = _packed_batch(samples)
     losses, mask = cl.supervised_token_losses(model, batch)
     ids_only = [{"input_ids": s["input_ids"]} for s in samples]
-    for collated in (DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)(ids_only),
-                     DataCollatorWithFlattening(return_tensors="pt")(ids_only)):
+    for collated in (
+        DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)(ids_only),
+        DataCollatorWithFlattening(return_tensors="pt")(ids_only),
+    ):
         assert torch.equal(collated["input_ids"], batch["input_ids"])
         assert torch.equal(collated["position_ids"], batch["position_ids"])
         assert torch.equal(mask, collated["labels"][:, 1:] != cl.IGNORE_INDEX)
         with torch.no_grad():
-            theirs = model(input_ids=collated["input_ids"], position_ids=collated["position_ids"],
-                           labels=collated["labels"], use_cache=False).loss
+            theirs = model(
+                input_ids=collated["input_ids"],
+                position_ids=collated["position_ids"],
+                labels=collated["labels"],
+                use_cache=False,
+            ).loss
         torch.testing.assert_close(cl.aggregate_loss(losses, mask), theirs, rtol=1e-6, atol=0)
 
 
@@ -424,8 +474,12 @@ def test_accumulated_gradient_on_packed_rows_equals_training_each_sample_alone()
     samples = _plain_text_samples(6)
     packed = cl.pack_sequences([s["input_ids"] for s in samples], 64)
     labels = packed["ids"].masked_fill(packed["segment_ids"] < 0, cl.IGNORE_INDEX)
-    batch = {"input_ids": packed["ids"], "labels": labels, "position_ids": packed["position_ids"],
-             "segment_ids": packed["segment_ids"]}
+    batch = {
+        "input_ids": packed["ids"],
+        "labels": labels,
+        "position_ids": packed["position_ids"],
+        "segment_ids": packed["segment_ids"],
+    }
     assert len(packed["rows"]) >= 2 and any(len(row) >= 2 for row in packed["rows"])
     packed_gradient = cl.accumulated_gradient(model, batch, [[row] for row in range(len(packed["rows"]))])
     total = sum(len(s["input_ids"]) - 1 for s in samples)
@@ -438,16 +492,19 @@ def test_accumulated_gradient_on_packed_rows_equals_training_each_sample_alone()
     assert agreement["relative_error"] < 1e-5 and agreement["cosine"] > 1 - 1e-9, agreement
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    ({"labels": torch.ones(4, dtype=torch.long)}, "labels"),
-    ({"labels": torch.ones(1, 4)}, "labels"),
-    ({"labels": torch.ones(1, 0, dtype=torch.long)}, "labels"),
-    ({"position_ids": torch.tensor([[0, 1, 0]])}, "position_ids"),
-    ({"position_ids": torch.tensor([[0, 1, -1, 0]])}, "position_ids"),
-    ({"position_ids": torch.tensor([[0.0, 1.0, 0.0, 1.0]])}, "position_ids"),
-    ({"segment_ids": torch.tensor([[0, 0, 1, 1]], dtype=torch.bool)}, "segment_ids"),
-    ({"segment_ids": [[0, 0, 1]]}, "segment_ids"),
-])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"labels": torch.ones(4, dtype=torch.long)}, "labels"),
+        ({"labels": torch.ones(1, 4)}, "labels"),
+        ({"labels": torch.ones(1, 0, dtype=torch.long)}, "labels"),
+        ({"position_ids": torch.tensor([[0, 1, 0]])}, "position_ids"),
+        ({"position_ids": torch.tensor([[0, 1, -1, 0]])}, "position_ids"),
+        ({"position_ids": torch.tensor([[0.0, 1.0, 0.0, 1.0]])}, "position_ids"),
+        ({"segment_ids": torch.tensor([[0, 0, 1, 1]], dtype=torch.bool)}, "segment_ids"),
+        ({"segment_ids": [[0, 0, 1]]}, "segment_ids"),
+    ],
+)
 def test_supervised_target_mask_rejects_bad_input(kwargs, field):
     arguments = {"labels": torch.tensor([[1, 2, 3, 4]]), **kwargs}
     with pytest.raises(ValueError, match=rf"^{field}"):

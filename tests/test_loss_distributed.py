@@ -8,8 +8,9 @@ import torch.distributed as dist
 
 import course_lib as cl
 
-pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
-                                reason="torch.distributed with gloo is not available")
+pytestmark = pytest.mark.skipif(
+    not dist.is_available() or not dist.is_gloo_available(), reason="torch.distributed with gloo is not available"
+)
 
 
 def test_two_ranks_global_count_reproduces_full_batch_and_local_means_do_not():
@@ -18,7 +19,7 @@ def test_two_ranks_global_count_reproduces_full_batch_and_local_means_do_not():
     full = cl.accumulated_gradient(model, batch, [range(12)])
     tokens = (batch["labels"][:, 1:] != cl.IGNORE_INDEX).sum(dim=1)
     by_length = tokens.argsort(stable=True)
-    rank_rows = [by_length[:6].tolist(), by_length[6:].tolist()]                  # short rows on rank 0
+    rank_rows = [by_length[:6].tolist(), by_length[6:].tolist()]  # short rows on rank 0
     assert int(tokens[rank_rows[1]].sum()) > 2 * int(tokens[rank_rows[0]].sum())
     gradients = cl.data_parallel_gradients(model, batch, rank_rows, timeout_s=60.0)
     exact = cl.gradient_agreement(gradients["global"], full)
@@ -57,8 +58,9 @@ def test_spawned_ranks_agree_with_forked_ranks():
     model = cl.tiny_qwen2(seed=0)
     batch = cl.synthetic_supervised_batch(n_rows=4, min_length=6, max_length=16, seed=2)
     full = cl.accumulated_gradient(model, batch, [range(4)])
-    spawned = cl.data_parallel_gradients(model, batch, [[0, 1], [2, 3]], normalizations=("global",),
-                                         timeout_s=90.0, start_method="spawn")
+    spawned = cl.data_parallel_gradients(
+        model, batch, [[0, 1], [2, 3]], normalizations=("global",), timeout_s=90.0, start_method="spawn"
+    )
     assert cl.gradient_agreement(spawned["global"], full)["relative_error"] < 1e-6
 
 

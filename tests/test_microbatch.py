@@ -131,8 +131,9 @@ def test_seed002_packing_sampler_is_next_fit_decreasing():
     generator = np.random.default_rng(2)
     for _ in range(300):
         max_length = int(generator.choice([64, 512, 4096]))
-        lengths = np.minimum(generator.lognormal(np.log(max_length / 8), 1.0, generator.integers(1, 60)).astype(int) + 1,
-                             max_length).tolist()
+        lengths = np.minimum(
+            generator.lognormal(np.log(max_length / 8), 1.0, generator.integers(1, 60)).astype(int) + 1, max_length
+        ).tolist()
         assert packed_token_budget_batches(lengths, max_length) == _seed002_packing_sampler(lengths, max_length)
     skewed = [int(n) for n in generator.integers(10, 100, 90)] + [int(n) for n in generator.integers(2000, 4000, 10)]
     plan = packed_token_budget_batches(skewed, 4096)
@@ -177,8 +178,10 @@ def _max_sum(lengths, parts):
 
 
 def _brute_force_best(lengths, k):
-    return min(max(sum(x for x, rank in zip(lengths, ranks, strict=True) if rank == r) for r in range(k))
-               for ranks in itertools.product(range(k), repeat=len(lengths)))
+    return min(
+        max(sum(x for x, rank in zip(lengths, ranks, strict=True) if rank == r) for r in range(k))
+        for ranks in itertools.product(range(k), repeat=len(lengths))
+    )
 
 
 def _sorted_greedy(lengths, k):
@@ -240,8 +243,14 @@ def test_seed003_section_14_1_padding_and_packing_arithmetic():
     positions, 74% of them padding; packed into rows of 256 they need 10 rows, 96.6% full. The seed's own lengths
     are not printed; these 64 have all five statistics it prints: count, min, median, p90 and max, and its sum."""
     lengths = [10] * 26 + [18] * 12 + [71] * 2 + [72] * 16 + [79] * 7 + [149]
-    assert (len(lengths), min(lengths), float(np.median(lengths)), float(np.percentile(lengths, 90)), max(lengths),
-            sum(lengths)) == (64, 10, 18.0, 79.0, 149, 2472)
+    assert (
+        len(lengths),
+        min(lengths),
+        float(np.median(lengths)),
+        float(np.percentile(lengths, 90)),
+        max(lengths),
+        sum(lengths),
+    ) == (64, 10, 18.0, 79.0, 149, 2472)
     padded = describe_microbatches(lengths, [list(range(64))])
     assert (padded["computed_tokens"], padded["real_tokens"]) == (9536, 2472)
     assert f"{padded['padding_ratio']:.0%}" == "74%" and f"{1 - padded['padding_ratio']:.0%}" == "26%"
@@ -252,6 +261,7 @@ def test_seed003_section_14_1_padding_and_packing_arithmetic():
 
 
 # --- what the library survey found untested (tests/mutants/library_survey.py) -------------------------------------
+
 
 def _karmarkar_karp_reference(lengths, k):
     """Largest differencing written from its definition, with a list and max() instead of a heap: every item starts

@@ -18,17 +18,27 @@ pytestmark = pytest.mark.slow  # the whole module: `make test-all` runs it, `mak
 ROOT = build.NOTEBOOKS_DIR
 CATALOGUE = catalogue()
 ALTERNATIVES = alternatives()
-CASES = [(chapter, todo, mutant) for chapter, todos in sorted(CATALOGUE.items())
-         for todo, mutants in sorted(todos.items()) for mutant in sorted(mutants)]
-RIGHT = [(chapter, todo, name) for chapter, todos in sorted(ALTERNATIVES.items())
-         for todo, answers in sorted(todos.items()) for name in sorted(answers)]
+CASES = [
+    (chapter, todo, mutant)
+    for chapter, todos in sorted(CATALOGUE.items())
+    for todo, mutants in sorted(todos.items())
+    for mutant in sorted(mutants)
+]
+RIGHT = [
+    (chapter, todo, name)
+    for chapter, todos in sorted(ALTERNATIVES.items())
+    for todo, answers in sorted(todos.items())
+    for name in sorted(answers)
+]
 
 
 @pytest.fixture(scope="module")
 def source_notebooks(tmp_path_factory):
     root = build.copy_course_skeleton(ROOT, tmp_path_factory.mktemp("course"))
-    return {chapter: cells.read(build.build_source_notebook(root / "chapters" / f"{chapter}.py", root).source_notebook)
-            for chapter in {*CATALOGUE, *ALTERNATIVES}}
+    return {
+        chapter: cells.read(build.build_source_notebook(root / "chapters" / f"{chapter}.py", root).source_notebook)
+        for chapter in {*CATALOGUE, *ALTERNATIVES}
+    }
 
 
 def test_catalogue_covers_every_todo_with_three_mutants():
@@ -37,8 +47,11 @@ def test_catalogue_covers_every_todo_with_three_mutants():
     chapters = {path.stem for path in build.chapter_sources(ROOT / "chapters")}
     for chapter in chapters:
         source = (ROOT / "chapters" / f"{chapter}.py").read_text(encoding="utf-8")
-        todos = [line.split('"grade_id": "todo_')[1].split('"')[0] for line in source.splitlines()
-                 if '"grade_id": "todo_' in line]
+        todos = [
+            line.split('"grade_id": "todo_')[1].split('"')[0]
+            for line in source.splitlines()
+            if '"grade_id": "todo_' in line
+        ]
         assert sorted(library_callers(chapter)) == sorted(todos), chapter  # a solution target for every TODO
         for todo in todos:
             assert len(written.get(chapter, {}).get(todo, {})) >= 3, f"{chapter}: fewer than 3 mutants for {todo}"

@@ -40,10 +40,12 @@ def test_no_edit_survives_unexplained(chapter, notebooks):
     explained = set(EQUIVALENT.get(chapter, {}))
     assert not keys - explained, (
         f"{chapter}: these edits of a solution keep every point; catch them in the hidden tests, or explain them "
-        f"in tests/mutants/equivalent.py: {sorted(keys - explained)}")
+        f"in tests/mutants/equivalent.py: {sorted(keys - explained)}"
+    )
     assert not explained - keys, (
         f"{chapter}: these explained edits no longer survive (or are no longer made); remove them from "
-        f"tests/mutants/equivalent.py: {sorted(explained - keys)}")
+        f"tests/mutants/equivalent.py: {sorted(explained - keys)}"
+    )
 
 
 def test_the_survey_finds_a_gap_when_hidden_tests_are_removed(notebooks):
@@ -58,8 +60,10 @@ def test_the_survey_finds_a_gap_when_hidden_tests_are_removed(notebooks):
     unexplained = {edit.key for edit in alive} - set(EQUIVALENT["09_gpu_lab"])
     # the visible tests never leave a key out, so a solution that forgets either side's key check keeps its points
     for side in ("padding", "packing"):
-        assert any(key.startswith(f'compare_padding_and_packing | require_keys("{side}"') and key.endswith("deleted: expr")
-                   for key in unexplained), unexplained
+        assert any(
+            key.startswith(f'compare_padding_and_packing | require_keys("{side}"') and key.endswith("deleted: expr")
+            for key in unexplained
+        ), unexplained
 
 
 def test_edits_cover_each_operator_once_per_site():
@@ -76,8 +80,15 @@ def f(values, limit):
 '''
     changes = {(edit.line, edit.change) for edit, _ in survey.edits_of("todo_f", source)}
     line = "kept = [v for v in values if v < limit and not v == 0]"
-    for change in ("edge: < -> <=", "sense: < -> >=", "logic: and -> or", "unary: not dropped",
-                   "sense: == -> !=", "constant: 0 -> 1", "deleted: assign"):
+    for change in (
+        "edge: < -> <=",
+        "sense: < -> >=",
+        "logic: and -> or",
+        "unary: not dropped",
+        "sense: == -> !=",
+        "constant: 0 -> 1",
+        "deleted: assign",
+    ):
         assert (line, change) in changes, change
     for change in ("call: max -> min", "arithmetic: - -> +", "operands swapped: a - b -> b - a", "constant: 1 -> 0"):
         assert ("total = max(kept) - 1", change) in changes, change

@@ -33,7 +33,9 @@ def release_path(name: str):
 def test_every_chapter_has_a_committed_release():
     assert CHAPTERS, "no chapter sources found"
     for name in CHAPTERS:
-        assert release_path(name).exists(), f"{name}: release notebook missing; run `python -m course_lib.instructor.build`"
+        assert release_path(name).exists(), (
+            f"{name}: release notebook missing; run `python -m course_lib.instructor.build`"
+        )
 
 
 @pytest.mark.parametrize("name", CHAPTERS)
@@ -42,7 +44,8 @@ def test_committed_release_equals_a_fresh_build(name, tmp_path):
     build.build_source_notebook(root / "chapters" / f"{name}.py", root)
     fresh = build.generate_release(name, root)
     assert fresh.read_text(encoding="utf-8") == release_path(name).read_text(encoding="utf-8"), (
-        f"{name}: notebooks/release differs from a fresh build; run `python -m course_lib.instructor.build {name}`")
+        f"{name}: notebooks/release differs from a fresh build; run `python -m course_lib.instructor.build {name}`"
+    )
 
 
 def _solution_body_lines(target: str) -> list[str]:
@@ -50,7 +53,7 @@ def _solution_body_lines(target: str) -> list[str]:
     source = textwrap.dedent(inspect.getsource(build.resolve(target)))
     node = ast.parse(source).body[0]
     body = node.body[1:] if isinstance(node.body[0], ast.Expr) else node.body
-    lines = source.splitlines()[body[0].lineno - 1:]
+    lines = source.splitlines()[body[0].lineno - 1 :]
     return [line.strip() for line in lines if len(line.strip()) > 25 and not line.strip().startswith("#")]
 
 
@@ -67,20 +70,23 @@ def test_release_has_no_solution_or_hidden_test(name, source_notebooks):
     for grade_id, source in cells.solution_cells(release).items():
         function = grade_id.removeprefix("todo_")
         assert f'raise NotImplementedError("{function} is not written yet' in source, (
-            f"{name}/{grade_id}: TODO cell does not raise a NotImplementedError that names {function}")
+            f"{name}/{grade_id}: TODO cell does not raise a NotImplementedError that names {function}"
+        )
 
 
 def test_release_stubs_name_their_function():
     """Each stub names the function it stands in: a teaching cell that calls an unwritten TODO says which one."""
     stub = "    # YOUR CODE HERE\n    raise NotImplementedError()"
-    cell = f"import torch\n\n\ndef first(x):\n    \"\"\"Doc.\"\"\"\n{stub}\n\n\ndef second(y, *, z=1):\n{stub}\n"
+    cell = f'import torch\n\n\ndef first(x):\n    """Doc."""\n{stub}\n\n\ndef second(y, *, z=1):\n{stub}\n'
     named = build.name_the_stubs(cell)
     assert named.count("raise NotImplementedError(") == 2
     assert 'raise NotImplementedError("first is not written yet: it is a TODO of this notebook")' in named
     assert 'raise NotImplementedError("second is not written yet: it is a TODO of this notebook")' in named
     assert build.name_the_stubs("raise NotImplementedError()") == "raise NotImplementedError()"  # no function: as is
-    tricky = ('def outer(x):\n    """Like def other(y): ..."""\n    def inner():\n        pass\n\n'
-              f'{stub}\n\n\nasync def fetch (x):\n{stub}\n')  # a def in a docstring, a nested def, async, a space
+    tricky = (
+        'def outer(x):\n    """Like def other(y): ..."""\n    def inner():\n        pass\n\n'
+        f"{stub}\n\n\nasync def fetch (x):\n{stub}\n"
+    )  # a def in a docstring, a nested def, async, a space
     tricky_named = build.name_the_stubs(tricky)
     assert '"outer is not written yet' in tricky_named and '"fetch is not written yet' in tricky_named, tricky_named
     assert "other is not" not in tricky_named and "inner is not" not in tricky_named
@@ -113,14 +119,15 @@ def test_chapter_source_is_well_formed(name):
     source = (ROOT / "chapters" / f"{name}.py").read_text(encoding="utf-8")
     title = re.search(r"^# # Chapter \d+ · (.+)$", source, re.MULTILINE)
     assert title and "|" in title.group(1) and re.search(r"[\u4e00-\u9fff]", title.group(1)), (
-        f"{name}: title must be 'Chapter N · English | 中文'")
+        f"{name}: title must be 'Chapter N · English | 中文'"
+    )
     assert "{{COLAB_BADGE}}" in source, f"{name}: no Open-in-Colab badge"
     assert "#| course-setup" in source, f"{name}: no setup cell"
     for heading in ("Objectives", "Why", "Design questions in practice", "Exercises"):
         assert heading in source, f"{name}: missing section {heading!r}"
     grade_ids = re.findall(r'"grade_id": "([^"]+)"', source)
     assert len(grade_ids) == len(set(grade_ids)), f"{name}: duplicate grade ids"
-    todos = [g[len("todo_"):] for g in grade_ids if g.startswith("todo_")]
+    todos = [g[len("todo_") :] for g in grade_ids if g.startswith("todo_")]
     tests = [g for g in grade_ids if g.startswith("test_")]
     for todo in todos:
         assert f"test_{todo}" in tests, f"{name}: TODO {todo} has no graded test cell test_{todo}"
@@ -134,8 +141,9 @@ def test_the_setup_cell_installs_an_archive_that_needs_no_git():
     settings = build.course_settings(ROOT)
     requirement = Requirement(build.package_spec(settings))
     assert requirement.name == "course_lib"
-    assert requirement.url == (f"https://github.com/{settings['repository']}/archive/refs/heads/"
-                               f"{settings['branch']}.zip")
+    assert requirement.url == (
+        f"https://github.com/{settings['repository']}/archive/refs/heads/{settings['branch']}.zip"
+    )
     setup = build.setup_code(settings)
     assert f'"{build.package_spec(settings)}"], check=True)' in setup
     # the way out of an older install, commented so that it never runs by itself (nor when graded)
@@ -175,8 +183,11 @@ def test_graded_cells_keep_their_globals_out_of_the_students_way(name):
 
 def _code_cells(text: str) -> list[str]:
     """The code cells of a chapter source (jupytext percent format), each from its `# %%` line."""
-    return [cell for cell in re.split(r"(?m)^(?=# %%)", text)
-            if cell.startswith("# %%") and not cell.startswith("# %% [markdown]")]
+    return [
+        cell
+        for cell in re.split(r"(?m)^(?=# %%)", text)
+        if cell.startswith("# %%") and not cell.startswith("# %% [markdown]")
+    ]
 
 
 def _global_loads(node: ast.AST) -> set[str]:
@@ -184,8 +195,13 @@ def _global_loads(node: ast.AST) -> set[str]:
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, *_LOCAL_SCOPES)):
         inner = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
         own = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
-        own |= {a.arg for n in ast.walk(node) if isinstance(n, ast.arguments)
-                for a in [*n.posonlyargs, *n.args, *n.kwonlyargs, n.vararg, n.kwarg] if a is not None}
+        own |= {
+            a.arg
+            for n in ast.walk(node)
+            if isinstance(n, ast.arguments)
+            for a in [*n.posonlyargs, *n.args, *n.kwonlyargs, n.vararg, n.kwarg]
+            if a is not None
+        }
         return inner - own
     names = {node.id} if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) else set()
     for child in ast.iter_child_nodes(node):
@@ -209,10 +225,30 @@ def _teaching_reads_of_test_names(text: str) -> list[str]:
             if isinstance(statement, ast.AugAssign):  # `x += 1` reads x first
                 reads |= {n.id for n in ast.walk(statement.target) if isinstance(n, ast.Name)}
             # a simple statement (`x = f(x)`) reads before it binds; a loop or a with block binds its names first
-            own = stores if isinstance(statement, (ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, ast.If,
-                                                   ast.Try, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) else set()
-            offending += [f"{n} (bound by {bound_by_tests[n]}, read by `{cell.splitlines()[1][:50]}`)"
-                          for n in sorted(reads - bound_here - own) if n in bound_by_tests]
+            own = (
+                stores
+                if isinstance(
+                    statement,
+                    (
+                        ast.For,
+                        ast.AsyncFor,
+                        ast.While,
+                        ast.With,
+                        ast.AsyncWith,
+                        ast.If,
+                        ast.Try,
+                        ast.FunctionDef,
+                        ast.AsyncFunctionDef,
+                        ast.ClassDef,
+                    ),
+                )
+                else set()
+            )
+            offending += [
+                f"{n} (bound by {bound_by_tests[n]}, read by `{cell.splitlines()[1][:50]}`)"
+                for n in sorted(reads - bound_here - own)
+                if n in bound_by_tests
+            ]
             bound_here |= stores
     return offending
 
@@ -227,8 +263,10 @@ def test_teaching_cells_never_read_what_a_test_cell_bound(name):
 
 def test_the_name_check_sees_a_rebinding_that_reads_first():
     test_cell = '# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_x"}\nbatch, count = [1], 0\n'
-    found = _teaching_reads_of_test_names(test_cell + "# %%\nbatch = [b + 1 for b in batch]\n"
-                                          "# %%\ncount += 1\n# %%\nfor count in range(2):\n    print(count)\n")
+    found = _teaching_reads_of_test_names(
+        test_cell + "# %%\nbatch = [b + 1 for b in batch]\n"
+        "# %%\ncount += 1\n# %%\nfor count in range(2):\n    print(count)\n"
+    )
     assert [entry.split()[0] for entry in found] == ["batch", "count"], found
 
 
@@ -236,9 +274,11 @@ def test_a_graded_test_cell_keeps_its_names_to_itself():
     """Built test cells run inside a function: a visible test's `counts = {...}` once replaced a student's helper
     `counts`, and the correct answer lost its cell (tests/mutants/ch09: helper_named_counts). A string literal that
     spans lines keeps its exact text."""
-    cell = ('counts = {"n": count_them([1, 2])}\nassert counts == {"n": 2}\ntext = """a\n  b\n"""\n'
-            'assert text == "a\\n  b\\n", repr(text)\n### BEGIN HIDDEN TESTS\nassert count_them([]) == 0\n'
-            '### END HIDDEN TESTS\n')
+    cell = (
+        'counts = {"n": count_them([1, 2])}\nassert counts == {"n": 2}\ntext = """a\n  b\n"""\n'
+        'assert text == "a\\n  b\\n", repr(text)\n### BEGIN HIDDEN TESTS\nassert count_them([]) == 0\n'
+        "### END HIDDEN TESTS\n"
+    )
     student = "def counts(items):\n    return len(items)\n\n\ndef count_them(items):\n    return counts(items)\n"
     wrapped = build.keep_test_names_local(cell)
     assert wrapped.startswith(f"def {build.TEST_FUNCTION}():") and wrapped.endswith(f"\n{build.TEST_FUNCTION}()")

@@ -20,10 +20,18 @@ from tests.repository import copy_tracked_files, is_git_checkout
 
 pytestmark = pytest.mark.slow
 
-MUST_SHIP = ["course_lib/data/tokenizer/", "course_lib/data/configs/Qwen2.5-0.5B.json",
-             "course_lib/data/environments/profiles.json", "course_lib/data/environments/PT-SFT-CUDA/requirements.txt",
-             "course_lib/data/hardware.json", "course_lib/data/corpus/", "course_lib/data/samples/",
-             "course_lib/grading/__init__.py", "course_lib/lab/gpu/workloads/pt_long_context.py", "course_lib/lab/gpu/schema.py"]
+MUST_SHIP = [
+    "course_lib/data/tokenizer/",
+    "course_lib/data/configs/Qwen2.5-0.5B.json",
+    "course_lib/data/environments/profiles.json",
+    "course_lib/data/environments/PT-SFT-CUDA/requirements.txt",
+    "course_lib/data/hardware.json",
+    "course_lib/data/corpus/",
+    "course_lib/data/samples/",
+    "course_lib/grading/__init__.py",
+    "course_lib/lab/gpu/workloads/pt_long_context.py",
+    "course_lib/lab/gpu/schema.py",
+]
 MUST_NOT_SHIP = ["tests/", "notebooks/", "benchmarks/", "scripts/"]
 
 IMPORT_CHECK = """
@@ -48,8 +56,11 @@ def wheel(tmp_path_factory) -> Path:
         pytest.skip("not a git checkout: the tracked files cannot be listed")
     source = copy_tracked_files(tmp_path_factory.mktemp("tracked"))
     dist = tmp_path_factory.mktemp("dist")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(dist),
-                    str(source)], check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(dist), str(source)],
+        check=True,
+        capture_output=True,
+    )
     (built,) = dist.glob("course_lib-*.whl")
     return built
 
@@ -66,10 +77,19 @@ def test_wheel_ships_the_data_and_not_the_repository(wheel):
 
 def test_installed_wheel_works_outside_the_repository(wheel, tmp_path):
     site = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
+        check=True,
+        capture_output=True,
+    )
     env = {**os.environ, "PYTHONPATH": str(site), "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run([sys.executable, "-c", IMPORT_CHECK, str(site)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", IMPORT_CHECK, str(site)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "installed ok" in done.stdout

@@ -65,8 +65,10 @@ def alone(model, sequences):
 
 
 def test_seed003_three_variants(model, packed, sequences, alone):
-    errors = {name: compare_packed_with_alone(model, packed, sequences, alone=alone, **kwargs)
-              for name, kwargs in seed003_packing_variants(packed).items()}
+    errors = {
+        name: compare_packed_with_alone(model, packed, sequences, alone=alone, **kwargs)
+        for name, kwargs in seed003_packing_variants(packed).items()
+    }
     assert errors["causal mask, running positions"] > 1e-2
     assert errors["causal mask, restarted positions"] > 1e-2
     assert errors["block mask, restarted positions"] < 1e-5
@@ -74,7 +76,7 @@ def test_seed003_three_variants(model, packed, sequences, alone):
 
 
 def test_leak_spares_the_first_sample_of_each_row(model, packed, sequences, alone):
-    first_sample = (packed["segment_ids"][:, :-1] == 0)  # [R, L-1]: nothing is packed before it
+    first_sample = packed["segment_ids"][:, :-1] == 0  # [R, L-1]: nothing is packed before it
     leaky = compare_packed_with_alone(model, packed, sequences, alone=alone, mode="causal", mask=first_sample)
     assert leaky < 1e-5
     later = compare_packed_with_alone(model, packed, sequences, alone=alone, mode="causal", mask=~first_sample)
@@ -90,8 +92,11 @@ def _trap_logprobs(model, packed, **kwargs):
 
 @pytest.mark.parametrize("trap", ["use_cache", "2-D attention_mask"])
 def test_transformers_does_not_detect_packing_with_cache_or_2d_mask(model, packed, trap):
-    kwargs = {"use_cache": True} if trap == "use_cache" else {
-        "attention_mask": torch.ones_like(packed["ids"]), "use_cache": False}
+    kwargs = (
+        {"use_cache": True}
+        if trap == "use_cache"
+        else {"attention_mask": torch.ones_like(packed["ids"]), "use_cache": False}
+    )
     silent = _trap_logprobs(model, packed, **kwargs)
     valid = within_segment_mask(packed["segment_ids"])
     leaky = packed_token_logprobs(model, packed, mode="causal")  # restarted positions, one causal mask per row
@@ -170,7 +175,9 @@ def test_rows_are_checked_before_the_model_sees_them(model, packed):
     with pytest.raises(ValueError, match=rf"ids must have shape \[R, L\] with R, L >= 1, got \({ids.shape[0]}, 0\)"):
         packed_logits(model, ids[:, :0], positions[:, :0], segments[:, :0])
     for mode in ("block_mask", "position_ids", "varlen"):  # no row: refused before transformers' reshape error
-        with pytest.raises(ValueError, match=rf"ids must have shape \[R, L\] with R, L >= 1, got \(0, {ids.shape[1]}\)"):
+        with pytest.raises(
+            ValueError, match=rf"ids must have shape \[R, L\] with R, L >= 1, got \(0, {ids.shape[1]}\)"
+        ):
             packed_logits(model, ids[:0], positions[:0], segments[:0], mode=mode)
     expected = packed_logits(model, ids, positions, segments)
     narrow = packed_logits(model, ids.int(), positions.int(), segments.int())
@@ -212,8 +219,7 @@ def test_position_ids_mode_needs_no_segments_and_no_cache_config(model, packed):
 def test_within_segment_mask_keeps_real_pairs_only():
     """Position t predicts t+1 of its own sample: segment 0 counts, a boundary and padding (-1) never do."""
     mask = within_segment_mask(torch.tensor([[0, 0, 1, 1, 1, -1, -1], [0, 1, 1, 2, -1, -1, -1]]))
-    assert mask.tolist() == [[True, False, True, True, False, False],
-                             [False, True, False, False, False, False]]
+    assert mask.tolist() == [[True, False, True, True, False, False], [False, True, False, False, False, False]]
 
 
 def test_log_probs_of_a_bf16_model_are_float32(packed):
@@ -238,11 +244,13 @@ def test_samples_alone_take_every_documented_form_and_refuse_bad_ids(model, sequ
         assert torch.equal(per_token_logprobs_alone(model, [form])[0], expected)
     edges = torch.tensor([0, vocab - 1, 5])
     assert per_token_logprobs_alone(model, [edges])[0].shape == (2,)
-    for bad, message in (([first, edges + 1], f"sequences\\[1\\] must hold values <= {vocab - 1}, got {vocab}"),
-                         ([first.float()], "sequences\\[0\\] must be an integer tensor"),
-                         ([first, torch.tensor([], dtype=torch.long)], "sequences\\[1\\] must hold at least one"),
-                         ([{"input_ids": first}], "sequences\\[0\\] is missing"),
-                         ([first[None]], "sequences\\[0\\] must have 1 dimension")):
+    for bad, message in (
+        ([first, edges + 1], f"sequences\\[1\\] must hold values <= {vocab - 1}, got {vocab}"),
+        ([first.float()], "sequences\\[0\\] must be an integer tensor"),
+        ([first, torch.tensor([], dtype=torch.long)], "sequences\\[1\\] must hold at least one"),
+        ([{"input_ids": first}], "sequences\\[0\\] is missing"),
+        ([first[None]], "sequences\\[0\\] must have 1 dimension"),
+    ):
         with pytest.raises(ValueError, match=message):
             per_token_logprobs_alone(model, bad)
 
@@ -281,9 +289,11 @@ def test_leaky_share_reads_the_ratio_one_way_and_checks_its_inputs():
     share = leaky_share(torch.zeros(3), torch.zeros(3), torch.ones(3, dtype=torch.bool), threshold=0.0)
     assert share == 0.0 and type(share) is float
     assert leaky_share(logp, reference, torch.tensor([1, 0])) == 1.0  # an integer 0/1 mask selects, not indexes
-    for kwargs, message in (({"logp": torch.tensor([0, 1])}, "logp must be a floating-point tensor"),
-                            ({"reference": torch.tensor([0, 1])}, "reference must be a floating-point tensor"),
-                            ({"mask": torch.tensor([0.0, 1.0])}, "mask must be a bool or integer tensor")):
+    for kwargs, message in (
+        ({"logp": torch.tensor([0, 1])}, "logp must be a floating-point tensor"),
+        ({"reference": torch.tensor([0, 1])}, "reference must be a floating-point tensor"),
+        ({"mask": torch.tensor([0.0, 1.0])}, "mask must be a bool or integer tensor"),
+    ):
         arguments = {"logp": logp, "reference": reference, "mask": torch.tensor([True, True]), **kwargs}
         with pytest.raises(ValueError, match=message):
             leaky_share(**arguments)

@@ -30,10 +30,12 @@ from course_lib.packing import (
 
 FAST = settings(deadline=None, max_examples=60)
 lengths_and_capacity = st.integers(1, 40).flatmap(
-    lambda capacity: st.tuples(st.lists(st.integers(1, capacity), min_size=1, max_size=40), st.just(capacity)))
+    lambda capacity: st.tuples(st.lists(st.integers(1, capacity), min_size=1, max_size=40), st.just(capacity))
+)
 
 
 # ---------- brute-force references (teaching-style, quadratic) ----------
+
 
 def reference_ffd_rows(lengths, capacity):
     """Seed 003's loop: longest first (stable), each into the first row with room."""
@@ -77,11 +79,17 @@ def reference_next_fit_rows(lengths, capacity):
 
 def reference_block_causal(segment_ids):
     n = len(segment_ids)
-    return [[(segment_ids[i] == segment_ids[j] and j <= i and segment_ids[i] >= 0) or (i == j and segment_ids[i] < 0)
-             for j in range(n)] for i in range(n)]
+    return [
+        [
+            (segment_ids[i] == segment_ids[j] and j <= i and segment_ids[i] >= 0) or (i == j and segment_ids[i] < 0)
+            for j in range(n)
+        ]
+        for i in range(n)
+    ]
 
 
 # ---------- seed 000 examples verbatim ----------
+
 
 def test_pack_sample_lengths_utilization_below_one_and_empty():
     assert pack_sample_lengths([5, 4], 8) == {"bins": [[5], [4]], "utilization": 9 / 16}
@@ -95,10 +103,12 @@ def test_seed000_pack_sample_lengths():
 
 
 def test_seed000_boundary_isolated_packing():
-    packed = build_boundary_isolated_packing([
-        {"input_ids": [11, 12, 13], "labels": [-100, 12, 13]},
-        {"input_ids": [21, 22], "labels": [-100, 22]},
-    ])
+    packed = build_boundary_isolated_packing(
+        [
+            {"input_ids": [11, 12, 13], "labels": [-100, 12, 13]},
+            {"input_ids": [21, 22], "labels": [-100, 22]},
+        ]
+    )
     assert packed["input_ids"] == [11, 12, 13, 21, 22]
     assert packed["labels"] == [-100, 12, 13, -100, 22]
     assert packed["segment_ids"] == [0, 0, 0, 1, 1]
@@ -108,9 +118,12 @@ def test_seed000_boundary_isolated_packing():
     assert attention[3] == [False, False, False, True, False]
     assert attention[4] == [False, False, False, True, True]
     # plain Python values throughout (rows are compared with TRL's and written as JSON), from tensors too
-    from_tensors = build_boundary_isolated_packing([{"input_ids": torch.tensor([11, 12]), "labels": torch.tensor([-100, 12])}])
-    assert {key: {type(value) for value in values} for key, values in from_tensors.items() if key != "attention_allowed"} \
-        == dict.fromkeys(("input_ids", "labels", "segment_ids", "position_ids"), {int})
+    from_tensors = build_boundary_isolated_packing(
+        [{"input_ids": torch.tensor([11, 12]), "labels": torch.tensor([-100, 12])}]
+    )
+    assert {
+        key: {type(value) for value in values} for key, values in from_tensors.items() if key != "attention_allowed"
+    } == dict.fromkeys(("input_ids", "labels", "segment_ids", "position_ids"), {int})
     assert {type(value) for row in from_tensors["attention_allowed"] for value in row} == {bool}
 
 
@@ -124,6 +137,7 @@ def test_seed000_invalid_inputs():
 
 
 # ---------- plans ----------
+
 
 @FAST
 @given(lengths_and_capacity)
@@ -149,7 +163,8 @@ def test_plan_is_a_partition_within_capacity_and_deterministic(case, strategy, r
     lengths, capacity = case
     bins = plan_packing(lengths, capacity, strategy)
     assert type(bins) is list and all(type(row) is list and all(type(i) is int for i in row) for row in bins), (
-        "a plan holds Python lists of Python ints (it is written to JSON and indexes datasets)")
+        "a plan holds Python lists of Python ints (it is written to JSON and indexes datasets)"
+    )
     assert sorted(i for row in bins for i in row) == list(range(len(lengths)))
     assert all(row and sum(lengths[i] for i in row) <= capacity for row in bins)
     assert len(bins) >= math.ceil(sum(lengths) / capacity)
@@ -175,6 +190,7 @@ def test_plan_large_input_stays_near_lower_bound():
 
 
 # ---------- masks and varlen metadata ----------
+
 
 @FAST
 @given(st.lists(st.integers(-1, 3), min_size=1, max_size=24), st.integers(1, 3))
@@ -211,8 +227,10 @@ def test_packed_forward_on_tiny_qwen2_equals_each_sequence_alone():
         alone = [model(input_ids=sequence[None]).logits[0] for sequence in sequences]
     for got, want in zip(packed_to_sequences(logits, packed["segment_ids"], packed["rows"]), alone, strict=True):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-    errors = [(got - want).abs().max() for got, want in
-              zip(packed_to_sequences(leaky, packed["segment_ids"], packed["rows"]), alone, strict=True)]
+    errors = [
+        (got - want).abs().max()
+        for got, want in zip(packed_to_sequences(leaky, packed["segment_ids"], packed["rows"]), alone, strict=True)
+    ]
     assert max(errors) > 1e-2  # the leak is visible, so the check above can fail
 
 
@@ -243,11 +261,17 @@ def test_boundary_isolated_packing_matches_mask_and_seed_formula(id_lists):
 
 # ---------- pack_sequences (seed 003 layout) ----------
 
+
 def _trajectories(lengths, seed=0):
     generator = torch.Generator().manual_seed(seed)
-    return [{"ids": torch.randint(1, 100, (n,), generator=generator),
-             "action_mask": (torch.rand(n - 1, generator=generator) > 0.5).float(),
-             "sample_logp": -torch.rand(n - 1, generator=generator) - 0.1} for n in lengths]
+    return [
+        {
+            "ids": torch.randint(1, 100, (n,), generator=generator),
+            "action_mask": (torch.rand(n - 1, generator=generator) > 0.5).float(),
+            "sample_logp": -torch.rand(n - 1, generator=generator) - 0.1,
+        }
+        for n in lengths
+    ]
 
 
 @FAST
@@ -281,8 +305,11 @@ def test_packed_to_sequences_refuses_rows_that_do_not_cover_every_segment():
     assert [t.tolist() for t in packed_to_sequences(values, segments, [[0, 1]])] == [[1, 2], [3]]
     with pytest.raises(ValueError, match=r"^segment_ids\[0\] has tokens of 2 segments, but rows\[0\] lists 1 "):
         packed_to_sequences(values, segments, [[0]])
-    with pytest.raises(ValueError, match=r"^rows\[0\] holds 3 sequences, but segment_ids\[0\] has no token of "
-                                         r"segment 2"):
+    with pytest.raises(
+        ValueError,
+        match=r"^rows\[0\] holds 3 sequences, but segment_ids\[0\] has no token of "
+        r"segment 2",
+    ):
         packed_to_sequences(values, segments, [[0, 1, 2]])
     assert [t.tolist() for t in packed_to_sequences(values, torch.tensor([[0, 0, 0, 0]]), [[0]])] == [[1, 2, 3, 4]]
 
@@ -303,54 +330,80 @@ def test_pack_sequences_accepts_objects_and_bare_ids():
 
 # ---------- bad input ----------
 
-@pytest.mark.parametrize(("call", "message"), [
-    (lambda: plan_packing([3, 0, 2], 10), r"lengths\[1\] must be >= 1, got 0"),
-    (lambda: plan_packing(np.array([3, -2]), 10), r"lengths\[1\] must be >= 1, got -2"),
-    (lambda: plan_packing([], 10), "lengths must not be empty"),
-    (lambda: plan_packing([4, 11, 2], 10), r"lengths\[1\] = 11 exceeds capacity = 10"),
-    (lambda: plan_packing(torch.tensor([4, 11]), 10), r"lengths\[1\] = 11 exceeds capacity = 10"),
-    (lambda: plan_packing([4, 2.5], 10), r"lengths\[1\] must be an integer, got 2.5"),
-    # the fast path (a list of ints, an integer array) names the first offending entry, at each edge
-    (lambda: plan_packing([1, 0], 10), r"lengths\[1\] must be >= 1, got 0"),
-    (lambda: plan_packing(np.array([1, 3, 0]), 10), r"lengths\[2\] must be >= 1, got 0"),
-    (lambda: plan_packing([10, 11], 10), r"lengths\[1\] = 11 exceeds capacity = 10"),
-    (lambda: plan_packing(np.array([], dtype=np.int64), 10), "lengths must not be empty"),
-    (lambda: plan_packing(np.ones((2, 2), dtype=np.int64), 10), "lengths must be one-dimensional"),
-    (lambda: plan_packing([4, True], 10), r"lengths\[1\] must be an integer, got True"),
-    (lambda: plan_packing(np.array([1.0, 2.0]), 10), r"lengths\[0\] must be an integer, got 1.0"),
-    (lambda: plan_packing([4], 0), "capacity must be >= 1, got 0"),
-    (lambda: plan_packing([4], 10, "greedy"), "strategy must be one of .* got 'greedy'"),
-    (lambda: pack_sample_lengths([3, 0], 10), r"lengths\[1\] must be >= 1, got 0"),
-    (lambda: pack_sample_lengths([3], -1), "max_tokens_per_bin must be >= 1, got -1"),
-    (lambda: varlen_metadata([2, 0]), r"seq_lengths\[1\] must be >= 1, got 0"),
-    (lambda: varlen_metadata([]), "seq_lengths must not be empty"),
-    (lambda: block_causal_mask(torch.tensor(3)), "segment_ids must be an integer tensor with at least one"),
-    (lambda: block_causal_mask(torch.zeros(4)), r"segment_ids must be an integer tensor .* torch.float32"),
-    (lambda: additive_attention_mask(torch.ones(2, 2)), "allowed must be a bool tensor"),
-    (lambda: additive_attention_mask(torch.ones(2, 2, dtype=torch.bool), torch.int32), "dtype must be a floating"),
-    (lambda: additive_attention_mask(torch.ones(1, 2, 3, dtype=torch.bool)), r"shape \[R, L, L\] or \[L, L\], got \(1, 2, 3\)"),
-    (lambda: additive_attention_mask(torch.ones(2, 3, dtype=torch.bool)), r"got \(1, 2, 3\)"),  # [L, L] is square too
-    (lambda: build_boundary_isolated_packing([{"input_ids": [], "labels": []}]), r"samples\[0\]\['input_ids'\]"),
-    (lambda: build_boundary_isolated_packing([{"input_ids": [1]}]), r"samples\[0\] is missing field\(s\) \['labels'\]"),
-    # each field is one flat row of integers, checked on its own
-    (lambda: build_boundary_isolated_packing([{"input_ids": [[1, 2]], "labels": [1]}]),
-     r"samples\[0\]\['input_ids'\] must have 1 dimension"),
-    (lambda: build_boundary_isolated_packing([{"input_ids": [1], "labels": [[1, 2]]}]),
-     r"samples\[0\]\['labels'\] must have 1 dimension"),
-    (lambda: build_boundary_isolated_packing([{"input_ids": [1.0, 2.0], "labels": [1, 2]}]),
-     r"samples\[0\]\['input_ids'\] must .*integer"),
-    (lambda: build_boundary_isolated_packing([{"input_ids": [1, 2], "labels": [True, False]}]),
-     r"samples\[0\]\['labels'\] must .*integer"),
-    (lambda: pack_sequences([], 8), "sequences must not be empty"),
-    (lambda: pack_sequences([[1, 2, 3]], 2), r"sequence_lengths\[0\] = 3 exceeds max_tokens = 2"),
-    (lambda: pack_sequences([{"ids": [1, 2, 3], "action_mask": [1, 1, 1]}], 8),
-     r"sequences\[0\]\['action_mask'\] has shape \(3,\), expected \(len\(ids\) - 1,\) = \(2,\)"),
-    (lambda: pack_sequences([{"ids": [1, 2], "sample_logp": [0.0]}, {"ids": [3]}], 8), "sample_logp is given for 1 of 2"),
-    (lambda: pack_sequences([{"ids": [1.5, 2.0]}], 8), r"sequences\[0\]\['ids'\] must be a 1-D integer sequence"),
-    (lambda: pack_sequences([{"labels": [1]}], 8), r"sequences\[0\] has no 'ids'"),
-    (lambda: pack_sequences([[1, 2]], 0), "max_tokens must be >= 1, got 0"),
-    (lambda: pack_sequences([[1, 2]], 4, pad_id=None), "pad_id must be an integer, got None"),
-])
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: plan_packing([3, 0, 2], 10), r"lengths\[1\] must be >= 1, got 0"),
+        (lambda: plan_packing(np.array([3, -2]), 10), r"lengths\[1\] must be >= 1, got -2"),
+        (lambda: plan_packing([], 10), "lengths must not be empty"),
+        (lambda: plan_packing([4, 11, 2], 10), r"lengths\[1\] = 11 exceeds capacity = 10"),
+        (lambda: plan_packing(torch.tensor([4, 11]), 10), r"lengths\[1\] = 11 exceeds capacity = 10"),
+        (lambda: plan_packing([4, 2.5], 10), r"lengths\[1\] must be an integer, got 2.5"),
+        # the fast path (a list of ints, an integer array) names the first offending entry, at each edge
+        (lambda: plan_packing([1, 0], 10), r"lengths\[1\] must be >= 1, got 0"),
+        (lambda: plan_packing(np.array([1, 3, 0]), 10), r"lengths\[2\] must be >= 1, got 0"),
+        (lambda: plan_packing([10, 11], 10), r"lengths\[1\] = 11 exceeds capacity = 10"),
+        (lambda: plan_packing(np.array([], dtype=np.int64), 10), "lengths must not be empty"),
+        (lambda: plan_packing(np.ones((2, 2), dtype=np.int64), 10), "lengths must be one-dimensional"),
+        (lambda: plan_packing([4, True], 10), r"lengths\[1\] must be an integer, got True"),
+        (lambda: plan_packing(np.array([1.0, 2.0]), 10), r"lengths\[0\] must be an integer, got 1.0"),
+        (lambda: plan_packing([4], 0), "capacity must be >= 1, got 0"),
+        (lambda: plan_packing([4], 10, "greedy"), "strategy must be one of .* got 'greedy'"),
+        (lambda: pack_sample_lengths([3, 0], 10), r"lengths\[1\] must be >= 1, got 0"),
+        (lambda: pack_sample_lengths([3], -1), "max_tokens_per_bin must be >= 1, got -1"),
+        (lambda: varlen_metadata([2, 0]), r"seq_lengths\[1\] must be >= 1, got 0"),
+        (lambda: varlen_metadata([]), "seq_lengths must not be empty"),
+        (lambda: block_causal_mask(torch.tensor(3)), "segment_ids must be an integer tensor with at least one"),
+        (lambda: block_causal_mask(torch.zeros(4)), r"segment_ids must be an integer tensor .* torch.float32"),
+        (lambda: additive_attention_mask(torch.ones(2, 2)), "allowed must be a bool tensor"),
+        (lambda: additive_attention_mask(torch.ones(2, 2, dtype=torch.bool), torch.int32), "dtype must be a floating"),
+        (
+            lambda: additive_attention_mask(torch.ones(1, 2, 3, dtype=torch.bool)),
+            r"shape \[R, L, L\] or \[L, L\], got \(1, 2, 3\)",
+        ),
+        (
+            lambda: additive_attention_mask(torch.ones(2, 3, dtype=torch.bool)),
+            r"got \(1, 2, 3\)",
+        ),  # [L, L] is square too
+        (lambda: build_boundary_isolated_packing([{"input_ids": [], "labels": []}]), r"samples\[0\]\['input_ids'\]"),
+        (
+            lambda: build_boundary_isolated_packing([{"input_ids": [1]}]),
+            r"samples\[0\] is missing field\(s\) \['labels'\]",
+        ),
+        # each field is one flat row of integers, checked on its own
+        (
+            lambda: build_boundary_isolated_packing([{"input_ids": [[1, 2]], "labels": [1]}]),
+            r"samples\[0\]\['input_ids'\] must have 1 dimension",
+        ),
+        (
+            lambda: build_boundary_isolated_packing([{"input_ids": [1], "labels": [[1, 2]]}]),
+            r"samples\[0\]\['labels'\] must have 1 dimension",
+        ),
+        (
+            lambda: build_boundary_isolated_packing([{"input_ids": [1.0, 2.0], "labels": [1, 2]}]),
+            r"samples\[0\]\['input_ids'\] must .*integer",
+        ),
+        (
+            lambda: build_boundary_isolated_packing([{"input_ids": [1, 2], "labels": [True, False]}]),
+            r"samples\[0\]\['labels'\] must .*integer",
+        ),
+        (lambda: pack_sequences([], 8), "sequences must not be empty"),
+        (lambda: pack_sequences([[1, 2, 3]], 2), r"sequence_lengths\[0\] = 3 exceeds max_tokens = 2"),
+        (
+            lambda: pack_sequences([{"ids": [1, 2, 3], "action_mask": [1, 1, 1]}], 8),
+            r"sequences\[0\]\['action_mask'\] has shape \(3,\), expected \(len\(ids\) - 1,\) = \(2,\)",
+        ),
+        (
+            lambda: pack_sequences([{"ids": [1, 2], "sample_logp": [0.0]}, {"ids": [3]}], 8),
+            "sample_logp is given for 1 of 2",
+        ),
+        (lambda: pack_sequences([{"ids": [1.5, 2.0]}], 8), r"sequences\[0\]\['ids'\] must be a 1-D integer sequence"),
+        (lambda: pack_sequences([{"labels": [1]}], 8), r"sequences\[0\] has no 'ids'"),
+        (lambda: pack_sequences([[1, 2]], 0), "max_tokens must be >= 1, got 0"),
+        (lambda: pack_sequences([[1, 2]], 4, pad_id=None), "pad_id must be an integer, got None"),
+    ],
+)
 def test_bad_input_raises_value_error_naming_field_and_value(call, message):
     with pytest.raises(ValueError, match=message):
         call()
@@ -361,8 +414,9 @@ def test_seed002_effective_tokens_arithmetic_the_readme_quotes():
     """Seed 002: packed rows of 4096 positions average 3820 real tokens, "+6.7% effective tokens". The 6.7% is
     (4096 - 3820) / 4096, a share of positions; read as a rate gain (4096 / 3820 - 1) it is 7.2% (docs/library.md)."""
     readme = (Path(__file__).resolve().parents[1] / "docs" / "library.md").read_text(encoding="utf-8")
-    quoted = re.search(r"The ([\d.]+)% is \(4096 − 3820\) / 4096, a share of positions; as a rate gain it is ([\d.]+)%",
-                       readme)
+    quoted = re.search(
+        r"The ([\d.]+)% is \(4096 − 3820\) / 4096, a share of positions; as a rate gain it is ([\d.]+)%", readme
+    )
     assert quoted, "docs/library.md's seed 002 sentence moved"
     assert quoted.groups() == (f"{(4096 - 3820) / 4096:.1%}"[:-1], f"{4096 / 3820 - 1:.1%}"[:-1]) == ("6.7", "7.2")
 
@@ -375,8 +429,11 @@ def test_seed002_packing_target_length():
     # floor of the headroom as written, not of its binary float: 0.7 x 700 is 490 (the float product is 489.99..)
     assert packing_target_length(700, 0.7) == 490
     for headroom in ("0.7", "0.57", "0.29", "0.95", "0.333"):
-        assert all(packing_target_length(n, float(headroom)) == n * Decimal(headroom) // 1 for n in range(4, 5000)
-                   if n * Decimal(headroom) >= 1), headroom
+        assert all(
+            packing_target_length(n, float(headroom)) == n * Decimal(headroom) // 1
+            for n in range(4, 5000)
+            if n * Decimal(headroom) >= 1
+        ), headroom
     for headroom in (0, 0.0, -0.1, 1.01, float("nan")):  # a share of the window in (0, 1]
         with pytest.raises(ValueError, match="headroom"):
             packing_target_length(4096, headroom)
@@ -400,21 +457,28 @@ def test_packing_suitability_matches_the_rule_with_exact_edges():
         assert got["p95_share"] == got["p95_tokens"] / max_length
     # The edges belong to "moderate": 7 of 10 is not below 0.7, 19 of 20 is not above 0.95 (0.7 * 10 is 7.000...1).
     assert [packing_suitability([n] * 5, 10)["verdict"] for n in (6, 7, 9, 10)] == [
-        "effective", "moderate", "moderate", "ineffective"]
+        "effective",
+        "moderate",
+        "moderate",
+        "ineffective",
+    ]
     assert [packing_suitability([n], 20)["verdict"] for n in (19, 20)] == ["moderate", "ineffective"]
 
 
-@pytest.mark.parametrize(("call", "field"), [
-    (lambda: packing_suitability([], 4096), "lengths"),
-    (lambda: packing_suitability([100, 0], 4096), "lengths"),
-    (lambda: packing_suitability([100], 0), "max_length"),
-    (lambda: packing_target_length(4096, headroom=0.0), "headroom"),
-    (lambda: packing_target_length(4096, headroom=1.5), "headroom"),
-    (lambda: packing_target_length(4096, headroom=float("nan")), "headroom"),
-    (lambda: packing_target_length(10, headroom=0.05), "headroom"),
-    (lambda: packing_target_length(True), "max_length"),
-    (lambda: packing_target_length(1), "headroom"),
-])
+@pytest.mark.parametrize(
+    ("call", "field"),
+    [
+        (lambda: packing_suitability([], 4096), "lengths"),
+        (lambda: packing_suitability([100, 0], 4096), "lengths"),
+        (lambda: packing_suitability([100], 0), "max_length"),
+        (lambda: packing_target_length(4096, headroom=0.0), "headroom"),
+        (lambda: packing_target_length(4096, headroom=1.5), "headroom"),
+        (lambda: packing_target_length(4096, headroom=float("nan")), "headroom"),
+        (lambda: packing_target_length(10, headroom=0.05), "headroom"),
+        (lambda: packing_target_length(True), "max_length"),
+        (lambda: packing_target_length(1), "headroom"),
+    ],
+)
 def test_packing_rules_refuse_bad_input(call, field):
     with pytest.raises(ValueError, match=field):
         call()

@@ -29,7 +29,12 @@ def _samples(lengths, seed=0):
     for index, n in enumerate(lengths):
         ids = [index * TOKEN_STRIDE + p for p in range(n)]
         supervised = torch.rand(n, generator=generator) > 0.4
-        samples.append({"input_ids": ids, "labels": [t if keep else -100 for t, keep in zip(ids, supervised.tolist(), strict=True)]})
+        samples.append(
+            {
+                "input_ids": ids,
+                "labels": [t if keep else -100 for t, keep in zip(ids, supervised.tolist(), strict=True)],
+            }
+        )
     return samples
 
 
@@ -72,8 +77,9 @@ def test_seed000_framework_cell():
     assert batch["input_ids"].tolist()[0] == manual["input_ids"] == [11, 12, 13, 14, 31, 32, 21, 22, 23]
     assert batch["labels"].tolist()[0] == manual["labels"] == [-100, -100, 13, 14, -100, 32, -100, 22, 23]
     assert batch["position_ids"].tolist()[0] == manual["position_ids"] == metadata["position_ids"].tolist()
-    assert torch.equal(batch["cu_seq_lens_q"], metadata["cu_seqlens"]) and torch.equal(batch["cu_seq_lens_k"],
-                                                                                       metadata["cu_seqlens"])
+    assert torch.equal(batch["cu_seq_lens_q"], metadata["cu_seqlens"]) and torch.equal(
+        batch["cu_seq_lens_k"], metadata["cu_seqlens"]
+    )
     assert batch["seq_idx"].tolist()[0] == metadata["seq_idx"].tolist() == manual["segment_ids"]
     assert batch["max_length_q"] == batch["max_length_k"] == metadata["max_seqlen"] == 4
 
@@ -104,8 +110,11 @@ def test_trl_packs_each_map_batch_separately():
     """TRL's default map batches of 1000 samples: its rows are our plan applied to each batch in turn."""
     lengths = [(7 * index) % 53 + 1 for index in range(2300)]
     packed = pack_dataset(Dataset.from_list(_samples(lengths)), seq_length=64, strategy="bfd")
-    expected = [[start + i for i in row] for start in range(0, len(lengths), 1000)
-                for row in plan_packing(lengths[start:start + 1000], 64, "bfd")]
+    expected = [
+        [start + i for i in row]
+        for start in range(0, len(lengths), 1000)
+        for row in plan_packing(lengths[start : start + 1000], 64, "bfd")
+    ]
     assert _trl_rows(packed) == expected
     assert len(expected) > len(plan_packing(lengths, 64, "bfd"))  # one global plan needs fewer rows
 
@@ -136,8 +145,9 @@ def test_our_split_plan_equals_trl_bfd_split(lengths, capacity):
     """TRL's bfd_split in one map batch, on the same samples: its rows are our plan's spans (same order), its tokens
     and labels our pieces' through build_boundary_isolated_packing, its collator's positions restart at every piece."""
     samples = _samples(lengths)
-    packed = pack_dataset(Dataset.from_list(samples), seq_length=capacity, strategy="bfd_split",
-                          map_kwargs={"batch_size": None})
+    packed = pack_dataset(
+        Dataset.from_list(samples), seq_length=capacity, strategy="bfd_split", map_kwargs={"batch_size": None}
+    )
     plan = plan_split_packing(lengths, capacity)
     assert _trl_spans(packed) == plan
     rows = [build_boundary_isolated_packing(pieces) for pieces in split_into_pieces(samples, plan)]
@@ -158,7 +168,8 @@ def test_split_plan_needs_no_more_rows_than_trl_bfd_split():
     batched = pack_dataset(dataset, seq_length=capacity, strategy="bfd_split")
     one_batch = pack_dataset(dataset, seq_length=capacity, strategy="bfd_split", map_kwargs={"batch_size": None})
     assert sorted(n for row in batched for n in row["seq_lengths"]) == sorted(
-        stop - start for row in plan for _, start, stop in row)  # the same pieces, every token placed
+        stop - start for row in plan for _, start, stop in row
+    )  # the same pieces, every token placed
     assert len(plan) < len(batched) and _trl_spans(one_batch) == plan
 
 

@@ -32,14 +32,16 @@ from tests.test_packing import _trajectories, reference_bfd_rows
 FAST = settings(deadline=None, max_examples=60)
 # lengths up to three rows long, so most cases cut some sample into full pieces and a remainder
 long_lengths_and_capacity = st.integers(1, 30).flatmap(
-    lambda capacity: st.tuples(st.lists(st.integers(1, 3 * capacity + 2), min_size=1, max_size=30), st.just(capacity)))
+    lambda capacity: st.tuples(st.lists(st.integers(1, 3 * capacity + 2), min_size=1, max_size=30), st.just(capacity))
+)
 
 
 def reference_split_plan(lengths, capacity):
     """The definition, with loops: cut each sample into capacity-sized pieces and a remainder (in sample order, then
     token order), then the quadratic best-fit-decreasing reference over the pieces."""
-    pieces = [(sample, start, min(start + capacity, n)) for sample, n in enumerate(lengths)
-              for start in range(0, n, capacity)]
+    pieces = [
+        (sample, start, min(start + capacity, n)) for sample, n in enumerate(lengths) for start in range(0, n, capacity)
+    ]
     rows = reference_bfd_rows([stop - start for _, start, stop in pieces], capacity)
     return [[pieces[piece] for piece in row] for row in rows]
 
@@ -51,13 +53,20 @@ def placed_tokens(plan):
 
 # ---------- the plan ----------
 
+
 def test_docstring_examples():
-    assert plan_split_packing([10, 3, 5], 4) == [[(0, 0, 4)], [(0, 4, 8)], [(2, 0, 4)], [(1, 0, 3), (2, 4, 5)],
-                                                 [(0, 8, 10)]]
+    assert plan_split_packing([10, 3, 5], 4) == [
+        [(0, 0, 4)],
+        [(0, 4, 8)],
+        [(2, 0, 4)],
+        [(1, 0, 3), (2, 4, 5)],
+        [(0, 8, 10)],
+    ]
     samples = [{"input_ids": [1, 2, 3, 4, 5], "labels": [-100, 2, 3, 4, 5]}, {"input_ids": [6, 7], "labels": [6, 7]}]
     assert split_into_pieces(samples, [[(0, 0, 3)], [(0, 3, 5), (1, 0, 2)]]) == [
         [{"input_ids": [1, 2, 3], "labels": [-100, 2, 3]}],
-        [{"input_ids": [4, 5], "labels": [4, 5]}, {"input_ids": [6, 7], "labels": [6, 7]}]]
+        [{"input_ids": [4, 5], "labels": [4, 5]}, {"input_ids": [6, 7], "labels": [6, 7]}],
+    ]
     packed = pack_split_sequences([[1, 2, 3, 4, 5], [6, 7]], 4)
     assert packed["pieces"] == [(0, 0, 4), (0, 4, 5), (1, 0, 2)] and packed["rows"] == [[0], [2, 1]]
     assert packed["ids"].tolist() == [[1, 2, 3, 4], [6, 7, 5, 0]]
@@ -71,8 +80,9 @@ def test_plan_places_every_token_once_within_capacity_and_is_deterministic(case,
     lengths, capacity = case
     plan = plan_split_packing(lengths, capacity)
     assert type(plan) is list and all(type(row) is list and row for row in plan)
-    assert all(type(span) is tuple and len(span) == 3 and all(type(v) is int for v in span) for row in plan
-               for span in row), "spans are tuples of Python ints (written to JSON, used as slices)"
+    assert all(
+        type(span) is tuple and len(span) == 3 and all(type(v) is int for v in span) for row in plan for span in row
+    ), "spans are tuples of Python ints (written to JSON, used as slices)"
     assert all(0 <= start < stop <= lengths[sample] for row in plan for sample, start, stop in row)
     assert all(sum(stop - start for _, start, stop in row) <= capacity for row in plan)
     tokens = placed_tokens(plan)
@@ -81,10 +91,14 @@ def test_plan_places_every_token_once_within_capacity_and_is_deterministic(case,
     # a sample's pieces: capacity-sized ones, then the remainder
     for sample, n in enumerate(lengths):
         pieces = sorted((start, stop) for row in plan for s, start, stop in row if s == sample)
-        assert [stop - start for start, stop in pieces] == [capacity] * (n // capacity) + [n % capacity] * (n % capacity > 0)
+        assert [stop - start for start, stop in pieces] == [capacity] * (n // capacity) + [n % capacity] * (
+            n % capacity > 0
+        )
     # deterministic: the same plan again, from any container, and from the same lengths held by other samples
     assert plan_split_packing(lengths, capacity) == plan
-    assert plan_split_packing(np.array(lengths), capacity) == plan_split_packing(torch.tensor(lengths), capacity) == plan
+    assert (
+        plan_split_packing(np.array(lengths), capacity) == plan_split_packing(torch.tensor(lengths), capacity) == plan
+    )
     permutation = list(range(len(lengths)))
     random.shuffle(permutation)
     shuffled = [lengths[i] for i in permutation]
@@ -100,12 +114,16 @@ def test_plan_equals_the_brute_force_definition(case):
 
 
 @FAST
-@given(st.integers(1, 40).flatmap(lambda capacity: st.tuples(
-    st.lists(st.integers(1, capacity), min_size=1, max_size=40), st.just(capacity))))
+@given(
+    st.integers(1, 40).flatmap(
+        lambda capacity: st.tuples(st.lists(st.integers(1, capacity), min_size=1, max_size=40), st.just(capacity))
+    )
+)
 def test_without_an_overlong_sample_the_plan_is_plan_packing(case):
     lengths, capacity = case
-    assert plan_split_packing(lengths, capacity) == [[(i, 0, lengths[i]) for i in row]
-                                                     for row in plan_packing(lengths, capacity, "bfd")]
+    assert plan_split_packing(lengths, capacity) == [
+        [(i, 0, lengths[i]) for i in row] for row in plan_packing(lengths, capacity, "bfd")
+    ]
 
 
 def test_large_long_tailed_input_stays_within_a_tenth_of_a_percent_of_the_lower_bound():
@@ -115,14 +133,16 @@ def test_large_long_tailed_input_stays_within_a_tenth_of_a_percent_of_the_lower_
     assert (lengths > capacity).sum() > 400
     plan = plan_split_packing(lengths, capacity)
     piece_lengths = np.array([stop - start for row in plan for _, start, stop in row])
-    assert piece_lengths.sum() == lengths.sum() and len(piece_lengths) == len(set(
-        (sample, start) for row in plan for sample, start, _ in row))
+    assert piece_lengths.sum() == lengths.sum() and len(piece_lengths) == len(
+        set((sample, start) for row in plan for sample, start, _ in row)
+    )
     assert max(sum(stop - start for _, start, stop in row) for row in plan) <= capacity
     bound = math.ceil(lengths.sum() / capacity)
     assert bound <= len(plan) <= math.ceil(1.001 * bound)
 
 
 # ---------- the row builders ----------
+
 
 @FAST
 @given(long_lengths_and_capacity.filter(lambda case: case[1] >= 2))
@@ -135,8 +155,10 @@ def test_pack_split_sequences_layout_round_trips_piece_by_piece(case):
     assert [[pieces[piece] for piece in row] for row in rows] == plan  # rows as the plan lays them out
     assert packed["ids"].shape == (len(plan), capacity) and packed["action_mask"].shape == (len(plan), capacity - 1)
     segments = packed["segment_ids"]
-    per_piece = {name: packed_to_sequences(packed[name], segments, rows)
-                 for name in ("ids", "position_ids", "action_mask", "sample_logp")}
+    per_piece = {
+        name: packed_to_sequences(packed[name], segments, rows)
+        for name in ("ids", "position_ids", "action_mask", "sample_logp")
+    }
     for (_, start, stop), positions in zip(pieces, per_piece["position_ids"], strict=True):
         assert positions.tolist() == list(range(stop - start))  # every piece restarts at 0
     for index, trajectory in enumerate(trajectories):
@@ -154,8 +176,11 @@ def test_pack_split_sequences_layout_round_trips_piece_by_piece(case):
 
 
 @FAST
-@given(st.integers(2, 30).flatmap(lambda capacity: st.tuples(
-    st.lists(st.integers(1, capacity), min_size=1, max_size=30), st.just(capacity))))
+@given(
+    st.integers(2, 30).flatmap(
+        lambda capacity: st.tuples(st.lists(st.integers(1, capacity), min_size=1, max_size=30), st.just(capacity))
+    )
+)
 def test_pack_split_sequences_with_whole_sequences_is_pack_sequences(case):
     """Given pack_sequences' own plan as spans of whole sequences, the split packer builds the same rows."""
     lengths, capacity = case
@@ -171,18 +196,22 @@ def test_pack_split_sequences_with_whole_sequences_is_pack_sequences(case):
 @given(long_lengths_and_capacity)
 def test_split_pieces_through_build_boundary_isolated_packing(case):
     lengths, capacity = case
-    samples = [{"input_ids": [sample * 1000 + t for t in range(n)], "labels": [-100] + [sample] * (n - 1)}
-               for sample, n in enumerate(lengths)]
+    samples = [
+        {"input_ids": [sample * 1000 + t for t in range(n)], "labels": [-100] + [sample] * (n - 1)}
+        for sample, n in enumerate(lengths)
+    ]
     plan = plan_split_packing(lengths, capacity)
     rows = split_into_pieces(samples, plan)
     for spans, pieces in zip(plan, rows, strict=True):
         packed = build_boundary_isolated_packing(pieces)
         assert packed["input_ids"] == [sample * 1000 + t for sample, start, stop in spans for t in range(start, stop)]
-        assert packed["labels"] == [label for sample, start, stop in spans
-                                    for label in samples[sample]["labels"][start:stop]]
+        assert packed["labels"] == [
+            label for sample, start, stop in spans for label in samples[sample]["labels"][start:stop]
+        ]
         assert packed["position_ids"] == [t for _, start, stop in spans for t in range(stop - start)]
-        assert packed["segment_ids"] == [segment for segment, (_, start, stop) in enumerate(spans)
-                                         for _ in range(start, stop)]
+        assert packed["segment_ids"] == [
+            segment for segment, (_, start, stop) in enumerate(spans) for _ in range(start, stop)
+        ]
         assert len(packed["input_ids"]) <= capacity
 
 
@@ -197,13 +226,19 @@ def test_each_piece_on_tiny_qwen2_equals_that_piece_alone_and_a_continuation_los
     assert compare_packed_with_alone(model, packed, pieces, alone=alone) < 1e-5  # log-probs, every piece
     # the same through build_boundary_isolated_packing's rows, one forward per row with the block-causal mask
     samples = [{"input_ids": s, "labels": s} for s in sequences]
-    for piece_numbers, row in zip(packed["rows"], split_into_pieces(samples, [[packed["pieces"][p] for p in r]
-                                                                      for r in packed["rows"]]), strict=True):
+    for piece_numbers, row in zip(
+        packed["rows"],
+        split_into_pieces(samples, [[packed["pieces"][p] for p in r] for r in packed["rows"]]),
+        strict=True,
+    ):
         built = build_boundary_isolated_packing(row)
         mask = additive_attention_mask(block_causal_mask(torch.tensor(built["segment_ids"])))
         with torch.no_grad():
-            logits = model(input_ids=torch.tensor([built["input_ids"]]), attention_mask=mask,
-                           position_ids=torch.tensor([built["position_ids"]])).logits[0]  # [L, V]
+            logits = model(
+                input_ids=torch.tensor([built["input_ids"]]),
+                attention_mask=mask,
+                position_ids=torch.tensor([built["position_ids"]]),
+            ).logits[0]  # [L, V]
         ids, segments = torch.tensor(built["input_ids"]), torch.tensor(built["segment_ids"])
         logp = torch.log_softmax(logits[:-1], -1).gather(-1, ids[1:, None])[:, 0]  # [L-1]
         for segment, piece in enumerate(piece_numbers):
@@ -217,57 +252,101 @@ def test_each_piece_on_tiny_qwen2_equals_that_piece_alone_and_a_continuation_los
 
 # ---------- bad input ----------
 
-@pytest.mark.parametrize(("call", "message"), [
-    (lambda: plan_split_packing([3], 0), "capacity must be >= 1, got 0"),
-    (lambda: plan_split_packing([3], True), "capacity must be an integer, got True"),
-    (lambda: plan_split_packing([3], 4.0), "capacity must be an integer, got 4.0"),
-    (lambda: plan_split_packing([3], -2), "capacity must be >= 1, got -2"),
-    (lambda: plan_split_packing([3, -2], 4), r"lengths\[1\] must be >= 1, got -2"),
-    (lambda: plan_split_packing(np.array([3, 0]), 4), r"lengths\[1\] must be >= 1, got 0"),
-    (lambda: plan_split_packing([], 4), "lengths must not be empty"),
-    (lambda: plan_split_packing([3, 2.5], 4), r"lengths\[1\] must be an integer, got 2.5"),
-    (lambda: plan_split_packing([3, False], 4), r"lengths\[1\] must be an integer, got False"),
-    (lambda: plan_split_packing(np.ones((2, 2), dtype=np.int64), 4), "lengths must be one-dimensional"),
-    (lambda: plan_split_packing("abc", 4), "lengths must be a sequence of integers"),
-    (lambda: plan_split_packing([2**63 + 5], 4), r"lengths\[0\] must be <= 9223372036854775807"),
-    (lambda: plan_split_packing([2**62], 1), r"lengths cut into 4611686018427387904 pieces of capacity 1, more than"),
-    (lambda: split_into_pieces([], [[(0, 0, 1)]]), "samples must not be empty"),
-    (lambda: split_into_pieces([{"input_ids": [1, 2]}], [[(0, 0, 2)]]), r"samples\[0\] is missing field\(s\) \['labels'"),
-    (lambda: split_into_pieces([{"input_ids": [1, 2], "labels": [1]}], [[(0, 0, 2)]]),
-     r"samples\[0\]\['labels'\] has length 1, expected len\(input_ids\) = 2"),
-    (lambda: split_into_pieces([{"input_ids": [], "labels": []}], []), r"samples\[0\]\['input_ids'\] must not be empty"),
-    (lambda: split_into_pieces([{"input_ids": [1, 2], "labels": [1, 2]}], []), "plan must not be empty"),
-    (lambda: split_into_pieces([{"input_ids": [1, 2], "labels": [1, 2]}], [[]]), r"plan\[0\] must not be empty"),
-    (lambda: split_into_pieces([{"input_ids": [1, 2], "labels": [1, 2]}], [[(0, 2)]]),
-     r"plan\[0\]\[0\] must be \(sample_index, start, stop\), got \[0, 2\]"),
-    (lambda: split_into_pieces([{"input_ids": [1, 2], "labels": [1, 2]}], [[(0, -1, 2)]]),
-     r"plan\[0\]\[0\]\[1\] must be >= 0, got -1"),
-    (lambda: split_into_pieces([{"input_ids": [1, 2], "labels": [1, 2]}], [[(1, 0, 2)]]),
-     r"plan\[0\]\[0\] = \(1, 0, 2\) names sample 1, beyond the last sample 0"),
-    (lambda: split_into_pieces([{"input_ids": [1, 2], "labels": [1, 2]}], [[(0, 0, 3)]]),
-     r"plan\[0\]\[0\] = \(0, 0, 3\) must have start < stop <= the sample's length 2"),
-    (lambda: split_into_pieces([{"input_ids": [1, 2], "labels": [1, 2]}], [[(0, 1, 1)]]), r"must have start < stop"),
-    (lambda: split_into_pieces([{"input_ids": [1, 2, 3], "labels": [1, 2, 3]}], [[(0, 0, 1)], [(0, 2, 3)]]),
-     r"plan places no span on tokens: \[1, 2\) of sample 0"),
-    (lambda: split_into_pieces([{"input_ids": [1, 2, 3], "labels": [1, 2, 3]}], [[(0, 0, 2)], [(0, 1, 3)]]),
-     r"plan places tokens twice: \[1, 2\) of sample 0"),
-    (lambda: split_into_pieces([{"input_ids": [1, 2, 3], "labels": [1, 2, 3]}], [[(0, 0, 2)], [(0, 0, 2)]]),
-     r"plan places tokens twice: \[0, 2\) of sample 0"),
-    (lambda: split_into_pieces([{"input_ids": [1, 2, 3], "labels": [1, 2, 3]}], [[(0, 0, 2)]]),
-     r"plan places no span on tokens \[2, 3\) of sample 0"),
-    (lambda: split_into_pieces([{"input_ids": [1], "labels": [1]}] * 3, [[(0, 0, 1), (2, 0, 1)]]),
-     r"plan places no span on tokens \[0, 1\) of sample 1"),
-    (lambda: split_into_pieces([{"input_ids": [1], "labels": [1]}] * 2, [[(0, 0, 1)]]),
-     r"plan places no span on tokens \[0, 1\) of sample 1"),
-    (lambda: pack_split_sequences([], 4), "sequences must not be empty"),
-    (lambda: pack_split_sequences([[1, 2]], 0), "max_tokens must be >= 1, got 0"),
-    (lambda: pack_split_sequences([[1, 2]], 4, pad_id=-1), "pad_id must be >= 0, got -1"),
-    (lambda: pack_split_sequences([[1, 2], torch.tensor([], dtype=torch.long)], 4), r"sequence_lengths\[1\] must be >= 1, got 0"),
-    (lambda: pack_split_sequences([[1, 2, 3]], 2, plan=[[(0, 0, 3)]]), r"plan\[0\] holds 3 tokens, more than "
-                                                                      r"max_tokens = 2"),
-    (lambda: pack_split_sequences([[1, 2, 3]], 4, plan=[[(0, 0, 2)]]), r"plan places no span on tokens \[2, 3\)"),
-    (lambda: pack_split_sequences([[1, 2, 3]], 4, plan="abc"), "plan must be a sequence"),
-])
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: plan_split_packing([3], 0), "capacity must be >= 1, got 0"),
+        (lambda: plan_split_packing([3], True), "capacity must be an integer, got True"),
+        (lambda: plan_split_packing([3], 4.0), "capacity must be an integer, got 4.0"),
+        (lambda: plan_split_packing([3], -2), "capacity must be >= 1, got -2"),
+        (lambda: plan_split_packing([3, -2], 4), r"lengths\[1\] must be >= 1, got -2"),
+        (lambda: plan_split_packing(np.array([3, 0]), 4), r"lengths\[1\] must be >= 1, got 0"),
+        (lambda: plan_split_packing([], 4), "lengths must not be empty"),
+        (lambda: plan_split_packing([3, 2.5], 4), r"lengths\[1\] must be an integer, got 2.5"),
+        (lambda: plan_split_packing([3, False], 4), r"lengths\[1\] must be an integer, got False"),
+        (lambda: plan_split_packing(np.ones((2, 2), dtype=np.int64), 4), "lengths must be one-dimensional"),
+        (lambda: plan_split_packing("abc", 4), "lengths must be a sequence of integers"),
+        (lambda: plan_split_packing([2**63 + 5], 4), r"lengths\[0\] must be <= 9223372036854775807"),
+        (
+            lambda: plan_split_packing([2**62], 1),
+            r"lengths cut into 4611686018427387904 pieces of capacity 1, more than",
+        ),
+        (lambda: split_into_pieces([], [[(0, 0, 1)]]), "samples must not be empty"),
+        (
+            lambda: split_into_pieces([{"input_ids": [1, 2]}], [[(0, 0, 2)]]),
+            r"samples\[0\] is missing field\(s\) \['labels'",
+        ),
+        (
+            lambda: split_into_pieces([{"input_ids": [1, 2], "labels": [1]}], [[(0, 0, 2)]]),
+            r"samples\[0\]\['labels'\] has length 1, expected len\(input_ids\) = 2",
+        ),
+        (
+            lambda: split_into_pieces([{"input_ids": [], "labels": []}], []),
+            r"samples\[0\]\['input_ids'\] must not be empty",
+        ),
+        (lambda: split_into_pieces([{"input_ids": [1, 2], "labels": [1, 2]}], []), "plan must not be empty"),
+        (lambda: split_into_pieces([{"input_ids": [1, 2], "labels": [1, 2]}], [[]]), r"plan\[0\] must not be empty"),
+        (
+            lambda: split_into_pieces([{"input_ids": [1, 2], "labels": [1, 2]}], [[(0, 2)]]),
+            r"plan\[0\]\[0\] must be \(sample_index, start, stop\), got \[0, 2\]",
+        ),
+        (
+            lambda: split_into_pieces([{"input_ids": [1, 2], "labels": [1, 2]}], [[(0, -1, 2)]]),
+            r"plan\[0\]\[0\]\[1\] must be >= 0, got -1",
+        ),
+        (
+            lambda: split_into_pieces([{"input_ids": [1, 2], "labels": [1, 2]}], [[(1, 0, 2)]]),
+            r"plan\[0\]\[0\] = \(1, 0, 2\) names sample 1, beyond the last sample 0",
+        ),
+        (
+            lambda: split_into_pieces([{"input_ids": [1, 2], "labels": [1, 2]}], [[(0, 0, 3)]]),
+            r"plan\[0\]\[0\] = \(0, 0, 3\) must have start < stop <= the sample's length 2",
+        ),
+        (
+            lambda: split_into_pieces([{"input_ids": [1, 2], "labels": [1, 2]}], [[(0, 1, 1)]]),
+            r"must have start < stop",
+        ),
+        (
+            lambda: split_into_pieces([{"input_ids": [1, 2, 3], "labels": [1, 2, 3]}], [[(0, 0, 1)], [(0, 2, 3)]]),
+            r"plan places no span on tokens: \[1, 2\) of sample 0",
+        ),
+        (
+            lambda: split_into_pieces([{"input_ids": [1, 2, 3], "labels": [1, 2, 3]}], [[(0, 0, 2)], [(0, 1, 3)]]),
+            r"plan places tokens twice: \[1, 2\) of sample 0",
+        ),
+        (
+            lambda: split_into_pieces([{"input_ids": [1, 2, 3], "labels": [1, 2, 3]}], [[(0, 0, 2)], [(0, 0, 2)]]),
+            r"plan places tokens twice: \[0, 2\) of sample 0",
+        ),
+        (
+            lambda: split_into_pieces([{"input_ids": [1, 2, 3], "labels": [1, 2, 3]}], [[(0, 0, 2)]]),
+            r"plan places no span on tokens \[2, 3\) of sample 0",
+        ),
+        (
+            lambda: split_into_pieces([{"input_ids": [1], "labels": [1]}] * 3, [[(0, 0, 1), (2, 0, 1)]]),
+            r"plan places no span on tokens \[0, 1\) of sample 1",
+        ),
+        (
+            lambda: split_into_pieces([{"input_ids": [1], "labels": [1]}] * 2, [[(0, 0, 1)]]),
+            r"plan places no span on tokens \[0, 1\) of sample 1",
+        ),
+        (lambda: pack_split_sequences([], 4), "sequences must not be empty"),
+        (lambda: pack_split_sequences([[1, 2]], 0), "max_tokens must be >= 1, got 0"),
+        (lambda: pack_split_sequences([[1, 2]], 4, pad_id=-1), "pad_id must be >= 0, got -1"),
+        (
+            lambda: pack_split_sequences([[1, 2], torch.tensor([], dtype=torch.long)], 4),
+            r"sequence_lengths\[1\] must be >= 1, got 0",
+        ),
+        (
+            lambda: pack_split_sequences([[1, 2, 3]], 2, plan=[[(0, 0, 3)]]),
+            r"plan\[0\] holds 3 tokens, more than "
+            r"max_tokens = 2",
+        ),
+        (lambda: pack_split_sequences([[1, 2, 3]], 4, plan=[[(0, 0, 2)]]), r"plan places no span on tokens \[2, 3\)"),
+        (lambda: pack_split_sequences([[1, 2, 3]], 4, plan="abc"), "plan must be a sequence"),
+    ],
+)
 def test_bad_input_raises_value_error_naming_field_and_value(call, message):
     with pytest.raises(ValueError, match=message):
         call()
@@ -286,9 +365,9 @@ def test_rows_round_their_width_up_to_a_multiple_and_keep_every_token(multiple):
         width = capacity if multiple is None else -(-capacity // multiple) * multiple
         assert wide["ids"].shape == (len(plain["rows"]), width) and wide["rows"] == plain["rows"]
         for name in ("ids", "position_ids", "segment_ids", "action_mask", "sample_logp"):
-            assert torch.equal(wide[name][:, :plain[name].shape[1]], plain[name]), name
+            assert torch.equal(wide[name][:, : plain[name].shape[1]], plain[name]), name
         assert bool((wide["ids"][:, capacity:] == 9).all()) and bool((wide["segment_ids"][:, capacity:] == -1).all())
-        assert not bool(wide["action_mask"][:, capacity - 1:].any())
+        assert not bool(wide["action_mask"][:, capacity - 1 :].any())
 
 
 @pytest.mark.parametrize("bad", [0, -8, True, 2.0, "8"])

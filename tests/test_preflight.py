@@ -28,8 +28,15 @@ def _line(record: dict, name: str) -> dict:
 def _gpu_snapshot(**changes) -> dict:
     """This machine's snapshot with a GPU described in it (the evaluation is a pure function of the snapshot)."""
     snapshot = probe_environment()
-    snapshot.update(cuda_available=True, cuda_version="12.8", bf16_supported=True, gpu_name="Test GPU",
-                    free_gpu_memory_bytes=16 * GIB, total_gpu_memory_bytes=24 * GIB, sdpa_available=True)
+    snapshot.update(
+        cuda_available=True,
+        cuda_version="12.8",
+        bf16_supported=True,
+        gpu_name="Test GPU",
+        free_gpu_memory_bytes=16 * GIB,
+        total_gpu_memory_bytes=24 * GIB,
+        sdpa_available=True,
+    )
     snapshot.update(changes)
     return snapshot
 
@@ -115,14 +122,17 @@ def test_missing_bf16_warns_but_passes():
     assert "fp16" in _line(record, "bf16")["detail"]
 
 
-@pytest.mark.parametrize("name, found, status", [
-    ("trl", None, "fail"),          # not installed
-    ("trl", "1.9.0", "fail"),       # below the profile's range (no cu_seq_lens from its padding-free collator)
-    ("transformers", "4.57.6", "fail"),  # below: cannot load the course tokenizer saved by transformers 5
-    ("transformers", "5.0.0", "warn"),   # in range (the tested lower bound), not the tested pin
-    ("trl", "1.16.0", "pass"),      # the tested pin
-    ("torch", "2.13.0+cu128", "pass"),  # a local build tag of the pinned version
-])
+@pytest.mark.parametrize(
+    "name, found, status",
+    [
+        ("trl", None, "fail"),  # not installed
+        ("trl", "1.9.0", "fail"),  # below the profile's range (no cu_seq_lens from its padding-free collator)
+        ("transformers", "4.57.6", "fail"),  # below: cannot load the course tokenizer saved by transformers 5
+        ("transformers", "5.0.0", "warn"),  # in range (the tested lower bound), not the tested pin
+        ("trl", "1.16.0", "pass"),  # the tested pin
+        ("torch", "2.13.0+cu128", "pass"),  # a local build tag of the pinned version
+    ],
+)
 def test_version_lines(name, found, status):
     record = evaluate_profile(load_profile("PT-SFT-CUDA"), _gpu_snapshot(**{name: found}))
     assert _line(record, name)["status"] == status

@@ -23,16 +23,18 @@ def torch_cuda_available() -> bool:
 
 
 def _notebook(tmp_path: Path, *sources: str) -> Path:
-    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# title"),
-                                               *map(nbformat.v4.new_code_cell, sources)])
+    notebook = nbformat.v4.new_notebook(
+        cells=[nbformat.v4.new_markdown_cell("# title"), *map(nbformat.v4.new_code_cell, sources)]
+    )
     path = tmp_path / "nb.ipynb"
     nbformat.write(notebook, path)
     return path
 
 
 def test_cells_share_a_namespace_and_settings_replace_the_first_assignment(tmp_path, capsys):
-    path = _notebook(tmp_path, 'MODE = "dry_run"  # parameter\nOTHER = 1', "MODE = MODE + '!'",
-                     "open('out.txt', 'w').write(MODE)")
+    path = _notebook(
+        tmp_path, 'MODE = "dry_run"  # parameter\nOTHER = 1', "MODE = MODE + '!'", "open('out.txt', 'w').write(MODE)"
+    )
     assert run_notebook.main([str(path), "--set", 'MODE="real_gpu"', "--cwd", str(tmp_path / "run")]) == 0
     assert (tmp_path / "run" / "out.txt").read_text() == "real_gpu!"
     assert "3 code cells ran" in capsys.readouterr().out
@@ -53,8 +55,11 @@ def test_bad_settings_are_refused(tmp_path, setting, capsys):
 
 
 GPU_CELL_CHAPTERS = ["03_packing", "05_logit_memory", "09_gpu_lab"]  # run whole below, through their GPU cell
-CPU_ONLY_CHAPTERS = [path.stem for path in sorted((SCRIPT.parents[1] / "notebooks" / "chapters").glob("[0-9]*.py"))
-                     if path.stem not in GPU_CELL_CHAPTERS]
+CPU_ONLY_CHAPTERS = [
+    path.stem
+    for path in sorted((SCRIPT.parents[1] / "notebooks" / "chapters").glob("[0-9]*.py"))
+    if path.stem not in GPU_CELL_CHAPTERS
+]
 
 
 @pytest.mark.parametrize("name", CPU_ONLY_CHAPTERS)
@@ -74,8 +79,10 @@ def runner_chapters(tmp_path_factory):
     from course_lib.instructor import build
 
     root = build.copy_course_skeleton(build.NOTEBOOKS_DIR, tmp_path_factory.mktemp("course"))
-    return {name: build.build_source_notebook(root / "chapters" / f"{name}.py", root).source_notebook
-            for name in GPU_CELL_CHAPTERS}
+    return {
+        name: build.build_source_notebook(root / "chapters" / f"{name}.py", root).source_notebook
+        for name in GPU_CELL_CHAPTERS
+    }
 
 
 def _records(folder: Path) -> list[dict]:
@@ -95,8 +102,10 @@ def test_gpu_cell_without_a_gpu_records_the_refusal_and_the_chapter_goes_on(runn
 
 
 def test_chapter3_gpu_cell_prints_the_varlen_rows_of_a_measured_record(runner_chapters, tmp_path, capsys):
-    assert run_notebook.main([str(runner_chapters["03_packing"]), "--set", 'RUN_MODE="cpu_smoke"',
-                              "--cwd", str(tmp_path)]) == 0
+    assert (
+        run_notebook.main([str(runner_chapters["03_packing"]), "--set", 'RUN_MODE="cpu_smoke"', "--cwd", str(tmp_path)])
+        == 0
+    )
     (record,) = _records(tmp_path)
     assert record["decision"] == "wiring_ok" and record["measurements"]["varlen_packing"]
     out = capsys.readouterr().out

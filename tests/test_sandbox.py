@@ -34,8 +34,9 @@ def _bwrap_refusal() -> str | None:
     bwrap = shutil.which("bwrap")
     if not LINUX or bwrap is None:
         return "bubblewrap needs Linux and a bwrap on PATH"
-    probe = subprocess.run([bwrap, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "--", "true"],
-                           capture_output=True)
+    probe = subprocess.run(
+        [bwrap, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "--", "true"], capture_output=True
+    )
     return None if probe.returncode == 0 else probe.stderr.decode(errors="replace").strip()
 
 
@@ -46,8 +47,9 @@ needs_bwrap = pytest.mark.skipif(REFUSAL is not None, reason=f"no working bwrap 
 def inside(code: str, *args: str, mode: str = "bwrap", extra_env=None, stdin=None, **limits):
     """Run `code` under python -c in the sandbox -> (Result, the JSON its last stdout line holds, or None)."""
     limits = sandbox.Limits(**{"wall_s": 30, **limits})
-    result = sandbox.run([PY, "-c", textwrap.dedent(code), *args], mode=mode, limits=limits, extra_env=extra_env,
-                         stdin=stdin)
+    result = sandbox.run(
+        [PY, "-c", textwrap.dedent(code), *args], mode=mode, limits=limits, extra_env=extra_env, stdin=stdin
+    )
     lines = result.stdout.decode(errors="replace").strip().splitlines()
     try:
         return result, json.loads(lines[-1]) if lines else None
@@ -103,13 +105,15 @@ def test_refusal_when_bwrap_is_missing(monkeypatch, tmp_path):
 def test_refusal_when_bwrap_cannot_start(monkeypatch, tmp_path):
     real = shutil.which("bwrap")
     fake = tmp_path / "bwrap"
-    fake.write_text(textwrap.dedent(f"""\
+    fake.write_text(
+        textwrap.dedent(f"""\
         #!/bin/sh
         case "$1" in --help|--version) exec {real} "$1";; esac
         echo "bwrap: No permissions to create new namespace, likely because the kernel does not allow" >&2
         echo "bwrap: non-privileged user namespaces (setting up uid map: Permission denied)" >&2
         exit 1
-        """))
+        """)
+    )
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ.get('PATH', '')}")
     with pytest.raises(sandbox.SandboxUnavailable) as refused:
@@ -130,9 +134,19 @@ def test_require_default_mode_and_describe():
         assert line.startswith(f"sandbox {mode}") and "\n" not in line
 
 
-@pytest.mark.parametrize(("field", "value"), [("memory_bytes", -1), ("processes", 0), ("file_bytes", True),
-                                              ("scratch_bytes", None), ("threads", 1.5), ("wall_s", 0),
-                                              ("wall_s", float("nan")), ("output_bytes", -5)])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("memory_bytes", -1),
+        ("processes", 0),
+        ("file_bytes", True),
+        ("scratch_bytes", None),
+        ("threads", 1.5),
+        ("wall_s", 0),
+        ("wall_s", float("nan")),
+        ("output_bytes", -5),
+    ],
+)
 def test_bad_limits_name_the_field_and_value(field, value):
     with pytest.raises(ValueError, match=rf"Limits\.{field} .*got {value!r}"):
         sandbox.Limits(**{field: value})
@@ -164,9 +178,18 @@ def test_container_command_has_the_same_confinement():
     env = sandbox.environment(limits, {"JOB": "1"}, path=None)
     argv = sandbox._container_argv("podman", "course-sandbox-x", "course:latest", ["python", "-V"], limits, env)
     line = " ".join(argv)
-    for flag in ("--network none", "--read-only", "--cap-drop ALL", "--security-opt no-new-privileges",
-                 f"--memory {3 << 30}", f"--memory-swap {3 << 30}", "--pids-limit 64", "--user 65534:65534",
-                 f"--tmpfs {sandbox.SCRATCH}:rw,exec,size={1 << 28}", f"--ulimit fsize={1 << 20}:{1 << 20}"):
+    for flag in (
+        "--network none",
+        "--read-only",
+        "--cap-drop ALL",
+        "--security-opt no-new-privileges",
+        f"--memory {3 << 30}",
+        f"--memory-swap {3 << 30}",
+        "--pids-limit 64",
+        "--user 65534:65534",
+        f"--tmpfs {sandbox.SCRATCH}:rw,exec,size={1 << 28}",
+        f"--ulimit fsize={1 << 20}:{1 << 20}",
+    ):
         assert flag in line, flag
     assert argv[-3:] == ["course:latest", "python", "-V"] and "-e JOB" in line and "PATH" not in env
     assert "JOB=1" not in line  # values come from the client's environment, never from the command line
@@ -177,8 +200,10 @@ def _engine_works() -> bool:
     return engine is not None and subprocess.run([engine, "info"], capture_output=True).returncode == 0
 
 
-@pytest.mark.skipif(not _engine_works() or not os.environ.get("COURSE_SANDBOX_IMAGE"),
-                    reason="needs a running docker/podman and COURSE_SANDBOX_IMAGE (an image with the course)")
+@pytest.mark.skipif(
+    not _engine_works() or not os.environ.get("COURSE_SANDBOX_IMAGE"),
+    reason="needs a running docker/podman and COURSE_SANDBOX_IMAGE (an image with the course)",
+)
 def test_container_mode_runs_confined():
     image = os.environ["COURSE_SANDBOX_IMAGE"]
     sandbox.require("container", image=image)
@@ -268,8 +293,13 @@ def test_ipython_startup_goes_to_scratch_and_is_gone_afterwards():
     result, second = inside(STARTUP, "read", name)
     ok(result)
     # /tmp is a fresh tmpfs; only the mount points of what the view binds under the host's /tmp (a clone there) show
-    bound_under_tmp = sorted({Path(path).relative_to("/tmp").parts[0] for path in sandbox.read_only_paths()
-                              if Path(path).is_relative_to("/tmp")})
+    bound_under_tmp = sorted(
+        {
+            Path(path).relative_to("/tmp").parts[0]
+            for path in sandbox.read_only_paths()
+            if Path(path).is_relative_to("/tmp")
+        }
+    )
     assert second["entries"] == [] and second["tmp"] == bound_under_tmp
 
 
@@ -476,8 +506,9 @@ def test_fork_bomb_is_bounded_and_leaves_no_survivor():
     uid = sandbox.SLOT_UID_BASE + slot if os.geteuid() == 0 else os.getuid()
     before = _tasks_of(uid)  # RLIMIT_NPROC counts these too: tasks of that uid that end give the bomb headroom
     processes, wall = 24, 4.0
-    result = sandbox.run([PY, "-c", FORK_BOMB, marker], mode="bwrap", slot=slot,
-                         limits=sandbox.Limits(processes=processes, wall_s=wall))
+    result = sandbox.run(
+        [PY, "-c", FORK_BOMB, marker], mode="bwrap", slot=slot, limits=sandbox.Limits(processes=processes, wall_s=wall)
+    )
     peaks = [int(line) for line in result.stdout.split()]
     assert result.timed_out and result.seconds < wall + 5
     assert peaks and 8 <= max(peaks) <= processes + 2 + before, (peaks, before)  # it ran, and the limit stopped it
@@ -644,12 +675,17 @@ sys.stdout.buffer.write(b"o" * (1 << 20))
 
 @needs_bwrap
 def test_stdin_is_fed_and_output_is_capped():
-    result = sandbox.run([PY, "-c", "import sys; print(len(sys.stdin.buffer.read()))"], mode="bwrap",
-                         stdin=b"j" * (3 << 20), limits=sandbox.Limits(wall_s=30))
+    result = sandbox.run(
+        [PY, "-c", "import sys; print(len(sys.stdin.buffer.read()))"],
+        mode="bwrap",
+        stdin=b"j" * (3 << 20),
+        limits=sandbox.Limits(wall_s=30),
+    )
     ok(result)
     assert result.stdout.strip() == str(3 << 20).encode() and not result.stdout_truncated
-    result = sandbox.run([PY, "-c", ECHO], mode="bwrap", stdin=b"{}", limits=sandbox.Limits(wall_s=30,
-                                                                                           output_bytes=1000))
+    result = sandbox.run(
+        [PY, "-c", ECHO], mode="bwrap", stdin=b"{}", limits=sandbox.Limits(wall_s=30, output_bytes=1000)
+    )
     ok(result)
     assert result.stdout == b"o" * 1000 and result.stderr == b"e" * 1000
     assert result.stdout_truncated and result.stderr_truncated

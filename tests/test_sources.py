@@ -33,7 +33,8 @@ def test_alpaca_record_maps_to_user_and_assistant():
     assert to_messages({"instruction": "Say hi.", "input": "", "output": "Hi"}, "alpaca")[0]["content"] == "Say hi."
     with_system = {"instruction": "你好", "output": "你好！", "system": "简短回答。", "input": None}
     assert to_messages(with_system) == [
-        {"role": "system", "content": "简短回答。"}, {"role": "user", "content": "你好"},
+        {"role": "system", "content": "简短回答。"},
+        {"role": "user", "content": "你好"},
         {"role": "assistant", "content": "你好！"},
     ]
 
@@ -51,13 +52,24 @@ def test_alpaca_with_wrong_field_names_names_the_missing_field():
 
 
 def test_sharegpt_roles_and_aliases():
-    record = {"system": "Be brief.", "conversations": [
-        {"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello!"},
-        {"from": "user", "value": "Bye"}, {"from": "assistant", "value": "Bye!"}]}
+    record = {
+        "system": "Be brief.",
+        "conversations": [
+            {"from": "human", "value": "Hi"},
+            {"from": "gpt", "value": "Hello!"},
+            {"from": "user", "value": "Bye"},
+            {"from": "assistant", "value": "Bye!"},
+        ],
+    }
     assert [m["role"] for m in to_messages(record, "sharegpt")] == ["system", "user", "assistant", "user", "assistant"]
     assert to_messages(record)[2]["content"] == "Hello!"
-    openai_style = {"conversations": [{"role": "system", "content": "S"}, {"role": "user", "content": "U"},
-                                      {"role": "assistant", "content": "A"}]}
+    openai_style = {
+        "conversations": [
+            {"role": "system", "content": "S"},
+            {"role": "user", "content": "U"},
+            {"role": "assistant", "content": "A"},
+        ]
+    }
     assert to_messages(openai_style, "sharegpt") == openai_style["conversations"]
 
 
@@ -83,11 +95,14 @@ def test_format_detection_and_bad_format():
         to_messages(["instruction", "output"], "alpaca")
 
 
-@pytest.mark.parametrize(("name", "rows", "first_user"), [
-    ("alpaca.jsonl", 4, "Explain in one sentence why the labels of prompt tokens are set to -100."),
-    ("sharegpt.json", 3, "What does the length ledger record?"),
-    ("alpaca.csv", 3, "Name the three parts of the length ledger."),
-])
+@pytest.mark.parametrize(
+    ("name", "rows", "first_user"),
+    [
+        ("alpaca.jsonl", 4, "Explain in one sentence why the labels of prompt tokens are set to -100."),
+        ("sharegpt.json", 3, "What does the length ledger record?"),
+        ("alpaca.csv", 3, "Name the three parts of the length ledger."),
+    ],
+)
 def test_shipped_samples_load_into_chats(name, rows, first_user):
     records = load_records(sample_data_path(name))
     assert records.num_rows == rows
@@ -137,8 +152,13 @@ def test_seed002s_four_file_formats_load_the_same_records(tmp_path):
     renamed = tmp_path / "records.bin"
     renamed.write_bytes(arrow.read_bytes())
     expected = [to_messages(row) for row in rows]
-    for path, fmt in ((tmp_path / "r.json", None), (tmp_path / "r.jsonl", None), (tmp_path / "r.csv", None),
-                      (arrow, None), (renamed, "arrow")):
+    for path, fmt in (
+        (tmp_path / "r.json", None),
+        (tmp_path / "r.jsonl", None),
+        (tmp_path / "r.csv", None),
+        (arrow, None),
+        (renamed, "arrow"),
+    ):
         assert load_chats(path, fmt=fmt)["messages"] == expected, path.name
     assert sorted(set(FILE_FORMATS.values())) == ["arrow", "csv", "json"]
     with pytest.raises(ValueError, match=r"^fmt must be one of \['arrow', 'csv', 'json'\], got 'parquet'"):
@@ -166,6 +186,7 @@ def test_corpus_chats_are_deterministic_runs_of_corpus_sentences():
 
 
 # --- what the library survey found untested (tests/mutants/library_survey.py) -------------------------------------
+
 
 def test_sample_data_path_refuses_what_is_not_a_shipped_file():
     assert sample_data_path("alpaca.jsonl").is_file()
@@ -225,7 +246,7 @@ def test_corpus_chats_answers_are_exactly_the_drawn_number_of_consecutive_senten
         sizes = [min(max(int(round(x)), 1), max_sentences) for x in drawn]
         for (user, assistant), size in zip(chats, sizes, strict=True):
             assert user["content"].removeprefix("Explain this: ") in sentences
-            runs = {" ".join(sentences[start:start + size]) for start in range(len(sentences) - size + 1)}
+            runs = {" ".join(sentences[start : start + size]) for start in range(len(sentences) - size + 1)}
             assert assistant["content"] in runs
     assert len(corpus_chats(3, max_sentences=len(sentences) - 1)) == 3
     with pytest.raises(ValueError, match=rf"^max_sentences must be below the corpus's {len(sentences)} sentences"):

@@ -35,23 +35,24 @@ from tests.conftest import CHAT
 REPO = Path(__file__).resolve().parents[1]
 EXPECTED_TEXT = {
     "chatml": "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
-              "<|im_start|>user\nWhat is packing?<|im_end|>\n"
-              "<|im_start|>assistant\nPacking puts samples in one row.<|im_end|>\n<|im_start|>user\n谢谢<|im_end|>\n"
-              "<|im_start|>assistant\n不客气！<|im_end|>\n",
+    "<|im_start|>user\nWhat is packing?<|im_end|>\n"
+    "<|im_start|>assistant\nPacking puts samples in one row.<|im_end|>\n<|im_start|>user\n谢谢<|im_end|>\n"
+    "<|im_start|>assistant\n不客气！<|im_end|>\n",
     "llama3": "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nYou are a helpful assistant.<|eot_id|>"
-              "<|start_header_id|>user<|end_header_id|>\n\nWhat is packing?<|eot_id|>"
-              "<|start_header_id|>assistant<|end_header_id|>\n\nPacking puts samples in one row.<|eot_id|>"
-              "<|start_header_id|>user<|end_header_id|>\n\n谢谢<|eot_id|>"
-              "<|start_header_id|>assistant<|end_header_id|>\n\n不客气！<|eot_id|>",
+    "<|start_header_id|>user<|end_header_id|>\n\nWhat is packing?<|eot_id|>"
+    "<|start_header_id|>assistant<|end_header_id|>\n\nPacking puts samples in one row.<|eot_id|>"
+    "<|start_header_id|>user<|end_header_id|>\n\n谢谢<|eot_id|>"
+    "<|start_header_id|>assistant<|end_header_id|>\n\n不客气！<|eot_id|>",
     "alpaca": "You are a helpful assistant.\n\n### Instruction:\nWhat is packing?\n\n### Response:\n"
-              "Packing puts samples in one row.<|endoftext|>\n\n### Instruction:\n谢谢\n\n### Response:\n"
-              "不客气！<|endoftext|>\n\n",
+    "Packing puts samples in one row.<|endoftext|>\n\n### Instruction:\n谢谢\n\n### Response:\n"
+    "不客气！<|endoftext|>\n\n",
 }
 END_OF_TURN = {"chatml": "<|im_end|>", "llama3": "<|eot_id|>", "alpaca": "<|endoftext|>"}
-GENERATION_PROMPT = {"chatml": "<|im_start|>assistant\n", "llama3": "<|start_header_id|>assistant<|end_header_id|>\n\n",
-                     "alpaca": "### Response:\n"}
-
-
+GENERATION_PROMPT = {
+    "chatml": "<|im_start|>assistant\n",
+    "llama3": "<|start_header_id|>assistant<|end_header_id|>\n\n",
+    "alpaca": "### Response:\n",
+}
 
 
 def test_vocab_is_exactly_2048_with_single_id_special_tokens(tokenizers):
@@ -64,8 +65,10 @@ def test_vocab_is_exactly_2048_with_single_id_special_tokens(tokenizers):
         ids = tokenizer(f"a{token}b", add_special_tokens=False)["input_ids"]
         assert ids[1] == tokenizer.convert_tokens_to_ids(token)
     assert tokenizer.pad_token == "<|endoftext|>" and tokenizer.pad_token_id == 0
-    assert tokenizer("hello", add_special_tokens=True)["input_ids"] == tokenizer("hello", add_special_tokens=False)[
-        "input_ids"]  # no BOS/EOS added behind the template's back
+    assert (
+        tokenizer("hello", add_special_tokens=True)["input_ids"]
+        == tokenizer("hello", add_special_tokens=False)["input_ids"]
+    )  # no BOS/EOS added behind the template's back
 
 
 @settings(max_examples=40, deadline=None)
@@ -101,8 +104,11 @@ def test_saved_dir_carries_all_templates_by_name():
     from transformers import AutoTokenizer
 
     plain = AutoTokenizer.from_pretrained(str(course_tokenizer_dir()), local_files_only=True)
-    assert plain.chat_template == {"default": CHAT_TEMPLATE_SOURCES["chatml"],
-                                   "llama3": CHAT_TEMPLATE_SOURCES["llama3"], "alpaca": CHAT_TEMPLATE_SOURCES["alpaca"]}
+    assert plain.chat_template == {
+        "default": CHAT_TEMPLATE_SOURCES["chatml"],
+        "llama3": CHAT_TEMPLATE_SOURCES["llama3"],
+        "alpaca": CHAT_TEMPLATE_SOURCES["alpaca"],
+    }
     assert plain.apply_chat_template(CHAT, tokenize=False, chat_template="llama3") == EXPECTED_TEXT["llama3"]
 
 
@@ -179,9 +185,11 @@ def test_load_tokenizer_offline_raises_a_clear_error(tmp_path):
 
 
 def test_load_tokenizer_with_hf_hub_offline_does_not_hang(tmp_path):
-    code = ("from course_lib import load_tokenizer, HubUnavailableError\n"
-            f"try:\n    load_tokenizer('Qwen/Qwen2.5-0.5B', cache_dir={str(tmp_path)!r})\n"
-            "except HubUnavailableError as error:\n    print('CLEAR', type(error).__mro__[1].__name__)\n")
+    code = (
+        "from course_lib import load_tokenizer, HubUnavailableError\n"
+        f"try:\n    load_tokenizer('Qwen/Qwen2.5-0.5B', cache_dir={str(tmp_path)!r})\n"
+        "except HubUnavailableError as error:\n    print('CLEAR', type(error).__mro__[1].__name__)\n"
+    )
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert "CLEAR OSError" in done.stdout, done.stderr[-2000:]
@@ -205,8 +213,9 @@ def _cached_hub_tokenizer(cache_dir: Path, model_id: str = "Qwen/Qwen2.5-0.5B") 
     for item in course_tokenizer_dir().iterdir():
         if item.is_file():
             shutil.copy(item, snapshot / item.name)
-    shutil.copy(Path(__file__).resolve().parents[1] / "course_lib/data/configs/Qwen2.5-0.5B.json",
-                snapshot / "config.json")
+    shutil.copy(
+        Path(__file__).resolve().parents[1] / "course_lib/data/configs/Qwen2.5-0.5B.json", snapshot / "config.json"
+    )
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text("c" * 40)
 
@@ -220,19 +229,23 @@ def test_load_tokenizer_offline_asks_the_hub_once_then_the_cache(tmp_path, cache
     """
     if cached:
         _cached_hub_tokenizer(tmp_path)
-    code = ("from course_lib import load_tokenizer, HubUnavailableError\n"
-            "try:\n"
-            f"    tokenizer = load_tokenizer('Qwen/Qwen2.5-0.5B', cache_dir={str(tmp_path)!r})\n"
-            "    print('LOADED', type(tokenizer).__name__, len(tokenizer))\n"
-            "except HubUnavailableError as error:\n"
-            "    print('CLEAR', error)\n")
+    code = (
+        "from course_lib import load_tokenizer, HubUnavailableError\n"
+        "try:\n"
+        f"    tokenizer = load_tokenizer('Qwen/Qwen2.5-0.5B', cache_dir={str(tmp_path)!r})\n"
+        "    print('LOADED', type(tokenizer).__name__, len(tokenizer))\n"
+        "except HubUnavailableError as error:\n"
+        "    print('CLEAR', error)\n"
+    )
     env = {key: value for key, value in os.environ.items() if key != "HF_HUB_OFFLINE"}
     env["HF_ENDPOINT"] = f"http://127.0.0.1:{_closed_port()}"
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert "Retrying" not in done.stderr, done.stderr[-2000:]
     if cached:
         # the class name differs across transformers 5.x (Qwen2Tokenizer, TokenizersBackend at 5.0): the vocabulary not
-        assert done.stdout.startswith("LOADED ") and done.stdout.split()[-1] == "2048", done.stdout + done.stderr[-2000:]
+        assert done.stdout.startswith("LOADED ") and done.stdout.split()[-1] == "2048", (
+            done.stdout + done.stderr[-2000:]
+        )
     else:
         assert "CLEAR" in done.stdout and "hub unreachable (ConnectError)" in done.stdout, done.stdout + done.stderr
 
@@ -248,8 +261,9 @@ def fake_hub(monkeypatch):
 
     class Hub(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 (http.server's name)
-            known = next((m for m in ("Qwen/Qwen2.5-0.5B", "gated/model") if self.path.startswith(f"/api/models/{m}")),
-                         None)
+            known = next(
+                (m for m in ("Qwen/Qwen2.5-0.5B", "gated/model") if self.path.startswith(f"/api/models/{m}")), None
+            )
             allowed = known != "gated/model" or self.headers.get("Authorization") == "Bearer hf_test"
             status = 404 if known is None else 200 if allowed else 401
             sha = ("e" if self.path.split("?")[0].endswith("/revision/v1") else "d") * 40
@@ -323,8 +337,7 @@ def test_hub_commit_gives_up_after_timeout_s(monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{silent.getsockname()[1]}")
     result = []
-    asking = threading.Thread(target=lambda: result.append(hub_commit("Qwen/Qwen2.5-0.5B", timeout_s=0.5)),
-                              daemon=True)
+    asking = threading.Thread(target=lambda: result.append(hub_commit("Qwen/Qwen2.5-0.5B", timeout_s=0.5)), daemon=True)
     asking.start()
     asking.join(30)
     silent.close()
@@ -373,8 +386,16 @@ def test_load_tokenizer_goes_local_only_when_the_hub_does_not_answer(monkeypatch
     assert [kwargs.get("local_files_only") for kwargs in loaded] == [True]
 
 
-@pytest.mark.parametrize("arguments, field", [((None,), "model_id"), (("",), "model_id"), (("a/b", " "), "revision"),
-                                              (("a/b", "main", 0), "timeout_s"), (("a/b", "main", math.nan), "timeout_s")])
+@pytest.mark.parametrize(
+    "arguments, field",
+    [
+        ((None,), "model_id"),
+        (("",), "model_id"),
+        (("a/b", " "), "revision"),
+        (("a/b", "main", 0), "timeout_s"),
+        (("a/b", "main", math.nan), "timeout_s"),
+    ],
+)
 def test_hub_commit_refuses_bad_arguments_before_asking(arguments, field):
     with pytest.raises(ValueError, match=field):
         hub_commit(*arguments[:2], **({"timeout_s": arguments[2]} if len(arguments) > 2 else {}))
@@ -391,6 +412,7 @@ def test_an_old_transformers_gets_a_clear_message(monkeypatch):
 
 # --- what the library survey found untested (tests/mutants/library_survey.py) -------------------------------------
 
+
 def test_rendering_never_adds_the_tokenizers_own_special_tokens():
     """The chat template writes every special token itself: a tokenizer whose post-processor prepends a BOS (as
     Llama's do) must give the same ids, or every rendered chat would start with two BOS tokens."""
@@ -400,8 +422,9 @@ def test_rendering_never_adds_the_tokenizers_own_special_tokens():
 
     plain, with_bos = load_course_tokenizer("llama3"), load_course_tokenizer("llama3")
     bos = with_bos.convert_tokens_to_ids("<|begin_of_text|>")
-    with_bos.backend_tokenizer.post_processor = TemplateProcessing(single="<|begin_of_text|> $A",
-                                                                   special_tokens=[("<|begin_of_text|>", bos)])
+    with_bos.backend_tokenizer.post_processor = TemplateProcessing(
+        single="<|begin_of_text|> $A", special_tokens=[("<|begin_of_text|>", bos)]
+    )
     assert with_bos("hi")["input_ids"][0] == bos  # the post-processor is live
     chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]
     ours, reference = render_chat(with_bos, chat), render_chat(plain, chat)
@@ -416,8 +439,10 @@ def test_a_generation_prompt_appends_the_assistant_header_as_template():
     question = [{"role": "user", "content": "hi"}]
     plain, prompted = render_chat(tokenizer, question), render_chat(tokenizer, question, add_generation_prompt=True)
     assert prompted["text"] == plain["text"] + "<|im_start|>assistant\n"
-    assert list(prompted["input_ids"][:len(plain["input_ids"])]) == list(plain["input_ids"])
-    assert set(prompted["roles"][len(plain["roles"]):]) == {"template"} and len(prompted["roles"]) > len(plain["roles"])
+    assert list(prompted["input_ids"][: len(plain["input_ids"])]) == list(plain["input_ids"])
+    assert set(prompted["roles"][len(plain["roles"]) :]) == {"template"} and len(prompted["roles"]) > len(
+        plain["roles"]
+    )
 
 
 def test_render_chats_refuses_what_is_not_a_tokenizer():

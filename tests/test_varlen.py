@@ -99,8 +99,7 @@ def test_attention_runs_per_sample_without_a_mask(packed):
     rows, length = packed["ids"].shape
     with _SdpaCalls() as spy, torch.no_grad():
         packed_logits(model, packed["ids"], packed["position_ids"], packed["segment_ids"], mode="varlen")
-    per_layer = [end - start for bounds in sample_bounds(packed["position_ids"])
-                 for start, end in pairwise(bounds)]
+    per_layer = [end - start for bounds in sample_bounds(packed["position_ids"]) for start, end in pairwise(bounds)]
     assert 1 in per_layer  # padding tokens and the 1-token sample: one copy of their values, no kernel each
     assert [n for n, _, _ in spy.calls] == [n for n in per_layer if n > 1] * model.config.num_hidden_layers
     assert all(mask is None and causal for _, mask, causal in spy.calls)
@@ -111,14 +110,18 @@ def test_attention_runs_per_sample_without_a_mask(packed):
 
 def test_gradient_checkpointing_keeps_the_varlen_context_through_backward(packed):
     """Checkpointing recomputes attention in backward: the varlen context must still be open then."""
+
     def gradients(mode):
         model = tiny_qwen2(seed=0, attn_implementation="sdpa").train()
         if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x renamed it
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": True})
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
-        inputs = {"input_ids": packed["ids"].reshape(1, -1), "position_ids": packed["position_ids"].reshape(1, -1),
-                  "labels": torch.where(packed["segment_ids"] >= 0, packed["ids"], -100).reshape(1, -1)}
+        inputs = {
+            "input_ids": packed["ids"].reshape(1, -1),
+            "position_ids": packed["position_ids"].reshape(1, -1),
+            "labels": torch.where(packed["segment_ids"] >= 0, packed["ids"], -100).reshape(1, -1),
+        }
         if mode == "varlen":
             with varlen_attention(model):
                 model(**inputs, use_cache=False).loss.backward()
@@ -151,8 +154,9 @@ def test_rows_without_position_ids_are_one_sample_each():
 def test_trl_padding_free_batch_runs_under_varlen(sequences):
     """TRL packs and collates (cu_seq_lens_q / _k, restarted position_ids, no mask); the model consumes it as is."""
     model = tiny_qwen2(seed=0, attn_implementation="sdpa")
-    rows = list(pack_dataset(Dataset.from_list([{"input_ids": s.tolist()} for s in sequences]), seq_length=64,
-                             strategy="bfd"))
+    rows = list(
+        pack_dataset(Dataset.from_list([{"input_ids": s.tolist()} for s in sequences]), seq_length=64, strategy="bfd")
+    )
     batch = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)(rows)
     assert "attention_mask" not in batch and batch["input_ids"].shape[0] == 1
     inputs = {key: batch[key] for key in ("input_ids", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k")}
@@ -162,11 +166,12 @@ def test_trl_padding_free_batch_runs_under_varlen(sequences):
     ids = batch["input_ids"]
     logp = torch.log_softmax(logits[0, :-1], -1).gather(-1, ids[0, 1:, None]).squeeze(-1)  # [T-1]
     bounds = batch["cu_seq_lens_q"].tolist()
-    by_content = {tuple(s.tolist()): ref for s, ref in zip(sequences, per_token_logprobs_alone(model, sequences),
-                                                           strict=True)}
+    by_content = {
+        tuple(s.tolist()): ref for s, ref in zip(sequences, per_token_logprobs_alone(model, sequences), strict=True)
+    }
     for start, end in pairwise(bounds):
         reference = by_content[tuple(ids[0, start:end].tolist())]  # [n - 1]; empty for a 1-token sample
-        assert torch.allclose(logp[start:end - 1], reference, atol=1e-5)
+        assert torch.allclose(logp[start : end - 1], reference, atol=1e-5)
     assert len(bounds) - 1 == len(sequences)
 
 
@@ -198,8 +203,10 @@ def test_logprobs_come_back_where_the_inputs_live(model, packed, sequences):
 @given(st.lists(st.lists(st.integers(1, 6), min_size=1, max_size=4), min_size=1, max_size=3), st.integers(0, 3))
 def test_sample_bounds_follow_transformers_rule(rows_of_lengths, padding):
     width = max(sum(lengths) for lengths in rows_of_lengths) + padding
-    rows = [torch.cat([torch.arange(n) for n in lengths] + [torch.zeros(width - sum(lengths), dtype=torch.long)])
-            for lengths in rows_of_lengths]
+    rows = [
+        torch.cat([torch.arange(n) for n in lengths] + [torch.zeros(width - sum(lengths), dtype=torch.long)])
+        for lengths in rows_of_lengths
+    ]
     positions = torch.stack(rows)  # [R, W]
     inferred = inferred_packed_segments(positions)  # [R, W]
     for row, bounds in enumerate(sample_bounds(positions)):
@@ -220,22 +227,48 @@ def test_bad_input(packed):
     with pytest.raises(ValueError, match="cu_seq_lens_q must rise"):
         varlen_sdpa_attention(attention, q, kv, kv, None, cu_seq_lens_q=torch.tensor([0, 4], dtype=torch.int32))
     with pytest.raises(ValueError, match="one flattened row"):
-        varlen_sdpa_attention(attention, q.expand(2, -1, -1, -1), kv.expand(2, -1, -1, -1), kv.expand(2, -1, -1, -1),
-                              None, cu_seq_lens_q=torch.tensor([0, 6], dtype=torch.int32))
+        varlen_sdpa_attention(
+            attention,
+            q.expand(2, -1, -1, -1),
+            kv.expand(2, -1, -1, -1),
+            kv.expand(2, -1, -1, -1),
+            None,
+            cu_seq_lens_q=torch.tensor([0, 6], dtype=torch.int32),
+        )
     with pytest.raises(ValueError, match="without a cache"):
-        varlen_sdpa_attention(attention, q, torch.zeros(1, 2, 9, 16), torch.zeros(1, 2, 9, 16), None,
-                              position_ids=torch.arange(6)[None])
+        varlen_sdpa_attention(
+            attention, q, torch.zeros(1, 2, 9, 16), torch.zeros(1, 2, 9, 16), None, position_ids=torch.arange(6)[None]
+        )
     reused = torch.tensor([0, 2, 6], dtype=torch.int32)  # cached for a row of 6, then given a row of 9
     varlen_sdpa_attention(attention, q, kv, kv, None, cu_seq_lens_q=reused)
     with pytest.raises(ValueError, match="row length 9"):
-        varlen_sdpa_attention(attention, torch.zeros(1, 4, 9, 16), torch.zeros(1, 2, 9, 16), torch.zeros(1, 2, 9, 16),
-                              None, cu_seq_lens_q=reused)
+        varlen_sdpa_attention(
+            attention,
+            torch.zeros(1, 4, 9, 16),
+            torch.zeros(1, 2, 9, 16),
+            torch.zeros(1, 2, 9, 16),
+            None,
+            cu_seq_lens_q=reused,
+        )
     with pytest.raises(ValueError, match="cu_seq_lens_k must equal"):
-        varlen_sdpa_attention(attention, q, kv, kv, None, cu_seq_lens_q=torch.tensor([0, 2, 6], dtype=torch.int32),
-                              cu_seq_lens_k=torch.tensor([0, 3, 6], dtype=torch.int32))
+        varlen_sdpa_attention(
+            attention,
+            q,
+            kv,
+            kv,
+            None,
+            cu_seq_lens_q=torch.tensor([0, 2, 6], dtype=torch.int32),
+            cu_seq_lens_k=torch.tensor([0, 3, 6], dtype=torch.int32),
+        )
     with pytest.raises(ValueError, match="do not match a batch"):
-        varlen_sdpa_attention(attention, q.expand(2, -1, -1, -1), kv.expand(2, -1, -1, -1), kv.expand(2, -1, -1, -1),
-                              None, position_ids=torch.arange(6).expand(3, -1))
+        varlen_sdpa_attention(
+            attention,
+            q.expand(2, -1, -1, -1),
+            kv.expand(2, -1, -1, -1),
+            kv.expand(2, -1, -1, -1),
+            None,
+            position_ids=torch.arange(6).expand(3, -1),
+        )
     with pytest.raises(ValueError, match="sliding_window"):
         varlen_sdpa_attention(attention, q, kv, kv, None, position_ids=torch.arange(6)[None], sliding_window=4)
     with pytest.raises(ValueError, match="position_ids"):
@@ -271,8 +304,9 @@ def test_one_position_row_is_shared_by_the_batch_and_cu_seq_lens_k_must_be_a_ten
     assert shared.shape == (2, 6, 4, 16) and torch.equal(shared, per_row)
     cu_seqlens = torch.tensor([0, 2, 6], dtype=torch.int32)
     with pytest.raises(ValueError, match="cu_seq_lens_k must be a tensor equal to cu_seq_lens_q, got list"):
-        varlen_sdpa_attention(attention, query[:1], key[:1], value[:1], None, cu_seq_lens_q=cu_seqlens,
-                              cu_seq_lens_k=[0, 2, 6])
+        varlen_sdpa_attention(
+            attention, query[:1], key[:1], value[:1], None, cu_seq_lens_q=cu_seqlens, cu_seq_lens_k=[0, 2, 6]
+        )
 
 
 def test_cu_seq_lens_q_is_checked_whole():
@@ -284,13 +318,18 @@ def test_cu_seq_lens_q_is_checked_whole():
         q, kv = torch.zeros(1, 4, length, 16), torch.zeros(1, 2, length, 16)
         return varlen_sdpa_attention(attention, q, kv, kv, None, cu_seq_lens_q=cu_seqlens)
 
-    for bad, shown in (([0, 3, 3, 6], "[0, 3, 3, 6] (4 entries)"), ([0, 4, 2, 6], "[0, 4, 2, 6] (4 entries)"),
-                       ([0, 6, 6], "[0, 6, 6] (3 entries)")):
+    for bad, shown in (
+        ([0, 3, 3, 6], "[0, 3, 3, 6] (4 entries)"),
+        ([0, 4, 2, 6], "[0, 4, 2, 6] (4 entries)"),
+        ([0, 6, 6], "[0, 6, 6] (3 entries)"),
+    ):
         with pytest.raises(ValueError, match=re.escape(f"row length 6, got {shown}")):
             attend(torch.tensor(bad, dtype=torch.int32))
-    for length, bad, shown in ((7, [0, 1, 2, 3, 4, 5, 5, 7], "[0, 1, 2, 3, 4, 5, 5, 7] (8 entries)"),
-                               (8, [0, 1, 2, 3, 4, 5, 6, 6, 8], "[0, 1, 2, 3, '...', 6, 8] (9 entries)"),
-                               (12, [0, *range(1, 11), 10, 12], "[0, 1, 2, 3, '...', 10, 12] (13 entries)")):
+    for length, bad, shown in (
+        (7, [0, 1, 2, 3, 4, 5, 5, 7], "[0, 1, 2, 3, 4, 5, 5, 7] (8 entries)"),
+        (8, [0, 1, 2, 3, 4, 5, 6, 6, 8], "[0, 1, 2, 3, '...', 6, 8] (9 entries)"),
+        (12, [0, *range(1, 11), 10, 12], "[0, 1, 2, 3, '...', 10, 12] (13 entries)"),
+    ):
         with pytest.raises(ValueError, match=re.escape(f"row length {length}, got {shown}")):
             attend(torch.tensor(bad, dtype=torch.int32), length)
     with pytest.raises(ValueError, match="cu_seq_lens_q must have 1 dimension"):
@@ -385,8 +424,10 @@ def test_torch_kernel_is_dispatched_causal_with_the_models_gqa_shapes():
             return func(*args, **(kwargs or {}))
 
     heads, kv_heads, dim = 14, 2, 64
-    query, key, value = (torch.empty(3, count, 40, dim, device="meta", dtype=torch.bfloat16, requires_grad=True)
-                         for count in (heads, kv_heads, kv_heads))
+    query, key, value = (
+        torch.empty(3, count, 40, dim, device="meta", dtype=torch.bfloat16, requires_grad=True)
+        for count in (heads, kv_heads, kv_heads)
+    )
     cu_seqlens = torch.empty(8, device="meta", dtype=torch.int32)  # 7 samples over the 3 rows
     with Dispatched() as dispatched:
         out = varlen_module._flash_attend(query, key, value, cu_seqlens, 33, 0.125)
@@ -417,11 +458,15 @@ def test_fused_path_equals_per_sample_sdpa(reference_kernel, rows):
     attention = model.model.layers[0].self_attn
     generator = torch.Generator().manual_seed(3)
     query, key, value = (torch.randn(rows, heads, 12, 16, generator=generator) for heads in (4, 2, 2))
-    position_ids = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2, 3, 0, 0, 0], [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11],
-                                 [0, 0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5]])[:rows]
+    position_ids = torch.tensor(
+        [
+            [0, 1, 2, 0, 1, 0, 1, 2, 3, 0, 0, 0],
+            [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11],
+            [0, 0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5],
+        ]
+    )[:rows]
     fused, _ = varlen_flash_attention(attention, query, key, value, None, scaling=0.3, position_ids=position_ids)
-    per_sample, _ = varlen_sdpa_attention(attention, query, key, value, None, scaling=0.3,
-                                          position_ids=position_ids)
+    per_sample, _ = varlen_sdpa_attention(attention, query, key, value, None, scaling=0.3, position_ids=position_ids)
     assert fused.shape == per_sample.shape == (rows, 12, 4, 16)
     assert torch.allclose(fused, per_sample, atol=1e-6)
 
@@ -464,16 +509,26 @@ def _first_row_bounds_everywhere(source, bounds, device):
 def _flattened_without_transpose(query, key, value, cu_seqlens, longest, scaling):
     rows, heads, length, dim = query.shape
     flat = [tensor.reshape(rows * length, tensor.shape[1], dim) for tensor in (query, key, value)]
-    out = varlen_module._torch_varlen_attn()(*flat, cu_seqlens, cu_seqlens, longest, longest, scale=scaling,
-                                             window_size=(-1, 0), enable_gqa=heads != key.shape[1])
+    out = varlen_module._torch_varlen_attn()(
+        *flat,
+        cu_seqlens,
+        cu_seqlens,
+        longest,
+        longest,
+        scale=scaling,
+        window_size=(-1, 0),
+        enable_gqa=heads != key.shape[1],
+    )
     return out.view(rows, length, heads, dim)
 
 
 _FLAT_CU_SEQLENS = varlen_module._flat_cu_seqlens
 
 
-@pytest.mark.parametrize(("name", "wrong"), [("_flat_cu_seqlens", _first_row_bounds_everywhere),
-                                             ("_flash_attend", _flattened_without_transpose)])
+@pytest.mark.parametrize(
+    ("name", "wrong"),
+    [("_flat_cu_seqlens", _first_row_bounds_everywhere), ("_flash_attend", _flattened_without_transpose)],
+)
 def test_wrong_fused_wiring_is_caught(reference_kernel, monkeypatch, name, wrong):
     """Two plausible wiring mistakes (row 0's boundaries for every row; [R, H, L, D] flattened without moving the
     heads) must fail the comparison the fused path passes."""
@@ -497,8 +552,9 @@ def test_real_flash_kernel_on_the_gpu(packed, sequences):
     model = tiny_qwen2(seed=0, attn_implementation="sdpa").cuda()
     attention = model.model.layers[0].self_attn
     generator = torch.Generator(device="cuda").manual_seed(5)
-    query, key, value = (torch.randn(2, heads, 40, 64, generator=generator, device="cuda", dtype=torch.bfloat16)
-                         for heads in (4, 2, 2))
+    query, key, value = (
+        torch.randn(2, heads, 40, 64, generator=generator, device="cuda", dtype=torch.bfloat16) for heads in (4, 2, 2)
+    )
     position_ids = torch.cat([torch.arange(17), torch.arange(23)]).expand(2, -1).cuda()
     fused, _ = varlen_flash_attention(attention, query, key, value, None, position_ids=position_ids)
     per_sample, _ = varlen_sdpa_attention(attention, query, key, value, None, position_ids=position_ids)
@@ -516,11 +572,14 @@ def test_real_flash_kernel_on_the_gpu(packed, sequences):
 def test_each_public_form_of_torch_varlen_attn_is_called_right():
     """torch 2.12+ (enable_gqa) as is; the form without enable_gqa gets each key/value head repeated for its query
     heads; torch 2.9's first form (is_causal, no scale) is not used: transformers' scaling could not be passed."""
-    def without_gqa(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
-                    window_size=(-1, -1)):
+
+    def without_gqa(
+        query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None, window_size=(-1, -1)
+    ):
         assert key.shape[1] == query.shape[1]  # this form has no GQA: heads must already match
-        return _reference_varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale=scale,
-                                      window_size=window_size, enable_gqa=False)
+        return _reference_varlen_attn(
+            query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale=scale, window_size=window_size, enable_gqa=False
+        )
 
     def first_form(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, return_aux=None):
         raise AssertionError("never called")
@@ -531,8 +590,9 @@ def test_each_public_form_of_torch_varlen_attn_is_called_right():
     generator = torch.Generator().manual_seed(6)
     query, key, value = (torch.randn(10, heads, 8, generator=generator) for heads in (4, 2, 2))
     cu_seqlens = torch.tensor([0, 3, 10], dtype=torch.int32)
-    expected = _reference_varlen_attn(query, key, value, cu_seqlens, cu_seqlens, 7, 7, scale=0.3,
-                                      window_size=(-1, 0), enable_gqa=True)
+    expected = _reference_varlen_attn(
+        query, key, value, cu_seqlens, cu_seqlens, 7, 7, scale=0.3, window_size=(-1, 0), enable_gqa=True
+    )
     got = adapted(query, key, value, cu_seqlens, cu_seqlens, 7, 7, scale=0.3, window_size=(-1, 0), enable_gqa=True)
     assert torch.allclose(got, expected, atol=1e-6)
 
@@ -550,9 +610,15 @@ def test_gpu_rules_for_the_fused_kernel(monkeypatch):
     monkeypatch.setattr(varlen_module, "_capability", lambda device: capability["value"])
     assert flash_varlen_unavailable("cuda", torch.bfloat16, 64) is None
     assert "not among the 1 CUDA device" in flash_varlen_unavailable("cuda:1", torch.bfloat16, 64)
-    for value, head_dim, refused in [((7, 5), 64, "compute capability 7.5"), ((8, 6), 200, "(192, 224]"),
-                                     ((8, 9), 224, "(192, 224]"), ((12, 0), 208, "(192, 224]"),
-                                     ((8, 6), 128, None), ((9, 0), 200, None), ((8, 6), 232, None)]:
+    for value, head_dim, refused in [
+        ((7, 5), 64, "compute capability 7.5"),
+        ((8, 6), 200, "(192, 224]"),
+        ((8, 9), 224, "(192, 224]"),
+        ((12, 0), 208, "(192, 224]"),
+        ((8, 6), 128, None),
+        ((9, 0), 200, None),
+        ((8, 6), 232, None),
+    ]:
         capability["value"] = value
         reason = flash_varlen_unavailable("cuda", torch.float16, head_dim)
         assert reason is None if refused is None else refused in reason, (value, head_dim, reason)
@@ -573,8 +639,12 @@ def test_query_key_value_of_different_dtypes_stay_per_sample(reference_kernel):
     with varlen_attention(model), torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         model(input_ids=ids, position_ids=position_ids, use_cache=False)
     assert varlen_kernel_used(model) == "sdpa"
-    with (varlen_attention(model, kernel="flash"), torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16),
-          pytest.raises(ValueError, match="differ")):
+    with (
+        varlen_attention(model, kernel="flash"),
+        torch.no_grad(),
+        torch.autocast("cpu", dtype=torch.bfloat16),
+        pytest.raises(ValueError, match="differ"),
+    ):
         model(input_ids=ids, position_ids=position_ids, use_cache=False)
     with pytest.raises(ValueError, match="torch.nn.Module"):
         varlen_kernel_used("model")
@@ -592,8 +662,7 @@ def test_boundaries_are_read_again_when_they_change(sequences):
         reused = first.clone()
         compiled(input_ids=ids, position_ids=reused, use_cache=False)
         reused.copy_(second)  # the same buffer, new boundaries
-        assert torch.allclose(compiled(input_ids=ids, position_ids=reused, use_cache=False).logits, expected,
-                              atol=1e-6)
+        assert torch.allclose(compiled(input_ids=ids, position_ids=reused, use_cache=False).logits, expected, atol=1e-6)
         reused.copy_(first)
         model(input_ids=ids, position_ids=reused, use_cache=False)
         reused.copy_(second)
@@ -606,8 +675,9 @@ def test_boundaries_are_read_again_when_they_change(sequences):
     cu_q = torch.tensor([0, 2, 4], dtype=torch.int32)
     varlen_sdpa_attention(attention, q, kv, kv, None, cu_seq_lens_q=cu_q, cu_seq_lens_k=cu_q.clone())
     with pytest.raises(ValueError, match="cu_seq_lens_k must equal"):
-        varlen_sdpa_attention(attention, q, kv, kv, None, cu_seq_lens_q=cu_q,
-                              cu_seq_lens_k=torch.tensor([0, 1, 4], dtype=torch.int32))
+        varlen_sdpa_attention(
+            attention, q, kv, kv, None, cu_seq_lens_q=cu_q, cu_seq_lens_k=torch.tensor([0, 1, 4], dtype=torch.int32)
+        )
 
 
 def test_the_attention_layer_is_checked_before_transformers_meets_it():
@@ -619,8 +689,11 @@ def test_the_attention_layer_is_checked_before_transformers_meets_it():
     for junk in (None, 3, "layer"):
         with pytest.raises(ValueError, match=r"^module must be the attention layer \(a torch.nn.Module\)"):
             varlen_sdpa_attention(junk, q, kv, kv, None, **positions)
-    with pytest.raises(ValueError, match=r"^module.num_key_value_groups must be 2 for 4 query heads over 2 key/value "
-                                         r"heads, got None"):
+    with pytest.raises(
+        ValueError,
+        match=r"^module.num_key_value_groups must be 2 for 4 query heads over 2 key/value "
+        r"heads, got None",
+    ):
         varlen_sdpa_attention(torch.nn.Identity(), q, kv, kv, None, **positions)
     varlen_sdpa_attention(torch.nn.Identity(), q, q, q, None, **positions)  # no grouping: nothing to repeat
     output, _ = varlen_sdpa_attention(layer, q, kv, kv, None, **positions)
@@ -641,11 +714,11 @@ def test_attention_inputs_are_checked_field_by_field():
         ((q.long(), kv, kv), {}, r"^query must be a floating-point tensor"),
         ((q, kv.long(), kv), {}, r"^key must be a floating-point tensor"),
         ((q, kv, kv.long()), {}, r"^value must be a floating-point tensor"),
-        ((q, kv, torch.zeros(1, 2, 6, 8)), {}, shapes),                         # value differs from key
-        ((q, torch.zeros(1, 2, 6, 8), torch.zeros(1, 2, 6, 8)), {}, shapes),     # head widths differ
-        ((q, torch.zeros(1, 3, 6, 16), torch.zeros(1, 3, 6, 16)), {}, shapes),   # 4 heads over 3 key heads
-        ((torch.zeros(2, 4, 6, 16), kv, kv), {}, shapes),                        # rows differ
-        ((q, kv[:, :0], kv[:, :0]), {}, shapes),                                 # no key head (was ZeroDivisionError)
+        ((q, kv, torch.zeros(1, 2, 6, 8)), {}, shapes),  # value differs from key
+        ((q, torch.zeros(1, 2, 6, 8), torch.zeros(1, 2, 6, 8)), {}, shapes),  # head widths differ
+        ((q, torch.zeros(1, 3, 6, 16), torch.zeros(1, 3, 6, 16)), {}, shapes),  # 4 heads over 3 key heads
+        ((torch.zeros(2, 4, 6, 16), kv, kv), {}, shapes),  # rows differ
+        ((q, kv[:, :0], kv[:, :0]), {}, shapes),  # no key head (was ZeroDivisionError)
         ((q, kv.half(), kv.half()), {}, r"^query torch.float32, key torch.float16 and value torch.float16 must share"),
         ((q, kv, kv), {"dropout": 1.5}, r"^dropout"),
         ((q, kv, kv), {"dropout": -0.1}, r"^dropout"),

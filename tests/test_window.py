@@ -20,13 +20,20 @@ def reference_audit(samples, target_context_len, template_tokens, min_kept=1, ma
         admitted = kept >= min_kept and ratio <= max_ratio
         fit = kept == s["supervised_tokens"]
         decision = "fit" if fit else ("truncate" if admitted else "overflow")
-        records.append({"name": s["name"], "total_tokens": head + s["supervised_tokens"],
-                        "kept_supervised_tokens": kept if (admitted or fit) else 0,
-                        "supervision_loss_ratio": ratio, "decision": decision})
+        records.append(
+            {
+                "name": s["name"],
+                "total_tokens": head + s["supervised_tokens"],
+                "kept_supervised_tokens": kept if (admitted or fit) else 0,
+                "supervision_loss_ratio": ratio,
+                "decision": decision,
+            }
+        )
     return records
 
 
 # --- seed 000 tests, verbatim -------------------------------------------------------------------------------
+
 
 def test_seed_context_fit_preserves_supervision():
     samples = [
@@ -60,6 +67,7 @@ def test_seed_invalid_inputs():
 
 # --- plausible wrong answers the tests must catch ---------------------------------------------------------
 
+
 def test_window_edge_is_inclusive():
     """`<` instead of `<=` at the edge would overflow a sample of exactly 2048 tokens."""
     plan = audit_context_fit([{"name": "edge", "prompt_tokens": 2016, "supervised_tokens": 1}], 2048, 31)
@@ -76,12 +84,15 @@ def test_template_tokens_count():
     assert plan["records"][0]["supervision_loss_ratio"] == pytest.approx(8 / 28)
 
 
-@pytest.mark.parametrize("min_kept, max_ratio, decision", [
-    (20, 0.4, "truncate"),   # both gates pass: kept 24 >= 20, lost 0.4 <= 0.4
-    (24, 0.4, "truncate"),   # each gate at its edge: kept 24 == 24 and lost 0.4 == 0.4 still pass
-    (25, 0.4, "overflow"),   # only the ratio gate passes
-    (20, 0.39, "overflow"),  # only the kept gate passes
-])
+@pytest.mark.parametrize(
+    "min_kept, max_ratio, decision",
+    [
+        (20, 0.4, "truncate"),  # both gates pass: kept 24 >= 20, lost 0.4 <= 0.4
+        (24, 0.4, "truncate"),  # each gate at its edge: kept 24 == 24 and lost 0.4 == 0.4 still pass
+        (25, 0.4, "overflow"),  # only the ratio gate passes
+        (20, 0.39, "overflow"),  # only the kept gate passes
+    ],
+)
 def test_both_gates_are_required(min_kept, max_ratio, decision):
     sample = [{"name": "s", "prompt_tokens": 80, "supervised_tokens": 40}]
     record = audit_context_fit(sample, 112, 8, min_kept, max_ratio)["records"][0]
@@ -96,36 +107,55 @@ def test_fit_is_judged_before_the_gates():
     assert record["decision"] == "fit" and record["kept_supervised_tokens"] == 3
 
 
-@pytest.mark.parametrize("kwargs", [
-    {"target_context_len": 0}, {"template_tokens": -1}, {"min_kept_supervised_tokens": 0},
-    {"max_supervision_loss_ratio": -0.1}, {"target_context_len": 12.5},
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"target_context_len": 0},
+        {"template_tokens": -1},
+        {"min_kept_supervised_tokens": 0},
+        {"max_supervision_loss_ratio": -0.1},
+        {"target_context_len": 12.5},
+    ],
+)
 def test_bad_arguments(kwargs):
     arguments = {"samples": [], "target_context_len": 128, "template_tokens": 8, **kwargs}
     with pytest.raises(ValueError, match=next(iter(kwargs))):
         audit_context_fit(**arguments)
 
 
-@pytest.mark.parametrize("sample, field", [
-    ({"name": "a", "prompt_tokens": -1, "supervised_tokens": 4}, "prompt_tokens"),
-    ({"name": "a", "prompt_tokens": 1}, "supervised_tokens"),
-    ({"prompt_tokens": 1, "supervised_tokens": 4}, "name"),
-])
+@pytest.mark.parametrize(
+    "sample, field",
+    [
+        ({"name": "a", "prompt_tokens": -1, "supervised_tokens": 4}, "prompt_tokens"),
+        ({"name": "a", "prompt_tokens": 1}, "supervised_tokens"),
+        ({"prompt_tokens": 1, "supervised_tokens": 4}, "name"),
+    ],
+)
 def test_bad_samples_name_the_field(sample, field):
     with pytest.raises(ValueError, match=field):
         audit_context_fit([sample], 128, 8)
 
 
-ledger_rows = st.lists(st.fixed_dictionaries({
-    "name": st.text(min_size=1, max_size=4),
-    "prompt_tokens": st.integers(0, 300),
-    "supervised_tokens": st.integers(1, 300),
-}), max_size=12)
+ledger_rows = st.lists(
+    st.fixed_dictionaries(
+        {
+            "name": st.text(min_size=1, max_size=4),
+            "prompt_tokens": st.integers(0, 300),
+            "supervised_tokens": st.integers(1, 300),
+        }
+    ),
+    max_size=12,
+)
 
 
 @settings(deadline=None, max_examples=150)
-@given(ledger_rows, st.integers(1, 512), st.integers(0, 64), st.integers(1, 64),
-       st.sampled_from([0.0, 0.1, 0.25, 0.4, 0.5, 1.0]))
+@given(
+    ledger_rows,
+    st.integers(1, 512),
+    st.integers(0, 64),
+    st.integers(1, 64),
+    st.sampled_from([0.0, 0.1, 0.25, 0.4, 0.5, 1.0]),
+)
 def test_matches_reference(samples, target, template, min_kept, max_ratio):
     plan = audit_context_fit(samples, target, template, min_kept, max_ratio)
     assert plan["records"] == reference_audit(samples, target, template, min_kept, max_ratio)
@@ -139,6 +169,7 @@ def test_matches_reference(samples, target, template, min_kept, max_ratio):
 
 
 # --- apply_window_policy -----------------------------------------------------------------------------------
+
 
 def chat_sample(prompt, supervised, name="s", start=0):
     ids = list(range(start, start + prompt + supervised))
@@ -160,8 +191,10 @@ def test_apply_drops_with_reasons():
     samples = [chat_sample(120, 8, "long_prompt"), chat_sample(88, 40, "lossy"), chat_sample(108, 40, "thin")]
     out = apply_window_policy(samples, 112, min_kept_supervised_tokens=8, max_supervision_loss_ratio=0.4)
     reasons = {d["name"]: d["reasons"] for d in out["dropped"]}
-    assert reasons == {"long_prompt": ["prompt_exceeds_window"],
-                       "thin": ["kept_supervised_tokens 4 < 8", "supervision_loss_ratio 0.90 > 0.40"]}
+    assert reasons == {
+        "long_prompt": ["prompt_exceeds_window"],
+        "thin": ["kept_supervised_tokens 4 < 8", "supervision_loss_ratio 0.90 > 0.40"],
+    }
     assert [k["name"] for k in out["kept"]] == ["lossy"]
     out = apply_window_policy([chat_sample(88, 40)], 112, min_kept_supervised_tokens=8, max_supervision_loss_ratio=0.39)
     assert out["dropped"][0]["reasons"] == ["supervision_loss_ratio 0.40 > 0.39"]
@@ -192,8 +225,13 @@ def test_apply_cuts_the_unlabelled_tail_freely():
     sample["labels"].append(IGNORE_INDEX)  # [6 prompt, 10 answer, 1 closing token]
     out = apply_window_policy([sample], 12, max_supervision_loss_ratio=0.5)
     assert out["kept"][0]["labels"] == sample["labels"][:12] and out["dropped"] == []
-    assert out["audit"]["records"][0] == {"name": "s", "total_tokens": 17, "kept_supervised_tokens": 6,
-                                          "supervision_loss_ratio": 0.4, "decision": "truncate"}
+    assert out["audit"]["records"][0] == {
+        "name": "s",
+        "total_tokens": 17,
+        "kept_supervised_tokens": 6,
+        "supervision_loss_ratio": 0.4,
+        "decision": "truncate",
+    }
     # Only the closing token is past the window: cut, nothing supervised lost, kept below min_kept all the same.
     out = apply_window_policy([sample], 16, min_kept_supervised_tokens=32)
     assert out["kept"][0]["labels"] == sample["labels"][:16]
@@ -209,8 +247,10 @@ def test_apply_truncates_real_template_samples(tokenizers, template):
     """A chat rendered by a real template is cut in its answer whatever closes the template."""
     from course_lib import build_labels
 
-    chat = [{"role": "user", "content": "Say something long."},
-            {"role": "assistant", "content": " ".join(["word"] * 60)}]
+    chat = [
+        {"role": "user", "content": "Say something long."},
+        {"role": "assistant", "content": " ".join(["word"] * 60)},
+    ]
     built = build_labels(tokenizers[template], chat)
     labels = [int(label) for label in built["labels"]]
     first, end = labels.index(next(x for x in labels if x != IGNORE_INDEX)), len(labels)
@@ -226,8 +266,11 @@ def test_apply_truncates_real_template_samples(tokenizers, template):
 
 def test_apply_keeps_tensors_aligned():
     sample = chat_sample(6, 10)
-    sample = {"input_ids": torch.tensor(sample["input_ids"]), "labels": torch.tensor(sample["labels"]),
-              "attention_mask": torch.ones(16, dtype=torch.long)}
+    sample = {
+        "input_ids": torch.tensor(sample["input_ids"]),
+        "labels": torch.tensor(sample["labels"]),
+        "attention_mask": torch.ones(16, dtype=torch.long),
+    }
     out = apply_window_policy([sample], 12, max_supervision_loss_ratio=0.5)
     kept = out["kept"][0]
     assert torch.equal(kept["input_ids"], torch.arange(12)) and torch.equal(kept["labels"][6:], torch.arange(6, 12))
@@ -235,12 +278,15 @@ def test_apply_keeps_tensors_aligned():
     assert out["audit"]["records"][0]["name"] == "sample_0"
 
 
-@pytest.mark.parametrize("sample", [
-    {"input_ids": [1, 2], "labels": [IGNORE_INDEX]},
-    {"input_ids": [], "labels": []},
-    {"input_ids": [1, 2], "labels": [IGNORE_INDEX, IGNORE_INDEX]},
-    {"input_ids": [1, 2]},
-])
+@pytest.mark.parametrize(
+    "sample",
+    [
+        {"input_ids": [1, 2], "labels": [IGNORE_INDEX]},
+        {"input_ids": [], "labels": []},
+        {"input_ids": [1, 2], "labels": [IGNORE_INDEX, IGNORE_INDEX]},
+        {"input_ids": [1, 2]},
+    ],
+)
 def test_apply_bad_samples(sample):
     with pytest.raises(ValueError, match=r"samples\[0\]"):
         apply_window_policy([sample], 8)
@@ -263,10 +309,17 @@ def labelled_samples(draw):
 @settings(deadline=None, max_examples=150)
 @given(labelled_samples(), st.integers(1, 200), st.integers(1, 40), st.sampled_from([0.0, 0.2, 0.5, 1.0]))
 def test_apply_agrees_with_audit(samples, target, min_kept, max_ratio):
-    out = apply_window_policy(samples, target, min_kept_supervised_tokens=min_kept,
-                              max_supervision_loss_ratio=max_ratio)
-    ledger = [{"name": s["name"], "prompt_tokens": s["labels"].count(IGNORE_INDEX),
-               "supervised_tokens": len(s["labels"]) - s["labels"].count(IGNORE_INDEX)} for s in samples]
+    out = apply_window_policy(
+        samples, target, min_kept_supervised_tokens=min_kept, max_supervision_loss_ratio=max_ratio
+    )
+    ledger = [
+        {
+            "name": s["name"],
+            "prompt_tokens": s["labels"].count(IGNORE_INDEX),
+            "supervised_tokens": len(s["labels"]) - s["labels"].count(IGNORE_INDEX),
+        }
+        for s in samples
+    ]
     kept = iter(out["kept"])
     for sample, row, ours in zip(samples, ledger, out["audit"]["records"], strict=True):
         labels = sample["labels"]
@@ -280,8 +333,11 @@ def test_apply_agrees_with_audit(samples, target, min_kept, max_ratio):
         first = min(i for i, label in enumerate(labels) if label != IGNORE_INDEX)
         if first < target and IGNORE_INDEX in labels[target:end]:
             assert ours["decision"] == "overflow" and ours["kept_supervised_tokens"] == 0
-            assert {"name": sample["name"], "index": samples.index(sample),
-                    "reasons": ["cut_would_remove_prompt_tokens"]} in out["dropped"]
+            assert {
+                "name": sample["name"],
+                "index": samples.index(sample),
+                "reasons": ["cut_would_remove_prompt_tokens"],
+            } in out["dropped"]
             continue
         assert ours == theirs
         if ours["decision"] != "overflow":
@@ -291,4 +347,3 @@ def test_apply_agrees_with_audit(samples, target, min_kept, max_ratio):
             assert labels[:end].count(IGNORE_INDEX) == cut["labels"][:end].count(IGNORE_INDEX)  # no prompt cut
     assert next(kept, None) is None
     assert len(out["kept"]) + len(out["dropped"]) == len(samples)
-

@@ -12,8 +12,9 @@ from itertools import pairwise
 import torch
 
 
-def reference_varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, scale=None, window_size=(-1, -1),
-                          enable_gqa=False):
+def reference_varlen_attn(
+    query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, scale=None, window_size=(-1, -1), enable_gqa=False
+):
     """[T, H, D] inputs -> [T, H, D]: causal softmax attention inside each cu_seqlens span only, GQA by sharing each
     key/value head among H / H_kv query heads. Asserts the argument contract the real kernel relies on."""
     assert cu_seq_q.dtype == torch.int32 and torch.equal(cu_seq_q, cu_seq_k) and max_q == max_k

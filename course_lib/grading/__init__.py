@@ -36,8 +36,10 @@ def reference(name: str) -> Callable:
 
 
 def _tripwire_code(name: str):
-    source = (f"def tripwire(*args, **kwargs):\n"
-              f"    raise AssertionError('this calls course_lib.{name}; the exercise is to write it yourself')\n")
+    source = (
+        f"def tripwire(*args, **kwargs):\n"
+        f"    raise AssertionError('this calls course_lib.{name}; the exercise is to write it yourself')\n"
+    )
     namespace: dict[str, Any] = {}
     exec(compile(source, f"<tripwire {name}>", "exec"), namespace)
     return namespace["tripwire"].__code__
@@ -51,8 +53,11 @@ def _blockable(name: str) -> Callable:
 
 
 # The library's functions that the tripwire can switch off, with their code as first imported.
-BLOCKABLE = {name: value.__code__ for name, value in _ORIGINALS.items()
-             if callable(value) and hasattr(value, "__code__") and not value.__code__.co_freevars}
+BLOCKABLE = {
+    name: value.__code__
+    for name, value in _ORIGINALS.items()
+    if callable(value) and hasattr(value, "__code__") and not value.__code__.co_freevars
+}
 
 
 def block_library(name: str) -> None:
@@ -120,8 +125,10 @@ def assert_same(got: Any, expected: Any, *, rtol: float = 1e-9, atol: float = 1e
     dtype. Floats compare with tolerance, and an int is accepted where a float is expected.
     """
     if isinstance(expected, (bool, int)) and type(expected) in (bool, int) and type(got) is not type(expected):
-        raise AssertionError(f"{path}: expected a Python {type(expected).__name__} ({expected!r}), "
-                             f"got {type(got).__module__}.{type(got).__name__} {got!r}")
+        raise AssertionError(
+            f"{path}: expected a Python {type(expected).__name__} ({expected!r}), "
+            f"got {type(got).__module__}.{type(got).__name__} {got!r}"
+        )
     if hasattr(expected, "shape") and hasattr(expected, "dtype") and not isinstance(expected, (int, float)):
         _assert_same_array(got, expected, rtol=rtol, atol=atol, path=path)
     elif isinstance(expected, Mapping):
@@ -142,8 +149,11 @@ def assert_same(got: Any, expected: Any, *, rtol: float = 1e-9, atol: float = 1e
     elif isinstance(expected, (str, bytes)) or expected is None:
         # compared by the expected type's own equality: a returned object whose __eq__/__ne__ always agree (or a str
         # subclass that overrides them) would otherwise pass for any text the library returns
-        same = got is None if expected is None else (isinstance(got, type(expected))
-                                                      and type(expected).__eq__(expected, got) is True)
+        same = (
+            got is None
+            if expected is None
+            else (isinstance(got, type(expected)) and type(expected).__eq__(expected, got) is True)
+        )
         if not same:
             raise AssertionError(f"{path}: {got!r} != expected {expected!r}")
     elif isinstance(expected, float) or isinstance(got, float):
@@ -168,17 +178,21 @@ def _assert_same_array(got: Any, expected: Any, *, rtol: float, atol: float, pat
     try:
         got_tensor = torch.as_tensor(got)
     except (TypeError, ValueError, RuntimeError) as error:
-        raise AssertionError(f"{path}: expected a tensor of shape {tuple(expected_tensor.shape)}, got {got!r}") from error
+        raise AssertionError(
+            f"{path}: expected a tensor of shape {tuple(expected_tensor.shape)}, got {got!r}"
+        ) from error
     if tuple(got_tensor.shape) != tuple(expected_tensor.shape):
         raise AssertionError(f"{path}: shape {tuple(got_tensor.shape)} != expected {tuple(expected_tensor.shape)}")
     if expected_tensor.dtype == torch.bool or not expected_tensor.is_floating_point():
         if got_tensor.is_floating_point() and expected_tensor.dtype != torch.bool:
             got_tensor = got_tensor.to(expected_tensor.dtype)
-        mismatch = (got_tensor.to(expected_tensor.dtype) != expected_tensor)
+        mismatch = got_tensor.to(expected_tensor.dtype) != expected_tensor
         if bool(mismatch.any()):
             first = tuple(int(i) for i in mismatch.nonzero()[0])
-            raise AssertionError(f"{path}: differs at index {first}: {got_tensor[first].item()!r} "
-                                 f"!= expected {expected_tensor[first].item()!r}")
+            raise AssertionError(
+                f"{path}: differs at index {first}: {got_tensor[first].item()!r} "
+                f"!= expected {expected_tensor[first].item()!r}"
+            )
         return
     close = torch.isclose(got_tensor.double(), expected_tensor.double(), rtol=rtol, atol=atol, equal_nan=True)
     if not bool(close.all()):
@@ -191,7 +205,12 @@ Case = tuple[Sequence[Any], Mapping[str, Any]]
 
 def as_case(case: Any) -> Case:
     """A case is (args, kwargs), or just a tuple/list of args."""
-    if isinstance(case, tuple) and len(case) == 2 and isinstance(case[1], Mapping) and isinstance(case[0], (list, tuple)):
+    if (
+        isinstance(case, tuple)
+        and len(case) == 2
+        and isinstance(case[1], Mapping)
+        and isinstance(case[0], (list, tuple))
+    ):
         return tuple(case[0]), dict(case[1])
     return tuple(case), {}
 
@@ -236,19 +255,29 @@ def _changed(before: Any, after: Any, path: str) -> str | None:
         return None if bool(same.all()) else f"{path} (values)"
     if kind == "array":
         old, new = before[1], after[1]
-        equal = old.shape == new.shape and old.dtype == new.dtype and np.array_equal(
-            old, new, equal_nan=old.dtype.kind in "fc")
+        equal = (
+            old.shape == new.shape
+            and old.dtype == new.dtype
+            and np.array_equal(old, new, equal_nan=old.dtype.kind in "fc")
+        )
         return None if equal else f"{path} (values)"
     if kind == "mapping":
         if before[1].keys() != after[1].keys():
             return f"{path} (keys)"
-        return next((found for key in before[1]
-                     if (found := _changed(before[1][key], after[1][key], f"{path}[{key!r}]"))), None)
+        return next(
+            (found for key in before[1] if (found := _changed(before[1][key], after[1][key], f"{path}[{key!r}]"))), None
+        )
     if kind in ("list", "tuple"):
         if len(before[1]) != len(after[1]):
             return f"{path} (length)"
-        return next((found for index, (old, new) in enumerate(zip(before[1], after[1], strict=True))
-                     if (found := _changed(old, new, f"{path}[{index}]"))), None)
+        return next(
+            (
+                found
+                for index, (old, new) in enumerate(zip(before[1], after[1], strict=True))
+                if (found := _changed(old, new, f"{path}[{index}]"))
+            ),
+            None,
+        )
     old, new = before[1], after[1]
     both_nan = isinstance(old, float) and isinstance(new, float) and math.isnan(old) and math.isnan(new)
     return None if both_nan or (type(old) is type(new) and old == new) else f"{path} (value)"
@@ -287,7 +316,7 @@ def shown_arguments(args: Sequence[Any], kwargs: Mapping[str, Any], limit: int =
     if len(positional) > room:
         positional = positional[:room] + " ..."
     text = ", ".join(part for part in (positional, keywords) if part)
-    return text if len(text) <= 2 * limit else text[:2 * limit] + " ..."
+    return text if len(text) <= 2 * limit else text[: 2 * limit] + " ..."
 
 
 def _kind(error: BaseException) -> str:
@@ -333,8 +362,9 @@ def assert_matches_reference(student: Callable, name: str, cases: Iterable[Any],
         checks.append((expected, before, f"{name}(case {index})", shown_arguments(args, kwargs)))
     if not calls:
         raise ValueError("assert_matches_reference needs at least one case")
-    for (expected, before, label, shown), outcome in zip(checks, _outcomes(student, name, calls, with_arguments=True),
-                                                         strict=True):
+    for (expected, before, label, shown), outcome in zip(
+        checks, _outcomes(student, name, calls, with_arguments=True), strict=True
+    ):
         if outcome[0] == "raised":
             error = outcome[1]
             if isinstance(error, AssertionError):
@@ -342,11 +372,13 @@ def assert_matches_reference(student: Callable, name: str, cases: Iterable[Any],
             raise AssertionError(f"{label} raised {_kind(error)}: {error}\n  called with: {shown}") from error
         _, got, args_after, kwargs_after = outcome
         after = {**{f"argument {i}": arg for i, arg in enumerate(args_after)}, **kwargs_after}
-        changed = next((found for key in before if (found := _changed(before[key], _snapshot(after.get(key)), key))),
-                       None)
+        changed = next(
+            (found for key in before if (found := _changed(before[key], _snapshot(after.get(key)), key))), None
+        )
         if changed:
-            raise AssertionError(f"{label} changed its input in place: {changed}; "
-                                 "work on a copy, the caller still needs its data")
+            raise AssertionError(
+                f"{label} changed its input in place: {changed}; work on a copy, the caller still needs its data"
+            )
         try:
             assert_same(got, expected, path=label, **tolerance)
         except AssertionError as error:
@@ -361,7 +393,9 @@ def expect_value_error(call: Callable, *args: Any, **kwargs: Any) -> str:
     except ValueError as error:
         return str(error)
     except Exception as error:  # the wrong exception type is a wrong answer, not a crash
-        raise AssertionError(f"expected ValueError, got {type(error).__name__}: {error}\n  called with: {shown}") from error
+        raise AssertionError(
+            f"expected ValueError, got {type(error).__name__}: {error}\n  called with: {shown}"
+        ) from error
     raise AssertionError(f"expected ValueError, nothing was raised\n  called with: {shown}")
 
 
@@ -378,8 +412,9 @@ def assert_rejects(student: Callable, name: str, bad_cases: Iterable[Any]) -> No
         if outcome[0] == "ok":
             raise AssertionError(f"expected ValueError, nothing was raised\n  called with: {arguments}")
         if not isinstance(outcome[1], ValueError):
-            raise AssertionError(f"expected ValueError, got {_kind(outcome[1])}: {outcome[1]}\n"
-                                 f"  called with: {arguments}") from outcome[1]
+            raise AssertionError(
+                f"expected ValueError, got {_kind(outcome[1])}: {outcome[1]}\n  called with: {arguments}"
+            ) from outcome[1]
 
 
 def notebook_lines_run(function: Callable, *args: Any, **kwargs: Any) -> int:
@@ -418,8 +453,10 @@ def assert_no_python_loop_over_tokens(student: Callable, name: str, make_input: 
     with contextlib.nullcontext() if _is_graders_stand_in(student) else library_blocked(name):
         short, long = (notebook_lines_run(student, *make_input(length)) for length in (8, 128))
     if long > 2 * short + 20:
-        raise AssertionError(f"{name} runs {short} lines of Python for 8 tokens and {long} for 128: a Python loop over "
-                             "tokens? Use tensor operations (broadcasting) instead")
+        raise AssertionError(
+            f"{name} runs {short} lines of Python for 8 tokens and {long} for 128: a Python loop over "
+            "tokens? Use tensor operations (broadcasting) instead"
+        )
 
 
 def in_student_process(student: Callable, work: Callable[[Callable], Any]) -> Any:

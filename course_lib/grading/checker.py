@@ -51,10 +51,30 @@ CALL_TIMEOUT_S = 60.0
 
 # Builtin exception types a student's exception comes back as (the first of its bases found here): tests catch
 # ValueError, TypeError, ...; a student's own subclass of ValueError is still a ValueError to them.
-EXCEPTIONS = {cls.__name__: cls for cls in (
-    ValueError, TypeError, KeyError, IndexError, LookupError, AssertionError, NotImplementedError, RecursionError,
-    RuntimeError, ZeroDivisionError, OverflowError, ArithmeticError, AttributeError, NameError, ImportError,
-    MemoryError, OSError, StopIteration, Exception)}
+EXCEPTIONS = {
+    cls.__name__: cls
+    for cls in (
+        ValueError,
+        TypeError,
+        KeyError,
+        IndexError,
+        LookupError,
+        AssertionError,
+        NotImplementedError,
+        RecursionError,
+        RuntimeError,
+        ZeroDivisionError,
+        OverflowError,
+        ArithmeticError,
+        AttributeError,
+        NameError,
+        ImportError,
+        MemoryError,
+        OSError,
+        StopIteration,
+        Exception,
+    )
+}
 
 
 class UnreadableResult(AssertionError):
@@ -116,8 +136,10 @@ def encode(value: Any, _state: list[int] | None = None, _depth: int = 0) -> Any:
     if exact in (list, tuple, set, frozenset):
         return (exact.__name__, [encode(item, state, _depth + 1) for item in value])
     if exact is dict or isinstance(value, Mapping) and type(value).__module__ in ("collections", "builtins"):
-        return ("dict", [[encode(key, state, _depth + 1), encode(item, state, _depth + 1)]
-                         for key, item in value.items()])
+        return (
+            "dict",
+            [[encode(key, state, _depth + 1), encode(item, state, _depth + 1)] for key, item in value.items()],
+        )
     return _encode_special(value, state, _depth)
 
 
@@ -273,8 +295,9 @@ def load(data: bytes) -> Any:
     try:
         return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
     except Exception as error:  # noqa: BLE001 - whatever the unpickler refuses is an unreadable answer
-        raise UnreadableResult("the student's process sent back something that is not data "
-                               f"({type(error).__name__})") from None
+        raise UnreadableResult(
+            f"the student's process sent back something that is not data ({type(error).__name__})"
+        ) from None
 
 
 def describe_exception(error: BaseException) -> tuple:
@@ -321,8 +344,10 @@ def student_module(sources: Mapping[str, str]) -> tuple[Any, list[str]]:
             continue
         dropped = [statement.lineno for statement in tree.body if not _kept(statement)]
         if dropped:
-            notes.append(f"{label}: the grader ran only the imports, definitions and name assignments of this cell "
-                         f"(left out: the statements on lines {', '.join(map(str, dropped[:8]))})")
+            notes.append(
+                f"{label}: the grader ran only the imports, definitions and name assignments of this cell "
+                f"(left out: the statements on lines {', '.join(map(str, dropped[:8]))})"
+            )
         body += [statement for statement in tree.body if _kept(statement)]
     module = ast.Module(body=body, type_ignores=[])
     return compile(module, "<your TODO cells>", "exec", dont_inherit=True), notes
@@ -360,7 +385,7 @@ def _close_inherited(keep: tuple[int, ...]) -> None:
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def run_in_child(work: Callable[[], Any], timeout_s: float, keep: int | None = None) -> Any:
@@ -498,8 +523,11 @@ class StudentCode:
         """work(the student's `name`) in a child forked for it, with the library's `name` switched off there."""
         started = time.monotonic()
         try:
-            return run_in_child(lambda: work(self.function(self.student_namespace(), name)), self.call_timeout_s,
-                                keep=self.server.pid if self.server else None)
+            return run_in_child(
+                lambda: work(self.function(self.student_namespace(), name)),
+                self.call_timeout_s,
+                keep=self.server.pid if self.server else None,
+            )
         finally:
             self.seconds += time.monotonic() - started
 
@@ -547,8 +575,10 @@ class StudentCode:
         if name in grading.BLOCKABLE:
             grading.block_library(name)
         if name not in namespace:
-            raise NameError(f"{name} is not defined by your TODO cells (the grader runs only their imports, "
-                            "definitions and name assignments: is it defined there, and does the cell parse?)")
+            raise NameError(
+                f"{name} is not defined by your TODO cells (the grader runs only their imports, "
+                "definitions and name assignments: is it defined there, and does the cell parse?)"
+            )
         return namespace[name]
 
 
@@ -671,8 +701,7 @@ def _by_name(value: Any) -> bool:
 def _why_stopped(error: BaseException, timeout_s: float) -> str:
     if isinstance(error, TimeoutError):
         return f"the call ran past {timeout_s:g} s and was stopped"
-    return ("the process running your function ended before it answered (os._exit, a crash, a kill, or out of "
-            "memory?)")
+    return "the process running your function ended before it answered (os._exit, a crash, a kill, or out of memory?)"
 
 
 def _send_frame(fd: int, data: bytes, deadline: float | None) -> None:
@@ -680,7 +709,7 @@ def _send_frame(fd: int, data: bytes, deadline: float | None) -> None:
     while view:
         if deadline is not None:
             _wait(fd, deadline, write=True)
-        view = view[os.write(fd, view[:1 << 16]):]
+        view = view[os.write(fd, view[: 1 << 16]) :]
 
 
 def _receive_frame(fd: int, deadline: float | None) -> bytes:
@@ -709,7 +738,9 @@ def _wait(fd: int, deadline: float, *, write: bool) -> None:
         left = deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError
-        ready = select.select([], [fd], [], min(left, 1.0))[1] if write else select.select([fd], [], [], min(left, 1.0))[0]
+        ready = (
+            select.select([], [fd], [], min(left, 1.0))[1] if write else select.select([fd], [], [], min(left, 1.0))[0]
+        )
         if ready:
             return
 
@@ -735,6 +766,7 @@ class StudentFunction:
 
     def call_and_arguments(self, args: tuple, kwargs: dict) -> tuple[Any, list, dict]:
         """(result, the positional arguments, the keyword arguments) as they are after the call, in the child."""
+
         def work(function: Callable) -> tuple:
             result = function(*args, **kwargs)
             return result, list(args), dict(kwargs)
@@ -763,10 +795,13 @@ class StudentFunction:
         library = grading.reference(self.__name__) if self.__name__ in grading._ORIGINALS else None
 
         def work(function: Callable) -> dict[str, Any]:
-            return {"callable": callable(function), "type": type(function).__name__,
-                    "module": str(getattr(function, "__module__", None)),
-                    "library": library is not None and (function is library
-                                                        or getattr(function, "__wrapped__", None) is library)}
+            return {
+                "callable": callable(function),
+                "type": type(function).__name__,
+                "module": str(getattr(function, "__module__", None)),
+                "library": library is not None
+                and (function is library or getattr(function, "__wrapped__", None) is library),
+            }
 
         return self._code.run(self.__name__, work)
 
@@ -833,8 +868,9 @@ def run_setup(namespace: dict[str, Any], sources: list[str], timeout_s: float) -
     return None
 
 
-def check_cell(namespace: dict[str, Any], student: StudentCode, grade_id: str, points: float, source: str,
-               timeout_s: float) -> CellVerdict:
+def check_cell(
+    namespace: dict[str, Any], student: StudentCode, grade_id: str, points: float, source: str, timeout_s: float
+) -> CellVerdict:
     """One graded test cell, run here; the student's calls count against the same time limit."""
     started, student_before = time.monotonic(), student.seconds
     verdict = CellVerdict(grade_id, points, passed=False)
@@ -845,8 +881,7 @@ def check_cell(namespace: dict[str, Any], student: StudentCode, grade_id: str, p
     except CellBudgetExceeded:
         spent = student.seconds - student_before
         if spent >= timeout_s / 2:
-            verdict.message = (f"CellTimeout: the cell ran past {timeout_s:g} s, {spent:.0f} s of them in your "
-                               "functions")
+            verdict.message = f"CellTimeout: the cell ran past {timeout_s:g} s, {spent:.0f} s of them in your functions"
         else:
             verdict.message = f"the tests ran past {timeout_s:g} s, only {spent:.0f} s of them in your functions"
             verdict.needs_regrade = f"{grade_id}: {verdict.message} (a loaded machine?)"
@@ -859,9 +894,16 @@ def check_cell(namespace: dict[str, Any], student: StudentCode, grade_id: str, p
     return verdict
 
 
-def run_checks(setup: list[str], solutions: Mapping[str, str], tests: list[tuple[str, float, str]], *,
-               names: list[str], cell_timeout_s: float = 60.0, call_timeout_s: float = CALL_TIMEOUT_S,
-               on_verdict: Callable[[CellVerdict], None] | None = None) -> tuple[str | None, list[CellVerdict]]:
+def run_checks(
+    setup: list[str],
+    solutions: Mapping[str, str],
+    tests: list[tuple[str, float, str]],
+    *,
+    names: list[str],
+    cell_timeout_s: float = 60.0,
+    call_timeout_s: float = CALL_TIMEOUT_S,
+    on_verdict: Callable[[CellVerdict], None] | None = None,
+) -> tuple[str | None, list[CellVerdict]]:
     """(setup problem or None, a verdict per test cell): the setup cells, then each test cell with the student's
     TODO functions `names` bound to `StudentFunction`s."""
     namespace: dict[str, Any] = {"__name__": "__main__"}
@@ -911,9 +953,15 @@ def main() -> int:
     def emit(verdict: CellVerdict) -> None:
         out.write(json.dumps({"cell": verdict.__dict__}) + "\n")
 
-    problem, _ = run_checks(job["setup"], job["solutions"], [tuple(t) for t in job["tests"]], names=job["names"],
-                            cell_timeout_s=float(job["cell_timeout"]), call_timeout_s=float(job["call_timeout"]),
-                            on_verdict=emit)
+    problem, _ = run_checks(
+        job["setup"],
+        job["solutions"],
+        [tuple(t) for t in job["tests"]],
+        names=job["names"],
+        cell_timeout_s=float(job["cell_timeout"]),
+        call_timeout_s=float(job["call_timeout"]),
+        on_verdict=emit,
+    )
     out.write(json.dumps({"setup": problem}) + "\n")
     out.close()
     return 0

@@ -68,8 +68,11 @@ def _global_names(code: types.CodeType) -> set[str]:
 def _annotation_names(function) -> set[str]:
     """Names used in the signature's annotations (strings under `from __future__ import annotations`)."""
     node = ast.parse(textwrap.dedent(inspect.getsource(function))).body[0]
-    annotations = [arg.annotation for arg in (*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs,
-                                              node.args.vararg, node.args.kwarg) if arg is not None]
+    annotations = [
+        arg.annotation
+        for arg in (*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs, node.args.vararg, node.args.kwarg)
+        if arg is not None
+    ]
     annotations = [a for a in annotations + [node.returns] if a is not None]
     return {sub.id for a in annotations for sub in ast.walk(a) if isinstance(sub, ast.Name)}
 
@@ -103,8 +106,11 @@ def solution_source(function) -> str:
     if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
         raise ValueError(f"{function.__qualname__} is not a plain function")
     body = node.body
-    has_docstring = isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
+    has_docstring = (
+        isinstance(body[0], ast.Expr)
+        and isinstance(getattr(body[0], "value", None), ast.Constant)
         and isinstance(body[0].value.value, str)
+    )
     if has_docstring and len(body) == 1:
         raise ValueError(f"{function.__qualname__} has no body beyond its docstring")
     lines = source.splitlines()
@@ -126,8 +132,10 @@ def expand_solution_cell(cell_source: str) -> tuple[str, list[str]]:
     imports = sorted({line for function in functions for line in required_imports(function)})
     private = [line for line in imports if re.search(r"import _\w+$", line) and "._checks" not in line]
     if private:
-        raise ValueError(f"solution {targets} leans on private helpers {private}: a TODO function must carry its "
-                         "own logic (validators from course_lib._checks and public building blocks only)")
+        raise ValueError(
+            f"solution {targets} leans on private helpers {private}: a TODO function must carry its "
+            "own logic (validators from course_lib._checks and public building blocks only)"
+        )
     parts = []
     if imports:
         parts.append("\n".join(imports))
@@ -144,8 +152,7 @@ def course_settings(course_root: Path) -> dict:
 def package_spec(settings: dict) -> str:
     """What the setup cell installs: the course repository's branch as GitHub's zip archive (a PEP 508 URL
     requirement). An archive, not `git+https://`: pip needs no git for it, and Windows laptops often have none."""
-    return (f"course_lib @ https://github.com/{settings['repository']}/archive/refs/heads/"
-            f"{settings['branch']}.zip")
+    return f"course_lib @ https://github.com/{settings['repository']}/archive/refs/heads/{settings['branch']}.zip"
 
 
 def setup_code(settings: dict) -> str:
@@ -175,8 +182,10 @@ def setup_code(settings: dict) -> str:
 
 
 def expand_markdown(source: str, settings: dict, name: str) -> str:
-    badge_url = (f"https://colab.research.google.com/github/{settings['repository']}/blob/{settings['branch']}"
-                 f"/notebooks/release/{name}/{name}.ipynb")
+    badge_url = (
+        f"https://colab.research.google.com/github/{settings['repository']}/blob/{settings['branch']}"
+        f"/notebooks/release/{name}/{name}.ipynb"
+    )
     badge = f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({badge_url})"
     return source.replace("{{COLAB_BADGE}}", badge)
 
@@ -202,8 +211,11 @@ def keep_test_names_local(source: str) -> str:
         if token.type == tokenize.STRING and token.end[0] > token.start[0]:
             in_string.update(range(token.start[0], token.end[0]))  # lines start[0] + 1 ... end[0], 1-based
     body = [line if not line.strip() or index in in_string else "    " + line for index, line in enumerate(lines)]
-    return (f"def {TEST_FUNCTION}():  # the checks run in a function: their names never replace yours\n"
-            + "\n".join(body).rstrip() + f"\n\n\n{TEST_FUNCTION}()")
+    return (
+        f"def {TEST_FUNCTION}():  # the checks run in a function: their names never replace yours\n"
+        + "\n".join(body).rstrip()
+        + f"\n\n\n{TEST_FUNCTION}()"
+    )
 
 
 def build_source_notebook(chapter_py: Path, course_root: Path) -> ChapterBuild:
@@ -219,12 +231,17 @@ def build_source_notebook(chapter_py: Path, course_root: Path) -> ChapterBuild:
         if cell.cell_type == "markdown":
             cell.source = expand_markdown(cell.source, settings, name)
         if cell.cell_type == "code" and cell.source.startswith(SETUP_DIRECTIVE):
-            extra = cell.source[len(SETUP_DIRECTIVE):].strip("\n")
+            extra = cell.source[len(SETUP_DIRECTIVE) :].strip("\n")
             cell.source = setup_code(settings) + ("\n\n" + extra if extra else "")
             cell.metadata.setdefault("tags", []).append("setup")
             # read-only for students, and restored from the source when graded (the tests rely on it)
-            cell.metadata["nbgrader"] = {"grade": False, "solution": False, "locked": True,
-                                         "grade_id": "setup", "schema_version": 3}
+            cell.metadata["nbgrader"] = {
+                "grade": False,
+                "solution": False,
+                "locked": True,
+                "grade_id": "setup",
+                "schema_version": 3,
+            }
         meta = nbgrader_meta(cell)
         if is_solution_cell(cell):
             cell.source, targets = expand_solution_cell(cell.source)
@@ -265,7 +282,10 @@ def generate_release(name: str, course_root: Path) -> Path:
     """Run `nbgrader generate_assignment` for one chapter; returns the release notebook path."""
     completed = subprocess.run(
         nbgrader_command("generate_assignment", name, "--force", "--create", course_root=course_root),
-        cwd=course_root, env=interpreter_bin_on_path(), capture_output=True, text=True,
+        cwd=course_root,
+        env=interpreter_bin_on_path(),
+        capture_output=True,
+        text=True,
     )
     if completed.returncode != 0:
         raise RuntimeError(f"nbgrader generate_assignment {name} failed:\n{completed.stdout}\n{completed.stderr}")
@@ -295,7 +315,8 @@ def name_the_stubs(source: str) -> str:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, ast.Raise) and function and lines[child.lineno - 1].strip() == STUB:
                 lines[child.lineno - 1] = lines[child.lineno - 1].replace(
-                    STUB, f'raise NotImplementedError("{function} is not written yet: it is a TODO of this notebook")')
+                    STUB, f'raise NotImplementedError("{function} is not written yet: it is a TODO of this notebook")'
+                )
             visit(child, child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else function)
 
     visit(tree, None)
@@ -320,8 +341,9 @@ def chapter_sources(chapters_dir: Path) -> list[Path]:
     return sorted(path for path in chapters_dir.glob("[0-9][0-9]_*.py"))
 
 
-def build_course(course_root: Path = NOTEBOOKS_DIR, *, release: bool = True,
-                 only: list[str] | None = None) -> list[ChapterBuild]:
+def build_course(
+    course_root: Path = NOTEBOOKS_DIR, *, release: bool = True, only: list[str] | None = None
+) -> list[ChapterBuild]:
     """Build every chapter (or `only` those): source notebooks, then release notebooks.
 
     A name in `only` that is no chapter raises UnknownChapterError (a ValueError) naming it and the chapters there
@@ -331,8 +353,10 @@ def build_course(course_root: Path = NOTEBOOKS_DIR, *, release: bool = True,
     sources = chapter_sources(course_root / "chapters")
     unknown = [name for name in only or () if name not in {path.stem for path in sources}]
     if unknown and sources:
-        raise UnknownChapterError(f"unknown chapter {', '.join(map(repr, unknown))}; the chapters are: "
-                         f"{', '.join(path.stem for path in sources)}")
+        raise UnknownChapterError(
+            f"unknown chapter {', '.join(map(repr, unknown))}; the chapters are: "
+            f"{', '.join(path.stem for path in sources)}"
+        )
     builds = []
     for chapter_py in sources:
         if only and chapter_py.stem not in only:

@@ -53,8 +53,11 @@ def solution_cells(notebook: Any) -> dict[str, str]:
 
 def graded_cells(notebook: Any) -> list[tuple[str, float, str]]:
     """(grade_id, points, source) of every graded test cell, in order."""
-    return [(nbgrader_meta(c)["grade_id"], float(nbgrader_meta(c).get("points", 0)), c.source)
-            for c in notebook.cells if is_test_cell(c)]
+    return [
+        (nbgrader_meta(c)["grade_id"], float(nbgrader_meta(c).get("points", 0)), c.source)
+        for c in notebook.cells
+        if is_test_cell(c)
+    ]
 
 
 def setup_cells(notebook: Any) -> list[str]:

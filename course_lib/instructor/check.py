@@ -60,8 +60,9 @@ def _edited(cell: Any) -> bool:
         return True
 
 
-def check_notebook(path: str | Path, *, cell_timeout: float = 60, notebook_timeout: float = 900,
-                   kernel_name: str | None = None) -> list[CheckRow]:
+def check_notebook(
+    path: str | Path, *, cell_timeout: float = 60, notebook_timeout: float = 900, kernel_name: str | None = None
+) -> list[CheckRow]:
     """Run the notebook and report each graded cell's visible tests (kernel_name None: ipykernel on this Python)."""
     path = Path(path)
     notebook, problem = read_notebook(path.read_bytes())
@@ -74,10 +75,16 @@ def check_notebook(path: str | Path, *, cell_timeout: float = 60, notebook_timeo
     for cell in notebook.cells:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
-    result = execute_notebook({"key": hashlib.sha1(str(path).encode()).hexdigest(),
-                               "notebook": nbformat.writes(notebook), "cwd": str(path.resolve().parent),
-                               "cell_timeout": cell_timeout,
-                               "notebook_timeout": notebook_timeout, "kernel_name": kernel_name})
+    result = execute_notebook(
+        {
+            "key": hashlib.sha1(str(path).encode()).hexdigest(),
+            "notebook": nbformat.writes(notebook),
+            "cwd": str(path.resolve().parent),
+            "cell_timeout": cell_timeout,
+            "notebook_timeout": notebook_timeout,
+            "kernel_name": kernel_name,
+        }
+    )
     executed = nbformat.reads(result["notebook"], as_version=4)
     rows = []
     for cell in executed.cells:
@@ -85,8 +92,15 @@ def check_notebook(path: str | Path, *, cell_timeout: float = 60, notebook_timeo
         if is_test_cell(cell):
             message = cell_message(cell)
             # an edited test cell proves nothing about the answer (the grader runs the original): not a pass
-            rows.append(CheckRow(meta["grade_id"], float(meta.get("points", 0)),
-                                 not message and not edited[meta["grade_id"]], message, edited[meta["grade_id"]]))
+            rows.append(
+                CheckRow(
+                    meta["grade_id"],
+                    float(meta.get("points", 0)),
+                    not message and not edited[meta["grade_id"]],
+                    message,
+                    edited[meta["grade_id"]],
+                )
+            )
     return rows
 
 
@@ -94,12 +108,18 @@ def format_rows(rows: list[CheckRow]) -> str:
     width = max(len("test"), *(len(r.grade_id) for r in rows))
     lines = [f"{'test':<{width}}  {'visible tests':<13}  {'points':>6}  message"]
     for row in rows:
-        note = row.message + ("  [test cell edited: the grader runs the original; copy it back from the release "
-                              "notebook to see its result]" if row.edited else "")
+        note = row.message + (
+            "  [test cell edited: the grader runs the original; copy it back from the release "
+            "notebook to see its result]"
+            if row.edited
+            else ""
+        )
         status = "EDITED" if row.edited else "PASS" if row.passed else "FAIL"
         lines.append(f"{row.grade_id:<{width}}  {status:<13}  {row.points:>6g}  {note.strip()}")
     passing = sum(r.points for r in rows if r.passed)
     total = sum(r.points for r in rows)
-    lines.append(f"visible tests pass on {sum(r.passed for r in rows)} of {len(rows)} graded cells "
-                 f"({passing:g} of {total:g} points); hidden tests decide the grade.")
+    lines.append(
+        f"visible tests pass on {sum(r.passed for r in rows)} of {len(rows)} graded cells "
+        f"({passing:g} of {total:g} points); hidden tests decide the grade."
+    )
     return "\n".join(lines)

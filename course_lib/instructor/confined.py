@@ -44,8 +44,9 @@ class Confinement:
     scratch_bytes: int = sandbox.Limits.scratch_bytes
 
     def limits(self, wall_s: float) -> sandbox.Limits:
-        return sandbox.Limits(memory_bytes=self.memory_bytes, processes=self.processes,
-                              scratch_bytes=self.scratch_bytes, wall_s=wall_s)
+        return sandbox.Limits(
+            memory_bytes=self.memory_bytes, processes=self.processes, scratch_bytes=self.scratch_bytes, wall_s=wall_s
+        )
 
 
 @dataclass
@@ -86,12 +87,19 @@ def redact(message: str, hidden: list[str]) -> str:
 def run_kernel(job: dict[str, Any], confinement: Confinement, slot: int | None = None) -> dict[str, Any]:
     """The notebook run in the sandbox; the driver's JSON answer, or {"problem": ...} when there is none."""
     wall = float(job["notebook_timeout"]) + 60
-    result = sandbox.run([_python(confinement), "-m", "course_lib.instructor.execute"], stdin=json.dumps(job).encode("utf-8"),
-                         mode=confinement.mode, image=confinement.image, limits=confinement.limits(wall),
-                         **_bwrap_only(confinement, slot, as_pid_1=False))
+    result = sandbox.run(
+        [_python(confinement), "-m", "course_lib.instructor.execute"],
+        stdin=json.dumps(job).encode("utf-8"),
+        mode=confinement.mode,
+        image=confinement.image,
+        limits=confinement.limits(wall),
+        **_bwrap_only(confinement, slot, as_pid_1=False),
+    )
     if result.timed_out:
-        return {"problem": f"the notebook's run passed the grader's limit of {wall:g} s and was stopped",
-                "seconds": result.seconds}
+        return {
+            "problem": f"the notebook's run passed the grader's limit of {wall:g} s and was stopped",
+            "seconds": result.seconds,
+        }
     try:
         answer = json.loads(result.stdout.decode("utf-8"))
         if not isinstance(answer, dict):
@@ -117,9 +125,14 @@ def run_checker(job: dict[str, Any], confinement: Confinement, slot: int | None 
     starts can neither signal it nor outlive a call); its verdict lines read as untrusted data."""
     cells = len(job["tests"]) + len(job["setup"])
     wall = float(job["cell_timeout"]) * (cells + 1) + 60
-    result = sandbox.run([_python(confinement), "-m", "course_lib.grading.checker"], stdin=json.dumps(job).encode("utf-8"),
-                         mode=confinement.mode, image=confinement.image, limits=confinement.limits(wall),
-                         **_bwrap_only(confinement, slot, as_pid_1=True))
+    result = sandbox.run(
+        [_python(confinement), "-m", "course_lib.grading.checker"],
+        stdin=json.dumps(job).encode("utf-8"),
+        mode=confinement.mode,
+        image=confinement.image,
+        limits=confinement.limits(wall),
+        **_bwrap_only(confinement, slot, as_pid_1=True),
+    )
     checked = CheckerResult(timed_out=result.timed_out, seconds=result.seconds)
     expected = [grade_id for grade_id, _, _ in job["tests"]]
     finished = False
@@ -139,8 +152,11 @@ def run_checker(job: dict[str, Any], confinement: Confinement, slot: int | None 
             break
         checked.verdicts[verdict["grade_id"]] = verdict
     if not finished:
-        checked.ended = ("the checker was stopped at the grader's time limit" if result.timed_out else
-                         f"the checker ended early (exit status {result.returncode}; killed by the code it checked?)")
+        checked.ended = (
+            "the checker was stopped at the grader's time limit"
+            if result.timed_out
+            else f"the checker ended early (exit status {result.returncode}; killed by the code it checked?)"
+        )
     return checked
 
 
@@ -148,8 +164,11 @@ def _well_formed(verdict: Any, expected: list[str], seen: dict[str, Any]) -> boo
     """A verdict for the next expected cell, with the fields and types the checker writes."""
     if not isinstance(verdict, dict) or len(seen) >= len(expected) or verdict.get("grade_id") != expected[len(seen)]:
         return False
-    return (isinstance(verdict.get("passed"), bool) and isinstance(verdict.get("message"), str)
-            and isinstance(verdict.get("needs_regrade", ""), str))
+    return (
+        isinstance(verdict.get("passed"), bool)
+        and isinstance(verdict.get("message"), str)
+        and isinstance(verdict.get("needs_regrade", ""), str)
+    )
 
 
 def executed_notebook(prepared: Any, answer: dict[str, Any]) -> tuple[Any, list[str]]:
@@ -183,8 +202,12 @@ def executed_notebook(prepared: Any, answer: dict[str, Any]) -> tuple[Any, list[
 
 
 def _plain_output(output: Any) -> bool:
-    return isinstance(output, dict) and output.get("output_type") in ("stream", "display_data", "execute_result",
-                                                                      "error")
+    return isinstance(output, dict) and output.get("output_type") in (
+        "stream",
+        "display_data",
+        "execute_result",
+        "error",
+    )
 
 
 def apply_verdicts(notebook: Any, checked: CheckerResult, hidden: list[str]) -> list[str]:
@@ -222,8 +245,7 @@ def needs_regrade(checked: CheckerResult) -> str | None:
     return "; ".join(reasons) or None
 
 
-def grade_all(jobs: list[dict[str, Any]], workers: int, confinement: Confinement,
-              on_result: Any) -> None:
+def grade_all(jobs: list[dict[str, Any]], workers: int, confinement: Confinement, on_result: Any) -> None:
     """Both runs of every job (`{"key", "kernel": ..., "checker": ...}`), `workers` submissions at a time;
     on_result(key, kernel answer, CheckerResult) in this thread, one at a time (the gradebook has one writer)."""
     slots: queue.SimpleQueue[int] = queue.SimpleQueue()

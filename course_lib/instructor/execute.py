@@ -74,8 +74,7 @@ def _cap_text(value: Any, limit: int) -> tuple[Any, bool]:
 def cap_outputs(notebook: Any, limit: int = MAX_OUTPUT_CHARS) -> list[int]:
     """Cut each code cell's printed text to `limit` characters (its stream outputs together; each text
     result and error message on its own); returns the indices of the cells that were cut."""
-    return [index for index, cell in enumerate(notebook.cells)
-            if cell.cell_type == "code" and _cap_cell(cell, limit)]
+    return [index for index, cell in enumerate(notebook.cells) if cell.cell_type == "code" and _cap_cell(cell, limit)]
 
 
 def _cap_cell(cell: Any, limit: int) -> bool:
@@ -127,8 +126,12 @@ def _this_interpreter_specs():
 
     class ThisInterpreter(KernelSpecManager):
         def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
-            return KernelSpec(argv=[sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-                              display_name=f"Python ({sys.executable})", language="python", resource_dir="")
+            return KernelSpec(
+                argv=[sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                display_name=f"Python ({sys.executable})",
+                language="python",
+                resource_dir="",
+            )
 
     return ThisInterpreter()
 
@@ -159,10 +162,17 @@ def execute_notebook(job: dict[str, Any]) -> dict[str, Any]:
         replies[cell_index] = execute_reply or {}
 
     client = NotebookClient(
-        notebook, timeout=int(cell_timeout), allow_errors=True, interrupt_on_timeout=True,
+        notebook,
+        timeout=int(cell_timeout),
+        allow_errors=True,
+        interrupt_on_timeout=True,
         error_on_timeout={"ename": TIMEOUT_ENAME, "evalue": f"the cell ran past {cell_timeout:g} s", "traceback": []},
-        kernel_name=job.get("kernel_name") or "python3", resources={"metadata": {"path": workdir}},
-        on_cell_executed=on_cell_executed, iopub_timeout=5, shutdown_kernel="immediate", record_timing=False,
+        kernel_name=job.get("kernel_name") or "python3",
+        resources={"metadata": {"path": workdir}},
+        on_cell_executed=on_cell_executed,
+        iopub_timeout=5,
+        shutdown_kernel="immediate",
+        record_timing=False,
     )
     # the connection file (the keys to this kernel) goes to Jupyter's runtime folder, not beside the kernels
     runtime = jupyter_runtime_dir()
@@ -191,11 +201,16 @@ def execute_notebook(job: dict[str, Any]) -> dict[str, Any]:
                     not_run = _mark_not_run(notebook, index + 1, f"not run: {problem}")
                     break
                 reply = replies.get(index, {}).get("content", {})
-                if (reply.get("status") == "error" and reply.get("ename") != TIMEOUT_ENAME
-                        and not any(output.get("output_type") == "error" for output in cell.outputs)):
+                if (
+                    reply.get("status") == "error"
+                    and reply.get("ename") != TIMEOUT_ENAME
+                    and not any(output.get("output_type") == "error" for output in cell.outputs)
+                ):
                     # the kernel says the cell raised, but no error was shown (student code that silences
                     # IPython's showtraceback): nbgrader reads only the outputs, so the reply's error goes there
-                    cell.outputs.append(error_output(str(reply.get("ename") or "Error"), str(reply.get("evalue") or "")))
+                    cell.outputs.append(
+                        error_output(str(reply.get("ename") or "Error"), str(reply.get("evalue") or ""))
+                    )
                 if reply.get("ename") == TIMEOUT_ENAME:
                     timed_out.append(index)
                     cell.outputs.append(error_output(TIMEOUT_ENAME, f"interrupted after {client.timeout} s"))
@@ -205,16 +220,29 @@ def execute_notebook(job: dict[str, Any]) -> dict[str, Any]:
                         break
     except Exception as error:  # noqa: BLE001 - a kernel that fails to start must not stop the run
         problem = problem or f"{type(error).__name__}: {error}"
-        first_unrun = next((i for i, c in enumerate(notebook.cells)
-                            if c.cell_type == "code" and i not in replies and i not in not_run), None)
+        first_unrun = next(
+            (
+                i
+                for i, c in enumerate(notebook.cells)
+                if c.cell_type == "code" and i not in replies and i not in not_run
+            ),
+            None,
+        )
         if first_unrun is not None:
             not_run += _mark_not_run(notebook, first_unrun, f"not run: {problem}")
     finally:
         if not job.get("cwd"):
             shutil.rmtree(workdir, ignore_errors=True)
     cut = cap_outputs(notebook)
-    return {"key": job["key"], "notebook": nbformat.writes(notebook), "timed_out": timed_out, "not_run": not_run,
-            "cut": cut, "problem": problem, "seconds": time.perf_counter() - started}
+    return {
+        "key": job["key"],
+        "notebook": nbformat.writes(notebook),
+        "timed_out": timed_out,
+        "not_run": not_run,
+        "cut": cut,
+        "problem": problem,
+        "seconds": time.perf_counter() - started,
+    }
 
 
 def _kernel_answers(client: Any, notebook: Any, replies: dict[int, dict]) -> bool:

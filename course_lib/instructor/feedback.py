@@ -57,9 +57,11 @@ def render_html(student: str, chapter: str, outcomes: list[CellOutcome], notes: 
     score = sum(o.score for o in outcomes)
     top = sum(o.max_score for o in outcomes)
     rows = "\n".join(
-        f"<tr class=\"{'pass' if o.passed else 'fail'}\"><td><code>{html.escape(o.grade_id)}</code></td>"
+        f'<tr class="{"pass" if o.passed else "fail"}"><td><code>{html.escape(o.grade_id)}</code></td>'
         f"<td>{'pass' if o.passed else 'fail'}</td><td>{o.score:g} / {o.max_score:g}</td>"
-        f"<td>{html.escape(o.message)}</td></tr>" for o in outcomes)
+        f"<td>{html.escape(o.message)}</td></tr>"
+        for o in outcomes
+    )
     note_items = "".join(f"<li>{html.escape(note)}</li>" for note in notes) or "<li>none</li>"
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(chapter)} · {html.escape(student)}</title>

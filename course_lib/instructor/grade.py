@@ -174,13 +174,24 @@ class NbgraderRecorder:
         config = PyFileConfigLoader("nbgrader_config.py", path=str(root)).load_config()
         config.CourseDirectory.root = str(root)
         config.CourseDirectory.submitted_directory = str(staging)
-        config.Autograde.sanitize_preprocessors = [DeduplicateIds, OverwriteKernelspec, OverwriteCells,
-                                                   CheckCellMetadata]
+        config.Autograde.sanitize_preprocessors = [
+            DeduplicateIds,
+            OverwriteKernelspec,
+            OverwriteCells,
+            CheckCellMetadata,
+        ]
         # after the grades are saved, the hidden tests nbgrader restored into the test cells go again: the
         # autograded notebook (what formgrader shows and generate_feedback renders) never holds them
-        config.Autograde.autograde_preprocessors = [IgnorePattern, ClearMetadataPreprocessor, LimitOutput,
-                                                    SaveAutoGrades, AssignLatePenalties, ClearHiddenTests,
-                                                    ScrubTestOutputs, CheckCellMetadata]
+        config.Autograde.autograde_preprocessors = [
+            IgnorePattern,
+            ClearMetadataPreprocessor,
+            LimitOutput,
+            SaveAutoGrades,
+            AssignLatePenalties,
+            ClearHiddenTests,
+            ScrubTestOutputs,
+            CheckCellMetadata,
+        ]
         self.api = NbGraderAPI(CourseDirectory(config=config), config=config)
 
     def record(self, student: str, chapter: str, executed: Any, timestamp: Path | None) -> str | None:
@@ -221,8 +232,11 @@ def _stage_original(root: Path, submission: submissions.Submission) -> tuple[Pat
     original_stamp, staged = submission.path.parent / "timestamp.txt", folder / "timestamp.txt"
     in_place = original_stamp.exists() and original_stamp.resolve() == staged.resolve()  # graded inside submitted/
     problem = _unreadable_timestamp(original_stamp) if original_stamp.exists() else "absent"
-    note = (f"the timestamp.txt beside it was left out ({problem}); graded without a submission time"
-            if problem not in (None, "absent") else None)
+    note = (
+        f"the timestamp.txt beside it was left out ({problem}); graded without a submission time"
+        if problem not in (None, "absent")
+        else None
+    )
     if in_place:  # the student's file stays where it is; an unreadable one is not handed to nbgrader
         return (staged if problem is None else None), note
     if problem is None:
@@ -234,8 +248,10 @@ def _stage_original(root: Path, submission: submissions.Submission) -> tuple[Pat
 
 # What nbgrader's submission times look like (`2025-03-01 12:00:00.000000 UTC`, ISO forms): only such text reaches
 # its parser, whose time-zone lookup opens whatever path a zone word names (`/dev/stdin` hangs, `../..` warns).
-TIMESTAMP = re.compile(r"^\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}(:\d{2}(\.\d{1,9})?)?"
-                       r"( ?(UTC|GMT|Z|[+-]\d{2}(:?\d{2})?))?$")
+TIMESTAMP = re.compile(
+    r"^\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}(:\d{2}(\.\d{1,9})?)?"
+    r"( ?(UTC|GMT|Z|[+-]\d{2}(:?\d{2})?))?$"
+)
 
 
 def _unreadable_timestamp(path: Path) -> str | None:
@@ -255,8 +271,9 @@ def _unreadable_timestamp(path: Path) -> str | None:
     return None
 
 
-def _prepare_all(root: Path, found: list[submissions.Submission], chapters: dict[str, Chapter], force: bool,
-                 outcomes: list[Outcome]) -> list[tuple[submissions.Submission, match.Prepared]]:
+def _prepare_all(
+    root: Path, found: list[submissions.Submission], chapters: dict[str, Chapter], force: bool, outcomes: list[Outcome]
+) -> list[tuple[submissions.Submission, match.Prepared]]:
     ready = []
     for submission in found:
         outcome = Outcome(submission.display, submission.student, submission.chapter, "failed")
@@ -271,8 +288,9 @@ def _prepare_all(root: Path, found: list[submissions.Submission], chapters: dict
             try:
                 prepared = match.prepare(submission.notebook, chapter.source, chapter.release)
                 if prepared.unmatched:
-                    outcome.reason = ("unmatched: " + prepared.unmatched
-                                      + _look_alike(submission.notebook, root, submission.chapter))
+                    outcome.reason = (
+                        "unmatched: " + prepared.unmatched + _look_alike(submission.notebook, root, submission.chapter)
+                    )
                 else:
                     ready.append((submission, prepared))
                     continue
@@ -291,14 +309,25 @@ def _require_kernel(kernel_name: str) -> None:
     try:
         KernelSpecManager().get_kernel_spec(kernel_name)
     except NoSuchKernel:
-        raise ValueError(f"--kernel {kernel_name!r}: no Jupyter kernel spec has that name "
-                         "(`jupyter kernelspec list` shows the installed ones); nothing was graded") from None
+        raise ValueError(
+            f"--kernel {kernel_name!r}: no Jupyter kernel spec has that name "
+            "(`jupyter kernelspec list` shows the installed ones); nothing was graded"
+        ) from None
 
 
-def grade_submissions(source: Path, root: Path = build.NOTEBOOKS_DIR, *, workers: int | None = None,
-                      cell_timeout: float = 60, notebook_timeout: float = 900, force: bool = False,
-                      out: Path | None = None, progress: bool = True, kernel_name: str | None = None,
-                      confinement: confined.Confinement | None = None) -> GradeRun:
+def grade_submissions(
+    source: Path,
+    root: Path = build.NOTEBOOKS_DIR,
+    *,
+    workers: int | None = None,
+    cell_timeout: float = 60,
+    notebook_timeout: float = 900,
+    force: bool = False,
+    out: Path | None = None,
+    progress: bool = True,
+    kernel_name: str | None = None,
+    confinement: confined.Confinement | None = None,
+) -> GradeRun:
     """Grade every submission under `source` (folder or zip) into the course at `root`.
 
     kernel_name None: every submission runs in ipykernel on this interpreter; a name: that Jupyter kernel spec.
@@ -322,14 +351,25 @@ def grade_submissions(source: Path, root: Path = build.NOTEBOOKS_DIR, *, workers
                 return _nothing_found(source, found, time.perf_counter() - started, workers)
             submissions.flag_duplicates(found.submissions)
             submitted = root / "submitted"
-            submissions.flag_case_clashes(found.submissions, sorted(p.name for p in submitted.iterdir() if p.is_dir())
-                                          if submitted.is_dir() else [])
+            submissions.flag_case_clashes(
+                found.submissions,
+                sorted(p.name for p in submitted.iterdir() if p.is_dir()) if submitted.is_dir() else [],
+            )
             chapters = load_chapters(root, {s.chapter for s in found.submissions if s.chapter and s.problem is None})
             ready = _prepare_all(root, found.submissions, chapters, force, outcomes)
             if ready:
-                outcomes += _execute_and_record(root, out, ready, chapters, workers=workers, progress=progress,
-                                                limits=(cell_timeout, notebook_timeout), kernel_name=kernel_name,
-                                                confinement=confinement, staging=scratch / "executed")
+                outcomes += _execute_and_record(
+                    root,
+                    out,
+                    ready,
+                    chapters,
+                    workers=workers,
+                    progress=progress,
+                    limits=(cell_timeout, notebook_timeout),
+                    kernel_name=kernel_name,
+                    confinement=confinement,
+                    staging=scratch / "executed",
+                )
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         order = {s.display: i for i, s in enumerate(found.submissions)}
@@ -360,27 +400,51 @@ def _nothing_found(source: Path, found: submissions.Found, seconds: float, worke
     return GradeRun([Outcome(str(source), None, None, "failed", reason)], seconds, workers)
 
 
-def _jobs(ready: list, chapters: dict[str, Chapter], limits: tuple[float, float],
-          kernel_name: str | None) -> list[dict]:
+def _jobs(
+    ready: list, chapters: dict[str, Chapter], limits: tuple[float, float], kernel_name: str | None
+) -> list[dict]:
     """The two runs of every ready submission: its notebook in a kernel (as handed out), its TODO cells under the
     checker (with the chapter source's setup and graded test cells)."""
     jobs = []
     for submission, prepared in ready:
         source = chapters[submission.chapter].source
         tests = cells.graded_cells(source)
-        jobs.append({"key": submission.key,
-                     "kernel": {"key": submission.key, "notebook": nbformat.writes(prepared.notebook),
-                                "cell_timeout": limits[0], "notebook_timeout": limits[1], "kernel_name": kernel_name},
-                     "checker": {"setup": cells.setup_cells(source), "tests": tests,
-                                 "solutions": cells.solution_cells(prepared.notebook),
-                                 "names": checker.defined_functions(cells.solution_cells(source)),
-                                 "cell_timeout": limits[0], "call_timeout": limits[0]}})
+        jobs.append(
+            {
+                "key": submission.key,
+                "kernel": {
+                    "key": submission.key,
+                    "notebook": nbformat.writes(prepared.notebook),
+                    "cell_timeout": limits[0],
+                    "notebook_timeout": limits[1],
+                    "kernel_name": kernel_name,
+                },
+                "checker": {
+                    "setup": cells.setup_cells(source),
+                    "tests": tests,
+                    "solutions": cells.solution_cells(prepared.notebook),
+                    "names": checker.defined_functions(cells.solution_cells(source)),
+                    "cell_timeout": limits[0],
+                    "call_timeout": limits[0],
+                },
+            }
+        )
     return jobs
 
 
-def _execute_and_record(root: Path, out: Path, ready: list, chapters: dict[str, Chapter], *, workers: int,
-                        progress: bool, limits: tuple[float, float], kernel_name: str | None,
-                        confinement: confined.Confinement, staging: Path) -> list[Outcome]:
+def _execute_and_record(
+    root: Path,
+    out: Path,
+    ready: list,
+    chapters: dict[str, Chapter],
+    *,
+    workers: int,
+    progress: bool,
+    limits: tuple[float, float],
+    kernel_name: str | None,
+    confinement: confined.Confinement,
+    staging: Path,
+) -> list[Outcome]:
     from tqdm import tqdm
 
     recorder = NbgraderRecorder(root, staging)
@@ -409,11 +473,24 @@ def _execute_and_record(root: Path, out: Path, ready: list, chapters: dict[str, 
 UNCONFINED_NOTE = "graded with --sandbox none: the student's code ran with the instructor's rights"
 
 
-def _record_one(recorder: NbgraderRecorder, out: Path, submission: submissions.Submission,
-                prepared: match.Prepared, answer: dict, checked: confined.CheckerResult, hidden: list[str],
-                stamp: Path) -> Outcome:
-    outcome = Outcome(submission.display, submission.student, submission.chapter, "failed",
-                      notes=list(prepared.notes), seconds=float(answer.get("seconds") or 0.0) + checked.seconds)
+def _record_one(
+    recorder: NbgraderRecorder,
+    out: Path,
+    submission: submissions.Submission,
+    prepared: match.Prepared,
+    answer: dict,
+    checked: confined.CheckerResult,
+    hidden: list[str],
+    stamp: Path,
+) -> Outcome:
+    outcome = Outcome(
+        submission.display,
+        submission.student,
+        submission.chapter,
+        "failed",
+        notes=list(prepared.notes),
+        seconds=float(answer.get("seconds") or 0.0) + checked.seconds,
+    )
     regrade = confined.needs_regrade(checked)
     if regrade:
         outcome.status, outcome.reason = "regrade", f"needs regrading: {regrade}"
@@ -427,20 +504,26 @@ def _record_one(recorder: NbgraderRecorder, out: Path, submission: submissions.S
                 raise RecordingFailed(error)
             messages = feedback.graded_messages(executed)
             scores = recorder.scores(submission.student, submission.chapter)
-            outcome.cells = [feedback.CellOutcome(grade_id, score, top, messages.get(grade_id, ""))
-                             for grade_id, (score, top) in _ordered(scores, executed)]
+            outcome.cells = [
+                feedback.CellOutcome(grade_id, score, top, messages.get(grade_id, ""))
+                for grade_id, (score, top) in _ordered(scores, executed)
+            ]
             page = out / "feedback" / submission.student / submission.chapter / f"{submission.chapter}.html"
             page.parent.mkdir(parents=True, exist_ok=True)
-            page.write_text(feedback.render_html(submission.student, submission.chapter, outcome.cells,
-                                                 outcome.notes), encoding="utf-8")
+            page.write_text(
+                feedback.render_html(submission.student, submission.chapter, outcome.cells, outcome.notes),
+                encoding="utf-8",
+            )
     except RecordingFailed as failed:
         outcome.reason, outcome.cells = str(failed), []
         return outcome
     except Exception as failure:  # noqa: BLE001 - one notebook nbgrader cannot take must not stop the others
         traceback.print_exc(file=sys.stderr)  # for the instructor; the outcome says it in a line
-        outcome.reason = (f"the grader failed while recording this notebook: {type(failure).__name__}: "
-                          f"{str(failure)[:300]} (the file is kept in submitted/; the gradebook, autograded/ and "
-                          "feedback/ are as they were)")
+        outcome.reason = (
+            f"the grader failed while recording this notebook: {type(failure).__name__}: "
+            f"{str(failure)[:300]} (the file is kept in submitted/; the gradebook, autograded/ and "
+            "feedback/ are as they were)"
+        )
         outcome.cells = []
         return outcome
     outcome.status = "graded"
@@ -509,8 +592,14 @@ def export_csv(root: Path, path: Path, log: dict[str, dict[str, Any]]) -> Path:
         for assignment in sorted(gradebook.assignments, key=lambda a: a.name):
             for student_submission in assignment.submissions:
                 for notebook in student_submission.notebooks:
-                    row = {"student": student_submission.student.id, "chapter": assignment.name, "status": "graded",
-                           "score": notebook.score, "max_score": notebook.max_score, "notes": ""}
+                    row = {
+                        "student": student_submission.student.id,
+                        "chapter": assignment.name,
+                        "status": "graded",
+                        "score": notebook.score,
+                        "max_score": notebook.max_score,
+                        "notes": "",
+                    }
                     for grade in sorted(notebook.grades, key=lambda g: g.name):
                         column = f"{assignment.name}:{grade.name}"
                         if column not in columns:
@@ -522,21 +611,30 @@ def export_csv(root: Path, path: Path, log: dict[str, dict[str, Any]]) -> Path:
         if key not in rows:
             if entry["status"] in ("failed", "regrade"):  # a regrade's reason starts "needs regrading: "
                 status = entry["reason"] if entry["status"] == "regrade" else "failed: " + entry["reason"]
-                rows[key] = {"student": key[0], "chapter": key[1], "status": status,
-                             "score": "", "max_score": "", "notes": f"file: {entry['file']}"}
+                rows[key] = {
+                    "student": key[0],
+                    "chapter": key[1],
+                    "status": status,
+                    "score": "",
+                    "max_score": "",
+                    "notes": f"file: {entry['file']}",
+                }
         elif entry["status"] == "graded":
             rows[key]["notes"] = entry["notes"]
             graded_against = entry.get("max_score")
             if graded_against is not None and float(graded_against) != float(rows[key]["max_score"]):
-                rows[key]["status"] = (f"graded against {graded_against:g} points; the chapter now has "
-                                       f"{float(rows[key]['max_score']):g}: grade it again with --force")
+                rows[key]["status"] = (
+                    f"graded against {graded_against:g} points; the chapter now has "
+                    f"{float(rows[key]['max_score']):g}: grade it again with --force"
+                )
         else:  # graded before; the latest submission could not be graded, so the grade shown is the earlier one
             what = entry["reason"] if entry["status"] == "regrade" else f"failed: {entry['reason']}"
             rows[key]["status"] = f"graded; a later submission ({entry['file']}) {what}"
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, ["student", "chapter", "status", "score", "max_score", *columns, "notes"],
-                                restval="")
+        writer = csv.DictWriter(
+            handle, ["student", "chapter", "status", "score", "max_score", *columns, "notes"], restval=""
+        )
         writer.writeheader()
         for key in sorted(rows):
             writer.writerow(rows[key])
@@ -554,9 +652,13 @@ def summary(run: GradeRun) -> str:
     lines += run.notes
     per_minute = 60 * run.count("graded") / run.seconds if run.seconds else 0.0
     if run.count("regrade"):
-        lines.append(f"{run.count('regrade')} submission(s) need regrading through no fault of their own: run the same "
-                     "`course grade` again (on a less loaded machine, or with a larger --cell-timeout)")
-    lines.append(f"graded {run.count('graded')}, failed {run.count('failed')}, skipped {run.count('skipped')} "
-                 f"in {run.seconds:.1f} s ({per_minute:.1f} submissions/min, {run.workers} workers)"
-                 + (f"; gradebook export {run.csv_path}" if run.csv_path else ""))
+        lines.append(
+            f"{run.count('regrade')} submission(s) need regrading through no fault of their own: run the same "
+            "`course grade` again (on a less loaded machine, or with a larger --cell-timeout)"
+        )
+    lines.append(
+        f"graded {run.count('graded')}, failed {run.count('failed')}, skipped {run.count('skipped')} "
+        f"in {run.seconds:.1f} s ({per_minute:.1f} submissions/min, {run.workers} workers)"
+        + (f"; gradebook export {run.csv_path}" if run.csv_path else "")
+    )
     return "\n".join(lines)

@@ -51,13 +51,19 @@ def update_log(root: Path, outcomes: list[Any]) -> dict[str, dict[str, Any]]:
     log = {key: entry for key, entry in read_log(root).items() if not _unnamed(entry)}  # this run reports its own
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
     for outcome in sorted(outcomes, key=lambda o: o.status == "graded"):  # within a run, a grade outranks a
-        if outcome.status not in ("graded", "failed", "regrade"):         # failed file of the same name (a .pdf)
+        if outcome.status not in ("graded", "failed", "regrade"):  # failed file of the same name (a .pdf)
             continue
         student, chapter = outcome.student or outcome.display, outcome.chapter or ""
         log[log_key(student, chapter)] = {
-            "student": student, "chapter": chapter, "status": outcome.status, "reason": outcome.reason,
-            "notes": " | ".join(outcome.notes), "file": outcome.display, "at": stamp,
-            **({"max_score": outcome.max_score} if outcome.status == "graded" else {})}
+            "student": student,
+            "chapter": chapter,
+            "status": outcome.status,
+            "reason": outcome.reason,
+            "notes": " | ".join(outcome.notes),
+            "file": outcome.display,
+            "at": stamp,
+            **({"max_score": outcome.max_score} if outcome.status == "graded" else {}),
+        }
     path = root / LOG_NAME
     partial = path.with_suffix(".partial")
     partial.write_text(json.dumps(log, ensure_ascii=False, indent=1, sort_keys=True), encoding="utf-8")

@@ -37,10 +37,12 @@ DEF_NAME = re.compile(r"^\s*def\s+([A-Za-z_]\w*)\s*\(", re.MULTILINE)
 # settrace and the dispatch modes are how the grader counts notebook lines and measures memory; the IPython shell's
 # hooks are how code rewrites the cells after it (input / AST transformers) or hides their errors (showtraceback).
 # `from IPython.display import display` or `%matplotlib inline` are ordinary and not flagged.
-TAMPERING = re.compile(r"course_lib\.(?:nb|grading|instructor)\b|\bgrading\b|__code__|library_blocked|_ORIGINALS|sys\.modules\[|"
-                       r"\bsettrace\b|\bgettrace\b|_python_dispatch|DispatchMode|"
-                       r"input_transformers\w*|ast_transformers|showtraceback|showsyntaxerror|set_custom_exc|"
-                       r"InteractiveShell")
+TAMPERING = re.compile(
+    r"course_lib\.(?:nb|grading|instructor)\b|\bgrading\b|__code__|library_blocked|_ORIGINALS|sys\.modules\[|"
+    r"\bsettrace\b|\bgettrace\b|_python_dispatch|DispatchMode|"
+    r"input_transformers\w*|ast_transformers|showtraceback|showsyntaxerror|set_custom_exc|"
+    r"InteractiveShell"
+)
 
 
 @dataclass
@@ -136,11 +138,18 @@ def prepare(submission: Any, source: Any, release: Any) -> Prepared:
     recognized = sum(1 for i in key_cells if i in matched) / max(1, len(key_cells))
     solutions = [i for i, cell in enumerate(release.cells) if is_solution_cell(cell)]
     result = Prepared(notebook=None, recognized=recognized)
-    result.by_grade_id = sum(1 for i, j in matched.items() if nbgrader_meta(submission.cells[j]).get("grade_id")
-                             == nbgrader_meta(release.cells[i]).get("grade_id") is not None)
+    result.by_grade_id = sum(
+        1
+        for i, j in matched.items()
+        if nbgrader_meta(submission.cells[j]).get("grade_id")
+        == nbgrader_meta(release.cells[i]).get("grade_id")
+        is not None
+    )
     if recognized < MIN_RECOGNIZED and not any(i in matched for i in solutions):
-        result.unmatched = (f"the notebook does not look like this chapter: {recognized:.0%} of its "
-                            f"{len(key_cells)} markdown and graded cells recognised, no TODO cell found")
+        result.unmatched = (
+            f"the notebook does not look like this chapter: {recognized:.0%} of its "
+            f"{len(key_cells)} markdown and graded cells recognised, no TODO cell found"
+        )
         return result
     cells = []
     for i, j in pairs:
@@ -157,8 +166,10 @@ def prepare(submission: Any, source: Any, release: Any) -> Prepared:
                 result.notes.append(f"{grade_id}: test cell edited; the original was restored and graded")
         elif is_solution_cell(original):
             if j is None:
-                result.notes.append(f"{grade_id}: TODO cell not found in the submission (deleted, or no longer "
-                                    "defines the TODO function); the empty TODO was graded")
+                result.notes.append(
+                    f"{grade_id}: TODO cell not found in the submission (deleted, or no longer "
+                    "defines the TODO function); the empty TODO was graded"
+                )
                 cell = _from_source(reference)
             else:
                 cell = _plain(submission.cells[j])
@@ -175,18 +186,32 @@ def prepare(submission: Any, source: Any, release: Any) -> Prepared:
                 result.notes.append("setup cell edited; the original was restored")
         else:
             cells.append(_plain(submission.cells[j]))
-    suspicious = sorted({m.group(0) for i, j in pairs if i is None or not (is_test_cell(source.cells[i])
-                                                                          or is_setup(source.cells[i]))
-                         if j is not None and submission.cells[j].cell_type == "code"
-                         for m in TAMPERING.finditer(submission.cells[j].source)})
+    suspicious = sorted(
+        {
+            m.group(0)
+            for i, j in pairs
+            if i is None or not (is_test_cell(source.cells[i]) or is_setup(source.cells[i]))
+            if j is not None and submission.cells[j].cell_type == "code"
+            for m in TAMPERING.finditer(submission.cells[j].source)
+        }
+    )
     if suspicious:
-        result.notes.append(f"flagged for review: student code refers to the grading machinery ({', '.join(suspicious)})")
-    by_content = sum(1 for i, j in matched.items() if nbgrader_meta(release.cells[i]).get("grade_id")
-                     and nbgrader_meta(submission.cells[j]).get("grade_id") != nbgrader_meta(release.cells[i])["grade_id"])
+        result.notes.append(
+            f"flagged for review: student code refers to the grading machinery ({', '.join(suspicious)})"
+        )
+    by_content = sum(
+        1
+        for i, j in matched.items()
+        if nbgrader_meta(release.cells[i]).get("grade_id")
+        and nbgrader_meta(submission.cells[j]).get("grade_id") != nbgrader_meta(release.cells[i])["grade_id"]
+    )
     if by_content:
         stripped = sum(1 for c in submission.cells if nbgrader_meta(c)) == 0
-        result.notes.append("nbgrader metadata " + ("missing" if stripped else "partly missing or changed")
-                            + "; cells were matched to the source by position and content")
+        result.notes.append(
+            "nbgrader metadata "
+            + ("missing" if stripped else "partly missing or changed")
+            + "; cells were matched to the source by position and content"
+        )
     notebook = nbformat.v4.new_notebook(metadata=copy.deepcopy(source.metadata))
     notebook.cells = cells
     seen: set[str] = set()

@@ -33,7 +33,7 @@ def error_line(output) -> str:
     name = ANSI.sub("", str(output.get("ename", "") or "Error"))
     value = " ".join(ANSI.sub("", str(output.get("evalue", "") or "")).split())
     line = f"{name}: {value}" if value else name
-    return line if len(line) <= MAX_MESSAGE else line[:MAX_MESSAGE - 3] + "..."
+    return line if len(line) <= MAX_MESSAGE else line[: MAX_MESSAGE - 3] + "..."
 
 
 class ScrubTestOutputs(NbGraderPreprocessor):

@@ -77,18 +77,40 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 
 __all__ = [
-    "MODES", "SCRATCH", "Limits", "Result", "SandboxUnavailable", "default_mode", "describe", "environment",
-    "make_undumpable", "read_only_paths", "require", "run",
+    "MODES",
+    "SCRATCH",
+    "Limits",
+    "Result",
+    "SandboxUnavailable",
+    "default_mode",
+    "describe",
+    "environment",
+    "make_undumpable",
+    "read_only_paths",
+    "require",
+    "run",
 ]
 
 MODES = ("bwrap", "none", "container")
 SCRATCH = "/home/student"
 DEFAULT_PACKAGES = ("course_lib",)
-ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/nsswitch.conf", "/etc/passwd",
-             "/etc/group", "/etc/hosts", "/etc/localtime", "/etc/alternatives", "/etc/fonts")
+ETC_FILES = (
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/nsswitch.conf",
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/hosts",
+    "/etc/localtime",
+    "/etc/alternatives",
+    "/etc/fonts",
+)
 HOST_TOP_LEVEL = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-FIX = ("install bubblewrap (apt-get install bubblewrap / dnf install bubblewrap) and allow unprivileged user "
-       "namespaces, or pass --sandbox none knowingly")
+FIX = (
+    "install bubblewrap (apt-get install bubblewrap / dnf install bubblewrap) and allow unprivileged user "
+    "namespaces, or pass --sandbox none knowingly"
+)
 SLOT_UID_BASE = 61_000  # root's concurrent sandboxes run as 61000, 61001, ... (no user has them on a normal system)
 _BWRAP_TASKS = 2  # bwrap's own tasks of the sandbox uid: the setup process and the PID namespace's reaper
 _GRACE_S = 5.0  # after the command ended or was killed, how long pipes may stay open before we stop reading
@@ -183,7 +205,7 @@ class Result:
 
 
 def default_mode() -> str:
-    """"bwrap", on every platform: off Linux `require` refuses and names the fixes, nothing falls back silently."""
+    """ "bwrap", on every platform: off Linux `require` refuses and names the fixes, nothing falls back silently."""
     return "bwrap"
 
 
@@ -194,15 +216,19 @@ def describe(mode: str, *, image: str | None = None) -> str:
         return "sandbox none: no confinement (environment allow-list and rlimits only)"
     if mode == "container":
         engine = _engine() or "no docker/podman on PATH"
-        return (f"sandbox container: {engine} image {image}, --network none, --read-only, tmpfs {SCRATCH}, "
-                "--cap-drop ALL, no-new-privileges, non-root user")
+        return (
+            f"sandbox container: {engine} image {image}, --network none, --read-only, tmpfs {SCRATCH}, "
+            "--cap-drop ALL, no-new-privileges, non-root user"
+        )
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         return "sandbox bwrap: bubblewrap not found on PATH"
     version = _bwrap_features(bwrap)[0] or "unknown version"
     who = f"root -> uid {_nobody()[0]} (nested bwrap)" if os.geteuid() == 0 else f"uid {os.getuid()}"
-    return (f"sandbox bwrap: {version} at {bwrap}, {who}, all namespaces unshared, no network, read-only "
-            f"environment, tmpfs {SCRATCH}")
+    return (
+        f"sandbox bwrap: {version} at {bwrap}, {who}, all namespaces unshared, no network, read-only "
+        f"environment, tmpfs {SCRATCH}"
+    )
 
 
 def require(mode: str = "bwrap", *, image: str | None = None) -> None:
@@ -228,10 +254,19 @@ def require(mode: str = "bwrap", *, image: str | None = None) -> None:
         raise SandboxUnavailable(_refusal(f"{bwrap} cannot start a sandbox here ({why})"))
 
 
-def run(argv: Sequence[str], *, stdin: bytes | None = None, mode: str | None = None, limits: Limits | None = None,
-        packages: Iterable[str] = DEFAULT_PACKAGES, extra_env: Mapping[str, str] | None = None,
-        image: str | None = None, read_only: Iterable[str] = (), as_pid_1: bool = False,
-        slot: int | None = None) -> Result:
+def run(
+    argv: Sequence[str],
+    *,
+    stdin: bytes | None = None,
+    mode: str | None = None,
+    limits: Limits | None = None,
+    packages: Iterable[str] = DEFAULT_PACKAGES,
+    extra_env: Mapping[str, str] | None = None,
+    image: str | None = None,
+    read_only: Iterable[str] = (),
+    as_pid_1: bool = False,
+    slot: int | None = None,
+) -> Result:
     """Run `argv` confined by `mode` (default `default_mode()`) under `limits`; never raises for what the
     command does, only for bad arguments (ValueError) or a missing bwrap/engine (SandboxUnavailable).
 
@@ -275,18 +310,28 @@ def make_undumpable() -> None:
         raise OSError(error, f"prctl(PR_SET_DUMPABLE, 0) failed: {os.strerror(error)}")
 
 
-def environment(limits: Limits, extra_env: Mapping[str, str] | None = None, *, home: str = SCRATCH,
-                path: str | None = "") -> dict[str, str]:
+def environment(
+    limits: Limits, extra_env: Mapping[str, str] | None = None, *, home: str = SCRATCH, path: str | None = ""
+) -> dict[str, str]:
     """The whole environment of a sandboxed command: the allow-list below plus `extra_env`, nothing inherited.
 
     `path` "" means the interpreter's bin folder + /usr/bin:/bin; None leaves PATH out (a container's own).
     """
     env = {
-        "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": home, "TMPDIR": home,
-        "OMP_NUM_THREADS": str(limits.threads), "MKL_NUM_THREADS": str(limits.threads),
-        "OPENBLAS_NUM_THREADS": str(limits.threads), "TOKENIZERS_PARALLELISM": "false",
-        "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HOME": f"{home}/.cache/huggingface",
-        "MPLBACKEND": "Agg", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1",
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "HOME": home,
+        "TMPDIR": home,
+        "OMP_NUM_THREADS": str(limits.threads),
+        "MKL_NUM_THREADS": str(limits.threads),
+        "OPENBLAS_NUM_THREADS": str(limits.threads),
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "HF_HOME": f"{home}/.cache/huggingface",
+        "MPLBACKEND": "Agg",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONNOUSERSITE": "1",
         "NBGRADER_EXECUTION": "autograde",
     }
     if path is not None:
@@ -320,9 +365,17 @@ def read_only_paths(packages: Iterable[str] = DEFAULT_PACKAGES, extra: Iterable[
 # ------------------------------------------------------------------------------------------ bwrap mode
 
 
-def _run_bwrap(argv: list[str], stdin: bytes | None, limits: Limits, extra_env: Mapping[str, str] | None,
-               packages: list[str], read_only: list[str], *, as_pid_1: bool = False,
-               slot: int | None = None) -> Result:
+def _run_bwrap(
+    argv: list[str],
+    stdin: bytes | None,
+    limits: Limits,
+    extra_env: Mapping[str, str] | None,
+    packages: list[str],
+    read_only: list[str],
+    *,
+    as_pid_1: bool = False,
+    slot: int | None = None,
+) -> Result:
     """Build the launcher + bwrap command line for the caller's uid and run it."""
     if not sys.platform.startswith("linux"):
         raise SandboxUnavailable(_refusal(f"bubblewrap needs Linux, this is {sys.platform}"))
@@ -337,8 +390,16 @@ def _run_bwrap(argv: list[str], stdin: bytes | None, limits: Limits, extra_env: 
         uid, gid = _nobody() if slot is None else (SLOT_UID_BASE + slot, SLOT_UID_BASE + slot)
         rlimits = _rlimits(limits, uid)
         outer_paths = _outermost([*paths, os.path.realpath(bwrap)])
-        command = [bwrap, *_outer_args(outer_paths), "--", *_launcher(rlimits, uid, gid), os.path.realpath(bwrap),
-                   *inner, "--", *argv]
+        command = [
+            bwrap,
+            *_outer_args(outer_paths),
+            "--",
+            *_launcher(rlimits, uid, gid),
+            os.path.realpath(bwrap),
+            *inner,
+            "--",
+            *argv,
+        ]
     else:
         command = [*_launcher(_rlimits(limits, os.getuid()), -1, -1), bwrap, *inner, "--", *argv]
     return _execute(command, stdin, limits, env, cwd="/")
@@ -346,15 +407,42 @@ def _run_bwrap(argv: list[str], stdin: bytes | None, limits: Limits, extra_env: 
 
 def _inner_args(paths: list[str], limits: Limits, env: Mapping[str, str], disable_userns: bool) -> list[str]:
     """bwrap options of the sandbox itself (the same as a normal user or as nobody under root)."""
-    args = ["--unshare-all", "--unshare-user", *(["--disable-userns"] if disable_userns else []),
-            "--die-with-parent", "--new-session", "--hostname", "sandbox"]
+    args = [
+        "--unshare-all",
+        "--unshare-user",
+        *(["--disable-userns"] if disable_userns else []),
+        "--die-with-parent",
+        "--new-session",
+        "--hostname",
+        "sandbox",
+    ]
     # /tmp first, a tmpfs of its own: a course or virtual environment that lives under the host's /tmp (a CI clone)
     # is then bound inside it, read-only, and /tmp stays writable and bounded around it
     args += ["--size", str(limits.scratch_bytes), "--tmpfs", "/tmp"]
     args += _view_args(paths)
-    args += ["--proc", "/proc", "--dev", "/dev", "--size", str(limits.shm_bytes), "--tmpfs", "/dev/shm",
-             "--perms", "0700", "--size", str(limits.scratch_bytes), "--tmpfs", SCRATCH,
-             "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", SCRATCH, "--clearenv"]
+    args += [
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--size",
+        str(limits.shm_bytes),
+        "--tmpfs",
+        "/dev/shm",
+        "--perms",
+        "0700",
+        "--size",
+        str(limits.scratch_bytes),
+        "--tmpfs",
+        SCRATCH,
+        "--remount-ro",
+        "/dev",
+        "--remount-ro",
+        "/",
+        "--chdir",
+        SCRATCH,
+        "--clearenv",
+    ]
     for key, value in env.items():
         args += ["--setenv", key, value]
     return args
@@ -364,8 +452,18 @@ def _outer_args(paths: list[str]) -> list[str]:
     """bwrap options of the privileged outer layer under root: the same read-only view, every ancestor folder
     world-traversable (a host /root is 0700), the host /proc (a fully visible procfs, which the inner bwrap needs
     to mount its own), a /dev and /tmp for the inner bwrap; only CAP_SETUID/CAP_SETGID kept, for the launcher."""
-    args = ["--unshare-pid", "--die-with-parent", "--cap-drop", "ALL", "--cap-add", "CAP_SETUID",
-            "--cap-add", "CAP_SETGID", "--chdir", "/"]
+    args = [
+        "--unshare-pid",
+        "--die-with-parent",
+        "--cap-drop",
+        "ALL",
+        "--cap-add",
+        "CAP_SETUID",
+        "--cap-add",
+        "CAP_SETGID",
+        "--chdir",
+        "/",
+    ]
     for folder in _ancestors([*paths, *ETC_FILES]):
         args += ["--perms", "0755", "--dir", folder]
     args += _view_args(paths)
@@ -394,7 +492,7 @@ def _launcher(rlimits: str, uid: int, gid: int) -> list[str]:
 
 
 def _rlimits(limits: Limits, uid: int | None) -> str:
-    """"RLIMIT_X=n,..." for the launcher; RLIMIT_NPROC (when `uid` is given) is relative to the tasks `uid`
+    """ "RLIMIT_X=n,..." for the launcher; RLIMIT_NPROC (when `uid` is given) is relative to the tasks `uid`
     already has, because the kernel counts them all against it."""
     items = {"RLIMIT_CORE": 0}
     if limits.memory_bytes is not None:
@@ -448,8 +546,11 @@ def _bwrap_features_cached(bwrap: str, stamp: tuple[int, int, int]) -> tuple[str
         usage = subprocess.run([bwrap, "--help"], capture_output=True, timeout=10, env={}).stdout
     except (OSError, subprocess.SubprocessError):
         return "", False, False
-    return (version.decode(errors="replace").strip(), b"--disable-userns" in usage,
-            re.search(rb"^\s*--size\b", usage, re.MULTILINE) is not None)
+    return (
+        version.decode(errors="replace").strip(),
+        b"--disable-userns" in usage,
+        re.search(rb"^\s*--size\b", usage, re.MULTILINE) is not None,
+    )
 
 
 def _bwrap_features(bwrap: str) -> tuple[str, bool, bool]:
@@ -492,14 +593,36 @@ def _require_container(image: str | None) -> None:
         raise SandboxUnavailable(f"sandbox unavailable: {engine} has no image {image} ({why}); {fix}")
 
 
-def _container_argv(engine: str, name: str, image: str, argv: list[str], limits: Limits,
-                    env: Mapping[str, str]) -> list[str]:
+def _container_argv(
+    engine: str, name: str, image: str, argv: list[str], limits: Limits, env: Mapping[str, str]
+) -> list[str]:
     """`engine run` with the same confinement as bwrap; variables are passed by name (-e KEY), their values
     come from the client's environment, so they never show in a process listing."""
-    command = [engine, "run", "--rm", "-i", "--name", name, "--network", "none", "--read-only",
-               "--tmpfs", f"{SCRATCH}:rw,exec,size={limits.scratch_bytes},mode=1777",
-               "--shm-size", str(limits.shm_bytes), "--workdir", SCRATCH, "--user", "65534:65534",
-               "--cap-drop", "ALL", "--security-opt", "no-new-privileges", "--ulimit", "core=0:0"]
+    command = [
+        engine,
+        "run",
+        "--rm",
+        "-i",
+        "--name",
+        name,
+        "--network",
+        "none",
+        "--read-only",
+        "--tmpfs",
+        f"{SCRATCH}:rw,exec,size={limits.scratch_bytes},mode=1777",
+        "--shm-size",
+        str(limits.shm_bytes),
+        "--workdir",
+        SCRATCH,
+        "--user",
+        "65534:65534",
+        "--cap-drop",
+        "ALL",
+        "--security-opt",
+        "no-new-privileges",
+        "--ulimit",
+        "core=0:0",
+    ]
     if limits.memory_bytes is not None:
         command += ["--memory", str(limits.memory_bytes), "--memory-swap", str(limits.memory_bytes)]
     if limits.processes is not None:
@@ -511,16 +634,21 @@ def _container_argv(engine: str, name: str, image: str, argv: list[str], limits:
     return [*command, image, *argv]
 
 
-def _run_container(argv: list[str], stdin: bytes | None, limits: Limits, extra_env: Mapping[str, str] | None,
-                   image: str | None) -> Result:
+def _run_container(
+    argv: list[str], stdin: bytes | None, limits: Limits, extra_env: Mapping[str, str] | None, image: str | None
+) -> Result:
     """`argv` run inside `image`; on timeout the container itself is killed (`engine kill`), not just the client."""
     engine = _engine()
     if engine is None:
-        raise SandboxUnavailable("sandbox unavailable: no docker or podman on PATH; install one, or pass "
-                                 "--sandbox none knowingly")
+        raise SandboxUnavailable(
+            "sandbox unavailable: no docker or podman on PATH; install one, or pass --sandbox none knowingly"
+        )
     name = f"course-sandbox-{uuid.uuid4().hex[:12]}"
     inside = environment(limits, extra_env, path=None)
-    client_env = {**os.environ, **inside}  # the engine needs DOCKER_HOST, XDG_RUNTIME_DIR...; the container gets `inside`
+    client_env = {
+        **os.environ,
+        **inside,
+    }  # the engine needs DOCKER_HOST, XDG_RUNTIME_DIR...; the container gets `inside`
 
     def kill() -> None:
         subprocess.run([engine, "kill", name], capture_output=True, timeout=30, check=False)
@@ -532,26 +660,41 @@ def _run_container(argv: list[str], stdin: bytes | None, limits: Limits, extra_e
 # ---------------------------------------------------------------------------------------- process handling
 
 
-def _execute(command: list[str], stdin: bytes | None, limits: Limits, env: Mapping[str, str], cwd: str | None,
-             on_timeout=None) -> Result:
+def _execute(
+    command: list[str], stdin: bytes | None, limits: Limits, env: Mapping[str, str], cwd: str | None, on_timeout=None
+) -> Result:
     """Start `command` in a new session with pipes only, feed stdin, read capped output until it ends or the
     wall clock runs out; on timeout SIGKILL its process group (and call `on_timeout`). Always reaps."""
     start = time.monotonic()
-    process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               env=dict(env), cwd=cwd, close_fds=True, start_new_session=True)
+    process = subprocess.Popen(
+        command,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=dict(env),
+        cwd=cwd,
+        close_fds=True,
+        start_new_session=True,
+    )
     try:
-        outputs, cut, timed_out = _communicate(process, stdin, start + limits.wall_s, limits.output_bytes,
-                                               on_timeout)
+        outputs, cut, timed_out = _communicate(process, stdin, start + limits.wall_s, limits.output_bytes, on_timeout)
     finally:
         _kill_group(process)
         process.wait()
-    return Result(returncode=process.returncode, stdout=bytes(outputs[0]), stderr=bytes(outputs[1]),
-                  timed_out=timed_out, seconds=time.monotonic() - start, stdout_truncated=cut[0],
-                  stderr_truncated=cut[1])
+    return Result(
+        returncode=process.returncode,
+        stdout=bytes(outputs[0]),
+        stderr=bytes(outputs[1]),
+        timed_out=timed_out,
+        seconds=time.monotonic() - start,
+        stdout_truncated=cut[0],
+        stderr_truncated=cut[1],
+    )
 
 
-def _communicate(process: subprocess.Popen, stdin: bytes | None, deadline: float, cap: int,
-                 on_timeout) -> tuple[list[bytearray], list[bool], bool]:
+def _communicate(
+    process: subprocess.Popen, stdin: bytes | None, deadline: float, cap: int, on_timeout
+) -> tuple[list[bytearray], list[bool], bool]:
     """Pump stdin/stdout/stderr with one selector. Invariant: at most `cap` bytes of each output are kept, the
     rest is drained (the command never blocks on a full pipe); the loop ends at EOF on both outputs, or
     _GRACE_S after the command ended or was killed."""
@@ -592,8 +735,9 @@ def _communicate(process: subprocess.Popen, stdin: bytes | None, deadline: float
     return outputs, cut, timed_out
 
 
-def _read_into(selector: selectors.BaseSelector, fd: int, buffer: bytearray, cut: list[bool], index: int,
-               cap: int) -> None:
+def _read_into(
+    selector: selectors.BaseSelector, fd: int, buffer: bytearray, cut: list[bool], index: int, cap: int
+) -> None:
     """Read what is there; keep it while `buffer` is under `cap`, flag cut[index] past it; EOF unregisters."""
     data = os.read(fd, 1 << 16)
     if not data:
@@ -602,13 +746,13 @@ def _read_into(selector: selectors.BaseSelector, fd: int, buffer: bytearray, cut
     room = cap - len(buffer)
     if len(data) > room:
         cut[index] = True
-    buffer += data[:max(room, 0)]
+    buffer += data[: max(room, 0)]
 
 
 def _write_some(selector: selectors.BaseSelector, process: subprocess.Popen, pending: memoryview) -> memoryview:
     """Write the next chunk of stdin; at the end, or when the command closed its stdin, close ours."""
     try:
-        written = os.write(process.stdin.fileno(), pending[:1 << 16])
+        written = os.write(process.stdin.fileno(), pending[: 1 << 16])
     except BlockingIOError:
         return pending
     except (BrokenPipeError, ConnectionResetError):

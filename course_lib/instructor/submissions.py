@@ -34,7 +34,9 @@ JUNK_FOLDERS = {".ipynb_checkpoints", "__MACOSX"}  # Jupyter's autosaves and mac
 JUNK_FILES = {".DS_Store", "Thumbs.db", "desktop.ini"}
 # The course's own folders and output files, left out when the grader is pointed at the course root itself.
 COURSE_FOLDERS = {"autograded", "chapters", "feedback", "release", "source"}
-COURSE_OUTPUTS = re.compile(r"^feedback-.+\.zip$")  # the feedback zips docs/instructors.md's loop writes into the course root
+COURSE_OUTPUTS = re.compile(
+    r"^feedback-.+\.zip$"
+)  # the feedback zips docs/instructors.md's loop writes into the course root
 NBGRADER_FILES = {"timestamp.txt"}  # read beside the notebook it dates
 COPY_PREFIX = re.compile(r"^(?:copy[ _]of[ _])+", re.IGNORECASE)
 COPY_SUFFIX = re.compile(r"(?:[ _]?\(\d+\))+$")
@@ -66,12 +68,19 @@ class Found:
 
     def ignored(self) -> list[str]:
         """One summary line per kind of file that was not graded on purpose."""
-        kinds = [(self.junk, "copies and system files (__MACOSX/, .ipynb_checkpoints/, .DS_Store), not submissions"),
-                 (self.course_files, "the course's own (autograded/, chapters/, feedback/, release/, source/, "
-                                     "feedback-*.zip)"),
-                 (self.other_files, "neither a notebook (.ipynb) nor a zip")]
-        return [f"ignored {len(names)} file{'s' if len(names) > 1 else ''}, {what}: {_some(names)}"
-                for names, what in kinds if names]
+        kinds = [
+            (self.junk, "copies and system files (__MACOSX/, .ipynb_checkpoints/, .DS_Store), not submissions"),
+            (
+                self.course_files,
+                "the course's own (autograded/, chapters/, feedback/, release/, source/, feedback-*.zip)",
+            ),
+            (self.other_files, "neither a notebook (.ipynb) nor a zip"),
+        ]
+        return [
+            f"ignored {len(names)} file{'s' if len(names) > 1 else ''}, {what}: {_some(names)}"
+            for names, what in kinds
+            if names
+        ]
 
 
 def _some(names: list[str], shown: int = 5) -> str:
@@ -124,23 +133,37 @@ def name_student_chapter(relative: Path, chapters: list[str]) -> tuple[str | Non
         student, chapter, problem = _student_from_folders(relative, folders, stem, chapters)
     else:
         student, chapter = _student_from_file_name(stem, chapters)
-        problem = None if chapter else (
-            f"cannot tell student and chapter from the name {relative.as_posix()!r} (expected "
-            "<student>_<chapter>.ipynb or <student>/<chapter>/<chapter>.ipynb)")
+        problem = (
+            None
+            if chapter
+            else (
+                f"cannot tell student and chapter from the name {relative.as_posix()!r} (expected "
+                "<student>_<chapter>.ipynb or <student>/<chapter>/<chapter>.ipynb)"
+            )
+        )
     if problem is None and folder_chapter not in (None, chapter):
         student = None if stem in chapters else student  # the folder read as the student was a chapter
-        problem = (f"{relative.as_posix()!r} is in a folder named after chapter {folder_chapter} but its name says "
-                   f"chapter {chapter}; move or rename it and rerun")
+        problem = (
+            f"{relative.as_posix()!r} is in a folder named after chapter {folder_chapter} but its name says "
+            f"chapter {chapter}; move or rename it and rerun"
+        )
     return student, chapter, problem
 
 
-def _student_from_folders(relative: Path, folders: tuple[str, ...], chapter: str,
-                          chapters: list[str]) -> tuple[str | None, str, str | None]:
+def _student_from_folders(
+    relative: Path, folders: tuple[str, ...], chapter: str, chapters: list[str]
+) -> tuple[str | None, str, str | None]:
     if len(folders) >= 2 and folders[-1] == chapter and folders[-2] in COURSE_FOLDERS:
         if len(folders) >= 3:  # a student's copy of the course layout: <student>/release/<chapter>/<chapter>.ipynb
             return folders[-3], chapter, None
-        return None, chapter, (f"cannot tell the student of {relative.as_posix()!r}: {folders[-2]}/ is the course's "
-                               "own folder; put it in a folder named after the student")
+        return (
+            None,
+            chapter,
+            (
+                f"cannot tell the student of {relative.as_posix()!r}: {folders[-2]}/ is the course's "
+                "own folder; put it in a folder named after the student"
+            ),
+        )
     if len(folders) >= 2 and folders[-1] == chapter:
         return folders[-2], chapter, None  # nbgrader: <student>/<chapter>/<chapter>.ipynb
     if folders and folders[-1] != chapter:  # <student>/<chapter>.ipynb, or <student>_<chapter>(.zip)/<chapter>.ipynb
@@ -149,10 +172,22 @@ def _student_from_folders(relative: Path, folders: tuple[str, ...], chapter: str
             return folders[-1], chapter, None
         if named == chapter:
             return student, chapter, None
-        return None, chapter, (f"{relative.as_posix()!r} is chapter {chapter}, but its folder names chapter {named}; "
-                               "move or rename it and rerun")
-    return None, chapter, (f"cannot tell the student of {relative.as_posix()!r}: a file named after the chapter "
-                           "must be in a folder named after the student (<student>/<chapter>/<chapter>.ipynb)")
+        return (
+            None,
+            chapter,
+            (
+                f"{relative.as_posix()!r} is chapter {chapter}, but its folder names chapter {named}; "
+                "move or rename it and rerun"
+            ),
+        )
+    return (
+        None,
+        chapter,
+        (
+            f"cannot tell the student of {relative.as_posix()!r}: a file named after the chapter "
+            "must be in a folder named after the student (<student>/<chapter>/<chapter>.ipynb)"
+        ),
+    )
 
 
 def _student_from_file_name(stem: str, chapters: list[str]) -> tuple[str | None, str | None]:
@@ -245,8 +280,15 @@ def discover(folder: Path, chapters: list[str], scratch: Path) -> Found:
     return found
 
 
-def _discover_into(found: Found, folder: Path, prefix: Path, chapters: list[str], scratch: Path, zip_depth: int,
-                   course_root: bool = False) -> None:
+def _discover_into(
+    found: Found,
+    folder: Path,
+    prefix: Path,
+    chapters: list[str],
+    scratch: Path,
+    zip_depth: int,
+    course_root: bool = False,
+) -> None:
     """Walk `folder`; `prefix` is where it sits in the input (a zip's path without .zip when it is an opened zip)."""
     for path in sorted(_files_under(folder, found, prefix)):
         relative = prefix / path.relative_to(folder)
@@ -254,8 +296,12 @@ def _discover_into(found: Found, folder: Path, prefix: Path, chapters: list[str]
         suffix = path.suffix.lower()
         if _is_junk(relative):
             found.junk.append(display)
-        elif course_root and (len(relative.parts) > 1 and relative.parts[0] in COURSE_FOLDERS
-                              or len(relative.parts) == 1 and COURSE_OUTPUTS.match(relative.name)):
+        elif course_root and (
+            len(relative.parts) > 1
+            and relative.parts[0] in COURSE_FOLDERS
+            or len(relative.parts) == 1
+            and COURSE_OUTPUTS.match(relative.name)
+        ):
             found.course_files.append(display)
         elif any(part.startswith(".") for part in relative.parts):
             _hidden(found, path, relative, display, chapters, notebook_or_zip=suffix in (".ipynb", ".zip"))
@@ -291,15 +337,24 @@ def _files_under(folder: Path, found: Found, prefix: Path) -> list[Path]:
                 files.append(path)
             else:
                 relative = prefix / path.relative_to(folder)
-                found.submissions.append(Submission(path, _display(relative, prefix), None, None, None,
-                                                    problem="a link to nothing (a broken symbolic link)"))
+                found.submissions.append(
+                    Submission(
+                        path,
+                        _display(relative, prefix),
+                        None,
+                        None,
+                        None,
+                        problem="a link to nothing (a broken symbolic link)",
+                    )
+                )
     return files
 
 
 def _is_junk(relative: Path) -> bool:
     name = relative.parts[-1]
-    return (any(part in JUNK_FOLDERS for part in relative.parts[:-1]) or name in JUNK_FILES
-            or name.startswith("._"))  # macOS's resource-fork twin of a file
+    return (
+        any(part in JUNK_FOLDERS for part in relative.parts[:-1]) or name in JUNK_FILES or name.startswith("._")
+    )  # macOS's resource-fork twin of a file
 
 
 def _hidden(found: Found, path: Path, relative: Path, display: str, chapters: list[str], notebook_or_zip: bool) -> None:
@@ -308,22 +363,39 @@ def _hidden(found: Found, path: Path, relative: Path, display: str, chapters: li
         found.junk.append(display)
         return
     student, chapter, _ = name_student_chapter(relative, chapters)
-    found.submissions.append(Submission(path, display, student, chapter, problem=(
-        "hidden file or folder (a name starting with '.'): not graded; if it is a submission, rename it and rerun")))
+    found.submissions.append(
+        Submission(
+            path,
+            display,
+            student,
+            chapter,
+            problem=(
+                "hidden file or folder (a name starting with '.'): not graded; if it is a submission, rename it and rerun"
+            ),
+        )
+    )
 
 
 def _other_file(found: Found, path: Path, relative: Path, display: str, chapters: list[str]) -> None:
     """A file that names a student and chapter but is no notebook (a .py, a .pdf) fails; anything else is ignored."""
     student, chapter, problem = name_student_chapter(relative, chapters)
     if problem is None:
-        found.submissions.append(Submission(path, display, student, chapter, problem=(
-            f"not a notebook ({path.suffix or 'no suffix'}): only .ipynb files are graded")))
+        found.submissions.append(
+            Submission(
+                path,
+                display,
+                student,
+                chapter,
+                problem=(f"not a notebook ({path.suffix or 'no suffix'}): only .ipynb files are graded"),
+            )
+        )
     else:
         found.other_files.append(display)
 
 
-def _open_nested_zip(found: Found, path: Path, relative: Path, display: str, chapters: list[str], scratch: Path,
-                     zip_depth: int) -> None:
+def _open_nested_zip(
+    found: Found, path: Path, relative: Path, display: str, chapters: list[str], scratch: Path, zip_depth: int
+) -> None:
     """A zip among the submissions: opened and searched like a folder, one level deep; a deeper or broken one fails."""
     problem = None
     if zip_depth >= 1:
@@ -369,8 +441,9 @@ def flag_duplicates(submissions: list[Submission]) -> None:
             keys = " / ".join(dict.fromkeys(s.key for s in group))
             case = " (student ids that differ only in case)" if len({s.key for s in group}) > 1 else ""
             for submission in group:
-                submission.problem = (f"duplicate: {len(group)} submissions for {keys}{case} ({names}); "
-                                      "keep one and rerun")
+                submission.problem = (
+                    f"duplicate: {len(group)} submissions for {keys}{case} ({names}); keep one and rerun"
+                )
 
 
 def flag_case_clashes(submissions: list[Submission], graded_before: list[str]) -> None:
@@ -384,9 +457,11 @@ def flag_case_clashes(submissions: list[Submission], graded_before: list[str]) -
         if submission.student and submission.problem is None and submission.student not in graded_before:
             other = earlier.get(submission.student.casefold())
             if other is not None:
-                submission.problem = (f"student id {submission.student!r} differs only in case from {other!r}, graded "
-                                      "before: their folders would be one on macOS or Windows; use one spelling "
-                                      "and rerun")
+                submission.problem = (
+                    f"student id {submission.student!r} differs only in case from {other!r}, graded "
+                    "before: their folders would be one on macOS or Windows; use one spelling "
+                    "and rerun"
+                )
 
 
 def scratch_dir(root: Path) -> Path:

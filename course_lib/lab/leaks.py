@@ -41,8 +41,17 @@ def per_token_logprobs_alone(model, sequences) -> list[torch.Tensor]:
     return alone
 
 
-def compare_packed_with_alone(model, packed: dict, sequences, *, mode: str = "block_mask", position_ids=None,
-                              segment_ids=None, mask=None, alone=None) -> float:
+def compare_packed_with_alone(
+    model,
+    packed: dict,
+    sequences,
+    *,
+    mode: str = "block_mask",
+    position_ids=None,
+    segment_ids=None,
+    mask=None,
+    alone=None,
+) -> float:
     """max |packed - alone| log-prob (nats) over within-sample positions, or only where mask [R, L-1] is set.
 
     The packed run uses the dict's rows, sample order and layout; position_ids / segment_ids override the
@@ -62,8 +71,10 @@ def compare_packed_with_alone(model, packed: dict, sequences, *, mode: str = "bl
     if alone is None:
         alone = per_token_logprobs_alone(model, sequences)
     else:
-        alone = [require_tensor(f"alone[{index}]", logp_alone, ndim=1, dtype_kind="f")
-                 for index, logp_alone in enumerate(require_sequence("alone", alone))]
+        alone = [
+            require_tensor(f"alone[{index}]", logp_alone, ndim=1, dtype_kind="f")
+            for index, logp_alone in enumerate(require_sequence("alone", alone))
+        ]
     alone = [logp_alone.to(logp.device) for logp_alone in alone]  # a reference computed on another device
     if len(alone) != len(per_sample):
         raise ValueError(f"packed holds {len(per_sample)} samples but {len(alone)} were given alone")
@@ -96,12 +107,16 @@ def leaky_share(logp, reference, mask, threshold: float = 0.2) -> float:
     reference = require_tensor("reference", reference, dtype_kind="f")
     mask = require_tensor("mask", mask, dtype_kind="bi").bool()
     if not (logp.shape == reference.shape == mask.shape):
-        raise ValueError(f"logp {tuple(logp.shape)}, reference {tuple(reference.shape)} and mask "
-                         f"{tuple(mask.shape)} must have the same shape")
+        raise ValueError(
+            f"logp {tuple(logp.shape)}, reference {tuple(reference.shape)} and mask "
+            f"{tuple(mask.shape)} must have the same shape"
+        )
     if not mask.any():
         raise ValueError("mask selects no token")
     off = ((logp - reference).exp() - 1).abs()[mask]  # [selected tokens]
     if bool(off.isnan().any()):  # NaN > threshold is False: a broken run would read as perfect isolation
-        raise ValueError(f"logp and reference must be numbers where mask is set: exp(logp - reference) is NaN at "
-                         f"{int(off.isnan().sum())} of {off.numel()} masked tokens")
+        raise ValueError(
+            f"logp and reference must be numbers where mask is set: exp(logp - reference) is NaN at "
+            f"{int(off.isnan().sum())} of {off.numel()} masked tokens"
+        )
     return float((off > threshold).float().mean())

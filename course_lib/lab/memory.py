@@ -19,7 +19,7 @@ __all__ = ["saved_tensor_bytes", "peak_cuda_memory", "logit_memory_table"]
 def _storage_key(tensor: torch.Tensor) -> tuple[str, int, int] | None:
     try:
         storage = tensor.untyped_storage()
-    except (RuntimeError, NotImplementedError):                                  # e.g. tensor subclasses without storage
+    except (RuntimeError, NotImplementedError):  # e.g. tensor subclasses without storage
         return None
     return str(tensor.device), storage.data_ptr(), storage.nbytes()
 
@@ -44,7 +44,7 @@ def saved_tensor_bytes(fn: Callable[..., object], *args: object, include_inputs:
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         output = fn(*args)
-    del output                                                                    # frees the graph and what it saved
+    del output  # frees the graph and what it saved
     if not include_inputs:
         for arg in args:
             key = _storage_key(arg) if isinstance(arg, torch.Tensor) else None
@@ -81,8 +81,12 @@ def peak_cuda_memory(fn: Callable[..., torch.Tensor], *args: object, backward: b
     return int(peak)
 
 
-def logit_memory_table(hidden_sizes: dict[str, int] | None = None, vocab_size: int = QWEN3_VOCAB_SIZE,
-                       n_tokens: int = 32_768, dtype_bytes: int = 4) -> list[dict[str, object]]:
+def logit_memory_table(
+    hidden_sizes: dict[str, int] | None = None,
+    vocab_size: int = QWEN3_VOCAB_SIZE,
+    n_tokens: int = 32_768,
+    dtype_bytes: int = 4,
+) -> list[dict[str, object]]:
     """One row per model: keys model, hidden_size, vocab_per_hidden, per_token_mb, microbatch_gb (1 MB = 1e6 B)."""
     hidden_sizes = QWEN3_HIDDEN_SIZES if hidden_sizes is None else hidden_sizes
     if not hasattr(hidden_sizes, "items"):
@@ -91,7 +95,13 @@ def logit_memory_table(hidden_sizes: dict[str, int] | None = None, vocab_size: i
     rows = []
     for model, hidden_size in hidden_sizes.items():
         hidden_size = require_positive_int(f"hidden_sizes[{model!r}]", hidden_size)
-        rows.append({"model": model, "hidden_size": hidden_size, "vocab_per_hidden": vocab_size / hidden_size,
-                     "per_token_mb": logit_bytes(1, vocab_size, dtype_bytes) / 1e6,
-                     "microbatch_gb": logit_bytes(n_tokens, vocab_size, dtype_bytes) / 1e9})
+        rows.append(
+            {
+                "model": model,
+                "hidden_size": hidden_size,
+                "vocab_per_hidden": vocab_size / hidden_size,
+                "per_token_mb": logit_bytes(1, vocab_size, dtype_bytes) / 1e6,
+                "microbatch_gb": logit_bytes(n_tokens, vocab_size, dtype_bytes) / 1e9,
+            }
+        )
     return rows

@@ -41,9 +41,13 @@ def padding_vs_packing_ledger(sample_lengths, *, mask_first_label: bool = True) 
     cross_sample = 0 if mask_first_label else count - 1  # each later sample's first token, seen across a boundary
 
     def candidate(processed: int, supervised: int, cross: int) -> dict:
-        return {"processed_tokens": processed, "padding_tokens": processed - sample_tokens,
-                "padding_ratio": (processed - sample_tokens) / processed,
-                "effective_supervised_tokens": supervised, "cross_sample_labels": cross}
+        return {
+            "processed_tokens": processed,
+            "padding_tokens": processed - sample_tokens,
+            "padding_ratio": (processed - sample_tokens) / processed,
+            "effective_supervised_tokens": supervised,
+            "cross_sample_labels": cross,
+        }
 
     return {
         "samples": count,
@@ -73,8 +77,10 @@ def compare_padding_and_packing(padding: dict, packing: dict) -> dict:
     tokens = require_positive_int("padding.effective_supervised_tokens", padding["effective_supervised_tokens"])
     packed_tokens = require_positive_int("packing.effective_supervised_tokens", packing["effective_supervised_tokens"])
     if packed_tokens != tokens:
-        raise ValueError(f"effective_supervised_tokens differ (padding {tokens}, packing {packed_tokens}): "
-                         "the candidates do not learn from the same tokens, so their speeds are not comparable")
+        raise ValueError(
+            f"effective_supervised_tokens differ (padding {tokens}, packing {packed_tokens}): "
+            "the candidates do not learn from the same tokens, so their speeds are not comparable"
+        )
     padding_ms = require_real("padding.median_step_ms", padding["median_step_ms"], minimum=0.0, strict_minimum=True)
     packing_ms = require_real("packing.median_step_ms", packing["median_step_ms"], minimum=0.0, strict_minimum=True)
     padding_rate = effective_tokens_per_second(tokens, padding_ms)

@@ -55,8 +55,10 @@ chat = [
 ledger = measure_sample(tokenizer, chat)
 pieces_only = sum(len(tokenizer(message["content"], add_special_tokens=False)["input_ids"]) for message in chat)
 print("one rendering:", ledger)
-print(f"content pieces tokenized one by one: {pieces_only} tokens, "
-      f"{ledger['total_tokens'] - pieces_only} fewer than the rendered sequence")
+print(
+    f"content pieces tokenized one by one: {pieces_only} tokens, "
+    f"{ledger['total_tokens'] - pieces_only} fewer than the rendered sequence"
+)
 
 # %% [markdown]
 # The rendered sequence is longer than the pieces by every template token (role markers, newlines, the prompt
@@ -98,29 +100,36 @@ _t_roles = render_chat(tokenizer, chat)["roles"]
 ledger = ledger_from_roles(_t_roles)
 want = measure_sample(tokenizer, chat)
 assert set(ledger) == set(want), (
-    f"ledger_from_roles(roles of chat) returned the keys {sorted(ledger)}, expected {sorted(want)}")
+    f"ledger_from_roles(roles of chat) returned the keys {sorted(ledger)}, expected {sorted(want)}"
+)
 count_types = {key: type(count).__name__ for key, count in ledger.items()}
 assert all(type(count) is int for count in ledger.values()), (
-    f"the counts must be Python ints, not numpy or torch integers (a ledger is written to JSON): got {count_types}")
+    f"the counts must be Python ints, not numpy or torch integers (a ledger is written to JSON): got {count_types}"
+)
 assert ledger == want, f"ledger_from_roles(roles of chat) returned {ledger}, expected {want}"
 # Without EOS supervision the end-of-turn token moves from supervised to template; the total stays the same.
 no_eos = ledger_from_roles(_t_roles, supervise_eos=False)
 want_no_eos = measure_sample(tokenizer, chat, supervise_eos=False)
 assert no_eos["total_tokens"] == len(_t_roles), (
     f"ledger_from_roles(roles of chat, supervise_eos=False) returned total_tokens {no_eos['total_tokens']}, "
-    f"expected {len(_t_roles)}, one per role")
+    f"expected {len(_t_roles)}, one per role"
+)
 assert no_eos["template_tokens"] + no_eos["prompt_tokens"] + no_eos["supervised_tokens"] == len(_t_roles), (
     f"ledger_from_roles(roles of chat, supervise_eos=False) returned {no_eos}: template + prompt + supervised "
-    f"must add up to all {len(_t_roles)} tokens (an unsupervised eos token counts as template)")
+    f"must add up to all {len(_t_roles)} tokens (an unsupervised eos token counts as template)"
+)
 assert no_eos == want_no_eos, (
-    f"ledger_from_roles(roles of chat, supervise_eos=False) returned {no_eos}, expected {want_no_eos}")
+    f"ledger_from_roles(roles of chat, supervise_eos=False) returned {no_eos}, expected {want_no_eos}"
+)
 try:
     ledger_from_roles(["user", "robot"])
 except ValueError:
     pass
 except Exception as error:
-    raise AssertionError("ledger_from_roles(['user', 'robot']) must raise ValueError ('robot' is not a role), "
-                         f"got {type(error).__name__}: {error}") from error
+    raise AssertionError(
+        "ledger_from_roles(['user', 'robot']) must raise ValueError ('robot' is not a role), "
+        f"got {type(error).__name__}: {error}"
+    ) from error
 else:
     raise AssertionError("ledger_from_roles(['user', 'robot']) must raise ValueError: 'robot' is not a role")
 ### BEGIN HIDDEN TESTS
@@ -129,18 +138,32 @@ import random
 from course_lib import grading
 
 _t_chats = [chat] + list(load_chats(sample_data_path("sharegpt.json"))["messages"])
-_t_cases = [((render_chat(load_course_tokenizer(template), messages)["roles"],), {"supervise_eos": eos})
-            for messages in _t_chats for eos in (True, False) for template in ("chatml", "llama3", "alpaca")]
+_t_cases = [
+    ((render_chat(load_course_tokenizer(template), messages)["roles"],), {"supervise_eos": eos})
+    for messages in _t_chats
+    for eos in (True, False)
+    for template in ("chatml", "llama3", "alpaca")
+]
 _t_rng = random.Random(3)
 _t_names = ("template", "system", "user", "assistant", "eos")
-_t_cases += [(([_t_rng.choice(_t_names) for _ in range(_t_rng.randint(0, 40))],), {"supervise_eos": _t_rng.random() < 0.5})
-             for _ in range(40)]
+_t_cases += [
+    (([_t_rng.choice(_t_names) for _ in range(_t_rng.randint(0, 40))],), {"supervise_eos": _t_rng.random() < 0.5})
+    for _ in range(40)
+]
 grading.assert_matches_reference(ledger_from_roles, "ledger_from_roles", _t_cases)
-grading.assert_rejects(ledger_from_roles, "ledger_from_roles", [
-    ((["user", "robot"],), {}), ((["sytem"],), {}), ((["User", "assistant"],), {}),
-    ((["assistant", "eos"],), {"supervise_eos": "no"}), ((["assistant", "eos"],), {"supervise_eos": 0}),
-    ((["user", "assistant"],), {"supervise_eos": "no"}), (([],), {"supervise_eos": 1}),  # checked with no eos too
-])
+grading.assert_rejects(
+    ledger_from_roles,
+    "ledger_from_roles",
+    [
+        ((["user", "robot"],), {}),
+        ((["sytem"],), {}),
+        ((["User", "assistant"],), {}),
+        ((["assistant", "eos"],), {"supervise_eos": "no"}),
+        ((["assistant", "eos"],), {"supervise_eos": 0}),
+        ((["user", "assistant"],), {"supervise_eos": "no"}),
+        (([],), {"supervise_eos": 1}),  # checked with no eos too
+    ],
+)
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -154,12 +177,33 @@ grading.assert_rejects(ledger_from_roles, "ledger_from_roles", [
 import numpy as np
 
 rng = np.random.default_rng(0)
-words = ("packing", "window", "supervision", "template", "token", "budget", "attention", "boundary", "loss",
-         "gradient", "context", "answer", "prompt", "sample", "memory", "throughput")
+words = (
+    "packing",
+    "window",
+    "supervision",
+    "template",
+    "token",
+    "budget",
+    "attention",
+    "boundary",
+    "loss",
+    "gradient",
+    "context",
+    "answer",
+    "prompt",
+    "sample",
+    "memory",
+    "throughput",
+)
+
+
 def synthetic_chat(answer_words: int) -> list[dict[str, str]]:
     answer = " ".join(rng.choice(words, size=answer_words))
-    return [{"role": "user", "content": "Explain " + " ".join(rng.choice(words, size=6)) + "."},
-            {"role": "assistant", "content": answer + "."}]
+    return [
+        {"role": "user", "content": "Explain " + " ".join(rng.choice(words, size=6)) + "."},
+        {"role": "assistant", "content": answer + "."},
+    ]
+
 
 answer_lengths = np.clip(rng.lognormal(mean=4.5, sigma=0.9, size=400), 4, 3000).astype(int)
 dataset_ledger = [measure_sample(tokenizer, synthetic_chat(int(n))) for n in answer_lengths]
@@ -228,57 +272,74 @@ plan = audit_context_fit(samples, 2048, 32)
 call = "audit_context_fit(samples, 2048, 32)"
 assert plan["fit_names"] == ["short", "boundary"], (
     f"{call} returned fit_names {plan['fit_names']}, expected ['short', 'boundary']: 'boundary' has "
-    "32 + 1760 + 256 = 2048 tokens, exactly the window, and fits whole")
+    "32 + 1760 + 256 = 2048 tokens, exactly the window, and fits whole"
+)
 assert plan["truncated_names"] == [], f"{call} returned truncated_names {plan['truncated_names']}, expected []"
 assert plan["overflow_names"] == ["overflow"], (
-    f"{call} returned overflow_names {plan['overflow_names']}, expected ['overflow']")
+    f"{call} returned overflow_names {plan['overflow_names']}, expected ['overflow']"
+)
 assert plan["records"][1]["total_tokens"] == 2048, (
-    f"{call}: records[1]['total_tokens'] is {plan['records'][1]['total_tokens']}, expected 32 + 1760 + 256 = 2048")
-count_types = [(type(record["total_tokens"]).__name__, type(record["kept_supervised_tokens"]).__name__)
-               for record in plan["records"]]
+    f"{call}: records[1]['total_tokens'] is {plan['records'][1]['total_tokens']}, expected 32 + 1760 + 256 = 2048"
+)
+count_types = [
+    (type(record["total_tokens"]).__name__, type(record["kept_supervised_tokens"]).__name__)
+    for record in plan["records"]
+]
 assert all(types == ("int", "int") for types in count_types), (
     "total_tokens and kept_supervised_tokens must be Python ints, not numpy or torch integers (the audit is "
-    f"written to JSON): {call} gave the types {count_types}")
+    f"written to JSON): {call} gave the types {count_types}"
+)
 overflow_record = plan["records"][2]
 assert overflow_record["kept_supervised_tokens"] == 0, (
-    f"{call}: the overflow record keeps {overflow_record['kept_supervised_tokens']} supervised tokens, expected 0")
+    f"{call}: the overflow record keeps {overflow_record['kept_supervised_tokens']} supervised tokens, expected 0"
+)
 assert abs(overflow_record["supervision_loss_ratio"] - 1 / 256) < 1e-9, (
     f"{call}: the overflow record's supervision_loss_ratio is {overflow_record['supervision_loss_ratio']}, "
-    "expected 1/256 = 0.0039: the loss of the refused cut (255 of 256 kept), not 1.0")
+    "expected 1/256 = 0.0039: the loss of the refused cut (255 of 256 kept), not 1.0"
+)
 long_answer = [{"name": "long-supervision", "prompt_tokens": 80, "supervised_tokens": 40}]
 accepted = audit_context_fit(long_answer, 112, 8, min_kept_supervised_tokens=20, max_supervision_loss_ratio=0.4)
 rejected = audit_context_fit(long_answer, 112, 8, min_kept_supervised_tokens=20, max_supervision_loss_ratio=0.1)
 call = "audit_context_fit(long_answer, 112, 8, min_kept_supervised_tokens=20, max_supervision_loss_ratio={})"
 assert accepted["truncated_names"] == ["long-supervision"], (
     f"{call.format(0.4)} returned truncated_names {accepted['truncated_names']}, expected ['long-supervision']: "
-    "the cut keeps 112 - 8 - 80 = 24 of 40 tokens (>= 20) and loses 0.4 (<= 0.4)")
+    "the cut keeps 112 - 8 - 80 = 24 of 40 tokens (>= 20) and loses 0.4 (<= 0.4)"
+)
 assert accepted["records"][0]["kept_supervised_tokens"] == 24, (
-    f"{call.format(0.4)}: kept_supervised_tokens is {accepted['records'][0]['kept_supervised_tokens']}, expected 24")
+    f"{call.format(0.4)}: kept_supervised_tokens is {accepted['records'][0]['kept_supervised_tokens']}, expected 24"
+)
 assert rejected["overflow_names"] == ["long-supervision"], (
     f"{call.format(0.1)} returned overflow_names {rejected['overflow_names']}, expected ['long-supervision']: "
-    "a loss of 0.4 > 0.1")
+    "a loss of 0.4 > 0.1"
+)
 rejected_record = rejected["records"][0]
 assert rejected_record["kept_supervised_tokens"] == 0, (
     f"{call.format(0.1)}: kept_supervised_tokens is {rejected_record['kept_supervised_tokens']}, expected 0 "
-    "(an overflow keeps nothing)")
+    "(an overflow keeps nothing)"
+)
 assert abs(rejected_record["supervision_loss_ratio"] - 0.4) < 1e-9, (
     f"{call.format(0.1)}: supervision_loss_ratio is {rejected_record['supervision_loss_ratio']}, expected 0.4: "
-    "an overflow records the ratio of the cut the gates refused (16 of 40 tokens lost), not 1.0")
+    "an overflow records the ratio of the cut the gates refused (16 of 40 tokens lost), not 1.0"
+)
 # A prompt longer than the window leaves no room at all: the cut keeps 0 tokens (never fewer) and loses them all.
-huge_prompt = audit_context_fit([{"name": "huge-prompt", "prompt_tokens": 200, "supervised_tokens": 10}], 100, 8,
-                                max_supervision_loss_ratio=1.0)
+huge_prompt = audit_context_fit(
+    [{"name": "huge-prompt", "prompt_tokens": 200, "supervised_tokens": 10}], 100, 8, max_supervision_loss_ratio=1.0
+)
 huge_ratio = huge_prompt["records"][0]["supervision_loss_ratio"]
 assert huge_prompt["overflow_names"] == ["huge-prompt"] and abs(huge_ratio - 1.0) < 1e-9, (
     "audit_context_fit([{'name': 'huge-prompt', 'prompt_tokens': 200, 'supervised_tokens': 10}], 100, 8, "
     f"max_supervision_loss_ratio=1.0) returned the records {huge_prompt['records']}, expected one overflow with "
-    "supervision_loss_ratio 1.0 (the window leaves max(0, 100 - 8 - 200) = 0 supervised tokens)")
+    "supervision_loss_ratio 1.0 (the window leaves max(0, 100 - 8 - 200) = 0 supervised tokens)"
+)
 # A whole sample below the minimum: nothing is cut, so it fits and keeps its 5 supervised tokens.
-small = audit_context_fit([{"name": "small", "prompt_tokens": 10, "supervised_tokens": 5}], 128, 8,
-                          min_kept_supervised_tokens=20)
+small = audit_context_fit(
+    [{"name": "small", "prompt_tokens": 10, "supervised_tokens": 5}], 128, 8, min_kept_supervised_tokens=20
+)
 assert small["fit_names"] == ["small"] and small["records"][0]["kept_supervised_tokens"] == 5, (
     "audit_context_fit([{'name': 'small', 'prompt_tokens': 10, 'supervised_tokens': 5}], 128, 8, "
     f"min_kept_supervised_tokens=20) returned {small}, expected a fit that keeps all 5 supervised tokens "
-    "(the gates judge only a cut)")
+    "(the gates judge only a cut)"
+)
 ### BEGIN HIDDEN TESTS
 import random
 
@@ -288,47 +349,87 @@ _t_rng = random.Random(1)
 _t_cases = []
 for _ in range(60):
     _t_window = _t_rng.randint(16, 512)
-    _t_samples = [{"name": f"s{i}", "prompt_tokens": _t_rng.randint(0, _t_window), "supervised_tokens": _t_rng.randint(1, 200)}
-                  for i in range(_t_rng.randint(0, 8))]
-    _t_cases.append(((_t_samples, _t_window, _t_rng.randint(0, 16)),
-                     {"min_kept_supervised_tokens": _t_rng.randint(1, 50),
-                      "max_supervision_loss_ratio": _t_rng.choice([0.0, 0.1, 0.25, 0.5, 1.0])}))
+    _t_samples = [
+        {"name": f"s{i}", "prompt_tokens": _t_rng.randint(0, _t_window), "supervised_tokens": _t_rng.randint(1, 200)}
+        for i in range(_t_rng.randint(0, 8))
+    ]
+    _t_cases.append(
+        (
+            (_t_samples, _t_window, _t_rng.randint(0, 16)),
+            {
+                "min_kept_supervised_tokens": _t_rng.randint(1, 50),
+                "max_supervision_loss_ratio": _t_rng.choice([0.0, 0.1, 0.25, 0.5, 1.0]),
+            },
+        )
+    )
 # The exact window edge: total == C fits, C + 1 does not; a cut keeping exactly the minimum is admitted.
 _t_cases.append((([{"name": "edge", "prompt_tokens": 90, "supervised_tokens": 10}], 100, 0), {}))
 _t_cases.append((([{"name": "edge+1", "prompt_tokens": 91, "supervised_tokens": 10}], 100, 0), {}))
-_t_cases.append((([{"name": "min", "prompt_tokens": 95, "supervised_tokens": 10}], 100, 0),
-                 {"min_kept_supervised_tokens": 5, "max_supervision_loss_ratio": 0.5}))
-_t_cases.append((([{"name": "prompt-too-long", "prompt_tokens": 200, "supervised_tokens": 10}], 100, 8),
-                 {"min_kept_supervised_tokens": 1, "max_supervision_loss_ratio": 1.0}))
+_t_cases.append(
+    (
+        ([{"name": "min", "prompt_tokens": 95, "supervised_tokens": 10}], 100, 0),
+        {"min_kept_supervised_tokens": 5, "max_supervision_loss_ratio": 0.5},
+    )
+)
+_t_cases.append(
+    (
+        ([{"name": "prompt-too-long", "prompt_tokens": 200, "supervised_tokens": 10}], 100, 8),
+        {"min_kept_supervised_tokens": 1, "max_supervision_loss_ratio": 1.0},
+    )
+)
 # The default minimum (1 kept token) with a ratio that admits the cut; two samples that share a name (one record each).
-_t_cases.append((([{"name": "cut", "prompt_tokens": 90, "supervised_tokens": 20}], 100, 0),
-                 {"max_supervision_loss_ratio": 0.5}))
-_t_cases += [(([{"name": "cut", "prompt_tokens": 90, "supervised_tokens": 20}], 100, 0),
-              {"max_supervision_loss_ratio": ratio}) for ratio in (0, 1)]  # the numbers 0 and 1, written as ints
-_t_cases.append((([{"name": "twin", "prompt_tokens": 10, "supervised_tokens": 5},
-                   {"name": "twin", "prompt_tokens": 120, "supervised_tokens": 5}], 128, 8), {}))
+_t_cases.append(
+    (([{"name": "cut", "prompt_tokens": 90, "supervised_tokens": 20}], 100, 0), {"max_supervision_loss_ratio": 0.5})
+)
+_t_cases += [
+    (([{"name": "cut", "prompt_tokens": 90, "supervised_tokens": 20}], 100, 0), {"max_supervision_loss_ratio": ratio})
+    for ratio in (0, 1)
+]  # the numbers 0 and 1, written as ints
+_t_cases.append(
+    (
+        (
+            [
+                {"name": "twin", "prompt_tokens": 10, "supervised_tokens": 5},
+                {"name": "twin", "prompt_tokens": 120, "supervised_tokens": 5},
+            ],
+            128,
+            8,
+        ),
+        {},
+    )
+)
 grading.assert_matches_reference(audit_context_fit, "audit_context_fit", _t_cases)
 _t_ok = [{"name": "a", "prompt_tokens": 10, "supervised_tokens": 5}]
-grading.assert_rejects(audit_context_fit, "audit_context_fit", [
-    (([{"name": "bad", "prompt_tokens": 64, "supervised_tokens": 0}], 128, 8), {}),
-    (([{"name": "bad", "prompt_tokens": -1, "supervised_tokens": 4}], 128, 8), {}),
-    ((_t_ok, 0, 8), {}), ((_t_ok, 128, -1), {}),
-    ((_t_ok, 128, 8), {"min_kept_supervised_tokens": 0}),
-    ((_t_ok, 128, 8), {"max_supervision_loss_ratio": 1.1}),
-    ((_t_ok, 128, 8), {"max_supervision_loss_ratio": -0.1}),
-    ((_t_ok, 128, 8), {"max_supervision_loss_ratio": float("nan")}),
-    (([{"name": "bad", "prompt_tokens": 10, "supervised_tokens": -5}], 128, 8), {}),
-    (([{"name": "bad", "prompt_tokens": 10.5, "supervised_tokens": 5}], 128, 8), {}),
-    ((_t_ok, True, 8), {}), ((_t_ok, 128.5, 8), {}), ((_t_ok, 128, 2.5), {}), ((_t_ok, 128, True), {}),
-    ((_t_ok, 128, 8), {"min_kept_supervised_tokens": 7.5}),
-    (([{"prompt_tokens": 10, "supervised_tokens": 5}], 128, 8), {}),                          # no name
-    (([{"name": "bad", "prompt_tokens": 10, "supervised_tokens": 5.5}], 128, 8), {}),
-    (([{"name": "bad", "prompt_tokens": 10, "supervised_tokens": True}], 128, 8), {}),
-    (([{"name": "bad", "prompt_tokens": True, "supervised_tokens": 5}], 128, 8), {}),
-    # The arguments are checked even when there is no sample to audit.
-    (([], 0, 8), {}), (([], 128, -1), {}), (([], 128, 8), {"min_kept_supervised_tokens": 0}),
-    (([], 128, 8), {"max_supervision_loss_ratio": 1.5}),
-])
+grading.assert_rejects(
+    audit_context_fit,
+    "audit_context_fit",
+    [
+        (([{"name": "bad", "prompt_tokens": 64, "supervised_tokens": 0}], 128, 8), {}),
+        (([{"name": "bad", "prompt_tokens": -1, "supervised_tokens": 4}], 128, 8), {}),
+        ((_t_ok, 0, 8), {}),
+        ((_t_ok, 128, -1), {}),
+        ((_t_ok, 128, 8), {"min_kept_supervised_tokens": 0}),
+        ((_t_ok, 128, 8), {"max_supervision_loss_ratio": 1.1}),
+        ((_t_ok, 128, 8), {"max_supervision_loss_ratio": -0.1}),
+        ((_t_ok, 128, 8), {"max_supervision_loss_ratio": float("nan")}),
+        (([{"name": "bad", "prompt_tokens": 10, "supervised_tokens": -5}], 128, 8), {}),
+        (([{"name": "bad", "prompt_tokens": 10.5, "supervised_tokens": 5}], 128, 8), {}),
+        ((_t_ok, True, 8), {}),
+        ((_t_ok, 128.5, 8), {}),
+        ((_t_ok, 128, 2.5), {}),
+        ((_t_ok, 128, True), {}),
+        ((_t_ok, 128, 8), {"min_kept_supervised_tokens": 7.5}),
+        (([{"prompt_tokens": 10, "supervised_tokens": 5}], 128, 8), {}),  # no name
+        (([{"name": "bad", "prompt_tokens": 10, "supervised_tokens": 5.5}], 128, 8), {}),
+        (([{"name": "bad", "prompt_tokens": 10, "supervised_tokens": True}], 128, 8), {}),
+        (([{"name": "bad", "prompt_tokens": True, "supervised_tokens": 5}], 128, 8), {}),
+        # The arguments are checked even when there is no sample to audit.
+        (([], 0, 8), {}),
+        (([], 128, -1), {}),
+        (([], 128, 8), {"min_kept_supervised_tokens": 0}),
+        (([], 128, 8), {"max_supervision_loss_ratio": 1.5}),
+    ],
+)
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -345,8 +446,10 @@ policy_chats = [synthetic_chat(int(n)) for n in answer_lengths[:40]]
 policy_samples = [{"name": f"chat-{index}", **build_labels(tokenizer, chat)} for index, chat in enumerate(policy_chats)]
 outcome = apply_window_policy(policy_samples, 256, min_kept_supervised_tokens=32, max_supervision_loss_ratio=0.25)
 audit = outcome["audit"]
-print(f"kept {len(outcome['kept'])} | dropped {len(outcome['dropped'])} | fit {len(audit['fit_names'])} | "
-      f"truncated {len(audit['truncated_names'])} | overflow {len(audit['overflow_names'])}")
+print(
+    f"kept {len(outcome['kept'])} | dropped {len(outcome['dropped'])} | fit {len(audit['fit_names'])} | "
+    f"truncated {len(audit['truncated_names'])} | overflow {len(audit['overflow_names'])}"
+)
 for record in [r for r in audit["records"] if r["decision"] == "truncate"][:2]:  # both gates passed
     print(record)
 for record in outcome["dropped"][:3]:
@@ -362,17 +465,35 @@ for record in outcome["dropped"][:3]:
 policy_ledger = [measure_sample(tokenizer, chat) for chat in policy_chats]  # one rendering per chat, for all windows
 for window in (128, 256, 512):
     differ = []
-    for sample, row, record in zip(policy_samples, policy_ledger,
-                                   apply_window_policy(policy_samples, window, min_kept_supervised_tokens=32,
-                                                       max_supervision_loss_ratio=0.25)["audit"]["records"],
-                                   strict=True):
-        counted = audit_context_fit([{"name": sample["name"], "prompt_tokens": row["prompt_tokens"],
-                                      "supervised_tokens": row["supervised_tokens"]}], window, row["template_tokens"],
-                                    min_kept_supervised_tokens=32, max_supervision_loss_ratio=0.25)["records"][0]
-        if (counted["decision"], counted["kept_supervised_tokens"]) != (record["decision"],
-                                                                       record["kept_supervised_tokens"]):
-            differ.append(f"{sample['name']}: audit {counted['decision']} keeps {counted['kept_supervised_tokens']}, "
-                          f"policy {record['decision']} keeps {record['kept_supervised_tokens']}")
+    for sample, row, record in zip(
+        policy_samples,
+        policy_ledger,
+        apply_window_policy(policy_samples, window, min_kept_supervised_tokens=32, max_supervision_loss_ratio=0.25)[
+            "audit"
+        ]["records"],
+        strict=True,
+    ):
+        counted = audit_context_fit(
+            [
+                {
+                    "name": sample["name"],
+                    "prompt_tokens": row["prompt_tokens"],
+                    "supervised_tokens": row["supervised_tokens"],
+                }
+            ],
+            window,
+            row["template_tokens"],
+            min_kept_supervised_tokens=32,
+            max_supervision_loss_ratio=0.25,
+        )["records"][0]
+        if (counted["decision"], counted["kept_supervised_tokens"]) != (
+            record["decision"],
+            record["kept_supervised_tokens"],
+        ):
+            differ.append(
+                f"{sample['name']}: audit {counted['decision']} keeps {counted['kept_supervised_tokens']}, "
+                f"policy {record['decision']} keeps {record['kept_supervised_tokens']}"
+            )
     print(f"window {window}: {len(differ)} of {len(policy_samples)} verdicts differ", *differ[:2], sep="\n  ")
 
 # %% [markdown]
@@ -390,10 +511,13 @@ for window in (128, 256, 512):
 # %%
 for template in ("chatml", "llama3", "alpaca"):
     framework = load_course_tokenizer(template).apply_chat_template(
-        chat, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+        chat, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+    )
     ours = measure_sample(load_course_tokenizer(template), chat)
-    print(f"{template:<7} transformers supervised {sum(framework['assistant_masks']):3d} | ours {ours['supervised_tokens']:3d}"
-          f" | total {len(framework['input_ids'])} vs {ours['total_tokens']}")
+    print(
+        f"{template:<7} transformers supervised {sum(framework['assistant_masks']):3d} | ours {ours['supervised_tokens']:3d}"
+        f" | total {len(framework['input_ids'])} vs {ours['total_tokens']}"
+    )
     assert sum(framework["assistant_masks"]) == ours["supervised_tokens"]
 
 # %% [markdown]

@@ -63,13 +63,18 @@ chat = [
 # course's sample data (ten chats from three files) rendered with the ChatML template.
 
 # %%
-sample_chats = [messages for name in ("sharegpt.json", "alpaca.jsonl", "alpaca.csv")
-                for messages in load_chats(sample_data_path(name))["messages"]]
+sample_chats = [
+    messages
+    for name in ("sharegpt.json", "alpaca.jsonl", "alpaca.csv")
+    for messages in load_chats(sample_data_path(name))["messages"]
+]
 sample_roles = [render_chat(tokenizer, messages)["roles"] for messages in sample_chats]
 total_tokens = sum(len(roles) for roles in sample_roles)
 answer_tokens = sum(role in ("assistant", "eos") for roles in sample_roles for role in roles)
-print(f"{len(sample_chats)} chats, {total_tokens} tokens, {answer_tokens} of them answer + end-of-turn "
-      f"({answer_tokens / total_tokens:.0%}); the other {1 - answer_tokens / total_tokens:.0%} must carry no loss")
+print(
+    f"{len(sample_chats)} chats, {total_tokens} tokens, {answer_tokens} of them answer + end-of-turn "
+    f"({answer_tokens / total_tokens:.0%}); the other {1 - answer_tokens / total_tokens:.0%} must carry no loss"
+)
 
 # %% [markdown]
 # Fewer than half of the tokens are answers. The label mask is what keeps the other tokens out of the loss,
@@ -127,8 +132,10 @@ role_counts = {}
 for name in CHAT_TEMPLATES:
     rendered = render_chat(tokenizers[name], chat)
     role_counts[name] = Counter(rendered["roles"])
-    print(f"{name:<7} {len(rendered['input_ids']):3d} tokens  "
-          + "  ".join(f"{role} {role_counts[name][role]:2d}" for role in ROLE_ORDER))
+    print(
+        f"{name:<7} {len(rendered['input_ids']):3d} tokens  "
+        + "  ".join(f"{role} {role_counts[name][role]:2d}" for role in ROLE_ORDER)
+    )
 print()
 print(render_chat(tokenizers["llama3"], chat)["text"])
 
@@ -168,44 +175,56 @@ sample = build_labels(tokenizer, chat)
 roles = render_chat(tokenizer, chat)["roles"]
 assert len(sample["labels"]) == len(sample["input_ids"]) == len(roles), (
     f"build_labels(tokenizer, chat) returned {len(sample['input_ids'])} input_ids and {len(sample['labels'])} "
-    f"labels, expected {len(roles)} of each (one per token of the rendering)")
+    f"labels, expected {len(roles)} of each (one per token of the rendering)"
+)
 assert type(sample["input_ids"]) is list and type(sample["labels"]) is list, (
     f"build_labels(tokenizer, chat) returned input_ids as {type(sample['input_ids']).__name__} and labels as "
-    f"{type(sample['labels']).__name__}, expected two lists")
+    f"{type(sample['labels']).__name__}, expected two lists"
+)
 value_types = sorted({type(value).__name__ for value in sample["input_ids"] + sample["labels"]})
 assert value_types == ["int"], (
     "input_ids and labels must hold Python ints, not numpy or torch integers (datasets and JSON store them): "
-    f"build_labels(tokenizer, chat) gave {value_types}")
+    f"build_labels(tokenizer, chat) gave {value_types}"
+)
 for position, (token_id, label, role) in enumerate(zip(sample["input_ids"], sample["labels"], roles, strict=True)):
     want = token_id if role in ("assistant", "eos") else IGNORE_INDEX
-    assert label == want, (f"build_labels(tokenizer, chat): labels[{position}] is {label}, expected {want} "
-                           f"(token {tokenizer.decode([token_id])!r}, role {role!r})")
+    assert label == want, (
+        f"build_labels(tokenizer, chat): labels[{position}] is {label}, expected {want} "
+        f"(token {tokenizer.decode([token_id])!r}, role {role!r})"
+    )
 supervised = [label for label in sample["labels"] if label != IGNORE_INDEX]
 want_text = "Only the answer and its end-of-turn token.<|im_end|>不客气。<|im_end|>"
 assert tokenizer.decode(supervised) == want_text, (
-    f"build_labels(tokenizer, chat) supervises {tokenizer.decode(supervised)!r}, expected {want_text!r}")
+    f"build_labels(tokenizer, chat) supervises {tokenizer.decode(supervised)!r}, expected {want_text!r}"
+)
 without_eos = build_labels(tokenizer, chat, supervise_eos=False)
 n_without_eos = sum(label != IGNORE_INDEX for label in without_eos["labels"])
 assert n_without_eos == len(supervised) - 2, (
     f"build_labels(tokenizer, chat, supervise_eos=False) supervises {n_without_eos} tokens, expected "
-    f"{len(supervised) - 2}: the end-of-turn tokens of the two answers carry no loss")
+    f"{len(supervised) - 2}: the end-of-turn tokens of the two answers carry no loss"
+)
 cut = build_labels(tokenizer, chat, max_length=20)
 assert cut["input_ids"] == sample["input_ids"][:20] and cut["labels"] == sample["labels"][:20], (
     f"build_labels(tokenizer, chat, max_length=20) returned {len(cut['input_ids'])} input_ids and "
-    f"{len(cut['labels'])} labels, expected the first 20 of each")
+    f"{len(cut['labels'])} labels, expected the first 20 of each"
+)
 # Another template, chosen by name with chat_template (the same tokenizer object).
 llama = build_labels(tokenizer, chat, chat_template="llama3")
 llama_rendered = render_chat(tokenizer, chat, chat_template="llama3")
 assert llama["input_ids"] == llama_rendered["input_ids"], (
     f"build_labels(tokenizer, chat, chat_template='llama3') returned input_ids starting "
     f"{tokenizer.decode(llama['input_ids'][:3])!r}, expected the llama3 rendering, starting "
-    f"{tokenizer.decode(llama_rendered['input_ids'][:3])!r}: pass chat_template on to render_chat")
-want_llama = [token_id if role in ("assistant", "eos") else IGNORE_INDEX
-              for token_id, role in zip(llama_rendered["input_ids"], llama_rendered["roles"], strict=True)]
+    f"{tokenizer.decode(llama_rendered['input_ids'][:3])!r}: pass chat_template on to render_chat"
+)
+want_llama = [
+    token_id if role in ("assistant", "eos") else IGNORE_INDEX
+    for token_id, role in zip(llama_rendered["input_ids"], llama_rendered["roles"], strict=True)
+]
 assert llama["labels"] == want_llama, (
     f"build_labels(tokenizer, chat, chat_template='llama3') supervises "
     f"{tokenizer.decode([label for label in llama['labels'] if label != IGNORE_INDEX])!r}, expected "
-    f"{tokenizer.decode([label for label in want_llama if label != IGNORE_INDEX])!r}")
+    f"{tokenizer.decode([label for label in want_llama if label != IGNORE_INDEX])!r}"
+)
 ### BEGIN HIDDEN TESTS
 import random
 
@@ -213,37 +232,66 @@ from course_lib import grading
 
 _t_rng = random.Random(2)
 _t_words = ("packing", "label", "掩码", "模板", "token", "window", "EOS", "-100", "\n", "谢谢", "the", "answer", "。")
+
+
 def _t_text():
     return " ".join(_t_rng.choice(_t_words) for _ in range(_t_rng.randint(1, 12)))
+
+
 def _t_random_chat():
     messages = [{"role": "system", "content": _t_text()}] if _t_rng.random() < 0.5 else []
     for _ in range(_t_rng.randint(1, 3)):
         messages += [{"role": "user", "content": _t_text()}, {"role": "assistant", "content": _t_text()}]
     return messages
-_t_chats = [chat] + [list(m) for n in ("sharegpt.json", "alpaca.jsonl", "alpaca.csv")
-                     for m in load_chats(sample_data_path(n))["messages"]]
+
+
+_t_chats = [chat] + [
+    list(m)
+    for n in ("sharegpt.json", "alpaca.jsonl", "alpaca.csv")
+    for m in load_chats(sample_data_path(n))["messages"]
+]
 _t_chats += [_t_random_chat() for _ in range(10)]
-_t_chats += [[{"role": "user", "content": "hi"}, {"role": "assistant", "content": ""}],  # an empty answer: EOS only
-             chat[:4],  # ends on a user turn: the last turn carries no loss
-             [{"role": "assistant", "content": "Opening line."}, {"role": "user", "content": "ok"}]]
+_t_chats += [
+    [{"role": "user", "content": "hi"}, {"role": "assistant", "content": ""}],  # an empty answer: EOS only
+    chat[:4],  # ends on a user turn: the last turn carries no loss
+    [{"role": "assistant", "content": "Opening line."}, {"role": "user", "content": "ok"}],
+]
 _t_cases = []
 for _t_messages in _t_chats:
     for _t_name in CHAT_TEMPLATES:
         _t_full = len(render_chat(tokenizers[_t_name], _t_messages)["input_ids"])
-        _t_cases.append(((tokenizers[_t_name], _t_messages),
-                         {"supervise_eos": _t_rng.random() < 0.5,
-                          "max_length": _t_rng.choice([None, None, 1, _t_rng.randint(1, _t_full), _t_full, _t_full + 7])}))
-_t_cases += [((tokenizer, chat), {"chat_template": _t_name, "supervise_eos": _eos})
-             for _t_name in CHAT_TEMPLATES for _eos in (True, False)]
+        _t_cases.append(
+            (
+                (tokenizers[_t_name], _t_messages),
+                {
+                    "supervise_eos": _t_rng.random() < 0.5,
+                    "max_length": _t_rng.choice([None, None, 1, _t_rng.randint(1, _t_full), _t_full, _t_full + 7]),
+                },
+            )
+        )
+_t_cases += [
+    ((tokenizer, chat), {"chat_template": _t_name, "supervise_eos": _eos})
+    for _t_name in CHAT_TEMPLATES
+    for _eos in (True, False)
+]
 _t_cases += [((tokenizer, chat), {"max_length": _length}) for _length in (1, 9, 33, 34, 35)]
 grading.assert_matches_reference(build_labels, "build_labels", _t_cases)
-grading.assert_rejects(build_labels, "build_labels", [
-    ((tokenizer, chat), {"max_length": 0}), ((tokenizer, chat), {"max_length": -4}),
-    ((tokenizer, chat), {"max_length": 2.5}), ((tokenizer, chat), {"max_length": True}),
-    ((tokenizer, chat), {"max_length": 4.0}), ((tokenizer, chat), {"max_length": 500.0}),  # checked even if no cut
-    ((tokenizer, []), {}), ((tokenizer, [{"role": "robot", "content": "beep"}]), {}),
-    ((tokenizer, chat), {"supervise_eos": "false"}), ((tokenizer, chat), {"supervise_eos": 0}),
-])
+grading.assert_rejects(
+    build_labels,
+    "build_labels",
+    [
+        ((tokenizer, chat), {"max_length": 0}),
+        ((tokenizer, chat), {"max_length": -4}),
+        ((tokenizer, chat), {"max_length": 2.5}),
+        ((tokenizer, chat), {"max_length": True}),
+        ((tokenizer, chat), {"max_length": 4.0}),
+        ((tokenizer, chat), {"max_length": 500.0}),  # checked even if no cut
+        ((tokenizer, []), {}),
+        ((tokenizer, [{"role": "robot", "content": "beep"}]), {}),
+        ((tokenizer, chat), {"supervise_eos": "false"}),
+        ((tokenizer, chat), {"supervise_eos": 0}),
+    ],
+)
 with grading.library_blocked("build_labels"):
     _t_out = build_labels(tokenizer, chat)
 assert type(_t_out["input_ids"]) is list and type(_t_out["labels"]) is list, "input_ids and labels must be lists"
@@ -258,8 +306,9 @@ from itertools import groupby
 
 sample = build_labels(tokenizer, chat)
 pieces = []
-for is_target, run in groupby(zip(sample["input_ids"], sample["labels"], strict=True),
-                              key=lambda pair: pair[1] != IGNORE_INDEX):
+for is_target, run in groupby(
+    zip(sample["input_ids"], sample["labels"], strict=True), key=lambda pair: pair[1] != IGNORE_INDEX
+):
     run_ids = [token_id for token_id, _ in run]
     pieces.append(tokenizer.decode(run_ids) if is_target else "·" * len(run_ids))  # one dot per ignored token
 print("".join(pieces))
@@ -305,40 +354,53 @@ toy_before = [{key: list(values) for key, values in feature.items()} for feature
 toy_batch = pad_batch(toy_features, pad_token_id=0)
 call = f"pad_batch({toy_before}, pad_token_id=0)"
 assert set(toy_batch) == {"input_ids", "labels", "attention_mask"}, (
-    f"{call} returned the keys {sorted(toy_batch)}, expected ['attention_mask', 'input_ids', 'labels']")
+    f"{call} returned the keys {sorted(toy_batch)}, expected ['attention_mask', 'input_ids', 'labels']"
+)
 dtypes = {key: str(getattr(toy_batch[key], "dtype", type(toy_batch[key]).__name__)) for key in toy_batch}
 assert all(isinstance(toy_batch[key], torch.Tensor) and toy_batch[key].dtype == torch.long for key in toy_batch), (
-    f"{call}: every value must be a torch.long tensor, got {dtypes}")
+    f"{call}: every value must be a torch.long tensor, got {dtypes}"
+)
 assert toy_batch["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]], (
-    f"{call} returned input_ids {toy_batch['input_ids'].tolist()}, expected [[5, 6, 7], [8, 0, 0]]")
+    f"{call} returned input_ids {toy_batch['input_ids'].tolist()}, expected [[5, 6, 7], [8, 0, 0]]"
+)
 assert toy_batch["labels"].tolist() == [[IGNORE_INDEX, 6, 7], [8, IGNORE_INDEX, IGNORE_INDEX]], (
-    f"{call} returned labels {toy_batch['labels'].tolist()}, expected [[-100, 6, 7], [8, -100, -100]]")
+    f"{call} returned labels {toy_batch['labels'].tolist()}, expected [[-100, 6, 7], [8, -100, -100]]"
+)
 assert toy_batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]], (
-    f"{call} returned attention_mask {toy_batch['attention_mask'].tolist()}, expected [[1, 1, 1], [1, 0, 0]]")
-unchanged = all(feature.keys() == before.keys() and all(type(feature[key]) is list and feature[key] == before[key]
-                                                        for key in before)
-                for feature, before in zip(toy_features, toy_before, strict=True))
-assert unchanged, (f"{call} changed the caller's features into {toy_features}: build new tensors, "
-                   "do not pad (or convert) the given lists in place")
+    f"{call} returned attention_mask {toy_batch['attention_mask'].tolist()}, expected [[1, 1, 1], [1, 0, 0]]"
+)
+unchanged = all(
+    feature.keys() == before.keys()
+    and all(type(feature[key]) is list and feature[key] == before[key] for key in before)
+    for feature, before in zip(toy_features, toy_before, strict=True)
+)
+assert unchanged, (
+    f"{call} changed the caller's features into {toy_features}: build new tensors, "
+    "do not pad (or convert) the given lists in place"
+)
 # The alpaca case: the end-of-turn token IS the pad token (id 0), so real tokens carry the pad id.
 eos_is_pad = [{"input_ids": [9, 4, 0], "labels": [IGNORE_INDEX, 4, 0]}, {"input_ids": [3, 0], "labels": [3, 0]}]
 eos_batch = pad_batch(eos_is_pad, pad_token_id=0)
 call = f"pad_batch({eos_is_pad}, pad_token_id=0)"
 assert eos_batch["attention_mask"].tolist() == [[1, 1, 1], [1, 1, 0]], (
     f"{call} returned attention_mask {eos_batch['attention_mask'].tolist()}, expected [[1, 1, 1], [1, 1, 0]]: "
-    "id 0 is also a real end-of-turn token here, so the mask must come from the lengths, not from the ids")
+    "id 0 is also a real end-of-turn token here, so the mask must come from the lengths, not from the ids"
+)
 assert eos_batch["input_ids"].tolist() == [[9, 4, 0], [3, 0, 0]], (
-    f"{call} returned input_ids {eos_batch['input_ids'].tolist()}, expected [[9, 4, 0], [3, 0, 0]]")
+    f"{call} returned input_ids {eos_batch['input_ids'].tolist()}, expected [[9, 4, 0], [3, 0, 0]]"
+)
 assert eos_batch["labels"].tolist() == [[IGNORE_INDEX, 4, 0], [3, 0, IGNORE_INDEX]], (
-    f"{call} returned labels {eos_batch['labels'].tolist()}, expected [[-100, 4, 0], [3, 0, -100]]")
+    f"{call} returned labels {eos_batch['labels'].tolist()}, expected [[-100, 4, 0], [3, 0, -100]]"
+)
 for bad in ([{"input_ids": [1, 2]}], [{"input_ids": [5.5, 6.0], "labels": [5, 6]}]):
     try:
         pad_batch(bad, pad_token_id=0)
     except ValueError:
         pass
     except Exception as error:
-        raise AssertionError(f"pad_batch({bad}, pad_token_id=0) must raise ValueError, "
-                             f"got {type(error).__name__}: {error}") from error
+        raise AssertionError(
+            f"pad_batch({bad}, pad_token_id=0) must raise ValueError, got {type(error).__name__}: {error}"
+        ) from error
     else:
         raise AssertionError(f"pad_batch({bad}, pad_token_id=0) must raise ValueError")
 ### BEGIN HIDDEN TESTS
@@ -349,9 +411,15 @@ import numpy as np
 from course_lib import grading
 
 _t_rng = random.Random(5)
+
+
 def _t_feature(length, pad_id):
-    ids = [_t_rng.choice([pad_id, _t_rng.randint(0, 2047)]) for _ in range(length)]  # the pad id also appears as a real token
+    ids = [
+        _t_rng.choice([pad_id, _t_rng.randint(0, 2047)]) for _ in range(length)
+    ]  # the pad id also appears as a real token
     return {"input_ids": ids, "labels": [i if _t_rng.random() < 0.5 else IGNORE_INDEX for i in ids]}
+
+
 _t_cases = []
 for _ in range(40):
     _t_pad = _t_rng.choice([0, 0, 2, _t_rng.randint(0, 2047)])
@@ -359,43 +427,58 @@ for _ in range(40):
     _t_cases.append(((_t_features, _t_pad), {}))
 _t_cases.append((([_t_feature(7, 3), _t_feature(7, 3)], 3), {}))  # equal lengths: no padding at all
 _t_cases.append((([_t_feature(1, 0)], 0), {}))  # one sample of one token
-_t_as_arrays = [{"input_ids": np.array(f["input_ids"]), "labels": torch.tensor(f["labels"])}
-                for f in (_t_feature(5, 1), _t_feature(9, 1))]
+_t_as_arrays = [
+    {"input_ids": np.array(f["input_ids"]), "labels": torch.tensor(f["labels"])}
+    for f in (_t_feature(5, 1), _t_feature(9, 1))
+]
 _t_cases.append(((_t_as_arrays, 1), {}))  # numpy arrays and tensors are accepted too
-_t_as_int32 = [{"input_ids": np.array(f["input_ids"], dtype=np.int32), "labels": torch.tensor(f["labels"], dtype=torch.int32)}
-               for f in (_t_feature(4, 2), _t_feature(6, 2))]
+_t_as_int32 = [
+    {"input_ids": np.array(f["input_ids"], dtype=np.int32), "labels": torch.tensor(f["labels"], dtype=torch.int32)}
+    for f in (_t_feature(4, 2), _t_feature(6, 2))
+]
 _t_cases.append(((_t_as_int32, 2), {}))  # 32-bit ids come back as torch.long
-_t_cases.append((([{"input_ids": [0, 5, 0], "labels": [IGNORE_INDEX, 5, 0]}, {"input_ids": [9], "labels": [9]}], 0), {}))
+_t_cases.append(
+    (([{"input_ids": [0, 5, 0], "labels": [IGNORE_INDEX, 5, 0]}, {"input_ids": [9], "labels": [9]}], 0), {})
+)
 for _ in range(12):  # the width rounded up to a multiple: already one, one short, one past, a multiple above L
     _t_pad = _t_rng.randint(0, 2047)
     _t_features = [_t_feature(_t_rng.randint(1, 20), _t_pad) for _ in range(_t_rng.randint(1, 4))]
     _t_cases.append(((_t_features, _t_pad), {"pad_to_multiple_of": _t_rng.choice([1, 2, 3, 5, 8, 64])}))
 _t_cases.append((([_t_feature(8, 1), _t_feature(3, 1)], 1), {"pad_to_multiple_of": 8}))  # 8 is a multiple: no extra
-_t_cases.append((([_t_feature(9, 4)], 4), {"pad_to_multiple_of": 8}))                    # 9 -> 16
+_t_cases.append((([_t_feature(9, 4)], 4), {"pad_to_multiple_of": 8}))  # 9 -> 16
 _t_cases.append((([_t_feature(2, 0), _t_feature(1, 0)], 0), {"pad_to_multiple_of": None}))
-_t_cases.append((([_t_feature(5, 7)], 7), {"pad_to_multiple_of": np.int64(4)}))          # a numpy integer is one
+_t_cases.append((([_t_feature(5, 7)], 7), {"pad_to_multiple_of": np.int64(4)}))  # a numpy integer is one
 grading.assert_matches_reference(pad_batch, "pad_batch", _t_cases)
 _t_good = {"input_ids": [5, 6], "labels": [IGNORE_INDEX, 6]}
-grading.assert_rejects(pad_batch, "pad_batch", [
-    (([], 0), {}),
-    (([_t_good, {"input_ids": [1, 2]}], 0), {}),
-    (([{"labels": [1]}], 0), {}),
-    (([{"input_ids": [1, 2, 3], "labels": [1, 2]}], 0), {}),
-    (([_t_good, {"input_ids": [7], "labels": [7, 7]}], 0), {}),
-    (([_t_good, {"input_ids": [], "labels": []}], 0), {}),
-    (([_t_good], -1), {}), (([_t_good], 1.5), {}), (([_t_good], True), {}),
-    (([{"input_ids": [5.5, 6.0], "labels": [5, 6]}], 0), {}),                      # ids must be integers
-    (([{"input_ids": [5, 6], "labels": [5.5, 6.0]}], 0), {}),                      # and so must labels
-    (([{"input_ids": [True, False], "labels": [1, 0]}], 0), {}),                   # bools are not token ids
-    (([{"input_ids": [5.0, 6.0], "labels": [5, 6]}], 0), {}),                      # whole floats are floats
-    (([{"input_ids": [5, 6], "labels": [-100.0, 6.0]}], 0), {}),
-    (([{"input_ids": torch.tensor([[5, 6]]), "labels": torch.tensor([[5, 6]])}], 0), {}),  # a [1, T] tensor is 2-D
-    (([_t_good, {"input_ids": [[5, 6]], "labels": [5]}], 0), {}),                  # each field is checked:
-    (([_t_good, {"input_ids": [5], "labels": [[5, 6]]}], 0), {}),                  # one row of one token each
-    (([_t_good], 0), {"pad_to_multiple_of": 0}), (([_t_good], 0), {"pad_to_multiple_of": -8}),
-    (([_t_good], 0), {"pad_to_multiple_of": True}), (([_t_good], 0), {"pad_to_multiple_of": 2.5}),
-    (([_t_good], 0), {"pad_to_multiple_of": 8.0}), (([_t_good], 0), {"pad_to_multiple_of": "8"}),
-])
+grading.assert_rejects(
+    pad_batch,
+    "pad_batch",
+    [
+        (([], 0), {}),
+        (([_t_good, {"input_ids": [1, 2]}], 0), {}),
+        (([{"labels": [1]}], 0), {}),
+        (([{"input_ids": [1, 2, 3], "labels": [1, 2]}], 0), {}),
+        (([_t_good, {"input_ids": [7], "labels": [7, 7]}], 0), {}),
+        (([_t_good, {"input_ids": [], "labels": []}], 0), {}),
+        (([_t_good], -1), {}),
+        (([_t_good], 1.5), {}),
+        (([_t_good], True), {}),
+        (([{"input_ids": [5.5, 6.0], "labels": [5, 6]}], 0), {}),  # ids must be integers
+        (([{"input_ids": [5, 6], "labels": [5.5, 6.0]}], 0), {}),  # and so must labels
+        (([{"input_ids": [True, False], "labels": [1, 0]}], 0), {}),  # bools are not token ids
+        (([{"input_ids": [5.0, 6.0], "labels": [5, 6]}], 0), {}),  # whole floats are floats
+        (([{"input_ids": [5, 6], "labels": [-100.0, 6.0]}], 0), {}),
+        (([{"input_ids": torch.tensor([[5, 6]]), "labels": torch.tensor([[5, 6]])}], 0), {}),  # a [1, T] tensor is 2-D
+        (([_t_good, {"input_ids": [[5, 6]], "labels": [5]}], 0), {}),  # each field is checked:
+        (([_t_good, {"input_ids": [5], "labels": [[5, 6]]}], 0), {}),  # one row of one token each
+        (([_t_good], 0), {"pad_to_multiple_of": 0}),
+        (([_t_good], 0), {"pad_to_multiple_of": -8}),
+        (([_t_good], 0), {"pad_to_multiple_of": True}),
+        (([_t_good], 0), {"pad_to_multiple_of": 2.5}),
+        (([_t_good], 0), {"pad_to_multiple_of": 8.0}),
+        (([_t_good], 0), {"pad_to_multiple_of": "8"}),
+    ],
+)
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -418,14 +501,21 @@ batch = pad_batch(features, tokenizer.pad_token_id)
 leaky_labels = torch.where(batch["attention_mask"].bool(), batch["labels"], tokenizer.pad_token_id)  # the bug
 with torch.no_grad():
     loss_right = model(**batch).loss.item()
-    loss_leaky = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=leaky_labels).loss.item()
+    loss_leaky = model(
+        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=leaky_labels
+    ).loss.item()
 padding = int((batch["attention_mask"] == 0).sum())
 print(f"batch {tuple(batch['input_ids'].shape)}: {padding} of {batch['input_ids'].numel()} positions are padding")
-print(f"targets in the loss: {int((batch['labels'] != IGNORE_INDEX).sum())} right, "
-      f"{int((leaky_labels != IGNORE_INDEX).sum())} with the pad id in the labels")
+print(
+    f"targets in the loss: {int((batch['labels'] != IGNORE_INDEX).sum())} right, "
+    f"{int((leaky_labels != IGNORE_INDEX).sum())} with the pad id in the labels"
+)
 print(f"tiny_qwen2 loss: {loss_right:.4f} right vs {loss_leaky:.4f} leaky (a different objective, not a better model)")
-print("caught:", bool((leaky_labels[batch["attention_mask"] == 0] != IGNORE_INDEX).any()),
-      "<- any label under attention_mask 0 that is not -100")
+print(
+    "caught:",
+    bool((leaky_labels[batch["attention_mask"] == 0] != IGNORE_INDEX).any()),
+    "<- any label under attention_mask 0 that is not -100",
+)
 
 # %% [markdown]
 # **Bug 2: labels not truncated with the inputs.** A tokenizer-side `max_length` cuts `input_ids`; a
@@ -453,10 +543,25 @@ first_answer = roles.index("assistant")
 habit_labels = [IGNORE_INDEX] * first_answer + ids[first_answer:]  # the bug
 trained_roles = Counter(role for role, label in zip(roles, habit_labels, strict=True) if label != IGNORE_INDEX)
 print("roles the single-turn habit trains on:", dict(trained_roles))
-print("extra supervised text:", repr(tokenizer.decode([i for i, label, role in zip(ids, habit_labels, roles, strict=True)
-                                                        if label != IGNORE_INDEX and role in ("user", "template")])))
-print("caught:", any(label != IGNORE_INDEX and role not in ("assistant", "eos")
-                     for label, role in zip(habit_labels, roles, strict=True)))
+print(
+    "extra supervised text:",
+    repr(
+        tokenizer.decode(
+            [
+                i
+                for i, label, role in zip(ids, habit_labels, roles, strict=True)
+                if label != IGNORE_INDEX and role in ("user", "template")
+            ]
+        )
+    ),
+)
+print(
+    "caught:",
+    any(
+        label != IGNORE_INDEX and role not in ("assistant", "eos")
+        for label, role in zip(habit_labels, roles, strict=True)
+    ),
+)
 
 # %% [markdown]
 # ## 6. The whole mask in one picture
@@ -468,7 +573,9 @@ print("caught:", any(label != IGNORE_INDEX and role not in ("assistant", "eos")
 # %%
 from matplotlib.colors import ListedColormap
 
-batch = pad_batch([build_labels(tokenizer, messages) for messages in sample_chats], tokenizer.pad_token_id)  # TODOs 1, 2
+batch = pad_batch(
+    [build_labels(tokenizer, messages) for messages in sample_chats], tokenizer.pad_token_id
+)  # TODOs 1, 2
 fig, (left, right) = plt.subplots(1, 2, figsize=(12, 3.6), gridspec_kw={"width_ratios": [1, 2]})
 colors = {"template": "#BBBBBB", "system": "#8172B2", "user": "#4C72B0", "assistant": "#55A868", "eos": "#C44E52"}
 for row, name in enumerate(CHAT_TEMPLATES):
@@ -508,14 +615,18 @@ from transformers import DataCollatorForSeq2Seq
 checked = 0
 for name in CHAT_TEMPLATES:
     for messages in [chat, *sample_chats]:
-        framework = tokenizers[name].apply_chat_template(messages, tokenize=True, return_dict=True,
-                                                         return_assistant_tokens_mask=True)
-        expected = [i if bit else IGNORE_INDEX for i, bit in zip(framework["input_ids"], framework["assistant_masks"],
-                                                                  strict=True)]
+        framework = tokenizers[name].apply_chat_template(
+            messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+        )
+        expected = [
+            i if bit else IGNORE_INDEX
+            for i, bit in zip(framework["input_ids"], framework["assistant_masks"], strict=True)
+        ]
         ours = build_labels(tokenizers[name], messages)
         assert ours["input_ids"] == framework["input_ids"] and ours["labels"] == expected, (
             f"build_labels(tokenizers[{name!r}], messages) differs from transformers' assistant mask on the chat "
-            f"{messages!r:.120}")
+            f"{messages!r:.120}"
+        )
         checked += 1
 collator = DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=IGNORE_INDEX, return_tensors="pt")
 theirs = collator([dict(feature) for feature in features])
@@ -524,8 +635,10 @@ print("pad_batch == DataCollatorForSeq2Seq:", {key: torch.equal(batch[key], thei
 rounded = pad_batch(features, tokenizer.pad_token_id, pad_to_multiple_of=8)
 collator.pad_to_multiple_of = 8
 theirs = collator([dict(feature) for feature in features])
-print(f"width {batch['input_ids'].shape[1]} -> {rounded['input_ids'].shape[1]} with pad_to_multiple_of=8, equal:",
-      {key: torch.equal(rounded[key], theirs[key]) for key in rounded})
+print(
+    f"width {batch['input_ids'].shape[1]} -> {rounded['input_ids'].shape[1]} with pad_to_multiple_of=8, equal:",
+    {key: torch.equal(rounded[key], theirs[key]) for key in rounded},
+)
 
 # %% [markdown]
 # **TRL.** `SFTTrainer` with `SFTConfig(assistant_only_loss=True)` tokenizes a dataset of `messages` with the
@@ -541,13 +654,23 @@ from trl import SFTConfig, SFTTrainer
 warnings.filterwarnings("ignore", category=FutureWarning)  # a deprecation notice inside SFTConfig
 
 sharegpt_chats = load_chats(sample_data_path("sharegpt.json"))
-config = SFTConfig(output_dir=tempfile.mkdtemp(), assistant_only_loss=True, max_length=2048, report_to=[],
-                   use_cpu=True, disable_tqdm=True)
+config = SFTConfig(
+    output_dir=tempfile.mkdtemp(),
+    assistant_only_loss=True,
+    max_length=2048,
+    report_to=[],
+    use_cpu=True,
+    disable_tqdm=True,
+)
 trainer = SFTTrainer(model=model, args=config, train_dataset=sharegpt_chats, processing_class=tokenizer)
 trl_rows = [trainer.train_dataset[index] for index in range(len(sharegpt_chats))]
 our_rows = [build_labels(tokenizer, messages) for messages in sharegpt_chats["messages"]]
-print("TRL dataset rows equal ours:", all(t["input_ids"] == o["input_ids"] and t["labels"] == o["labels"]
-                                          for t, o in zip(trl_rows, our_rows, strict=True)))
+print(
+    "TRL dataset rows equal ours:",
+    all(
+        t["input_ids"] == o["input_ids"] and t["labels"] == o["labels"] for t, o in zip(trl_rows, our_rows, strict=True)
+    ),
+)
 trl_batch = trainer.data_collator(trl_rows)
 our_batch = pad_batch(our_rows, tokenizer.pad_token_id)
 print("TRL collator batch equals pad_batch:", {key: torch.equal(trl_batch[key], our_batch[key]) for key in our_batch})

@@ -74,10 +74,14 @@ chats = corpus_chats(64, log_mean=0.7, log_sigma=0.9, max_sentences=20, seed=0) 
 samples = [build_labels(tokenizer, chat) for chat in chats]  # input_ids + labels, one rendering
 lengths = np.array([len(sample["input_ids"]) for sample in samples])  # [64]
 real_tokens, padded_positions = int(lengths.sum()), len(lengths) * int(lengths.max())
-print(f"{len(lengths)} chats: min {lengths.min()} | median {np.median(lengths):.0f} | "
-      f"p90 {np.percentile(lengths, 90):.0f} | max {lengths.max()} tokens")
-print(f"padded batch: {padded_positions} positions for {real_tokens} real tokens -> "
-      f"{1 - real_tokens / padded_positions:.0%} of the compute is padding")
+print(
+    f"{len(lengths)} chats: min {lengths.min()} | median {np.median(lengths):.0f} | "
+    f"p90 {np.percentile(lengths, 90):.0f} | max {lengths.max()} tokens"
+)
+print(
+    f"padded batch: {padded_positions} positions for {real_tokens} real tokens -> "
+    f"{1 - real_tokens / padded_positions:.0%} of the compute is padding"
+)
 
 # %% [markdown]
 # Most of the padded batch is padding: the forward and backward passes do that share of their work on tokens
@@ -108,8 +112,10 @@ print(f"\nour 64 chats, {real_tokens} tokens; rows of C tokens (lower bound ceil
 for capacity in (384, CAPACITY, 1024):
     for strategy in PACKING_STRATEGIES:
         rows = plan_packing(lengths, capacity, strategy)
-        print(f"  C = {capacity:4d}  {strategy:<10} {len(rows):3d} rows (bound {-(-real_tokens // capacity):3d}) "
-              f"| fill {real_tokens / (len(rows) * capacity):6.1%}")
+        print(
+            f"  C = {capacity:4d}  {strategy:<10} {len(rows):3d} rows (bound {-(-real_tokens // capacity):3d}) "
+            f"| fill {real_tokens / (len(rows) * capacity):6.1%}"
+        )
     ffd_rows, bfd_rows = (sorted(map(sorted, plan_packing(lengths, capacity, s))) for s in ("ffd", "bfd"))
     print(f"  C = {capacity:4d}  FFD and BFD put the same samples together: {ffd_rows == bfd_rows}")
 
@@ -128,9 +134,11 @@ for window in (256, 384, CAPACITY, 1024):
     kept = lengths[lengths <= target]  # longer chats are cut or dropped before padding or packing
     padded_waste = 1 - kept.sum() / (len(kept) * window)  # every kept chat padded to the window
     packed_fill = kept.sum() / (len(plan_packing(kept, target, "bfd")) * target)
-    print(f"  max_length {window:4d}: P95 {advice['p95_tokens']:3d} tokens = {advice['p95_share']:4.0%} -> "
-          f"{advice['verdict']:<11} | {len(kept)} chats fit; padded to the window {padded_waste:4.0%} is padding, "
-          f"BFD rows of {target} are {packed_fill:4.0%} full")
+    print(
+        f"  max_length {window:4d}: P95 {advice['p95_tokens']:3d} tokens = {advice['p95_share']:4.0%} -> "
+        f"{advice['verdict']:<11} | {len(kept)} chats fit; padded to the window {padded_waste:4.0%} is padding, "
+        f"BFD rows of {target} are {packed_fill:4.0%} full"
+    )
 
 # %% [markdown]
 # The rule reads the right direction: the further P95 sits below the window, the more padding to the window
@@ -157,8 +165,10 @@ started = time.perf_counter()
 fast_rows = plan_packing(many, 1024, "ffd")
 fast_seconds = time.perf_counter() - started
 assert teaching_rows == [[int(many[index]) for index in row] for row in fast_rows]
-print(f"3000 lengths into rows of 1024: the same {len(fast_rows)} rows; teaching FFD {teaching_seconds * 1e3:.0f} ms, "
-      f"plan_packing {fast_seconds * 1e3:.1f} ms ({teaching_seconds / fast_seconds:.0f}x faster)")
+print(
+    f"3000 lengths into rows of 1024: the same {len(fast_rows)} rows; teaching FFD {teaching_seconds * 1e3:.0f} ms, "
+    f"plan_packing {fast_seconds * 1e3:.1f} ms ({teaching_seconds / fast_seconds:.0f}x faster)"
+)
 
 # %% [markdown]
 # ### The same plan on every rank (跨 rank 的确定性计划)
@@ -170,14 +180,16 @@ print(f"3000 lengths into rows of 1024: the same {len(fast_rows)} rows; teaching
 
 # %%
 shuffle = np.random.default_rng(7).permutation(len(lengths))
-rank_views = {"list": lengths.tolist(), "numpy": lengths, "torch": torch.tensor(lengths),
-              "shuffled": lengths[shuffle]}
+rank_views = {"list": lengths.tolist(), "numpy": lengths, "torch": torch.tensor(lengths), "shuffled": lengths[shuffle]}
 plans_as_lengths = {}
 for view, values in rank_views.items():
     values = np.asarray(values)
     plans_as_lengths[view] = [sorted(int(values[index]) for index in row) for row in plan_packing(values, CAPACITY)]
-print({view: len(plan) for view, plan in plans_as_lengths.items()},
-      "| identical rows of lengths on every view:", len({str(plan) for plan in plans_as_lengths.values()}) == 1)
+print(
+    {view: len(plan) for view, plan in plans_as_lengths.items()},
+    "| identical rows of lengths on every view:",
+    len({str(plan) for plan in plans_as_lengths.values()}) == 1,
+)
 
 # %% [markdown]
 # ## 3. What a packed row must keep (边界隔离的三条不变量)
@@ -202,8 +214,10 @@ print(f"{'col':>4} {'token':>16} {'label':>6} {'sample':>6} {'position':>8}")
 pair_ids = pair[0]["input_ids"] + pair[1]["input_ids"]
 pair_labels = pair[0]["labels"] + pair[1]["labels"]
 for column in range(seam - 3, seam + 3):
-    print(f"{column:4d} {tokenizer.decode([pair_ids[column]])!r:>16} {pair_labels[column]:6d} "
-          f"{int(pair_meta['seq_idx'][column]):6d} {int(pair_meta['position_ids'][column]):8d}")
+    print(
+        f"{column:4d} {tokenizer.decode([pair_ids[column]])!r:>16} {pair_labels[column]:6d} "
+        f"{int(pair_meta['seq_idx'][column]):6d} {int(pair_meta['position_ids'][column]):8d}"
+    )
 
 # %% [markdown]
 # The end-of-turn token that closes the first answer is supervised; the second chat starts over at position 0
@@ -240,32 +254,51 @@ for column in range(seam - 3, seam + 3):
 seed_pair = [{"input_ids": [11, 12, 13], "labels": [-100, 12, 13]}, {"input_ids": [21, 22], "labels": [-100, 22]}]
 call = f"build_boundary_isolated_packing({seed_pair})"
 packed_pair = build_boundary_isolated_packing(seed_pair)
-for key, want in (("input_ids", [11, 12, 13, 21, 22]), ("labels", [-100, 12, 13, -100, 22]),
-                  ("segment_ids", [0, 0, 0, 1, 1]), ("position_ids", [0, 1, 2, 0, 1])):
+for key, want in (
+    ("input_ids", [11, 12, 13, 21, 22]),
+    ("labels", [-100, 12, 13, -100, 22]),
+    ("segment_ids", [0, 0, 0, 1, 1]),
+    ("position_ids", [0, 1, 2, 0, 1]),
+):
     assert list(packed_pair[key]) == want, f"{call} returned {key} {packed_pair[key]}, expected {want}"
-for query, want in ((2, [True, True, True, False, False]), (3, [False, False, False, True, False]),
-                    (4, [False, False, False, True, True])):
+for query, want in (
+    (2, [True, True, True, False, False]),
+    (3, [False, False, False, True, False]),
+    (4, [False, False, False, True, True]),
+):
     got = list(packed_pair["attention_allowed"][query])
-    assert got == want, (f"{call}: attention_allowed[{query}] is {got}, expected {want} "
-                         "(a query sees the keys of its own sample up to itself)")
-int_types = sorted({type(value).__name__ for key in ("input_ids", "labels", "segment_ids", "position_ids")
-                    for value in packed_pair[key]})
+    assert got == want, (
+        f"{call}: attention_allowed[{query}] is {got}, expected {want} "
+        "(a query sees the keys of its own sample up to itself)"
+    )
+int_types = sorted(
+    {
+        type(value).__name__
+        for key in ("input_ids", "labels", "segment_ids", "position_ids")
+        for value in packed_pair[key]
+    }
+)
 assert int_types == ["int"], (
     "input_ids, labels, segment_ids and position_ids must hold Python ints, not numpy or torch integers "
-    f"(a packed row is written out as JSON): {call} gave {int_types}")
+    f"(a packed row is written out as JSON): {call} gave {int_types}"
+)
 bool_types = sorted({type(value).__name__ for mask_row in packed_pair["attention_allowed"] for value in mask_row})
 assert bool_types == ["bool"], (
-    f"attention_allowed must hold Python bools, not numpy or torch booleans: {call} gave {bool_types}")
-assert seed_pair == [{"input_ids": [11, 12, 13], "labels": [-100, 12, 13]},
-                     {"input_ids": [21, 22], "labels": [-100, 22]}], (
-    f"{call} changed the caller's samples into {seed_pair}: build new lists")
+    f"attention_allowed must hold Python bools, not numpy or torch booleans: {call} gave {bool_types}"
+)
+assert seed_pair == [
+    {"input_ids": [11, 12, 13], "labels": [-100, 12, 13]},
+    {"input_ids": [21, 22], "labels": [-100, 22]},
+], f"{call} changed the caller's samples into {seed_pair}: build new lists"
 # A sample may hold tuples.
-from_tuples = build_boundary_isolated_packing([{"input_ids": (4, 5), "labels": (-100, 5)},
-                                               {"input_ids": [6], "labels": [6]}])
+from_tuples = build_boundary_isolated_packing(
+    [{"input_ids": (4, 5), "labels": (-100, 5)}, {"input_ids": [6], "labels": [6]}]
+)
 assert list(from_tuples["input_ids"]) == [4, 5, 6] and list(from_tuples["labels"]) == [-100, 5, 6], (
     "build_boundary_isolated_packing([{'input_ids': (4, 5), 'labels': (-100, 5)}, {'input_ids': [6], 'labels': [6]}]) "
     f"returned input_ids {from_tuples['input_ids']} and labels {from_tuples['labels']}, "
-    "expected [4, 5, 6] and [-100, 5, 6]")
+    "expected [4, 5, 6] and [-100, 5, 6]"
+)
 for _t_bad in ([], [{"input_ids": [1, 2], "labels": [-100]}]):
     try:
         build_boundary_isolated_packing(_t_bad)
@@ -287,40 +320,71 @@ for _ in range(40):
         _t_batch.append({"input_ids": _t_ids, "labels": [t if _t_rng.random() < 0.6 else -100 for t in _t_ids]})
     _t_cases.append(((_t_batch,), {}))
 _t_cases += [
-    (([{"input_ids": [5], "labels": [5]}],), {}),                                   # one token
-    (([{"input_ids": [7, 8, 9, 10], "labels": [-100, -100, 9, 10]}],), {}),         # one sample
-    (([{"input_ids": [1], "labels": [-100]}, {"input_ids": [2], "labels": [2]},
-       {"input_ids": [3], "labels": [-100]}],), {}),                               # one-token samples
+    (([{"input_ids": [5], "labels": [5]}],), {}),  # one token
+    (([{"input_ids": [7, 8, 9, 10], "labels": [-100, -100, 9, 10]}],), {}),  # one sample
+    (
+        (
+            [
+                {"input_ids": [1], "labels": [-100]},
+                {"input_ids": [2], "labels": [2]},
+                {"input_ids": [3], "labels": [-100]},
+            ],
+        ),
+        {},
+    ),  # one-token samples
     (([{"input_ids": (4, 5, 6), "labels": (4, 5, 6)}, {"input_ids": [4, 5], "labels": [-100, -100]}],), {}),
-    (([{"input_ids": [1, 2], "labels": [9, 8], "extra": "kept out"}, {"input_ids": [3, 4, 5], "labels": [3, 4, 5]}],), {}),
+    (
+        (
+            [
+                {"input_ids": [1, 2], "labels": [9, 8], "extra": "kept out"},
+                {"input_ids": [3, 4, 5], "labels": [3, 4, 5]},
+            ],
+        ),
+        {},
+    ),
 ]
 with grading.library_blocked("block_causal_mask", "varlen_metadata"):
     grading.assert_matches_reference(build_boundary_isolated_packing, "build_boundary_isolated_packing", _t_cases)
-    grading.assert_rejects(build_boundary_isolated_packing, "build_boundary_isolated_packing", [
-        (([],), {}),
-        (([{"input_ids": [1, 2], "labels": [-100]}],), {}),
-        (([{"input_ids": [1, 2], "labels": [1, 2]}, {"input_ids": [3], "labels": [3, 4]}],), {}),
-        (([{"input_ids": [], "labels": []}],), {}),
-        (([{"input_ids": [1, 2]}],), {}),
-        (([{"labels": [1, 2]}],), {}),
-        (([{"input_ids": [1.5, 2.0], "labels": [1, 2]}],), {}),                    # ids must be integers
-        (([{"input_ids": [1, 2], "labels": [-100.0, 2.0]}],), {}),
-        (([{"input_ids": [True, False], "labels": [1, 0]}],), {}),                  # bools are not token ids
-        (([{"input_ids": [1, 2], "labels": [True, False]}],), {}),                  # nor labels
-        (([{"input_ids": [[1, 2]], "labels": [[1, 2]]}],), {}),                     # nor rows of ids: one flat row
-        (([{"input_ids": [[1, 2]], "labels": [1]}],), {}),                          # each field on its own
-        (([{"input_ids": [1], "labels": [[1, 2]]}],), {}),
-        # Each sample on its own: an empty sample between others, two length mismatches that cancel on the row.
-        (([{"input_ids": [1], "labels": [1]}, {"input_ids": [], "labels": []}, {"input_ids": [2], "labels": [2]}],), {}),
-        (([{"input_ids": [1, 2], "labels": [1]}, {"input_ids": [3], "labels": [3, 4]}],), {}),
-    ])
-    _t_row = build_boundary_isolated_packing([{"input_ids": (4, 5), "labels": (-100, 5)}, {"input_ids": [6], "labels": [6]}])
+    grading.assert_rejects(
+        build_boundary_isolated_packing,
+        "build_boundary_isolated_packing",
+        [
+            (([],), {}),
+            (([{"input_ids": [1, 2], "labels": [-100]}],), {}),
+            (([{"input_ids": [1, 2], "labels": [1, 2]}, {"input_ids": [3], "labels": [3, 4]}],), {}),
+            (([{"input_ids": [], "labels": []}],), {}),
+            (([{"input_ids": [1, 2]}],), {}),
+            (([{"labels": [1, 2]}],), {}),
+            (([{"input_ids": [1.5, 2.0], "labels": [1, 2]}],), {}),  # ids must be integers
+            (([{"input_ids": [1, 2], "labels": [-100.0, 2.0]}],), {}),
+            (([{"input_ids": [True, False], "labels": [1, 0]}],), {}),  # bools are not token ids
+            (([{"input_ids": [1, 2], "labels": [True, False]}],), {}),  # nor labels
+            (([{"input_ids": [[1, 2]], "labels": [[1, 2]]}],), {}),  # nor rows of ids: one flat row
+            (([{"input_ids": [[1, 2]], "labels": [1]}],), {}),  # each field on its own
+            (([{"input_ids": [1], "labels": [[1, 2]]}],), {}),
+            # Each sample on its own: an empty sample between others, two length mismatches that cancel on the row.
+            (
+                (
+                    [
+                        {"input_ids": [1], "labels": [1]},
+                        {"input_ids": [], "labels": []},
+                        {"input_ids": [2], "labels": [2]},
+                    ],
+                ),
+                {},
+            ),
+            (([{"input_ids": [1, 2], "labels": [1]}, {"input_ids": [3], "labels": [3, 4]}],), {}),
+        ],
+    )
+    _t_row = build_boundary_isolated_packing(
+        [{"input_ids": (4, 5), "labels": (-100, 5)}, {"input_ids": [6], "labels": [6]}]
+    )
 _t_keys = ("input_ids", "labels", "segment_ids", "position_ids", "attention_allowed")
 _t_types = {key: type(_t_row[key]).__name__ for key in _t_keys}
 _t_types["attention_allowed rows"] = sorted({type(mask_row).__name__ for mask_row in _t_row["attention_allowed"]})
 assert all(kind in ("list", ["list"]) for kind in _t_types.values()), (
-    "build_boundary_isolated_packing must return lists (a tuple never equals TRL's list row), got the types "
-    f"{_t_types}")
+    f"build_boundary_isolated_packing must return lists (a tuple never equals TRL's list row), got the types {_t_types}"
+)
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -349,7 +413,10 @@ print("second chat sees the first:", any(any(mask_row[:seam]) for mask_row in ro
 
 # %%
 print("softmax of a row with every key blocked (-inf):", torch.softmax(torch.full((4,), float("-inf")), dim=-1))
-print("softmax of the same row at dtype-min:          ", torch.softmax(torch.full((4,), torch.finfo(torch.float32).min), dim=-1))
+print(
+    "softmax of the same row at dtype-min:          ",
+    torch.softmax(torch.full((4,), torch.finfo(torch.float32).min), dim=-1),
+)
 
 # %% [markdown]
 # With `-inf` the row is `nan`; with the dtype minimum (what transformers uses) it is a uniform average over
@@ -380,17 +447,23 @@ seed_mask = block_causal_mask(torch.tensor([0, 0, 0, 1, 1]))
 call = "block_causal_mask(torch.tensor([0, 0, 0, 1, 1]))"
 assert isinstance(seed_mask, torch.Tensor) and seed_mask.dtype == torch.bool and seed_mask.shape == (5, 5), (
     f"{call} returned {type(seed_mask).__name__} {getattr(seed_mask, 'dtype', '')} of shape "
-    f"{tuple(getattr(seed_mask, 'shape', ()))}, expected a torch.bool tensor of shape (5, 5)")
-for query, want in ((2, [True, True, True, False, False]), (3, [False, False, False, True, False]),
-                    (4, [False, False, False, True, True])):
+    f"{tuple(getattr(seed_mask, 'shape', ()))}, expected a torch.bool tensor of shape (5, 5)"
+)
+for query, want in (
+    (2, [True, True, True, False, False]),
+    (3, [False, False, False, True, False]),
+    (4, [False, False, False, True, True]),
+):
     assert seed_mask[query].tolist() == want, f"{call}[{query}] is {seed_mask[query].tolist()}, expected {want}"
 padded_rows = [[0, 0, 1, -1, -1], [0, 1, 1, 1, -1]]
 padded_mask = block_causal_mask(torch.tensor(padded_rows))
 call = f"block_causal_mask(torch.tensor({padded_rows}))"
 assert padded_mask.shape == (2, 5, 5), f"{call} has shape {tuple(padded_mask.shape)}, expected (2, 5, 5)"
-for index, want, why in (((0, 3), [False, False, False, True, False], "padding sees only itself"),
-                         ((0, 4), [False, False, False, False, True], "padding sees only itself"),
-                         ((1, 3), [False, True, True, True, False], "sample 1 up to the query")):
+for index, want, why in (
+    ((0, 3), [False, False, False, True, False], "padding sees only itself"),
+    ((0, 4), [False, False, False, False, True], "padding sees only itself"),
+    ((1, 3), [False, True, True, True, False], "sample 1 up to the query"),
+):
     got = padded_mask[index].tolist()
     assert got == want, f"{call}[{index[0]}, {index[1]}] is {got}, expected {want} ({why})"
 assert bool(padded_mask.any(-1).all()), f"{call} has a query row with no allowed key: its softmax would be empty"
@@ -398,7 +471,8 @@ assert bool(padded_mask.any(-1).all()), f"{call} has a query row with no allowed
 big_ids = block_causal_mask(torch.tensor([5, 5, -1]))
 assert big_ids[2].tolist() == [False, False, True], (
     f"block_causal_mask(torch.tensor([5, 5, -1]))[2] is {big_ids[2].tolist()}, expected [False, False, True]: "
-    "give each padding token an id that no real sample uses")
+    "give each padding token an id that no real sample uses"
+)
 ### BEGIN HIDDEN TESTS
 from course_lib import grading
 
@@ -411,22 +485,34 @@ for _t_lengths, _t_padding in [([3, 2], 0), ([1, 1, 1], 2), ([5], 3), ([2, 4, 1]
     _t_row = [segment for segment, n in enumerate(_t_lengths) for _ in range(n)] + [-1] * _t_padding
     _t_cases.append(((torch.tensor(_t_row),), {}))
     _t_cases.append(((torch.tensor([_t_row, _t_row[::-1]], dtype=torch.int32),), {}))
-_t_cases += [((torch.full((5,), -1),), {}), ((torch.zeros(6, dtype=torch.long),), {}),
-             ((torch.tensor([[0, 0, 1, -1], [2, 2, -5, -5]]),), {})]
+_t_cases += [
+    ((torch.full((5,), -1),), {}),
+    ((torch.zeros(6, dtype=torch.long),), {}),
+    ((torch.tensor([[0, 0, 1, -1], [2, 2, -5, -5]]),), {}),
+]
 # Large sample ids: a padding token's own id must not collide with any real id (1000 + column, L + column, ...).
 _t_cases += [((torch.tensor([[1001, 1001, -1, 5000, 5000, -1], [0, 7, 7, -3, 100000, -1]]),), {})]
 _t_cases += [((torch.tensor([big + 2, big + 2, -1, -1]),), {}) for big in (100, 1000, 1024, 10_000, 65_536, 1_000_000)]
 # More leading dimensions, and a non-contiguous batch (a transposed view: .view() cannot flatten it).
-_t_cases += [((torch.randint(-2, 4, (2, 2, 3, 5), generator=_t_generator),), {}),
-             ((torch.randint(-2, 4, (3, 2, 6), generator=_t_generator).transpose(0, 1),), {})]
+_t_cases += [
+    ((torch.randint(-2, 4, (2, 2, 3, 5), generator=_t_generator),), {}),
+    ((torch.randint(-2, 4, (3, 2, 6), generator=_t_generator).transpose(0, 1),), {}),
+]
 grading.assert_matches_reference(block_causal_mask, "block_causal_mask", _t_cases)
-grading.assert_rejects(block_causal_mask, "block_causal_mask", [
-    ((torch.tensor(3),), {}), ((torch.zeros(4),), {}), ((torch.ones(3, dtype=torch.bool),), {}),
-])
+grading.assert_rejects(
+    block_causal_mask,
+    "block_causal_mask",
+    [
+        ((torch.tensor(3),), {}),
+        ((torch.zeros(4),), {}),
+        ((torch.ones(3, dtype=torch.bool),), {}),
+    ],
+)
 # Tensor operations, not a Python loop over tokens: two rows of 4 samples each, 8 tokens long and 128 (the number
 # of samples stays fixed, so a loop over samples is allowed; only a loop over tokens grows).
 grading.assert_no_python_loop_over_tokens(
-    block_causal_mask, "block_causal_mask", lambda length: ((torch.arange(length) * 4 // length).repeat(2, 1),))
+    block_causal_mask, "block_causal_mask", lambda length: ((torch.arange(length) * 4 // length).repeat(2, 1),)
+)
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -435,13 +521,16 @@ grading.assert_no_python_loop_over_tokens(
 # the row sees only itself (the thin diagonal in the corner).
 
 # %%
-real_chats = (list(load_chats(sample_data_path("sharegpt.json"))["messages"])
-              + list(load_chats(sample_data_path("alpaca.jsonl"))["messages"]))
+real_chats = list(load_chats(sample_data_path("sharegpt.json"))["messages"]) + list(
+    load_chats(sample_data_path("alpaca.jsonl"))["messages"]
+)
 real_samples = [build_labels(tokenizer, chat) for chat in real_chats]
 sequences = [torch.tensor(sample["input_ids"]) for sample in real_samples]
 packed = pack_sequences(sequences, 160)  # ids, position_ids, segment_ids [R, 160], rows
-print(f"{len(sequences)} chats of {[len(s) for s in sequences]} tokens -> {len(packed['rows'])} rows of 160 "
-      f"{packed['rows']} | fill {(packed['segment_ids'] >= 0).float().mean():.1%}")
+print(
+    f"{len(sequences)} chats of {[len(s) for s in sequences]} tokens -> {len(packed['rows'])} rows of 160 "
+    f"{packed['rows']} | fill {(packed['segment_ids'] >= 0).float().mean():.1%}"
+)
 row_masks = block_causal_mask(packed["segment_ids"])  # [R, 160, 160]
 fig, ax = plt.subplots(figsize=(3.2, 3.2))
 ax.imshow(row_masks[1], cmap="Greys", interpolation="nearest")
@@ -468,8 +557,10 @@ models = {"default init": tiny_qwen2(seed=0), "initializer_range=0.1": tiny_qwen
 alone = {name: per_token_logprobs_alone(model, sequences) for name, model in models.items()}  # [n_i - 1] each
 print(f"{'max |packed - alone| (nats)':<34}" + "".join(f"{name:>24}" for name in models))
 for variant, kwargs in variants.items():
-    gaps = [compare_packed_with_alone(model, packed, sequences, alone=alone[name], **kwargs)
-            for name, model in models.items()]
+    gaps = [
+        compare_packed_with_alone(model, packed, sequences, alone=alone[name], **kwargs)
+        for name, model in models.items()
+    ]
     print(f"{variant:<34}" + "".join(f"{gap:24.1e}" for gap in gaps))
 
 # %% [markdown]
@@ -497,7 +588,9 @@ for variant, kwargs in variants.items():
 # %%
 inferred = inferred_packed_segments(packed["position_ids"])  # [R, L]
 real = packed["segment_ids"] >= 0
-print("restarts give back our sample ids on every real token:", torch.equal(inferred[real], packed["segment_ids"][real]))
+print(
+    "restarts give back our sample ids on every real token:", torch.equal(inferred[real], packed["segment_ids"][real])
+)
 
 model = models["default init"]
 ids, positions = packed["ids"], packed["position_ids"]
@@ -514,11 +607,13 @@ real_config_model = tiny_qwen2(seed=0, use_cache=True)  # same weights; config s
 with torch.no_grad():
     calls = {
         "position_ids, use_cache=False": model(input_ids=ids, position_ids=positions, use_cache=False).logits,
-        "packed_logits(mode='position_ids')": packed_logits(model, ids, positions, packed["segment_ids"],
-                                                            mode="position_ids"),
+        "packed_logits(mode='position_ids')": packed_logits(
+            model, ids, positions, packed["segment_ids"], mode="position_ids"
+        ),
         "position_ids, use_cache=True": model(input_ids=ids, position_ids=positions, use_cache=True).logits,
-        "position_ids + 2-D all-ones mask": model(input_ids=ids, position_ids=positions,
-                                                  attention_mask=torch.ones_like(ids), use_cache=False).logits,
+        "position_ids + 2-D all-ones mask": model(
+            input_ids=ids, position_ids=positions, attention_mask=torch.ones_like(ids), use_cache=False
+        ).logits,
         "running position_ids, no cache": model(input_ids=ids, position_ids=running, use_cache=False).logits,
         "use_cache: true config, plain call": real_config_model(input_ids=ids, position_ids=positions).logits,
     }
@@ -553,10 +648,15 @@ varlen_gap = compare_packed_with_alone(model, packed, sequences, mode="varlen", 
 print(f"varlen attention (no mask)           max |packed - alone| = {varlen_gap:.1e} nats")
 print("the model's own attention afterwards:", model.config._attn_implementation)
 square = packed["ids"].shape[0] * packed["ids"].shape[1] ** 2  # R * L^2 per layer and head
-per_sample = sum((end - start) ** 2 for bounds in sample_bounds(packed["position_ids"])
-                 for start, end in zip(bounds[:-1], bounds[1:], strict=True))
-print(f"attention scores per layer and head: a mask over each row {square:,} | varlen {per_sample:,} "
-      f"({per_sample / square:.0%})")
+per_sample = sum(
+    (end - start) ** 2
+    for bounds in sample_bounds(packed["position_ids"])
+    for start, end in zip(bounds[:-1], bounds[1:], strict=True)
+)
+print(
+    f"attention scores per layer and head: a mask over each row {square:,} | varlen {per_sample:,} "
+    f"({per_sample / square:.0%})"
+)
 
 # %% [markdown]
 # Equal to running each sample alone, and a fraction of the scores. The saving grows with the number of samples
@@ -579,38 +679,69 @@ PAD, CONTEXT, SUPERVISED = 0, 1, 2
 kind = [np.where(np.array(sample["labels"]) == -100, CONTEXT, SUPERVISED) for sample in samples]
 padded_grid = np.full((len(samples), int(lengths.max())), PAD)  # [B, T_max]
 for index, kinds in enumerate(kind):
-    padded_grid[index, :len(kinds)] = kinds
+    padded_grid[index, : len(kinds)] = kinds
 plan = plan_packing(lengths, CAPACITY, "bfd")
 packed_grid = np.full((len(plan), CAPACITY), PAD)  # [R, C]
 boundaries = []  # (row, column) of every sample start after the first
 for row_index, members in enumerate(plan):
     row_kinds = np.concatenate([kind[index] for index in members])
-    packed_grid[row_index, :len(row_kinds)] = row_kinds
+    packed_grid[row_index, : len(row_kinds)] = row_kinds
     boundaries += [(row_index, int(start)) for start in np.cumsum([lengths[index] for index in members])[:-1]]
 
 colors = ListedColormap(["#d9d9d9", "#5ab4ac", "#3b6fb6"])
 gap = 60
 fig, ax = plt.subplots(figsize=(9, 5))
-ax.imshow(padded_grid, cmap=colors, vmin=0, vmax=2, interpolation="nearest", aspect="auto",
-          extent=(0, padded_grid.shape[1], len(samples), 0))
+ax.imshow(
+    padded_grid,
+    cmap=colors,
+    vmin=0,
+    vmax=2,
+    interpolation="nearest",
+    aspect="auto",
+    extent=(0, padded_grid.shape[1], len(samples), 0),
+)
 packed_left = padded_grid.shape[1] + gap
-ax.imshow(packed_grid, cmap=colors, vmin=0, vmax=2, interpolation="nearest", aspect="auto",
-          extent=(packed_left, packed_left + CAPACITY, len(plan), 0))
+ax.imshow(
+    packed_grid,
+    cmap=colors,
+    vmin=0,
+    vmax=2,
+    interpolation="nearest",
+    aspect="auto",
+    extent=(packed_left, packed_left + CAPACITY, len(plan), 0),
+)
 for row_index, column in boundaries:
     ax.plot([packed_left + column] * 2, [row_index + 0.1, row_index + 0.9], color="black", linewidth=1)
 ax.set_xlim(0, packed_left + CAPACITY)
 ax.set_ylim(len(samples), 0)
-ax.set_xticks([0, padded_grid.shape[1], packed_left, packed_left + CAPACITY],
-              ["0", str(padded_grid.shape[1]), "0", str(CAPACITY)])
-ax.text(packed_left + CAPACITY / 2, len(plan) + 2, f"the same {len(samples)} chats, packed into rows of {CAPACITY}",
-        ha="center", va="top", fontsize=9)
-ax.legend(handles=[Patch(color=colors(SUPERVISED), label="supervised"), Patch(color=colors(CONTEXT),
-          label="template + prompt"), Patch(color=colors(PAD), label="padding")], loc="lower right", fontsize=8)
+ax.set_xticks(
+    [0, padded_grid.shape[1], packed_left, packed_left + CAPACITY], ["0", str(padded_grid.shape[1]), "0", str(CAPACITY)]
+)
+ax.text(
+    packed_left + CAPACITY / 2,
+    len(plan) + 2,
+    f"the same {len(samples)} chats, packed into rows of {CAPACITY}",
+    ha="center",
+    va="top",
+    fontsize=9,
+)
+ax.legend(
+    handles=[
+        Patch(color=colors(SUPERVISED), label="supervised"),
+        Patch(color=colors(CONTEXT), label="template + prompt"),
+        Patch(color=colors(PAD), label="padding"),
+    ],
+    loc="lower right",
+    fontsize=8,
+)
 ax.set_xlabel("token position in the row (one unit per token, both layouts)")
 ax.set_ylabel("row")
-ax.set_title(f"padded: {len(samples)} rows x {padded_grid.shape[1]} = {padded_grid.size} positions, "
-             f"{real_tokens / padded_grid.size:.0%} real\npacked (BFD): {len(plan)} rows x {CAPACITY} = "
-             f"{packed_grid.size} positions, {real_tokens / packed_grid.size:.0%} real", fontsize=9)
+ax.set_title(
+    f"padded: {len(samples)} rows x {padded_grid.shape[1]} = {padded_grid.size} positions, "
+    f"{real_tokens / padded_grid.size:.0%} real\npacked (BFD): {len(plan)} rows x {CAPACITY} = "
+    f"{packed_grid.size} positions, {real_tokens / packed_grid.size:.0%} real",
+    fontsize=9,
+)
 plt.show()
 
 # %% [markdown]
@@ -645,9 +776,15 @@ checks = {
     == [[len(real_samples[index]["input_ids"]) for index in members] for members in bfd_plan],
     "tokens and labels per row": all(
         row["input_ids"] == packed_row["input_ids"] and row["labels"] == packed_row["labels"]
-        for row, packed_row in zip(trl_rows, (build_boundary_isolated_packing([real_samples[i] for i in members])
-                                              for members in bfd_plan), strict=True)),
-    "position_ids restart": collated["position_ids"][0].tolist() == ours["position_ids"] == meta["position_ids"].tolist(),
+        for row, packed_row in zip(
+            trl_rows,
+            (build_boundary_isolated_packing([real_samples[i] for i in members]) for members in bfd_plan),
+            strict=True,
+        )
+    ),
+    "position_ids restart": collated["position_ids"][0].tolist()
+    == ours["position_ids"]
+    == meta["position_ids"].tolist(),
     "cu_seq_lens == cu_seqlens": torch.equal(collated["cu_seq_lens_q"], meta["cu_seqlens"])
     and torch.equal(collated["cu_seq_lens_k"], meta["cu_seqlens"]),
     "seq_idx == segment_ids": collated["seq_idx"][0].tolist() == ours["segment_ids"] == meta["seq_idx"].tolist(),
@@ -666,10 +803,13 @@ print(f"TRL rows {[row['seq_lengths'] for row in trl_rows]} | our BFD plan (samp
 
 # %%
 trl_lengths = [(7 * index) % 53 + 1 for index in range(2300)]
-trl_packed = pack_dataset(Dataset.from_list([{"input_ids": [1] * n} for n in trl_lengths]), seq_length=64,
-                          strategy="bfd")
-print(f"2300 samples into rows of 64: TRL {len(trl_packed)} rows (batches of 1000) vs one global plan "
-      f"{len(plan_packing(trl_lengths, 64, 'bfd'))} rows (bound {-(-sum(trl_lengths) // 64)})")
+trl_packed = pack_dataset(
+    Dataset.from_list([{"input_ids": [1] * n} for n in trl_lengths]), seq_length=64, strategy="bfd"
+)
+print(
+    f"2300 samples into rows of 64: TRL {len(trl_packed)} rows (batches of 1000) vs one global plan "
+    f"{len(plan_packing(trl_lengths, 64, 'bfd'))} rows (bound {-(-sum(trl_lengths) // 64)})"
+)
 
 # %% [markdown]
 # ## 9. On a GPU: does packing save time? (GPU 实测)
@@ -709,8 +849,13 @@ from course_lib.lab.gpu.report import format_run
 from course_lib.lab.gpu.runner import run_workload
 
 RUN_MODE = "dry_run"  # "real_gpu": measure on a CUDA GPU (PT-SFT-CUDA preflight first) | "cpu_smoke": tiny model, CPU
-gpu_path, gpu_record = run_workload("pt-long-context", RUN_MODE, time.strftime("chapter03-%Y%m%d-%H%M%S"),
-                                    results_dir=Path("lab_results"), progress=RUN_MODE == "real_gpu")
+gpu_path, gpu_record = run_workload(
+    "pt-long-context",
+    RUN_MODE,
+    time.strftime("chapter03-%Y%m%d-%H%M%S"),
+    results_dir=Path("lab_results"),
+    progress=RUN_MODE == "real_gpu",
+)
 # the profile is the mode's own (PT-SFT-CUDA, or BASE-CPU for cpu_smoke); progress bars only for a GPU run
 print(format_run(gpu_path, gpu_record))  # the file, the verdict, then the failure, every table, or the plan
 
@@ -744,7 +889,9 @@ for name, model_variant in models.items():
         logp = packed_token_logprobs(model_variant, packed, mode=mode)  # [R, L-1]
         per_token = torch.cat(packed_to_sequences(logp, packed["segment_ids"], packed["rows"]))
         shares = [leaky_share(per_token, reference, everywhere, threshold) for threshold in (0.05, 0.2)]
-        print(f"{name:<22} {mode:<10} share of tokens with |ratio - 1| > 0.05: {shares[0]:5.1%} | > 0.2: {shares[1]:5.1%}")
+        print(
+            f"{name:<22} {mode:<10} share of tokens with |ratio - 1| > 0.05: {shares[0]:5.1%} | > 0.2: {shares[1]:5.1%}"
+        )
 
 # %% [markdown]
 # **Problem: data-parallel ranks disagree on the packing plan.**

@@ -58,8 +58,8 @@ from course_lib import (
 )
 
 agent_lengths = seed003_agent_lengths()  # [512] seed 003's long-tailed agent trajectories (lognormal, median ~8k)
-random_order = seed003_random_order()    # [512] the random order seed 003 draws right after them
-BUDGET = 131_072                         # seed 003's token budget: 128k padded tokens per microbatch
+random_order = seed003_random_order()  # [512] the random order seed 003 draws right after them
+BUDGET = 131_072  # seed 003's token budget: 128k padded tokens per microbatch
 
 # %% [markdown]
 # ## 1. Why: with a fixed count, the longest sequence sets the memory
@@ -76,8 +76,10 @@ fixed_cost = describe_microbatches(agent_lengths, fixed_random)
 longest = int(agent_lengths.argmax())
 worst = batch_containing(fixed_random, longest)
 print(f"512 trajectories: median {int(agent_lengths.median()):,} tokens, longest {int(agent_lengths[longest]):,}")
-print(f"8 per microbatch: median microbatch {int(np.median(fixed_cost['sizes'])):,} padded tokens, "
-      f"the one holding the longest trajectory {len(worst) * int(agent_lengths[worst].max()):,}")
+print(
+    f"8 per microbatch: median microbatch {int(np.median(fixed_cost['sizes'])):,} padded tokens, "
+    f"the one holding the longest trajectory {len(worst) * int(agent_lengths[worst].max()):,}"
+)
 print(f"{fixed_cost['padding_ratio']:.1%} of all computed positions are padding")
 
 # %% [markdown]
@@ -110,8 +112,10 @@ batch = pad_batch(features, tokenizer.pad_token_id)  # input_ids, labels, attent
 supervised = (batch["labels"][:, 1:] != IGNORE_INDEX).sum(dim=1)  # [16] tokens the loss sees per chat
 print("chat lengths:", chat_lengths)
 print("supervised tokens:", supervised.tolist())
-for name, plan in [("4 per microbatch, data order", fixed_count_batches(range(16), 4)),
-                   ("4 per microbatch, sorted", fixed_count_batches(np.argsort(chat_lengths, kind="stable"), 4))]:
+for name, plan in [
+    ("4 per microbatch, data order", fixed_count_batches(range(16), 4)),
+    ("4 per microbatch, sorted", fixed_count_batches(np.argsort(chat_lengths, kind="stable"), 4)),
+]:
     cost = describe_microbatches(chat_lengths, plan)
     print(f"{name:<30} padded sizes {cost['sizes']} | padding {cost['padding_ratio']:.1%}")
 
@@ -139,39 +143,50 @@ for name, plan in [("4 per microbatch, data order", fixed_count_batches(range(16
 # A small case by hand: lengths 3, 7, 2, 5, 2, 4 under 12 padded tokens.
 _t_got = token_budget_batches([3, 7, 2, 5, 2, 4], 12)
 assert _t_got == [[1], [3, 5], [0, 2, 4]], (
-    f"token_budget_batches([3, 7, 2, 5, 2, 4], 12) returned {_t_got}, expected [[1], [3, 5], [0, 2, 4]]")
+    f"token_budget_batches([3, 7, 2, 5, 2, 4], 12) returned {_t_got}, expected [[1], [3, 5], [0, 2, 4]]"
+)
 _t_got = token_budget_batches([4, 4, 4], 8)  # count x longest == max_tokens fits; equal lengths keep index order
 assert _t_got == [[0, 1], [2]], f"token_budget_batches([4, 4, 4], 8) returned {_t_got}, expected [[0, 1], [2]]"
 # Seed 003 §14.2's table on its 512 trajectories.
 _t_plan = token_budget_batches(agent_lengths, BUDGET)
 _t_bad = [i for plan in (_t_got, _t_plan) for batch in plan for i in batch if type(i) is not int]
-assert not _t_bad, (f"the indices must be Python ints, not numpy or torch integers (a plan is logged and shared "
-                    f"between ranks as JSON); got {type(_t_bad[0]).__module__}.{type(_t_bad[0]).__name__}")
+assert not _t_bad, (
+    f"the indices must be Python ints, not numpy or torch integers (a plan is logged and shared "
+    f"between ranks as JSON); got {type(_t_bad[0]).__module__}.{type(_t_bad[0]).__name__}"
+)
 assert sorted(i for batch in _t_plan for i in batch) == list(range(512)), (
-    "token_budget_batches(agent_lengths, BUDGET) must place each of the indices 0 .. 511 in exactly one microbatch")
-_t_plans = [("8 per microbatch, random", fixed_count_batches(random_order, 8)),
-            ("8 per microbatch, sorted", fixed_count_batches(agent_lengths.argsort(), 8)),
-            ("token budget 128k, sorted", _t_plan)]
+    "token_budget_batches(agent_lengths, BUDGET) must place each of the indices 0 .. 511 in exactly one microbatch"
+)
+_t_plans = [
+    ("8 per microbatch, random", fixed_count_batches(random_order, 8)),
+    ("8 per microbatch, sorted", fixed_count_batches(agent_lengths.argsort(), 8)),
+    ("token budget 128k, sorted", _t_plan),
+]
 _t_table = [format_microbatch_summary(name, describe_microbatches(agent_lengths, plan)) for name, plan in _t_plans]
-_t_want = ["8 per microbatch, random       |   64 microbatches | padding 59.3% | largest    524k tokens",
-           "8 per microbatch, sorted       |   64 microbatches | padding  3.6% | largest    524k tokens",
-           "token budget 128k, sorted      |   51 microbatches | padding  3.0% | largest    131k tokens"]
-assert _t_table == _t_want, (f"token_budget_batches(agent_lengths, BUDGET) gives the table row\n{_t_table[2]}\n"
-                             f"expected\n{_t_want[2]}")
+_t_want = [
+    "8 per microbatch, random       |   64 microbatches | padding 59.3% | largest    524k tokens",
+    "8 per microbatch, sorted       |   64 microbatches | padding  3.6% | largest    524k tokens",
+    "token budget 128k, sorted      |   51 microbatches | padding  3.0% | largest    131k tokens",
+]
+assert _t_table == _t_want, (
+    f"token_budget_batches(agent_lengths, BUDGET) gives the table row\n{_t_table[2]}\nexpected\n{_t_want[2]}"
+)
 # Seed 003 §14.7: the microbatch that holds the longest trajectory.
 _t_home = batch_containing(_t_plan, int(agent_lengths.argmax()))
 _t_home_size = len(_t_home) * int(agent_lengths[_t_home].max())
 assert len(_t_home) == 2 and _t_home_size == 131_072, (
     f"in token_budget_batches(agent_lengths, BUDGET) the longest trajectory (index {int(agent_lengths.argmax())}) "
     f"shares microbatch {_t_home} ({len(_t_home)} sequences, {_t_home_size:,} padded tokens); expected 2 sequences, "
-    f"131,072 padded tokens")
+    f"131,072 padded tokens"
+)
 try:
     token_budget_batches([10, 20, 300], 256)
 except ValueError:
     pass
 else:
-    raise AssertionError("token_budget_batches([10, 20, 300], 256) must raise ValueError: a sequence is longer "
-                         "than max_tokens")
+    raise AssertionError(
+        "token_budget_batches([10, 20, 300], 256) must raise ValueError: a sequence is longer than max_tokens"
+    )
 ### BEGIN HIDDEN TESTS
 import random
 
@@ -186,17 +201,38 @@ for _ in range(10):  # many ties: equal lengths must keep their index order
     _t_lengths = [_t_rng.choice([4, 8, 16]) for _ in range(_t_rng.randint(5, 25))]
     _t_cases.append(((_t_lengths, _t_rng.choice([16, 32, 40, 48])), {}))
 _t_cases += [
-    (([5], 5), {}), (([1], 100), {}), (([3, 3, 3, 3], 12), {}), (([3, 3, 3, 3], 11), {}),
-    (([6, 2, 2, 2, 2, 2, 2], 6), {}), (([9, 1, 1, 1], 9), {}), ((tuple(range(1, 21)), 40), {}),
-    ((np.array([30, 10, 20, 10]), 40), {}), ((seed003_agent_lengths(64), 65_536), {}),
-    ((agent_lengths, BUDGET), {}), ((agent_lengths, 2 * BUDGET), {}),
+    (([5], 5), {}),
+    (([1], 100), {}),
+    (([3, 3, 3, 3], 12), {}),
+    (([3, 3, 3, 3], 11), {}),
+    (([6, 2, 2, 2, 2, 2, 2], 6), {}),
+    (([9, 1, 1, 1], 9), {}),
+    ((tuple(range(1, 21)), 40), {}),
+    ((np.array([30, 10, 20, 10]), 40), {}),
+    ((seed003_agent_lengths(64), 65_536), {}),
+    ((agent_lengths, BUDGET), {}),
+    ((agent_lengths, 2 * BUDGET), {}),
 ]
 grading.assert_matches_reference(token_budget_batches, "token_budget_batches", _t_cases)
-grading.assert_rejects(token_budget_batches, "token_budget_batches", [
-    (([10, 20, 300], 256), {}), (([257], 256), {}), (([1, 2], 0), {}), (([1, 2], -8), {}), (([1, 2], 8.5), {}),
-    (([1, 0], 8), {}), (([1, -3], 8), {}), (([], 8), {}), (([1.5, 2], 8), {}),
-    (([1, 1], True), {}), (([2.0, 3.0], 6), {}), (([True, 2], 4), {}), (([1, 2], 8.0), {}),
-])
+grading.assert_rejects(
+    token_budget_batches,
+    "token_budget_batches",
+    [
+        (([10, 20, 300], 256), {}),
+        (([257], 256), {}),
+        (([1, 2], 0), {}),
+        (([1, 2], -8), {}),
+        (([1, 2], 8.5), {}),
+        (([1, 0], 8), {}),
+        (([1, -3], 8), {}),
+        (([], 8), {}),
+        (([1.5, 2], 8), {}),
+        (([1, 1], True), {}),
+        (([2.0, 3.0], 6), {}),
+        (([True, 2], 4), {}),
+        (([1, 2], 8.0), {}),
+    ],
+)
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -209,8 +245,10 @@ grading.assert_rejects(token_budget_batches, "token_budget_batches", [
 # %%
 chat_plan = token_budget_batches(chat_lengths, 512)
 chat_cost = describe_microbatches(chat_lengths, chat_plan)
-print(f"token budget 512: {chat_cost['count']} microbatches of {[len(b) for b in chat_plan]} chats | "
-      f"padded sizes {chat_cost['sizes']} | padding {chat_cost['padding_ratio']:.1%}")
+print(
+    f"token budget 512: {chat_cost['count']} microbatches of {[len(b) for b in chat_plan]} chats | "
+    f"padded sizes {chat_cost['sizes']} | padding {chat_cost['padding_ratio']:.1%}"
+)
 
 # %% [markdown]
 # ### TODO 2 · `packed_token_budget_batches` (packed cost, seed 003 exercise 2)
@@ -229,30 +267,37 @@ print(f"token budget 512: {chat_cost['count']} microbatches of {[len(b) for b in
 # %% nbgrader={"grade": true, "solution": false, "grade_id": "test_packed_token_budget_batches", "locked": true, "points": 3, "schema_version": 3}
 _t_got = packed_token_budget_batches([3, 7, 2, 5, 2, 4], 12)
 assert _t_got == [[1, 3], [5, 0, 2, 4]], (
-    f"packed_token_budget_batches([3, 7, 2, 5, 2, 4], 12) returned {_t_got}, expected [[1, 3], [5, 0, 2, 4]]")
+    f"packed_token_budget_batches([3, 7, 2, 5, 2, 4], 12) returned {_t_got}, expected [[1, 3], [5, 0, 2, 4]]"
+)
 _t_got = packed_token_budget_batches([6, 6, 1], 12)  # a sum equal to max_tokens fits
 assert _t_got == [[0, 1], [2]], f"packed_token_budget_batches([6, 6, 1], 12) returned {_t_got}, expected [[0, 1], [2]]"
 # Seed 003 exercise 2: 512 trajectories, packed, 128k per microbatch.
 _t_packed = packed_token_budget_batches(agent_lengths, BUDGET)
 _t_bad = [i for plan in (_t_got, _t_packed) for batch in plan for i in batch if type(i) is not int]
-assert not _t_bad, (f"the indices must be Python ints, not numpy or torch integers (a plan is logged and shared "
-                    f"between ranks as JSON); got {type(_t_bad[0]).__module__}.{type(_t_bad[0]).__name__}")
+assert not _t_bad, (
+    f"the indices must be Python ints, not numpy or torch integers (a plan is logged and shared "
+    f"between ranks as JSON); got {type(_t_bad[0]).__module__}.{type(_t_bad[0]).__name__}"
+)
 assert sorted(i for batch in _t_packed for i in batch) == list(range(512)), (
     "packed_token_budget_batches(agent_lengths, BUDGET) must place each of the indices 0 .. 511 in exactly one "
-    "microbatch")
+    "microbatch"
+)
 _t_summary = describe_microbatches(agent_lengths, _t_packed, packed=True)
 assert _t_summary["count"] == 49 and _t_summary["largest_tokens"] <= BUDGET and _t_summary["padding_ratio"] == 0.0, (
     f"packed_token_budget_batches(agent_lengths, BUDGET) gives {_t_summary['count']} microbatches, the largest "
-    f"{_t_summary['largest_tokens']:,} tokens; expected 49 microbatches, none above {BUDGET:,} tokens")
+    f"{_t_summary['largest_tokens']:,} tokens; expected 49 microbatches, none above {BUDGET:,} tokens"
+)
 assert _t_summary["count"] >= -(-int(agent_lengths.sum()) // BUDGET), (  # never below ceil(sum / budget) = 46
-    f"{_t_summary['count']} microbatches is below the bound ceil(sum / budget) = 46: some microbatch is over budget")
+    f"{_t_summary['count']} microbatches is below the bound ceil(sum / budget) = 46: some microbatch is over budget"
+)
 try:
     packed_token_budget_batches([257], 256)
 except ValueError:
     pass
 else:
-    raise AssertionError("packed_token_budget_batches([257], 256) must raise ValueError: a sequence is longer "
-                         "than max_tokens")
+    raise AssertionError(
+        "packed_token_budget_batches([257], 256) must raise ValueError: a sequence is longer than max_tokens"
+    )
 ### BEGIN HIDDEN TESTS
 import random
 
@@ -267,16 +312,36 @@ for _ in range(10):
     _t_lengths = [_t_rng.choice([4, 8, 16]) for _ in range(_t_rng.randint(5, 25))]
     _t_cases.append(((_t_lengths, _t_rng.choice([16, 20, 33, 48])), {}))
 _t_cases += [
-    (([5], 5), {}), (([1], 100), {}), (([5, 4], 8), {}), (([5, 4], 9), {}), (([2, 9, 3, 4], 9), {}),
-    (([1, 1, 1, 1, 1], 2), {}), ((tuple(range(1, 21)), 40), {}), ((np.array([30, 10, 20, 10]), 40), {}),
-    ((seed003_agent_lengths(64), 65_536), {}), ((agent_lengths, BUDGET), {}), ((agent_lengths, 65_537), {}),
+    (([5], 5), {}),
+    (([1], 100), {}),
+    (([5, 4], 8), {}),
+    (([5, 4], 9), {}),
+    (([2, 9, 3, 4], 9), {}),
+    (([1, 1, 1, 1, 1], 2), {}),
+    ((tuple(range(1, 21)), 40), {}),
+    ((np.array([30, 10, 20, 10]), 40), {}),
+    ((seed003_agent_lengths(64), 65_536), {}),
+    ((agent_lengths, BUDGET), {}),
+    ((agent_lengths, 65_537), {}),
 ]
 grading.assert_matches_reference(packed_token_budget_batches, "packed_token_budget_batches", _t_cases)
-grading.assert_rejects(packed_token_budget_batches, "packed_token_budget_batches", [
-    (([10, 20, 300], 256), {}), (([257], 256), {}), (([1, 2], 0), {}), (([1, 2], 8.5), {}),
-    (([1, 0], 8), {}), (([], 8), {}), (([1, -3], 8), {}),
-    (([1, 1], True), {}), (([2.0, 3.0], 6), {}), (([True, 2], 4), {}), (([1, 2], 8.0), {}),
-])
+grading.assert_rejects(
+    packed_token_budget_batches,
+    "packed_token_budget_batches",
+    [
+        (([10, 20, 300], 256), {}),
+        (([257], 256), {}),
+        (([1, 2], 0), {}),
+        (([1, 2], 8.5), {}),
+        (([1, 0], 8), {}),
+        (([], 8), {}),
+        (([1, -3], 8), {}),
+        (([1, 1], True), {}),
+        (([2.0, 3.0], 6), {}),
+        (([True, 2], 4), {}),
+        (([1, 2], 8.0), {}),
+    ],
+)
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -289,8 +354,11 @@ grading.assert_rejects(packed_token_budget_batches, "packed_token_budget_batches
 packed_plan = packed_token_budget_batches(agent_lengths, BUDGET)
 ffd_plan = plan_packing(agent_lengths, BUDGET, "ffd")
 print(f"lower bound ceil(sum / budget) = {-(-int(agent_lengths.sum()) // BUDGET)}")
-for name, plan in [("padded, token budget", token_budget_batches(agent_lengths, BUDGET)),
-                   ("packed, next-fit decreasing", packed_plan), ("packed, first-fit decreasing", ffd_plan)]:
+for name, plan in [
+    ("padded, token budget", token_budget_batches(agent_lengths, BUDGET)),
+    ("packed, next-fit decreasing", packed_plan),
+    ("packed, first-fit decreasing", ffd_plan),
+]:
     cost = describe_microbatches(agent_lengths, plan, packed=name.startswith("packed"))
     print(format_microbatch_summary(name, cost), f"| computed {cost['computed_tokens'] / 1e6:.2f}M")
 
@@ -306,16 +374,20 @@ for name, plan in [("padded, token budget", token_budget_batches(agent_lengths, 
 
 # %%
 RANKS = 8
-deals = {"random round-robin": [random_order[rank::RANKS].tolist() for rank in range(RANKS)],
-         "sorted round-robin": [agent_lengths.argsort(descending=True)[rank::RANKS].tolist() for rank in range(RANKS)],
-         "Karmarkar-Karp": balanced_partition(agent_lengths, RANKS)}
+deals = {
+    "random round-robin": [random_order[rank::RANKS].tolist() for rank in range(RANKS)],
+    "sorted round-robin": [agent_lengths.argsort(descending=True)[rank::RANKS].tolist() for rank in range(RANKS)],
+    "Karmarkar-Karp": balanced_partition(agent_lengths, RANKS),
+}
 mean_load = int(agent_lengths.sum()) / RANKS
 rank_loads = {}
 for name, deal in deals.items():
     rank_loads[name] = [int(agent_lengths[rows].sum()) for rows in deal]
     steps = [len(token_budget_batches(agent_lengths[rows], BUDGET)) for rows in deal]
-    print(f"{name:<19} slowest rank {max(rank_loads[name]):>9,} tokens = {max(rank_loads[name]) / mean_load:.4f} x mean"
-          f" | token-budget microbatches per rank {steps}")
+    print(
+        f"{name:<19} slowest rank {max(rank_loads[name]):>9,} tokens = {max(rank_loads[name]) / mean_load:.4f} x mean"
+        f" | token-budget microbatches per rank {steps}"
+    )
 
 # %% [markdown]
 # Random dealing leaves the slowest rank with about 15% more tokens than the mean: every other rank idles for that
@@ -348,9 +420,14 @@ print("per-token weight vs correct:", [round(x, 2) for x in per_token_weight_dis
 # %%
 token_losses = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
 loss_mask = torch.tensor([[True, True, False], [False, True, False]])
-print("masked sum:", masked_normalize(token_losses, loss_mask).item(),
-      "| per row:", masked_normalize(token_losses, loss_mask, dim=1).tolist(),
-      "| sum / 4:", masked_normalize(token_losses, loss_mask, normalize_constant=4.0).item())
+print(
+    "masked sum:",
+    masked_normalize(token_losses, loss_mask).item(),
+    "| per row:",
+    masked_normalize(token_losses, loss_mask, dim=1).tolist(),
+    "| sum / 4:",
+    masked_normalize(token_losses, loss_mask, normalize_constant=4.0).item(),
+)
 
 # %% [markdown]
 # ### TODO 3 · `aggregate_loss` (损失聚合)
@@ -382,38 +459,47 @@ _t_mask = torch.tensor([[True, True, False], [False, True, False]])
 _t_shown = "losses [[1., 2., 3.], [4., 5., 6.]], mask [[T, T, F], [F, T, F]]"
 _t_got = aggregate_loss(_t_losses, _t_mask)
 assert isinstance(_t_got, torch.Tensor) and _t_got.shape == () and _t_got.dtype == torch.float32, (
-    f"aggregate_loss({_t_shown}) must return a 0-d tensor in the losses' dtype (float32), got {_t_got!r}")
+    f"aggregate_loss({_t_shown}) must return a 0-d tensor in the losses' dtype (float32), got {_t_got!r}"
+)
 assert abs(_t_got.item() - 8.0 / 3.0) < 1e-6, f"aggregate_loss({_t_shown}) returned {_t_got}, expected 8 / 3 = 2.6667"
 _t_got = aggregate_loss(_t_losses, _t_mask, mode="constant", norm_const=4)
 assert abs(_t_got.item() - 2.0) < 1e-6, (
-    f"aggregate_loss({_t_shown}, mode='constant', norm_const=4) returned {_t_got}, expected 8 / 4 = 2.0")
+    f"aggregate_loss({_t_shown}, mode='constant', norm_const=4) returned {_t_got}, expected 8 / 4 = 2.0"
+)
 _t_got = aggregate_loss(_t_losses, torch.zeros(2, 3, dtype=torch.bool), mode="constant", norm_const=10)
 assert _t_got.item() == 0.0, (
-    f"aggregate_loss with a mask that selects no token, mode='constant', norm_const=10 returned {_t_got}, expected 0")
+    f"aggregate_loss with a mask that selects no token, mode='constant', norm_const=10 returned {_t_got}, expected 0"
+)
 # The mask may hold 0 and 1 instead of True and False: an integer mask must select the same tokens.
 _t_got = aggregate_loss(_t_losses, _t_mask.long())
 assert abs(_t_got.item() - 8.0 / 3.0) < 1e-6, (
     f"aggregate_loss({_t_shown} as 0/1 torch.long) returned {_t_got}, expected 8 / 3 = 2.6667 "
-    f"(indexing a tensor with an integer tensor picks rows by number, it does not select by mask)")
+    f"(indexing a tensor with an integer tensor picks rows by number, it does not select by mask)"
+)
 # The loss keeps the dtype of token_losses, whatever the mask's or norm_const's.
 _t_float64_four = torch.tensor(4.0, dtype=torch.float64)
 for _t_kwargs, _t_what, _t_want in (
-        ({"mask": _t_mask.double()}, "the mask as float64 0/1", 8.0 / 3.0),
-        ({"mask": _t_mask, "mode": "constant", "norm_const": _t_float64_four}, "norm_const a float64 0-d tensor 4.0", 2.0)):
+    ({"mask": _t_mask.double()}, "the mask as float64 0/1", 8.0 / 3.0),
+    ({"mask": _t_mask, "mode": "constant", "norm_const": _t_float64_four}, "norm_const a float64 0-d tensor 4.0", 2.0),
+):
     _t_got = aggregate_loss(_t_losses, **_t_kwargs)
     assert _t_got.dtype == torch.float32 and abs(_t_got.item() - _t_want) < 1e-6, (
         f"aggregate_loss(float32 losses, {_t_what}) returned {_t_got!r}, expected a float32 tensor {_t_want:.4f}: the "
-        f"loss keeps the dtype of token_losses")
+        f"loss keeps the dtype of token_losses"
+    )
 # inf and nan where the mask is off (padding) must not reach the loss.
 _t_poisoned = torch.tensor([[2.0, float("inf"), 4.0], [float("nan"), 6.0, float("-inf")]])
 _t_keep = torch.tensor([[True, False, True], [False, True, False]])
-for _t_kwargs, _t_what, _t_want in (({}, "", 4.0),
-                                    ({"mode": "constant", "norm_const": 4}, ", mode='constant', norm_const=4", 3.0)):
+for _t_kwargs, _t_what, _t_want in (
+    ({}, "", 4.0),
+    ({"mode": "constant", "norm_const": 4}, ", mode='constant', norm_const=4", 3.0),
+):
     _t_got = aggregate_loss(_t_poisoned, _t_keep, **_t_kwargs)
     assert abs(_t_got.item() - _t_want) < 1e-6, (
         f"aggregate_loss(losses [[2, inf, 4], [nan, 6, -inf]], mask [[T, F, T], [F, T, F]]{_t_what}) returned "
         f"{_t_got}, expected {_t_want}: masked-out losses must not reach the result (nan * 0 is nan: select, do not "
-        f"multiply)")
+        f"multiply)"
+    )
 # Seed 003 §14.7: four microbatches of 96, 112, 180 and 355 tokens. The gradient of the summed loss with respect
 # to each token loss is that token's weight; local token means distort it by N / (K n_k), the global count does not.
 _t_counts = [96, 112, 180, 355]
@@ -421,7 +507,9 @@ _t_counts = [96, 112, 180, 355]
 
 def _t_token_weights(aggregate):
     """d(summed loss) / d(token loss) per microbatch, under local token means / 4 and under the global count."""
-    parts = [torch.rand(1, count, generator=torch.Generator().manual_seed(count)).requires_grad_() for count in _t_counts]
+    parts = [
+        torch.rand(1, count, generator=torch.Generator().manual_seed(count)).requires_grad_() for count in _t_counts
+    ]
     ones = [torch.ones(1, count, dtype=torch.bool) for count in _t_counts]
     local = sum(aggregate(p, m) / len(parts) for p, m in zip(parts, ones, strict=True))
     global_ = sum(aggregate(p, m, mode="constant", norm_const=sum(_t_counts)) for p, m in zip(parts, ones, strict=True))
@@ -433,18 +521,23 @@ def _t_token_weights(aggregate):
 # The gradient runs where your function runs (in the grader: a process of its own); only the numbers come back.
 _t_weights = in_student_process(aggregate_loss, _t_token_weights)
 assert _t_weights is not None, (
-    "aggregate_loss must keep the autograd graph: its result needs a gradient with respect to token_losses")
+    "aggregate_loss must keep the autograd graph: its result needs a gradient with respect to token_losses"
+)
 _t_local_weights, _t_global_weights = _t_weights
 _t_ratios = [round(a / b, 2) for a, b in zip(_t_local_weights, _t_global_weights, strict=True)]
 assert _t_ratios == [1.93, 1.66, 1.03, 0.52], (
     f"token weight under local token means / 4, relative to the global sum / N, per microbatch of 96, 112, 180, "
-    f"355 tokens: {_t_ratios}, expected [1.93, 1.66, 1.03, 0.52]")
+    f"355 tokens: {_t_ratios}, expected [1.93, 1.66, 1.03, 0.52]"
+)
 assert all(abs(w * sum(_t_counts) - 1.0) < 1e-5 for w in _t_global_weights), (
     f"with mode='constant', norm_const=N = {sum(_t_counts)} every token must weigh 1 / N; got weight x N = "
-    f"{[round(w * sum(_t_counts), 4) for w in _t_global_weights]}")
-for _t_kwargs, _t_why in (({"mask": torch.zeros(2, 3, dtype=torch.bool)}, "token_mean over a mask that selects no token"),
-                          ({"mode": "constant"}, "mode='constant' without norm_const"),
-                          ({"mode": "sum"}, "an unknown mode")):
+    f"{[round(w * sum(_t_counts), 4) for w in _t_global_weights]}"
+)
+for _t_kwargs, _t_why in (
+    ({"mask": torch.zeros(2, 3, dtype=torch.bool)}, "token_mean over a mask that selects no token"),
+    ({"mode": "constant"}, "mode='constant' without norm_const"),
+    ({"mode": "sum"}, "an unknown mode"),
+):
     try:
         aggregate_loss(**({"token_losses": _t_losses, "mask": _t_mask} | _t_kwargs))
     except ValueError:
@@ -460,7 +553,7 @@ for _t_shape in [(1, 1), (1, 7), (3, 5), (4, 9), (8, 3), (2, 16), (6,), (2, 3, 4
     for _t_dtype in (torch.float32, torch.float64):
         _t_values = torch.rand(_t_shape, generator=_t_generator, dtype=_t_dtype) * 5
         _t_keep = torch.rand(_t_shape, generator=_t_generator) < 0.6
-        _t_keep.view(-1)[0] = True                                                  # at least one supervised token
+        _t_keep.view(-1)[0] = True  # at least one supervised token
         _t_count = int(_t_keep.sum())
         _t_cases.append(((_t_values, _t_keep), {}))
         _t_cases.append(((_t_values, _t_keep.long()), {"mode": "token_mean"}))
@@ -468,28 +561,43 @@ for _t_shape in [(1, 1), (1, 7), (3, 5), (4, 9), (8, 3), (2, 16), (6,), (2, 3, 4
         _t_cases.append(((_t_values, _t_keep.float()), {"mode": "constant", "norm_const": 0.75}))
         _t_cases.append(((_t_values, _t_keep), {"mode": "constant", "norm_const": torch.tensor(float(_t_count))}))
 _t_values = torch.rand(3, 4, generator=_t_generator)
-_t_cases += [((_t_values, torch.ones(3, 4, dtype=torch.bool)), {}),
-             ((_t_values, torch.zeros(3, 4, dtype=torch.bool)), {"mode": "constant", "norm_const": 7}),
-             ((_t_values, torch.tensor([[0, 0, 0, 1], [0, 0, 0, 0], [1, 1, 0, 0]])), {})]
+_t_cases += [
+    ((_t_values, torch.ones(3, 4, dtype=torch.bool)), {}),
+    ((_t_values, torch.zeros(3, 4, dtype=torch.bool)), {"mode": "constant", "norm_const": 7}),
+    ((_t_values, torch.tensor([[0, 0, 0, 1], [0, 0, 0, 0], [1, 1, 0, 0]])), {}),
+]
 # inf and nan where the mask is off must not reach the loss.
 _t_poisoned = torch.tensor([[1.0, 2.0, float("inf")], [3.0, float("nan"), float("-inf")]])
 _t_poison_mask = torch.tensor([[True, True, False], [True, False, False]])
-_t_cases += [((_t_poisoned, _t_poison_mask), {}), ((_t_poisoned, _t_poison_mask), {"mode": "constant", "norm_const": 4})]
+_t_cases += [
+    ((_t_poisoned, _t_poison_mask), {}),
+    ((_t_poisoned, _t_poison_mask), {"mode": "constant", "norm_const": 4}),
+]
 # ... but a nan or inf on a supervised token is a real divergence: it must show in the loss, not be cleaned away.
 _t_diverged = torch.tensor([[1.0, float("nan"), 2.0], [1.0, float("inf"), 3.0]])
-_t_cases += [((_t_diverged[:1], torch.tensor([[True, True, False]])), {}),
-             ((_t_diverged[1:], torch.tensor([[True, True, False]])), {"mode": "constant", "norm_const": 2})]
+_t_cases += [
+    ((_t_diverged[:1], torch.tensor([[True, True, False]])), {}),
+    ((_t_diverged[1:], torch.tensor([[True, True, False]])), {"mode": "constant", "norm_const": 2}),
+]
 # The loss keeps the losses' dtype whatever the mask's or norm_const's (a float64 mask, a float64 0-d tensor).
 _t_values32 = torch.rand(3, 4, generator=_t_generator)
-_t_cases += [((_t_values32, (_t_values32 > 0.5).double()), {}),
-             ((_t_values32, _t_values32 > 0.5), {"mode": "constant", "norm_const": torch.tensor(4.0, dtype=torch.float64)})]
+_t_cases += [
+    ((_t_values32, (_t_values32 > 0.5).double()), {}),
+    ((_t_values32, _t_values32 > 0.5), {"mode": "constant", "norm_const": torch.tensor(4.0, dtype=torch.float64)}),
+]
 # A perfectly predicted supervised token has loss 0 and still counts in the mean.
 _t_zeros = torch.tensor([[0.0, 2.0, 0.0], [1.0, 0.0, 3.0]])
-_t_cases += [((_t_zeros, torch.ones(2, 3, dtype=torch.bool)), {}),
-             ((_t_zeros, torch.tensor([[True, False, True], [False, True, True]])), {})]
+_t_cases += [
+    ((_t_zeros, torch.ones(2, 3, dtype=torch.bool)), {}),
+    ((_t_zeros, torch.tensor([[True, False, True], [False, True, True]])), {}),
+]
 # A microbatch with no supervised token under constant: 0 in the losses' dtype (float64 here).
-_t_cases += [((torch.rand(2, 3, generator=_t_generator, dtype=torch.float64), torch.zeros(2, 3, dtype=torch.bool)),
-              {"mode": "constant", "norm_const": 5})]
+_t_cases += [
+    (
+        (torch.rand(2, 3, generator=_t_generator, dtype=torch.float64), torch.zeros(2, 3, dtype=torch.bool)),
+        {"mode": "constant", "norm_const": 5},
+    )
+]
 grading.assert_matches_reference(aggregate_loss, "aggregate_loss", _t_cases, rtol=1e-5, atol=1e-6)
 # ... and that 0 keeps the graph: an accumulation loop calls backward on it (a zero gradient, not an error).
 _t_leaf = torch.rand(2, 3, generator=_t_generator).requires_grad_()
@@ -505,27 +613,33 @@ def _t_empty_loss_and_grad(aggregate):
 _t_empty, _t_empty_grad = grading.in_student_process(aggregate_loss, _t_empty_loss_and_grad)
 assert _t_empty_grad is not None or (isinstance(_t_empty, torch.Tensor) and _t_empty.requires_grad), (
     "aggregate_loss(losses that require grad, a mask that selects no token, mode='constant', norm_const=5) returned "
-    f"{_t_empty!r}, expected a 0 that keeps the autograd graph (backward on it must give a zero gradient)")
+    f"{_t_empty!r}, expected a 0 that keeps the autograd graph (backward on it must give a zero gradient)"
+)
 assert _t_empty_grad is None or not bool(_t_empty_grad.any()), (
-    f"aggregate_loss over a mask that selects no token gives the losses a gradient {_t_empty_grad}, expected 0")
+    f"aggregate_loss over a mask that selects no token gives the losses a gradient {_t_empty_grad}, expected 0"
+)
 _t_mask = torch.tensor([[1, 0, 1, 1], [0, 0, 1, 0], [1, 1, 1, 0]], dtype=torch.bool)
-grading.assert_rejects(aggregate_loss, "aggregate_loss", [
-    ((_t_values, torch.zeros(3, 4, dtype=torch.bool)), {}),
-    ((_t_values, _t_mask), {"mode": "constant"}),
-    ((_t_values, _t_mask), {"mode": "constant", "norm_const": 0}),
-    ((_t_values, _t_mask), {"mode": "constant", "norm_const": -3.0}),
-    ((_t_values, _t_mask), {"mode": "constant", "norm_const": float("nan")}),
-    ((_t_values, _t_mask), {"mode": "constant", "norm_const": "12"}),
-    ((_t_values, _t_mask), {"mode": "token_mean", "norm_const": 12}),
-    ((_t_values, _t_mask), {"mode": "sequence_mean"}),
-    ((_t_values, _t_mask), {"mode": "sum", "norm_const": 12}),                   # unknown, even with a norm_const
-    ((_t_values, _t_mask[:2]), {}),
-    ((_t_values, torch.full((3, 4), 2)), {}),
-    ((_t_values, torch.full((3, 4), 0.5)), {}),
-    ((_t_values, _t_mask), {"mode": "constant", "norm_const": float("inf")}),
-    ((_t_values, _t_mask), {"mode": "constant", "norm_const": True}),
-    ((_t_values, _t_mask), {"mode": "constant", "norm_const": torch.tensor([6.0])}),
-])
+grading.assert_rejects(
+    aggregate_loss,
+    "aggregate_loss",
+    [
+        ((_t_values, torch.zeros(3, 4, dtype=torch.bool)), {}),
+        ((_t_values, _t_mask), {"mode": "constant"}),
+        ((_t_values, _t_mask), {"mode": "constant", "norm_const": 0}),
+        ((_t_values, _t_mask), {"mode": "constant", "norm_const": -3.0}),
+        ((_t_values, _t_mask), {"mode": "constant", "norm_const": float("nan")}),
+        ((_t_values, _t_mask), {"mode": "constant", "norm_const": "12"}),
+        ((_t_values, _t_mask), {"mode": "token_mean", "norm_const": 12}),
+        ((_t_values, _t_mask), {"mode": "sequence_mean"}),
+        ((_t_values, _t_mask), {"mode": "sum", "norm_const": 12}),  # unknown, even with a norm_const
+        ((_t_values, _t_mask[:2]), {}),
+        ((_t_values, torch.full((3, 4), 2)), {}),
+        ((_t_values, torch.full((3, 4), 0.5)), {}),
+        ((_t_values, _t_mask), {"mode": "constant", "norm_const": float("inf")}),
+        ((_t_values, _t_mask), {"mode": "constant", "norm_const": True}),
+        ((_t_values, _t_mask), {"mode": "constant", "norm_const": torch.tensor([6.0])}),
+    ],
+)
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -548,8 +662,8 @@ def accumulate(model, batch, microbatches, normalize):
     global_tokens = sum(int((batch["labels"][rows, 1:] != IGNORE_INDEX).sum()) for rows in microbatches)
     model.zero_grad(set_to_none=True)
     for rows in microbatches:
-        part = {key: value[rows] for key, value in batch.items()}              # [b, L] each
-        losses, mask = supervised_token_losses(model, part)                    # [b, L-1] each
+        part = {key: value[rows] for key, value in batch.items()}  # [b, L] each
+        losses, mask = supervised_token_losses(model, part)  # [b, L-1] each
         if normalize == "local":
             loss = aggregate_loss(losses, mask) / len(microbatches)
         else:
@@ -561,24 +675,30 @@ def accumulate(model, batch, microbatches, normalize):
 def full_batch_gradient(model, batch):
     """The reference: one pass over every row, masked loss sum / supervised token count -> flat gradient [P]."""
     model.zero_grad(set_to_none=True)
-    losses, mask = supervised_token_losses(model, batch)                       # [16, L-1] each
+    losses, mask = supervised_token_losses(model, batch)  # [16, L-1] each
     masked_normalize(losses, mask, normalize_constant=int(mask.sum())).backward()
     return flat_gradient(model)
 
 
 started = time.perf_counter()
-full = full_batch_gradient(model, batch)                                        # [P] the full-batch gradient
-splits = {"random": [c.tolist() for c in torch.randperm(16, generator=torch.Generator().manual_seed(0)).chunk(4)],
-          "length-sorted": [c.tolist() for c in supervised.argsort(stable=True).chunk(4)]}
-splits["token budget 640"] = token_budget_batches(chat_lengths, 640)           # your TODO 1
+full = full_batch_gradient(model, batch)  # [P] the full-batch gradient
+splits = {
+    "random": [c.tolist() for c in torch.randperm(16, generator=torch.Generator().manual_seed(0)).chunk(4)],
+    "length-sorted": [c.tolist() for c in supervised.argsort(stable=True).chunk(4)],
+}
+splits["token budget 640"] = token_budget_batches(chat_lengths, 640)  # your TODO 1
 agreement = {}
 for split, microbatches in splits.items():
     tokens = [int(supervised[rows].sum()) for rows in microbatches]
     for normalize in ("local", "global"):
         agreement[split, normalize] = gradient_agreement(accumulate(model, batch, microbatches, normalize), full)
-        print(f"{split:<16} {normalize:<6} | supervised tokens per microbatch {str(tokens):<22} | relative error "
-              f"{agreement[split, normalize]['relative_error']:.1e} | cosine {agreement[split, normalize]['cosine']:.4f}")
-print(f"({time.perf_counter() - started:.1f} s for {1 + 2 * len(splits)} accumulated gradients over {model.num_parameters():,} parameters)")
+        print(
+            f"{split:<16} {normalize:<6} | supervised tokens per microbatch {str(tokens):<22} | relative error "
+            f"{agreement[split, normalize]['relative_error']:.1e} | cosine {agreement[split, normalize]['cosine']:.4f}"
+        )
+print(
+    f"({time.perf_counter() - started:.1f} s for {1 + 2 * len(splits)} accumulated gradients over {model.num_parameters():,} parameters)"
+)
 
 # %% [markdown]
 # With the global count, every split reproduces the full-batch gradient to about $10^{-7}$: float32 rounding.
@@ -592,8 +712,10 @@ print(f"({time.perf_counter() - started:.1f} s for {1 + 2 * len(splits)} accumul
 assert "token budget 640" in splits, "the cell above stopped at token_budget_batches (TODO 1): write it, rerun both"
 for split, microbatches in splits.items():
     tokens = [int(supervised[rows].sum()) for rows in microbatches]
-    print(f"{split:<16} tokens {str(tokens):<22} per-token weight vs correct "
-          f"{[round(x, 2) for x in per_token_weight_distortion(tokens)]}")
+    print(
+        f"{split:<16} tokens {str(tokens):<22} per-token weight vs correct "
+        f"{[round(x, 2) for x in per_token_weight_distortion(tokens)]}"
+    )
 
 # %% [markdown]
 # ### Across data-parallel ranks (跨 rank 的全局归一化)
@@ -623,9 +745,11 @@ print(f"({time.perf_counter() - started:.1f} s, two processes)")
 
 # %%
 fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.4))
-seed_plans = {"8 per microbatch, random": fixed_random,
-              "8 per microbatch, sorted": fixed_count_batches(agent_lengths.argsort(), 8),
-              "token budget 128k": token_budget_batches(agent_lengths, BUDGET)}
+seed_plans = {
+    "8 per microbatch, random": fixed_random,
+    "8 per microbatch, sorted": fixed_count_batches(agent_lengths.argsort(), 8),
+    "token budget 128k": token_budget_batches(agent_lengths, BUDGET),
+}
 for (name, plan), color in zip(seed_plans.items(), ("#C44E52", "#DD8452", "#4C72B0"), strict=True):
     sizes = describe_microbatches(agent_lengths, plan)["sizes"]
     left.plot(range(len(sizes)), [size / 1e3 for size in sizes], marker=".", color=color, label=name)
@@ -660,6 +784,7 @@ plt.show()
 # gathers that count across ranks when `average_tokens_across_devices=True` (the default), and scales the loss by
 # the number of processes to cancel DDP's gradient averaging: the scalar all-reduce of section 5.
 
+
 # %%
 def transformers_accumulate(model, batch, microbatches, use_global_count):
     """Gradient accumulation with the model's own loss: token mean / K, or sum / N via num_items_in_batch -> [P]."""
@@ -680,8 +805,10 @@ for name, use_global_count in (("model(...).loss / K", False), ("num_items_in_ba
     normalize = "global" if use_global_count else "local"
     ours = gradient_agreement(accumulate(model, batch, splits["length-sorted"], normalize), full)  # your aggregate_loss
     check = gradient_agreement(gradient, full)
-    print(f"transformers, {name:<20} | relative error {check['relative_error']:.1e} | cosine {check['cosine']:.4f} "
-          f"| ours: {ours['relative_error']:.1e}")
+    print(
+        f"transformers, {name:<20} | relative error {check['relative_error']:.1e} | cosine {check['cosine']:.4f} "
+        f"| ours: {ours['relative_error']:.1e}"
+    )
 
 # %% [markdown]
 # The framework's two paths land where ours did: the default loss divided by $K$ carries the same distortion, and
@@ -705,14 +832,19 @@ for name, use_global_count in (("model(...).loss / K", False), ("num_items_in_ba
 documents = [tokenizer(chat[-1]["content"], verbose=False)["input_ids"] for chat in chats[:4]]  # plain text
 packed = build_boundary_isolated_packing([{"input_ids": ids, "labels": ids} for ids in documents])
 row = {key: torch.tensor([packed[key]]) for key in ("input_ids", "labels", "position_ids")}  # [1, T], no mask
-plain_shift = row["labels"][:, 1:] != IGNORE_INDEX               # [1, T-1] every step of the row is a target
-losses, kept = supervised_token_losses(model, row)                # [1, T-1]: the boundary steps dropped
-crossing = plain_shift & ~kept                                    # targets whose context is another document
-alone = torch.cat([supervised_token_losses(model, {"input_ids": torch.tensor([ids]),
-                                                  "labels": torch.tensor([ids])})[0][0]
-                   for ids in documents])                         # each document alone, in row order
-print(f"{len(documents)} documents, {row['input_ids'].shape[1]} tokens in one row: the plain shift counts "
-      f"{int(plain_shift.sum())} targets, {int(crossing.sum())} of them across a boundary")
+plain_shift = row["labels"][:, 1:] != IGNORE_INDEX  # [1, T-1] every step of the row is a target
+losses, kept = supervised_token_losses(model, row)  # [1, T-1]: the boundary steps dropped
+crossing = plain_shift & ~kept  # targets whose context is another document
+alone = torch.cat(
+    [
+        supervised_token_losses(model, {"input_ids": torch.tensor([ids]), "labels": torch.tensor([ids])})[0][0]
+        for ids in documents
+    ]
+)  # each document alone, in row order
+print(
+    f"{len(documents)} documents, {row['input_ids'].shape[1]} tokens in one row: the plain shift counts "
+    f"{int(plain_shift.sum())} targets, {int(crossing.sum())} of them across a boundary"
+)
 print(f"kept {int(kept.sum())} targets | largest |packed - alone| loss {(losses[kept] - alone).abs().max():.1e} nats")
 
 # %% [markdown]

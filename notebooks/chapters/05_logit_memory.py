@@ -64,20 +64,24 @@ from course_lib.tokenizer import corpus_files
 # %%
 tokenizer = load_course_tokenizer()
 text = pathlib.Path(corpus_files()[1]).read_text(encoding="utf-8")
-token_ids = torch.tensor([tokenizer(text, verbose=False)["input_ids"][:513]])       # [1, 513]
-inputs, targets = token_ids[:, :-1], token_ids[:, 1:]                                 # predict the next token
+token_ids = torch.tensor([tokenizer(text, verbose=False)["input_ids"][:513]])  # [1, 513]
+inputs, targets = token_ids[:, :-1], token_ids[:, 1:]  # predict the next token
 model = tiny_qwen2(seed=0, attn_implementation="sdpa")
 parameters = list(model.parameters())
 
 trunk_kept = saved_tensor_bytes(lambda ids, *p: model.model(ids).last_hidden_state, inputs, *parameters)
-hidden = model.model(inputs).last_hidden_state.detach().requires_grad_()            # [1, T, D]
+hidden = model.model(inputs).last_hidden_state.detach().requires_grad_()  # [1, T, D]
 head_kept = saved_tensor_bytes(lambda h, *p: selected_log_probs(model.lm_head(h), targets), hidden, *parameters)
 tokens, width, layers = inputs.shape[1], model.config.hidden_size, model.config.num_hidden_layers
 print(f"T = {tokens} tokens, D = {width}, V = {model.config.vocab_size}")
-print(f"kept for backward by the {layers}-layer trunk: {trunk_kept / 1e6:5.2f} MB "
-      f"({trunk_kept / (4 * tokens * layers * width):.0f} D fp32 numbers per token per layer)")
-print(f"kept for backward by the output layer : {head_kept / 1e6:5.2f} MB "
-      f"(= 4 V bytes per token: {logit_bytes(tokens, model.config.vocab_size) / 1e6:.2f} MB)")
+print(
+    f"kept for backward by the {layers}-layer trunk: {trunk_kept / 1e6:5.2f} MB "
+    f"({trunk_kept / (4 * tokens * layers * width):.0f} D fp32 numbers per token per layer)"
+)
+print(
+    f"kept for backward by the output layer : {head_kept / 1e6:5.2f} MB "
+    f"(= 4 V bytes per token: {logit_bytes(tokens, model.config.vocab_size) / 1e6:.2f} MB)"
+)
 
 # %% [markdown]
 # One output layer keeps almost as much as the two transformer layers together: per token, each layer keeps
@@ -89,8 +93,10 @@ print(f"kept for backward by the output layer : {head_kept / 1e6:5.2f} MB "
 # %%
 print(f"{'model':<11} {'D':>5} {'V / D':>6} | fp32 logits per token | logits of a 32k-token microbatch")
 for row in logit_memory_table():
-    print(f"{row['model']:<11} {row['hidden_size']:5d} {row['vocab_per_hidden']:6.0f} | "
-          f"{row['per_token_mb']:17.2f} MB | {row['microbatch_gb']:13.1f} GB")
+    print(
+        f"{row['model']:<11} {row['hidden_size']:5d} {row['vocab_per_hidden']:6.0f} | "
+        f"{row['per_token_mb']:17.2f} MB | {row['microbatch_gb']:13.1f} GB"
+    )
 
 # %% [markdown]
 # Every Qwen3 size pays the same 0.61 MB per token, because $V$ does not grow with the model: 19.9 GB for a
@@ -116,6 +122,7 @@ for row in logit_memory_table():
 # output layer. `LargestTensor` records the largest tensor any torch call returns inside a `with` block (a CPU
 # stand-in for the forward's transient peak); `saved_tensor_bytes` gives the second column.
 
+
 # %%
 class LargestTensor(TorchFunctionMode):
     """Inside `with LargestTensor() as probe:`, probe.bytes is the largest tensor any torch call returned."""
@@ -139,13 +146,15 @@ def measure(fn, *args):
     return probe.bytes, kept
 
 
-weight = model.lm_head.weight                                                        # [V, D]
+weight = model.lm_head.weight  # [V, D]
+
+
 def full_path(hidden, weight, ids):
-    return selected_log_probs(hidden @ weight.T, ids)                                # [B, T, V] logits at once
+    return selected_log_probs(hidden @ weight.T, ids)  # [B, T, V] logits at once
 
 
 def chunked_path(hidden, weight, ids):
-    return chunked_log_probs(hidden, weight, ids, chunk_size=64)                     # [B, 64, V] at a time
+    return chunked_log_probs(hidden, weight, ids, chunk_size=64)  # [B, 64, V] at a time
 
 
 for name, fn in (("full logits", full_path), ("chunked, C = 64", chunked_path)):
@@ -188,23 +197,34 @@ _t_hidden = torch.randn(2, 300, 32, generator=_t_gen, dtype=torch.float64).requi
 _t_weight = (torch.randn(1000, 32, generator=_t_gen, dtype=torch.float64) / 32**0.5).requires_grad_()
 _t_ids = torch.randint(1000, (2, 300), generator=_t_gen)
 _t_shown = "checkpointed_log_probs(hidden [2, 300, 32] fp64, weight [1000, 32] fp64, ids [2, 300], chunk_size=64)"
-_t_full = selected_log_probs(_t_hidden @ _t_weight.T, _t_ids)                                    # [2, 300]
-_t_mine = checkpointed_log_probs(_t_hidden, _t_weight, _t_ids, chunk_size=64)                    # 4 chunks of 64 + 44
-_t_what = f"shape {tuple(_t_mine.shape)}, {_t_mine.dtype}" if isinstance(_t_mine, torch.Tensor) else type(_t_mine).__name__
+_t_full = selected_log_probs(_t_hidden @ _t_weight.T, _t_ids)  # [2, 300]
+_t_mine = checkpointed_log_probs(_t_hidden, _t_weight, _t_ids, chunk_size=64)  # 4 chunks of 64 + 44
+_t_what = (
+    f"shape {tuple(_t_mine.shape)}, {_t_mine.dtype}" if isinstance(_t_mine, torch.Tensor) else type(_t_mine).__name__
+)
 assert isinstance(_t_mine, torch.Tensor) and tuple(_t_mine.shape) == (2, 300) and _t_mine.dtype == torch.float64, (
-    f"{_t_shown} returned {_t_what}, expected a tensor of shape (2, 300), torch.float64")
+    f"{_t_shown} returned {_t_what}, expected a tensor of shape (2, 300), torch.float64"
+)
 assert torch.allclose(_t_mine, _t_full), (
-    f"{_t_shown} differs from the full path by up to {(_t_mine - _t_full).abs().max().item():.2e}")
+    f"{_t_shown} differs from the full path by up to {(_t_mine - _t_full).abs().max().item():.2e}"
+)
 # T = 0: an empty [B, 0] tensor, in the dtype a longer input gives.
 try:
     _t_empty = checkpointed_log_probs(_t_hidden[:, :0], _t_weight, _t_ids[:, :0], chunk_size=64)
 except (RuntimeError, ValueError, IndexError, TypeError) as _t_error:
-    raise AssertionError(f"checkpointed_log_probs with T = 0 (hidden [2, 0, 32], ids [2, 0]) raised {_t_error!r}; "
-                         f"expected an empty [2, 0] tensor (there is no chunk to concatenate)") from _t_error
-_t_what = f"shape {tuple(_t_empty.shape)}, {_t_empty.dtype}" if isinstance(_t_empty, torch.Tensor) else type(_t_empty).__name__
+    raise AssertionError(
+        f"checkpointed_log_probs with T = 0 (hidden [2, 0, 32], ids [2, 0]) raised {_t_error!r}; "
+        f"expected an empty [2, 0] tensor (there is no chunk to concatenate)"
+    ) from _t_error
+_t_what = (
+    f"shape {tuple(_t_empty.shape)}, {_t_empty.dtype}"
+    if isinstance(_t_empty, torch.Tensor)
+    else type(_t_empty).__name__
+)
 assert isinstance(_t_empty, torch.Tensor) and tuple(_t_empty.shape) == (2, 0) and _t_empty.dtype == torch.float64, (
     f"checkpointed_log_probs with T = 0 (hidden [2, 0, 32] fp64) returned {_t_what}, expected a tensor of shape "
-    f"(2, 0), torch.float64")
+    f"(2, 0), torch.float64"
+)
 _t_full.sum().backward()
 _t_full_grads = (_t_hidden.grad, _t_weight.grad)
 
@@ -221,8 +241,10 @@ def _t_gradients(log_probs):
     try:
         by_grad = torch.autograd.grad(log_probs(hidden, weight, _t_ids, 64).sum(), (hidden, weight))
     except RuntimeError as error:
-        return (f"torch.autograd.grad through {_t_shown} raised {error!r}; the reentrant checkpoint only supports "
-                f".backward(): pass use_reentrant=False")
+        return (
+            f"torch.autograd.grad through {_t_shown} raised {error!r}; the reentrant checkpoint only supports "
+            f".backward(): pass use_reentrant=False"
+        )
     return by_backward, by_grad
 
 
@@ -232,16 +254,21 @@ assert not isinstance(_t_grads, str), _t_grads
 for _t_name, _t_grad, _t_want in zip(("hidden", "weight"), _t_grads[0], _t_full_grads, strict=True):
     assert _t_grad is not None and torch.allclose(_t_grad, _t_want), (
         f"{_t_shown}: the gradient with respect to {_t_name} differs from the full path's"
-        + ("" if _t_grad is None else f" by up to {(_t_grad - _t_want).abs().max().item():.2e}"))
+        + ("" if _t_grad is None else f" by up to {(_t_grad - _t_want).abs().max().item():.2e}")
+    )
 assert all(torch.allclose(_t_grad, _t_want) for _t_grad, _t_want in zip(_t_grads[1], _t_full_grads, strict=True)), (
-    f"torch.autograd.grad through {_t_shown} gives other gradients than .backward() on the full path")
+    f"torch.autograd.grad through {_t_shown} gives other gradients than .backward() on the full path"
+)
 _t_chunked_kept = saved_tensor_bytes(lambda h, w, i: chunked_log_probs(h, w, i, 64), _t_hidden, _t_weight, _t_ids)
-_t_my_kept = in_student_process(checkpointed_log_probs, lambda log_probs: saved_tensor_bytes(
-    lambda h, w, i: log_probs(h, w, i, 64), _t_hidden, _t_weight, _t_ids))
-assert _t_chunked_kept >= 8 * 2 * 300 * 1000                  # every chunk's fp64 log-softmax: [2, 300, 1000]
+_t_my_kept = in_student_process(
+    checkpointed_log_probs,
+    lambda log_probs: saved_tensor_bytes(lambda h, w, i: log_probs(h, w, i, 64), _t_hidden, _t_weight, _t_ids),
+)
+assert _t_chunked_kept >= 8 * 2 * 300 * 1000  # every chunk's fp64 log-softmax: [2, 300, 1000]
 assert _t_my_kept < _t_chunked_kept / 10, (
     f"{_t_shown}: autograd keeps {_t_my_kept:,} bytes for backward, chunking alone {_t_chunked_kept:,}; expected less "
-    f"than a tenth: is each chunk computed inside checkpoint(..., use_reentrant=False)?")
+    f"than a tenth: is each chunk computed inside checkpoint(..., use_reentrant=False)?"
+)
 ### BEGIN HIDDEN TESTS
 import random
 
@@ -266,18 +293,34 @@ for _t_k in range(10):
     _t_cases.append((_t_args, {"chunk_size": _t_rng.choice([1, 3, 7, _t_tokens, _t_tokens + 5])}))
 _t_cases.append((_t_head(2, 37, 8, 50, seed=20, dtype=torch.float32), {"chunk_size": 5}))
 _t_cases.append((_t_head(1, 19, 4, 9, seed=21), {}))
-_t_cases += [(_t_head(2, 0, 4, 9, seed=22, dtype=_t_dtype), {"chunk_size": 4})                      # T = 0
-             for _t_dtype in (torch.float32, torch.float64, torch.bfloat16)]
+_t_cases += [
+    (_t_head(2, 0, 4, 9, seed=22, dtype=_t_dtype), {"chunk_size": 4})  # T = 0
+    for _t_dtype in (torch.float32, torch.float64, torch.bfloat16)
+]
 # bf16 inputs whose logits are small integers (exact in bf16): only the log-softmax's precision can differ.
 _t_int_gen = torch.Generator().manual_seed(23)
-_t_cases.append(((torch.randint(-2, 3, (2, 24, 16), generator=_t_int_gen).bfloat16(),
-                  torch.randint(-2, 3, (300, 16), generator=_t_int_gen).bfloat16(),
-                  torch.randint(300, (2, 24), generator=_t_int_gen)), {"chunk_size": 10}))
+_t_cases.append(
+    (
+        (
+            torch.randint(-2, 3, (2, 24, 16), generator=_t_int_gen).bfloat16(),
+            torch.randint(-2, 3, (300, 16), generator=_t_int_gen).bfloat16(),
+            torch.randint(300, (2, 24), generator=_t_int_gen),
+        ),
+        {"chunk_size": 10},
+    )
+)
 # bf16 inputs whose integer dot products (up to 1024, exact in an fp32 accumulator) are NOT exact in bf16: the
 # logits round as the model's bf16 lm_head rounds them, so a matmul upcast to fp32 first gives other log-probs.
-_t_cases.append(((torch.randint(-8, 9, (2, 24, 16), generator=_t_int_gen).bfloat16(),
-                  torch.randint(-8, 9, (64, 16), generator=_t_int_gen).bfloat16(),
-                  torch.randint(64, (2, 24), generator=_t_int_gen)), {"chunk_size": 10}))
+_t_cases.append(
+    (
+        (
+            torch.randint(-8, 9, (2, 24, 16), generator=_t_int_gen).bfloat16(),
+            torch.randint(-8, 9, (64, 16), generator=_t_int_gen).bfloat16(),
+            torch.randint(64, (2, 24), generator=_t_int_gen),
+        ),
+        {"chunk_size": 10},
+    )
+)
 grading.assert_matches_reference(checkpointed_log_probs, "checkpointed_log_probs", _t_cases, rtol=1e-5, atol=1e-6)
 
 
@@ -291,19 +334,25 @@ def _t_values_and_grads(fn, hidden, weight, ids, chunk_size, seed):
 
 
 _t_reference = grading.reference("checkpointed_log_probs")
-for _t_k, (_t_batch, _t_tokens, _t_width, _t_vocab, _t_chunk) in enumerate([(1, 13, 4, 11, 4), (2, 29, 6, 17, 8),
-                                                                            (3, 10, 5, 7, 10), (2, 9, 3, 13, 1)]):
+for _t_k, (_t_batch, _t_tokens, _t_width, _t_vocab, _t_chunk) in enumerate(
+    [(1, 13, 4, 11, 4), (2, 29, 6, 17, 8), (3, 10, 5, 7, 10), (2, 9, 3, 13, 1)]
+):
     _t_args = _t_head(_t_batch, _t_tokens, _t_width, _t_vocab, seed=40 + _t_k)
     _t_expected = _t_values_and_grads(_t_reference, *_t_args, _t_chunk, seed=_t_k)
-    _t_got = grading.in_student_process(checkpointed_log_probs, lambda fn: _t_values_and_grads(
-        fn, *_t_args, _t_chunk, seed=_t_k))  # noqa: B023 - called at once
-    grading.assert_same(_t_got, _t_expected, rtol=1e-7, atol=1e-9, path=f"[values, hidden.grad, weight.grad] (case {_t_k})")
+    _t_got = grading.in_student_process(
+        checkpointed_log_probs,
+        lambda fn: _t_values_and_grads(fn, *_t_args, _t_chunk, seed=_t_k),  # noqa: B023 - called at once
+    )
+    grading.assert_same(
+        _t_got, _t_expected, rtol=1e-7, atol=1e-9, path=f"[values, hidden.grad, weight.grad] (case {_t_k})"
+    )
 # torch.autograd.grad (as a trainer computing gradients of chosen inputs does) must work too: the reentrant
 # checkpoint (use_reentrant=True) only supports .backward().
 _t_args = _t_head(2, 11, 4, 9, seed=50)
 _t_expected = torch.autograd.grad(_t_reference(*_t_args, 4).sum(), _t_args[:2])
-_t_got = grading.in_student_process(checkpointed_log_probs, lambda fn: list(torch.autograd.grad(
-    fn(*_t_args, 4).sum(), _t_args[:2])))
+_t_got = grading.in_student_process(
+    checkpointed_log_probs, lambda fn: list(torch.autograd.grad(fn(*_t_args, 4).sum(), _t_args[:2]))
+)
 grading.assert_same(_t_got, list(_t_expected), rtol=1e-7, atol=1e-9, path="autograd.grad of (hidden, weight)")
 
 
@@ -325,6 +374,7 @@ class _t_Largest(TorchDispatchMode):
 
 def _t_largest_tensor(*args, **kwargs):
     """The most elements of any tensor made while the student's function runs forward and backward."""
+
     def largest(log_probs):
         with _t_Largest() as probe:
             log_probs(*args, **kwargs).sum().backward()
@@ -337,10 +387,13 @@ _t_hidden, _t_weight, _t_ids = _t_head(1, 2048, 16, 512, seed=60, dtype=torch.fl
 for _t_tokens in (512, 2048):
     _t_args = (_t_hidden[:, :_t_tokens], _t_weight, _t_ids[:, :_t_tokens])
     _t_chunked_kept = saved_tensor_bytes(lambda h, w, i: chunked_log_probs(h, w, i, 128), *_t_args)
-    _t_kept = grading.in_student_process(checkpointed_log_probs, lambda fn: saved_tensor_bytes(
-        lambda h, w, i: fn(h, w, i, 128), *_t_args))  # noqa: B023 - called at once
+    _t_kept = grading.in_student_process(
+        checkpointed_log_probs,
+        lambda fn: saved_tensor_bytes(lambda h, w, i: fn(h, w, i, 128), *_t_args),  # noqa: B023 - called at once
+    )
     assert _t_kept < _t_chunked_kept / 10, (
-        f"T = {_t_tokens}: autograd keeps {_t_kept} bytes, chunking alone keeps {_t_chunked_kept}: is each chunk recomputed?")
+        f"T = {_t_tokens}: autograd keeps {_t_kept} bytes, chunking alone keeps {_t_chunked_kept}: is each chunk recomputed?"
+    )
 # (tokens, width, vocab, chunk_size or None for the default 1024): many small chunks, and the default. The width is
 # small enough that hidden [1, T, D] and its gradient stay below one chunk's logits [1, C, V].
 for _t_tokens, _t_width, _t_vocab, _t_chunk in [(2048, 16, 512, 128), (2048, 4, 512, 16), (4096, 8, 64, None)]:
@@ -349,7 +402,8 @@ for _t_tokens, _t_width, _t_vocab, _t_chunk in [(2048, 16, 512, 128), (2048, 4, 
     _t_bound = 2 * (_t_chunk or 1024) * _t_vocab
     assert _t_largest <= _t_bound, (
         f"T = {_t_tokens}, chunk_size = {_t_chunk or 'default (1024)'}: a tensor of {_t_largest} elements in forward or "
-        f"backward; one chunk's logits have {_t_bound // 2}: are the chunks `chunk_size` tokens long?")
+        f"backward; one chunk's logits have {_t_bound // 2}: are the chunks `chunk_size` tokens long?"
+    )
 
 # The caller's tensors are left as they were: no requires_grad switched on, no values changed.
 _t_plain = _t_head(2, 12, 4, 10, seed=70, dtype=torch.float32)
@@ -368,14 +422,19 @@ assert not _t_flags[0] and not _t_flags[1], "the function turned on requires_gra
 grading.assert_same(_t_after, _t_before, path="inputs after the call")
 
 _t_ok = _t_head(2, 8, 4, 10, seed=0, dtype=torch.float32)
-grading.assert_rejects(checkpointed_log_probs, "checkpointed_log_probs", [
-    (_t_ok, {"chunk_size": 0}), (_t_ok, {"chunk_size": 2.5}),
-    ((_t_ok[0][0], _t_ok[1], _t_ok[2]), {"chunk_size": 4}),                                    # hidden [T, D]
-    ((_t_ok[0], _t_ok[1][:, :3], _t_ok[2]), {"chunk_size": 4}),                                # widths differ
-    ((_t_ok[0], _t_ok[1], _t_ok[2][:, :5]), {"chunk_size": 4}),                                # ids shape
-    ((_t_ok[0], _t_ok[1], _t_ok[2] + 10), {"chunk_size": 4}),                                  # ids >= V
-    ((_t_ok[0], _t_ok[1], _t_ok[2].float()), {"chunk_size": 4}),                               # ids not integers
-])
+grading.assert_rejects(
+    checkpointed_log_probs,
+    "checkpointed_log_probs",
+    [
+        (_t_ok, {"chunk_size": 0}),
+        (_t_ok, {"chunk_size": 2.5}),
+        ((_t_ok[0][0], _t_ok[1], _t_ok[2]), {"chunk_size": 4}),  # hidden [T, D]
+        ((_t_ok[0], _t_ok[1][:, :3], _t_ok[2]), {"chunk_size": 4}),  # widths differ
+        ((_t_ok[0], _t_ok[1], _t_ok[2][:, :5]), {"chunk_size": 4}),  # ids shape
+        ((_t_ok[0], _t_ok[1], _t_ok[2] + 10), {"chunk_size": 4}),  # ids >= V
+        ((_t_ok[0], _t_ok[1], _t_ok[2].float()), {"chunk_size": 4}),  # ids not integers
+    ],
+)
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -398,7 +457,7 @@ curve_weight = (torch.randn(VOCAB, WIDTH, generator=generator) / WIDTH**0.5).req
 curve_hidden = torch.randn(1, lengths[-1], WIDTH, generator=generator).requires_grad_()
 curve_ids = torch.randint(VOCAB, (1, lengths[-1]), generator=generator)
 curves = {}
-for name, fn in methods.items():                                                     # the last one is yours
+for name, fn in methods.items():  # the last one is yours
     curves[name] = [measure(fn, curve_hidden[:, :n], curve_weight, curve_ids[:, :n]) for n in lengths]
 print(f"{'method':<20}" + "".join(f"{f'T = {n}':>22}" for n in lengths))
 for name, points in curves.items():
@@ -406,11 +465,15 @@ for name, points in curves.items():
 print("(largest tensor | kept for backward)")
 
 # %%
-assert curves.keys() == methods.keys(), "the cell above stopped at checkpointed_log_probs (the TODO): write it, rerun both"
+assert curves.keys() == methods.keys(), (
+    "the cell above stopped at checkpointed_log_probs (the TODO): write it, rerun both"
+)
 fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharex=True)
-styles = {"full logits": dict(color="#C44E52", marker="o", linewidth=4, alpha=0.5),
-          "chunked": dict(color="#DD8452", marker="s", linestyle="--"),
-          "chunked + recompute": dict(color="#4C72B0", marker="^", linestyle=":")}
+styles = {
+    "full logits": dict(color="#C44E52", marker="o", linewidth=4, alpha=0.5),
+    "chunked": dict(color="#DD8452", marker="s", linestyle="--"),
+    "chunked + recompute": dict(color="#4C72B0", marker="^", linestyle=":"),
+}
 for name, points in curves.items():
     for axis, values in zip(axes, zip(*points, strict=True), strict=True):
         axis.plot(lengths, [v / 1e6 for v in values], label=name, **styles[name])
@@ -436,17 +499,24 @@ plt.show()
 
 # %%
 upstream = torch.randn(targets.shape, generator=torch.Generator().manual_seed(1))
-for name, fn in (("full logits", full_path), ("chunked", chunked_path),
-                 ("chunked + recompute", lambda h, w, i: checkpointed_log_probs(h, w, i, 64))):
+for name, fn in (
+    ("full logits", full_path),
+    ("chunked", chunked_path),
+    ("chunked + recompute", lambda h, w, i: checkpointed_log_probs(h, w, i, 64)),
+):
     hidden.grad = weight.grad = None
     values = fn(hidden, weight, targets)
     (values * upstream).sum().backward()
     if name == "full logits":
         reference = (values.detach(), hidden.grad.clone(), weight.grad.clone())
-    differences = [(got - want).abs().max().item()
-                   for got, want in zip((values.detach(), hidden.grad, weight.grad), reference, strict=True)]
-    print(f"{name:<20} max |diff| values {differences[0]:.1e}, d hidden {differences[1]:.1e}, "
-          f"d weight {differences[2]:.1e}")
+    differences = [
+        (got - want).abs().max().item()
+        for got, want in zip((values.detach(), hidden.grad, weight.grad), reference, strict=True)
+    ]
+    print(
+        f"{name:<20} max |diff| values {differences[0]:.1e}, d hidden {differences[1]:.1e}, "
+        f"d weight {differences[2]:.1e}"
+    )
 hidden.grad = weight.grad = None
 
 # %% [markdown]
@@ -462,18 +532,25 @@ hidden.grad = weight.grad = None
 # number; what autograd keeps for backward drops by the head's share.
 
 # %%
-framework_loss = model(inputs, labels=inputs).loss                         # transformers shifts the labels itself
-ours = checkpointed_log_probs(model.model(inputs).last_hidden_state[:, :-1], model.lm_head.weight,
-                              inputs[:, 1:], 128)
+framework_loss = model(inputs, labels=inputs).loss  # transformers shifts the labels itself
+ours = checkpointed_log_probs(model.model(inputs).last_hidden_state[:, :-1], model.lm_head.weight, inputs[:, 1:], 128)
 print(f"transformers loss {framework_loss.item():.6f} | ours {-ours.mean().item():.6f}")
 assert torch.allclose(framework_loss, -ours.mean(), atol=1e-5)
 
 framework_kept = saved_tensor_bytes(lambda ids, *p: model(ids, labels=ids).loss, inputs, *parameters)
 swapped_kept = saved_tensor_bytes(
-    lambda ids, *p: -checkpointed_log_probs(model.model(ids).last_hidden_state[:, :-1], model.lm_head.weight,
-                                            ids[:, 1:], 128).mean(), inputs, *parameters)
-print(f"kept for backward by the whole model: transformers loss {framework_kept / 1e6:.2f} MB | "
-      f"trunk + checkpointed head {swapped_kept / 1e6:.2f} MB")
+    lambda ids, *p: (
+        -checkpointed_log_probs(
+            model.model(ids).last_hidden_state[:, :-1], model.lm_head.weight, ids[:, 1:], 128
+        ).mean()
+    ),
+    inputs,
+    *parameters,
+)
+print(
+    f"kept for backward by the whole model: transformers loss {framework_kept / 1e6:.2f} MB | "
+    f"trunk + checkpointed head {swapped_kept / 1e6:.2f} MB"
+)
 
 # %% [markdown]
 # ### Entropy beside the log-probs (熵, ungraded)
@@ -492,13 +569,20 @@ import math
 
 from trl.trainer.utils import entropy_from_logits
 
-entropy = chunked_token_entropy(hidden, weight, chunk_size=64)                     # [1, T] nats, recomputed in backward
-surprise = -selected_log_probs(hidden @ weight.T, targets)                           # [1, T] -log p of the actual token
-print(f"mean entropy {entropy.mean():.2f} nats (uniform over V: ln {weight.shape[0]} = {math.log(weight.shape[0]):.2f}) "
-      f"| mean -log p of the next token {surprise.mean():.2f} nats")
+entropy = chunked_token_entropy(hidden, weight, chunk_size=64)  # [1, T] nats, recomputed in backward
+surprise = -selected_log_probs(hidden @ weight.T, targets)  # [1, T] -log p of the actual token
+print(
+    f"mean entropy {entropy.mean():.2f} nats (uniform over V: ln {weight.shape[0]} = {math.log(weight.shape[0]):.2f}) "
+    f"| mean -log p of the next token {surprise.mean():.2f} nats"
+)
 print(f"largest |ours - TRL entropy_from_logits| {(entropy - entropy_from_logits(hidden @ weight.T)).abs().max():.1e}")
-entropy_kept = {name: saved_tensor_bytes(fn, hidden, weight) for name, fn in (
-    ("full", lambda h, w: token_entropy(h @ w.T)), ("chunked + recompute", lambda h, w: chunked_token_entropy(h, w, 64)))}
+entropy_kept = {
+    name: saved_tensor_bytes(fn, hidden, weight)
+    for name, fn in (
+        ("full", lambda h, w: token_entropy(h @ w.T)),
+        ("chunked + recompute", lambda h, w: chunked_token_entropy(h, w, 64)),
+    )
+}
 print("kept for backward: " + " | ".join(f"{name} {kept / 1e6:.2f} MB" for name, kept in entropy_kept.items()))
 
 # %% [markdown]
@@ -528,15 +612,19 @@ print("kept for backward: " + " | ".join(f"{name} {kept / 1e6:.2f} MB" for name,
 if torch.cuda.is_available():
     device, vocab, width = "cuda", QWEN3_VOCAB_SIZE, QWEN3_HIDDEN_SIZES["Qwen3-0.6B"]
     gpu_generator = torch.Generator(device=device).manual_seed(0)
-    gpu_weight = (torch.randn(vocab, width, device=device, dtype=torch.bfloat16, generator=gpu_generator)
-                  * 0.02).requires_grad_()
-    big_gpu = torch.cuda.get_device_properties(0).total_memory > 40e9                # 16k full logits need ~30 GB
-    gpu_methods = {"full logits": lambda h, w, i: selected_log_probs(h @ w.T, i),
-                   "chunked": lambda h, w, i: chunked_log_probs(h, w, i, 1024),
-                   "chunked + recompute": lambda h, w, i: checkpointed_log_probs(h, w, i, 1024)}
+    gpu_weight = (
+        torch.randn(vocab, width, device=device, dtype=torch.bfloat16, generator=gpu_generator) * 0.02
+    ).requires_grad_()
+    big_gpu = torch.cuda.get_device_properties(0).total_memory > 40e9  # 16k full logits need ~30 GB
+    gpu_methods = {
+        "full logits": lambda h, w, i: selected_log_probs(h @ w.T, i),
+        "chunked": lambda h, w, i: chunked_log_probs(h, w, i, 1024),
+        "chunked + recompute": lambda h, w, i: checkpointed_log_probs(h, w, i, 1024),
+    }
     for tokens in [4096, 16_384] if big_gpu else [4096]:
-        gpu_hidden = torch.randn(1, tokens, width, device=device, dtype=torch.bfloat16,
-                                 generator=gpu_generator).requires_grad_()
+        gpu_hidden = torch.randn(
+            1, tokens, width, device=device, dtype=torch.bfloat16, generator=gpu_generator
+        ).requires_grad_()
         gpu_ids = torch.randint(vocab, (1, tokens), device=device, generator=gpu_generator)
         peaks = {name: peak_cuda_memory(fn, gpu_hidden, gpu_weight, gpu_ids) / 1e9 for name, fn in gpu_methods.items()}
         print(f"T = {tokens:6d} | " + " | ".join(f"{name} {peak:4.1f} GB" for name, peak in peaks.items()))
@@ -562,8 +650,13 @@ from course_lib.lab.gpu.report import format_run
 from course_lib.lab.gpu.runner import run_workload
 
 RUN_MODE = "dry_run"  # "real_gpu": measure on a CUDA GPU (PT-SFT-CUDA preflight first) | "cpu_smoke": tiny head, CPU
-bench_path, bench_record = run_workload("logit-memory", RUN_MODE, time.strftime("chapter05-%Y%m%d-%H%M%S"),
-                                        results_dir=pathlib.Path("lab_results"), progress=RUN_MODE == "real_gpu")
+bench_path, bench_record = run_workload(
+    "logit-memory",
+    RUN_MODE,
+    time.strftime("chapter05-%Y%m%d-%H%M%S"),
+    results_dir=pathlib.Path("lab_results"),
+    progress=RUN_MODE == "real_gpu",
+)
 print(format_run(bench_path, bench_record))  # the file, the verdict, then the failure, every table, or the plan
 
 # %% [markdown]

@@ -52,20 +52,28 @@ from course_lib.tokenizer import corpus_files
 # %%
 tokenizer = load_course_tokenizer()
 text = pathlib.Path(corpus_files()[1]).read_text(encoding="utf-8")
-prompt = torch.tensor([tokenizer(text, verbose=False)["input_ids"][:32]])                    # [1, 32]
+prompt = torch.tensor([tokenizer(text, verbose=False)["input_ids"][:32]])  # [1, 32]
 model = tiny_qwen2(seed=0)
 seen_positions = []
 hook = model.model.embed_tokens.register_forward_hook(lambda module, args, out: seen_positions.append(args[0].shape[1]))
 generated, positions = {}, {}
 for use_cache in (False, True):
     seen_positions.clear()
-    generated[use_cache] = model.generate(prompt, max_new_tokens=96, min_new_tokens=96, do_sample=False,
-                                          use_cache=use_cache, pad_token_id=tokenizer.pad_token_id or 0)
-    print(f"KV cache {'on ' if use_cache else 'off'}: {len(seen_positions)} forward calls, "
-          f"{sum(seen_positions):5d} positions processed")
+    generated[use_cache] = model.generate(
+        prompt,
+        max_new_tokens=96,
+        min_new_tokens=96,
+        do_sample=False,
+        use_cache=use_cache,
+        pad_token_id=tokenizer.pad_token_id or 0,
+    )
+    print(
+        f"KV cache {'on ' if use_cache else 'off'}: {len(seen_positions)} forward calls, "
+        f"{sum(seen_positions):5d} positions processed"
+    )
     positions[use_cache] = sum(seen_positions)
 hook.remove()
-assert torch.equal(generated[False], generated[True])                                       # same tokens either way
+assert torch.equal(generated[False], generated[True])  # same tokens either way
 print(f"without the cache: {positions[False] / positions[True]:.1f}x the positions, for the same 96 tokens")
 
 # %% [markdown]
@@ -106,24 +114,35 @@ for _t_config, _t_shown in (("Qwen/Qwen3-8B", "'Qwen/Qwen3-8B'"), (hf_config("Qw
     _t_got = kv_bytes_per_token(_t_config)
     assert _t_got == 147_456, f"kv_bytes_per_token({_t_shown}) returned {_t_got!r}, expected 147456"
 _t_got = kv_bytes_per_token("Qwen3-0.6B")
-assert _t_got == 2 * 28 * 8 * 128 * 2, (                                               # head_dim 128, not 1024 / 16
+assert _t_got == 2 * 28 * 8 * 128 * 2, (  # head_dim 128, not 1024 / 16
     f"kv_bytes_per_token('Qwen3-0.6B') returned {_t_got!r}, expected 2 x 28 x 8 x 128 x 2 = 114688 (its head_dim "
-    f"field is 128, not hidden_size / heads = 64)")
+    f"field is 128, not hidden_size / heads = 64)"
+)
 _t_got = kv_bytes_per_token("Qwen2.5-0.5B", dtype_bytes=4)
-assert _t_got == 2 * 24 * 2 * (896 // 14) * 4, (                                       # no head_dim field
-    f"kv_bytes_per_token('Qwen2.5-0.5B', dtype_bytes=4) returned {_t_got!r}, expected 2 x 24 x 2 x 64 x 4 = 24576")
+assert _t_got == 2 * 24 * 2 * (896 // 14) * 4, (  # no head_dim field
+    f"kv_bytes_per_token('Qwen2.5-0.5B', dtype_bytes=4) returned {_t_got!r}, expected 2 x 24 x 2 x 64 x 4 = 24576"
+)
 assert type(_t_got) is int, (
     f"kv_bytes_per_token('Qwen2.5-0.5B', dtype_bytes=4) returned {type(_t_got).__name__} {_t_got!r}: it must be a Python "
-    f"int (bytes are whole numbers); a head width from hidden_size / heads is a float, use //")
-_t_config = {"num_hidden_layers": 4, "num_attention_heads": 8, "hidden_size": 512,
-             "num_key_value_heads": None, "head_dim": None}                            # None: the same as absent
+    f"int (bytes are whole numbers); a head width from hidden_size / heads is a float, use //"
+)
+_t_config = {
+    "num_hidden_layers": 4,
+    "num_attention_heads": 8,
+    "hidden_size": 512,
+    "num_key_value_heads": None,
+    "head_dim": None,
+}  # None: the same as absent
 try:
     _t_got = kv_bytes_per_token(_t_config)
 except ValueError as _t_error:
-    raise AssertionError(f"kv_bytes_per_token({_t_config}) raised {_t_error!r}; a field set to None counts as absent "
-                         f"(no GQA: num_attention_heads KV heads; head_dim = hidden_size // heads)") from _t_error
+    raise AssertionError(
+        f"kv_bytes_per_token({_t_config}) raised {_t_error!r}; a field set to None counts as absent "
+        f"(no GQA: num_attention_heads KV heads; head_dim = hidden_size // heads)"
+    ) from _t_error
 assert _t_got == 2 * 4 * 8 * 64 * 2, (
-    f"kv_bytes_per_token({_t_config}) returned {_t_got!r}, expected 2 x 4 x 8 x 64 x 2 = 8192")
+    f"kv_bytes_per_token({_t_config}) returned {_t_got!r}, expected 2 x 4 x 8 x 64 x 2 = 8192"
+)
 ### BEGIN HIDDEN TESTS
 import random
 
@@ -133,41 +152,77 @@ _t_rng = random.Random(6)
 _t_cases = []
 for _ in range(40):
     _t_heads = _t_rng.choice([1, 2, 4, 8, 12, 16, 32, 40, 64])
-    _t_config = {"num_hidden_layers": _t_rng.randint(1, 96), "num_attention_heads": _t_heads,
-                 "hidden_size": _t_heads * _t_rng.choice([32, 64, 80, 128])}
+    _t_config = {
+        "num_hidden_layers": _t_rng.randint(1, 96),
+        "num_attention_heads": _t_heads,
+        "hidden_size": _t_heads * _t_rng.choice([32, 64, 80, 128]),
+    }
     if _t_rng.random() < 0.7:
         _t_config["num_key_value_heads"] = _t_rng.choice([d for d in range(1, _t_heads + 1) if _t_heads % d == 0])
     if _t_rng.random() < 0.6:
         _t_config["head_dim"] = _t_rng.choice([64, 96, 128, 256])
     _t_cases.append(((_t_config,), {"dtype_bytes": _t_rng.choice([1, 2, 4])}))
-_t_cases += [(({"num_hidden_layers": 4, "num_attention_heads": 8, "hidden_size": 512,
-                "num_key_value_heads": None, "head_dim": None},), {})]
-_t_cases += [((name,), {"dtype_bytes": d}) for name in ("Qwen3-8B", "Qwen/Qwen3-0.6B", "Qwen2.5-0.5B", "tiny-qwen2")
-             for d in (1, 2, 4)]
-_t_cases += [((hf_config(name, **overrides),), {"dtype_bytes": 2})
-             for name, overrides in (("Qwen3-0.6B", {}), ("Qwen2.5-0.5B", {}), ("tiny-qwen2", {}),
-                                   ("tiny-qwen2", {"num_key_value_heads": 1}), ("Qwen3-8B", {"head_dim": 64}))]
+_t_cases += [
+    (
+        (
+            {
+                "num_hidden_layers": 4,
+                "num_attention_heads": 8,
+                "hidden_size": 512,
+                "num_key_value_heads": None,
+                "head_dim": None,
+            },
+        ),
+        {},
+    )
+]
+_t_cases += [
+    ((name,), {"dtype_bytes": d})
+    for name in ("Qwen3-8B", "Qwen/Qwen3-0.6B", "Qwen2.5-0.5B", "tiny-qwen2")
+    for d in (1, 2, 4)
+]
+_t_cases += [
+    ((hf_config(name, **overrides),), {"dtype_bytes": 2})
+    for name, overrides in (
+        ("Qwen3-0.6B", {}),
+        ("Qwen2.5-0.5B", {}),
+        ("tiny-qwen2", {}),
+        ("tiny-qwen2", {"num_key_value_heads": 1}),
+        ("Qwen3-8B", {"head_dim": 64}),
+    )
+]
 # hidden_size not a multiple of the head count: the head width is hidden_size // heads, an int (not 33.33...).
-_t_cases += [(({"num_hidden_layers": 2, "num_attention_heads": 3, "hidden_size": 100},), {}),
-             (({"num_hidden_layers": 5, "num_attention_heads": 12, "hidden_size": 1000, "num_key_value_heads": 4},), {}),
-             # 110 / 8 = 13.75 and 1000 / 24 = 41.67: floored to 13 and 41, not rounded to 14 and 42
-             (({"num_hidden_layers": 3, "num_attention_heads": 8, "hidden_size": 110},), {}),
-             (({"num_hidden_layers": 2, "num_attention_heads": 24, "hidden_size": 1000, "num_key_value_heads": 8},), {})]
+_t_cases += [
+    (({"num_hidden_layers": 2, "num_attention_heads": 3, "hidden_size": 100},), {}),
+    (({"num_hidden_layers": 5, "num_attention_heads": 12, "hidden_size": 1000, "num_key_value_heads": 4},), {}),
+    # 110 / 8 = 13.75 and 1000 / 24 = 41.67: floored to 13 and 41, not rounded to 14 and 42
+    (({"num_hidden_layers": 3, "num_attention_heads": 8, "hidden_size": 110},), {}),
+    (({"num_hidden_layers": 2, "num_attention_heads": 24, "hidden_size": 1000, "num_key_value_heads": 8},), {}),
+]
 grading.assert_matches_reference(kv_bytes_per_token, "kv_bytes_per_token", _t_cases)
-grading.assert_rejects(kv_bytes_per_token, "kv_bytes_per_token", [
-    (({"num_hidden_layers": 2, "num_attention_heads": 4},), {}),                             # no head_dim, no hidden_size
-    (({"num_attention_heads": 4, "head_dim": 16},), {}),                                     # no layers
-    (({"num_hidden_layers": 0, "num_attention_heads": 4, "head_dim": 16},), {}),
-    (({"num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 16, "num_key_value_heads": 0},), {}),
-    (({"num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 16.5},), {}),
-    (("Qwen3-8B",), {"dtype_bytes": 0}), (("Qwen3-8B",), {"dtype_bytes": 2.5}), (("Llama-7B",), {}),
-    (({"num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 0},), {}),
-    (({"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64, "head_dim": 0},), {}),  # 0 is no head width
-    (({"num_hidden_layers": 2, "num_attention_heads": 8, "hidden_size": 4},), {}),           # derives a head width of 0
-    (({"num_hidden_layers": True, "num_attention_heads": 4, "head_dim": 16},), {}),
-    (("Qwen3-8B",), {"dtype_bytes": True}),
-    (({"num_hidden_layers": -2, "num_attention_heads": 4, "head_dim": 16},), {}),
-])
+grading.assert_rejects(
+    kv_bytes_per_token,
+    "kv_bytes_per_token",
+    [
+        (({"num_hidden_layers": 2, "num_attention_heads": 4},), {}),  # no head_dim, no hidden_size
+        (({"num_attention_heads": 4, "head_dim": 16},), {}),  # no layers
+        (({"num_hidden_layers": 0, "num_attention_heads": 4, "head_dim": 16},), {}),
+        (({"num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 16, "num_key_value_heads": 0},), {}),
+        (({"num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 16.5},), {}),
+        (("Qwen3-8B",), {"dtype_bytes": 0}),
+        (("Qwen3-8B",), {"dtype_bytes": 2.5}),
+        (("Llama-7B",), {}),
+        (({"num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 0},), {}),
+        (
+            ({"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64, "head_dim": 0},),
+            {},
+        ),  # 0 is no head width
+        (({"num_hidden_layers": 2, "num_attention_heads": 8, "hidden_size": 4},), {}),  # derives a head width of 0
+        (({"num_hidden_layers": True, "num_attention_heads": 4, "head_dim": 16},), {}),
+        (("Qwen3-8B",), {"dtype_bytes": True}),
+        (({"num_hidden_layers": -2, "num_attention_heads": 4, "head_dim": 16},), {}),
+    ],
+)
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -181,18 +236,23 @@ grading.assert_rejects(kv_bytes_per_token, "kv_bytes_per_token", [
 # %%
 for name in ("Qwen2.5-0.5B", "Qwen3-0.6B", "Qwen3-8B"):
     config = hf_config(name)
-    print(f"{name:<13} {type(config).__name__}: layers {config.num_hidden_layers:2d}, KV heads "
-          f"{config.num_key_value_heads} of {config.num_attention_heads}, head_dim {getattr(config, 'head_dim', None)}, "
-          f"hidden {config.hidden_size:4d} -> {kv_bytes_per_token(config) / 1e3:6.1f} KB per token (bf16)")
+    print(
+        f"{name:<13} {type(config).__name__}: layers {config.num_hidden_layers:2d}, KV heads "
+        f"{config.num_key_value_heads} of {config.num_attention_heads}, head_dim {getattr(config, 'head_dim', None)}, "
+        f"hidden {config.hidden_size:4d} -> {kv_bytes_per_token(config) / 1e3:6.1f} KB per token (bf16)"
+    )
 
 context = 57
 with torch.no_grad():
     output = model(torch.randint(0, model.config.vocab_size, (1, context)), use_cache=True)
-cache = output["cache"] if "cache" in output else output.past_key_values                     # name differs by version
-cache_bytes = sum(tensor.numel() * tensor.element_size() for layer in cache.layers
-                  for tensor in (layer.keys, layer.values))
-print(f"{type(cache).__name__} after {context} tokens: {cache_bytes:,} bytes = {cache_bytes // context} per token; "
-      f"kv_bytes_per_token(model.config, dtype_bytes=4) = {kv_bytes_per_token(model.config, dtype_bytes=4)}")
+cache = output["cache"] if "cache" in output else output.past_key_values  # name differs by version
+cache_bytes = sum(
+    tensor.numel() * tensor.element_size() for layer in cache.layers for tensor in (layer.keys, layer.values)
+)
+print(
+    f"{type(cache).__name__} after {context} tokens: {cache_bytes:,} bytes = {cache_bytes // context} per token; "
+    f"kv_bytes_per_token(model.config, dtype_bytes=4) = {kv_bytes_per_token(model.config, dtype_bytes=4)}"
+)
 assert cache_bytes == context * kv_bytes_per_token(model.config, dtype_bytes=4)
 
 # %% [markdown]
@@ -202,11 +262,13 @@ assert cache_bytes == context * kv_bytes_per_token(model.config, dtype_bytes=4)
 # What does that mean at scale? A decode batch holds one cache per sequence:
 
 # %%
-N_QWEN3_8B = 8.2e9                                                   # parameters of Qwen3-8B, as in seed 003
-KV_QWEN3_8B = 36 * 8 * 128 * 2 * 2     # layers x KV heads x head_dim x (keys, values) x bf16 bytes: seed 003's 147 KB
+N_QWEN3_8B = 8.2e9  # parameters of Qwen3-8B, as in seed 003
+KV_QWEN3_8B = 36 * 8 * 128 * 2 * 2  # layers x KV heads x head_dim x (keys, values) x bf16 bytes: seed 003's 147 KB
 for batch, context in [(1, 16_384), (64, 2048), (64, 16_384)]:
-    print(f"batch {batch:2d} x {context:6,d} tokens of context: KV cache {batch * context * KV_QWEN3_8B / 1e9:6.1f} GB "
-          f"(bf16 weights: {2 * N_QWEN3_8B / 1e9:.1f} GB)")
+    print(
+        f"batch {batch:2d} x {context:6,d} tokens of context: KV cache {batch * context * KV_QWEN3_8B / 1e9:6.1f} GB "
+        f"(bf16 weights: {2 * N_QWEN3_8B / 1e9:.1f} GB)"
+    )
 assert kv_bytes_per_token(hf_config("Qwen3-8B")) == KV_QWEN3_8B, "your TODO 1 disagrees with the hand count"
 
 # %% [markdown]
@@ -247,12 +309,14 @@ print({key: H200[key] for key in ("memory_bandwidth", "dense_flops", "flops_dtyp
 _t_rates = [decode_tokens_per_s(8.2e9, b, c, 147_456, 4.8e12) for b, c in [(64, 2048), (64, 16_384), (256, 16_384)]]
 assert [round(rate) for rate in _t_rates] == [8598, 1796, 1935], (
     f"decode_tokens_per_s(8.2e9, batch, context, 147_456, 4.8e12) for (batch, context) = (64, 2048), (64, 16384), "
-    f"(256, 16384) returned {[round(rate) for rate in _t_rates]} (rounded), expected [8598, 1796, 1935]")
+    f"(256, 16384) returned {[round(rate) for rate in _t_rates]} (rounded), expected [8598, 1796, 1935]"
+)
 assert isinstance(_t_rates[0], float), f"decode_tokens_per_s must return a float, got {type(_t_rates[0]).__name__}"
-_t_rate = decode_tokens_per_s(8.2e9, 64, 2048, 147_456, 4.8e12, weight_bytes_per_param=1)    # 8-bit weights
+_t_rate = decode_tokens_per_s(8.2e9, 64, 2048, 147_456, 4.8e12, weight_bytes_per_param=1)  # 8-bit weights
 assert round(_t_rate) == 11160, (
     f"decode_tokens_per_s(8.2e9, 64, 2048, 147_456, 4.8e12, weight_bytes_per_param=1) returned {_t_rate:.0f}, "
-    f"expected 11160: the weights take weight_bytes_per_param x N bytes")
+    f"expected 11160: the weights take weight_bytes_per_param x N bytes"
+)
 ### BEGIN HIDDEN TESTS
 import random
 
@@ -263,23 +327,41 @@ _t_bandwidths = [load_hardware(name)["memory_bandwidth"] for name in ("H200", "H
 _t_cases = []
 for _ in range(60):
     _t_kwargs = {"weight_bytes_per_param": _t_rng.choice([0.5, 1, 2.0, 4])} if _t_rng.random() < 0.5 else {}
-    _t_cases.append(((10 ** _t_rng.uniform(8, 11), _t_rng.randint(1, 512), _t_rng.randint(1, 131_072),
-                      _t_rng.choice([12_288, 114_688, 147_456, _t_rng.uniform(1e3, 5e5)]), _t_rng.choice(_t_bandwidths)),
-                   _t_kwargs))
+    _t_cases.append(
+        (
+            (
+                10 ** _t_rng.uniform(8, 11),
+                _t_rng.randint(1, 512),
+                _t_rng.randint(1, 131_072),
+                _t_rng.choice([12_288, 114_688, 147_456, _t_rng.uniform(1e3, 5e5)]),
+                _t_rng.choice(_t_bandwidths),
+            ),
+            _t_kwargs,
+        )
+    )
 _t_cases += [((8.2e9, 1, 1, 147_456, 4.8e12), {}), ((5e8, 1024, 1, 12_288, 3e11), {"weight_bytes_per_param": 1})]
 grading.assert_matches_reference(decode_tokens_per_s, "decode_tokens_per_s", _t_cases)
-grading.assert_rejects(decode_tokens_per_s, "decode_tokens_per_s", [
-    ((0, 64, 2048, 147_456, 4.8e12), {}), ((8.2e9, 0, 2048, 147_456, 4.8e12), {}),
-    ((8.2e9, 64, 2048.5, 147_456, 4.8e12), {}), ((8.2e9, 64, 2048, 0, 4.8e12), {}),
-    ((8.2e9, 64, 2048, 147_456, -1.0), {}), ((8.2e9, 64, 2048, 147_456, float("nan")), {}),
-    ((8.2e9, 64, 2048, 147_456, 0.0), {}),                                   # no bandwidth: > 0, not >= 0
-    ((8.2e9, 64, 2048, 147_456, 4.8e12), {"weight_bytes_per_param": 0}),
-    ((float("nan"), 64, 2048, 147_456, 4.8e12), {}), ((8.2e9, 64, 2048, float("inf"), 4.8e12), {}),
-    ((8.2e9, 64, 2048, 147_456, float("inf")), {}), ((8.2e9, 64.0, 2048, 147_456, 4.8e12), {}),
-    ((8.2e9, True, 2048, 147_456, 4.8e12), {}),
-    ((8.2e9, 64, 2048, 147_456, 4.8e12), {"weight_bytes_per_param": float("nan")}),
-    ((8.2e9, 64, 2048, 147_456, 4.8e12), {"weight_bytes_per_param": float("inf")}),
-])
+grading.assert_rejects(
+    decode_tokens_per_s,
+    "decode_tokens_per_s",
+    [
+        ((0, 64, 2048, 147_456, 4.8e12), {}),
+        ((8.2e9, 0, 2048, 147_456, 4.8e12), {}),
+        ((8.2e9, 64, 2048.5, 147_456, 4.8e12), {}),
+        ((8.2e9, 64, 2048, 0, 4.8e12), {}),
+        ((8.2e9, 64, 2048, 147_456, -1.0), {}),
+        ((8.2e9, 64, 2048, 147_456, float("nan")), {}),
+        ((8.2e9, 64, 2048, 147_456, 0.0), {}),  # no bandwidth: > 0, not >= 0
+        ((8.2e9, 64, 2048, 147_456, 4.8e12), {"weight_bytes_per_param": 0}),
+        ((float("nan"), 64, 2048, 147_456, 4.8e12), {}),
+        ((8.2e9, 64, 2048, float("inf"), 4.8e12), {}),
+        ((8.2e9, 64, 2048, 147_456, float("inf")), {}),
+        ((8.2e9, 64.0, 2048, 147_456, 4.8e12), {}),
+        ((8.2e9, True, 2048, 147_456, 4.8e12), {}),
+        ((8.2e9, 64, 2048, 147_456, 4.8e12), {"weight_bytes_per_param": float("nan")}),
+        ((8.2e9, 64, 2048, 147_456, 4.8e12), {"weight_bytes_per_param": float("inf")}),
+    ],
+)
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -290,7 +372,9 @@ grading.assert_rejects(decode_tokens_per_s, "decode_tokens_per_s", [
 for batch, context in [(64, 2048), (64, 16_384), (256, 16_384)]:
     rate = decode_tokens_per_s(N_QWEN3_8B, batch, context, KV_QWEN3_8B, H200["memory_bandwidth"])
     kv_share = batch * context * KV_QWEN3_8B / (batch * context * KV_QWEN3_8B + 2 * N_QWEN3_8B)
-    print(f"decode, batch {batch:3d}, context {context:6d}: {rate:7.0f} tokens/s per GPU (KV share of bytes read {kv_share:.0%})")
+    print(
+        f"decode, batch {batch:3d}, context {context:6d}: {rate:7.0f} tokens/s per GPU (KV share of bytes read {kv_share:.0%})"
+    )
 TRAIN_RATE = train_tokens_per_s(N_QWEN3_8B, H200["dense_flops"], 0.4)
 print(f"training (6N FLOPs per token, MFU 0.4):       {TRAIN_RATE:7.0f} tokens/s per GPU")
 
@@ -300,7 +384,7 @@ print(f"training (6N FLOPs per token, MFU 0.4):       {TRAIN_RATE:7.0f} tokens/s
 # sequence brings its own cache to read. The figure sweeps context and batch.
 
 # %%
-contexts = [2**k for k in range(9, 18)]                                          # 512 ... 131,072 tokens
+contexts = [2**k for k in range(9, 18)]  # 512 ... 131,072 tokens
 fig, ax = plt.subplots(figsize=(7, 3.8))
 for batch, color in ((8, "#8172B3"), (64, "#4C72B0"), (256, "#55A868"), (1024, "#C44E52")):
     rates = [decode_tokens_per_s(N_QWEN3_8B, batch, c, KV_QWEN3_8B, H200["memory_bandwidth"]) for c in contexts]
@@ -353,14 +437,17 @@ _t_decode_rate = 64 / ((2 * 8.2e9 + 64 * 16_384 * 147_456) / 4.8e12)
 _t_parts = gpu_hours_per_step(8.2e9, 512, 24_000, 6_000, _t_decode_rate, 989e12, 0.4, 0.5)
 _t_shown = f"gpu_hours_per_step(8.2e9, 512, 24_000, 6_000, {_t_decode_rate:.1f}, 989e12, 0.4, 0.5)"
 assert sorted(_t_parts) == ["decode", "old_logp", "prefill", "total", "train"], (
-    f"{_t_shown} returned the keys {sorted(_t_parts)}, expected ['decode', 'old_logp', 'prefill', 'total', 'train']")
+    f"{_t_shown} returned the keys {sorted(_t_parts)}, expected ['decode', 'old_logp', 'prefill', 'total', 'train']"
+)
 _t_rounded = {key: round(value, 2) for key, value in _t_parts.items()}
 assert _t_rounded == {"train": 0.42, "old_logp": 0.14, "prefill": 0.11, "decode": 0.95, "total": 1.62}, (
     f"{_t_shown} returned (rounded) {_t_rounded}, expected "
-    f"{{'train': 0.42, 'old_logp': 0.14, 'prefill': 0.11, 'decode': 0.95, 'total': 1.62}}")
+    f"{{'train': 0.42, 'old_logp': 0.14, 'prefill': 0.11, 'decode': 0.95, 'total': 1.62}}"
+)
 assert f"{300 * _t_parts['total']:,.0f}" == "487" and f"{_t_parts['decode'] / _t_parts['total']:.0%}" == "59%", (
     f"{_t_shown}: 300 steps take {300 * _t_parts['total']:,.0f} GPU-hours, decode share "
-    f"{_t_parts['decode'] / _t_parts['total']:.0%}; expected 487 and 59%")
+    f"{_t_parts['decode'] / _t_parts['total']:.0%}; expected 487 and 59%"
+)
 ### BEGIN HIDDEN TESTS
 import random
 
@@ -370,43 +457,78 @@ _t_rng = random.Random(8)
 _t_cases = []
 for _ in range(60):
     _t_total = _t_rng.choice([_t_rng.randint(100, 200_000), _t_rng.uniform(100, 2e5)])
-    _t_cases.append(((10 ** _t_rng.uniform(8, 11), _t_rng.randint(1, 4096), _t_total, _t_rng.uniform(1, _t_total),
-                      10 ** _t_rng.uniform(1, 5), _t_rng.choice([989e12, 312e12, 121e12, 65e12]),
-                      _t_rng.uniform(0.05, 1.0), _t_rng.uniform(0.05, 1.0)), {}))
-_t_cases += [((8.2e9, 512, 24_000, 24_000, 1796.0, 989e12, 1.0, 1.0), {}),              # all tokens sampled
-             ((8.2e9, 1, 24_000, 1, 1796.0, 989e12, 0.4, 0.25), {})]
+    _t_cases.append(
+        (
+            (
+                10 ** _t_rng.uniform(8, 11),
+                _t_rng.randint(1, 4096),
+                _t_total,
+                _t_rng.uniform(1, _t_total),
+                10 ** _t_rng.uniform(1, 5),
+                _t_rng.choice([989e12, 312e12, 121e12, 65e12]),
+                _t_rng.uniform(0.05, 1.0),
+                _t_rng.uniform(0.05, 1.0),
+            ),
+            {},
+        )
+    )
+_t_cases += [
+    ((8.2e9, 512, 24_000, 24_000, 1796.0, 989e12, 1.0, 1.0), {}),  # all tokens sampled
+    ((8.2e9, 1, 24_000, 1, 1796.0, 989e12, 0.4, 0.25), {}),
+]
 grading.assert_matches_reference(gpu_hours_per_step, "gpu_hours_per_step", _t_cases)
 _t_ok = (8.2e9, 512, 24_000, 6_000, 1796.0, 989e12, 0.4, 0.5)
-grading.assert_rejects(gpu_hours_per_step, "gpu_hours_per_step", [
-    (_t_ok[:7] + (0,), {}), (_t_ok[:7] + (1.5,), {}), (_t_ok[:6] + (0.0, 0.5), {}), (_t_ok[:6] + (1.2, 0.5), {}),
-    ((8.2e9, 512, 6_000, 24_000) + _t_ok[4:], {}), ((8.2e9, 0) + _t_ok[2:], {}), ((8.2e9, 2.5) + _t_ok[2:], {}),
-    (_t_ok[:4] + (float("nan"),) + _t_ok[5:], {}), ((-1.0,) + _t_ok[1:], {}), ((8.2e9, 512, 0, 0) + _t_ok[4:], {}),
-    ((0.0,) + _t_ok[1:], {}),                                                                     # no parameters
-    (_t_ok[:5] + (0,) + _t_ok[6:], {}),
-    (_t_ok[:3] + (0,) + _t_ok[4:], {}),                                                           # no policy tokens
-    (_t_ok[:4] + (-5.0,) + _t_ok[5:], {}), (_t_ok[:4] + (0.0,) + _t_ok[5:], {}),                      # decode rate <= 0
-    (_t_ok[:5] + (float("inf"),) + _t_ok[6:], {}), (_t_ok[:4] + (float("inf"),) + _t_ok[5:], {}),
-    ((8.2e9, True) + _t_ok[2:], {}), ((float("nan"),) + _t_ok[1:], {}), ((float("inf"),) + _t_ok[1:], {}),
-    ((8.2e9, 512.0) + _t_ok[2:], {}),                                                            # a float is no count
-    (_t_ok[:2] + (float("inf"),) + _t_ok[3:], {}),
-])
+grading.assert_rejects(
+    gpu_hours_per_step,
+    "gpu_hours_per_step",
+    [
+        (_t_ok[:7] + (0,), {}),
+        (_t_ok[:7] + (1.5,), {}),
+        (_t_ok[:6] + (0.0, 0.5), {}),
+        (_t_ok[:6] + (1.2, 0.5), {}),
+        ((8.2e9, 512, 6_000, 24_000) + _t_ok[4:], {}),
+        ((8.2e9, 0) + _t_ok[2:], {}),
+        ((8.2e9, 2.5) + _t_ok[2:], {}),
+        (_t_ok[:4] + (float("nan"),) + _t_ok[5:], {}),
+        ((-1.0,) + _t_ok[1:], {}),
+        ((8.2e9, 512, 0, 0) + _t_ok[4:], {}),
+        ((0.0,) + _t_ok[1:], {}),  # no parameters
+        (_t_ok[:5] + (0,) + _t_ok[6:], {}),
+        (_t_ok[:3] + (0,) + _t_ok[4:], {}),  # no policy tokens
+        (_t_ok[:4] + (-5.0,) + _t_ok[5:], {}),
+        (_t_ok[:4] + (0.0,) + _t_ok[5:], {}),  # decode rate <= 0
+        (_t_ok[:5] + (float("inf"),) + _t_ok[6:], {}),
+        (_t_ok[:4] + (float("inf"),) + _t_ok[5:], {}),
+        ((8.2e9, True) + _t_ok[2:], {}),
+        ((float("nan"),) + _t_ok[1:], {}),
+        ((float("inf"),) + _t_ok[1:], {}),
+        ((8.2e9, 512.0) + _t_ok[2:], {}),  # a float is no count
+        (_t_ok[:2] + (float("inf"),) + _t_ok[3:], {}),
+    ],
+)
 ### END HIDDEN TESTS
 
 # %% [markdown]
 # The seed's estimate for a hypothetical Qwen3-8B agent RL run (every input an assumption, marked as such):
 
 # %%
-EPISODES, TOTAL_TOKENS, POLICY_TOKENS, CONTEXT = 512, 24_000, 6_000, 16_384    # per step: assumed episode shape
-STEPS, BUSY, MFU = 300, 0.5, 0.4                                                 # assumed run length, busy share, MFU
+EPISODES, TOTAL_TOKENS, POLICY_TOKENS, CONTEXT = 512, 24_000, 6_000, 16_384  # per step: assumed episode shape
+STEPS, BUSY, MFU = 300, 0.5, 0.4  # assumed run length, busy share, MFU
 decode_rate = decode_tokens_per_s(N_QWEN3_8B, 64, CONTEXT, KV_QWEN3_8B, H200["memory_bandwidth"])
-parts = gpu_hours_per_step(N_QWEN3_8B, EPISODES, TOTAL_TOKENS, POLICY_TOKENS, decode_rate, H200["dense_flops"],
-                           MFU, BUSY)
-print(" | ".join(f"{key} {value:5.2f}" for key, value in parts.items() if key != "total"),
-      f"| GPU-hours per step {parts['total']:.2f}")
-print(f"{STEPS} steps: {STEPS * parts['total']:,.0f} GPU-hours; decode share {parts['decode'] / parts['total']:.0%}"
-      f" (policy tokens are {POLICY_TOKENS / TOTAL_TOKENS:.0%} of all tokens)")
-quarter_busy = gpu_hours_per_step(N_QWEN3_8B, EPISODES, TOTAL_TOKENS, POLICY_TOKENS, decode_rate,
-                                  H200["dense_flops"], MFU, 0.25)
+parts = gpu_hours_per_step(
+    N_QWEN3_8B, EPISODES, TOTAL_TOKENS, POLICY_TOKENS, decode_rate, H200["dense_flops"], MFU, BUSY
+)
+print(
+    " | ".join(f"{key} {value:5.2f}" for key, value in parts.items() if key != "total"),
+    f"| GPU-hours per step {parts['total']:.2f}",
+)
+print(
+    f"{STEPS} steps: {STEPS * parts['total']:,.0f} GPU-hours; decode share {parts['decode'] / parts['total']:.0%}"
+    f" (policy tokens are {POLICY_TOKENS / TOTAL_TOKENS:.0%} of all tokens)"
+)
+quarter_busy = gpu_hours_per_step(
+    N_QWEN3_8B, EPISODES, TOTAL_TOKENS, POLICY_TOKENS, decode_rate, H200["dense_flops"], MFU, 0.25
+)
 print(f"busy 0.25 instead of 0.5: {quarter_busy['total'] - parts['total']:+.2f} GPU-hours per step")
 
 # %% [markdown]

@@ -97,29 +97,51 @@ print(f"simulated: {draws.all(dim=1).float().mean():.3f} of groups at p = 0.9 ar
 # %%
 tokenizer = load_course_tokenizer()
 rng = np.random.default_rng(0)
-words = ("packing", "window", "supervision", "template", "token", "budget", "attention", "boundary", "loss",
-         "gradient", "context", "answer", "prompt", "sample", "memory", "throughput")
+words = (
+    "packing",
+    "window",
+    "supervision",
+    "template",
+    "token",
+    "budget",
+    "attention",
+    "boundary",
+    "loss",
+    "gradient",
+    "context",
+    "answer",
+    "prompt",
+    "sample",
+    "memory",
+    "throughput",
+)
 
 
 def synthetic_chat(answer_words: int) -> list[dict[str, str]]:
-    return [{"role": "user", "content": "Explain " + " ".join(rng.choice(words, size=6)) + "."},
-            {"role": "assistant", "content": " ".join(rng.choice(words, size=answer_words)) + "."}]
+    return [
+        {"role": "user", "content": "Explain " + " ".join(rng.choice(words, size=6)) + "."},
+        {"role": "assistant", "content": " ".join(rng.choice(words, size=answer_words)) + "."},
+    ]
 
 
 chats = [synthetic_chat(int(n)) for n in np.clip(rng.lognormal(4.5, 0.9, 200), 4, 1500)]
 ledgers = [measure_sample(tokenizer, chat) for chat in chats]
 template_tokens = ledgers[0]["template_tokens"]
 assert all(row["template_tokens"] == template_tokens for row in ledgers)  # one template, single-turn chats
-rows = [{"name": f"chat-{i}", "prompt_tokens": row["prompt_tokens"], "supervised_tokens": row["supervised_tokens"]}
-        for i, row in enumerate(ledgers)]
+rows = [
+    {"name": f"chat-{i}", "prompt_tokens": row["prompt_tokens"], "supervised_tokens": row["supervised_tokens"]}
+    for i, row in enumerate(ledgers)
+]
 SAMPLES_PER_STEP = 16
 tokens_per_step = {}
 for window in (256, 512):
     plan = audit_context_fit(rows, window, template_tokens)
     kept = [record["kept_supervised_tokens"] for record in plan["records"] if record["decision"] != "overflow"]
     tokens_per_step[window] = SAMPLES_PER_STEP * float(np.mean(kept))
-    print(f"window {window}: {len(kept)} of {len(rows)} samples admitted, "
-          f"{tokens_per_step[window]:,.0f} supervised tokens per step of {SAMPLES_PER_STEP} samples")
+    print(
+        f"window {window}: {len(kept)} of {len(rows)} samples admitted, "
+        f"{tokens_per_step[window]:,.0f} supervised tokens per step of {SAMPLES_PER_STEP} samples"
+    )
 print(f"the candidate trains on {tokens_per_step[512] / tokens_per_step[256]:.2f}x the baseline's supervision per step")
 
 # %% [markdown]
@@ -185,50 +207,79 @@ print("broken candidate: ", stability_evidence(model))
 # %% nbgrader={"grade": true, "solution": false, "grade_id": "test_evaluate_length_curriculum_stage", "locked": true, "points": 4, "schema_version": 3}
 # Seed 000's three candidates against one short-window baseline.
 baseline = {"long_context_score": 0.56, "short_context_score": 0.82, "supervised_tokens_per_optimizer_step": 8192}
-limits = {"min_long_context_gain": 0.04, "max_short_context_regression": 0.02, "max_failed_runs": 0,
-          "max_peak_memory_gb": 10.5, "max_cost_per_supervised_token": 1.4}
-accepted_run = {"long_context_score": 0.63, "short_context_score": 0.81, "supervised_tokens_per_optimizer_step": 8192,
-                "loss_finite": True, "gradients_finite": True, "failed_runs": 0, "peak_memory_gb": 9.8,
-                "cost_per_supervised_token": 1.25}
+limits = {
+    "min_long_context_gain": 0.04,
+    "max_short_context_regression": 0.02,
+    "max_failed_runs": 0,
+    "max_peak_memory_gb": 10.5,
+    "max_cost_per_supervised_token": 1.4,
+}
+accepted_run = {
+    "long_context_score": 0.63,
+    "short_context_score": 0.81,
+    "supervised_tokens_per_optimizer_step": 8192,
+    "loss_finite": True,
+    "gradients_finite": True,
+    "failed_runs": 0,
+    "peak_memory_gb": 9.8,
+    "cost_per_supervised_token": 1.25,
+}
 accepted = evaluate_length_curriculum_stage(baseline, accepted_run, limits)
 assert set(accepted) == {"decision", "failed_gates", "evidence"}, (
-    f"expected a dict with the keys decision, failed_gates, evidence, got {accepted!r}")
+    f"expected a dict with the keys decision, failed_gates, evidence, got {accepted!r}"
+)
 assert (accepted["decision"], accepted["failed_gates"]) == ("advance", []), (
     f"evaluate_length_curriculum_stage(baseline, accepted_run, limits): expected ('advance', []), "
-    f"got ({accepted['decision']!r}, {accepted['failed_gates']})")
+    f"got ({accepted['decision']!r}, {accepted['failed_gates']})"
+)
 evidence = accepted["evidence"]
 assert set(evidence) == {"token_budget_matches", "long_context_gain", "short_context_regression"}, (
-    f"evidence: expected keys token_budget_matches, long_context_gain, short_context_regression, "
-    f"got {sorted(evidence)}")
+    f"evidence: expected keys token_budget_matches, long_context_gain, short_context_regression, got {sorted(evidence)}"
+)
 assert evidence["token_budget_matches"] is True, (
     f"both budgets are 8192: evidence['token_budget_matches'] should be the bool True, got "
-    f"{evidence['token_budget_matches']!r}")
+    f"{evidence['token_budget_matches']!r}"
+)
 assert abs(evidence["long_context_gain"] - 0.07) < 1e-9, (
-    f"long_context_gain should be 0.63 - 0.56 = 0.07, got {evidence['long_context_gain']!r}")
+    f"long_context_gain should be 0.63 - 0.56 = 0.07, got {evidence['long_context_gain']!r}"
+)
 assert abs(evidence["short_context_regression"] - 0.01) < 1e-9, (
-    f"short_context_regression should be 0.82 - 0.81 = 0.01, got {evidence['short_context_regression']!r}")
-rejected = evaluate_length_curriculum_stage(baseline, {**accepted_run, "long_context_score": 0.64,
-                                                       "short_context_score": 0.77,
-                                                       "supervised_tokens_per_optimizer_step": 4096,
-                                                       "peak_memory_gb": 11.2, "cost_per_supervised_token": 1.3},
-                                            limits)
+    f"short_context_regression should be 0.82 - 0.81 = 0.01, got {evidence['short_context_regression']!r}"
+)
+rejected = evaluate_length_curriculum_stage(
+    baseline,
+    {
+        **accepted_run,
+        "long_context_score": 0.64,
+        "short_context_score": 0.77,
+        "supervised_tokens_per_optimizer_step": 4096,
+        "peak_memory_gb": 11.2,
+        "cost_per_supervised_token": 1.3,
+    },
+    limits,
+)
 want = ("hold", ["token_budget_mismatch", "short_context_regression", "peak_memory_budget"])
 assert (rejected["decision"], rejected["failed_gates"]) == want, (
     f"seed 000's rejected candidate (budget 4096, short score 0.77, peak 11.2 GB): expected {want}, "
-    f"got ({rejected['decision']!r}, {rejected['failed_gates']})")
-nonfinite = evaluate_length_curriculum_stage(baseline, {**accepted_run, "loss_finite": False,
-                                                        "gradients_finite": False, "failed_runs": 1}, limits)
+    f"got ({rejected['decision']!r}, {rejected['failed_gates']})"
+)
+nonfinite = evaluate_length_curriculum_stage(
+    baseline, {**accepted_run, "loss_finite": False, "gradients_finite": False, "failed_runs": 1}, limits
+)
 want = ("hold", ["nonfinite_loss", "nonfinite_gradients", "failed_runs"])
 assert (nonfinite["decision"], nonfinite["failed_gates"]) == want, (
     f"loss_finite=False, gradients_finite=False, failed_runs=1: expected {want}, "
-    f"got ({nonfinite['decision']!r}, {nonfinite['failed_gates']})")
+    f"got ({nonfinite['decision']!r}, {nonfinite['failed_gates']})"
+)
 # A flag read back from a log as 1 or "true" is not the bool True: its gate fails (no ValueError).
-unchecked = evaluate_length_curriculum_stage(baseline, {**accepted_run, "loss_finite": 1,
-                                                        "gradients_finite": "true"}, limits)
+unchecked = evaluate_length_curriculum_stage(
+    baseline, {**accepted_run, "loss_finite": 1, "gradients_finite": "true"}, limits
+)
 want = ("hold", ["nonfinite_loss", "nonfinite_gradients"])
 assert (unchecked["decision"], unchecked["failed_gates"]) == want, (
     f"loss_finite=1, gradients_finite='true': a flag that is not the bool True fails its gate, expected {want}, "
-    f"got ({unchecked['decision']!r}, {unchecked['failed_gates']})")
+    f"got ({unchecked['decision']!r}, {unchecked['failed_gates']})"
+)
 ### BEGIN HIDDEN TESTS
 import random
 
@@ -236,70 +287,137 @@ from course_lib import grading
 
 _t_rng = random.Random(7)
 _t_grid = [k / 16 for k in range(17)]  # dyadic scores: a difference that equals a limit is exact
-_t_cases = [((baseline, accepted_run, limits), {}), ((baseline, {**accepted_run, "loss_finite": 1}, limits), {}),
-            ((baseline, {**accepted_run, "gradients_finite": "true"}, limits), {}),
-            ((baseline, {**accepted_run, "gradients_finite": 1}, limits), {}),
-            ((baseline, {**accepted_run, "loss_finite": "true"}, limits), {}),
-            # a budget read at run time (from a log, a config): equal to 8192, but not the same object as the literal
-            ((baseline, {**accepted_run, "supervised_tokens_per_optimizer_step": int("8192")}, limits), {})]
+_t_cases = [
+    ((baseline, accepted_run, limits), {}),
+    ((baseline, {**accepted_run, "loss_finite": 1}, limits), {}),
+    ((baseline, {**accepted_run, "gradients_finite": "true"}, limits), {}),
+    ((baseline, {**accepted_run, "gradients_finite": 1}, limits), {}),
+    ((baseline, {**accepted_run, "loss_finite": "true"}, limits), {}),
+    # a budget read at run time (from a log, a config): equal to 8192, but not the same object as the literal
+    ((baseline, {**accepted_run, "supervised_tokens_per_optimizer_step": int("8192")}, limits), {}),
+]
 for _ in range(150):
-    _t_base = {"long_context_score": _t_rng.choice(_t_grid), "short_context_score": _t_rng.choice(_t_grid),
-               "supervised_tokens_per_optimizer_step": 8192}
-    _t_cand = {"long_context_score": _t_rng.choice(_t_grid), "short_context_score": _t_rng.choice(_t_grid),
-               "supervised_tokens_per_optimizer_step": _t_rng.choice([8192, 8192, 8192, 4096, 8193]),
-               "loss_finite": _t_rng.choice([True, True, True, False]),
-               "gradients_finite": _t_rng.choice([True, True, True, False]),
-               "failed_runs": _t_rng.choice([0, 0, 1, 2, 3]), "peak_memory_gb": _t_rng.choice([9.5, 10.0, 10.5, 11.0]),
-               "cost_per_supervised_token": _t_rng.choice([1.0, 1.25, 1.5, 1.75])}
-    _t_lim = {"min_long_context_gain": _t_rng.choice([-0.25, 0.0, 0.0625, 0.125, 0.25]),
-              "max_short_context_regression": _t_rng.choice([0.0, 0.0625, 0.125]),
-              "max_failed_runs": _t_rng.choice([0, 1, 2]), "max_peak_memory_gb": _t_rng.choice([10.0, 10.5]),
-              "max_cost_per_supervised_token": _t_rng.choice([1.25, 1.5])}
+    _t_base = {
+        "long_context_score": _t_rng.choice(_t_grid),
+        "short_context_score": _t_rng.choice(_t_grid),
+        "supervised_tokens_per_optimizer_step": 8192,
+    }
+    _t_cand = {
+        "long_context_score": _t_rng.choice(_t_grid),
+        "short_context_score": _t_rng.choice(_t_grid),
+        "supervised_tokens_per_optimizer_step": _t_rng.choice([8192, 8192, 8192, 4096, 8193]),
+        "loss_finite": _t_rng.choice([True, True, True, False]),
+        "gradients_finite": _t_rng.choice([True, True, True, False]),
+        "failed_runs": _t_rng.choice([0, 0, 1, 2, 3]),
+        "peak_memory_gb": _t_rng.choice([9.5, 10.0, 10.5, 11.0]),
+        "cost_per_supervised_token": _t_rng.choice([1.0, 1.25, 1.5, 1.75]),
+    }
+    _t_lim = {
+        "min_long_context_gain": _t_rng.choice([-0.25, 0.0, 0.0625, 0.125, 0.25]),
+        "max_short_context_regression": _t_rng.choice([0.0, 0.0625, 0.125]),
+        "max_failed_runs": _t_rng.choice([0, 1, 2]),
+        "max_peak_memory_gb": _t_rng.choice([10.0, 10.5]),
+        "max_cost_per_supervised_token": _t_rng.choice([1.25, 1.5]),
+    }
     _t_cases.append(((_t_base, _t_cand, _t_lim), {}))
 # Every value exactly at its limit passes; one step past it fails.
 _t_edge_base = {"long_context_score": 0.5, "short_context_score": 0.75, "supervised_tokens_per_optimizer_step": 4096}
-_t_edge = {"long_context_score": 0.625, "short_context_score": 0.6875, "supervised_tokens_per_optimizer_step": 4096,
-           "loss_finite": True, "gradients_finite": True, "failed_runs": 2, "peak_memory_gb": 10.5,
-           "cost_per_supervised_token": 1.5}
-_t_edge_limits = {"min_long_context_gain": 0.125, "max_short_context_regression": 0.0625, "max_failed_runs": 2,
-                  "max_peak_memory_gb": 10.5, "max_cost_per_supervised_token": 1.5}
+_t_edge = {
+    "long_context_score": 0.625,
+    "short_context_score": 0.6875,
+    "supervised_tokens_per_optimizer_step": 4096,
+    "loss_finite": True,
+    "gradients_finite": True,
+    "failed_runs": 2,
+    "peak_memory_gb": 10.5,
+    "cost_per_supervised_token": 1.5,
+}
+_t_edge_limits = {
+    "min_long_context_gain": 0.125,
+    "max_short_context_regression": 0.0625,
+    "max_failed_runs": 2,
+    "max_peak_memory_gb": 10.5,
+    "max_cost_per_supervised_token": 1.5,
+}
 _t_cases.append(((_t_edge_base, _t_edge, _t_edge_limits), {}))
-for _t_key, _t_value in (("long_context_score", 0.5625), ("short_context_score", 0.625), ("failed_runs", 3),
-                         ("peak_memory_gb", 10.75), ("cost_per_supervised_token", 1.75)):
+for _t_key, _t_value in (
+    ("long_context_score", 0.5625),
+    ("short_context_score", 0.625),
+    ("failed_runs", 3),
+    ("peak_memory_gb", 10.75),
+    ("cost_per_supervised_token", 1.75),
+):
     _t_cases.append(((_t_edge_base, {**_t_edge, _t_key: _t_value}, _t_edge_limits), {}))
 # Scores with many decimals (any real run's): the evidence is the exact difference, not a rounded one, and a gain
 # of 0.03996 is below a minimum of 0.04 (rounded to 4 places it would pass), a regression of 0.02004 above 0.02.
 _t_cases.append(((baseline, {**accepted_run, "long_context_score": 0.59996}, limits), {}))
 _t_cases.append(((baseline, {**accepted_run, "short_context_score": 0.79996}, limits), {}))
 # The smallest budget is one token per step, on both sides.
-_t_cases.append((({**baseline, "supervised_tokens_per_optimizer_step": 1},
-                  {**accepted_run, "supervised_tokens_per_optimizer_step": 1}, limits), {}))
+_t_cases.append(
+    (
+        (
+            {**baseline, "supervised_tokens_per_optimizer_step": 1},
+            {**accepted_run, "supervised_tokens_per_optimizer_step": 1},
+            limits,
+        ),
+        {},
+    )
+)
 for _ in range(30):
-    _t_base = {"long_context_score": _t_rng.random(), "short_context_score": _t_rng.random(),
-               "supervised_tokens_per_optimizer_step": 8192}
-    _t_cases.append(((_t_base, {**accepted_run, "long_context_score": _t_rng.random(),
-                                "short_context_score": _t_rng.random()}, limits), {}))
+    _t_base = {
+        "long_context_score": _t_rng.random(),
+        "short_context_score": _t_rng.random(),
+        "supervised_tokens_per_optimizer_step": 8192,
+    }
+    _t_cases.append(
+        (
+            (
+                _t_base,
+                {**accepted_run, "long_context_score": _t_rng.random(), "short_context_score": _t_rng.random()},
+                limits,
+            ),
+            {},
+        )
+    )
 grading.assert_matches_reference(evaluate_length_curriculum_stage, "evaluate_length_curriculum_stage", _t_cases)
-_t_bad = [((baseline, {**accepted_run, "long_context_score": float("nan")}, limits), {}),
-          ((baseline, {**accepted_run, "peak_memory_gb": "big"}, limits), {}),
-          ((baseline, {**accepted_run, "failed_runs": -1}, limits), {}),
-          ((baseline, {**accepted_run, "failed_runs": 0.5}, limits), {}),
-          ((baseline, accepted_run, {**limits, "max_peak_memory_gb": float("nan")}), {}),
-          ((baseline, accepted_run, {**limits, "max_peak_memory_gb": float("inf")}), {}),
-          (({**baseline, "long_context_score": float("nan")}, accepted_run, limits), {}),
-          ((baseline, {**accepted_run, "cost_per_supervised_token": float("nan")}, limits), {}),
-          ((baseline, {**accepted_run, "peak_memory_gb": "9.8"}, limits), {}),
-          ((baseline, {**accepted_run, "failed_runs": True}, limits), {}),
-          ((baseline, {**accepted_run, "short_context_score": float("nan")}, limits), {}),
-          (({**baseline, "short_context_score": float("nan")}, accepted_run, limits), {}),
-          (({**baseline, "supervised_tokens_per_optimizer_step": 0},                   # budgets are integers >= 1
-            {**accepted_run, "supervised_tokens_per_optimizer_step": 0}, limits), {}),
-          ((baseline, {**accepted_run, "supervised_tokens_per_optimizer_step": 8192.5}, limits), {})]
-_t_bad += [((baseline, accepted_run, {**limits, _t_limit: float("nan")}), {})
-           for _t_limit in ("min_long_context_gain", "max_short_context_regression", "max_failed_runs",
-                            "max_cost_per_supervised_token")]
-for _t_who, _t_field in (("baseline", "supervised_tokens_per_optimizer_step"), ("candidate", "gradients_finite"),
-                         ("candidate", "cost_per_supervised_token"), ("limits", "max_failed_runs")):
+_t_bad = [
+    ((baseline, {**accepted_run, "long_context_score": float("nan")}, limits), {}),
+    ((baseline, {**accepted_run, "peak_memory_gb": "big"}, limits), {}),
+    ((baseline, {**accepted_run, "failed_runs": -1}, limits), {}),
+    ((baseline, {**accepted_run, "failed_runs": 0.5}, limits), {}),
+    ((baseline, accepted_run, {**limits, "max_peak_memory_gb": float("nan")}), {}),
+    ((baseline, accepted_run, {**limits, "max_peak_memory_gb": float("inf")}), {}),
+    (({**baseline, "long_context_score": float("nan")}, accepted_run, limits), {}),
+    ((baseline, {**accepted_run, "cost_per_supervised_token": float("nan")}, limits), {}),
+    ((baseline, {**accepted_run, "peak_memory_gb": "9.8"}, limits), {}),
+    ((baseline, {**accepted_run, "failed_runs": True}, limits), {}),
+    ((baseline, {**accepted_run, "short_context_score": float("nan")}, limits), {}),
+    (({**baseline, "short_context_score": float("nan")}, accepted_run, limits), {}),
+    (
+        (
+            {**baseline, "supervised_tokens_per_optimizer_step": 0},  # budgets are integers >= 1
+            {**accepted_run, "supervised_tokens_per_optimizer_step": 0},
+            limits,
+        ),
+        {},
+    ),
+    ((baseline, {**accepted_run, "supervised_tokens_per_optimizer_step": 8192.5}, limits), {}),
+]
+_t_bad += [
+    ((baseline, accepted_run, {**limits, _t_limit: float("nan")}), {})
+    for _t_limit in (
+        "min_long_context_gain",
+        "max_short_context_regression",
+        "max_failed_runs",
+        "max_cost_per_supervised_token",
+    )
+]
+for _t_who, _t_field in (
+    ("baseline", "supervised_tokens_per_optimizer_step"),
+    ("candidate", "gradients_finite"),
+    ("candidate", "cost_per_supervised_token"),
+    ("limits", "max_failed_runs"),
+):
     _t_args = {"baseline": dict(baseline), "candidate": dict(accepted_run), "limits": dict(limits)}
     del _t_args[_t_who][_t_field]
     _t_bad.append(((_t_args["baseline"], _t_args["candidate"], _t_args["limits"]), {}))
@@ -318,16 +436,33 @@ grading.assert_rejects(evaluate_length_curriculum_stage, "evaluate_length_curric
 # %%
 print("gates, in reporting order:", ", ".join(CURRICULUM_GATES))
 seed_baseline = {"long_context_score": 0.56, "short_context_score": 0.82, "supervised_tokens_per_optimizer_step": 8192}
-seed_limits = {"min_long_context_gain": 0.04, "max_short_context_regression": 0.02, "max_failed_runs": 0,
-               "max_peak_memory_gb": 10.5, "max_cost_per_supervised_token": 1.4}
-seed_accepted = {"long_context_score": 0.63, "short_context_score": 0.81, "supervised_tokens_per_optimizer_step": 8192,
-                 "loss_finite": True, "gradients_finite": True, "failed_runs": 0, "peak_memory_gb": 9.8,
-                 "cost_per_supervised_token": 1.25}
+seed_limits = {
+    "min_long_context_gain": 0.04,
+    "max_short_context_regression": 0.02,
+    "max_failed_runs": 0,
+    "max_peak_memory_gb": 10.5,
+    "max_cost_per_supervised_token": 1.4,
+}
+seed_accepted = {
+    "long_context_score": 0.63,
+    "short_context_score": 0.81,
+    "supervised_tokens_per_optimizer_step": 8192,
+    "loss_finite": True,
+    "gradients_finite": True,
+    "failed_runs": 0,
+    "peak_memory_gb": 9.8,
+    "cost_per_supervised_token": 1.25,
+}
 candidates = {
     "accepted": seed_accepted,
-    "rejected": {**seed_accepted, "long_context_score": 0.64, "short_context_score": 0.77,
-                 "supervised_tokens_per_optimizer_step": 4096, "peak_memory_gb": 11.2,
-                 "cost_per_supervised_token": 1.3},
+    "rejected": {
+        **seed_accepted,
+        "long_context_score": 0.64,
+        "short_context_score": 0.77,
+        "supervised_tokens_per_optimizer_step": 4096,
+        "peak_memory_gb": 11.2,
+        "cost_per_supervised_token": 1.3,
+    },
     "non-finite": {**seed_accepted, "loss_finite": False, "gradients_finite": False, "failed_runs": 1},
 }
 for name, run in candidates.items():
@@ -374,8 +509,10 @@ try:
 except ValueError:
     pass
 else:
-    raise AssertionError(f"filter_by_pass_rate([], [], 0.5, 0.5) returned {got!r} instead of raising a ValueError: "
-                         "low >= high is refused even when there are no tasks")
+    raise AssertionError(
+        f"filter_by_pass_rate([], [], 0.5, 0.5) returned {got!r} instead of raising a ValueError: "
+        "low >= high is refused even when there are no tasks"
+    )
 ### BEGIN HIDDEN TESTS
 import random
 
@@ -392,18 +529,31 @@ for _ in range(80):
 _t_cases.append(((["x", "y", "z"], [0.0, 1.0, 0.0]), {}))
 _t_cases.append(((["x", "y", "z"], [0.25, 0.5, 0.75], 0.25, 0.75), {}))
 _t_cases.append(((["x", "y"], [1.0, 0.9375]), {"low": 0.5, "high": 1.0}))
-_t_cases.append(((["x", "y", "z", "w"], [0, 1, 0.5, 1]), {}))                    # integer rates are real numbers too
-_t_cases.append(((["a", "b", "a", "c"], [0.5, 0.25, 1.0, 0.0]), {}))             # one rate per position, not per task
+_t_cases.append(((["x", "y", "z", "w"], [0, 1, 0.5, 1]), {}))  # integer rates are real numbers too
+_t_cases.append(((["a", "b", "a", "c"], [0.5, 0.25, 1.0, 0.0]), {}))  # one rate per position, not per task
 grading.assert_matches_reference(filter_by_pass_rate, "filter_by_pass_rate", _t_cases)
-grading.assert_rejects(filter_by_pass_rate, "filter_by_pass_rate", [
-    ((["a", "b"], [0.5]), {}), ((["a"], [0.5, 0.5]), {}), ((["a", "b"], [0.5, 1.5]), {}),
-    ((["a", "b"], [0.5, -0.125]), {}), ((["a", "b"], [0.5, float("nan")]), {}),
-    ((["a"], [0.5], 0.5, 0.5), {}), ((["a"], [0.5], 0.75, 0.25), {}), ((["a"], [0.5], float("nan"), 1.0), {}),
-    (([], [], 0.5, 0.5), {}), (([], [], float("nan"), 1.0), {}),                  # bounds are checked, tasks or not
-    ((["a"], [0.5], 0.0, float("inf")), {}), ((["a"], [0.5], 0.0, float("nan")), {}),
-    ((["a"], [0.5], float("-inf"), 1.0), {}),
-    ((["a"], [True]), {}), ((["a"], ["0.5"]), {}), ((["a"], [None]), {}),
-])
+grading.assert_rejects(
+    filter_by_pass_rate,
+    "filter_by_pass_rate",
+    [
+        ((["a", "b"], [0.5]), {}),
+        ((["a"], [0.5, 0.5]), {}),
+        ((["a", "b"], [0.5, 1.5]), {}),
+        ((["a", "b"], [0.5, -0.125]), {}),
+        ((["a", "b"], [0.5, float("nan")]), {}),
+        ((["a"], [0.5], 0.5, 0.5), {}),
+        ((["a"], [0.5], 0.75, 0.25), {}),
+        ((["a"], [0.5], float("nan"), 1.0), {}),
+        (([], [], 0.5, 0.5), {}),
+        (([], [], float("nan"), 1.0), {}),  # bounds are checked, tasks or not
+        ((["a"], [0.5], 0.0, float("inf")), {}),
+        ((["a"], [0.5], 0.0, float("nan")), {}),
+        ((["a"], [0.5], float("-inf"), 1.0), {}),
+        ((["a"], [True]), {}),
+        ((["a"], ["0.5"]), {}),
+        ((["a"], [None]), {}),
+    ],
+)
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -421,17 +571,25 @@ grading.assert_rejects(filter_by_pass_rate, "filter_by_pass_rate", [
 STEPS, N_TASKS, GROUP = 60, 20, 8
 logit_start = torch.linspace(-3.0, 2.0, N_TASKS)
 true_rates = torch.sigmoid(logit_start[None, :] + 0.1 * torch.arange(STEPS)[:, None])  # [steps, tasks]
-arms = {"all tasks": {"low": -1.0, "high": 2.0}, "filter (0, 1)": {"low": 0.0, "high": 1.0},
-        "p(1-p) weighted": {"weighting": "variance"}}
-runs = {(arm, seed): simulate_pass_rate_filter(true_rates, GROUP, STEPS, seed=seed, **kwargs)
-        for arm, kwargs in arms.items() for seed in (0, 1)}
+arms = {
+    "all tasks": {"low": -1.0, "high": 2.0},
+    "filter (0, 1)": {"low": 0.0, "high": 1.0},
+    "p(1-p) weighted": {"weighting": "variance"},
+}
+runs = {
+    (arm, seed): simulate_pass_rate_filter(true_rates, GROUP, STEPS, seed=seed, **kwargs)
+    for arm, kwargs in arms.items()
+    for seed in (0, 1)
+}
 for (arm, seed), run in runs.items():
     everything = runs["all tasks", seed]
     saved = 1 - run["total_episodes"] / everything["total_episodes"]
     kept = run["informative_episodes"] / everything["informative_episodes"]
-    print(f"{arm:<16} seed {seed} | episodes {run['total_episodes']:5d} (saved {saved:4.0%}) | in zero-advantage "
-          f"groups {run['zero_adv_episodes'] / run['total_episodes']:4.0%} | informative {run['informative_episodes']:5d}"
-          f" (kept {kept:4.0%})")
+    print(
+        f"{arm:<16} seed {seed} | episodes {run['total_episodes']:5d} (saved {saved:4.0%}) | in zero-advantage "
+        f"groups {run['zero_adv_episodes'] / run['total_episodes']:4.0%} | informative {run['informative_episodes']:5d}"
+        f" (kept {kept:4.0%})"
+    )
 
 # %%
 fig, axes = plt.subplots(1, 3, figsize=(13, 3.4))
@@ -485,14 +643,19 @@ from pathlib import Path
 
 trl_source = Path(importlib.util.find_spec("trl").origin).parent / "trainer" / "grpo_trainer.py"
 markers = ("std_rewards = nanstd(rewards.view", "is_std_zero = torch.isclose", '["frac_reward_zero_std"]')
-lines = dict.fromkeys(line.strip() for line in trl_source.read_text(encoding="utf-8").splitlines()
-                      if any(marker in line for marker in markers))
+lines = dict.fromkeys(
+    line.strip()
+    for line in trl_source.read_text(encoding="utf-8").splitlines()
+    if any(marker in line for marker in markers)
+)
 print(f"trl {importlib.metadata.version('trl')}, {trl_source.name}:", *lines, sep="\n  ")
 group_rewards = (torch.rand(10_000, GROUP, generator=torch.Generator().manual_seed(1)) < 0.9).float()  # [groups, G]
 std_zero = torch.isclose(group_rewards.std(dim=1), torch.zeros(10_000))  # TRL's test, per group
 all_equal = group_rewards.amin(dim=1) == group_rewards.amax(dim=1)  # the simulator's test
-print(f"zero-std share {std_zero.float().mean():.3f} | all-equal share {all_equal.float().mean():.3f} | "
-      f"theory {zero_advantage_probability(0.9, GROUP):.3f}")
+print(
+    f"zero-std share {std_zero.float().mean():.3f} | all-equal share {all_equal.float().mean():.3f} | "
+    f"theory {zero_advantage_probability(0.9, GROUP):.3f}"
+)
 assert torch.equal(std_zero, all_equal)
 
 # %% [markdown]

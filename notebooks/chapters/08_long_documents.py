@@ -58,8 +58,10 @@ from course_lib import (
 MAX_LENGTH = 8192
 rng = np.random.default_rng(0)
 lengths = np.clip(np.rint(rng.lognormal(6.0, 1.0, 10_000)), 1, MAX_LENGTH).astype(np.int64)  # [N]
-print(f"{len(lengths):,} documents, median {int(np.median(lengths))} tokens, P99 {int(np.percentile(lengths, 99))}, "
-      f"max {lengths.max()}")
+print(
+    f"{len(lengths):,} documents, median {int(np.median(lengths))} tokens, P99 {int(np.percentile(lengths, 99))}, "
+    f"max {lengths.max()}"
+)
 global_max = bucket_padding(lengths, [MAX_LENGTH])
 print(f"padded to {MAX_LENGTH}: {global_max['padding_ratio']:.1%} of the computed positions are padding")
 
@@ -78,8 +80,9 @@ print(f"padded to {MAX_LENGTH}: {global_max['padding_ratio']:.1%} of the compute
 
 # %%
 tokenizer = load_course_tokenizer()
-paragraphs = [block for path in corpus_files() for block in open(path, encoding="utf-8").read().split("\n\n")
-              if block.strip()]
+paragraphs = [
+    block for path in corpus_files() for block in open(path, encoding="utf-8").read().split("\n\n") if block.strip()
+]
 paragraph_lengths = np.array([len(tokenizer(block, add_special_tokens=False)["input_ids"]) for block in paragraphs])
 buckets = assign_buckets(paragraph_lengths, MAX_LENGTH)  # [P]
 for n, bucket in list(zip(paragraph_lengths.tolist(), buckets.tolist(), strict=True))[:8]:
@@ -94,8 +97,10 @@ print(f"{len(paragraphs)} paragraphs, bucket sizes used: {sorted(set(buckets.tol
 
 # %%
 for n in (2**48 + 1, 2**49 + 1):
-    print(f"n = 2**{n.bit_length() - 1} + 1: float log2 gives {math.log2(n)!r} -> bucket 2**{math.ceil(math.log2(n))}"
-          f" {'>=' if 2**math.ceil(math.log2(n)) >= n else '<'} n")
+    print(
+        f"n = 2**{n.bit_length() - 1} + 1: float log2 gives {math.log2(n)!r} -> bucket 2**{math.ceil(math.log2(n))}"
+        f" {'>=' if 2 ** math.ceil(math.log2(n)) >= n else '<'} n"
+    )
 n = 2**49 + 1
 print(f"integer: (n - 1).bit_length() = {(n - 1).bit_length()} -> bucket 2**{(n - 1).bit_length()} >= n")
 
@@ -118,17 +123,33 @@ print(f"integer: (n - 1).bit_length() = {(n - 1).bit_length()} -> bucket 2**{(n 
 
 # %% nbgrader={"grade": true, "solution": false, "grade_id": "test_assign_bucket", "locked": true, "points": 3, "schema_version": 3}
 # The intervals of seed 004's function: 1, 2, 3-4, 5-8, 9-16, ..., 4097-8192.
-for n, want in ((1, 1), (2, 2), (3, 4), (4, 4), (5, 8), (8, 8), (9, 16), (16, 16), (17, 32),
-                (4097, 8192), (6000, 8192), (8192, 8192)):
+for n, want in (
+    (1, 1),
+    (2, 2),
+    (3, 4),
+    (4, 4),
+    (5, 8),
+    (8, 8),
+    (9, 16),
+    (16, 16),
+    (17, 32),
+    (4097, 8192),
+    (6000, 8192),
+    (8192, 8192),
+):
     got = assign_bucket(n, 8192)
     assert got == want, f"assign_bucket({n}, 8192) returned {got!r}, expected {want}"
-    assert type(got) is int, (f"assign_bucket({n}, 8192) returned {type(got).__name__} {got!r}: a bucket is a "
-                              "Python int, computed with integer arithmetic (no float, numpy or torch number)")
+    assert type(got) is int, (
+        f"assign_bucket({n}, 8192) returned {type(got).__name__} {got!r}: a bucket is a "
+        "Python int, computed with integer arithmetic (no float, numpy or torch number)"
+    )
 got = assign_bucket(2500, 3000)  # capped at a max_length that is not a power of two
 assert got == 3000, f"assign_bucket(2500, 3000) returned {got!r}, expected 3000 (the cap, max_length)"
 got = assign_bucket(2**53 + 1, 2**60)  # where float log2 puts it in bucket 2**53
-assert got == 2**54, (f"assign_bucket(2**53 + 1, 2**60) returned {got!r}, expected 2**54 = {2**54}: "
-                      "math.log2 rounds 2**53 + 1 down to 53.0, use integer arithmetic (int.bit_length)")
+assert got == 2**54, (
+    f"assign_bucket(2**53 + 1, 2**60) returned {got!r}, expected 2**54 = {2**54}: "
+    "math.log2 rounds 2**53 + 1 down to 53.0, use integer arithmetic (int.bit_length)"
+)
 ### BEGIN HIDDEN TESTS
 import random
 
@@ -140,16 +161,34 @@ for _ in range(150):
     _t_max = _t_rng.choice([_t_rng.randint(1, 5000), 2 ** _t_rng.randint(0, 20), 8192, 3000])
     _t_cases.append(((_t_rng.randint(1, _t_max), _t_max), {}))
 for _t_k in range(0, 62):  # exact powers of two and their neighbours, far beyond float precision
-    _t_cases += [((2**_t_k, 2**62), {}), ((2**_t_k + 1, 2**62), {})] + ([((2**_t_k - 1, 2**62), {})] if _t_k > 1 else [])
+    _t_cases += [((2**_t_k, 2**62), {}), ((2**_t_k + 1, 2**62), {})] + (
+        [((2**_t_k - 1, 2**62), {})] if _t_k > 1 else []
+    )
 _t_cases += [((1, 1), {}), ((7, 7), {}), ((5, 6), {}), ((8192, 8192), {}), ((100, 100), {}), ((65, 100), {})]
 # numpy integers (a length read from an array of lengths) are integers: the bucket is still a Python int
-_t_cases += [((np.int64(5), 8), {}), ((5, np.int64(6)), {}), ((np.int64(4097), np.int64(8192)), {}),
-             ((np.int32(2500), np.int32(3000)), {})]
+_t_cases += [
+    ((np.int64(5), 8), {}),
+    ((5, np.int64(6)), {}),
+    ((np.int64(4097), np.int64(8192)), {}),
+    ((np.int32(2500), np.int32(3000)), {}),
+]
 grading.assert_matches_reference(assign_bucket, "assign_bucket", _t_cases)
-grading.assert_rejects(assign_bucket, "assign_bucket", [
-    ((0, 8192), {}), ((-3, 8192), {}), ((8193, 8192), {}), ((101, 100), {}), ((4, 0), {}), ((4, -8), {}),
-    ((2.5, 8), {}), ((True, 8), {}), ((4, 8.0), {}), ((1, True), {}),
-])
+grading.assert_rejects(
+    assign_bucket,
+    "assign_bucket",
+    [
+        ((0, 8192), {}),
+        ((-3, 8192), {}),
+        ((8193, 8192), {}),
+        ((101, 100), {}),
+        ((4, 0), {}),
+        ((4, -8), {}),
+        ((2.5, 8), {}),
+        ((True, 8), {}),
+        ((4, 8.0), {}),
+        ((1, True), {}),
+    ],
+)
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -166,8 +205,10 @@ print("geometric edges:", geometric_edges(MAX_LENGTH))
 print("linear edges:   ", linear_edges(MAX_LENGTH, len(geometric_edges(MAX_LENGTH))))
 padding = compare_bucket_padding(lengths, MAX_LENGTH)
 for scheme, row in padding.items():
-    print(f"{scheme:<10} {row['n_buckets']:2d} buckets | padding {row['padding_tokens']:>10,} tokens "
-          f"= {row['padding_ratio']:.1%} of computed positions")
+    print(
+        f"{scheme:<10} {row['n_buckets']:2d} buckets | padding {row['padding_tokens']:>10,} tokens "
+        f"= {row['padding_ratio']:.1%} of computed positions"
+    )
 saved = 1 - padding["geometric"]["padding_tokens"] / padding["linear"]["padding_tokens"]
 print(f"geometric pads {saved:.1%} less than linear (article: 15%)")
 
@@ -186,8 +227,10 @@ for mu in log_medians:
     sample = np.clip(np.rint(np.random.default_rng(0).lognormal(mu, 1.0, 10_000)), 1, MAX_LENGTH).astype(np.int64)
     sweep[mu] = row = compare_bucket_padding(sample, MAX_LENGTH)
     times = row["geometric"]["padding_tokens"] / row["linear"]["padding_tokens"]
-    print(f"median ~{math.exp(mu):5.0f} | geometric {row['geometric']['padding_ratio']:.1%} | linear "
-          f"{row['linear']['padding_ratio']:.1%} | geometric padding = {times:.2f}x linear's")
+    print(
+        f"median ~{math.exp(mu):5.0f} | geometric {row['geometric']['padding_ratio']:.1%} | linear "
+        f"{row['linear']['padding_ratio']:.1%} | geometric padding = {times:.2f}x linear's"
+    )
 
 # %% [markdown]
 # With short documents geometric buckets save almost all of linear's padding; with a median of a few thousand
@@ -208,8 +251,10 @@ for mu in log_medians:
 # %%
 for window in split_document(list(range(600)), 256, 64):
     w = window["window"]
-    print(f"{w} -> reads {w.end - w.start} tokens, owns {w.loss_end - w.loss_start}, "
-          f"labels -100 on the first {w.loss_start - w.start}")
+    print(
+        f"{w} -> reads {w.end - w.start} tokens, owns {w.loss_end - w.loss_start}, "
+        f"labels -100 on the first {w.loss_start - w.start}"
+    )
 
 # %% [markdown]
 # ### TODO 2 · `sliding_windows`
@@ -238,16 +283,20 @@ want = [Window(0, 256, 0, 256), Window(192, 448, 256, 448), Window(384, 600, 448
 assert got == want, f"sliding_windows(600, 256, 64) returned {got}, expected {want}"
 assert all(type(value) is int for w in got for value in w), (
     f"sliding_windows(600, 256, 64) returned {got}: the four fields of every Window must be Python ints, "
-    "not numpy or torch integers (convert with int(...))")
-for args, want in (((200, 256, 64), [Window(0, 200, 0, 200)]),  # a document that fits: one window
-                   ((256, 256, 64), [Window(0, 256, 0, 256)]),
-                   ((257, 256, 64), [Window(0, 256, 0, 256), Window(192, 257, 256, 257)])):
+    "not numpy or torch integers (convert with int(...))"
+)
+for args, want in (
+    ((200, 256, 64), [Window(0, 200, 0, 200)]),  # a document that fits: one window
+    ((256, 256, 64), [Window(0, 256, 0, 256)]),
+    ((257, 256, 64), [Window(0, 256, 0, 256), Window(192, 257, 256, 257)]),
+):
     got = sliding_windows(*args)
     assert got == want, f"sliding_windows{args} returned {got}, expected {want}"
 _t_owned = [t for w in sliding_windows(1000, 100, 30) for t in range(w.loss_start, w.loss_end)]
 assert _t_owned == list(range(1000)), (  # every token owned exactly once, in order
     f"sliding_windows(1000, 100, 30): the owned ranges [loss_start, loss_end) cover {len(_t_owned)} positions, "
-    f"{len(set(_t_owned))} distinct; expected each of the 1000 tokens exactly once, in order")
+    f"{len(set(_t_owned))} distinct; expected each of the 1000 tokens exactly once, in order"
+)
 ### BEGIN HIDDEN TESTS
 import random
 
@@ -259,7 +308,15 @@ for _ in range(150):
     _t_window = _t_rng.randint(1, 300)
     _t_cases.append(((_t_rng.randint(1, 3000), _t_window, _t_rng.randint(0, _t_window - 1)), {}))
 for _t_window, _t_overlap in ((256, 64), (8, 0), (8, 7), (1, 0), (5, 4)):
-    for _t_length in (1, _t_window - 1, _t_window, _t_window + 1, 2 * _t_window - _t_overlap, 2 * _t_window - _t_overlap + 1, 1000):
+    for _t_length in (
+        1,
+        _t_window - 1,
+        _t_window,
+        _t_window + 1,
+        2 * _t_window - _t_overlap,
+        2 * _t_window - _t_overlap + 1,
+        1000,
+    ):
         if _t_length >= 1:
             _t_cases.append(((_t_length, _t_window, _t_overlap), {}))
 _t_cases += [((600,), {}), ((100_000,), {}), ((5000,), {"overlap": 0}), ((5000,), {"window": 512})]
@@ -267,11 +324,23 @@ _t_cases += [((600,), {}), ((100_000,), {}), ((5000,), {"overlap": 0}), ((5000,)
 _t_cases += [((2**55 + 1, 2**54, 0), {}), ((2**56 + 3, 2**54 + 2, 2), {})]
 _t_cases += [((np.int64(600), 256, 64), {}), ((np.int64(1000), np.int64(100), np.int64(30)), {})]  # numpy integers
 grading.assert_matches_reference(sliding_windows, "sliding_windows", _t_cases)
-grading.assert_rejects(sliding_windows, "sliding_windows", [
-    ((0, 256, 64), {}), ((-5, 256, 64), {}), ((10, 0, 0), {}), ((10, 64, 64), {}), ((10, 64, 80), {}),
-    ((10, 64, -1), {}), ((10.0, 64, 8), {}), ((10, 64, 8.5), {}),
-    ((True, 256, 64), {}), ((10, True, 0), {}), ((10, 64, False), {}),
-])
+grading.assert_rejects(
+    sliding_windows,
+    "sliding_windows",
+    [
+        ((0, 256, 64), {}),
+        ((-5, 256, 64), {}),
+        ((10, 0, 0), {}),
+        ((10, 64, 64), {}),
+        ((10, 64, 80), {}),
+        ((10, 64, -1), {}),
+        ((10.0, 64, 8), {}),
+        ((10, 64, 8.5), {}),
+        ((True, 256, 64), {}),
+        ((10, True, 0), {}),
+        ((10, 64, False), {}),
+    ],
+)
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -300,12 +369,18 @@ with torch.no_grad():
         every_loss, every_count = every_loss + losses[every_mask].sum().item(), every_count + int(every_mask.sum())
         for piece, row in zip(group, owned_mask, strict=True):  # global positions of the owned targets
             predicted += (piece["window"].start + 1 + torch.nonzero(row).flatten()).tolist()
-print(f"document: {len(ids)} tokens (the model has {model.config.max_position_embeddings} positions) -> "
-      f"{len(ids) - 1} next-token predictions, {len(pieces)} windows")
-print(f"owned ranges: {owned_count} losses, positions 1..{len(ids) - 1} each once: {predicted == list(range(1, len(ids)))}"
-      f" | mean NLL {owned_loss / owned_count:.4f}")
-print(f"every token:  {every_count} losses ({every_count - (len(ids) - 1)} overlap tokens counted twice)"
-      f" | mean NLL {every_loss / every_count:.4f}")
+print(
+    f"document: {len(ids)} tokens (the model has {model.config.max_position_embeddings} positions) -> "
+    f"{len(ids) - 1} next-token predictions, {len(pieces)} windows"
+)
+print(
+    f"owned ranges: {owned_count} losses, positions 1..{len(ids) - 1} each once: {predicted == list(range(1, len(ids)))}"
+    f" | mean NLL {owned_loss / owned_count:.4f}"
+)
+print(
+    f"every token:  {every_count} losses ({every_count - (len(ids) - 1)} overlap tokens counted twice)"
+    f" | mean NLL {every_loss / every_count:.4f}"
+)
 assert predicted == list(range(1, len(ids)))
 
 # %% [markdown]
@@ -325,15 +400,19 @@ assert predicted == list(range(1, len(ids)))
 
 # %%
 cost = sliding_window_cost(100_000)
-print(f"one 100,000-token document: {cost['windows']} windows, {cost['processed_tokens']:,} tokens processed, "
-      f"overhead {cost['overhead']:.4f} (window / stride = {256 / 192:.4f})")
+print(
+    f"one 100,000-token document: {cost['windows']} windows, {cost['processed_tokens']:,} tokens processed, "
+    f"overhead {cost['overhead']:.4f} (window / stride = {256 / 192:.4f})"
+)
 long_docs = [int(n) for n in lengths if n > 256]  # the documents that need windows
 costs = [sliding_window_cost(n) for n in long_docs]
 processed = sum(c["processed_tokens"] for c in costs)
 window_slots = 256 * sum(c["windows"] for c in costs)
 owned = sum(long_docs)
-print(f"our {len(long_docs):,} documents over 256 tokens: {sum(c['windows'] for c in costs):,} windows, "
-      f"overhead {processed / owned:.3f}")
+print(
+    f"our {len(long_docs):,} documents over 256 tokens: {sum(c['windows'] for c in costs):,} windows, "
+    f"overhead {processed / owned:.3f}"
+)
 print(f"  share of tokens covered by some window:          {1.0:.1%}")
 print(f"  share of window slots holding a real token:      {processed / window_slots:.1%}  (short last windows padded)")
 print(f"  share of processed tokens that carry a new loss: {owned / processed:.1%}  (the rest is overlap context)")
@@ -354,8 +433,9 @@ print(f"  share of processed tokens that carry a new loss: {owned / processed:.1
 # one. We check that they are our windows, token for token.
 
 # %%
-encoded = tokenizer(text, add_special_tokens=False, truncation=True, max_length=256, stride=64,
-                    return_overflowing_tokens=True)
+encoded = tokenizer(
+    text, add_special_tokens=False, truncation=True, max_length=256, stride=64, return_overflowing_tokens=True
+)
 ours = split_document(ids, 256, 64)
 print(f"transformers: {len(encoded['input_ids'])} windows | ours: {len(ours)} windows")
 assert [list(chunk) for chunk in encoded["input_ids"]] == [piece["input_ids"] for piece in ours]
@@ -371,17 +451,25 @@ print("identical input_ids in every window; the last has", len(encoded["input_id
 # %%
 fig, axes = plt.subplots(1, 2, figsize=(12, 3.6))
 for scheme, style in (("geometric", "-o"), ("linear", "-s"), ("global_max", "--")):
-    axes[0].plot(np.exp(log_medians), [sweep[mu][scheme]["padding_ratio"] for mu in log_medians], style,
-                 label=scheme)
+    axes[0].plot(np.exp(log_medians), [sweep[mu][scheme]["padding_ratio"] for mu in log_medians], style, label=scheme)
 axes[0].set_xscale("log")
-axes[0].set(xlabel="median document length (lognormal, sigma 1)", ylabel="padding share of positions",
-            title="Padding by bucketing scheme (14 buckets vs 1)")
+axes[0].set(
+    xlabel="median document length (lognormal, sigma 1)",
+    ylabel="padding share of positions",
+    title="Padding by bucketing scheme (14 buckets vs 1)",
+)
 axes[0].legend(fontsize=8)
 for row, piece in enumerate(split_document(list(range(600)), 256, 64)):
     w = piece["window"]
     axes[1].barh(row, w.end - w.start, left=w.start, color="#C8D6E5", label="read (context)" if row == 0 else None)
-    axes[1].barh(row, w.loss_end - w.loss_start, left=w.loss_start, height=0.4, color="#2E86AB",
-                 label="owned (loss)" if row == 0 else None)
+    axes[1].barh(
+        row,
+        w.loss_end - w.loss_start,
+        left=w.loss_start,
+        height=0.4,
+        color="#2E86AB",
+        label="owned (loss)" if row == 0 else None,
+    )
 axes[1].set_yticks(range(3))
 axes[1].invert_yaxis()
 axes[1].set(xlabel="token position", ylabel="window", title="600 tokens, window 256, overlap 64")
@@ -425,10 +513,12 @@ plt.show()
 tweets = np.clip(np.rint(np.random.default_rng(0).lognormal(np.log(40), 0.8, 10_000)), 1, 512).astype(np.int64)
 for min_length in (32, 0):
     arms = short_text_packing(tweets, 4096, pad_to=256, min_length=min_length)
-    print(f"min_length {min_length:>2}: dropped {arms['dropped']:,} texts ({arms['dropped_tokens'] / tweets.sum():.1%} "
-          f"of the tokens) | pack: {arms['pack']['rows']} rows, padding {arms['pack']['padding_ratio']:.1%} | "
-          f"pad to 256, then pack: {arms['pad_then_pack']['rows']} rows, padding "
-          f"{arms['pad_then_pack']['padding_ratio']:.1%}")
+    print(
+        f"min_length {min_length:>2}: dropped {arms['dropped']:,} texts ({arms['dropped_tokens'] / tweets.sum():.1%} "
+        f"of the tokens) | pack: {arms['pack']['rows']} rows, padding {arms['pack']['padding_ratio']:.1%} | "
+        f"pad to 256, then pack: {arms['pad_then_pack']['rows']} rows, padding "
+        f"{arms['pad_then_pack']['padding_ratio']:.1%}"
+    )
 
 # %% [markdown]
 # *Symptom:* padding texts to 256 before packing turns a nearly full packed corpus (under 1% padding) into one that

@@ -75,8 +75,10 @@ packed, segment_ids = workload.packed_batch(samples, cpu, torch.float32)
 for name, batch in (("padding", padded), ("packing", packed)):
     processed = batch["input_ids"].numel()
     supervised = int(batch["labels"][:, 1:].ne(-100).sum())  # the labels a causal LM's shifted loss reads
-    print(f"{name:<8} input_ids {list(batch['input_ids'].shape)}: {processed} positions processed for "
-          f"{sum(lengths)} real tokens, {supervised} supervised")
+    print(
+        f"{name:<8} input_ids {list(batch['input_ids'].shape)}: {processed} positions processed for "
+        f"{sum(lengths)} real tokens, {supervised} supervised"
+    )
 
 # %% [markdown]
 # Padding runs the model over 384 positions to carry 240 real tokens: 144 positions (37.5%) are padding, and the
@@ -86,8 +88,10 @@ for name, batch in (("padding", padded), ("packing", packed)):
 # %%
 with torch.no_grad():
     loss_padded, loss_packed = model(**padded).loss, model(**packed).loss
-print(f"loss padded {loss_padded.item():.6f} | loss packed {loss_packed.item():.6f} | "
-      f"difference {abs(loss_padded - loss_packed).item():.1e}")
+print(
+    f"loss padded {loss_padded.item():.6f} | loss packed {loss_packed.item():.6f} | "
+    f"difference {abs(loss_padded - loss_packed).item():.1e}"
+)
 
 # %% [markdown]
 # Same supervised tokens, same loss, 37.5% fewer positions. Whether that is also 37.5% less *time* is a question
@@ -134,15 +138,25 @@ RESULTS_DIR = Path("lab_results")  # in the working folder, never the repository
 
 # %%
 planned = WORKLOADS[WORKLOAD_ID]
-declared = {"model_id": MODEL_ID, "model_revision": MODEL_REVISION, "sequence_lengths": SEQUENCE_LENGTHS,
-            "packing_sample_lengths": PACKING_SAMPLE_LENGTHS, "batch_size": BATCH_SIZE, "warmup_steps": WARMUP_STEPS,
-            "repeat_steps": REPEAT_STEPS, "memory_trend_tolerance": MEMORY_TREND_TOLERANCE,
-            "attention_backend": ATTENTION_BACKEND, "seed": SEED}
+declared = {
+    "model_id": MODEL_ID,
+    "model_revision": MODEL_REVISION,
+    "sequence_lengths": SEQUENCE_LENGTHS,
+    "packing_sample_lengths": PACKING_SAMPLE_LENGTHS,
+    "batch_size": BATCH_SIZE,
+    "warmup_steps": WARMUP_STEPS,
+    "repeat_steps": REPEAT_STEPS,
+    "memory_trend_tolerance": MEMORY_TREND_TOLERANCE,
+    "attention_backend": ATTENTION_BACKEND,
+    "seed": SEED,
+}
 fixed = planned.parameters("real_gpu")
 differs = {key: (value, fixed[key]) for key, value in declared.items() if fixed[key] != value}
 if differs or planned.VERSION != WORKLOAD_VERSION:
-    raise ValueError(f"declared parameters differ from workload {WORKLOAD_ID} {planned.VERSION}: {differs}; change "
-                     "the workload itself and bump its version rather than running a silently different experiment")
+    raise ValueError(
+        f"declared parameters differ from workload {WORKLOAD_ID} {planned.VERSION}: {differs}; change "
+        "the workload itself and bump its version rather than running a silently different experiment"
+    )
 print(f"{WORKLOAD_ID} {planned.VERSION}: the declared parameters are the workload's")
 print("result file:", result_path(RESULTS_DIR, WORKLOAD_ID, RUN_LABEL))
 
@@ -195,33 +209,58 @@ ledger = padding_vs_packing_ledger([48, 96, 32, 64])
 call = "padding_vs_packing_ledger([48, 96, 32, 64])"
 assert set(ledger) == {"samples", "sample_tokens", "padding", "packing", "processed_token_reduction"}, (
     f"{call} returned the keys {sorted(ledger)}, expected samples, sample_tokens, padding, packing, "
-    "processed_token_reduction")
+    "processed_token_reduction"
+)
 for key, value in {"samples": 4, "sample_tokens": 240, "processed_token_reduction": 0.375}.items():
     assert ledger[key] == value, f"{call}[{key!r}] is {ledger[key]!r}, expected {value}"
-want = {"padding": {"processed_tokens": 384, "padding_tokens": 144, "padding_ratio": 0.375,
-                    "effective_supervised_tokens": 236, "cross_sample_labels": 0},
-        "packing": {"processed_tokens": 240, "padding_tokens": 0, "padding_ratio": 0.0,
-                    "effective_supervised_tokens": 236, "cross_sample_labels": 0}}
+want = {
+    "padding": {
+        "processed_tokens": 384,
+        "padding_tokens": 144,
+        "padding_ratio": 0.375,
+        "effective_supervised_tokens": 236,
+        "cross_sample_labels": 0,
+    },
+    "packing": {
+        "processed_tokens": 240,
+        "padding_tokens": 0,
+        "padding_ratio": 0.0,
+        "effective_supervised_tokens": 236,
+        "cross_sample_labels": 0,
+    },
+}
 for name, fields in want.items():
     assert set(ledger[name]) == set(fields), (
-        f"{call}[{name!r}] has the keys {sorted(ledger[name])}, expected {sorted(fields)}")
+        f"{call}[{name!r}] has the keys {sorted(ledger[name])}, expected {sorted(fields)}"
+    )
     for key, value in fields.items():
         got = ledger[name][key]
         assert got == value, f"{call}[{name!r}][{key!r}] is {got!r}, expected {value}"
-counts = {"samples": ledger["samples"], "sample_tokens": ledger["sample_tokens"],
-          **{f"{name}.{key}": ledger[name][key] for name in ("padding", "packing")
-             for key in ("processed_tokens", "padding_tokens", "effective_supervised_tokens", "cross_sample_labels")}}
-not_int = {key: f"{type(value).__module__}.{type(value).__name__}" for key, value in counts.items()
-           if type(value) is not int}
-assert not not_int, (f"{call}: counts must be Python ints, not numpy or torch integers (json cannot write "
-                     f"a numpy int64), got {not_int}")
+counts = {
+    "samples": ledger["samples"],
+    "sample_tokens": ledger["sample_tokens"],
+    **{
+        f"{name}.{key}": ledger[name][key]
+        for name in ("padding", "packing")
+        for key in ("processed_tokens", "padding_tokens", "effective_supervised_tokens", "cross_sample_labels")
+    },
+}
+not_int = {
+    key: f"{type(value).__module__}.{type(value).__name__}" for key, value in counts.items() if type(value) is not int
+}
+assert not not_int, (
+    f"{call}: counts must be Python ints, not numpy or torch integers (json cannot write a numpy int64), got {not_int}"
+)
 unmasked = padding_vs_packing_ledger([48, 96, 32, 64], mask_first_label=False)
 got = (unmasked["packing"]["effective_supervised_tokens"], unmasked["packing"]["cross_sample_labels"])
-assert got == (239, 3), (f"padding_vs_packing_ledger([48, 96, 32, 64], mask_first_label=False)['packing']: "
-                         f"effective_supervised_tokens and cross_sample_labels are {got}, expected (239, 3)")
+assert got == (239, 3), (
+    f"padding_vs_packing_ledger([48, 96, 32, 64], mask_first_label=False)['packing']: "
+    f"effective_supervised_tokens and cross_sample_labels are {got}, expected (239, 3)"
+)
 assert unmasked["padding"] == ledger["padding"], (
     f"padding_vs_packing_ledger([48, 96, 32, 64], mask_first_label=False)['padding'] is {unmasked['padding']}, "
-    f"expected {ledger['padding']}: the mask changes only the packed row")
+    f"expected {ledger['padding']}: the mask changes only the packed row"
+)
 ### BEGIN HIDDEN TESTS
 import random
 
@@ -231,19 +270,38 @@ from course_lib import grading
 
 _t_rng = random.Random(9)
 _t_cases = [(([48, 96, 32, 64],), {"mask_first_label": _t_mask}) for _t_mask in (True, False)]
-_t_cases += [(([_t_rng.randint(1, 512) for _ in range(_t_rng.randint(1, 12))],), {"mask_first_label": _t_rng.random() < 0.5})
-             for _ in range(60)]
+_t_cases += [
+    (([_t_rng.randint(1, 512) for _ in range(_t_rng.randint(1, 12))],), {"mask_first_label": _t_rng.random() < 0.5})
+    for _ in range(60)
+]
 # Edges: one sample (nothing to pad, nothing to pack), equal lengths (packing saves nothing), length-1 samples
 # (nothing to supervise), a tuple.
-_t_cases += [(([1],), {}), (([7],), {"mask_first_label": False}), (([64, 64, 64],), {}),
-             (([1, 1, 200],), {"mask_first_label": False}), (([1, 1, 200],), {}), (((5, 3),), {}),
-             # lengths as a numpy array (as a lengths column is often read): the counts are still Python ints
-             ((np.array([48, 96, 32, 64]),), {}), ((np.array([7, 300, 12], dtype=np.int32),), {"mask_first_label": False})]
+_t_cases += [
+    (([1],), {}),
+    (([7],), {"mask_first_label": False}),
+    (([64, 64, 64],), {}),
+    (([1, 1, 200],), {"mask_first_label": False}),
+    (([1, 1, 200],), {}),
+    (((5, 3),), {}),
+    # lengths as a numpy array (as a lengths column is often read): the counts are still Python ints
+    ((np.array([48, 96, 32, 64]),), {}),
+    ((np.array([7, 300, 12], dtype=np.int32),), {"mask_first_label": False}),
+]
 grading.assert_matches_reference(padding_vs_packing_ledger, "padding_vs_packing_ledger", _t_cases)
-grading.assert_rejects(padding_vs_packing_ledger, "padding_vs_packing_ledger",
-                       [(([],), {}), (([48, 0],), {}), (([48, -3],), {}), (([48, 2.5],), {}),
-                        (([48.0, 96],), {}), (([48, True],), {}),
-                        (([48, 96],), {"mask_first_label": "no"}), (([48, 96],), {"mask_first_label": 0})])
+grading.assert_rejects(
+    padding_vs_packing_ledger,
+    "padding_vs_packing_ledger",
+    [
+        (([],), {}),
+        (([48, 0],), {}),
+        (([48, -3],), {}),
+        (([48, 2.5],), {}),
+        (([48.0, 96],), {}),
+        (([48, True],), {}),
+        (([48, 96],), {"mask_first_label": "no"}),
+        (([48, 96],), {"mask_first_label": 0}),
+    ],
+)
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -262,8 +320,15 @@ grading.assert_rejects(padding_vs_packing_ledger, "padding_vs_packing_ledger",
 # or point `RESULTS_DIR` at a mounted Drive folder before you run. The file is what you compare and hand in.
 
 # %%
-path, record = run_workload(WORKLOAD_ID, RUN_MODE, RUN_LABEL, results_dir=RESULTS_DIR, profile=ENVIRONMENT_PROFILE,
-                            allow_hub=ALLOW_HUB, progress=RUN_MODE == "real_gpu")  # tqdm bars on a GPU run
+path, record = run_workload(
+    WORKLOAD_ID,
+    RUN_MODE,
+    RUN_LABEL,
+    results_dir=RESULTS_DIR,
+    profile=ENVIRONMENT_PROFILE,
+    allow_hub=ALLOW_HUB,
+    progress=RUN_MODE == "real_gpu",
+)  # tqdm bars on a GPU run
 print(path)
 print(f"mode {record['run_mode']} | decision {record['decision']} | evidence {record['evidence_level']}")
 if record["failure"]:
@@ -276,14 +341,19 @@ if record["failure"]:
 # token counts are exact; its timings come from a shared CPU and prove only that the timing code runs.
 
 # %%
-smoke_path, smoke = run_workload(WORKLOAD_ID, "cpu_smoke", f"{RUN_LABEL}-cpu-smoke", results_dir=RESULTS_DIR,
-                                 allow_hub=False)
+smoke_path, smoke = run_workload(
+    WORKLOAD_ID, "cpu_smoke", f"{RUN_LABEL}-cpu-smoke", results_dir=RESULTS_DIR, allow_hub=False
+)
 print(smoke_path)
-print(f"mode {smoke['run_mode']} | decision {smoke['decision']} | evidence {smoke['evidence_level']} | "
-      f"model {smoke['model']['description']}")
+print(
+    f"mode {smoke['run_mode']} | decision {smoke['decision']} | evidence {smoke['evidence_level']} | "
+    f"model {smoke['model']['description']}"
+)
 if smoke["failure"]:  # the sections below read its measurements: stop here with the reason, not a KeyError later
-    raise RuntimeError(f"the CPU smoke run failed at stage {smoke['failure']['stage']}: {smoke['failure']['message']}"
-                       " -- install the profile's requirements (environments/README.md) and run the notebook again")
+    raise RuntimeError(
+        f"the CPU smoke run failed at stage {smoke['failure']['stage']}: {smoke['failure']['message']}"
+        " -- install the profile's requirements (environments/README.md) and run the notebook again"
+    )
 
 # %% [markdown]
 # ## 5. Read the length curve and the padding-vs-packing comparison (seed 000 §5.3)
@@ -309,9 +379,13 @@ for loaded in records:
 predicted = padding_vs_packing_ledger(mine["workload"]["parameters"]["packing_sample_lengths"])
 for row in mine["measurements"]["packing_comparison"]:
     expected = predicted["padding" if row["candidate"] == "padding" else "packing"]
-    same = all(row[key] == expected[key] for key in ("processed_tokens", "padding_tokens", "effective_supervised_tokens"))
-    print(f"{row['candidate']:<26} processed {row['processed_tokens']:4d} | padding {row['padding_tokens']:4d} | "
-          f"supervised {row['effective_supervised_tokens']:4d} | matches your ledger: {same}")
+    same = all(
+        row[key] == expected[key] for key in ("processed_tokens", "padding_tokens", "effective_supervised_tokens")
+    )
+    print(
+        f"{row['candidate']:<26} processed {row['processed_tokens']:4d} | padding {row['padding_tokens']:4d} | "
+        f"supervised {row['effective_supervised_tokens']:4d} | matches your ledger: {same}"
+    )
 
 # %%
 curve = mine["measurements"]["length_curve"]
@@ -323,18 +397,22 @@ fig, (curve_ax, tokens_ax, rate_ax) = plt.subplots(1, 3, figsize=(13, 3.6))
 for row in curve:  # median marker, a line up to p95 (two timed steps on a shared CPU are noisy)
     curve_ax.plot([row["sequence_length"]] * 2, [row["median_step_ms"], row["p95_step_ms"]], color="gray")
 curve_ax.plot([r["sequence_length"] for r in curve], [r["median_step_ms"] for r in curve], "o-", color="#4C72B0")
-curve_ax.set(xlabel="sequence length (tokens)", ylabel="step time (ms): median, line to p95",
-             title=f"length curve: {where}")
+curve_ax.set(
+    xlabel="sequence length (tokens)", ylabel="step time (ms): median, line to p95", title=f"length curve: {where}"
+)
 tokens_ax.bar([0, 1], [r["processed_tokens"] for r in pair], color="#C44E52", label="processed")
-tokens_ax.bar([0, 1], [r["effective_supervised_tokens"] for r in pair], width=0.5, color="#55A868",
-              label="effective supervised")
+tokens_ax.bar(
+    [0, 1], [r["effective_supervised_tokens"] for r in pair], width=0.5, color="#55A868", label="effective supervised"
+)
 tokens_ax.set_xticks([0, 1], names)
 tokens_ax.set(ylabel="tokens per step", title="tokens (exact, any hardware)")
 tokens_ax.legend(fontsize=8)
 rate_ax.bar([0, 1], [r["effective_tokens_per_second"] for r in pair], color="#8172B2")
 rate_ax.set_xticks([0, 1], names)
-rate_ax.set(ylabel="effective supervised tokens / s",
-           title=f"throughput: {where}" if on_gpu else "throughput: CPU smoke, NOT a GPU number")
+rate_ax.set(
+    ylabel="effective supervised tokens / s",
+    title=f"throughput: {where}" if on_gpu else "throughput: CPU smoke, NOT a GPU number",
+)
 fig.suptitle(f"pt-long-context, evidence level {mine['evidence_level']}", fontsize=10)
 fig.tight_layout()
 plt.show()
@@ -360,8 +438,10 @@ plt.show()
 
 # %%
 for candidate, step_ms in (("padding", 63.4), ("packing", 48.8)):  # the seed's published medians
-    print(f"{candidate}: 236 supervised tokens in {step_ms} ms -> {effective_tokens_per_second(236, step_ms):.1f} "
-          "effective tokens/s")
+    print(
+        f"{candidate}: 236 supervised tokens in {step_ms} ms -> {effective_tokens_per_second(236, step_ms):.1f} "
+        "effective tokens/s"
+    )
 
 # %% [markdown]
 # ### TODO 2 · `compare_padding_and_packing`
@@ -381,34 +461,50 @@ for candidate, step_ms in (("padding", 63.4), ("packing", 48.8)):  # the seed's 
 
 # %% nbgrader={"grade": true, "solution": false, "grade_id": "test_compare_padding_and_packing", "locked": true, "points": 3, "schema_version": 3}
 # Seed 000 §5.4 (RTX 5070 Ti): 236 supervised tokens in both; 63.4 -> 48.8 ms.
-seed_reading = compare_padding_and_packing({"effective_supervised_tokens": 236, "median_step_ms": 63.4},
-                                           {"effective_supervised_tokens": 236, "median_step_ms": 48.8})
+seed_reading = compare_padding_and_packing(
+    {"effective_supervised_tokens": 236, "median_step_ms": 63.4},
+    {"effective_supervised_tokens": 236, "median_step_ms": 48.8},
+)
 call = "compare_padding_and_packing(236 tokens in 63.4 ms, 236 tokens in 48.8 ms)"
-assert set(seed_reading) == {"effective_supervised_tokens", "padding_tokens_per_second", "packing_tokens_per_second",
-                             "throughput_ratio", "step_time_reduction"}, (
+assert set(seed_reading) == {
+    "effective_supervised_tokens",
+    "padding_tokens_per_second",
+    "packing_tokens_per_second",
+    "throughput_ratio",
+    "step_time_reduction",
+}, (
     f"{call} returned the keys {sorted(seed_reading)}, expected effective_supervised_tokens, "
-    "padding_tokens_per_second, packing_tokens_per_second, throughput_ratio, step_time_reduction")
+    "padding_tokens_per_second, packing_tokens_per_second, throughput_ratio, step_time_reduction"
+)
 tokens = seed_reading["effective_supervised_tokens"]
 assert tokens == 236 and type(tokens) is int, (
-    f"{call}: effective_supervised_tokens is {type(tokens).__name__} {tokens!r}, expected the Python int 236")
+    f"{call}: effective_supervised_tokens is {type(tokens).__name__} {tokens!r}, expected the Python int 236"
+)
 rates = (seed_reading["padding_tokens_per_second"], seed_reading["packing_tokens_per_second"])
 assert (round(rates[0]), round(rates[1])) == (3722, 4836), (
     f"{call}: tokens per second (padding, packing) are {rates}, expected about (3722, 4836): 236 / 0.0634 s "
-    "and 236 / 0.0488 s")
+    "and 236 / 0.0488 s"
+)
 assert abs(seed_reading["throughput_ratio"] - 63.4 / 48.8) < 1e-9, (
     f"{call}: throughput_ratio is {seed_reading['throughput_ratio']!r}, expected packing / padding tokens per "
-    f"second = 63.4 / 48.8 = {63.4 / 48.8!r}")
+    f"second = 63.4 / 48.8 = {63.4 / 48.8!r}"
+)
 assert abs(seed_reading["step_time_reduction"] - (1 - 48.8 / 63.4)) < 1e-9, (
     f"{call}: step_time_reduction is {seed_reading['step_time_reduction']!r}, expected 1 - 48.8 / 63.4 = "
-    f"{1 - 48.8 / 63.4!r}")
+    f"{1 - 48.8 / 63.4!r}"
+)
 try:
-    got = compare_padding_and_packing({"effective_supervised_tokens": 236, "median_step_ms": 63.4},
-                                      {"effective_supervised_tokens": 239, "median_step_ms": 48.8})
+    got = compare_padding_and_packing(
+        {"effective_supervised_tokens": 236, "median_step_ms": 63.4},
+        {"effective_supervised_tokens": 239, "median_step_ms": 48.8},
+    )
 except ValueError:
     pass
 else:
-    raise AssertionError(f"compare_padding_and_packing(236 tokens in 63.4 ms, 239 tokens in 48.8 ms) returned {got} "
-                         "instead of raising a ValueError: different supervised tokens are not comparable")
+    raise AssertionError(
+        f"compare_padding_and_packing(236 tokens in 63.4 ms, 239 tokens in 48.8 ms) returned {got} "
+        "instead of raising a ValueError: different supervised tokens are not comparable"
+    )
 ### BEGIN HIDDEN TESTS
 import random
 
@@ -420,45 +516,114 @@ _t_rng = random.Random(11)
 _t_cases = []
 for _ in range(50):
     _t_tokens = _t_rng.randint(1, 50_000)
-    _t_cases.append((({"effective_supervised_tokens": _t_tokens, "median_step_ms": _t_rng.uniform(0.5, 800.0)},
-                      {"effective_supervised_tokens": _t_tokens, "median_step_ms": _t_rng.uniform(0.5, 800.0)}), {}))
+    _t_cases.append(
+        (
+            (
+                {"effective_supervised_tokens": _t_tokens, "median_step_ms": _t_rng.uniform(0.5, 800.0)},
+                {"effective_supervised_tokens": _t_tokens, "median_step_ms": _t_rng.uniform(0.5, 800.0)},
+            ),
+            {},
+        )
+    )
 # Edges: equal times (ratio 1, no reduction), packing slower (ratio < 1, negative reduction), integer times,
 # full record rows with extra keys.
-_t_cases += [(({"effective_supervised_tokens": 236, "median_step_ms": 50.0},
-               {"effective_supervised_tokens": 236, "median_step_ms": 50.0}), {}),
-           (({"effective_supervised_tokens": 236, "median_step_ms": 40},
-             {"effective_supervised_tokens": 236, "median_step_ms": 61}), {}),
-           (({"candidate": "padding", "processed_tokens": 384, "effective_supervised_tokens": 236, "median_step_ms": 7.5},
-             {"candidate": "boundary_isolated_packing", "processed_tokens": 240, "effective_supervised_tokens": 236,
-              "median_step_ms": 6.25}), {}),
-           # counts read from two JSON files: equal, but two int objects (`is` is not equality)
-           (({"effective_supervised_tokens": 50_000, "median_step_ms": 80.0},
-             {"effective_supervised_tokens": int("50000"), "median_step_ms": 64.0}), {}),
-           # a row read with numpy/pandas: the shared count comes back as a Python int
-           (({"effective_supervised_tokens": np.int64(236), "median_step_ms": np.float64(63.4)},
-             {"effective_supervised_tokens": np.int64(236), "median_step_ms": np.float64(48.8)}), {})]
-grading.assert_matches_reference(compare_padding_and_packing, "compare_padding_and_packing", _t_cases,
-                                 rtol=1e-9, atol=1e-9)
+_t_cases += [
+    (
+        (
+            {"effective_supervised_tokens": 236, "median_step_ms": 50.0},
+            {"effective_supervised_tokens": 236, "median_step_ms": 50.0},
+        ),
+        {},
+    ),
+    (
+        (
+            {"effective_supervised_tokens": 236, "median_step_ms": 40},
+            {"effective_supervised_tokens": 236, "median_step_ms": 61},
+        ),
+        {},
+    ),
+    (
+        (
+            {
+                "candidate": "padding",
+                "processed_tokens": 384,
+                "effective_supervised_tokens": 236,
+                "median_step_ms": 7.5,
+            },
+            {
+                "candidate": "boundary_isolated_packing",
+                "processed_tokens": 240,
+                "effective_supervised_tokens": 236,
+                "median_step_ms": 6.25,
+            },
+        ),
+        {},
+    ),
+    # counts read from two JSON files: equal, but two int objects (`is` is not equality)
+    (
+        (
+            {"effective_supervised_tokens": 50_000, "median_step_ms": 80.0},
+            {"effective_supervised_tokens": int("50000"), "median_step_ms": 64.0},
+        ),
+        {},
+    ),
+    # a row read with numpy/pandas: the shared count comes back as a Python int
+    (
+        (
+            {"effective_supervised_tokens": np.int64(236), "median_step_ms": np.float64(63.4)},
+            {"effective_supervised_tokens": np.int64(236), "median_step_ms": np.float64(48.8)},
+        ),
+        {},
+    ),
+]
+grading.assert_matches_reference(
+    compare_padding_and_packing, "compare_padding_and_packing", _t_cases, rtol=1e-9, atol=1e-9
+)
 _t_good = {"effective_supervised_tokens": 236, "median_step_ms": 63.4}
-grading.assert_rejects(compare_padding_and_packing, "compare_padding_and_packing", [
-    ((_t_good, {"effective_supervised_tokens": 239, "median_step_ms": 48.8}), {}),
-    (({"effective_supervised_tokens": 240, "median_step_ms": 63.4}, _t_good), {}),
-    ((_t_good, {"effective_supervised_tokens": 236, "median_step_ms": 0.0}), {}),
-    (({"effective_supervised_tokens": 236, "median_step_ms": -1.0}, _t_good), {}),
-    ((_t_good, {"effective_supervised_tokens": 236}), {}),
-    (({"effective_supervised_tokens": 236}, _t_good), {}),                              # either side's key
-    (({"effective_supervised_tokens": 0, "median_step_ms": 63.4}, {"effective_supervised_tokens": 0, "median_step_ms": 48.8}), {}),
-    ((_t_good, {"effective_supervised_tokens": 236, "median_step_ms": float("nan")}), {}),
-    (({"effective_supervised_tokens": 236, "median_step_ms": float("inf")}, _t_good), {}),
-    (({"effective_supervised_tokens": 236.0, "median_step_ms": 63.4},
-      {"effective_supervised_tokens": 236.0, "median_step_ms": 48.8}), {}),              # token counts are ints
-    (({"effective_supervised_tokens": 236, "median_step_ms": 63.4},
-      {"effective_supervised_tokens": 236.0, "median_step_ms": 48.8}), {}),
-    (({"effective_supervised_tokens": True, "median_step_ms": 63.4},
-      {"effective_supervised_tokens": True, "median_step_ms": 48.8}), {}),
-    ((_t_good, {"effective_supervised_tokens": 236, "median_step_ms": "48.8"}), {}),      # a string is not a time
-    (({"effective_supervised_tokens": 236, "median_step_ms": True}, _t_good), {}),
-])
+grading.assert_rejects(
+    compare_padding_and_packing,
+    "compare_padding_and_packing",
+    [
+        ((_t_good, {"effective_supervised_tokens": 239, "median_step_ms": 48.8}), {}),
+        (({"effective_supervised_tokens": 240, "median_step_ms": 63.4}, _t_good), {}),
+        ((_t_good, {"effective_supervised_tokens": 236, "median_step_ms": 0.0}), {}),
+        (({"effective_supervised_tokens": 236, "median_step_ms": -1.0}, _t_good), {}),
+        ((_t_good, {"effective_supervised_tokens": 236}), {}),
+        (({"effective_supervised_tokens": 236}, _t_good), {}),  # either side's key
+        (
+            (
+                {"effective_supervised_tokens": 0, "median_step_ms": 63.4},
+                {"effective_supervised_tokens": 0, "median_step_ms": 48.8},
+            ),
+            {},
+        ),
+        ((_t_good, {"effective_supervised_tokens": 236, "median_step_ms": float("nan")}), {}),
+        (({"effective_supervised_tokens": 236, "median_step_ms": float("inf")}, _t_good), {}),
+        (
+            (
+                {"effective_supervised_tokens": 236.0, "median_step_ms": 63.4},
+                {"effective_supervised_tokens": 236.0, "median_step_ms": 48.8},
+            ),
+            {},
+        ),  # token counts are ints
+        (
+            (
+                {"effective_supervised_tokens": 236, "median_step_ms": 63.4},
+                {"effective_supervised_tokens": 236.0, "median_step_ms": 48.8},
+            ),
+            {},
+        ),
+        (
+            (
+                {"effective_supervised_tokens": True, "median_step_ms": 63.4},
+                {"effective_supervised_tokens": True, "median_step_ms": 48.8},
+            ),
+            {},
+        ),
+        ((_t_good, {"effective_supervised_tokens": 236, "median_step_ms": "48.8"}), {}),  # a string is not a time
+        (({"effective_supervised_tokens": 236, "median_step_ms": True}, _t_good), {}),
+    ],
+)
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -475,27 +640,47 @@ grading.assert_rejects(compare_padding_and_packing, "compare_padding_and_packing
 
 # %%
 SEED_PUBLISHED = {  # seed 000 §5.4, RTX 5070 Ti; milliseconds and tokens/s as the seed rounded them
-    "padding": {"processed_tokens": 384, "effective_supervised_tokens": 236, "median_step_ms": 63.4,
-                "effective_tokens_per_second": 3724},
-    "packing": {"processed_tokens": 240, "effective_supervised_tokens": 236, "median_step_ms": 48.8,
-                "effective_tokens_per_second": 4835},
+    "padding": {
+        "processed_tokens": 384,
+        "effective_supervised_tokens": 236,
+        "median_step_ms": 63.4,
+        "effective_tokens_per_second": 3724,
+    },
+    "packing": {
+        "processed_tokens": 240,
+        "effective_supervised_tokens": 236,
+        "median_step_ms": 48.8,
+        "effective_tokens_per_second": 4835,
+    },
 }
 seed_pad, seed_pack = SEED_PUBLISHED["padding"], SEED_PUBLISHED["packing"]
 seed_reading = compare_padding_and_packing(seed_pad, seed_pack)
 print("seed 000, RTX 5070 Ti (published, not measured here)")
-print(f"  processed tokens       {seed_pad['processed_tokens']} -> {seed_pack['processed_tokens']} "
-      f"({padding_vs_packing_ledger(PACKING_SAMPLE_LENGTHS)['processed_token_reduction']:.1%} fewer)")
-print(f"  supervised tokens      {seed_pad['effective_supervised_tokens']} -> {seed_pack['effective_supervised_tokens']}")
-print(f"  median step            {seed_pad['median_step_ms']} -> {seed_pack['median_step_ms']} ms "
-      f"({seed_reading['step_time_reduction']:.1%} less)")
-print(f"  effective tokens/s     {seed_pad['effective_tokens_per_second']} -> {seed_pack['effective_tokens_per_second']} "
-      f"published; {seed_reading['padding_tokens_per_second']:.0f} -> {seed_reading['packing_tokens_per_second']:.0f} "
-      "from the rounded ms")
-print(f"  throughput ratio       {seed_pack['effective_tokens_per_second'] / seed_pad['effective_tokens_per_second']:.3f}x"
-      f" published; {seed_reading['throughput_ratio']:.3f}x from the rounded ms")
+print(
+    f"  processed tokens       {seed_pad['processed_tokens']} -> {seed_pack['processed_tokens']} "
+    f"({padding_vs_packing_ledger(PACKING_SAMPLE_LENGTHS)['processed_token_reduction']:.1%} fewer)"
+)
+print(
+    f"  supervised tokens      {seed_pad['effective_supervised_tokens']} -> {seed_pack['effective_supervised_tokens']}"
+)
+print(
+    f"  median step            {seed_pad['median_step_ms']} -> {seed_pack['median_step_ms']} ms "
+    f"({seed_reading['step_time_reduction']:.1%} less)"
+)
+print(
+    f"  effective tokens/s     {seed_pad['effective_tokens_per_second']} -> {seed_pack['effective_tokens_per_second']} "
+    f"published; {seed_reading['padding_tokens_per_second']:.0f} -> {seed_reading['packing_tokens_per_second']:.0f} "
+    "from the rounded ms"
+)
+print(
+    f"  throughput ratio       {seed_pack['effective_tokens_per_second'] / seed_pad['effective_tokens_per_second']:.3f}x"
+    f" published; {seed_reading['throughput_ratio']:.3f}x from the rounded ms"
+)
 unrounded_ms = [1000 * 236 / row["effective_tokens_per_second"] for row in (seed_pad, seed_pack)]
-print(f"  published tokens/s back to ms: {unrounded_ms[0]:.2f} and {unrounded_ms[1]:.2f} ms, "
-      "which round to the published 63.4 and 48.8")
+print(
+    f"  published tokens/s back to ms: {unrounded_ms[0]:.2f} and {unrounded_ms[1]:.2f} ms, "
+    "which round to the published 63.4 and 48.8"
+)
 
 # %% [markdown]
 # The seed's 3724 and 4835 tokens/s are not 236 / 63.4 ms and 236 / 48.8 ms (3722 and 4836): they come from the
@@ -508,16 +693,26 @@ print(f"  published tokens/s back to ms: {unrounded_ms[0]:.2f} and {unrounded_ms
 # %%
 mine_pad, mine_pack = mine["measurements"]["packing_comparison"]
 my_reading = compare_padding_and_packing(mine_pad, mine_pack)
-print(f"this notebook: {mine['run_mode']} on {device_name(mine)}, "
-      f"model {mine['model']['description']}, evidence {mine['evidence_level']}, decision {mine['decision']}")
-print(f"  checks passed          length {all(mine['checks']['length'].values())}, "
-      f"packing {all(mine['checks']['packing'].values())}")
+print(
+    f"this notebook: {mine['run_mode']} on {device_name(mine)}, "
+    f"model {mine['model']['description']}, evidence {mine['evidence_level']}, decision {mine['decision']}"
+)
+print(
+    f"  checks passed          length {all(mine['checks']['length'].values())}, "
+    f"packing {all(mine['checks']['packing'].values())}"
+)
 print(f"  processed tokens       {mine_pad['processed_tokens']} -> {mine_pack['processed_tokens']}")
-print(f"  supervised tokens      {mine_pad['effective_supervised_tokens']} -> {mine_pack['effective_supervised_tokens']}")
-print(f"  median step            {mine_pad['median_step_ms']:.1f} -> {mine_pack['median_step_ms']:.1f} ms "
-      f"({my_reading['step_time_reduction']:.1%} less)")
-print(f"  effective tokens/s     {my_reading['padding_tokens_per_second']:.0f} -> "
-      f"{my_reading['packing_tokens_per_second']:.0f} ({my_reading['throughput_ratio']:.2f}x)")
+print(
+    f"  supervised tokens      {mine_pad['effective_supervised_tokens']} -> {mine_pack['effective_supervised_tokens']}"
+)
+print(
+    f"  median step            {mine_pad['median_step_ms']:.1f} -> {mine_pack['median_step_ms']:.1f} ms "
+    f"({my_reading['step_time_reduction']:.1%} less)"
+)
+print(
+    f"  effective tokens/s     {my_reading['padding_tokens_per_second']:.0f} -> "
+    f"{my_reading['packing_tokens_per_second']:.0f} ({my_reading['throughput_ratio']:.2f}x)"
+)
 if mine["run_mode"] != "real_gpu":
     print("  a CPU smoke timing: it shows that the measuring code runs, not how fast packing is on a GPU")
 
@@ -597,8 +792,10 @@ if mine["run_mode"] != "real_gpu":
 here = "cuda" if torch.cuda.is_available() else "cpu"
 run_dtype = torch.bfloat16 if here == "cpu" or native_bf16() else torch.float16  # as the runner
 why_not = flash_varlen_unavailable(here, run_dtype, 64)  # Qwen2.5-0.5B: head_dim 64
-print(f"varlen attention on this machine ({here}, {run_dtype}): kernel {varlen_kernel(here, run_dtype, 64)!r}"
-      + ("" if why_not is None else f"; not the fused one, because {why_not}"))
+print(
+    f"varlen attention on this machine ({here}, {run_dtype}): kernel {varlen_kernel(here, run_dtype, 64)!r}"
+    + ("" if why_not is None else f"; not the fused one, because {why_not}")
+)
 
 # %% [markdown]
 # ## 8. The same mechanism in the framework (TRL)
@@ -618,19 +815,30 @@ trl_padded = DataCollatorForLanguageModeling(pad_token_id=0)(samples)
 trl_packed = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)(samples)
 reference = padding_vs_packing_ledger(lengths)
 for name, batch in (("padding", trl_padded), ("packing", trl_packed)):
-    counts = {"processed_tokens": batch["input_ids"].numel(),
-              "effective_supervised_tokens": int(batch["labels"][:, 1:].ne(-100).sum())}
-    print(f"TRL {name:<8} {list(batch['input_ids'].shape)} {counts} | ledger agrees: "
-          f"{all(reference[name][key] == value for key, value in counts.items())}")
+    counts = {
+        "processed_tokens": batch["input_ids"].numel(),
+        "effective_supervised_tokens": int(batch["labels"][:, 1:].ne(-100).sum()),
+    }
+    print(
+        f"TRL {name:<8} {list(batch['input_ids'].shape)} {counts} | ledger agrees: "
+        f"{all(reference[name][key] == value for key, value in counts.items())}"
+    )
 with torch.no_grad():
-    trl_loss = model(input_ids=trl_packed["input_ids"], position_ids=trl_packed["position_ids"],
-                     labels=trl_packed["labels"]).loss
+    trl_loss = model(
+        input_ids=trl_packed["input_ids"], position_ids=trl_packed["position_ids"], labels=trl_packed["labels"]
+    ).loss
     with varlen_attention(model):  # the same batch, boundaries from TRL's cu_seq_lens, no mask anywhere
-        varlen_loss = model(input_ids=trl_packed["input_ids"], position_ids=trl_packed["position_ids"],
-                            labels=trl_packed["labels"], cu_seq_lens_q=trl_packed["cu_seq_lens_q"],
-                            cu_seq_lens_k=trl_packed["cu_seq_lens_k"]).loss
-print(f"loss: TRL padding-free {trl_loss.item():.6f} | benchmark's packed row {loss_packed.item():.6f} | "
-      f"TRL's batch under varlen attention {varlen_loss.item():.6f}")
+        varlen_loss = model(
+            input_ids=trl_packed["input_ids"],
+            position_ids=trl_packed["position_ids"],
+            labels=trl_packed["labels"],
+            cu_seq_lens_q=trl_packed["cu_seq_lens_q"],
+            cu_seq_lens_k=trl_packed["cu_seq_lens_k"],
+        ).loss
+print(
+    f"loss: TRL padding-free {trl_loss.item():.6f} | benchmark's packed row {loss_packed.item():.6f} | "
+    f"TRL's batch under varlen attention {varlen_loss.item():.6f}"
+)
 
 # %% [markdown]
 # ## 9. Design questions in practice (实践中的设计问题)

@@ -45,8 +45,13 @@ def solution_targets(chapter: str) -> dict[str, str]:
     from course_lib.instructor.build import NOTEBOOKS_DIR, SOLUTION_DIRECTIVE
 
     source = (NOTEBOOKS_DIR / "chapters" / f"{chapter}.py").read_text(encoding="utf-8")
-    targets = [target.strip() for line in source.splitlines() if (found := SOLUTION_DIRECTIVE.match(line))
-               for target in found.group("targets").split(",") if target.strip()]
+    targets = [
+        target.strip()
+        for line in source.splitlines()
+        if (found := SOLUTION_DIRECTIVE.match(line))
+        for target in found.group("targets").split(",")
+        if target.strip()
+    ]
     return {target.rsplit(".", 1)[1]: target for target in targets}
 
 
@@ -57,22 +62,31 @@ def library_callers(chapter: str) -> dict[str, dict[str, str]]:
     for todo, target in solution_targets(chapter).items():
         module, name = target.rsplit(".", 1)
         signature = inspect.signature(resolve(target))
-        passed = ", ".join(f"*{p.name}" if p.kind is p.VAR_POSITIONAL else f"**{p.name}" if p.kind is p.VAR_KEYWORD
-                           else p.name if p.kind is p.POSITIONAL_ONLY else f"{p.name}={p.name}"
-                           for p in signature.parameters.values())
+        passed = ", ".join(
+            f"*{p.name}"
+            if p.kind is p.VAR_POSITIONAL
+            else f"**{p.name}"
+            if p.kind is p.VAR_KEYWORD
+            else p.name
+            if p.kind is p.POSITIONAL_ONLY
+            else f"{p.name}={p.name}"
+            for p in signature.parameters.values()
+        )
         found[todo] = {
             # through the module attribute, passing on whatever it is given
-            "calls_the_library": (f"import {module}\n\n\ndef {name}(*args, **kwargs):\n"
-                                  f"    return {module}.{name}(*args, **kwargs)\n"),
+            "calls_the_library": (
+                f"import {module}\n\n\ndef {name}(*args, **kwargs):\n    return {module}.{name}(*args, **kwargs)\n"
+            ),
             # through a name imported before the hidden tests capture anything
-            "calls_the_library_by_alias": (f"from {module} import {name} as _theirs\n\n\n"
-                                           f"def {name}{signature}:\n"
-                                           f"    return _theirs({passed})\n"),
+            "calls_the_library_by_alias": (
+                f"from {module} import {name} as _theirs\n\n\ndef {name}{signature}:\n    return _theirs({passed})\n"
+            ),
             # a new function object around the library's code, taken before any test switches that code off
             "copies_the_library_function": (
                 f"import types\n\nimport {module}\n\n_theirs = {module}.{name}\n"
                 f"{name} = types.FunctionType(_theirs.__code__, _theirs.__globals__, {name!r}, _theirs.__defaults__)\n"
-                f"{name}.__kwdefaults__ = _theirs.__kwdefaults__\n"),
+                f"{name}.__kwdefaults__ = _theirs.__kwdefaults__\n"
+            ),
         }
     return found
 

@@ -8,7 +8,7 @@ _AUDIT = "course_lib.window.audit_context_fit"
 _AVAILABLE = "available = max(0, target - template - prompt)"
 
 
-_LEDGER = '''
+_LEDGER = """
 def ledger_from_roles(roles, *, supervise_eos=True):
     allowed = ("template", "system", "user", "assistant", "eos")
     for role in roles:
@@ -19,11 +19,14 @@ def ledger_from_roles(roles, *, supervise_eos=True):
     total = TOTAL
     return {"template_tokens": total - prompt - supervised, "prompt_tokens": prompt,
             "supervised_tokens": supervised, "total_tokens": total}
-'''
+"""
 
 
-def _ledger(prompt_roles='("system", "user")', eos='sum(role == "eos" for role in roles) if supervise_eos else 0',
-            total="len(roles)"):
+def _ledger(
+    prompt_roles='("system", "user")',
+    eos='sum(role == "eos" for role in roles) if supervise_eos else 0',
+    total="len(roles)",
+):
     return _LEDGER.replace("PROMPT_ROLES", prompt_roles).replace("EOS_COUNT", eos).replace("TOTAL", total)
 
 
@@ -34,11 +37,14 @@ MUTANTS = {
         # The template's tokens are forgotten: the prompt alone is charged against the window.
         "ignores_template_tokens": mutate(_AUDIT, (_AVAILABLE, "available = max(0, target - prompt)")),
         # Only the minimum-kept gate: any loss ratio is admitted.
-        "one_gate_only": mutate(_AUDIT, ("elif kept >= min_kept and loss_ratio <= max_ratio:", "elif kept >= min_kept:")),
+        "one_gate_only": mutate(
+            _AUDIT, ("elif kept >= min_kept and loss_ratio <= max_ratio:", "elif kept >= min_kept:")
+        ),
         # An overflow still reports the tokens it would have kept.
         "kept_reported_on_overflow": mutate(_AUDIT, ('decision, kept = "overflow", 0', 'decision = "overflow"')),
         # A wrong answer that rebinds the library's names to itself, so a naive reference would be itself.
-        "rebinds_the_library": mutate(_AUDIT, (_AVAILABLE, "available = max(0, target - prompt)")) + """
+        "rebinds_the_library": mutate(_AUDIT, (_AVAILABLE, "available = max(0, target - prompt)"))
+        + """
 import course_lib
 import course_lib.window
 course_lib.audit_context_fit = audit_context_fit
@@ -60,98 +66,163 @@ course_lib.window.audit_context_fit = audit_context_fit
 # Wrong answers a review of the grading found keeping full points (before the grader compared types and the
 # chapter's hidden tests gained the cases that catch them).
 _LEDGER_TARGET = "course_lib.ledger.ledger_from_roles"
-MUTANTS["ledger_from_roles"].update({
-    # numpy int64 counts: equal values, but json.dumps of the ledger fails.
-    "numpy_int_counts": mutate(_LEDGER_TARGET, ('prompt = int(np.isin(role_array, ("system", "user")).sum())',
-                                                'prompt = np.isin(role_array, ("system", "user")).sum()')),
-    # Roles lowercased before the check: "User" is silently counted as a prompt token instead of refused.
-    "roles_lowercased": mutate(_LEDGER_TARGET, ("role_array = np.asarray(roles, dtype=str)",
-                                                "role_array = np.char.lower(np.asarray(roles, dtype=str))")),
-    # Any truthy supervise_eos supervises the EOS: "no" does too.
-    "supervise_eos_truthy": mutate(_LEDGER_TARGET, ('supervise_eos = require_bool("supervise_eos", supervise_eos)',
-                                                    "supervise_eos = bool(supervise_eos)")),
-})
-MUTANTS["audit_context_fit"].update({
-    # Seed 000's literal formula: a whole sample below the minimum is called "fit" but reports 0 kept tokens.
-    "seed_formula_fit_below_minimum": mutate(_AUDIT, ('            decision = "fit"\n',
-                                                      '            decision = "fit"\n'
-                                                      '            kept = kept if kept >= min_kept else 0\n')),
-    # Only a negative ratio or one above 1 is refused: nan passes, and every cut then overflows.
-    "nan_ratio_accepted": mutate(_AUDIT, (
-        'max_ratio = require_ratio("max_supervision_loss_ratio", max_supervision_loss_ratio)',
-        "max_ratio = max_supervision_loss_ratio\n"
-        "    if max_ratio < 0 or max_ratio > 1:\n"
-        '        raise ValueError(f"max_supervision_loss_ratio must lie in [0, 1], got {max_ratio}")')),
-    # Only a zero supervised length is refused: -5 becomes a "fit" that keeps -5 tokens.
-    "negative_supervision_accepted": mutate(_AUDIT, (
-        "supervised = require_positive_int(f\"samples[{index}]['supervised_tokens']\", sample[\"supervised_tokens\"])",
-        'supervised = sample["supervised_tokens"]\n'
-        "        if supervised == 0:\n"
-        '            raise ValueError(f"samples[{index}] has no supervised tokens")')),
-})
-MUTANTS["audit_context_fit"].update({
-    # The template length checked for its sign only: 2.5 template tokens give a total of 17.5.
-    "fractional_template_accepted": mutate(_AUDIT, (
-        'template = require_nonnegative_int("template_tokens", template_tokens)',
-        "template = template_tokens\n"
-        "    if template < 0:\n"
-        '        raise ValueError(f"template_tokens must be >= 0, got {template}")')),
-})
+MUTANTS["ledger_from_roles"].update(
+    {
+        # numpy int64 counts: equal values, but json.dumps of the ledger fails.
+        "numpy_int_counts": mutate(
+            _LEDGER_TARGET,
+            (
+                'prompt = int(np.isin(role_array, ("system", "user")).sum())',
+                'prompt = np.isin(role_array, ("system", "user")).sum()',
+            ),
+        ),
+        # Roles lowercased before the check: "User" is silently counted as a prompt token instead of refused.
+        "roles_lowercased": mutate(
+            _LEDGER_TARGET,
+            ("role_array = np.asarray(roles, dtype=str)", "role_array = np.char.lower(np.asarray(roles, dtype=str))"),
+        ),
+        # Any truthy supervise_eos supervises the EOS: "no" does too.
+        "supervise_eos_truthy": mutate(
+            _LEDGER_TARGET,
+            ('supervise_eos = require_bool("supervise_eos", supervise_eos)', "supervise_eos = bool(supervise_eos)"),
+        ),
+    }
+)
+MUTANTS["audit_context_fit"].update(
+    {
+        # Seed 000's literal formula: a whole sample below the minimum is called "fit" but reports 0 kept tokens.
+        "seed_formula_fit_below_minimum": mutate(
+            _AUDIT,
+            (
+                '            decision = "fit"\n',
+                '            decision = "fit"\n            kept = kept if kept >= min_kept else 0\n',
+            ),
+        ),
+        # Only a negative ratio or one above 1 is refused: nan passes, and every cut then overflows.
+        "nan_ratio_accepted": mutate(
+            _AUDIT,
+            (
+                'max_ratio = require_ratio("max_supervision_loss_ratio", max_supervision_loss_ratio)',
+                "max_ratio = max_supervision_loss_ratio\n"
+                "    if max_ratio < 0 or max_ratio > 1:\n"
+                '        raise ValueError(f"max_supervision_loss_ratio must lie in [0, 1], got {max_ratio}")',
+            ),
+        ),
+        # Only a zero supervised length is refused: -5 becomes a "fit" that keeps -5 tokens.
+        "negative_supervision_accepted": mutate(
+            _AUDIT,
+            (
+                'supervised = require_positive_int(f"samples[{index}][\'supervised_tokens\']", sample["supervised_tokens"])',
+                'supervised = sample["supervised_tokens"]\n'
+                "        if supervised == 0:\n"
+                '            raise ValueError(f"samples[{index}] has no supervised tokens")',
+            ),
+        ),
+    }
+)
+MUTANTS["audit_context_fit"].update(
+    {
+        # The template length checked for its sign only: 2.5 template tokens give a total of 17.5.
+        "fractional_template_accepted": mutate(
+            _AUDIT,
+            (
+                'template = require_nonnegative_int("template_tokens", template_tokens)',
+                "template = template_tokens\n"
+                "    if template < 0:\n"
+                '        raise ValueError(f"template_tokens must be >= 0, got {template}")',
+            ),
+        ),
+    }
+)
 
 # Wrong answers a second review tried on the edges (empty input, duplicates, defaults, where a check runs).
-MUTANTS["ledger_from_roles"].update({
-    # An empty list of roles refused, although the TODO promises four zeros for it.
-    "empty_roles_refused": mutate(_LEDGER_TARGET, ('roles = require_sequence("roles", roles)',
-                                                   'roles = require_sequence("roles", roles, allow_empty=False)')),
-    # One end-of-turn token per sample assumed: a multi-turn chat's later answers lose their EOS.
-    "eos_counted_once": mutate(_LEDGER_TARGET, ('eos = int((role_array == "eos").sum())',
-                                                'eos = int("eos" in role_array.tolist())')),
-    # supervise_eos is only looked at (and checked) when the roles hold an eos token.
-    "supervise_eos_checked_only_with_an_eos": mutate(_LEDGER_TARGET, (
-        'supervise_eos = require_bool("supervise_eos", supervise_eos)',
-        'if "eos" in roles:\n        supervise_eos = require_bool("supervise_eos", supervise_eos)')),
-})
-MUTANTS["audit_context_fit"].update({
-    # Records kept in a dict keyed by name: two samples with one name become one record.
-    "records_keyed_by_name": mutate(_AUDIT, ('    return {"records": records,',
-                                             '    records = list({r["name"]: r for r in records}.values())\n'
-                                             '    return {"records": records,')),
-    # A "sensible" default of 32 kept tokens instead of the signature's 1.
-    "default_min_kept_32": mutate(_AUDIT, ("min_kept_supervised_tokens: int = 1", "min_kept_supervised_tokens: int = 32")),
-    # The window, template, minimum and ratio checked inside the loop: with no samples, nothing is checked.
-    "arguments_checked_per_sample": mutate(_AUDIT, (
-        '    target = require_positive_int("target_context_len", target_context_len)\n'
-        '    min_kept = require_positive_int("min_kept_supervised_tokens", min_kept_supervised_tokens)\n'
-        '    max_ratio = require_ratio("max_supervision_loss_ratio", max_supervision_loss_ratio)\n'
-        '    template = require_nonnegative_int("template_tokens", template_tokens)\n', ""), (
-        '        require_keys(f"samples[{index}]", sample, ("name", "prompt_tokens", "supervised_tokens"))\n',
-        '        require_keys(f"samples[{index}]", sample, ("name", "prompt_tokens", "supervised_tokens"))\n'
-        '        target = require_positive_int("target_context_len", target_context_len)\n'
-        '        min_kept = require_positive_int("min_kept_supervised_tokens", min_kept_supervised_tokens)\n'
-        '        max_ratio = require_ratio("max_supervision_loss_ratio", max_supervision_loss_ratio)\n'
-        '        template = require_nonnegative_int("template_tokens", template_tokens)\n')),
-    # A sample's lengths checked with isinstance(int): True passes as one token.
-    "bool_sample_lengths_accepted": mutate(_AUDIT, (
-        "supervised = require_positive_int(f\"samples[{index}]['supervised_tokens']\", sample[\"supervised_tokens\"])",
-        'supervised = sample["supervised_tokens"]\n'
-        "        if not isinstance(supervised, int) or supervised <= 0:\n"
-        '            raise ValueError(f"samples[{index}] needs a positive integer supervised_tokens")')),
-})
-MUTANTS["audit_context_fit"].update({
-    # The ratio must be a float: the numbers 0 and 1 (ints) are refused, although they lie in [0, 1].
-    "int_ratio_refused": mutate(_AUDIT, (
-        'max_ratio = require_ratio("max_supervision_loss_ratio", max_supervision_loss_ratio)',
-        "if not isinstance(max_supervision_loss_ratio, float):\n"
-        '        raise ValueError("max_supervision_loss_ratio must be a float")\n'
-        '    max_ratio = require_ratio("max_supervision_loss_ratio", max_supervision_loss_ratio)')),
-})
+MUTANTS["ledger_from_roles"].update(
+    {
+        # An empty list of roles refused, although the TODO promises four zeros for it.
+        "empty_roles_refused": mutate(
+            _LEDGER_TARGET,
+            ('roles = require_sequence("roles", roles)', 'roles = require_sequence("roles", roles, allow_empty=False)'),
+        ),
+        # One end-of-turn token per sample assumed: a multi-turn chat's later answers lose their EOS.
+        "eos_counted_once": mutate(
+            _LEDGER_TARGET, ('eos = int((role_array == "eos").sum())', 'eos = int("eos" in role_array.tolist())')
+        ),
+        # supervise_eos is only looked at (and checked) when the roles hold an eos token.
+        "supervise_eos_checked_only_with_an_eos": mutate(
+            _LEDGER_TARGET,
+            (
+                'supervise_eos = require_bool("supervise_eos", supervise_eos)',
+                'if "eos" in roles:\n        supervise_eos = require_bool("supervise_eos", supervise_eos)',
+            ),
+        ),
+    }
+)
+MUTANTS["audit_context_fit"].update(
+    {
+        # Records kept in a dict keyed by name: two samples with one name become one record.
+        "records_keyed_by_name": mutate(
+            _AUDIT,
+            (
+                '    return {\n        "records": records,',
+                '    records = list({r["name"]: r for r in records}.values())\n    return {\n        "records": records,',
+            ),
+        ),
+        # A "sensible" default of 32 kept tokens instead of the signature's 1.
+        "default_min_kept_32": mutate(
+            _AUDIT, ("min_kept_supervised_tokens: int = 1", "min_kept_supervised_tokens: int = 32")
+        ),
+        # The window, template, minimum and ratio checked inside the loop: with no samples, nothing is checked.
+        "arguments_checked_per_sample": mutate(
+            _AUDIT,
+            (
+                '    target = require_positive_int("target_context_len", target_context_len)\n'
+                '    min_kept = require_positive_int("min_kept_supervised_tokens", min_kept_supervised_tokens)\n'
+                '    max_ratio = require_ratio("max_supervision_loss_ratio", max_supervision_loss_ratio)\n'
+                '    template = require_nonnegative_int("template_tokens", template_tokens)\n',
+                "",
+            ),
+            (
+                '        require_keys(f"samples[{index}]", sample, ("name", "prompt_tokens", "supervised_tokens"))\n',
+                '        require_keys(f"samples[{index}]", sample, ("name", "prompt_tokens", "supervised_tokens"))\n'
+                '        target = require_positive_int("target_context_len", target_context_len)\n'
+                '        min_kept = require_positive_int("min_kept_supervised_tokens", min_kept_supervised_tokens)\n'
+                '        max_ratio = require_ratio("max_supervision_loss_ratio", max_supervision_loss_ratio)\n'
+                '        template = require_nonnegative_int("template_tokens", template_tokens)\n',
+            ),
+        ),
+        # A sample's lengths checked with isinstance(int): True passes as one token.
+        "bool_sample_lengths_accepted": mutate(
+            _AUDIT,
+            (
+                'supervised = require_positive_int(f"samples[{index}][\'supervised_tokens\']", sample["supervised_tokens"])',
+                'supervised = sample["supervised_tokens"]\n'
+                "        if not isinstance(supervised, int) or supervised <= 0:\n"
+                '            raise ValueError(f"samples[{index}] needs a positive integer supervised_tokens")',
+            ),
+        ),
+    }
+)
+MUTANTS["audit_context_fit"].update(
+    {
+        # The ratio must be a float: the numbers 0 and 1 (ints) are refused, although they lie in [0, 1].
+        "int_ratio_refused": mutate(
+            _AUDIT,
+            (
+                'max_ratio = require_ratio("max_supervision_loss_ratio", max_supervision_loss_ratio)',
+                "if not isinstance(max_supervision_loss_ratio, float):\n"
+                '        raise ValueError("max_supervision_loss_ratio must be a float")\n'
+                '    max_ratio = require_ratio("max_supervision_loss_ratio", max_supervision_loss_ratio)',
+            ),
+        ),
+    }
+)
 
 # Correct answers that differ from the library's code: each must keep every point (the grader must not be stricter
 # than the TODO text).
 ALTERNATIVES = {
     "ledger_from_roles": {
         # A Counter filled in a plain loop; supervise_eos checked first, with require_bool.
-        "counter_loop": '''
+        "counter_loop": """
 from collections import Counter
 
 from course_lib._checks import require_bool
@@ -170,9 +241,9 @@ def ledger_from_roles(roles, *, supervise_eos=True):
     total = sum(counts.values())
     return {"template_tokens": total - prompt - supervised, "prompt_tokens": prompt,
             "supervised_tokens": supervised, "total_tokens": total}
-''',
+""",
         # if/elif counting; the roles checked before supervise_eos, which is checked by hand (type is bool).
-        "elif_chain_own_bool_check": '''
+        "elif_chain_own_bool_check": """
 def ledger_from_roles(roles, *, supervise_eos=True):
     template = prompt = supervised = 0
     for role in roles:
@@ -193,9 +264,9 @@ def ledger_from_roles(roles, *, supervise_eos=True):
         raise ValueError(f"supervise_eos must be True or False, not {supervise_eos!r}")
     return {"template_tokens": template, "prompt_tokens": prompt, "supervised_tokens": supervised,
             "total_tokens": template + prompt + supervised}
-''',
+""",
         # numpy: np.unique counts, converted with int().
-        "numpy_unique_counts": '''
+        "numpy_unique_counts": """
 import numpy as np
 
 from course_lib._checks import require_bool
@@ -213,11 +284,11 @@ def ledger_from_roles(roles, *, supervise_eos=True):
     supervised = int(found.get("assistant", 0) + (found.get("eos", 0) if supervise_eos else 0))
     return {"template_tokens": total - prompt - supervised, "prompt_tokens": prompt,
             "supervised_tokens": supervised, "total_tokens": total}
-''',
+""",
     },
     "audit_context_fit": {
         # Own checks with numbers.Integral / numbers.Real; the ratio as 1 - kept / supervised; names built in the loop.
-        "own_checks_one_minus_kept_share": '''
+        "own_checks_one_minus_kept_share": """
 import math
 from numbers import Integral, Real
 
@@ -257,9 +328,9 @@ def audit_context_fit(samples, target_context_len, template_tokens, min_kept_sup
                                 "kept_supervised_tokens": 0 if decision == "overflow" else kept,
                                 "supervision_loss_ratio": loss, "decision": decision})
     return plan
-''',
+""",
         # The fit test on the total; the gates as early returns from a helper; the setup's validators.
-        "fit_by_total_helper": '''
+        "fit_by_total_helper": """
 from course_lib._checks import (require_keys, require_nonnegative_int, require_positive_int, require_ratio,
                                 require_sequence)
 
@@ -297,9 +368,9 @@ def audit_context_fit(samples, target_context_len, template_tokens, min_kept_sup
           for decision in ("fit", "truncate", "overflow")}
     return {"records": records, "fit_names": by["fit"], "truncated_names": by["truncate"],
             "overflow_names": by["overflow"]}
-''',
+""",
         # numpy integers accepted for the lengths (np.integer), a ratio compared as a float, a dataclass per record.
-        "dataclass_records": '''
+        "dataclass_records": """
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -350,12 +421,13 @@ def audit_context_fit(samples, target_context_len, template_tokens, min_kept_sup
             "fit_names": [record.name for record in records if record.decision == "fit"],
             "truncated_names": [record.name for record in records if record.decision == "truncate"],
             "overflow_names": [record.name for record in records if record.decision == "overflow"]}
-''',
+""",
     },
 }
-ALTERNATIVES["audit_context_fit"].update({
-    # A helper named _window: the graded cell once had a global of that name, which replaced the student's helper.
-    "helper_named_window": '''
+ALTERNATIVES["audit_context_fit"].update(
+    {
+        # A helper named _window: the graded cell once had a global of that name, which replaced the student's helper.
+        "helper_named_window": """
 from course_lib._checks import (require_keys, require_nonnegative_int, require_positive_int, require_ratio,
                                 require_sequence)
 
@@ -387,5 +459,6 @@ def audit_context_fit(samples, target_context_len, template_tokens, min_kept_sup
         out["records"].append({"name": sample["name"], "total_tokens": template + prompt + supervised,
                                "kept_supervised_tokens": kept, "supervision_loss_ratio": ratio, "decision": decision})
     return out
-''',
-})
+""",
+    }
+)

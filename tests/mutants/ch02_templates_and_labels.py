@@ -4,7 +4,7 @@ from tests.mutants import mutate
 
 CHAPTER = "02_templates_and_labels"
 
-_BUILD = '''
+_BUILD = """
 def build_labels(tokenizer, messages, *, supervise_eos=True, max_length=None, chat_template=None):
     if max_length is not None:
         max_length = CHECKED_MAX_LENGTH
@@ -15,18 +15,24 @@ def build_labels(tokenizer, messages, *, supervise_eos=True, max_length=None, ch
     if max_length is not None:
         input_ids, labels = CUT
     return {"input_ids": input_ids, "labels": labels}
-'''
+"""
 
 
-def _build(labels="[i if r in kept else IGNORE_INDEX for i, r in zip(input_ids, roles)]",
-           supervised='("assistant", "eos") if supervise_eos else ("assistant",)',
-           cut="input_ids[:max_length], labels[:max_length]",
-           checked='require_positive_int("max_length", max_length)'):
-    return (_BUILD.replace("LABELS", labels).replace("SUPERVISED", supervised).replace("CUT", cut)
-            .replace("CHECKED_MAX_LENGTH", checked))
+def _build(
+    labels="[i if r in kept else IGNORE_INDEX for i, r in zip(input_ids, roles)]",
+    supervised='("assistant", "eos") if supervise_eos else ("assistant",)',
+    cut="input_ids[:max_length], labels[:max_length]",
+    checked='require_positive_int("max_length", max_length)',
+):
+    return (
+        _BUILD.replace("LABELS", labels)
+        .replace("SUPERVISED", supervised)
+        .replace("CUT", cut)
+        .replace("CHECKED_MAX_LENGTH", checked)
+    )
 
 
-_PAD = '''
+_PAD = """
 def pad_batch(features, pad_token_id, *, pad_to_multiple_of=None):
     pad_token_id = require_int("pad_token_id", pad_token_id, minimum=0)
     multiple = 1 if pad_to_multiple_of is None else require_positive_int("pad_to_multiple_of", pad_to_multiple_of)
@@ -50,13 +56,21 @@ def pad_batch(features, pad_token_id, *, pad_to_multiple_of=None):
         batch["labels"].append(PAD_LABELS)
         batch["attention_mask"].append(MASK)
     return {key: torch.tensor(value, dtype=torch.long) for key, value in batch.items()}
-'''
+"""
 
 
-def _pad(ids="ids + [pad_token_id] * fill", labels="labels + [IGNORE_INDEX] * fill",
-         mask="[1] * len(ids) + [0] * fill", length_check="len(ids) != len(labels)"):
-    return (_PAD.replace("PAD_IDS", ids).replace("PAD_LABELS", labels).replace("MASK", mask)
-            .replace("LENGTH_CHECK", length_check))
+def _pad(
+    ids="ids + [pad_token_id] * fill",
+    labels="labels + [IGNORE_INDEX] * fill",
+    mask="[1] * len(ids) + [0] * fill",
+    length_check="len(ids) != len(labels)",
+):
+    return (
+        _PAD.replace("PAD_IDS", ids)
+        .replace("PAD_LABELS", labels)
+        .replace("MASK", mask)
+        .replace("LENGTH_CHECK", length_check)
+    )
 
 
 MUTANTS = {
@@ -64,7 +78,8 @@ MUTANTS = {
         # Seed 002: the single-turn habit masks only what comes before the first answer, so later user turns
         # and role headers are trained on (the model learns to echo its users).
         "user_turns_supervised": _build(
-            labels='[IGNORE_INDEX] * roles.index("assistant") + input_ids[roles.index("assistant"):]'),
+            labels='[IGNORE_INDEX] * roles.index("assistant") + input_ids[roles.index("assistant"):]'
+        ),
         # The end-of-turn token never carries loss, whatever supervise_eos says: the model never learns to stop.
         "eos_never_supervised": _build(supervised='("assistant",)'),
         # Seed 002: max_length cuts input_ids but the labels stay long.
@@ -73,10 +88,12 @@ MUTANTS = {
         "truncated_from_the_left": _build(cut="input_ids[-max_length:], labels[-max_length:]"),
         # Labels shifted by hand although the model shifts them itself: every target is off by one.
         "labels_pre_shifted": _build(
-            labels="[i if r in kept else IGNORE_INDEX for i, r in zip(input_ids, roles)][1:] + [IGNORE_INDEX]"),
+            labels="[i if r in kept else IGNORE_INDEX for i, r in zip(input_ids, roles)][1:] + [IGNORE_INDEX]"
+        ),
         # Everything but system and user supervised: role headers and separators become targets.
         "template_tokens_supervised": _build(
-            labels='[IGNORE_INDEX if r in ("system", "user") else i for i, r in zip(input_ids, roles)]'),
+            labels='[IGNORE_INDEX if r in ("system", "user") else i for i, r in zip(input_ids, roles)]'
+        ),
         # max_length is used without a check: 0 gives an empty sample instead of an error.
         "max_length_unchecked": _build(checked="max_length"),
     },
@@ -84,8 +101,11 @@ MUTANTS = {
         # Seed 002: labels padded with the pad id, so padding becomes a target.
         "pad_id_in_labels": _pad(labels="labels + [pad_token_id] * fill"),
         # Left padding: the right thing for generation, the wrong contract for this collator.
-        "left_padding": _pad(ids="[pad_token_id] * fill + ids", labels="[IGNORE_INDEX] * fill + labels",
-                             mask="[0] * fill + [1] * len(ids)"),
+        "left_padding": _pad(
+            ids="[pad_token_id] * fill + ids",
+            labels="[IGNORE_INDEX] * fill + labels",
+            mask="[0] * fill + [1] * len(ids)",
+        ),
         # Attention mask from the ids: every real token equal to the pad id (pad = eos) is hidden.
         "attention_mask_from_pad_id": _pad(mask="[int(i != pad_token_id) for i in ids + [pad_token_id] * fill]"),
         # The two masks confused: attention only where the labels are supervised.
@@ -100,28 +120,39 @@ MUTANTS = {
 
 _PAD_TARGET = "course_lib.labels.pad_batch"
 _RETURN = '    return {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}'
-MUTANTS["pad_batch"].update({
-    # Writes the padded rows back into the caller's features: a second call on them sees no padding at all.
-    "pads_the_callers_features": mutate(_PAD_TARGET, (
-        _RETURN,
-        "    for feature, id_row, label_row in zip(features, input_ids, labels, strict=True):\n"
-        '        feature["input_ids"], feature["labels"] = id_row.tolist(), label_row.tolist()\n' + _RETURN)),
-    # int32 inputs come back as int32 tensors, not the promised torch.long.
-    "keeps_the_input_dtype": mutate(_PAD_TARGET, ("input_ids, labels = input_ids.long(), labels.long()  # [T_b] each",
-                                                  "pass")),
-})
-MUTANTS["build_labels"].update({
-    # Any truthy supervise_eos supervises the EOS: "false" does too.
-    "supervise_eos_truthy": mutate("course_lib.labels.build_labels", (
-        'supervise_eos = require_bool("supervise_eos", supervise_eos)', "supervise_eos = bool(supervise_eos)")),
-})
+MUTANTS["pad_batch"].update(
+    {
+        # Writes the padded rows back into the caller's features: a second call on them sees no padding at all.
+        "pads_the_callers_features": mutate(
+            _PAD_TARGET,
+            (
+                _RETURN,
+                "    for feature, id_row, label_row in zip(features, input_ids, labels, strict=True):\n"
+                '        feature["input_ids"], feature["labels"] = id_row.tolist(), label_row.tolist()\n' + _RETURN,
+            ),
+        ),
+        # int32 inputs come back as int32 tensors, not the promised torch.long.
+        "keeps_the_input_dtype": mutate(
+            _PAD_TARGET, ("input_ids, labels = input_ids.long(), labels.long()  # [T_b] each", "pass")
+        ),
+    }
+)
+MUTANTS["build_labels"].update(
+    {
+        # Any truthy supervise_eos supervises the EOS: "false" does too.
+        "supervise_eos_truthy": mutate(
+            "course_lib.labels.build_labels",
+            ('supervise_eos = require_bool("supervise_eos", supervise_eos)', "supervise_eos = bool(supervise_eos)"),
+        ),
+    }
+)
 
 # Correct answers that differ from the library's code: each must keep every point. This one builds each row with
 # torch.tensor (which warns when a feature already holds a tensor) and pads with pad_sequence; through nbgrader the
 # warning once cost it the whole cell (stderr), now dropped before grading (notebooks/nbgrader_config.py).
 ALTERNATIVES = {
     "pad_batch": {
-        "tensor_rows_and_pad_sequence": '''
+        "tensor_rows_and_pad_sequence": """
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
@@ -156,58 +187,84 @@ def pad_batch(features, pad_token_id, *, pad_to_multiple_of=None):
              "attention_mask": pad_sequence(masks, batch_first=True, padding_value=0)}
     rows = len(features)
     return {key: value[:rows] for key, value in batch.items()}
-''',
+""",
     },
 }
 
 # Wrong answers a second review tried on the edges (masks from token values, whole floats, ignored arguments).
-MUTANTS["build_labels"].update({
-    # Supervision decided by token value: any token whose id also occurs in an answer is supervised, a user turn's
-    # word or end-of-turn token included.
-    "supervision_by_token_value": _build(
-        labels="[i if i in {j for j, r in zip(input_ids, roles) if r in kept} else IGNORE_INDEX for i in input_ids]"),
-    # max_length read as padding="max_length": short samples are padded up to it instead of left alone.
-    "pads_up_to_max_length": _build(
-        cut="(input_ids + [0] * (max_length - len(input_ids)))[:max_length], "
-            "(labels + [IGNORE_INDEX] * (max_length - len(labels)))[:max_length]"),
-})
-_IDS_CHECK = "input_ids = require_tensor(f\"features[{index}]['input_ids']\", feature[\"input_ids\"], ndim=1, dtype_kind=\"i\")"
-MUTANTS["pad_batch"].update({
-    # Float ids accepted when they are whole numbers: [5.0, 6.0] goes through (only 5.5 is refused).
-    "whole_float_ids_accepted": mutate(_PAD_TARGET, (
-        _IDS_CHECK,
-        _IDS_CHECK.replace('dtype_kind="i"', 'dtype_kind="if"') + "\n"
-        "        if bool((input_ids != input_ids.round()).any()):\n"
-        "            raise ValueError(f\"features[{index}]['input_ids'] must hold whole numbers\")")),
-    # Pads input_ids with 0 whatever pad_token_id says.
-    "pad_token_id_ignored": mutate(_PAD_TARGET, ("batch_first=True, padding_value=pad_token_id)",
-                                                 "batch_first=True, padding_value=0)")),
-    # The width taken from the first feature, as if the features came sorted longest first.
-    "width_of_the_first_feature": mutate(_PAD_TARGET, (
-        "    attention_mask = (torch.arange(input_ids.shape[1])",
-        "    input_ids, labels = input_ids[:, :len(id_rows[0])], labels[:, :len(id_rows[0])]\n"
-        "    attention_mask = (torch.arange(input_ids.shape[1])")),
-})
-MUTANTS["build_labels"].update({
-    # Tidies the caller's messages in place (strips every content) before rendering.
-    "strips_the_callers_messages": _build().replace(
-        "    rendered = render_chat(",
-        "    for message in messages:\n"
-        '        message["content"] = message["content"].strip()\n'
-        "    rendered = render_chat("),
-})
-MUTANTS["pad_batch"].update({
-    # Attention where the id is not the pad id or the label is supervised: a real prompt token that carries the pad
-    # id (and label -100) is hidden.
-    "attention_mask_from_ids_or_labels": mutate(_PAD_TARGET, (
-        "attention_mask = (torch.arange(input_ids.shape[1])[None, :] < lengths[:, None]).long()",
-        "attention_mask = ((input_ids != pad_token_id) | (labels != IGNORE_INDEX)).long()")),
-})
+MUTANTS["build_labels"].update(
+    {
+        # Supervision decided by token value: any token whose id also occurs in an answer is supervised, a user turn's
+        # word or end-of-turn token included.
+        "supervision_by_token_value": _build(
+            labels="[i if i in {j for j, r in zip(input_ids, roles) if r in kept} else IGNORE_INDEX for i in input_ids]"
+        ),
+        # max_length read as padding="max_length": short samples are padded up to it instead of left alone.
+        "pads_up_to_max_length": _build(
+            cut="(input_ids + [0] * (max_length - len(input_ids)))[:max_length], "
+            "(labels + [IGNORE_INDEX] * (max_length - len(labels)))[:max_length]"
+        ),
+    }
+)
+_IDS_CHECK = (
+    'input_ids = require_tensor(f"features[{index}][\'input_ids\']", feature["input_ids"], ndim=1, dtype_kind="i")'
+)
+MUTANTS["pad_batch"].update(
+    {
+        # Float ids accepted when they are whole numbers: [5.0, 6.0] goes through (only 5.5 is refused).
+        "whole_float_ids_accepted": mutate(
+            _PAD_TARGET,
+            (
+                _IDS_CHECK,
+                _IDS_CHECK.replace('dtype_kind="i"', 'dtype_kind="if"') + "\n"
+                "        if bool((input_ids != input_ids.round()).any()):\n"
+                "            raise ValueError(f\"features[{index}]['input_ids'] must hold whole numbers\")",
+            ),
+        ),
+        # Pads input_ids with 0 whatever pad_token_id says.
+        "pad_token_id_ignored": mutate(
+            _PAD_TARGET, ("batch_first=True, padding_value=pad_token_id)", "batch_first=True, padding_value=0)")
+        ),
+        # The width taken from the first feature, as if the features came sorted longest first.
+        "width_of_the_first_feature": mutate(
+            _PAD_TARGET,
+            (
+                "    attention_mask = (torch.arange(input_ids.shape[1])",
+                "    input_ids, labels = input_ids[:, :len(id_rows[0])], labels[:, :len(id_rows[0])]\n"
+                "    attention_mask = (torch.arange(input_ids.shape[1])",
+            ),
+        ),
+    }
+)
+MUTANTS["build_labels"].update(
+    {
+        # Tidies the caller's messages in place (strips every content) before rendering.
+        "strips_the_callers_messages": _build().replace(
+            "    rendered = render_chat(",
+            "    for message in messages:\n"
+            '        message["content"] = message["content"].strip()\n'
+            "    rendered = render_chat(",
+        ),
+    }
+)
+MUTANTS["pad_batch"].update(
+    {
+        # Attention where the id is not the pad id or the label is supervised: a real prompt token that carries the pad
+        # id (and label -100) is hidden.
+        "attention_mask_from_ids_or_labels": mutate(
+            _PAD_TARGET,
+            (
+                "attention_mask = (torch.arange(input_ids.shape[1])[None, :] < lengths[:, None]).long()",
+                "attention_mask = ((input_ids != pad_token_id) | (labels != IGNORE_INDEX)).long()",
+            ),
+        ),
+    }
+)
 
 # More correct answers written differently (pure Python, torch, numpy; other check orders and messages).
 ALTERNATIVES["build_labels"] = {
     # Plain Python lists; max_length checked before supervise_eos.
-    "plain_lists": '''
+    "plain_lists": """
 from course_lib import IGNORE_INDEX, render_chat
 from course_lib._checks import require_bool, require_positive_int
 
@@ -223,9 +280,9 @@ def build_labels(tokenizer, messages, *, supervise_eos=True, max_length=None, ch
     if max_length is not None:
         input_ids, labels = input_ids[:max_length], labels[:max_length]
     return {"input_ids": input_ids, "labels": labels}
-''',
+""",
     # torch.where on tensors, own checks with other messages, rendering first.
-    "torch_where_own_checks": '''
+    "torch_where_own_checks": """
 import torch
 
 from course_lib import render_chat
@@ -246,9 +303,9 @@ def build_labels(tokenizer, messages, *, supervise_eos=True, max_length=None, ch
     if max_length is not None:
         ids, labels = ids[:max_length], labels[:max_length]
     return {"input_ids": ids.tolist(), "labels": labels.tolist()}
-''',
+""",
     # A loop that stops at max_length (itertools.islice), labels appended one by one.
-    "islice_loop": '''
+    "islice_loop": """
 from itertools import islice
 
 from course_lib import IGNORE_INDEX, render_chat
@@ -267,11 +324,12 @@ def build_labels(tokenizer, messages, *, supervise_eos=True, max_length=None, ch
         else:
             labels.append(IGNORE_INDEX)
     return {"input_ids": input_ids, "labels": labels}
-''',
+""",
 }
-ALTERNATIVES["pad_batch"].update({
-    # Plain Python rows checked element by element, padded as lists, one torch.tensor per key at the end.
-    "python_lists_then_tensor": '''
+ALTERNATIVES["pad_batch"].update(
+    {
+        # Plain Python rows checked element by element, padded as lists, one torch.tensor per key at the end.
+        "python_lists_then_tensor": """
 from numbers import Integral
 
 import torch
@@ -315,9 +373,9 @@ def pad_batch(features, pad_token_id, *, pad_to_multiple_of=None):
         "attention_mask": torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in rows],
                                        dtype=torch.long),
     }
-''',
-    # torch.full then row slices filled in place (the new tensors, not the caller's lists).
-    "full_then_fill": '''
+""",
+        # torch.full then row slices filled in place (the new tensors, not the caller's lists).
+        "full_then_fill": """
 import math
 
 import torch
@@ -351,9 +409,9 @@ def pad_batch(features, pad_token_id, *, pad_to_multiple_of=None):
         labels[row, :len(ids)] = row_labels
         attention_mask[row, :len(ids)] = 1
     return {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}
-''',
-    # numpy arrays padded with np.full, handed to torch with torch.from_numpy.
-    "numpy_full": '''
+""",
+        # numpy arrays padded with np.full, handed to torch with torch.from_numpy.
+        "numpy_full": """
 import numpy as np
 import torch
 
@@ -390,11 +448,13 @@ def pad_batch(features, pad_token_id, *, pad_to_multiple_of=None):
         out_ids[row, :len(ids)], out_labels[row, :len(ids)], out_mask[row, :len(ids)] = ids, labels, 1
     return {"input_ids": torch.from_numpy(out_ids), "labels": torch.from_numpy(out_labels),
             "attention_mask": torch.from_numpy(out_mask)}
-''',
-})
-ALTERNATIVES["pad_batch"].update({
-    # A helper named _pad: the graded cell once had a global of that name, which replaced the student's helper.
-    "helper_named_pad": '''
+""",
+    }
+)
+ALTERNATIVES["pad_batch"].update(
+    {
+        # A helper named _pad: the graded cell once had a global of that name, which replaced the student's helper.
+        "helper_named_pad": """
 import torch
 
 from course_lib import IGNORE_INDEX
@@ -424,5 +484,6 @@ def pad_batch(features, pad_token_id, *, pad_to_multiple_of=None):
     return {"input_ids": torch.stack([_pad(ids, width, pad_token_id) for ids, _ in rows]),
             "labels": torch.stack([_pad(labels, width, IGNORE_INDEX) for _, labels in rows]),
             "attention_mask": torch.stack([_pad(torch.ones(len(ids), dtype=torch.long), width, 0) for ids, _ in rows])}
-''',
-})
+""",
+    }
+)

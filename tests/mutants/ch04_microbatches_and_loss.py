@@ -4,7 +4,7 @@ from tests.mutants import mutate
 
 CHAPTER = "04_microbatches_and_loss"
 
-_WALK = '''
+_WALK = """
 def FUNCTION(lengths, max_tokens):
     max_tokens = require_positive_int("max_tokens", max_tokens)
     lengths = require_lengths("lengths", lengths, maximum=max_tokens, maximum_name="max_tokens")
@@ -16,7 +16,7 @@ def FUNCTION(lengths, max_tokens):
             RESET
         current.append(i)
     return batches + ([current] if current else [])
-'''
+"""
 
 _PADDED_COST = "(len(current) + 1) * lengths[current[0]] > max_tokens"
 _PACKED_COST = "sum(lengths[j] for j in current) + lengths[i] > max_tokens"
@@ -24,11 +24,10 @@ _LONGEST_FIRST = "sorted(range(len(lengths)), key=lambda i: -lengths[i])"
 
 
 def _walk(function, order=_LONGEST_FIRST, over=_PADDED_COST, reset="current = []"):
-    return (_WALK.replace("FUNCTION", function).replace("ORDER", order).replace("OVER", over)
-            .replace("RESET", reset))
+    return _WALK.replace("FUNCTION", function).replace("ORDER", order).replace("OVER", over).replace("RESET", reset)
 
 
-_AGGREGATE = '''
+_AGGREGATE = """
 def aggregate_loss(token_losses, mask, mode="token_mean", norm_const=None):
     if mode not in ("token_mean", "constant"):
         raise ValueError(f"mode must be 'token_mean' or 'constant', got {mode!r}")
@@ -44,7 +43,7 @@ def aggregate_loss(token_losses, mask, mode="token_mean", norm_const=None):
         raise ValueError("norm_const is required with mode='constant'")
     norm_const = require_real("norm_const", norm_const, minimum=0.0, strict_minimum=True)
     return CONSTANT
-'''
+"""
 
 
 def _aggregate(token_mean="total / count", constant="total / norm_const"):
@@ -53,8 +52,10 @@ def _aggregate(token_mean="total / count", constant="total / norm_const"):
 
 def _aggregate_total(expression):
     """aggregate_loss whose supervised sum is `expression` (masked_normalize still runs, for its checks only)."""
-    return _aggregate().replace("total = masked_normalize(token_losses, mask)",
-                                f"masked_normalize(token_losses, mask)  # for its checks only\n    total = {expression}")
+    return _aggregate().replace(
+        "total = masked_normalize(token_losses, mask)",
+        f"masked_normalize(token_losses, mask)  # for its checks only\n    total = {expression}",
+    )
 
 
 MUTANTS = {
@@ -62,10 +63,15 @@ MUTANTS = {
         # Packed cost (sum of lengths) where the microbatch is padded: far more rows than the budget allows.
         "cost_is_sum_of_lengths": _walk("token_budget_batches", over=_PACKED_COST),
         # Shortest first: the width grows as the walk goes, so the cost uses the newest (longest) member.
-        "ascending_sort": _walk("token_budget_batches", order="sorted(range(len(lengths)), key=lambda i: lengths[i])",
-                                over="(len(current) + 1) * lengths[i] > max_tokens"),
+        "ascending_sort": _walk(
+            "token_budget_batches",
+            order="sorted(range(len(lengths)), key=lambda i: lengths[i])",
+            over="(len(current) + 1) * lengths[i] > max_tokens",
+        ),
         # `<` instead of `<=`: a microbatch of exactly max_tokens padded tokens is refused.
-        "strict_budget_edge": _walk("token_budget_batches", over="(len(current) + 1) * lengths[current[0]] >= max_tokens"),
+        "strict_budget_edge": _walk(
+            "token_budget_batches", over="(len(current) + 1) * lengths[current[0]] >= max_tokens"
+        ),
         # The microbatch is appended but never replaced by a fresh one: the first batch is never closed.
         "first_batch_never_closed": _walk("token_budget_batches", reset="pass"),
     },
@@ -73,8 +79,9 @@ MUTANTS = {
         # Padded cost count x longest where the microbatch is packed.
         "padded_cost": _walk("packed_token_budget_batches", over=_PADDED_COST),
         # Off by one: a microbatch may hold max_tokens + 1 tokens.
-        "budget_exceeded_by_one": _walk("packed_token_budget_batches",
-                                        over="sum(lengths[j] for j in current) + lengths[i] > max_tokens + 1"),
+        "budget_exceeded_by_one": _walk(
+            "packed_token_budget_batches", over="sum(lengths[j] for j in current) + lengths[i] > max_tokens + 1"
+        ),
         # No sort: next fit in data order.
         "no_sort": _walk("packed_token_budget_batches", order="range(len(lengths))", over=_PACKED_COST),
     },
@@ -93,66 +100,88 @@ MUTANTS = {
 # Wrong answers a review of the grading found keeping full points (before the hidden tests gained the cases that
 # catch them).
 
-MUTANTS["aggregate_loss"].update({
-    # Multiplies by the mask instead of selecting: an inf or nan at a masked-out position makes the loss nan.
-    "multiplies_by_the_mask": _aggregate_total("(token_losses * mask).sum()"),
-})
-MUTANTS["token_budget_batches"].update({
-    # max_tokens checked with isinstance(int): True passes as a budget of 1.
-    "bool_budget_accepted": mutate("course_lib.microbatch.token_budget_batches", (
-        'max_tokens = require_positive_int("max_tokens", max_tokens)',
-        "if not isinstance(max_tokens, int) or max_tokens <= 0:\n"
-        '        raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")')),
-})
-MUTANTS["packed_token_budget_batches"].update({
-    # Lengths checked with isinstance(int): True passes as a sequence of one token.
-    "bool_lengths_accepted": _walk("packed_token_budget_batches", over=_PACKED_COST).replace(
-        'lengths = require_lengths("lengths", lengths, maximum=max_tokens, maximum_name="max_tokens")',
-        "lengths = list(lengths)\n"
-        "    if not lengths or any(not isinstance(n, int) or not 1 <= n <= max_tokens for n in lengths):\n"
-        '        raise ValueError(f"lengths must be integers in [1, max_tokens], got {lengths}")'),
-})
+MUTANTS["aggregate_loss"].update(
+    {
+        # Multiplies by the mask instead of selecting: an inf or nan at a masked-out position makes the loss nan.
+        "multiplies_by_the_mask": _aggregate_total("(token_losses * mask).sum()"),
+    }
+)
+MUTANTS["token_budget_batches"].update(
+    {
+        # max_tokens checked with isinstance(int): True passes as a budget of 1.
+        "bool_budget_accepted": mutate(
+            "course_lib.microbatch.token_budget_batches",
+            (
+                'max_tokens = require_positive_int("max_tokens", max_tokens)',
+                "if not isinstance(max_tokens, int) or max_tokens <= 0:\n"
+                '        raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")',
+            ),
+        ),
+    }
+)
+MUTANTS["packed_token_budget_batches"].update(
+    {
+        # Lengths checked with isinstance(int): True passes as a sequence of one token.
+        "bool_lengths_accepted": _walk("packed_token_budget_batches", over=_PACKED_COST).replace(
+            'lengths = require_lengths("lengths", lengths, maximum=max_tokens, maximum_name="max_tokens")',
+            "lengths = list(lengths)\n"
+            "    if not lengths or any(not isinstance(n, int) or not 1 <= n <= max_tokens for n in lengths):\n"
+            '        raise ValueError(f"lengths must be integers in [1, max_tokens], got {lengths}")',
+        ),
+    }
+)
 
 # Correct answers that differ from the library's code: each must keep every point (the grader must not be stricter
 # than the TODO text).
 ALTERNATIVES = {
     "token_budget_batches": {
-        "sorted_reverse_is_stable": _walk("token_budget_batches",
-                                          order="sorted(range(len(lengths)), key=lambda i: lengths[i], reverse=True)"),
+        "sorted_reverse_is_stable": _walk(
+            "token_budget_batches", order="sorted(range(len(lengths)), key=lambda i: lengths[i], reverse=True)"
+        ),
     },
     "aggregate_loss": {
         "boolean_indexing": _aggregate_total("token_losses[mask.bool()].sum()"),
     },
 }
-MUTANTS["aggregate_loss"].update({
-    # nansum "fixes" nan * 0 by dropping every nan, a supervised one included: a diverged loss looks finite.
-    "nansum_hides_a_diverged_token": _aggregate_total("(token_losses * mask).nansum()"),
-})
+MUTANTS["aggregate_loss"].update(
+    {
+        # nansum "fixes" nan * 0 by dropping every nan, a supervised one included: a diverged loss looks finite.
+        "nansum_hides_a_diverged_token": _aggregate_total("(token_losses * mask).nansum()"),
+    }
+)
 
 # Wrong answers a second review tried on the edges (ties, whole-float budgets, zero losses, empty microbatches).
 _TBB = "course_lib.microbatch.token_budget_batches"
 _PTBB = "course_lib.microbatch.packed_token_budget_batches"
 _TORCH_SORT = "sorted_lengths, order = torch.sort(torch.tensor(lengths), descending=True, stable=True)"
-_NUMPY_SORT = ("order = torch.from_numpy(__import__('numpy').argsort(-__import__('numpy').asarray(lengths)))\n"
-               "    sorted_lengths = torch.tensor(lengths)[order]")
+_NUMPY_SORT = (
+    "order = torch.from_numpy(__import__('numpy').argsort(-__import__('numpy').asarray(lengths)))\n"
+    "    sorted_lengths = torch.tensor(lengths)[order]"
+)
 _BUDGET_CHECK = 'max_tokens = require_positive_int("max_tokens", max_tokens)'
-_WHOLE_FLOAT_BUDGET = ("if isinstance(max_tokens, bool) or max_tokens != int(max_tokens) or max_tokens <= 0:\n"
-                       '        raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")\n'
-                       "    max_tokens = int(max_tokens)")
-MUTANTS["token_budget_batches"].update({
-    # np.argsort(-lengths): the default quicksort is not stable, so equal lengths may leave index order.
-    "unstable_argsort": mutate(_TBB, (_TORCH_SORT, _NUMPY_SORT)),
-    # A whole float budget (8.0) accepted as a budget of 8.
-    "whole_float_budget_accepted": mutate(_TBB, (_BUDGET_CHECK, _WHOLE_FLOAT_BUDGET)),
-    # One count for every microbatch, from the longest sequence overall.
-    "global_longest_sets_the_count": mutate(_TBB, ("fits = max_tokens // int(sorted_lengths[start])",
-                                                   "fits = max_tokens // int(sorted_lengths[0])")),
-})
-MUTANTS["packed_token_budget_batches"].update({
-    "unstable_argsort": mutate(_PTBB, (_TORCH_SORT, _NUMPY_SORT)),
-    "whole_float_budget_accepted": mutate(_PTBB, (_BUDGET_CHECK, _WHOLE_FLOAT_BUDGET)),
-    # First fit: a sequence goes into the first earlier microbatch with room, not only the open one.
-    "first_fit_decreasing": '''
+_WHOLE_FLOAT_BUDGET = (
+    "if isinstance(max_tokens, bool) or max_tokens != int(max_tokens) or max_tokens <= 0:\n"
+    '        raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")\n'
+    "    max_tokens = int(max_tokens)"
+)
+MUTANTS["token_budget_batches"].update(
+    {
+        # np.argsort(-lengths): the default quicksort is not stable, so equal lengths may leave index order.
+        "unstable_argsort": mutate(_TBB, (_TORCH_SORT, _NUMPY_SORT)),
+        # A whole float budget (8.0) accepted as a budget of 8.
+        "whole_float_budget_accepted": mutate(_TBB, (_BUDGET_CHECK, _WHOLE_FLOAT_BUDGET)),
+        # One count for every microbatch, from the longest sequence overall.
+        "global_longest_sets_the_count": mutate(
+            _TBB, ("fits = max_tokens // int(sorted_lengths[start])", "fits = max_tokens // int(sorted_lengths[0])")
+        ),
+    }
+)
+MUTANTS["packed_token_budget_batches"].update(
+    {
+        "unstable_argsort": mutate(_PTBB, (_TORCH_SORT, _NUMPY_SORT)),
+        "whole_float_budget_accepted": mutate(_PTBB, (_BUDGET_CHECK, _WHOLE_FLOAT_BUDGET)),
+        # First fit: a sequence goes into the first earlier microbatch with room, not only the open one.
+        "first_fit_decreasing": """
 def packed_token_budget_batches(lengths, max_tokens):
     max_tokens = require_positive_int("max_tokens", max_tokens)
     lengths = require_lengths("lengths", lengths, maximum=max_tokens, maximum_name="max_tokens")
@@ -168,23 +197,29 @@ def packed_token_budget_batches(lengths, max_tokens):
             batches.append([i])
             used.append(lengths[i])
     return batches
-''',
-})
-MUTANTS["aggregate_loss"].update({
-    # The supervised tokens counted as the nonzero masked losses: a perfectly predicted token (loss 0) is not counted.
-    "counts_nonzero_losses": _aggregate().replace("count = int((mask != 0).sum())",
-                                                  "count = int((torch.where(mask != 0, token_losses, 0) != 0).sum())"),
-    # An empty microbatch under constant returns a fresh 0: no graph (backward fails) and float32 whatever the losses.
-    "empty_mask_fresh_zero": _aggregate(constant="torch.tensor(0.0) if count == 0 else total / norm_const"),
-    # Per-row token means averaged over rows: every row weighs the same, whatever its token count.
-    "mean_of_row_means": _aggregate(token_mean="(masked_normalize(token_losses, mask, dim=-1) / (mask != 0).sum(-1)"
-                                               ").nanmean() if token_losses.dim() > 1 else total / count"),
-    # total / mask.sum(): a float64 mask promotes the loss to float64.
-    "divides_by_mask_sum": _aggregate(token_mean="total / mask.sum()"),
-})
+""",
+    }
+)
+MUTANTS["aggregate_loss"].update(
+    {
+        # The supervised tokens counted as the nonzero masked losses: a perfectly predicted token (loss 0) is not counted.
+        "counts_nonzero_losses": _aggregate().replace(
+            "count = int((mask != 0).sum())", "count = int((torch.where(mask != 0, token_losses, 0) != 0).sum())"
+        ),
+        # An empty microbatch under constant returns a fresh 0: no graph (backward fails) and float32 whatever the losses.
+        "empty_mask_fresh_zero": _aggregate(constant="torch.tensor(0.0) if count == 0 else total / norm_const"),
+        # Per-row token means averaged over rows: every row weighs the same, whatever its token count.
+        "mean_of_row_means": _aggregate(
+            token_mean="(masked_normalize(token_losses, mask, dim=-1) / (mask != 0).sum(-1)"
+            ").nanmean() if token_losses.dim() > 1 else total / count"
+        ),
+        # total / mask.sum(): a float64 mask promotes the loss to float64.
+        "divides_by_mask_sum": _aggregate(token_mean="total / mask.sum()"),
+    }
+)
 
 # More correct answers written differently (own checks, numpy, recursion, a running sum, other check orders).
-_OWN_LENGTH_CHECKS = '''
+_OWN_LENGTH_CHECKS = """
 from numbers import Integral
 
 
@@ -200,10 +235,12 @@ def _checked(lengths, max_tokens):
         if value > max_tokens:
             raise ValueError(f"lengths[{index}] = {value} is longer than max_tokens = {max_tokens}")
     return [int(value) for value in values], int(max_tokens)
-'''
-ALTERNATIVES["token_budget_batches"].update({
-    # Own checks; a plain loop that closes the open microbatch when one more would pass the budget.
-    "own_checks_plain_walk": _OWN_LENGTH_CHECKS + '''
+"""
+ALTERNATIVES["token_budget_batches"].update(
+    {
+        # Own checks; a plain loop that closes the open microbatch when one more would pass the budget.
+        "own_checks_plain_walk": _OWN_LENGTH_CHECKS
+        + """
 
 def token_budget_batches(lengths, max_tokens):
     lengths, max_tokens = _checked(lengths, max_tokens)
@@ -218,9 +255,9 @@ def token_budget_batches(lengths, max_tokens):
         current.append(i)
     batches.append(current)
     return batches
-''',
-    # numpy: a stable argsort of the negated lengths, slices of max_tokens // width, int() on each index.
-    "numpy_stable_argsort": '''
+""",
+        # numpy: a stable argsort of the negated lengths, slices of max_tokens // width, int() on each index.
+        "numpy_stable_argsort": """
 import numpy as np
 
 from course_lib._checks import require_lengths, require_positive_int
@@ -236,9 +273,10 @@ def token_budget_batches(lengths, max_tokens):
         batches.append([int(i) for i in order[start:start + take]])
         start += take
     return batches
-''',
-    # Recursion on the rest of the sorted order (lengths checked first, then the budget).
-    "recursive_on_the_rest": _OWN_LENGTH_CHECKS + '''
+""",
+        # Recursion on the rest of the sorted order (lengths checked first, then the budget).
+        "recursive_on_the_rest": _OWN_LENGTH_CHECKS
+        + """
 
 def _plan(order, lengths, max_tokens):
     if not order:
@@ -251,11 +289,13 @@ def token_budget_batches(lengths, max_tokens):
     lengths, max_tokens = _checked(lengths, max_tokens)
     order = sorted(range(len(lengths)), key=lengths.__getitem__, reverse=True)
     return _plan(order, lengths, max_tokens)
-''',
-})
+""",
+    }
+)
 ALTERNATIVES["packed_token_budget_batches"] = {
     # Own checks; a running sum that resets when the next sequence does not fit.
-    "own_checks_running_sum": _OWN_LENGTH_CHECKS + '''
+    "own_checks_running_sum": _OWN_LENGTH_CHECKS
+    + """
 
 def packed_token_budget_batches(lengths, max_tokens):
     lengths, max_tokens = _checked(lengths, max_tokens)
@@ -268,9 +308,9 @@ def packed_token_budget_batches(lengths, max_tokens):
         used += lengths[i]
     batches.append(current)
     return batches
-''',
+""",
     # torch.argsort(stable=True, descending=True) over a tensor of the checked lengths; the loop on Python ints.
-    "torch_argsort": '''
+    "torch_argsort": """
 import torch
 
 from course_lib._checks import require_lengths, require_positive_int
@@ -290,9 +330,9 @@ def packed_token_budget_batches(lengths, max_tokens):
             batches.append([i])
             room = max_tokens - values[i]
     return batches
-''',
+""",
     # numpy cumulative sums: each microbatch ends at the last sorted position whose running total still fits.
-    "numpy_cumsum": '''
+    "numpy_cumsum": """
 import numpy as np
 
 from course_lib._checks import require_lengths, require_positive_int
@@ -309,11 +349,12 @@ def packed_token_budget_batches(lengths, max_tokens):
         batches.append(order[start:stop].tolist())
         before, start = int(totals[stop - 1]), stop
     return batches
-''',
+""",
 }
-ALTERNATIVES["aggregate_loss"].update({
-    # Own checks (shape, 0/1 values, norm_const by hand); the supervised losses selected with masked_select.
-    "masked_select_own_checks": '''
+ALTERNATIVES["aggregate_loss"].update(
+    {
+        # Own checks (shape, 0/1 values, norm_const by hand); the supervised losses selected with masked_select.
+        "masked_select_own_checks": """
 import math
 
 import torch
@@ -344,9 +385,9 @@ def aggregate_loss(token_losses, mask, mode="token_mean", norm_const=None):
     if not math.isfinite(norm_const) or norm_const <= 0:
         raise ValueError(f"norm_const must be positive and finite, got {norm_const}")
     return selected.sum() / norm_const
-''',
-    # masked_normalize for the checks and the sum; torch.count_nonzero for the count; normalize_constant for constant.
-    "masked_normalize_constant": '''
+""",
+        # masked_normalize for the checks and the sum; torch.count_nonzero for the count; normalize_constant for constant.
+        "masked_normalize_constant": """
 import torch
 
 from course_lib.loss import masked_normalize
@@ -368,9 +409,9 @@ def aggregate_loss(token_losses, mask, mode="token_mean", norm_const=None):
     if int(count) == 0:
         raise ValueError("the mask selects no token")
     return total / count
-''',
-    # torch.where with a zero of the losses' dtype, summed; the count as a Python int from mask.sum().
-    "where_then_sum": '''
+""",
+        # torch.where with a zero of the losses' dtype, summed; the count as a Python int from mask.sum().
+        "where_then_sum": """
 import torch
 
 from course_lib._checks import require_real
@@ -397,11 +438,13 @@ def aggregate_loss(token_losses, mask, mode="token_mean", norm_const=None):
             raise ValueError("mode='constant' requires norm_const")
         return total / require_real("norm_const", norm_const, minimum=0.0, strict_minimum=True)
     raise ValueError(f"mode must be 'token_mean' or 'constant', got {mode!r}")
-''',
-})
-ALTERNATIVES["aggregate_loss"].update({
-    # token_mean as .mean() of the selected losses; constant as their sum divided by float(norm_const).
-    "selected_mean": '''
+""",
+    }
+)
+ALTERNATIVES["aggregate_loss"].update(
+    {
+        # token_mean as .mean() of the selected losses; constant as their sum divided by float(norm_const).
+        "selected_mean": """
 import torch
 
 from course_lib.loss import masked_normalize
@@ -422,5 +465,6 @@ def aggregate_loss(token_losses, mask, mode="token_mean", norm_const=None):
     if norm_const is None:
         raise ValueError("norm_const missing for mode='constant'")
     return selected.sum() / require_real("norm_const", norm_const, minimum=0.0, strict_minimum=True)
-''',
-})
+""",
+    }
+)

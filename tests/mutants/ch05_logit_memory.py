@@ -4,7 +4,7 @@ from tests.mutants import mutate
 
 CHAPTER = "05_logit_memory"
 
-_CHECKPOINTED = '''
+_CHECKPOINTED = """
 def checkpointed_log_probs(hidden, weight, ids, chunk_size=1024):
     chunk_size = check_head_inputs(hidden, weight, ids, chunk_size)
 
@@ -13,32 +13,44 @@ def checkpointed_log_probs(hidden, weight, ids, chunk_size=1024):
 
     pieces = [PIECE for start in STARTS]
     return torch.cat(pieces, dim=1) if pieces else hidden.new_zeros(hidden.shape[:2], dtype=EMPTY_DTYPE)
-'''
+"""
 
-_RECOMPUTED = ("checkpoint(chunk_log_probs, hidden[:, start:start + chunk_size], weight, ids[:, start:start + chunk_size], "
-               "use_reentrant=False)")
+_RECOMPUTED = (
+    "checkpoint(chunk_log_probs, hidden[:, start:start + chunk_size], weight, ids[:, start:start + chunk_size], "
+    "use_reentrant=False)"
+)
 _ALL_STARTS = "range(0, hidden.shape[1], chunk_size)"
 
 
-def _checkpointed(log_probs="selected_log_probs(hidden_chunk @ weight.T, ids_chunk)", piece=_RECOMPUTED,
-                  starts=_ALL_STARTS):
-    return _CHECKPOINTED.replace("EMPTY_DTYPE", "torch.promote_types(hidden.dtype, torch.float32)").replace(
-        "LOG_PROBS", log_probs).replace("PIECE", piece).replace("STARTS", starts)
+def _checkpointed(
+    log_probs="selected_log_probs(hidden_chunk @ weight.T, ids_chunk)", piece=_RECOMPUTED, starts=_ALL_STARTS
+):
+    return (
+        _CHECKPOINTED.replace("EMPTY_DTYPE", "torch.promote_types(hidden.dtype, torch.float32)")
+        .replace("LOG_PROBS", log_probs)
+        .replace("PIECE", piece)
+        .replace("STARTS", starts)
+    )
 
 
 MUTANTS = {
     "checkpointed_log_probs": {
         # Chunking without recompute: right values and gradients, but autograd keeps every chunk's log-softmax.
         "chunked_without_recompute": _checkpointed(
-            piece="chunk_log_probs(hidden[:, start:start + chunk_size], weight, ids[:, start:start + chunk_size])"),
+            piece="chunk_log_probs(hidden[:, start:start + chunk_size], weight, ids[:, start:start + chunk_size])"
+        ),
         # Recomputed, but over the whole sequence at once: the forward still builds the full [B, T, V] logits.
         "recompute_without_chunking": _checkpointed(
-            piece="checkpoint(chunk_log_probs, hidden, weight, ids, use_reentrant=False)", starts="range(0, 1)"),
+            piece="checkpoint(chunk_log_probs, hidden, weight, ids, use_reentrant=False)", starts="range(0, 1)"
+        ),
         # Log-softmax in the logits' own dtype: bf16 log-probs lose about two decimal digits.
         "log_softmax_without_fp32_upcast": _checkpointed(
-            log_probs="(hidden_chunk @ weight.T).log_softmax(-1).gather(-1, ids_chunk.unsqueeze(-1)).squeeze(-1)"),
+            log_probs="(hidden_chunk @ weight.T).log_softmax(-1).gather(-1, ids_chunk.unsqueeze(-1)).squeeze(-1)"
+        ),
         # Only whole chunks: the tail of T % chunk_size tokens is dropped.
-        "drops_the_tail_chunk": _checkpointed(starts="range(0, hidden.shape[1] // chunk_size * chunk_size, chunk_size)"),
+        "drops_the_tail_chunk": _checkpointed(
+            starts="range(0, hidden.shape[1] // chunk_size * chunk_size, chunk_size)"
+        ),
         # The weight is detached "to save memory": no gradient ever reaches the output layer.
         "weight_detached": _checkpointed(log_probs="selected_log_probs(hidden_chunk @ weight.detach().T, ids_chunk)"),
     },
@@ -48,9 +60,10 @@ MUTANTS = {
 # and small chunks, and the grader checked that arguments are left unchanged).
 
 _TARGET = "course_lib.logprobs.checkpointed_log_probs"
-MUTANTS["checkpointed_log_probs"].update({
-    # torch.chunk takes the NUMBER of chunks: with chunk_size=16 over 2048 tokens, each piece holds 128 tokens.
-    "chunk_count_for_chunk_size": '''
+MUTANTS["checkpointed_log_probs"].update(
+    {
+        # torch.chunk takes the NUMBER of chunks: with chunk_size=16 over 2048 tokens, each piece holds 128 tokens.
+        "chunk_count_for_chunk_size": """
 def checkpointed_log_probs(hidden, weight, ids, chunk_size=1024):
     chunk_size = check_head_inputs(hidden, weight, ids, chunk_size)
 
@@ -62,9 +75,9 @@ def checkpointed_log_probs(hidden, weight, ids, chunk_size=1024):
     pieces = [checkpoint(chunk_log_probs, hidden_chunk, weight, ids_chunk, use_reentrant=False)
               for hidden_chunk, ids_chunk in zip(hidden.chunk(chunk_size, dim=1), ids.chunk(chunk_size, dim=1))]
     return torch.cat(pieces, dim=1)
-''',
-    # Chunked in forward, but backward rebuilds the whole [B, T, V] logits at once.
-    "full_logits_in_backward": '''
+""",
+        # Chunked in forward, but backward rebuilds the whole [B, T, V] logits at once.
+        "full_logits_in_backward": """
 class _OutputLayer(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, ids, chunk_size):
@@ -87,37 +100,46 @@ class _OutputLayer(torch.autograd.Function):
 def checkpointed_log_probs(hidden, weight, ids, chunk_size=1024):
     chunk_size = check_head_inputs(hidden, weight, ids, chunk_size)
     return _OutputLayer.apply(hidden, weight, ids, chunk_size)
-''',
-    # A default of 4096 tokens per chunk: four times the logits the signature promises.
-    "default_chunk_4096": mutate(_TARGET, ("chunk_size: int = 1024", "chunk_size: int = 4096")),
-    # Silences checkpoint's warning by switching on the caller's requires_grad.
-    "switches_on_requires_grad": mutate(_TARGET, (
-        "chunk_size = check_head_inputs(hidden, weight, ids, chunk_size)",
-        "chunk_size = check_head_inputs(hidden, weight, ids, chunk_size)\n"
-        "    if not hidden.requires_grad:\n"
-        "        hidden.requires_grad_()")),
-    # The reentrant checkpoint: .backward() works, torch.autograd.grad of (hidden, weight) raises.
-    "reentrant_checkpoint": mutate(_TARGET, ("use_reentrant=False", "use_reentrant=True")),
-})
+""",
+        # A default of 4096 tokens per chunk: four times the logits the signature promises.
+        "default_chunk_4096": mutate(_TARGET, ("chunk_size: int = 1024", "chunk_size: int = 4096")),
+        # Silences checkpoint's warning by switching on the caller's requires_grad.
+        "switches_on_requires_grad": mutate(
+            _TARGET,
+            (
+                "chunk_size = check_head_inputs(hidden, weight, ids, chunk_size)",
+                "chunk_size = check_head_inputs(hidden, weight, ids, chunk_size)\n"
+                "    if not hidden.requires_grad:\n"
+                "        hidden.requires_grad_()",
+            ),
+        ),
+        # The reentrant checkpoint: .backward() works, torch.autograd.grad of (hidden, weight) raises.
+        "reentrant_checkpoint": mutate(_TARGET, ("use_reentrant=False", "use_reentrant=True")),
+    }
+)
 
 # Correct answers that differ from the library's code: each must keep every point.
 ALTERNATIVES = {
     "checkpointed_log_probs": {
         "torch_split": _checkpointed(
             piece="checkpoint(chunk_log_probs, hidden_chunk, weight, ids_chunk, use_reentrant=False)",
-            starts="zip(hidden.split(chunk_size, dim=1), ids.split(chunk_size, dim=1))").replace(
-            "for start in zip(", "for hidden_chunk, ids_chunk in zip(").replace(
+            starts="zip(hidden.split(chunk_size, dim=1), ids.split(chunk_size, dim=1))",
+        )
+        .replace("for start in zip(", "for hidden_chunk, ids_chunk in zip(")
+        .replace(
             "hidden.new_zeros(hidden.shape[:2], dtype=torch.float32)",
-            "hidden.new_zeros(hidden.shape[:2], dtype=torch.promote_types(hidden.dtype, torch.float32))"),
+            "hidden.new_zeros(hidden.shape[:2], dtype=torch.promote_types(hidden.dtype, torch.float32))",
+        ),
     },
 }
 
 # A second review's wrong answers (some caught already, kept as different mistakes; the rest caught since).
 _WIDE = "torch.promote_types({0}.dtype, torch.float32)"
-MUTANTS["checkpointed_log_probs"].update({
-    # A lambda over the loop variable: checkpoint's replay in backward sees the LAST chunk's ids for every chunk,
-    # so the values are right and the gradients are not.
-    "late_binding_lambda": '''
+MUTANTS["checkpointed_log_probs"].update(
+    {
+        # A lambda over the loop variable: checkpoint's replay in backward sees the LAST chunk's ids for every chunk,
+        # so the values are right and the gradients are not.
+        "late_binding_lambda": """
 def checkpointed_log_probs(hidden, weight, ids, chunk_size=1024):
     chunk_size = check_head_inputs(hidden, weight, ids, chunk_size)
     pieces = []
@@ -127,36 +149,58 @@ def checkpointed_log_probs(hidden, weight, ids, chunk_size=1024):
     if not pieces:
         return hidden.new_zeros(hidden.shape[:2], dtype=torch.promote_types(hidden.dtype, torch.float32))
     return torch.cat(pieces, dim=1)
-''',
-    # Upcast before the matmul: bf16 logits no longer match the model's lm_head (which multiplies in bf16).
-    "matmul_in_fp32": mutate(_TARGET, ("selected_log_probs(hidden_chunk @ weight.T, ids_chunk)",
-                                       f"selected_log_probs(hidden_chunk.to({_WIDE.format('hidden_chunk')}) @ "
-                                       f"weight.to({_WIDE.format('weight')}).T, ids_chunk)")),
-    # hidden detached inside the chunk: the output layer trains, nothing flows back into the model.
-    "hidden_detached": mutate(_TARGET, ("selected_log_probs(hidden_chunk @ weight.T, ids_chunk)",
-                                        "selected_log_probs(hidden_chunk.detach() @ weight.T, ids_chunk)")),
-    # The log-probs cast back to the inputs' dtype: bf16 log-probs, the fp32 log-softmax thrown away.
-    "output_in_input_dtype": mutate(_TARGET, ("return torch.cat(pieces, dim=1)  ",
-                                              "return torch.cat(pieces, dim=1).to(hidden.dtype)  ")),
-})
-MUTANTS["checkpointed_log_probs"].update({
-    # The matmul outside the checkpoint: each chunk's [B, C, V] logits are checkpoint's input, so autograd keeps them.
-    "checkpoint_after_matmul": _checkpointed(
-        log_probs="selected_log_probs(hidden_chunk, ids_chunk)",
-        piece="checkpoint(chunk_log_probs, hidden[:, start:start + chunk_size] @ weight.T, weight, "
-              "ids[:, start:start + chunk_size], use_reentrant=False)"),
-})
-ALTERNATIVES["checkpointed_log_probs"].update({
-    # F.linear instead of `@ weight.T`, and the chunk's ids gathered by index: the same bf16 matmul and values.
-    "linear_and_index_ranges": mutate(_TARGET, ("selected_log_probs(hidden_chunk @ weight.T, ids_chunk)",
-                                                "selected_log_probs(torch.nn.functional.linear(hidden_chunk, weight), "
-                                                "ids_chunk)")),
-})
+""",
+        # Upcast before the matmul: bf16 logits no longer match the model's lm_head (which multiplies in bf16).
+        "matmul_in_fp32": mutate(
+            _TARGET,
+            (
+                "selected_log_probs(hidden_chunk @ weight.T, ids_chunk)",
+                f"selected_log_probs(hidden_chunk.to({_WIDE.format('hidden_chunk')}) @ "
+                f"weight.to({_WIDE.format('weight')}).T, ids_chunk)",
+            ),
+        ),
+        # hidden detached inside the chunk: the output layer trains, nothing flows back into the model.
+        "hidden_detached": mutate(
+            _TARGET,
+            (
+                "selected_log_probs(hidden_chunk @ weight.T, ids_chunk)",
+                "selected_log_probs(hidden_chunk.detach() @ weight.T, ids_chunk)",
+            ),
+        ),
+        # The log-probs cast back to the inputs' dtype: bf16 log-probs, the fp32 log-softmax thrown away.
+        "output_in_input_dtype": mutate(
+            _TARGET, ("return torch.cat(pieces, dim=1)  ", "return torch.cat(pieces, dim=1).to(hidden.dtype)  ")
+        ),
+    }
+)
+MUTANTS["checkpointed_log_probs"].update(
+    {
+        # The matmul outside the checkpoint: each chunk's [B, C, V] logits are checkpoint's input, so autograd keeps them.
+        "checkpoint_after_matmul": _checkpointed(
+            log_probs="selected_log_probs(hidden_chunk, ids_chunk)",
+            piece="checkpoint(chunk_log_probs, hidden[:, start:start + chunk_size] @ weight.T, weight, "
+            "ids[:, start:start + chunk_size], use_reentrant=False)",
+        ),
+    }
+)
+ALTERNATIVES["checkpointed_log_probs"].update(
+    {
+        # F.linear instead of `@ weight.T`, and the chunk's ids gathered by index: the same bf16 matmul and values.
+        "linear_and_index_ranges": mutate(
+            _TARGET,
+            (
+                "selected_log_probs(hidden_chunk @ weight.T, ids_chunk)",
+                "selected_log_probs(torch.nn.functional.linear(hidden_chunk, weight), ids_chunk)",
+            ),
+        ),
+    }
+)
 
 # A third review's correct answers, in other styles students use.
-ALTERNATIVES["checkpointed_log_probs"].update({
-    # A module-level chunk function, an explicit loop with min() for the end, T = 0 handled first with torch.empty.
-    "explicit_loop_module_level_fn": '''
+ALTERNATIVES["checkpointed_log_probs"].update(
+    {
+        # A module-level chunk function, an explicit loop with min() for the end, T = 0 handled first with torch.empty.
+        "explicit_loop_module_level_fn": """
 import torch
 from torch.utils.checkpoint import checkpoint
 
@@ -178,9 +222,9 @@ def checkpointed_log_probs(hidden, weight, ids, chunk_size=1024):
                                  use_reentrant=False, preserve_rng_state=False))
         start = end
     return torch.cat(pieces, dim=1)
-''',
-    # functools.partial binds each chunk's ids (no late binding), torch.narrow for the chunk, torch.cat on a tuple.
-    "partial_and_narrow": '''
+""",
+        # functools.partial binds each chunk's ids (no late binding), torch.narrow for the chunk, torch.cat on a tuple.
+        "partial_and_narrow": """
 import functools
 
 import torch
@@ -201,9 +245,9 @@ def checkpointed_log_probs(hidden, weight, ids, chunk_size=1024):
     if len(pieces) == 0:
         return hidden.new_zeros((hidden.size(0), 0), dtype=torch.promote_types(hidden.dtype, torch.float32))
     return torch.cat(pieces, dim=1)
-''',
-    # torch.utils.checkpoint reached through the module, and torch.matmul with weight.t().
-    "module_checkpoint_and_matmul": '''
+""",
+        # torch.utils.checkpoint reached through the module, and torch.matmul with weight.t().
+        "module_checkpoint_and_matmul": """
 import torch
 import torch.utils.checkpoint
 
@@ -217,11 +261,13 @@ def checkpointed_log_probs(hidden, weight, ids, chunk_size=1024):
             lambda h, w, i: selected_log_probs(torch.matmul(h, w.t()), i), hidden_chunk, weight, ids_chunk,
             use_reentrant=False))
     return torch.cat(results, dim=1) if results else torch.zeros(hidden.shape[0], 0, dtype=out_dtype)
-''',
-})
-ALTERNATIVES["checkpointed_log_probs"].update({
-    # The weight reached by closure instead of passed to checkpoint: the non-reentrant checkpoint still replays it.
-    "weight_by_closure": '''
+""",
+    }
+)
+ALTERNATIVES["checkpointed_log_probs"].update(
+    {
+        # The weight reached by closure instead of passed to checkpoint: the non-reentrant checkpoint still replays it.
+        "weight_by_closure": """
 import torch
 from torch.utils.checkpoint import checkpoint
 
@@ -237,9 +283,14 @@ def checkpointed_log_probs(hidden, weight, ids, chunk_size=1024):
     if not pieces:
         return hidden.new_empty((hidden.shape[0], 0), dtype=torch.promote_types(hidden.dtype, torch.float32))
     return torch.cat(pieces, dim=1)
-''',
-})
+""",
+    }
+)
 # torch.einsum for the chunk's logits: the same bf16 matmul (one rounding of an fp32 accumulation).
-ALTERNATIVES["checkpointed_log_probs"]["einsum_logits"] = mutate(_TARGET, (
-    "selected_log_probs(hidden_chunk @ weight.T, ids_chunk)",
-    'selected_log_probs(torch.einsum("btd,vd->btv", hidden_chunk, weight), ids_chunk)'))
+ALTERNATIVES["checkpointed_log_probs"]["einsum_logits"] = mutate(
+    _TARGET,
+    (
+        "selected_log_probs(hidden_chunk @ weight.T, ids_chunk)",
+        'selected_log_probs(torch.einsum("btd,vd->btv", hidden_chunk, weight), ids_chunk)',
+    ),
+)

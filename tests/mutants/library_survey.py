@@ -31,15 +31,27 @@ import pytest
 from tests.mutants import survey
 
 ROOT = Path(__file__).resolve().parents[2]
-NOT_LIBRARY_TESTS = {"test_notebooks.py", "test_autograde.py", "test_mutants.py", "test_course_cli.py",
-                     "test_grade_robustness.py", "test_packaging.py", "test_run_notebook.py", "test_gpu_suite.py",
-                     "test_mutation_survey.py", "test_benchmarks_smoke.py"}
+NOT_LIBRARY_TESTS = {
+    "test_notebooks.py",
+    "test_autograde.py",
+    "test_mutants.py",
+    "test_course_cli.py",
+    "test_grade_robustness.py",
+    "test_packaging.py",
+    "test_run_notebook.py",
+    "test_gpu_suite.py",
+    "test_mutation_survey.py",
+    "test_benchmarks_smoke.py",
+}
 
 
 def todo_targets() -> list[str]:
     """'course_lib.module.function' for every `#| solution:` line of the chapter sources, in chapter order."""
-    return [target for path in sorted((ROOT / "notebooks" / "chapters").glob("[0-9]*.py"))
-            for target in re.findall(r"^#\| solution: (\S+)$", path.read_text(encoding="utf-8"), flags=re.M)]
+    return [
+        target
+        for path in sorted((ROOT / "notebooks" / "chapters").glob("[0-9]*.py"))
+        for target in re.findall(r"^#\| solution: (\S+)$", path.read_text(encoding="utf-8"), flags=re.M)
+    ]
 
 
 def _function(target: str):
@@ -73,11 +85,18 @@ class _Callers:
 
 
 def _pytest(args: list[str], plugins=()) -> int:
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
-            warnings.catch_warnings():
+    with (
+        contextlib.redirect_stdout(io.StringIO()),
+        contextlib.redirect_stderr(io.StringIO()),
+        warnings.catch_warnings(),
+    ):
         warnings.simplefilter("ignore")
-        return int(pytest.main([*args, "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "--capture=sys",
-                                "-W", "ignore"], plugins=list(plugins)))
+        return int(
+            pytest.main(
+                [*args, "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "--capture=sys", "-W", "ignore"],
+                plugins=list(plugins),
+            )
+        )
 
 
 def callers(targets: list[str]) -> dict[str, set[str]]:
@@ -108,8 +127,9 @@ def _child(target: str, edited: str | None, tests: list[str], headroom_bytes: in
     os._exit(0 if _pytest(["-x", *tests]) == 0 else 1)
 
 
-def _passes_with(target: str, edited: str | None, tests: set[str], *, timeout_s: float = 180,
-                 headroom_bytes: int = 6 * 2**30) -> bool:
+def _passes_with(
+    target: str, edited: str | None, tests: set[str], *, timeout_s: float = 180, headroom_bytes: int = 6 * 2**30
+) -> bool:
     """Whether `tests` pass with the `edited` source of `target` (None: unedited) swapped in, in a child process
     capped in time and memory.
 
@@ -121,8 +141,9 @@ def _passes_with(target: str, edited: str | None, tests: set[str], *, timeout_s:
     """
     import multiprocessing
 
-    process = multiprocessing.get_context("spawn").Process(target=_child,
-                                                           args=(target, edited, sorted(tests), headroom_bytes))
+    process = multiprocessing.get_context("spawn").Process(
+        target=_child, args=(target, edited, sorted(tests), headroom_bytes)
+    )
     process.start()
     process.join(timeout_s)
     if process.is_alive():
@@ -157,16 +178,22 @@ def module_targets(module_name: str) -> list[str]:
     """Every plain function a course_lib module defines (not the ones it imports, not decorated wrappers, whose
     closure a swapped `__code__` could not take), as dotted names."""
     module = importlib.import_module(module_name)
-    return [f"{module_name}.{name}" for name, value in vars(module).items()
-            if inspect.isfunction(value) and value.__module__ == module_name and value.__closure__ is None]
+    return [
+        f"{module_name}.{name}"
+        for name, value in vars(module).items()
+        if inspect.isfunction(value) and value.__module__ == module_name and value.__closure__ is None
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
     from course_lib.instructor.build import solution_source
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("targets", nargs="*", help="course_lib.module.function or course_lib.module "
-                                                   "(default: every function a TODO asks for)")
+    parser.add_argument(
+        "targets",
+        nargs="*",
+        help="course_lib.module.function or course_lib.module (default: every function a TODO asks for)",
+    )
     args = parser.parse_args(argv)
     targets = []
     for name in args.targets or todo_targets():
@@ -192,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         for edit in alive:
             print(f"    {edit.key}", flush=True)
     return 1 if total_alive else 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

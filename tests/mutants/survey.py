@@ -34,15 +34,50 @@ BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 SECONDS_PER_EDIT = 20  # an edit that turns a loop endless is killed (its cell fails), never waited on
 
 _BOUNDARY = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt}
-_NEGATION = {ast.Lt: ast.GtE, ast.LtE: ast.Gt, ast.Gt: ast.LtE, ast.GtE: ast.Lt, ast.Eq: ast.NotEq,
-             ast.NotEq: ast.Eq, ast.In: ast.NotIn, ast.NotIn: ast.In, ast.Is: ast.IsNot, ast.IsNot: ast.Is}
-_ARITHMETIC = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.FloorDiv: ast.Div,
-               ast.Mod: ast.FloorDiv, ast.Pow: ast.Mult}
+_NEGATION = {
+    ast.Lt: ast.GtE,
+    ast.LtE: ast.Gt,
+    ast.Gt: ast.LtE,
+    ast.GtE: ast.Lt,
+    ast.Eq: ast.NotEq,
+    ast.NotEq: ast.Eq,
+    ast.In: ast.NotIn,
+    ast.NotIn: ast.In,
+    ast.Is: ast.IsNot,
+    ast.IsNot: ast.Is,
+}
+_ARITHMETIC = {
+    ast.Add: ast.Sub,
+    ast.Sub: ast.Add,
+    ast.Mult: ast.Div,
+    ast.Div: ast.Mult,
+    ast.FloorDiv: ast.Div,
+    ast.Mod: ast.FloorDiv,
+    ast.Pow: ast.Mult,
+}
 _SWAPPED_CALLS = {"min": "max", "max": "min", "any": "all", "all": "any"}
 _UNWRAPPED_CALLS = {"int", "float", "bool", "abs", "round", "sorted", "list", "tuple"}
-_SYMBOL = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!=", ast.In: "in",
-           ast.NotIn: "not in", ast.Is: "is", ast.IsNot: "is not", ast.Add: "+", ast.Sub: "-", ast.Mult: "*",
-           ast.Div: "/", ast.FloorDiv: "//", ast.Mod: "%", ast.Pow: "**", ast.And: "and", ast.Or: "or"}
+_SYMBOL = {
+    ast.Lt: "<",
+    ast.LtE: "<=",
+    ast.Gt: ">",
+    ast.GtE: ">=",
+    ast.Eq: "==",
+    ast.NotEq: "!=",
+    ast.In: "in",
+    ast.NotIn: "not in",
+    ast.Is: "is",
+    ast.IsNot: "is not",
+    ast.Add: "+",
+    ast.Sub: "-",
+    ast.Mult: "*",
+    ast.Div: "/",
+    ast.FloorDiv: "//",
+    ast.Mod: "%",
+    ast.Pow: "**",
+    ast.And: "and",
+    ast.Or: "or",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,8 +129,13 @@ def _sites(tree: ast.Module, inside: range) -> Iterator[tuple[ast.AST, str, obje
         elif isinstance(node, ast.Constant) and type(node.value) is int:
             for delta in (1, -1):
                 yield node, f"constant: {node.value} -> {node.value + delta}", ("const", node.value + delta)
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _UNWRAPPED_CALLS
-              and len(node.args) == 1 and not node.keywords):
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in _UNWRAPPED_CALLS
+            and len(node.args) == 1
+            and not node.keywords
+        ):
             yield node, f"call: {node.func.id}() dropped", ("unwrap_call",)
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _SWAPPED_CALLS:
             new = _SWAPPED_CALLS[node.func.id]
@@ -140,8 +180,11 @@ def _apply(node: ast.AST, how: tuple) -> ast.AST:
         del node.keywords[how[1]]
     elif kind == "slice":
         bound = getattr(node, how[1])
-        setattr(node, how[1], ast.BinOp(left=bound, op=ast.Add() if how[2] > 0 else ast.Sub(),
-                                         right=ast.Constant(abs(how[2]))))
+        setattr(
+            node,
+            how[1],
+            ast.BinOp(left=bound, op=ast.Add() if how[2] > 0 else ast.Sub(), right=ast.Constant(abs(how[2]))),
+        )
     return node
 
 
@@ -177,6 +220,7 @@ class _TooSlow(Exception):
 @contextlib.contextmanager
 def _time_limit(seconds: float) -> Iterator[None]:
     """Raise in the main thread after `seconds`, then every second, until the block ends."""
+
     def _raise(*_):
         raise _TooSlow(f"over {seconds} s")
 
@@ -237,8 +281,11 @@ def main(argv: list[str] | None = None) -> int:
     for chapter, notebook in source_notebooks(args.chapters or None).items():
         alive, tried = survivors(chapter, notebook)
         explained = EQUIVALENT.get(chapter, {})
-        print(f"{chapter}: {tried} edits, {len(alive)} survive, "
-              f"{sum(edit.key not in explained for edit in alive)} unexplained", flush=True)
+        print(
+            f"{chapter}: {tried} edits, {len(alive)} survive, "
+            f"{sum(edit.key not in explained for edit in alive)} unexplained",
+            flush=True,
+        )
         for edit in alive:
             if args.all or edit.key not in explained:
                 print(f"    {edit.key!r}: {explained.get(edit.key, 'UNEXPLAINED')!r},")

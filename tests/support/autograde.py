@@ -20,9 +20,14 @@ def stage_submissions(course_root: Path, chapter: str, notebooks: dict[str, Path
 
 def autograde(course_root: Path, chapter: str, *, timeout_s: int = 900) -> subprocess.CompletedProcess:
     """`nbgrader autograde <chapter> --force` over every submission (the chapter must be generated there)."""
-    return subprocess.run(nbgrader_command("autograde", chapter, "--force", course_root=course_root),
-                          cwd=course_root, env=interpreter_bin_on_path(),
-                          capture_output=True, text=True, timeout=timeout_s)
+    return subprocess.run(
+        nbgrader_command("autograde", chapter, "--force", course_root=course_root),
+        cwd=course_root,
+        env=interpreter_bin_on_path(),
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
 
 
 __all__ = ["stage_submissions", "autograde", "cell_scores"]

@@ -26,8 +26,12 @@ class CellResult:
 
 def grade_in_process(source_notebook: Any, solutions: dict[str, str]) -> list[CellResult]:
     """Grade `solutions` (grade_id -> code) with the source notebook's setup and test cells."""
-    problem, verdicts = checker.run_checks(setup_cells(source_notebook), solutions, graded_cells(source_notebook),
-                                           names=checker.defined_functions(solution_cells(source_notebook)))
+    problem, verdicts = checker.run_checks(
+        setup_cells(source_notebook),
+        solutions,
+        graded_cells(source_notebook),
+        names=checker.defined_functions(solution_cells(source_notebook)),
+    )
     if problem:
         raise RuntimeError(problem)
     return [CellResult(v.grade_id, v.points, v.points if v.passed else 0.0, v.passed, v.message) for v in verdicts]

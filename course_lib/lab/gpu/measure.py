@@ -12,9 +12,20 @@ from typing import Any
 
 import torch
 
-__all__ = ["median_and_p95", "nearest_rank", "synchronize", "reset_peak", "peak_bytes", "time_steps",
-           "profile_step", "device_activity", "gradient_l2_norm", "finite_or_none", "autocast_for",
-           "free_after_out_of_memory"]
+__all__ = [
+    "median_and_p95",
+    "nearest_rank",
+    "synchronize",
+    "reset_peak",
+    "peak_bytes",
+    "time_steps",
+    "profile_step",
+    "device_activity",
+    "gradient_l2_norm",
+    "finite_or_none",
+    "autocast_for",
+    "free_after_out_of_memory",
+]
 
 
 def nearest_rank(values: list[float], fraction: float) -> float:
@@ -58,8 +69,16 @@ def autocast_for(device: torch.device, dtype: torch.dtype):
     return torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
 
 
-def time_steps(step: Callable[[], Any], *, device: torch.device, warmup: int, repeats: int,
-               observe: Callable[[Any], Any] | None = None, progress: bool = False, desc: str = "") -> dict[str, Any]:
+def time_steps(
+    step: Callable[[], Any],
+    *,
+    device: torch.device,
+    warmup: int,
+    repeats: int,
+    observe: Callable[[Any], Any] | None = None,
+    progress: bool = False,
+    desc: str = "",
+) -> dict[str, Any]:
     """Run step() warmup + repeats times, peaks reset after warmup -> timings_ms [repeats], outputs, median, p95, peaks.
 
     observe(output) runs outside the timed region (e.g. reading the loss and the gradient norm).
@@ -79,8 +98,14 @@ def time_steps(step: Callable[[], Any], *, device: torch.device, warmup: int, re
             outputs.append(observe(output) if observe is not None else output)
     median_ms, p95_ms = median_and_p95(timings)
     allocated, reserved = peak_bytes(device)
-    return {"timings_ms": timings, "outputs": outputs, "median_step_ms": median_ms, "p95_step_ms": p95_ms,
-            "peak_allocated_bytes": allocated, "peak_reserved_bytes": reserved}
+    return {
+        "timings_ms": timings,
+        "outputs": outputs,
+        "median_step_ms": median_ms,
+        "p95_step_ms": p95_ms,
+        "peak_allocated_bytes": allocated,
+        "peak_reserved_bytes": reserved,
+    }
 
 
 def profile_step(step: Callable[[], Any], device: torch.device) -> dict[str, Any]:
@@ -106,8 +131,12 @@ def profile_step(step: Callable[[], Any], device: torch.device) -> dict[str, Any
                 synchronize(device)
         return device_activity(prof.events(), device.type)
     except Exception as error:  # any profiler failure: the timed rows must still be recorded
-        return {"device": device.type, "operations": None, "busy_ms": None,
-                "error": f"{type(error).__name__}: {error}"[:500]}
+        return {
+            "device": device.type,
+            "operations": None,
+            "busy_ms": None,
+            "error": f"{type(error).__name__}: {error}"[:500],
+        }
 
 
 def device_activity(events, device_type: str) -> dict[str, Any]:

@@ -22,20 +22,43 @@ def resolve_model_commit(model_id: str, revision: str = "main", *, timeout_s: fl
     return commit, note
 
 
-def model_record(model_id: str | None, source: str, description: str, *, revision: str | None = None,
-                 commit: str | None = None, dtype: torch.dtype | None = None, attention: str | None = None) -> dict:
+def model_record(
+    model_id: str | None,
+    source: str,
+    description: str,
+    *,
+    revision: str | None = None,
+    commit: str | None = None,
+    dtype: torch.dtype | None = None,
+    attention: str | None = None,
+) -> dict:
     """The `model` block of a result."""
-    return {"id": model_id, "source": source, "requested_revision": revision, "resolved_commit": commit,
-            "description": description, "dtype": str(dtype).replace("torch.", "") if dtype is not None else None,
-            "attention_backend": attention}
+    return {
+        "id": model_id,
+        "source": source,
+        "requested_revision": revision,
+        "resolved_commit": commit,
+        "description": description,
+        "dtype": str(dtype).replace("torch.", "") if dtype is not None else None,
+        "attention_backend": attention,
+    }
 
 
 def _short_name(model_id: str) -> str:
     return model_id.rsplit("/", 1)[-1]
 
 
-def load_causal_lm(model_id: str, *, mode: str, device: torch.device, dtype: torch.dtype, attention: str,
-                   seed: int, revision: str = "main", allow_hub: bool = True) -> tuple[Any, dict]:
+def load_causal_lm(
+    model_id: str,
+    *,
+    mode: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    attention: str,
+    seed: int,
+    revision: str = "main",
+    allow_hub: bool = True,
+) -> tuple[Any, dict]:
     """(model in train mode on device, model record) for a measuring mode."""
     from transformers import AutoModelForCausalLM
 
@@ -43,28 +66,55 @@ def load_causal_lm(model_id: str, *, mode: str, device: torch.device, dtype: tor
 
     if mode == "cpu_smoke":
         model = tiny_qwen2(seed=seed, attn_implementation=attention).to(device=device, dtype=dtype)
-        record = model_record("tiny-qwen2", "tiny_qwen2_random_init", "course_lib.tiny_qwen2 (2 layers, vocab 2048)",
-                              dtype=dtype, attention=attention)
+        record = model_record(
+            "tiny-qwen2",
+            "tiny_qwen2_random_init",
+            "course_lib.tiny_qwen2 (2 layers, vocab 2048)",
+            dtype=dtype,
+            attention=attention,
+        )
         return model.train(), record
     commit, note = resolve_model_commit(model_id, revision) if allow_hub else (None, "hub not allowed")
     if commit is not None:
-        model = AutoModelForCausalLM.from_pretrained(model_id, revision=commit, dtype=dtype,
-                                                     attn_implementation=attention).to(device)
-        record = model_record(model_id, "hub", f"{model_id} weights at commit {commit}", revision=revision,
-                              commit=commit, dtype=dtype, attention=attention)
+        model = AutoModelForCausalLM.from_pretrained(
+            model_id, revision=commit, dtype=dtype, attn_implementation=attention
+        ).to(device)
+        record = model_record(
+            model_id,
+            "hub",
+            f"{model_id} weights at commit {commit}",
+            revision=revision,
+            commit=commit,
+            dtype=dtype,
+            attention=attention,
+        )
     else:
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(hf_config(_short_name(model_id)), dtype=dtype,
-                                                 attn_implementation=attention).to(device)
-        record = model_record(model_id, "random_init_from_shipped_config",
-                              f"random init from shipped config {_short_name(model_id)} ({note})",
-                              revision=revision, dtype=dtype, attention=attention)
+        model = AutoModelForCausalLM.from_config(
+            hf_config(_short_name(model_id)), dtype=dtype, attn_implementation=attention
+        ).to(device)
+        record = model_record(
+            model_id,
+            "random_init_from_shipped_config",
+            f"random init from shipped config {_short_name(model_id)} ({note})",
+            revision=revision,
+            dtype=dtype,
+            attention=attention,
+        )
     model.config.use_cache = False
     return model.train(), record
 
 
-def load_lm_head_weight(model_id: str, *, mode: str, device: torch.device, dtype: torch.dtype, seed: int,
-                        revision: str = "main", allow_hub: bool = True) -> tuple[torch.Tensor, dict]:
+def load_lm_head_weight(
+    model_id: str,
+    *,
+    mode: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    seed: int,
+    revision: str = "main",
+    allow_hub: bool = True,
+) -> tuple[torch.Tensor, dict]:
     """(lm_head weight [V, D] on device with requires_grad, model record): the output layer the log-probs go through."""
     from course_lib import load_model_config, tiny_qwen2
 
@@ -78,16 +128,21 @@ def load_lm_head_weight(model_id: str, *, mode: str, device: torch.device, dtype
 
         model = AutoModelForCausalLM.from_pretrained(model_id, revision=commit, dtype=dtype)
         weight = model.lm_head.weight.detach()
-        record = model_record(model_id, "hub", f"lm_head of {model_id} at commit {commit}", revision=revision,
-                              commit=commit, dtype=dtype)
+        record = model_record(
+            model_id, "hub", f"lm_head of {model_id} at commit {commit}", revision=revision, commit=commit, dtype=dtype
+        )
     else:
         config = load_model_config(model_id)
         generator = torch.Generator(device=device).manual_seed(seed)
         shape = (config["vocab_size"], config["hidden_size"])  # [V, D]
         weight = torch.randn(shape, generator=generator, device=device) * config.get("initializer_range", 0.02)
-        record = model_record(model_id, "random_init_from_shipped_config",
-                              f"random lm_head {list(shape)} from shipped config {_short_name(model_id)} ({note})",
-                              revision=revision, dtype=dtype)
+        record = model_record(
+            model_id,
+            "random_init_from_shipped_config",
+            f"random lm_head {list(shape)} from shipped config {_short_name(model_id)} ({note})",
+            revision=revision,
+            dtype=dtype,
+        )
     return weight.to(device=device, dtype=dtype).requires_grad_(True), record
 
 

@@ -11,8 +11,18 @@ from typing import Any
 
 from .schema import LABEL_PATTERN, SCHEMA_VERSION, validate_result
 
-__all__ = ["DEFAULT_RESULTS_DIR", "check_label", "result_path", "new_record", "failure_block", "hardware_snapshot",
-           "framework_versions", "write_result", "read_result", "iter_result_files"]
+__all__ = [
+    "DEFAULT_RESULTS_DIR",
+    "check_label",
+    "result_path",
+    "new_record",
+    "failure_block",
+    "hardware_snapshot",
+    "framework_versions",
+    "write_result",
+    "read_result",
+    "iter_result_files",
+]
 
 # Relative to the working directory: the repository root in a checkout (where run_gpu_suite.sh runs), the
 # notebook's folder when course_lib is pip-installed (never a folder inside site-packages).
@@ -38,33 +48,56 @@ def framework_versions(env: dict[str, Any]) -> dict[str, str | None]:
 
 def hardware_snapshot(env: dict[str, Any], device: str) -> dict[str, Any]:
     """The `hardware` block from a preflight environment snapshot."""
-    return {"device": device, "cuda_available": env["cuda_available"], "cuda_version": env["cuda_version"],
-            "gpu_name": env["gpu_name"], "total_gpu_memory_bytes": env["total_gpu_memory_bytes"],
-            "free_gpu_memory_bytes": env["free_gpu_memory_bytes"], "platform": env["platform"],
-            "cpu_count": os.cpu_count()}
+    return {
+        "device": device,
+        "cuda_available": env["cuda_available"],
+        "cuda_version": env["cuda_version"],
+        "gpu_name": env["gpu_name"],
+        "total_gpu_memory_bytes": env["total_gpu_memory_bytes"],
+        "free_gpu_memory_bytes": env["free_gpu_memory_bytes"],
+        "platform": env["platform"],
+        "cpu_count": os.cpu_count(),
+    }
 
 
-def new_record(*, workload_id: str, version: str, parameters: dict, mode: str, label: str, profile: str,
-               env: dict[str, Any], device: str) -> dict[str, Any]:
+def new_record(
+    *,
+    workload_id: str,
+    version: str,
+    parameters: dict,
+    mode: str,
+    label: str,
+    profile: str,
+    env: dict[str, Any],
+    device: str,
+) -> dict[str, Any]:
     """A record before anything is measured: the plan, the environment, no model, decision pending."""
     from .models import model_record
 
     return {
-        "schema_version": SCHEMA_VERSION, "run_label": label, "run_mode": mode, "environment_profile": profile,
+        "schema_version": SCHEMA_VERSION,
+        "run_label": label,
+        "run_mode": mode,
+        "environment_profile": profile,
         "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "workload": {"id": workload_id, "version": version, "parameters": parameters},
-        "framework": framework_versions(env), "hardware": hardware_snapshot(env, device), "preflight": None,
+        "framework": framework_versions(env),
+        "hardware": hardware_snapshot(env, device),
+        "preflight": None,
         "model": model_record(None, "not_loaded", "no model loaded"),
-        "measurements": {}, "checks": {}, "targets": {},
-        "evidence_level": mode, "decision": "ready_to_measure", "failure": None,
+        "measurements": {},
+        "checks": {},
+        "targets": {},
+        "evidence_level": mode,
+        "decision": "ready_to_measure",
+        "failure": None,
     }
 
 
 def failure_block(stage: str, error: BaseException) -> dict[str, str]:
     """{stage, error_type, message, traceback}: what failed where; the traceback stays in the file, not on screen."""
     text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
-    return {"stage": stage, "error_type": type(error).__name__, "message": str(error)[:2000],
-            "traceback": text[-4000:]}
+    return {"stage": stage, "error_type": type(error).__name__, "message": str(error)[:2000], "traceback": text[-4000:]}
 
 
 def write_result(record: dict[str, Any], path: str | Path) -> Path:

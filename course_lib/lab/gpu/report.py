@@ -16,7 +16,16 @@ from typing import Any
 
 from course_lib.lab.gpu.records import DEFAULT_RESULTS_DIR, iter_result_files, read_result
 
-__all__ = ["load_results", "device_name", "format_record", "format_runs_side_by_side", "plot_length_curve", "plot_packing_bars", "plot_packing_scale", "main"]
+__all__ = [
+    "load_results",
+    "device_name",
+    "format_record",
+    "format_runs_side_by_side",
+    "plot_length_curve",
+    "plot_packing_bars",
+    "plot_packing_scale",
+    "main",
+]
 
 _GIB = 1024**3
 
@@ -54,7 +63,9 @@ def device_name(record: dict[str, Any]) -> str:
     """Where a record was measured: the GPU's name for a CUDA run, else its device ("cpu" for a smoke run, even on a
     machine that has a GPU)."""
     hardware = record["hardware"]
-    return hardware["gpu_name"] if hardware["device"].startswith("cuda") and hardware["gpu_name"] else hardware["device"]
+    return (
+        hardware["gpu_name"] if hardware["device"].startswith("cuda") and hardware["gpu_name"] else hardware["device"]
+    )
 
 
 def _header(record: dict[str, Any]) -> str:
@@ -72,20 +83,55 @@ def _long_context_tables(record: dict[str, Any]) -> list[str]:
     m = record["measurements"]
     profiled = any("device_profile" in r for r in m.get("length_curve", []) + m.get("packing_comparison", []))
     extra = ["busy_ms", "busy_share", "device_ops"] if profiled else []
-    length = [[r["sequence_length"], r["tokens_per_step"], r["median_step_ms"], r["p95_step_ms"],
-               r["median_ms_per_token"], _gib(r["peak_allocated_bytes"]), _gib(r["peak_reserved_bytes"]),
-               *(_profile_cells(r) if profiled else [])]
-              for r in m.get("length_curve", [])]
-    packing = [[r["candidate"], r["processed_tokens"], r["effective_supervised_tokens"], r["padding_ratio"],
-                r["median_step_ms"], r["p95_step_ms"], r["effective_tokens_per_second"],
-                _gib(r["peak_allocated_bytes"]), *(_profile_cells(r) if profiled else [])]
-               for r in m.get("packing_comparison", [])]
+    length = [
+        [
+            r["sequence_length"],
+            r["tokens_per_step"],
+            r["median_step_ms"],
+            r["p95_step_ms"],
+            r["median_ms_per_token"],
+            _gib(r["peak_allocated_bytes"]),
+            _gib(r["peak_reserved_bytes"]),
+            *(_profile_cells(r) if profiled else []),
+        ]
+        for r in m.get("length_curve", [])
+    ]
+    packing = [
+        [
+            r["candidate"],
+            r["processed_tokens"],
+            r["effective_supervised_tokens"],
+            r["padding_ratio"],
+            r["median_step_ms"],
+            r["p95_step_ms"],
+            r["effective_tokens_per_second"],
+            _gib(r["peak_allocated_bytes"]),
+            *(_profile_cells(r) if profiled else []),
+        ]
+        for r in m.get("packing_comparison", [])
+    ]
     return [
-        "length curve (§5.3)\n" + _table(["seq_len", "tokens", "median_ms", "p95_ms", "ms/token", "peak_alloc_GiB",
-                                          "peak_resv_GiB", *extra], length),
-        f"length checks: {record['checks'].get('length')}", f"packing checks: {record['checks'].get('packing')}",
-        "padding vs packing (§5.3)\n" + _table(["candidate", "processed", "effective", "pad_ratio", "median_ms",
-                                                 "p95_ms", "eff_tok/s", "peak_alloc_GiB", *extra], packing),
+        "length curve (§5.3)\n"
+        + _table(
+            ["seq_len", "tokens", "median_ms", "p95_ms", "ms/token", "peak_alloc_GiB", "peak_resv_GiB", *extra], length
+        ),
+        f"length checks: {record['checks'].get('length')}",
+        f"packing checks: {record['checks'].get('packing')}",
+        "padding vs packing (§5.3)\n"
+        + _table(
+            [
+                "candidate",
+                "processed",
+                "effective",
+                "pad_ratio",
+                "median_ms",
+                "p95_ms",
+                "eff_tok/s",
+                "peak_alloc_GiB",
+                *extra,
+            ],
+            packing,
+        ),
         *_busy_reading(m.get("packing_comparison", [])),
         *_scale_table(record),
         _interpretation(record),
@@ -126,9 +172,11 @@ def _busy_reading(packing: list[dict[str, Any]]) -> list[str]:
     wall = _ratio(padding["median_step_ms"], packed["median_step_ms"])
     shares = [_ratio(_gpu_busy_ms(r), r["median_step_ms"]) for r in packing]
     busy_ms = " -> ".join(f"{_gpu_busy_ms(r):.1f}" for r in packing)
-    return [f"what bounds the step (padding -> packing): the GPU was busy {busy_ms} ms, "
-            f"{' -> '.join(_cell(share) for share in shares)} of the median wall time; packing needs {_cell(busy)}x "
-            f"less device time and is {_cell(wall)}x faster by the clock ({_bound_by(shares)})"]
+    return [
+        f"what bounds the step (padding -> packing): the GPU was busy {busy_ms} ms, "
+        f"{' -> '.join(_cell(share) for share in shares)} of the median wall time; packing needs {_cell(busy)}x "
+        f"less device time and is {_cell(wall)}x faster by the clock ({_bound_by(shares)})"
+    ]
 
 
 # below LAUNCH_BOUND_SHARE the GPU idles for most of the step; above DEVICE_BOUND_SHARE it is busy for nearly all
@@ -163,17 +211,29 @@ def _scale_table(record: dict[str, Any]) -> list[str]:
         headers += ["varlen_ms", "varlen_speedup", *(["varlen_busy_x"] if busy else [])]
     table = []
     for pad, pack, fast in rows:
-        row = [pad.get("scale", 1), pad["processed_tokens"], pack["processed_tokens"], pad["median_step_ms"],
-               pack["median_step_ms"], _speedup(pack, pad), *([_busy_speedup(pack, pad)] if busy else [])]
+        row = [
+            pad.get("scale", 1),
+            pad["processed_tokens"],
+            pack["processed_tokens"],
+            pad["median_step_ms"],
+            pack["median_step_ms"],
+            _speedup(pack, pad),
+            *([_busy_speedup(pack, pad)] if busy else []),
+        ]
         if varlen:
             row += [fast.get("median_step_ms"), _speedup(fast, pad), *([_busy_speedup(fast, pad)] if busy else [])]
         table.append(row)
     kernels = sorted({row.get("attention_kernel", "sdpa") for row in record["measurements"].get("varlen_packing", [])})
-    return ["padding vs packing by scale (sample lengths x scale; pack = block mask, varlen = per-sample attention, "
-            f"kernel {' + '.join(kernels) or '-'}"
-            + ("; busy_x = padding's GPU busy ms / the packed row's" if busy else "") + ")\n" + _table(headers, table),
-            f"packing scale checks: {record['checks'].get('packing_scale')}",
-            *([f"varlen packing checks: {record['checks'].get('varlen_packing')}"] if varlen else []), *oom]
+    return [
+        "padding vs packing by scale (sample lengths x scale; pack = block mask, varlen = per-sample attention, "
+        f"kernel {' + '.join(kernels) or '-'}"
+        + ("; busy_x = padding's GPU busy ms / the packed row's" if busy else "")
+        + ")\n"
+        + _table(headers, table),
+        f"packing scale checks: {record['checks'].get('packing_scale')}",
+        *([f"varlen packing checks: {record['checks'].get('varlen_packing')}"] if varlen else []),
+        *oom,
+    ]
 
 
 def format_runs_side_by_side(records: list[dict[str, Any]]) -> str | None:
@@ -190,18 +250,43 @@ def format_runs_side_by_side(records: list[dict[str, Any]]) -> str | None:
     for record, rows in runs:
         (pad, pack, fast), (last_pad, _, last_fast) = rows[0], rows[-1]
         gpu = device_name(record)
-        values = [_speedup(pack, pad), _busy_speedup(pack, pad), _speedup(fast, pad), _busy_speedup(fast, pad),
-                  last_pad.get("scale", 1), _speedup(last_fast, last_pad), _busy_speedup(last_fast, last_pad)]
+        values = [
+            _speedup(pack, pad),
+            _busy_speedup(pack, pad),
+            _speedup(fast, pad),
+            _busy_speedup(fast, pad),
+            last_pad.get("scale", 1),
+            _speedup(last_fast, last_pad),
+            _busy_speedup(last_fast, last_pad),
+        ]
         table.append([record["run_label"], record["workload"]["version"], gpu, *values])
         for name, value in zip(("block mask x1 by the clock", "block mask x1 in busy time"), values[:2], strict=True):
             if value is not None:
                 spreads.setdefault((gpu, name), []).append(value)
-    lines = ["pt-long-context runs side by side: packing / padding effective tokens/s (clock) and padding / packing "
-             "GPU busy ms (busy)\n" + _table(
-                 ["run", "version", "device", "x1_clock", "x1_busy", "varlen_x1_clock", "varlen_x1_busy",
-                  "largest_scale", "varlen_clock", "varlen_busy"], table)]
-    lines += [f"{gpu}, {name}: {min(v):.3g} to {max(v):.3g} over {len(v)} runs"
-              for (gpu, name), v in spreads.items() if len(v) >= 2]
+    lines = [
+        "pt-long-context runs side by side: packing / padding effective tokens/s (clock) and padding / packing "
+        "GPU busy ms (busy)\n"
+        + _table(
+            [
+                "run",
+                "version",
+                "device",
+                "x1_clock",
+                "x1_busy",
+                "varlen_x1_clock",
+                "varlen_x1_busy",
+                "largest_scale",
+                "varlen_clock",
+                "varlen_busy",
+            ],
+            table,
+        )
+    ]
+    lines += [
+        f"{gpu}, {name}: {min(v):.3g} to {max(v):.3g} over {len(v)} runs"
+        for (gpu, name), v in spreads.items()
+        if len(v) >= 2
+    ]
     return "\n".join(lines)
 
 
@@ -225,18 +310,27 @@ def _interpretation(record: dict[str, Any]) -> str:
     peaks = [r["peak_allocated_bytes"] for r in packing + lengths if r["peak_allocated_bytes"] is not None]
     failure = record["failure"]
     rows = [
-        ["run & comparability", "failure, model commit, lengths",
-         f"failure={failure['stage'] if failure else None}; {record['model']['source']} "
-         f"{record['model']['resolved_commit'] or ''}; lengths {p['sequence_lengths']}; "
-         f"samples {p['packing_sample_lengths']}"],
+        [
+            "run & comparability",
+            "failure, model commit, lengths",
+            f"failure={failure['stage'] if failure else None}; {record['model']['source']} "
+            f"{record['model']['resolved_commit'] or ''}; lengths {p['sequence_lengths']}; "
+            f"samples {p['packing_sample_lengths']}",
+        ],
         ["length mechanism", "length_checks", str(checks.get("length"))],
-        ["packing correctness", "packing_checks, effective tokens",
-         f"all pass={all(checks.get('packing', {}).values()) if checks.get('packing') else None}; "
-         f"effective {_pair(packing, 'effective_supervised_tokens', 'd')}"],
-        ["resources & speed", "processed, median ms, eff tok/s, peak",
-         f"{_pair(packing, 'processed_tokens', 'd')} tokens; {_pair(packing, 'median_step_ms', '.1f')} ms; "
-         f"{_pair(packing, 'effective_tokens_per_second', '.0f')} tok/s; "
-         + (f"max peak {max(peaks) / _GIB:.2f} GiB" if peaks else "no GPU peak counter")],
+        [
+            "packing correctness",
+            "packing_checks, effective tokens",
+            f"all pass={all(checks.get('packing', {}).values()) if checks.get('packing') else None}; "
+            f"effective {_pair(packing, 'effective_supervised_tokens', 'd')}",
+        ],
+        [
+            "resources & speed",
+            "processed, median ms, eff tok/s, peak",
+            f"{_pair(packing, 'processed_tokens', 'd')} tokens; {_pair(packing, 'median_step_ms', '.1f')} ms; "
+            f"{_pair(packing, 'effective_tokens_per_second', '.0f')} tok/s; "
+            + (f"max peak {max(peaks) / _GIB:.2f} GiB" if peaks else "no GPU peak counter"),
+        ],
         ["evidence & decision", "evidence_level, decision", f"{record['evidence_level']}, {record['decision']}"],
     ]
     return "reading (§5.4)\n" + _table(["item", "fields", "this run"], rows)
@@ -251,9 +345,21 @@ def _logit_tables(record: dict[str, Any]) -> list[str]:
         diffs = [r["max_abs_diff_vs_full"] for r in at if r["max_abs_diff_vs_full"] is not None]
         largest = max(diffs) if diffs else float("nan")
         lines.append(f"T = {tokens:6d} | " + " | ".join(parts) + f" | max diff {largest:.0e}")
-    table = _table(["method", "T", "peak_GB", "saved_GB", "median_ms", "p95_ms", "max_diff"],
-                   [[r["method"], r["tokens"], _gb(r["peak_above_start_bytes"]), _gb(r["saved_tensor_bytes"]),
-                     r["median_step_ms"], r["p95_step_ms"], r["max_abs_diff_vs_full"]] for r in rows])
+    table = _table(
+        ["method", "T", "peak_GB", "saved_GB", "median_ms", "p95_ms", "max_diff"],
+        [
+            [
+                r["method"],
+                r["tokens"],
+                _gb(r["peak_above_start_bytes"]),
+                _gb(r["saved_tensor_bytes"]),
+                r["median_step_ms"],
+                r["p95_step_ms"],
+                r["max_abs_diff_vs_full"],
+            ]
+            for r in rows
+        ],
+    )
     checks = f"checks: {record['checks'].get('log_probs')}"
     return ["logit memory (seed 003 §14.3)\n" + "\n".join(lines), table, checks]
 
@@ -270,27 +376,68 @@ def _memory_text(row: dict[str, Any]) -> str:
 
 def _microbatch_tables(record: dict[str, Any]) -> list[str]:
     rows = record["measurements"].get("microbatch_plans", [])
-    table = _table(["plan", "microbatches", "padding", "largest_tokens", "median_ms", "p95_ms", "tok/s",
-                    "peak_alloc_GiB", "oom"],
-                   [[r["plan"], r["microbatches"], f"{r['padding_ratio']:.1%}", r["largest_microbatch_tokens"],
-                     r["median_step_ms"], r["p95_step_ms"], r["tokens_per_second"], _gib(r["peak_allocated_bytes"]),
-                     r["out_of_memory"]] for r in rows])
+    table = _table(
+        ["plan", "microbatches", "padding", "largest_tokens", "median_ms", "p95_ms", "tok/s", "peak_alloc_GiB", "oom"],
+        [
+            [
+                r["plan"],
+                r["microbatches"],
+                f"{r['padding_ratio']:.1%}",
+                r["largest_microbatch_tokens"],
+                r["median_step_ms"],
+                r["p95_step_ms"],
+                r["tokens_per_second"],
+                _gib(r["peak_allocated_bytes"]),
+                r["out_of_memory"],
+            ]
+            for r in rows
+        ],
+    )
     return ["microbatch plans (seed 003 §14.2)\n" + table, f"checks: {record['checks'].get('microbatch')}"]
 
 
 def _compiled_tables(record: dict[str, Any]) -> list[str]:
     """packing-compiled: the seed's pair per compile mode, with speed-up and what bounds the step."""
     rows = record["measurements"].get("compiled_packing", [])
-    table = [[r["compile_mode"], r["candidate"], r["processed_tokens"], r["effective_supervised_tokens"],
-              r["median_step_ms"], r["p95_step_ms"], r["effective_tokens_per_second"], _gib(r["peak_allocated_bytes"]),
-              *_profile_cells(r)] for r in rows]
-    sections = ["padding vs packing, decoder layers compiled\n" + _table(
-        ["compile", "candidate", "processed", "effective", "median_ms", "p95_ms", "eff_tok/s", "peak_alloc_GiB",
-         "busy_ms", "busy_share", "device_ops"], table)]
+    table = [
+        [
+            r["compile_mode"],
+            r["candidate"],
+            r["processed_tokens"],
+            r["effective_supervised_tokens"],
+            r["median_step_ms"],
+            r["p95_step_ms"],
+            r["effective_tokens_per_second"],
+            _gib(r["peak_allocated_bytes"]),
+            *_profile_cells(r),
+        ]
+        for r in rows
+    ]
+    sections = [
+        "padding vs packing, decoder layers compiled\n"
+        + _table(
+            [
+                "compile",
+                "candidate",
+                "processed",
+                "effective",
+                "median_ms",
+                "p95_ms",
+                "eff_tok/s",
+                "peak_alloc_GiB",
+                "busy_ms",
+                "busy_share",
+                "device_ops",
+            ],
+            table,
+        )
+    ]
     for padding, packing in zip(rows[::2], rows[1::2], strict=True):
         mode = padding["compile_mode"]
-        sections.append(f"{mode}: packing / padding effective tokens/s {_cell(_speedup(packing, padding))}; "
-                        f"checks {record['checks'].get(f'compiled_{mode}')}")
+        sections.append(
+            f"{mode}: packing / padding effective tokens/s {_cell(_speedup(packing, padding))}; "
+            f"checks {record['checks'].get(f'compiled_{mode}')}"
+        )
         sections += _busy_reading([padding, packing])
     return sections
 
@@ -300,20 +447,29 @@ def format_record(record: dict[str, Any]) -> str:
     sections = [_header(record)]
     if not record["measurements"]:
         return "\n\n".join([*sections, "no measurements (a dry_run plan, or a failure before measuring)"])
-    sections += {"pt-long-context": _long_context_tables, "logit-memory": _logit_tables,
-                 "microbatch-budget": _microbatch_tables, "packing-compiled": _compiled_tables}[
-                    record["workload"]["id"]](record)
+    sections += {
+        "pt-long-context": _long_context_tables,
+        "logit-memory": _logit_tables,
+        "microbatch-budget": _microbatch_tables,
+        "packing-compiled": _compiled_tables,
+    }[record["workload"]["id"]](record)
     if record["targets"]:
-        sections.append("targets\n" + _table(["target", "expected", "observed", "met"],
-                                             [[k, t["expected"], t["observed"], t["met"]]
-                                              for k, t in record["targets"].items()]))
+        sections.append(
+            "targets\n"
+            + _table(
+                ["target", "expected", "observed", "met"],
+                [[k, t["expected"], t["observed"], t["met"]] for k, t in record["targets"].items()],
+            )
+        )
     return "\n\n".join(sections)
 
 
 def format_run(path: str | Path, record: dict[str, Any]) -> str:
     """What a notebook prints after run_workload: the file and the verdict, then the failure, the tables or the plan."""
-    lines = [str(path), f"mode {record['run_mode']} | decision {record['decision']} | "
-                        f"evidence {record['evidence_level']}"]
+    lines = [
+        str(path),
+        f"mode {record['run_mode']} | decision {record['decision']} | evidence {record['evidence_level']}",
+    ]
     workload = record["workload"]
     if record["failure"]:
         lines.append(f"failed at stage {record['failure']['stage']}: {record['failure']['message']}")
@@ -354,8 +510,9 @@ def plot_length_curve(records: list[dict[str, Any]], path: str | Path) -> Path |
         lengths = [r["sequence_length"] for r in rows]
         time_ax.plot(lengths, [r["median_step_ms"] for r in rows], marker="o", label=record["run_label"])
         if rows[0]["peak_allocated_bytes"] is not None:
-            memory_ax.plot(lengths, [_gib(r["peak_allocated_bytes"]) for r in rows], marker="o",
-                           label=record["run_label"])
+            memory_ax.plot(
+                lengths, [_gib(r["peak_allocated_bytes"]) for r in rows], marker="o", label=record["run_label"]
+            )
     time_ax.set(xlabel="sequence length (tokens)", ylabel="median step (ms)", title="training step time")
     memory_ax.set(xlabel="sequence length (tokens)", ylabel="peak allocated (GiB)", title="peak memory")
     time_ax.legend()
@@ -364,8 +521,11 @@ def plot_length_curve(records: list[dict[str, Any]], path: str | Path) -> Path |
 
 def plot_packing_bars(records: list[dict[str, Any]], path: str | Path) -> Path | None:
     """Processed tokens, effective tokens/s and peak memory of padding vs packing, per run -> the PNG path."""
-    metrics = [("processed_tokens", "processed tokens"), ("effective_tokens_per_second", "effective tokens/s"),
-               ("peak_allocated_bytes", "peak allocated (GiB)")]
+    metrics = [
+        ("processed_tokens", "processed tokens"),
+        ("effective_tokens_per_second", "effective tokens/s"),
+        ("peak_allocated_bytes", "peak allocated (GiB)"),
+    ]
     drawn = _figure(records, "packing_comparison", len(metrics), (12, 4))
     if drawn is None:
         return None
@@ -408,17 +568,34 @@ def plot_packing_scale(records: list[dict[str, Any]], path: str | Path) -> Path 
     for record in runs:
         rows = _scale_rows(record)
         sizes = [pad["processed_tokens"] for pad, _, _ in rows]
-        pad_line = time_ax.plot(sizes, [pad["median_step_ms"] for pad, _, _ in rows], "o-",
-                                label=f"padding ({record['run_label']})")[0]
-        time_ax.plot(sizes, [pack["median_step_ms"] for _, pack, _ in rows], "s--", color=pad_line.get_color(),
-                     label=f"packing, block mask ({record['run_label']})")
-        ratio_line = ratio_ax.plot(sizes, [_speedup(pack, pad) for pad, pack, _ in rows], "o-",
-                                   label=f"block mask ({record['run_label']})")[0]
+        pad_line = time_ax.plot(
+            sizes, [pad["median_step_ms"] for pad, _, _ in rows], "o-", label=f"padding ({record['run_label']})"
+        )[0]
+        time_ax.plot(
+            sizes,
+            [pack["median_step_ms"] for _, pack, _ in rows],
+            "s--",
+            color=pad_line.get_color(),
+            label=f"packing, block mask ({record['run_label']})",
+        )
+        ratio_line = ratio_ax.plot(
+            sizes, [_speedup(pack, pad) for pad, pack, _ in rows], "o-", label=f"block mask ({record['run_label']})"
+        )[0]
         if record["measurements"].get("varlen_packing"):
-            time_ax.plot(sizes, [fast.get("median_step_ms") for _, _, fast in rows], "^:", color=pad_line.get_color(),
-                         label=f"packing, varlen ({record['run_label']})")
-            ratio_ax.plot(sizes, [_speedup(fast, pad) for pad, _, fast in rows], "^:", color=ratio_line.get_color(),
-                          label=f"varlen ({record['run_label']})")
+            time_ax.plot(
+                sizes,
+                [fast.get("median_step_ms") for _, _, fast in rows],
+                "^:",
+                color=pad_line.get_color(),
+                label=f"packing, varlen ({record['run_label']})",
+            )
+            ratio_ax.plot(
+                sizes,
+                [_speedup(fast, pad) for pad, _, fast in rows],
+                "^:",
+                color=ratio_line.get_color(),
+                label=f"varlen ({record['run_label']})",
+            )
     speedup_axes = [ratio_ax]
     if profiled:  # the same speed-ups in GPU busy time: what the layout saves on the device, launches aside
         busy_ax = axes[2]
@@ -426,17 +603,30 @@ def plot_packing_scale(records: list[dict[str, Any]], path: str | Path) -> Path 
         for record in profiled:
             rows = _scale_rows(record)
             sizes = [pad["processed_tokens"] for pad, _, _ in rows]
-            line = busy_ax.plot(sizes, [_busy_speedup(pack, pad) for pad, pack, _ in rows], "o-",
-                                label=f"block mask ({record['run_label']})")[0]
+            line = busy_ax.plot(
+                sizes,
+                [_busy_speedup(pack, pad) for pad, pack, _ in rows],
+                "o-",
+                label=f"block mask ({record['run_label']})",
+            )[0]
             if record["measurements"].get("varlen_packing"):
-                busy_ax.plot(sizes, [_busy_speedup(fast, pad) for pad, _, fast in rows], "^:", color=line.get_color(),
-                             label=f"varlen ({record['run_label']})")
+                busy_ax.plot(
+                    sizes,
+                    [_busy_speedup(fast, pad) for pad, _, fast in rows],
+                    "^:",
+                    color=line.get_color(),
+                    label=f"varlen ({record['run_label']})",
+                )
         busy_ax.set(ylabel="padding / packing GPU busy ms", title="packing's speed-up in GPU busy time")
     rows = _scale_rows(runs[0])  # the token ratio depends on the samples only: the same line for every run
     for ax in speedup_axes:
-        ax.plot([pad["processed_tokens"] for pad, _, _ in rows],
-                [pad["processed_tokens"] / pack["processed_tokens"] for pad, pack, _ in rows], ":", color="gray",
-                label="token ratio (time proportional to tokens)")
+        ax.plot(
+            [pad["processed_tokens"] for pad, _, _ in rows],
+            [pad["processed_tokens"] / pack["processed_tokens"] for pad, pack, _ in rows],
+            ":",
+            color="gray",
+            label="token ratio (time proportional to tokens)",
+        )
         ax.axhline(1.0, color="black", linewidth=0.8)
     for ax in axes:
         ax.set_xscale("log", base=2)
@@ -463,7 +653,9 @@ def main(argv: list[str] | None = None) -> int:
     """CLI: print every valid result's tables; exit 1 when a file was invalid or none was found."""
     parser = argparse.ArgumentParser(prog="python -m course_lib.lab.gpu.report", description=__doc__.split("\n\n")[0])
     parser.add_argument("paths", nargs="*", default=[str(DEFAULT_RESULTS_DIR)])
-    parser.add_argument("--plots", default=None, help="folder for length_curve.png, padding_vs_packing.png and packing_scale.png")
+    parser.add_argument(
+        "--plots", default=None, help="folder for length_curve.png, padding_vs_packing.png and packing_scale.png"
+    )
     args = parser.parse_args(argv)
     records, errors = load_results(args.paths)
     for record in records:
@@ -474,9 +666,11 @@ def main(argv: list[str] | None = None) -> int:
     for line in errors:
         print(f"invalid result skipped: {line}", file=sys.stderr)
     if args.plots:
-        for drawn in (plot_length_curve(records, Path(args.plots) / "length_curve.png"),
-                      plot_packing_bars(records, Path(args.plots) / "padding_vs_packing.png"),
-                      plot_packing_scale(records, Path(args.plots) / "packing_scale.png")):
+        for drawn in (
+            plot_length_curve(records, Path(args.plots) / "length_curve.png"),
+            plot_packing_bars(records, Path(args.plots) / "padding_vs_packing.png"),
+            plot_packing_scale(records, Path(args.plots) / "packing_scale.png"),
+        ):
             if drawn is not None:
                 print(f"figure: {drawn}")
     if not records:

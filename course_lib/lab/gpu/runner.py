@@ -58,12 +58,19 @@ class RunContext:
         self.stage = "revision_and_model"
         if self.model_factory is not None:
             model = self.model_factory(self).to(self.device).train()
-            self.record["model"] = model_record(model_id, "injected", f"injected {type(model).__name__}",
-                                                dtype=self.dtype)
+            self.record["model"] = model_record(
+                model_id, "injected", f"injected {type(model).__name__}", dtype=self.dtype
+            )
         else:
             model, self.record["model"] = load_causal_lm(
-                model_id, mode=self.mode, device=self.device, dtype=self.dtype, attention=self.parameters[
-                    "attention_backend"], seed=self.parameters["seed"], allow_hub=self.allow_hub)
+                model_id,
+                mode=self.mode,
+                device=self.device,
+                dtype=self.dtype,
+                attention=self.parameters["attention_backend"],
+                seed=self.parameters["seed"],
+                allow_hub=self.allow_hub,
+            )
         self.held.append(model)
         return model
 
@@ -73,12 +80,18 @@ class RunContext:
         if self.model_factory is not None:
             model = self.model_factory(self)
             weight = model.get_output_embeddings().weight.detach().to(self.device, self.dtype).requires_grad_(True)
-            self.record["model"] = model_record(model_id, "injected", f"lm_head of injected {type(model).__name__}",
-                                                dtype=self.dtype)
+            self.record["model"] = model_record(
+                model_id, "injected", f"lm_head of injected {type(model).__name__}", dtype=self.dtype
+            )
         else:
             weight, self.record["model"] = load_lm_head_weight(
-                model_id, mode=self.mode, device=self.device, dtype=self.dtype, seed=self.parameters["seed"],
-                allow_hub=self.allow_hub)
+                model_id,
+                mode=self.mode,
+                device=self.device,
+                dtype=self.dtype,
+                seed=self.parameters["seed"],
+                allow_hub=self.allow_hub,
+            )
         self.held.append(weight)
         return weight
 
@@ -126,16 +139,26 @@ def _measure(ctx: RunContext, workload, profile: str) -> None:
         ctx.stage = "decision"
         _decide(ctx, workload)
     except Exception as error:  # a failed measurement is a result too
-        ctx.record.update(failure=failure_block(ctx.stage, error), evidence_level=f"failed_{ctx.mode}_attempt",
-                          decision="reject_until_fixed")
+        ctx.record.update(
+            failure=failure_block(ctx.stage, error),
+            evidence_level=f"failed_{ctx.mode}_attempt",
+            decision="reject_until_fixed",
+        )
     finally:
         ctx.release()
 
 
-def run_workload(workload_id: str, mode: str = "dry_run", label: str = "default", *,
-                 results_dir: str | Path = DEFAULT_RESULTS_DIR, profile: str | None = None,
-                 model_factory: Callable[[RunContext], Any] | None = None, allow_hub: bool = True,
-                 progress: bool = False) -> tuple[Path, dict[str, Any]]:
+def run_workload(
+    workload_id: str,
+    mode: str = "dry_run",
+    label: str = "default",
+    *,
+    results_dir: str | Path = DEFAULT_RESULTS_DIR,
+    profile: str | None = None,
+    model_factory: Callable[[RunContext], Any] | None = None,
+    allow_hub: bool = True,
+    progress: bool = False,
+) -> tuple[Path, dict[str, Any]]:
     """Run one workload and write its result -> (path, record). FileExistsError when the label is taken."""
     from course_lib.preflight import load_profile, probe_environment
 
@@ -146,16 +169,25 @@ def run_workload(workload_id: str, mode: str = "dry_run", label: str = "default"
     profile = profile or DEFAULT_PROFILES[mode]
     capabilities = load_profile(profile)["capabilities"]  # an unknown profile is a usage error, not a result
     if mode != "dry_run" and mode not in capabilities:  # a plan needs no capability; a measurement needs its own
-        raise ValueError(f"profile {profile!r} cannot run mode {mode!r} (its capabilities: {capabilities}); "
-                         f"use --profile {DEFAULT_PROFILES[mode]}")
+        raise ValueError(
+            f"profile {profile!r} cannot run mode {mode!r} (its capabilities: {capabilities}); "
+            f"use --profile {DEFAULT_PROFILES[mode]}"
+        )
     path = result_path(results_dir, workload_id, check_label(label))
     if path.exists():
         raise FileExistsError(f"{path} exists: results are never overwritten; choose a new --label")
     workload = WORKLOADS[workload_id]
     device, dtype = _device_and_dtype(mode)
-    record = new_record(workload_id=workload_id, version=workload.VERSION, parameters=workload.parameters(mode),
-                        mode=mode, label=label, profile=profile, env=probe_environment(),
-                        device=device.type if mode != "dry_run" else "none")
+    record = new_record(
+        workload_id=workload_id,
+        version=workload.VERSION,
+        parameters=workload.parameters(mode),
+        mode=mode,
+        label=label,
+        profile=profile,
+        env=probe_environment(),
+        device=device.type if mode != "dry_run" else "none",
+    )
     ctx = RunContext(mode, device, dtype, record["workload"]["parameters"], record, model_factory, allow_hub, progress)
     if mode != "dry_run":
         _measure(ctx, workload, profile)
@@ -163,8 +195,10 @@ def run_workload(workload_id: str, mode: str = "dry_run", label: str = "default"
 
 
 def _summary(path: Path, record: dict[str, Any]) -> str:
-    line = f"{record['workload']['id']} [{record['run_mode']}] -> {path}\n  decision: {record['decision']}" \
-           f" | evidence: {record['evidence_level']} | model: {record['model']['description']}"
+    line = (
+        f"{record['workload']['id']} [{record['run_mode']}] -> {path}\n  decision: {record['decision']}"
+        f" | evidence: {record['evidence_level']} | model: {record['model']['description']}"
+    )
     failure = record["failure"]
     if failure is not None:
         line += f"\n  failed at stage {failure['stage']}: {failure['error_type']}: {failure['message']}"
@@ -178,17 +212,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", choices=MODES, default="dry_run")
     parser.add_argument("--label", default="default")
     parser.add_argument("--results-dir", default=str(DEFAULT_RESULTS_DIR))
-    parser.add_argument("--profile", default=None,
-                        help="default: PT-SFT-CUDA (dry_run, real_gpu), BASE-CPU (cpu_smoke)")
+    parser.add_argument(
+        "--profile", default=None, help="default: PT-SFT-CUDA (dry_run, real_gpu), BASE-CPU (cpu_smoke)"
+    )
     parser.add_argument("--no-hub", action="store_true", help="never ask the hub; random init from shipped configs")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
     status = 0
-    for workload_id in (list(WORKLOADS) if args.workload == "all" else [args.workload]):
+    for workload_id in list(WORKLOADS) if args.workload == "all" else [args.workload]:
         try:
-            path, record = run_workload(workload_id, args.mode, args.label, results_dir=args.results_dir,
-                                        profile=args.profile, allow_hub=not args.no_hub,
-                                        progress=not args.no_progress)
+            path, record = run_workload(
+                workload_id,
+                args.mode,
+                args.label,
+                results_dir=args.results_dir,
+                profile=args.profile,
+                allow_hub=not args.no_hub,
+                progress=not args.no_progress,
+            )
         except (FileExistsError, ValueError) as error:
             print(f"refused: {error}", file=sys.stderr)
             status = 2

@@ -116,12 +116,22 @@ PEAKS = {"peak_allocated_bytes": Nullable(int), "peak_reserved_bytes": Nullable(
 TRAINING = {"losses": ListOf(Nullable(NUMBER)), "gradient_norms": ListOf(Nullable(NUMBER))}
 
 PACKING_ROW = {  # one timed layout of the four samples; the sections add the candidate names and the scale
-    "processed_tokens": int, "effective_supervised_tokens": int, "padding_tokens": int, "padding_ratio": NUMBER,
-    **TIMING, "effective_tokens_per_second": Nullable(NUMBER), **TRAINING, **PEAKS}
+    "processed_tokens": int,
+    "effective_supervised_tokens": int,
+    "padding_tokens": int,
+    "padding_ratio": NUMBER,
+    **TIMING,
+    "effective_tokens_per_second": Nullable(NUMBER),
+    **TRAINING,
+    **PEAKS,
+}
 # one extra step under torch.profiler (pt-long-context v8 on): what the device ran and how long it was busy
 # (numbers null and the error kept when the profiler itself failed)
-PROFILED = {"device_profile": Obj({"device": OneOf("cuda", "cpu"), "operations": Nullable(int),
-                                   "busy_ms": Nullable(NUMBER)}, {"error": str})}
+PROFILED = {
+    "device_profile": Obj(
+        {"device": OneOf("cuda", "cpu"), "operations": Nullable(int), "busy_ms": Nullable(NUMBER)}, {"error": str}
+    )
+}
 
 
 def _long_context_row(fields: dict[str, Any]) -> Obj:
@@ -130,63 +140,129 @@ def _long_context_row(fields: dict[str, Any]) -> Obj:
 
 ROW_SCHEMAS: dict[str, dict[str, Any]] = {
     "pt-long-context": {
-        "length_curve": _long_context_row({
-            "sequence_length": int, "batch_size": int, "tokens_per_step": int, **TIMING,
-            "median_ms_per_token": Nullable(NUMBER), "tokens_per_second": Nullable(NUMBER), **TRAINING, **PEAKS}),
-        "packing_comparison": _long_context_row({"candidate": OneOf("padding", "boundary_isolated_packing"),
-                                                 **PACKING_ROW}),
-        "packing_scale": _long_context_row({"candidate": OneOf("padding", "boundary_isolated_packing"), "scale": int,
-                                            **PACKING_ROW}),
-        "varlen_packing": Obj({"candidate": OneOf("boundary_isolated_packing_varlen"), "scale": int, **PACKING_ROW},
-                              {**PROFILED, "attention_kernel": OneOf("flash", "sdpa")}),  # v9 on: the kernel run
+        "length_curve": _long_context_row(
+            {
+                "sequence_length": int,
+                "batch_size": int,
+                "tokens_per_step": int,
+                **TIMING,
+                "median_ms_per_token": Nullable(NUMBER),
+                "tokens_per_second": Nullable(NUMBER),
+                **TRAINING,
+                **PEAKS,
+            }
+        ),
+        "packing_comparison": _long_context_row(
+            {"candidate": OneOf("padding", "boundary_isolated_packing"), **PACKING_ROW}
+        ),
+        "packing_scale": _long_context_row(
+            {"candidate": OneOf("padding", "boundary_isolated_packing"), "scale": int, **PACKING_ROW}
+        ),
+        "varlen_packing": Obj(
+            {"candidate": OneOf("boundary_isolated_packing_varlen"), "scale": int, **PACKING_ROW},
+            {**PROFILED, "attention_kernel": OneOf("flash", "sdpa")},
+        ),  # v9 on: the kernel run
         # v10 on: the scale at which a series ran out of GPU memory (the larger ones were not tried)
         "out_of_memory": Obj({"stage": OneOf("packing_scale", "varlen_packing"), "scale": int}),
     },
     "packing-compiled": {
-        "compiled_packing": _long_context_row({"compile_mode": OneOf("default", "reduce-overhead"),
-                                               "candidate": OneOf("padding", "boundary_isolated_packing"),
-                                               **PACKING_ROW}),
+        "compiled_packing": _long_context_row(
+            {
+                "compile_mode": OneOf("default", "reduce-overhead"),
+                "candidate": OneOf("padding", "boundary_isolated_packing"),
+                **PACKING_ROW,
+            }
+        ),
     },
     "logit-memory": {
-        "log_prob_memory": Obj({
-            "method": OneOf("full", "chunked", "chunked_recompute"), "tokens": int, "vocab_size": int,
-            "hidden_size": int, "chunk_size": Nullable(int), "peak_above_start_bytes": Nullable(int),
-            "saved_tensor_bytes": Nullable(int), **TIMING, "out_of_memory": bool,
-            "max_abs_diff_vs_full": Nullable(NUMBER)}),
+        "log_prob_memory": Obj(
+            {
+                "method": OneOf("full", "chunked", "chunked_recompute"),
+                "tokens": int,
+                "vocab_size": int,
+                "hidden_size": int,
+                "chunk_size": Nullable(int),
+                "peak_above_start_bytes": Nullable(int),
+                "saved_tensor_bytes": Nullable(int),
+                **TIMING,
+                "out_of_memory": bool,
+                "max_abs_diff_vs_full": Nullable(NUMBER),
+            }
+        ),
     },
     "microbatch-budget": {
-        "microbatch_plans": Obj({
-            "plan": str, "microbatches": int, "real_tokens": int, "computed_tokens": int, "padding_ratio": NUMBER,
-            "largest_microbatch_tokens": int, **TIMING, "tokens_per_second": Nullable(NUMBER), **TRAINING, **PEAKS,
-            "out_of_memory": bool}),
+        "microbatch_plans": Obj(
+            {
+                "plan": str,
+                "microbatches": int,
+                "real_tokens": int,
+                "computed_tokens": int,
+                "padding_ratio": NUMBER,
+                "largest_microbatch_tokens": int,
+                **TIMING,
+                "tokens_per_second": Nullable(NUMBER),
+                **TRAINING,
+                **PEAKS,
+                "out_of_memory": bool,
+            }
+        ),
     },
 }
 
-PREFLIGHT_LINE = Obj({"name": str, "required": str, "found": AnyJSON(), "status":
-                      OneOf("pass", "warn", "fail", "skip"), "detail": str})
-RESULT = Obj({
-    "schema_version": OneOf(SCHEMA_VERSION),
-    "run_label": str,
-    "run_mode": OneOf(*MODES),
-    "environment_profile": str,
-    "created_at": str,
-    "workload": Obj({"id": OneOf(*ROW_SCHEMAS), "version": str, "parameters": MapOf(AnyJSON())}),
-    "framework": MapOf(Nullable(str)),
-    "hardware": Obj({"device": OneOf("cuda", "cpu", "none"), "cuda_available": bool, "cuda_version": Nullable(str),
-                     "gpu_name": Nullable(str), "total_gpu_memory_bytes": Nullable(int),
-                     "free_gpu_memory_bytes": Nullable(int), "platform": str, "cpu_count": Nullable(int)}),
-    "preflight": Nullable(Obj({"profile": str, "passed": bool, "failed": ListOf(str), "warned": ListOf(str),
-                               "checks": ListOf(PREFLIGHT_LINE)})),
-    "model": Obj({"id": Nullable(str), "source": OneOf(*MODEL_SOURCES), "requested_revision": Nullable(str),
-                  "resolved_commit": Nullable(str), "description": str, "dtype": Nullable(str),
-                  "attention_backend": Nullable(str)}),
-    "measurements": MapOf(ListOf(AnyJSON())),
-    "checks": MapOf(MapOf(bool)),
-    "targets": MapOf(Obj({"expected": str, "observed": Nullable((int, float, str)), "met": Nullable(bool)})),
-    "evidence_level": str,
-    "decision": OneOf(*DECISIONS),
-    "failure": Nullable(Obj({"stage": str, "error_type": str, "message": str}, {"traceback": str})),
-})
+PREFLIGHT_LINE = Obj(
+    {"name": str, "required": str, "found": AnyJSON(), "status": OneOf("pass", "warn", "fail", "skip"), "detail": str}
+)
+RESULT = Obj(
+    {
+        "schema_version": OneOf(SCHEMA_VERSION),
+        "run_label": str,
+        "run_mode": OneOf(*MODES),
+        "environment_profile": str,
+        "created_at": str,
+        "workload": Obj({"id": OneOf(*ROW_SCHEMAS), "version": str, "parameters": MapOf(AnyJSON())}),
+        "framework": MapOf(Nullable(str)),
+        "hardware": Obj(
+            {
+                "device": OneOf("cuda", "cpu", "none"),
+                "cuda_available": bool,
+                "cuda_version": Nullable(str),
+                "gpu_name": Nullable(str),
+                "total_gpu_memory_bytes": Nullable(int),
+                "free_gpu_memory_bytes": Nullable(int),
+                "platform": str,
+                "cpu_count": Nullable(int),
+            }
+        ),
+        "preflight": Nullable(
+            Obj(
+                {
+                    "profile": str,
+                    "passed": bool,
+                    "failed": ListOf(str),
+                    "warned": ListOf(str),
+                    "checks": ListOf(PREFLIGHT_LINE),
+                }
+            )
+        ),
+        "model": Obj(
+            {
+                "id": Nullable(str),
+                "source": OneOf(*MODEL_SOURCES),
+                "requested_revision": Nullable(str),
+                "resolved_commit": Nullable(str),
+                "description": str,
+                "dtype": Nullable(str),
+                "attention_backend": Nullable(str),
+            }
+        ),
+        "measurements": MapOf(ListOf(AnyJSON())),
+        "checks": MapOf(MapOf(bool)),
+        "targets": MapOf(Obj({"expected": str, "observed": Nullable((int, float, str)), "met": Nullable(bool)})),
+        "evidence_level": str,
+        "decision": OneOf(*DECISIONS),
+        "failure": Nullable(Obj({"stage": str, "error_type": str, "message": str}, {"traceback": str})),
+    }
+)
 
 
 def _rule_errors(record: dict[str, Any]) -> list[str]:
@@ -196,8 +272,9 @@ def _rule_errors(record: dict[str, Any]) -> list[str]:
     if not LABEL_PATTERN.fullmatch(record["run_label"]):
         errors.append(f"$.run_label: must match {LABEL_PATTERN.pattern}, got {record['run_label']!r}")
     if (failure is not None) != (decision == "reject_until_fixed"):
-        errors.append(f"$.decision: {decision!r} with failure={failure is not None} (a failure, and only a failure, "
-                      "rejects)")
+        errors.append(
+            f"$.decision: {decision!r} with failure={failure is not None} (a failure, and only a failure, rejects)"
+        )
     if mode == "dry_run" and (decision not in ("ready_to_measure", "reject_until_fixed") or record["measurements"]):
         errors.append(f"$.decision: a dry_run records only the plan, got {decision!r} with measurements")
     if mode == "cpu_smoke" and failure is None and record["evidence_level"] != CPU_SMOKE_EVIDENCE:
@@ -217,9 +294,10 @@ def _all_checks_pass(record: dict[str, Any]) -> bool:
 
 # Row fields the schema keeps optional for older records, required from the workload version that added them.
 REQUIRED_SINCE: dict[str, dict[str, dict[str, int]]] = {
-    "pt-long-context": {**{section: {"device_profile": 8} for section in
-                           ("length_curve", "packing_comparison", "packing_scale")},
-                        "varlen_packing": {"device_profile": 8, "attention_kernel": 9}},
+    "pt-long-context": {
+        **{section: {"device_profile": 8} for section in ("length_curve", "packing_comparison", "packing_scale")},
+        "varlen_packing": {"device_profile": 8, "attention_kernel": 9},
+    },
 }
 
 
@@ -236,9 +314,11 @@ def _row_errors(record: dict[str, Any]) -> list[str]:
         ListOf(sections[name]).check(rows, f"$.measurements.{name}", errors)
         since = REQUIRED_SINCE.get(workload, {}).get(name, {})
         for index, row in enumerate(rows if version is not None and isinstance(rows, list) else []):
-            errors += [f"$.measurements.{name}[{index}]: missing key {key!r} (recorded from v{first} on)"
-                       for key, first in since.items() if version >= first and isinstance(row, dict)
-                       and key not in row]
+            errors += [
+                f"$.measurements.{name}[{index}]: missing key {key!r} (recorded from v{first} on)"
+                for key, first in since.items()
+                if version >= first and isinstance(row, dict) and key not in row
+            ]
     return errors
 
 

@@ -24,9 +24,14 @@ def parameters(mode: str) -> dict[str, Any]:
     """The fixed workload; cpu_smoke uses tiny_qwen2's head (V 2048, D 64) and short sequences."""
     smoke = mode == "cpu_smoke"
     return {
-        "model_id": "tiny-qwen2" if smoke else "Qwen/Qwen3-0.6B", "token_counts": [128, 512] if smoke else
-        [4096, 16384], "chunk_size": 64 if smoke else 1024, "batch_size": 1, "warmup_steps": 1,
-        "repeat_steps": 2 if smoke else 3, "flat_tolerance": 0.10, "seed": 0,
+        "model_id": "tiny-qwen2" if smoke else "Qwen/Qwen3-0.6B",
+        "token_counts": [128, 512] if smoke else [4096, 16384],
+        "chunk_size": 64 if smoke else 1024,
+        "batch_size": 1,
+        "warmup_steps": 1,
+        "repeat_steps": 2 if smoke else 3,
+        "flat_tolerance": 0.10,
+        "seed": 0,
         # random-init bf16 logits stay below ~4: 1/32 admits a one-ulp flip from a different GEMM kernel per chunk
         "logprob_tolerance": 1e-3 if smoke else 1 / 32,
         "attention_backend": None,
@@ -66,10 +71,15 @@ def _measure_method(ctx, fn, weight, hidden, ids, desc: str) -> tuple[dict[str, 
         fn(hidden, weight, ids).float().sum().backward()
 
     p = ctx.parameters
-    timed = time_steps(step, device=ctx.device, warmup=p["warmup_steps"], repeats=p["repeat_steps"],
-                       progress=ctx.progress, desc=desc)
-    fields = {"peak_above_start_bytes": peak, "saved_tensor_bytes": int(saved),
-              "median_step_ms": timed["median_step_ms"], "p95_step_ms": timed["p95_step_ms"]}
+    timed = time_steps(
+        step, device=ctx.device, warmup=p["warmup_steps"], repeats=p["repeat_steps"], progress=ctx.progress, desc=desc
+    )
+    fields = {
+        "peak_above_start_bytes": peak,
+        "saved_tensor_bytes": int(saved),
+        "median_step_ms": timed["median_step_ms"],
+        "p95_step_ms": timed["p95_step_ms"],
+    }
     return fields, log_probs
 
 
@@ -96,10 +106,18 @@ def _rows_at(ctx, weight: torch.Tensor, tokens: int) -> list[dict[str, Any]]:
             reference = log_probs
         if reference is not None and log_probs is not None:
             difference = float((log_probs - reference).abs().max())
-        rows.append({"method": name, "tokens": tokens, "vocab_size": weight.shape[0], "hidden_size": weight.shape[1],
-                     "chunk_size": None if name == "full" else p["chunk_size"], **fields,
-                     "out_of_memory": log_probs is None,
-                     "max_abs_diff_vs_full": difference if difference is None or math.isfinite(difference) else None})
+        rows.append(
+            {
+                "method": name,
+                "tokens": tokens,
+                "vocab_size": weight.shape[0],
+                "hidden_size": weight.shape[1],
+                "chunk_size": None if name == "full" else p["chunk_size"],
+                **fields,
+                "out_of_memory": log_probs is None,
+                "max_abs_diff_vs_full": difference if difference is None or math.isfinite(difference) else None,
+            }
+        )
     return rows
 
 
@@ -117,8 +135,10 @@ def checks_and_targets(ctx, rows: list[dict]) -> tuple[dict[str, bool], dict[str
     """
     p = ctx.parameters
     full_ran = {r["tokens"] for r in rows if r["method"] == "full" and not r["out_of_memory"]}
-    diffs = {name: [r["max_abs_diff_vs_full"] for r in rows if r["method"] == name and r["tokens"] in full_ran]
-             for name in METHODS[1:]}
+    diffs = {
+        name: [r["max_abs_diff_vs_full"] for r in rows if r["method"] == name and r["tokens"] in full_ran]
+        for name in METHODS[1:]
+    }
     worst = {name: math.inf if None in values or not values else max(values) for name, values in diffs.items()}
     metric = _memory_metric(rows)
     recompute = [r[metric] for r in rows if r["method"] == "chunked_recompute"]  # ordered by T
@@ -128,11 +148,16 @@ def checks_and_targets(ctx, rows: list[dict]) -> tuple[dict[str, bool], dict[str
     shown = " -> ".join("n/a" if v is None else f"{v / _GB:.2f} GB" for v in (recompute[0], recompute[-1]))
     largest = max(worst.values())
     targets = {
-        "recompute_peak_flat": {"expected": "flat from the shortest to the longest T (seed: 2.2 GB at 4096 and 16384)",
-                                "observed": f"{shown} ({metric})", "met": flat if ctx.mode == "real_gpu" else None},
-        "log_probs_identical_to_full": {"expected": "max diff 0 where the full log-probs fit (seed: 0e+00)",
-                                        "observed": largest if math.isfinite(largest) else None,
-                                        "met": largest == 0.0},
+        "recompute_peak_flat": {
+            "expected": "flat from the shortest to the longest T (seed: 2.2 GB at 4096 and 16384)",
+            "observed": f"{shown} ({metric})",
+            "met": flat if ctx.mode == "real_gpu" else None,
+        },
+        "log_probs_identical_to_full": {
+            "expected": "max diff 0 where the full log-probs fit (seed: 0e+00)",
+            "observed": largest if math.isfinite(largest) else None,
+            "met": largest == 0.0,
+        },
     }
     return checks, targets
 

@@ -32,10 +32,16 @@ def parameters(mode: str) -> dict[str, Any]:
     smoke = mode == "cpu_smoke"
     divisor = 512 if smoke else 32  # 64k cap -> 128 tokens (CPU) or 2048 tokens (GPU)
     return {
-        "model_id": "tiny-qwen2" if smoke else MODEL_ID, "sequence_count": 64, "length_divisor": divisor,
+        "model_id": "tiny-qwen2" if smoke else MODEL_ID,
+        "sequence_count": 64,
+        "length_divisor": divisor,
         "minimum_length": 2,
-        "per_microbatch": 8, "max_tokens": 131_072 // divisor,  # seed 003's 128k budget, scaled like the lengths
-        "warmup_steps": 1, "repeat_steps": 2 if smoke else 3, "attention_backend": "sdpa", "seed": 42,
+        "per_microbatch": 8,
+        "max_tokens": 131_072 // divisor,  # seed 003's 128k budget, scaled like the lengths
+        "warmup_steps": 1,
+        "repeat_steps": 2 if smoke else 3,
+        "attention_backend": "sdpa",
+        "seed": 42,
     }
 
 
@@ -89,11 +95,22 @@ def _plan_row(ctx, model, name: str, batches: list[list[int]], lengths: torch.Te
     from course_lib import describe_microbatches
 
     summary = describe_microbatches(lengths, batches)
-    row = {"plan": name, "microbatches": summary["count"], "real_tokens": summary["real_tokens"],
-           "computed_tokens": summary["computed_tokens"], "padding_ratio": summary["padding_ratio"],
-           "largest_microbatch_tokens": summary["largest_tokens"], "median_step_ms": None, "p95_step_ms": None,
-           "tokens_per_second": None, "peak_allocated_bytes": None, "peak_reserved_bytes": None,
-           "losses": [], "gradient_norms": [], "out_of_memory": False}
+    row = {
+        "plan": name,
+        "microbatches": summary["count"],
+        "real_tokens": summary["real_tokens"],
+        "computed_tokens": summary["computed_tokens"],
+        "padding_ratio": summary["padding_ratio"],
+        "largest_microbatch_tokens": summary["largest_tokens"],
+        "median_step_ms": None,
+        "p95_step_ms": None,
+        "tokens_per_second": None,
+        "peak_allocated_bytes": None,
+        "peak_reserved_bytes": None,
+        "losses": [],
+        "gradient_norms": [],
+        "out_of_memory": False,
+    }
     microbatches = [_padded([token_ids[i] for i in batch], ctx.device) for batch in batches]
     supervised = int(sum(int(lengths[i]) - 1 for batch in batches for i in batch))  # labels shift by one per sequence
     p = ctx.parameters
@@ -102,18 +119,30 @@ def _plan_row(ctx, model, name: str, batches: list[list[int]], lengths: torch.Te
         return finite_or_none(loss), finite_or_none(gradient_l2_norm(model.parameters()))
 
     try:
-        timed = time_steps(_plan_step(ctx, model, microbatches, supervised), device=ctx.device,
-                           warmup=p["warmup_steps"], repeats=p["repeat_steps"], observe=observe,
-                           progress=ctx.progress, desc=name)
+        timed = time_steps(
+            _plan_step(ctx, model, microbatches, supervised),
+            device=ctx.device,
+            warmup=p["warmup_steps"],
+            repeats=p["repeat_steps"],
+            observe=observe,
+            progress=ctx.progress,
+            desc=name,
+        )
     except torch.OutOfMemoryError:  # the fixed-count plan not fitting a small GPU is the finding, not a crash
         timed = None
     if timed is None:
         free_after_out_of_memory(model)  # out of the except block, as it needs
         return {**row, "out_of_memory": True}
-    return {**row, "median_step_ms": timed["median_step_ms"], "p95_step_ms": timed["p95_step_ms"],
-            "tokens_per_second": row["real_tokens"] / (timed["median_step_ms"] / 1000.0),
-            "peak_allocated_bytes": timed["peak_allocated_bytes"], "peak_reserved_bytes": timed["peak_reserved_bytes"],
-            "losses": [loss for loss, _ in timed["outputs"]], "gradient_norms": [norm for _, norm in timed["outputs"]]}
+    return {
+        **row,
+        "median_step_ms": timed["median_step_ms"],
+        "p95_step_ms": timed["p95_step_ms"],
+        "tokens_per_second": row["real_tokens"] / (timed["median_step_ms"] / 1000.0),
+        "peak_allocated_bytes": timed["peak_allocated_bytes"],
+        "peak_reserved_bytes": timed["peak_reserved_bytes"],
+        "losses": [loss for loss, _ in timed["outputs"]],
+        "gradient_norms": [norm for _, norm in timed["outputs"]],
+    }
 
 
 def checks_and_targets(ctx, rows: list[dict]) -> tuple[dict[str, bool], dict[str, dict]]:
@@ -134,11 +163,13 @@ def checks_and_targets(ctx, rows: list[dict]) -> tuple[dict[str, bool], dict[str
         "largest_microbatch_bounded": {
             "expected": "token budget bounds the largest microbatch (seed: 131k vs 524k tokens)",
             "observed": f"{budget['largest_microbatch_tokens']} vs {random_fixed['largest_microbatch_tokens']} tokens",
-            "met": budget["largest_microbatch_tokens"] < random_fixed["largest_microbatch_tokens"]},
+            "met": budget["largest_microbatch_tokens"] < random_fixed["largest_microbatch_tokens"],
+        },
         "token_budget_peak_below_fixed_count": {
             "expected": "peak allocated memory of the token budget < fixed count, random order",
             "observed": "n/a" if None in peaks else f"{peaks[1] / 1e9:.2f} GB vs {peaks[0] / 1e9:.2f} GB",
-            "met": lower if ctx.mode == "real_gpu" else None},
+            "met": lower if ctx.mode == "real_gpu" else None,
+        },
     }
     return checks, targets
 

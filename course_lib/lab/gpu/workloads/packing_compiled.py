@@ -36,14 +36,19 @@ def parameters(mode: str) -> dict[str, Any]:
 
     smoke = mode == "cpu_smoke"
     return {
-        "model_id": "tiny-qwen2" if smoke else MODEL_ID, "model_revision": None if smoke else "main",
-        "packing_sample_lengths": [48, 96, 32, 64], "batch_size": 1,
+        "model_id": "tiny-qwen2" if smoke else MODEL_ID,
+        "model_revision": None if smoke else "main",
+        "packing_sample_lengths": [48, 96, 32, 64],
+        "batch_size": 1,
         "warmup_steps": 2 if smoke else 3,  # the first steps compile and (reduce-overhead) record the CUDA graphs
-        "repeat_steps": 2 if smoke else 10, "attention_backend": "sdpa", "seed": 42,
+        "repeat_steps": 2 if smoke else 10,
+        "attention_backend": "sdpa",
+        "seed": 42,
         "compile_modes": ["default"] if smoke else ["default", "reduce-overhead"],
         "compile_scope": "each decoder layer: layer.compile(mode=..., dynamic=False); embeddings, mask, lm_head and "
-                         "loss stay eager",
-        "packing_throughput_target": 1.3, "profiled_steps_per_row": 1,
+        "loss stay eager",
+        "packing_throughput_target": 1.3,
+        "profiled_steps_per_row": 1,
         # relative, on the first loss: compiled kernels round differently from eager ones (bf16 on the GPU)
         "loss_agreement_tolerance": 1e-4 if smoke else 5e-3,
     }
@@ -75,24 +80,33 @@ def measure(ctx) -> None:
     padding_batch = padded_batch(samples, ctx.device)
     packing_batch, segment_ids = packed_batch(samples, ctx.device, ctx.dtype)
     ctx.stage = "eager_reference"
-    reference = {"padding": eager_loss(ctx, model, padding_batch),
-                 "boundary_isolated_packing": eager_loss(ctx, model, packing_batch)}
+    reference = {
+        "padding": eager_loss(ctx, model, padding_batch),
+        "boundary_isolated_packing": eager_loss(ctx, model, packing_batch),
+    }
     out["compiled_packing"] = []
     for mode in p["compile_modes"]:
         ctx.stage = f"compiled_{mode}"
         compile_layers(model, mode)
         padding, packing = (
             {"compile_mode": mode, **packing_row(ctx, model, name, batch, ledger[key])}
-            for name, batch, key in (("padding", padding_batch, "padding"),
-                                     ("boundary_isolated_packing", packing_batch, "packing")))
+            for name, batch, key in (
+                ("padding", padding_batch, "padding"),
+                ("boundary_isolated_packing", packing_batch, "packing"),
+            )
+        )
         out["compiled_packing"] += [padding, packing]
         ctx.record["checks"][f"compiled_{mode}"] = {
             **packing_checks(padding, packing, packing_batch, segment_ids, lengths, ledger),
-            "losses_equal_eager": all(losses_agree(reference[row["candidate"]], row["losses"][0],
-                                                   p["loss_agreement_tolerance"]) for row in (padding, packing))}
+            "losses_equal_eager": all(
+                losses_agree(reference[row["candidate"]], row["losses"][0], p["loss_agreement_tolerance"])
+                for row in (padding, packing)
+            ),
+        }
         ratio = throughput_ratio(padding, packing)
         ctx.record["targets"][f"packing_effective_throughput_ratio_compiled_{mode}"] = {
             "expected": f">= {p['packing_throughput_target']}x padding, both with decoder layers compiled ({mode})",
             "observed": rounded(ratio),
-            "met": (ratio is not None and ratio >= p["packing_throughput_target"]) if ctx.mode == "real_gpu" else None}
+            "met": (ratio is not None and ratio >= p["packing_throughput_target"]) if ctx.mode == "real_gpu" else None,
+        }
     torch._dynamo.reset()  # the next workload in this process starts without compiled frames

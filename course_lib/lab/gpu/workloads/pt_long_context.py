@@ -47,20 +47,27 @@ def parameters(mode: str) -> dict[str, Any]:
 
     smoke = mode == "cpu_smoke"
     return {
-        "model_id": "tiny-qwen2" if smoke else MODEL_ID, "model_revision": None if smoke else "main",
+        "model_id": "tiny-qwen2" if smoke else MODEL_ID,
+        "model_revision": None if smoke else "main",
         "sequence_lengths": [16, 32, 64] if smoke else [128, 256, 512],
-        "packing_sample_lengths": [48, 96, 32, 64], "packing_scale_factors": [2] if smoke else [2, 4, 8, 16, 32],
+        "packing_sample_lengths": [48, 96, 32, 64],
+        "packing_scale_factors": [2] if smoke else [2, 4, 8, 16, 32],
         "batch_size": 1,
-        "warmup_steps": 1 if smoke else 2, "repeat_steps": 2 if smoke else 10,
-        "memory_trend_tolerance": 0.005, "attention_backend": "sdpa", "seed": 42,
+        "warmup_steps": 1 if smoke else 2,
+        "repeat_steps": 2 if smoke else 10,
+        "memory_trend_tolerance": 0.005,
+        "attention_backend": "sdpa",
+        "seed": 42,
         "packing_throughput_target": 1.3,
         # one more step per row under torch.profiler, after the timed repeats: the device's own busy time, to tell a
         # step bound by kernel launches (busy time far below the wall time) from one bound by tokens
         "profiled_steps_per_row": 1,
-        "packed_attention": {"boundary_isolated_packing": "4-D block-causal mask [1, 1, T, T] through the model's "
-                             "attention", "boundary_isolated_packing_varlen": "course_lib.varlen (kernel auto): no "
-                             "mask; torch's fused flash varlen kernel from cu_seqlens where it runs (CUDA sm80+, "
-                             "bf16/fp16), else one SDPA per sample; each row's attention_kernel says which"},
+        "packed_attention": {
+            "boundary_isolated_packing": "4-D block-causal mask [1, 1, T, T] through the model's attention",
+            "boundary_isolated_packing_varlen": "course_lib.varlen (kernel auto): no "
+            "mask; torch's fused flash varlen kernel from cu_seqlens where it runs (CUDA sm80+, "
+            "bf16/fp16), else one SDPA per sample; each row's attention_kernel says which",
+        },
         # relative, on the mean loss: bf16 kernel rounding moves it ~1e-4, a leak across samples ~1e-2 on the 0.5B
         # random init (only ~3e-4 on the near-uniform tiny model): a sanity check; the per-token check is the proof
         "loss_agreement_tolerance": 1e-4 if smoke else 2e-3,
@@ -74,6 +81,7 @@ def parameters(mode: str) -> dict[str, Any]:
 
 def _training_row(ctx, model, batch: dict[str, torch.Tensor], desc: str) -> dict[str, Any]:
     """Time zero_grad + forward + backward on one batch -> timing, losses, gradient norms, peak memory, device profile."""
+
     def step() -> torch.Tensor:
         model.zero_grad(set_to_none=True)
         with autocast_for(ctx.device, ctx.dtype):
@@ -85,12 +93,24 @@ def _training_row(ctx, model, batch: dict[str, torch.Tensor], desc: str) -> dict
         return finite_or_none(loss.item()), finite_or_none(gradient_l2_norm(model.parameters()))
 
     p = ctx.parameters
-    timed = time_steps(step, device=ctx.device, warmup=p["warmup_steps"], repeats=p["repeat_steps"],
-                       observe=observe, progress=ctx.progress, desc=desc)
-    return {"median_step_ms": timed["median_step_ms"], "p95_step_ms": timed["p95_step_ms"],
-            "losses": [loss for loss, _ in timed["outputs"]], "gradient_norms": [norm for _, norm in timed["outputs"]],
-            "peak_allocated_bytes": timed["peak_allocated_bytes"], "peak_reserved_bytes": timed["peak_reserved_bytes"],
-            "device_profile": profile_step(step, ctx.device)}
+    timed = time_steps(
+        step,
+        device=ctx.device,
+        warmup=p["warmup_steps"],
+        repeats=p["repeat_steps"],
+        observe=observe,
+        progress=ctx.progress,
+        desc=desc,
+    )
+    return {
+        "median_step_ms": timed["median_step_ms"],
+        "p95_step_ms": timed["p95_step_ms"],
+        "losses": [loss for loss, _ in timed["outputs"]],
+        "gradient_norms": [norm for _, norm in timed["outputs"]],
+        "peak_allocated_bytes": timed["peak_allocated_bytes"],
+        "peak_reserved_bytes": timed["peak_reserved_bytes"],
+        "device_profile": profile_step(step, ctx.device),
+    }
 
 
 def _length_point(ctx, model, length: int) -> dict[str, Any]:
@@ -101,8 +121,14 @@ def _length_point(ctx, model, length: int) -> dict[str, Any]:
     row = _training_row(ctx, model, batch, f"length {length}")
     tokens = length * batch_size
     median_s = row["median_step_ms"] / 1000.0
-    return {"sequence_length": length, "batch_size": batch_size, "tokens_per_step": tokens, **row,
-            "median_ms_per_token": row["median_step_ms"] / tokens, "tokens_per_second": tokens / median_s}
+    return {
+        "sequence_length": length,
+        "batch_size": batch_size,
+        "tokens_per_step": tokens,
+        **row,
+        "median_ms_per_token": row["median_step_ms"] / tokens,
+        "tokens_per_second": tokens / median_s,
+    }
 
 
 def supervised_samples(ids_per_sample: list[list[int]]) -> list[dict[str, list[int]]]:
@@ -121,8 +147,10 @@ def padded_batch(samples: list[dict], device: torch.device) -> dict[str, torch.T
         input_ids[row, :length] = torch.tensor(sample["input_ids"])
         labels[row, :length] = torch.tensor(sample["labels"])
         attention_mask[row, :length] = 1
-    return {key: value.to(device) for key, value in
-            {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}.items()}
+    return {
+        key: value.to(device)
+        for key, value in {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}.items()
+    }
 
 
 def packed_row(samples: list[dict], device: torch.device) -> tuple[dict, torch.Tensor]:
@@ -139,7 +167,10 @@ def packed_batch(samples: list[dict], device: torch.device, dtype: torch.dtype) 
     from course_lib import additive_attention_mask, block_causal_mask
 
     batch, segment_ids = packed_row(samples, device)
-    return {**batch, "attention_mask": additive_attention_mask(block_causal_mask(segment_ids), dtype=dtype)}, segment_ids
+    return {
+        **batch,
+        "attention_mask": additive_attention_mask(block_causal_mask(segment_ids), dtype=dtype),
+    }, segment_ids
 
 
 def varlen_batch(packed_batch_: dict, lengths: list[int]) -> dict:
@@ -156,25 +187,36 @@ def packing_row(ctx, model, name: str, batch: dict, planned: dict, scale: int = 
     row = _training_row(ctx, model, batch, name if scale == 1 else f"{name} x{scale}")
     effective = int(batch["labels"][:, 1:].ne(IGNORE).sum())  # the labels the shifted loss reads
     processed = int(batch["input_ids"].numel())
-    return {"candidate": name, **({} if scale == 1 else {"scale": scale}), "processed_tokens": processed, "effective_supervised_tokens": effective,
-            "padding_tokens": planned["padding_tokens"], "padding_ratio": planned["padding_ratio"],
-            **row, "effective_tokens_per_second": effective_tokens_per_second(effective, row["median_step_ms"])}
+    return {
+        "candidate": name,
+        **({} if scale == 1 else {"scale": scale}),
+        "processed_tokens": processed,
+        "effective_supervised_tokens": effective,
+        "padding_tokens": planned["padding_tokens"],
+        "padding_ratio": planned["padding_ratio"],
+        **row,
+        "effective_tokens_per_second": effective_tokens_per_second(effective, row["median_step_ms"]),
+    }
 
 
-def packing_checks(padding: dict, packing: dict, batch: dict, segment_ids: torch.Tensor, lengths: list[int],
-                   ledger: dict) -> dict:
+def packing_checks(
+    padding: dict, packing: dict, batch: dict, segment_ids: torch.Tensor, lengths: list[int], ledger: dict
+) -> dict:
     """Seed 000's four boundary checks on the packed row, the tensors against the ledger, and finiteness."""
     starts = torch.tensor([0, *lengths[:-1]], device=segment_ids.device).cumsum(0)  # [N] segment starts
     cross_segment = segment_ids[:, None] != segment_ids[None, :]  # [T, T]
     counted = ("processed_tokens", "effective_supervised_tokens")
     return {
-        "same_effective_supervised_tokens":
-            padding["effective_supervised_tokens"] == packing["effective_supervised_tokens"],
+        "same_effective_supervised_tokens": padding["effective_supervised_tokens"]
+        == packing["effective_supervised_tokens"],
         "segment_start_labels_masked": bool(batch["labels"][0, starts].eq(IGNORE).all()),
         "position_ids_reset": bool(batch["position_ids"][0, starts].eq(0).all()),
         "cross_sample_attention_blocked": bool((batch["attention_mask"][0, 0][cross_segment] < 0).all()),
-        "tokens_match_ledger": all(row[key] == ledger[name][key] for name, row in
-                                   (("padding", padding), ("packing", packing)) for key in counted),
+        "tokens_match_ledger": all(
+            row[key] == ledger[name][key]
+            for name, row in (("padding", padding), ("packing", packing))
+            for key in counted
+        ),
         "finite_losses_and_gradients": _finite([padding, packing]),
     }
 
@@ -194,7 +236,8 @@ def _length_checks(rows: list[dict], tolerance: float) -> dict[str, bool]:
     peaks = [row["peak_allocated_bytes"] for row in rows]
     if None not in peaks:  # CPU has no peak counter: the trend is not checked rather than claimed
         checks["memory_non_decreasing_with_tolerance"] = all(
-            right >= left * (1 - tolerance) for left, right in zip(peaks[:-1], peaks[1:], strict=True))
+            right >= left * (1 - tolerance) for left, right in zip(peaks[:-1], peaks[1:], strict=True)
+        )
     return checks
 
 
@@ -237,25 +280,32 @@ def fused_kernel_checks(ctx, model, lengths: list[int], tolerance: float) -> dic
     heads, kv_heads = model.config.num_attention_heads, model.config.num_key_value_heads
     generator = torch.Generator(device=ctx.device).manual_seed(ctx.parameters["seed"])
     total, first = sum(lengths), lengths[0]
-    query, key, value = (torch.randn(2, count, total, attention.head_dim, generator=generator, device=ctx.device,
-                                     dtype=ctx.dtype) for count in (heads, kv_heads, kv_heads))
+    query, key, value = (
+        torch.randn(2, count, total, attention.head_dim, generator=generator, device=ctx.device, dtype=ctx.dtype)
+        for count in (heads, kv_heads, kv_heads)
+    )
     position_ids = torch.cat([torch.arange(n) for n in lengths]).expand(2, -1).to(ctx.device)  # [2, T]
     with torch.no_grad():
         fused = varlen_flash_attention(attention, query, key, value, None, position_ids=position_ids)[0]
         per_sample = varlen_sdpa_attention(attention, query, key, value, None, position_ids=position_ids)[0]
         changed = key.clone()
-        changed[:, :, :first] = torch.randn(changed[:, :, :first].shape, generator=generator, device=ctx.device,
-                                            dtype=ctx.dtype)
+        changed[:, :, :first] = torch.randn(
+            changed[:, :, :first].shape, generator=generator, device=ctx.device, dtype=ctx.dtype
+        )
         again = varlen_flash_attention(attention, query, changed, value, None, position_ids=position_ids.clone())[0]
-    return {"fused_kernel_matches_per_sample_sdpa": bool((fused.float() - per_sample.float()).abs().max() <= tolerance),
-            "fused_kernel_isolates_samples_bitwise": bool(torch.equal(again[:, first:], fused[:, first:])
-                                                          and not torch.equal(again[:, :first], fused[:, :first]))}
+    return {
+        "fused_kernel_matches_per_sample_sdpa": bool((fused.float() - per_sample.float()).abs().max() <= tolerance),
+        "fused_kernel_isolates_samples_bitwise": bool(
+            torch.equal(again[:, first:], fused[:, first:]) and not torch.equal(again[:, :first], fused[:, :first])
+        ),
+    }
 
 
 def losses_agree(reference: float | None, other: float | None, tolerance: float) -> bool:
     """Both losses finite (not None) and within `tolerance` of the reference, relative (absolute below 1)."""
-    return (reference is not None and other is not None
-            and abs(other - reference) <= tolerance * max(abs(reference), 1.0))
+    return (
+        reference is not None and other is not None and abs(other - reference) <= tolerance * max(abs(reference), 1.0)
+    )
 
 
 def varlen_checks(block_rows: list[dict], varlen_rows: list[dict], tolerance: float) -> dict[str, bool]:
@@ -263,10 +313,13 @@ def varlen_checks(block_rows: list[dict], varlen_rows: list[dict], tolerance: fl
     pairs = list(zip(block_rows, varlen_rows, strict=True))  # (block mask, varlen) at each scale
     return {
         "same_tokens_as_block_mask_packing": all(
-            block[key] == varlen[key] for block, varlen in pairs
-            for key in ("processed_tokens", "effective_supervised_tokens")),
-        "same_loss_as_block_mask_packing": all(losses_agree(block["losses"][0], varlen["losses"][0], tolerance)
-                                               for block, varlen in pairs),
+            block[key] == varlen[key]
+            for block, varlen in pairs
+            for key in ("processed_tokens", "effective_supervised_tokens")
+        ),
+        "same_loss_as_block_mask_packing": all(
+            losses_agree(block["losses"][0], varlen["losses"][0], tolerance) for block, varlen in pairs
+        ),
         "finite_losses_and_gradients": _finite(varlen_rows),
     }
 
@@ -287,10 +340,12 @@ def varlen_equals_alone(device: torch.device, lengths: list[int], tolerance: flo
 def _scale_checks(rows: list[dict]) -> dict[str, bool]:
     pairs = _pairs(rows)
     return {
-        "same_effective_supervised_tokens_at_every_scale":
-            all(pad["effective_supervised_tokens"] == pack["effective_supervised_tokens"] for pad, pack in pairs),
-        "packing_processes_fewer_tokens_at_every_scale":
-            all(pack["processed_tokens"] < pad["processed_tokens"] for pad, pack in pairs),
+        "same_effective_supervised_tokens_at_every_scale": all(
+            pad["effective_supervised_tokens"] == pack["effective_supervised_tokens"] for pad, pack in pairs
+        ),
+        "packing_processes_fewer_tokens_at_every_scale": all(
+            pack["processed_tokens"] < pad["processed_tokens"] for pad, pack in pairs
+        ),
         "finite_losses_and_gradients": _finite(rows),
     }
 
@@ -304,12 +359,16 @@ def _varlen_targets(ctx, pairs: list[tuple[dict, dict]], varlen_rows: list[dict]
     real = ctx.mode == "real_gpu"
     return {
         "varlen_packing_effective_throughput_ratio": {
-            "expected": f">= {target}x padding on the seed's four samples", "observed": rounded(seed_ratio),
-            "met": (seed_ratio is not None and seed_ratio >= target) if real else None},
+            "expected": f">= {target}x padding on the seed's four samples",
+            "observed": rounded(seed_ratio),
+            "met": (seed_ratio is not None and seed_ratio >= target) if real else None,
+        },
         "varlen_faster_than_block_mask_at_largest_scale": {
             "expected": f"> 1x block-mask packing's tokens/s at x{largest_varlen['scale']} "
-                        f"({largest_padding['processed_tokens']} padded tokens)",
-            "observed": rounded(over_block), "met": (over_block is not None and over_block > 1.0) if real else None},
+            f"({largest_padding['processed_tokens']} padded tokens)",
+            "observed": rounded(over_block),
+            "met": (over_block is not None and over_block > 1.0) if real else None,
+        },
     }
 
 
@@ -331,13 +390,16 @@ def _targets(ctx, padding: dict, packing: dict) -> dict[str, dict]:
     ratio = throughput_ratio(padding, packing)
     target = ctx.parameters["packing_throughput_target"]
     return {
-        "processed_tokens_reduction": {"expected": "384 -> 240 (-37.5%)",
-                                       "observed": f"{before} -> {after} ({after / before - 1:+.1%})",
-                                       "met": (before, after) == (384, 240)},
+        "processed_tokens_reduction": {
+            "expected": "384 -> 240 (-37.5%)",
+            "observed": f"{before} -> {after} ({after / before - 1:+.1%})",
+            "met": (before, after) == (384, 240),
+        },
         "packing_effective_throughput_ratio": {
             "expected": f">= {target}x padding (seed: 3724 -> 4835 tokens/s on an RTX 5070 Ti)",
             "observed": rounded(ratio),
-            "met": (ratio is not None and ratio >= target) if ctx.mode == "real_gpu" else None},
+            "met": (ratio is not None and ratio >= target) if ctx.mode == "real_gpu" else None,
+        },
     }
 
 
@@ -374,23 +436,36 @@ def measure(ctx) -> None:
     ctx.stage = "packing_scale"
     del packed, segment_ids
     out["out_of_memory"] = []
-    out["packing_scale"] = [row for pair in _until_out_of_memory(
-        ctx, model, "packing_scale", p["packing_scale_factors"], lambda scale: _pair_at(ctx, model, lengths, scale)[:2])
-        for row in pair]
+    out["packing_scale"] = [
+        row
+        for pair in _until_out_of_memory(
+            ctx,
+            model,
+            "packing_scale",
+            p["packing_scale_factors"],
+            lambda scale: _pair_at(ctx, model, lengths, scale)[:2],
+        )
+        for row in pair
+    ]
     if out["packing_scale"]:  # no scale fit: no group, rather than checks that pass on no evidence
         ctx.record["checks"]["packing_scale"] = _scale_checks(out["packing_scale"])
     ctx.stage = "varlen_packing"
     measured_scales = [row["scale"] for row in out["packing_scale"][::2]]
-    out["varlen_packing"] = _until_out_of_memory(ctx, model, "varlen_packing", [1, *measured_scales],
-                                                 lambda scale: _varlen_row(ctx, model, lengths, scale))
+    out["varlen_packing"] = _until_out_of_memory(
+        ctx, model, "varlen_packing", [1, *measured_scales], lambda scale: _varlen_row(ctx, model, lengths, scale)
+    )
     if not out["varlen_packing"]:  # not even the seed's pair fit: no varlen row to check
         return
     # (padding, block mask) at scale 1, then each scale that varlen measured too
-    pairs = _pairs(out["packing_comparison"] + out["packing_scale"])[:len(out["varlen_packing"])]
+    pairs = _pairs(out["packing_comparison"] + out["packing_scale"])[: len(out["varlen_packing"])]
     ctx.record["checks"]["varlen_packing"] = {
         **varlen_checks([block for _, block in pairs], out["varlen_packing"], p["loss_agreement_tolerance"]),
         "equals_each_sample_alone_fp32": varlen_equals_alone(ctx.device, lengths, p["alone_logprob_tolerance"]),
         # the fp32 check above runs per-sample SDPA: the fused kernel the timed rows ran gets its own proof
-        **(fused_kernel_checks(ctx, model, lengths, p["fused_kernel_tolerance"])
-           if out["varlen_packing"][0]["attention_kernel"] == "flash" else {})}
+        **(
+            fused_kernel_checks(ctx, model, lengths, p["fused_kernel_tolerance"])
+            if out["varlen_packing"][0]["attention_kernel"] == "flash"
+            else {}
+        ),
+    }
     ctx.record["targets"].update(_varlen_targets(ctx, pairs, out["varlen_packing"]))
