@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from importlib import resources
-from typing import Any
+from typing import Any, TypedDict
 
 from ._checks import require_lengths, require_positive_int, require_real
 from .tiny import load_model_config
@@ -80,6 +80,16 @@ def train_tokens_per_s(n_params: float, peak_flops: float, mfu: float) -> float:
     return mfu * peak_flops / (6.0 * n_params)
 
 
+class GpuHours(TypedDict):
+    """GPU-hours of one RL step by phase, and their total."""
+
+    train: float
+    old_logp: float
+    prefill: float
+    decode: float
+    total: float
+
+
 def gpu_hours_per_step(
     n_params: float,
     episodes: int,
@@ -89,7 +99,7 @@ def gpu_hours_per_step(
     peak_flops: float,
     mfu: float,
     busy: float,
-) -> dict[str, float]:
+) -> GpuHours:
     """One RL step's GPU-hours -> {train, old_logp, prefill, decode, total}.
 
     total_tokens and policy_tokens are per episode. train: 6N FLOPs on every token; old_logp: one more
@@ -116,6 +126,13 @@ def gpu_hours_per_step(
     return {**parts, "total": sum(parts.values())}
 
 
+class DecodeRate(TypedDict):
+    batch: int
+    context: int
+    tokens_per_s: float
+    kv_read_share: float
+
+
 def decode_rate_table(
     n_params: float,
     kv_bytes: float,
@@ -124,7 +141,7 @@ def decode_rate_table(
     contexts: Sequence[int],
     *,
     weight_bytes_per_param: float = 2.0,
-) -> list[dict[str, Any]]:
+) -> list[DecodeRate]:
     """Decode roofline over batches x contexts -> rows {batch, context, tokens_per_s, kv_read_share}.
 
     kv_read_share is the fraction of bytes read per step that is KV cache rather than weights.

@@ -8,7 +8,7 @@ already decided.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 
@@ -44,9 +44,15 @@ CURRICULUM_GATES = (
 )
 
 
+class StageDecision(TypedDict):
+    decision: str
+    failed_gates: list[str]
+    evidence: dict[str, float]
+
+
 def evaluate_length_curriculum_stage(
     baseline: Mapping[str, Any], candidate: Mapping[str, Any], limits: Mapping[str, float]
-) -> dict[str, Any]:
+) -> StageDecision:
     """Short-window baseline vs longer-window candidate -> {decision: advance|hold, failed_gates, evidence}.
 
     failed_gates lists the names of CURRICULUM_GATES that failed, in that order; any failure holds. A stability
@@ -202,6 +208,18 @@ def _choose_tasks(
     return candidates[torch.randperm(len(candidates), generator=gen)[:prompts_per_step]]
 
 
+class FilterSimulation(TypedDict):
+    """Per step (lists) and in total: episodes drawn, the filtered pool, groups and episodes with zero advantage."""
+
+    episodes_per_step: list[int]
+    pool_size: list[int]
+    zero_adv_groups_per_step: list[int]
+    zero_adv_frac: list[float]
+    total_episodes: int
+    zero_adv_episodes: int
+    informative_episodes: int
+
+
 def simulate_pass_rate_filter(
     true_pass_rates: Any,
     group_size: int = 8,
@@ -214,7 +232,7 @@ def simulate_pass_rate_filter(
     prompts_per_step: int = 8,
     history: int = 1,
     weighting: str = "filter",
-) -> dict[str, Any]:
+) -> FilterSimulation:
     """Bernoulli task pool [T] (or schedule [steps, T]) -> per-step episodes and zero-advantage shares.
 
     Mirrors seed 003's train_curriculum without a model: estimates start at 0.5; each step takes the tasks

@@ -7,6 +7,8 @@ Padding fills input_ids with the pad id but labels with IGNORE_INDEX, so padding
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 import numpy as np
 import torch
 
@@ -27,9 +29,16 @@ __all__ = ["SUPERVISED_ROLES", "build_labels", "pad_batch"]
 SUPERVISED_ROLES = ("assistant", "eos")  # render_chat roles that carry loss; "eos" only when supervise_eos
 
 
+class LabelledSample(TypedDict):
+    """input_ids [T] and labels [T], aligned: labels[t] is input_ids[t] where supervised, else IGNORE_INDEX."""
+
+    input_ids: list[int]
+    labels: list[int]
+
+
 def build_labels(
     tokenizer, messages, *, supervise_eos: bool = True, max_length: int | None = None, chat_template: str | None = None
-) -> dict[str, list[int]]:
+) -> LabelledSample:
     """One chat -> {"input_ids" [T], "labels" [T]} from one rendering; right-truncated to max_length if given.
 
     labels[t] = input_ids[t] where render_chat gives token t the role "assistant" (or "eos" when supervise_eos),
@@ -48,7 +57,15 @@ def build_labels(
     return {"input_ids": input_ids.tolist(), "labels": labels.tolist()}
 
 
-def pad_batch(features, pad_token_id: int, *, pad_to_multiple_of: int | None = None) -> dict[str, torch.Tensor]:
+class PaddedBatch(TypedDict):
+    """Right-padded rows [B, L]: pad id, IGNORE_INDEX and 0 past each row's length."""
+
+    input_ids: torch.Tensor
+    labels: torch.Tensor
+    attention_mask: torch.Tensor
+
+
+def pad_batch(features, pad_token_id: int, *, pad_to_multiple_of: int | None = None) -> PaddedBatch:
     """B features {"input_ids" [T_b], "labels" [T_b]} -> {"input_ids", "labels", "attention_mask"}, each [B, L] long.
 
     Right padding to L = max T_b, rounded up to a multiple of pad_to_multiple_of when given (as transformers'

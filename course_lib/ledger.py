@@ -7,7 +7,7 @@ token is not supervised; it then counts as template). The counts come from the r
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 
@@ -27,7 +27,16 @@ __all__ = [
 LEDGER_KEYS = ("template_tokens", "prompt_tokens", "supervised_tokens", "total_tokens")
 
 
-def ledger_from_roles(roles, *, supervise_eos: bool = True) -> dict[str, int]:
+class LengthLedger(TypedDict):
+    """One sample's tokens by kind: template + prompt + supervised = total."""
+
+    template_tokens: int
+    prompt_tokens: int
+    supervised_tokens: int
+    total_tokens: int
+
+
+def ledger_from_roles(roles, *, supervise_eos: bool = True) -> LengthLedger:
     """Token roles of one rendering [T] -> {"template_tokens", "prompt_tokens", "supervised_tokens", "total_tokens"}.
 
     Prompt = system + user tokens; supervised = assistant tokens + the closing "eos" token when supervise_eos
@@ -56,7 +65,7 @@ def ledger_from_roles(roles, *, supervise_eos: bool = True) -> dict[str, int]:
 
 def measure_sample(
     tokenizer, messages, *, supervise_eos: bool = True, chat_template: str | None = None
-) -> dict[str, int]:
+) -> LengthLedger:
     """One chat -> {"template_tokens", "prompt_tokens", "supervised_tokens", "total_tokens"} from one rendering."""
     supervise_eos = require_bool("supervise_eos", supervise_eos)
     rendered = render_chat(tokenizer, messages, chat_template=chat_template)
@@ -76,7 +85,16 @@ def _nearest_rank_index(count: int, quantile: float) -> int:
     return max(0, int(quantile * count + 0.999999) - 1)
 
 
-def summarize_length_distribution(lengths, short_threshold: int, long_threshold: int) -> dict[str, Any]:
+class LengthSummary(TypedDict):
+    """count, nearest-rank P50 / P95 in tokens, and how many samples are short, medium and long."""
+
+    count: int
+    p50_tokens: int
+    p95_tokens: int
+    buckets: dict[str, int]
+
+
+def summarize_length_distribution(lengths, short_threshold: int, long_threshold: int) -> LengthSummary:
     """lengths [N] -> {"count", "buckets": {"short", "medium", "long"}, "p50_tokens", "p95_tokens"} (nearest rank)."""
     short, long = _check_thresholds(short_threshold, long_threshold)
     ordered = np.sort(np.asarray(require_lengths("lengths", lengths, allow_empty=True, minimum=0), dtype=np.int64))
@@ -89,7 +107,7 @@ def summarize_length_distribution(lengths, short_threshold: int, long_threshold:
     return {"count": count, "buckets": buckets, "p50_tokens": p50, "p95_tokens": p95}
 
 
-def summarize_length_distribution_reference(lengths, short_threshold: int, long_threshold: int) -> dict[str, Any]:
+def summarize_length_distribution_reference(lengths, short_threshold: int, long_threshold: int) -> LengthSummary:
     """Teaching version (plain Python, the seed's loops); tested equal to summarize_length_distribution."""
     short, long = _check_thresholds(short_threshold, long_threshold)
     ordered = sorted(require_lengths("lengths", lengths, allow_empty=True, minimum=0))

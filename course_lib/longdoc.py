@@ -13,7 +13,7 @@ before packing), measured against plain packing of the same texts.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypedDict
 
 import numpy as np
 
@@ -79,7 +79,14 @@ def linear_edges(max_length: int, n_buckets: int) -> list[int]:
     return sorted({-(-max_length * i // n_buckets) for i in range(1, n_buckets + 1)})  # ceil(max_length i / n)
 
 
-def bucket_padding(lengths: Any, edges: Sequence[int]) -> dict[str, Any]:
+class BucketPadding(TypedDict):
+    tokens: int
+    padded_tokens: int
+    padding_tokens: int
+    padding_ratio: float
+
+
+def bucket_padding(lengths: Any, edges: Sequence[int]) -> BucketPadding:
     """Lengths [N] padded up to the smallest edge >= each -> {tokens, padded_tokens, padding_tokens, padding_ratio}.
 
     padding_ratio = padding / padded tokens: the share of computed positions that are padding.
@@ -139,7 +146,14 @@ def sliding_windows(length: int, window: int = 256, overlap: int = 64) -> list[W
     return [Window(*map(int, row)) for row in zip(starts, ends, loss_starts, ends, strict=True)]
 
 
-def sliding_window_cost(length: int, window: int = 256, overlap: int = 64) -> dict[str, Any]:
+class WindowCost(TypedDict):
+    windows: int
+    processed_tokens: int
+    owned_tokens: int
+    overhead: float
+
+
+def sliding_window_cost(length: int, window: int = 256, overlap: int = 64) -> WindowCost:
     """Windows, tokens processed (overlaps read twice) and the overhead processed / length for one document."""
     windows = sliding_windows(length, window, overlap)
     processed = sum(w.end - w.start for w in windows)
@@ -151,7 +165,13 @@ def sliding_window_cost(length: int, window: int = 256, overlap: int = 64) -> di
     }
 
 
-def split_document(input_ids: Sequence[int], window: int = 256, overlap: int = 64) -> list[dict[str, Any]]:
+class DocumentWindow(TypedDict):
+    input_ids: list[int]
+    labels: list[int]
+    window: Window
+
+
+def split_document(input_ids: Sequence[int], window: int = 256, overlap: int = 64) -> list[DocumentWindow]:
     """Token ids [L] -> windows [{input_ids [w], labels [w], window}], labels -100 outside the owned range.
 
     With a causal LM's label shift, a window's first token is never predicted; with overlap >= 1 that token

@@ -7,6 +7,7 @@ what memory depends on. Padded cost of a microbatch = count x longest; packed co
 from __future__ import annotations
 
 import heapq
+from typing import TypedDict
 
 import torch
 
@@ -127,7 +128,16 @@ def balanced_partition(lengths, k: int) -> list[list[int]]:
     return sorted(parts, key=lambda part: (-sum(lengths[i] for i in part), part[:1]))
 
 
-def describe_microbatches(lengths, batches, *, packed: bool = False) -> dict:
+class MicrobatchSummary(TypedDict):
+    count: int
+    padding_ratio: float
+    largest_tokens: int
+    sizes: list[int]
+    real_tokens: int
+    computed_tokens: int
+
+
+def describe_microbatches(lengths, batches, *, packed: bool = False) -> MicrobatchSummary:
     """Cost of a microbatch plan over lengths [N]: count, padding_ratio, largest_tokens, sizes, real/computed tokens.
 
     sizes[b] = len(b) x max length (padded) or sum of lengths (packed); `batches` must partition range(N).

@@ -10,6 +10,7 @@ import math
 from bisect import bisect_left, insort
 from collections import deque
 from fractions import Fraction
+from typing import TypedDict
 
 import numpy as np
 import torch
@@ -75,7 +76,12 @@ def _lengths_array(name: str, lengths, capacity: int | None = None, capacity_nam
     return array
 
 
-def pack_sample_lengths(lengths, max_tokens_per_bin: int) -> dict:
+class PackedLengths(TypedDict):
+    bins: list[list[int]]
+    utilization: float
+
+
+def pack_sample_lengths(lengths, max_tokens_per_bin: int) -> PackedLengths:
     """Teaching first-fit decreasing, O(n * bins): lengths [N] -> {"bins": lists of lengths, "utilization"}."""
     max_tokens_per_bin = require_positive_int("max_tokens_per_bin", max_tokens_per_bin)
     lengths = require_lengths(
@@ -162,7 +168,10 @@ def _next_fit(order: list[int], lengths: list[int], capacity: int) -> list[list[
 
 
 def plan_packing(lengths, capacity: int, strategy: str = "bfd") -> list[list[int]]:
-    """lengths [N] -> bins as lists of sample indices, each bin's total <= capacity; deterministic ("bfd"|"ffd"|"sequential")."""
+    """lengths [N] -> bins as lists of sample indices, each bin's total <= capacity.
+
+    Deterministic for each strategy: "bfd" (best fit decreasing), "ffd" (first fit decreasing), "sequential".
+    """
     capacity = require_positive_int("capacity", capacity)
     if strategy not in PACKING_STRATEGIES:
         raise ValueError(f"strategy must be one of {PACKING_STRATEGIES}, got {strategy!r}")
@@ -178,7 +187,13 @@ PACKING_EFFECTIVE_P95_SHARE = Fraction(7, 10)  # seed 002: P95 below 0.7 x max_l
 PACKING_NO_GAIN_P95_SHARE = Fraction(19, 20)  # ... above 0.95 x max_length -> packing barely helps
 
 
-def packing_suitability(lengths, max_length: int) -> dict:
+class PackingSuitability(TypedDict):
+    p95_tokens: int
+    p95_share: float
+    verdict: str
+
+
+def packing_suitability(lengths, max_length: int) -> PackingSuitability:
     """lengths [N] -> seed 002's rule of thumb on the nearest-rank P95: {"p95_tokens", "p95_share", "verdict"}.
 
     verdict is "effective" when P95 < 0.7 x max_length (most samples leave room for others in a row),
@@ -255,7 +270,17 @@ def additive_attention_mask(allowed: torch.Tensor, dtype: torch.dtype = torch.fl
     return additive.unsqueeze(1)  # [R, 1, L, L]
 
 
-def build_boundary_isolated_packing(samples) -> dict:
+class IsolatedRow(TypedDict):
+    """One packed row as lists [T]; attention_allowed [T][T], row = query."""
+
+    input_ids: list[int]
+    labels: list[int]
+    segment_ids: list[int]
+    position_ids: list[int]
+    attention_allowed: list[list[bool]]
+
+
+def build_boundary_isolated_packing(samples) -> IsolatedRow:
     """samples (dicts of input_ids, labels) -> one packed row as lists; attention_allowed is [T][T] bools.
 
     The teaching form (plain lists, an O(T^2) mask); `varlen_metadata` and `block_causal_mask` are the vectorized
@@ -305,7 +330,14 @@ def build_boundary_isolated_packing(samples) -> dict:
     }
 
 
-def varlen_metadata(seq_lengths) -> dict:
+class VarlenMetadata(TypedDict):
+    position_ids: torch.Tensor
+    cu_seqlens: torch.Tensor
+    max_seqlen: int
+    seq_idx: torch.Tensor
+
+
+def varlen_metadata(seq_lengths) -> VarlenMetadata:
     """seq_lengths [N] -> position_ids [T], cu_seqlens [N+1] int32, max_seqlen int, seq_idx [T] (T = sum of lengths).
 
     What a varlen kernel reads instead of an [T, T] mask; samples of 3, 2 and 1 tokens:
@@ -379,8 +411,24 @@ def _read_sequences(sequences) -> tuple[list[torch.Tensor], dict[str, list[torch
     return ids, {name: values for name, values in fields.items() if values}
 
 
-def pack_sequences(sequences, max_tokens: int, pad_id: int = 0, *, pad_to_multiple_of: int | None = None) -> dict:
-    """First-fit-decreasing rows of max_tokens -> ids/position_ids/segment_ids [R, L], action_mask/sample_logp [R, L-1], rows.
+class _PackedRowsRequired(TypedDict):
+    ids: torch.Tensor
+    position_ids: torch.Tensor
+    segment_ids: torch.Tensor
+    rows: list[list[int]]
+
+
+class PackedRows(_PackedRowsRequired, total=False):
+    """ids / position_ids / segment_ids [R, L], rows (sequence indices per row), and the per-transition fields
+    [R, L-1] the sequences carried."""
+
+    action_mask: torch.Tensor
+    sample_logp: torch.Tensor
+
+
+def pack_sequences(sequences, max_tokens: int, pad_id: int = 0, *, pad_to_multiple_of: int | None = None) -> PackedRows:
+    """First-fit-decreasing rows of max_tokens -> ids / position_ids / segment_ids [R, L], action_mask / sample_logp
+    [R, L-1], rows.
 
     Each sequence is a mapping with "ids" and optional "action_mask"/"sample_logp" (length len(ids) - 1), an object
     with those attributes, or a bare 1-D sequence of ids. segment_ids is the sequence's index within its row, -1 on

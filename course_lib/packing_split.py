@@ -21,7 +21,7 @@ from ._checks import (
     require_sequence,
     require_tensor,
 )
-from .packing import _best_fit, _lay_out_rows, _lengths_array, _read_sequences
+from .packing import PackedRows, _best_fit, _lay_out_rows, _lengths_array, _read_sequences
 
 __all__ = ["plan_split_packing", "split_into_pieces", "pack_split_sequences"]
 
@@ -156,9 +156,15 @@ def split_into_pieces(samples, plan) -> list[list[dict]]:
     ]
 
 
+class SplitPackedRows(PackedRows, total=False):
+    """PackedRows whose rows index pieces; pieces[p] = (sequence, start, stop)."""
+
+    pieces: list[tuple[int, int, int]]
+
+
 def pack_split_sequences(
     sequences, max_tokens: int, pad_id: int = 0, plan=None, *, pad_to_multiple_of: int | None = None
-) -> dict:
+) -> SplitPackedRows:
     """`pack_sequences` for sequences of any length: rows of split pieces -> its dict, plus "pieces".
 
     plan: rows of (sequence, start, stop) spans within max_tokens; None plans with `plan_split_packing`. Every piece

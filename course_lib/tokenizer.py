@@ -224,9 +224,9 @@ def hub_commit(
 
     (sha, "resolved on the hub", True) when it resolves; (None, "hub answered: ...", True) when it answered with
     an error (a missing or gated repository: loading would fail the same way), or (None, "not a hub model id: ...",
-    True) for a name that is no repository id (a mistyped folder: loading says what is wrong); (None, why, False) when it cannot
-    be reached within `timeout_s` or HF_HUB_OFFLINE is set. One request: huggingface_hub's file downloads retry a
-    failed connection five times with back-off, about 45 s offline before the cache is even looked at.
+    True) for a name that is no repository id (a mistyped folder: loading says what is wrong); (None, why, False) when
+    it cannot be reached within `timeout_s` or HF_HUB_OFFLINE is set. One request: huggingface_hub's file downloads
+    retry a failed connection five times with back-off, about 45 s offline before the cache is even looked at.
     """
     for name, value in (("model_id", model_id), ("revision", revision)):
         if not isinstance(value, str) or not value.strip():

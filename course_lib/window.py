@@ -13,7 +13,7 @@ A sample whose whole sequence fits the window is kept whole (decision "fit"); th
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -31,13 +31,30 @@ __all__ = ["IGNORE_INDEX", "audit_context_fit", "apply_window_policy"]
 IGNORE_INDEX = -100  # label of a token that carries no loss (template, prompt, padding)
 
 
+class FitRecord(TypedDict):
+    """One sample's verdict at the window: fit, truncate (its answer's tail cut) or overflow."""
+
+    name: str
+    total_tokens: int
+    kept_supervised_tokens: int
+    supervision_loss_ratio: float
+    decision: str
+
+
+class ContextAudit(TypedDict):
+    records: list[FitRecord]
+    fit_names: list[str]
+    truncated_names: list[str]
+    overflow_names: list[str]
+
+
 def audit_context_fit(
     samples: Sequence[Mapping[str, Any]],
     target_context_len: int,
     template_tokens: int,
     min_kept_supervised_tokens: int = 1,
     max_supervision_loss_ratio: float = 0.0,
-) -> dict[str, Any]:
+) -> ContextAudit:
     """Ledger rows {name, prompt_tokens, supervised_tokens} -> fit | truncate | overflow per sample.
 
     Returns {records: [{name, total_tokens, kept_supervised_tokens, supervision_loss_ratio, decision}],
@@ -160,13 +177,27 @@ def _policy_decision(labels: np.ndarray, target: int, min_kept: int, max_ratio: 
     return verdict
 
 
+class DroppedSample(TypedDict):
+    name: str
+    index: int
+    reasons: list[str]
+
+
+class WindowPolicyResult(TypedDict):
+    """kept: the admitted samples, cut to the window; dropped: why each other one left; audit: the verdicts."""
+
+    kept: list[dict[str, Any]]
+    dropped: list[DroppedSample]
+    audit: ContextAudit
+
+
 def apply_window_policy(
     samples: Sequence[Mapping[str, Any]],
     target_context_len: int,
     *,
     min_kept_supervised_tokens: int = 1,
     max_supervision_loss_ratio: float = 0.0,
-) -> dict[str, Any]:
+) -> WindowPolicyResult:
     """Samples {input_ids [L], labels [L], name?} -> {kept, dropped, audit}: cut only the supervision tail.
 
     Supervised tokens are labels != -100; the other tokens up to the last supervised one count as template +

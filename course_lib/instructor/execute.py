@@ -17,10 +17,10 @@ Output: each code cell keeps at most MAX_OUTPUT_CHARS characters of printed text
 results, error messages); the rest is cut with a note, before the notebook leaves the worker. (nbgrader's
 LimitOutput counts lines, so one `print('x' * 50_000_000)` would otherwise make a 50 MB graded notebook.)
 
-Where it runs: `course check` runs it on the student's own machine. `course grade` runs `python -m
-course_lib.instructor.execute` inside the grading sandbox (`confined.py`), which reads the job on stdin and writes the result
-on stdout; the grader takes only the outputs from it, as untrusted data. The grade itself comes from the checker
-(`checker.py`), which never runs in this kernel.
+Where it runs: `course check` runs it on the student's own machine. `course grade` runs
+`python -m course_lib.instructor.execute` inside the grading sandbox (`confined.py`), which reads the job on stdin and
+writes the result on stdout; the grader takes only the outputs from it, as untrusted data. The grade itself comes
+from the checker (`course_lib/grading/checker.py`), which never runs in this kernel.
 """
 
 from __future__ import annotations

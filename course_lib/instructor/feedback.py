@@ -66,7 +66,8 @@ def render_html(student: str, chapter: str, outcomes: list[CellOutcome], notes: 
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(chapter)} · {html.escape(student)}</title>
 <style>body{{font-family:sans-serif;max-width:60em;margin:2em auto}}table{{border-collapse:collapse;width:100%}}
-td,th{{border:1px solid #ccc;padding:.3em .6em;text-align:left;vertical-align:top}}tr.pass td:nth-child(2){{color:#176b2c}}
+td,th{{border:1px solid #ccc;padding:.3em .6em;text-align:left;vertical-align:top}}
+tr.pass td:nth-child(2){{color:#176b2c}}
 tr.fail td:nth-child(2){{color:#a31515;font-weight:bold}}</style></head>
 <body><h1>{html.escape(chapter)}</h1><p>Student: <b>{html.escape(student)}</b> · Score: <b>{score:g} / {top:g}</b></p>
 <table><tr><th>test</th><th>result</th><th>points</th><th>message</th></tr>

@@ -358,7 +358,8 @@ def _is_junk(relative: Path) -> bool:
 
 
 def _hidden(found: Found, path: Path, relative: Path, display: str, chapters: list[str], notebook_or_zip: bool) -> None:
-    """A notebook or zip in a hidden folder (or itself hidden) fails with a line saying so; other hidden files are ignored."""
+    """A notebook or zip in a hidden folder (or itself hidden) fails with a line saying so; other hidden files are
+    ignored."""
     if not notebook_or_zip:
         found.junk.append(display)
         return
@@ -370,7 +371,8 @@ def _hidden(found: Found, path: Path, relative: Path, display: str, chapters: li
             student,
             chapter,
             problem=(
-                "hidden file or folder (a name starting with '.'): not graded; if it is a submission, rename it and rerun"
+                "hidden file or folder (a name starting with '.'): not graded; "
+                "if it is a submission, rename it and rerun"
             ),
         )
     )

@@ -12,6 +12,7 @@ import queue as queue_module
 import socket
 import sys
 from collections.abc import Mapping, Sequence
+from typing import TypedDict
 
 import torch
 
@@ -96,7 +97,12 @@ def accumulated_gradient(
     return flat_gradient(model)
 
 
-def gradient_agreement(gradient: torch.Tensor, reference: torch.Tensor) -> dict[str, float]:
+class GradientAgreement(TypedDict):
+    relative_error: float
+    cosine: float
+
+
+def gradient_agreement(gradient: torch.Tensor, reference: torch.Tensor) -> GradientAgreement:
     """Keys relative_error = |g - ref| / |ref| and cosine (cosine similarity), for flat gradients [P] and [P]."""
     gradient = require_tensor("gradient", gradient, dtype_kind="fi")
     reference = require_tensor("reference", reference, dtype_kind="fi")

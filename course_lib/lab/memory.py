@@ -7,6 +7,7 @@ costs in memory.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TypedDict
 
 import torch
 
@@ -81,12 +82,20 @@ def peak_cuda_memory(fn: Callable[..., torch.Tensor], *args: object, backward: b
     return int(peak)
 
 
+class LogitMemoryRow(TypedDict):
+    model: str
+    hidden_size: int
+    vocab_per_hidden: float
+    per_token_mb: float
+    microbatch_gb: float
+
+
 def logit_memory_table(
     hidden_sizes: dict[str, int] | None = None,
     vocab_size: int = QWEN3_VOCAB_SIZE,
     n_tokens: int = 32_768,
     dtype_bytes: int = 4,
-) -> list[dict[str, object]]:
+) -> list[LogitMemoryRow]:
     """One row per model: keys model, hidden_size, vocab_per_hidden, per_token_mb, microbatch_gb (1 MB = 1e6 B)."""
     hidden_sizes = QWEN3_HIDDEN_SIZES if hidden_sizes is None else hidden_sizes
     if not hasattr(hidden_sizes, "items"):

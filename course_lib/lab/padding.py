@@ -9,6 +9,8 @@ candidate processes and supervises; the measurement then says what that costs. T
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 from .._checks import (
     require_bool,
     require_keys,
@@ -65,7 +67,15 @@ def effective_tokens_per_second(effective_supervised_tokens: int, median_step_ms
     return tokens / (step_ms / 1000.0)
 
 
-def compare_padding_and_packing(padding: dict, packing: dict) -> dict:
+class ThroughputComparison(TypedDict):
+    effective_supervised_tokens: int
+    padding_tokens_per_second: float
+    packing_tokens_per_second: float
+    throughput_ratio: float
+    step_time_reduction: float
+
+
+def compare_padding_and_packing(padding: dict, packing: dict) -> ThroughputComparison:
     """Two measured candidates {effective_supervised_tokens, median_step_ms} -> seed 000 §5.4's speed reading.
 
     Returns {effective_supervised_tokens, padding_tokens_per_second, packing_tokens_per_second, throughput_ratio

@@ -1,7 +1,7 @@
 """Read GPU benchmark results: seed 000 §5.3 / §5.4 tables (and the logit-memory / microbatch tables), and figures.
 
-    python -m course_lib.lab.gpu.report                       # every result under benchmarks/results
-    python -m course_lib.lab.gpu.report FILE_OR_DIR ... --plots out/   # also the length curve and padding-vs-packing bars
+    python -m course_lib.lab.gpu.report                              # every result under benchmarks/results
+    python -m course_lib.lab.gpu.report FILE_OR_DIR ... --plots out/ # + the length curve, padding-vs-packing bars
 
 Every file is validated when read; an invalid one is reported by name and skipped.
 """

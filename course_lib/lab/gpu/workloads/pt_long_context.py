@@ -80,7 +80,8 @@ def parameters(mode: str) -> dict[str, Any]:
 
 
 def _training_row(ctx, model, batch: dict[str, torch.Tensor], desc: str) -> dict[str, Any]:
-    """Time zero_grad + forward + backward on one batch -> timing, losses, gradient norms, peak memory, device profile."""
+    """Time zero_grad + forward + backward on one batch -> timing, losses, gradient norms, peak memory, device
+    profile."""
 
     def step() -> torch.Tensor:
         model.zero_grad(set_to_none=True)
