@@ -148,8 +148,8 @@ def print_cpu(rows: list[dict], vocab: int, width: int, chunk: int, dtype_name: 
         ratio = f"{base['saved'] / r['saved']:.1f}x" if r["saved"] else "inf"
         print(
             f"{r['tokens']:6d} {r['method']:<11} {r['saved'] / mb:10.2f} {r['with_inputs'] / mb:11.2f} {ratio:>10} "
-            f"{base['with_inputs'] / r['with_inputs']:7.1f}x {r['seconds']:7.3f} {r['seconds'] / base['seconds']:6.2f} | "
-            + " ".join(f"{d:8.1e}" for d in r["diffs"])
+            f"{base['with_inputs'] / r['with_inputs']:7.1f}x {r['seconds']:7.3f} "
+            f"{r['seconds'] / base['seconds']:6.2f} | " + " ".join(f"{d:8.1e}" for d in r["diffs"])
         )
     recompute = [r["saved"] for r in rows if r["method"] == "recompute"]
     longest = max(full)

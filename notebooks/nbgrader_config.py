@@ -33,8 +33,8 @@ c.ClearHiddenTests.end_test_delimeter = "END HIDDEN TESTS"
 # nbgrader's Generate Feedback (formgrader's button, `nbgrader generate_feedback`) renders the autograded notebooks,
 # whose test cells autograde restored with their hidden tests, next to the tracebacks that quote them. Its pages
 # leave out the hidden blocks (ClearHiddenTests) and keep only the one-line error of a test cell, no traceback and
-# no stderr (course_lib.instructor.nbgrader_hooks). Dotted names: nbgrader imports them only when it renders feedback, and a
-# machine without course_lib then gets an error, not a page that shows the hidden tests.
+# no stderr (course_lib.instructor.nbgrader_hooks). Dotted names: nbgrader imports them only when it renders feedback,
+# and a machine without course_lib then gets an error, not a page that shows the hidden tests.
 c.GenerateFeedback.preprocessors = [
     "nbgrader.preprocessors.GetGrades",
     "nbgrader.preprocessors.ClearHiddenTests",

@@ -7,7 +7,7 @@
    `build/demo/course/` (nbgrader's own layout and gradebook, grades.csv, feedback/): the instructor's solution, the untouched release, and a release filled
    with the solutions except one wrong answer (`demo_wrong_answers.json`, taken from the tests' wrong-answer
    catalogue; a test keeps the two equal). Print the gradebook.
-"""
+"""  # noqa: E501
 
 from __future__ import annotations
 
@@ -105,7 +105,8 @@ def main() -> int:
     for chapter in builds:
         print(f"{chapter.name:<28} {len(chapter.graded_cells)} graded cells, {chapter.points:.0f} points")
     print(
-        "\n== grading sample submissions (course grade: each submission confined by bubblewrap, nbgrader's gradebook) =="
+        "\n== grading sample submissions (course grade: each submission confined by bubblewrap, "
+        "nbgrader's gradebook) =="
     )
     from course_lib.instructor import grade
 

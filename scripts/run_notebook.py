@@ -9,7 +9,7 @@ seconds. `--set NAME=EXPR` replaces the first top-level assignment `NAME = ...` 
 run with its traceback and exit code 1. Used to run the chapters' GPU cells on a GPU machine (benchmarks/README.md).
 It reads the notebook's JSON itself rather than through course_lib.instructor.cells, which needs nbformat: a bare GPU
 image with only torch and transformers can run it.
-"""
+"""  # noqa: E501
 
 from __future__ import annotations
 

@@ -174,7 +174,9 @@ def test_a_cell_that_patches_at_the_top_level_is_not_run():
 
 def test_calling_the_library_trips_even_through_a_copy_made_at_the_top_of_the_cell():
     for solution in (
-        "from course_lib import overflow_ratio as _mine\ndef overflow_ratio(lengths, context_len):\n    return _mine(lengths, context_len)\n",
+        "from course_lib import overflow_ratio as _mine\n"
+        "def overflow_ratio(lengths, context_len):\n"
+        "    return _mine(lengths, context_len)\n",
         "import types, course_lib\n"
         "overflow_ratio = types.FunctionType(course_lib.overflow_ratio.__code__, globals())\n",
     ):

@@ -643,7 +643,7 @@ def test_a_kernel_that_does_not_exist_stops_before_anything_is_graded(tmp_path):
 
 def test_the_course_roots_own_files_are_not_submissions(tmp_path):
     """Pointed at the course root after the feedback step of docs/instructors.md: chapters/*.py and feedback-*.zip were failed as
-    submissions (a phantom student 'chapters' in grades.csv); they are the course's own files."""
+    submissions (a phantom student 'chapters' in grades.csv); they are the course's own files."""  # noqa: E501
     root = build.copy_course_skeleton(build.NOTEBOOKS_DIR, tmp_path / "course")
     with zipfile.ZipFile(root / "feedback-alice.zip", "w") as archive:
         archive.writestr(f"alice/{CHAPTER}/{CHAPTER}.html", "<html></html>")

@@ -86,6 +86,6 @@ def test_mutate_refuses_an_edit_that_does_not_fit_the_library():
 
 @pytest.mark.parametrize(("chapter", "todo", "name"), RIGHT, ids=[f"{c}:{t}:{n}" for c, t, n in RIGHT])
 def test_a_correct_alternative_keeps_every_point(chapter, todo, name, source_notebooks):
-    """A right answer written differently (a loop over samples, sorted(reverse=True), torch.split, ...) loses nothing."""
+    """A right answer written differently (a loop over samples, sorted(reverse=True), torch.split, ...) loses nothing."""  # noqa: E501
     results = _graded_with(source_notebooks[chapter], todo, ALTERNATIVES[chapter][todo][name])
     assert all(r.passed for r in results), [(r.grade_id, r.message) for r in results if not r.passed]

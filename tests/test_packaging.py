@@ -4,7 +4,7 @@ offline.
 GitHub's archive of a branch holds the tracked files only, so the wheel is built from a copy of `git ls-files`,
 installed into a fresh folder, and imported from outside the repository: the tokenizer, the model configs, the environment
 profiles and the GPU workloads must all come with it, and nothing of the tests or results.
-"""
+"""  # noqa: E501
 
 from __future__ import annotations
 
@@ -41,7 +41,9 @@ from course_lib import load_course_tokenizer, render_chat, tiny_qwen2
 from course_lib.preflight import load_profiles
 site = pathlib.Path(sys.argv[1]).resolve()
 assert pathlib.Path(course_lib.__file__).resolve().is_relative_to(site), course_lib.__file__
-assert pathlib.Path(course_lib.lab.gpu.workloads.__file__).resolve().is_relative_to(site), course_lib.lab.gpu.workloads.__file__
+assert pathlib.Path(course_lib.lab.gpu.workloads.__file__).resolve().is_relative_to(site), (
+    course_lib.lab.gpu.workloads.__file__
+)
 ids = render_chat(load_course_tokenizer(), [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}])
 assert len(ids["input_ids"]) > 4
 assert tiny_qwen2().config.vocab_size == 2048

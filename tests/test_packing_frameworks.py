@@ -1,4 +1,4 @@
-"""Packing against the frameworks on the same inputs: TRL pack_dataset + padding-free collator, transformers flattening."""
+"""Packing against the frameworks on the same inputs: TRL pack_dataset + padding-free collator, transformers flattening."""  # noqa: E501
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """course_lib.instructor.sandbox against a real bubblewrap: each hostile behaviour fails inside the sandbox, and, where it
-is cheap, succeeds under mode="none" so that the test could fail. No mocks: every run starts bwrap."""
+is cheap, succeeds under mode="none" so that the test could fail. No mocks: every run starts bwrap."""  # noqa: E501
 
 from __future__ import annotations
 

@@ -515,7 +515,8 @@ for template in ("chatml", "llama3", "alpaca"):
     )
     ours = measure_sample(load_course_tokenizer(template), chat)
     print(
-        f"{template:<7} transformers supervised {sum(framework['assistant_masks']):3d} | ours {ours['supervised_tokens']:3d}"
+        f"{template:<7} transformers supervised {sum(framework['assistant_masks']):3d}"
+        f" | ours {ours['supervised_tokens']:3d}"
         f" | total {len(framework['input_ids'])} vs {ours['total_tokens']}"
     )
     assert sum(framework["assistant_masks"]) == ours["supervised_tokens"]

@@ -485,8 +485,8 @@ grading.assert_rejects(
 # ## 5. The classic bugs, shown and caught (经典错误)
 #
 # Seed 002 lists label bugs from practice (the first one took its author half a day to find): padding with the pad
-# id in the labels, labels not cut together with the inputs, and user turns left supervised. Each is one plausible line away from the
-# right code. We write each one out, measure what it does, and catch it.
+# id in the labels, labels not cut together with the inputs, and user turns left supervised. Each is one plausible line
+# away from the right code. We write each one out, measure what it does, and catch it.
 #
 # **Bug 1: the pad id in the labels.** The loss of a causal LM averages the cross-entropy over every target
 # that is not -100. Padding the labels with the pad id adds every padding position to that average: the model

@@ -132,9 +132,10 @@ for name, plan in [
 #    integers: a plan is logged and shared between ranks as JSON), in the order they were built.
 #
 # Raise `ValueError` for a `max_tokens` that is not a positive integer, an empty `lengths`, a length that is not a
-# positive integer (neither `2.0` nor `True` is an integer here), and a length **over `max_tokens`** (seed 003 gave such a sequence an over-budget microbatch of
-# its own: the very out-of-memory the budget exists to prevent). `require_positive_int` and
-# `require_lengths(name, values, maximum=..., maximum_name=...)` from the setup do the checking.
+# positive integer (neither `2.0` nor `True` is an integer here), and a length **over `max_tokens`** (seed 003 gave such
+# a sequence an over-budget microbatch of its own: the very out-of-memory the budget exists to prevent).
+# `require_positive_int` and `require_lengths(name, values, maximum=..., maximum_name=...)` from the setup do the
+# checking.
 
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_token_budget_batches", "locked": false, "schema_version": 3}
 #| solution: course_lib.microbatch.token_budget_batches
@@ -392,8 +393,8 @@ for name, deal in deals.items():
 # %% [markdown]
 # Random dealing leaves the slowest rank with about 15% more tokens than the mean: every other rank idles for that
 # long at each step. Sorting and dealing round-robin cuts the excess to about 4%; largest differencing leaves the
-# ranks within a few tokens of each other (the ratio prints as 1.0000). Each rank then runs the token budget on its share; the ranks can end with different
-# numbers of microbatches, a point the design questions return to.
+# ranks within a few tokens of each other (the ratio prints as 1.0000). Each rank then runs the token budget on its
+# share; the ranks can end with different numbers of microbatches, a point the design questions return to.
 #
 # ## 4. Why the loss needs care: gradient accumulation (梯度累积)
 #
@@ -658,7 +659,7 @@ model = tiny_qwen2(seed=0)
 
 
 def accumulate(model, batch, microbatches, normalize):
-    """Summed microbatch gradients over row-index lists -> flat gradient [P]; 'local' = token mean / K, 'global' = sum / N."""
+    """Summed microbatch gradients over row-index lists -> flat gradient [P]; 'local' = token mean / K, 'global' = sum / N."""  # noqa: E501
     global_tokens = sum(int((batch["labels"][rows, 1:] != IGNORE_INDEX).sum()) for rows in microbatches)
     model.zero_grad(set_to_none=True)
     for rows in microbatches:
@@ -697,7 +698,8 @@ for split, microbatches in splits.items():
             f"{agreement[split, normalize]['relative_error']:.1e} | cosine {agreement[split, normalize]['cosine']:.4f}"
         )
 print(
-    f"({time.perf_counter() - started:.1f} s for {1 + 2 * len(splits)} accumulated gradients over {model.num_parameters():,} parameters)"
+    f"({time.perf_counter() - started:.1f} s for {1 + 2 * len(splits)} accumulated gradients over "
+    f"{model.num_parameters():,} parameters)"
 )
 
 # %% [markdown]
@@ -874,8 +876,8 @@ print(f"kept {int(kept.sum())} targets | largest |packed - alone| loss {(losses[
 # context limit. Seed 003's longest trajectory is 65,536 tokens against a median of 8,414: in its fixed microbatch
 # of 8 it pads to 524,288 tokens, the memory of eight maximum-length trajectories; the token budget puts it in a
 # microbatch of 2 sequences, 131,072 tokens, exactly the budget. *Options:* (a) a token budget (longest-first, so the
-# longest sequences travel alone or in pairs); (b) chunked, recomputed log-probs (`course_lib.logprobs`), which lower the
-# cost per token but not its growth; (c) a hard length cap with truncation, which changes the task.
+# longest sequences travel alone or in pairs); (b) chunked, recomputed log-probs (`course_lib.logprobs`), which lower
+# the cost per token but not its growth; (c) a hard length cap with truncation, which changes the task.
 # *Recommendation:* (a) with (b), and set the budget from the peak measured at the maximum context length.
 #
 # **Problem: a data-parallel run hangs, or one rank always finishes last.**

@@ -392,7 +392,8 @@ for _t_tokens in (512, 2048):
         lambda fn: saved_tensor_bytes(lambda h, w, i: fn(h, w, i, 128), *_t_args),  # noqa: B023 - called at once
     )
     assert _t_kept < _t_chunked_kept / 10, (
-        f"T = {_t_tokens}: autograd keeps {_t_kept} bytes, chunking alone keeps {_t_chunked_kept}: is each chunk recomputed?"
+        f"T = {_t_tokens}: autograd keeps {_t_kept} bytes, chunking alone keeps {_t_chunked_kept}: "
+        "is each chunk recomputed?"
     )
 # (tokens, width, vocab, chunk_size or None for the default 1024): many small chunks, and the default. The width is
 # small enough that hidden [1, T, D] and its gradient stay below one chunk's logits [1, C, V].
@@ -401,7 +402,8 @@ for _t_tokens, _t_width, _t_vocab, _t_chunk in [(2048, 16, 512, 128), (2048, 4, 
     _t_largest = _t_largest_tensor(*_t_args, **({} if _t_chunk is None else {"chunk_size": _t_chunk}))
     _t_bound = 2 * (_t_chunk or 1024) * _t_vocab
     assert _t_largest <= _t_bound, (
-        f"T = {_t_tokens}, chunk_size = {_t_chunk or 'default (1024)'}: a tensor of {_t_largest} elements in forward or "
+        f"T = {_t_tokens}, chunk_size = {_t_chunk or 'default (1024)'}: "
+        f"a tensor of {_t_largest} elements in forward or "
         f"backward; one chunk's logits have {_t_bound // 2}: are the chunks `chunk_size` tokens long?"
     )
 

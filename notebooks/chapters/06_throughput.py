@@ -79,14 +79,16 @@ print(f"without the cache: {positions[False] / positions[True]:.1f}x the positio
 # %% [markdown]
 # Without the cache, step $k$ reprocesses all $32 + k$ positions, so the work grows with the square of the length
 # and the factor printed above grows linearly with it. With the cache every position is processed once (the last
-# generated token is never fed back, hence 127). No serving engine decodes without a cache; the price is memory. Each step reads every weight once plus the cache of **every** sequence in the batch, and
-# on a GPU that read, not the arithmetic, sets the speed. So the first number to know is the cache's size.
+# generated token is never fed back, hence 127). No serving engine decodes without a cache; the price is memory. Each
+# step reads every weight once plus the cache of **every** sequence in the batch, and on a GPU that read, not the
+# arithmetic, sets the speed. So the first number to know is the cache's size.
 #
 # ## 2. KV bytes per token of context (每个 token 的 KV 字节数)
 #
 # Each layer keeps a key and a value vector per KV head for every position:
 #
-# $$s_{\text{KV}} = 2 \times n_{\text{layers}} \times n_{\text{kv heads}} \times d_{\text{head}} \times \text{bytes per element}.$$
+# $$s_{\text{KV}} = 2 \times n_{\text{layers}} \times n_{\text{kv heads}} \times d_{\text{head}}
+#   \times \text{bytes per element}.$$
 #
 # Grouped-query attention (GQA, 分组查询注意力) shares each KV head among several query heads, so the count is
 # `num_key_value_heads`, not `num_attention_heads`. And $d_{\text{head}}$ is not always
@@ -123,7 +125,8 @@ assert _t_got == 2 * 24 * 2 * (896 // 14) * 4, (  # no head_dim field
     f"kv_bytes_per_token('Qwen2.5-0.5B', dtype_bytes=4) returned {_t_got!r}, expected 2 x 24 x 2 x 64 x 4 = 24576"
 )
 assert type(_t_got) is int, (
-    f"kv_bytes_per_token('Qwen2.5-0.5B', dtype_bytes=4) returned {type(_t_got).__name__} {_t_got!r}: it must be a Python "
+    f"kv_bytes_per_token('Qwen2.5-0.5B', dtype_bytes=4) returned {type(_t_got).__name__} {_t_got!r}: "
+    "it must be a Python "
     f"int (bytes are whole numbers); a head width from hidden_size / heads is a float, use //"
 )
 _t_config = {
@@ -373,7 +376,8 @@ for batch, context in [(64, 2048), (64, 16_384), (256, 16_384)]:
     rate = decode_tokens_per_s(N_QWEN3_8B, batch, context, KV_QWEN3_8B, H200["memory_bandwidth"])
     kv_share = batch * context * KV_QWEN3_8B / (batch * context * KV_QWEN3_8B + 2 * N_QWEN3_8B)
     print(
-        f"decode, batch {batch:3d}, context {context:6d}: {rate:7.0f} tokens/s per GPU (KV share of bytes read {kv_share:.0%})"
+        f"decode, batch {batch:3d}, context {context:6d}: {rate:7.0f} tokens/s per GPU "
+        f"(KV share of bytes read {kv_share:.0%})"
     )
 TRAIN_RATE = train_tokens_per_s(N_QWEN3_8B, H200["dense_flops"], 0.4)
 print(f"training (6N FLOPs per token, MFU 0.4):       {TRAIN_RATE:7.0f} tokens/s per GPU")

@@ -374,7 +374,8 @@ print(
     f"{len(ids) - 1} next-token predictions, {len(pieces)} windows"
 )
 print(
-    f"owned ranges: {owned_count} losses, positions 1..{len(ids) - 1} each once: {predicted == list(range(1, len(ids)))}"
+    f"owned ranges: {owned_count} losses, positions 1..{len(ids) - 1} each once: "
+    f"{predicted == list(range(1, len(ids)))}"
     f" | mean NLL {owned_loss / owned_count:.4f}"
 )
 print(
@@ -478,8 +479,9 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
-# Left: geometric buckets hold near 30% until the documents approach the cap, then drop (21% at a median of ~3k); linear buckets go from most of the compute to a few
-# percent as documents grow. Right: each window reads 64 tokens it does not own; the dark bars tile the document.
+# Left: geometric buckets hold near 30% until the documents approach the cap, then drop (21% at a median of ~3k); linear
+# buckets go from most of the compute to a few percent as documents grow. Right: each window reads 64 tokens it does not
+# own; the dark bars tile the document.
 #
 # ## 9. Design questions in practice (实践中的设计问题)
 #
@@ -494,9 +496,10 @@ plt.show()
 # **Problem: long documents dominate the loss after switching to sliding windows.** *Symptom:* the token counter
 # reports more training tokens than the corpus has; loss on long documents falls faster than on short ones.
 # *Cause:* labels on every window token: overlap tokens are trained twice (section 5: one extra loss per overlap
-# token except each window's first, which is never a target: 63 per window of 64 overlap tokens). *Options:* (a) labels `-100` outside each window's owned range; (b) no overlap (every window's first token
-# then has no target); (c) a smaller overlap. *Recommendation:* (a), with a test that the predicted positions of a
-# document's windows are exactly $1, \dots, L - 1$.
+# token except each window's first, which is never a target: 63 per window of 64 overlap tokens). *Options:* (a) labels
+# `-100` outside each window's owned range; (b) no overlap (every window's first token then has no target); (c) a
+# smaller overlap. *Recommendation:* (a), with a test that the predicted positions of a document's windows are exactly
+# $1, \dots, L - 1$.
 #
 # **Problem: the seed's bucket function puts an empty document in bucket 1.** *Cause:* `2 ** 0` for length 0.
 # *Recommendation:* reject empty documents at the length ledger, where the reason can be logged, rather than

@@ -113,7 +113,8 @@ print(
 # | result | one JSON per run, `<results>/pt_long_context/pt-long-context_<label>.json` | a new label per run; a result is never overwritten |
 #
 # The parameter cell below mirrors the seed's. It declares the run; the workload itself lives once, in
-# `course_lib/lab/gpu/workloads/pt_long_context.py`, and the next cell checks that what you declared is what it will run.
+# `course_lib/lab/gpu/workloads/pt_long_context.py`, and the next cell checks that what you declared
+# is what it will run.
 
 # %%
 RUN_MODE = "dry_run"  # "dry_run": record the plan only | "real_gpu": measure (needs a CUDA GPU that passes preflight)
@@ -178,7 +179,8 @@ print("BASE-CPU passes:", preflight("BASE-CPU")["passed"])
 # the GPU is even started, and the measurement checked against it. For $N$ samples of lengths $L_1, \dots, L_N$:
 #
 # $$T_{\text{pad}} = N \cdot \max_i L_i, \qquad T_{\text{pack}} = \sum_i L_i, \qquad
-#   \text{padding ratio} = \frac{T - \sum_i L_i}{T}, \qquad \text{reduction} = 1 - \frac{T_{\text{pack}}}{T_{\text{pad}}}.$$
+#   \text{padding ratio} = \frac{T - \sum_i L_i}{T}, \qquad
+#   \text{reduction} = 1 - \frac{T_{\text{pack}}}{T_{\text{pad}}}.$$
 #
 # Effective supervised tokens are the labels the loss actually reads. A causal LM predicts token $t+1$ from
 # tokens $\le t$, so it reads `labels[:, 1:]`: the first label of every **row** is never used. In a padded batch each
@@ -673,7 +675,8 @@ print(
     "from the rounded ms"
 )
 print(
-    f"  throughput ratio       {seed_pack['effective_tokens_per_second'] / seed_pad['effective_tokens_per_second']:.3f}x"
+    "  throughput ratio       "
+    f"{seed_pack['effective_tokens_per_second'] / seed_pad['effective_tokens_per_second']:.3f}x"
     f" published; {seed_reading['throughput_ratio']:.3f}x from the rounded ms"
 )
 unrounded_ms = [1000 * 236 / row["effective_tokens_per_second"] for row in (seed_pad, seed_pack)]

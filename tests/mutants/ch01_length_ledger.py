@@ -112,7 +112,8 @@ MUTANTS["audit_context_fit"].update(
         "negative_supervision_accepted": mutate(
             _AUDIT,
             (
-                'supervised = require_positive_int(f"samples[{index}][\'supervised_tokens\']", sample["supervised_tokens"])',
+                "supervised = require_positive_int("
+                'f"samples[{index}][\'supervised_tokens\']", sample["supervised_tokens"])',
                 'supervised = sample["supervised_tokens"]\n'
                 "        if supervised == 0:\n"
                 '            raise ValueError(f"samples[{index}] has no supervised tokens")',
@@ -164,7 +165,8 @@ MUTANTS["audit_context_fit"].update(
             _AUDIT,
             (
                 '    return {\n        "records": records,',
-                '    records = list({r["name"]: r for r in records}.values())\n    return {\n        "records": records,',
+                '    records = list({r["name"]: r for r in records}.values())\n'
+                '    return {\n        "records": records,',
             ),
         ),
         # A "sensible" default of 32 kept tokens instead of the signature's 1.
@@ -194,7 +196,8 @@ MUTANTS["audit_context_fit"].update(
         "bool_sample_lengths_accepted": mutate(
             _AUDIT,
             (
-                'supervised = require_positive_int(f"samples[{index}][\'supervised_tokens\']", sample["supervised_tokens"])',
+                "supervised = require_positive_int("
+                'f"samples[{index}][\'supervised_tokens\']", sample["supervised_tokens"])',
                 'supervised = sample["supervised_tokens"]\n'
                 "        if not isinstance(supervised, int) or supervised <= 0:\n"
                 '            raise ValueError(f"samples[{index}] needs a positive integer supervised_tokens")',

@@ -187,7 +187,8 @@ ALTERNATIVES = {
 }
 MUTANTS["block_causal_mask"].update(
     {
-        # Flattens the leading dimensions with .view: fine on a fresh tensor, an error on a transposed (non-contiguous) one.
+        # Flattens the leading dimensions with .view: fine on a fresh tensor,
+        # an error on a transposed (non-contiguous) one.
         "view_needs_contiguous_input": mutate(
             "course_lib.packing.block_causal_mask",
             (
@@ -237,7 +238,8 @@ MUTANTS["build_boundary_isolated_packing"].update(
         "bool_labels_accepted": mutate(
             _PACKING_TARGET,
             (
-                'sample_labels = require_tensor(f"samples[{segment}][\'labels\']", sample["labels"], ndim=1, dtype_kind="i")',
+                "sample_labels = require_tensor("
+                'f"samples[{segment}][\'labels\']", sample["labels"], ndim=1, dtype_kind="i")',
                 'sample_labels = list(sample["labels"])\n'
                 "        if not all(isinstance(label, int) for label in sample_labels):\n"
                 "            raise ValueError(f\"samples[{segment}]['labels'] must be integers\")",
@@ -315,7 +317,9 @@ def build_boundary_isolated_packing(samples):
         segment_ids.extend([number] * len(ids))
         position_ids.extend(list(range(len(ids))))
     size = len(input_ids)
-    allowed = [[segment_ids[key] == segment_ids[query] and key <= query for key in range(size)] for query in range(size)]
+    allowed = [
+        [segment_ids[key] == segment_ids[query] and key <= query for key in range(size)] for query in range(size)
+    ]
     return {"input_ids": input_ids, "labels": labels, "segment_ids": segment_ids, "position_ids": position_ids,
             "attention_allowed": allowed}
 """,

@@ -202,11 +202,13 @@ def packed_token_budget_batches(lengths, max_tokens):
 )
 MUTANTS["aggregate_loss"].update(
     {
-        # The supervised tokens counted as the nonzero masked losses: a perfectly predicted token (loss 0) is not counted.
+        # The supervised tokens counted as the nonzero masked losses:
+        # a perfectly predicted token (loss 0) is not counted.
         "counts_nonzero_losses": _aggregate().replace(
             "count = int((mask != 0).sum())", "count = int((torch.where(mask != 0, token_losses, 0) != 0).sum())"
         ),
-        # An empty microbatch under constant returns a fresh 0: no graph (backward fails) and float32 whatever the losses.
+        # An empty microbatch under constant returns a fresh 0:
+        # no graph (backward fails) and float32 whatever the losses.
         "empty_mask_fresh_zero": _aggregate(constant="torch.tensor(0.0) if count == 0 else total / norm_const"),
         # Per-row token means averaged over rows: every row weighs the same, whatever its token count.
         "mean_of_row_means": _aggregate(
@@ -386,7 +388,8 @@ def aggregate_loss(token_losses, mask, mode="token_mean", norm_const=None):
         raise ValueError(f"norm_const must be positive and finite, got {norm_const}")
     return selected.sum() / norm_const
 """,
-        # masked_normalize for the checks and the sum; torch.count_nonzero for the count; normalize_constant for constant.
+        # masked_normalize for the checks and the sum; torch.count_nonzero for the count;
+        # normalize_constant for constant.
         "masked_normalize_constant": """
 import torch
 

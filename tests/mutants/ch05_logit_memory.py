@@ -175,7 +175,8 @@ def checkpointed_log_probs(hidden, weight, ids, chunk_size=1024):
 )
 MUTANTS["checkpointed_log_probs"].update(
     {
-        # The matmul outside the checkpoint: each chunk's [B, C, V] logits are checkpoint's input, so autograd keeps them.
+        # The matmul outside the checkpoint: each chunk's [B, C, V] logits are checkpoint's input,
+        # so autograd keeps them.
         "checkpoint_after_matmul": _checkpointed(
             log_probs="selected_log_probs(hidden_chunk, ids_chunk)",
             piece="checkpoint(chunk_log_probs, hidden[:, start:start + chunk_size] @ weight.T, weight, "

@@ -94,10 +94,12 @@ MUTANTS["evaluate_length_curriculum_stage"].update(
             _GATE,
             (
                 '"long_context_gain": score["candidate.long_context_score"] - score["baseline.long_context_score"],',
-                '"long_context_gain": round(score["candidate.long_context_score"] - score["baseline.long_context_score"], 4),',
+                '"long_context_gain": round(score["candidate.long_context_score"] - '
+                'score["baseline.long_context_score"], 4),',
             ),
             (
-                '"short_context_regression": score["baseline.short_context_score"] - score["candidate.short_context_score"],',
+                '"short_context_regression": score["baseline.short_context_score"] - '
+                'score["candidate.short_context_score"],',
                 '"short_context_regression": round(score["baseline.short_context_score"] - '
                 'score["candidate.short_context_score"], 4),',
             ),

@@ -162,13 +162,15 @@ MUTANTS["compare_padding_and_packing"].update(
         .replace("RATIO", "packing_rate / padding_rate")
         .replace("REDUCTION", "1 - packing_ms / padding_ms")
         .replace(
-            'padding_ms = require_real("padding.median_step_ms", padding["median_step_ms"], minimum=0.0, strict_minimum=True)',
+            'padding_ms = require_real("padding.median_step_ms", padding["median_step_ms"], '
+            "minimum=0.0, strict_minimum=True)",
             'padding_ms = float(padding["median_step_ms"])\n'
             '    if not (0 < padding_ms < float("inf")):\n'
             '        raise ValueError(f"padding.median_step_ms must be a positive finite number, got {padding_ms}")',
         )
         .replace(
-            'packing_ms = require_real("packing.median_step_ms", packing["median_step_ms"], minimum=0.0, strict_minimum=True)',
+            'packing_ms = require_real("packing.median_step_ms", packing["median_step_ms"], '
+            "minimum=0.0, strict_minimum=True)",
             'packing_ms = float(packing["median_step_ms"])\n'
             '    if not (0 < packing_ms < float("inf")):\n'
             '        raise ValueError(f"packing.median_step_ms must be a positive finite number, got {packing_ms}")',
@@ -356,8 +358,8 @@ def padding_vs_packing_ledger(sample_lengths, *, mask_first_label=True):
     def c(p, s, x):
         return {"processed_tokens": p, "padding_tokens": p - tot, "padding_ratio": (p - tot) / p,
                 "effective_supervised_tokens": s, "cross_sample_labels": x}
-    return {"samples": n, "sample_tokens": tot, "padding": c(padded, tot - n, 0), "packing": c(tot, tot - n + cross, cross),
-            "processed_token_reduction": 1 - tot / padded}
+    return {"samples": n, "sample_tokens": tot, "padding": c(padded, tot - n, 0),
+            "packing": c(tot, tot - n + cross, cross), "processed_token_reduction": 1 - tot / padded}
 """,
 }.items():
     MUTANTS[_todo][_name] = _source
