@@ -16,7 +16,7 @@ import platform
 import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 __all__ = [
     "PACKAGES",
@@ -227,7 +227,18 @@ def _memory_line(profile: dict[str, Any], env: dict[str, Any]) -> dict[str, Any]
     return _line("free_gpu_memory", required, f"{free_gib:.2f} GiB", status, detail)
 
 
-def evaluate_profile(profile: dict[str, Any], env: dict[str, Any]) -> dict[str, Any]:
+class PreflightRecord(TypedDict):
+    """A profile's verdict on this machine: one line per check, and the environment they read."""
+
+    profile: str
+    passed: bool
+    failed: list[str]
+    warned: list[str]
+    checks: list[dict[str, Any]]
+    environment: dict[str, Any]
+
+
+def evaluate_profile(profile: dict[str, Any], env: dict[str, Any]) -> PreflightRecord:
     """profile + environment snapshot -> {profile, passed, failed, warned, checks [one line per check], environment}."""
     pins = profile_pins(profile)
     versions = profile["versions"]
@@ -249,12 +260,12 @@ def evaluate_profile(profile: dict[str, Any], env: dict[str, Any]) -> dict[str, 
     }
 
 
-def preflight(profile: str, *, path: str | Path | None = None) -> dict[str, Any]:
+def preflight(profile: str, *, path: str | Path | None = None) -> PreflightRecord:
     """Probe this machine against the named profile -> preflight record (see `evaluate_profile`)."""
     return evaluate_profile(load_profile(profile, path), probe_environment())
 
 
-def require_preflight(profile: str, *, path: str | Path | None = None) -> dict[str, Any]:
+def require_preflight(profile: str, *, path: str | Path | None = None) -> PreflightRecord:
     """The preflight record when the profile passes; otherwise PreflightError naming each failed line."""
     record = preflight(profile, path=path)
     if not record["passed"]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -314,9 +314,18 @@ def _render_text_and_spans(tokenizer, messages, chat_template, add_generation_pr
     return rendered[0], spans[0]
 
 
+class RenderedChat(TypedDict):
+    """A chat rendered once: its text, token ids [T], character offsets [T, 2] and each token's role [T]."""
+
+    text: str
+    input_ids: list[int]
+    offsets: list[list[int]]
+    roles: list[str]
+
+
 def render_chat(
     tokenizer, messages, *, chat_template: str | None = None, add_generation_prompt: bool = False
-) -> dict[str, Any]:
+) -> RenderedChat:
     """Render a chat ONCE and tokenize it once -> {"text", "input_ids" [T], "offsets" [T, 2], "roles" [T]}.
 
     A token's role is the role of the message content it overlaps (the same overlap rule as transformers'
@@ -329,7 +338,7 @@ def render_chat(
 
 def render_chats(
     tokenizer, conversations, *, chat_template: str | None = None, add_generation_prompt: bool = False
-) -> list[dict[str, Any]]:
+) -> list[RenderedChat]:
     """A batch of chats -> one render_chat dict per chat; the tokenizer runs once over the whole batch."""
     if not callable(tokenizer) or not hasattr(tokenizer, "get_chat_template"):
         raise ValueError(f"tokenizer must be a transformers tokenizer, got {type(tokenizer).__name__}")

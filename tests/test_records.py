@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import course_lib as cl
-from course_lib import lab
+from course_lib import lab, preflight
 from tests.conftest import CHAT
 
 
@@ -56,6 +56,13 @@ CALLS = {
     "decode_rate_table": lambda: cl.decode_rate_table(8.2e9, 147_456, 4.8e12, [1, 8], [1024]),
     "evaluate_length_curriculum_stage": None,  # filled below from the chapter's own example
     "simulate_pass_rate_filter": lambda: cl.simulate_pass_rate_filter([0.1, 0.5, 0.9], steps=3),
+    "render_chat": lambda: cl.render_chat(cl.load_course_tokenizer(), CHAT),
+    "render_chats": lambda: cl.render_chats(cl.load_course_tokenizer(), [CHAT, CHAT]),
+    "synthetic_supervised_batch": lambda: lab.synthetic_supervised_batch(n_rows=2),
+    "padding_vs_packing_ledger": lambda: lab.padding_vs_packing_ledger([48, 96, 32, 64]),
+    "evaluate_profile": lambda: preflight.evaluate_profile(
+        preflight.load_profile("PT-CPU"), preflight.probe_environment()
+    ),
     "gradient_agreement": lambda: lab.gradient_agreement(torch.ones(3), torch.ones(3)),
     "logit_memory_table": lambda: lab.logit_memory_table(),
     "compare_padding_and_packing": lambda: lab.compare_padding_and_packing(
@@ -72,7 +79,7 @@ def _curriculum_example():
 
 
 CALLS["evaluate_length_curriculum_stage"] = _curriculum_example
-FUNCTIONS = {name: getattr(cl, name) for name in CALLS}
+FUNCTIONS = {name: getattr(cl, name, None) or getattr(preflight, name) for name in CALLS}
 
 
 @pytest.mark.parametrize("name", sorted(CALLS))
@@ -81,6 +88,9 @@ def test_returned_keys_are_the_declared_ones(name):
     result = CALLS[name]()
     for record in result if isinstance(result, list) else [result]:
         assert type(record) is dict  # a plain dict at run time
+        for key, kind in typing.get_type_hints(declared).items():
+            if key in record and kind in (int, float, str, bool):  # the scalar fields hold what they declare
+                assert type(record[key]) is kind or (kind is float and type(record[key]) is int), (key, record[key])
         assert declared.__required_keys__ <= set(record) <= declared.__required_keys__ | declared.__optional_keys__, (
             sorted(record),
             sorted(declared.__annotations__),

@@ -17,6 +17,7 @@ from typing import TypedDict
 import torch
 
 from .._checks import padded_width, require_int, require_real, require_seed, require_sequence, require_tensor
+from ..labels import PaddedBatch
 from ..loss import NORMALIZATIONS, _checked_batch, _require_normalization, _rows, _target_mask, microbatch_loss
 from ..window import IGNORE_INDEX
 
@@ -37,7 +38,7 @@ def synthetic_supervised_batch(
     seed: int = 0,
     *,
     pad_to_multiple_of: int | None = None,
-) -> dict[str, torch.Tensor]:
+) -> PaddedBatch:
     """Random right-padded SFT rows: -> input_ids, labels, attention_mask [n_rows, L] (labels -100 off answers).
 
     Row r has a random length in [min_length, max_length] and a random prompt of 1 .. length-2 tokens;

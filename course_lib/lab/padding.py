@@ -23,7 +23,25 @@ from .._checks import (
 __all__ = ["padding_vs_packing_ledger", "effective_tokens_per_second", "compare_padding_and_packing"]
 
 
-def padding_vs_packing_ledger(sample_lengths, *, mask_first_label: bool = True) -> dict:
+class CandidateLedger(TypedDict):
+    processed_tokens: int
+    padding_tokens: int
+    padding_ratio: float
+    effective_supervised_tokens: int
+    cross_sample_labels: int
+
+
+class PaddingPackingLedger(TypedDict):
+    """What padding and packing each process and supervise, before anything is timed."""
+
+    samples: int
+    sample_tokens: int
+    padding: CandidateLedger
+    packing: CandidateLedger
+    processed_token_reduction: float
+
+
+def padding_vs_packing_ledger(sample_lengths, *, mask_first_label: bool = True) -> PaddingPackingLedger:
     """Sample lengths [N] -> the token ledger of a padded batch [N, max] and of one packed row [1, sum].
 
     A causal LM's loss reads labels[:, 1:], so the first label of every ROW is never used. Padding gives each
