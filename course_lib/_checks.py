@@ -175,6 +175,23 @@ def _tensor_kind(tensor: torch.Tensor) -> str:
     return "c" if tensor.dtype.is_complex else "i"
 
 
+def _outside_bound(tensor: torch.Tensor, bound: float, outside) -> torch.Tensor:
+    """outside(tensor, bound) (torch.lt or torch.gt), also for an integer bound beyond the tensor's dtype.
+
+    torch casts a Python int bound to the tensor's dtype, so int32 [3] <= 2**63 - 1 would read False (the bound wraps
+    to -1). A bound past the dtype's range is decided without comparing: every value is inside it, or every one out.
+
+    >>> bool(_outside_bound(torch.tensor([3], dtype=torch.int32), 2**63 - 1, torch.gt).any())
+    False
+    """
+    if isinstance(bound, int) and not tensor.dtype.is_floating_point and tensor.dtype != torch.bool:
+        info = torch.iinfo(tensor.dtype)
+        if not info.min <= bound <= info.max:
+            beyond_top = bound > info.max  # a minimum above every value, or a maximum no value reaches
+            return torch.full(tensor.shape, beyond_top == (outside is torch.lt), dtype=torch.bool, device=tensor.device)
+    return outside(tensor, bound)
+
+
 def require_tensor(
     name: str,
     value: object,
@@ -218,7 +235,7 @@ def require_tensor(
         raise ValueError(f"{name} must be finite, got a non-finite value")
     for bound, outside, word in ((minimum, torch.lt, ">="), (maximum, torch.gt, "<=")):
         if bound is not None and tensor.numel():
-            bad = outside(tensor, bound)
+            bad = _outside_bound(tensor, bound, outside)
             if bool(bad.any()):
                 index = tuple(int(i) for i in bad.nonzero()[0])
                 raise ValueError(

@@ -90,3 +90,19 @@ def test_require_dataset_names_the_column_field():
         require_dataset("dataset", dataset, column="chat", column_name="messages_column")
     with pytest.raises(ValueError, match="messages_column = 3"):
         require_dataset("dataset", dataset, column=3, column_name="messages_column")
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64])
+@pytest.mark.parametrize("bound", [0, 3, 2**40, 2**63 - 1, -(2**40), -(2**63)])
+def test_integer_bounds_beyond_the_dtype_agree_with_python_comparisons(dtype, bound):
+    """torch casts a Python int bound to the tensor's dtype (int32 [3] <= 2**63 - 1 reads False): the check decides
+    such bounds itself, so an int8/16/32 tensor or array passes INT64_MAX as it should (a helper students import)."""
+    values = torch.tensor([0, 3, 7], dtype=dtype)
+    for keyword, inside in (("maximum", lambda v: v <= bound), ("minimum", lambda v: v >= bound)):
+        expected = all(inside(v) for v in values.tolist())
+        for given in (values, values.numpy()):
+            if expected:
+                require_tensor("x", given, **{keyword: bound})
+            else:
+                with pytest.raises(ValueError, match="must hold values"):
+                    require_tensor("x", given, **{keyword: bound})
