@@ -1,4 +1,4 @@
-"""Throughput accounting (seed 003 §14.6): KV bytes, the decode roofline, training rate, GPU-hours per step.
+"""Throughput accounting (Agent RL §14.6): KV bytes, the decode roofline, training rate, GPU-hours per step.
 
 Decode is memory-bound: one step for b sequences of context c reads the weights once and each sequence's
 KV cache, so it takes at least (weight_bytes + b c s_kv) / bandwidth seconds and yields b tokens.

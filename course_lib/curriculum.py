@@ -1,4 +1,4 @@
-"""Curricula: when to advance a length stage (seed 000, Step 3) and which RL tasks to sample (seed 003 §14.5).
+"""Curricula: when to advance a length stage (LCFT, Step 3) and which RL tasks to sample (Agent RL §14.5).
 
 A group of G rollouts whose rewards are all equal has zero advantage under a baseline computed from the group (its
 mean, or leave-one-out): a full rollout's cost for no gradient. Pass-rate filters skip tasks whose outcome is
@@ -56,7 +56,7 @@ def evaluate_length_curriculum_stage(
     """Short-window baseline vs longer-window candidate -> {decision: advance|hold, failed_gates, evidence}.
 
     failed_gates lists the names of CURRICULUM_GATES that failed, in that order; any failure holds. A stability
-    flag passes only as the bool True (seed 000's `is not True`): a numpy or 0-d torch bool fails closed, so convert
+    flag passes only as the bool True (LCFT's `is not True`): a numpy or 0-d torch bool fails closed, so convert
     with bool(...) where it is measured.
     """
     shared = ("long_context_score", "short_context_score", "supervised_tokens_per_optimizer_step")
@@ -235,7 +235,7 @@ def simulate_pass_rate_filter(
 ) -> FilterSimulation:
     """Bernoulli task pool [T] (or schedule [steps, T]) -> per-step episodes and zero-advantage shares.
 
-    Mirrors seed 003's train_curriculum without a model: estimates start at 0.5; each step takes the tasks
+    Mirrors Agent RL §14's train_curriculum without a model: estimates start at 0.5; each step takes the tasks
     inside (low, high) plus `revisit` random excluded ones, keeps a random prompts_per_step of them when there
     are more, draws group_size rewards per task, and sets a task's estimate to the mean of its last `history`
     groups (exercise 4). weighting="variance" draws the

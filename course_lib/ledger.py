@@ -81,7 +81,7 @@ def _check_thresholds(short_threshold: object, long_threshold: object) -> tuple[
 
 
 def _nearest_rank_index(count: int, quantile: float) -> int:
-    # The seed's rank rule, kept literally (including its 0.999999 ceiling) so results match it exactly.
+    # LCFT's rank rule, kept literally (including its 0.999999 ceiling) so results match it exactly.
     return max(0, int(quantile * count + 0.999999) - 1)
 
 
@@ -108,7 +108,7 @@ def summarize_length_distribution(lengths, short_threshold: int, long_threshold:
 
 
 def summarize_length_distribution_reference(lengths, short_threshold: int, long_threshold: int) -> LengthSummary:
-    """Teaching version (plain Python, the seed's loops); tested equal to summarize_length_distribution."""
+    """Teaching version (plain Python, LCFT's loops); tested equal to summarize_length_distribution."""
     short, long = _check_thresholds(short_threshold, long_threshold)
     ordered = sorted(require_lengths("lengths", lengths, allow_empty=True, minimum=0))
     buckets = {

@@ -1,4 +1,4 @@
-"""Long documents (seed 004): geometric length buckets, and sliding windows where each token's loss has one owner.
+"""Long documents (Packing article): geometric buckets, and sliding windows where each token's loss has one owner.
 
 Buckets: a document of length n goes to the bucket 2^ceil(log2 n), capped at max_length. We compute it with
 integer bit arithmetic: float log2 rounds large lengths (2**53 + 1 -> 53.0) into a bucket that is too small.
@@ -6,8 +6,8 @@ integer bit arithmetic: float log2 rounds large lengths (2**53 + 1 -> 53.0) into
 Windows: window i covers tokens [start, end); it OWNS [loss_start, loss_end), the tokens no earlier window
 covered, so the owned ranges partition [0, length) and overlapping tokens are context only, never counted twice.
 
-Short texts: seed 004's two rules for a corpus of many short texts (drop the shortest, pad the rest to a slot size
-before packing), measured against plain packing of the same texts.
+Short texts: the Packing article's two rules for a corpus of many short texts (drop the shortest, pad the rest to a
+slot size before packing), measured against plain packing of the same texts.
 """
 
 from __future__ import annotations
@@ -188,11 +188,11 @@ def split_document(input_ids: Sequence[int], window: int = 256, overlap: int = 6
 
 
 def short_text_packing(lengths: Any, capacity: int, *, pad_to: int = 256, min_length: int = 32) -> dict[str, Any]:
-    """Seed 004 §5.1's rules for short texts against plain packing: lengths [N] -> {kept, dropped, dropped_tokens,
-    pack, pad_then_pack}, each arm {rows, positions, padding_ratio}.
+    """Packing article §5.1's rules for short texts against plain packing: lengths [N] -> {kept, dropped,
+    dropped_tokens, pack, pad_then_pack}, each arm {rows, positions, padding_ratio}.
 
     Texts under min_length tokens are dropped (both arms). "pack" packs the kept texts' real lengths into rows of
-    capacity; "pad_then_pack" first pads each one shorter than pad_to up to pad_to, as the seed advises, then packs;
+    capacity; "pad_then_pack" first pads each one shorter than pad_to up to pad_to, as the article advises, then packs;
     both with best fit decreasing (plan_packing "bfd"). padding_ratio = positions holding no real token / positions.
     """
     capacity = require_positive_int("capacity", capacity)

@@ -24,9 +24,9 @@ from ._checks import (
 )
 
 __all__ = [
-    "SEED003_AGENT_SEED",
-    "seed003_agent_lengths",
-    "seed003_random_order",
+    "AGENT_TRAJECTORY_SEED",
+    "agent_trajectory_lengths",
+    "agent_trajectory_order",
     "fixed_count_batches",
     "token_budget_batches",
     "packed_token_budget_batches",
@@ -36,22 +36,22 @@ __all__ = [
     "batch_containing",
 ]
 
-SEED003_AGENT_SEED = 0
+AGENT_TRAJECTORY_SEED = 0
 
 
 def _agent_generator_draw(count: int) -> tuple[torch.Tensor, torch.Generator]:
-    generator = torch.Generator().manual_seed(SEED003_AGENT_SEED)
+    generator = torch.Generator().manual_seed(AGENT_TRAJECTORY_SEED)
     lengths = (8192 * torch.exp(0.8 * torch.randn(count, generator=generator))).clamp(256, 65_536).long()  # [N]
     return lengths, generator
 
 
-def seed003_agent_lengths(count: int = 512) -> torch.Tensor:
-    """Seed 003 §14.2's long-tailed agent lengths: lognormal, median ~8k, clamped to [256, 65536] -> [count] long."""
+def agent_trajectory_lengths(count: int = 512) -> torch.Tensor:
+    """Agent RL §14.2's long-tailed agent lengths: lognormal, median ~8k, clamped to [256, 65536] -> [count] long."""
     return _agent_generator_draw(require_positive_int("count", count))[0]
 
 
-def seed003_random_order(count: int = 512) -> torch.Tensor:
-    """The random order seed 003 draws from the same generator right after the lengths -> [count] long."""
+def agent_trajectory_order(count: int = 512) -> torch.Tensor:
+    """The random order Agent RL §14 draws from the same generator right after the lengths -> [count] long."""
     count = require_positive_int("count", count)
     _, generator = _agent_generator_draw(count)
     return torch.randperm(count, generator=generator)
@@ -67,7 +67,7 @@ def fixed_count_batches(order, per_batch: int) -> list[list[int]]:
 def token_budget_batches(lengths, max_tokens: int) -> list[list[int]]:
     """lengths [N] -> microbatches (longest first) whose padded size count x longest <= max_tokens.
 
-    A sequence longer than max_tokens raises ValueError (seed 003 would give it an over-budget batch of its own,
+    A sequence longer than max_tokens raises ValueError (Agent RL §14 would give it an over-budget batch of its own,
     which is the out-of-memory the budget exists to prevent).
     """
     max_tokens = require_positive_int("max_tokens", max_tokens)
@@ -84,8 +84,9 @@ def token_budget_batches(lengths, max_tokens: int) -> list[list[int]]:
 def packed_token_budget_batches(lengths, max_tokens: int) -> list[list[int]]:
     """lengths [N] -> microbatches (longest first, consecutive in that order) whose packed size sum <= max_tokens.
 
-    Seed 003 exercise 2: the same walk as `token_budget_batches`, with cost = sum of lengths (next-fit decreasing).
-    Neighbours stay length-balanced; `plan_packing(..., "ffd")` fills tighter (512 seed lengths at 128k: 49 vs 46).
+    Agent RL §14 exercise 2: the same walk as `token_budget_batches`, with cost = sum of lengths (next-fit decreasing).
+    Neighbours stay length-balanced; `plan_packing(..., "ffd")` fills tighter (on Agent RL §14's 512 lengths at
+    128k: 49 vs 46).
     """
     max_tokens = require_positive_int("max_tokens", max_tokens)
     lengths = require_lengths("lengths", lengths, maximum=max_tokens, maximum_name="max_tokens", summed=True)
@@ -162,7 +163,7 @@ def describe_microbatches(lengths, batches, *, packed: bool = False) -> Microbat
 
 
 def format_microbatch_summary(name: str, summary: dict) -> str:
-    """One line of seed 003 §14.2's table for a `describe_microbatches` summary."""
+    """One line of Agent RL §14.2's table for a `describe_microbatches` summary."""
     if not isinstance(name, str):
         raise ValueError(f"name must be a string, got {name!r:.80}")
     require_keys("summary", summary, ("count", "padding_ratio", "largest_tokens"))

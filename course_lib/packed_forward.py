@@ -10,7 +10,7 @@ Two correct ways to keep packed samples apart in transformers (5.x):
   and every sample attends to the samples packed before it.
 - "varlen": the same restarted position_ids, attention per sample (course_lib.varlen): the rows are flattened
   into one, as TRL's padding-free collator does, and attention costs sum n_i^2 instead of L^2.
-"causal" is the leaky baseline of seed 003 §14.1: one causal mask over the whole row.
+"causal" is the leaky baseline of Agent RL §14.1: one causal mask over the whole row.
 
 Inputs may live on the CPU (a collator's output): they are moved to the model's device, and the log-probs come back
 on the device of the packed layout.

@@ -183,7 +183,8 @@ def plan_packing(lengths, capacity: int, strategy: str = "bfd") -> list[list[int
     return fit(order, array.tolist(), capacity)
 
 
-PACKING_EFFECTIVE_P95_SHARE = Fraction(7, 10)  # seed 002: P95 below 0.7 x max_length -> packing pays off
+# The LlamaFactory walkthrough's rule of thumb:
+PACKING_EFFECTIVE_P95_SHARE = Fraction(7, 10)  # P95 below 0.7 x max_length -> packing pays off
 PACKING_NO_GAIN_P95_SHARE = Fraction(19, 20)  # ... above 0.95 x max_length -> packing barely helps
 
 
@@ -194,7 +195,8 @@ class PackingSuitability(TypedDict):
 
 
 def packing_suitability(lengths, max_length: int) -> PackingSuitability:
-    """lengths [N] -> seed 002's rule of thumb on the nearest-rank P95: {"p95_tokens", "p95_share", "verdict"}.
+    """lengths [N] -> the LlamaFactory walkthrough's rule of thumb on the nearest-rank P95: {"p95_tokens",
+    "p95_share", "verdict"}.
 
     verdict is "effective" when P95 < 0.7 x max_length (most samples leave room for others in a row),
     "ineffective" when P95 > 0.95 x max_length (most samples fill a row alone), and "moderate" in between.
@@ -215,9 +217,10 @@ def packing_suitability(lengths, max_length: int) -> PackingSuitability:
 def packing_target_length(max_length: int, headroom: float = 0.95) -> int:
     """max_length -> the packed rows' target length floor(headroom x max_length), never above max_length.
 
-    Seed 002's production setting packs to 0.95 x max_length, leaving room for the tokenizer's edge cases:
-    4096 -> 3891 (the seed prints 3890; 0.95 x 4096 = 3891.2). The headroom is read as the decimal a Python float
-    prints (0.7 x 700 = 490); a float32 headroom is first widened, so np.float32(0.7) is 0.699999988... (489).
+    The LlamaFactory walkthrough's production setting packs to 0.95 x max_length, leaving room for the tokenizer's
+    edge cases: 4096 -> 3891 (the walkthrough prints 3890; 0.95 x 4096 = 3891.2). The headroom is read as the decimal
+    a Python float prints (0.7 x 700 = 490); a float32 headroom is first widened, so np.float32(0.7) is
+    0.699999988... (489).
     """
     max_length = require_positive_int("max_length", max_length)
     headroom = require_real("headroom", headroom, minimum=0.0, maximum=1.0, strict_minimum=True)
@@ -370,7 +373,7 @@ _TRANSITION_FIELDS = ("action_mask", "sample_logp")  # per-transition fields: on
 
 
 def _field(sequence, name: str):
-    """A sequence's field: mapping key, attribute (the seed's Trajectory), or the bare ids themselves."""
+    """A sequence's field: mapping key, attribute (Agent RL §14's Trajectory), or the bare ids themselves."""
     if hasattr(sequence, "keys"):
         return sequence.get(name)
     if name == "ids" and not hasattr(sequence, "ids"):

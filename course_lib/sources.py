@@ -1,7 +1,7 @@
 """Alpaca / ShareGPT records -> chat messages; JSON, JSONL, CSV and Arrow files through `datasets.load_dataset`.
 
-The four file formats are seed 002's (LlamaFactory's): an `.arrow` file is an Arrow IPC stream, the files
-`Dataset.save_to_disk` writes.
+The four file formats are the LlamaFactory walkthrough's (LlamaFactory's): an `.arrow` file is an Arrow IPC stream,
+the files `Dataset.save_to_disk` writes.
 
 A record with the wrong field names (say `question`/`answer` instead of `instruction`/`output`) raises a
 ValueError naming the missing field: a silently empty prompt would train the model on nothing.
@@ -62,8 +62,9 @@ def _alpaca_messages(example: Any) -> list[dict[str, str]]:
     extra_input = _text_field(example, "input", "alpaca", required=False)
     output = _text_field(example, "output", "alpaca", required=True)
     system = _text_field(example, "system", "alpaca", required=False)
-    # Seed 002 writes the query as instruction + input; LlamaFactory, whose pipeline it walks through, joins the
-    # non-empty parts with one newline (AlpacaDatasetConverter), which keeps "Translate:" and "Hello" apart.
+    # The LlamaFactory walkthrough writes the query as instruction + input; LlamaFactory, whose pipeline it walks
+    # through, joins the non-empty parts with one newline (AlpacaDatasetConverter), which keeps "Translate:" and
+    # "Hello" apart.
     prompt = "\n".join(part for part in (instruction, extra_input) if part)
     messages = [{"role": "system", "content": system}] if system.strip() else []
     return messages + [{"role": "user", "content": prompt}, {"role": "assistant", "content": output}]

@@ -5,7 +5,7 @@ template and prompt token came before the answer; `apply_window_policy` carries 
 `input_ids` + `labels`. Reading the labels, the policy is exact where the counts are not: a template's closing
 tokens after the answer (chatml's newline) are cut for free, and a cut through a later turn's prompt is refused.
 
-The two gates of a truncation (seed 000, Step 2): the kept supervision must reach
+The two gates of a truncation (LCFT, Step 2): the kept supervision must reach
 `min_kept_supervised_tokens` AND the lost share must stay within `max_supervision_loss_ratio`.
 A sample whose whole sequence fits the window is kept whole (decision "fit"); the gates judge cuts.
 """
@@ -59,7 +59,7 @@ def audit_context_fit(
 
     Returns {records: [{name, total_tokens, kept_supervised_tokens, supervision_loss_ratio, decision}],
     fit_names, truncated_names, overflow_names}; kept_supervised_tokens is 0 for an overflow. A "fit" record
-    keeps its whole supervision even below min_kept_supervised_tokens (nothing is cut; seed 000's code prints 0
+    keeps its whole supervision even below min_kept_supervised_tokens (nothing is cut; LCFT's code prints 0
     there while calling the sample fit, which would disagree with what apply_window_policy keeps).
     """
     target = require_positive_int("target_context_len", target_context_len)

@@ -39,8 +39,8 @@ def library_tour() -> None:
         print(f"row {row}: samples {members} -> {sum(lengths[i] for i in members)} / 256 tokens")
 
     print("\n== token-budget microbatches on seed 003's 512 lognormal lengths ==")
-    agent_lengths = cl.seed003_agent_lengths()
-    order = cl.seed003_random_order()
+    agent_lengths = cl.agent_trajectory_lengths()
+    order = cl.agent_trajectory_order()
     sorted_order = agent_lengths.argsort().tolist()
     plans = {
         "8 per microbatch, random": cl.fixed_count_batches(order.tolist(), 8),

@@ -12,6 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from course_lib import (
+    agent_trajectory_lengths,
+    agent_trajectory_order,
     balanced_partition,
     batch_containing,
     describe_microbatches,
@@ -19,8 +21,6 @@ from course_lib import (
     format_microbatch_summary,
     packed_token_budget_batches,
     plan_packing,
-    seed003_agent_lengths,
-    seed003_random_order,
     token_budget_batches,
 )
 
@@ -45,7 +45,7 @@ def seed_teaching_token_budget(lengths, max_tokens, *, packed=False):
 
 @pytest.fixture(scope="module")
 def agent():
-    return seed003_agent_lengths(), seed003_random_order()
+    return agent_trajectory_lengths(), agent_trajectory_order()
 
 
 def test_seed003_lengths_match_the_seed_generator(agent):
@@ -330,5 +330,5 @@ def test_seed_draws_leave_the_global_generator_alone():
     """The seed's lengths come from their own generator: drawing them must not move torch's global RNG, or a
     notebook's later random draws would depend on whether this cell ran."""
     state = torch.get_rng_state()
-    seed003_agent_lengths(64), seed003_random_order(64)
+    agent_trajectory_lengths(64), agent_trajectory_order(64)
     assert torch.equal(torch.get_rng_state(), state)

@@ -11,6 +11,7 @@ from transformers.masking_utils import find_packed_sequence_indices
 from course_lib import (
     compare_packed_with_alone,
     inferred_packed_segments,
+    leaky_packing_variants,
     leaky_share,
     load_course_tokenizer,
     pack_sequences,
@@ -18,7 +19,6 @@ from course_lib import (
     packed_to_sequences,
     packed_token_logprobs,
     per_token_logprobs_alone,
-    seed003_packing_variants,
     tiny_qwen2,
     within_segment_mask,
 )
@@ -67,7 +67,7 @@ def alone(model, sequences):
 def test_seed003_three_variants(model, packed, sequences, alone):
     errors = {
         name: compare_packed_with_alone(model, packed, sequences, alone=alone, **kwargs)
-        for name, kwargs in seed003_packing_variants(packed).items()
+        for name, kwargs in leaky_packing_variants(packed).items()
     }
     assert errors["causal mask, running positions"] > 1e-2
     assert errors["causal mask, restarted positions"] > 1e-2

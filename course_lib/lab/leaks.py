@@ -12,7 +12,7 @@ from .._checks import require_causal_lm, require_keys, require_real, require_seq
 from ..packed_forward import _as_rows, _next_token_logprobs, packed_token_logprobs, within_segment_mask
 from ..packing import packed_to_sequences
 
-__all__ = ["per_token_logprobs_alone", "compare_packed_with_alone", "seed003_packing_variants", "leaky_share"]
+__all__ = ["per_token_logprobs_alone", "compare_packed_with_alone", "leaky_packing_variants", "leaky_share"]
 
 
 def _sequence_ids(index: int, sequence, vocab_size: int) -> torch.Tensor:
@@ -87,8 +87,8 @@ def compare_packed_with_alone(
     return float(torch.stack(gaps).max()) if gaps else 0.0
 
 
-def seed003_packing_variants(packed: dict) -> dict[str, dict]:
-    """Seed 003 §14.1's three variants (+ transformers' position_ids detection) as compare_packed_with_alone kwargs."""
+def leaky_packing_variants(packed: dict) -> dict[str, dict]:
+    """Agent RL §14.1's three variants (+ transformers' position_ids detection) as compare_packed_with_alone kwargs."""
     require_keys("packed", packed, ["ids", "position_ids", "segment_ids"])
     ids = _as_rows("ids", packed["ids"])
     running = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)  # [R, L] positions that never restart

@@ -1,4 +1,4 @@
-"""The GPU lab's arithmetic (seed 000 Step 5): what padding and packing cost for the same samples, and how a
+"""The GPU lab's arithmetic (LCFT Step 5): what padding and packing cost for the same samples, and how a
 measured step time turns into effective supervised tokens per second.
 
 The lab trains on four fixed samples (48 / 96 / 32 / 64 tokens) twice: as a padded batch [4, 96] and as one
@@ -94,7 +94,7 @@ class ThroughputComparison(TypedDict):
 
 
 def compare_padding_and_packing(padding: dict, packing: dict) -> ThroughputComparison:
-    """Two measured candidates {effective_supervised_tokens, median_step_ms} -> seed 000 §5.4's speed reading.
+    """Two measured candidates {effective_supervised_tokens, median_step_ms} -> LCFT §5.4's speed reading.
 
     Returns {effective_supervised_tokens, padding_tokens_per_second, packing_tokens_per_second, throughput_ratio
     (packing / padding), step_time_reduction (1 - packing ms / padding ms)}. The two must supervise the same

@@ -250,19 +250,19 @@ plt.show()
 # $\min(L_{\text{sup}}, \max(0, C - L_{\text{template}} - L_{\text{prompt}}))$ supervised tokens: 0.0 for a fit, and
 # for an overflow the ratio of the cut the gates refused (0.4 when 24 of 40 tokens would be kept), **not** 1.0, even
 # though the overflow record's `kept_supervised_tokens` is 0. The gates judge a **cut**: a sample that fits keeps
-# all its supervision, even when that is below `min_kept_supervised_tokens`, since nothing is cut. (Seed 000's code
-# prints 0 kept tokens for such a "fit"; we keep the count, so that the record agrees with what the window actually
-# keeps.) Reject bad input with a `ValueError` that names the field: a sample without one of its three keys, a
-# window, minimum or length that is not an integer (`True` is not one), a non-positive window or minimum, a negative
-# template or prompt length, a supervised length that is not positive, a ratio that is not a number in [0, 1] (`nan`
-# is not). The validators imported at the top of your cell (`require_keys`, `require_positive_int`, `require_ratio`,
-# ...) do this for you.
+# all its supervision, even when that is below `min_kept_supervised_tokens`, since nothing is cut. (LCFT's code prints 0
+# kept tokens for such a "fit"; we keep the count, so that the record agrees with what the window actually keeps; LCFT
+# is listed on the course's sources page, `docs/sources.md`.) Reject bad input with a `ValueError` that names the field:
+# a sample without one of its three keys, a window, minimum or length that is not an integer (`True` is not one), a
+# non-positive window or minimum, a negative template or prompt length, a supervised length that is not positive, a
+# ratio that is not a number in [0, 1] (`nan` is not). The validators imported at the top of your cell (`require_keys`,
+# `require_positive_int`, `require_ratio`, ...) do this for you.
 
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_audit_context_fit", "locked": false, "schema_version": 3}
 #| solution: course_lib.window.audit_context_fit
 
 # %% nbgrader={"grade": true, "solution": false, "grade_id": "test_audit_context_fit", "locked": true, "points": 5, "schema_version": 3}
-# Seed examples: the window edge, and a truncation that only one ratio admits.
+# LCFT's examples: the window edge, and a truncation that only one ratio admits.
 samples = [
     {"name": "short", "prompt_tokens": 300, "supervised_tokens": 80},
     {"name": "boundary", "prompt_tokens": 1760, "supervised_tokens": 256},

@@ -78,7 +78,8 @@ print(
 
 # %% [markdown]
 # Fewer than half of the tokens are answers. The label mask is what keeps the other tokens out of the loss,
-# and it is built in three layers, the same three seed 002 finds in LlamaFactory's data pipeline:
+# and it is built in three layers, the same three the LlamaFactory walkthrough (see the course's sources page,
+# `docs/sources.md`) finds in LlamaFactory's data pipeline:
 # a **source layer** (数据源层: files → records → messages), a **template layer** (模板层: messages → token ids
 # with roles → labels) and a **batching layer** (批处理层: samples → a padded batch). We walk them in order.
 #
@@ -98,7 +99,7 @@ print(to_messages(load_records(sample_data_path("alpaca.jsonl"))[1]))
 print(to_messages(load_records(sample_data_path("sharegpt.json"))[0])[:2])
 
 # %% [markdown]
-# **The missing-field error (缺失字段).** Seed 002's costliest bug was a file with `question` / `answer`
+# **The missing-field error (缺失字段).** The LlamaFactory walkthrough's costliest bug was a file with `question` / `answer`
 # columns fed to an Alpaca template that reads `example.get("instruction", "")`: every prompt became the empty
 # string and the model learned answers to nothing, with no error anywhere. A field lookup with a default is
 # a silent failure; the course's mapping refuses the record and names the field instead.
@@ -484,9 +485,9 @@ grading.assert_rejects(
 # %% [markdown]
 # ## 5. The classic bugs, shown and caught (经典错误)
 #
-# Seed 002 lists label bugs from practice (the first one took its author half a day to find): padding with the pad
-# id in the labels, labels not cut together with the inputs, and user turns left supervised. Each is one plausible line
-# away from the right code. We write each one out, measure what it does, and catch it.
+# The LlamaFactory walkthrough lists label bugs from practice (the first one took its author half a day to find):
+# padding with the pad id in the labels, labels not cut together with the inputs, and user turns left supervised. Each
+# is one plausible line away from the right code. We write each one out, measure what it does, and catch it.
 #
 # **Bug 1: the pad id in the labels.** The loss of a causal LM averages the cross-entropy over every target
 # that is not -100. Padding the labels with the pad id adds every padding position to that average: the model
@@ -533,8 +534,8 @@ except ValueError as error:
 # %% [markdown]
 # **Bug 3: user turns supervised.** A single-turn habit: mask "the prompt", meaning everything before the
 # first answer, and supervise the rest. On a multi-turn chat the second user turn and all later role headers
-# are trained on; seed 002's customer-service model learned to echo its users. Caught by comparing with the
-# roles of the one rendering:
+# are trained on; the LlamaFactory walkthrough's customer-service model learned to echo its users. Caught by comparing
+# with the roles of the one rendering:
 
 # %%
 rendered = render_chat(tokenizer, chat)

@@ -40,6 +40,7 @@ from course_lib import (
     compare_packed_with_alone,
     corpus_chats,
     inferred_packed_segments,
+    leaky_packing_variants,
     leaky_share,
     load_chats,
     load_course_tokenizer,
@@ -54,7 +55,6 @@ from course_lib import (
     plan_packing,
     sample_bounds,
     sample_data_path,
-    seed003_packing_variants,
     tiny_qwen2,
     varlen_metadata,
 )
@@ -98,11 +98,11 @@ print(
 #
 # * **FFD**: into the *first* row that still has room;
 # * **BFD**: into the row with the *least* room that still fits (TRL's `pack_dataset(strategy="bfd")`);
-# * **sequential** (next fit) keeps the data order and opens a new row whenever the sample does not fit. (Seed
-#   002's `PackingSampler` is next fit too, but over the samples sorted longest first: chapter 4's
-#   `packed_token_budget_batches`.)
+# * **sequential** (next fit) keeps the data order and opens a new row whenever the sample does not fit. (The
+#   `PackingSampler` of the LlamaFactory walkthrough, listed on the course's sources page, `docs/sources.md`, is next
+#   fit too, but over the samples sorted longest first: chapter 4's `packed_token_budget_batches`.)
 #
-# Seed 000's small example: lengths 7, 6, 4, 3 into rows of 10 fill two rows exactly.
+# LCFT's small example: lengths 7, 6, 4, 3 into rows of 10 fill two rows exactly.
 
 # %%
 print(pack_sample_lengths([7, 6, 4, 3], 10))  # the teaching FFD: rows of lengths
@@ -120,15 +120,16 @@ for capacity in (384, CAPACITY, 1024):
     print(f"  C = {capacity:4d}  FFD and BFD put the same samples together: {ffd_rows == bfd_rows}")
 
 # %% [markdown]
-# **Is packing worth it for this data? (seed 002's rule of thumb.)** Before turning packing on, seed 002 looks at
-# one number: the 95th percentile of the token lengths against the window. If P95 is below $0.7 \cdot$ `max_length`,
-# most samples leave room for others in a row and packing pays; above $0.95 \cdot$ `max_length`, most samples fill a
-# row alone and packing buys almost nothing. Its production setting packs rows to $0.95 \cdot$ `max_length` and
-# keeps the rest as headroom for the tokenizer's edge cases (4096 → 3891 tokens; the seed prints 3890, but
-# $0.95 \cdot 4096 = 3891.2$). The rule next to what padding to the window would waste on our 64 chats:
+# **Is packing worth it for this data? (the LlamaFactory walkthrough's rule of thumb.)** Before turning packing on, the
+# walkthrough looks at one number: the 95th percentile of the token lengths against the window. If P95 is below
+# $0.7 \cdot$ `max_length`, most samples leave room for others in a row and packing pays; above $0.95 \cdot$
+# `max_length`, most samples fill a row alone and packing buys almost nothing. Its production setting packs rows to
+# $0.95 \cdot$ `max_length` and keeps the rest as headroom for the tokenizer's edge cases (4096 → 3891 tokens; the
+# walkthrough prints 3890, but $0.95 \cdot 4096 = 3891.2$). The rule next to what padding to the window would waste on
+# our 64 chats:
 
 # %%
-print(f"seed 002's target for max_length 4096: {packing_target_length(4096)} tokens")
+print(f"the LlamaFactory walkthrough's target for max_length 4096: {packing_target_length(4096)} tokens")
 for window in (256, 384, CAPACITY, 1024):
     advice, target = packing_suitability(lengths, window), packing_target_length(window)
     kept = lengths[lengths <= target]  # longer chats are cut or dropped before padding or packing
@@ -152,7 +153,7 @@ for window in (256, 384, CAPACITY, 1024):
 # group a few differently: there several open rows can take a sample, FFD picks the first and BFD the tightest,
 # which keeps larger gaps open for the samples still to come.
 #
-# The teaching FFD (`pack_sample_lengths`, seed 000's loop) scans every open row for every sample: $O(n \cdot R)$
+# The teaching FFD (`pack_sample_lengths`, LCFT's loop) scans every open row for every sample: $O(n \cdot R)$
 # work. `plan_packing` keeps the open rows in a search structure (a max segment tree for first fit, a sorted
 # list of remaining capacities for best fit), so it runs in $O(n \log n)$. Same plan, measured:
 
@@ -226,7 +227,7 @@ for column in range(seam - 3, seam + 3):
 #
 # ### TODO 1 · `build_boundary_isolated_packing` (the teaching form)
 #
-# Write `build_boundary_isolated_packing(samples)` with plain Python lists (this is seed 000's teaching form;
+# Write `build_boundary_isolated_packing(samples)` with plain Python lists (this is LCFT's teaching form;
 # section 4 vectorizes the mask). `samples` is a non-empty list of dicts with `input_ids` and `labels` (equal
 # lengths, at least one token). Return one packed row as a dict of lists:
 #
@@ -250,7 +251,7 @@ for column in range(seam - 3, seam + 3):
 #| solution: course_lib.packing.build_boundary_isolated_packing
 
 # %% nbgrader={"grade": true, "solution": false, "grade_id": "test_build_boundary_isolated_packing", "locked": true, "points": 4, "schema_version": 3}
-# Seed 000's example: two samples of 3 and 2 tokens.
+# LCFT's example: two samples of 3 and 2 tokens.
 seed_pair = [{"input_ids": [11, 12, 13], "labels": [-100, 12, 13]}, {"input_ids": [21, 22], "labels": [-100, 22]}]
 call = f"build_boundary_isolated_packing({seed_pair})"
 packed_pair = build_boundary_isolated_packing(seed_pair)
@@ -442,7 +443,7 @@ print(
 #| solution: course_lib.packing.block_causal_mask
 
 # %% nbgrader={"grade": true, "solution": false, "grade_id": "test_block_causal_mask", "locked": true, "points": 5, "schema_version": 3}
-# Seed 000's two samples of 3 and 2 tokens, then a row that ends in padding.
+# LCFT's two samples of 3 and 2 tokens, then a row that ends in padding.
 seed_mask = block_causal_mask(torch.tensor([0, 0, 0, 1, 1]))
 call = "block_causal_mask(torch.tensor([0, 0, 0, 1, 1]))"
 assert isinstance(seed_mask, torch.Tensor) and seed_mask.dtype == torch.bool and seed_mask.shape == (5, 5), (
@@ -540,17 +541,17 @@ ax.set_ylabel("query column")
 plt.show()
 
 # %% [markdown]
-# ## 5. Evidence on `tiny_qwen2`: packed must equal alone (打包与单独计算一致; seed 003's three variants)
+# ## 5. Evidence on `tiny_qwen2`: packed must equal alone (打包与单独计算一致; Agent RL §14.1's three variants)
 #
 # A mask that "looks right" proves little. The test that matters compares log-probabilities: every token of
 # every sample, scored in the packed row, must get the log-probability it gets when its sample runs alone
-# (batch of one, no mask). Seed 003 runs three variants: the two bugs and the fix. We add a fourth that
+# (batch of one, no mask). Agent RL §14.1 runs three variants: the two bugs and the fix. We add a fourth that
 # isolates the position ids. Two random-init `tiny_qwen2` models: the course default, and one with larger
 # initial weights (`initializer_range=0.1`), whose sharper predictions stand in for a trained model.
 
 # %%
 running = torch.arange(packed["ids"].shape[1]).expand_as(packed["ids"])  # [R, L] positions that never restart
-variants = seed003_packing_variants(packed)
+variants = leaky_packing_variants(packed)
 variants.pop("position_ids only, no cache")  # section 6
 variants["block mask, running positions"] = {"mode": "block_mask", "position_ids": running}
 models = {"default init": tiny_qwen2(seed=0), "initializer_range=0.1": tiny_qwen2(seed=0, initializer_range=0.1)}
@@ -575,7 +576,7 @@ for variant, kwargs in variants.items():
 # * **Block mask, running positions**: also equal, to rounding. Qwen2 uses rotary position embeddings (RoPE),
 #   which depend only on the *difference* of positions; shifting a whole sample by a constant changes nothing
 #   that the block mask lets it see. The position bug is invisible here, but it is not harmless: models with
-#   absolute position embeddings (seed 003's TinyAgent) see it directly, and transformers finds the sample
+#   absolute position embeddings (Agent RL §14's TinyAgent) see it directly, and transformers finds the sample
 #   boundaries *from the restarts* (next section).
 #
 # ## 6. Transformers' own packed detection and its `use_cache` trap (缓存陷阱)
@@ -753,7 +754,7 @@ plt.show()
 # TRL packs a tokenized dataset with `pack_dataset(dataset, seq_length, strategy="bfd")` and feeds the rows to its
 # `DataCollatorForLanguageModeling(padding_free=True)`, which sends no attention mask at all: only restarted
 # `position_ids`, the boundaries `cu_seq_lens_q / cu_seq_lens_k` and `seq_idx`, for a variable-length kernel.
-# Seed 000's conformance cell, on the 7 real chats: same plan, same tokens and labels per row (from your
+# LCFT's conformance cell, on the 7 real chats: same plan, same tokens and labels per row (from your
 # `build_boundary_isolated_packing`), same boundaries (from `varlen_metadata`).
 
 # %%
@@ -815,8 +816,8 @@ print(
 # ## 9. On a GPU: does packing save time? (GPU 实测)
 #
 # Fewer processed tokens is a property of the layout; whether they become less time depends on what bounds the
-# training step. The course's benchmark workload `pt-long-context` (seed 000 Step 5; chapter 9 is its lab) trains
-# Qwen2.5-0.5B for one step on seed 000's four samples (48 / 96 / 32 / 64 tokens), padded `[4, 96]` and packed
+# training step. The course's benchmark workload `pt-long-context` (LCFT Step 5; chapter 9 is its lab) trains
+# Qwen2.5-0.5B for one step on LCFT's four samples (48 / 96 / 32 / 64 tokens), padded `[4, 96]` and packed
 # `[1, 240]` with a block mask; then the same pair with every length ×2 … ×32; then (version 7) each packed row once
 # more with the varlen attention of section 6. The block-mask row must pass the boundary checks of section 3, and
 # varlen must match each sample alone token by token (on the same device, in fp32) and give the block mask's tokens
@@ -831,12 +832,12 @@ print(
 #
 # **What the course measured on an NVIDIA H200** (records in the repository's `benchmarks/results/`). Every check
 # passed in every run, and 384 → 240 processed tokens; the varlen rows ran torch's fused flash kernel, matched each
-# sample alone, and kept samples bitwise apart. Yet by the clock, packing's effective throughput at the seed's size
+# sample alone, and kept samples bitwise apart. Yet by the clock, packing's effective throughput at LCFT's size
 # was 0.85×–1.18× padding's over six runs (2026-11-29 and 11-30). In the three runs of 11-30, which profile each
-# step, a step took 78–184 ms whatever its tokens, and at the seed's size the GPU was busy for only 8–11% of it (the
+# step, a step took 78–184 ms whatever its tokens, and at LCFT's size the GPU was busy for only 8–11% of it (the
 # profiler's `busy_ms`). The rest is the host launching some 3,100 kernels, and its wobble from run to run is larger
 # than the layouts' difference. The GPU's busy time repeats to three digits:
-# packing needs 1.13× less of it at the seed's size (not the 1.6× of the tokens: a few thousand short kernels cost
+# packing needs 1.13× less of it at LCFT's size (not the 1.6× of the tokens: a few thousand short kernels cost
 # about the same for 240 or 384 tokens). Along the scale series the busy-time gain grows to 1.33× at 3k padded tokens
 # for the block mask, then falls back to 1.14× at 12k as its dense $[T, T]$ square grows, while varlen, which scores
 # only each sample's own square, reaches 1.50×, 1.63× and 1.83× at 3k, 6k and 12k: past the token
@@ -899,7 +900,7 @@ for name, model_variant in models.items():
 # counts. *Cause:* each rank packed its shard with its own shuffle (or in arrival order), so the ranks ended up
 # with different numbers of rows and microbatches. *Options:* (a) a plan that is a pure function of the global
 # length list (sorted, ties by index, as `plan_packing`), computed identically on every rank and then sharded;
-# (b) the same random seed on every rank (seed 004's fix), which works until one rank's data order differs;
+# (b) the same random seed on every rank (the Packing article's fix), which works until one rank's data order differs;
 # (c) an all-reduce of the row count and padding rows up to the maximum. *Recommendation:* (a), with a hash of
 # the plan compared across ranks at start-up; (c) as a guard where shards are packed independently.
 #
@@ -912,7 +913,7 @@ for name, model_variant in models.items():
 #
 # ## 11. Exercises
 #
-# 1. Seed 003 asks for a test that fails for each of the two packing bugs separately. On `tiny_qwen2` (RoPE),
+# 1. Agent RL §14 asks for a test that fails for each of the two packing bugs separately. On `tiny_qwen2` (RoPE),
 #    which bug can the block mask hide, and which path of section 6 exposes it? Find the smallest pair of
 #    sequences whose packed log-probabilities expose the causal leak.
 # 2. Re-run the table of section 5 with `initializer_range` in (0.02, 0.05, 0.1, 0.2). How does the largest leak
@@ -922,7 +923,7 @@ for name, model_variant in models.items():
 # 4. Replace the padding rule of `block_causal_mask` with "padding attends nothing", build the additive mask with
 #    `-inf` instead of the dtype minimum, and run the packed forward. Which logits become `nan`, and do the real
 #    tokens' log-probabilities change?
-# 5. Pack four random sequences of 1536 / 3072 / 1024 / 2048 tokens (seed 000's samples ×32) into one row and time
+# 5. Pack four random sequences of 1536 / 3072 / 1024 / 2048 tokens (LCFT's samples ×32) into one row and time
 #    a forward + backward of `tiny_qwen2(attn_implementation="sdpa")` with `packed_logits(..., mode="block_mask")`
 #    and with `mode="varlen"`. Compare the ratio of the two times with the ratio of attention scores from section 6.
 #    Which is larger? (Hint: with a mask, SDPA cannot use its causal kernel, which skips the upper triangle.) How

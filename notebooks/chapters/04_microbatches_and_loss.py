@@ -19,7 +19,7 @@
 # 1. cost a microbatch plan: the **padded cost** (填充成本) count × longest and the **packed cost** (打包成本)
 #    sum of lengths; explain why a **fixed count** of sequences per microbatch (固定条数) lets one long sequence
 #    set the memory peak, and replace it with a **token budget** (Token 预算) over **length-sorted microbatches**
-#    (长度均衡的微批次), reproducing seed 003's table;
+#    (长度均衡的微批次), reproducing Agent RL §14's table (see the course's sources page, `docs/sources.md`);
 # 2. spread a global batch over **data-parallel ranks** (数据并行 rank) so that no rank straggles
 #    (负载均衡, Karmarkar–Karp **largest differencing** 最大差分法);
 # 3. show why **gradient accumulation** (梯度累积) with a per-microbatch token mean changes the gradient, fix it with
@@ -35,6 +35,8 @@ import numpy as np
 
 from course_lib import (
     IGNORE_INDEX,
+    agent_trajectory_lengths,
+    agent_trajectory_order,
     balanced_partition,
     batch_containing,
     build_boundary_isolated_packing,
@@ -51,22 +53,20 @@ from course_lib import (
     pad_batch,
     per_token_weight_distortion,
     plan_packing,
-    seed003_agent_lengths,
-    seed003_random_order,
     supervised_token_losses,
     tiny_qwen2,
 )
 
-agent_lengths = seed003_agent_lengths()  # [512] seed 003's long-tailed agent trajectories (lognormal, median ~8k)
-random_order = seed003_random_order()  # [512] the random order seed 003 draws right after them
-BUDGET = 131_072  # seed 003's token budget: 128k padded tokens per microbatch
+agent_lengths = agent_trajectory_lengths()  # [512] Agent RL §14's long-tailed trajectories (median ~8k)
+random_order = agent_trajectory_order()  # [512] the random order Agent RL §14 draws right after them
+BUDGET = 131_072  # Agent RL §14's token budget: 128k padded tokens per microbatch
 
 # %% [markdown]
 # ## 1. Why: with a fixed count, the longest sequence sets the memory
 #
 # A batch that does not fit in memory is split into **microbatches** (微批次) whose gradients are summed before
 # the optimizer step. The usual knob is a fixed number of sequences per microbatch. Activation memory, however,
-# follows the number of **positions** the microbatch computes. Seed 003's 512 agent trajectories are long-tailed:
+# follows the number of **positions** the microbatch computes. Agent RL §14's 512 agent trajectories are long-tailed:
 # lognormal with a median near 8k tokens, clamped at a 64k context. Take 8 trajectories per microbatch in random
 # order (a padded microbatch computes count × longest positions) and look at what the microbatches cost.
 
@@ -122,7 +122,7 @@ for name, plan in [
 # %% [markdown]
 # ### TODO 1 · `token_budget_batches` (padded cost)
 #
-# Write `token_budget_batches(lengths, max_tokens)`, seed 003's scheduler. `lengths` is a non-empty sequence of
+# Write `token_budget_batches(lengths, max_tokens)`, Agent RL §14's scheduler. `lengths` is a non-empty sequence of
 # positive integers (a list, a tuple, a numpy array or a 1-D tensor); `max_tokens` is a positive integer.
 #
 # 1. Order the indices by length, **longest first**; equal lengths keep their index order (a stable sort).
@@ -132,8 +132,8 @@ for name, plan in [
 #    integers: a plan is logged and shared between ranks as JSON), in the order they were built.
 #
 # Raise `ValueError` for a `max_tokens` that is not a positive integer, an empty `lengths`, a length that is not a
-# positive integer (neither `2.0` nor `True` is an integer here), and a length **over `max_tokens`** (seed 003 gave such
-# a sequence an over-budget microbatch of its own: the very out-of-memory the budget exists to prevent).
+# positive integer (neither `2.0` nor `True` is an integer here), and a length **over `max_tokens`** (Agent RL §14 gave
+# such a sequence an over-budget microbatch of its own: the very out-of-memory the budget exists to prevent).
 # `require_positive_int` and `require_lengths(name, values, maximum=..., maximum_name=...)` from the setup do the
 # checking.
 
@@ -148,7 +148,7 @@ assert _t_got == [[1], [3, 5], [0, 2, 4]], (
 )
 _t_got = token_budget_batches([4, 4, 4], 8)  # count x longest == max_tokens fits; equal lengths keep index order
 assert _t_got == [[0, 1], [2]], f"token_budget_batches([4, 4, 4], 8) returned {_t_got}, expected [[0, 1], [2]]"
-# Seed 003 §14.2's table on its 512 trajectories.
+# Agent RL §14.2's table on its 512 trajectories.
 _t_plan = token_budget_batches(agent_lengths, BUDGET)
 _t_bad = [i for plan in (_t_got, _t_plan) for batch in plan for i in batch if type(i) is not int]
 assert not _t_bad, (
@@ -172,7 +172,7 @@ _t_want = [
 assert _t_table == _t_want, (
     f"token_budget_batches(agent_lengths, BUDGET) gives the table row\n{_t_table[2]}\nexpected\n{_t_want[2]}"
 )
-# Seed 003 §14.7: the microbatch that holds the longest trajectory.
+# Agent RL §14.7: the microbatch that holds the longest trajectory.
 _t_home = batch_containing(_t_plan, int(agent_lengths.argmax()))
 _t_home_size = len(_t_home) * int(agent_lengths[_t_home].max())
 assert len(_t_home) == 2 and _t_home_size == 131_072, (
@@ -210,7 +210,7 @@ _t_cases += [
     (([9, 1, 1, 1], 9), {}),
     ((tuple(range(1, 21)), 40), {}),
     ((np.array([30, 10, 20, 10]), 40), {}),
-    ((seed003_agent_lengths(64), 65_536), {}),
+    ((agent_trajectory_lengths(64), 65_536), {}),
     ((agent_lengths, BUDGET), {}),
     ((agent_lengths, 2 * BUDGET), {}),
 ]
@@ -237,7 +237,7 @@ grading.assert_rejects(
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# Your scheduler reproduces seed 003's table. Read it line by line: with 8 per microbatch in random order, 59% of
+# Your scheduler reproduces Agent RL §14's table. Read it line by line: with 8 per microbatch in random order, 59% of
 # the computed positions are padding and the largest microbatch is 524k tokens. Sorting first removes most of the
 # padding (3.6%) but not the peak: the 8 longest trajectories still share one microbatch. The token budget keeps
 # padding low (3.0%), caps every microbatch at 131k, and needs 51 microbatches instead of 64 because short
@@ -252,15 +252,16 @@ print(
 )
 
 # %% [markdown]
-# ### TODO 2 · `packed_token_budget_batches` (packed cost, seed 003 exercise 2)
+# ### TODO 2 · `packed_token_budget_batches` (packed cost, Agent RL §14 exercise 2)
 #
 # When microbatches are packed (chapter 3) rather than padded, a microbatch costs the **sum** of its lengths.
 # Write `packed_token_budget_batches(lengths, max_tokens)`: the same walk over the same longest-first order
 # (stable), but a microbatch takes the next sequence while the **sum** of its lengths stays ≤ `max_tokens`;
 # when the next one does not fit, the microbatch closes and a new one opens with it (next-fit decreasing:
-# microbatches hold consecutive runs of the sorted order). This is also seed 002's description of LlamaFactory's
-# greedy `PackingSampler` (sort descending, add while it fits, else open a new batch; no going back). Same return
-# value and the same `ValueError` cases as TODO 1. Write the walk yourself: `plan_packing` builds a different plan.
+# microbatches hold consecutive runs of the sorted order). This is also the LlamaFactory walkthrough's description of
+# LlamaFactory's greedy `PackingSampler` (sort descending, add while it fits, else open a new batch; no going back).
+# Same return value and the same `ValueError` cases as TODO 1. Write the walk yourself: `plan_packing` builds a
+# different plan.
 
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_packed_token_budget_batches", "locked": false, "schema_version": 3}
 #| solution: course_lib.microbatch.packed_token_budget_batches
@@ -272,7 +273,7 @@ assert _t_got == [[1, 3], [5, 0, 2, 4]], (
 )
 _t_got = packed_token_budget_batches([6, 6, 1], 12)  # a sum equal to max_tokens fits
 assert _t_got == [[0, 1], [2]], f"packed_token_budget_batches([6, 6, 1], 12) returned {_t_got}, expected [[0, 1], [2]]"
-# Seed 003 exercise 2: 512 trajectories, packed, 128k per microbatch.
+# Agent RL §14 exercise 2: 512 trajectories, packed, 128k per microbatch.
 _t_packed = packed_token_budget_batches(agent_lengths, BUDGET)
 _t_bad = [i for plan in (_t_got, _t_packed) for batch in plan for i in batch if type(i) is not int]
 assert not _t_bad, (
@@ -321,7 +322,7 @@ _t_cases += [
     (([1, 1, 1, 1, 1], 2), {}),
     ((tuple(range(1, 21)), 40), {}),
     ((np.array([30, 10, 20, 10]), 40), {}),
-    ((seed003_agent_lengths(64), 65_536), {}),
+    ((agent_trajectory_lengths(64), 65_536), {}),
     ((agent_lengths, BUDGET), {}),
     ((agent_lengths, 65_537), {}),
 ]
@@ -370,7 +371,7 @@ for name, plan in [
 # global batch dealt out round-robin in random order, as a distributed sampler does, gives each rank a random
 # share of the long tail. `balanced_partition` deals by **Karmarkar–Karp largest differencing**: every sequence
 # starts as an $R$-way partial partition; repeatedly the two partials with the largest spread are merged, the
-# heaviest subset of one joined with the lightest of the other, until one partition is left. Here on seed 003's
+# heaviest subset of one joined with the lightest of the other, until one partition is left. Here on Agent RL §14's
 # 512 trajectories over 8 ranks, counting tokens as the work.
 
 # %%
@@ -405,7 +406,7 @@ for name, deal in deals.items():
 #
 # $$\frac{1/(K n_k)}{1/N} = \frac{N}{K\, n_k}.$$
 #
-# Tokens in small microbatches count more. Seed 003's length-sorted split had 96, 112, 180 and 355 tokens:
+# Tokens in small microbatches count more. Agent RL §14's length-sorted split had 96, 112, 180 and 355 tokens:
 
 # %%
 print("per-token weight vs correct:", [round(x, 2) for x in per_token_weight_distortion([96, 112, 180, 355])])
@@ -501,7 +502,7 @@ for _t_kwargs, _t_what, _t_want in (
         f"{_t_got}, expected {_t_want}: masked-out losses must not reach the result (nan * 0 is nan: select, do not "
         f"multiply)"
     )
-# Seed 003 §14.7: four microbatches of 96, 112, 180 and 355 tokens. The gradient of the summed loss with respect
+# Agent RL §14.7: four microbatches of 96, 112, 180 and 355 tokens. The gradient of the summed loss with respect
 # to each token loss is that token's weight; local token means distort it by N / (K n_k), the global count does not.
 _t_counts = [96, 112, 180, 355]
 
@@ -650,7 +651,7 @@ grading.assert_rejects(
 # each microbatch forward, takes its per-token next-token losses (`supervised_token_losses`: the model's logits
 # shifted against the labels, -100 masked out), aggregates them with **your** `aggregate_loss`, and calls
 # `backward`, so gradients add up in `.grad`. The reference is one pass over every row, its loss sum divided by
-# its token count with the library's `masked_normalize` (it does not depend on your code). Three splits: seed 003's
+# its token count with the library's `masked_normalize` (it does not depend on your code). Three splits: Agent RL §14's
 # random and length-sorted splits into 4 equal-count microbatches, and your token budget plan at 640 padded tokens,
 # which ends, as budget plans do, with a partly filled microbatch.
 
@@ -740,7 +741,7 @@ print(f"({time.perf_counter() - started:.1f} s, two processes)")
 # %% [markdown]
 # ## 6. A picture of both halves
 #
-# Left: the padded size of every microbatch in seed 003's three plans; the fixed-count plans spike to 524k
+# Left: the padded size of every microbatch in Agent RL §14's three plans; the fixed-count plans spike to 524k
 # wherever a long trajectory lands, the token budget never crosses its line. Right: the weight each real chat
 # token receives under per-microbatch token means, relative to the correct $1/N$ (the dashed line, which global
 # normalization hits exactly).
@@ -759,7 +760,7 @@ left.axhline(BUDGET / 1e3, color="black", linestyle="--", linewidth=1)
 left.text(20, BUDGET / 1e3 * 0.55, "budget 131k (dashed)", fontsize=8)
 left.set_xlabel("microbatch")
 left.set_ylabel("padded tokens (thousands)")
-left.set_title("Seed 003's 512 trajectories: microbatch sizes")
+left.set_title("Agent RL §14's 512 trajectories: microbatch sizes")
 left.legend(fontsize=8)
 width = 0.27
 for offset, (split, microbatches) in enumerate(splits.items()):
@@ -862,7 +863,7 @@ print(f"kept {int(kept.sum())} targets | largest |packed - alone| loss {(losses[
 # learning curve although the global batch is the same; after switching to length-sorted microbatches, short
 # answers seem to be learned faster. *Cause:* a per-microbatch `token_mean` gives every microbatch equal weight,
 # so a token weighs $N/(K n_k)$ times what the global loss gives it; length-sorted and token-budget microbatches
-# make $n_k$ vary the most (seed 003's split: 1.93, 1.66, 1.03, 0.52). *Options:* (a) normalize by the global token
+# make $n_k$ vary the most (Agent RL §14's split: 1.93, 1.66, 1.03, 0.52). *Options:* (a) normalize by the global token
 # count (one scalar all-reduce before backward under data parallelism; `num_items_in_batch` in transformers);
 # (b) a constant fixed in advance (`mode="constant"`, e.g. Dr. GRPO's constant normalizer), independent of the
 # batch's composition and free of any count; (c) microbatches with equal token counts, which only shrinks the
@@ -873,7 +874,7 @@ print(f"kept {int(kept.sum())} targets | largest |packed - alone| loss {(losses[
 # *Symptom:* out-of-memory at a random step long after the start, always on the rank that received the longest
 # trajectory; lowering the batch size makes it rarer, never gone. *Cause:* with a fixed count per microbatch,
 # padded memory is count × longest, and under a long-tailed distribution the longest eventually reaches the
-# context limit. Seed 003's longest trajectory is 65,536 tokens against a median of 8,414: in its fixed microbatch
+# context limit. Agent RL §14's longest trajectory is 65,536 tokens against a median of 8,414: in its fixed microbatch
 # of 8 it pads to 524,288 tokens, the memory of eight maximum-length trajectories; the token budget puts it in a
 # microbatch of 2 sequences, 131,072 tokens, exactly the budget. *Options:* (a) a token budget (longest-first, so the
 # longest sequences travel alone or in pairs); (b) chunked, recomputed log-probs (`course_lib.logprobs`), which lower
@@ -890,13 +891,13 @@ print(f"kept {int(kept.sum())} targets | largest |packed - alone| loss {(losses[
 #
 # ## 9. Exercises
 #
-# 1. (Seed 003, exercise 2.) Your packed scheduler needs 49 microbatches at 128k where first-fit decreasing needs
+# 1. (Agent RL §14, exercise 2.) Your packed scheduler needs 49 microbatches at 128k where first-fit decreasing needs
 #    46. Compute, for both plans, the attention cost $\sum_{i \in b} T_i^2$ of every microbatch. Which plan keeps
 #    that cost more even across microbatches, and why does that matter for the step time?
-# 2. (Seed 003, exercise 3.) With $R$ ranks and $K$ microbatches per rank, derive a token's weight under
+# 2. (Agent RL §14, exercise 3.) With $R$ ranks and $K$ microbatches per rank, derive a token's weight under
 #    per-microbatch `token_mean` followed by DDP's average of the gradients. Show that global normalization needs
 #    only one scalar all-reduce before `backward`, and check it with `data_parallel_gradients` on 4 ranks.
 # 3. Replace the global count in `accumulate` by a constant fixed in advance, `norm_const = 640` (the token budget).
 #    Measure the cosine and the norm ratio against the full-batch gradient. What does SGD see, and what does Adam see?
-# 4. Sweep the budget from 65,536 to 262,144 on seed 003's lengths: microbatch count, padding ratio and largest
+# 4. Sweep the budget from 65,536 to 262,144 on Agent RL §14's lengths: microbatch count, padding ratio and largest
 #    microbatch for the padded and the packed scheduler. Why can the padded budget never go below 65,536 here?

@@ -191,7 +191,7 @@ print("same log-probs:", torch.equal(full_path(hidden, weight, targets), chunked
 #| solution: course_lib.logprobs.checkpointed_log_probs
 
 # %% nbgrader={"grade": true, "solution": false, "grade_id": "test_checkpointed_log_probs", "locked": true, "points": 6, "schema_version": 3}
-# Seed check: the three methods give the same log-probs; recomputing keeps (almost) nothing for backward.
+# As in Agent RL §14.3: the three methods give the same log-probs; recomputing keeps (almost) nothing for backward.
 _t_gen = torch.Generator().manual_seed(0)
 _t_hidden = torch.randn(2, 300, 32, generator=_t_gen, dtype=torch.float64).requires_grad_()
 _t_weight = (torch.randn(1000, 32, generator=_t_gen, dtype=torch.float64) / 32**0.5).requires_grad_()
@@ -602,13 +602,13 @@ print("kept for backward: " + " | ".join(f"{name} {kept / 1e6:.2f} MB" for name,
 # Qwen3-0.6B's `lm_head` ($V = 151{,}936$, $D = 1024$, bf16, random weights: memory does not depend on the
 # values). Without CUDA it says so and does nothing.
 #
-# For reference, seed 003 (§14.3) reports this measurement on a GPU with the real Qwen3-0.6B head, chunks of
-# 1,024: **full 7.5 GB, chunked 3.7 GB, chunked + recompute 2.2 GB at T = 4,096; 29.9, 11.2 and 2.2 GB at
-# T = 16,384**. Those are the seed's numbers. The course ran this very cell on an NVIDIA H200 (2026-11-29, random
-# weights, bf16) and printed the same six numbers to the digit: 7.5 / 3.7 / 2.2 GB and 29.9 / 11.2 / 2.2 GB
-# (`benchmarks/results/logs/h200-2026-11-29b/chapters.log`; the logit-memory workload agrees). About 12 bytes
-# per logit on the full path: the bf16 matmul output, its fp32 copy and the fp32 log-softmax, some alive together
-# in backward.
+# For reference, Agent RL §14.3 (see the course's sources page, `docs/sources.md`) reports this measurement on a GPU
+# with the real Qwen3-0.6B head, chunks of 1,024: **full 7.5 GB, chunked 3.7 GB, chunked + recompute 2.2 GB at
+# T = 4,096; 29.9, 11.2 and 2.2 GB at T = 16,384**. Those are Agent RL §14.3's numbers. The course ran this very cell
+# on an NVIDIA H200 (2026-11-29, random weights, bf16) and printed the same six numbers to the digit:
+# 7.5 / 3.7 / 2.2 GB and 29.9 / 11.2 / 2.2 GB (`benchmarks/results/logs/h200-2026-11-29b/chapters.log`; the
+# logit-memory workload agrees). About 12 bytes per logit on the full path: the bf16 matmul output, its fp32 copy and
+# the fp32 log-softmax, some alive together in backward.
 
 # %%
 if torch.cuda.is_available():
@@ -675,7 +675,7 @@ print(format_run(bench_path, bench_record))  # the file, the verdict, then the f
 # log-probs that drift from the sampler's, which importance ratios in RL amplify.
 #
 # **Problem: "we chunk the logits, but memory still grows with the sequence length".**
-# *Symptom:* peak memory after chunking is lower, but still linear in $T$ (the seed's 3.7 → 11.2 GB from 4k to
+# *Symptom:* peak memory after chunking is lower, but still linear in $T$ (Agent RL §14.3's 3.7 → 11.2 GB from 4k to
 # 16k tokens). *Cause:* autograd keeps every chunk's log-softmax for backward; chunking only removed the transient
 # full tensor. *Options:* recompute each chunk (`torch.utils.checkpoint`), or a custom autograd function that
 # computes the head's gradient chunk by chunk. *Recommendation:* recompute, and guard it with a test like this
@@ -691,7 +691,7 @@ print(format_run(bench_path, bench_record))  # the file, the verdict, then the f
 #
 # 1. In section 3, change `CHUNK` to 128 and 2048. Which panel changes and by how much? Derive the largest
 #    forward tensor as a function of $C$, and pick $C$ so that one chunk of Qwen3 logits (fp32) stays under 1 GB.
-# 2. Account for the seed's 2.2 GB plateau (Qwen3-0.6B head, bf16, chunks of 1,024): add up the weight's
+# 2. Account for Agent RL §14.3's 2.2 GB plateau (Qwen3-0.6B head, bf16, chunks of 1,024): add up the weight's
 #    gradient and one chunk's bf16 logits, fp32 copy, fp32 log-softmax and its gradient. What is left over?
 # 3. `logit_memory_table(dtype_bytes=2)` gives bf16 logits. Why does `selected_log_probs` still upcast to fp32
 #    before the log-softmax? Measure the largest error of a bf16 log-softmax on random logits with $V = 8192$.

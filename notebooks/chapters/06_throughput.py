@@ -109,7 +109,7 @@ print(f"without the cache: {positions[False] / positions[True]:.1f}x the positio
 #| solution: course_lib.accounting.kv_bytes_per_token
 
 # %% nbgrader={"grade": true, "solution": false, "grade_id": "test_kv_bytes_per_token", "locked": true, "points": 4, "schema_version": 3}
-# Seed: Qwen3-8B, 36 layers x 8 KV heads x head_dim 128, K and V in bf16: 147 KB per token.
+# Agent RL §14.6: Qwen3-8B, 36 layers x 8 KV heads x head_dim 128, K and V in bf16: 147 KB per token.
 _t_got = kv_bytes_per_token(load_model_config("Qwen3-8B"))
 assert _t_got == 147_456, f"kv_bytes_per_token(load_model_config('Qwen3-8B')) returned {_t_got!r}, expected 147456"
 for _t_config, _t_shown in (("Qwen/Qwen3-8B", "'Qwen/Qwen3-8B'"), (hf_config("Qwen3-8B"), "hf_config('Qwen3-8B')")):
@@ -232,9 +232,10 @@ grading.assert_rejects(
 # ### The same number in the framework (transformers)
 #
 # Two checks against real objects. First, a transformers config object, built from Qwen3-8B's shipped
-# `config.json`, gives the seed's 147 KB. Second, the tiny model runs a forward pass with `use_cache=True`; the
-# `DynamicCache` it returns holds one key and one value tensor per layer, and its bytes divided by the number of
-# tokens must be exactly `kv_bytes_per_token(model.config, dtype_bytes=4)` (the tiny model runs in fp32).
+# `config.json`, gives Agent RL §14.6's 147 KB (see the course's sources page, `docs/sources.md`). Second, the tiny
+# model runs a forward pass with `use_cache=True`; the `DynamicCache` it returns holds one key and one value tensor per
+# layer, and its bytes divided by the number of tokens must be exactly `kv_bytes_per_token(model.config, dtype_bytes=4)`
+# (the tiny model runs in fp32).
 
 # %%
 for name in ("Qwen2.5-0.5B", "Qwen3-0.6B", "Qwen3-8B"):
@@ -265,8 +266,8 @@ assert cache_bytes == context * kv_bytes_per_token(model.config, dtype_bytes=4)
 # What does that mean at scale? A decode batch holds one cache per sequence:
 
 # %%
-N_QWEN3_8B = 8.2e9  # parameters of Qwen3-8B, as in seed 003
-KV_QWEN3_8B = 36 * 8 * 128 * 2 * 2  # layers x KV heads x head_dim x (keys, values) x bf16 bytes: seed 003's 147 KB
+N_QWEN3_8B = 8.2e9  # parameters of Qwen3-8B, as in Agent RL §14
+KV_QWEN3_8B = 36 * 8 * 128 * 2 * 2  # layers x KV heads x head_dim x (keys, values) x bf16 bytes: Agent RL §14's 147 KB
 for batch, context in [(1, 16_384), (64, 2048), (64, 16_384)]:
     print(
         f"batch {batch:2d} x {context:6,d} tokens of context: KV cache {batch * context * KV_QWEN3_8B / 1e9:6.1f} GB "
@@ -308,7 +309,7 @@ print({key: H200[key] for key in ("memory_bandwidth", "dense_flops", "flops_dtyp
 #| solution: course_lib.accounting.decode_tokens_per_s
 
 # %% nbgrader={"grade": true, "solution": false, "grade_id": "test_decode_tokens_per_s", "locked": true, "points": 4, "schema_version": 3}
-# Seed: Qwen3-8B (8.2e9 parameters, 147,456 KV bytes per token) on an H200 (4.8 TB/s).
+# Agent RL §14.6: Qwen3-8B (8.2e9 parameters, 147,456 KV bytes per token) on an H200 (4.8 TB/s).
 _t_rates = [decode_tokens_per_s(8.2e9, b, c, 147_456, 4.8e12) for b, c in [(64, 2048), (64, 16_384), (256, 16_384)]]
 assert [round(rate) for rate in _t_rates] == [8598, 1796, 1935], (
     f"decode_tokens_per_s(8.2e9, batch, context, 147_456, 4.8e12) for (batch, context) = (64, 2048), (64, 16384), "
@@ -368,7 +369,7 @@ grading.assert_rejects(
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# Now the seed's comparison: Qwen3-8B decoding on one H200 at three batch / context points, against the training
+# Now Agent RL §14.6's comparison: Qwen3-8B decoding on one H200 at three batch / context points, against the training
 # rate at an assumed MFU of 0.4.
 
 # %%
@@ -436,7 +437,8 @@ plt.show()
 #| solution: course_lib.accounting.gpu_hours_per_step
 
 # %% nbgrader={"grade": true, "solution": false, "grade_id": "test_gpu_hours_per_step", "locked": true, "points": 5, "schema_version": 3}
-# Seed: Qwen3-8B, 512 episodes of 24k tokens (6k sampled), decode at 1,796 tokens/s (batch 64, 16k), H200, MFU 0.4.
+# Agent RL §14.6: Qwen3-8B, 512 episodes of 24k tokens (6k sampled), decode at 1,796 tokens/s (batch 64, 16k),
+# H200, MFU 0.4.
 _t_decode_rate = 64 / ((2 * 8.2e9 + 64 * 16_384 * 147_456) / 4.8e12)
 _t_parts = gpu_hours_per_step(8.2e9, 512, 24_000, 6_000, _t_decode_rate, 989e12, 0.4, 0.5)
 _t_shown = f"gpu_hours_per_step(8.2e9, 512, 24_000, 6_000, {_t_decode_rate:.1f}, 989e12, 0.4, 0.5)"
@@ -513,7 +515,7 @@ grading.assert_rejects(
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# The seed's estimate for a hypothetical Qwen3-8B agent RL run (every input an assumption, marked as such):
+# Agent RL §14.6's estimate for a hypothetical Qwen3-8B agent RL run (every input an assumption, marked as such):
 
 # %%
 EPISODES, TOTAL_TOKENS, POLICY_TOKENS, CONTEXT = 512, 24_000, 6_000, 16_384  # per step: assumed episode shape
@@ -567,8 +569,8 @@ print(f"busy 0.25 instead of 0.5: {quarter_busy['total'] - parts['total']:+.2f} 
 #
 # ## 6. Exercises
 #
-# 1. (Seed exercise) Redo the GPU-hours estimate for a 64k-token context. Which part grows, and by how much? What
-#    does a 4x smaller KV cache (more aggressive GQA, or an 8-bit cache) buy back at 64k?
+# 1. (Agent RL §14, exercise 6) Redo the GPU-hours estimate for a 64k-token context. Which part grows, and by how much?
+#    What does a 4x smaller KV cache (more aggressive GQA, or an 8-bit cache) buy back at 64k?
 # 2. At which context $c^*$ do the cache reads equal the weight reads for a batch of 64 on Qwen3-8B? Derive
 #    $c^* = 2N / (b \, s_{\text{KV}})$ and compare with the figure's knee.
 # 3. Compare an H100-SXM and an H200 (`load_hardware`) for decode at 16k context and for training. Which ratio do

@@ -65,14 +65,14 @@ print(f"simulated: {draws.all(dim=1).float().mean():.3f} of groups at p = 0.9 ar
 
 # %% [markdown]
 # A task the policy solves 90% of the time still returns a useless all-pass group 43% of the time at $G = 8$
-# (seed 003 §14.5 quotes the same 43%). As training succeeds, more tasks drift toward $p \to 1$, and more of the
-# rollout budget buys nothing. Part B filters those tasks out. Part A comes first: the SFT-side decision of
-# when a longer window has earned its place.
+# (Agent RL §14.5 quotes the same 43%; see the course's sources page, `docs/sources.md`). As training succeeds, more
+# tasks drift toward $p \to 1$, and more of the rollout budget buys nothing. Part B filters those tasks out. Part A
+# comes first: the SFT-side decision of when a longer window has earned its place.
 #
 # ## 2. Part A · The evidence a length stage produces (晋级证据)
 #
 # A candidate stage trains the same model with the same optimizer and evaluation sets as the short-window
-# baseline, with a longer window and more long samples. Six kinds of evidence decide it (seed 000, Step 3):
+# baseline, with a longer window and more long samples. Six kinds of evidence decide it (LCFT, Step 3):
 #
 # | gate (晋级门槛) | compared | holds the stage when |
 # |---|---|---|
@@ -85,7 +85,7 @@ print(f"simulated: {draws.all(dim=1).float().mean():.3f} of groups at p = 0.9 ar
 #
 # Each gate holds the stage on its own, and the decision names every gate that failed. Why not one weighted score?
 # Because a weighted total lets a long-context gain buy back a short-context regression and has no term at all for
-# a budget mismatch or a NaN; section 3 shows it on seed 000's candidates, once your gates are written.
+# a budget mismatch or a NaN; section 3 shows it on LCFT's candidates, once your gates are written.
 #
 # Two rows are easy to get wrong, so we produce their evidence on real objects.
 #
@@ -191,7 +191,7 @@ print("broken candidate: ", stability_evidence(model))
 #   score, "short_context_regression": baseline − candidate short score}`.
 # * Each gate of `CURRICULUM_GATES` fails on its own evidence, in the table's sense: a gain **below** the minimum,
 #   a regression, failed-run count, peak memory or cost **above** its limit (a value equal to a limit passes),
-#   a stability flag that **is not** `True` (seed 000's `is not True`: a gate fails closed, so `1`, `"true"` and
+#   a stability flag that **is not** `True` (LCFT's `is not True`: a gate fails closed, so `1`, `"true"` and
 #   even a numpy or torch bool fail it; §2's cell converts with `bool(...)`). `failed_gates` lists the failed
 #   gate names in the order of `CURRICULUM_GATES`; `decision` is `"hold"` when any gate failed, else `"advance"`.
 # * Return `{"decision", "failed_gates", "evidence"}`. Raise a `ValueError` naming the field for a missing field
@@ -205,7 +205,7 @@ print("broken candidate: ", stability_evidence(model))
 #| solution: course_lib.curriculum.evaluate_length_curriculum_stage
 
 # %% nbgrader={"grade": true, "solution": false, "grade_id": "test_evaluate_length_curriculum_stage", "locked": true, "points": 4, "schema_version": 3}
-# Seed 000's three candidates against one short-window baseline.
+# LCFT's three candidates against one short-window baseline.
 baseline = {"long_context_score": 0.56, "short_context_score": 0.82, "supervised_tokens_per_optimizer_step": 8192}
 limits = {
     "min_long_context_gain": 0.04,
@@ -260,7 +260,7 @@ rejected = evaluate_length_curriculum_stage(
 )
 want = ("hold", ["token_budget_mismatch", "short_context_regression", "peak_memory_budget"])
 assert (rejected["decision"], rejected["failed_gates"]) == want, (
-    f"seed 000's rejected candidate (budget 4096, short score 0.77, peak 11.2 GB): expected {want}, "
+    f"LCFT's rejected candidate (budget 4096, short score 0.77, peak 11.2 GB): expected {want}, "
     f"got ({rejected['decision']!r}, {rejected['failed_gates']})"
 )
 nonfinite = evaluate_length_curriculum_stage(
@@ -427,11 +427,11 @@ grading.assert_rejects(evaluate_length_curriculum_stage, "evaluate_length_curric
 # %% [markdown]
 # ## 3. Why gate by gate, not by one score
 #
-# A dashboard often ranks stages by one number, say long-context gain minus short-context regression. On seed
-# 000's candidates that number cannot do the job: the rejected candidate has the **largest** long-context gain
-# while it trained on half the supervised tokens per step and went over the memory budget, and the candidate
-# whose loss went non-finite scores exactly as well as the healthy one. A weighted total lets a gain buy back a
-# regression, and has no term at all for a budget mismatch or a NaN.
+# A dashboard often ranks stages by one number, say long-context gain minus short-context regression. On LCFT's
+# candidates that number cannot do the job: the rejected candidate has the **largest** long-context gain while it
+# trained on half the supervised tokens per step and went over the memory budget, and the candidate whose loss went
+# non-finite scores exactly as well as the healthy one. A weighted total lets a gain buy back a regression, and has no
+# term at all for a budget mismatch or a NaN.
 
 # %%
 print("gates, in reporting order:", ", ".join(CURRICULUM_GATES))
@@ -559,7 +559,7 @@ grading.assert_rejects(
 # %% [markdown]
 # ## 5. A simulated task pool: rollouts saved vs signal kept (模拟任务池)
 #
-# `simulate_pass_rate_filter` replays seed 003's `train_curriculum` loop without a model: each step takes the tasks
+# `simulate_pass_rate_filter` replays Agent RL §14's `train_curriculum` loop without a model: each step takes the tasks
 # inside the filter plus `revisit=1` random excluded task (a revisit, 重访), keeps at most `prompts_per_step=8` of
 # them, draws $G = 8$ Bernoulli rewards per task from its **true** pass rate at that step, and updates the
 # estimates. The 20 true pass rates rise over 60 steps the way a learning policy's do: they start between 0.05 and
@@ -614,16 +614,16 @@ plt.show()
 # Read the table with both columns. The filter spends about a third fewer rollouts, and the informative
 # episodes it collects stay near the unfiltered arm's count (sometimes above it: while the pool is larger than
 # eight tasks, the filter fills each step with undecided tasks instead of solved ones). The middle panel is
-# seed 003's figure 14.3 in miniature: the arms agree until tasks saturate, then the filtered curve flattens.
+# Agent RL §14's figure 14.3 in miniature: the arms agree until tasks saturate, then the filtered curve flattens.
 # The right panel counts waste in episodes, not as a share: in the last steps the filtered pool is empty and
 # the few groups left are the deliberate revisits of solved tasks, so the filtered arm's zero-advantage *share*
 # climbs toward 1 while its wasted *episodes* stay near one group per step.
 #
 # The p(1-p) weighting behaves much like the hard filter here, because a task with $\hat p \in \{0, 1\}$ gets
 # weight zero in both; it saves a little more and keeps a little less. What the simulator cannot show is the
-# held-out pass rate. Seed 003 measured it on real training: its filter spent 43% and 46% fewer episodes (2,088
+# held-out pass rate. Agent RL §14 measured it on real training: its filter spent 43% and 46% fewer episodes (2,088
 # and 2,184 against 3,840; more than our third, because how much a filter saves depends on how fast tasks
-# saturate, and the schedule of true pass rates here is an assumption, not seed 003's policy) and reached a
+# saturate, and the schedule of true pass rates here is an assumption, not Agent RL §14's policy) and reached a
 # held-out pass rate of 0.73 and 0.77 against 0.76 and 0.82 unfiltered, within seed noise. Fewer tasks per step
 # late in training is a plausible cost that this accounting does not see.
 #
@@ -689,12 +689,12 @@ assert torch.equal(std_zero, all_equal)
 #
 # ## 8. Exercises
 #
-# 1. Rerun section 5 with `history=3` (the estimate is the mean of a task's last three groups, seed 003's
+# 1. Rerun section 5 with `history=3` (the estimate is the mean of a task's last three groups, Agent RL §14's
 #    exercise 4). How many more episodes does it spend, and what happens to the share of zero-advantage episodes?
 # 2. Which group size $G$ is the smallest for which a task with $p = 0.9$ produces a zero-advantage group less
 #    than 10% of the time? What does that cost in rollouts per task compared with $G = 8$?
 # 3. `course_lib.variance_weighted_sample` draws tasks with probability $\propto \hat p (1 - \hat p)$. Draw 10,000
 #    tasks with replacement from rates `[0.05, 0.5, 0.9, 1.0]`. How often is each drawn? Both 0.05 and 0.9 look
 #    "mostly decided": why is one drawn about twice as often as the other?
-# 4. Change only the candidate run (not the limits) so that seed 000's rejected candidate advances. Which
+# 4. Change only the candidate run (not the limits) so that LCFT's rejected candidate advances. Which
 #    fields must change, and which of those changes would you need a new training run to obtain?

@@ -21,8 +21,8 @@
 #    maximum;
 # 2. cut a document longer than the window into **sliding windows** (滑动窗口) with an **overlap** (重叠区) and
 #    give each token's loss exactly one owner (**loss ownership**, 损失归属), so no token is counted twice or lost;
-# 3. check a published article's numbers (seed 004: "15% less padding than linear bucketing", "98% content
-#    utilization") against your own measurements (用自己的数字复核).
+# 3. check a published article's numbers (the Packing article: "15% less padding than linear bucketing", "98% content
+#    utilization"; see the course's sources page, `docs/sources.md`) against your own measurements (用自己的数字复核).
 
 # %%
 #| course-setup
@@ -72,11 +72,11 @@ print(f"padded to {MAX_LENGTH}: {global_max['padding_ratio']:.1%} of the compute
 #
 # ## 2. Geometric buckets (几何分桶)
 #
-# Seed 004's code assigns a document of $n$ tokens to the bucket $\min(2^{\lceil \log_2 n \rceil}, \text{max\_length})$:
-# 1, 2, 3–4, 5–8, ..., 4097–8192. (Its prose names the intervals [1, 8], [9, 16], ..., [4097, 8192], which its
-# function does not produce below 8; the course follows the function.) A document is padded by less than half its
-# bucket, whatever its scale. Here are real documents: the paragraphs of the course corpus, tokenized with the
-# course tokenizer.
+# The Packing article's code assigns a document of $n$ tokens to the bucket
+# $\min(2^{\lceil \log_2 n \rceil}, \text{max\_length})$: 1, 2, 3–4, 5–8, ..., 4097–8192. (Its prose names the intervals
+# [1, 8], [9, 16], ..., [4097, 8192], which its function does not produce below 8; the course follows the function.) A
+# document is padded by less than half its bucket, whatever its scale. Here are real documents: the paragraphs of the
+# course corpus, tokenized with the course tokenizer.
 
 # %%
 tokenizer = load_course_tokenizer()
@@ -90,7 +90,7 @@ for n, bucket in list(zip(paragraph_lengths.tolist(), buckets.tolist(), strict=T
 print(f"{len(paragraphs)} paragraphs, bucket sizes used: {sorted(set(buckets.tolist()))}")
 
 # %% [markdown]
-# The seed computes the exponent with floating point: `math.ceil(math.log2(n))`. For ordinary lengths that is
+# The Packing article computes the exponent with floating point: `math.ceil(math.log2(n))`. For ordinary lengths that is
 # right, but the logarithm of $2^k + 1$ lies within half a float ulp of $k$ once $k \ge 49$, so from
 # $n = 2^{49} + 1$ on `math.log2` returns exactly $k$ and the document lands in a bucket **smaller than itself**.
 # Integers do not round: the smallest power of two $\ge n$ is `1 << (n - 1).bit_length()`.
@@ -122,7 +122,7 @@ print(f"integer: (n - 1).bit_length() = {(n - 1).bit_length()} -> bucket 2**{(n 
 #| solution: course_lib.longdoc.assign_bucket
 
 # %% nbgrader={"grade": true, "solution": false, "grade_id": "test_assign_bucket", "locked": true, "points": 3, "schema_version": 3}
-# The intervals of seed 004's function: 1, 2, 3-4, 5-8, 9-16, ..., 4097-8192.
+# The intervals of the Packing article's function: 1, 2, 3-4, 5-8, 9-16, ..., 4097-8192.
 for n, want in (
     (1, 1),
     (2, 2),
@@ -194,7 +194,7 @@ grading.assert_rejects(
 # %% [markdown]
 # ## 3. A sober check: do geometric buckets pad 15% less than linear ones?
 #
-# Seed 004 reports that its geometric buckets waste 15% less padding than linear bucketing. The article gives
+# The Packing article reports that its geometric buckets waste 15% less padding than linear bucketing. The article gives
 # neither its length distribution nor its linear bucket count, so we measure on our own: the 10,000 lognormal
 # lengths, the 14 geometric buckets up to 8192, and 14 equal-width linear buckets (width 8192 / 14 ≈ 585).
 # Each document is padded to its bucket's upper edge (a bucketed batch sampler pads to the batch's longest member,
@@ -242,7 +242,7 @@ for mu in log_medians:
 # ## 4. Sliding windows with one owner per token (滑动窗口与损失归属)
 #
 # A document longer than the window cannot go into any bucket. Cutting it to the window (truncation, 截断) throws the
-# rest away. Seed 004 slides a 256-token window with a 64-token overlap instead: window $i$ starts at
+# rest away. The Packing article slides a 256-token window with a 64-token overlap instead: window $i$ starts at
 # $i \cdot s$ with stride (步长) $s = 256 - 64 = 192$, so each window repeats the last 64 tokens of the previous one as
 # context. The overlap must be **context only**: if every window puts a loss on all of its tokens, the overlap's
 # tokens are trained twice. So window $i$ **owns** the tokens from the previous window's end to its own end, and
@@ -501,16 +501,16 @@ plt.show()
 # smaller overlap. *Recommendation:* (a), with a test that the predicted positions of a document's windows are exactly
 # $1, \dots, L - 1$.
 #
-# **Problem: the seed's bucket function puts an empty document in bucket 1.** *Cause:* `2 ** 0` for length 0.
+# **Problem: the Packing article's bucket function puts an empty document in bucket 1.** *Cause:* `2 ** 0` for length 0.
 # *Recommendation:* reject empty documents at the length ledger, where the reason can be logged, rather than
 # padding them into a bucket.
 #
-# **Problem: a corpus of many short texts (短文本, tweets).** Seed 004 (§5.1) gives two rules: pad each short text
-# to 256 tokens first and then pack ("填充-打包" hybrid), and drop samples under 32 tokens. Before adopting either,
-# measure them. `short_text_packing(lengths, capacity, pad_to=256, min_length=32)` drops the texts under
-# `min_length` and packs the rest into rows of `capacity` twice, with best fit decreasing: their real lengths
-# (`pack`), and each one padded up to `pad_to` first (`pad_then_pack`). Here: 10,000 tweet-like lengths (lognormal,
-# median 40 tokens, at most 512) into rows of 4,096.
+# **Problem: a corpus of many short texts (短文本, tweets).** The Packing article (§5.1) gives two rules: pad each short
+# text to 256 tokens first and then pack ("填充-打包" hybrid), and drop samples under 32 tokens. Before adopting either,
+# measure them. `short_text_packing(lengths, capacity, pad_to=256, min_length=32)` drops the texts under `min_length`
+# and packs the rest into rows of `capacity` twice, with best fit decreasing: their real lengths (`pack`), and each one
+# padded up to `pad_to` first (`pad_then_pack`). Here: 10,000 tweet-like lengths (lognormal, median 40 tokens, at most
+# 512) into rows of 4,096.
 
 # %%
 tweets = np.clip(np.rint(np.random.default_rng(0).lognormal(np.log(40), 0.8, 10_000)), 1, 512).astype(np.int64)
@@ -540,5 +540,5 @@ for min_length in (32, 0):
 #    context does the first owned token of each window then have?
 # 3. Split the corpus document with `overlap=0`. How many next-token predictions are lost compared with $L - 1$,
 #    and which positions are they?
-# 4. Seed 004 claims 256/64 windows achieve "98% content utilization". Write down a definition under which a
+# 4. The Packing article claims 256/64 windows achieve "98% content utilization". Write down a definition under which a
 #    document of 1,000 tokens reaches 98%, and compute it with `sliding_window_cost`.

@@ -24,8 +24,9 @@
 #    (环境预检); then read the JSON record: the **length curve** (长度曲线), the padding-vs-packing comparison and the
 #    boundary checks;
 # 3. turn median step times into **effective throughput** (有效吞吐, supervised tokens per second), read a speed-up
-#    only when both candidates learn from the same tokens, and keep three **evidence levels** (证据等级) apart: the
-#    seed's published GPU numbers, a CPU smoke run, and your own GPU run.
+#    only when both candidates learn from the same tokens, and keep three **evidence levels** (证据等级) apart:
+#    LCFT's published GPU numbers (see the course's sources page, `docs/sources.md`), a CPU smoke run, and your own
+#    GPU run.
 #
 # On a CPU the chapter runs `dry_run` and `cpu_smoke` and earns every point. With an NVIDIA GPU, set
 # `RUN_MODE = "real_gpu"` in the parameter cell of section 2 and run it again.
@@ -50,7 +51,7 @@ tokenizer = load_course_tokenizer()
 # %% [markdown]
 # ## 1. Why: a padded batch pays for positions that carry nothing
 #
-# The lab trains on four fixed samples of 48, 96, 32 and 64 tokens (the seed's texts, tokenized by the course
+# The lab trains on four fixed samples of 48, 96, 32 and 64 tokens (LCFT's texts, tokenized by the course
 # tokenizer and repeated to length). A padded batch is a rectangle: four rows, each as long as the longest sample.
 # A packed batch is one row with the samples back to back, positions restarting at every sample, and a
 # block-causal mask so no sample sees another. We build both from the benchmark's own code and count.
@@ -95,10 +96,10 @@ print(
 
 # %% [markdown]
 # Same supervised tokens, same loss, 37.5% fewer positions. Whether that is also 37.5% less *time* is a question
-# only a real GPU answers: on the seed's RTX 5070 Ti a training step went from 63.4 ms to 48.8 ms (23% less, not
+# only a real GPU answers: on LCFT's RTX 5070 Ti a training step went from 63.4 ms to 48.8 ms (23% less, not
 # 37.5%). This chapter builds the tools to ask that question honestly on your own hardware.
 #
-# ## 2. The environment and the fixed workload (seed 000 §5.1)
+# ## 2. The environment and the fixed workload (LCFT §5.1)
 #
 # A GPU number is only worth something when the next person can reproduce it and compare it. So the lab fixes
 # everything except the one variable each experiment changes:
@@ -112,7 +113,7 @@ print(
 # | measurements | finite loss and gradients, effective and processed tokens, median / p95 step time, peak memory | packing must pass its boundary checks before its speed is read |
 # | result | one JSON per run, `<results>/pt_long_context/pt-long-context_<label>.json` | a new label per run; a result is never overwritten |
 #
-# The parameter cell below mirrors the seed's. It declares the run; the workload itself lives once, in
+# The parameter cell below mirrors LCFT's. It declares the run; the workload itself lives once, in
 # `course_lib/lab/gpu/workloads/pt_long_context.py`, and the next cell checks that what you declared
 # is what it will run.
 
@@ -206,7 +207,7 @@ print("BASE-CPU passes:", preflight("BASE-CPU")["passed"])
 #| solution: course_lib.lab.padding_vs_packing_ledger
 
 # %% nbgrader={"grade": true, "solution": false, "grade_id": "test_padding_vs_packing_ledger", "locked": true, "points": 4, "schema_version": 3}
-# Seed 000 §5.4: 384 -> 240 processed tokens (-37.5%), 236 effective supervised tokens in both.
+# LCFT §5.4: 384 -> 240 processed tokens (-37.5%), 236 effective supervised tokens in both.
 ledger = padding_vs_packing_ledger([48, 96, 32, 64])
 call = "padding_vs_packing_ledger([48, 96, 32, 64])"
 assert set(ledger) == {"samples", "sample_tokens", "padding", "packing", "processed_token_reduction"}, (
@@ -307,7 +308,7 @@ grading.assert_rejects(
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# ## 4. Run and save the JSON (seed 000 §5.2)
+# ## 4. Run and save the JSON (LCFT §5.2)
 #
 # `run_workload(workload_id, mode, label, results_dir=..., profile=...)` writes one JSON per run and returns
 # `(path, record)`. In `dry_run` it records the plan: the parameters, the environment, no model, decision
@@ -358,7 +359,7 @@ if smoke["failure"]:  # the sections below read its measurements: stop here with
     )
 
 # %% [markdown]
-# ## 5. Read the length curve and the padding-vs-packing comparison (seed 000 §5.3)
+# ## 5. Read the length curve and the padding-vs-packing comparison (LCFT §5.3)
 #
 # Read a result back from its file, never from memory: the reader validates the schema and names any bad field.
 # First the failure, the model and the evidence; then the length curve, the checks, the comparison, the §5.4
@@ -439,7 +440,7 @@ plt.show()
 # be a step that learns less. With equal tokens the throughput ratio is the inverse ratio of the step times.
 
 # %%
-for candidate, step_ms in (("padding", 63.4), ("packing", 48.8)):  # the seed's published medians
+for candidate, step_ms in (("padding", 63.4), ("packing", 48.8)):  # LCFT's published medians
     print(
         f"{candidate}: 236 supervised tokens in {step_ms} ms -> {effective_tokens_per_second(236, step_ms):.1f} "
         "effective tokens/s"
@@ -462,7 +463,7 @@ for candidate, step_ms in (("padding", 63.4), ("packing", 48.8)):  # the seed's 
 #| solution: course_lib.lab.compare_padding_and_packing
 
 # %% nbgrader={"grade": true, "solution": false, "grade_id": "test_compare_padding_and_packing", "locked": true, "points": 3, "schema_version": 3}
-# Seed 000 §5.4 (RTX 5070 Ti): 236 supervised tokens in both; 63.4 -> 48.8 ms.
+# LCFT §5.4 (RTX 5070 Ti): 236 supervised tokens in both; 63.4 -> 48.8 ms.
 seed_reading = compare_padding_and_packing(
     {"effective_supervised_tokens": 236, "median_step_ms": 63.4},
     {"effective_supervised_tokens": 236, "median_step_ms": 48.8},
@@ -629,19 +630,19 @@ grading.assert_rejects(
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# ## 7. Interpret: length, packing and resources (seed 000 §5.4)
+# ## 7. Interpret: length, packing and resources (LCFT §5.4)
 #
 # Read in this order, and stop at the first line that fails: the failure and the fixed conditions (is this run
 # comparable?), the length checks (finite gradients, memory that does not shrink as length grows), the packing
 # checks (same supervised tokens, masked segment-start labels, reset positions, blocked cross-sample attention,
 # tensors matching the ledger), and only then the speed and memory. Two sources, kept apart.
 #
-# **Published by seed 000** (quoted, not measured here): an NVIDIA RTX 5070 Ti, run label
+# **Published by LCFT** (quoted, not measured here): an NVIDIA RTX 5070 Ti, run label
 # `rtx5070ti_length_packing_v4`, decision `accept_mechanism`, all length and packing checks passed, highest peak
 # allocation about 2.90 GiB.
 
 # %%
-SEED_PUBLISHED = {  # seed 000 §5.4, RTX 5070 Ti; milliseconds and tokens/s as the seed rounded them
+SEED_PUBLISHED = {  # LCFT §5.4, RTX 5070 Ti; milliseconds and tokens/s as LCFT rounded them
     "padding": {
         "processed_tokens": 384,
         "effective_supervised_tokens": 236,
@@ -657,7 +658,7 @@ SEED_PUBLISHED = {  # seed 000 §5.4, RTX 5070 Ti; milliseconds and tokens/s as 
 }
 seed_pad, seed_pack = SEED_PUBLISHED["padding"], SEED_PUBLISHED["packing"]
 seed_reading = compare_padding_and_packing(seed_pad, seed_pack)
-print("seed 000, RTX 5070 Ti (published, not measured here)")
+print("LCFT, RTX 5070 Ti (published, not measured here)")
 print(
     f"  processed tokens       {seed_pad['processed_tokens']} -> {seed_pack['processed_tokens']} "
     f"({padding_vs_packing_ledger(PACKING_SAMPLE_LENGTHS)['processed_token_reduction']:.1%} fewer)"
@@ -686,7 +687,7 @@ print(
 )
 
 # %% [markdown]
-# The seed's 3724 and 4835 tokens/s are not 236 / 63.4 ms and 236 / 48.8 ms (3722 and 4836): they come from the
+# LCFT's 3724 and 4835 tokens/s are not 236 / 63.4 ms and 236 / 48.8 ms (3722 and 4836): they come from the
 # unrounded step times, 63.37 and 48.81 ms, which round to the published milliseconds. Both readings agree to the
 # rounding: about 30% more effective throughput, 23% less step time, for 37.5% fewer processed tokens.
 #
@@ -720,7 +721,7 @@ if mine["run_mode"] != "real_gpu":
     print("  a CPU smoke timing: it shows that the measuring code runs, not how fast packing is on a GPU")
 
 # %% [markdown]
-# | item | fields | seed 000 (RTX 5070 Ti) | how to act on it |
+# | item | fields | LCFT (RTX 5070 Ti) | how to act on it |
 # |---|---|---|---|
 # | run & comparability | failure, model commit, lengths, samples | no failure; 128 / 256 / 512; the four fixed samples | comparable with other v4–v10 runs of the same model (v5–v10 only add the scale series, the varlen rows, the device profile, the fused varlen kernel and the out-of-memory record) |
 # | length mechanism | tokens_per_step, gradient norms, length checks | finite gradients at every length; memory trend passes with 0.5% tolerance | a tiny allocator wobble from 256 to 512 is not a failed mechanism |
@@ -745,19 +746,19 @@ if mine["run_mode"] != "real_gpu":
 # **Measured by the course on an NVIDIA H200** (2026-11-29, this workload, three runs; the records are in the
 # repository's `benchmarks/results/`). The machine had no hub access, so Qwen2.5-0.5B was random-initialized from
 # its shipped config: the timings do not depend on the weights, and the losses say nothing about quality. Peak
-# allocated memory was 2.43–2.54 GiB in every run, in every version; the seed reports about 2.90 GiB on its
+# allocated memory was 2.43–2.54 GiB in every run, in every version; LCFT reports about 2.90 GiB on its
 # RTX 5070 Ti without saying whether allocated or reserved, on other versions, so we do not read the gap. Every
 # check passes and 384 → 240 processed tokens, but packing's effective throughput is **0.87×, 0.93× and 0.97×**
 # padding's. The H200 is so fast that the step is pure fixed cost: 128, 256 and 512 tokens all take 60–78 ms. The
 # workload's scale series (every sample length ×2 … ×32) shows where tokens start to matter: up to 3,072 padded
 # tokens the speed-up is noise around 1 (0.85×–1.24×); at 6,144 and 12,288 it is
 # 1.12×–1.22× and 1.14×, still below the token ratio of 1.6×, partly because the dense block mask makes SDPA
-# compute the full $[T, T]$ square of the packed row. Same mechanism, same checks, opposite speed verdict from the
-# seed's: the layout decides the processed tokens, the machine decides what they cost.
+# compute the full $[T, T]$ square of the packed row. Same mechanism, same checks, opposite speed verdict from
+# LCFT's: the layout decides the processed tokens, the machine decides what they cost.
 #
 # **And measured again with version 9** (2026-11-30, three runs: the suite, chapter 3 and this chapter). By the clock
-# packing was 0.85×, 0.94× and 1.18× padding at the seed's size: the same code, the same GPU, three verdicts. The
-# profiles say why: at the seed's size the GPU was busy for 10–11 ms of a 100–132 ms step (a busy share of 8–11%), so
+# packing was 0.85×, 0.94× and 1.18× padding at LCFT's size: the same code, the same GPU, three verdicts. The
+# profiles say why: at LCFT's size the GPU was busy for 10–11 ms of a 100–132 ms step (a busy share of 8–11%), so
 # the host's wobble decides the clock. Its busy time did not wobble: padding 11.4 ms and packing 10.1 ms in all
 # three runs, packing 1.13× ahead. Read the busy-time ratio (`busy_x` in the scale table) when the share is low;
 # read the clock only when the share is near 1, or over many runs.
@@ -766,11 +767,11 @@ if mine["run_mode"] != "real_gpu":
 # scale, with no mask at all: `course_lib.varlen` gives the model an attention that takes the sample boundaries
 # (`cu_seq_lens_q`, as TRL's padding-free collator sends them) and attends within each sample only, so attention
 # costs $\sum_i n_i^2$ instead of $T^2$. Its checks demand the same tokens and the same loss as the block-mask row;
-# its targets ask whether it reaches 1.3× padding on the seed's samples, and whether it beats the block mask at
-# the largest scale. On the H200 (v9, three runs) varlen needs 1.14× less GPU time than padding at the seed's size,
+# its targets ask whether it reaches 1.3× padding on LCFT's samples, and whether it beats the block mask at
+# the largest scale. On the H200 (v9, three runs) varlen needs 1.14× less GPU time than padding at LCFT's size,
 # 1.50× at 3k padded tokens, 1.63× at 6k and 1.83× at 12k, where the block mask's gain has fallen back to 1.14×:
 # attention over $\sum_i n_i^2$ pairs is what keeps growing with length. By the clock the two varlen targets fared
-# worse: at the seed's size varlen reached 0.80×, 0.83× and 0.91× padding (below the block mask, far from 1.3×), and
+# worse: at LCFT's size varlen reached 0.80×, 0.83× and 0.91× padding (below the block mask, far from 1.3×), and
 # at the largest scale it beat the block mask in two of the three runs (1.34×, 1.16×, 0.99×). The busy share says
 # why: at ×32 the GPU was busy for 91–95% of the padding and block-mask steps, but for only 58–76% of the varlen
 # ones, whose 95 ms of GPU work sat in steps of 124–162 ms. A probe of that host time
@@ -859,13 +860,13 @@ print(
 # predict its own start from the previous sample). *Recommendation:* run the four boundary checks on the packed
 # batch before reading any speed; a packed row's loss must equal the samples' loss computed alone.
 #
-# **Problem: your GPU shows a smaller speed-up than the seed's 1.30x.**
+# **Problem: your GPU shows a smaller speed-up than LCFT's 1.30x.**
 # *Cause:* at 240–384 tokens a small model is launch-bound on a large GPU; a dense 4D mask also keeps SDPA off its
 # flash kernel. *Options:* longer packed rows (a real token budget), varlen attention (`cu_seqlens`: flash
 # attention's varlen kernel, which `course_lib.varlen_attention` runs where it can; v7 records the rows, v9 the
 # kernel) instead of a dense mask, a
 # larger model. *Recommendation:* measure at the shape you will train with, with varlen attention once rows reach
-# thousands of tokens; the seed's ratio is a property of its GPU and shapes, not a constant.
+# thousands of tokens; LCFT's ratio is a property of its GPU and shapes, not a constant.
 #
 # **Problem: last month's GPU result cannot be compared with today's.**
 # *Cause:* another model revision, backend, dtype or workload version, or an old file overwritten by a run with the
@@ -878,8 +879,8 @@ print(
 #    `padding_vs_packing_ledger` and explain the extreme with the formula for $T_{\text{pad}}$.
 # 2. Call the TRL collator with `padding_free=True` on samples whose labels were *not* masked at the start. How many
 #    supervised tokens does it count, and does that match `mask_first_label=True` or `False` in your ledger? Why?
-# 3. With the seed's padding step of 63.4 ms, what packing step time would reach the workload's 1.3x target? Did
-#    the seed's 48.8 ms reach it, and what does `targets` in your record say about a CPU smoke run's ratio?
+# 3. With LCFT's padding step of 63.4 ms, what packing step time would reach the workload's 1.3x target? Did
+#    LCFT's 48.8 ms reach it, and what does `targets` in your record say about a CPU smoke run's ratio?
 # 4. If you have a GPU: set `RUN_MODE = "real_gpu"` and a label of your own, run sections 4–7, and fill the §5.4
-#    table for your hardware next to the seed's. Which lines differ, and which of them are properties of the GPU
+#    table for your hardware next to LCFT's. Which lines differ, and which of them are properties of the GPU
 #    rather than of packing?

@@ -37,7 +37,7 @@ def check_label(label: str) -> str:
 
 
 def result_path(results_dir: str | Path, workload_id: str, label: str) -> Path:
-    """<results_dir>/<workload id, '-' -> '_'>/<workload id>_<label>.json (seed 000 §5.1's layout)."""
+    """<results_dir>/<workload id, '-' -> '_'>/<workload id>_<label>.json (LCFT §5.1's layout)."""
     folder = workload_id.replace("-", "_")
     return Path(results_dir) / folder / f"{workload_id}_{check_label(label)}.json"
 

@@ -1,4 +1,4 @@
-"""Read GPU benchmark results: seed 000 §5.3 / §5.4 tables (and the logit-memory / microbatch tables), and figures.
+"""Read GPU benchmark results: LCFT §5.3 / §5.4 tables (and the logit-memory / microbatch tables), and figures.
 
     python -m course_lib.lab.gpu.report                              # every result under benchmarks/results
     python -m course_lib.lab.gpu.report FILE_OR_DIR ... --plots out/ # + the length curve, padding-vs-packing bars
@@ -69,7 +69,7 @@ def device_name(record: dict[str, Any]) -> str:
 
 
 def _header(record: dict[str, Any]) -> str:
-    """Seed 5.3's first print: run label, model, failure, evidence, decision."""
+    """LCFT §5.3's first print: run label, model, failure, evidence, decision."""
     keys = ("run_label", "run_mode", "model", "failure", "evidence_level", "decision")
     shown = {key: record[key] for key in keys}
     if shown["failure"]:
@@ -163,7 +163,7 @@ def _busy_speedup(candidate: dict[str, Any], padding: dict[str, Any]) -> float |
 
 
 def _busy_reading(packing: list[dict[str, Any]]) -> list[str]:
-    """What bounds the seed's pair: the wall-clock speed-up beside the device-busy one (v8 GPU rows)."""
+    """What bounds LCFT's pair: the wall-clock speed-up beside the device-busy one (v8 GPU rows)."""
     profiles = [r.get("device_profile") or {} for r in packing]
     if len(packing) != 2 or any(_gpu_busy_ms(r) is None for r in packing):
         return [f"device profile failed: {p['error']}" for p in profiles if p.get("error")][:1]
@@ -237,7 +237,7 @@ def _scale_table(record: dict[str, Any]) -> list[str]:
 
 
 def format_runs_side_by_side(records: list[dict[str, Any]]) -> str | None:
-    """pt-long-context runs next to each other: packing's speed-up at the seed's size and at the largest scale, by the
+    """pt-long-context runs next to each other: packing's speed-up at LCFT's size and at the largest scale, by the
     clock and in GPU busy time -> a table and, per GPU, the spread of each across runs (None for fewer than 2 runs).
 
     The clock of a launch-bound step moves with the host from run to run; the device's busy time does not, so the
@@ -304,7 +304,7 @@ def _pair(rows: list[dict], key: str, fmt: str) -> str:
 
 
 def _interpretation(record: dict[str, Any]) -> str:
-    """Seed 5.4's reading table, filled from this record."""
+    """LCFT §5.4's reading table, filled from this record."""
     m, checks, p = record["measurements"], record["checks"], record["workload"]["parameters"]
     packing, lengths = m.get("packing_comparison", []), m.get("length_curve", [])
     peaks = [r["peak_allocated_bytes"] for r in packing + lengths if r["peak_allocated_bytes"] is not None]
@@ -361,7 +361,7 @@ def _logit_tables(record: dict[str, Any]) -> list[str]:
         ],
     )
     checks = f"checks: {record['checks'].get('log_probs')}"
-    return ["logit memory (seed 003 §14.3)\n" + "\n".join(lines), table, checks]
+    return ["logit memory (Agent RL §14.3)\n" + "\n".join(lines), table, checks]
 
 
 def _gb(value: int | None) -> float | None:
@@ -393,11 +393,11 @@ def _microbatch_tables(record: dict[str, Any]) -> list[str]:
             for r in rows
         ],
     )
-    return ["microbatch plans (seed 003 §14.2)\n" + table, f"checks: {record['checks'].get('microbatch')}"]
+    return ["microbatch plans (Agent RL §14.2)\n" + table, f"checks: {record['checks'].get('microbatch')}"]
 
 
 def _compiled_tables(record: dict[str, Any]) -> list[str]:
-    """packing-compiled: the seed's pair per compile mode, with speed-up and what bounds the step."""
+    """packing-compiled: LCFT's pair per compile mode, with speed-up and what bounds the step."""
     rows = record["measurements"].get("compiled_packing", [])
     table = [
         [
@@ -543,7 +543,7 @@ def plot_packing_bars(records: list[dict[str, Any]], path: str | Path) -> Path |
 
 
 def _scale_rows(record: dict[str, Any]) -> list[tuple[dict, dict, dict]]:
-    """(padding, block-mask packing, varlen packing or {} before v7) at the seed's size, then at each scale."""
+    """(padding, block-mask packing, varlen packing or {} before v7) at LCFT's size, then at each scale."""
     m = record["measurements"]
     rows = m.get("packing_comparison", []) + m.get("packing_scale", [])
     varlen = {row["scale"]: row for row in m.get("varlen_packing", [])}

@@ -1,4 +1,4 @@
-"""logit-memory (seed 003 §14.3): full, chunked, chunked + recompute log-probs through a real lm_head shape.
+"""logit-memory (Agent RL §14.3): full, chunked, chunked + recompute log-probs through a real lm_head shape.
 
 Qwen3-0.6B's output layer (V = 151936, D = 1024) on random bf16 hidden states at T = 4096 and 16384: the peak
 memory of forward + backward above the starting level, the bytes autograd saves, the step time, and the largest

@@ -1,8 +1,8 @@
-"""microbatch-budget (seed 003 §14.2): fixed-count vs token-budget microbatches on a long-tailed length sample.
+"""microbatch-budget (Agent RL §14.2): fixed-count vs token-budget microbatches on a long-tailed length sample.
 
-Seed 003's lognormal agent lengths (median ~8k, capped at 64k), divided by `length_divisor` so a training step of
+Agent RL §14's lognormal agent lengths (median ~8k, capped at 64k), divided by `length_divisor` so a training step of
 the real model fits one GPU, are grouped three ways: 8 per microbatch in random order, 8 per microbatch sorted,
-and a token budget (seed 003's 128k divided by the same factor). One step = forward + backward over every
+and a token budget (Agent RL §14's 128k divided by the same factor). One step = forward + backward over every
 microbatch of a plan with the loss normalised by the global token count. Per plan: step time and peak memory.
 """
 
@@ -37,7 +37,7 @@ def parameters(mode: str) -> dict[str, Any]:
         "length_divisor": divisor,
         "minimum_length": 2,
         "per_microbatch": 8,
-        "max_tokens": 131_072 // divisor,  # seed 003's 128k budget, scaled like the lengths
+        "max_tokens": 131_072 // divisor,  # Agent RL §14's 128k budget, scaled like the lengths
         "warmup_steps": 1,
         "repeat_steps": 2 if smoke else 3,
         "attention_backend": "sdpa",
@@ -46,20 +46,20 @@ def parameters(mode: str) -> dict[str, Any]:
 
 
 def sample_lengths(p: dict[str, Any]) -> torch.Tensor:
-    """Seed 003's long-tailed lengths, scaled down -> [sequence_count] long."""
-    from course_lib import seed003_agent_lengths
+    """Agent RL §14's long-tailed lengths, scaled down -> [sequence_count] long."""
+    from course_lib import agent_trajectory_lengths
 
-    lengths = seed003_agent_lengths(p["sequence_count"]) // p["length_divisor"]  # [N]
+    lengths = agent_trajectory_lengths(p["sequence_count"]) // p["length_divisor"]  # [N]
     return lengths.clamp(min=p["minimum_length"])
 
 
 def plans(p: dict[str, Any], lengths: torch.Tensor) -> dict[str, list[list[int]]]:
     """The three microbatch plans over the same sequences: name -> list of index lists."""
-    from course_lib import fixed_count_batches, seed003_random_order, token_budget_batches
+    from course_lib import agent_trajectory_order, fixed_count_batches, token_budget_batches
 
     per = p["per_microbatch"]
     return {
-        f"{per}_per_microbatch_random": fixed_count_batches(seed003_random_order(p["sequence_count"]), per),
+        f"{per}_per_microbatch_random": fixed_count_batches(agent_trajectory_order(p["sequence_count"]), per),
         f"{per}_per_microbatch_sorted": fixed_count_batches(lengths.argsort(stable=True), per),
         f"token_budget_{p['max_tokens']}_sorted": token_budget_batches(lengths, p["max_tokens"]),
     }

@@ -1,4 +1,4 @@
-"""packing-compiled: seed 000's padding vs packing pair again, with the launch overhead compiled away.
+"""packing-compiled: LCFT's padding vs packing pair again, with the launch overhead compiled away.
 
 pt-long-context found a 0.5B model's training step on a large GPU bound by launches, not tokens: 128 to 512 tokens
 take the same time, so packing's 37.5% fewer tokens save little. This workload measures the same pair (the same

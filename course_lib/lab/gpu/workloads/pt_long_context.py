@@ -1,4 +1,4 @@
-"""pt-long-context (seed 000 Step 5): a training-step length curve, then padding vs boundary-isolated packing.
+"""pt-long-context (LCFT Step 5): a training-step length curve, then padding vs boundary-isolated packing.
 
 Length curve: batch 1 at each sequence length, the same text repeated, loss and backward, warmup then repeats.
 Packing: four fixed samples (48 / 96 / 32 / 64 tokens, first label of each masked) as a padded batch [4, 96]
@@ -203,7 +203,7 @@ def packing_row(ctx, model, name: str, batch: dict, planned: dict, scale: int = 
 def packing_checks(
     padding: dict, packing: dict, batch: dict, segment_ids: torch.Tensor, lengths: list[int], ledger: dict
 ) -> dict:
-    """Seed 000's four boundary checks on the packed row, the tensors against the ledger, and finiteness."""
+    """LCFT's four boundary checks on the packed row, the tensors against the ledger, and finiteness."""
     starts = torch.tensor([0, *lengths[:-1]], device=segment_ids.device).cumsum(0)  # [N] segment starts
     cross_segment = segment_ids[:, None] != segment_ids[None, :]  # [T, T]
     counted = ("processed_tokens", "effective_supervised_tokens")
@@ -352,7 +352,7 @@ def _scale_checks(rows: list[dict]) -> dict[str, bool]:
 
 
 def _varlen_targets(ctx, pairs: list[tuple[dict, dict]], varlen_rows: list[dict]) -> dict[str, dict]:
-    """Varlen's speed-up over padding on the seed's pair, and against the block mask at the largest scale."""
+    """Varlen's speed-up over padding on LCFT's pair, and against the block mask at the largest scale."""
     (padding, _), (largest_padding, largest_block), largest_varlen = pairs[0], pairs[-1], varlen_rows[-1]
     target = ctx.parameters["packing_throughput_target"]
     seed_ratio = throughput_ratio(padding, varlen_rows[0])
@@ -407,7 +407,7 @@ def _targets(ctx, padding: dict, packing: dict) -> dict[str, dict]:
 def _until_out_of_memory(ctx, model, stage: str, scales: list[int], run) -> list:
     """[run(scale) for scale in scales], stopped at the first scale the GPU cannot hold: that scale goes to
     measurements.out_of_memory and the larger ones are not tried (each needs more memory than the last). A 16 GB GPU
-    holds the seed's pair but not padding at x16 (20 GiB on the H200): the rows it did measure stay a result."""
+    holds LCFT's pair but not padding at x16 (20 GiB on the H200): the rows it did measure stay a result."""
     done = []
     for scale in scales:
         try:
@@ -455,7 +455,7 @@ def measure(ctx) -> None:
     out["varlen_packing"] = _until_out_of_memory(
         ctx, model, "varlen_packing", [1, *measured_scales], lambda scale: _varlen_row(ctx, model, lengths, scale)
     )
-    if not out["varlen_packing"]:  # not even the seed's pair fit: no varlen row to check
+    if not out["varlen_packing"]:  # not even LCFT's pair fit: no varlen row to check
         return
     # (padding, block mask) at scale 1, then each scale that varlen measured too
     pairs = _pairs(out["packing_comparison"] + out["packing_scale"])[: len(out["varlen_packing"])]
