@@ -85,4 +85,7 @@ def test_the_demos_wrong_answers_are_catalogued_wrong_answers():
     known = catalogue(with_library_callers=False)
     assert set(wrong) == set(known)
     for chapter, entry in wrong.items():
-        assert known[chapter][entry["todo"]][entry["name"]] == entry["source"], (chapter, entry["name"])
+        assert known[chapter][entry["todo"]][entry["name"]] == entry["source"], (
+            f"{chapter}: {entry['name']} differs from the catalogue; regenerate the file with "
+            "tests.mutants.write_demo_answers"
+        )

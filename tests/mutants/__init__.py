@@ -117,3 +117,18 @@ def alternatives() -> dict[str, dict[str, dict[str, str]]]:
             if getattr(module, "ALTERNATIVES", None):
                 found[module.CHAPTER] = module.ALTERNATIVES
     return found
+
+
+def write_demo_answers(path) -> None:
+    """Write the demo's wrong answers (`scripts/demo_wrong_answers.json`): each chapter's first catalogued mutant of
+    its first TODO. Call it again after a change to a TODO's library source: a mutant derived from the source changes
+    with it, and tests/test_layout.py then fails until the file is written again."""
+    import json
+    from pathlib import Path
+
+    answers = {}
+    for chapter, todos in sorted(catalogue(with_library_callers=False).items()):
+        todo, wrong = sorted(todos.items())[0]
+        name, source = sorted(wrong.items())[0]
+        answers[chapter] = {"todo": todo, "name": name, "source": source}
+    Path(path).write_text(json.dumps(answers, indent=1, ensure_ascii=False), encoding="utf-8")
