@@ -1,4 +1,4 @@
-"""Logit memory (seed 003 §14.3): what full, chunked and chunked + recomputed log-probs keep, measured in one run,
+"""Logit memory (Agent RL §14.3): what full, chunked and chunked + recomputed log-probs keep, measured in one run,
 beside TRL's two log-prob paths (selective_log_softmax over full logits; ChunkedLogProbFunction, which never holds
 the [T, V] logits and rebuilds its vocabulary tiles in backward, at its trainer's tile width of 32768).
 
@@ -212,7 +212,7 @@ def print_cuda(rows: list[dict]) -> None:
 
 
 def print_arithmetic() -> None:
-    print("# seed 003 §14.3 arithmetic, V = 151936")
+    print("# Agent RL §14.3 arithmetic, V = 151936")
     for row in logit_memory_table():
         print(
             f"{row['model']:<11} D {row['hidden_size']:5d} V/D {row['vocab_per_hidden']:4.0f} | fp32 logits per "

@@ -233,7 +233,7 @@ def bench_split_plans(lengths: np.ndarray, capacity: int, repeats: int) -> None:
 
 def bench_quadratic(lengths: np.ndarray, capacity: int, naive_n: int, repeats: int) -> None:
     print(
-        f"\n## seed teaching first-fit decreasing (pack_sample_lengths, O(n * bins)) vs plan_packing('ffd'), "
+        f"\n## LCFT teaching first-fit decreasing (pack_sample_lengths, O(n * bins)) vs plan_packing('ffd'), "
         f"capacity = {capacity}; measured, not extrapolated"
     )
     print(f"{'n':>8}{'teaching s':>12}{'ours ffd s':>12}{'ratio':>10}{'same bins':>11}")
@@ -291,7 +291,7 @@ def varlen_positions(segment_ids: torch.Tensor) -> tuple[list[int], list[int]]:
 
 
 def seed_list_mask(segments: list[int], positions: list[int]) -> list[list[bool]]:
-    """Seed 000's teaching mask: a Python double loop."""
+    """LCFT's teaching mask: a Python double loop."""
     pairs = list(zip(segments, positions, strict=True))
     return [[qs == ks and kp <= qp for ks, kp in pairs] for qs, qp in pairs]
 

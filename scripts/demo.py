@@ -1,7 +1,7 @@
 """The main job (`make demo`): a short tour of the library, then build the course and grade sample submissions.
 
 1. The library on real objects: the length ledger, a packing plan, the token-budget microbatch table and the
-   throughput accounting of the seed chapters, each printed from a real computation.
+   throughput accounting of the source documents (docs/sources.md), each printed from a real computation.
 2. Build every chapter (jupytext source -> nbgrader source -> release) in `notebooks/`.
 3. Grade three sample submissions per chapter with `course grade` into a scratch copy of the built course,
    `build/demo/course/` (nbgrader's own layout and gradebook, grades.csv, feedback/): the instructor's solution, the untouched release, and a release filled
@@ -38,7 +38,7 @@ def library_tour() -> None:
     for row, members in enumerate(bins):
         print(f"row {row}: samples {members} -> {sum(lengths[i] for i in members)} / 256 tokens")
 
-    print("\n== token-budget microbatches on seed 003's 512 lognormal lengths ==")
+    print("\n== token-budget microbatches on Agent RL §14's 512 lognormal lengths ==")
     agent_lengths = cl.agent_trajectory_lengths()
     order = cl.agent_trajectory_order()
     sorted_order = agent_lengths.argsort().tolist()
@@ -50,7 +50,7 @@ def library_tour() -> None:
     for name, batches in plans.items():
         print(cl.format_microbatch_summary(name, cl.describe_microbatches(agent_lengths, batches)))
 
-    print("\n== throughput accounting (seed 003 §14.6: Qwen3-8B on an H200) ==")
+    print("\n== throughput accounting (Agent RL §14.6: Qwen3-8B on an H200) ==")
     kv = cl.kv_bytes_per_token(cl.load_model_config("Qwen3-8B"))
     h200 = cl.load_hardware("H200")
     print(f"KV cache: {kv / 1e3:.0f} KB per token")

@@ -2,7 +2,7 @@
 
     PYTHONPATH=. HF_HUB_OFFLINE=1 python scripts/probe_varlen_host_overhead.py
 
-Qwen2.5-0.5B (random init from the shipped config), seed 000's four samples: a training step (zero_grad, forward,
+Qwen2.5-0.5B (random init from the shipped config), LCFT's four samples: a training step (zero_grad, forward,
 backward) of padding [4, 96], the packed row [1, 240] with the block mask, and the packed row under varlen attention
 (from cu_seq_lens, then from position_ids alone), 3 warm-ups then the median and minimum of 20; a forward without
 gradients of the block mask and of varlen; then cProfile of 5 varlen steps and 5 block-mask steps, by own time, to

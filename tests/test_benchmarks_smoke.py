@@ -41,7 +41,7 @@ def test_bench_packing_smoke_runs_every_section():
     for section in (
         "## plan_packing vs trl.pack_dataset",
         "## plan_split_packing vs trl.pack_dataset('bfd_split')",
-        "## seed teaching first-fit",
+        "## LCFT teaching first-fit",
         "## varlen_metadata",
         "## block_causal_mask",
         "## a training step",
