@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 PROFILE ?= PT-CPU
 TORCH_PIN := torch==2.13.0
 
-.PHONY: venv demo test test-all test-lower-bounds lint clean
+.PHONY: venv demo doctest test test-all test-lower-bounds lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,12 +25,13 @@ venv: $(VENV)/.installed
 demo: venv
 	$(BIN)/python scripts/demo.py
 
-test: lint
+doctest: venv
 	$(BIN)/python -m pytest -q -p no:cacheprovider --doctest-modules course_lib
+
+test: lint doctest
 	$(BIN)/python -m pytest -q -n 2 -m "not slow"
 
-test-all: lint
-	$(BIN)/python -m pytest -q -p no:cacheprovider --doctest-modules course_lib
+test-all: lint doctest
 	$(BIN)/python -m pytest -q -n 2 --durations=25
 
 # The oldest declared versions (environments/lower-bounds.txt): the library tests, then every chapter's instructor
