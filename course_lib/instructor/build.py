@@ -34,6 +34,7 @@ from .cells import is_solution_cell, is_test_cell, nbgrader_meta
 
 SOLUTION_DIRECTIVE = re.compile(r"^#\|\s*solution:\s*(?P<targets>.+?)\s*$")
 SETUP_DIRECTIVE = "#| course-setup"
+VALIDATOR_PREFIXES = ("require_", "check_")  # a TODO's leading calls to these are its given input checks
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
 
@@ -98,8 +99,53 @@ def required_imports(function) -> list[str]:
     return lines
 
 
+def _calls_a_validator(node: ast.AST) -> bool:
+    """`require_int("n", n)` or `check_head_inputs(...)`, or a tuple of such calls: a validator (`course_lib._checks`'
+    `require_*`, or a module's `check_*` for inputs that belong together)."""
+    if isinstance(node, ast.Tuple):
+        return bool(node.elts) and all(_calls_a_validator(element) for element in node.elts)
+    return (
+        isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id.startswith(VALIDATOR_PREFIXES)
+    )
+
+
+def raises_value_error(statements: list[ast.stmt]) -> bool:
+    if len(statements) != 1 or not isinstance(statements[0], ast.Raise):
+        return False
+    raised = statements[0].exc
+    raised = raised.func if isinstance(raised, ast.Call) else raised
+    return isinstance(raised, ast.Name) and raised.id == "ValueError"
+
+
+def is_input_check(statement: ast.stmt) -> bool:
+    """A statement that only checks the inputs: `n = require_int("n", n)`, a bare `require_...(...)` or
+    `check_...(...)` call, or `if <bad>: raise ValueError(...)` without an else."""
+    if isinstance(statement, (ast.Assign, ast.AnnAssign, ast.Expr)):
+        return statement.value is not None and _calls_a_validator(statement.value)
+    return isinstance(statement, ast.If) and not statement.orelse and raises_value_error(statement.body)
+
+
+def given_checks(body: list[ast.stmt]) -> int:
+    """How many of the body's leading statements are input checks: the TODO hands them to the student.
+
+    The checks are the library's rules, tested in the library; the student writes the mechanism after them::
+
+        def f(n):
+            \"\"\"...\"\"\"
+            n = require_positive_int("n", n)   # given: above the solution markers
+            ### BEGIN SOLUTION
+            return 2 * n                       # the student's part
+            ### END SOLUTION
+    """
+    count = 0
+    while count < len(body) - 1 and is_input_check(body[count]):
+        count += 1
+    return count
+
+
 def solution_source(function) -> str:
-    """The function's source with its body (after the docstring) inside nbgrader's solution markers."""
+    """The function's source with its body (after the docstring and the leading input checks, which stay
+    visible: `given_checks`) inside nbgrader's solution markers."""
     source = textwrap.dedent(inspect.getsource(function))
     tree = ast.parse(source)
     node = tree.body[0]
@@ -114,8 +160,13 @@ def solution_source(function) -> str:
     if has_docstring and len(body) == 1:
         raise ValueError(f"{function.__qualname__} has no body beyond its docstring")
     lines = source.splitlines()
-    first_body = body[1] if has_docstring else body[0]
-    split_at = body[0].end_lineno if has_docstring else first_body.lineno - 1  # 0-based line after the docstring
+    code = body[1:] if has_docstring else body
+    given = given_checks(code)
+    first_body = code[given]
+    if given:
+        split_at = code[given - 1].end_lineno  # 0-based index of the line after the last given check
+    else:
+        split_at = body[0].end_lineno if has_docstring else first_body.lineno - 1  # the line after the docstring
     indent = re.match(r"\s*", lines[first_body.lineno - 1]).group(0)
     head, tail = lines[:split_at], lines[split_at:]
     return "\n".join(head + [f"{indent}### BEGIN SOLUTION"] + tail + [f"{indent}### END SOLUTION"])
