@@ -333,3 +333,34 @@ def test_a_process_the_students_function_forks_cannot_answer_a_later_call():
     checked = confined.run_checker(job, confined.Confinement())
     assert checked.ended is None
     assert all(verdict["passed"] for verdict in checked.verdicts.values()), checked.verdicts
+
+
+ANSWER_TEST = "grading.assert_answer(chunk, 'chunk', 1645)"
+
+
+@pytest.mark.parametrize(
+    ("solution", "passed", "message"),
+    [
+        ("chunk = 10**9 // (4 * 151_936)\n", True, ""),
+        ("chunk = 1645\n", True, ""),
+        ("chunk = ...  # YOUR ANSWER\n", False, "chunk is not answered yet"),
+        ("chunk = 1646\n", False, "chunk = 1646 is not the value"),
+        ("nothing = 1\n", False, "NameError"),  # the cell no longer binds the answer
+        ("chunk = 1 / 0\n", False, "NameError"),  # the cell raises: the answer stays unbound
+        # an object that claims to equal everything travels back as a description, never as itself
+        ("class Sly(int):\n    def __eq__(self, other):\n        return True\n\nchunk = Sly(1)\n", False, "number"),
+    ],
+)
+def test_an_answer_cell_is_read_from_the_students_process_as_data(solution, passed, message):
+    assert checker.defined_answers({"todo_chunk": "chunk = 1645\n", "todo_f": "def f():\n    return 1\n"}) == ["chunk"]
+    problem, verdicts = checker.run_checks(
+        ["from course_lib import grading"],
+        {"todo_chunk": solution},
+        [("test_chunk", 1.0, ANSWER_TEST)],
+        names=[],
+        answers=["chunk"],
+        cell_timeout_s=20.0,
+        call_timeout_s=10.0,
+    )
+    assert problem is None
+    assert verdicts[0].passed is passed and message in verdicts[0].message, verdicts[0].message

@@ -289,3 +289,33 @@ def test_the_arguments_shown_are_those_before_the_call():
 
     with pytest.raises(AssertionError, match=r"called with: 10, \[4, 2\], 2$"):
         grading.expect_value_error(sliding_windows, 10, [4, 2], 2)
+
+
+def test_an_answer_equal_to_the_derived_value_passes():
+    grading.assert_answer(1645, "chunk", 1645)
+    grading.assert_answer(1645.0, "chunk", 1645)
+    grading.assert_answer(np.int64(1645), "chunk", 1645)  # a number is a number here; a test cell may ask for int
+    grading.assert_answer(0.2489, "share", 0.249, rtol=0.01)
+
+
+@pytest.mark.parametrize(
+    ("answer", "message"),
+    [
+        (..., "chunk is not answered yet"),
+        (1646, "chunk = 1646 is not the value"),
+        (True, "must be a number"),
+        ("1645", "must be a number"),
+        ([1645], "must be a number"),
+        (float("nan"), "must be a finite number"),
+        (float("inf"), "must be a finite number"),
+    ],
+)
+def test_a_wrong_or_missing_answer_fails_without_showing_the_expected_value(answer, message):
+    with pytest.raises(AssertionError, match=message) as failure:
+        grading.assert_answer(answer, "chunk", 1645)
+    assert "1645" not in str(failure.value).replace(repr(answer), "")
+
+
+def test_an_answer_outside_its_tolerance_fails():
+    with pytest.raises(AssertionError, match="within a relative 0.001 of"):
+        grading.assert_answer(0.25, "share", 0.249, rtol=1e-3)

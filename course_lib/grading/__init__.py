@@ -417,6 +417,27 @@ def assert_rejects(student: Callable, name: str, bad_cases: Iterable[Any]) -> No
             ) from outcome[1]
 
 
+def assert_answer(answer: Any, name: str, expected: float, *, rtol: float = 0.0) -> None:
+    """A derivation's answer cell: `answer` is a real number equal to `expected` (exactly, or within `rtol`).
+
+    The release binds `name = ...` (Ellipsis) until the student answers. The message never shows `expected`:
+    nbgrader's feedback shows a failed test cell's message to the student.
+    """
+    if answer is Ellipsis:
+        raise AssertionError(f"{name} is not answered yet: replace the ... with your number")
+    if isinstance(answer, bool) or not isinstance(answer, (int, float)) and type(answer).__module__ != "numpy":
+        raise AssertionError(f"{name} must be a number (int or float), got {type(answer).__name__}: {answer!r:.80}")
+    try:
+        value = float(answer)
+    except (TypeError, ValueError, OverflowError) as error:
+        raise AssertionError(f"{name} must be a real number, got {answer!r:.80}") from error
+    if not math.isfinite(value):
+        raise AssertionError(f"{name} must be a finite number, got {value}")
+    if not math.isclose(value, expected, rel_tol=rtol, abs_tol=0.0):
+        within = f"within a relative {rtol:g} of " if rtol else ""
+        raise AssertionError(f"{name} = {answer!r} is not {within}the value the chapter's quantities give")
+
+
 def notebook_lines_run(function: Callable, *args: Any, **kwargs: Any) -> int:
     """How many lines of notebook code (any frame whose module is __main__) the call runs.
 

@@ -39,7 +39,7 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -356,6 +356,37 @@ def student_module(sources: Mapping[str, str]) -> tuple[Any, list[str]]:
 def _without_magics(source: str) -> str:
     """IPython's `%magic` and `!shell` lines blanked (they are not Python; the grader does not run them)."""
     return "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in source.split("\n"))
+
+
+def defined_answers(sources: Mapping[str, str]) -> list[str]:
+    """The answer cells' names among the (instructor's) TODO cells: a cell `todo_<name>` that binds `<name>` at the
+    top level and defines no function (a derivation answered by a number)."""
+    names = []
+    for label, source in sources.items():
+        name = label.removeprefix("todo_")
+        tree = ast.parse(_without_magics(source))
+        if any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) for node in tree.body):
+            continue
+        bound = {
+            target.id
+            for node in tree.body
+            if isinstance(node, (ast.Assign, ast.AnnAssign))
+            for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+            if isinstance(target, ast.Name)
+        }
+        if name in bound:
+            names.append(name)
+    return names
+
+
+UNANSWERED = "<an answer cell still binds ...>"  # how Ellipsis travels back from the student's process
+
+
+def student_answer(student: StudentCode, name: str) -> Any:
+    """The value the student's TODO cells bind to `name`, read in a student process as plain data (a number, a
+    string, a list...; `...` for an unanswered cell). Raises what reading it raised (a NameError when unbound)."""
+    value = student.run(name, lambda bound: UNANSWERED if bound is Ellipsis else bound)
+    return Ellipsis if value == UNANSWERED else value
 
 
 def defined_functions(sources: Mapping[str, str]) -> list[str]:
@@ -900,12 +931,14 @@ def run_checks(
     tests: list[tuple[str, float, str]],
     *,
     names: list[str],
+    answers: Sequence[str] = (),
     cell_timeout_s: float = 60.0,
     call_timeout_s: float = CALL_TIMEOUT_S,
     on_verdict: Callable[[CellVerdict], None] | None = None,
 ) -> tuple[str | None, list[CellVerdict]]:
     """(setup problem or None, a verdict per test cell): the setup cells, then each test cell with the student's
-    TODO functions `names` bound to `StudentFunction`s."""
+    TODO functions `names` bound to `StudentFunction`s and the answer cells' `answers` to the values the student
+    bound (left unbound, so the test cell fails with a NameError, when reading one fails)."""
     namespace: dict[str, Any] = {"__name__": "__main__"}
     problem = run_setup(namespace, setup, cell_timeout_s)
     if problem:
@@ -913,6 +946,9 @@ def run_checks(
     student = StudentCode(dict(namespace), solutions, call_timeout_s, tuple(names))
     for name in names:
         namespace[name] = StudentFunction(student, name)
+    for name in answers:
+        with contextlib.suppress(Exception):  # unbound, unreadable or too slow: the test cell says it is missing
+            namespace[name] = student_answer(student, name)
     verdicts = []
     try:
         for grade_id, points, source in tests:
@@ -958,6 +994,7 @@ def main() -> int:
         job["solutions"],
         [tuple(t) for t in job["tests"]],
         names=job["names"],
+        answers=job.get("answers", ()),
         cell_timeout_s=float(job["cell_timeout"]),
         call_timeout_s=float(job["call_timeout"]),
         on_verdict=emit,

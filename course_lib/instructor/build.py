@@ -374,13 +374,35 @@ def name_the_stubs(source: str) -> str:
     return "\n".join(lines)
 
 
+ANSWER_STUB = "# YOUR CODE HERE\n" + STUB
+
+
+def unanswered(source: str, grade_id: str) -> str:
+    """An answer cell's stub (a derivation answered by a number, not a function) binds the answer's name to `...`.
+
+    The chapter writes `### BEGIN SOLUTION / chunk = 1645 / ### END SOLUTION` in a cell `todo_chunk`; nbgrader
+    leaves its stub at the top level, which would stop Run All. The release reads `chunk = ...  # YOUR ANSWER`:
+    the cell runs, and its test cell says the answer is missing (`grading.assert_answer`).
+    """
+    name = grade_id.removeprefix("todo_")
+    if not name.isidentifier():
+        return source
+    lines = source.split("\n")
+    for index in range(len(lines) - 1):
+        if "\n".join(lines[index : index + 2]) == ANSWER_STUB:
+            lines[index : index + 2] = [f"{name} = ...  # YOUR ANSWER: a number (replace the ...)"]
+            break
+    return "\n".join(lines)
+
+
 def normalize_release(path: Path) -> None:
     """Stable bytes for a committed release notebook (sorted keys, no volatile metadata), its stubs named."""
     notebook = json.loads(path.read_text(encoding="utf-8"))
     for cell in notebook["cells"]:
         if is_solution_cell(cell):
             source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
-            cell["source"] = name_the_stubs(source).splitlines(keepends=True)
+            source = unanswered(name_the_stubs(source), nbgrader_meta(cell).get("grade_id", ""))
+            cell["source"] = source.splitlines(keepends=True)
     path.write_text(json.dumps(notebook, indent=1, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
 
 

@@ -424,6 +424,7 @@ def _jobs(
                     "tests": tests,
                     "solutions": cells.solution_cells(prepared.notebook),
                     "names": checker.defined_functions(cells.solution_cells(source)),
+                    "answers": checker.defined_answers(cells.solution_cells(source)),
                     "cell_timeout": limits[0],
                     "call_timeout": limits[0],
                 },

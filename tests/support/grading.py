@@ -31,6 +31,7 @@ def grade_in_process(source_notebook: Any, solutions: dict[str, str]) -> list[Ce
         solutions,
         graded_cells(source_notebook),
         names=checker.defined_functions(solution_cells(source_notebook)),
+        answers=checker.defined_answers(solution_cells(source_notebook)),
     )
     if problem:
         raise RuntimeError(problem)
