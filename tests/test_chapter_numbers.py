@@ -117,5 +117,19 @@ def test_the_new_sections_stay_ungraded(name):
     todos = re.findall(r'"grade_id": "todo_(\w+)"', source)
     assert {
         "04_microbatches_and_loss": ["token_budget_batches", "packed_token_budget_batches", "aggregate_loss"],
-        "05_logit_memory": ["checkpointed_log_probs"],
+        "05_logit_memory": ["checkpointed_log_probs", "largest_chunk_for_1gb"],
     }[name] == todos
+
+
+def test_chapter5_bytes_per_logit_is_the_h200_record():
+    """Chapter 5 quotes 12.0 bytes per logit on the full path: the committed H200 record's 16k peak over T x V."""
+    record = json.loads(
+        (build.NOTEBOOKS_DIR.parent / "benchmarks/results/logit_memory/logit-memory_h200-2026-11-29.json").read_text()
+    )
+    full = next(
+        row for row in record["measurements"]["log_prob_memory"] if row["method"] == "full" and row["tokens"] == 16384
+    )
+    per_logit = full["peak_above_start_bytes"] / (full["tokens"] * full["vocab_size"])
+    assert f"{full['peak_above_start_bytes'] / 1e9:.1f}" == "29.9" and f"{per_logit:.1f}" == "12.0"
+    source = (build.NOTEBOOKS_DIR / "chapters" / "05_logit_memory.py").read_text(encoding="utf-8")
+    assert "(29.9 GB / (16,384 × 151,936 logits) = 12.0)" in source.replace("\n# ", " ")

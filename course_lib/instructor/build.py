@@ -238,7 +238,8 @@ def expand_markdown(source: str, settings: dict, name: str) -> str:
         f"/notebooks/release/{name}/{name}.ipynb"
     )
     badge = f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({badge_url})"
-    return source.replace("{{COLAB_BADGE}}", badge)
+    docs_url = f"https://github.com/{settings['repository']}/blob/{settings['branch']}/docs"  # pages the release links
+    return source.replace("{{COLAB_BADGE}}", badge).replace("{{DOCS}}", docs_url)
 
 
 TEST_FUNCTION = "_t_checks"

@@ -172,20 +172,18 @@ print("same log-probs:", torch.equal(full_path(hidden, weight, targets), chunked
 # ### TODO · `checkpointed_log_probs`
 #
 # Write `checkpointed_log_probs(hidden, weight, ids, chunk_size=1024)`: `hidden` $[B, T, D]$, `weight` $[V, D]$,
-# integer `ids` $[B, T]$ in $[0, V)$; return the $[B, T]$ log-probs of `ids`.
+# integer `ids` $[B, T]$ in $[0, V)$; return the $[B, T]$ log-probs of `ids`, chunked over time
+# (`chunk_size` tokens per chunk, the last may be shorter) and recomputed in backward.
 #
-# * Split the time axis into chunks of `chunk_size` (the last chunk may be shorter). For each chunk, compute the
-#   logits `hidden_chunk @ weight.T` and their selected log-probs with `selected_log_probs` (it upcasts to fp32
-#   before the log-softmax), inside `checkpoint(fn, ..., use_reentrant=False)` so the chunk is recomputed in
-#   backward. Concatenate the chunks along time; $T = 0$ gives an empty $[B, 0]$ tensor, in the dtype a longer
-#   input would give (`torch.promote_types(hidden.dtype, torch.float32)`: fp32, or fp64 for fp64 inputs).
-# * The result must equal the full path `selected_log_probs(hidden @ weight.T, ids)` in values **and** in the
-#   gradients with respect to `hidden` and `weight`, bf16 inputs included (the matmul in the inputs' dtype, as the
-#   model's `lm_head` computes it; the log-softmax in fp32).
-# * The grader measures your function too: no tensor larger than about one chunk's logits, in forward or in
-#   backward, and, beyond the inputs, less than a tenth of what `chunked_log_probs` keeps for backward.
-# * Bad input raises `ValueError`: `check_head_inputs(hidden, weight, ids, chunk_size)` (imported in the setup
-#   cell) checks the shapes, the ids and `chunk_size`, and returns `chunk_size` as an int.
+# * **Same numbers:** values and the gradients with respect to `hidden` and `weight` equal the full path
+#   `selected_log_probs(hidden @ weight.T, ids)`, bf16 inputs included (the matmul in the inputs' dtype, as the
+#   model's `lm_head` computes it; the log-softmax in fp32, as `selected_log_probs` does). $T = 0$ gives an empty
+#   $[B, 0]$ tensor in the dtype a longer input would give.
+# * **Less memory:** the grader measures your function: no tensor larger than about one chunk's logits, in forward
+#   or in backward, and, beyond the inputs, less than a tenth of what `chunked_log_probs` keeps for backward.
+#   `torch.autograd.grad` with respect to `(hidden, weight)` works as well as `.backward()`.
+# * The first line is given: `check_head_inputs` refuses bad shapes, ids and chunk sizes with a `ValueError` and
+#   returns `chunk_size` as an int. Keep it.
 
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_checkpointed_log_probs", "locked": false, "schema_version": 3}
 #| solution: course_lib.logprobs.checkpointed_log_probs
@@ -440,6 +438,15 @@ grading.assert_rejects(
 ### END HIDDEN TESTS
 
 # %% [markdown]
+# <details><summary>Hint · 提示</summary>
+#
+# `torch.utils.checkpoint.checkpoint(fn, *inputs, use_reentrant=False)` runs `fn` without keeping its intermediates
+# and replays it in backward; the non-reentrant form also serves `torch.autograd.grad`. Give it one chunk's slices
+# of `hidden` and `ids` (and the whole `weight`), and concatenate the chunks' results along time.
+#
+# </details>
+
+# %% [markdown]
 # ## 3. Evidence: memory against sequence length
 #
 # Now the three methods side by side as $T$ grows, with a vocabulary closer to a real one ($V = 8192$, $D = 64$,
@@ -478,23 +485,51 @@ styles = {
 }
 for name, points in curves.items():
     for axis, values in zip(axes, zip(*points, strict=True), strict=True):
-        axis.plot(lengths, [v / 1e6 for v in values], label=name, **styles[name])
+        # clip_on=False: a curve lying on 0 MB is drawn over the axis, not half hidden under it
+        axis.plot(lengths, [v / 1e6 for v in values], label=name, clip_on=False, zorder=3, **styles[name])
 axes[0].set_title("largest tensor created in forward")
 axes[1].set_title("kept by autograd for backward (beyond inputs)")
 for axis in axes:
-    axis.set_xscale("log", base=2)
-    axis.set_xlabel("tokens T")
+    axis.set_xticks(lengths)
+    axis.set_xlabel("tokens T (linear axis)")
     axis.set_ylabel("MB")
     axis.set_ylim(bottom=0)
-axes[1].legend()
+handles, labels = axes[0].get_legend_handles_labels()
+fig.legend(handles, labels, loc="lower center", ncol=3, frameon=False)  # one key for both panels
 fig.suptitle(f"Output layer V = {VOCAB}, D = {WIDTH}, chunk C = {CHUNK} (CPU, fp32)")
-fig.tight_layout()
+fig.tight_layout(rect=(0, 0.08, 1, 1))
 plt.show()
 
 # %% [markdown]
-# The full path grows linearly in both panels. Chunking flattens the left panel at one chunk ($4 C V$ bytes) but
-# keeps the right panel on the full path's line: it is the same $4 T V$ bytes, kept chunk by chunk. Chunking with
-# recompute is flat in both. What is left on a GPU is one chunk's working set plus the weight's gradient.
+# The full path grows in proportion to $T$ in both panels (a straight line through the origin on these linear axes).
+# Chunking flattens the left panel at one chunk but keeps the right panel on the full path's line: it is the same
+# $4 T V$ bytes, kept chunk by chunk. Chunking with recompute is flat in both, the right panel at 0 MB. What is left
+# on a GPU is one chunk's working set plus the weight's gradient.
+#
+# ### Your derivation: the chunk size (推导：分块大小)
+#
+# The left panel is the one a GPU runs out of memory on in forward. With Qwen3's vocabulary
+# (`QWEN3_VOCAB_SIZE`) and the head in fp32, what is the **largest chunk size $C$** (a whole number of tokens) for
+# which the largest tensor the chunked forward creates stays **at most 1 GB** ($10^9$ bytes)? Read the plateau's
+# height off the table above, then bind your answer to `largest_chunk_for_1gb` in the cell below: a number or an
+# expression, both count; the test checks the value.
+
+# %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_largest_chunk_for_1gb", "locked": false, "schema_version": 3}
+### BEGIN SOLUTION
+largest_chunk_for_1gb = 10**9 // (4 * QWEN3_VOCAB_SIZE)  # one chunk's fp32 logits: 4 C V bytes <= 1e9
+### END SOLUTION
+
+# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_largest_chunk_for_1gb", "locked": true, "points": 2, "schema_version": 3}
+from course_lib import grading
+
+assert largest_chunk_for_1gb is not ..., "answer in the cell above: replace the ... with your number"
+assert isinstance(largest_chunk_for_1gb, int) and not isinstance(largest_chunk_for_1gb, bool), (
+    f"a chunk size is a whole number of tokens (an int), got {largest_chunk_for_1gb!r}"
+)
+### BEGIN HIDDEN TESTS
+# one chunk's fp32 logits (and its log-softmax, the same size) hold 4 * C * V bytes: the left panel's plateau
+grading.assert_answer(largest_chunk_for_1gb, "largest_chunk_for_1gb", 10**9 // (4 * QWEN3_VOCAB_SIZE))
+### END HIDDEN TESTS
 #
 # Recomputing costs time (one more forward of the head in backward), not accuracy. A last check on the tiny
 # model's head at $T = 512$: values and both gradients of the three methods against the full path.
@@ -602,13 +637,13 @@ print("kept for backward: " + " | ".join(f"{name} {kept / 1e6:.2f} MB" for name,
 # Qwen3-0.6B's `lm_head` ($V = 151{,}936$, $D = 1024$, bf16, random weights: memory does not depend on the
 # values). Without CUDA it says so and does nothing.
 #
-# For reference, Agent RL §14.3 (see the course's sources page, `docs/sources.md`) reports this measurement on a GPU
-# with the real Qwen3-0.6B head, chunks of 1,024: **full 7.5 GB, chunked 3.7 GB, chunked + recompute 2.2 GB at
+# For reference, Agent RL §14.3 (see the course's [sources page]({{DOCS}}/sources.md)) reports this measurement on a
+# GPU with the real Qwen3-0.6B head, chunks of 1,024: **full 7.5 GB, chunked 3.7 GB, chunked + recompute 2.2 GB at
 # T = 4,096; 29.9, 11.2 and 2.2 GB at T = 16,384**. Those are Agent RL §14.3's numbers. The course ran this very cell
-# on an NVIDIA H200 (2026-11-29, random weights, bf16) and printed the same six numbers to the digit:
-# 7.5 / 3.7 / 2.2 GB and 29.9 / 11.2 / 2.2 GB (`benchmarks/results/logs/h200-2026-11-29b/chapters.log`; the
-# logit-memory workload agrees). About 12 bytes per logit on the full path: the bf16 matmul output, its fp32 copy and
-# the fp32 log-softmax, some alive together in backward.
+# on an NVIDIA H200 (2026-11-29, random weights, bf16) and printed the same six numbers to the digit (the course's
+# [GPU results]({{DOCS}}/gpu-results.md)). On the full path that is 12 bytes per logit
+# (29.9 GB / (16,384 × 151,936 logits) = 12.0): more than the 10 bytes of the bf16 matmul output (2), its fp32 copy
+# (4) and the fp32 log-softmax (4), because backward's gradients of these tensors are alive for a while beside them.
 
 # %%
 if torch.cuda.is_available():
@@ -689,8 +724,8 @@ print(format_run(bench_path, bench_record))  # the file, the verdict, then the f
 #
 # ## 7. Exercises
 #
-# 1. In section 3, change `CHUNK` to 128 and 2048. Which panel changes and by how much? Derive the largest
-#    forward tensor as a function of $C$, and pick $C$ so that one chunk of Qwen3 logits (fp32) stays under 1 GB.
+# 1. In section 3, change `CHUNK` to 128 and 2048. Which panel changes and by how much? Does your
+#    `largest_chunk_for_1gb` change if the head runs in bf16 but the log-softmax stays in fp32?
 # 2. Account for Agent RL §14.3's 2.2 GB plateau (Qwen3-0.6B head, bf16, chunks of 1,024): add up the weight's
 #    gradient and one chunk's bf16 logits, fp32 copy, fp32 log-softmax and its gradient. What is left over?
 # 3. `logit_memory_table(dtype_bytes=2)` gives bf16 logits. Why does `selected_log_probs` still upcast to fp32

@@ -54,6 +54,20 @@ MUTANTS = {
         # The weight is detached "to save memory": no gradient ever reaches the output layer.
         "weight_detached": _checkpointed(log_probs="selected_log_probs(hidden_chunk @ weight.detach().T, ids_chunk)"),
     },
+    "largest_chunk_for_1gb": {
+        # bf16 logits: 2 bytes per logit, while the table (and the log-softmax) is fp32.
+        "bf16_bytes": "largest_chunk_for_1gb = 10**9 // (2 * QWEN3_VOCAB_SIZE)\n",
+        # 1 GiB (2**30) where the question says 1 GB (10**9 bytes).
+        "gibibyte": "largest_chunk_for_1gb = 2**30 // (4 * QWEN3_VOCAB_SIZE)\n",
+        # Rounded up: the chunk one token longer is already over 1 GB.
+        "rounded_up": "largest_chunk_for_1gb = -(-(10**9) // (4 * QWEN3_VOCAB_SIZE))\n",
+        # The logits and their log-softmax counted as one tensor of 8 bytes per logit.
+        "two_tensors_as_one": "largest_chunk_for_1gb = 10**9 // (8 * QWEN3_VOCAB_SIZE)\n",
+        # The width D (1,024 for Qwen3-0.6B) in place of the vocabulary.
+        "hidden_width_for_vocab": "largest_chunk_for_1gb = 10**9 // (4 * 1024)\n",
+        # A float from true division: 1645.6 is no chunk size.
+        "float_answer": "largest_chunk_for_1gb = 10**9 / (4 * QWEN3_VOCAB_SIZE)\n",
+    },
 }
 
 # Wrong answers a review of the grading found keeping full points (before the memory probe saw the backward pass
@@ -295,3 +309,10 @@ ALTERNATIVES["checkpointed_log_probs"]["einsum_logits"] = mutate(
         'selected_log_probs(torch.einsum("btd,vd->btv", hidden_chunk, weight), ids_chunk)',
     ),
 )
+
+ALTERNATIVES["largest_chunk_for_1gb"] = {
+    # the number itself, worked out by hand: 10**9 / (4 * 151,936) = 1645.4
+    "literal": "largest_chunk_for_1gb = 1645\n",
+    # rounded down from a float
+    "floor_of_a_float": "import math\n\nlargest_chunk_for_1gb = math.floor(1e9 / (4 * QWEN3_VOCAB_SIZE))\n",
+}
