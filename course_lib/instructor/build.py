@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import contextlib
 import importlib
 import inspect
 import json
@@ -243,6 +244,11 @@ def expand_markdown(source: str, settings: dict, name: str) -> str:
 
 
 TEST_FUNCTION = "_t_checks"
+# nbgrader's locked cells refuse edits without a word: their first line says so
+LOCKED_TEST_NOTE = (
+    "# 🔒 Locked test cell (read-only): run it to check the TODO above; grading runs it again, with more tests."
+)
+LOCKED_SETUP_NOTE = "# 🔒 Locked setup cell (read-only): run it first; grading restores it as it is here."
 
 
 def keep_test_names_local(source: str) -> str:
@@ -264,10 +270,72 @@ def keep_test_names_local(source: str) -> str:
             in_string.update(range(token.start[0], token.end[0]))  # lines start[0] + 1 ... end[0], 1-based
     body = [line if not line.strip() or index in in_string else "    " + line for index, line in enumerate(lines)]
     return (
+        f"{LOCKED_TEST_NOTE}\n"
         f"def {TEST_FUNCTION}():  # the checks run in a function: their names never replace yours\n"
         + "\n".join(body).rstrip()
         + f"\n\n\n{TEST_FUNCTION}()"
     )
+
+
+RAISES_TAG = "raises-exception"  # JupyterLab's Run All goes on past a cell with this tag when it raises
+
+
+def _names(tree: ast.AST) -> tuple[set[str], set[str]]:
+    """(names a cell reads, names it binds): loads, and stores, definitions and imports."""
+    loads, binds = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (loads if isinstance(node.ctx, ast.Load) else binds).add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            binds.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            binds.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+    return loads, binds
+
+
+def _todo_names(tree: ast.Module) -> set[str]:
+    """What a TODO cell gives the rest of the chapter: its top-level functions and answers, not its imports."""
+    names = {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    for node in tree.body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {target.id for target in targets if isinstance(target, ast.Name)}
+    return names
+
+
+def tag_cells_that_may_raise(notebook) -> list[int]:
+    """Tag `raises-exception` on every cell that fails while a TODO is unwritten, so Run All reaches the end.
+
+    The graded test cells, and each teaching cell that reads a TODO's name or a name bound by a cell tagged
+    before it (a TODO's result flows on: `curves = [student_fn(...)]`, then `plot(curves)`). Tagged cells
+    still show their error where it happens; untagged ones (the figures that need no TODO) run after them.
+    Returns the tagged cells' indices.
+    """
+    tainted: set[str] = set()  # the TODO functions and answers, then what tagged cells bind
+    for cell in notebook.cells:
+        if cell.cell_type == "code" and is_solution_cell(cell):
+            with contextlib.suppress(SyntaxError):
+                tainted |= _todo_names(ast.parse(cell.source))
+    tagged = []
+    for index, cell in enumerate(notebook.cells):
+        if (
+            cell.cell_type != "code"
+            or is_solution_cell(cell)
+            or cell.metadata.get("nbgrader", {}).get("grade_id") == "setup"
+        ):
+            continue
+        try:
+            loads, binds = _names(ast.parse(cell.source))
+        except SyntaxError:  # an IPython magic: not ours to judge
+            continue
+        if is_test_cell(cell) or (loads - binds) & tainted:  # a name the cell binds itself is its own
+            tags = cell.metadata.setdefault("tags", [])
+            if RAISES_TAG not in tags:
+                tags.append(RAISES_TAG)
+            tagged.append(index)
+            if not is_test_cell(cell):
+                tainted |= binds
+    return tagged
 
 
 def build_source_notebook(chapter_py: Path, course_root: Path) -> ChapterBuild:
@@ -284,7 +352,7 @@ def build_source_notebook(chapter_py: Path, course_root: Path) -> ChapterBuild:
             cell.source = expand_markdown(cell.source, settings, name)
         if cell.cell_type == "code" and cell.source.startswith(SETUP_DIRECTIVE):
             extra = cell.source[len(SETUP_DIRECTIVE) :].strip("\n")
-            cell.source = setup_code(settings) + ("\n\n" + extra if extra else "")
+            cell.source = LOCKED_SETUP_NOTE + "\n" + setup_code(settings) + ("\n\n" + extra if extra else "")
             cell.metadata.setdefault("tags", []).append("setup")
             # read-only for students, and restored from the source when graded (the tests rely on it)
             cell.metadata["nbgrader"] = {
@@ -303,6 +371,7 @@ def build_source_notebook(chapter_py: Path, course_root: Path) -> ChapterBuild:
             result.points += float(meta.get("points", 0))
         if is_test_cell(cell):
             cell.source = keep_test_names_local(cell.source)
+    tag_cells_that_may_raise(notebook)
     notebook.metadata = {"kernelspec": KERNELSPEC, "language_info": {"name": "python"}}
     notebook.nbformat, notebook.nbformat_minor = 4, 5
     for index, cell in enumerate(notebook.cells):
