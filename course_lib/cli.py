@@ -72,6 +72,7 @@ def _grade(args: argparse.Namespace) -> int:
         confinement = confined.Confinement(
             mode=args.sandbox, image=args.image, memory_bytes=int(args.memory_gb * 2**30)
         )
+        roster = grade.read_roster(args.roster) if args.roster else None
         run = grade.grade_submissions(
             Path(args.submissions),
             Path(args.root),
@@ -83,6 +84,7 @@ def _grade(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
             kernel_name=args.kernel,
             confinement=confinement,
+            roster=roster,
         )
     except sandbox.SandboxUnavailable as error:
         print(f"course grade: {error}", file=sys.stderr)
@@ -167,6 +169,13 @@ def parser() -> argparse.ArgumentParser:
         type=float,
         default=4.0,
         help="address space per sandboxed process, in GiB (default: %(default)s)",
+    )
+    grade.add_argument(
+        "--roster",
+        type=Path,
+        default=None,
+        help="CSV with a header row id,first_name,last_name (as `nbgrader db student import` reads it): the "
+        "names formgrader shows (default: the student id)",
     )
     grade.add_argument("--no-progress", action="store_true")
     grade.set_defaults(run=_grade)

@@ -1,5 +1,7 @@
 """nbgrader configuration of the course (the course root is this folder)."""
 
+import os
+
 c = get_config()  # noqa: F821 - provided by nbgrader
 
 c.CourseDirectory.course_id = "long-context-mechanics"
@@ -8,6 +10,11 @@ c.CourseDirectory.release_directory = "release"
 c.CourseDirectory.submitted_directory = "submitted"
 c.CourseDirectory.autograded_directory = "autograded"
 c.CourseDirectory.feedback_directory = "feedback"
+
+# The exchange (where `nbgrader release_assignment` puts what students fetch) lives inside the course, so formgrader
+# finds it (no "exchange directory does not exist" banner) and shows the chapters `course grade` releases as
+# released. A shared JupyterHub sets its own, e.g. /srv/nbgrader/exchange, in its system-wide nbgrader_config.py.
+c.Exchange.root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "exchange")
 
 # Every chapter runs on a 2-core CPU in well under a minute; one cell that loops forever must not
 # stall the grading of everyone else.

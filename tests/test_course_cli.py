@@ -494,8 +494,11 @@ def test_a_notebook_that_cannot_be_recorded_fails_alone(tmp_path, monkeypatch):
     release = cells.read(build.NOTEBOOKS_DIR / "release" / CHAPTER / f"{CHAPTER}.ipynb")
 
     class Recorder:
-        def __init__(self, root, staging):
+        def __init__(self, root, staging, roster=None):
             self.root = root
+
+        def release(self, chapters):
+            pass
 
         def record(self, student, chapter, executed, timestamp):
             if student == "ann":
@@ -779,3 +782,82 @@ def test_a_setup_cell_out_of_time_marks_the_submission_for_regrading_not_zero(bu
     assert not (course / "autograded" / "rita").exists()  # nothing recorded: a zero would have been
     again = _course("grade", str(inbox), "--root", str(course), "--no-progress", cwd=tmp_path)
     assert again.returncode == 0 and "rita/01_length_ledger 8/8" in again.stdout, again.stdout + again.stderr[-2000:]
+
+
+def test_formgrader_sees_names_times_and_released_chapters_after_grade(tmp_path):
+    """formgrader showed every student as "None, None" with timestamp "None", every chapter as draft, and a banner
+    that the exchange directory did not exist. After `course grade`: the roster's names (or the id), each
+    submission's file time (a zip member's own), the chapter released into the course's exchange; and nbgrader's own
+    commands still work on the course."""
+    import datetime
+
+    from nbgrader.api import Gradebook
+    from nbgrader.apps import NbGraderAPI
+    from nbgrader.coursedir import CourseDirectory
+    from traitlets.config.loader import PyFileConfigLoader
+
+    root = build.copy_course_skeleton(build.NOTEBOOKS_DIR, tmp_path / "course")
+    release = build.NOTEBOOKS_DIR / "release" / CHAPTER / f"{CHAPTER}.ipynb"
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    shutil.copy(release, inbox / f"alice_{CHAPTER}.ipynb")
+    os.utime(inbox / f"alice_{CHAPTER}.ipynb", (1_767_225_600, 1_767_225_600))  # 2026-01-01 00:00:00 UTC
+    with zipfile.ZipFile(inbox / "more.zip", "w") as archive:  # bob's file as an LMS hands it over: in a zip
+        member = zipfile.ZipInfo(f"bob_{CHAPTER}.ipynb", date_time=(2026, 2, 3, 4, 5, 6))
+        archive.writestr(member, release.read_bytes())
+    roster = tmp_path / "roster.csv"
+    roster.write_text("id,first_name,last_name,email\nbob,Bob,Builder,bob@example.org\n", encoding="utf-8")
+    for source in (inbox / f"alice_{CHAPTER}.ipynb", inbox / "more.zip"):
+        single = tmp_path / source.stem
+        single.mkdir()
+        shutil.copy2(source, single / source.name)
+        completed = _course(
+            "grade",
+            str(single if source.suffix == ".ipynb" else single / source.name),
+            "--root",
+            str(root),
+            "--roster",
+            str(roster),
+            "--no-progress",
+            "--workers",
+            "1",
+            cwd=tmp_path,
+        )
+        assert "graded 1" in completed.stdout, completed.stdout[-2000:] + completed.stderr[-2000:]
+    with Gradebook(f"sqlite:///{root / 'gradebook.db'}") as gradebook:
+        alice, bob = gradebook.find_student("alice"), gradebook.find_student("bob")
+        assert (alice.first_name, alice.last_name) == ("", "alice")
+        assert (bob.first_name, bob.last_name) == ("Bob", "Builder")
+        times = {s: gradebook.find_submission(CHAPTER, s).timestamp for s in ("alice", "bob")}
+    assert times["alice"] == datetime.datetime(2026, 1, 1, 0, 0, 0)
+    assert times["bob"] == datetime.datetime(2026, 2, 3, 4, 5, 6)
+    config = PyFileConfigLoader("nbgrader_config.py", path=str(root)).load_config()
+    config.CourseDirectory.root = str(root)
+    api = NbGraderAPI(CourseDirectory(config=config), config=config)
+    assert not api.exchange_missing and api.get_assignment(CHAPTER)["status"] == "released"
+    listed = subprocess.run(
+        [sys.executable, "-m", "nbgrader", "db", "student", "list", f"--CourseDirectory.root={root}"],
+        cwd=root,
+        env=build.interpreter_bin_on_path(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert listed.returncode == 0 and "bob (Builder, Bob)" in listed.stdout, listed.stdout + listed.stderr
+
+
+def test_a_roster_without_an_id_column_or_with_a_repeated_id_is_refused(tmp_path):
+    from course_lib.instructor import grade
+
+    bad = tmp_path / "roster.csv"
+    bad.write_text("student,first_name\nbob,Bob\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="needs a header row with an 'id' column"):
+        grade.read_roster(bad)
+    bad.write_text("id,first_name\nbob,Bob\nbob,Robert\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="line 3: id 'bob' appears twice"):
+        grade.read_roster(bad)
+    bad.write_text("id,last_name\n,Nobody\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="line 2: empty id"):
+        grade.read_roster(bad)
+    bad.write_text("id\nann\n", encoding="utf-8")
+    assert grade.read_roster(bad) == {"ann": ("", "")}

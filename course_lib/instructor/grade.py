@@ -31,7 +31,7 @@ import tempfile
 import time
 import traceback
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -151,7 +151,7 @@ def _look_alike(notebook: Any, root: Path, filed_as: str) -> str:
 class NbgraderRecorder:
     """nbgrader's autograde without its Execute step, run in this process on already executed notebooks."""
 
-    def __init__(self, root: Path, staging: Path):
+    def __init__(self, root: Path, staging: Path, roster: Mapping[str, tuple[str, str]] | None = None):
         from nbconvert.preprocessors import ClearMetadataPreprocessor
         from nbgrader.apps import NbGraderAPI
         from nbgrader.coursedir import CourseDirectory
@@ -170,7 +170,7 @@ class NbgraderRecorder:
 
         from .nbgrader_hooks import ScrubTestOutputs
 
-        self.root, self.staging = root, staging
+        self.root, self.staging, self.roster = root, staging, dict(roster or {})
         config = PyFileConfigLoader("nbgrader_config.py", path=str(root)).load_config()
         config.CourseDirectory.root = str(root)
         config.CourseDirectory.submitted_directory = str(staging)
@@ -193,6 +193,22 @@ class NbgraderRecorder:
             CheckCellMetadata,
         ]
         self.api = NbGraderAPI(CourseDirectory(config=config), config=config)
+        self.exchange = Path(config.Exchange.root) if "root" in config.Exchange else None
+
+    def release(self, chapters: list[str]) -> None:
+        """Each chapter into nbgrader's exchange (nbgrader_config.py's Exchange.root, inside the course), as
+        `nbgrader release_assignment` does, unless it is there: formgrader then shows the chapters as released, not
+        draft, and no longer warns that the exchange directory does not exist."""
+        if self.exchange is None:  # a course whose config names no exchange: formgrader's default, left alone
+            return
+        self.exchange.mkdir(parents=True, exist_ok=True)
+        released = self.api.get_released_assignments()
+        for chapter in sorted(set(chapters) - released):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                result = self.api.release_assignment(chapter)
+            if not result.get("success"):
+                raise RuntimeError(f"nbgrader release_assignment {chapter} failed: {result.get('log', '')[-600:]}")
 
     def record(self, student: str, chapter: str, executed: Any, timestamp: Path | None) -> str | None:
         """Grade one executed notebook into the gradebook; returns an error or None."""
@@ -203,6 +219,7 @@ class NbgraderRecorder:
             shutil.copy2(timestamp, folder / "timestamp.txt")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # nbgrader's models warn about sqlalchemy autoflush on every save
+            name_student(self.root, student, self.roster.get(student))
             result = self.api.autograde(chapter, student, force=True, create=True)
         shutil.rmtree(folder, ignore_errors=True)
         if not result.get("success"):
@@ -211,6 +228,48 @@ class NbgraderRecorder:
 
     def scores(self, student: str, chapter: str) -> dict[str, tuple[float, float]]:
         return cell_scores(self.root, chapter, student)
+
+
+def name_student(root: Path, student: str, names: tuple[str, str] | None) -> None:
+    """The student's (first, last) name in the gradebook, for formgrader, which shows "None, None" without one.
+
+    A roster's names replace what is there; without a roster, a student who has no name yet gets the id as last
+    name (formgrader shows "alice, "), and a name an instructor typed in formgrader is kept.
+    """
+    from nbgrader.api import Gradebook, MissingEntry
+
+    with Gradebook(_gradebook_url(root)) as gradebook:
+        try:
+            known = gradebook.find_student(student)
+        except MissingEntry:
+            known = None
+        if names is not None:
+            gradebook.update_or_create_student(student, first_name=names[0], last_name=names[1])
+        elif known is None or (known.first_name is None and known.last_name is None):
+            gradebook.update_or_create_student(student, first_name="", last_name=student)
+
+
+def read_roster(path: Path) -> dict[str, tuple[str, str]]:
+    """student id -> (first name, last name), from a CSV as `nbgrader db student import` reads it: a header row
+    with `id` and optional `first_name`, `last_name` (other columns, e.g. email, are ignored)."""
+    path = Path(path)
+    try:
+        with path.open(newline="", encoding="utf-8-sig") as handle:
+            rows = list(csv.DictReader(handle))
+            header = rows[0].keys() if rows else []
+    except (OSError, UnicodeDecodeError, csv.Error) as error:
+        raise ValueError(f"roster {path}: cannot be read as CSV ({error})") from error
+    if "id" not in header:
+        raise ValueError(f"roster {path}: needs a header row with an 'id' column, got {sorted(header)}")
+    roster = {}
+    for number, row in enumerate(rows, start=2):
+        student = (row.get("id") or "").strip()
+        if not student:
+            raise ValueError(f"roster {path}, line {number}: empty id")
+        if student in roster:
+            raise ValueError(f"roster {path}, line {number}: id {student!r} appears twice")
+        roster[student] = ((row.get("first_name") or "").strip(), (row.get("last_name") or "").strip())
+    return roster
 
 
 def cell_scores(root: Path, chapter: str, student: str) -> dict[str, tuple[float, float]]:
@@ -238,12 +297,26 @@ def _stage_original(root: Path, submission: submissions.Submission) -> tuple[Pat
         else None
     )
     if in_place:  # the student's file stays where it is; an unreadable one is not handed to nbgrader
+        if problem == "absent" and submission.path.is_file():
+            staged.write_text(file_time(submission.path), encoding="utf-8")
+            return staged, note
         return (staged if problem is None else None), note
     if problem is None:
         shutil.copy2(original_stamp, staged)
+    elif submission.path.is_file():  # no timestamp.txt nbgrader can read: the file's own time, as nbgrader writes it
+        staged.write_text(file_time(submission.path), encoding="utf-8")
     elif staged.is_file():  # an earlier submission's stamp must not date this one
         staged.unlink()
     return staged, note
+
+
+def file_time(path: Path) -> str:
+    """The file's modification time as nbgrader's timestamp.txt holds it: `2026-12-02 06:50:00.000000 UTC`.
+    (A zip's members keep their own times: submissions.unpack sets them on the extracted files.)"""
+    import datetime
+
+    moment = datetime.datetime.fromtimestamp(Path(path).stat().st_mtime, tz=datetime.timezone.utc)
+    return moment.strftime("%Y-%m-%d %H:%M:%S.%f UTC")
 
 
 # What nbgrader's submission times look like (`2025-03-01 12:00:00.000000 UTC`, ISO forms): only such text reaches
@@ -327,8 +400,11 @@ def grade_submissions(
     progress: bool = True,
     kernel_name: str | None = None,
     confinement: confined.Confinement | None = None,
+    roster: Mapping[str, tuple[str, str]] | None = None,
 ) -> GradeRun:
     """Grade every submission under `source` (folder or zip) into the course at `root`.
+
+    roster: student id -> (first name, last name) for formgrader (`read_roster`); without it, the id is the name.
 
     kernel_name None: every submission runs in ipykernel on this interpreter; a name: that Jupyter kernel spec.
     confinement: the sandbox around the student's code (default bwrap); sandbox.SandboxUnavailable, before anything
@@ -369,6 +445,7 @@ def grade_submissions(
                     kernel_name=kernel_name,
                     confinement=confinement,
                     staging=scratch / "executed",
+                    roster=roster,
                 )
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -445,10 +522,15 @@ def _execute_and_record(
     kernel_name: str | None,
     confinement: confined.Confinement,
     staging: Path,
+    roster: Mapping[str, tuple[str, str]] | None = None,
 ) -> list[Outcome]:
     from tqdm import tqdm
 
-    recorder = NbgraderRecorder(root, staging)
+    recorder = NbgraderRecorder(root, staging, roster)
+    try:
+        recorder.release(sorted(chapters))
+    except Exception as failure:  # noqa: BLE001 - formgrader's status label must never cost a grade
+        print(f"course grade: the chapters stay unreleased in formgrader: {failure}", file=sys.stderr)
     stamps = {}
     for submission, prepared in ready:
         stamps[submission.key], note = _stage_original(root, submission)
