@@ -48,9 +48,9 @@ LIBRARY_TESTS := --ignore=tests/test_notebooks.py --ignore=tests/test_autograde.
 
 test-lower-bounds: venv
 	test -x $(LOWER)/bin/python || $(PYTHON) -m venv $(LOWER)
-	$(LOWER)/bin/pip install -q $(TORCH_PIN)
+	$(LOWER)/bin/pip install -q -c environments/lower-bounds.txt torch
 	$(LOWER)/bin/pip install -q -c environments/lower-bounds.txt -r environments/dev-requirements.txt -e .
-	$(LOWER)/bin/python -c "import transformers, trl, datasets; print('lower bounds:', transformers.__version__, trl.__version__, datasets.__version__)"
+	$(LOWER)/bin/python -c "import torch, transformers, trl, datasets; print('lower bounds:', torch.__version__, transformers.__version__, trl.__version__, datasets.__version__)"
 	$(LOWER)/bin/python -m pytest -q -n 2 -p no:cacheprovider $(LIBRARY_TESTS)
 	$(BIN)/python -m course_lib.instructor.build > /dev/null
 	rm -rf $(LOWER_RUN) && mkdir -p $(LOWER_RUN)
@@ -59,6 +59,12 @@ test-lower-bounds: venv
 	    > $(LOWER_RUN)/$$chapter.log 2>&1 && tail -n 1 $(LOWER_RUN)/$$chapter.log \
 	    || { cat $(LOWER_RUN)/$$chapter.log; exit 1; }; \
 	done
+	# torch's floor with what pip picks for the rest: a runtime that kept its old torch, then installed the course
+	mkdir -p build && grep '^torch==' environments/lower-bounds.txt > build/torch-floor.txt
+	$(LOWER)/bin/pip install -q -c build/torch-floor.txt --upgrade --upgrade-strategy eager -e . \
+	  transformers trl datasets accelerate tokenizers
+	$(LOWER)/bin/python -c "import torch, transformers; from transformers import Qwen2ForCausalLM; print('torch floor with the newest:', torch.__version__, transformers.__version__)"
+	$(LOWER)/bin/python -m pytest -q -n 2 -p no:cacheprovider $(LIBRARY_TESTS)
 
 LINTED := course_lib tests benchmarks scripts notebooks/chapters notebooks/nbgrader_config.py
 

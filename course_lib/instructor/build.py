@@ -207,16 +207,37 @@ def package_spec(settings: dict) -> str:
     return f"course_lib @ https://github.com/{settings['repository']}/archive/refs/heads/{settings['branch']}.zip"
 
 
+def torch_floor(pyproject: Path = NOTEBOOKS_DIR.parent / "pyproject.toml") -> str:
+    """The oldest torch the course declares (pyproject.toml's `torch>=X`): the one definition the setup cell and
+    environments/lower-bounds.txt follow (a test keeps them equal)."""
+    found = re.search(r'"torch>=([0-9.]+)"', pyproject.read_text(encoding="utf-8"))
+    if not found:
+        raise ValueError(f"{pyproject} declares no torch>=X dependency")
+    return found.group(1)
+
+
 def setup_code(settings: dict) -> str:
-    """The first code cell of every chapter: works locally, on Colab and on ModelScope."""
+    """The first code cell of every chapter: works locally, on Colab and on ModelScope.
+
+    On a machine whose torch is older than the course's floor (a Colab runtime that kept an old stack), installing
+    the course would bring a transformers that disables PyTorch: the cell stops first, with the fix in one line."""
+    floor = torch_floor()
     return textwrap.dedent(f"""\
         # Setup (local, Colab, ModelScope): install the course package when it is missing, then import it.
         # An ImportError below, on a machine that kept an older course_lib? This cell is locked: copy the next line
         # without its "# " into a new cell, run that cell once, then restart the kernel.
         # %pip install -q --upgrade --force-reinstall --no-deps "{package_spec(settings)}"
+        import importlib.metadata
         import importlib.util
+        import re
         import subprocess
         import sys
+
+        if importlib.util.find_spec("torch") is not None:  # transformers 5 switches PyTorch off below {floor}
+            _torch = importlib.metadata.version("torch")
+            if tuple(map(int, re.findall(r"\\d+", _torch)[:2])) < {tuple(int(p) for p in floor.split(".")[:2])}:
+                raise SystemExit(f"This course needs torch >= {floor}, this machine has {{_torch}}: run "
+                                 "`%pip install -U torch`, restart the runtime, then run this cell again.")
 
         if importlib.util.find_spec("course_lib") is None:
             subprocess.run([sys.executable, "-m", "pip", "install", "-q", "{package_spec(settings)}"], check=True)
