@@ -5,6 +5,7 @@
     course grade SUBMISSIONS [--workers N]     folder or zip of .ipynb -> gradebook, grades.csv, feedback pages
     course preflight PROFILE                   environment check of a profile (BASE-CPU, PT-CPU, PT-SFT-CUDA)
     course bench WORKLOAD --mode MODE          one GPU-runner benchmark (dry_run, cpu_smoke, real_gpu)
+    course jupyter-mode student|instructor     which nbgrader menus this installation's JupyterLab shows
 
 Exit codes: 0 done; 1 something to look at (a failed visible test, a submission that could not be graded, a
 failed preflight line); 2 the command could not run (bad arguments, missing files).
@@ -114,6 +115,19 @@ def _bench(args: argparse.Namespace) -> int:
     return runner.main(argv)
 
 
+def _jupyter_mode(args: argparse.Namespace) -> int:
+    from course_lib.instructor import jupyter_mode
+
+    try:
+        written = jupyter_mode.set_mode(args.mode, args.config_dir)
+    except (OSError, ValueError) as error:
+        print(f"course jupyter-mode: {error}", file=sys.stderr)
+        return 2
+    shown = "Validate and the assignment list only" if args.mode == "student" else "all of nbgrader's menus"
+    print(f"{args.mode} mode: JupyterLab shows {shown} (restart JupyterLab); wrote " + ", ".join(map(str, written)))
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(
         prog="course",
@@ -122,6 +136,12 @@ def parser() -> argparse.ArgumentParser:
         epilog=__doc__.split("\n\n", 1)[1],
     )
     verbs = top.add_subparsers(dest="verb", required=True)
+    mode = verbs.add_parser("jupyter-mode", help="student: hide nbgrader's instructor menus; instructor: show them")
+    mode.add_argument("mode", choices=("student", "instructor"))
+    mode.add_argument(
+        "--config-dir", type=Path, default=None, help="Jupyter config folder (default: <sys.prefix>/etc/jupyter)"
+    )
+    mode.set_defaults(run=_jupyter_mode)
     root_help = "course root: the folder with nbgrader_config.py, chapters/, source/, release/ (default: %(default)s)"
 
     build = verbs.add_parser("build", help="build source and release notebooks from the chapter sources")
