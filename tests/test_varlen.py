@@ -407,11 +407,11 @@ def test_torch_kernel_is_dispatched_causal_with_the_models_gqa_shapes():
     without it, with every key/value head repeated for its query heads; key / value gradients keep 2 heads."""
     import inspect
 
-    from torch.nn.attention.varlen import varlen_attn
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    if varlen_module._torch_varlen_attn() is None:
+    if varlen_module._torch_varlen_attn() is None:  # torch 2.6 (the floor) has no torch.nn.attention.varlen at all
         pytest.skip(f"torch {torch.__version__} has no varlen_attn taking scale and window_size")
+    from torch.nn.attention.varlen import varlen_attn
 
     class Dispatched(TorchDispatchMode):
         def __init__(self):
