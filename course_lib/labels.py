@@ -36,6 +36,35 @@ class LabelledSample(TypedDict):
     labels: list[int]
 
 
+def require_optional_positive_int(name: str, value: object) -> int | None:
+    """None stays None; anything else must be a positive int (`require_positive_int`)."""
+    return None if value is None else require_positive_int(name, value)
+
+
+def require_labelled_rows(name: str, features: object) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """B features {"input_ids" [T_b], "labels" [T_b]} -> (B id rows, B label rows), each a 1-D torch.long tensor.
+
+    A ValueError names the feature and the field for: no features; a missing key; ids or labels that are not one
+    flat row of integers (bools, floats and [1, T] tensors are refused); an empty sample; ids and labels of
+    different lengths (labels not truncated with the inputs).
+    """
+    id_rows, label_rows = [], []
+    for index, feature in enumerate(require_sequence(name, features, allow_empty=False)):
+        require_keys(f"{name}[{index}]", feature, ("input_ids", "labels"))
+        input_ids = require_tensor(f"{name}[{index}]['input_ids']", feature["input_ids"], ndim=1, dtype_kind="i")
+        labels = require_tensor(f"{name}[{index}]['labels']", feature["labels"], ndim=1, dtype_kind="i")
+        if len(input_ids) != len(labels):
+            raise ValueError(
+                f"{name}[{index}]: input_ids has length {len(input_ids)} but labels has length "
+                f"{len(labels)}; they must be equal (truncate both together)"
+            )
+        if len(input_ids) == 0:
+            raise ValueError(f"{name}[{index}] has empty input_ids")
+        id_rows.append(input_ids.long())
+        label_rows.append(labels.long())
+    return id_rows, label_rows
+
+
 def build_labels(
     tokenizer, messages, *, supervise_eos: bool = True, max_length: int | None = None, chat_template: str | None = None
 ) -> LabelledSample:
@@ -45,8 +74,7 @@ def build_labels(
     else IGNORE_INDEX: system, user and template tokens carry no loss, in every turn.
     """
     supervise_eos = require_bool("supervise_eos", supervise_eos)
-    if max_length is not None:
-        max_length = require_positive_int("max_length", max_length)
+    max_length = require_optional_positive_int("max_length", max_length)
     rendered = render_chat(tokenizer, messages, chat_template=chat_template)
     input_ids = np.asarray(rendered["input_ids"], dtype=np.int64)  # [T]
     roles_with_loss = SUPERVISED_ROLES if supervise_eos else SUPERVISED_ROLES[:1]  # ("assistant",) without EOS
@@ -73,23 +101,8 @@ def pad_batch(features, pad_token_id: int, *, pad_to_multiple_of: int | None = N
     1 on real tokens and 0 on padding (from the lengths, not from the ids).
     """
     pad_token_id = require_int("pad_token_id", pad_token_id, minimum=0, maximum=INT64_MAX)
-    if pad_to_multiple_of is not None:
-        pad_to_multiple_of = require_positive_int("pad_to_multiple_of", pad_to_multiple_of)
-    id_rows, label_rows = [], []
-    for index, feature in enumerate(require_sequence("features", features, allow_empty=False)):
-        require_keys(f"features[{index}]", feature, ("input_ids", "labels"))
-        input_ids = require_tensor(f"features[{index}]['input_ids']", feature["input_ids"], ndim=1, dtype_kind="i")
-        labels = require_tensor(f"features[{index}]['labels']", feature["labels"], ndim=1, dtype_kind="i")
-        input_ids, labels = input_ids.long(), labels.long()  # [T_b] each
-        if len(input_ids) != len(labels):
-            raise ValueError(
-                f"features[{index}]: input_ids has length {len(input_ids)} but labels has length "
-                f"{len(labels)}; they must be equal (truncate both together)"
-            )
-        if len(input_ids) == 0:
-            raise ValueError(f"features[{index}] has empty input_ids")
-        id_rows.append(input_ids)
-        label_rows.append(labels)
+    pad_to_multiple_of = require_optional_positive_int("pad_to_multiple_of", pad_to_multiple_of)
+    id_rows, label_rows = require_labelled_rows("features", features)  # B rows [T_b] each, torch.long
     lengths = torch.tensor([len(row) for row in id_rows])  # [B]
     input_ids = torch.nn.utils.rnn.pad_sequence(id_rows, batch_first=True, padding_value=pad_token_id)  # [B, L]
     labels = torch.nn.utils.rnn.pad_sequence(label_rows, batch_first=True, padding_value=IGNORE_INDEX)  # [B, L]

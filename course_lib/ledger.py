@@ -45,11 +45,10 @@ def ledger_from_roles(roles, *, supervise_eos: bool = True) -> LengthLedger:
     roles = require_sequence("roles", roles)
     if not all(isinstance(role, str) for role in roles):
         raise ValueError(f"roles must be role names (strings), one per token, got {roles!r:.80}")
+    if not set(roles) <= set(ROLE_NAMES):
+        raise ValueError(f"roles must be among {list(ROLE_NAMES)}, got {sorted(set(roles) - set(ROLE_NAMES))}")
     supervise_eos = require_bool("supervise_eos", supervise_eos)
     role_array = np.asarray(roles, dtype=str)  # [T]
-    unknown = sorted(set(role_array.tolist()) - set(ROLE_NAMES))
-    if unknown:
-        raise ValueError(f"roles must be among {list(ROLE_NAMES)}, got {unknown}")
     prompt = int(np.isin(role_array, ("system", "user")).sum())
     answer = int((role_array == "assistant").sum())
     eos = int((role_array == "eos").sum())

@@ -48,6 +48,21 @@ class ContextAudit(TypedDict):
     overflow_names: list[str]
 
 
+def require_ledger_rows(name: str, samples: object) -> list[dict[str, Any]]:
+    """Ledger rows {name, prompt_tokens, supervised_tokens} -> the same rows, counts as Python ints.
+
+    A row without one of the three keys, a negative or non-integer prompt_tokens, or a supervised_tokens that
+    is not a positive integer raises a ValueError naming the row and the field.
+    """
+    rows = []
+    for index, sample in enumerate(require_sequence(name, samples)):
+        require_keys(f"{name}[{index}]", sample, ("name", "prompt_tokens", "supervised_tokens"))
+        prompt = require_nonnegative_int(f"{name}[{index}]['prompt_tokens']", sample["prompt_tokens"])
+        supervised = require_positive_int(f"{name}[{index}]['supervised_tokens']", sample["supervised_tokens"])
+        rows.append({"name": sample["name"], "prompt_tokens": prompt, "supervised_tokens": supervised})
+    return rows
+
+
 def audit_context_fit(
     samples: Sequence[Mapping[str, Any]],
     target_context_len: int,
@@ -66,11 +81,10 @@ def audit_context_fit(
     min_kept = require_positive_int("min_kept_supervised_tokens", min_kept_supervised_tokens)
     max_ratio = require_ratio("max_supervision_loss_ratio", max_supervision_loss_ratio)
     template = require_nonnegative_int("template_tokens", template_tokens)
+    rows = require_ledger_rows("samples", samples)
     records = []
-    for index, sample in enumerate(require_sequence("samples", samples)):
-        require_keys(f"samples[{index}]", sample, ("name", "prompt_tokens", "supervised_tokens"))
-        prompt = require_nonnegative_int(f"samples[{index}]['prompt_tokens']", sample["prompt_tokens"])
-        supervised = require_positive_int(f"samples[{index}]['supervised_tokens']", sample["supervised_tokens"])
+    for sample in rows:
+        prompt, supervised = sample["prompt_tokens"], sample["supervised_tokens"]
         available = max(0, target - template - prompt)  # slots the window leaves for supervision
         kept = min(supervised, available)
         loss_ratio = (supervised - kept) / supervised

@@ -1,4 +1,5 @@
-"""Labels from one rendering and right padding, with seed 002's classic bugs written out and caught."""
+"""Labels from one rendering and right padding, with the LlamaFactory walkthrough's classic bugs written out
+and caught."""
 
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ def test_truncation_cuts_inputs_and_labels_together(tokenizers):
         build_labels(tokenizers["chatml"], CHAT, max_length=0)
 
 
-# ---- seed 002's classic bugs, written as wrong implementations the tests catch ---------------------------------
+# ---- the LlamaFactory walkthrough's classic bugs, written as wrong implementations the tests catch ----------------
 
 
 def wrong_labels_first_prompt_only(tokenizer, messages):

@@ -1,4 +1,4 @@
-"""Length ledger: counts from one rendering, seed 000's distribution summary, overflow ratio, batched ledger."""
+"""Length ledger: counts from one rendering, LCFT's distribution summary, overflow ratio, batched ledger."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from course_lib import (
 )
 from tests.conftest import CHAT
 
-# ---- seed 000, Step 1: the distribution summary ---------------------------------------------------------------
+# ---- LCFT, Step 1: the distribution summary ---------------------------------------------------------------
 
 
 def test_seed_example_verbatim():

@@ -1,4 +1,4 @@
-"""Packing: seed 000 / 003 examples, brute-force references on random inputs, bad input."""
+"""Packing: LCFT and Agent RL §14 examples, brute-force references on random inputs, bad input."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ lengths_and_capacity = st.integers(1, 40).flatmap(
 
 
 def reference_ffd_rows(lengths, capacity):
-    """Seed 003's loop: longest first (stable), each into the first row with room."""
+    """Agent RL §14's loop: longest first (stable), each into the first row with room."""
     rows, used = [], []
     for index in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
         row = next((r for r, u in enumerate(used) if u + lengths[index] <= capacity), None)
@@ -88,7 +88,7 @@ def reference_block_causal(segment_ids):
     ]
 
 
-# ---------- seed 000 examples verbatim ----------
+# ---------- LCFT's examples verbatim ----------
 
 
 def test_pack_sample_lengths_utilization_below_one_and_empty():
@@ -259,7 +259,7 @@ def test_boundary_isolated_packing_matches_mask_and_seed_formula(id_lists):
     assert positions == varlen_metadata([len(ids) for ids in id_lists])["position_ids"].tolist()
 
 
-# ---------- pack_sequences (seed 003 layout) ----------
+# ---------- pack_sequences (Agent RL §14 layout) ----------
 
 
 def _trajectories(lengths, seed=0):
@@ -409,10 +409,11 @@ def test_bad_input_raises_value_error_naming_field_and_value(call, message):
         call()
 
 
-# Seed 002 §4.2: when does packing pay, and what length to pack to.
+# LlamaFactory walkthrough §4.2: when does packing pay, and what length to pack to.
 def test_seed002_effective_tokens_arithmetic_the_readme_quotes():
-    """Seed 002: packed rows of 4096 positions average 3820 real tokens, "+6.7% effective tokens". The 6.7% is
-    (4096 - 3820) / 4096, a share of positions; read as a rate gain (4096 / 3820 - 1) it is 7.2% (docs/library.md)."""
+    """LlamaFactory walkthrough: packed rows of 4096 positions average 3820 real tokens, "+6.7% effective tokens".
+    The 6.7% is (4096 - 3820) / 4096, a share of positions; read as a rate gain (4096 / 3820 - 1) it is 7.2%
+    (docs/library.md)."""
     readme = (Path(__file__).resolve().parents[1] / "docs" / "library.md").read_text(encoding="utf-8")
     quoted = re.search(
         r"The ([\d.]+)% is \(4096 − 3820\) / 4096, a share of positions; as a rate gain it is ([\d.]+)%", readme
@@ -441,7 +442,7 @@ def test_seed002_packing_target_length():
 
 def _suitability_reference(lengths, max_length):
     ordered = sorted(lengths)
-    p95 = ordered[max(0, int(0.95 * len(ordered) + 0.999999) - 1)]  # seed 000's nearest rank (test_ledger)
+    p95 = ordered[max(0, int(0.95 * len(ordered) + 0.999999) - 1)]  # LCFT's nearest rank (test_ledger)
     share = Fraction(p95, max_length)
     verdict = "effective" if share < Fraction(7, 10) else "ineffective" if share > Fraction(19, 20) else "moderate"
     return p95, verdict

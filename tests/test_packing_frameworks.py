@@ -54,7 +54,7 @@ def _first_label_masked(samples):
 
 
 def test_seed000_framework_cell():
-    """Seed 000's TRL conformance cell, with our plan and our metadata in place of the hand-built ones."""
+    """LCFT's TRL conformance cell, with our plan and our metadata in place of the hand-built ones."""
     source_examples = [
         {"input_ids": [11, 12, 13, 14], "labels": [-100, -100, 13, 14]},
         {"input_ids": [21, 22, 23], "labels": [-100, 22, 23]},

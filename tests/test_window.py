@@ -1,4 +1,4 @@
-"""Window policy: seed 000's audit_context_fit examples, a brute-force reference, and apply_window_policy."""
+"""Window policy: LCFT's audit_context_fit examples, a brute-force reference, and apply_window_policy."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from course_lib.window import IGNORE_INDEX, apply_window_policy, audit_context_f
 
 
 def reference_audit(samples, target_context_len, template_tokens, min_kept=1, max_ratio=0.0):
-    """Seed 000's reference solution, written out per sample (except: a 'fit' record keeps its supervision)."""
+    """LCFT's reference solution, written out per sample (except: a 'fit' record keeps its supervision)."""
     records = []
     for s in samples:
         head = template_tokens + s["prompt_tokens"]
@@ -32,7 +32,7 @@ def reference_audit(samples, target_context_len, template_tokens, min_kept=1, ma
     return records
 
 
-# --- seed 000 tests, verbatim -------------------------------------------------------------------------------
+# --- LCFT's tests, verbatim -------------------------------------------------------------------------------
 
 
 def test_seed_context_fit_preserves_supervision():

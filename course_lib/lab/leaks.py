@@ -1,10 +1,13 @@
 """The leak harness: does a packed forward give each sample the log-probs it gets alone?
 
 `course_lib.packed_forward` runs a causal LM on packed rows in each mode; this module runs every sample alone as the
-reference, compares token by token, and lists the leaky variants to compare against.
+reference, compares token by token, and lists the leaky variants to compare against. `leak_report` is the harness
+chapter 3 asks students to write: any forward, one verdict per sample.
 """
 
 from __future__ import annotations
+
+from typing import TypedDict
 
 import torch
 
@@ -12,7 +15,13 @@ from .._checks import require_causal_lm, require_keys, require_real, require_seq
 from ..packed_forward import _as_rows, _next_token_logprobs, packed_token_logprobs, within_segment_mask
 from ..packing import packed_to_sequences
 
-__all__ = ["per_token_logprobs_alone", "compare_packed_with_alone", "leaky_packing_variants", "leaky_share"]
+__all__ = [
+    "per_token_logprobs_alone",
+    "compare_packed_with_alone",
+    "leaky_packing_variants",
+    "leaky_share",
+    "leak_report",
+]
 
 
 def _sequence_ids(index: int, sequence, vocab_size: int) -> torch.Tensor:
@@ -120,3 +129,75 @@ def leaky_share(logp, reference, mask, threshold: float = 0.2) -> float:
             f"{int(off.isnan().sum())} of {off.numel()} masked tokens"
         )
     return float((off > threshold).float().mean())
+
+
+def require_packed_samples(name: str, packed: object, sequences: object) -> list[torch.Tensor]:
+    """pack_sequences' dict and the samples it packs -> the samples as long ids [n_i], checked against the rows.
+
+    A ValueError names what disagrees: a missing key; ids, position_ids and segment_ids that are not integer
+    [R, L] tensors of one shape; rows that are not a partition of the samples, one list per row; a sample whose ids
+    are not the ids its segment holds in the packed row.
+    """
+    require_keys(name, packed, ["ids", "position_ids", "segment_ids", "rows"])
+    layout = {key: _as_rows(f"{name}['{key}']", packed[key]) for key in ("ids", "position_ids", "segment_ids")}
+    if not layout["ids"].shape == layout["position_ids"].shape == layout["segment_ids"].shape:
+        raise ValueError(
+            f"{name}'s ids, position_ids and segment_ids must share one shape [R, L], got "
+            f"{[tuple(tensor.shape) for tensor in layout.values()]}"
+        )
+    samples = [
+        require_tensor(f"sequences[{index}]", sequence, ndim=1, dtype_kind="i").long()
+        for index, sequence in enumerate(require_sequence("sequences", sequences, allow_empty=False))
+    ]
+    held = packed_to_sequences(layout["ids"], layout["segment_ids"], packed["rows"])  # ids of each packed sample
+    if len(held) != len(samples):
+        raise ValueError(f"{name} holds {len(held)} samples, but {len(samples)} sequences were given")
+    for index, (in_row, alone) in enumerate(zip(held, samples, strict=True)):
+        if in_row.shape != alone.shape or not torch.equal(in_row.cpu(), alone.cpu()):
+            raise ValueError(f"sequences[{index}] ({alone.numel()} tokens) is not the sample {name} holds at its place")
+    return samples
+
+
+class LeakReport(TypedDict):
+    """Per sample (indexed as the packed sequences): its largest log-prob difference, and which samples leak."""
+
+    max_abs_diff: list[float]
+    leaky_samples: list[int]
+
+
+def leak_report(forward_fn, packed: dict, sequences, tol: float = 1e-4) -> LeakReport:
+    """A forward on packed rows -> each sample's largest |log p packed - log p alone| (nats) and the leaky samples.
+
+    forward_fn(ids [B, L], position_ids [B, L], segment_ids [B, L]) -> logits [B, L, V] is the forward under test:
+    called once on the packed rows (pack_sequences' dict) and once per sample alone (B = 1, positions 0 .. n-1,
+    segment 0). A sample's next-token log-probs inside its own tokens must be the same in both runs:
+
+        packed row:  [ a0 a1 a2 | b0 b1 | pad ]      a1 | a0, a2 | a0 a1    b1 | b0   (n_i - 1 per sample)
+        alone:       [ a0 a1 a2 ]  [ b0 b1 ]          the same predictions, from the sample's tokens only
+
+    Returns {"max_abs_diff": [the largest difference of sample i, 0.0 for a one-token sample], "leaky_samples": the
+    indices i with max_abs_diff > tol, ascending}. Samples are indexed as in `sequences` (= pack_sequences' input).
+    """
+    if not callable(forward_fn):
+        raise ValueError(f"forward_fn must be callable: (ids, position_ids, segment_ids) -> logits, got {forward_fn!r}")
+    samples = require_packed_samples("packed", packed, sequences)
+    tol = require_real("tol", tol, minimum=0.0)
+    ids, segment_ids = packed["ids"], packed["segment_ids"]  # [R, L] each
+    with torch.no_grad():
+        logits = forward_fn(ids, packed["position_ids"], segment_ids)  # [R, L, V]
+    packed_logp = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1)  # [R, L-1]
+    largest = [0.0] * len(samples)
+    for row_number, row in enumerate(packed["rows"]):
+        for segment, index in enumerate(row):
+            sample = samples[index]  # [n]
+            if len(sample) < 2:
+                continue  # nothing is predicted inside a one-token sample
+            columns = (segment_ids[row_number] == segment).nonzero().flatten()  # [n], the sample's columns
+            in_row = packed_logp[row_number, columns[:-1]]  # [n-1]: predictions from the sample's own tokens
+            with torch.no_grad():
+                alone_logits = forward_fn(
+                    sample[None], torch.arange(len(sample))[None], torch.zeros(1, len(sample), dtype=torch.long)
+                )  # [1, n, V]
+            alone = torch.log_softmax(alone_logits[0, :-1].float(), -1).gather(-1, sample[1:, None]).squeeze(-1)
+            largest[index] = float((in_row - alone).abs().max())
+    return {"max_abs_diff": largest, "leaky_samples": [i for i, gap in enumerate(largest) if gap > tol]}

@@ -88,9 +88,10 @@ for token_id, role in list(zip(rendered["input_ids"], rendered["roles"], strict=
 # `system` and `user` roles; supervised tokens are the `assistant` tokens plus the `eos` token when
 # `supervise_eos` is true (otherwise the end-of-turn token counts as template); template tokens are the rest.
 # Return a dict with the keys `template_tokens`, `prompt_tokens`, `supervised_tokens`, `total_tokens` (Python ints;
-# an empty list of roles gives four zeros), and raise a `ValueError` naming the bad value for a role outside
-# `("template", "system", "user", "assistant", "eos")` (roles are case-sensitive: `"User"` is not a role) or a
-# `supervise_eos` that is not a bool (`require_bool`, imported at the top of your cell, does it).
+# an empty list of roles gives four zeros). The first lines of the function, the input checks, are given: keep them.
+# They raise a `ValueError` naming the bad value for a role outside `("template", "system", "user", "assistant",
+# "eos")` (roles are case-sensitive: `"User"` is not a role) or a `supervise_eos` that is not a bool; you write the
+# counting below them.
 
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_ledger_from_roles", "locked": false, "schema_version": 3}
 #| solution: course_lib.ledger.ledger_from_roles
@@ -246,17 +247,19 @@ plt.show()
 # `{"records": [...], "fit_names": [...], "truncated_names": [...], "overflow_names": [...]}` where each record
 # holds `name`, `total_tokens`, `kept_supervised_tokens` (both Python ints; kept is 0 for an overflow),
 # `supervision_loss_ratio` and `decision` (`"fit"`, `"truncate"` or `"overflow"`); an empty list of samples gives
-# empty lists. The ratio is the formula above for the cut the window would make, which keeps
-# $\min(L_{\text{sup}}, \max(0, C - L_{\text{template}} - L_{\text{prompt}}))$ supervised tokens: 0.0 for a fit, and
-# for an overflow the ratio of the cut the gates refused (0.4 when 24 of 40 tokens would be kept), **not** 1.0, even
-# though the overflow record's `kept_supervised_tokens` is 0. The gates judge a **cut**: a sample that fits keeps
-# all its supervision, even when that is below `min_kept_supervised_tokens`, since nothing is cut. (LCFT's code prints 0
-# kept tokens for such a "fit"; we keep the count, so that the record agrees with what the window actually keeps; LCFT
-# is listed on the course's sources page, `docs/sources.md`.) Reject bad input with a `ValueError` that names the field:
-# a sample without one of its three keys, a window, minimum or length that is not an integer (`True` is not one), a
+# empty lists. The window keeps the template and the prompt whole and as much of the supervision as the slots they
+# leave allow; `supervision_loss_ratio` is the loss ratio above for that cut: 0.0 for a fit, and for an overflow the
+# ratio of the cut the gates refused (0.4 when 24 of 40 tokens would be kept), **not** 1.0, even though the overflow
+# record's `kept_supervised_tokens` is 0. The gates judge a **cut**: a sample that fits keeps all its supervision,
+# even when that is below `min_kept_supervised_tokens`, since nothing is cut. (LCFT's code prints 0 kept tokens for
+# such a "fit"; we keep the count, so that the record agrees with what the window actually keeps; LCFT is listed on
+# the course's sources page, `docs/sources.md`.)
+#
+# The first lines of the function are given: keep them. They check the input and raise a `ValueError` that names
+# the field (a sample without one of its three keys, a window, minimum or length that is not an integer, a
 # non-positive window or minimum, a negative template or prompt length, a supervised length that is not positive, a
-# ratio that is not a number in [0, 1] (`nan` is not). The validators imported at the top of your cell (`require_keys`,
-# `require_positive_int`, `require_ratio`, ...) do this for you.
+# ratio outside [0, 1]); `require_ledger_rows` hands you the rows with their counts as Python ints. You write the
+# decision below them.
 
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_audit_context_fit", "locked": false, "schema_version": 3}
 #| solution: course_lib.window.audit_context_fit
@@ -329,7 +332,7 @@ huge_ratio = huge_prompt["records"][0]["supervision_loss_ratio"]
 assert huge_prompt["overflow_names"] == ["huge-prompt"] and abs(huge_ratio - 1.0) < 1e-9, (
     "audit_context_fit([{'name': 'huge-prompt', 'prompt_tokens': 200, 'supervised_tokens': 10}], 100, 8, "
     f"max_supervision_loss_ratio=1.0) returned the records {huge_prompt['records']}, expected one overflow with "
-    "supervision_loss_ratio 1.0 (the window leaves max(0, 100 - 8 - 200) = 0 supervised tokens)"
+    "supervision_loss_ratio 1.0 (the prompt alone is past the window: no supervised token is kept, never fewer)"
 )
 # A whole sample below the minimum: nothing is cut, so it fits and keeps its 5 supervised tokens.
 small = audit_context_fit(
@@ -433,6 +436,15 @@ grading.assert_rejects(
 ### END HIDDEN TESTS
 
 # %% [markdown]
+# <details><summary>Hint · 提示</summary>
+#
+# The slots the window leaves for supervision are what remains of $C$ after the template and the prompt, and never
+# fewer than zero; the cut keeps as many supervised tokens as fit there, and never more than the sample has. A sample
+# whose cut keeps everything is a fit; otherwise both gates decide between truncate and overflow.
+#
+# </details>
+
+# %% [markdown]
 # ## 5. The policy on real token sequences
 #
 # `audit_context_fit` decides on counts; `apply_window_policy` carries the decision out on `input_ids` and
@@ -499,8 +511,76 @@ for window in (128, 256, 512):
 # %% [markdown]
 # Only samples the window cuts differ, and by the closing token: here every difference is a truncation where the
 # audit reserves a slot for the newline and keeps one supervised token fewer (under alpaca, two). Right at a gate,
-# that token can turn the audit's truncation into an overflow the policy would not make. Use the audit to plan a
-# window over a whole dataset from its ledger; let the policy, which sees the tokens, make the cut.
+# that token turns the audit's truncation into an overflow the policy would not make. The next cell puts one sample
+# exactly there: a window that leaves the policy a loss of at most a quarter of the answer, so the audit, one token
+# shorter, loses just over a quarter.
+
+# %%
+gate_index = next(index for index, row in enumerate(policy_ledger) if row["supervised_tokens"] >= 64)
+gate_sample, gate_row = policy_samples[gate_index], policy_ledger[gate_index]
+gate_labels = np.asarray(gate_sample["labels"])  # [T]
+before_answer_end = int(np.flatnonzero(gate_labels != -100)[-1]) + 1 - gate_row["supervised_tokens"]
+gate_window = before_answer_end + gate_row["supervised_tokens"] - gate_row["supervised_tokens"] // 4  # loss <= 1/4
+gate_policy = apply_window_policy(
+    [gate_sample], gate_window, min_kept_supervised_tokens=32, max_supervision_loss_ratio=0.25
+)
+gate_audit = audit_context_fit(
+    [{"name": gate_sample["name"], **{key: gate_row[key] for key in ("prompt_tokens", "supervised_tokens")}}],
+    gate_window,
+    gate_row["template_tokens"],
+    min_kept_supervised_tokens=32,
+    max_supervision_loss_ratio=0.25,
+)
+for who, record in (("audit ", gate_audit["records"][0]), ("policy", gate_policy["audit"]["records"][0])):
+    print(
+        f"{gate_sample['name']} at a window of {gate_window}: {who} {record['decision']:<8} keeps "
+        f"{record['kept_supervised_tokens']} of {gate_row['supervised_tokens']} supervised tokens, "
+        f"loss ratio {record['supervision_loss_ratio']:.3f} (gate 0.25)"
+    )
+
+# %% [markdown]
+# The audit refuses the cut (its loss ratio is just above 0.25 and its record keeps 0), the policy makes it. Use the
+# audit to plan a window over a whole dataset from its ledger; let the policy, which sees the tokens, make the cut.
+#
+# The figure draws your audit's decisions on the first twenty chats at a window of 256 tokens with the gates of
+# this section: each bar is one sample's tokens, the part the window keeps in colour, the part it loses hatched.
+
+# %%
+figure_rows = [
+    {"name": sample["name"], **{key: row[key] for key in ("prompt_tokens", "supervised_tokens")}}
+    for sample, row in zip(policy_samples[:20], policy_ledger[:20], strict=True)
+]
+figure_audit = audit_context_fit(
+    figure_rows,
+    256,
+    policy_ledger[0]["template_tokens"],
+    min_kept_supervised_tokens=32,
+    max_supervision_loss_ratio=0.25,
+)
+assert len(figure_audit["records"]) == len(figure_rows), "audit_context_fit must return one record per sample"
+decision_colour = {"fit": "#55A868", "truncate": "#DD8452", "overflow": "#C44E52"}
+fig, ax = plt.subplots(figsize=(8, 4.5))
+for y, (row, record) in enumerate(zip(figure_rows, figure_audit["records"], strict=True)):
+    before = policy_ledger[0]["template_tokens"] + row["prompt_tokens"]
+    colour = decision_colour[record["decision"]]
+    ax.barh(y, before, color="#BBBBBB")  # template + prompt, kept whole
+    ax.barh(y, record["kept_supervised_tokens"], left=before, color=colour)  # supervision the window keeps
+    lost = row["supervised_tokens"] - record["kept_supervised_tokens"]
+    ax.barh(y, lost, left=before + record["kept_supervised_tokens"], color="white", edgecolor=colour, hatch="//")
+window_line = ax.axvline(256, color="black")
+ax.set_yticks(range(len(figure_rows)), [row["name"] for row in figure_rows], fontsize=7)
+ax.invert_yaxis()
+ax.set_xlabel("tokens (grey: template + prompt; colour: supervision kept; hatched: supervision lost)")
+handles = [plt.Rectangle((0, 0), 1, 1, color=colour) for colour in decision_colour.values()] + [window_line]
+ax.legend(handles, [*decision_colour, "window C = 256"], loc="center right", fontsize=8)
+ax.set_title("Fit, truncate or overflow: min 32 kept tokens, at most 25% of the answer lost")
+plt.show()
+print(
+    {
+        decision: len(figure_audit[key])
+        for decision, key in (("fit", "fit_names"), ("truncate", "truncated_names"), ("overflow", "overflow_names"))
+    }
+)
 #
 # ## 6. The same ledger in the framework (transformers)
 #

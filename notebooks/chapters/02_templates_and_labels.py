@@ -164,9 +164,9 @@ for token_id, role in list(zip(rendered["input_ids"], rendered["roles"], strict=
 # * With `max_length` given, keep the first `max_length` tokens of **both** `input_ids` and `labels`.
 # * Return `{"input_ids": [...], "labels": [...]}`: lists of equal length that hold Python ints (not numpy or torch
 #   integers: datasets and JSON files store them).
-# * Raise a `ValueError` for a `max_length` that is not a positive integer or a `supervise_eos` that is not a
-#   bool (`require_positive_int` and `require_bool`, imported at the top of your cell, do it); bad messages are
-#   already refused by `render_chat`.
+# * The first lines of the function, the input checks, are given: keep them. They raise a `ValueError` for a
+#   `max_length` that is neither `None` nor a positive integer or a `supervise_eos` that is not a bool; bad messages
+#   are refused by `render_chat`. You write what follows them.
 
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_build_labels", "locked": false, "schema_version": 3}
 #| solution: course_lib.labels.build_labels
@@ -337,14 +337,17 @@ print("".join(pieces))
 # "attention_mask"}`, each a `torch.long` tensor of shape `[B, L]` with `L` the longest sample, right-padded
 # as in the table. With `pad_to_multiple_of=m`, `L` is the longest sample rounded up to a multiple of `m` (8 → 8,
 # 9 → 16 for `m = 8`), as transformers' collators round it for tensor-core-friendly shapes; the extra columns are
-# padding like any other. Raise a `ValueError` that names the problem for: an empty list; a feature missing
-# `input_ids` or `labels` (`require_keys` does it); `input_ids` and `labels` of different lengths (the
-# "labels not truncated with the inputs" bug); an empty sample; ids or labels that are not one flat row of integers (not
-# bools, not floats, not a `[1, T]` tensor as `tokenizer(..., return_tensors="pt")` gives: `require_tensor(...,
-# ndim=1, dtype_kind="i")` checks all three); a
-# `pad_token_id` that is not an integer ≥ 0 (`require_int(..., minimum=0)`; `True` is not one); a `pad_to_multiple_of`
-# that is neither `None` nor a positive integer (`require_positive_int`). Leave the
-# caller's features as they are: build new tensors, do not pad the given lists in place.
+# padding like any other. Leave the caller's features as they are: build new tensors, do not pad the given lists in
+# place.
+#
+# The first three lines of the function, the input checks, are given: keep them. They raise a `ValueError` that
+# names the problem for an empty list, a feature missing `input_ids` or `labels`, `input_ids` and `labels` of
+# different lengths (the "labels not truncated with the inputs" bug), an empty sample, ids or labels that are not one
+# flat row of integers (not bools, not floats, not a `[1, T]` tensor as `tokenizer(..., return_tensors="pt")` gives),
+# a `pad_token_id` that is not an integer from 0 to `INT64_MAX` (the largest value an int64 tensor holds, defined
+# with the validators in `course_lib._checks`: a larger id could not be written into a `torch.long` row), and a
+# `pad_to_multiple_of` that is neither `None` nor a positive integer. `require_labelled_rows` hands you the rows as
+# 1-D `torch.long` tensors, one per feature; you write the padding below the checks.
 
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_pad_batch", "locked": false, "schema_version": 3}
 #| solution: course_lib.labels.pad_batch

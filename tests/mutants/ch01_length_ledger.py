@@ -64,7 +64,8 @@ course_lib.window.audit_context_fit = audit_context_fit
 }
 
 # Wrong answers a review of the grading found keeping full points (before the grader compared types and the
-# chapter's hidden tests gained the cases that catch them).
+# chapter's hidden tests gained the cases that catch them). The input checks are given to the student, so the
+# catalogue holds mistakes in the mechanism below them.
 _LEDGER_TARGET = "course_lib.ledger.ledger_from_roles"
 MUTANTS["ledger_from_roles"].update(
     {
@@ -76,90 +77,22 @@ MUTANTS["ledger_from_roles"].update(
                 'prompt = np.isin(role_array, ("system", "user")).sum()',
             ),
         ),
-        # Roles lowercased before the check: "User" is silently counted as a prompt token instead of refused.
-        "roles_lowercased": mutate(
-            _LEDGER_TARGET,
-            ("role_array = np.asarray(roles, dtype=str)", "role_array = np.char.lower(np.asarray(roles, dtype=str))"),
-        ),
-        # Any truthy supervise_eos supervises the EOS: "no" does too.
-        "supervise_eos_truthy": mutate(
-            _LEDGER_TARGET,
-            ('supervise_eos = require_bool("supervise_eos", supervise_eos)', "supervise_eos = bool(supervise_eos)"),
+        # One end-of-turn token per sample assumed: a multi-turn chat's later answers lose their EOS.
+        "eos_counted_once": mutate(
+            _LEDGER_TARGET, ('eos = int((role_array == "eos").sum())', 'eos = int("eos" in role_array.tolist())')
         ),
     }
 )
 MUTANTS["audit_context_fit"].update(
     {
-        # Seed 000's literal formula: a whole sample below the minimum is called "fit" but reports 0 kept tokens.
-        "seed_formula_fit_below_minimum": mutate(
+        # LCFT's literal formula: a whole sample below the minimum is called "fit" but reports 0 kept tokens.
+        "lcft_formula_fit_below_minimum": mutate(
             _AUDIT,
             (
                 '            decision = "fit"\n',
                 '            decision = "fit"\n            kept = kept if kept >= min_kept else 0\n',
             ),
         ),
-        # Only a negative ratio or one above 1 is refused: nan passes, and every cut then overflows.
-        "nan_ratio_accepted": mutate(
-            _AUDIT,
-            (
-                'max_ratio = require_ratio("max_supervision_loss_ratio", max_supervision_loss_ratio)',
-                "max_ratio = max_supervision_loss_ratio\n"
-                "    if max_ratio < 0 or max_ratio > 1:\n"
-                '        raise ValueError(f"max_supervision_loss_ratio must lie in [0, 1], got {max_ratio}")',
-            ),
-        ),
-        # Only a zero supervised length is refused: -5 becomes a "fit" that keeps -5 tokens.
-        "negative_supervision_accepted": mutate(
-            _AUDIT,
-            (
-                "supervised = require_positive_int("
-                'f"samples[{index}][\'supervised_tokens\']", sample["supervised_tokens"])',
-                'supervised = sample["supervised_tokens"]\n'
-                "        if supervised == 0:\n"
-                '            raise ValueError(f"samples[{index}] has no supervised tokens")',
-            ),
-        ),
-    }
-)
-MUTANTS["audit_context_fit"].update(
-    {
-        # The template length checked for its sign only: 2.5 template tokens give a total of 17.5.
-        "fractional_template_accepted": mutate(
-            _AUDIT,
-            (
-                'template = require_nonnegative_int("template_tokens", template_tokens)',
-                "template = template_tokens\n"
-                "    if template < 0:\n"
-                '        raise ValueError(f"template_tokens must be >= 0, got {template}")',
-            ),
-        ),
-    }
-)
-
-# Wrong answers a second review tried on the edges (empty input, duplicates, defaults, where a check runs).
-MUTANTS["ledger_from_roles"].update(
-    {
-        # An empty list of roles refused, although the TODO promises four zeros for it.
-        "empty_roles_refused": mutate(
-            _LEDGER_TARGET,
-            ('roles = require_sequence("roles", roles)', 'roles = require_sequence("roles", roles, allow_empty=False)'),
-        ),
-        # One end-of-turn token per sample assumed: a multi-turn chat's later answers lose their EOS.
-        "eos_counted_once": mutate(
-            _LEDGER_TARGET, ('eos = int((role_array == "eos").sum())', 'eos = int("eos" in role_array.tolist())')
-        ),
-        # supervise_eos is only looked at (and checked) when the roles hold an eos token.
-        "supervise_eos_checked_only_with_an_eos": mutate(
-            _LEDGER_TARGET,
-            (
-                'supervise_eos = require_bool("supervise_eos", supervise_eos)',
-                'if "eos" in roles:\n        supervise_eos = require_bool("supervise_eos", supervise_eos)',
-            ),
-        ),
-    }
-)
-MUTANTS["audit_context_fit"].update(
-    {
         # Records kept in a dict keyed by name: two samples with one name become one record.
         "records_keyed_by_name": mutate(
             _AUDIT,
@@ -173,52 +106,82 @@ MUTANTS["audit_context_fit"].update(
         "default_min_kept_32": mutate(
             _AUDIT, ("min_kept_supervised_tokens: int = 1", "min_kept_supervised_tokens: int = 32")
         ),
-        # The window, template, minimum and ratio checked inside the loop: with no samples, nothing is checked.
-        "arguments_checked_per_sample": mutate(
+        # The gates read as strict: a cut that keeps exactly the minimum, or loses exactly the allowed share, fails.
+        "strict_gates": mutate(
             _AUDIT,
-            (
-                '    target = require_positive_int("target_context_len", target_context_len)\n'
-                '    min_kept = require_positive_int("min_kept_supervised_tokens", min_kept_supervised_tokens)\n'
-                '    max_ratio = require_ratio("max_supervision_loss_ratio", max_supervision_loss_ratio)\n'
-                '    template = require_nonnegative_int("template_tokens", template_tokens)\n',
-                "",
-            ),
-            (
-                '        require_keys(f"samples[{index}]", sample, ("name", "prompt_tokens", "supervised_tokens"))\n',
-                '        require_keys(f"samples[{index}]", sample, ("name", "prompt_tokens", "supervised_tokens"))\n'
-                '        target = require_positive_int("target_context_len", target_context_len)\n'
-                '        min_kept = require_positive_int("min_kept_supervised_tokens", min_kept_supervised_tokens)\n'
-                '        max_ratio = require_ratio("max_supervision_loss_ratio", max_supervision_loss_ratio)\n'
-                '        template = require_nonnegative_int("template_tokens", template_tokens)\n',
-            ),
+            ("elif kept >= min_kept and loss_ratio <= max_ratio:", "elif kept > min_kept and loss_ratio < max_ratio:"),
         ),
-        # A sample's lengths checked with isinstance(int): True passes as one token.
-        "bool_sample_lengths_accepted": mutate(
-            _AUDIT,
-            (
-                "supervised = require_positive_int("
-                'f"samples[{index}][\'supervised_tokens\']", sample["supervised_tokens"])',
-                'supervised = sample["supervised_tokens"]\n'
-                "        if not isinstance(supervised, int) or supervised <= 0:\n"
-                '            raise ValueError(f"samples[{index}] needs a positive integer supervised_tokens")',
-            ),
+        # An overflow records the whole supervision as lost (1.0), not the ratio of the cut the gates refused.
+        "overflow_ratio_one": mutate(
+            _AUDIT, ('decision, kept = "overflow", 0', 'decision, kept, loss_ratio = "overflow", 0, 1.0')
         ),
+        # The room left for supervision may go negative: a prompt past the window "keeps" a negative count.
+        "negative_room": mutate(_AUDIT, (_AVAILABLE, "available = target - template - prompt")),
     }
 )
-MUTANTS["audit_context_fit"].update(
-    {
-        # The ratio must be a float: the numbers 0 and 1 (ints) are refused, although they lie in [0, 1].
-        "int_ratio_refused": mutate(
-            _AUDIT,
-            (
-                'max_ratio = require_ratio("max_supervision_loss_ratio", max_supervision_loss_ratio)',
-                "if not isinstance(max_supervision_loss_ratio, float):\n"
-                '        raise ValueError("max_supervision_loss_ratio must be a float")\n'
-                '    max_ratio = require_ratio("max_supervision_loss_ratio", max_supervision_loss_ratio)',
-            ),
-        ),
+
+# The demo's wrong answer for this chapter (scripts/demo_wrong_answers.json), written out in full: the window,
+# template, minimum and ratio checked inside the loop over samples, so with no samples nothing is checked (and the
+# library's given checks replaced by the student's own).
+MUTANTS["audit_context_fit"]["arguments_checked_per_sample"] = '''from typing import Any
+from course_lib.window import ContextAudit
+from collections.abc import Mapping
+from collections.abc import Sequence
+from course_lib._checks import require_keys
+from course_lib._checks import require_nonnegative_int
+from course_lib._checks import require_positive_int
+from course_lib._checks import require_ratio
+from course_lib._checks import require_sequence
+
+
+def audit_context_fit(
+    samples: Sequence[Mapping[str, Any]],
+    target_context_len: int,
+    template_tokens: int,
+    min_kept_supervised_tokens: int = 1,
+    max_supervision_loss_ratio: float = 0.0,
+) -> ContextAudit:
+    """Ledger rows {name, prompt_tokens, supervised_tokens} -> fit | truncate | overflow per sample.
+
+    Returns {records: [{name, total_tokens, kept_supervised_tokens, supervision_loss_ratio, decision}],
+    fit_names, truncated_names, overflow_names}; kept_supervised_tokens is 0 for an overflow. A "fit" record
+    keeps its whole supervision even below min_kept_supervised_tokens (nothing is cut; LCFT's code prints 0
+    there while calling the sample fit, which would disagree with what apply_window_policy keeps).
+    """
+    records = []
+    for index, sample in enumerate(require_sequence("samples", samples)):
+        require_keys(f"samples[{index}]", sample, ("name", "prompt_tokens", "supervised_tokens"))
+        target = require_positive_int("target_context_len", target_context_len)
+        min_kept = require_positive_int("min_kept_supervised_tokens", min_kept_supervised_tokens)
+        max_ratio = require_ratio("max_supervision_loss_ratio", max_supervision_loss_ratio)
+        template = require_nonnegative_int("template_tokens", template_tokens)
+        prompt = require_nonnegative_int(f"samples[{index}]['prompt_tokens']", sample["prompt_tokens"])
+        supervised = require_positive_int(f"samples[{index}]['supervised_tokens']", sample["supervised_tokens"])
+        available = max(0, target - template - prompt)  # slots the window leaves for supervision
+        kept = min(supervised, available)
+        loss_ratio = (supervised - kept) / supervised
+        if kept == supervised:
+            decision = "fit"
+        elif kept >= min_kept and loss_ratio <= max_ratio:  # a cut needs BOTH gates
+            decision = "truncate"
+        else:
+            decision, kept = "overflow", 0
+        records.append(
+            {
+                "name": sample["name"],
+                "total_tokens": template + prompt + supervised,
+                "kept_supervised_tokens": kept,
+                "supervision_loss_ratio": loss_ratio,
+                "decision": decision,
+            }
+        )
+    return {
+        "records": records,
+        "fit_names": [r["name"] for r in records if r["decision"] == "fit"],
+        "truncated_names": [r["name"] for r in records if r["decision"] == "truncate"],
+        "overflow_names": [r["name"] for r in records if r["decision"] == "overflow"],
     }
-)
+'''
 
 # Correct answers that differ from the library's code: each must keep every point (the grader must not be stricter
 # than the TODO text).

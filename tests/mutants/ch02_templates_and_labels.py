@@ -1,4 +1,5 @@
-"""Wrong answers for chapter 2 (chat templates and label masks): seed 002's classic bugs and their cousins."""
+"""Wrong answers for chapter 2 (chat templates and label masks): the LlamaFactory walkthrough's classic bugs and
+their cousins."""
 
 from tests.mutants import mutate
 
@@ -75,14 +76,14 @@ def _pad(
 
 MUTANTS = {
     "build_labels": {
-        # Seed 002: the single-turn habit masks only what comes before the first answer, so later user turns
-        # and role headers are trained on (the model learns to echo its users).
+        # LlamaFactory walkthrough: the single-turn habit masks only what comes before the first answer, so later
+        # user turns and role headers are trained on (the model learns to echo its users).
         "user_turns_supervised": _build(
             labels='[IGNORE_INDEX] * roles.index("assistant") + input_ids[roles.index("assistant"):]'
         ),
         # The end-of-turn token never carries loss, whatever supervise_eos says: the model never learns to stop.
         "eos_never_supervised": _build(supervised='("assistant",)'),
-        # Seed 002: max_length cuts input_ids but the labels stay long.
+        # LlamaFactory walkthrough: max_length cuts input_ids but the labels stay long.
         "labels_not_truncated": _build(cut="input_ids[:max_length], labels"),
         # Truncation keeps the end of the sequence instead of its beginning.
         "truncated_from_the_left": _build(cut="input_ids[-max_length:], labels[-max_length:]"),
@@ -98,7 +99,7 @@ MUTANTS = {
         "max_length_unchecked": _build(checked="max_length"),
     },
     "pad_batch": {
-        # Seed 002: labels padded with the pad id, so padding becomes a target.
+        # LlamaFactory walkthrough: labels padded with the pad id, so padding becomes a target.
         "pad_id_in_labels": _pad(labels="labels + [pad_token_id] * fill"),
         # Left padding: the right thing for generation, the wrong contract for this collator.
         "left_padding": _pad(
@@ -131,22 +132,8 @@ MUTANTS["pad_batch"].update(
                 '        feature["input_ids"], feature["labels"] = id_row.tolist(), label_row.tolist()\n' + _RETURN,
             ),
         ),
-        # int32 inputs come back as int32 tensors, not the promised torch.long.
-        "keeps_the_input_dtype": mutate(
-            _PAD_TARGET, ("input_ids, labels = input_ids.long(), labels.long()  # [T_b] each", "pass")
-        ),
     }
 )
-MUTANTS["build_labels"].update(
-    {
-        # Any truthy supervise_eos supervises the EOS: "false" does too.
-        "supervise_eos_truthy": mutate(
-            "course_lib.labels.build_labels",
-            ('supervise_eos = require_bool("supervise_eos", supervise_eos)', "supervise_eos = bool(supervise_eos)"),
-        ),
-    }
-)
-
 # Correct answers that differ from the library's code: each must keep every point. This one builds each row with
 # torch.tensor (which warns when a feature already holds a tensor) and pads with pad_sequence; through nbgrader the
 # warning once cost it the whole cell (stderr), now dropped before grading (notebooks/nbgrader_config.py).
@@ -206,19 +193,14 @@ MUTANTS["build_labels"].update(
         ),
     }
 )
-_IDS_CHECK = (
-    'input_ids = require_tensor(f"features[{index}][\'input_ids\']", feature["input_ids"], ndim=1, dtype_kind="i")'
-)
 MUTANTS["pad_batch"].update(
     {
-        # Float ids accepted when they are whole numbers: [5.0, 6.0] goes through (only 5.5 is refused).
-        "whole_float_ids_accepted": mutate(
+        # The rounding adds a whole extra multiple when the width is already one (8 -> 16 for m = 8).
+        "round_adds_a_full_multiple": mutate(
             _PAD_TARGET,
             (
-                _IDS_CHECK,
-                _IDS_CHECK.replace('dtype_kind="i"', 'dtype_kind="if"') + "\n"
-                "        if bool((input_ids != input_ids.round()).any()):\n"
-                "            raise ValueError(f\"features[{index}]['input_ids'] must hold whole numbers\")",
+                "extra = -input_ids.shape[1] % pad_to_multiple_of",
+                "extra = pad_to_multiple_of - input_ids.shape[1] % pad_to_multiple_of",
             ),
         ),
         # Pads input_ids with 0 whatever pad_token_id says.
