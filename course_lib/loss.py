@@ -17,6 +17,7 @@ from ._checks import (
     require_int,
     require_keys,
     require_lengths,
+    require_partition,
     require_real,
     require_tensor,
 )
@@ -32,14 +33,15 @@ __all__ = [
     "supervised_target_mask",
     "supervised_token_losses",
     "microbatch_loss",
+    "accumulate_step",
 ]
 
 LOSS_MODES = ("token_mean", "constant")
 NORMALIZATIONS = ("local", "global")
 
 
-def _require_mask(tensor: object, mask: object) -> torch.Tensor:
-    """A bool (or 0/1) mask with the tensor's shape, returned as bool."""
+def require_loss_mask(tensor: object, mask: object) -> torch.Tensor:
+    """A bool (or 0/1) mask with the tensor's shape, returned as bool (both must be tensors)."""
     if not isinstance(tensor, torch.Tensor) or not isinstance(mask, torch.Tensor):
         raise ValueError(f"tensor and mask must be torch.Tensors, got {type(tensor).__name__}, {type(mask).__name__}")
     if tensor.shape != mask.shape:
@@ -55,7 +57,7 @@ def masked_normalize(
     tensor: torch.Tensor, mask: torch.Tensor, dim: int | None = None, normalize_constant: float = 1.0
 ) -> torch.Tensor:
     """Sum of entries where mask is True (over dim, or all when None) / normalize_constant: [...] -> [...] minus dim."""
-    mask = _require_mask(tensor, mask)
+    mask = require_loss_mask(tensor, mask)
     constant = require_real("normalize_constant", normalize_constant)
     if constant == 0.0:
         raise ValueError("normalize_constant must be nonzero, got 0.0")
@@ -84,21 +86,28 @@ def aggregate_loss(
     >>> float(aggregate_loss(losses, mask)), float(aggregate_loss(losses, mask, "constant", norm_const=8))
     (2.5, 1.25)
     """
-    if mode not in LOSS_MODES:
-        raise ValueError(f"mode must be one of {list(LOSS_MODES)}, got {mode!r}")
-    total = masked_normalize(token_losses, mask)  # [] masked sum; checks the tensors, shapes, 0/1 mask
+    norm_const = require_loss_mode(mode, norm_const)  # None under token_mean; a positive finite float under constant
+    mask = require_loss_mask(token_losses, mask)  # bool [B, T]: the losses' shape, only 0 and 1
+    if mode == "token_mean" and not bool(mask.any()):
+        raise ValueError(
+            "mask selects no token, so token_mean is undefined; use mode='constant' with the global token count"
+        )
+    total = masked_normalize(token_losses, mask)  # [] sum of the supervised losses; nan or inf elsewhere stay out
+    return total / (int(mask.sum()) if norm_const is None else norm_const)
+
+
+def require_loss_mode(mode: object, norm_const: object) -> float | None:
+    """The aggregation mode's constant: None for "token_mean" (which takes none), a positive finite float for
+    "constant" (which needs one); any other mode raises ValueError."""
+    if not isinstance(mode, str) or mode not in LOSS_MODES:
+        raise ValueError(f"mode must be one of {list(LOSS_MODES)}, got {mode!r:.80}")
     if mode == "token_mean":
         if norm_const is not None:
-            raise ValueError(f"norm_const is only used with mode='constant', got norm_const={norm_const!r}")
-        count = int((mask != 0).sum())  # supervised tokens in this microbatch
-        if count == 0:
-            raise ValueError(
-                "mask selects no token, so token_mean is undefined; use mode='constant' with the global token count"
-            )
-        return total / count
+            raise ValueError(f"norm_const is only used with mode='constant', got norm_const={norm_const!r:.80}")
+        return None
     if norm_const is None:
         raise ValueError("norm_const is required with mode='constant' (e.g. the global token count)")
-    return total / require_real("norm_const", norm_const, minimum=0.0, strict_minimum=True)
+    return require_real("norm_const", norm_const, minimum=0.0, strict_minimum=True)
 
 
 def per_token_weight_distortion(tokens_per_microbatch: Sequence[int]) -> list[float]:
@@ -108,7 +117,7 @@ def per_token_weight_distortion(tokens_per_microbatch: Sequence[int]) -> list[fl
     return [total / (n_microbatches * count) for count in counts]
 
 
-def _checked_batch(model: torch.nn.Module, batch: object) -> dict[str, torch.Tensor]:
+def require_lm_batch(model: torch.nn.Module, batch: object) -> dict[str, torch.Tensor]:
     """batch -> its checked tensors: input_ids, labels [B, L], and attention_mask, position_ids, segment_ids [B, L]
     if present.
 
@@ -204,7 +213,7 @@ def supervised_token_losses(
     without a cache, so packed rows with restarted position_ids and no attention_mask (TRL's padding-free batches)
     attend within their samples (transformers' packed-sequence detection); an attention_mask would undo that.
     """
-    batch = _checked_batch(model, batch)
+    batch = require_lm_batch(model, batch)
     extra = {key: batch[key] for key in ("attention_mask", "position_ids") if key in batch}
     logits = model(input_ids=batch["input_ids"], **extra, use_cache=False).logits[:, :-1]  # [B, L-1, V]
     targets = batch["labels"][:, 1:]  # [B, L-1]
@@ -250,3 +259,40 @@ def microbatch_loss(
     if normalize == "local":
         return aggregate_loss(losses, mask, mode="token_mean") / n_microbatches
     return aggregate_loss(losses, mask, mode="constant", norm_const=global_tokens)
+
+
+def accumulate_step(
+    model: torch.nn.Module,
+    batch: Mapping[str, torch.Tensor],
+    microbatches: Sequence[Sequence[int]],
+    group: object = None,
+) -> float:
+    """One optimizer step's gradient accumulation: batch [B, L], microbatches = row lists partitioning range(B).
+
+    Afterwards each parameter's .grad holds, whatever it held before, the gradient of
+    (sum of the supervised token losses of every microbatch) / N, where N counts the supervised targets of the
+    step (`supervised_target_mask`: the tokens `supervised_token_losses` scores) over every microbatch, and over
+    every rank of `group` when one is given: one all-reduce of that single count, the step's only collective.
+    Summed over the ranks, .grad is the gradient of one backward over all their rows (the full-batch token
+    mean); a microbatch without a supervised target adds nothing. Returns this rank's part of that loss.
+    """
+    batch = require_lm_batch(model, batch)  # checked tensors [B, L], on the model's device
+    microbatches = require_partition("microbatches", microbatches, batch["input_ids"].shape[0])
+    if group is not None and not isinstance(group, torch.distributed.ProcessGroup):
+        raise ValueError(f"group must be None or a torch.distributed process group, got {type(group).__name__}")
+    parts = [{key: value[rows] for key, value in batch.items()} for rows in microbatches]  # [b, L] each
+    local_tokens = 0
+    for part in parts:  # the targets supervised_token_losses will score, counted on the labels alone
+        fields = {key: part.get(key) for key in ("position_ids", "segment_ids")}
+        local_tokens += int(supervised_target_mask(part["labels"], **fields).sum())
+    global_tokens = torch.tensor(float(local_tokens), dtype=torch.float64)  # [] on the CPU, as gloo wants it
+    if group is not None:
+        torch.distributed.all_reduce(global_tokens, group=group)  # [] summed over the ranks: the one collective
+    model.zero_grad(set_to_none=True)  # whatever an earlier step left in .grad
+    loss = 0.0
+    for part in parts:
+        losses, mask = supervised_token_losses(model, part)  # [b, L-1] each: one microbatch's activations
+        share = masked_normalize(losses, mask, normalize_constant=float(global_tokens))  # [] token-loss sum / N
+        share.backward()  # adds d(share)/d(parameter) to .grad
+        loss += float(share.detach())
+    return loss

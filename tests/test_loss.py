@@ -1,4 +1,4 @@
-"""Masked normalisation, loss aggregation and gradient accumulation on the tiny Qwen2 (seed 003 §14.4, §14.7)."""
+"""Masked normalisation, loss aggregation and gradient accumulation on the tiny Qwen2 (Agent RL §14.4, §14.7)."""
 
 from __future__ import annotations
 
@@ -516,3 +516,78 @@ def test_a_packed_batch_with_bad_segment_ids_is_refused(model):
     for bad, message in ((torch.tensor([[0.0, 0.0, 1.0]]), "integer"), (torch.tensor([[0, 1]]), "shape")):
         with pytest.raises(ValueError, match=rf"^batch\['segment_ids'\].*{message}"):
             cl.supervised_token_losses(model, {**batch, "segment_ids": bad})
+
+
+# ---- accumulate_step: the accumulation step of chapter 4's TODO 4 ----------------------------------------------
+
+
+def _full_batch(model, batch):
+    """One backward over every row: masked loss sum / supervised targets -> (loss, flat gradient [P])."""
+    model.zero_grad(set_to_none=True)
+    losses, mask = cl.supervised_token_losses(model, batch)
+    loss = cl.masked_normalize(losses, mask, normalize_constant=int(mask.sum()))
+    loss.backward()
+    return float(loss.detach()), cl.flat_gradient(model)
+
+
+@pytest.mark.parametrize(
+    "split",
+    [[[0, 1, 2, 3, 4, 5]], [[0, 1], [2, 3, 4], [5]], [[5], [4], [3], [2], [1], [0]], [[5, 0], [1], [2, 3], [4]]],
+)
+def test_accumulate_step_leaves_the_full_batch_gradient_whatever_grad_held(split):
+    model = cl.tiny_qwen2(seed=0)
+    batch = cl.synthetic_supervised_batch(n_rows=6, min_length=6, max_length=24, seed=1)
+    batch["labels"][5] = cl.IGNORE_INDEX  # a microbatch may hold no supervised token
+    full_loss, full = _full_batch(model, batch)
+    for parameter in model.parameters():
+        parameter.grad = torch.ones_like(parameter)  # stale: an earlier step's
+    loss = cl.accumulate_step(model, batch, split)
+    assert cl.gradient_agreement(cl.flat_gradient(model), full)["relative_error"] < 1e-6
+    assert isinstance(loss, float) and loss == pytest.approx(full_loss, rel=1e-6)
+    # the bug it replaces: per-microbatch token means / K move the gradient as soon as the counts differ
+    if len(split) > 1 and [5] not in split:  # token_mean refuses a microbatch without targets
+        local = cl.accumulated_gradient(model, batch, split, normalize="local")
+        assert cl.gradient_agreement(local, full)["relative_error"] > 1e-2
+
+
+def test_accumulate_step_counts_the_targets_of_packed_rows():
+    """Plain-text labels on packed rows: the first label of a row and each restart's first token are no targets."""
+    model = cl.tiny_qwen2(seed=0)
+    ids = torch.randint(1, 2048, (2, 10), generator=torch.Generator().manual_seed(0))
+    batch = {
+        "input_ids": ids,
+        "labels": ids.clone(),
+        "position_ids": torch.tensor([[0, 1, 2, 0, 1, 2, 3, 0, 1, 2], [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]]),
+    }
+    full_loss, full = _full_batch(model, batch)
+    loss = cl.accumulate_step(model, batch, [[1], [0]])
+    assert cl.gradient_agreement(cl.flat_gradient(model), full)["relative_error"] < 1e-6
+    assert loss == pytest.approx(full_loss, rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    "microbatches, group, field",
+    [
+        ([[0, 1]], None, "microbatches"),  # rows 2, 3 missing
+        ([[0, 1], [1, 2, 3]], None, "microbatches"),  # row 1 twice
+        ([[0, 1], [2, 9]], None, "microbatches"),
+        ([[0, 1], []], None, "microbatches"),
+        ([], None, "microbatches"),
+        ([[0, 1, 2, 3]], "world", "group"),
+    ],
+)
+def test_accumulate_step_rejects_bad_input(microbatches, group, field):
+    model = cl.tiny_qwen2(seed=0)
+    batch = cl.synthetic_supervised_batch(n_rows=4, seed=0)
+    with pytest.raises(ValueError, match=field):
+        cl.accumulate_step(model, batch, microbatches, group=group)
+    with pytest.raises(ValueError, match=r"batch\['labels'\]"):
+        cl.accumulate_step(model, {**batch, "labels": batch["labels"] - 200}, [[0, 1, 2, 3]])
+
+
+def test_accumulate_step_without_any_target_refuses_to_divide_by_zero():
+    model = cl.tiny_qwen2(seed=0)
+    batch = cl.synthetic_supervised_batch(n_rows=2, seed=0)
+    batch["labels"][:] = cl.IGNORE_INDEX
+    with pytest.raises(ValueError, match="normalize_constant"):
+        cl.accumulate_step(model, batch, [[0], [1]])

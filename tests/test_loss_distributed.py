@@ -1,4 +1,4 @@
-"""Two gloo ranks on CPU (seed 003 §14.7 (a), exercise 3): one all-reduce of the token count is exact."""
+"""Two gloo ranks on CPU (Agent RL §14.7 (a), exercise 3): one all-reduce of the token count is exact."""
 
 from __future__ import annotations
 
@@ -94,7 +94,9 @@ def test_a_run_past_its_timeout_raises_and_leaves_no_rank_behind():
 
     model = cl.tiny_qwen2(seed=0)
     batch = cl.synthetic_supervised_batch(n_rows=4, seed=0)
-    with pytest.raises(RuntimeError, match=r"no result within timeout_s = 0\.001 s|timed out after 1ms|wait timeout after 1ms"):
+    with pytest.raises(
+        RuntimeError, match=r"no result within timeout_s = 0\.001 s|timed out after 1ms|wait timeout after 1ms"
+    ):
         cl.data_parallel_gradients(model, batch, [[0, 1], [2, 3]], timeout_s=0.001)
     assert multiprocessing.active_children() == []
 
@@ -114,3 +116,79 @@ def test_a_hung_rank_is_terminated_at_the_timeout():
     with pytest.raises(RuntimeError, match="no result within timeout_s = 5.0 s"):
         cl.data_parallel_gradients(model, batch, [[0, 1], [2, 3]], timeout_s=5.0, start_method="fork")
     assert time.monotonic() - started < 60 and multiprocessing.active_children() == []
+
+
+def _step_without_all_reduce(model, batch, microbatches, group=None):
+    """A wrong step: each rank divides by its own count (the all-reduce forgotten)."""
+    return cl.accumulate_step(model, batch, microbatches, group=None)
+
+
+def _step_that_also_reduces_gradients(model, batch, microbatches, group=None):
+    """A wrong step: the right count, then an all-reduce of every gradient as well (DDP's job, done twice)."""
+    loss = cl.accumulate_step(model, batch, microbatches, group=group)
+    for parameter in model.parameters():
+        if parameter.grad is not None:
+            dist.all_reduce(parameter.grad, group=group)
+    return loss
+
+
+def test_accumulate_step_on_two_ranks_sums_to_the_full_batch_with_one_scalar_all_reduce():
+    model = cl.tiny_qwen2(seed=0)
+    batch = cl.synthetic_supervised_batch(n_rows=9, min_length=5, max_length=30, seed=7)
+    batch["labels"][[2, 6]] = cl.IGNORE_INDEX  # a microbatch below without a supervised token
+    full = cl.accumulated_gradient(model, batch, [range(9)])
+    losses, mask = cl.supervised_token_losses(model, batch)
+    full_loss = float(cl.masked_normalize(losses, mask, normalize_constant=int(mask.sum())).detach())
+    rank_microbatches = [[[0], [2, 6], [1]], [[3, 4, 5], [7, 8]]]
+    ran = cl.step_on_ranks(cl.accumulate_step, model, batch, rank_microbatches, timeout_s=60.0)
+    assert cl.gradient_agreement(ran["gradient"], full)["relative_error"] < 1e-6
+    assert ran["collectives"] == [[("allreduce", 1)], [("allreduce", 1)]]
+    assert sum(ran["returned"]) == pytest.approx(full_loss, rel=1e-5)
+    # the harness tells the wrong steps apart: a forgotten count all-reduce, an extra gradient all-reduce
+    local = cl.step_on_ranks(_step_without_all_reduce, model, batch, rank_microbatches, timeout_s=60.0)
+    assert local["collectives"] == [[], []]
+    assert cl.gradient_agreement(local["gradient"], full)["relative_error"] > 1e-2
+    twice = cl.step_on_ranks(_step_that_also_reduces_gradients, model, batch, rank_microbatches, timeout_s=60.0)
+    assert [len(calls) for calls in twice["collectives"]] == [1 + len(list(model.parameters()))] * 2
+    assert cl.gradient_agreement(twice["gradient"], 2 * full)["relative_error"] < 1e-6
+
+
+def test_step_on_ranks_reports_a_failing_step_and_rejects_bad_input():
+    model = cl.tiny_qwen2(seed=0)
+    batch = cl.synthetic_supervised_batch(n_rows=4, seed=0)
+    with pytest.raises(RuntimeError, match="rank 0: ValueError: microbatches"):  # rank 0's rows do not partition
+        cl.step_on_ranks(lambda m, b, _, group: cl.accumulate_step(m, b, [[0]], group), model, batch, [[[0, 1]], [[2]]])
+    with pytest.raises(ValueError, match=r"microbatch rows\[1\] = 9"):  # refused before any rank starts
+        cl.step_on_ranks(cl.accumulate_step, model, batch, [[[0, 9]], [[2, 3]]], timeout_s=60.0)
+    with pytest.raises(ValueError, match="step"):
+        cl.step_on_ranks("accumulate_step", model, batch, [[[0, 1]], [[2, 3]]])
+    with pytest.raises(ValueError, match="ranks"):
+        cl.step_on_ranks(cl.accumulate_step, model, batch, [])
+    with pytest.raises(ValueError, match=r"rank_microbatches\[1\]"):
+        cl.step_on_ranks(cl.accumulate_step, model, batch, [[[0, 1]], []])
+
+
+def test_accumulate_step_counts_over_its_group_not_over_every_process():
+    model = cl.tiny_qwen2(seed=1)
+    batch = cl.synthetic_supervised_batch(n_rows=6, min_length=5, max_length=30, seed=7)
+    rank_microbatches = [[[0, 1], [2]], [[3, 4], [5]]]
+    ran = cl.step_on_ranks(cl.accumulate_step, model, batch, rank_microbatches, timeout_s=60.0, groups=[[0], [1]])
+    for rows, returned in zip(([0, 1, 2], [3, 4, 5]), ran["returned"], strict=True):
+        losses, mask = cl.supervised_token_losses(model, {key: value[rows] for key, value in batch.items()})
+        alone = float(cl.masked_normalize(losses, mask, normalize_constant=int(mask.sum())).detach())
+        assert returned == pytest.approx(alone, rel=1e-5)
+    assert ran["collectives"] == [[("allreduce", 1)], [("allreduce", 1)]]
+    with pytest.raises(ValueError, match="groups"):
+        cl.step_on_ranks(cl.accumulate_step, model, batch, rank_microbatches, groups=[[0]])
+
+
+def test_a_notebook_step_under_spawn_is_refused_with_the_reason():
+    """Ranks started with 'spawn' import the step by name; a function defined in a notebook (__main__) has none."""
+
+    def step(model, batch, microbatches, group=None):
+        return cl.accumulate_step(model, batch, microbatches, group=group)
+
+    step.__module__ = "__main__"
+    batch = cl.synthetic_supervised_batch(n_rows=2, seed=0)
+    with pytest.raises(RuntimeError, match="defined in a notebook"):
+        cl.step_on_ranks(step, cl.tiny_qwen2(seed=0), batch, [[[0]], [[1]]], start_method="spawn")

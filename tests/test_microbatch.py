@@ -1,4 +1,4 @@
-"""Microbatching: seed 003 §14.2 / §14.7 numbers, brute-force references, Karmarkar-Karp partitions, bad input."""
+"""Microbatching: Agent RL §14.2 / §14.7 numbers, brute-force references, Karmarkar-Karp partitions, bad input."""
 
 from __future__ import annotations
 
@@ -125,9 +125,9 @@ def _seed002_packing_sampler(lengths, max_length):
     return batches + ([current] if current else [])
 
 
-def test_seed002_packing_sampler_is_next_fit_decreasing():
-    """packed_token_budget_batches is seed 002's greedy PackingSampler (next-fit decreasing): the same batches, in
-    the same order, on long-tailed random lengths (seed 002's 90% short / 10% long case included)."""
+def test_llamafactory_packing_sampler_is_next_fit_decreasing():
+    """packed_token_budget_batches is the LlamaFactory walkthrough's greedy PackingSampler (next-fit decreasing): the
+    same batches, in the same order, on long-tailed random lengths (the walkthrough's 90% short / 10% long case)."""
     generator = np.random.default_rng(2)
     for _ in range(300):
         max_length = int(generator.choice([64, 512, 4096]))

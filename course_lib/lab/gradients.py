@@ -12,13 +12,30 @@ import queue as queue_module
 import socket
 import sys
 from collections.abc import Mapping, Sequence
-from typing import TypedDict
+from typing import Any, TypedDict
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from .._checks import padded_width, require_int, require_real, require_seed, require_sequence, require_tensor
+from .._checks import (
+    padded_width,
+    require_int,
+    require_partition,
+    require_real,
+    require_seed,
+    require_sequence,
+    require_tensor,
+)
 from ..labels import PaddedBatch
-from ..loss import NORMALIZATIONS, _checked_batch, _require_normalization, _rows, _target_mask, microbatch_loss
+from ..loss import (
+    NORMALIZATIONS,
+    _require_normalization,
+    _rows,
+    _target_mask,
+    accumulate_step,
+    microbatch_loss,
+    require_lm_batch,
+)
 from ..window import IGNORE_INDEX
 
 __all__ = [
@@ -27,6 +44,7 @@ __all__ = [
     "accumulated_gradient",
     "gradient_agreement",
     "data_parallel_gradients",
+    "step_on_ranks",
 ]
 
 
@@ -84,7 +102,7 @@ def accumulated_gradient(
     """
     _require_normalization(normalize)
     microbatches = require_sequence("microbatches", microbatches, allow_empty=False)
-    batch = _checked_batch(model, batch)
+    batch = require_lm_batch(model, batch)
     parts = [_rows(batch, rows) for rows in microbatches]
     global_tokens = sum(int(_target_mask(part).sum()) for part in parts)  # as supervised_token_losses counts
     if global_tokens == 0:
@@ -92,10 +110,22 @@ def accumulated_gradient(
             "the microbatches hold no supervised token: every label after each row's first (and each "
             f"packed sample's first) is IGNORE_INDEX = {IGNORE_INDEX}, so there is no loss to normalize"
         )
+    if normalize == "global":
+        accumulate_step(model, *_stacked(parts))
+        return flat_gradient(model)
     model.zero_grad(set_to_none=True)
     for part in parts:
-        microbatch_loss(model, part, normalize, len(parts), global_tokens if normalize == "global" else None).backward()
+        microbatch_loss(model, part, normalize, len(parts)).backward()
     return flat_gradient(model)
+
+
+def _stacked(parts: Sequence[Mapping[str, torch.Tensor]]) -> tuple[dict[str, torch.Tensor], list[list[int]]]:
+    """Microbatches [b_k, L] -> one batch [sum b_k, L] of their rows in order, and the row lists that partition it."""
+    batch = {key: torch.cat([part[key] for part in parts]) for key in parts[0]}
+    starts = [0]
+    for part in parts:
+        starts.append(starts[-1] + part["input_ids"].shape[0])
+    return batch, [list(range(start, stop)) for start, stop in zip(starts[:-1], starts[1:], strict=True)]
 
 
 class GradientAgreement(TypedDict):
@@ -131,11 +161,11 @@ def _data_parallel_worker(
     rank: int,
     world_size: int,
     port: int,
+    timeout_s: float,
+    results,
     model: torch.nn.Module,
     microbatch: dict[str, torch.Tensor],
     normalizations: tuple[str, ...],
-    timeout_s: float,
-    results,
 ) -> None:
     """One data-parallel rank: per normalisation, its loss, backward, one all-reduce (SUM) of the flat gradient."""
     import torch.distributed as dist
@@ -152,22 +182,20 @@ def _data_parallel_worker(
         )
         gradients = {}
         for normalize in normalizations:
-            model.zero_grad(set_to_none=True)
-            global_tokens = None
-            if normalize == "global":  # the one scalar all-reduce
-                count = _target_mask(microbatch).sum().double()
-                dist.all_reduce(count, op=dist.ReduceOp.SUM)
-                global_tokens = float(count)
-            microbatch_loss(model, microbatch, normalize, 1, global_tokens).backward()
+            if normalize == "global":  # the one scalar all-reduce, inside the step
+                accumulate_step(model, microbatch, [list(range(len(microbatch["input_ids"])))], group=dist.group.WORLD)
+            else:
+                model.zero_grad(set_to_none=True)
+                microbatch_loss(model, microbatch, normalize, 1).backward()
             gradient = flat_gradient(model)
             dist.all_reduce(gradient, op=dist.ReduceOp.SUM)
             # 'local' mirrors DDP's averaging of per-rank token means; 'global' sums, the count already spans ranks.
             gradients[normalize] = gradient / world_size if normalize == "local" else gradient
         if rank == 0:  # numpy pickles by value; a shared tensor's fd would die with this process
-            results.put(("ok", {name: gradient.numpy() for name, gradient in gradients.items()}))
+            results.put(("ok", 0, {name: gradient.numpy() for name, gradient in gradients.items()}))
         dist.destroy_process_group()
     except Exception as error:  # noqa: BLE001 - report any failure to the parent instead of hanging it
-        results.put(("error", f"rank {rank}: {type(error).__name__}: {error}"))
+        results.put(("error", rank, f"rank {rank}: {type(error).__name__}: {error}"))
 
 
 def data_parallel_gradients(
@@ -186,43 +214,171 @@ def data_parallel_gradients(
     else "spawn": where a GPU exists, autograd starts its device threads at the first backward and a forked child
     then refuses to run backward); raises RuntimeError if a rank fails or the run exceeds timeout_s.
     """
-    import torch.multiprocessing as mp
-
     world_size = require_int("number of ranks", len(require_sequence("rank_rows", rank_rows)), minimum=1)
     normalizations = tuple(normalizations)
     for normalize in normalizations:
         if normalize not in NORMALIZATIONS:
             raise ValueError(f"normalizations must hold only {list(NORMALIZATIONS)}, got {normalize!r}")
     timeout_s = require_real("timeout_s", timeout_s, minimum=0.0, strict_minimum=True)
-    batch = _checked_batch(model, batch)
+    batch = require_lm_batch(model, batch)
     parts = [_rows(batch, rows) for rows in rank_rows]
+    payloads = _run_ranks(
+        _data_parallel_worker,
+        [(model, parts[rank], normalizations) for rank in range(world_size)],
+        timeout_s,
+        start_method,
+        reporting_ranks=1,
+    )
+    payload = payloads[0]
+    return {name: torch.from_numpy(gradient) for name, gradient in payload.items()}
+
+
+def _spawns() -> bool:
+    """Ranks start with "spawn" unless "fork" is safe: Linux without a CUDA device (see `_run_ranks`)."""
+    import torch.multiprocessing as mp
+
+    return not (sys.platform == "linux" and "fork" in mp.get_all_start_methods() and not torch.cuda.is_available())
+
+
+def _run_ranks(
+    worker, rank_args: list[tuple], timeout_s: float, start_method: str | None, reporting_ranks: int
+) -> list:
+    """worker(rank, world_size, port, timeout_s, results, *rank_args[rank]) in one CPU process per rank; the payloads
+    that the first `reporting_ranks` ranks put on `results` as ("ok", rank, payload), in rank order.
+
+    "fork" on Linux without CUDA (no re-import of torch and transformers; a function defined in a notebook reaches
+    the ranks), else "spawn" (where a GPU exists, autograd starts its device threads at the first backward and a
+    forked child then refuses to run backward). RuntimeError if a rank reports an error or timeout_s passes first.
+    """
+    import torch.multiprocessing as mp
+
     if start_method is None:
-        fork_safe = sys.platform == "linux" and "fork" in mp.get_all_start_methods() and not torch.cuda.is_available()
-        start_method = "fork" if fork_safe else "spawn"
+        start_method = "spawn" if _spawns() else "fork"
     context = mp.get_context(start_method)
     results = context.Queue()
-    port = _free_port()
+    port, world_size = _free_port(), len(rank_args)
     workers = [
-        context.Process(
-            target=_data_parallel_worker,
-            daemon=True,
-            args=(rank, world_size, port, model, parts[rank], normalizations, timeout_s, results),
-        )
-        for rank in range(world_size)
+        context.Process(target=worker, daemon=True, args=(rank, world_size, port, timeout_s, results, *args))
+        for rank, args in enumerate(rank_args)
     ]
-    for worker in workers:
-        worker.start()
-    status, payload = "error", "interrupted"
+    for process in workers:
+        process.start()
+    payloads, failure = {}, None
     try:
-        status, payload = results.get(timeout=timeout_s)
+        while failure is None and len(payloads) < reporting_ranks:
+            status, rank, payload = results.get(timeout=timeout_s)
+            if status == "ok":
+                payloads[rank] = payload
+            else:
+                failure = payload
     except queue_module.Empty:
-        status, payload = "error", f"no result within timeout_s = {timeout_s} s"
+        failure = f"no result within timeout_s = {timeout_s} s"
+    except BaseException:
+        failure = "interrupted"
+        raise
     finally:
-        for worker in workers:
-            worker.join(timeout=10.0 if status == "ok" else 0.0)  # a failed run's peers may wait in a collective
-            if worker.is_alive():
-                worker.terminate()
-                worker.join()
-    if status != "ok":
-        raise RuntimeError(f"data-parallel run failed: {payload}")
-    return {name: torch.from_numpy(gradient) for name, gradient in payload.items()}
+        for process in workers:
+            process.join(timeout=10.0 if failure is None else 0.0)  # a failed run's peers may wait in a collective
+            if process.is_alive():
+                process.terminate()
+                process.join()
+    if failure is not None:
+        raise RuntimeError(f"data-parallel run failed: {failure}")
+    return [payloads[rank] for rank in range(reporting_ranks)]
+
+
+class _CollectiveLog(TorchDispatchMode):
+    """Records every c10d collective run under it, as (operation, elements): however the code reaches it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, int]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func)
+        if name.startswith("c10d."):
+            tensors = [t for t in torch.utils._pytree.tree_leaves(args[:1]) if isinstance(t, torch.Tensor)]
+            self.calls.append((name.split(".")[1].rstrip("_"), sum(t.numel() for t in tensors)))
+        return func(*args, **(kwargs or {}))
+
+
+def _step_worker(rank, world_size, port, timeout_s, results, step, model, batch, microbatches, groups) -> None:
+    """One rank: step(model, batch, microbatches, group=its group) with its collectives logged; reports .grad [P]."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{port}?use_libuv=0",
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
+        group = dist.group.WORLD
+        for ranks in groups:  # every rank creates every group, in the same order, as new_group requires
+            created = dist.new_group(list(ranks))
+            group = created if rank in ranks else group
+        with _CollectiveLog() as log:
+            returned = step(model, batch, microbatches, group=group)
+        try:
+            returned = float(returned)
+        except (TypeError, ValueError, RuntimeError):
+            returned = None
+        gradient = flat_gradient(model).detach().numpy()  # numpy pickles by value
+        results.put(("ok", rank, {"gradient": gradient, "returned": returned, "collectives": log.calls}))
+        dist.destroy_process_group()
+    except Exception as error:  # noqa: BLE001 - report any failure to the parent instead of hanging it
+        results.put(("error", rank, f"rank {rank}: {type(error).__name__}: {error}"))
+
+
+class RanksStep(TypedDict):
+    gradient: torch.Tensor
+    returned: list[Any]
+    collectives: list[list[tuple[str, int]]]
+
+
+def step_on_ranks(
+    step,
+    model: torch.nn.Module,
+    batch: Mapping[str, torch.Tensor],
+    rank_microbatches: Sequence[Sequence[Sequence[int]]],
+    timeout_s: float = 120.0,
+    start_method: str | None = None,
+    groups: Sequence[Sequence[int]] | None = None,
+) -> RanksStep:
+    """A training step run by len(rank_microbatches) gloo ranks on 127.0.0.1; what it leaves and what it sends.
+
+    Rank r holds the rows of its microbatches (row lists into batch [B, L]) as its own batch and calls
+    `step(model, rank_batch, its microbatches renumbered, group=WORLD)` on its copy of the model. Keys: gradient
+    [n_parameters], the sum over the ranks of each rank's .grad afterwards (the harness's sum, not the step's);
+    returned, each rank's return value as a float (None if it is no number); collectives, per rank the
+    (operation, elements) of every collective the step made, e.g. [("allreduce", 1)]. A function defined in a
+    notebook reaches the ranks with "fork" (Linux); RuntimeError if a rank fails or timeout_s passes. `groups`
+    (rank lists that partition the ranks) splits them into separate process groups, each rank's step getting its own:
+    a data-parallel group inside a larger job; the default is one group of every rank.
+    """
+    if not callable(step):
+        raise ValueError(f"step must be a function, got {type(step).__name__}")
+    world_size = require_int(
+        "number of ranks", len(require_sequence("rank_microbatches", rank_microbatches)), minimum=1
+    )
+    timeout_s = require_real("timeout_s", timeout_s, minimum=0.0, strict_minimum=True)
+    batch = require_lm_batch(model, batch)
+    groups = [] if groups is None else require_partition("groups", groups, world_size)
+    rank_args = []
+    for rank, microbatches in enumerate(rank_microbatches):
+        rows = require_sequence(f"rank_microbatches[{rank}]", microbatches, allow_empty=False)
+        rank_args.append((step, model, *_stacked([_rows(batch, part) for part in rows]), groups))
+    if start_method == "spawn" or (start_method is None and _spawns()):
+        if getattr(step, "__module__", None) == "__main__":
+            raise RuntimeError(
+                "step is defined in a notebook (__main__), which ranks started with 'spawn' cannot import; only "
+                "'fork' (Linux without a CUDA device) carries it over: run this on a CPU-only Linux runtime"
+            )
+    payloads = _run_ranks(_step_worker, rank_args, timeout_s, start_method, reporting_ranks=world_size)
+    return {
+        "gradient": sum(torch.from_numpy(payload["gradient"]) for payload in payloads),
+        "returned": [payload["returned"] for payload in payloads],
+        "collectives": [payload["collectives"] for payload in payloads],
+    }

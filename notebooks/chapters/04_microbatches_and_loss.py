@@ -23,9 +23,10 @@
 # 2. spread a global batch over **data-parallel ranks** (数据并行 rank) so that no rank straggles
 #    (负载均衡, Karmarkar–Karp **largest differencing** 最大差分法);
 # 3. show why **gradient accumulation** (梯度累积) with a per-microbatch token mean changes the gradient, fix it with
-#    **global normalization** (全局归一化: every microbatch's loss sum divided by the global token count), prove the
-#    fix on `tiny_qwen2` with a relative error and a cosine, across two `gloo` ranks with one scalar all-reduce,
-#    and recognise the same fix in transformers (`num_items_in_batch`).
+#    **global normalization** (全局归一化: every microbatch's loss sum divided by the global token count), build
+#    the **accumulation step** (梯度累积步) that proves the fix on `tiny_qwen2` with a relative error and a cosine,
+#    across two `gloo` ranks with one scalar all-reduce, and recognise the same fix in transformers
+#    (`num_items_in_batch`).
 
 # %%
 #| course-setup
@@ -53,7 +54,10 @@ from course_lib import (
     pad_batch,
     per_token_weight_distortion,
     plan_packing,
+    step_on_ranks,
+    supervised_target_mask,  # noqa: F401 - for TODO 4 (accumulate_step)
     supervised_token_losses,
+    synthetic_supervised_batch,
     tiny_qwen2,
 )
 
@@ -75,17 +79,22 @@ fixed_random = fixed_count_batches(random_order, 8)
 fixed_cost = describe_microbatches(agent_lengths, fixed_random)
 longest = int(agent_lengths.argmax())
 worst = batch_containing(fixed_random, longest)
-print(f"512 trajectories: median {int(agent_lengths.median()):,} tokens, longest {int(agent_lengths[longest]):,}")
+at_clamp = int((agent_lengths == agent_lengths.max()).sum())
 print(
-    f"8 per microbatch: median microbatch {int(np.median(fixed_cost['sizes'])):,} padded tokens, "
-    f"the one holding the longest trajectory {len(worst) * int(agent_lengths[worst].max()):,}"
+    f"512 trajectories: median {int(agent_lengths.median()):,} tokens, longest {int(agent_lengths[longest]):,} "
+    f"({at_clamp} trajectories sit at that clamp)"
+)
+print(
+    f"8 per microbatch: median microbatch {int(np.median(fixed_cost['sizes'])):,} padded tokens; "
+    f"{fixed_cost['sizes'].count(max(fixed_cost['sizes']))} microbatches of {max(fixed_cost['sizes']):,}, "
+    f"among them the one holding trajectory {longest} ({len(worst) * int(agent_lengths[worst].max()):,})"
 )
 print(f"{fixed_cost['padding_ratio']:.1%} of all computed positions are padding")
 
 # %% [markdown]
-# The typical microbatch is a few hundred thousand positions; the one that drew the 64k trajectory computes
-# 8 × 65,536 = 524,288. Memory must be provisioned for that one, or the run dies the first time it appears
-# (in a long run, it always appears). A **token budget** caps what memory depends on: each microbatch takes as many
+# The median microbatch computes 199,608 positions; each of the 4 microbatches that drew one of the 4 trajectories
+# at the 64k clamp computes 8 × 65,536 = 524,288, 2.6 times as many. Memory must be provisioned for those, or the
+# run dies the first time one appears (in a long run, it always appears). A **token budget** caps what memory depends on: each microbatch takes as many
 # sequences as fit under `max_tokens` positions, so the longest trajectory travels with few companions and the
 # short ones travel in crowds.
 #
@@ -123,24 +132,24 @@ for name, plan in [
 # ### TODO 1 · `token_budget_batches` (padded cost)
 #
 # Write `token_budget_batches(lengths, max_tokens)`, Agent RL §14's scheduler. `lengths` is a non-empty sequence of
-# positive integers (a list, a tuple, a numpy array or a 1-D tensor); `max_tokens` is a positive integer.
+# positive integers (a list, a tuple, a numpy array or a 1-D tensor); `max_tokens` is a positive integer. The plan
+# it returns satisfies:
 #
-# 1. Order the indices by length, **longest first**; equal lengths keep their index order (a stable sort).
-# 2. Walk that order. A microbatch opens with the longest remaining sequence, whose length sets the padded
-#    width, and takes the next sequences while its padded cost, count × first length, stays **≤ `max_tokens`**.
-# 3. Return the microbatches as a list of lists of indices into `lengths` (Python ints, not numpy or tensor
-#    integers: a plan is logged and shared between ranks as JSON), in the order they were built.
+# * every index of `lengths` sits in exactly one microbatch, and read one after the other the microbatches list the
+#   indices **longest first**, equal lengths in index order;
+# * each microbatch's padded cost, count × its longest length, is **≤ `max_tokens`**, and each is as full as that
+#   allows: the first index of the next microbatch would have pushed it over;
+# * the result is a list of lists of Python ints (not numpy or tensor integers: a plan is logged and shared between
+#   ranks as JSON).
 #
-# Raise `ValueError` for a `max_tokens` that is not a positive integer, an empty `lengths`, a length that is not a
-# positive integer (neither `2.0` nor `True` is an integer here), and a length **over `max_tokens`** (Agent RL §14 gave
-# such a sequence an over-budget microbatch of its own: the very out-of-memory the budget exists to prevent).
-# `require_positive_int` and `require_lengths(name, values, maximum=..., maximum_name=...)` from the setup do the
-# checking.
+# The first two lines of the function are given: they check the input (a `max_tokens` that is not a positive
+# integer, an empty `lengths`, a length that is not a positive integer, a length over `max_tokens`: each raises
+# `ValueError`) and hand you `max_tokens` as an int and `lengths` as a list of ints. Keep them and write the rest.
 
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_token_budget_batches", "locked": false, "schema_version": 3}
 #| solution: course_lib.microbatch.token_budget_batches
 
-# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_token_budget_batches", "locked": true, "points": 4, "schema_version": 3}
+# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_token_budget_batches", "locked": true, "points": 3, "schema_version": 3}
 # A small case by hand: lengths 3, 7, 2, 5, 2, 4 under 12 padded tokens.
 _t_got = token_budget_batches([3, 7, 2, 5, 2, 4], 12)
 assert _t_got == [[1], [3, 5], [0, 2, 4]], (
@@ -237,6 +246,14 @@ grading.assert_rejects(
 ### END HIDDEN TESTS
 
 # %% [markdown]
+# <details><summary>Hint · 提示</summary>
+#
+# Sort the indices once (a stable sort, longest first). Since the order is longest first, the sequence that opens a
+# microbatch is its longest and fixes its padded width, so how many sequences it takes follows from that one length.
+#
+# </details>
+
+# %% [markdown]
 # Your scheduler reproduces Agent RL §14's table. Read it line by line: with 8 per microbatch in random order, 59% of
 # the computed positions are padding and the largest microbatch is 524k tokens. Sorting first removes most of the
 # padding (3.6%) but not the peak: the 8 longest trajectories still share one microbatch. The token budget keeps
@@ -255,18 +272,17 @@ print(
 # ### TODO 2 · `packed_token_budget_batches` (packed cost, Agent RL §14 exercise 2)
 #
 # When microbatches are packed (chapter 3) rather than padded, a microbatch costs the **sum** of its lengths.
-# Write `packed_token_budget_batches(lengths, max_tokens)`: the same walk over the same longest-first order
-# (stable), but a microbatch takes the next sequence while the **sum** of its lengths stays ≤ `max_tokens`;
-# when the next one does not fit, the microbatch closes and a new one opens with it (next-fit decreasing:
-# microbatches hold consecutive runs of the sorted order). This is also the LlamaFactory walkthrough's description of
-# LlamaFactory's greedy `PackingSampler` (sort descending, add while it fits, else open a new batch; no going back).
-# Same return value and the same `ValueError` cases as TODO 1. Write the walk yourself: `plan_packing` builds a
-# different plan.
+# Write `packed_token_budget_batches(lengths, max_tokens)`: the same inputs, the same given checks and the same kind
+# of plan as TODO 1 (every index once, longest first across the plan with ties in index order, each microbatch as
+# full as its budget allows, Python ints), with one change: a microbatch's cost is the **sum** of its lengths,
+# ≤ `max_tokens`. The plan never goes back: a microbatch is a consecutive run of the longest-first order, closed for
+# good once the next sequence does not fit. This is the LlamaFactory walkthrough's description of LlamaFactory's greedy
+# `PackingSampler`. Write it yourself: `plan_packing` builds a different plan.
 
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_packed_token_budget_batches", "locked": false, "schema_version": 3}
 #| solution: course_lib.microbatch.packed_token_budget_batches
 
-# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_packed_token_budget_batches", "locked": true, "points": 3, "schema_version": 3}
+# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_packed_token_budget_batches", "locked": true, "points": 2, "schema_version": 3}
 _t_got = packed_token_budget_batches([3, 7, 2, 5, 2, 4], 12)
 assert _t_got == [[1, 3], [5, 0, 2, 4]], (
     f"packed_token_budget_batches([3, 7, 2, 5, 2, 4], 12) returned {_t_got}, expected [[1, 3], [5, 0, 2, 4]]"
@@ -347,6 +363,15 @@ grading.assert_rejects(
 ### END HIDDEN TESTS
 
 # %% [markdown]
+# <details><summary>Hint · 提示</summary>
+#
+# This is next-fit decreasing: keep a running total of the open microbatch and open a new one when the next length
+# would pass the budget. Over the sorted lengths a cumulative sum (`torch.cumsum`) and `torch.searchsorted` find each
+# microbatch's end without a Python loop over the sequences.
+#
+# </details>
+
+# %% [markdown]
 # Packing removes the padding entirely, so the same budget holds more sequences: 49 microbatches instead of 51.
 # No plan can do with fewer than $\lceil \sum_i T_i / 131072 \rceil$ microbatches; first-fit decreasing
 # (chapter 3's `plan_packing(..., "ffd")`) reaches that bound by filling gaps in earlier microbatches, at the
@@ -406,14 +431,19 @@ for name, deal in deals.items():
 #
 # $$\frac{1/(K n_k)}{1/N} = \frac{N}{K\, n_k}.$$
 #
-# Tokens in small microbatches count more. Agent RL §14's length-sorted split had 96, 112, 180 and 355 tokens:
+# Tokens in small microbatches count more. Agent RL §14 splits its batch after sorting by length; here the 16 chats
+# of section 2, sorted by their supervised tokens (the tokens the loss sees), in 4 microbatches of 4 chats:
 
 # %%
-print("per-token weight vs correct:", [round(x, 2) for x in per_token_weight_distortion([96, 112, 180, 355])])
+sorted_split = [rows.tolist() for rows in supervised.argsort(stable=True).chunk(4)]  # 4 row lists, fewest first
+sorted_tokens = [int(supervised[rows].sum()) for rows in sorted_split]  # n_k
+sorted_weights = [round(x, 2) for x in per_token_weight_distortion(sorted_tokens)]  # N / (K n_k)
+print(f"supervised tokens per microbatch {sorted_tokens} | per-token weight vs correct {sorted_weights}")
+print(f"shortest over longest: {sorted_weights[0] / sorted_weights[-1]:.1f}x")
 
 # %% [markdown]
-# A token of the shortest microbatch weighs 1.93 times what it should, one of the longest 0.52 times: a factor of
-# 3.7 between them, chosen by the scheduler, not by the objective. The fix divides every microbatch's
+# A token of the microbatch with 65 supervised tokens weighs 2.07 times what it should, one of the microbatch with 260
+# only 0.52 times: a factor of 4.0 between them, chosen by the scheduler, not by the objective. The fix divides every microbatch's
 # **sum** of token losses by the **global** count $N$, so each token weighs $1/N$ wherever it landed.
 #
 # Both losses are masked sums over a `[B, T]` tensor of token losses. `masked_normalize(tensor, mask, dim=None,
@@ -435,27 +465,26 @@ print(
 # ### TODO 3 · `aggregate_loss` (损失聚合)
 #
 # Write `aggregate_loss(token_losses, mask, mode="token_mean", norm_const=None)`. `token_losses` is a float tensor
-# (typically `[B, T]`), `mask` a tensor of the same shape, `bool` or holding only 0 and 1 (true = the token is
-# supervised). Return a 0-d tensor, in the dtype of `token_losses`, that keeps the autograd graph:
+# (typically `[B, T]`), `mask` a tensor of the same shape, true where the token is supervised. Return a 0-d tensor,
+# in the dtype of `token_losses`, that keeps the autograd graph:
 #
 # * `mode="token_mean"`: the sum of the masked-in losses divided by the **number of masked-in tokens**;
-# * `mode="constant"`: the same sum divided by `norm_const` (a positive finite number, a Python number or a 0-d
-#   tensor: the global token count, or any constant fixed in advance).
-#
-# Raise `ValueError` for an unknown mode; `token_mean` with a `norm_const` given, or with a mask that selects no
-# token (the mean is undefined; under `constant` such a microbatch simply has loss 0); `constant` without
-# `norm_const`, or with one that is not a positive finite number (`require_real(..., minimum=0.0,
-# strict_minimum=True)`; `True` and a 1-element 1-D tensor are not such a number either); tensors of different
-# shapes or a mask with values other than 0 and 1 (`masked_normalize` checks both).
+# * `mode="constant"`: the same sum divided by `norm_const` (the global token count, or any constant fixed in
+#   advance); a mask that selects no token gives 0, and a zero gradient.
 #
 # The losses at masked-out positions can be anything, `inf` and `nan` included (a padding position's logits are
-# never looked at): they must not reach the result. *Select* the supervised losses; multiplying by the mask
-# does not work, since `nan * 0` is `nan`.
+# never looked at): they must not reach the result. A `nan` or `inf` on a supervised token is a real divergence and
+# must show in the loss.
+#
+# The first lines are given and checked for you: an unknown mode, `token_mean` with a `norm_const` or over a mask
+# that selects no token, `constant` without a positive finite `norm_const`, tensors of different shapes, a mask with
+# values other than 0 and 1 each raise `ValueError`. After them `norm_const` is `None` (token_mean) or a float, and
+# `mask` is a bool tensor. Keep them and write the rest.
 
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_aggregate_loss", "locked": false, "schema_version": 3}
 #| solution: course_lib.loss.aggregate_loss
 
-# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_aggregate_loss", "locked": true, "points": 4, "schema_version": 3}
+# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_aggregate_loss", "locked": true, "points": 2, "schema_version": 3}
 _t_losses = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
 _t_mask = torch.tensor([[True, True, False], [False, True, False]])
 _t_shown = "losses [[1., 2., 3.], [4., 5., 6.]], mask [[T, T, F], [F, T, F]]"
@@ -645,32 +674,34 @@ grading.assert_rejects(
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# ## 5. Evidence on `tiny_qwen2`: accumulate, then compare with the full batch (梯度累积与全局归一化)
+# <details><summary>Hint · 提示</summary>
 #
-# Now the real thing: the 16 chats of section 2 through a 2-layer Qwen2 (random init, fp32). `accumulate` runs
-# each microbatch forward, takes its per-token next-token losses (`supervised_token_losses`: the model's logits
-# shifted against the labels, -100 masked out), aggregates them with **your** `aggregate_loss`, and calls
-# `backward`, so gradients add up in `.grad`. The reference is one pass over every row, its loss sum divided by
-# its token count with the library's `masked_normalize` (it does not depend on your code). Three splits: Agent RL §14's
-# random and length-sorted splits into 4 equal-count microbatches, and your token budget plan at 640 padded tokens,
-# which ends, as budget plans do, with a partly filled microbatch.
+# *Select* the supervised losses (`torch.where`, boolean indexing or `masked_normalize`); multiplying by the mask
+# does not work, since `nan * 0` is `nan`, and `nansum` would hide a diverged supervised token too.
+#
+# </details>
+
+# %% [markdown]
+# ## 5. Gradient accumulation on `tiny_qwen2` (梯度累积与全局归一化)
+#
+# Now the real thing: the 16 chats of section 2 through a 2-layer Qwen2 (random init, fp32). The reference is one
+# pass over every row, its loss sum divided by its token count (`full_batch_gradient`, the library's
+# `masked_normalize`: it does not depend on your code). The bug comes first, written out: `accumulate_local` runs each
+# microbatch forward, takes its per-token next-token losses (`supervised_token_losses`: the model's logits shifted
+# against the labels, -100 masked out), averages them with **your** `aggregate_loss`, divides by the number of
+# microbatches $K$ and calls `backward`, so gradients add up in `.grad`, the pattern of countless training loops.
 
 # %%
 model = tiny_qwen2(seed=0)
 
 
-def accumulate(model, batch, microbatches, normalize):
-    """Summed microbatch gradients over row-index lists -> flat gradient [P]; 'local' = token mean / K, 'global' = sum / N."""  # noqa: E501
-    global_tokens = sum(int((batch["labels"][rows, 1:] != IGNORE_INDEX).sum()) for rows in microbatches)
+def accumulate_local(model, batch, microbatches):
+    """The bug: summed gradients of each microbatch's token mean / K over row-index lists -> flat gradient [P]."""
     model.zero_grad(set_to_none=True)
     for rows in microbatches:
         part = {key: value[rows] for key, value in batch.items()}  # [b, L] each
         losses, mask = supervised_token_losses(model, part)  # [b, L-1] each
-        if normalize == "local":
-            loss = aggregate_loss(losses, mask) / len(microbatches)
-        else:
-            loss = aggregate_loss(losses, mask, mode="constant", norm_const=global_tokens)
-        loss.backward()
+        (aggregate_loss(losses, mask) / len(microbatches)).backward()
     return flat_gradient(model)
 
 
@@ -682,34 +713,238 @@ def full_batch_gradient(model, batch):
     return flat_gradient(model)
 
 
-started = time.perf_counter()
 full = full_batch_gradient(model, batch)  # [P] the full-batch gradient
+local_check = gradient_agreement(accumulate_local(model, batch, sorted_split), full)
+print(
+    f"section 4's split, token mean / K: relative error {local_check['relative_error']:.1e} | "
+    f"cosine {local_check['cosine']:.4f}"
+)
+
+# %% [markdown]
+# ### TODO 4 · `accumulate_step` (梯度累积步)
+#
+# Write `accumulate_step(model, batch, microbatches, group=None)`, one optimizer step's gradient accumulation.
+# `batch` holds `input_ids` and `labels` `[B, L]` (labels -100 outside answers; it may also carry `attention_mask`,
+# `position_ids`, `segment_ids`), `microbatches` is a list of row-index lists that together hold every row once.
+#
+# * Run the model on **one microbatch at a time** (no forward sees more rows than one microbatch holds: that is what
+#   microbatches are for) and leave in every parameter's `.grad`, whatever it held before, the gradient of the full
+#   batch's token mean: the sum of every supervised token's loss divided by the number $N$ of supervised tokens in
+#   the step. The supervised tokens are those `supervised_token_losses` scores: its mask, which
+#   `supervised_target_mask(labels, position_ids=..., segment_ids=...)` gives without running the model. A
+#   microbatch may hold no supervised token at all.
+# * Under data parallelism every rank calls the function on its own rows with `group`, a `torch.distributed`
+#   process group. Then $N$ counts the supervised tokens of **every rank in `group`**, the `.grad` of those ranks
+#   summed is the gradient of one backward over all their rows, and the function makes **exactly one collective**,
+#   over `group`: an all-reduce of a single number.
+# * Return this rank's part of the loss as a Python float (summed over the ranks: the full batch's token mean).
+#
+# The relative error against one full-batch backward must stay below $10^{-6}$ (float32 rounding). The first lines are
+# given: they check the batch (and move it to the model's device), that the microbatches partition its rows, and the
+# group. Keep them and write the rest.
+
+# %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_accumulate_step", "locked": false, "schema_version": 3}
+#| solution: course_lib.loss.accumulate_step
+
+# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_accumulate_step", "locked": true, "points": 5, "schema_version": 3}
+_t_model = tiny_qwen2(seed=0)
+_t_batch = synthetic_supervised_batch(n_rows=6, min_length=6, max_length=24, seed=1)  # [6, L]
+_t_batch["labels"][5] = IGNORE_INDEX  # row 5 has no supervised token
+
+
+def _t_full_gradient(model, batch):
+    """One backward over every row: masked loss sum / supervised token count -> (loss, flat gradient [P])."""
+    model.zero_grad(set_to_none=True)
+    losses, mask = supervised_token_losses(model, batch)
+    loss = masked_normalize(losses, mask, normalize_constant=int(mask.sum()))
+    loss.backward()
+    return float(loss.detach()), flat_gradient(model)
+
+
+_t_full_loss, _t_full = _t_full_gradient(_t_model, _t_batch)
+
+
+def _t_step(model, batch, microbatches):
+    """Where the student's function runs: stale .grad first; -> (returned, flat gradient, rows per forward)."""
+
+    def work(own):
+        rows = []
+        hook = model.register_forward_pre_hook(
+            lambda module, args, kwargs: rows.append(
+                int((kwargs.get("input_ids", args[0] if args else None)).shape[0])
+            ),
+            with_kwargs=True,
+        )
+        for parameter in model.parameters():
+            parameter.grad = torch.ones_like(parameter)  # what an earlier step left behind
+        try:
+            returned = own(model, batch, microbatches)
+        finally:
+            hook.remove()
+        return returned, flat_gradient(model), rows
+
+    return in_student_process(accumulate_step, work)
+
+
+for _t_split in ([[0, 1], [2, 3, 4], [5]], [[5, 0], [1], [2, 3], [4]]):
+    _t_returned, _t_gradient, _t_rows = _t_step(_t_model, _t_batch, _t_split)
+    _t_check = gradient_agreement(_t_gradient, _t_full)
+    assert _t_check["relative_error"] < 1e-6, (
+        f"accumulate_step(model, 6 synthetic rows (row 5 without a supervised token), {_t_split}) leaves a gradient "
+        f"with relative error {_t_check['relative_error']:.2e} (cosine {_t_check['cosine']:.4f}) against one "
+        f"full-batch backward; expected < 1e-6"
+    )
+    assert isinstance(_t_returned, float) and abs(_t_returned - _t_full_loss) < 1e-5 * _t_full_loss, (
+        f"accumulate_step(..., {_t_split}) returned {_t_returned!r}; expected the step's loss as a Python float, "
+        f"{_t_full_loss:.6f}"
+    )
+    assert _t_rows and max(_t_rows) <= max(map(len, _t_split)), (
+        f"accumulate_step(..., {_t_split}) ran forwards over {_t_rows} rows; expected one microbatch at a time"
+    )
+# Two gloo ranks on this machine, each with its rows; .grad summed over the ranks by the harness, not by you.
+_t_ranks = in_student_process(
+    accumulate_step, lambda own: step_on_ranks(own, _t_model, _t_batch, [[[0, 1], [2]], [[3, 4], [5]]], 60.0)
+)
+_t_check = gradient_agreement(_t_ranks["gradient"], _t_full)
+assert _t_check["relative_error"] < 1e-6, (
+    f"on 2 gloo ranks (rows [0, 1], [2] and [3, 4], [5]) the ranks' summed .grad has relative error "
+    f"{_t_check['relative_error']:.2e} against the full batch; expected < 1e-6 (N must count every rank's tokens)"
+)
+assert _t_ranks["collectives"] == [[("allreduce", 1)], [("allreduce", 1)]], (
+    f"each rank must make exactly one collective, an all-reduce of one number; the ranks made "
+    f"{_t_ranks['collectives']} (operation, elements)"
+)
+### BEGIN HIDDEN TESTS
+from course_lib import grading
+
+_t_model = tiny_qwen2(seed=1)
+_t_batch = synthetic_supervised_batch(n_rows=9, min_length=5, max_length=30, seed=7)  # [9, L]
+_t_batch["labels"][[2, 6]] = IGNORE_INDEX  # two rows without a supervised token
+_t_full_loss, _t_full = _t_full_gradient(_t_model, _t_batch)
+_t_generator = torch.Generator().manual_seed(4)
+_t_splits = [
+    [list(range(9))],
+    [[2, 6], [0, 1, 3], [4, 5, 7, 8]],  # a microbatch with no supervised token
+    [[8], [7], [6], [5], [4], [3], [2], [1], [0]],
+    [rows.tolist() for rows in torch.randperm(9, generator=_t_generator).chunk(3)],
+    [rows.tolist() for rows in torch.randperm(9, generator=_t_generator).chunk(4)],
+]
+for _t_split in _t_splits:
+    _t_returned, _t_gradient, _t_rows = _t_step(_t_model, _t_batch, _t_split)
+    _t_check = gradient_agreement(_t_gradient, _t_full)
+    assert _t_check["relative_error"] < 1e-6, (
+        f"accumulate_step(model, 9 synthetic rows (rows 2 and 6 without a supervised token), {_t_split}) leaves a "
+        f"gradient with relative error {_t_check['relative_error']:.2e} against one full-batch backward"
+    )
+    assert isinstance(_t_returned, float) and abs(_t_returned - _t_full_loss) < 1e-5 * _t_full_loss, (
+        f"accumulate_step(..., {_t_split}) returned {_t_returned!r}, expected {_t_full_loss:.6f}"
+    )
+    assert _t_rows and max(_t_rows) <= max(map(len, _t_split)), (
+        f"accumulate_step(..., {_t_split}) ran forwards over {_t_rows} rows; expected one microbatch at a time"
+    )
+# Packed rows (plain-text labels, position_ids restarting per document): a step into the next document's first
+# token is no target, and the first label of a row is no target either.
+_t_ids = torch.randint(1, 2048, (3, 12), generator=_t_generator)
+_t_packed = {
+    "input_ids": _t_ids,
+    "labels": _t_ids.clone(),
+    "position_ids": torch.tensor(
+        [
+            [0, 1, 2, 3, 0, 1, 2, 0, 1, 2, 3, 4],
+            [0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5],
+            [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11],
+        ]
+    ),
+}
+_t_packed_loss, _t_packed_full = _t_full_gradient(_t_model, _t_packed)
+for _t_split in ([[0], [1, 2]], [[2], [0], [1]]):
+    _t_returned, _t_gradient, _t_rows = _t_step(_t_model, _t_packed, _t_split)
+    _t_check = gradient_agreement(_t_gradient, _t_packed_full)
+    assert _t_check["relative_error"] < 1e-6, (
+        f"accumulate_step on 3 packed rows (labels = input_ids, position_ids restarting per document), {_t_split}: "
+        f"relative error {_t_check['relative_error']:.2e}; N must count the targets supervised_token_losses scores"
+    )
+# Two ranks with unequal token counts, one rank holding a microbatch without a supervised token.
+_t_ranks = grading.in_student_process(
+    accumulate_step,
+    lambda own: step_on_ranks(own, _t_model, _t_batch, [[[0], [2, 6], [1]], [[3, 4, 5], [7, 8]]], 60.0),
+)
+_t_check = gradient_agreement(_t_ranks["gradient"], _t_full)
+assert _t_check["relative_error"] < 1e-6, (
+    f"on 2 gloo ranks (rows [0], [2, 6], [1] and [3, 4, 5], [7, 8]) the summed .grad has relative error "
+    f"{_t_check['relative_error']:.2e} against the full batch"
+)
+assert _t_ranks["collectives"] == [[("allreduce", 1)], [("allreduce", 1)]], (
+    f"each rank must make exactly one all-reduce of one number; the ranks made {_t_ranks['collectives']}"
+)
+assert all(isinstance(part, float) for part in _t_ranks["returned"]) and (
+    abs(sum(_t_ranks["returned"]) - _t_full_loss) < 1e-5 * _t_full_loss
+), f"the ranks returned {_t_ranks['returned']}; summed they must give the full batch's loss {_t_full_loss:.6f}"
+# Two ranks, each in a group of its own (a data-parallel group inside a larger job): N is the group's count only.
+_t_rank_rows = [[[0, 1], [2]], [[3, 4, 5], [6, 7, 8]]]
+_t_ranks = grading.in_student_process(
+    accumulate_step, lambda own: step_on_ranks(own, _t_model, _t_batch, _t_rank_rows, 60.0, groups=[[0], [1]])
+)
+_t_own_losses = [
+    _t_full_gradient(_t_model, {key: value[sum(rows, [])] for key, value in _t_batch.items()})[0]
+    for rows in _t_rank_rows
+]
+assert all(
+    isinstance(got, float) and abs(got - want) < 1e-5 * want
+    for got, want in zip(_t_ranks["returned"], _t_own_losses, strict=True)
+), (
+    f"2 ranks, each alone in its group: returned {_t_ranks['returned']}, expected each rank's own token mean "
+    f"{_t_own_losses}: the count is summed over `group`, not over every process"
+)
+assert _t_ranks["collectives"] == [[("allreduce", 1)], [("allreduce", 1)]], (
+    f"each rank must make exactly one all-reduce of one number over its group; the ranks made {_t_ranks['collectives']}"
+)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# <details><summary>Hint · 提示</summary>
+#
+# Every token must weigh $1/N$ wherever it landed, so $N$ has to be known before the first `backward`: count the
+# targets of all microbatches first (on the labels, no forward needed), sum that count across the ranks, then divide
+# each microbatch's **sum** of token losses by it. `model.zero_grad` belongs before the loop, not inside it.
+#
+# </details>
+
+# %% [markdown]
+# Your step against the bug on three splits: section 4's split by supervised tokens, a random split into 4 equal-count
+# microbatches, and your token budget plan at 640 padded tokens, which ends, as budget plans do, with a partly filled
+# microbatch.
+
+# %%
+started = time.perf_counter()
+agreement = {}  # (split, method) -> relative error and cosine against the full batch
 splits = {
     "random": [c.tolist() for c in torch.randperm(16, generator=torch.Generator().manual_seed(0)).chunk(4)],
-    "length-sorted": [c.tolist() for c in supervised.argsort(stable=True).chunk(4)],
+    "sorted by tokens": sorted_split,
 }
 splits["token budget 640"] = token_budget_batches(chat_lengths, 640)  # your TODO 1
-agreement = {}
 for split, microbatches in splits.items():
     tokens = [int(supervised[rows].sum()) for rows in microbatches]
-    for normalize in ("local", "global"):
-        agreement[split, normalize] = gradient_agreement(accumulate(model, batch, microbatches, normalize), full)
+    agreement[split, "token mean / K"] = gradient_agreement(accumulate_local(model, batch, microbatches), full)
+    accumulate_step(model, batch, microbatches)  # your TODO 4
+    agreement[split, "accumulate_step"] = gradient_agreement(flat_gradient(model), full)
+    for method in ("token mean / K", "accumulate_step"):
+        check = agreement[split, method]
         print(
-            f"{split:<16} {normalize:<6} | supervised tokens per microbatch {str(tokens):<22} | relative error "
-            f"{agreement[split, normalize]['relative_error']:.1e} | cosine {agreement[split, normalize]['cosine']:.4f}"
+            f"{split:<16} {method:<15} | supervised tokens per microbatch {str(tokens):<22} | relative error "
+            f"{check['relative_error']:.1e} | cosine {check['cosine']:.4f}"
         )
 print(
-    f"({time.perf_counter() - started:.1f} s for {1 + 2 * len(splits)} accumulated gradients over "
-    f"{model.num_parameters():,} parameters)"
+    f"({time.perf_counter() - started:.1f} s for {2 * len(splits)} accumulated gradients over {model.num_parameters():,} parameters)"
 )
 
 # %% [markdown]
 # With the global count, every split reproduces the full-batch gradient to about $10^{-7}$: float32 rounding.
-# With per-microbatch token means, even the random split is off by more than 10%, the length-sorted split by about
-# a third, and the token-budget plan by more than half, with a cosine near 0.88: the gradient points in a measurably
-# different direction. The culprit in the last case is the leftover microbatch that ends every budget plan: its few
-# tokens get a whole microbatch's say. The printed loss would never tell you: each microbatch's token mean looks
-# like a perfectly normal loss. The per-token weights behind the errors:
+# With per-microbatch token means, even the random split is off by more than 10%, the split by supervised tokens by
+# about a third, and the token-budget plan by more than half, with a cosine near 0.88: the gradient points in a
+# measurably different direction. The culprit in the last case is the leftover microbatch that ends every budget
+# plan: its 47 tokens get a whole microbatch's say. The printed loss would never tell you: each microbatch's token mean
+# looks like a perfectly normal loss. The per-token weights behind the errors:
 
 # %%
 assert "token budget 640" in splits, "the cell above stopped at token_budget_batches (TODO 1): write it, rerun both"
@@ -724,19 +959,28 @@ for split, microbatches in splits.items():
 # ### Across data-parallel ranks (跨 rank 的全局归一化)
 #
 # The same bug appears across ranks: if each rank normalizes by its own token count and data parallelism then
-# averages the gradients, a rank with few tokens gets as much say as a rank with many. The fix needs one extra
-# collective before `backward`: an **all-reduce of one scalar**, the token count, after which each rank divides
-# its loss sum by the global $N$ and the gradients are **summed**. `data_parallel_gradients` runs this with two CPU
-# processes on the `gloo` backend; rank 0 gets the 8 chats with the fewest supervised tokens, rank 1 the rest.
+# averages the gradients, a rank with few tokens gets as much say as a rank with many. Your `accumulate_step` fixes it
+# with one extra collective before `backward`: an **all-reduce of one scalar**, the token count, after which each
+# rank divides its loss sums by the global $N$ and the gradients are **summed**. `step_on_ranks` runs your function
+# on two CPU processes joined by a `gloo` group and logs every collective it makes; rank 0 gets the 8 chats with the
+# fewest supervised tokens, rank 1 the rest, each in two microbatches. `data_parallel_gradients` runs the bug beside
+# it: each rank's token mean, gradients averaged.
 
 # %%
+assert len(agreement) == 6, "the evidence cell stopped at a TODO (1, 3 or 4): write it, then rerun from there"
 started = time.perf_counter()
 by_tokens = supervised.argsort(stable=True).tolist()
-two_ranks = data_parallel_gradients(model, batch, [by_tokens[:8], by_tokens[8:]])  # {"local", "global"}: [P]
-for normalize, gradient in two_ranks.items():
+on_ranks = step_on_ranks(
+    accumulate_step, model, batch, [[by_tokens[:4], by_tokens[4:8]], [by_tokens[8:12], by_tokens[12:]]]
+)
+averaged = data_parallel_gradients(model, batch, [by_tokens[:8], by_tokens[8:]], normalizations=("local",))["local"]
+for name, gradient in (
+    ("each rank's token mean, averaged", averaged),
+    ("your accumulate_step, summed", on_ranks["gradient"]),
+):
     check = gradient_agreement(gradient, full)
-    print(f"2 gloo ranks, {normalize:<6} | relative error {check['relative_error']:.1e} | cosine {check['cosine']:.4f}")
-print(f"({time.perf_counter() - started:.1f} s, two processes)")
+    print(f"2 gloo ranks, {name:<33} | relative error {check['relative_error']:.1e} | cosine {check['cosine']:.4f}")
+print(f"collectives made by your step, per rank: {on_ranks['collectives']} ({time.perf_counter() - started:.1f} s)")
 
 # %% [markdown]
 # ## 6. A picture of both halves
@@ -748,16 +992,24 @@ print(f"({time.perf_counter() - started:.1f} s, two processes)")
 
 # %%
 fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.4))
-seed_plans = {
+agent_plans = {
     "8 per microbatch, random": fixed_random,
     "8 per microbatch, sorted": fixed_count_batches(agent_lengths.argsort(), 8),
     "token budget 128k": token_budget_batches(agent_lengths, BUDGET),
 }
-for (name, plan), color in zip(seed_plans.items(), ("#C44E52", "#DD8452", "#4C72B0"), strict=True):
+for (name, plan), color in zip(agent_plans.items(), ("#C44E52", "#DD8452", "#4C72B0"), strict=True):
     sizes = describe_microbatches(agent_lengths, plan)["sizes"]
     left.plot(range(len(sizes)), [size / 1e3 for size in sizes], marker=".", color=color, label=name)
 left.axhline(BUDGET / 1e3, color="black", linestyle="--", linewidth=1)
-left.text(20, BUDGET / 1e3 * 0.55, "budget 131k (dashed)", fontsize=8)
+left.annotate(
+    "budget 131,072 = 128k",
+    xy=(len(sizes) - 1, BUDGET / 1e3),
+    xytext=(0, 3),
+    textcoords="offset points",
+    ha="right",
+    va="bottom",
+    fontsize=8,
+)  # just above its line, at the end of the token-budget plan
 left.set_xlabel("microbatch")
 left.set_ylabel("padded tokens (thousands)")
 left.set_title("Agent RL §14's 512 trajectories: microbatch sizes")
@@ -766,9 +1018,15 @@ width = 0.27
 for offset, (split, microbatches) in enumerate(splits.items()):
     tokens = [int(supervised[rows].sum()) for rows in microbatches]
     weights = per_token_weight_distortion(tokens)
-    right.bar([k + (offset - 1) * width for k in range(len(weights))], weights, width=width, label=split)
+    right.bar(
+        [k + (offset - 1) * width for k in range(len(weights))],
+        weights,
+        width=width,
+        label=split,
+        color=("#55A868", "#8172B3", "#937860")[offset],  # none of the left panel's colours: these are other plans
+    )
 right.axhline(1.0, color="black", linestyle="--", linewidth=1)
-right.set_xticks(range(4))
+right.set_xticks(range(max(len(microbatches) for microbatches in splits.values())))
 right.set_xlabel("microbatch k")
 right.set_ylabel("token weight / (1 / N)")
 right.set_title("Per-microbatch token mean: N / (K n_k)")
@@ -804,9 +1062,12 @@ def transformers_accumulate(model, batch, microbatches, use_global_count):
 
 
 for name, use_global_count in (("model(...).loss / K", False), ("num_items_in_batch=N", True)):
-    gradient = transformers_accumulate(model, batch, splits["length-sorted"], use_global_count)
-    normalize = "global" if use_global_count else "local"
-    ours = gradient_agreement(accumulate(model, batch, splits["length-sorted"], normalize), full)  # your aggregate_loss
+    gradient = transformers_accumulate(model, batch, sorted_split, use_global_count)
+    if use_global_count:
+        accumulate_step(model, batch, sorted_split)  # your TODO 4
+        ours = gradient_agreement(flat_gradient(model), full)
+    else:
+        ours = gradient_agreement(accumulate_local(model, batch, sorted_split), full)  # your aggregate_loss
     check = gradient_agreement(gradient, full)
     print(
         f"transformers, {name:<20} | relative error {check['relative_error']:.1e} | cosine {check['cosine']:.4f} "
@@ -863,7 +1124,7 @@ print(f"kept {int(kept.sum())} targets | largest |packed - alone| loss {(losses[
 # learning curve although the global batch is the same; after switching to length-sorted microbatches, short
 # answers seem to be learned faster. *Cause:* a per-microbatch `token_mean` gives every microbatch equal weight,
 # so a token weighs $N/(K n_k)$ times what the global loss gives it; length-sorted and token-budget microbatches
-# make $n_k$ vary the most (Agent RL §14's split: 1.93, 1.66, 1.03, 0.52). *Options:* (a) normalize by the global token
+# make $n_k$ vary the most (section 4's split: 2.07, 1.39, 1.15, 0.52). *Options:* (a) normalize by the global token
 # count (one scalar all-reduce before backward under data parallelism; `num_items_in_batch` in transformers);
 # (b) a constant fixed in advance (`mode="constant"`, e.g. Dr. GRPO's constant normalizer), independent of the
 # batch's composition and free of any count; (c) microbatches with equal token counts, which only shrinks the
@@ -897,7 +1158,7 @@ print(f"kept {int(kept.sum())} targets | largest |packed - alone| loss {(losses[
 # 2. (Agent RL §14, exercise 3.) With $R$ ranks and $K$ microbatches per rank, derive a token's weight under
 #    per-microbatch `token_mean` followed by DDP's average of the gradients. Show that global normalization needs
 #    only one scalar all-reduce before `backward`, and check it with `data_parallel_gradients` on 4 ranks.
-# 3. Replace the global count in `accumulate` by a constant fixed in advance, `norm_const = 640` (the token budget).
+# 3. Copy your `accumulate_step` and replace the global count by a constant fixed in advance, 640 (the token budget).
 #    Measure the cosine and the norm ratio against the full-batch gradient. What does SGD see, and what does Adam see?
 # 4. Sweep the budget from 65,536 to 262,144 on Agent RL §14's lengths: microbatch count, padding ratio and largest
 #    microbatch for the padded and the packed scheduler. Why can the padded budget never go below 65,536 here?

@@ -27,35 +27,18 @@ def _walk(function, order=_LONGEST_FIRST, over=_PADDED_COST, reset="current = []
     return _WALK.replace("FUNCTION", function).replace("ORDER", order).replace("OVER", over).replace("RESET", reset)
 
 
-_AGGREGATE = """
-def aggregate_loss(token_losses, mask, mode="token_mean", norm_const=None):
-    if mode not in ("token_mean", "constant"):
-        raise ValueError(f"mode must be 'token_mean' or 'constant', got {mode!r}")
-    total = masked_normalize(token_losses, mask)
-    count = int((mask != 0).sum())
-    if mode == "token_mean":
-        if norm_const is not None:
-            raise ValueError("norm_const is only used with mode='constant'")
-        if count == 0:
-            raise ValueError("mask selects no token")
-        return TOKEN_MEAN
-    if norm_const is None:
-        raise ValueError("norm_const is required with mode='constant'")
-    norm_const = require_real("norm_const", norm_const, minimum=0.0, strict_minimum=True)
-    return CONSTANT
-"""
+_AGG = "course_lib.loss.aggregate_loss"
+_AGG_RETURN = "return total / (int(mask.sum()) if norm_const is None else norm_const)"
 
 
-def _aggregate(token_mean="total / count", constant="total / norm_const"):
-    return _AGGREGATE.replace("TOKEN_MEAN", token_mean).replace("CONSTANT", constant)
+def _aggregate(token_mean="total / int(mask.sum())", constant="total / norm_const"):
+    """aggregate_loss (the given checks included) whose token mean and constant-mode results are these."""
+    return mutate(_AGG, (_AGG_RETURN, f"return ({token_mean}) if norm_const is None else ({constant})"))
 
 
 def _aggregate_total(expression):
-    """aggregate_loss whose supervised sum is `expression` (masked_normalize still runs, for its checks only)."""
-    return _aggregate().replace(
-        "total = masked_normalize(token_losses, mask)",
-        f"masked_normalize(token_losses, mask)  # for its checks only\n    total = {expression}",
-    )
+    """aggregate_loss whose supervised sum is `expression`."""
+    return mutate(_AGG, ("total = masked_normalize(token_losses, mask)", f"total = {expression}"))
 
 
 MUTANTS = {
@@ -91,7 +74,7 @@ MUTANTS = {
         # Masked sum over every position of the tensor instead of the supervised ones.
         "divides_by_numel": _aggregate(token_mean="total / mask.numel()"),
         # constant mode checks norm_const, then returns the token mean anyway.
-        "constant_ignores_norm_const": _aggregate(constant="total / max(count, 1)"),
+        "constant_ignores_norm_const": _aggregate(constant="total / max(int(mask.sum()), 1)"),
         # token_mean divided by the number of rows (a per-sequence convention) instead of the tokens.
         "token_mean_over_rows": _aggregate(token_mean="total / token_losses.shape[0]"),
     },
@@ -106,31 +89,6 @@ MUTANTS["aggregate_loss"].update(
         "multiplies_by_the_mask": _aggregate_total("(token_losses * mask).sum()"),
     }
 )
-MUTANTS["token_budget_batches"].update(
-    {
-        # max_tokens checked with isinstance(int): True passes as a budget of 1.
-        "bool_budget_accepted": mutate(
-            "course_lib.microbatch.token_budget_batches",
-            (
-                'max_tokens = require_positive_int("max_tokens", max_tokens)',
-                "if not isinstance(max_tokens, int) or max_tokens <= 0:\n"
-                '        raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")',
-            ),
-        ),
-    }
-)
-MUTANTS["packed_token_budget_batches"].update(
-    {
-        # Lengths checked with isinstance(int): True passes as a sequence of one token.
-        "bool_lengths_accepted": _walk("packed_token_budget_batches", over=_PACKED_COST).replace(
-            'lengths = require_lengths("lengths", lengths, maximum=max_tokens, maximum_name="max_tokens")',
-            "lengths = list(lengths)\n"
-            "    if not lengths or any(not isinstance(n, int) or not 1 <= n <= max_tokens for n in lengths):\n"
-            '        raise ValueError(f"lengths must be integers in [1, max_tokens], got {lengths}")',
-        ),
-    }
-)
-
 # Correct answers that differ from the library's code: each must keep every point (the grader must not be stricter
 # than the TODO text).
 ALTERNATIVES = {
@@ -158,18 +116,10 @@ _NUMPY_SORT = (
     "order = torch.from_numpy(__import__('numpy').argsort(-__import__('numpy').asarray(lengths)))\n"
     "    sorted_lengths = torch.tensor(lengths)[order]"
 )
-_BUDGET_CHECK = 'max_tokens = require_positive_int("max_tokens", max_tokens)'
-_WHOLE_FLOAT_BUDGET = (
-    "if isinstance(max_tokens, bool) or max_tokens != int(max_tokens) or max_tokens <= 0:\n"
-    '        raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")\n'
-    "    max_tokens = int(max_tokens)"
-)
 MUTANTS["token_budget_batches"].update(
     {
         # np.argsort(-lengths): the default quicksort is not stable, so equal lengths may leave index order.
         "unstable_argsort": mutate(_TBB, (_TORCH_SORT, _NUMPY_SORT)),
-        # A whole float budget (8.0) accepted as a budget of 8.
-        "whole_float_budget_accepted": mutate(_TBB, (_BUDGET_CHECK, _WHOLE_FLOAT_BUDGET)),
         # One count for every microbatch, from the longest sequence overall.
         "global_longest_sets_the_count": mutate(
             _TBB, ("fits = max_tokens // int(sorted_lengths[start])", "fits = max_tokens // int(sorted_lengths[0])")
@@ -179,7 +129,6 @@ MUTANTS["token_budget_batches"].update(
 MUTANTS["packed_token_budget_batches"].update(
     {
         "unstable_argsort": mutate(_PTBB, (_TORCH_SORT, _NUMPY_SORT)),
-        "whole_float_budget_accepted": mutate(_PTBB, (_BUDGET_CHECK, _WHOLE_FLOAT_BUDGET)),
         # First fit: a sequence goes into the first earlier microbatch with room, not only the open one.
         "first_fit_decreasing": """
 def packed_token_budget_batches(lengths, max_tokens):
@@ -204,19 +153,17 @@ MUTANTS["aggregate_loss"].update(
     {
         # The supervised tokens counted as the nonzero masked losses:
         # a perfectly predicted token (loss 0) is not counted.
-        "counts_nonzero_losses": _aggregate().replace(
-            "count = int((mask != 0).sum())", "count = int((torch.where(mask != 0, token_losses, 0) != 0).sum())"
-        ),
+        "counts_nonzero_losses": _aggregate(token_mean="total / int((torch.where(mask, token_losses, 0) != 0).sum())"),
         # An empty microbatch under constant returns a fresh 0:
         # no graph (backward fails) and float32 whatever the losses.
-        "empty_mask_fresh_zero": _aggregate(constant="torch.tensor(0.0) if count == 0 else total / norm_const"),
+        "empty_mask_fresh_zero": _aggregate(
+            constant="torch.tensor(0.0) if not bool(mask.any()) else total / norm_const"
+        ),
         # Per-row token means averaged over rows: every row weighs the same, whatever its token count.
         "mean_of_row_means": _aggregate(
-            token_mean="(masked_normalize(token_losses, mask, dim=-1) / (mask != 0).sum(-1)"
-            ").nanmean() if token_losses.dim() > 1 else total / count"
+            token_mean="(masked_normalize(token_losses, mask, dim=-1) / mask.sum(-1)"
+            ").nanmean() if token_losses.dim() > 1 else total / int(mask.sum())"
         ),
-        # total / mask.sum(): a float64 mask promotes the loss to float64.
-        "divides_by_mask_sum": _aggregate(token_mean="total / mask.sum()"),
     }
 )
 
@@ -471,3 +418,115 @@ def aggregate_loss(token_losses, mask, mode="token_mean", norm_const=None):
 """,
     }
 )
+ALTERNATIVES["aggregate_loss"].update(
+    {
+        # total / mask.sum(): the mask is bool after the given checks, so an integer count keeps the losses' dtype.
+        "divides_by_mask_sum": _aggregate(token_mean="total / mask.sum()"),
+    }
+)
+
+# accumulate_step: the gradient-accumulation step, single process and on two gloo ranks.
+_STEP = "course_lib.loss.accumulate_step"
+_SHARE = "share = masked_normalize(losses, mask, normalize_constant=float(global_tokens))  # [] token-loss sum / N"
+_ALL_REDUCE = "torch.distributed.all_reduce(global_tokens, group=group)"
+_ZERO = "    model.zero_grad(set_to_none=True)  # whatever an earlier step left in .grad\n"
+_COUNT = 'int(supervised_target_mask(part["labels"], **fields).sum())'
+MUTANTS["accumulate_step"] = {
+    # Each microbatch's token mean divided by K: the bug the chapter measures (an empty microbatch counts as 1 token).
+    "per_microbatch_means_over_k": mutate(
+        _STEP,
+        (_SHARE, "share = masked_normalize(losses, mask, normalize_constant=max(int(mask.sum()), 1)) / len(parts)"),
+    ),
+    # Each microbatch's token mean, summed: K times the loss, and the same distortion.
+    "per_microbatch_means_summed": mutate(
+        _STEP, (_SHARE, "share = masked_normalize(losses, mask, normalize_constant=max(int(mask.sum()), 1))")
+    ),
+    # The count all-reduced over every process instead of `group`: wrong as soon as the group is not the world.
+    "all_reduce_ignores_the_group": mutate(_STEP, (_ALL_REDUCE, "torch.distributed.all_reduce(global_tokens)")),
+    # The count never leaves the rank: right on one process, wrong weights across ranks.
+    "local_count_under_ranks": mutate(_STEP, (_ALL_REDUCE, "pass  # each rank divides by its own count")),
+    # The global count averaged over the ranks (as if DDP's mean were still to come): the gradient is R times too big.
+    "count_averaged_over_ranks": mutate(
+        _STEP, (_ALL_REDUCE, _ALL_REDUCE + "\n        global_tokens /= torch.distributed.get_world_size(group)")
+    ),
+    # zero_grad inside the loop: only the last microbatch's gradient survives.
+    "zero_grad_inside_the_loop": mutate(
+        _STEP,
+        (_ZERO, ""),
+        ("    for part in parts:\n", "    for part in parts:\n        model.zero_grad(set_to_none=True)\n"),
+    ),
+    # No zero_grad: the previous step's gradient stays in .grad.
+    "no_zero_grad": mutate(_STEP, (_ZERO, "")),
+    # Counts the labels without the shift: a row's first label and each packed document's first token counted.
+    "count_without_the_shift": mutate(_STEP, (_COUNT, 'int((part["labels"] != -100).sum())')),
+    # Counts the shifted labels but not the packed boundaries (supervised_token_losses drops those targets).
+    "count_ignores_packed_boundaries": mutate(_STEP, (_COUNT, 'int((part["labels"][:, 1:] != -100).sum())')),
+    # One all-reduce per microbatch's count: the right N, but K collectives where one does.
+    "all_reduce_per_microbatch": mutate(
+        _STEP,
+        (
+            '        local_tokens += int(supervised_target_mask(part["labels"], **fields).sum())\n',
+            '        count = supervised_target_mask(part["labels"], **fields).sum().double()\n'
+            "        if group is not None:\n"
+            "            torch.distributed.all_reduce(count, group=group)\n"
+            "        local_tokens += int(count)\n",
+        ),
+        (_ALL_REDUCE, "pass  # the counts are global already"),
+    ),
+    # Also all-reduces the gradient (as DDP would): the harness's sum then counts every rank's share twice.
+    "also_all_reduces_the_gradient": mutate(
+        _STEP,
+        (
+            "    return loss\n",
+            "    if group is not None:\n"
+            "        for parameter in model.parameters():\n"
+            "            if parameter.grad is not None:\n"
+            "                torch.distributed.all_reduce(parameter.grad, group=group)\n"
+            "    return loss\n",
+        ),
+    ),
+    # One forward over the whole batch, then one backward: the right gradient, and none of the memory saving.
+    "one_forward_over_everything": mutate(
+        _STEP,
+        (
+            "    for part in parts:\n",
+            "    every_row = [row for rows in microbatches for row in rows]\n"
+            "    parts = [{key: value[every_row] for key, value in batch.items()}]\n"
+            "    for part in parts:\n",
+        ),
+    ),
+    # The returned loss is the last microbatch's share only.
+    "returns_the_last_share": mutate(
+        _STEP, ("        loss += float(share.detach())", "        loss = float(share.detach())")
+    ),
+}
+ALTERNATIVES["accumulate_step"] = {
+    # The count from supervised_token_losses' own mask in a first, gradient-free pass; aggregate by hand.
+    "counts_in_a_no_grad_pass": """
+import torch
+
+from course_lib.loss import require_lm_batch, supervised_token_losses
+from course_lib._checks import require_partition
+
+
+def accumulate_step(model, batch, microbatches, group=None):
+    batch = require_lm_batch(model, batch)
+    microbatches = require_partition("microbatches", microbatches, batch["input_ids"].shape[0])
+    if group is not None and not isinstance(group, torch.distributed.ProcessGroup):
+        raise ValueError("group must be a process group")
+    parts = [{key: value[rows] for key, value in batch.items()} for rows in microbatches]
+    with torch.no_grad():
+        count = torch.tensor([float(sum(int(supervised_token_losses(model, part)[1].sum()) for part in parts))])
+    if group is not None:
+        torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.SUM, group=group)
+    for parameter in model.parameters():
+        parameter.grad = None
+    total = 0.0
+    for part in parts:
+        losses, mask = supervised_token_losses(model, part)
+        loss = torch.where(mask, losses, torch.zeros_like(losses)).sum() / count[0]
+        loss.backward()
+        total += loss.item()
+    return total
+""",
+}
