@@ -92,9 +92,9 @@ def require_real(
     return value
 
 
-def require_ratio(name: str, value: object) -> float:
-    """A real number in [0, 1]."""
-    return require_real(name, value, minimum=0.0, maximum=1.0)
+def require_ratio(name: str, value: object, *, strict_minimum: bool = False) -> float:
+    """A real number in [0, 1], or in (0, 1] with strict_minimum=True (a share that must not be zero: an MFU)."""
+    return require_real(name, value, minimum=0.0, maximum=1.0, strict_minimum=strict_minimum)
 
 
 def require_lengths(

@@ -1,7 +1,9 @@
-"""Throughput accounting (Agent RL §14.6): KV bytes, the decode roofline, training rate, GPU-hours per step.
+"""Throughput accounting (Agent RL §14.6): KV bytes, decode capacity and roofline, training rate, GPU-hours.
 
 Decode is memory-bound: one step for b sequences of context c reads the weights once and each sequence's
-KV cache, so it takes at least (weight_bytes + b c s_kv) / bandwidth seconds and yields b tokens.
+KV cache, so it takes at least (weight_bytes + b c s_kv) / bandwidth seconds and yields b tokens. The same
+bytes must also fit the GPU's memory, which caps b (`max_decode_batch`); the context past which the caches
+outweigh the weights (`crossover_context`) is where a larger batch stops buying tokens/s.
 Training costs about 6N FLOPs per token (forward + backward) at some model FLOPs utilisation (MFU).
 All of it is a first-order estimate: no attention FLOPs, communication, evaluation or failed runs.
 """
@@ -13,12 +15,14 @@ from collections.abc import Mapping, Sequence
 from importlib import resources
 from typing import Any, TypedDict
 
-from ._checks import require_lengths, require_positive_int, require_real
+from ._checks import require_keys, require_lengths, require_positive_int, require_ratio, require_real
 from .tiny import load_model_config
 
 __all__ = [
     "kv_bytes_per_token",
     "decode_tokens_per_s",
+    "max_decode_batch",
+    "crossover_context",
     "train_tokens_per_s",
     "gpu_hours_per_step",
     "decode_rate_table",
@@ -33,23 +37,25 @@ def kv_bytes_per_token(config: Any, dtype_bytes: int = 2) -> int:
     """Model config (mapping, HF config, or shipped name like "Qwen3-8B") -> KV-cache bytes per context token.
 
     2 (K and V) x layers x kv_heads x head_dim x dtype_bytes. kv_heads falls back to num_attention_heads
-    (no grouped-query attention); head_dim falls back to hidden_size // num_attention_heads.
+    (no grouped-query attention); head_dim falls back to hidden_size // num_attention_heads. A config that
+    sets both num_key_value_heads and head_dim needs no num_attention_heads: they fix the cache alone.
     """
+    dtype_bytes = require_positive_int("dtype_bytes", dtype_bytes)
     if isinstance(config, str):
         config = load_model_config(config)
 
     def field(key: str) -> Any:  # dict config or HF config object
         return config.get(key) if isinstance(config, Mapping) else getattr(config, key, None)
 
-    dtype_bytes = require_positive_int("dtype_bytes", dtype_bytes)
     layers = require_positive_int("config.num_hidden_layers", field("num_hidden_layers"))
-    heads = require_positive_int("config.num_attention_heads", field("num_attention_heads"))
-    kv_heads = field("num_key_value_heads")
-    kv_heads = require_positive_int("config.num_key_value_heads", heads if kv_heads is None else kv_heads)
-    head_dim = field("head_dim")
-    if head_dim is None:
-        head_dim = require_positive_int("config.hidden_size", field("hidden_size")) // heads
-    head_dim = require_positive_int("config.head_dim", head_dim)
+    kv_heads, head_dim = field("num_key_value_heads"), field("head_dim")
+    if kv_heads is None or head_dim is None:  # a missing one derives from the query heads
+        heads = require_positive_int("config.num_attention_heads", field("num_attention_heads"))
+        kv_heads = heads if kv_heads is None else kv_heads
+        if head_dim is None:
+            head_dim = require_positive_int("config.hidden_size", field("hidden_size")) // heads
+    kv_heads = require_positive_int("config.num_key_value_heads", kv_heads)
+    head_dim = require_positive_int("config.head_dim", head_dim)  # also when derived: 4 // 8 heads is 0
     return 2 * layers * kv_heads * head_dim * dtype_bytes
 
 
@@ -72,11 +78,61 @@ def decode_tokens_per_s(
     return batch / seconds_per_step
 
 
+def max_decode_batch(
+    config: Any,
+    n_params: float,
+    hardware: Mapping[str, Any],
+    context: int,
+    reserve_bytes: float = 0.0,
+    *,
+    weight_bytes_per_param: float = 2.0,
+    kv_dtype_bytes: int = 2,
+) -> int:
+    """The largest decode batch whose weights and KV caches fit one GPU -> int (0: not one sequence fits).
+
+    memory = hardware["memory_gb"] x 1e9 bytes must hold, with reserve_bytes kept free:
+        weight_bytes_per_param x n_params  +  batch x context x kv_bytes_per_token(config, kv_dtype_bytes)
+    The answer b fits and b + 1 does not; it never grows with context or reserve_bytes.
+    """
+    n_params = require_real("n_params", n_params, minimum=0.0, strict_minimum=True)
+    require_keys("hardware", hardware, ("memory_gb",))
+    memory_gb = require_real("hardware['memory_gb']", hardware["memory_gb"], minimum=0.0, strict_minimum=True)
+    context = require_positive_int("context", context)
+    reserve_bytes = require_real("reserve_bytes", reserve_bytes, minimum=0.0)
+    weight_bytes_per_param = require_real(
+        "weight_bytes_per_param", weight_bytes_per_param, minimum=0.0, strict_minimum=True
+    )
+    kv_dtype_bytes = require_positive_int("kv_dtype_bytes", kv_dtype_bytes)
+    free_bytes = memory_gb * 1e9 - weight_bytes_per_param * n_params - reserve_bytes  # what the caches may use
+    bytes_per_sequence = context * kv_bytes_per_token(config, kv_dtype_bytes)
+    return max(0, int(free_bytes // bytes_per_sequence))  # weights alone too large: no batch at all
+
+
+def crossover_context(
+    config: Any, n_params: float, batch: int, *, weight_bytes_per_param: float = 2.0, kv_dtype_bytes: int = 2
+) -> int:
+    """The smallest context c at which one decode step's KV reads reach its weight reads -> int >= 1.
+
+        batch x c x kv_bytes_per_token(config, kv_dtype_bytes)  >=  weight_bytes_per_param x n_params
+    Below c the weights dominate the bytes read (tokens/s grows with the batch); from c on the caches do. It
+    never grows with the batch; a smaller cache per token (fewer KV heads, an 8-bit cache) moves it out.
+    """
+    n_params = require_real("n_params", n_params, minimum=0.0, strict_minimum=True)
+    batch = require_positive_int("batch", batch)
+    weight_bytes_per_param = require_real(
+        "weight_bytes_per_param", weight_bytes_per_param, minimum=0.0, strict_minimum=True
+    )
+    kv_dtype_bytes = require_positive_int("kv_dtype_bytes", kv_dtype_bytes)
+    weight_bytes = weight_bytes_per_param * n_params
+    kv_bytes_per_context_token = batch * kv_bytes_per_token(config, kv_dtype_bytes)  # one more token of context
+    return int(-(-weight_bytes // kv_bytes_per_context_token))  # ceil: equal reads count as reached
+
+
 def train_tokens_per_s(n_params: float, peak_flops: float, mfu: float) -> float:
     """Training tokens/s per GPU at 6N FLOPs per token: mfu * peak_flops / (6 N)."""
     n_params = require_real("n_params", n_params, minimum=0.0, strict_minimum=True)
     peak_flops = require_real("peak_flops", peak_flops, minimum=0.0, strict_minimum=True)
-    mfu = require_real("mfu", mfu, minimum=0.0, maximum=1.0, strict_minimum=True)
+    mfu = require_ratio("mfu", mfu, strict_minimum=True)
     return mfu * peak_flops / (6.0 * n_params)
 
 
@@ -114,8 +170,8 @@ def gpu_hours_per_step(
         raise ValueError(f"policy_tokens = {policy_tokens} exceeds total_tokens = {total_tokens}")
     decode_rate = require_real("decode_rate", decode_rate, minimum=0.0, strict_minimum=True)
     peak_flops = require_real("peak_flops", peak_flops, minimum=0.0, strict_minimum=True)
-    mfu = require_real("mfu", mfu, minimum=0.0, maximum=1.0, strict_minimum=True)
-    busy = require_real("busy", busy, minimum=0.0, maximum=1.0, strict_minimum=True)
+    mfu = require_ratio("mfu", mfu, strict_minimum=True)
+    busy = require_ratio("busy", busy, strict_minimum=True)
     flops_per_hour = mfu * peak_flops * SECONDS_PER_HOUR
     parts = {
         "train": 6 * n_params * episodes * total_tokens / flops_per_hour,  # forward + backward, every token

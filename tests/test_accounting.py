@@ -1,4 +1,4 @@
-"""Throughput accounting: seed 003 §14.6 reproduced from the shipped Qwen3-8B config and H200 datasheet figures."""
+"""Throughput accounting: Agent RL §14.6 reproduced from the shipped Qwen3-8B config and H200 datasheet figures."""
 
 from __future__ import annotations
 
@@ -6,22 +6,24 @@ import pytest
 import torch
 
 from course_lib.accounting import (
+    crossover_context,
     decode_rate_table,
     decode_tokens_per_s,
     gpu_hours_per_step,
     hardware_names,
     kv_bytes_per_token,
     load_hardware,
+    max_decode_batch,
     train_tokens_per_s,
 )
 from course_lib.tiny import hf_config, load_model_config, tiny_qwen2
 
-N = 8.2e9  # Qwen3-8B parameters, as in the seed
+N = 8.2e9  # Qwen3-8B parameters, as in Agent RL §14
 H200 = load_hardware("H200")
 KV = kv_bytes_per_token(load_model_config("Qwen3-8B"))
 
 
-def test_seed_kv_bytes_qwen3_8b():
+def test_agent_rl_kv_bytes_qwen3_8b():
     """36 layers x 8 KV heads x head_dim 128, K and V, bf16: 147 KB per token of context."""
     assert KV == 147_456 == 2 * 36 * 8 * 128 * 2
     assert f"{KV / 1e3:.0f}" == "147"
@@ -38,6 +40,16 @@ def test_kv_bytes_head_dim_rules():
     assert kv_bytes_per_token(no_gqa, dtype_bytes=4) == 2 * 2 * 4 * 16 * 4
 
 
+def test_kv_bytes_need_no_query_heads_when_kv_heads_and_head_dim_are_set():
+    """num_key_value_heads and head_dim fix the cache: num_attention_heads is then not read at all."""
+    fixed = {"num_hidden_layers": 3, "num_key_value_heads": 2, "head_dim": 32}
+    assert kv_bytes_per_token(fixed) == 2 * 3 * 2 * 32 * 2
+    assert kv_bytes_per_token({**fixed, "num_attention_heads": None}) == kv_bytes_per_token(fixed)
+    for missing in ("num_key_value_heads", "head_dim"):  # then the query heads are needed, and named
+        with pytest.raises(ValueError, match="num_attention_heads"):
+            kv_bytes_per_token({key: value for key, value in fixed.items() if key != missing})
+
+
 def test_kv_bytes_match_a_real_transformers_cache():
     """The bytes a transformers DynamicCache holds after a forward pass, per token (tiny Qwen2, fp32)."""
     model = tiny_qwen2(seed=0)
@@ -49,24 +61,24 @@ def test_kv_bytes_match_a_real_transformers_cache():
     assert held == length * kv_bytes_per_token(model.config, dtype_bytes=4)
 
 
-def test_seed_decode_rates():
+def test_agent_rl_decode_rates():
     rates = [
         decode_tokens_per_s(N, b, c, KV, H200["memory_bandwidth"]) for b, c in [(64, 2048), (64, 16_384), (256, 16_384)]
     ]
     assert [round(r) for r in rates] == [8598, 1796, 1935]
 
 
-def test_seed_training_rate():
+def test_agent_rl_training_rate():
     assert round(train_tokens_per_s(N, H200["dense_flops"], 0.4)) == 8041
 
 
-def test_seed_training_outpaces_long_context_decode_4_5_times():
-    """Seed 003 §14.6: at 40% MFU, training processes about 4.5x the tokens of 16k-context decoding."""
+def test_agent_rl_training_outpaces_long_context_decode_4_5_times():
+    """Agent RL §14.6: at 40% MFU, training processes about 4.5x the tokens of 16k-context decoding."""
     decode = decode_tokens_per_s(N, 64, 16_384, KV, H200["memory_bandwidth"])
     assert round(train_tokens_per_s(N, H200["dense_flops"], 0.4) / decode, 1) == 4.5
 
 
-def test_seed_gpu_hours_per_step():
+def test_agent_rl_gpu_hours_per_step():
     decode_rate = decode_tokens_per_s(N, 64, 16_384, KV, 4.8e12)
     parts = gpu_hours_per_step(
         N,
@@ -92,7 +104,7 @@ def test_seed_gpu_hours_per_step():
     assert f"{parts['train'] / parts['total']:.0%}" == "26%"  # "the training pass itself is about a quarter"
 
 
-SEED_STEP = {
+AGENT_RL_STEP = {
     "n_params": N,
     "episodes": 512,
     "total_tokens": 24_000,
@@ -120,17 +132,17 @@ SEED_STEP = {
 def test_gpu_hours_refuses_each_field_out_of_range(field, values):
     for value in values:
         with pytest.raises(ValueError, match=f"^{field} "):  # its own check: "policy_tokens ... exceeds
-            gpu_hours_per_step(**{**SEED_STEP, field: value})  # total_tokens" must not stand in for it
+            gpu_hours_per_step(**{**AGENT_RL_STEP, field: value})  # total_tokens" must not stand in for it
 
 
 def test_gpu_hours_all_tokens_sampled_is_valid():
     """policy_tokens may equal total_tokens (an episode with no prompt): then nothing is prefilled."""
-    parts = gpu_hours_per_step(**{**SEED_STEP, "policy_tokens": 24_000})
+    parts = gpu_hours_per_step(**{**AGENT_RL_STEP, "policy_tokens": 24_000})
     assert parts["prefill"] == 0.0 and parts["decode"] > 0
 
 
 def test_busy_quarter_adds_about_one_gpu_hour():
-    """Seed: halving the busy fraction from 0.5 to 0.25 adds about 1 GPU-hour per step."""
+    """Agent RL §14.6: halving the busy fraction from 0.5 to 0.25 adds about 1 GPU-hour per step."""
     decode_rate = decode_tokens_per_s(N, 64, 16_384, KV, 4.8e12)
     half = gpu_hours_per_step(N, 512, 24_000, 6_000, decode_rate, 989e12, 0.4, 0.5)
     quarter = gpu_hours_per_step(N, 512, 24_000, 6_000, decode_rate, 989e12, 0.4, 0.25)
@@ -210,10 +222,113 @@ def test_hardware_table():
         spec = load_hardware(name.lower())
         assert spec["name"] == name and "datasheet" in spec["source"]
         assert spec["memory_bandwidth"] > 1e11 and spec["dense_flops"] > 1e13 and spec["memory_gb"] >= 16
-        if spec["sparse_flops"] is not None:  # the seed's convention: dense = half the with-sparsity figure
+        if spec["sparse_flops"] is not None:  # Agent RL §14's convention: dense = half the with-sparsity figure
             assert spec["dense_flops"] == pytest.approx(spec["sparse_flops"] / 2, rel=2e-3)
     assert (H200["memory_bandwidth"], H200["dense_flops"], H200["flops_dtype"]) == (4.8e12, 989e12, "bf16")
     assert load_hardware("T4")["flops_dtype"] == "fp16"
     assert type(hardware_names()) is list
     with pytest.raises(ValueError, match=r"name must be one of \['H100-SXM', .*'H200'.*\], got 'B200'"):
         load_hardware("B200")
+
+
+def _cache_bytes(model, rows: int, length: int) -> int:
+    with torch.no_grad():
+        out = model(torch.zeros(rows, length, dtype=torch.long), use_cache=True)
+    cache = out["cache"] if "cache" in out else out.past_key_values
+    return sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
+
+
+def test_max_decode_batch_qwen3_8b_on_an_h200():
+    """141 GB - 16.4 GB of bf16 weights, shared by sequences of context x 147,456 bytes."""
+    assert [max_decode_batch("Qwen3-8B", N, H200, c) for c in (2048, 16_384, 65_536, 131_072)] == [412, 51, 12, 6]
+    assert max_decode_batch("Qwen3-8B", N, H200, 16_384, 20e9) == 43
+    assert max_decode_batch("Qwen3-8B", N, load_hardware("T4"), 2048) == 0  # the weights alone do not fit
+    assert type(max_decode_batch("Qwen3-8B", N, H200, 2048)) is int
+
+
+def test_max_decode_batch_is_exact_at_the_boundary_and_monotone():
+    per_sequence = 2048 * KV
+    exact = 141e9 - 2 * 8_200_000_000 - 7 * per_sequence  # room for exactly 7 caches
+    assert max_decode_batch("Qwen3-8B", 8_200_000_000, H200, 2048, exact) == 7
+    assert max_decode_batch("Qwen3-8B", 8_200_000_000, H200, 2048, exact + 1) == 6
+    assert max_decode_batch("Qwen3-8B", 70_500_000_000, H200, 2048) == 0  # weights fill the GPU to the byte
+    by_context = [max_decode_batch("Qwen3-8B", N, H200, c) for c in range(1, 200_000, 997)]
+    assert by_context == sorted(by_context, reverse=True)
+    by_reserve = [max_decode_batch("Qwen3-8B", N, H200, 4096, r) for r in range(0, 130_000_000_000, 999_999_937)]
+    assert by_reserve == sorted(by_reserve, reverse=True)
+    assert max_decode_batch("Qwen3-8B", N, H200, 16_384, kv_dtype_bytes=1) == 103  # an 8-bit cache: twice as many
+
+
+def test_max_decode_batch_agrees_with_a_real_dynamic_cache():
+    """The tiny model in fp32 on a pretend 1.5 MB GPU: the batch fits by the bytes transformers allocates, one more
+    does not."""
+    model = tiny_qwen2(seed=0)
+    params = sum(p.numel() for p in model.parameters())
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    for context in (16, 64, 100):
+        batch = max_decode_batch(
+            model.config, params, {"memory_gb": 0.0015}, context, 1000.0, weight_bytes_per_param=4, kv_dtype_bytes=4
+        )
+        assert batch >= 1
+        assert weights + 1000 + _cache_bytes(model, batch, context) <= 1.5e6
+        assert weights + 1000 + _cache_bytes(model, batch + 1, context) > 1.5e6
+
+
+def test_crossover_context_qwen3_8b():
+    """2N / (b s_kv), rounded up: the figure's crossovers for batches 1 ... 1024."""
+    assert [crossover_context("Qwen3-8B", N, b) for b in (1, 8, 64, 256, 1024)] == [111_220, 13_903, 1738, 435, 109]
+    assert crossover_context("Qwen3-8B", N, 64, kv_dtype_bytes=1) == 3476  # an 8-bit cache crosses twice as late
+    by_batch = [crossover_context("Qwen3-8B", N, b) for b in range(1, 5000, 37)]
+    assert by_batch == sorted(by_batch, reverse=True)
+    fixed = {"num_hidden_layers": 1, "num_key_value_heads": 1, "head_dim": 1}  # 4 bytes per token
+    assert (crossover_context(fixed, 100, 5), crossover_context(fixed, 100, 3)) == (10, 17)  # 200 = 5 x 10 x 4
+    rows = decode_rate_table(N, KV, 4.8e12, [64], [1737, 1738])
+    assert rows[0]["kv_read_share"] < 0.5 <= rows[1]["kv_read_share"]  # the crossover, seen from the table
+
+
+def test_crossover_context_agrees_with_a_real_dynamic_cache():
+    model = tiny_qwen2(seed=0)
+    params = sum(p.numel() for p in model.parameters())
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    for batch in (1, 4):
+        context = crossover_context(model.config, params, batch, weight_bytes_per_param=4, kv_dtype_bytes=4)
+        assert _cache_bytes(model, batch, context - 1) < weights <= _cache_bytes(model, batch, context)
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: max_decode_batch("Qwen3-8B", N, H200, 0), "^context "),
+        (lambda: max_decode_batch("Qwen3-8B", 0.0, H200, 2048), "^n_params "),
+        (lambda: max_decode_batch("Qwen3-8B", N, {"memory": 141}, 2048), "hardware"),
+        (lambda: max_decode_batch("Qwen3-8B", N, {"memory_gb": -1}, 2048), "memory_gb"),
+        (lambda: max_decode_batch("Qwen3-8B", N, H200, 2048, -1.0), "^reserve_bytes "),
+        (lambda: max_decode_batch("Qwen3-8B", N, H200, 2048, kv_dtype_bytes=0), "^kv_dtype_bytes "),
+        (lambda: max_decode_batch({"num_hidden_layers": 2}, N, H200, 2048), "num_attention_heads"),
+        (lambda: crossover_context("Qwen3-8B", N, 0), "^batch "),
+        (lambda: crossover_context("Qwen3-8B", float("nan"), 64), "^n_params "),
+        (lambda: crossover_context("Qwen3-8B", N, 64, weight_bytes_per_param=0), "^weight_bytes_per_param "),
+        (lambda: crossover_context("Llama-7B", N, 64), "name"),
+    ],
+)
+def test_capacity_and_crossover_bad_input(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_chapter6_capacity_and_cache_sizes_as_quoted():
+    """Chapter 6 §2-§4: one 16k sequence holds 2.4 GB of cache (15% of 16.4 GB of weights), 64 of them 154.6 GB;
+    of the figure's contexts (512 ... 131,072) one H200 holds batch 1024 only at 512, 256 up to 2k, 64 up to 8k and
+    8 up to 64k."""
+    assert (f"{16_384 * KV / 1e9:.1f}", f"{2 * N / 1e9:.1f}", f"{64 * 16_384 * KV / 1e9:.1f}") == (
+        "2.4",
+        "16.4",
+        "154.6",
+    )
+    assert f"{16_384 * KV / (2 * N):.0%}" == "15%"
+    contexts = [2**k for k in range(9, 18)]
+    longest = {
+        batch: max(c for c in contexts if max_decode_batch("Qwen3-8B", N, H200, c) >= batch)
+        for batch in (8, 64, 256, 1024)
+    }
+    assert longest == {8: 65_536, 64: 8192, 256: 2048, 1024: 512}

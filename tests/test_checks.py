@@ -106,3 +106,16 @@ def test_integer_bounds_beyond_the_dtype_agree_with_python_comparisons(dtype, bo
             else:
                 with pytest.raises(ValueError, match="must hold values"):
                     require_tensor("x", given, **{keyword: bound})
+
+
+def test_require_ratio_closed_or_open_at_zero():
+    """[0, 1] by default; (0, 1] with strict_minimum=True (a share that must not be zero, as an MFU)."""
+    from course_lib._checks import require_ratio
+
+    assert require_ratio("share", 0) == 0.0 and require_ratio("share", 1) == 1.0
+    assert require_ratio("mfu", 0.4, strict_minimum=True) == 0.4
+    with pytest.raises(ValueError, match=r"^mfu must be > 0.0, got 0.0"):
+        require_ratio("mfu", 0.0, strict_minimum=True)
+    for bad in (1.01, -0.1, float("nan"), True):
+        with pytest.raises(ValueError, match="^share "):
+            require_ratio("share", bad)

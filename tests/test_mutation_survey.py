@@ -49,21 +49,23 @@ def test_no_edit_survives_unexplained(chapter, notebooks):
 
 
 def test_the_survey_finds_a_gap_when_hidden_tests_are_removed(notebooks):
-    """Without its hidden tests, chapter 9's comparison cell lets wrong answers through, and the survey says so."""
+    """Without its hidden tests and its visible check of `mask_first_label=False`, chapter 9's ledger cell lets
+    wrong cross-sample counts through, and the survey says so."""
     notebook = copy.deepcopy(notebooks["09_gpu_lab"])
     for cell in notebook.cells:
-        if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "test_compare_padding_and_packing":
-            stripped = re.sub(r"### BEGIN HIDDEN TESTS.*?### END HIDDEN TESTS\n?", "", cell.source, flags=re.S)
+        if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "test_padding_vs_packing_ledger":
+            stripped = re.sub(
+                r"unmasked = padding_vs_packing_ledger.*?### END HIDDEN TESTS\n?", "", cell.source, flags=re.S
+            )
             assert stripped != cell.source
             cell.source = stripped
     alive, _ = survey.survivors("09_gpu_lab", notebook)
     unexplained = {edit.key for edit in alive} - set(EQUIVALENT["09_gpu_lab"])
-    # the visible tests never leave a key out, so a solution that forgets either side's key check keeps its points
-    for side in ("padding", "packing"):
-        assert any(
-            key.startswith(f'compare_padding_and_packing | require_keys("{side}"') and key.endswith("deleted: expr")
-            for key in unexplained
-        ), unexplained
+    # only the unmasked row counts cross-sample labels, so nothing left in the cell sees an edit of their count
+    assert any(
+        key.startswith("padding_vs_packing_ledger | cross_sample = 0 if mask_first_label else count - 1")
+        for key in unexplained
+    ), unexplained
 
 
 def test_edits_cover_each_operator_once_per_site():

@@ -3,13 +3,16 @@ measured step time turns into effective supervised tokens per second.
 
 The lab trains on four fixed samples (48 / 96 / 32 / 64 tokens) twice: as a padded batch [4, 96] and as one
 boundary-isolated packed row [1, 240]. Before anything is timed, the token ledger already says what each
-candidate processes and supervises; the measurement then says what that costs. The benchmark workload
-(`course_lib/lab/gpu/workloads/pt_long_context.py`) takes its ledger and its rates from here.
+candidate processes and supervises, and the packed row's boundary checks say whether it keeps the samples apart;
+the measurement then says what that costs. The benchmark workload (`course_lib/lab/gpu/workloads/pt_long_context.py`)
+takes its ledger, its boundary checks and its rates from here.
 """
 
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import Any, TypedDict
+
+import torch
 
 from .._checks import (
     require_bool,
@@ -18,9 +21,15 @@ from .._checks import (
     require_nonnegative_int,
     require_positive_int,
     require_real,
+    require_tensor,
 )
 
-__all__ = ["padding_vs_packing_ledger", "effective_tokens_per_second", "compare_padding_and_packing"]
+__all__ = [
+    "padding_vs_packing_ledger",
+    "packed_row_checks",
+    "effective_tokens_per_second",
+    "compare_padding_and_packing",
+]
 
 
 class CandidateLedger(TypedDict):
@@ -75,6 +84,62 @@ def padding_vs_packing_ledger(sample_lengths, *, mask_first_label: bool = True) 
         "padding": candidate(padded, sample_tokens - count, 0),  # each row's first label drops out of the shift
         "packing": candidate(packed, sample_tokens - count + cross_sample, cross_sample),
         "processed_token_reduction": 1 - packed / padded,
+    }
+
+
+class PackedRowChecks(TypedDict):
+    """LCFT's boundary checks of one packed row: each True when it holds."""
+
+    position_ids_reset: bool
+    segment_start_labels_masked: bool
+    cross_sample_attention_blocked: bool
+    causal_within_sample: bool
+
+
+def packed_row_checks(batch: dict[str, Any], sample_lengths) -> PackedRowChecks:
+    """A packed row {position_ids [1, T], labels [1, T], attention_mask [1, 1, T, T] additive} and the lengths of
+    its samples, back to back (sum = T) -> which of the boundary checks hold.
+
+        sample_lengths [3, 2]: position_ids 0 1 2 0 1, labels -100 at tokens 0 and 3 (each sample's first)
+        attention_mask[0, 0], query down, key across (0: attends, < 0 written -: blocked):
+            0 - - - -
+            0 0 - - -
+            0 0 0 - -
+            - - - 0 -
+            - - - 0 0
+    Each check looks at the whole row: a row that breaks it anywhere fails it, and a row that breaks only one
+    fails only that one.
+    """
+    lengths = require_lengths("sample_lengths", sample_lengths)
+    require_keys("batch", batch, ("position_ids", "labels", "attention_mask"))
+    positions = require_tensor("batch['position_ids']", batch["position_ids"], ndim=2, dtype_kind="i")
+    labels = require_tensor("batch['labels']", batch["labels"], ndim=2, dtype_kind="i")
+    mask = require_tensor("batch['attention_mask']", batch["attention_mask"], ndim=4, dtype_kind="f")
+    if positions.shape != (1, sum(lengths)) or labels.shape != (1, sum(lengths)):
+        raise ValueError(
+            f"batch['position_ids'] and batch['labels'] must have shape [1, sum(sample_lengths)] = "
+            f"[1, {sum(lengths)}], got {list(positions.shape)} and {list(labels.shape)}"
+        )
+    if mask.shape != (1, 1, sum(lengths), sum(lengths)):
+        raise ValueError(
+            f"batch['attention_mask'] must have shape [1, 1, T, T] with T = sum(sample_lengths) = {sum(lengths)}, "
+            f"got {list(mask.shape)}"
+        )
+    device = positions.device
+    counts = torch.tensor(lengths, device=device)  # [N]
+    segment = torch.repeat_interleave(torch.arange(len(lengths), device=device), counts)  # [T] sample of each token
+    starts = counts.cumsum(0) - counts  # [N] where each sample begins
+    restarted = torch.arange(sum(lengths), device=device) - starts[segment]  # [T] 0, 1, ... within each sample
+    same_sample = segment[:, None] == segment[None, :]  # [T, T] query and key in one sample
+    key_not_after_query = torch.ones_like(same_sample).tril()  # [T, T] causal
+    attends, blocked = mask[0, 0] == 0, mask[0, 0] < 0  # [T, T]
+    return {
+        "position_ids_reset": bool(torch.equal(positions[0], restarted)),
+        "segment_start_labels_masked": bool(labels[0, starts].eq(-100).all()),  # -100: not read
+        "cross_sample_attention_blocked": bool(blocked[~same_sample].all()),
+        "causal_within_sample": bool(
+            attends[same_sample & key_not_after_query].all() and blocked[same_sample & ~key_not_after_query].all()
+        ),
     }
 
 

@@ -16,11 +16,13 @@
 # {{COLAB_BADGE}}
 #
 # **Objectives.** After this chapter you can
-# 1. compute the **KV cache** (KV 缓存) bytes per token of context from a real model config, and check the number
+# 1. read the **KV cache** (KV 缓存) bytes per token of context off a real model config, and check the number
 #    against the cache transformers actually allocates;
-# 2. estimate the **decode** (解码) rate of a GPU with a first-order **roofline** (屋顶线模型): decode is bound by
-#    **memory bandwidth** (内存带宽), training by **FLOPs** at some **MFU** (模型 FLOPs 利用率);
-# 3. turn both into the **GPU-hours per step** (每步 GPU 小时) of an RL run, and name the terms that dominate.
+# 2. derive the **decode capacity** (解码容量): the largest batch whose weights and caches fit a GPU's memory;
+# 3. estimate the **decode** (解码) rate with a first-order **roofline** (屋顶线模型) and derive its
+#    **crossover context** (交叉上下文长度), past which the cache reads, not the weights, set the speed: decode is
+#    bound by **memory bandwidth** (内存带宽), training by **FLOPs** at some **MFU** (模型 FLOPs 利用率);
+# 4. turn both into the **GPU-hours per step** (每步 GPU 小时) of an RL run, and name the terms that dominate.
 
 # %%
 #| course-setup
@@ -28,10 +30,11 @@ import pathlib
 from collections.abc import Mapping  # noqa: F401  (your solutions may use it)
 
 from course_lib import (
+    decode_tokens_per_s,
     hf_config,
+    kv_bytes_per_token,
     load_course_tokenizer,
     load_hardware,
-    load_model_config,
     tiny_qwen2,
     train_tokens_per_s,
 )
@@ -94,144 +97,15 @@ print(f"without the cache: {positions[False] / positions[True]:.1f}x the positio
 # `num_key_value_heads`, not `num_attention_heads`. And $d_{\text{head}}$ is not always
 # `hidden_size / num_attention_heads`: Qwen3-0.6B sets `head_dim = 128` with `hidden_size = 1024` and 16 heads.
 #
-# ### TODO 1 · `kv_bytes_per_token`
+# `kv_bytes_per_token(config, dtype_bytes=2)` (imported in the setup cell) reads these fields from a parsed
+# `config.json`, a transformers config object or the name of a shipped config (`"Qwen3-8B"`). Where
+# `num_key_value_heads` is absent it uses `num_attention_heads` (no GQA), and where `head_dim` is absent it uses
+# `hidden_size // num_attention_heads`; a config that sets both needs no `num_attention_heads` at all. A field that
+# is missing when it is needed, or not a positive integer, is a `ValueError` that names it.
 #
-# Write `kv_bytes_per_token(config, dtype_bytes=2)` returning the KV-cache bytes (a Python `int`) per token of context.
-# `config` is a mapping (a parsed `config.json`), a transformers config object (read its attributes), or the name of
-# a shipped config such as `"Qwen3-8B"` or `"Qwen/Qwen3-8B"` (`load_model_config(name)` gives its mapping). Use
-# `num_hidden_layers`, `num_key_value_heads` (absent or `None`: no GQA, use `num_attention_heads`) and `head_dim`
-# (absent or `None`: `hidden_size // num_attention_heads`). Raise `ValueError` naming the field when one of them is
-# missing or not a positive integer, and for a `dtype_bytes` that is not a positive integer (`require_positive_int`
-# does both; `True` is not an integer here). The head width must be positive whether given or derived: a
-# `hidden_size` of 4 over 8 heads derives 0, so check it after deriving it.
-
-# %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_kv_bytes_per_token", "locked": false, "schema_version": 3}
-#| solution: course_lib.accounting.kv_bytes_per_token
-
-# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_kv_bytes_per_token", "locked": true, "points": 4, "schema_version": 3}
-# Agent RL §14.6: Qwen3-8B, 36 layers x 8 KV heads x head_dim 128, K and V in bf16: 147 KB per token.
-_t_got = kv_bytes_per_token(load_model_config("Qwen3-8B"))
-assert _t_got == 147_456, f"kv_bytes_per_token(load_model_config('Qwen3-8B')) returned {_t_got!r}, expected 147456"
-for _t_config, _t_shown in (("Qwen/Qwen3-8B", "'Qwen/Qwen3-8B'"), (hf_config("Qwen3-8B"), "hf_config('Qwen3-8B')")):
-    _t_got = kv_bytes_per_token(_t_config)
-    assert _t_got == 147_456, f"kv_bytes_per_token({_t_shown}) returned {_t_got!r}, expected 147456"
-_t_got = kv_bytes_per_token("Qwen3-0.6B")
-assert _t_got == 2 * 28 * 8 * 128 * 2, (  # head_dim 128, not 1024 / 16
-    f"kv_bytes_per_token('Qwen3-0.6B') returned {_t_got!r}, expected 2 x 28 x 8 x 128 x 2 = 114688 (its head_dim "
-    f"field is 128, not hidden_size / heads = 64)"
-)
-_t_got = kv_bytes_per_token("Qwen2.5-0.5B", dtype_bytes=4)
-assert _t_got == 2 * 24 * 2 * (896 // 14) * 4, (  # no head_dim field
-    f"kv_bytes_per_token('Qwen2.5-0.5B', dtype_bytes=4) returned {_t_got!r}, expected 2 x 24 x 2 x 64 x 4 = 24576"
-)
-assert type(_t_got) is int, (
-    f"kv_bytes_per_token('Qwen2.5-0.5B', dtype_bytes=4) returned {type(_t_got).__name__} {_t_got!r}: "
-    "it must be a Python "
-    f"int (bytes are whole numbers); a head width from hidden_size / heads is a float, use //"
-)
-_t_config = {
-    "num_hidden_layers": 4,
-    "num_attention_heads": 8,
-    "hidden_size": 512,
-    "num_key_value_heads": None,
-    "head_dim": None,
-}  # None: the same as absent
-try:
-    _t_got = kv_bytes_per_token(_t_config)
-except ValueError as _t_error:
-    raise AssertionError(
-        f"kv_bytes_per_token({_t_config}) raised {_t_error!r}; a field set to None counts as absent "
-        f"(no GQA: num_attention_heads KV heads; head_dim = hidden_size // heads)"
-    ) from _t_error
-assert _t_got == 2 * 4 * 8 * 64 * 2, (
-    f"kv_bytes_per_token({_t_config}) returned {_t_got!r}, expected 2 x 4 x 8 x 64 x 2 = 8192"
-)
-### BEGIN HIDDEN TESTS
-import random
-
-from course_lib import grading
-
-_t_rng = random.Random(6)
-_t_cases = []
-for _ in range(40):
-    _t_heads = _t_rng.choice([1, 2, 4, 8, 12, 16, 32, 40, 64])
-    _t_config = {
-        "num_hidden_layers": _t_rng.randint(1, 96),
-        "num_attention_heads": _t_heads,
-        "hidden_size": _t_heads * _t_rng.choice([32, 64, 80, 128]),
-    }
-    if _t_rng.random() < 0.7:
-        _t_config["num_key_value_heads"] = _t_rng.choice([d for d in range(1, _t_heads + 1) if _t_heads % d == 0])
-    if _t_rng.random() < 0.6:
-        _t_config["head_dim"] = _t_rng.choice([64, 96, 128, 256])
-    _t_cases.append(((_t_config,), {"dtype_bytes": _t_rng.choice([1, 2, 4])}))
-_t_cases += [
-    (
-        (
-            {
-                "num_hidden_layers": 4,
-                "num_attention_heads": 8,
-                "hidden_size": 512,
-                "num_key_value_heads": None,
-                "head_dim": None,
-            },
-        ),
-        {},
-    )
-]
-_t_cases += [
-    ((name,), {"dtype_bytes": d})
-    for name in ("Qwen3-8B", "Qwen/Qwen3-0.6B", "Qwen2.5-0.5B", "tiny-qwen2")
-    for d in (1, 2, 4)
-]
-_t_cases += [
-    ((hf_config(name, **overrides),), {"dtype_bytes": 2})
-    for name, overrides in (
-        ("Qwen3-0.6B", {}),
-        ("Qwen2.5-0.5B", {}),
-        ("tiny-qwen2", {}),
-        ("tiny-qwen2", {"num_key_value_heads": 1}),
-        ("Qwen3-8B", {"head_dim": 64}),
-    )
-]
-# hidden_size not a multiple of the head count: the head width is hidden_size // heads, an int (not 33.33...).
-_t_cases += [
-    (({"num_hidden_layers": 2, "num_attention_heads": 3, "hidden_size": 100},), {}),
-    (({"num_hidden_layers": 5, "num_attention_heads": 12, "hidden_size": 1000, "num_key_value_heads": 4},), {}),
-    # 110 / 8 = 13.75 and 1000 / 24 = 41.67: floored to 13 and 41, not rounded to 14 and 42
-    (({"num_hidden_layers": 3, "num_attention_heads": 8, "hidden_size": 110},), {}),
-    (({"num_hidden_layers": 2, "num_attention_heads": 24, "hidden_size": 1000, "num_key_value_heads": 8},), {}),
-]
-grading.assert_matches_reference(kv_bytes_per_token, "kv_bytes_per_token", _t_cases)
-grading.assert_rejects(
-    kv_bytes_per_token,
-    "kv_bytes_per_token",
-    [
-        (({"num_hidden_layers": 2, "num_attention_heads": 4},), {}),  # no head_dim, no hidden_size
-        (({"num_attention_heads": 4, "head_dim": 16},), {}),  # no layers
-        (({"num_hidden_layers": 0, "num_attention_heads": 4, "head_dim": 16},), {}),
-        (({"num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 16, "num_key_value_heads": 0},), {}),
-        (({"num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 16.5},), {}),
-        (("Qwen3-8B",), {"dtype_bytes": 0}),
-        (("Qwen3-8B",), {"dtype_bytes": 2.5}),
-        (("Llama-7B",), {}),
-        (({"num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 0},), {}),
-        (
-            ({"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64, "head_dim": 0},),
-            {},
-        ),  # 0 is no head width
-        (({"num_hidden_layers": 2, "num_attention_heads": 8, "hidden_size": 4},), {}),  # derives a head width of 0
-        (({"num_hidden_layers": True, "num_attention_heads": 4, "head_dim": 16},), {}),
-        (("Qwen3-8B",), {"dtype_bytes": True}),
-        (({"num_hidden_layers": -2, "num_attention_heads": 4, "head_dim": 16},), {}),
-    ],
-)
-### END HIDDEN TESTS
-
-# %% [markdown]
 # ### The same number in the framework (transformers)
 #
-# Two checks against real objects. First, a transformers config object, built from Qwen3-8B's shipped
+# Two checks of the formula against real objects. First, a transformers config object, built from Qwen3-8B's shipped
 # `config.json`, gives Agent RL §14.6's 147 KB (see the course's sources page, `docs/sources.md`). Second, the tiny
 # model runs a forward pass with `use_cache=True`; the `DynamicCache` it returns holds one key and one value tensor per
 # layer, and its bytes divided by the number of tokens must be exactly `kv_bytes_per_token(model.config, dtype_bytes=4)`
@@ -268,105 +142,341 @@ assert cache_bytes == context * kv_bytes_per_token(model.config, dtype_bytes=4)
 # %%
 N_QWEN3_8B = 8.2e9  # parameters of Qwen3-8B, as in Agent RL §14
 KV_QWEN3_8B = 36 * 8 * 128 * 2 * 2  # layers x KV heads x head_dim x (keys, values) x bf16 bytes: Agent RL §14's 147 KB
+H200 = load_hardware("H200")  # NVIDIA's datasheet figures, shipped with the course
 for batch, context in [(1, 16_384), (64, 2048), (64, 16_384)]:
     print(
         f"batch {batch:2d} x {context:6,d} tokens of context: KV cache {batch * context * KV_QWEN3_8B / 1e9:6.1f} GB "
         f"(bf16 weights: {2 * N_QWEN3_8B / 1e9:.1f} GB)"
     )
-assert kv_bytes_per_token(hf_config("Qwen3-8B")) == KV_QWEN3_8B, "your TODO 1 disagrees with the hand count"
+assert kv_bytes_per_token(hf_config("Qwen3-8B")) == KV_QWEN3_8B, "the library disagrees with the hand count"
 
 # %% [markdown]
-# One 16k-token sequence already holds about 15% of the weights' bytes in cache; 64 of them hold ten times the
-# weights, more than one 141 GB H200 can even store (a serving engine spreads such a batch over several GPUs or
-# runs a smaller one). Capacity aside, every byte of it is read at every decode step.
+# One 16k-token sequence already holds 2.4 GB of cache, about 15% of the weights' 16.4 GB; 64 of them hold 154.6 GB,
+# more than one 141 GB H200 can store beside the weights. So before asking how fast a GPU decodes, ask how many
+# sequences it can hold at all.
 #
-# ## 3. The decode roofline (解码屋顶线) and the training rate
+# ## 3. Decode capacity: how many sequences fit (解码容量)
 #
-# One decode step for $b$ sequences of context $c$ reads the weights once ($2N$ bytes in bf16; in general
-# `weight_bytes_per_param` $\times N$) and every sequence's cache ($b \, c \, s_{\text{KV}}$ bytes). At memory
-# bandwidth $W$ (bytes/s) it lasts at least $(2N + b c s_{\text{KV}}) / W$ seconds and yields $b$ tokens:
+# A serving engine keeps the weights in GPU memory once and one KV cache per sequence it decodes; what is left
+# over, minus a reserve for activations, the allocator's slack and the engine itself, is all the caches can
+# use. The batch it can decode is therefore capped by memory before bandwidth enters at all, and the cap shrinks as
+# the context grows.
 #
-# $$\text{decode tokens/s} = \frac{b}{(2N + b\,c\,s_{\text{KV}}) / W}.$$
+# ### TODO 1 · `max_decode_batch`
 #
-# Training does about $6N$ FLOPs per token (forward and backward) on every token, at a fraction MFU of the
-# GPU's peak FLOP/s: $\text{MFU} \times \text{peak} / 6N$ tokens/s. The H200 figures ship with the course, from
-# NVIDIA's datasheet (dense bf16 is half the with-sparsity figure):
+# Write `max_decode_batch(config, n_params, hardware, context, reserve_bytes=0.0, *, weight_bytes_per_param=2.0,
+# kv_dtype_bytes=2)`: the largest number of sequences, each holding `context` tokens of KV cache, that one GPU can
+# decode at once, as a Python `int`. `hardware` is a mapping like `load_hardware("H200")`; its `memory_gb` is the
+# GPU's memory in decimal GB ($10^9$ bytes). The memory must hold the weights (`weight_bytes_per_param` bytes for each
+# of `n_params` parameters), `reserve_bytes` kept free, and the caches, whose bytes per token
+# `kv_bytes_per_token(config, kv_dtype_bytes)` gives (`config` as that function takes it). The batch you return
+# fits and one more sequence would not; when not even one sequence fits, or the weights alone do not, the answer is
+# `0`.
+#
+# The function's first lines, the input checks, are given: keep them and write the rest below them.
 
-# %%
-H200 = load_hardware("H200")
-print({key: H200[key] for key in ("memory_bandwidth", "dense_flops", "flops_dtype", "memory_gb")})
+# %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_max_decode_batch", "locked": false, "schema_version": 3}
+#| solution: course_lib.accounting.max_decode_batch
 
-# %% [markdown]
-# ### TODO 2 · `decode_tokens_per_s`
-#
-# Write `decode_tokens_per_s(n_params, batch, context, kv_bytes, bandwidth, *, weight_bytes_per_param=2.0)`: the
-# roofline decode rate above, in tokens/s per GPU (a `float`). `bandwidth` is in bytes/s and `kv_bytes` is per token
-# of context. Raise `ValueError` for a `batch` or `context` that is not a positive integer, and for `n_params`,
-# `kv_bytes`, `bandwidth` or `weight_bytes_per_param` that is not a finite real number $> 0$
-# (`require_real(name, value, minimum=0.0, strict_minimum=True)`, which also refuses `nan` and `inf`).
-
-# %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_decode_tokens_per_s", "locked": false, "schema_version": 3}
-#| solution: course_lib.accounting.decode_tokens_per_s
-
-# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_decode_tokens_per_s", "locked": true, "points": 4, "schema_version": 3}
-# Agent RL §14.6: Qwen3-8B (8.2e9 parameters, 147,456 KV bytes per token) on an H200 (4.8 TB/s).
-_t_rates = [decode_tokens_per_s(8.2e9, b, c, 147_456, 4.8e12) for b, c in [(64, 2048), (64, 16_384), (256, 16_384)]]
-assert [round(rate) for rate in _t_rates] == [8598, 1796, 1935], (
-    f"decode_tokens_per_s(8.2e9, batch, context, 147_456, 4.8e12) for (batch, context) = (64, 2048), (64, 16384), "
-    f"(256, 16384) returned {[round(rate) for rate in _t_rates]} (rounded), expected [8598, 1796, 1935]"
+# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_max_decode_batch", "locked": true, "points": 5, "schema_version": 3}
+# Qwen3-8B (8.2e9 parameters, 147,456 KV bytes per token in bf16) on one H200 (141 GB).
+_t_h200 = load_hardware("H200")
+_t_got = [max_decode_batch("Qwen3-8B", 8.2e9, _t_h200, _t_context) for _t_context in (2048, 16_384, 131_072)]
+assert _t_got == [412, 51, 6], (
+    f"max_decode_batch('Qwen3-8B', 8.2e9, load_hardware('H200'), context) for context 2048, 16384, 131072 "
+    f"returned {_t_got}, expected [412, 51, 6]"
 )
-assert isinstance(_t_rates[0], float), f"decode_tokens_per_s must return a float, got {type(_t_rates[0]).__name__}"
-_t_rate = decode_tokens_per_s(8.2e9, 64, 2048, 147_456, 4.8e12, weight_bytes_per_param=1)  # 8-bit weights
-assert round(_t_rate) == 11160, (
-    f"decode_tokens_per_s(8.2e9, 64, 2048, 147_456, 4.8e12, weight_bytes_per_param=1) returned {_t_rate:.0f}, "
-    f"expected 11160: the weights take weight_bytes_per_param x N bytes"
+assert all(type(_t_value) is int for _t_value in _t_got), (
+    f"max_decode_batch must return Python ints (a batch is a count), got {[type(v).__name__ for v in _t_got]}"
+)
+_t_got = max_decode_batch("Qwen3-8B", 8.2e9, _t_h200, 16_384, 20e9)
+assert _t_got == 43, (
+    f"max_decode_batch('Qwen3-8B', 8.2e9, load_hardware('H200'), 16384, 20e9) returned {_t_got!r}, expected 43: "
+    "20 GB kept free leave room for fewer caches"
+)
+_t_got = max_decode_batch("Qwen3-8B", 8.2e9, load_hardware("T4"), 2048)
+assert _t_got == 0, (
+    f"max_decode_batch('Qwen3-8B', 8.2e9, load_hardware('T4'), 2048) returned {_t_got!r}, expected 0: the 16.4 GB "
+    "of bf16 weights do not fit a 16 GB T4, so no batch does"
+)
+# The tiny model in fp32: the batch must fit by the bytes a real DynamicCache holds, and one more must not.
+_t_model = tiny_qwen2(seed=0)
+_t_params = sum(_t_p.numel() for _t_p in _t_model.parameters())
+_t_weights = sum(_t_p.numel() * _t_p.element_size() for _t_p in _t_model.parameters())
+_t_gpu = {"memory_gb": 0.0015}  # 1.5 MB: room for the weights and a few short caches
+_t_batch = max_decode_batch(_t_model.config, _t_params, _t_gpu, 64, weight_bytes_per_param=4, kv_dtype_bytes=4)
+
+
+def _t_cache_bytes(_t_rows, _t_length):
+    with torch.no_grad():
+        _t_out = _t_model(torch.zeros(_t_rows, _t_length, dtype=torch.long), use_cache=True)
+    _t_cache = _t_out["cache"] if "cache" in _t_out else _t_out.past_key_values
+    return sum(_t_x.numel() * _t_x.element_size() for _t_l in _t_cache.layers for _t_x in (_t_l.keys, _t_l.values))
+
+
+_t_fits = (_t_weights + _t_cache_bytes(_t_batch, 64), _t_weights + _t_cache_bytes(_t_batch + 1, 64))
+assert _t_fits[0] <= 1.5e6 < _t_fits[1], (
+    f"max_decode_batch(tiny_qwen2 config, {_t_params}, {{'memory_gb': 0.0015}}, 64, weight_bytes_per_param=4, "
+    f"kv_dtype_bytes=4) returned {_t_batch}: weights and the DynamicCache of {_t_batch} sequences take "
+    f"{_t_fits[0]:,} bytes, of {_t_batch + 1} sequences {_t_fits[1]:,}; the 1,500,000 bytes must hold the first "
+    "and not the second"
 )
 ### BEGIN HIDDEN TESTS
 import random
 
 from course_lib import grading
 
-_t_rng = random.Random(7)
-_t_bandwidths = [load_hardware(name)["memory_bandwidth"] for name in ("H200", "H100-SXM", "A100-80GB", "L4", "T4")]
+_t_rng = random.Random(61)
+_t_hardware = [load_hardware(_t_name) for _t_name in ("H200", "H100-SXM", "A100-80GB", "L4", "T4")]
 _t_cases = []
-for _ in range(60):
-    _t_kwargs = {"weight_bytes_per_param": _t_rng.choice([0.5, 1, 2.0, 4])} if _t_rng.random() < 0.5 else {}
+for _ in range(50):
+    _t_heads = _t_rng.choice([1, 2, 4, 8, 16, 32, 40, 64])
+    _t_config = {
+        "num_hidden_layers": _t_rng.randint(1, 96),
+        "num_attention_heads": _t_heads,
+        "hidden_size": _t_heads * _t_rng.choice([32, 64, 80, 128]),
+    }
+    if _t_rng.random() < 0.6:  # GQA
+        _t_config["num_key_value_heads"] = _t_rng.choice([d for d in range(1, _t_heads + 1) if _t_heads % d == 0])
+    if _t_rng.random() < 0.4:  # a head_dim that is not hidden_size / heads
+        _t_config["head_dim"] = _t_rng.choice([64, 96, 128, 256])
+    _t_kwargs = {}
+    if _t_rng.random() < 0.5:
+        _t_kwargs["weight_bytes_per_param"] = _t_rng.choice([0.5, 1, 2.0, 4])
+    if _t_rng.random() < 0.5:
+        _t_kwargs["kv_dtype_bytes"] = _t_rng.choice([1, 2, 4])
     _t_cases.append(
         (
             (
-                10 ** _t_rng.uniform(8, 11),
-                _t_rng.randint(1, 512),
-                _t_rng.randint(1, 131_072),
-                _t_rng.choice([12_288, 114_688, 147_456, _t_rng.uniform(1e3, 5e5)]),
-                _t_rng.choice(_t_bandwidths),
+                _t_config,
+                _t_rng.choice([5e8, 1.5e9, 8.2e9, 3.2e10, 7e10]),
+                _t_rng.choice(_t_hardware),
+                _t_rng.choice([1, 512, 2048, 16_384, 65_536, _t_rng.randint(1, 131_072)]),
+                _t_rng.choice([0.0, 2e9, 8e9, _t_rng.uniform(0, 2e10)]),
             ),
             _t_kwargs,
         )
     )
-_t_cases += [((8.2e9, 1, 1, 147_456, 4.8e12), {}), ((5e8, 1024, 1, 12_288, 3e11), {"weight_bytes_per_param": 1})]
-grading.assert_matches_reference(decode_tokens_per_s, "decode_tokens_per_s", _t_cases)
+# Edges. A reserve that leaves room for exactly 7 sequences (they fit), one byte more (6), the weights filling the
+# GPU to the byte (0), weights larger than the GPU (0, not a negative batch), a shipped name and a transformers
+# config, a context of one token.
+_t_per_sequence = 2048 * 147_456
+_t_exact = 141e9 - 2 * 8_200_000_000 - 7 * _t_per_sequence
+_t_cases += [
+    (("Qwen3-8B", 8_200_000_000, _t_hardware[0], 2048, _t_exact), {}),
+    (("Qwen3-8B", 8_200_000_000, _t_hardware[0], 2048, _t_exact + 1), {}),
+    (("Qwen3-8B", 70_500_000_000, _t_hardware[0], 2048), {}),
+    (("Qwen3-8B", 7e10, _t_hardware[3], 2048), {}),
+    (("Qwen/Qwen3-0.6B", 6e8, _t_hardware[4], 1), {}),
+    ((hf_config("Qwen2.5-0.5B"), 5e8, _t_hardware[3], 32_768), {"kv_dtype_bytes": 1}),
+    (({"num_hidden_layers": 4, "num_key_value_heads": 2, "head_dim": 64}, 1e9, {"memory_gb": 24}, 4096), {}),
+]
+grading.assert_matches_reference(max_decode_batch, "max_decode_batch", _t_cases)
+_t_sweep = [max_decode_batch("Qwen3-8B", 8.2e9, _t_hardware[0], _t_c) for _t_c in (1, 100, 1000, 10_000, 100_000)]
+assert _t_sweep == sorted(_t_sweep, reverse=True), (
+    f"max_decode_batch('Qwen3-8B', 8.2e9, H200, context) over contexts 1 ... 100000 is {_t_sweep}: a longer context "
+    "never fits more sequences"
+)
 grading.assert_rejects(
-    decode_tokens_per_s,
-    "decode_tokens_per_s",
+    max_decode_batch,
+    "max_decode_batch",
     [
-        ((0, 64, 2048, 147_456, 4.8e12), {}),
-        ((8.2e9, 0, 2048, 147_456, 4.8e12), {}),
-        ((8.2e9, 64, 2048.5, 147_456, 4.8e12), {}),
-        ((8.2e9, 64, 2048, 0, 4.8e12), {}),
-        ((8.2e9, 64, 2048, 147_456, -1.0), {}),
-        ((8.2e9, 64, 2048, 147_456, float("nan")), {}),
-        ((8.2e9, 64, 2048, 147_456, 0.0), {}),  # no bandwidth: > 0, not >= 0
-        ((8.2e9, 64, 2048, 147_456, 4.8e12), {"weight_bytes_per_param": 0}),
-        ((float("nan"), 64, 2048, 147_456, 4.8e12), {}),
-        ((8.2e9, 64, 2048, float("inf"), 4.8e12), {}),
-        ((8.2e9, 64, 2048, 147_456, float("inf")), {}),
-        ((8.2e9, 64.0, 2048, 147_456, 4.8e12), {}),
-        ((8.2e9, True, 2048, 147_456, 4.8e12), {}),
-        ((8.2e9, 64, 2048, 147_456, 4.8e12), {"weight_bytes_per_param": float("nan")}),
-        ((8.2e9, 64, 2048, 147_456, 4.8e12), {"weight_bytes_per_param": float("inf")}),
+        (("Qwen3-8B", 8.2e9, _t_hardware[0], 0), {}),
+        (("Qwen3-8B", 8.2e9, _t_hardware[0], 2048.0), {}),
+        (("Qwen3-8B", 0.0, _t_hardware[0], 2048), {}),
+        (("Qwen3-8B", 8.2e9, {"memory": 141}, 2048), {}),
+        (("Qwen3-8B", 8.2e9, {"memory_gb": 0}, 2048), {}),
+        (("Qwen3-8B", 8.2e9, _t_hardware[0], 2048, -1.0), {}),
+        (("Qwen3-8B", 8.2e9, _t_hardware[0], 2048), {"kv_dtype_bytes": 0}),
+        (("Qwen3-8B", 8.2e9, _t_hardware[0], 2048), {"weight_bytes_per_param": float("nan")}),
+        (({"num_hidden_layers": 2, "num_attention_heads": 4}, 8.2e9, _t_hardware[0], 2048), {}),  # no head width
+        (("Llama-7B", 8.2e9, _t_hardware[0], 2048), {}),
     ],
 )
 ### END HIDDEN TESTS
+
+# %% [markdown]
+# <details><summary>Hint · 提示</summary>
+#
+# Count bytes, not sequences: the weights and the reserve are paid once, whatever the batch; whatever memory is
+# left is shared by whole sequences, each as large as its context times the cache per token. A sequence that would
+# only partly fit does not fit.
+#
+# </details>
+
+# %% [markdown]
+# Your function on Qwen3-8B and one H200, context by context, next to the bytes that would really be allocated:
+# the tiny model's `DynamicCache`, measured after a forward pass, for the batch your function allows and for one
+# sequence more.
+
+# %%
+for context in (2048, 16_384, 65_536, 131_072):
+    batch = max_decode_batch("Qwen3-8B", N_QWEN3_8B, H200, context)
+    print(
+        f"context {context:7,d}: at most {batch:3d} sequences on one H200 "
+        f"({batch * context * KV_QWEN3_8B / 1e9:5.1f} GB of cache beside {2 * N_QWEN3_8B / 1e9:.1f} GB of weights)"
+    )
+tiny_params = sum(p.numel() for p in model.parameters())
+tiny_weights = sum(p.numel() * p.element_size() for p in model.parameters())
+tiny_gpu = {"memory_gb": 0.0015}  # a pretend 1.5 MB GPU, sized for the tiny model in fp32
+tiny_batch = max_decode_batch(model.config, tiny_params, tiny_gpu, 64, weight_bytes_per_param=4, kv_dtype_bytes=4)
+for rows in (tiny_batch, tiny_batch + 1):
+    with torch.no_grad():
+        output = model(torch.zeros(rows, 64, dtype=torch.long), use_cache=True)
+    held = output["cache"] if "cache" in output else output.past_key_values
+    held = sum(x.numel() * x.element_size() for layer in held.layers for x in (layer.keys, layer.values))
+    print(
+        f"tiny_qwen2, {rows} x 64 tokens: weights {tiny_weights:,} + DynamicCache {held:,} = {tiny_weights + held:,} "
+        f"bytes of 1,500,000: {'fits' if tiny_weights + held <= 1.5e6 else 'does not fit'}"
+    )
+
+# %% [markdown]
+# The cap falls as $1/c$: 412 sequences of 2k tokens, 51 of 16k, 6 of 128k. A real engine keeps a reserve and pages
+# its caches in blocks, so its numbers are a little lower; the shape is the same. Capacity is one limit; the next
+# section asks how fast the sequences that fit decode.
+#
+# ## 4. The decode roofline (解码屋顶线) and the training rate
+#
+# Each decode step reads every weight once, whatever the batch, and every sequence's whole cache, and it yields one
+# token per sequence. On a GPU those reads, not the arithmetic, set the step's time: at memory bandwidth $W$
+# (bytes/s) a step lasts at least its bytes read divided by $W$. `decode_tokens_per_s(n_params, batch, context,
+# kv_bytes, bandwidth, *, weight_bytes_per_param=2.0)` (imported in the setup cell) turns that into tokens/s per GPU.
+#
+# Training does about $6N$ FLOPs per token (forward and backward) on every token, at a fraction MFU of the
+# GPU's peak FLOP/s: $\text{MFU} \times \text{peak} / 6N$ tokens/s (`train_tokens_per_s`). The H200 figures ship with
+# the course, from NVIDIA's datasheet (dense bf16 is half the with-sparsity figure):
+
+# %%
+print({key: H200[key] for key in ("memory_bandwidth", "dense_flops", "flops_dtype", "memory_gb")})
+
+# %% [markdown]
+# The two kinds of bytes behave differently. The weights' share of a step is fixed, so a larger batch spreads it
+# over more tokens; the caches' share grows with the batch and with the context. Small contexts are weight-bound and
+# reward batching; long ones are cache-bound, and there batching buys almost nothing. Where one regime gives way to
+# the other is the number to know for a model.
+#
+# ### TODO 2 · `crossover_context`
+#
+# Write `crossover_context(config, n_params, batch, *, weight_bytes_per_param=2.0, kv_dtype_bytes=2)`: the
+# **crossover context**, the smallest whole number of context tokens per sequence at which the KV-cache bytes one
+# decode step of `batch` sequences reads are at least the bytes of weights it reads, as a Python `int` (equal counts
+# as reached). The weights take `weight_bytes_per_param` bytes per parameter, the cache
+# `kv_bytes_per_token(config, kv_dtype_bytes)` bytes per token of context (an 8-bit cache: `kv_dtype_bytes=1`).
+#
+# The function's first lines, the input checks, are given: keep them and write the rest below them.
+
+# %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_crossover_context", "locked": false, "schema_version": 3}
+#| solution: course_lib.accounting.crossover_context
+
+# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_crossover_context", "locked": true, "points": 4, "schema_version": 3}
+# Qwen3-8B (8.2e9 parameters, 147,456 KV bytes per token in bf16), the batches of the figure below.
+_t_got = [crossover_context("Qwen3-8B", 8.2e9, _t_batch) for _t_batch in (1, 8, 64, 256, 1024)]
+assert _t_got == [111_220, 13_903, 1738, 435, 109], (
+    f"crossover_context('Qwen3-8B', 8.2e9, batch) for batch 1, 8, 64, 256, 1024 returned {_t_got}, "
+    "expected [111220, 13903, 1738, 435, 109]"
+)
+assert all(type(_t_value) is int for _t_value in _t_got), (
+    f"crossover_context must return Python ints (a context is a whole number of tokens), got "
+    f"{[type(v).__name__ for v in _t_got]}"
+)
+_t_got = crossover_context("Qwen3-8B", 8.2e9, 64, kv_dtype_bytes=1)
+assert _t_got == 3476, (
+    f"crossover_context('Qwen3-8B', 8.2e9, 64, kv_dtype_bytes=1) returned {_t_got!r}, expected 3476: an 8-bit "
+    "cache halves the bytes per token, so the caches need twice the context to match the weights"
+)
+_t_config = {"num_hidden_layers": 1, "num_key_value_heads": 1, "head_dim": 1}  # 4 bytes of cache per token
+_t_got = (crossover_context(_t_config, 100, 5), crossover_context(_t_config, 100, 3))
+assert _t_got == (10, 17), (
+    f"crossover_context({_t_config}, 100, batch) for batch 5 and 3 returned {_t_got}, expected (10, 17): the "
+    "200 bytes of weights equal 5 x 10 x 4 bytes of cache exactly (reached), and 3 x 16 x 4 = 192 falls short"
+)
+# The tiny model in fp32, batch 4: a real DynamicCache at the crossover context holds at least the weights' bytes,
+# one token shorter it holds less.
+_t_model = tiny_qwen2(seed=0)
+_t_params = sum(_t_p.numel() for _t_p in _t_model.parameters())
+_t_weights = sum(_t_p.numel() * _t_p.element_size() for _t_p in _t_model.parameters())
+_t_context = crossover_context(_t_model.config, _t_params, 4, weight_bytes_per_param=4, kv_dtype_bytes=4)
+
+
+def _t_cache_bytes(_t_length):
+    with torch.no_grad():
+        _t_out = _t_model(torch.zeros(4, _t_length, dtype=torch.long), use_cache=True)
+    _t_cache = _t_out["cache"] if "cache" in _t_out else _t_out.past_key_values
+    return sum(_t_x.numel() * _t_x.element_size() for _t_l in _t_cache.layers for _t_x in (_t_l.keys, _t_l.values))
+
+
+_t_held = (_t_cache_bytes(_t_context - 1), _t_cache_bytes(_t_context))
+assert _t_held[0] < _t_weights <= _t_held[1], (
+    f"crossover_context(tiny_qwen2 config, {_t_params}, 4, weight_bytes_per_param=4, kv_dtype_bytes=4) returned "
+    f"{_t_context}: 4 sequences hold {_t_held[0]:,} bytes of DynamicCache at {_t_context - 1} tokens and "
+    f"{_t_held[1]:,} at {_t_context}, against {_t_weights:,} bytes of weights"
+)
+### BEGIN HIDDEN TESTS
+import random
+
+from course_lib import grading
+
+_t_rng = random.Random(62)
+_t_cases = []
+for _ in range(50):
+    _t_heads = _t_rng.choice([1, 2, 4, 8, 16, 32, 40, 64])
+    _t_config = {
+        "num_hidden_layers": _t_rng.randint(1, 96),
+        "num_attention_heads": _t_heads,
+        "hidden_size": _t_heads * _t_rng.choice([32, 64, 80, 128]),
+    }
+    if _t_rng.random() < 0.6:  # GQA
+        _t_config["num_key_value_heads"] = _t_rng.choice([d for d in range(1, _t_heads + 1) if _t_heads % d == 0])
+    if _t_rng.random() < 0.4:  # a head_dim that is not hidden_size / heads
+        _t_config["head_dim"] = _t_rng.choice([64, 96, 128, 256])
+    _t_kwargs = {}
+    if _t_rng.random() < 0.5:
+        _t_kwargs["weight_bytes_per_param"] = _t_rng.choice([0.5, 1, 2.0, 4])
+    if _t_rng.random() < 0.5:
+        _t_kwargs["kv_dtype_bytes"] = _t_rng.choice([1, 2, 4])
+    _t_params = _t_rng.choice([_t_rng.randint(10**8, 10**11), 8.2e9, 5e8])
+    _t_cases.append(((_t_config, _t_params, _t_rng.randint(1, 2048)), _t_kwargs))
+# Edges: weights that equal the cache of a whole context exactly (reached there, not one token later), a context
+# of one token (a tiny model, a huge batch), a shipped name, a transformers config with a head_dim override.
+_t_cases += [
+    (({"num_hidden_layers": 2, "num_key_value_heads": 2, "head_dim": 8}, 6400, 25), {}),  # 12800 = 25 x 8 x 64
+    (({"num_hidden_layers": 2, "num_key_value_heads": 2, "head_dim": 8}, 6401, 25), {}),
+    (({"num_hidden_layers": 1, "num_attention_heads": 4, "hidden_size": 64}, 10, 4096), {}),
+    (("Qwen/Qwen3-0.6B", 6e8, 32), {"kv_dtype_bytes": 1}),
+    ((hf_config("Qwen3-8B", head_dim=64), 8.2e9, 64), {}),
+    ((hf_config("Qwen2.5-0.5B"), 5e8, 256), {}),
+]
+grading.assert_matches_reference(crossover_context, "crossover_context", _t_cases)
+_t_sweep = [crossover_context("Qwen3-8B", 8.2e9, _t_b) for _t_b in (1, 3, 64, 500, 4096)]
+assert _t_sweep == sorted(_t_sweep, reverse=True), (
+    f"crossover_context('Qwen3-8B', 8.2e9, batch) over batches 1 ... 4096 is {_t_sweep}: a larger batch reads more "
+    "cache per token of context, so it never crosses later"
+)
+grading.assert_rejects(
+    crossover_context,
+    "crossover_context",
+    [
+        (("Qwen3-8B", 8.2e9, 0), {}),
+        (("Qwen3-8B", 8.2e9, 64.0), {}),
+        (("Qwen3-8B", 8.2e9, True), {}),
+        (("Qwen3-8B", 0.0, 64), {}),
+        (("Qwen3-8B", float("inf"), 64), {}),
+        (("Qwen3-8B", 8.2e9, 64), {"weight_bytes_per_param": 0}),
+        (("Qwen3-8B", 8.2e9, 64), {"kv_dtype_bytes": 2.5}),
+        (({"num_hidden_layers": 2, "head_dim": 16}, 8.2e9, 64), {}),  # no KV heads, no heads
+        (("Llama-7B", 8.2e9, 64), {}),
+    ],
+)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# <details><summary>Hint · 提示</summary>
+#
+# Write the bytes one step reads as two terms, one that does not depend on the context and one that grows by the
+# same amount with every token of context, and ask for the first whole context at which the second reaches the
+# first. Check yourself on the `(10, 17)` example above.
+#
+# </details>
 
 # %% [markdown]
 # Now Agent RL §14.6's comparison: Qwen3-8B decoding on one H200 at three batch / context points, against the training
@@ -384,33 +494,61 @@ TRAIN_RATE = train_tokens_per_s(N_QWEN3_8B, H200["dense_flops"], 0.4)
 print(f"training (6N FLOPs per token, MFU 0.4):       {TRAIN_RATE:7.0f} tokens/s per GPU")
 
 # %% [markdown]
-# At 2k context a batch of 64 decodes about as fast as the GPU trains. At 16k the cache reads swamp the weight
-# reads and decode falls to about 1,800 tokens/s; a 4x larger batch barely helps (1,935), because each extra
-# sequence brings its own cache to read. The figure sweeps context and batch.
+# At 2k context, just past its crossover of 1,738 tokens, a batch of 64 decodes about as fast as the GPU trains. At 16k
+# the cache reads swamp the weight reads and decode falls to about 1,800 tokens/s; a 4x larger batch barely helps
+# (1,935), because each extra sequence brings its own cache to read. The figure sweeps context and batch, with your
+# `crossover_context` marking where each curve turns and your `max_decode_batch` drawing solid only the part whose
+# batch fits one H200.
 
 # %%
 contexts = [2**k for k in range(9, 18)]  # 512 ... 131,072 tokens
 fig, ax = plt.subplots(figsize=(7, 3.8))
 for batch, color in ((8, "#8172B3"), (64, "#4C72B0"), (256, "#55A868"), (1024, "#C44E52")):
     rates = [decode_tokens_per_s(N_QWEN3_8B, batch, c, KV_QWEN3_8B, H200["memory_bandwidth"]) for c in contexts]
-    ax.plot(contexts, rates, marker="o", markersize=3, color=color, label=f"decode, batch {batch}")
+    fits = [max_decode_batch("Qwen3-8B", N_QWEN3_8B, H200, c) >= batch for c in contexts]
+    ax.plot(contexts, rates, linestyle=":", linewidth=1, color=color)  # the whole bound, dotted
+    ax.plot(
+        [c for c, fit in zip(contexts, fits, strict=True) if fit],
+        [rate for rate, fit in zip(rates, fits, strict=True) if fit],
+        marker="o",
+        markersize=3,
+        color=color,
+        label=f"decode, batch {batch}",
+    )
+    crossover = crossover_context("Qwen3-8B", N_QWEN3_8B, batch)
+    shown = contexts[0] <= crossover <= contexts[-1]
+    if shown:
+        rate = decode_tokens_per_s(N_QWEN3_8B, batch, crossover, KV_QWEN3_8B, H200["memory_bandwidth"])
+        ax.plot([crossover], [rate], marker="*", markersize=11, color=color)
+    print(
+        f"batch {batch:4d}: crossover at {crossover:6,d} tokens "
+        f"({'marked' if shown else 'left of the plotted range'}); fits one H200 up to "
+        f"{max(c for c, fit in zip(contexts, fits, strict=True) if fit):,} tokens of the plotted contexts"
+    )
 ax.axhline(TRAIN_RATE, color="black", linestyle="--", label="training, MFU 0.4")
 ax.set_xscale("log", base=2)
 ax.set_yscale("log")
 ax.set_xlabel("context per sequence (tokens)")
 ax.set_ylabel("tokens/s per GPU")
-ax.set_title("Qwen3-8B on one H200: decode roofline vs training rate")
+ax.set_title("Qwen3-8B on one H200: decode roofline (star: crossover; dotted: does not fit)")
 ax.legend(fontsize=8)
 plt.show()
+any_batch_limit = H200["memory_bandwidth"] / (KV_QWEN3_8B * TRAIN_RATE)  # W / (c s_kv) = training rate
+print(f"past {any_batch_limit:,.0f} tokens of context no batch decodes as fast as the GPU trains")
+assert round(any_batch_limit) == 4048
 
 # %% [markdown]
-# Each curve is flat while the weights dominate the bytes read and falls as $1/c$ once the cache does; the
-# curves for large batches meet there, since $b / (b c s_{\text{KV}}) = 1 / (c s_{\text{KV}})$ no longer depends
-# on $b$. Past about 4k tokens of context no batch size decodes as fast as the GPU trains. (The roofline is a
-# bound on speed only: it ignores whether the caches fit in memory, which the large batches at long context do
-# not on one GPU.)
+# In symbols: a step reads $2N + b\,c\,s_{\text{KV}}$ bytes, so the rate is $b\,W / (2N + b\,c\,s_{\text{KV}})$.
+# Left of its crossover a curve stays near its weights-only value $b\,W / 2N$ (at the crossover itself it is half of
+# it); right of it the caches dominate and the curve falls as $1/c$. Batch 8 crosses at 13,903 tokens and batch 64 at
+# 1,738; batches 256 and 1024 cross at 435 and 109 tokens, left of the plotted range, so their curves fall from the
+# first point on and run together, since $b / (b\,c\,s_{\text{KV}}) = 1 / (c\,s_{\text{KV}})$ no longer depends on
+# $b$. Even an unlimited batch tends to $W / (c\,s_{\text{KV}})$, which falls below the training rate past 4,048 tokens
+# of context. And the roofline bounds speed only: the dotted parts are batches whose caches do not fit one H200.
+# Of the plotted contexts, batch 1024 fits only at 512 tokens, batch 256 up to 2k, batch 64 up to 8k and batch 8 up to
+# 64k.
 #
-# ## 4. GPU-hours per RL step (每步 GPU 小时)
+# ## 5. GPU-hours per RL step (每步 GPU 小时)
 #
 # An RL step samples `episodes` trajectories of `total_tokens` tokens each, of which `policy_tokens` are sampled
 # by the policy (the rest are prompt and tool output), then trains on them. With FLOP/s $= \text{MFU} \times$ peak:
@@ -429,14 +567,15 @@ plt.show()
 #
 # Write `gpu_hours_per_step(n_params, episodes, total_tokens, policy_tokens, decode_rate, peak_flops, mfu, busy)`
 # returning the dict `{"train", "old_logp", "prefill", "decode", "total"}` of GPU-hours (floats), `total` being the
-# sum of the four parts. Raise `ValueError` for `episodes` not a positive integer; `n_params`, `total_tokens`,
-# `policy_tokens`, `decode_rate`, `peak_flops` not finite real numbers $> 0$; `mfu` or `busy` outside $(0, 1]$; and
-# `policy_tokens > total_tokens`. `SECONDS_PER_HOUR` is imported in the setup cell.
+# sum of the four parts. `SECONDS_PER_HOUR` is imported in the setup cell. The function's first lines, the input
+# checks, are given: keep them and write the rest below them (they refuse `episodes` that is not a positive integer;
+# `n_params`, `total_tokens`, `policy_tokens`, `decode_rate`, `peak_flops` that are not finite real numbers $> 0$;
+# `mfu` or `busy` outside $(0, 1]$; and `policy_tokens > total_tokens`, each with a `ValueError`).
 
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_gpu_hours_per_step", "locked": false, "schema_version": 3}
 #| solution: course_lib.accounting.gpu_hours_per_step
 
-# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_gpu_hours_per_step", "locked": true, "points": 5, "schema_version": 3}
+# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_gpu_hours_per_step", "locked": true, "points": 3, "schema_version": 3}
 # Agent RL §14.6: Qwen3-8B, 512 episodes of 24k tokens (6k sampled), decode at 1,796 tokens/s (batch 64, 16k),
 # H200, MFU 0.4.
 _t_decode_rate = 64 / ((2 * 8.2e9 + 64 * 16_384 * 147_456) / 4.8e12)
@@ -538,13 +677,13 @@ quarter_busy = gpu_hours_per_step(
 print(f"busy 0.25 instead of 0.5: {quarter_busy['total'] - parts['total']:+.2f} GPU-hours per step")
 
 # %% [markdown]
-# About 1.6 GPU-hours per step and 490 for the run, 59% of it decoding although policy tokens are a quarter of
+# About 1.6 GPU-hours per step and 487 for the run, 59% of it decoding although policy tokens are a quarter of
 # all tokens; the training pass itself is about a quarter. The two largest uncertainties are the decode rate
 # (context and batch, the figure above) and the busy share, which folds in tool latency and stragglers: halving it
 # adds about one GPU-hour per step. It is a first-order estimate that ignores attention FLOPs, communication,
 # evaluation and failed runs. Replace each assumption with a measurement from a pilot run before budgeting.
 #
-# ## 5. Design questions in practice (实践中的设计问题)
+# ## 6. Design questions in practice (实践中的设计问题)
 #
 # **Problem: the rollout GPUs are "busy" but their FLOP utilisation is tiny.**
 # *Symptom:* the inference engine reports full occupancy, yet achieved FLOP/s is a few percent of peak and a larger
@@ -552,7 +691,7 @@ print(f"busy 0.25 instead of 0.5: {quarter_busy['total'] - parts['total']:+.2f} 
 # so bytes read grow with $b \cdot c$ and tokens/s stops growing with $b$ (the figure). *Options:* (a) a smaller cache
 # per token: more aggressive GQA, an 8-bit KV cache; (b) shorter contexts (summarise or truncate tool output);
 # (c) more GPUs on inference than on training; (d) prefix caching for prompts shared across a group.
-# *Recommendation:* measure the KV share of the bytes read per decode step first (section 3's printout;
+# *Recommendation:* measure the KV share of the bytes read per decode step first (section 4's printout;
 # the `kv_read_share` column of `course_lib.accounting.decode_rate_table`); when KV reads dominate, (a) and (b) act
 # directly on the term that sets the speed, (c) only buys capacity.
 #
@@ -567,12 +706,13 @@ print(f"busy 0.25 instead of 0.5: {quarter_busy['total'] - parts['total']:+.2f} 
 # token grows with it: at 64 sequences, going from 16k to 64k tokens of context divides the decode rate by almost
 # four. *Recommendation:* budget every context-length change through the decode roofline, not the training rate.
 #
-# ## 6. Exercises
+# ## 7. Exercises
 #
 # 1. (Agent RL §14, exercise 6) Redo the GPU-hours estimate for a 64k-token context. Which part grows, and by how much?
 #    What does a 4x smaller KV cache (more aggressive GQA, or an 8-bit cache) buy back at 64k?
-# 2. At which context $c^*$ do the cache reads equal the weight reads for a batch of 64 on Qwen3-8B? Derive
-#    $c^* = 2N / (b \, s_{\text{KV}})$ and compare with the figure's knee.
+# 2. A serving engine caps the batch by memory, not by speed. With `max_decode_batch` and `crossover_context`, find
+#    for Qwen3-8B on one H200 the longest context at which the largest batch that fits is still weight-bound. What
+#    does an 8-bit cache (`kv_dtype_bytes=1`) change in both numbers?
 # 3. Compare an H100-SXM and an H200 (`load_hardware`) for decode at 16k context and for training. Which ratio do
 #    you find for each, and why is it the same or different?
 # 4. Qwen2.5-0.5B keeps 12 KB of KV per token and Qwen3-0.6B 115 KB. With `N = 0.5e9` and `0.6e9`, plot both decode

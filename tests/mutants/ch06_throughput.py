@@ -4,35 +4,64 @@ from tests.mutants import mutate
 
 CHAPTER = "06_throughput"
 
-_KV = "course_lib.accounting.kv_bytes_per_token"
-_DECODE = "course_lib.accounting.decode_tokens_per_s"
+_BATCH = "course_lib.accounting.max_decode_batch"
+_CROSS = "course_lib.accounting.crossover_context"
 _HOURS = "course_lib.accounting.gpu_hours_per_step"
-_STEP = "(weight_bytes_per_param * n_params + batch * context * kv_bytes) / bandwidth"
+_FREE = "free_bytes = memory_gb * 1e9 - weight_bytes_per_param * n_params - reserve_bytes"
+_PER_SEQUENCE = "bytes_per_sequence = context * kv_bytes_per_token(config, kv_dtype_bytes)"
+_FIT = "return max(0, int(free_bytes // bytes_per_sequence))"
+_CROSSED = "return int(-(-weight_bytes // kv_bytes_per_context_token))"
 _DECODE_HOURS = '"decode": episodes * policy_tokens / decode_rate / SECONDS_PER_HOUR / busy'
 
 
 MUTANTS = {
-    "kv_bytes_per_token": {
-        # K only: the factor 2 for keys and values is forgotten.
-        "no_factor_two_for_k_and_v": mutate(_KV, ("return 2 * layers", "return 1 * layers")),
-        # Every query head gets its own KV head: grouped-query attention ignored.
-        "attention_heads_not_kv_heads": mutate(
-            _KV, ('kv_heads = field("num_key_value_heads")', 'kv_heads = field("num_attention_heads")')
+    "max_decode_batch": {
+        # Only the caches counted: the weights' bytes are forgotten.
+        "weights_forgotten": mutate(_BATCH, (_FREE, _FREE.replace(" - weight_bytes_per_param * n_params", ""))),
+        # The reserve is not kept free.
+        "reserve_forgotten": mutate(_BATCH, (_FREE, _FREE.replace(" - reserve_bytes", ""))),
+        # Memory read as binary GiB (2**30) although the datasheet's GB are decimal.
+        "memory_in_gib": mutate(_BATCH, (_FREE, _FREE.replace("memory_gb * 1e9", "memory_gb * 2**30"))),
+        # A sequence that partly fits is counted: rounded up instead of down.
+        "partial_sequence_fits": mutate(_BATCH, (_FIT, "return max(0, int(-(-free_bytes // bytes_per_sequence)))")),
+        # Weights that do not fit give a negative batch instead of 0.
+        "negative_batch": mutate(_BATCH, (_FIT, "return int(free_bytes // bytes_per_sequence)")),
+        # The weights priced in the cache's dtype.
+        "weights_in_cache_dtype": mutate(
+            _BATCH, (_FREE, _FREE.replace("weight_bytes_per_param * n_params", "kv_dtype_bytes * n_params"))
         ),
-        # head_dim always derived from hidden_size / heads, even where the config sets it (Qwen3-0.6B: 64, not 128).
-        "ignores_config_head_dim": mutate(_KV, ('head_dim = field("head_dim")', "head_dim = None")),
-        # head_dim derived by dividing the width among the KV heads instead of the query heads.
-        "head_dim_from_kv_heads": mutate(_KV, ('field("hidden_size")) // heads', 'field("hidden_size")) // kv_heads')),
+        # A slot for the token being decoded: context + 1 tokens of cache per sequence.
+        "cache_one_token_longer": mutate(
+            _BATCH, (_PER_SEQUENCE, _PER_SEQUENCE.replace("context * ", "(context + 1) * "))
+        ),
     },
-    "decode_tokens_per_s": {
-        # The weights are read once per sequence instead of once per step.
-        "weights_read_per_sequence": mutate(_DECODE, (_STEP, f"(batch * {_STEP[1:]}")),
-        # One sequence's cache per step: the batch factor on the KV reads is missing.
-        "kv_read_without_batch": mutate(_DECODE, (_STEP, _STEP.replace("batch * context", "context"))),
-        # Bandwidth taken as GB/s and scaled by 1e9 again.
-        "bandwidth_in_wrong_units": mutate(_DECODE, (_STEP, _STEP.replace("/ bandwidth", "/ (bandwidth * 1e9)"))),
-        # bf16 hard-coded: weight_bytes_per_param is ignored.
-        "ignores_weight_bytes_per_param": mutate(_DECODE, (_STEP, _STEP.replace("weight_bytes_per_param *", "2.0 *"))),
+    "crossover_context": {
+        # Rounded down: the context just before the caches reach the weights.
+        "floor_not_ceil": mutate(_CROSS, (_CROSSED, "return int(weight_bytes // kv_bytes_per_context_token)")),
+        # Strictly more cache than weights: one token late when the two are equal.
+        "strictly_more": mutate(_CROSS, (_CROSSED, "return int(weight_bytes // kv_bytes_per_context_token) + 1")),
+        # Rounded to the nearest token.
+        "rounded": mutate(_CROSS, (_CROSSED, "return round(weight_bytes / kv_bytes_per_context_token)")),
+        # One sequence's cache: the batch is forgotten.
+        "batch_forgotten": mutate(
+            _CROSS,
+            (
+                "kv_bytes_per_context_token = batch * kv_bytes_per_token(config, kv_dtype_bytes)",
+                "kv_bytes_per_context_token = kv_bytes_per_token(config, kv_dtype_bytes)",
+            ),
+        ),
+        # Weights in bf16 whatever weight_bytes_per_param says.
+        "weights_always_bf16": mutate(
+            _CROSS, ("weight_bytes = weight_bytes_per_param * n_params", "weight_bytes = 2 * n_params")
+        ),
+        # Keys only: the cache of one layer is counted as one tensor, half of K and V.
+        "keys_only": mutate(
+            _CROSS,
+            (
+                "kv_bytes_per_context_token = batch * kv_bytes_per_token(config, kv_dtype_bytes)",
+                "kv_bytes_per_context_token = batch * kv_bytes_per_token(config, kv_dtype_bytes) // 2",
+            ),
+        ),
     },
     "gpu_hours_per_step": {
         # The busy share multiplies the decode time instead of dividing it.
@@ -49,57 +78,6 @@ MUTANTS = {
         ),
     },
 }
-
-# Wrong answers a review of the grading found keeping full points (before the grader compared int and float and
-# the hidden tests gained the cases that catch them).
-MUTANTS["kv_bytes_per_token"].update(
-    {
-        # True division: a float, and a fractional head width when hidden_size is not a multiple of the heads.
-        "true_division_head_dim": mutate(
-            _KV,
-            ('field("hidden_size")) // heads', 'field("hidden_size")) / heads'),
-            ('head_dim = require_positive_int("config.head_dim", head_dim)', "pass"),
-        ),
-        # The `or` idiom: a head_dim of 0 silently falls back to hidden_size // heads.
-        "zero_head_dim_falls_back": mutate(_KV, ("    if head_dim is None:\n", "    if not head_dim:\n")),
-    }
-)
-
-# A second review's wrong answers (some caught already, kept as different mistakes; the rest caught since).
-_DERIVED = 'head_dim = require_positive_int("config.hidden_size", field("hidden_size")) // heads'
-MUTANTS["kv_bytes_per_token"].update(
-    {
-        # Rounded instead of floored: 110 / 8 = 13.75 gives a head width of 14.
-        "head_dim_rounded": mutate(
-            _KV, (_DERIVED, _DERIVED.replace("head_dim = ", "head_dim = round(").replace(") // heads", ") / heads)"))
-        ),
-        # Ceiling division: a head width of 34 for 100 / 3.
-        "head_dim_ceil_division": mutate(
-            _KV, (_DERIVED, _DERIVED.replace("head_dim = ", "head_dim = -(-").replace(") // heads", ") // heads)"))
-        ),
-        # Absent num_key_value_heads read as multi-query attention (one KV head) instead of no GQA.
-        "absent_kv_heads_is_one": mutate(
-            _KV, ("heads if kv_heads is None else kv_heads", "1 if kv_heads is None else kv_heads")
-        ),
-    }
-)
-MUTANTS["decode_tokens_per_s"].update(
-    {
-        # The keyword argument checked by hand: `<= 0` lets nan and inf through.
-        "weight_bytes_nan_unchecked": mutate(
-            _DECODE,
-            (
-                "weight_bytes_per_param = require_real(\n"
-                '        "weight_bytes_per_param", weight_bytes_per_param, minimum=0.0, strict_minimum=True\n'
-                "    )",
-                "if weight_bytes_per_param <= 0:\n"
-                '        raise ValueError(f"weight_bytes_per_param must be > 0, got {weight_bytes_per_param}")',
-            ),
-        ),
-        # The token being decoded counted into the cache it reads: context + 1 per sequence.
-        "kv_read_off_by_one": mutate(_DECODE, (_STEP, _STEP.replace("batch * context", "batch * (context + 1)"))),
-    }
-)
 MUTANTS["gpu_hours_per_step"].update(
     {
         # The busy share divides every part, training included.
@@ -114,114 +92,50 @@ MUTANTS["gpu_hours_per_step"].update(
         "decode_divided_by_mfu": mutate(_HOURS, (_DECODE_HOURS, _DECODE_HOURS + " / mfu")),
     }
 )
-MUTANTS["gpu_hours_per_step"].update(
-    {
-        # Episodes checked for a whole value instead of an integer: 512.0 passes (as batch = 64.0 must not).
-        "integral_float_episodes": mutate(
-            _HOURS,
-            (
-                'episodes = require_positive_int("episodes", episodes)',
-                "if isinstance(episodes, bool) or not float(episodes).is_integer() "
-                "or episodes < 1:\n"
-                '        raise ValueError(f"episodes must be a positive integer, got '
-                '{episodes!r}")',
-            ),
-        ),
-    }
-)
 
-# A third review's correct answers, in other styles students use.
+# Correct answers in other styles students use.
 ALTERNATIVES = {
-    "kv_bytes_per_token": {
-        # Hand-written checks (numbers.Integral, bools refused) and math.prod; dtype_bytes checked last.
-        "hand_checks_and_prod": """
+    "max_decode_batch": {
+        # math.floor on a true division, and an explicit branch for weights that do not fit.
+        "floor_and_branch": """
 import math
-import numbers
-from collections.abc import Mapping
+
+from course_lib._checks import require_keys, require_positive_int, require_real
 
 
-def _positive(name, value):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
-
-
-def kv_bytes_per_token(config, dtype_bytes=2):
-    if isinstance(config, str):
-        config = load_model_config(config)
-    get = config.get if isinstance(config, Mapping) else (lambda key: getattr(config, key, None))
-    layers = _positive("num_hidden_layers", get("num_hidden_layers"))
-    heads = _positive("num_attention_heads", get("num_attention_heads"))
-    kv_heads = get("num_key_value_heads")
-    kv_heads = heads if kv_heads is None else _positive("num_key_value_heads", kv_heads)
-    head_dim = get("head_dim")
-    if head_dim is None:
-        head_dim = divmod(_positive("hidden_size", get("hidden_size")), heads)[0]
-    head_dim = _positive("head_dim", head_dim)
-    dtype_bytes = _positive("dtype_bytes", dtype_bytes)
-    return math.prod([2, layers, kv_heads, head_dim, dtype_bytes])
-""",
-        # A dict of the fields first (from a mapping or attributes), then require_positive_int on each.
-        "fields_dict_first": """
-from collections.abc import Mapping
-
-from course_lib._checks import require_positive_int
-
-
-def kv_bytes_per_token(config, dtype_bytes=2):
-    dtype_bytes = require_positive_int("dtype_bytes", dtype_bytes)
-    if isinstance(config, str):
-        config = load_model_config(config)
-    keys = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_size")
-    if isinstance(config, Mapping):
-        fields = {key: config.get(key) for key in keys}
-    else:
-        fields = {key: getattr(config, key, None) for key in keys}
-    if fields["num_key_value_heads"] is None:
-        fields["num_key_value_heads"] = fields["num_attention_heads"]
-    if fields["head_dim"] is None:
-        hidden = require_positive_int("hidden_size", fields["hidden_size"])
-        fields["head_dim"] = hidden // require_positive_int("num_attention_heads", fields["num_attention_heads"])
-    total = 2 * dtype_bytes
-    for key in ("num_hidden_layers", "num_key_value_heads", "head_dim"):
-        total *= require_positive_int(key, fields[key])
-    require_positive_int("num_attention_heads", fields["num_attention_heads"])
-    return total
+def max_decode_batch(config, n_params, hardware, context, reserve_bytes=0.0, *, weight_bytes_per_param=2.0,
+                     kv_dtype_bytes=2):
+    n_params = require_real("n_params", n_params, minimum=0.0, strict_minimum=True)
+    require_keys("hardware", hardware, ("memory_gb",))
+    memory_gb = require_real("hardware['memory_gb']", hardware["memory_gb"], minimum=0.0, strict_minimum=True)
+    context = require_positive_int("context", context)
+    reserve_bytes = require_real("reserve_bytes", reserve_bytes, minimum=0.0)
+    weight_bytes_per_param = require_real("weight_bytes_per_param", weight_bytes_per_param, minimum=0.0,
+                                          strict_minimum=True)
+    kv_dtype_bytes = require_positive_int("kv_dtype_bytes", kv_dtype_bytes)
+    left = memory_gb * 1e9 - reserve_bytes - weight_bytes_per_param * n_params
+    one_sequence = kv_bytes_per_token(config, kv_dtype_bytes) * context
+    if left < one_sequence:
+        return 0
+    return math.floor(left / one_sequence)
 """,
     },
-    "decode_tokens_per_s": {
-        # Rearranged: bandwidth * batch / bytes per step; hand-written finite-positive checks.
-        "rearranged_hand_checks": """
+    "crossover_context": {
+        # math.ceil on a true division.
+        "ceil_of_division": """
 import math
-import numbers
 
-
-def decode_tokens_per_s(n_params, batch, context, kv_bytes, bandwidth, *, weight_bytes_per_param=2.0):
-    for name, value in (("batch", batch), ("context", context)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    for name, value in (("n_params", n_params), ("kv_bytes", kv_bytes), ("bandwidth", bandwidth),
-                        ("weight_bytes_per_param", weight_bytes_per_param)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value <= 0:
-            raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    bytes_per_step = weight_bytes_per_param * n_params + batch * context * kv_bytes
-    return float(bandwidth * batch / bytes_per_step)
-""",
-        # Seconds for the weights and for the caches apart, added; the checks through require_real in a loop.
-        "two_read_times": """
 from course_lib._checks import require_positive_int, require_real
 
 
-def decode_tokens_per_s(n_params, batch, context, kv_bytes, bandwidth, *, weight_bytes_per_param=2.0):
+def crossover_context(config, n_params, batch, *, weight_bytes_per_param=2.0, kv_dtype_bytes=2):
+    n_params = require_real("n_params", n_params, minimum=0.0, strict_minimum=True)
     batch = require_positive_int("batch", batch)
-    context = require_positive_int("context", context)
-    n_params, kv_bytes, bandwidth, weight_bytes_per_param = (
-        require_real(name, value, minimum=0.0, strict_minimum=True)
-        for name, value in (("n_params", n_params), ("kv_bytes", kv_bytes), ("bandwidth", bandwidth),
-                            ("weight_bytes_per_param", weight_bytes_per_param)))
-    weight_seconds = weight_bytes_per_param * n_params / bandwidth
-    cache_seconds = batch * context * kv_bytes / bandwidth
-    return batch / (weight_seconds + cache_seconds)
+    weight_bytes_per_param = require_real("weight_bytes_per_param", weight_bytes_per_param, minimum=0.0,
+                                          strict_minimum=True)
+    kv_dtype_bytes = require_positive_int("kv_dtype_bytes", kv_dtype_bytes)
+    per_token = kv_bytes_per_token(config, kv_dtype_bytes)
+    return math.ceil(weight_bytes_per_param * n_params / (batch * per_token))
 """,
     },
     "gpu_hours_per_step": {

@@ -4,6 +4,8 @@ from tests.mutants import mutate
 
 CHAPTER = "09_gpu_lab"
 
+_ROWS = "course_lib.lab.packed_row_checks"
+
 _LEDGER = """
 def padding_vs_packing_ledger(sample_lengths, *, mask_first_label=True):
     lengths = require_lengths("sample_lengths", sample_lengths)
@@ -40,40 +42,6 @@ def _ledger(
     )
 
 
-_COMPARE = """
-def compare_padding_and_packing(padding, packing):
-    require_keys("padding", padding, ("effective_supervised_tokens", "median_step_ms"))
-    require_keys("packing", packing, ("effective_supervised_tokens", "median_step_ms"))
-    tokens = TOKEN_CHECK("padding.effective_supervised_tokens", padding["effective_supervised_tokens"])
-    packed_tokens = TOKEN_CHECK("packing.effective_supervised_tokens", packing["effective_supervised_tokens"])
-    if GUARD and packed_tokens != tokens:
-        raise ValueError(f"effective_supervised_tokens differ: {tokens} vs {packed_tokens}")
-    padding_ms = require_real("padding.median_step_ms", padding["median_step_ms"], minimum=0.0, strict_minimum=True)
-    packing_ms = require_real("packing.median_step_ms", packing["median_step_ms"], minimum=0.0, strict_minimum=True)
-    padding_rate = tokens / (padding_ms / SCALE)
-    packing_rate = packed_tokens / (packing_ms / SCALE)
-    return {"effective_supervised_tokens": tokens, "padding_tokens_per_second": padding_rate,
-            "packing_tokens_per_second": packing_rate, "throughput_ratio": RATIO,
-            "step_time_reduction": REDUCTION}
-"""
-
-
-def _compare(
-    token_check="require_positive_int",
-    guard="True",
-    scale="1000.0",
-    ratio="packing_rate / padding_rate",
-    reduction="1 - packing_ms / padding_ms",
-):
-    return (
-        _COMPARE.replace("TOKEN_CHECK", token_check)
-        .replace("GUARD", guard)
-        .replace("SCALE", scale)
-        .replace("RATIO", ratio)
-        .replace("REDUCTION", reduction)
-    )
-
-
 MUTANTS = {
     "padding_vs_packing_ledger": {
         # Padding charged as the sum of the lengths: the rectangle's empty corners are forgotten.
@@ -87,17 +55,33 @@ MUTANTS = {
         # Reduction the wrong way round: relative to what packing processes, not to what padding did.
         "reduction_wrong_way_round": _ledger(reduction="(padded - packed) / packed"),
     },
-    "compare_padding_and_packing": {
-        # Ratio upside down: padding's rate over packing's.
-        "throughput_ratio_inverted": _compare(ratio="padding_rate / packing_rate"),
-        # No same-supervision guard: each candidate's rate from its own tokens, comparable or not.
-        "no_same_supervision_guard": _compare(guard="False"),
-        # Milliseconds never converted to seconds: tokens per millisecond.
-        "tokens_per_millisecond": _compare(scale="1.0"),
-        # Step-time reduction measured against packing's time instead of padding's.
-        "reduction_relative_to_packing": _compare(reduction="(padding_ms - packing_ms) / packing_ms"),
-        # Zero supervised tokens accepted: the rates are 0 and the ratio divides by zero.
-        "zero_tokens_accepted": _compare(token_check="require_nonnegative_int"),
+    "packed_row_checks": {
+        # Only each sample's first position checked (0): a restart inside a sample goes unseen.
+        "only_first_positions_checked": mutate(
+            _ROWS,
+            (
+                '"position_ids_reset": bool(torch.equal(positions[0], restarted)),',
+                '"position_ids_reset": bool(positions[0, starts].eq(0).all()),',
+            ),
+        ),
+        # The row's first label skipped: the loss never reads it, but the lab masks every sample's first label.
+        "first_sample_start_skipped": mutate(_ROWS, ("labels[0, starts].eq(-100)", "labels[0, starts[1:]].eq(-100)")),
+        # Cross-sample pairs checked only where the key comes earlier: "a causal model never looks ahead".
+        "cross_pairs_only_in_the_past": mutate(
+            _ROWS, ("bool(blocked[~same_sample].all())", "bool(blocked[~same_sample & key_not_after_query].all())")
+        ),
+        # Within a sample only "may attend" checked: later keys left open pass.
+        "later_keys_inside_not_checked": mutate(_ROWS, (" and blocked[same_sample & ~key_not_after_query].all()", "")),
+        # Within a sample only "later keys blocked" checked: a query cut off from itself or earlier keys passes.
+        "earlier_keys_inside_not_checked": mutate(_ROWS, ("attends[same_sample & key_not_after_query].all() and ", "")),
+        # Blocked read as the dtype's lowest value: a mask written with -inf (also blocked) fails.
+        "blocked_only_at_the_dtype_minimum": mutate(
+            _ROWS,
+            (
+                "attends, blocked = mask[0, 0] == 0, mask[0, 0] < 0",
+                "attends, blocked = mask[0, 0] == 0, mask[0, 0] == torch.finfo(mask.dtype).min",
+            ),
+        ),
     },
 }
 
@@ -113,15 +97,6 @@ MUTANTS["padding_vs_packing_ledger"].update(
                 'mask_first_label = require_bool("mask_first_label", mask_first_label)',
                 "mask_first_label = bool(mask_first_label)",
             ),
-        ),
-    }
-)
-MUTANTS["compare_padding_and_packing"].update(
-    {
-        # `is not` for the token counts: two equal counts read from two JSON files are two objects.
-        "tokens_compared_with_is_not": mutate(
-            "course_lib.lab.compare_padding_and_packing",
-            ("if packed_tokens != tokens:", "if packed_tokens is not tokens:"),
         ),
     }
 )
@@ -149,38 +124,6 @@ MUTANTS["padding_vs_packing_ledger"].update(
         ),
     }
 )
-MUTANTS["compare_padding_and_packing"].update(
-    {
-        # The check's return value discarded: a numpy count from a DataFrame row comes back as numpy.
-        "checked_tokens_discarded": _compare(
-            token_check="(lambda name, value: require_positive_int(name, value) and value)"
-        ),
-        # float() as the check: the strings "63.4" and True pass as step times.
-        "float_cast_step_times": _COMPARE.replace("TOKEN_CHECK", "require_positive_int")
-        .replace("GUARD", "True")
-        .replace("SCALE", "1000.0")
-        .replace("RATIO", "packing_rate / padding_rate")
-        .replace("REDUCTION", "1 - packing_ms / padding_ms")
-        .replace(
-            'padding_ms = require_real("padding.median_step_ms", padding["median_step_ms"], '
-            "minimum=0.0, strict_minimum=True)",
-            'padding_ms = float(padding["median_step_ms"])\n'
-            '    if not (0 < padding_ms < float("inf")):\n'
-            '        raise ValueError(f"padding.median_step_ms must be a positive finite number, got {padding_ms}")',
-        )
-        .replace(
-            'packing_ms = require_real("packing.median_step_ms", packing["median_step_ms"], '
-            "minimum=0.0, strict_minimum=True)",
-            'packing_ms = float(packing["median_step_ms"])\n'
-            '    if not (0 < packing_ms < float("inf")):\n'
-            '        raise ValueError(f"packing.median_step_ms must be a positive finite number, got {packing_ms}")',
-        ),
-        # Rates from the processed tokens when the row has them: padding looks faster the more it pads.
-        "rates_from_processed_tokens": _compare()
-        .replace("padding_rate = tokens /", 'padding_rate = padding.get("processed_tokens", tokens) /')
-        .replace("packing_rate = packed_tokens /", 'packing_rate = packing.get("processed_tokens", packed_tokens) /'),
-    }
-)
 
 # Correct answers that differ from the library's code: each must keep every point.
 ALTERNATIVES = {
@@ -200,11 +143,39 @@ ALTERNATIVES = {
             '    mask_first_label = require_bool("mask_first_label", mask_first_label)',
         ),
     },
-    "compare_padding_and_packing": {
-        # The ratio and the reduction from the step times directly.
-        "from_step_times": _compare(
-            ratio="padding_ms / packing_ms", reduction="(padding_ms - packing_ms) / padding_ms"
-        ),
+    "packed_row_checks": {
+        # Sample by sample: slices of the positions, the labels and the mask's rows, compared with what they
+        # should be; bools from Python comparisons.
+        "sample_by_sample": """
+import torch
+
+from course_lib._checks import require_keys, require_lengths, require_tensor
+
+
+def packed_row_checks(batch, sample_lengths):
+    lengths = require_lengths("sample_lengths", sample_lengths)
+    require_keys("batch", batch, ("position_ids", "labels", "attention_mask"))
+    positions = require_tensor("batch['position_ids']", batch["position_ids"], ndim=2, dtype_kind="i")
+    labels = require_tensor("batch['labels']", batch["labels"], ndim=2, dtype_kind="i")
+    mask = require_tensor("batch['attention_mask']", batch["attention_mask"], ndim=4, dtype_kind="f")
+    total = sum(lengths)
+    if positions.shape != (1, total) or labels.shape != (1, total) or mask.shape != (1, 1, total, total):
+        raise ValueError(f"batch tensors must have shapes [1, {total}] and [1, 1, {total}, {total}]")
+    reset = starts_masked = cross_blocked = causal = True
+    start = 0
+    for n in lengths:
+        block = mask[0, 0, start : start + n]  # this sample's queries, every key
+        reset = reset and positions[0, start : start + n].tolist() == list(range(n))
+        starts_masked = starts_masked and labels[0, start].item() == -100
+        outside = torch.cat([block[:, :start], block[:, start + n :]], dim=1)
+        cross_blocked = cross_blocked and bool((outside < 0).all())
+        inside = block[:, start : start + n]
+        lower = torch.ones(n, n, dtype=torch.bool).tril()
+        causal = causal and bool((inside[lower] == 0).all()) and bool((inside[~lower] < 0).all())
+        start += n
+    return {"position_ids_reset": reset, "segment_start_labels_masked": starts_masked,
+            "cross_sample_attention_blocked": cross_blocked, "causal_within_sample": causal}
+""",
     },
 }
 
@@ -263,85 +234,10 @@ def padding_vs_packing_ledger(sample_lengths, *, mask_first_label=True):
 """,
     }
 )
-ALTERNATIVES["compare_padding_and_packing"].update(
-    {
-        # The step times checked first; the rates through effective_tokens_per_second from the setup cell.
-        "times_first_setup_helper": """
-from course_lib._checks import require_keys, require_positive_int, require_real
-
-
-def compare_padding_and_packing(padding, packing):
-    for name, row in (("padding", padding), ("packing", packing)):
-        require_keys(name, row, ("median_step_ms", "effective_supervised_tokens"))
-    padding_ms = require_real("padding median_step_ms", padding["median_step_ms"], minimum=0.0, strict_minimum=True)
-    packing_ms = require_real("packing median_step_ms", packing["median_step_ms"], minimum=0.0, strict_minimum=True)
-    counts = [require_positive_int(f"{name} effective_supervised_tokens", row["effective_supervised_tokens"])
-              for name, row in (("padding", padding), ("packing", packing))]
-    if counts[0] != counts[1]:
-        raise ValueError(f"the two candidates supervise different token counts: {counts}")
-    tokens = counts[0]
-    padding_rate = effective_tokens_per_second(tokens, padding_ms)
-    packing_rate = effective_tokens_per_second(tokens, packing_ms)
-    return {"step_time_reduction": (padding_ms - packing_ms) / padding_ms,
-            "throughput_ratio": packing_rate / padding_rate,
-            "packing_tokens_per_second": packing_rate, "padding_tokens_per_second": padding_rate,
-            "effective_supervised_tokens": tokens}
-""",
-        # Rates as tokens * 1000 / ms, hand-written checks (numbers.Integral and numbers.Real, bools refused).
-        "hand_checks_times_1000": """
-import math
-import numbers
-
-
-def compare_padding_and_packing(padding, packing):
-    for name, row in (("padding", padding), ("packing", packing)):
-        for key in ("effective_supervised_tokens", "median_step_ms"):
-            if key not in row:
-                raise ValueError(f"{name} is missing {key!r}")
-        tokens = row["effective_supervised_tokens"]
-        if isinstance(tokens, bool) or not isinstance(tokens, numbers.Integral) or tokens <= 0:
-            raise ValueError(f"{name}['effective_supervised_tokens'] must be a positive integer, got {tokens!r}")
-        step = row["median_step_ms"]
-        if isinstance(step, bool) or not isinstance(step, numbers.Real) or not math.isfinite(step) or step <= 0:
-            raise ValueError(f"{name}['median_step_ms'] must be a positive finite number, got {step!r}")
-    if padding["effective_supervised_tokens"] != packing["effective_supervised_tokens"]:
-        raise ValueError("the effective_supervised_tokens differ")
-    tokens = int(padding["effective_supervised_tokens"])
-    padding_ms, packing_ms = float(padding["median_step_ms"]), float(packing["median_step_ms"])
-    padding_rate = tokens * 1000.0 / padding_ms
-    packing_rate = tokens * 1000.0 / packing_ms
-    return {"effective_supervised_tokens": tokens, "padding_tokens_per_second": padding_rate,
-            "packing_tokens_per_second": packing_rate, "throughput_ratio": padding_ms / packing_ms,
-            "step_time_reduction": 1.0 - packing_ms / padding_ms}
-""",
-    }
-)
 
 # A third review: the TODO text now says numpy integers (and a numpy array of lengths) are valid input; an
 # answer that refuses them is wrong by the text.
 for (_todo, _name), _source in {
-    # isinstance(x, int) / (int, float): a row read with numpy (np.int64 count) is refused.
-    ("compare_padding_and_packing", "numpy_integers_refused"): """
-import math
-def compare_padding_and_packing(padding, packing):
-    for name, row in (("padding", padding), ("packing", packing)):
-        for key in ("effective_supervised_tokens", "median_step_ms"):
-            if key not in row:
-                raise ValueError(f"{name} is missing {key!r}")
-        t = row["effective_supervised_tokens"]
-        if isinstance(t, bool) or not isinstance(t, int) or t <= 0:
-            raise ValueError("tokens")
-        s = row["median_step_ms"]
-        if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or s <= 0:
-            raise ValueError("ms")
-    if padding["effective_supervised_tokens"] != packing["effective_supervised_tokens"]:
-        raise ValueError("differ")
-    tokens = padding["effective_supervised_tokens"]
-    a, b = padding["median_step_ms"], packing["median_step_ms"]
-    return {"effective_supervised_tokens": tokens, "padding_tokens_per_second": tokens / (a / 1000),
-            "packing_tokens_per_second": tokens / (b / 1000), "throughput_ratio": a / b,
-            "step_time_reduction": 1 - b / a}
-""",
     # Only a list or tuple of Python ints: a numpy array of lengths (a lengths column) is refused.
     ("padding_vs_packing_ledger", "numpy_array_refused"): """
 def padding_vs_packing_ledger(sample_lengths, *, mask_first_label=True):
