@@ -7,6 +7,7 @@ already decided.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any, TypedDict
 
@@ -16,6 +17,7 @@ from ._checks import (
     require_bool,
     require_int,
     require_keys,
+    require_nonnegative_int,
     require_positive_int,
     require_ratio,
     require_real,
@@ -27,6 +29,11 @@ __all__ = [
     "CURRICULUM_GATES",
     "evaluate_length_curriculum_stage",
     "filter_by_pass_rate",
+    "check_pass_rates",
+    "allocate_group_sizes",
+    "ALLOCATION_TOLERANCE",
+    "SCORE_TOLERANCE",
+    "STAGE_FIELDS",
     "variance_weighted_sample",
     "zero_advantage_probability",
     "simulate_pass_rate_filter",
@@ -44,6 +51,32 @@ CURRICULUM_GATES = (
 )
 
 
+BUDGET_FIELD = "supervised_tokens_per_optimizer_step"
+STAGE_FIELDS = {
+    "baseline": ("long_context_score", "short_context_score", "supervised_tokens_per_optimizer_step"),
+    "candidate": (
+        "long_context_score",
+        "short_context_score",
+        "supervised_tokens_per_optimizer_step",
+        "loss_finite",
+        "gradients_finite",
+        "failed_runs",
+        "peak_memory_gb",
+        "cost_per_supervised_token",
+    ),
+    "limits": (
+        "min_long_context_gain",
+        "max_short_context_regression",
+        "max_failed_runs",
+        "max_peak_memory_gb",
+        "max_cost_per_supervised_token",
+    ),
+}
+# A score difference carries the subtraction's rounding (0.60 - 0.56 = 0.03999999999999998): within this much of
+# its limit it counts as equal to it. Measured values (peak memory, cost, failed runs) are compared exactly.
+SCORE_TOLERANCE = 1e-9
+
+
 class StageDecision(TypedDict):
     decision: str
     failed_gates: list[str]
@@ -55,57 +88,58 @@ def evaluate_length_curriculum_stage(
 ) -> StageDecision:
     """Short-window baseline vs longer-window candidate -> {decision: advance|hold, failed_gates, evidence}.
 
-    failed_gates lists the names of CURRICULUM_GATES that failed, in that order; any failure holds. A stability
-    flag passes only as the bool True (LCFT's `is not True`): a numpy or 0-d torch bool fails closed, so convert
-    with bool(...) where it is measured.
+    failed_gates lists the names of CURRICULUM_GATES that failed, in that order; any failure holds. A value at its
+    limit passes; a score difference within SCORE_TOLERANCE of its limit is at it. A stability flag passes only as
+    the bool True (LCFT's `is not True`): a numpy or 0-d torch bool fails closed, so convert with bool(...) where
+    it is measured.
     """
-    shared = ("long_context_score", "short_context_score", "supervised_tokens_per_optimizer_step")
-    require_keys("baseline", baseline, shared)
-    require_keys(
-        "candidate",
-        candidate,
-        shared + ("loss_finite", "gradients_finite", "failed_runs", "peak_memory_gb", "cost_per_supervised_token"),
+    require_keys("baseline", baseline, STAGE_FIELDS["baseline"])
+    require_keys("candidate", candidate, STAGE_FIELDS["candidate"])
+    require_keys("limits", limits, STAGE_FIELDS["limits"])
+    base_long, base_short, cand_long, cand_short = (  # a NaN would pass every gate silently
+        require_real("baseline['long_context_score']", baseline["long_context_score"]),
+        require_real("baseline['short_context_score']", baseline["short_context_score"]),
+        require_real("candidate['long_context_score']", candidate["long_context_score"]),
+        require_real("candidate['short_context_score']", candidate["short_context_score"]),
     )
-    limit_fields = (
-        "min_long_context_gain",
-        "max_short_context_regression",
-        "max_failed_runs",
-        "max_peak_memory_gb",
-        "max_cost_per_supervised_token",
+    base_budget, cand_budget = (  # a step of no tokens trains nothing: two such budgets "matching" prove nothing
+        require_int("baseline['supervised_tokens_per_optimizer_step']", baseline[BUDGET_FIELD], minimum=1),
+        require_int("candidate['supervised_tokens_per_optimizer_step']", candidate[BUDGET_FIELD], minimum=1),
     )
-    require_keys("limits", limits, limit_fields)
-    score = {
-        f"{who}.{key}": require_real(f"{who}['{key}']", run[key])  # NaN would pass every gate silently
-        for who, run in (("baseline", baseline), ("candidate", candidate))
-        for key in ("long_context_score", "short_context_score")
-    }
-    limit = {key: require_real(f"limits['{key}']", limits[key]) for key in limit_fields}
-    budget = {
-        who: require_int(
-            f"{who}['supervised_tokens_per_optimizer_step']", run["supervised_tokens_per_optimizer_step"], minimum=1
-        )
-        for who, run in (("baseline", baseline), ("candidate", candidate))
-    }
+    failed_runs, peak_memory_gb, cost = (
+        require_int("candidate['failed_runs']", candidate["failed_runs"], minimum=0),
+        require_real("candidate['peak_memory_gb']", candidate["peak_memory_gb"]),
+        require_real("candidate['cost_per_supervised_token']", candidate["cost_per_supervised_token"]),
+    )
+    min_gain, max_regression, max_failed_runs, max_peak_gb, max_cost = (
+        require_real("limits['min_long_context_gain']", limits["min_long_context_gain"]),
+        require_real("limits['max_short_context_regression']", limits["max_short_context_regression"]),
+        require_real("limits['max_failed_runs']", limits["max_failed_runs"]),
+        require_real("limits['max_peak_memory_gb']", limits["max_peak_memory_gb"]),
+        require_real("limits['max_cost_per_supervised_token']", limits["max_cost_per_supervised_token"]),
+    )
     evidence = {
-        "token_budget_matches": budget["baseline"] == budget["candidate"],  # Python ints: a bool
-        "long_context_gain": score["candidate.long_context_score"] - score["baseline.long_context_score"],
-        "short_context_regression": score["baseline.short_context_score"] - score["candidate.short_context_score"],
+        "token_budget_matches": base_budget == cand_budget,  # Python ints: a bool
+        "long_context_gain": cand_long - base_long,
+        "short_context_regression": base_short - cand_short,
     }
     failed = {  # each gate on its own evidence: no weighted total lets a gain buy back a regression
         "token_budget_mismatch": not evidence["token_budget_matches"],
-        "insufficient_long_context_gain": evidence["long_context_gain"] < limit["min_long_context_gain"],
-        "short_context_regression": evidence["short_context_regression"] > limit["max_short_context_regression"],
+        "insufficient_long_context_gain": evidence["long_context_gain"] < min_gain - SCORE_TOLERANCE,
+        "short_context_regression": evidence["short_context_regression"] > max_regression + SCORE_TOLERANCE,
         "nonfinite_loss": candidate["loss_finite"] is not True,
         "nonfinite_gradients": candidate["gradients_finite"] is not True,
-        "failed_runs": require_int("candidate['failed_runs']", candidate["failed_runs"], minimum=0)
-        > limit["max_failed_runs"],
-        "peak_memory_budget": require_real("candidate['peak_memory_gb']", candidate["peak_memory_gb"])
-        > limit["max_peak_memory_gb"],
-        "cost_budget": require_real("candidate['cost_per_supervised_token']", candidate["cost_per_supervised_token"])
-        > limit["max_cost_per_supervised_token"],
+        "failed_runs": failed_runs > max_failed_runs,
+        "peak_memory_budget": peak_memory_gb > max_peak_gb,
+        "cost_budget": cost > max_cost,
     }
     failed_gates = [gate for gate in CURRICULUM_GATES if failed[gate]]
     return {"decision": "hold" if failed_gates else "advance", "failed_gates": failed_gates, "evidence": evidence}
+
+
+def check_pass_rates(name: str, pass_rates: Any) -> list[float]:
+    """A sequence of pass rates, each a real number in [0, 1] (NaN and bools refused) -> a list of floats."""
+    return [require_ratio(f"{name}[{i}]", rate) for i, rate in enumerate(require_sequence(name, pass_rates))]
 
 
 def filter_by_pass_rate(
@@ -115,19 +149,48 @@ def filter_by_pass_rate(
 
     low=0, high=1 drops exactly the tasks whose last group all failed or all passed; low=-1, high=2 keeps all.
     """
-    try:
-        n_tasks, listed_rates = len(tasks), list(pass_rates)
-    except TypeError as error:
-        raise ValueError(
-            f"tasks and pass_rates must be sequences, got {type(tasks).__name__} and {type(pass_rates).__name__}"
-        ) from error
-    rates = [require_ratio(f"pass_rates[{i}]", rate) for i, rate in enumerate(listed_rates)]
-    if len(rates) != n_tasks:
-        raise ValueError(f"pass_rates has {len(rates)} entries but tasks has {n_tasks}")
+    tasks, rates = require_sequence("tasks", tasks), check_pass_rates("pass_rates", pass_rates)
+    if len(rates) != len(tasks):
+        raise ValueError(f"pass_rates has {len(rates)} entries but tasks has {len(tasks)}")
     low, high = require_real("low", low), require_real("high", high)
     if not low < high:
         raise ValueError(f"low must be < high, got low={low}, high={high}")
     return [task for task, rate in zip(tasks, rates, strict=True) if low < rate < high]
+
+
+# Two allocations whose expected counts differ by less than this are a tie (float sums in another order differ by
+# far less); ties go to the allocation that gives the most rollouts to the first task, then the second, ...
+ALLOCATION_TOLERANCE = 1e-9
+
+
+def allocate_group_sizes(pass_rates: Sequence[float], budget: int) -> list[int]:
+    """Pass rates [T] and a rollout budget -> group sizes [T]: ints >= 0 summing to budget that maximise the expected
+    number of groups with both outcomes, sum_j 1 - p_j^n_j - (1 - p_j)^n_j (a group of 0 contributes 0).
+
+    Among allocations within ALLOCATION_TOLERANCE of the maximum, the lexicographically largest (most rollouts to
+    the earliest task).
+
+    >>> allocate_group_sizes([0.5, 0.5, 0.5], 5)
+    [3, 2, 0]
+    """
+    rates = check_pass_rates("pass_rates", pass_rates)
+    budget = require_nonnegative_int("budget", budget)
+    if budget and not rates:
+        raise ValueError(f"budget = {budget} rollouts but pass_rates is empty: no task to spend them on")
+    # A group of one never has both outcomes, so no greedy step from zero sees a gain: a table over (task, budget).
+    signal = [[0.0] + [1.0 - zero_advantage_probability(p, n) for n in range(1, budget + 1)] for p in rates]  # [T][B+1]
+    best = [[0.0] + [-math.inf] * budget]  # best[-1][b]: tasks j.. spend exactly b rollouts (none left: only b = 0)
+    for gains in reversed(signal):  # best[j][b] = max_n gains[n] + best[j + 1][b - n]
+        later = best[-1]
+        best.append([max(gains[n] + later[b - n] for n in range(b + 1)) for b in range(budget + 1)])
+    best.reverse()  # best[j]: the tasks from j on
+    sizes, left, banked = [], budget, 0.0
+    target = best[0][budget] - ALLOCATION_TOLERANCE
+    for j, gains in enumerate(signal):  # the largest n_j that still completes to within the tolerance of the best
+        n = max(n for n in range(left + 1) if banked + gains[n] + best[j + 1][left - n] >= target)
+        sizes.append(n)
+        banked, left = banked + gains[n], left - n
+    return sizes
 
 
 def variance_weighted_sample(

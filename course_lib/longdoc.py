@@ -2,6 +2,7 @@
 
 Buckets: a document of length n goes to the bucket 2^ceil(log2 n), capped at max_length. We compute it with
 integer bit arithmetic: float log2 rounds large lengths (2**53 + 1 -> 53.0) into a bucket that is too small.
+The least padding k buckets can give comes from edges fitted to the lengths themselves (optimal_bucket_edges).
 
 Windows: window i covers tokens [start, end); it OWNS [loss_start, loss_end), the tokens no earlier window
 covered, so the owned ranges partition [0, length) and overlapping tokens are context only, never counted twice.
@@ -12,12 +13,12 @@ slot size before packing), measured against plain packing of the same texts.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, TypedDict
 
 import numpy as np
 
-from ._checks import require_int, require_lengths, require_nonnegative_int, require_positive_int
+from ._checks import INT64_MAX, require_int, require_lengths, require_nonnegative_int, require_positive_int
 from .packing import plan_packing
 from .window import IGNORE_INDEX
 
@@ -28,6 +29,7 @@ __all__ = [
     "linear_edges",
     "bucket_padding",
     "compare_bucket_padding",
+    "optimal_bucket_edges",
     "Window",
     "sliding_windows",
     "sliding_window_cost",
@@ -117,6 +119,39 @@ def compare_bucket_padding(lengths: Any, max_length: int, min_edge: int = 1) -> 
     }
 
 
+def optimal_bucket_edges(lengths: Any, k: int) -> list[int]:
+    """Lengths [N] and a bucket count k -> the min(k, distinct lengths) bucket upper edges, increasing, the last the
+    longest length, that minimise the total padding when each length pads up to the smallest edge >= it.
+
+    Among edge lists of the least padding, the lexicographically smallest (the smallest first edge, then second, ...).
+
+    >>> optimal_bucket_edges([1, 2, 3, 8, 8, 9], 3)
+    [1, 3, 9]
+    """
+    listed = require_lengths("lengths", lengths)
+    k = require_positive_int("k", k)
+    if max(listed) * len(listed) > INT64_MAX // 4:  # the padding sums below stay far from wrapping around
+        raise ValueError(f"lengths pad to up to {max(listed) * len(listed)} tokens, more than this search counts")
+    # Every edge is one of the lengths (lowering an edge to the longest length below it never adds padding), so a
+    # bucket is a run of consecutive distinct lengths: a table over (first distinct length, buckets), O(k d^2).
+    values, counts = np.unique(np.asarray(listed, dtype=np.int64), return_counts=True)  # [d] distinct, ascending
+    d, buckets = len(values), min(k, len(values))
+    count_before = np.concatenate([[0], np.cumsum(counts)])  # [d + 1] lengths below values[i]
+    # The real tokens are the same for every edge list: the least padding is the least padded total.
+    padded = [values[i:] * (count_before[i + 1 :] - count_before[i]) for i in range(d)]  # [i][j - i]: i..j at j
+    unreachable = INT64_MAX // 4  # above every padded total (the check above)
+    rest = [np.append(np.full(d, unreachable), 0)]  # rest[m][i]: values[i..] in exactly m buckets; m = 0: none left
+    for m in range(1, buckets + 1):
+        best = [(padded[i] + rest[m - 1][i + 1 :]).min() for i in range(d)] + [unreachable]
+        rest.append(np.minimum(np.array(best), unreachable))  # [d + 1]
+    edges, first = [], 0
+    for m in range(buckets, 0, -1):  # the smallest last index j whose bucket completes to the least padded total
+        j = first + int(np.argmax(padded[first] + rest[m - 1][first + 1 :] == rest[m][first]))
+        edges.append(int(values[j]))
+        first = j + 1
+    return edges
+
+
 class Window(NamedTuple):
     """Tokens [start, end) go through the model; loss is taken on [loss_start, loss_end) only."""
 
@@ -153,9 +188,24 @@ class WindowCost(TypedDict):
     overhead: float
 
 
-def sliding_window_cost(length: int, window: int = 256, overlap: int = 64) -> WindowCost:
-    """Windows, tokens processed (overlaps read twice) and the overhead processed / length for one document."""
-    windows = sliding_windows(length, window, overlap)
+WindowsFn = Callable[[int, int, int], Sequence[Window]]
+
+
+def require_windows_fn(windows_fn: Any) -> WindowsFn:
+    """sliding_windows itself, or a function of the same signature (a chapter passes the student's own)."""
+    if not callable(windows_fn):
+        raise ValueError(f"windows_fn must be a function like sliding_windows, got {type(windows_fn).__name__}")
+    return windows_fn
+
+
+def sliding_window_cost(
+    length: int, window: int = 256, overlap: int = 64, *, windows_fn: WindowsFn = sliding_windows
+) -> WindowCost:
+    """Windows, tokens processed (overlaps read twice) and the overhead processed / length for one document.
+
+    windows_fn plans the windows (sliding_windows, or another function of its signature and contract).
+    """
+    windows = require_windows_fn(windows_fn)(length, window, overlap)
     processed = sum(w.end - w.start for w in windows)
     return {
         "windows": len(windows),
@@ -171,16 +221,20 @@ class DocumentWindow(TypedDict):
     window: Window
 
 
-def split_document(input_ids: Sequence[int], window: int = 256, overlap: int = 64) -> list[DocumentWindow]:
+def split_document(
+    input_ids: Sequence[int], window: int = 256, overlap: int = 64, *, windows_fn: WindowsFn = sliding_windows
+) -> list[DocumentWindow]:
     """Token ids [L] -> windows [{input_ids [w], labels [w], window}], labels -100 outside the owned range.
 
     With a causal LM's label shift, a window's first token is never predicted; with overlap >= 1 that token
     is context the window does not own, so every token but the document's first is predicted exactly once.
-    With overlap = 0 the first token of each later window loses its loss.
+    With overlap = 0 the first token of each later window loses its loss. windows_fn plans the windows
+    (sliding_windows, or another function of its signature and contract).
     """
     ids = np.asarray(require_lengths("input_ids", input_ids, minimum=0), dtype=np.int64)  # [L] token ids >= 0
+    windows_fn = require_windows_fn(windows_fn)
     pieces = []
-    for w in sliding_windows(len(ids), window, overlap):
+    for w in windows_fn(len(ids), window, overlap):
         labels = np.full(w.end - w.start, IGNORE_INDEX, dtype=np.int64)  # [w]
         labels[w.loss_start - w.start :] = ids[w.loss_start : w.loss_end]
         pieces.append({"input_ids": ids[w.start : w.end].tolist(), "labels": labels.tolist(), "window": w})

@@ -1,7 +1,8 @@
-"""Length-curriculum gates (seed 000) and pass-rate filters / samplers (seed 003 §14.5)."""
+"""Length-curriculum gates (LCFT, Step 3), pass-rate filters / samplers and rollout budgets (Agent RL §14.5)."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -10,7 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from course_lib.curriculum import (
+    ALLOCATION_TOLERANCE,
     CURRICULUM_GATES,
+    SCORE_TOLERANCE,
+    allocate_group_sizes,
     evaluate_length_curriculum_stage,
     filter_by_pass_rate,
     simulate_pass_rate_filter,
@@ -124,7 +128,7 @@ def test_every_gate_fires_alone_and_all_in_order():
 
 
 def test_stability_flags_fail_closed_unless_the_bool_true():
-    """Seed 000's `is not True`: a numpy or torch bool True fails its gate too (documented; convert with bool()),
+    """LCFT's `is not True`: a numpy or torch bool True fails its gate too (documented; convert with bool()),
     and bool() of either passes."""
     import numpy as np
 
@@ -253,7 +257,7 @@ def test_variance_sampler_without_replacement_is_deterministic():
 
 
 def test_all_pass_probability_seed_fact():
-    """Seed 003 §14.5: with G = 8 and a true pass rate of 0.9, a group is all-pass with probability 0.43."""
+    """Agent RL §14.5: with G = 8 and a true pass rate of 0.9, a group is all-pass with probability 0.43."""
     assert round(zero_advantage_probability(0.9, 8), 2) == 0.43  # all-pass 0.9^8 = 0.430, all-fail 1e-8
     assert zero_advantage_probability(0.9, 8) == pytest.approx(0.9**8 + 0.1**8)
     assert zero_advantage_probability(0.5, 1) == 1.0  # one rollout never has a spread
@@ -327,3 +331,132 @@ def test_zero_advantage_probability_bad_input():
         zero_advantage_probability(math.inf)
     with pytest.raises(ValueError, match="group_size"):
         zero_advantage_probability(0.5, 0)
+
+
+# --- score tolerance --------------------------------------------------------------------------------------------
+
+
+def test_a_score_difference_at_its_limit_passes_despite_float_rounding():
+    """0.60 - 0.56 = 0.03999999999999998 in floats: within SCORE_TOLERANCE of the 0.04 minimum, so it passes."""
+    assert 0.60 - 0.56 < 0.04
+    at_limit = evaluate_length_curriculum_stage(BASELINE, {**GOOD, "long_context_score": 0.60}, LIMITS)
+    assert at_limit["decision"] == "advance"
+    assert at_limit["evidence"]["long_context_gain"] == 0.60 - 0.56  # the evidence is the raw difference
+    short = {"short_context_score": 0.62}
+    regression = evaluate_length_curriculum_stage({**BASELINE, **short}, {**GOOD, "short_context_score": 0.60}, LIMITS)
+    assert 0.62 - 0.60 > 0.02 and regression["decision"] == "advance"  # 0.020000000000000018: at the maximum
+    base = {"long_context_score": 0.625, "short_context_score": 0.75, "supervised_tokens_per_optimizer_step": 64}
+    limits = {**LIMITS, "min_long_context_gain": 0.125, "max_short_context_regression": 0.0625}
+    for offset, decision in ((2**-31, "advance"), (2**-29, "hold")):  # inside / outside SCORE_TOLERANCE = 1e-9
+        assert 2**-31 < SCORE_TOLERANCE < 2**-29
+        for change in ({"long_context_score": 0.75 - offset}, {"short_context_score": 0.6875 - offset}):
+            candidate = {
+                **GOOD,
+                **base,
+                "long_context_score": 0.75,
+                **change,
+            }  # gain 0.125 - offset or regression 0.0625 + offset
+            assert evaluate_length_curriculum_stage(base, candidate, limits)["decision"] == decision, change
+
+
+def test_measured_values_are_compared_exactly():
+    just_over = evaluate_length_curriculum_stage(BASELINE, {**GOOD, "peak_memory_gb": 10.5 + 1e-12}, LIMITS)
+    assert just_over["failed_gates"] == ["peak_memory_budget"]
+
+
+# --- rollout budgets ------------------------------------------------------------------------------------------
+
+
+def expected_groups_with_signal(rates, sizes):
+    return sum(1 - p**n - (1 - p) ** n if n else 0.0 for p, n in zip(rates, sizes, strict=True))
+
+
+def brute_force_allocation(rates, budget):
+    """Every split of the budget; the best within the tolerance, ties to the lexicographically largest."""
+    splits = [s for s in itertools.product(range(budget + 1), repeat=len(rates)) if sum(s) == budget]
+    values = {s: expected_groups_with_signal(rates, s) for s in splits}
+    best = max(values.values())
+    return list(max(s for s, v in values.items() if v >= best - ALLOCATION_TOLERANCE))
+
+
+@settings(deadline=None, max_examples=150)
+@given(
+    st.lists(st.one_of(st.sampled_from([0.0, 0.1, 0.5, 0.9, 1.0]), st.floats(0, 1)), min_size=1, max_size=4),
+    st.integers(0, 9),
+)
+def test_allocation_equals_brute_force(rates, budget):
+    sizes = allocate_group_sizes(rates, budget)
+    assert sizes == brute_force_allocation(rates, budget)
+    assert sum(sizes) == budget and all(type(n) is int and n >= 0 for n in sizes)
+
+
+def test_allocation_examples():
+    assert allocate_group_sizes([0.5, 0.5], 4) == [2, 2]  # two groups with signal beat one group of four
+    assert allocate_group_sizes([0.5, 1.0, 0.0], 6) == [6, 0, 0]  # decided tasks get nothing; leftovers go first
+    assert allocate_group_sizes([0.0, 1.0], 3) == [3, 0]  # nothing to gain: all of it to the first task (a tie)
+    assert allocate_group_sizes([0.5, 0.5, 0.5], 5) == [3, 2, 0]  # a group of one never has both outcomes
+    assert allocate_group_sizes([], 0) == []
+    assert allocate_group_sizes([0.3, 0.7], 5) == [3, 2]  # mirrored rates tie although their floats differ
+
+
+def test_allocation_beats_equal_groups_and_agrees_with_monte_carlo():
+    """The chapter's pool at step 40, 160 rollouts: more expected groups with signal than G = 8 everywhere, and a
+    seeded Monte Carlo of 4,000 rounds counts what the formula expects."""
+    rates = torch.sigmoid(torch.linspace(-3.0, 2.0, 20) + 0.1 * 40).tolist()
+    sizes = allocate_group_sizes(rates, 160)
+    equal = [8] * 20
+    assert expected_groups_with_signal(rates, sizes) > expected_groups_with_signal(rates, equal) + 1.0
+    generator = torch.Generator().manual_seed(0)
+    for split in (sizes, equal):
+        hits = 0.0
+        for p, n in zip(rates, split, strict=True):
+            if n:
+                draws = torch.rand(4000, n, generator=generator) < p  # [rounds, n]
+                hits += float((draws.any(dim=1) & ~draws.all(dim=1)).float().mean())
+        assert hits == pytest.approx(expected_groups_with_signal(rates, split), abs=0.1)
+
+
+@pytest.mark.parametrize(
+    "rates, budget, match",
+    [
+        ([0.5, 1.5], 4, r"pass_rates\[1\]"),
+        ([0.5, float("nan")], 4, r"pass_rates\[1\]"),
+        ([0.5, True], 4, r"pass_rates\[1\]"),
+        ([0.5], -1, "budget"),
+        ([0.5], 2.0, "budget"),
+        ([0.5], True, "budget"),
+        ([], 3, "budget = 3"),
+        ("0.5", 3, "pass_rates"),
+    ],
+)
+def test_allocation_bad_input(rates, budget, match):
+    with pytest.raises(ValueError, match=match):
+        allocate_group_sizes(rates, budget)
+
+
+def test_the_numbers_chapter_7_quotes_for_the_split_at_step_40():
+    """§6 of chapter 7: the pool of §5 at step 40, 160 rollouts; each number its prose quotes, computed as its cell
+    computes it (the library's allocate_group_sizes in place of the student's)."""
+    from pathlib import Path
+
+    prose = (Path(__file__).parents[1] / "notebooks" / "chapters" / "07_curricula.py").read_text(encoding="utf-8")
+    true_rates = torch.sigmoid(torch.linspace(-3.0, 2.0, 20)[None, :] + 0.1 * torch.arange(60)[:, None])
+    rates = true_rates[40].tolist()
+    splits = {"equal": [8] * 20, "allocated": allocate_group_sizes(rates, 160)}
+    expected = {name: expected_groups_with_signal(rates, sizes) for name, sizes in splits.items()}
+    assert f"{expected['equal']:.2f}" == "6.57" and f"{expected['allocated']:.2f}" == "7.91"
+    assert "expect 6.57 groups with signal" in prose and "expects 7.91 from the same 160" in prose
+    assert round(expected["allocated"] / expected["equal"] - 1, 1) == 0.2 and "a fifth more" in prose
+    none = [p for p, n in zip(rates, splits["allocated"], strict=True) if n == 0]
+    assert (
+        len(none) == 8
+        and f"{min(none):.3f}" == "0.985"
+        and "eight most-solved tasks (pass rate 0.985 and above)" in prose
+    )
+    fed = [p for p, n in zip(rates, splits["allocated"], strict=True) if n > 8]
+    assert max(splits["allocated"]) == 19 and "up to 19" in prose and 0.9 < max(fed) < 0.975 and 0.9 > min(fed)
+    generator = torch.Generator().manual_seed(0)
+    for name, sizes in splits.items():  # the cell's seeded simulation, draw for draw
+        rounds = [torch.rand(2000, n, generator=generator) < p for p, n in zip(rates, sizes, strict=True) if n]
+        counted = sum(float((draw.any(dim=1) & ~draw.all(dim=1)).float().mean()) for draw in rounds)
+        assert abs(counted - expected[name]) <= 0.02 and "to within 0.02" in prose

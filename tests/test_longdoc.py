@@ -1,7 +1,9 @@
-"""Long documents (seed 004): geometric buckets, padding comparison, sliding windows with single loss ownership."""
+"""Long documents (the Packing article): geometric and optimal buckets, padding comparison, sliding windows with
+single loss ownership."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -17,6 +19,7 @@ from course_lib.longdoc import (
     compare_bucket_padding,
     geometric_edges,
     linear_edges,
+    optimal_bucket_edges,
     short_text_packing,
     sliding_window_cost,
     sliding_windows,
@@ -25,7 +28,7 @@ from course_lib.longdoc import (
 
 
 def seed_assign_bucket(doc_length, max_length):
-    """Seed 004's formula, float log2 and all (teaching reference)."""
+    """The Packing article's formula, float log2 and all (teaching reference)."""
     bucket_size = 2 ** (math.ceil(math.log2(doc_length)) if doc_length > 0 else 0)
     return min(bucket_size, max_length)
 
@@ -34,7 +37,7 @@ def seed_assign_bucket(doc_length, max_length):
 
 
 def test_seed_buckets():
-    """The seed's 2^n intervals: 1, 2, 3-4, 5-8, 9-16, ..., 4097-8192."""
+    """The Packing article's 2^n intervals: 1, 2, 3-4, 5-8, 9-16, ..., 4097-8192."""
     assert [assign_bucket(n, 8192) for n in (1, 2, 3, 4, 5, 8)] == [1, 2, 4, 4, 8, 8]
     assert {assign_bucket(n, 8192) for n in range(9, 17)} == {16}
     assert {assign_bucket(n, 8192) for n in (4097, 6000, 8192)} == {8192}
@@ -48,7 +51,7 @@ def test_matches_seed_formula_where_float_is_exact(length):
 
 
 def test_float_log2_is_wrong_for_large_lengths():
-    """2**53 + 1 rounds to 2**53 as a float, so the seed's formula puts it in a bucket smaller than itself."""
+    """2**53 + 1 rounds to 2**53 as a float: the Packing article's formula puts it in a bucket smaller than itself."""
     length, max_length = 2**53 + 1, 2**60
     assert seed_assign_bucket(length, max_length) == 2**53 < length
     assert assign_bucket(length, max_length) == 2**54
@@ -100,7 +103,7 @@ def test_bucket_padding_small_example():
 
 
 def test_padding_on_a_long_tailed_distribution():
-    """Seed 004 claims geometric buckets pad 15% less than linear ones. Our own numbers, fixed-seed lognormal:
+    """The Packing article: geometric buckets pad 15% less than linear ones. Our own numbers, fixed-seed lognormal:
     10,000 lengths, exp(N(6, 1)) tokens (median ~400), clipped to [1, 8192], 14 buckets each."""
     rng = np.random.default_rng(0)
     lengths = np.clip(np.rint(rng.lognormal(6.0, 1.0, 10_000)), 1, 8192).astype(np.int64)
@@ -117,7 +120,7 @@ def test_padding_on_a_long_tailed_distribution():
 
 
 def test_the_three_readings_of_98_percent_content_utilization():
-    """Seed 004 claims 256-token windows with 64 overlapping reach "98% content utilization". Chapter 8 §6 measures
+    """The Packing article: 256-token windows with 64 overlapping reach "98% content utilization". Chapter 8 §6 measures
     the three readings on the same 10,000 lengths (documents over 256 tokens): coverage 100%, window slots holding a
     real token 92%, processed tokens carrying a new loss 78% (tending to 192 / 256 = 75%). None is 98%."""
     rng = np.random.default_rng(0)
@@ -209,7 +212,7 @@ def test_split_document_without_overlap_loses_window_starts():
 
 
 def test_short_text_packing_by_hand_and_chapter_8s_tweets():
-    """Seed 004 §5.1: drop texts under 32 tokens, pad the rest to 256 before packing. By hand, rows of 512: 10 and
+    """Packing article §5.1: drop texts under 32 tokens, pad the rest to 256, then pack. By hand, rows of 512: 10 and
     20 are dropped; packed, 300 + 100 + 40 share one row (72 of 512 positions padding); padded to 256 first, 300
     fills one row and the two 256-slots another (584 of 1024)."""
     out = short_text_packing([10, 40, 300, 20, 100], 512, pad_to=256, min_length=32)
@@ -245,3 +248,115 @@ def test_short_text_packing_by_hand_and_chapter_8s_tweets():
 def test_short_text_packing_bad_input(kwargs, message):
     with pytest.raises(ValueError, match=message):
         short_text_packing(**kwargs)
+
+
+# --- optimal bucket edges ---------------------------------------------------------------------------------------
+
+
+def brute_force_edges(lengths, k):
+    """Every choice of min(k, d) edges among the distinct lengths (the longest always one): least padding, ties to
+    the lexicographically smallest edge list."""
+    values = sorted(set(lengths))
+    buckets = min(k, len(values))
+    choices = [list(c) + [values[-1]] for c in itertools.combinations(values[:-1], buckets - 1)]
+    padding = {tuple(c): bucket_padding(lengths, c)["padding_tokens"] for c in choices}
+    least = min(padding.values())
+    return list(min(c for c, pad in padding.items() if pad == least))
+
+
+@settings(deadline=None, max_examples=200)
+@given(st.lists(st.integers(1, 40), min_size=1, max_size=12), st.integers(1, 6))
+def test_optimal_edges_equal_brute_force(lengths, k):
+    edges = optimal_bucket_edges(lengths, k)
+    assert edges == brute_force_edges(lengths, k)
+    assert all(type(edge) is int for edge in edges) and edges == sorted(set(edges)) and edges[-1] == max(lengths)
+
+
+def test_optimal_edges_examples():
+    assert optimal_bucket_edges([1, 2, 3], 2) == [1, 3]  # [1, 3] and [2, 3] both pad 1 token: the smaller first edge
+    assert optimal_bucket_edges([5, 5, 5], 3) == [5]  # one distinct length, one edge
+    assert optimal_bucket_edges([3, 1, 2, 8, 8, 9], 3) == [1, 3, 9]
+    assert optimal_bucket_edges([10, 10, 10, 1], 1) == [10]
+    assert optimal_bucket_edges(np.array([4, 100, 4, 100, 50]), 2) == [4, 100]  # 50 -> 100 pads 50; two 4s -> 50, 92
+    assert optimal_bucket_edges([7, 3, 5], 5) == [3, 5, 7]  # as many buckets as lengths: no padding
+
+
+@pytest.mark.parametrize("mu", [4.0, 5.0, 6.0, 7.0, 8.0])
+def test_optimal_edges_never_pad_more_than_geometric_or_linear_on_chapter_8s_lengths(mu):
+    """Chapter 8's lognormal lengths (sigma 1, 10,000, clipped to 8192) and its 14 buckets."""
+    lengths = np.clip(np.rint(np.random.default_rng(0).lognormal(mu, 1.0, 10_000)), 1, 8192).astype(np.int64)
+    edges = optimal_bucket_edges(lengths, 14)
+    best = bucket_padding(lengths, edges)["padding_tokens"]
+    assert len(edges) == 14 and edges[-1] == lengths.max()
+    assert best <= bucket_padding(lengths, geometric_edges(8192))["padding_tokens"]
+    assert best <= bucket_padding(lengths, linear_edges(8192, 14))["padding_tokens"]
+    for moved in range(len(edges) - 1):  # a local check: no single edge moved by one lowers the padding
+        for step in (-1, 1):
+            shifted = sorted(set(edges[:moved] + [edges[moved] + step] + edges[moved + 1 :]))
+            if len(shifted) == len(edges) and 1 <= shifted[0]:
+                assert bucket_padding(lengths, shifted)["padding_tokens"] >= best
+
+
+@pytest.mark.parametrize(
+    "lengths, k, match",
+    [
+        ([], 2, "lengths must not be empty"),
+        ([3, 0], 2, r"lengths\[1\]"),
+        ([3, 2.5], 2, r"lengths\[1\]"),
+        ([3, True], 2, r"lengths\[1\]"),
+        ([3, 4], 0, "k must be"),
+        ([3, 4], 2.0, "k must be"),
+        ([3, 4], True, "k must be"),
+        ([2**62, 2**62], 2, "int64|counts"),
+    ],
+)
+def test_optimal_edges_bad_input(lengths, k, match):
+    with pytest.raises(ValueError, match=match):
+        optimal_bucket_edges(lengths, k)
+
+
+def test_windows_fn_plans_the_split_and_the_cost():
+    """split_document and sliding_window_cost take the windows from windows_fn (chapter 8 passes the student's)."""
+    calls = []
+
+    def recording(length, window, overlap):
+        calls.append((length, window, overlap))
+        return sliding_windows(length, window, overlap)
+
+    assert split_document(list(range(600)), 256, 64, windows_fn=recording) == split_document(list(range(600)))
+    assert sliding_window_cost(1000, 100, 30, windows_fn=recording) == sliding_window_cost(1000, 100, 30)
+    assert calls == [(600, 256, 64), (1000, 100, 30)]
+    with pytest.raises(ValueError, match="windows_fn must be a function"):
+        split_document([1, 2, 3], windows_fn="sliding_windows")
+
+
+def test_the_numbers_chapter_8_quotes_for_fitted_edges():
+    """§3 of chapter 8: each number its prose quotes about the fitted edges, computed as its cells compute them."""
+    from pathlib import Path
+
+    prose = (Path(__file__).parents[1] / "notebooks" / "chapters" / "08_long_documents.py").read_text(encoding="utf-8")
+    ratios = {}
+    for mu in (4.0, 5.0, 6.0, 7.0, 8.0):
+        lengths = np.clip(np.rint(np.random.default_rng(0).lognormal(mu, 1.0, 10_000)), 1, 8192).astype(np.int64)
+        rows = compare_bucket_padding(lengths, 8192)
+        edges = optimal_bucket_edges(lengths, 14)
+        ratios[mu] = {"optimal": bucket_padding(lengths, edges)["padding_ratio"]} | {
+            scheme: rows[scheme]["padding_ratio"] for scheme in ("geometric", "linear")
+        }
+        if mu == 6.0:
+            steps = [b / a for a, b in zip(edges, edges[1:], strict=False)]
+            assert (f"{min(steps):.2f}", f"{max(steps):.2f}") == ("1.25", "1.65")
+            assert "between 1.25 and 1.65 times" in prose
+    shown = {mu: {scheme: f"{ratio:.1%}" for scheme, ratio in row.items()} for mu, row in ratios.items()}
+    assert (shown[6.0]["optimal"], shown[6.0]["geometric"], shown[6.0]["linear"]) == ("13.8%", "30.3%", "32.7%")
+    assert (
+        "pad 13.8% of the computed positions" in prose and "geometric edges' 30.3% and the linear edges' 32.7%" in prose
+    )
+    for scheme, low, high in (
+        ("optimal", "5.4%", "14.8%"),
+        ("geometric", "20.7%", "30.6%"),
+        ("linear", "6.0%", "84.8%"),
+    ):
+        values = [ratios[mu][scheme] for mu in ratios]
+        assert (f"{min(values):.1%}", f"{max(values):.1%}") == (low, high)
+        assert f"{low} to {high}" in prose or f"between {low} and {high}" in prose

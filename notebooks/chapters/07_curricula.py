@@ -23,7 +23,9 @@
 # 2. say how often a group of $G$ rollouts carries **zero advantage** (零优势组), and skip such tasks before
 #    sampling with a **pass-rate filter** (通过率过滤);
 # 3. measure on a simulated task pool what a filter saves (rollouts saved, 节省的 rollout) against what it
-#    keeps (signal kept, 保留的信号), and compare it with **variance-weighted sampling** (按方差加权采样).
+#    keeps (signal kept, 保留的信号), and compare it with **variance-weighted sampling** (按方差加权采样);
+# 4. split a **rollout budget** (rollout 预算) among tasks so that the expected number of **groups with signal**
+#    (有信号的组: both outcomes, a nonzero advantage) is as large as it can be, and check the split by simulation.
 
 # %%
 #| course-setup
@@ -33,6 +35,7 @@ from course_lib import (
     CURRICULUM_GATES,
     audit_context_fit,
     build_labels,
+    filter_by_pass_rate,
     load_course_tokenizer,
     measure_sample,
     simulate_pass_rate_filter,
@@ -187,19 +190,23 @@ print("broken candidate: ", stability_evidence(model))
 #   `candidate` holds the same three plus `loss_finite`, `gradients_finite`, `failed_runs`, `peak_memory_gb`,
 #   `cost_per_supervised_token`; `limits` holds `min_long_context_gain`, `max_short_context_regression`,
 #   `max_failed_runs`, `max_peak_memory_gb`, `max_cost_per_supervised_token`.
+# * **The first lines are given; keep them.** They are the input checks: a missing field, a score, limit, peak
+#   memory or cost that is not a finite real number (a NaN would pass every comparison silently), a `failed_runs`
+#   that is not an integer $\ge 0$ and a budget that is not an integer $\ge 1$ (a step of no tokens trains nothing)
+#   each raise a `ValueError` naming the field, and the checked values come back as Python numbers. You write
+#   the decision below them.
 # * `evidence = {"token_budget_matches": <budgets equal, a bool>, "long_context_gain": candidate − baseline long
-#   score, "short_context_regression": baseline − candidate short score}`.
+#   score, "short_context_regression": baseline − candidate short score}`, each difference as computed, not rounded.
 # * Each gate of `CURRICULUM_GATES` fails on its own evidence, in the table's sense: a gain **below** the minimum,
-#   a regression, failed-run count, peak memory or cost **above** its limit (a value equal to a limit passes),
-#   a stability flag that **is not** `True` (LCFT's `is not True`: a gate fails closed, so `1`, `"true"` and
-#   even a numpy or torch bool fail it; §2's cell converts with `bool(...)`). `failed_gates` lists the failed
-#   gate names in the order of `CURRICULUM_GATES`; `decision` is `"hold"` when any gate failed, else `"advance"`.
-# * Return `{"decision", "failed_gates", "evidence"}`. Raise a `ValueError` naming the field for a missing field
-#   (`require_keys`), a score, limit, peak memory or cost that is not a finite real number (`require_real`: a NaN
-#   would pass every comparison silently), a `failed_runs` that is not an integer $\ge 0$ and a
-#   `supervised_tokens_per_optimizer_step` that is not an integer $\ge 1$ (`require_int`: a step of no tokens trains
-#   nothing, so two such budgets "matching" would prove nothing).
-#   A bool is not a number here: `True` as a score, a limit or `failed_runs` is refused (the helpers do it).
+#   a regression, failed-run count, peak memory or cost **above** its limit; a value equal to its limit passes.
+#   **Tolerance (容差).** A score difference carries the rounding of the subtraction: in floats 0.60 − 0.56 is
+#   0.03999999999999998, below a minimum of 0.04. So a gain or a regression within `SCORE_TOLERANCE` ($10^{-9}$,
+#   imported at the top of the TODO cell) of its limit counts as equal to it and passes; a measured value (failed
+#   runs, peak memory, cost) is compared with its limit exactly. A stability flag that **is not** `True` fails
+#   (LCFT's `is not True`: a gate fails closed, so `1`, `"true"` and even a numpy or torch bool fail it; §2's cell
+#   converts with `bool(...)`).
+# * `failed_gates` lists the failed gate names in the order of `CURRICULUM_GATES`; `decision` is `"hold"` when any
+#   gate failed, else `"advance"`. Return `{"decision", "failed_gates", "evidence"}`.
 
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_evaluate_length_curriculum_stage", "locked": false, "schema_version": 3}
 #| solution: course_lib.curriculum.evaluate_length_curriculum_stage
@@ -270,6 +277,13 @@ want = ("hold", ["nonfinite_loss", "nonfinite_gradients", "failed_runs"])
 assert (nonfinite["decision"], nonfinite["failed_gates"]) == want, (
     f"loss_finite=False, gradients_finite=False, failed_runs=1: expected {want}, "
     f"got ({nonfinite['decision']!r}, {nonfinite['failed_gates']})"
+)
+# A gain equal to the minimum passes, though 0.60 - 0.56 is 0.03999999999999998 in floats (SCORE_TOLERANCE).
+at_limit = evaluate_length_curriculum_stage(baseline, {**accepted_run, "long_context_score": 0.60}, limits)
+assert (at_limit["decision"], at_limit["failed_gates"]) == ("advance", []), (
+    f"long score 0.60 against 0.56 and a minimum gain of 0.04: the gain is at its limit (0.60 - 0.56 = "
+    f"{0.60 - 0.56!r} in floats, within SCORE_TOLERANCE), expected ('advance', []), "
+    f"got ({at_limit['decision']!r}, {at_limit['failed_gates']})"
 )
 # A flag read back from a log as 1 or "true" is not the bool True: its gate fails (no ValueError).
 unchecked = evaluate_length_curriculum_stage(
@@ -348,6 +362,17 @@ for _t_key, _t_value in (
     ("cost_per_supervised_token", 1.75),
 ):
     _t_cases.append(((_t_edge_base, {**_t_edge, _t_key: _t_value}, _t_edge_limits), {}))
+# The tolerance: a score difference within SCORE_TOLERANCE = 1e-9 of its limit is at it (2**-31 inside, 2**-29
+# outside); decimal scores whose difference is the limit in exact arithmetic; a measured value compared exactly.
+for _t_offset in (2**-31, 2**-29):
+    _t_cases.append(((_t_edge_base, {**_t_edge, "long_context_score": 0.625 - _t_offset}, _t_edge_limits), {}))
+    _t_cases.append(((_t_edge_base, {**_t_edge, "short_context_score": 0.6875 - _t_offset}, _t_edge_limits), {}))
+_t_cases.append(((baseline, {**accepted_run, "long_context_score": 0.60}, limits), {}))
+_t_cases.append(
+    (({**baseline, "short_context_score": 0.62}, {**accepted_run, "short_context_score": 0.60}, limits), {})
+)
+_t_cases.append(((baseline, {**accepted_run, "peak_memory_gb": 10.5 + 1e-12}, limits), {}))
+_t_cases.append(((baseline, {**accepted_run, "cost_per_supervised_token": 1.4 + 1e-12}, limits), {}))
 # Scores with many decimals (any real run's): the evidence is the exact difference, not a rounded one, and a gain
 # of 0.03996 is below a minimum of 0.04 (rounded to 4 places it would pass), a regression of 0.02004 above 0.02.
 _t_cases.append(((baseline, {**accepted_run, "long_context_score": 0.59996}, limits), {}))
@@ -480,81 +505,12 @@ for name, run in candidates.items():
 # Each task $j$ keeps an estimate $\hat p_j$ of its pass rate: the mean reward of its last group, starting at 0.5
 # so every task is sampled once. Estimates cost no extra rollouts. A **pass-rate filter** samples task $j$ only
 # when $\text{low} < \hat p_j < \text{high}$. With $\text{low} = 0$, $\text{high} = 1$ it drops exactly the tasks
-# whose last group was all-fail or all-pass; with $\text{low} = -1$, $\text{high} = 2$ it keeps everything.
-#
-# ### TODO 2 · `filter_by_pass_rate`
-#
-# Implement `filter_by_pass_rate(tasks, pass_rates, low=0.0, high=1.0)`: the tasks whose rate lies **strictly**
-# inside `(low, high)`, in their original order. Raise a `ValueError` naming the field for a pass rate that is not
-# a real number in [0, 1] (`require_ratio`, which refuses NaN), for `pass_rates` and `tasks` of different lengths,
-# for a `low` or `high` that is not a finite real (`require_real`), and for `low >= high`. A bool is not a rate:
-# `True` is refused, though `True == 1` in Python (both helpers refuse it).
+# whose last group was all-fail or all-pass; with $\text{low} = -1$, $\text{high} = 2$ it keeps everything. The
+# library's `filter_by_pass_rate(tasks, pass_rates, low, high)` is that one comparison; the simulator below runs it.
 
-# %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_filter_by_pass_rate", "locked": false, "schema_version": 3}
-#| solution: course_lib.curriculum.filter_by_pass_rate
-
-# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_filter_by_pass_rate", "locked": true, "points": 3, "schema_version": 3}
-tasks = ["a", "b", "c", "d", "e"]
-rates = [0.0, 0.125, 1.0, 0.5, 0.875]  # last-group pass rates with G = 8
-got = filter_by_pass_rate(tasks, rates)
-assert got == ["b", "d", "e"], f"filter_by_pass_rate(tasks, rates) returned {got!r}, expected ['b', 'd', 'e']"
-got = filter_by_pass_rate(tasks, rates, -1.0, 2.0)  # the unfiltered arm
-assert got == tasks, f"filter_by_pass_rate(tasks, rates, -1.0, 2.0) returned {got!r}, expected every task {tasks}"
-got = filter_by_pass_rate(tasks, rates, 0.125, 0.875)  # bounds are strict
-assert got == ["d"], f"filter_by_pass_rate(tasks, rates, 0.125, 0.875) returned {got!r}, expected ['d'] (strict bounds)"
-got = filter_by_pass_rate([], [])
-assert got == [], f"filter_by_pass_rate([], []) returned {got!r}, expected []"
-try:
-    got = filter_by_pass_rate([], [], 0.5, 0.5)
-except ValueError:
-    pass
-else:
-    raise AssertionError(
-        f"filter_by_pass_rate([], [], 0.5, 0.5) returned {got!r} instead of raising a ValueError: "
-        "low >= high is refused even when there are no tasks"
-    )
-### BEGIN HIDDEN TESTS
-import random
-
-from course_lib import grading
-
-_t_rng = random.Random(11)
-_t_bounds = [(-1.0, 2.0), (0.0, 1.0), (0.125, 0.875), (0.0, 0.5), (0.5, 1.0), (0.25, 0.75), (-0.5, 0.25)]
-_t_cases = []
-for _ in range(80):
-    _t_n = _t_rng.randint(0, 25)
-    _t_rates = [_t_rng.choice([_t_rng.randint(0, 8) / 8, _t_rng.random()]) for _ in range(_t_n)]
-    _t_low, _t_high = _t_rng.choice(_t_bounds)
-    _t_cases.append(((list(range(100, 100 + _t_n)), _t_rates, _t_low, _t_high), {}))
-_t_cases.append(((["x", "y", "z"], [0.0, 1.0, 0.0]), {}))
-_t_cases.append(((["x", "y", "z"], [0.25, 0.5, 0.75], 0.25, 0.75), {}))
-_t_cases.append(((["x", "y"], [1.0, 0.9375]), {"low": 0.5, "high": 1.0}))
-_t_cases.append(((["x", "y", "z", "w"], [0, 1, 0.5, 1]), {}))  # integer rates are real numbers too
-_t_cases.append(((["a", "b", "a", "c"], [0.5, 0.25, 1.0, 0.0]), {}))  # one rate per position, not per task
-grading.assert_matches_reference(filter_by_pass_rate, "filter_by_pass_rate", _t_cases)
-grading.assert_rejects(
-    filter_by_pass_rate,
-    "filter_by_pass_rate",
-    [
-        ((["a", "b"], [0.5]), {}),
-        ((["a"], [0.5, 0.5]), {}),
-        ((["a", "b"], [0.5, 1.5]), {}),
-        ((["a", "b"], [0.5, -0.125]), {}),
-        ((["a", "b"], [0.5, float("nan")]), {}),
-        ((["a"], [0.5], 0.5, 0.5), {}),
-        ((["a"], [0.5], 0.75, 0.25), {}),
-        ((["a"], [0.5], float("nan"), 1.0), {}),
-        (([], [], 0.5, 0.5), {}),
-        (([], [], float("nan"), 1.0), {}),  # bounds are checked, tasks or not
-        ((["a"], [0.5], 0.0, float("inf")), {}),
-        ((["a"], [0.5], 0.0, float("nan")), {}),
-        ((["a"], [0.5], float("-inf"), 1.0), {}),
-        ((["a"], [True]), {}),
-        ((["a"], ["0.5"]), {}),
-        ((["a"], [None]), {}),
-    ],
-)
-### END HIDDEN TESTS
+# %%
+last_group_rates = [0.0, 0.125, 1.0, 0.5, 0.875]  # last-group pass rates with G = 8
+print("kept by the filter (0, 1):", filter_by_pass_rate(["a", "b", "c", "d", "e"], last_group_rates))
 
 # %% [markdown]
 # ## 5. A simulated task pool: rollouts saved vs signal kept (模拟任务池)
@@ -627,7 +583,165 @@ plt.show()
 # held-out pass rate of 0.73 and 0.77 against 0.76 and 0.82 unfiltered, within seed noise. Fewer tasks per step
 # late in training is a plausible cost that this accounting does not see.
 #
-# ## 6. The same mechanism in the framework
+# ## 6. Part C · Splitting a rollout budget (分配 rollout 预算)
+#
+# A filter says yes or no per task, and every task it keeps gets the same $G$. A trainer with a fixed number of
+# rollouts per step can do more: give each task its own group size. What a step buys is **groups with signal**
+# (有信号的组): groups holding at least one pass and one fail, whose GRPO advantages are not all zero. A group of
+# $n$ rollouts of a task with pass rate $p$ has both outcomes with probability $1 - P_{\text{zero}}(p, n)$ (§1), and
+# a task that gets no rollouts contributes nothing. Which split of the budget makes the expected number of such
+# groups as large as it can be?
+#
+# ### TODO 2 · `allocate_group_sizes`
+#
+# Implement `allocate_group_sizes(pass_rates, budget)`: a list of group sizes, one Python `int` $\ge 0$ per task
+# in the order of `pass_rates`, that sum to `budget` exactly and maximise the expected number of groups with both
+# outcomes.
+#
+# * **The first lines are given; keep them.** `check_pass_rates` refuses a rate that is not a real number in
+#   [0, 1] (NaN and `True` included) and returns the rates as floats; `budget` must be an integer $\ge 0$; a
+#   positive budget with no task to spend it on is refused. Each raises a `ValueError` naming the field.
+# * **Ties (并列).** Every split whose expected count is within `ALLOCATION_TOLERANCE` ($10^{-9}$, imported at the
+#   top of the TODO cell) of the best count is a best split: the pass rates 0.3 and 0.7 give the same count in exact
+#   arithmetic but not in floats. Among the best splits, return the **lexicographically largest**: the most
+#   rollouts to the first task, then to the second, and so on. So when nothing can be gained (every task decided),
+#   the whole budget goes to the first task.
+# * The grader compares your sizes with an exhaustive search over every split on small pools; the chapter runs your
+#   function on 20 tasks and 160 rollouts, where trying every split is out of reach.
+
+# %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_allocate_group_sizes", "locked": false, "schema_version": 3}
+#| solution: course_lib.curriculum.allocate_group_sizes
+
+# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_allocate_group_sizes", "locked": true, "points": 5, "schema_version": 3}
+for args, want, why in (
+    (([0.5, 0.5], 4), [2, 2], "two groups that can hold both outcomes beat one larger group"),
+    (([0.5, 1.0, 0.0], 6), [6, 0, 0], "a decided task never yields a group with signal"),
+    (([0.5, 0.5, 0.5], 5), [3, 2, 0], "a group of one never holds both outcomes"),
+    (([0.3, 0.7], 5), [3, 2], "mirrored rates tie (within ALLOCATION_TOLERANCE): the first task gets more"),
+    (([0.0, 1.0], 3), [3, 0], "nothing to gain: every split ties, the first task gets the budget"),
+    (([], 0), [], "no tasks, no rollouts"),
+):
+    got = allocate_group_sizes(*args)
+    assert got == want, f"allocate_group_sizes{args} returned {got!r}, expected {want} ({why})"
+got = allocate_group_sizes([0.9, 0.5, 0.2, 0.97], 24)
+assert sum(got) == 24 and all(type(n) is int and n >= 0 for n in got), (
+    f"allocate_group_sizes([0.9, 0.5, 0.2, 0.97], 24) returned {got!r}: expected Python ints >= 0 summing to 24"
+)
+### BEGIN HIDDEN TESTS
+import itertools
+import random
+
+from course_lib import grading
+
+
+def _t_signal(rates, sizes):
+    return sum(1.0 - p**n - (1.0 - p) ** n if n else 0.0 for p, n in zip(rates, sizes, strict=True))
+
+
+def _t_brute(rates, budget):
+    _t_splits = [s for s in itertools.product(range(budget + 1), repeat=len(rates)) if sum(s) == budget]
+    _t_best = max(_t_signal(rates, s) for s in _t_splits)
+    return list(max(s for s in _t_splits if _t_signal(rates, s) >= _t_best - 1e-9))
+
+
+_t_rng = random.Random(17)
+_t_cases = []
+for _ in range(60):  # small pools: the exhaustive search is the reference
+    _t_rates = [_t_rng.choice([0.0, 1.0, 0.5, 0.1, 0.9, _t_rng.random()]) for _ in range(_t_rng.randint(1, 4))]
+    _t_budget = _t_rng.randint(0, 9)
+    _t_want = _t_brute(_t_rates, _t_budget)
+    _t_got = allocate_group_sizes(_t_rates, _t_budget)
+    assert _t_got == _t_want, (
+        f"allocate_group_sizes({_t_rates}, {_t_budget}) returned {_t_got!r}; an exhaustive search over every split "
+        f"finds {_t_want} (expected groups with signal {_t_signal(_t_rates, _t_want):.6f}, yours "
+        f"{_t_signal(_t_rates, _t_got) if isinstance(_t_got, list) and len(_t_got) == len(_t_rates) else 'n/a'})"
+    )
+    _t_cases.append(((_t_rates, _t_budget), {}))
+for _ in range(10):  # larger pools: the library's answer is the reference
+    _t_rates = [_t_rng.random() for _ in range(_t_rng.randint(5, 12))]
+    _t_cases.append(((_t_rates, _t_rng.randint(0, 60)), {}))
+_t_cases += [
+    (([0.3, 0.7, 0.3, 0.7], 9), {}),  # float ties
+    (([0.2, 0.8], 7), {}),
+    (([1.0, 0.0, 1.0], 5), {}),
+    (([0.5], 0), {}),
+    (([0.5], 1), {}),
+    (([0, 1, 0.5], 4), {}),  # integer rates are rates too
+    (((0.25, 0.75), 6), {}),  # a tuple of rates
+]
+grading.assert_matches_reference(allocate_group_sizes, "allocate_group_sizes", _t_cases)
+# A seeded Monte Carlo agrees with the expected count, and the split beats equal groups of 8, on a pool of 20 tasks.
+_t_pool = torch.sigmoid(torch.linspace(-3.0, 2.0, 20) + 4.0).tolist()  # §5's pool at step 40
+_t_sizes = allocate_group_sizes(_t_pool, 160)
+assert _t_signal(_t_pool, _t_sizes) > _t_signal(_t_pool, [8] * 20) + 1.0, (
+    f"allocate_group_sizes(pool of 20, 160) = {_t_sizes}: expected more groups with signal than equal groups of 8"
+)
+_t_gen = torch.Generator().manual_seed(0)
+_t_hits = 0.0
+for _t_p, _t_n in zip(_t_pool, _t_sizes, strict=True):
+    if _t_n:
+        _t_draws = torch.rand(4000, _t_n, generator=_t_gen) < _t_p  # [rounds, n] rewards
+        _t_hits += float((_t_draws.any(dim=1) & ~_t_draws.all(dim=1)).float().mean())
+assert abs(_t_hits - _t_signal(_t_pool, _t_sizes)) < 0.1, (
+    f"simulated {_t_hits:.3f} groups with signal per step, expected {_t_signal(_t_pool, _t_sizes):.3f}"
+)
+grading.assert_rejects(
+    allocate_group_sizes,
+    "allocate_group_sizes",
+    [
+        (([0.5, 1.5], 4), {}),
+        (([0.5, float("nan")], 4), {}),
+        (([0.5, True], 4), {}),
+        (([0.5, -0.25], 4), {}),
+        (([0.5], -1), {}),
+        (([0.5], 2.0), {}),
+        (([0.5], True), {}),
+        (([], 3), {}),
+        (("0.5", 3), {}),
+    ],
+)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# <details><summary>Hint · 提示</summary>
+#
+# A group of one never holds both outcomes, so adding rollouts one at a time, each to the task where it gains
+# most, sees no gain anywhere at first and cannot start. The count is a sum over tasks, so the best count of the
+# tasks from $j$ on with $b$ rollouts left depends only on $(j, b)$: a table of those (dynamic programming, 动态规划)
+# costs $O(T \cdot B^2)$. For the ties, compute the best count first, then fix the sizes task by task: the largest
+# $n_j$ that can still be completed to within the tolerance of the best.
+#
+# </details>
+#
+# Your function at work on the simulated pool of §5 at step 40, where most tasks are nearly solved: 160 rollouts,
+# the budget of 20 groups of 8. We compare equal groups of 8 with your split, by the formula and by a seeded
+# simulation of 2,000 steps.
+
+# %%
+step_rates = true_rates[40].tolist()  # the 20 true pass rates at step 40
+BUDGET = 20 * GROUP
+splits = {"equal groups of 8": [GROUP] * N_TASKS, "allocate_group_sizes": allocate_group_sizes(step_rates, BUDGET)}
+assert all(sum(sizes) == BUDGET and len(sizes) == N_TASKS for sizes in splits.values()), "allocate_group_sizes"
+print("pass rate: ", " ".join(f"{p:.3f}" for p in step_rates))
+print("your sizes:", splits["allocate_group_sizes"])
+simulated = torch.Generator().manual_seed(0)
+for name, sizes in splits.items():
+    expected = sum(1 - zero_advantage_probability(p, n) for p, n in zip(step_rates, sizes, strict=True) if n)
+    rounds = [
+        torch.rand(2000, n, generator=simulated) < p for p, n in zip(step_rates, sizes, strict=True) if n
+    ]  # [steps, n] rewards
+    counted = sum(float((draw.any(dim=1) & ~draw.all(dim=1)).float().mean()) for draw in rounds)
+    print(f"{name:<22} expected groups with signal {expected:.2f} | simulated {counted:.2f}")
+
+# %% [markdown]
+# Equal groups of 8 expect 6.57 groups with signal per step; your split expects 7.91 from the same 160 rollouts,
+# a fifth more, and the simulation agrees with both to within 0.02. The split does what §5's filter does and more:
+# the eight most-solved tasks (pass rate 0.985 and above) get no rollouts at all, and the budget they free goes to
+# larger groups, up to 19, for the tasks between 0.9 and 0.97, where a group of 8 is often all-pass and a rare
+# failure needs more draws to show up. It rests on the true pass rates; a trainer has only estimates, which is why a
+# revisit budget (§5) and estimates from more than one group (exercise 1) matter.
+#
+# ## 7. The same mechanism in the framework
 #
 # No framework ships the length-curriculum gate: TRL and transformers train whatever stage you configure, so the
 # gate belongs to your launch script. For the RL side, TRL's `GRPOTrainer` **measures** the symptom but does not
@@ -662,7 +776,7 @@ assert torch.equal(std_zero, all_equal)
 # `frac_reward_zero_std` in a TRL log is this chapter's zero-advantage share. When it climbs during a run, the
 # remedies are upstream of the trainer: a pass-rate filter on the dataset you feed it, or sampling weights.
 #
-# ## 7. Design questions in practice (实践中的设计问题)
+# ## 8. Design questions in practice (实践中的设计问题)
 #
 # **Problem: rollouts wasted on zero-variance prompts.** *Symptom:* `frac_reward_zero_std` rises as training
 # progresses; rollouts per useful gradient grow; the learning curve flattens before held-out pass rate stops
@@ -670,9 +784,11 @@ assert torch.equal(std_zero, all_equal)
 # $p = 0$ or $p = 1$ produce such groups most of the time (43% all-pass at $p = 0.9$, $G = 8$). *Options:*
 # (a) a pass-rate filter before sampling (needs per-task estimates; stale estimates can starve a task);
 # (b) dynamic sampling: oversample and drop flat groups to keep the batch full (costs rollouts to save batch
-# size); (c) larger groups for hard tasks so rare successes show up. *Recommendation:* (a) with a small revisit
-# budget, and log the zero-advantage share per step; in our simulation it cut rollouts by about a third while
-# keeping the informative episodes.
+# size); (c) group sizes per task from the pass-rate estimates (`allocate_group_sizes`, §6), so nearly decided
+# tasks get larger groups and decided ones none. *Recommendation:* (a) with a small revisit budget, and log the
+# zero-advantage share per step; in our simulation it cut rollouts by about a third while keeping the informative
+# episodes. Where the trainer lets group sizes vary per prompt, (c) on top: a fifth more groups with signal at
+# step 40 of §5's pool, from the same rollouts.
 #
 # **Problem: a longer-window stage "wins" and then disappoints.** *Symptom:* the 512-token stage beats the
 # 256-token baseline on long-context evaluation, but the gain vanishes when rerun. *Cause:* the stage also
@@ -687,7 +803,7 @@ assert torch.equal(std_zero, all_equal)
 # revisits; (c) weight by $\hat p(1-\hat p)$ instead of a hard cut. *Recommendation:* (a) plus revisits, then
 # compare episodes spent and held-out pass rate, as exercise 1 does.
 #
-# ## 8. Exercises
+# ## 9. Exercises
 #
 # 1. Rerun section 5 with `history=3` (the estimate is the mean of a task's last three groups, Agent RL §14's
 #    exercise 4). How many more episodes does it spend, and what happens to the share of zero-advantage episodes?
@@ -696,5 +812,8 @@ assert torch.equal(std_zero, all_equal)
 # 3. `course_lib.variance_weighted_sample` draws tasks with probability $\propto \hat p (1 - \hat p)$. Draw 10,000
 #    tasks with replacement from rates `[0.05, 0.5, 0.9, 1.0]`. How often is each drawn? Both 0.05 and 0.9 look
 #    "mostly decided": why is one drawn about twice as often as the other?
-# 4. Change only the candidate run (not the limits) so that LCFT's rejected candidate advances. Which
+# 4. Run your `allocate_group_sizes` on the pool of §6 with budgets of 40, 80, 160 and 320 rollouts. Which
+#    tasks get rollouts first as the budget grows, and at what budget does the first task with pass rate
+#    0.985 or above get any?
+# 5. Change only the candidate run (not the limits) so that LCFT's rejected candidate advances. Which
 #    fields must change, and which of those changes would you need a new training run to obtain?

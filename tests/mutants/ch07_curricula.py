@@ -1,43 +1,30 @@
-"""Wrong answers for chapter 7 (curricula and gates)."""
+"""Wrong answers for chapter 7 (curricula and gates): mistakes in the mechanism below the given input checks."""
 
 from tests.mutants import mutate
 
 CHAPTER = "07_curricula"
 
 _GATE = "course_lib.curriculum.evaluate_length_curriculum_stage"
-_GAIN_GATE = 'evidence["long_context_gain"] < limit["min_long_context_gain"]'
-_REGRESSION_GATE = 'evidence["short_context_regression"] > limit["max_short_context_regression"]'
-
+_GAIN_GATE = 'evidence["long_context_gain"] < min_gain - SCORE_TOLERANCE'
+_REGRESSION_GATE = 'evidence["short_context_regression"] > max_regression + SCORE_TOLERANCE'
 # One weighted quality score: a long-context gain buys back a short-context regression.
-_WEIGHTED = (
-    'evidence["long_context_gain"] - evidence["short_context_regression"] '
-    '< limit["min_long_context_gain"] - limit["max_short_context_regression"]'
-)
+_WEIGHTED = 'evidence["long_context_gain"] - evidence["short_context_regression"] < min_gain - max_regression'
 
-_FILTER = """
-def filter_by_pass_rate(tasks, pass_rates, low=0.0, high=1.0):
-    rates = CHECKED_RATES
-    if len(rates) != len(tasks):
-        raise ValueError(f"pass_rates has {len(rates)} entries but tasks has {len(tasks)}")
-    low, high = require_real("low", low), require_real("high", high)
-    if not low < high:
-        raise ValueError(f"low must be < high, got low={low}, high={high}")
-    return [task for task, rate in zip(tasks, rates) if KEEP]
+_ALLOCATE = "course_lib.curriculum.allocate_group_sizes"
+_CHECKS = """
+def allocate_group_sizes(pass_rates, budget):
+    rates = check_pass_rates("pass_rates", pass_rates)
+    budget = require_nonnegative_int("budget", budget)
+    if budget and not rates:
+        raise ValueError(f"budget = {budget} rollouts but pass_rates is empty: no task to spend them on")
 """
-
-
-def _filter(
-    keep="low < rate < high", checked='[require_ratio(f"pass_rates[{i}]", r) for i, r in enumerate(pass_rates)]'
-):
-    return _FILTER.replace("KEEP", keep).replace("CHECKED_RATES", checked)
-
 
 MUTANTS = {
     "evaluate_length_curriculum_stage": {
         # A weighted total replaces the two quality gates: a big gain hides a short-context regression.
         "weighted_total_score": mutate(_GATE, (_GAIN_GATE, _WEIGHTED), (_REGRESSION_GATE, "False")),
         # `>=` on the memory budget: a run exactly at its budget is held.
-        "memory_limit_inclusive": mutate(_GATE, ('> limit["max_peak_memory_gb"]', '>= limit["max_peak_memory_gb"]')),
+        "memory_limit_inclusive": mutate(_GATE, ("peak_memory_gb > max_peak_gb", "peak_memory_gb >= max_peak_gb")),
         # The token-budget gate is forgotten: stages trained on different supervision per step get compared.
         "no_token_budget_gate": mutate(
             _GATE, ('"token_budget_mismatch": not evidence["token_budget_matches"]', '"token_budget_mismatch": False')
@@ -48,100 +35,93 @@ MUTANTS = {
         ),
         # Truthiness instead of `is True`: the integer 1 or the string "true" passes as a finite loss.
         "truthy_loss_flag": mutate(_GATE, ('candidate["loss_finite"] is not True', 'not candidate["loss_finite"]')),
-    },
-    "filter_by_pass_rate": {
-        # Inclusive bounds: the all-fail and all-pass tasks the filter exists to drop are kept.
-        "inclusive_bounds": _filter(keep="low <= rate <= high"),
-        # Only the all-fail tasks are dropped; solved tasks keep eating rollouts.
-        "drops_only_all_fail": _filter(keep="low < rate"),
-        # Only the all-pass tasks are dropped.
-        "drops_only_all_pass": _filter(keep="rate < high"),
-        # No validation: a rate of 1.5 or NaN is silently compared.
-        "unchecked_rates": _filter(checked="list(pass_rates)"),
-    },
-}
-
-# Wrong answers a review of the grading found keeping full points (before the hidden tests gained the cases that
-# catch them).
-_FILTER_TARGET = "course_lib.curriculum.filter_by_pass_rate"
-MUTANTS["filter_by_pass_rate"].update(
-    {
-        # Bounds checked for nan only: -inf passes as a lower bound.
-        "nan_only_bound_check": mutate(
-            _FILTER_TARGET,
-            (
-                'low, high = require_real("low", low), require_real("high", high)',
-                "if low != low or high != high:\n"
-                '        raise ValueError(f"low and high must be numbers, got {low!r}, {high!r}")',
-            ),
-        ),
-    }
-)
-MUTANTS["evaluate_length_curriculum_stage"].update(
-    {
         # `is` for the budgets: true for two copies of a small literal, false for 8192 read from a log at run time.
-        "budget_compared_with_is": mutate(
-            _GATE, ('budget["baseline"] == budget["candidate"]', 'budget["baseline"] is budget["candidate"]')
-        ),
-    }
-)
-
-# A second review's wrong answers (some caught already, kept as different mistakes; the rest caught since).
-MUTANTS["evaluate_length_curriculum_stage"].update(
-    {
+        "budget_compared_with_is": mutate(_GATE, ("base_budget == cand_budget", "base_budget is cand_budget")),
         # Evidence rounded to 4 decimals "to hide float noise": a gain of 0.03996 becomes 0.04 and passes min 0.04.
         "evidence_rounded": mutate(
             _GATE,
+            ('"long_context_gain": cand_long - base_long', '"long_context_gain": round(cand_long - base_long, 4)'),
             (
-                '"long_context_gain": score["candidate.long_context_score"] - score["baseline.long_context_score"],',
-                '"long_context_gain": round(score["candidate.long_context_score"] - '
-                'score["baseline.long_context_score"], 4),',
-            ),
-            (
-                '"short_context_regression": score["baseline.short_context_score"] - '
-                'score["candidate.short_context_score"],',
-                '"short_context_regression": round(score["baseline.short_context_score"] - '
-                'score["candidate.short_context_score"], 4),',
+                '"short_context_regression": base_short - cand_short',
+                '"short_context_regression": round(base_short - cand_short, 4)',
             ),
         ),
         # `== True` for the flags: the integer 1 (and 1.0) count as a checked finite loss.
         "flag_equals_true": mutate(_GATE, ('candidate["loss_finite"] is not True', 'candidate["loss_finite"] != True')),
         # The sign of the regression flipped: an improvement on short contexts is read as a regression.
-        "regression_sign_flipped": mutate(
+        "regression_sign_flipped": mutate(_GATE, ("base_short - cand_short", "cand_short - base_short")),
+        # No tolerance: 0.60 - 0.56 = 0.03999999999999998 holds a stage whose gain is at its minimum.
+        "no_score_tolerance": mutate(
             _GATE,
+            (" < min_gain - SCORE_TOLERANCE", " < min_gain"),
+            (" > max_regression + SCORE_TOLERANCE", " > max_regression"),
+        ),
+        # The tolerance on the wrong side: a gain just short of the minimum passes, one exactly at it is held.
+        "tolerance_wrong_side": mutate(
+            _GATE,
+            (" < min_gain - SCORE_TOLERANCE", " < min_gain + SCORE_TOLERANCE"),
+            (" > max_regression + SCORE_TOLERANCE", " > max_regression - SCORE_TOLERANCE"),
+        ),
+        # The tolerance applied to measured values too: a peak memory a hair over its budget passes.
+        "tolerance_on_measured_values": mutate(
+            _GATE,
+            ("peak_memory_gb > max_peak_gb", "peak_memory_gb > max_peak_gb + SCORE_TOLERANCE"),
+            ("cost > max_cost", "cost > max_cost + SCORE_TOLERANCE"),
+        ),
+    },
+    "allocate_group_sizes": {
+        # Equal groups, the remainder to the first tasks: decided tasks still get rollouts.
+        "equal_split": _CHECKS
+        + """    share, extra = divmod(budget, len(rates)) if rates else (0, 0)
+    return [share + (1 if j < extra else 0) for j in range(len(rates))]
+""",
+        # Greedy, one rollout at a time to the task whose expected count grows most: the first rollout of every
+        # task gains nothing (a group of one has one outcome), so the first task takes everything.
+        "greedy_one_at_a_time": _CHECKS
+        + """    sizes = [0] * len(rates)
+
+    def count(p, n):
+        return 1.0 - zero_advantage_probability(p, n) if n else 0.0
+
+    for _ in range(budget):
+        gains = [count(p, n + 1) - count(p, n) for p, n in zip(rates, sizes)]
+        sizes[gains.index(max(gains))] += 1
+    return sizes
+""",
+        # Greedy on the pass rate alone: rollouts in proportion to p(1 - p), the reward variance.
+        "proportional_to_variance": _CHECKS
+        + """    weights = [p * (1.0 - p) for p in rates]
+    total = sum(weights)
+    if total == 0:
+        return [budget] + [0] * (len(rates) - 1) if rates else []
+    sizes = [int(budget * w / total) for w in weights]
+    order = sorted(range(len(rates)), key=lambda j: -(budget * weights[j] / total - sizes[j]))
+    for j in order[: budget - sum(sizes)]:
+        sizes[j] += 1
+    return sizes
+""",
+        # Off by one: the last task's size is read from a range that stops one short of what is left.
+        "last_option_dropped": mutate(
+            _ALLOCATE, ("n = max(n for n in range(left + 1) if", "n = max(n for n in range(max(left, 1)) if")
+        ),
+        # A group of 0 scored with the formula: 1 - 1 - 1 = -1, so every task is forced to get rollouts.
+        "empty_group_scores_minus_one": mutate(
+            _ALLOCATE,
             (
-                'score["baseline.short_context_score"] - score["candidate.short_context_score"]',
-                'score["candidate.short_context_score"] - score["baseline.short_context_score"]',
+                "[0.0] + [1.0 - zero_advantage_probability(p, n) for n in range(1, budget + 1)]",
+                "[1.0 - p**n - (1.0 - p) ** n for n in range(budget + 1)]",
             ),
         ),
-    }
-)
-MUTANTS["filter_by_pass_rate"].update(
-    {
-        # Rates looked up by task: two entries of the same task collapse onto the last one's rate.
-        "rates_keyed_by_task": """
-def filter_by_pass_rate(tasks, pass_rates, low=0.0, high=1.0):
-    rates = [require_ratio(f"pass_rates[{i}]", r) for i, r in enumerate(pass_rates)]
-    if len(rates) != len(tasks):
-        raise ValueError(f"pass_rates has {len(rates)} entries but tasks has {len(tasks)}")
-    low, high = require_real("low", low), require_real("high", high)
-    if not low < high:
-        raise ValueError(f"low must be < high, got low={low}, high={high}")
-    rate_of = dict(zip(tasks, rates))
-    return [task for task in tasks if low < rate_of[task] < high]
-""",
-        # Rates checked with isinstance(float): the integer rates 0 and 1 of an all-fail / all-pass group are refused.
-        "integer_rates_refused": _filter(
-            checked="[r if isinstance(r, float) and 0.0 <= r <= 1.0 else "
-            'require_ratio(f"pass_rates[{i}]", "not a float") '
-            "for i, r in enumerate(pass_rates)]"
+        # Ties to the last task: the smallest size that still completes to the best, not the largest.
+        "ties_to_later_tasks": mutate(
+            _ALLOCATE, ("n = max(n for n in range(left + 1) if", "n = min(n for n in range(left + 1) if")
         ),
-        # Only the kept rates are validated: a rate of 1.5 outside (low, high) is silently dropped.
-        "validates_only_kept_rates": _filter(
-            checked="list(pass_rates)", keep='low < rate < high and require_ratio("pass_rate", rate) is not None'
+        # Ties decided by float noise: no tolerance, so 0.3 and 0.7 are not a tie.
+        "exact_float_ties": mutate(
+            _ALLOCATE, ("target = best[0][budget] - ALLOCATION_TOLERANCE", "target = best[0][budget]")
         ),
-    }
-)
+    },
+}
 
 # A third review's correct answers, in other styles students use.
 ALTERNATIVES = {
@@ -149,6 +129,7 @@ ALTERNATIVES = {
         # The limits checked first, the gates as an if-chain appended in the table's order, == on the budgets.
         "if_chain_limits_first": """
 from course_lib._checks import require_int, require_keys, require_real
+from course_lib.curriculum import SCORE_TOLERANCE
 
 
 def evaluate_length_curriculum_stage(baseline, candidate, limits):
@@ -175,9 +156,9 @@ def evaluate_length_curriculum_stage(baseline, candidate, limits):
     failed = []
     if not matches:
         failed.append("token_budget_mismatch")
-    if gain < lim["min_long_context_gain"]:
+    if gain < lim["min_long_context_gain"] - SCORE_TOLERANCE:
         failed.append("insufficient_long_context_gain")
-    if regression > lim["max_short_context_regression"]:
+    if regression > lim["max_short_context_regression"] + SCORE_TOLERANCE:
         failed.append("short_context_regression")
     if candidate["loss_finite"] is not True:
         failed.append("nonfinite_loss")
@@ -197,6 +178,7 @@ def evaluate_length_curriculum_stage(baseline, candidate, limits):
         # "Passes" written as the table's comparisons (gain >= minimum, value <= limit); failed = not passed.
         "passes_then_negated": """
 from course_lib._checks import require_int, require_keys, require_real
+from course_lib.curriculum import SCORE_TOLERANCE
 
 
 def evaluate_length_curriculum_stage(baseline, candidate, limits):
@@ -227,9 +209,10 @@ def evaluate_length_curriculum_stage(baseline, candidate, limits):
     }
     passes = {
         "token_budget_mismatch": evidence["token_budget_matches"],
-        "insufficient_long_context_gain": evidence["long_context_gain"] >= real["limits", "min_long_context_gain"],
+        "insufficient_long_context_gain": evidence["long_context_gain"]
+        >= real["limits", "min_long_context_gain"] - SCORE_TOLERANCE,
         "short_context_regression": evidence["short_context_regression"]
-        <= real["limits", "max_short_context_regression"],
+        <= real["limits", "max_short_context_regression"] + SCORE_TOLERANCE,
         "nonfinite_loss": candidate["loss_finite"] is True,
         "nonfinite_gradients": candidate["gradients_finite"] is True,
         "failed_runs": runs <= real["limits", "max_failed_runs"],
@@ -239,44 +222,6 @@ def evaluate_length_curriculum_stage(baseline, candidate, limits):
     }
     failed_gates = [gate for gate in CURRICULUM_GATES if not passes[gate]]
     return {"decision": "hold" if failed_gates else "advance", "failed_gates": failed_gates, "evidence": evidence}
-""",
-    },
-    "filter_by_pass_rate": {
-        # The bounds first, then the lengths, then each rate; a numpy mask picks the tasks.
-        "bounds_first_numpy_mask": """
-import numpy as np
-
-from course_lib._checks import require_ratio, require_real
-
-
-def filter_by_pass_rate(tasks, pass_rates, low=0.0, high=1.0):
-    low = require_real("low", low)
-    high = require_real("high", high)
-    if low >= high:
-        raise ValueError(f"need low < high, got {low} and {high}")
-    if len(tasks) != len(pass_rates):
-        raise ValueError(f"{len(tasks)} tasks but {len(pass_rates)} pass_rates")
-    rates = np.array([require_ratio(f"pass_rates[{i}]", rate) for i, rate in enumerate(pass_rates)], dtype=float)
-    keep = (rates > low) & (rates < high)
-    return [task for task, kept in zip(tasks, keep) if kept]
-""",
-        # An index loop appending to a list; the rates checked inside the loop.
-        "index_loop": """
-from course_lib._checks import require_ratio, require_real
-
-
-def filter_by_pass_rate(tasks, pass_rates, low=0.0, high=1.0):
-    if len(pass_rates) != len(tasks):
-        raise ValueError("pass_rates and tasks must have the same length")
-    low, high = require_real("low", low), require_real("high", high)
-    if not low < high:
-        raise ValueError("low must be below high")
-    rates = [require_ratio("pass_rates", rate) for rate in pass_rates]
-    kept = []
-    for i in range(len(tasks)):
-        if rates[i] > low and rates[i] < high:
-            kept.append(tasks[i])
-    return kept
 """,
     },
 }

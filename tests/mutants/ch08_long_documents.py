@@ -1,20 +1,20 @@
-"""Wrong answers for chapter 8 (long documents)."""
+"""Wrong answers for chapter 8 (long documents): mistakes in the mechanism below the given input checks."""
+
+from tests.mutants import mutate
 
 CHAPTER = "08_long_documents"
 
-_BUCKET = """
-def assign_bucket(length, max_length):
-    max_length = require_positive_int("max_length", max_length)
-    length = require_int("length", length, minimum=MINIMUM)
-    if TOO_LONG:
-        raise ValueError(f"length = {length} exceeds max_length = {max_length}; split it with sliding_windows")
-    return BUCKET
+_EDGES = "course_lib.longdoc.optimal_bucket_edges"
+_EDGE_CHECKS = """
+from course_lib._checks import INT64_MAX, require_lengths, require_positive_int
+
+
+def optimal_bucket_edges(lengths, k):
+    listed = require_lengths("lengths", lengths)
+    k = require_positive_int("k", k)
+    if max(listed) * len(listed) > INT64_MAX // 4:
+        raise ValueError(f"lengths pad to up to {max(listed) * len(listed)} tokens, more than this search counts")
 """
-
-
-def _bucket(minimum="1", too_long="length > max_length", bucket="min(1 << (length - 1).bit_length(), max_length)"):
-    return _BUCKET.replace("MINIMUM", minimum).replace("TOO_LONG", too_long).replace("BUCKET", bucket)
-
 
 _WINDOWS = """
 def sliding_windows(length, window=256, overlap=64):
@@ -47,18 +47,40 @@ def _windows(
 
 
 MUTANTS = {
-    "assign_bucket": {
-        # The seed's float log2: right for ordinary lengths, a bucket smaller than the document above 2**53.
-        "float_log2": _bucket(bucket="min(2 ** math.ceil(math.log2(length)), max_length)"),
-        # Off by one at exact powers of two: 4 goes to bucket 8 (the next power above, not at or above).
-        "exact_power_goes_up": _bucket(bucket="min(1 << length.bit_length(), max_length)"),
-        # No cap: with a max_length that is not a power of two, the bucket exceeds it.
-        "no_cap_at_max_length": _bucket(bucket="1 << (length - 1).bit_length()"),
-        # Too-long documents are silently capped into the last bucket instead of being rejected.
-        "too_long_capped_silently": _bucket(too_long="False"),
-        # The seed's `if doc_length > 0 else 0`: an empty document gets bucket 1.
-        "empty_document_bucket_one": _bucket(
-            minimum="0", bucket="min(1 << max(length - 1, 0).bit_length(), max_length)"
+    "optimal_bucket_edges": {
+        # Quantile edges: the same number of documents in each bucket, which is not the least padding.
+        "quantile_edges": _EDGE_CHECKS
+        + """    ordered = np.sort(np.asarray(listed))
+    picks = [int(ordered[-(-len(ordered) * (i + 1) // k) - 1]) for i in range(k)]
+    return sorted(set(picks))
+""",
+        # Greedy: add, one at a time, the edge that lowers the padding most; each step is best, the whole is not.
+        "greedy_one_edge_at_a_time": _EDGE_CHECKS
+        + """    values = sorted(set(listed))
+    edges = [values[-1]]
+    while len(edges) < min(k, len(values)):
+        pick = min(
+            (v for v in values if v not in edges),
+            key=lambda v: (bucket_padding(listed, sorted(edges + [v]))["padding_tokens"], v),
+        )
+        edges = sorted(edges + [pick])
+    return edges
+""",
+        # Each distinct length counted once: the counts (how many documents share a length) are forgotten.
+        "counts_ignored": mutate(
+            _EDGES,
+            ("return_counts=True)", "return_counts=True)\n    counts = np.ones_like(counts)"),
+        ),
+        # Off by one in the bucket count: one bucket fewer than asked.
+        "one_bucket_short": mutate(_EDGES, ("min(k, len(values))", "max(1, min(k - 1, len(values)))")),
+        # Ties to the largest edge list: the last index that reaches the least padding, not the first.
+        "ties_to_larger_edges": mutate(
+            _EDGES,
+            (
+                "j = first + int(np.argmax(padded[first] + rest[m - 1][first + 1 :] == rest[m][first]))",
+                "reaches = padded[first] + rest[m - 1][first + 1 :] == rest[m][first]\n"
+                "        j = first + len(reaches) - 1 - int(np.argmax(reaches[::-1]))",
+            ),
         ),
     },
     "sliding_windows": {
@@ -88,19 +110,6 @@ ALTERNATIVES = {
         start, owned_from = start + window - overlap, end
 """,
     },
-    "assign_bucket": {
-        "doubling_loop": """
-def assign_bucket(length, max_length):
-    max_length = require_positive_int("max_length", max_length)
-    length = require_int("length", length, minimum=1)
-    if length > max_length:
-        raise ValueError(f"length {length} exceeds max_length = {max_length}")
-    bucket = 1
-    while bucket < length:
-        bucket *= 2
-    return min(bucket, max_length)
-""",
-    },
 }
 
 # A second review's wrong answers (some caught already, kept as different mistakes; the rest caught since).
@@ -112,31 +121,6 @@ MUTANTS["sliding_windows"].update(
         "plain_tuples": _windows().replace("[Window(*map(int, row))", "[tuple(map(int, row))"),
         # Starts at every stride below the length: trailing windows that own nothing (start inside the last one).
         "starts_up_to_length": _windows(starts="np.arange(0, length, stride, dtype=np.int64)", n_windows="None"),
-    }
-)
-MUTANTS["assign_bucket"].update(
-    {
-        # Checked by isinstance(int): a numpy length (np.int64 from a lengths array) is refused.
-        "numpy_integers_refused": """
-def assign_bucket(length, max_length):
-    for name, value in (("max_length", max_length), ("length", length)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    if length > max_length:
-        raise ValueError(f"length = {length} exceeds max_length = {max_length}")
-    return min(1 << (length - 1).bit_length(), max_length)
-""",
-        # The checks' return values discarded: a numpy max_length comes back as the (numpy) cap.
-        "checked_values_discarded": """
-def assign_bucket(length, max_length):
-    require_positive_int("max_length", max_length)
-    require_int("length", length, minimum=1)
-    if length > max_length:
-        raise ValueError(f"length = {length} exceeds max_length = {max_length}")
-    return min(1 << (int(length) - 1).bit_length(), max_length)
-""",
-        # Lengths above max_length "bucketed" at the next power of two instead of refused.
-        "too_long_gets_next_power": _bucket(too_long="False", bucket="1 << (length - 1).bit_length()"),
     }
 )
 MUTANTS["sliding_windows"].update(
@@ -159,53 +143,6 @@ ALTERNATIVES["sliding_windows"].update(
 )
 
 # A third review's correct answers, in other styles students use.
-ALTERNATIVES["assign_bucket"].update(
-    {
-        # 2 ** bit_length, length checked before max_length, its own message for a document that is too long.
-        "power_of_bit_length_length_first": """
-from course_lib._checks import require_int, require_positive_int
-
-
-def assign_bucket(length, max_length):
-    length = require_int("length", length, minimum=1)
-    max_length = require_positive_int("max_length", max_length)
-    if length > max_length:
-        raise ValueError(f"length {length} does not fit max_length {max_length}: cut it into windows")
-    bucket = 2 ** (length - 1).bit_length()
-    return bucket if bucket < max_length else max_length
-""",
-        # An exact power of two tested with length & (length - 1); otherwise the next power above.
-        "power_of_two_test": """
-from course_lib._checks import require_int, require_positive_int
-
-
-def assign_bucket(length, max_length):
-    max_length = require_positive_int("max_length", max_length)
-    length = require_int("length", length, minimum=1)
-    if length > max_length:
-        raise ValueError("length must not exceed max_length")
-    if length & (length - 1) == 0:
-        bucket = length
-    else:
-        bucket = 1 << length.bit_length()
-    return min(bucket, max_length)
-""",
-        # The binary string's length as the bit length.
-        "bin_string": """
-from course_lib._checks import require_int, require_positive_int
-
-
-def assign_bucket(length, max_length):
-    max_length = require_positive_int("max_length", max_length)
-    length = require_int("length", length, minimum=1)
-    if length > max_length:
-        raise ValueError(f"length = {length} > max_length = {max_length}")
-    if length == 1:
-        return 1
-    return min(1 << len(bin(length - 1)[2:]), max_length)
-""",
-    }
-)
 ALTERNATIVES["sliding_windows"].update(
     {
         # Pure Python: divmod for the ceiling, a list of starts and ends, the owned start from the previous end.
@@ -276,17 +213,6 @@ def sliding_windows(length, window=256, overlap=64):
 # answer that refuses them is wrong by the text.
 for (_todo, _name), _source in {
     # isinstance(x, int): a numpy integer length (read from an array of lengths) is refused.
-    ("assign_bucket", "numpy_integers_refused"): """
-def assign_bucket(length, max_length):
-    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
-        raise ValueError(f"max_length must be a positive integer, got {max_length!r}")
-    if isinstance(length, bool) or not isinstance(length, int) or length < 1:
-        raise ValueError(f"length must be an integer >= 1, got {length!r}")
-    if length > max_length:
-        raise ValueError("length exceeds max_length")
-    return min(1 << (length - 1).bit_length(), max_length)
-""",
-    # isinstance(x, int): a numpy integer length, window or overlap is refused.
     ("sliding_windows", "numpy_integers_refused"): """
 def sliding_windows(length, window=256, overlap=64):
     for name, value, low in (("length", length, 1), ("window", window, 1), ("overlap", overlap, 0)):
