@@ -54,7 +54,7 @@ def _printed(sources: list[str], namespace: dict | None = None) -> str:
 
 def test_chapter4_shows_the_targets_a_packed_shift_takes_from_another_document(tmp_path):
     code, prose = _chapter("04_microbatches_and_loss", tmp_path)
-    assert "model = tiny_qwen2(seed=0)\n" in _cell(code, "def accumulate(")  # the model the cell below is given
+    assert "model = tiny_qwen2(seed=0)\n" in _cell(code, "def accumulate_local(")  # the model the cell below is given
     printed = _printed(
         [code[0], _cell(code, "chats = corpus_chats("), _cell(code, "documents = ")], {"model": cl.tiny_qwen2(seed=0)}
     )
@@ -69,6 +69,129 @@ def test_chapter4_shows_the_targets_a_packed_shift_takes_from_another_document(t
     assert float(counted.group(6)) < 1e-5
     assert f"The plain shift counts {crossing} targets whose context is another document" in prose
     assert "its document run alone to below $10^{-5}$ nats" in prose
+
+
+def test_chapter4_prose_quotes_what_its_cells_print(tmp_path):
+    """Chapter 4's sections 1, 4 and 5 quote the fixed-count plan's microbatch sizes, the per-token weights of the
+    split by supervised tokens, and the accumulated gradients' errors: each number is one the cells print."""
+    code, prose = _chapter("04_microbatches_and_loss", tmp_path)
+    markers = [
+        "fixed_random = fixed_count_batches(",
+        "chats = corpus_chats(",
+        "def token_budget_batches(",
+        "def aggregate_loss(",
+        "sorted_split = ",
+        "def accumulate_local(",
+        "def accumulate_step(",
+        "agreement = {}",
+    ]
+    printed = _printed([code[0]] + [_cell(code, marker) for marker in markers])
+    median, count, largest = re.search(
+        r"median microbatch ([\d,]*\d) padded tokens; (\d+) microbatches of ([\d,]*\d)", printed
+    ).groups()
+    at_clamp = re.search(r"longest 65,536 \((\d+) trajectories sit at that clamp\)", printed).group(1)
+    assert count == at_clamp  # one microbatch per clamped trajectory
+    ratio = int(largest.replace(",", "")) / int(median.replace(",", ""))
+    assert (
+        f"The median microbatch computes {median} positions; each of the {count} microbatches that drew one of the "
+        f"{at_clamp} trajectories at the 64k clamp computes 8 × 65,536 = {largest}, {ratio:.1f} times as many"
+    ) in " ".join(prose.split())
+    tokens, weights = re.search(
+        r"supervised tokens per microbatch \[([\d, ]+)\] \| per-token weight vs correct \[([\d., ]+)\]", printed
+    ).groups()
+    tokens, weights = tokens.split(", "), weights.split(", ")
+    factor = re.search(r"shortest over longest: (\S+)x", printed).group(1)
+    flat = " ".join(prose.split())
+    assert (
+        f"A token of the microbatch with {tokens[0]} supervised tokens weighs {weights[0]} times what it should, one "
+        f"of the microbatch with {tokens[-1]} only {weights[-1]} times: a factor of {factor} between them"
+    ) in flat
+    assert f"(section 4's split: {', '.join(weights)})" in flat
+    errors = {
+        (split.strip(), method.strip()): (float(error), float(cosine))
+        for split, method, error, cosine in re.findall(
+            r"^(random|sorted by tokens|token budget 640) +(token mean / K|accumulate_step) +\|.*relative error "
+            r"(\S+) \| cosine (\S+)$",
+            printed,
+            flags=re.MULTILINE,
+        )
+    }
+    assert len(errors) == 6, printed
+    assert all(
+        errors[split, "accumulate_step"][0] < 1e-6 for split in ("random", "sorted by tokens", "token budget 640")
+    )
+    assert "every split reproduces the full-batch gradient to about $10^{-7}$" in flat
+    assert (
+        errors["random", "token mean / K"][0] > 0.10 and 0.30 < errors["sorted by tokens", "token mean / K"][0] < 0.37
+    )
+    assert errors["token budget 640", "token mean / K"][0] > 0.5
+    assert round(errors["token budget 640", "token mean / K"][1], 2) == 0.88
+    assert (
+        "even the random split is off by more than 10%, the split by supervised tokens by about a third, and the "
+        "token-budget plan by more than half, with a cosine near 0.88"
+    ) in flat
+    last = re.search(
+        r"token budget 640 token mean / K +\| supervised tokens per microbatch \[[\d, ]+, (\d+)\]", printed
+    )
+    assert f"its {last.group(1)} tokens get a whole microbatch's say" in flat
+
+
+def test_chapter1_shows_the_verdict_that_flips_at_a_gate(tmp_path):
+    """Chapter 1 §5 says the audit's one reserved token turns a cut into an overflow right at a gate: its output
+    shows one sample at one window where the audit refuses the cut (loss just over 0.25) and the policy makes it."""
+    code, prose = _chapter("01_length_ledger", tmp_path)
+    upto = code.index(_cell(code, "gate_index = next(")) + 1
+    printed = _printed([source for source in code[:upto] if "### BEGIN HIDDEN TESTS" not in source])
+    lines = re.findall(
+        r"^(chat-\d+) at a window of (\d+): (audit|policy)\s+(\w+)\s+keeps (\d+) of (\d+) supervised tokens, "
+        r"loss ratio (\S+) \(gate 0.25\)$",
+        printed,
+        flags=re.MULTILINE,
+    )
+    assert [line[2] for line in lines] == ["audit", "policy"], printed
+    (name, window, _, audit, audit_kept, supervised, audit_ratio), (*same, policy, policy_kept, _, policy_ratio) = lines
+    assert same == [name, window, "policy"]
+    assert (audit, audit_kept, policy) == ("overflow", "0", "truncate")
+    assert float(policy_ratio) <= 0.25 < float(audit_ratio)
+    assert int(policy_kept) == int(supervised) - int(supervised) // 4  # loss at most a quarter, one token from it
+    assert (
+        "The audit refuses the cut (its loss ratio is just above 0.25 and its record keeps 0), the policy makes it"
+        in (prose)
+    )
+
+
+def test_chapter3_gpu_section_quotes_the_h200_record():
+    """Chapter 3 §9 states one committed H200 record as dated facts: every number it quotes is in that record."""
+    record = json.loads(
+        (
+            build.NOTEBOOKS_DIR.parent
+            / "benchmarks/results/pt_long_context/pt-long-context_chapter03-20261130-152311.json"
+        ).read_text()
+    )
+    prose = (build.NOTEBOOKS_DIR / "chapters" / "03_packing.py").read_text(encoding="utf-8")
+    section = " ".join(
+        line.lstrip("# ").strip() for line in prose.split("## 9. On a GPU")[1].split("# %%")[0].splitlines()
+    )
+    measured = record["measurements"]
+    rows = {(1, row["candidate"]): row for row in measured["packing_comparison"]}
+    rows |= {(row["scale"], row["candidate"]): row for row in measured["packing_scale"] + measured["varlen_packing"]}
+    layouts = ("padding", "boundary_isolated_packing", "boundary_isolated_packing_varlen")
+    for scale in (1, 32):
+        steps = [f"{rows[scale, layout]['median_step_ms']:.1f}" for layout in layouts]
+        busy = [rows[scale, layout]["device_profile"]["busy_ms"] for layout in layouts]
+        tokens = (
+            rows[scale, "padding"]["processed_tokens"],
+            rows[scale, "boundary_isolated_packing"]["processed_tokens"],
+        )
+        assert all(f"{value} ms" in section or f"{value}," in section for value in steps), (scale, steps)
+        assert all(f"{round(value, 2):g}" in section for value in busy), (scale, busy)
+        assert all(f"{value:,}" in section or str(value) in section for value in tokens), (scale, tokens)
+    operations = [rows[1, layout]["device_profile"]["operations"] for layout in layouts]
+    assert ", ".join(f"{value:,}" for value in operations[:2]) + f" and {operations[2]:,} operations" in section
+    assert "2026-11-30" in section and record["created_at"].startswith("2026-11-30")
+    assert record["hardware"]["gpu_name"] == "NVIDIA H200" and "NVIDIA H200" in section
+    assert f"torch {record['framework']['torch']}, transformers {record['framework']['transformers']}" in section
+    assert all(value is True for group in record["checks"].values() for value in group.values())  # "Every check passed"
 
 
 def test_chapter5_entropy_section_prints_what_its_prose_quotes(tmp_path):
@@ -116,7 +239,12 @@ def test_the_new_sections_stay_ungraded(name):
     source = (build.NOTEBOOKS_DIR / "chapters" / f"{name}.py").read_text(encoding="utf-8")
     todos = re.findall(r'"grade_id": "todo_(\w+)"', source)
     assert {
-        "04_microbatches_and_loss": ["token_budget_batches", "packed_token_budget_batches", "aggregate_loss"],
+        "04_microbatches_and_loss": [
+            "token_budget_batches",
+            "packed_token_budget_batches",
+            "aggregate_loss",
+            "accumulate_step",
+        ],
         "05_logit_memory": ["checkpointed_log_probs", "largest_chunk_for_1gb"],
     }[name] == todos
 

@@ -195,3 +195,134 @@ def test_benchmark_default_results_dir_is_relative_to_the_working_directory():
     from course_lib.lab.gpu.records import DEFAULT_RESULTS_DIR
 
     assert not DEFAULT_RESULTS_DIR.is_absolute() and DEFAULT_RESULTS_DIR.as_posix() == "benchmarks/results"
+
+
+# ---- leaks: `leak_report` against a brute-force reference and the library's own comparison ----
+
+
+def _leak_setup():
+    import course_lib as cl
+
+    model = cl.tiny_qwen2(seed=0)
+    generator = torch.Generator().manual_seed(7)
+    sequences = [torch.randint(3, 2000, (n,), generator=generator) for n in (9, 7, 5, 4, 1, 6)]
+    return cl, model, sequences, cl.pack_sequences(sequences, 16)
+
+
+def _brute_force_leak_report(forward_fn, packed, sequences, tol):
+    """Token by token in plain Python: each prediction inside a sample, packed and alone, compared one at a time."""
+    logits = forward_fn(packed["ids"], packed["position_ids"], packed["segment_ids"])
+    largest = []
+    for index, sample in enumerate(sequences):
+        row_number = next(r for r, row in enumerate(packed["rows"]) if index in row)
+        segment = packed["rows"][row_number].index(index)
+        columns = [c for c in range(packed["ids"].shape[1]) if int(packed["segment_ids"][row_number, c]) == segment]
+        n = len(sample)
+        alone = forward_fn(sample[None], torch.arange(n)[None], torch.zeros(1, n, dtype=torch.long))[0]
+        gaps = [0.0]
+        for t in range(n - 1):
+            target = int(sample[t + 1])
+            packed_logp = torch.log_softmax(logits[row_number, columns[t]].double(), -1)[target]
+            alone_logp = torch.log_softmax(alone[t].double(), -1)[target]
+            gaps.append(abs(float(packed_logp - alone_logp)))
+        largest.append(max(gaps))
+    return largest, [i for i, gap in enumerate(largest) if gap > tol]
+
+
+def _forwards(cl, model):
+    def packed_mode(mode):
+        return lambda ids, positions, segments: cl.packed_logits(model, ids, positions, segments, mode=mode)
+
+    def running(ids):
+        return torch.arange(ids.shape[1]).expand_as(ids)
+
+    return {  # name -> (forward, leaks?)
+        "block mask": (packed_mode("block_mask"), False),
+        "position_ids, no cache": (packed_mode("position_ids"), False),
+        "block mask, running positions": (
+            lambda ids, p, segments: cl.packed_logits(model, ids, running(ids), segments, mode="block_mask"),
+            False,
+        ),
+        "causal mask": (packed_mode("causal"), True),
+        "all-ones 2-D mask": (
+            lambda ids, p, s: model(input_ids=ids, position_ids=p, attention_mask=torch.ones_like(ids)).logits,
+            True,
+        ),
+        "running position_ids": (
+            lambda ids, p, s: model(input_ids=ids, position_ids=running(ids), use_cache=False).logits,
+            True,
+        ),
+        "use_cache=True": (lambda ids, p, s: model(input_ids=ids, position_ids=p, use_cache=True).logits, True),
+    }
+
+
+def test_leak_report_equals_brute_force_and_flags_exactly_the_samples_after_a_row_start():
+    cl, model, sequences, packed = _leak_setup()
+    later_in_a_row = sorted(index for row in packed["rows"] for index in row[1:] if len(sequences[index]) > 1)
+    assert later_in_a_row  # the packing puts a multi-token sample after another one
+    for name, (forward, leaks) in _forwards(cl, model).items():
+        with torch.no_grad():
+            report = cl.leak_report(forward, packed, sequences)
+            largest, leaky = _brute_force_leak_report(forward, packed, sequences, 1e-4)
+        assert report["leaky_samples"] == leaky == (later_in_a_row if leaks else []), name
+        assert all(type(gap) is float for gap in report["max_abs_diff"]), name
+        assert report["max_abs_diff"] == pytest.approx(largest, abs=1e-5), name
+
+
+def test_leak_report_agrees_with_compare_packed_with_alone():
+    cl, model, sequences, packed = _leak_setup()
+    for mode in ("causal", "block_mask"):
+        report = cl.leak_report(
+            lambda ids, positions, segments, mode=mode: cl.packed_logits(model, ids, positions, segments, mode=mode),
+            packed,
+            sequences,
+        )
+        assert max(report["max_abs_diff"]) == pytest.approx(
+            cl.compare_packed_with_alone(model, packed, sequences, mode=mode), abs=1e-6
+        )
+
+
+def test_leak_report_tolerance_decides_the_verdict():
+    cl, model, sequences, packed = _leak_setup()
+    forward = _forwards(cl, model)["causal mask"][0]
+    report = cl.leak_report(forward, packed, sequences)
+    smallest_leak = min(report["max_abs_diff"][index] for index in report["leaky_samples"])
+    assert cl.leak_report(forward, packed, sequences, smallest_leak)["leaky_samples"] == [
+        index for index in report["leaky_samples"] if report["max_abs_diff"][index] > smallest_leak
+    ]
+    assert cl.leak_report(forward, packed, sequences, 0.0)["leaky_samples"] == [
+        index for index, gap in enumerate(report["max_abs_diff"]) if gap > 0.0
+    ]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "not callable",
+        "no rows",
+        "float ids",
+        "fewer sequences",
+        "other ids",
+        "negative tol",
+        "nan tol",
+        "bool tol",
+    ],
+)
+def test_leak_report_refuses_bad_input(bad):
+    cl, model, sequences, packed = _leak_setup()
+    forward = _forwards(cl, model)["block mask"][0]
+    args = {"forward_fn": forward, "packed": dict(packed), "sequences": list(sequences), "tol": 1e-4}
+    if bad == "not callable":
+        args["forward_fn"] = model.config
+    elif bad == "no rows":
+        del args["packed"]["rows"]
+    elif bad == "float ids":
+        args["packed"]["ids"] = packed["ids"].float()
+    elif bad == "fewer sequences":
+        args["sequences"] = sequences[:-1]
+    elif bad == "other ids":
+        args["sequences"][2] = sequences[2] + 1
+    else:
+        args["tol"] = {"negative tol": -1e-3, "nan tol": float("nan"), "bool tol": True}[bad]
+    with pytest.raises(ValueError):
+        cl.leak_report(**args)

@@ -43,6 +43,11 @@ CALLS = {
     "pack_sample_lengths": lambda: cl.pack_sample_lengths([3, 2, 1], 4),
     "packing_suitability": lambda: cl.packing_suitability([3, 2, 1], 4),
     "build_boundary_isolated_packing": lambda: cl.build_boundary_isolated_packing(_samples()),
+    "leak_report": lambda: cl.leak_report(
+        lambda ids, positions, segments: cl.packed_logits(cl.tiny_qwen2(), ids, positions, segments),
+        cl.pack_sequences([[1, 2, 3], [4, 5]], 6),
+        [[1, 2, 3], [4, 5]],
+    ),
     "varlen_metadata": lambda: cl.varlen_metadata([3, 2, 1]),
     "pack_sequences": lambda: cl.pack_sequences(
         [{"ids": [1, 2, 3], "action_mask": [1, 1]}, {"ids": [4, 5], "action_mask": [1]}], 4
@@ -64,10 +69,21 @@ CALLS = {
         preflight.load_profile("PT-CPU"), preflight.probe_environment()
     ),
     "gradient_agreement": lambda: lab.gradient_agreement(torch.ones(3), torch.ones(3)),
+    "step_on_ranks": lambda: lab.step_on_ranks(
+        cl.accumulate_step, cl.tiny_qwen2(), lab.synthetic_supervised_batch(n_rows=2), [[[0]], [[1]]], 60.0
+    ),
     "logit_memory_table": lambda: lab.logit_memory_table(),
     "compare_padding_and_packing": lambda: lab.compare_padding_and_packing(
         {"effective_supervised_tokens": 10, "median_step_ms": 4.0},
         {"effective_supervised_tokens": 10, "median_step_ms": 2.0},
+    ),
+    "packed_row_checks": lambda: lab.packed_row_checks(
+        {
+            "position_ids": torch.tensor([[0, 1, 0]]),
+            "labels": torch.tensor([[-100, 5, -100]]),
+            "attention_mask": torch.zeros(1, 1, 3, 3),
+        },
+        [2, 1],
     ),
 }
 
