@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 PROFILE ?= PT-CPU
 TORCH_PIN := torch==2.13.0
 
-.PHONY: venv demo doctest test test-all test-lower-bounds lint clean
+.PHONY: venv demo doctest test test-all test-browser test-lower-bounds lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,10 +29,21 @@ doctest: venv
 	$(BIN)/python -m pytest -q -p no:cacheprovider --doctest-modules course_lib
 
 test: lint doctest
-	$(BIN)/python -m pytest -q -n 2 -m "not slow"
+	$(BIN)/python -m pytest -q -n 2 -m "not slow and not browser"
 
 test-all: lint doctest
-	$(BIN)/python -m pytest -q -n 2 --durations=25
+	$(BIN)/python -m pytest -q -n 2 -m "not browser" --durations=25
+
+# Real-browser tests (tests/browser/, marked `browser`, which no other target runs): a student in JupyterLab and an
+# instructor in formgrader, in headless chromium. Needs Debian's `chromium` (apt-get install chromium; .ci/run installs
+# it); playwright comes from environments/browser-requirements.txt and downloads no browser. Screenshots of each step:
+# build/browser/. Servers and kernels run one at a time, so no -n.
+$(VENV)/.browser-installed: $(VENV)/.installed environments/browser-requirements.txt
+	$(BIN)/pip install -q -r environments/browser-requirements.txt
+	touch $@
+
+test-browser: $(VENV)/.browser-installed
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m browser tests/browser --durations=10
 
 # The oldest declared versions (environments/lower-bounds.txt): the library tests, then every chapter's instructor
 # notebook (solutions and hidden tests) run cell by cell. The notebooks are built in .venv (nbformat, nbgrader);
@@ -44,7 +55,7 @@ LIBRARY_TESTS := --ignore=tests/test_notebooks.py --ignore=tests/test_autograde.
 	--ignore=tests/test_course_cli.py --ignore=tests/test_grade_robustness.py --ignore=tests/test_packaging.py \
 	--ignore=tests/test_run_notebook.py --ignore=tests/test_gpu_suite.py --ignore=tests/test_mutation_survey.py \
 	--ignore=tests/test_sandbox.py --ignore=tests/test_hostile_submissions.py --ignore=tests/test_feedback_safety.py \
-	--ignore=tests/test_chapter_numbers.py
+	--ignore=tests/test_chapter_numbers.py --ignore=tests/browser
 
 test-lower-bounds: venv
 	test -x $(LOWER)/bin/python || $(PYTHON) -m venv $(LOWER)
