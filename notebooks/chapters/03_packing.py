@@ -398,6 +398,34 @@ for ax in (left, right):
 plt.show()
 
 # %% [markdown]
+# ### Your derivation: how much a causal mask leaks (推导：因果掩码泄漏多少)
+#
+# A row packs three samples of **512, 300 and 200 tokens**, in that order, with no padding. How many
+# (query, key) pairs does a causal mask over the whole row allow that the block-causal mask forbids? Count the red
+# pairs of the figure above for this row, by reasoning rather than by building the mask, and bind the number to
+# `leaking_pairs` below (an int; an expression counts too).
+
+# %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_leaking_pairs", "locked": false, "schema_version": 3}
+### BEGIN SOLUTION
+leaking_pairs = 512 * 300 + 512 * 200 + 300 * 200  # each query sees every key of every sample packed before it
+### END SOLUTION
+
+# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_leaking_pairs", "locked": true, "points": 2, "schema_version": 3}
+from course_lib import grading
+
+assert leaking_pairs is not ..., "answer in the cell above: replace the ... with your number"
+assert isinstance(leaking_pairs, int) and not isinstance(leaking_pairs, bool), (
+    f"a number of (query, key) pairs is a whole number (an int), got {leaking_pairs!r}"
+)
+### BEGIN HIDDEN TESTS
+# the pairs counted on the two masks themselves, built from the row's sample ids
+_t_ids = torch.repeat_interleave(torch.arange(3), torch.tensor([512, 300, 200]))  # [1012]
+_t_causal = torch.ones(1012, 1012, dtype=torch.bool).tril()
+_t_block = _t_causal & (_t_ids[:, None] == _t_ids[None, :])
+grading.assert_answer(leaking_pairs, "leaking_pairs", int((_t_causal & ~_t_block).sum()))
+### END HIDDEN TESTS
+
+# %% [markdown]
 # ## 5. Evidence on `tiny_qwen2`: packed must equal alone (打包与单独计算一致; Agent RL §14.1's three variants)
 #
 # A mask that "looks right" proves little. The test that matters compares log-probabilities: every token of

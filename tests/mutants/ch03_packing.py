@@ -268,3 +268,21 @@ def leak_report(forward_fn, packed, sequences, tol=1e-4):
     return {"max_abs_diff": ordered, "leaky_samples": [i for i in range(len(samples)) if ordered[i] > tol]}
 """,
 }
+
+MUTANTS["leaking_pairs"] = {
+    # both directions counted, as if a sample also saw the samples packed after it
+    "both_directions": "leaking_pairs = 2 * (512 * 300 + 512 * 200 + 300 * 200)\n",
+    # only neighbouring samples leak into each other
+    "neighbours_only": "leaking_pairs = 512 * 300 + 300 * 200\n",
+    # every causal pair of the row, the samples' own triangles included
+    "all_causal_pairs": "leaking_pairs = 1012 * 1013 // 2\n",
+    # the first sample's leak only, into the two after it
+    "first_sample_only": "leaking_pairs = 512 * (300 + 200)\n",
+    # the whole square outside the samples' own blocks, above the diagonal too
+    "square_minus_blocks": "leaking_pairs = 1012**2 - (512**2 + 300**2 + 200**2)\n",
+}
+ALTERNATIVES["leaking_pairs"] = {
+    "literal": "leaking_pairs = 316000\n",
+    # the causal pairs of the row minus each sample's own triangle
+    "triangles": "leaking_pairs = sum(range(1, 1013)) - sum(sum(range(1, n + 1)) for n in (512, 300, 200))\n",
+}
