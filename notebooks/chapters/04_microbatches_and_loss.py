@@ -1149,15 +1149,41 @@ print(f"kept {int(kept.sum())} targets | largest |packed - alone| loss {(losses[
 # balanced partition (section 3) and agree on $\max_r K_r$ microbatches per step; (b) pad short ranks with an
 # empty microbatch, whose loss under `mode="constant"` is exactly 0 (under `token_mean` it is undefined).
 # *Recommendation:* (a), with (b) for the remainder, and log the per-rank token counts.
+
+# %% [markdown]
+# ### Your derivation: a token's weight across ranks (推导：跨 rank 的 token 权重)
 #
+# (Agent RL §14, exercise 3, with numbers.) Two data-parallel ranks each run **two microbatches**: rank 0's hold 10
+# and 30 supervised tokens, rank 1's hold 20 and 40 ($N = 100$). Each rank takes every microbatch's `token_mean`
+# and averages them over its microbatches, then DDP averages the two ranks' gradients. By what factor is a token of
+# the **10-token microbatch** weighted relative to the $1/N$ that the full-batch token mean gives it? Bind the factor
+# to `microbatch_token_weight` below (a number; 1.0 would mean no distortion).
+
+# %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_microbatch_token_weight", "locked": false, "schema_version": 3}
+### BEGIN SOLUTION
+microbatch_token_weight = 100 / (2 * 2 * 10)  # weight 1 / (R K n) against 1 / N
+### END SOLUTION
+
+# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_microbatch_token_weight", "locked": true, "points": 2, "schema_version": 3}
+from course_lib import grading
+
+assert microbatch_token_weight is not ..., "answer in the cell above: replace the ... with your number"
+### BEGIN HIDDEN TESTS
+# DDP's average of per-rank averages over equally many microbatches: one average over all R K microbatches
+grading.assert_answer(
+    microbatch_token_weight, "microbatch_token_weight", per_token_weight_distortion([10, 30, 20, 40])[0], rtol=1e-6
+)
+### END HIDDEN TESTS
+
+# %% [markdown]
 # ## 9. Exercises
 #
 # 1. (Agent RL §14, exercise 2.) Your packed scheduler needs 49 microbatches at 128k where first-fit decreasing needs
 #    46. Compute, for both plans, the attention cost $\sum_{i \in b} T_i^2$ of every microbatch. Which plan keeps
 #    that cost more even across microbatches, and why does that matter for the step time?
-# 2. (Agent RL §14, exercise 3.) With $R$ ranks and $K$ microbatches per rank, derive a token's weight under
-#    per-microbatch `token_mean` followed by DDP's average of the gradients. Show that global normalization needs
-#    only one scalar all-reduce before `backward`, and check it with `data_parallel_gradients` on 4 ranks.
+# 2. Generalise your `microbatch_token_weight` (above): with $R$ ranks and $K$ microbatches per rank, write a
+#    token's weight under per-microbatch `token_mean` followed by DDP's average, and check it with
+#    `data_parallel_gradients` on 4 ranks.
 # 3. Copy your `accumulate_step` and replace the global count by a constant fixed in advance, 640 (the token budget).
 #    Measure the cosine and the norm ratio against the full-batch gradient. What does SGD see, and what does Adam see?
 # 4. Sweep the budget from 65,536 to 262,144 on Agent RL §14's lengths: microbatch count, padding ratio and largest

@@ -530,3 +530,20 @@ def accumulate_step(model, batch, microbatches, group=None):
     return total
 """,
 }
+
+MUTANTS["microbatch_token_weight"] = {
+    # DDP's average over the ranks forgotten: 1 / (K n) against 1 / N
+    "no_average_over_ranks": "microbatch_token_weight = 100 / (2 * 10)\n",
+    # the rank's mean over its own tokens, not over microbatches: 1 / (R n_rank)
+    "per_rank_token_mean": "microbatch_token_weight = 100 / (2 * (10 + 30))\n",
+    # upside down: the correct weight over the distorted one
+    "inverted": "microbatch_token_weight = (2 * 2 * 10) / 100\n",
+    # the microbatch's share of the batch, without the averaging
+    "count_ratio_only": "microbatch_token_weight = 100 / 10\n",
+    # the weight itself, not relative to 1 / N
+    "absolute_weight": "microbatch_token_weight = 1 / (2 * 2 * 10)\n",
+}
+ALTERNATIVES["microbatch_token_weight"] = {
+    "literal": "microbatch_token_weight = 2.5\n",
+    "fraction": "from fractions import Fraction\n\nmicrobatch_token_weight = float(Fraction(100, 40))\n",
+}
