@@ -290,7 +290,8 @@ def test_a_graded_test_cell_keeps_its_names_to_itself():
     )
     student = "def counts(items):\n    return len(items)\n\n\ndef count_them(items):\n    return counts(items)\n"
     wrapped = build.keep_test_names_local(cell)
-    assert wrapped.startswith(f"def {build.TEST_FUNCTION}():") and wrapped.endswith(f"\n{build.TEST_FUNCTION}()")
+    assert wrapped.startswith(f"{build.LOCKED_TEST_NOTE}\ndef {build.TEST_FUNCTION}():")  # the lock, said first
+    assert wrapped.endswith(f"\n{build.TEST_FUNCTION}()")
     assert "\n    ### BEGIN HIDDEN TESTS\n" in wrapped  # nbgrader finds its delimiters anywhere in a line
 
     at_top_level = {}
