@@ -157,6 +157,21 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
+def _join_gloo(rank: int, world_size: int, port: int, timeout_s: float) -> None:
+    """This process as `rank` of a gloo group on 127.0.0.1:`port`, one CPU thread (the ranks share the cores)."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    # use_libuv=0: torch's Windows builds before 2.7 have no libuv, yet their TCP store asked for it by default
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}?use_libuv=0",
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+
+
 def _data_parallel_worker(
     rank: int,
     world_size: int,
@@ -170,16 +185,8 @@ def _data_parallel_worker(
     """One data-parallel rank: per normalisation, its loss, backward, one all-reduce (SUM) of the flat gradient."""
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
     try:
-        # use_libuv=0: torch's Windows builds before 2.7 have no libuv, yet their TCP store asked for it by default
-        dist.init_process_group(
-            "gloo",
-            init_method=f"tcp://127.0.0.1:{port}?use_libuv=0",
-            rank=rank,
-            world_size=world_size,
-            timeout=datetime.timedelta(seconds=timeout_s),
-        )
+        _join_gloo(rank, world_size, port, timeout_s)
         gradients = {}
         for normalize in normalizations:
             if normalize == "global":  # the one scalar all-reduce, inside the step
@@ -306,15 +313,8 @@ def _step_worker(rank, world_size, port, timeout_s, results, step, model, batch,
     """One rank: step(model, batch, microbatches, group=its group) with its collectives logged; reports .grad [P]."""
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
     try:
-        dist.init_process_group(
-            "gloo",
-            init_method=f"tcp://127.0.0.1:{port}?use_libuv=0",
-            rank=rank,
-            world_size=world_size,
-            timeout=datetime.timedelta(seconds=timeout_s),
-        )
+        _join_gloo(rank, world_size, port, timeout_s)
         group = dist.group.WORLD
         for ranks in groups:  # every rank creates every group, in the same order, as new_group requires
             created = dist.new_group(list(ranks))
