@@ -42,7 +42,7 @@ GOOD = {
 }
 
 
-def test_seed_length_curriculum_stage_decision():
+def test_lcft_length_curriculum_stage_decision():
     baseline = {"long_context_score": 0.56, "short_context_score": 0.82, "supervised_tokens_per_optimizer_step": 8192}
     limits = {
         "min_long_context_gain": 0.04,
@@ -256,14 +256,14 @@ def test_variance_sampler_without_replacement_is_deterministic():
     assert variance_weighted_sample(["a", "b"], torch.tensor([0.5, 0.0]), 1) == ["a"]  # a tensor is a sequence
 
 
-def test_all_pass_probability_seed_fact():
+def test_all_pass_probability_agent_rl_fact():
     """Agent RL §14.5: with G = 8 and a true pass rate of 0.9, a group is all-pass with probability 0.43."""
     assert round(zero_advantage_probability(0.9, 8), 2) == 0.43  # all-pass 0.9^8 = 0.430, all-fail 1e-8
     assert zero_advantage_probability(0.9, 8) == pytest.approx(0.9**8 + 0.1**8)
     assert zero_advantage_probability(0.5, 1) == 1.0  # one rollout never has a spread
 
 
-def test_simulator_without_filter_matches_seed_episode_counts():
+def test_simulator_without_filter_matches_agent_rl_episode_counts():
     """low=-1, high=2: every task passes the filter; 8 tasks x 8 rollouts = 64 episodes a step (1280 per 20)."""
     out = simulate_pass_rate_filter(torch.linspace(0.05, 0.95, 20), 8, 60, -1.0, 2.0, revisit=1, seed=0)
     assert out["episodes_per_step"] == [64] * 60 and out["pool_size"] == [20] * 60

@@ -37,8 +37,8 @@ def test_every_committed_result_is_a_valid_real_gpu_record(committed):
 
 
 @pytest.mark.parametrize("label", ["h200-2026-11-29", "chapter05-20261130-152538"])
-def test_logit_memory_reproduces_seed_003_table(committed, label):
-    """Seed 003 §14.3: full 7.5 / chunked 3.7 / recompute 2.2 GB at T=4096; 29.9 / 11.2 / 2.2 GB at T=16384."""
+def test_logit_memory_reproduces_agent_rl_table(committed, label):
+    """Agent RL §14.3: full 7.5 / chunked 3.7 / recompute 2.2 GB at T=4096; 29.9 / 11.2 / 2.2 GB at T=16384."""
     rows = committed["logit-memory", label]["measurements"]["log_prob_memory"]
     peaks = {(r["method"], r["tokens"]): round(r["peak_above_start_bytes"] / GB, 1) for r in rows}
     assert peaks == {
@@ -51,7 +51,7 @@ def test_logit_memory_reproduces_seed_003_table(committed, label):
     }
     assert all(r["max_abs_diff_vs_full"] == 0.0 for r in rows)
     full = {r["tokens"]: r["peak_above_start_bytes"] for r in rows if r["method"] == "full"}
-    # seed 003 and chapter 5: about 12 bytes per logit on the full path (bf16 logits, an fp32 copy, fp32 log-softmax)
+    # Agent RL §14.3 and chapter 5: about 12 bytes per logit on the full path (bf16 logits, fp32 copy, fp32 log-softmax)
     assert {tokens: round(peak / (tokens * 151_936)) for tokens, peak in full.items()} == {4096: 12, 16384: 12}
 
 
@@ -81,7 +81,7 @@ def test_pt_long_context_records_the_target_as_measured(committed, label):
     assert target["met"] is (ratio >= 1.3)
     curve = record["measurements"]["length_curve"]  # launch-bound: 4x the tokens, well under 2x the time
     assert curve[-1]["median_step_ms"] < 2 * curve[0]["median_step_ms"]
-    # chapter 9 §7: peak allocated 2.43-2.54 GiB in every run (the seed's 2.90 GiB is quoted as the seed's)
+    # chapter 9 §7: peak allocated 2.43-2.54 GiB in every run (LCFT's 2.90 GiB is quoted as LCFT's)
     peaks = [row["peak_allocated_bytes"] / 2**30 for row in curve + [padding, packing]]
     assert [round(peak, 2) for peak in peaks] == [2.43, 2.43, 2.54, 2.44, 2.44]
     assert record["model"]["source"] == "random_init_from_shipped_config"  # the chapter says so
@@ -115,7 +115,7 @@ def test_v9_runs_used_the_fused_kernel_and_kept_samples_apart(committed, label):
 
 def test_gpu_busy_time_repeats_where_the_clock_does_not(committed):
     """What benchmarks/README.md quotes from the three v9 runs on the H200: packing's speed-up by the clock at the
-    seed's size spread over 0.85-1.18x, while in GPU busy time it was 1.13-1.14x in every run; in busy time the block
+    LCFT's size spread over 0.85-1.18x, while in GPU busy time it was 1.13-1.14x in every run; in busy time the block
     mask peaks at x8 (1.33x) and falls as its [T, T] square grows, while varlen passes the token ratio (1.6x) from
     x16 and reaches 1.83x at x32."""
     runs = [_by_scale(committed["pt-long-context", label]) for label in V9_RUNS]
@@ -136,7 +136,7 @@ def test_gpu_busy_time_repeats_where_the_clock_does_not(committed):
 
 
 def test_varlen_targets_by_the_clock_and_their_busy_share(committed):
-    """What chapter 9 section 7 quotes: by the clock varlen reached 0.80, 0.83 and 0.91x padding at the seed's size
+    """What chapter 9 section 7 quotes: by the clock varlen reached 0.80, 0.83 and 0.91x padding at the LCFT's size
     and beat the block mask at x32 in two runs of three (1.34, 1.16, 0.99x); at x32 the GPU was busy 91-95% of the
     padding and block-mask steps but 58-76% of the varlen ones (95 ms of GPU work in 124-162 ms steps)."""
     records = [committed["pt-long-context", label] for label in V9_RUNS]

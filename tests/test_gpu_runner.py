@@ -1,5 +1,5 @@
 """The GPU benchmark runner on CPU: dry_run and cpu_smoke records are schema-valid, labels are never overwritten,
-failures become records, real_gpu refuses here at preflight, and the reader prints seed 000's §5.3 tables."""
+failures become records, real_gpu refuses here at preflight, and the reader prints LCFT's §5.3 tables."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def test_dry_run_records_the_plan(tmp_path, workload_id):
     assert stored["environment_profile"] == "PT-SFT-CUDA" and stored["model"]["source"] == "not_loaded"
 
 
-def test_dry_run_parameters_are_the_seeds():
+def test_dry_run_parameters_are_the_sources():
     long_context = WORKLOADS["pt-long-context"].parameters("dry_run")
     assert long_context["sequence_lengths"] == [128, 256, 512]
     assert long_context["packing_sample_lengths"] == [48, 96, 32, 64]
@@ -88,7 +88,7 @@ def test_cpu_smoke_is_valid_and_says_wiring_only(smoke, workload_id):
     )  # no GPU claim from a CPU run
 
 
-def test_cpu_smoke_packing_reproduces_seed_token_counts(smoke):
+def test_cpu_smoke_packing_reproduces_lcft_token_counts(smoke):
     record = smoke["pt-long-context"][1]
     padding, packing = record["measurements"]["packing_comparison"]
     assert (padding["processed_tokens"], packing["processed_tokens"]) == (384, 240)  # -37.5%
@@ -100,7 +100,7 @@ def test_cpu_smoke_packing_reproduces_seed_token_counts(smoke):
 
 
 def test_cpu_smoke_compiled_packing_computes_what_the_eager_model_does(smoke):
-    """Compiled decoder layers on the seed's pair: the eager workload's tokens and losses, and its boundary checks."""
+    """Compiled decoder layers on LCFT's pair: the eager workload's tokens and losses, and its boundary checks."""
     record = smoke["packing-compiled"][1]
     rows = record["measurements"]["compiled_packing"]
     eager = smoke["pt-long-context"][1]["measurements"]["packing_comparison"]  # same tiny model, seed and batches
@@ -296,7 +296,7 @@ def test_failure_becomes_a_record(tmp_path, capsys, factory, stage, error_type):
 
 
 def test_a_scale_that_does_not_fit_the_gpu_is_recorded_not_a_failure(tmp_path, monkeypatch):
-    """A 16 GB GPU holds the seed's pair but not padding at x16: the run keeps every row it measured, records the
+    """A 16 GB GPU holds LCFT's pair but not padding at x16: the run keeps every row it measured, records the
     scale that ran out of memory in each series, tries no larger one, and checks varlen against the scales it has."""
     from course_lib.lab.gpu.workloads import pt_long_context as workload
 
@@ -407,7 +407,7 @@ def test_timing_helpers_on_known_values():
         median_and_p95([])
 
 
-def test_report_prints_seed_tables_and_draws(smoke, tmp_path, capsys):
+def test_report_prints_lcft_tables_and_draws(smoke, tmp_path, capsys):
     records, errors = load_results([smoke["pt-long-context"][0].parent.parent])
     assert errors == [] and len(records) == len(WORKLOAD_IDS)
     text = format_record(smoke["pt-long-context"][1])
@@ -717,7 +717,7 @@ def test_logit_memory_full_path_out_of_memory_is_a_finding_not_a_crash(tmp_path,
 
 
 def test_microbatch_fixed_count_out_of_memory_is_a_finding_not_a_crash(tmp_path, monkeypatch):
-    """The fixed-count plan not fitting is seed 003's point: recorded as out_of_memory, the budget plan still runs."""
+    """The fixed-count plan not fitting is Agent RL §14.2's point: recorded as out_of_memory; the budget plan runs."""
     from course_lib.lab.gpu.workloads import microbatch_budget
 
     monkeypatch.setattr(
@@ -772,8 +772,8 @@ def test_format_run_says_what_a_notebook_needs_for_each_outcome(smoke, tmp_path)
     assert "varlen_speedup" in format_run(path, record) and "decision wiring_ok" in format_run(path, record)
 
 
-def test_memory_trend_allows_the_seeds_half_percent_of_allocator_noise():
-    """Seed 000 v4: a peak may dip up to 0.5% from one length to the next (allocator noise); more is a failure."""
+def test_memory_trend_allows_lcfts_half_percent_of_allocator_noise():
+    """LCFT: a peak may dip up to 0.5% from one length to the next (allocator noise); more is a failure."""
     from course_lib.lab.gpu.workloads.pt_long_context import _length_checks
 
     def rows(*peaks):

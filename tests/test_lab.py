@@ -1,5 +1,5 @@
 """The GPU lab's arithmetic: the padding-vs-packing token ledger equals the counts on real batches (the benchmark's
-and TRL's), effective throughput reproduces seed 000 §5.4, and incomparable candidates are refused."""
+and TRL's), effective throughput reproduces LCFT §5.4, and incomparable candidates are refused."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 
 from course_lib.lab.gpu.workloads import pt_long_context as workload  # noqa: E402
 
-SEED_LENGTHS = [48, 96, 32, 64]
+LCFT_LENGTHS = [48, 96, 32, 64]
 CPU = torch.device("cpu")
 
 
@@ -41,8 +41,8 @@ def _counted(batch: dict) -> tuple[int, int]:
     return batch["input_ids"].numel(), int(torch.as_tensor(batch["labels"])[..., 1:].ne(-100).sum())
 
 
-def test_seed_example():
-    ledger = padding_vs_packing_ledger(SEED_LENGTHS)
+def test_lcft_padding_vs_packing_example():
+    ledger = padding_vs_packing_ledger(LCFT_LENGTHS)
     assert (ledger["samples"], ledger["sample_tokens"]) == (4, 240)
     assert ledger["padding"] == {
         "processed_tokens": 384,
@@ -63,8 +63,8 @@ def test_seed_example():
 
 def test_unmasked_first_labels_supervise_across_boundaries():
     masked, unmasked = (
-        padding_vs_packing_ledger(SEED_LENGTHS),
-        padding_vs_packing_ledger(SEED_LENGTHS, mask_first_label=False),
+        padding_vs_packing_ledger(LCFT_LENGTHS),
+        padding_vs_packing_ledger(LCFT_LENGTHS, mask_first_label=False),
     )
     assert unmasked["padding"] == masked["padding"]  # each row's first label drops out of the shift by itself
     assert unmasked["packing"]["effective_supervised_tokens"] == 239
@@ -96,8 +96,8 @@ def test_ledger_equals_counts_on_the_benchmark_batches(lengths, mask_first_label
 def test_ledger_equals_trl_padding_free_collator():
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
-    samples = _samples(SEED_LENGTHS, mask_first_label=False)  # TRL masks the first labels itself
-    ledger = padding_vs_packing_ledger(SEED_LENGTHS)
+    samples = _samples(LCFT_LENGTHS, mask_first_label=False)  # TRL masks the first labels itself
+    ledger = padding_vs_packing_ledger(LCFT_LENGTHS)
     padded = DataCollatorForLanguageModeling(pad_token_id=0)(samples)
     packed = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)(samples)
     assert (
@@ -118,10 +118,10 @@ def test_ledger_rejects_bad_lengths(bad):
         padding_vs_packing_ledger(bad)
 
 
-def test_effective_tokens_per_second_and_the_seeds_rounding():
+def test_effective_tokens_per_second_and_lcfts_rounding():
     assert effective_tokens_per_second(236, 63.4) == pytest.approx(3722.397, abs=1e-3)
     assert effective_tokens_per_second(236, 48.8) == pytest.approx(4836.066, abs=1e-3)
-    # The seed's published 3724 / 4835 tokens/s come from unrounded step times that round to its 63.4 / 48.8 ms.
+    # LCFT's published 3724 / 4835 tokens/s come from unrounded step times that round to its 63.4 / 48.8 ms.
     assert (round(1000 * 236 / 3724, 1), round(1000 * 236 / 4835, 1)) == (63.4, 48.8)
     assert effective_tokens_per_second(0, 10.0) == 0.0
     for tokens, ms in ((236, 0.0), (236, -1.0), (-1, 10.0), (236, float("nan")), (2.5, 10.0)):
@@ -129,15 +129,15 @@ def test_effective_tokens_per_second_and_the_seeds_rounding():
             effective_tokens_per_second(tokens, ms)
 
 
-def test_compare_reads_the_seed():
+def test_compare_reads_lcfts_numbers():
     reading = compare_padding_and_packing(
         {"effective_supervised_tokens": 236, "median_step_ms": 63.4},
         {"effective_supervised_tokens": 236, "median_step_ms": 48.8},
     )
     assert reading["effective_supervised_tokens"] == 236
     assert round(reading["padding_tokens_per_second"]) == 3722 and round(reading["packing_tokens_per_second"]) == 4836
-    assert reading["throughput_ratio"] == pytest.approx(63.4 / 48.8)  # ~1.30x, the seed's "about 30%"
-    assert reading["step_time_reduction"] == pytest.approx(0.2303, abs=1e-4)  # the seed's "about 23%"
+    assert reading["throughput_ratio"] == pytest.approx(63.4 / 48.8)  # ~1.30x, LCFT's "about 30%"
+    assert reading["step_time_reduction"] == pytest.approx(0.2303, abs=1e-4)  # LCFT's "about 23%"
 
 
 @settings(max_examples=40, deadline=None)

@@ -25,7 +25,7 @@ from tests.conftest import CHAT
 # ---- LCFT, Step 1: the distribution summary ---------------------------------------------------------------
 
 
-def test_seed_example_verbatim():
+def test_lcft_example_verbatim():
     summary = summarize_length_distribution([64, 128, 300, 900], 128, 512)
     assert summary == {
         "count": 4,
@@ -41,7 +41,7 @@ def test_seed_example_verbatim():
     }
 
 
-def test_seed_invalid_inputs_raise():
+def test_lcft_invalid_inputs_raise():
     with pytest.raises(ValueError, match="lengths"):
         summarize_length_distribution([-1, 8], 16, 32)
     with pytest.raises(ValueError, match="long_threshold"):
@@ -134,7 +134,7 @@ def test_single_turn_chatml_by_hand(tokenizers):
 
 
 def _piecewise_total(tokenizer, messages):
-    """The mistake the seed warns about: tokenize template pieces and contents separately, then add."""
+    """The mistake LCFT warns about: tokenize template pieces and contents separately, then add."""
     pieces = []
     for message in messages:
         pieces += {

@@ -1,4 +1,4 @@
-"""Selected / chunked / checkpointed log-probs and the memory autograd keeps (seed 003 §14.3)."""
+"""Selected / chunked / checkpointed log-probs and the memory autograd keeps (Agent RL §14.3)."""
 
 from __future__ import annotations
 
@@ -253,10 +253,10 @@ def test_peak_cuda_memory_orders_the_three_paths():
     assert full >= 2 * cl.logit_bytes(8192, 8192) and recomputed * 4 < full
 
 
-# ---- the seed's arithmetic --------------------------------------------------------------------------
+# ---- Agent RL §14.3's arithmetic --------------------------------------------------------------------------
 
 
-def test_logit_memory_table_reproduces_seed_003():
+def test_logit_memory_table_reproduces_agent_rl():
     rows = cl.logit_memory_table()
     assert [row["model"] for row in rows] == ["Qwen3-0.6B", "Qwen3-8B", "Qwen3-32B"]
     assert [row["hidden_size"] for row in rows] == [1024, 4096, 5120]

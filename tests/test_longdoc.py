@@ -36,7 +36,7 @@ def seed_assign_bucket(doc_length, max_length):
 # --- buckets -------------------------------------------------------------------------------------------------
 
 
-def test_seed_buckets():
+def test_packing_article_buckets():
     """The Packing article's 2^n intervals: 1, 2, 3-4, 5-8, 9-16, ..., 4097-8192."""
     assert [assign_bucket(n, 8192) for n in (1, 2, 3, 4, 5, 8)] == [1, 2, 4, 4, 8, 8]
     assert {assign_bucket(n, 8192) for n in range(9, 17)} == {16}
@@ -46,7 +46,7 @@ def test_seed_buckets():
 
 @settings(deadline=None, max_examples=200)
 @given(st.integers(1, 1 << 20))
-def test_matches_seed_formula_where_float_is_exact(length):
+def test_matches_the_articles_formula_where_float_is_exact(length):
     assert assign_bucket(length, 1 << 20) == seed_assign_bucket(length, 1 << 20)
 
 
@@ -140,7 +140,7 @@ def test_the_three_readings_of_98_percent_content_utilization():
 # --- sliding windows --------------------------------------------------------------------------------------------
 
 
-def test_seed_window_shape_256_64():
+def test_packing_article_window_shape_256_64():
     windows = sliding_windows(600, 256, 64)
     assert windows == [Window(0, 256, 0, 256), Window(192, 448, 256, 448), Window(384, 600, 448, 600)]
     assert sliding_windows(200, 256, 64) == [Window(0, 200, 0, 200)]

@@ -136,7 +136,7 @@ def test_global_normalisation_is_exact_and_local_distorts_by_n_over_k_nk(rows, w
         torch.testing.assert_close(ratio, torch.full_like(ratio, factor), rtol=1e-12, atol=0)
 
 
-def test_per_token_weight_distortion_seed_003_length_sorted_split():
+def test_per_token_weight_distortion_agent_rl_length_sorted_split():
     tokens = [96, 112, 180, 355]
     assert [round(x, 2) for x in cl.per_token_weight_distortion(tokens)] == [1.93, 1.66, 1.03, 0.52]
     weights = cl.per_token_weight_distortion(tokens)

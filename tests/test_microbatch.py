@@ -28,7 +28,7 @@ BUDGET = 131_072
 
 
 def seed_teaching_token_budget(lengths, max_tokens, *, packed=False):
-    """Seed 003's list walk (padded), or its exercise-2 extension (packed): the reference."""
+    """Agent RL §14.2's list walk (padded), or its exercise-2 extension (packed): the reference."""
     order = sorted(range(len(lengths)), key=lambda i: -int(lengths[i]))
     batches, current = [], []
     for i in order:
@@ -48,7 +48,7 @@ def agent():
     return agent_trajectory_lengths(), agent_trajectory_order()
 
 
-def test_seed003_lengths_match_the_seed_generator(agent):
+def test_agent_rl_lengths_match_its_generator(agent):
     lengths, order = agent
     gen = torch.Generator().manual_seed(0)
     expected = (8192 * torch.exp(0.8 * torch.randn(512, generator=gen))).clamp(256, 65_536).long()
@@ -56,7 +56,7 @@ def test_seed003_lengths_match_the_seed_generator(agent):
     assert torch.equal(order, torch.randperm(512, generator=gen))
 
 
-def test_seed003_section_14_2_table(agent):
+def test_agent_rl_section_14_2_table(agent):
     lengths, order = agent
     plans = [
         ("8 per microbatch, random", fixed_count_batches(order, 8)),
@@ -71,7 +71,7 @@ def test_seed003_section_14_2_table(agent):
     ]
 
 
-def test_seed003_section_14_7_long_tail(agent):
+def test_agent_rl_section_14_7_long_tail(agent):
     lengths, order = agent
     longest = int(lengths.argmax())
     fixed = batch_containing(fixed_count_batches(order, 8), longest)
@@ -89,7 +89,7 @@ def test_seed003_section_14_7_long_tail(agent):
     ]
 
 
-def test_exercise_2_packed_budget_on_the_seed_lengths(agent):
+def test_exercise_2_packed_budget_on_agent_rl_lengths(agent):
     lengths, _ = agent
     batches = packed_token_budget_batches(lengths, BUDGET)
     summary = describe_microbatches(lengths, batches, packed=True)
@@ -111,10 +111,10 @@ def test_budget_batches_match_the_teaching_walk(lengths, extra, packed):
     assert sorted(i for batch in plan for i in batch) == list(range(len(lengths)))
 
 
-def _seed002_packing_sampler(lengths, max_length):
-    """Seed 002's PackingSampler.pack, its four steps as written: sort by length, longest first; start an empty
-    batch; add a sample while the batch's total plus its length stays <= max_length; else emit the batch, open a new
-    one."""
+def _llamafactory_packing_sampler(lengths, max_length):
+    """The LlamaFactory walkthrough's PackingSampler.pack, its four steps as written: sort by length, longest first;
+    start an empty batch; add a sample while the batch's total plus its length stays <= max_length; else emit the
+    batch, open a new one."""
     batches, current, total = [], [], 0
     for index in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
         if current and total + lengths[index] > max_length:
@@ -134,10 +134,10 @@ def test_llamafactory_packing_sampler_is_next_fit_decreasing():
         lengths = np.minimum(
             generator.lognormal(np.log(max_length / 8), 1.0, generator.integers(1, 60)).astype(int) + 1, max_length
         ).tolist()
-        assert packed_token_budget_batches(lengths, max_length) == _seed002_packing_sampler(lengths, max_length)
+        assert packed_token_budget_batches(lengths, max_length) == _llamafactory_packing_sampler(lengths, max_length)
     skewed = [int(n) for n in generator.integers(10, 100, 90)] + [int(n) for n in generator.integers(2000, 4000, 10)]
     plan = packed_token_budget_batches(skewed, 4096)
-    assert plan == _seed002_packing_sampler(skewed, 4096)
+    assert plan == _llamafactory_packing_sampler(skewed, 4096)
     assert all(sum(skewed[i] for i in batch) <= 4096 for batch in plan)
 
 
@@ -238,9 +238,9 @@ def test_balanced_partition_bad_input():
         balanced_partition([], 2)
 
 
-def test_seed003_section_14_1_padding_and_packing_arithmetic():
-    """Seed 003 §14.1: 64 episodes of 10..149 tokens (median 18, 2,472 in all) padded to 149 compute 9,536
-    positions, 74% of them padding; packed into rows of 256 they need 10 rows, 96.6% full. The seed's own lengths
+def test_agent_rl_section_14_1_padding_and_packing_arithmetic():
+    """Agent RL §14.1: 64 episodes of 10..149 tokens (median 18, 2,472 in all) padded to 149 compute 9,536
+    positions, 74% of them padding; packed into rows of 256 they need 10 rows, 96.6% full. Agent RL §14's own lengths
     are not printed; these 64 have all five statistics it prints: count, min, median, p90 and max, and its sum."""
     lengths = [10] * 26 + [18] * 12 + [71] * 2 + [72] * 16 + [79] * 7 + [149]
     assert (
@@ -326,8 +326,8 @@ def test_describe_microbatches_sizes_are_python_ints():
         assert type(summary["largest_tokens"]) is int and type(summary["computed_tokens"]) is int
 
 
-def test_seed_draws_leave_the_global_generator_alone():
-    """The seed's lengths come from their own generator: drawing them must not move torch's global RNG, or a
+def test_agent_rl_draws_leave_the_global_generator_alone():
+    """Agent RL §14's lengths come from their own generator: drawing them must not move torch's global RNG, or a
     notebook's later random draws would depend on whether this cell ran."""
     state = torch.get_rng_state()
     agent_trajectory_lengths(64), agent_trajectory_order(64)

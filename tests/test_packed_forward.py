@@ -1,4 +1,4 @@
-"""Packed forward on a real transformers Qwen2: seed 003 §14.1's variants, transformers' packing detection, its trap."""
+"""Packed forward on a real transformers Qwen2: Agent RL §14.1's variants, transformers' packing detection, its trap."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def alone(model, sequences):
     return per_token_logprobs_alone(model, sequences)
 
 
-def test_seed003_three_variants(model, packed, sequences, alone):
+def test_agent_rl_three_variants(model, packed, sequences, alone):
     errors = {
         name: compare_packed_with_alone(model, packed, sequences, alone=alone, **kwargs)
         for name, kwargs in leaky_packing_variants(packed).items()
@@ -122,7 +122,7 @@ def test_leaky_share(model, packed, sequences, alone):
     for mode in ("causal", "block_mask"):
         logp = packed_token_logprobs(model, packed, mode=mode)
         per_sample = torch.cat(packed_to_sequences(logp, packed["segment_ids"], packed["rows"]))
-        # an untrained model is near-uniform: its leak stays under seed 003's 0.2 (at most ~0.2 nats), so use 0.05
+        # an untrained model is near-uniform: its leak stays under Agent RL §14.1's 0.2 (at most ~0.2 nats), so use 0.05
         shares[mode] = leaky_share(per_sample, reference, torch.ones_like(reference, dtype=torch.bool), 0.05)
     assert shares["causal"] > 0.1 and shares["block_mask"] == 0.0
     logp, ref = torch.tensor([0.0, 0.1, 0.3, -0.3]), torch.zeros(4)

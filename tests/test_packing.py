@@ -96,13 +96,13 @@ def test_pack_sample_lengths_utilization_below_one_and_empty():
     assert pack_sample_lengths([], 8) == {"bins": [], "utilization": 0.0}
 
 
-def test_seed000_pack_sample_lengths():
+def test_lcft_pack_sample_lengths():
     report = pack_sample_lengths([7, 6, 4, 3], 10)
     assert report["bins"] == [[7, 3], [6, 4]]
     assert report["utilization"] == 1.0
 
 
-def test_seed000_boundary_isolated_packing():
+def test_lcft_boundary_isolated_packing():
     packed = build_boundary_isolated_packing(
         [
             {"input_ids": [11, 12, 13], "labels": [-100, 12, 13]},
@@ -127,7 +127,7 @@ def test_seed000_boundary_isolated_packing():
     assert {type(value) for row in from_tensors["attention_allowed"] for value in row} == {bool}
 
 
-def test_seed000_invalid_inputs():
+def test_lcft_invalid_inputs():
     with pytest.raises(ValueError, match="exceeds max_tokens_per_bin = 128"):
         pack_sample_lengths([129], 128)
     with pytest.raises(ValueError, match="samples must not be empty"):
@@ -141,7 +141,7 @@ def test_seed000_invalid_inputs():
 
 @FAST
 @given(lengths_and_capacity)
-def test_ffd_equals_seed_teaching_version(case):
+def test_ffd_equals_the_sources_teaching_version(case):
     lengths, capacity = case
     bins = plan_packing(lengths, capacity, "ffd")
     assert [[lengths[i] for i in row] for row in bins] == pack_sample_lengths(lengths, capacity)["bins"]
@@ -247,7 +247,7 @@ def test_varlen_metadata_equals_loop(lengths):
 
 @FAST
 @given(st.lists(st.lists(st.integers(0, 99), min_size=1, max_size=6), min_size=1, max_size=5))
-def test_boundary_isolated_packing_matches_mask_and_seed_formula(id_lists):
+def test_boundary_isolated_packing_matches_mask_and_lcft_formula(id_lists):
     samples = [{"input_ids": ids, "labels": [-100] + ids[1:]} for ids in id_lists]
     packed = build_boundary_isolated_packing(samples)
     segments, positions = packed["segment_ids"], packed["position_ids"]
@@ -410,7 +410,7 @@ def test_bad_input_raises_value_error_naming_field_and_value(call, message):
 
 
 # LlamaFactory walkthrough §4.2: when does packing pay, and what length to pack to.
-def test_seed002_effective_tokens_arithmetic_the_readme_quotes():
+def test_llamafactory_walkthrough_effective_tokens_arithmetic_the_readme_quotes():
     """LlamaFactory walkthrough: packed rows of 4096 positions average 3820 real tokens, "+6.7% effective tokens".
     The 6.7% is (4096 - 3820) / 4096, a share of positions; read as a rate gain (4096 / 3820 - 1) it is 7.2%
     (docs/library.md)."""
@@ -418,12 +418,12 @@ def test_seed002_effective_tokens_arithmetic_the_readme_quotes():
     quoted = re.search(
         r"The ([\d.]+)% is \(4096 − 3820\) / 4096, a share of positions; as a rate gain it is ([\d.]+)%", readme
     )
-    assert quoted, "docs/library.md's seed 002 sentence moved"
+    assert quoted, "docs/library.md's LlamaFactory walkthrough sentence moved"
     assert quoted.groups() == (f"{(4096 - 3820) / 4096:.1%}"[:-1], f"{4096 / 3820 - 1:.1%}"[:-1]) == ("6.7", "7.2")
 
 
-def test_seed002_packing_target_length():
-    assert packing_target_length(4096) == 3891  # 0.95 x 4096 = 3891.2; the seed prints 3890, one token short
+def test_llamafactory_walkthrough_packing_target_length():
+    assert packing_target_length(4096) == 3891  # 0.95 x 4096 = 3891.2; the walkthrough prints 3890, one token short
     assert packing_target_length(4096, headroom=1.0) == 4096
     assert packing_target_length(8192, 0.9) == 7372
     assert all(1 <= packing_target_length(n) <= n for n in range(2, 3000))  # n = 1 leaves no token: refused

@@ -53,7 +53,7 @@ def _first_label_masked(samples):
     return [label for s in samples for label in [-100] + list(s["labels"][1:])]
 
 
-def test_seed000_framework_cell():
+def test_lcft_framework_cell():
     """LCFT's TRL conformance cell, with our plan and our metadata in place of the hand-built ones."""
     source_examples = [
         {"input_ids": [11, 12, 13, 14], "labels": [-100, -100, 13, 14]},

@@ -26,8 +26,8 @@ def test_alpaca_record_maps_to_user_and_assistant():
         {"role": "user", "content": "Summarize.\nPacking fills rows."},
         {"role": "assistant", "content": "Rows get filled."},
     ]
-    # Seed 002's `instruction + input` would glue "Translate:" to "Hello"; LlamaFactory's converter (the pipeline
-    # the seed walks through) joins the non-empty parts with one newline, and so do we.
+    # The LlamaFactory walkthrough's `instruction + input` would glue "Translate:" to "Hello"; LlamaFactory's converter
+    # (the pipeline the walkthrough follows) joins the non-empty parts with one newline, and so do we.
     joined = to_messages({"instruction": "Translate:", "input": "Hello", "output": "你好"}, "alpaca")[0]["content"]
     assert joined == "Translate:\nHello"
     assert to_messages({"instruction": "Say hi.", "input": "", "output": "Hi"}, "alpaca")[0]["content"] == "Say hi."
@@ -40,7 +40,7 @@ def test_alpaca_record_maps_to_user_and_assistant():
 
 
 def test_alpaca_with_wrong_field_names_names_the_missing_field():
-    # seed 002's trap: question/answer data run through an Alpaca template becomes "" -> answer
+    # the LlamaFactory walkthrough's trap: question/answer data run through an Alpaca template becomes "" -> answer
     with pytest.raises(ValueError, match=r"missing field 'instruction'.*\['answer', 'question'\]"):
         to_messages({"question": "高血压患者可以吃阿司匹林吗？", "answer": "一般不建议。"}, "alpaca")
     with pytest.raises(ValueError, match="missing field 'output'"):
@@ -138,9 +138,9 @@ def test_load_records_formats_and_errors(tmp_path):
         records_to_chats(load_records(wrong), "alpaca")
 
 
-def test_seed002s_four_file_formats_load_the_same_records(tmp_path):
-    """Seed 002: LlamaFactory reads json, jsonl, csv and arrow through `datasets.load_dataset`. An `.arrow` file is
-    what `Dataset.save_to_disk` writes; it loads by its suffix, and by fmt="arrow" under another name."""
+def test_llamafactory_walkthroughs_four_file_formats_load_the_same_records(tmp_path):
+    """The LlamaFactory walkthrough: LlamaFactory reads json, jsonl, csv and arrow through `datasets.load_dataset`. An
+    `.arrow` file is what `Dataset.save_to_disk` writes; it loads by suffix, and by fmt="arrow" under another name."""
     from datasets import Dataset
 
     rows = [{"instruction": "A", "input": "", "output": "B"}, {"instruction": "C", "input": "x", "output": "D"}]
@@ -231,7 +231,7 @@ def test_records_to_chats_refuses_an_unknown_format_before_mapping():
 
 
 def test_corpus_chats_answers_are_exactly_the_drawn_number_of_consecutive_sentences():
-    """The answer of chat i is `size_i` consecutive corpus sentences, size_i the i-th of the seed's lognormal draw,
+    """The answer of chat i is `size_i` consecutive corpus sentences, size_i the i-th of Agent RL §14's lognormal draw,
     rounded and clipped to [1, max_sentences]; the question is one corpus sentence. Chapters 3 and 4 quote numbers
     measured on these chats."""
     import numpy as np

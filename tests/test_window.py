@@ -35,7 +35,7 @@ def reference_audit(samples, target_context_len, template_tokens, min_kept=1, ma
 # --- LCFT's tests, verbatim -------------------------------------------------------------------------------
 
 
-def test_seed_context_fit_preserves_supervision():
+def test_lcft_context_fit_preserves_supervision():
     samples = [
         {"name": "short", "prompt_tokens": 300, "supervised_tokens": 80},
         {"name": "boundary", "prompt_tokens": 1760, "supervised_tokens": 256},
@@ -49,7 +49,7 @@ def test_seed_context_fit_preserves_supervision():
     assert plan["records"][2]["kept_supervised_tokens"] == 0
 
 
-def test_seed_controlled_truncation():
+def test_lcft_controlled_truncation():
     samples = [{"name": "long-supervision", "prompt_tokens": 80, "supervised_tokens": 40}]
     accepted = audit_context_fit(samples, 112, 8, min_kept_supervised_tokens=20, max_supervision_loss_ratio=0.4)
     rejected = audit_context_fit(samples, 112, 8, min_kept_supervised_tokens=20, max_supervision_loss_ratio=0.1)
@@ -58,7 +58,7 @@ def test_seed_controlled_truncation():
     assert rejected["overflow_names"] == ["long-supervision"]
 
 
-def test_seed_invalid_inputs():
+def test_lcft_invalid_inputs():
     with pytest.raises(ValueError):
         audit_context_fit([{"name": "bad", "prompt_tokens": 64, "supervised_tokens": 0}], 128, 8)
     with pytest.raises(ValueError):

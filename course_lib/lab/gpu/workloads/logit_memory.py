@@ -149,12 +149,12 @@ def checks_and_targets(ctx, rows: list[dict]) -> tuple[dict[str, bool], dict[str
     largest = max(worst.values())
     targets = {
         "recompute_peak_flat": {
-            "expected": "flat from the shortest to the longest T (seed: 2.2 GB at 4096 and 16384)",
+            "expected": "flat from the shortest to the longest T (Agent RL §14.3: 2.2 GB at 4096 and 16384)",
             "observed": f"{shown} ({metric})",
             "met": flat if ctx.mode == "real_gpu" else None,
         },
         "log_probs_identical_to_full": {
-            "expected": "max diff 0 where the full log-probs fit (seed: 0e+00)",
+            "expected": "max diff 0 where the full log-probs fit (Agent RL §14.3: 0e+00)",
             "observed": largest if math.isfinite(largest) else None,
             "met": largest == 0.0,
         },

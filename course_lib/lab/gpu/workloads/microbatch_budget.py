@@ -161,7 +161,7 @@ def checks_and_targets(ctx, rows: list[dict]) -> tuple[dict[str, bool], dict[str
         lower = True
     targets = {
         "largest_microbatch_bounded": {
-            "expected": "token budget bounds the largest microbatch (seed: 131k vs 524k tokens)",
+            "expected": "token budget bounds the largest microbatch (Agent RL §14.2: 131k vs 524k tokens)",
             "observed": f"{budget['largest_microbatch_tokens']} vs {random_fixed['largest_microbatch_tokens']} tokens",
             "met": budget["largest_microbatch_tokens"] < random_fixed["largest_microbatch_tokens"],
         },
