@@ -49,6 +49,11 @@ def require_positive_int(name: str, value: object) -> int:
     return require_int(name, value, minimum=1)
 
 
+def require_optional_positive_int(name: str, value: object) -> int | None:
+    """None stays None; anything else must be a positive int (`require_positive_int`)."""
+    return None if value is None else require_positive_int(name, value)
+
+
 def require_nonnegative_int(name: str, value: object) -> int:
     return require_int(name, value, minimum=0)
 

@@ -17,7 +17,7 @@ from ._checks import (
     require_bool,
     require_int,
     require_keys,
-    require_positive_int,
+    require_optional_positive_int,
     require_sequence,
     require_tensor,
 )
@@ -34,11 +34,6 @@ class LabelledSample(TypedDict):
 
     input_ids: list[int]
     labels: list[int]
-
-
-def require_optional_positive_int(name: str, value: object) -> int | None:
-    """None stays None; anything else must be a positive int (`require_positive_int`)."""
-    return None if value is None else require_positive_int(name, value)
 
 
 def require_labelled_rows(name: str, features: object) -> tuple[list[torch.Tensor], list[torch.Tensor]]:

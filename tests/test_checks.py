@@ -9,6 +9,7 @@ import torch
 from course_lib._checks import (
     require_bool,
     require_dataset,
+    require_optional_positive_int,
     require_partition,
     require_sequence,
     require_tensor,
@@ -24,6 +25,14 @@ def test_require_sequence_accepts_list_likes_and_refuses_the_rest():
             require_sequence("xs", junk)
     with pytest.raises(ValueError, match="xs must not be empty"):
         require_sequence("xs", [], allow_empty=False)
+
+
+def test_require_optional_positive_int_keeps_none_and_refuses_what_is_not_a_count():
+    assert require_optional_positive_int("max_length", None) is None
+    assert require_optional_positive_int("max_length", np.int64(8)) == 8
+    for junk in (0, -3, True, 2.0, "8"):
+        with pytest.raises(ValueError, match="max_length"):
+            require_optional_positive_int("max_length", junk)
 
 
 def test_require_tensor_converts_and_checks_shape_kind_and_range():
