@@ -358,24 +358,33 @@ def _without_magics(source: str) -> str:
     return "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in source.split("\n"))
 
 
+def top_level_bindings(tree: ast.Module) -> tuple[set[str], set[str]]:
+    """(functions, assigned names) a cell binds at its top level; imports and nested bindings are not counted.
+
+    >>> [sorted(names) for names in top_level_bindings(ast.parse("import os; a = b = 1; k: int = 2; c[0] = 3"))]
+    [[], ['a', 'b', 'k']]
+    >>> top_level_bindings(ast.parse("def f():\\n    x = 1"))
+    ({'f'}, set())
+    """
+    functions = {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    assigned = {
+        target.id
+        for node in tree.body
+        if isinstance(node, (ast.Assign, ast.AnnAssign))
+        for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        if isinstance(target, ast.Name)
+    }
+    return functions, assigned
+
+
 def defined_answers(sources: Mapping[str, str]) -> list[str]:
     """The answer cells' names among the (instructor's) TODO cells: a cell `todo_<name>` that binds `<name>` at the
     top level and defines no function (a derivation answered by a number)."""
     names = []
     for label, source in sources.items():
-        name = label.removeprefix("todo_")
-        tree = ast.parse(_without_magics(source))
-        if any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) for node in tree.body):
-            continue
-        bound = {
-            target.id
-            for node in tree.body
-            if isinstance(node, (ast.Assign, ast.AnnAssign))
-            for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
-            if isinstance(target, ast.Name)
-        }
-        if name in bound:
-            names.append(name)
+        functions, assigned = top_level_bindings(ast.parse(_without_magics(source)))
+        if not functions and label.removeprefix("todo_") in assigned:
+            names.append(label.removeprefix("todo_"))
     return names
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import nbformat
 
+from ..grading import checker
 from .cells import is_solution_cell, is_test_cell, nbgrader_meta
 
 SOLUTION_DIRECTIVE = re.compile(r"^#\|\s*solution:\s*(?P<targets>.+?)\s*$")
@@ -316,12 +317,8 @@ def _names(tree: ast.AST) -> tuple[set[str], set[str]]:
 
 def _todo_names(tree: ast.Module) -> set[str]:
     """What a TODO cell gives the rest of the chapter: its top-level functions and answers, not its imports."""
-    names = {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
-    for node in tree.body:
-        if isinstance(node, (ast.Assign, ast.AnnAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            names |= {target.id for target in targets if isinstance(target, ast.Name)}
-    return names
+    functions, assigned = checker.top_level_bindings(tree)
+    return functions | assigned
 
 
 def tag_cells_that_may_raise(notebook) -> list[int]:
