@@ -120,18 +120,17 @@ MUTANTS["audit_context_fit"].update(
     }
 )
 
-# The demo's wrong answer for this chapter (scripts/demo_wrong_answers.json), written out in full: the window,
-# template, minimum and ratio checked inside the loop over samples, so with no samples nothing is checked (and the
-# library's given checks replaced by the student's own).
-MUTANTS["audit_context_fit"]["arguments_checked_per_sample"] = '''from typing import Any
+# The demo's wrong answer for this chapter (scripts/demo_wrong_answers.json), written out in full as a student
+# would: the given checks kept, then the window read as an admission filter. A sample either fits whole or is
+# dropped; no sample is ever cut, so every truncation the gates allow becomes an overflow.
+MUTANTS["audit_context_fit"]["all_or_nothing_window"] = """from typing import Any
 from course_lib.window import ContextAudit
 from collections.abc import Mapping
 from collections.abc import Sequence
-from course_lib._checks import require_keys
 from course_lib._checks import require_nonnegative_int
 from course_lib._checks import require_positive_int
 from course_lib._checks import require_ratio
-from course_lib._checks import require_sequence
+from course_lib.window import require_ledger_rows
 
 
 def audit_context_fit(
@@ -141,47 +140,31 @@ def audit_context_fit(
     min_kept_supervised_tokens: int = 1,
     max_supervision_loss_ratio: float = 0.0,
 ) -> ContextAudit:
-    """Ledger rows {name, prompt_tokens, supervised_tokens} -> fit | truncate | overflow per sample.
-
-    Returns {records: [{name, total_tokens, kept_supervised_tokens, supervision_loss_ratio, decision}],
-    fit_names, truncated_names, overflow_names}; kept_supervised_tokens is 0 for an overflow. A "fit" record
-    keeps its whole supervision even below min_kept_supervised_tokens (nothing is cut; LCFT's code prints 0
-    there while calling the sample fit, which would disagree with what apply_window_policy keeps).
-    """
+    target = require_positive_int("target_context_len", target_context_len)
+    min_kept = require_positive_int("min_kept_supervised_tokens", min_kept_supervised_tokens)
+    max_ratio = require_ratio("max_supervision_loss_ratio", max_supervision_loss_ratio)
+    template = require_nonnegative_int("template_tokens", template_tokens)
+    rows = require_ledger_rows("samples", samples)
     records = []
-    for index, sample in enumerate(require_sequence("samples", samples)):
-        require_keys(f"samples[{index}]", sample, ("name", "prompt_tokens", "supervised_tokens"))
-        target = require_positive_int("target_context_len", target_context_len)
-        min_kept = require_positive_int("min_kept_supervised_tokens", min_kept_supervised_tokens)
-        max_ratio = require_ratio("max_supervision_loss_ratio", max_supervision_loss_ratio)
-        template = require_nonnegative_int("template_tokens", template_tokens)
-        prompt = require_nonnegative_int(f"samples[{index}]['prompt_tokens']", sample["prompt_tokens"])
-        supervised = require_positive_int(f"samples[{index}]['supervised_tokens']", sample["supervised_tokens"])
-        available = max(0, target - template - prompt)  # slots the window leaves for supervision
-        kept = min(supervised, available)
-        loss_ratio = (supervised - kept) / supervised
-        if kept == supervised:
-            decision = "fit"
-        elif kept >= min_kept and loss_ratio <= max_ratio:  # a cut needs BOTH gates
-            decision = "truncate"
-        else:
-            decision, kept = "overflow", 0
+    for sample in rows:
+        total = template + sample["prompt_tokens"] + sample["supervised_tokens"]
+        fits = total <= target
         records.append(
             {
                 "name": sample["name"],
-                "total_tokens": template + prompt + supervised,
-                "kept_supervised_tokens": kept,
-                "supervision_loss_ratio": loss_ratio,
-                "decision": decision,
+                "total_tokens": total,
+                "kept_supervised_tokens": sample["supervised_tokens"] if fits else 0,
+                "supervision_loss_ratio": 0.0 if fits else 1.0,
+                "decision": "fit" if fits else "overflow",
             }
         )
     return {
         "records": records,
         "fit_names": [r["name"] for r in records if r["decision"] == "fit"],
-        "truncated_names": [r["name"] for r in records if r["decision"] == "truncate"],
+        "truncated_names": [],
         "overflow_names": [r["name"] for r in records if r["decision"] == "overflow"],
     }
-'''
+"""
 
 # Correct answers that differ from the library's code: each must keep every point (the grader must not be stricter
 # than the TODO text).
