@@ -28,6 +28,12 @@ c.Execute.interrupt_on_timeout = True
 # dropped before grading: it never decides a grade.
 c.IgnorePattern.enabled = True
 c.IgnorePattern.pattern = r"[\s\S]"  # any text at all
+try:  # course_lib.instructor.nbgrader_hooks: Validate drops stderr, as grading does (a warning is no failure)
+    from course_lib.instructor.nbgrader_hooks import validate_drops_stderr
+except ImportError:  # without course_lib, Validate keeps nbgrader's stricter default
+    pass
+else:
+    validate_drops_stderr()
 
 # Students see "# YOUR CODE HERE / raise NotImplementedError(...)" in the release notebooks: the build
 # (course_lib.instructor.build.name_the_stubs) then names the function in the message.

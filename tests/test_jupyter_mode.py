@@ -85,3 +85,73 @@ def test_a_student_mode_server_loads_validate_but_not_formgrader(tmp_path):
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=30)
+
+
+def _notebook_whose_passing_test_warns(path: Path) -> Path:
+    """One graded test cell that passes and writes a warning to stderr, as a correct answer's library call may."""
+    import nbformat
+
+    cell = nbformat.v4.new_code_cell('import warnings\nwarnings.warn("a library note")\nassert 1 + 1 == 2')
+    cell.metadata["nbgrader"] = {
+        "grade": True, "grade_id": "test_warns", "locked": True, "points": 1, "schema_version": 3,
+        "solution": False, "task": False,
+    }  # fmt: skip
+    notebook = nbformat.v4.new_notebook(cells=[cell])
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(notebook, path)
+    return path
+
+
+@pytest.mark.slow  # two kernels
+def test_validate_in_a_student_folder_drops_stderr_only_in_student_mode(tmp_path):
+    """Validate fails a passing cell that warned unless the student config gives it the course's IgnorePattern."""
+    assert not (jupyter_mode.default_config_dir() / jupyter_mode.VALIDATE_CONFIG).exists(), "the env's own config"
+    notebook = _notebook_whose_passing_test_warns(tmp_path / "work" / "chapter.ipynb")
+
+    def validate(config: Path) -> str:
+        config.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ, JUPYTER_CONFIG_PATH=str(config), JUPYTER_RUNTIME_DIR=str(tmp_path / "rt"))
+        done = subprocess.run(
+            [str(BIN / "nbgrader"), "validate", str(notebook)],
+            cwd=notebook.parent, env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        return done.stdout + done.stderr
+
+    assert "Success!" not in validate(tmp_path / "plain")
+    jupyter_mode.set_mode("student", tmp_path / "student")
+    assert "Success! Your notebook passes all the tests." in validate(tmp_path / "student")
+
+
+def test_student_mode_writes_the_courses_validate_hook_and_instructor_mode_removes_it(tmp_path):
+    jupyter_mode.set_mode("student", tmp_path)
+    written = tmp_path / jupyter_mode.VALIDATE_CONFIG
+    course = Path(__file__).resolve().parents[1] / "notebooks" / "nbgrader_config.py"
+    hook = jupyter_mode.VALIDATE_SETTINGS.split("\n", 1)[1]
+    assert written.read_text() == jupyter_mode.VALIDATE_SETTINGS and hook in course.read_text()  # one hook, both
+    jupyter_mode.set_mode("instructor", tmp_path)
+    assert not written.exists()
+    written.write_text("c = get_config()\n")  # the user's own file: kept, and student mode will not replace it
+    jupyter_mode.set_mode("instructor", tmp_path)
+    with pytest.raises(ValueError, match="was not written by this command"):
+        jupyter_mode.set_mode("student", tmp_path)
+    assert written.read_text() == "c = get_config()\n"
+
+
+def test_the_validate_hook_drops_stderr_and_keeps_nbgraders_own_hook(monkeypatch):
+    import nbformat
+    from nbgrader.preprocessors import Execute
+
+    from course_lib.instructor import nbgrader_hooks
+
+    monkeypatch.setattr(Execute, "on_cell_executed", Execute.on_cell_executed)  # restored after the test
+    nbgrader_hooks.validate_drops_stderr()
+    nbgrader_hooks.validate_drops_stderr()  # a config loaded twice patches once
+    cell = nbformat.v4.new_code_cell("pass")
+    cell.outputs = [
+        nbformat.v4.new_output("stream", name="stdout", text="kept"),
+        nbformat.v4.new_output("stream", name="stderr", text="a warning"),
+    ]
+    timed_out = {"status": "error", "ename": "CellTimeoutError", "evalue": "60 s", "traceback": ["timed out"]}
+    Execute.on_cell_executed(object.__new__(Execute), cell=cell, cell_index=0, execute_reply={"content": timed_out})
+    assert [output.get("name", output["output_type"]) for output in cell.outputs] == ["stdout", "error"]

@@ -10,6 +10,10 @@ instructor's tools. Student mode switches those off in the installation's Jupyte
     @jupyter/nbgrader:course-list               off       on
     @jupyter/nbgrader:validate-assignment       on        on
     server extension ...formgrader / ...course_list   off   on
+    nbgrader_config.py: Validate drops stderr         written   removed
+
+Validate fails a cell that wrote to stderr (a library's warning under a correct answer), while `course grade` drops
+stderr before grading; the student config gives Validate the course's IgnorePattern, so the two agree.
 """
 
 from __future__ import annotations
@@ -26,6 +30,16 @@ INSTRUCTOR_PLUGINS = (
 INSTRUCTOR_SERVER_EXTENSIONS = ("nbgrader.server_extensions.formgrader", "nbgrader.server_extensions.course_list")
 SERVER_CONFIG = "zz-course-student-mode.json"  # read after nbgrader.json, which switches everything on
 MODES = ("student", "instructor")
+VALIDATE_CONFIG = "nbgrader_config.py"
+VALIDATE_MARKER = "# Written by `course jupyter-mode student`"
+VALIDATE_SETTINGS = f"""{VALIDATE_MARKER}.
+try:  # course_lib.instructor.nbgrader_hooks: Validate drops stderr, as grading does (a warning is no failure)
+    from course_lib.instructor.nbgrader_hooks import validate_drops_stderr
+except ImportError:  # without course_lib, Validate keeps nbgrader's stricter default
+    pass
+else:
+    validate_drops_stderr()
+"""
 
 
 def default_config_dir() -> Path:
@@ -68,4 +82,20 @@ def set_mode(mode: str, config_dir: Path | None = None) -> list[Path]:
     server.parent.mkdir(parents=True, exist_ok=True)
     switches = {name: mode == "instructor" for name in INSTRUCTOR_SERVER_EXTENSIONS}
     server.write_text(json.dumps({"ServerApp": {"jpserver_extensions": switches}}, indent=2) + "\n", encoding="utf-8")
-    return [page_config, server]
+    return [page_config, server, *_set_validate_config(root, mode)]
+
+
+def _set_validate_config(root: Path, mode: str) -> list[Path]:
+    """Student: write VALIDATE_SETTINGS to root/nbgrader_config.py; instructor: remove it. A file of that name that
+    this command did not write is left alone, and student mode refuses to replace it."""
+    path = root / VALIDATE_CONFIG
+    ours = path.is_file() and path.read_text(encoding="utf-8").startswith(VALIDATE_MARKER)
+    if path.exists() and not ours:
+        if mode == "student":
+            raise ValueError(f"{path} exists and was not written by this command; add to it:\n{VALIDATE_SETTINGS}")
+        return []
+    if mode == "instructor":
+        path.unlink(missing_ok=True)
+        return []
+    path.write_text(VALIDATE_SETTINGS, encoding="utf-8")
+    return [path]

@@ -12,16 +12,21 @@ pages would show a student:
 - what a test wrote to stderr (a warning quotes the line that raised it): dropped too. The course's config drops
   stderr before grading already (IgnorePattern); this is for notebooks graded without it.
 
+Validate (the student's button, `nbgrader validate`) fails a test cell that wrote to stderr, where the course's
+grading drops stderr first (IgnorePattern), and its preprocessors are not configurable: `validate_drops_stderr`
+makes nbgrader's Execute drop stderr as each cell finishes, so a correct answer whose library call warns passes
+Validate as it passes grading. The course's config and the student config `course jupyter-mode student` writes call it.
+
 Only test cells (graded, not a solution) are touched: a student's own cells keep their outputs and tracebacks.
-The config names these classes as dotted strings, so loading nbgrader_config.py (every nbgrader command) imports
-nothing from course_lib; only generate_feedback does, and fails rather than leak where course_lib is missing.
+The config names ScrubTestOutputs as a dotted string, which only generate_feedback imports: where course_lib is
+missing it fails rather than leak (loading the config then skips `validate_drops_stderr`, see below).
 """
 
 from __future__ import annotations
 
 import re
 
-from nbgrader.preprocessors import NbGraderPreprocessor
+from nbgrader.preprocessors import Execute, NbGraderPreprocessor
 from nbgrader.utils import is_grade, is_solution
 
 MAX_MESSAGE = 400  # as course_lib.instructor.feedback: one error line, never a page of it
@@ -52,3 +57,22 @@ class ScrubTestOutputs(NbGraderPreprocessor):
             kept.append(output)
         cell["outputs"] = kept
         return cell, resources
+
+
+def drop_stderr(cell) -> None:
+    """The cell keeps every output but stderr text (a warning is not a failure; an error output stays)."""
+    cell.outputs = [output for output in cell.get("outputs", []) if output.get("name") != "stderr"]
+
+
+def validate_drops_stderr() -> None:
+    """Make nbgrader's Execute (which Validate runs) drop each executed cell's stderr; calling it again is a no-op."""
+    if getattr(Execute.on_cell_executed, "drops_stderr", False):
+        return
+    record_error = Execute.on_cell_executed  # nbgrader's own hook: appends a timed-out cell's error
+
+    def on_cell_executed(self, **kwargs) -> None:
+        record_error(self, **kwargs)
+        drop_stderr(kwargs["cell"])
+
+    on_cell_executed.drops_stderr = True
+    Execute.on_cell_executed = on_cell_executed
