@@ -176,6 +176,39 @@ def test_saved_bytes_full_and_chunked_grow_with_tokens_checkpointed_stays_flat()
     assert all(checkpointed * 10 <= full for checkpointed, full in zip(flat, saved["full"], strict=True))
 
 
+def test_full_path_from_bf16_logits_creates_ten_bytes_per_logit_and_keeps_four():
+    """Chapter 5 §5: on the full path a bf16 head creates its matmul output (2 bytes per logit), the fp32 copy (4) and
+    the fp32 log-softmax (4), 10 bytes per logit, and autograd keeps the log-softmax (4). The H200 record's peak of 12
+    bytes per logit is more than these: backward's gradients are alive beside them for a while."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    tokens, vocab = 64, 512
+    hidden, weight, ids = _head_inputs(1, tokens, 16, vocab, seed=0, dtype=torch.bfloat16)
+
+    class Created(TorchDispatchMode):
+        """Every [1, T, V]-sized tensor a kernel returns, in order, held so that no storage is freed and reused."""
+
+        def __init__(self):
+            super().__init__()
+            self.tensors = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            result = func(*args, **(kwargs or {}))
+            if isinstance(result, torch.Tensor) and result.numel() == tokens * vocab:
+                self.tensors.append(result)
+            return result
+
+    with Created() as created:
+        cl.selected_log_probs(hidden @ weight.T, ids)
+    storages = {}  # distinct storages (a reshape is a view, not a new tensor), in creation order
+    for tensor in created.tensors:
+        storages.setdefault(tensor.untyped_storage().data_ptr(), tensor.untyped_storage().nbytes())
+    per_logit = [nbytes / (tokens * vocab) for nbytes in storages.values()]
+    assert per_logit == [2, 4, 4] and sum(per_logit) == 10  # bf16 logits, fp32 copy, fp32 log-softmax
+    kept = cl.saved_tensor_bytes(lambda h, w, i: cl.selected_log_probs(h @ w.T, i), hidden, weight, ids)
+    assert kept == 4 * tokens * vocab
+
+
 def _trl_chunked(chunk_size):
     """TRL's memory-lean log-probs (trl.kernels.ChunkedLogProbFunction: vocabulary tiles, each rebuilt in backward),
     on our [B, T, D] layout; no optional outputs."""

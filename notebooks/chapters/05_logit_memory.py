@@ -91,6 +91,11 @@ print(
 # ($N \cdot V \cdot 4$ bytes, 1 MB = $10^6$ B):
 
 # %%
+from transformers import AutoModel
+
+from course_lib import hf_config
+
+print(f"Qwen3 vocabulary: V = {QWEN3_VOCAB_SIZE:,} at every size")
 print(f"{'model':<11} {'D':>5} {'V / D':>6} | fp32 logits per token | logits of a 32k-token microbatch")
 for row in logit_memory_table():
     print(
@@ -98,12 +103,33 @@ for row in logit_memory_table():
         f"{row['per_token_mb']:17.2f} MB | {row['microbatch_gb']:13.1f} GB"
     )
 
+# Two of Qwen3-0.6B's own layers in bf16, the dtype it trains in, measured as the tiny trunk was. Random weights (what
+# autograd keeps depends on the shapes only) and a small vocabulary (only the embedding reads V) keep it cheap.
+qwen3_width, qwen3_layers = QWEN3_HIDDEN_SIZES["Qwen3-0.6B"], hf_config("Qwen3-0.6B").num_hidden_layers
+qwen3_shape = hf_config("Qwen3-0.6B", num_hidden_layers=2, vocab_size=2048, bos_token_id=None, eos_token_id=None)
+qwen3_trunk = AutoModel.from_config(qwen3_shape, attn_implementation="sdpa", dtype=torch.bfloat16)
+qwen3_kept = saved_tensor_bytes(lambda ids, *p: qwen3_trunk(ids).last_hidden_state, inputs, *qwen3_trunk.parameters())
+per_layer = qwen3_kept / (2 * tokens)  # bytes a layer keeps per token
+logits_per_token = logit_bytes(1, QWEN3_VOCAB_SIZE)  # one fp32 copy
+checkpointed = qwen3_layers * 2 * qwen3_width  # each layer keeps its bf16 input: one D-vector per token
+print(
+    f"Qwen3-0.6B in bf16: a layer keeps {per_layer / 1e3:.0f} KB per token ({per_layer / (2 * qwen3_width):.0f} D); "
+    f"one fp32 copy of the logits, {logits_per_token / 1e3:.0f} KB, weighs {logits_per_token / per_layer:.1f} layers"
+)
+print(
+    f"checkpointed, all {qwen3_layers} layers keep {checkpointed / 1e3:.0f} KB per token: "
+    f"the logits weigh {logits_per_token / checkpointed:.1f} times as much"
+)
+
 # %% [markdown]
 # Every Qwen3 size pays the same 0.61 MB per token, because $V$ does not grow with the model: 19.9 GB for a
 # 32k-token microbatch, *before* the log-softmax output and the gradient, each as large again. $V$ is 148 times
-# $D$ for Qwen3-0.6B and still 30 times $D$ for Qwen3-32B. At the ~18 $D$ per token a layer keeps (measured
-# above), one fp32 copy of Qwen3-0.6B's logits weighs as much as 8 of its 28 layers; once the trunk is
-# checkpointed (each layer keeps only its input, one $D$-vector per token), it outweighs all 28 layers together.
+# $D$ for Qwen3-0.6B and still 30 times $D$ for Qwen3-32B. The last two lines weigh that against Qwen3-0.6B's own
+# layers, measured like the tiny trunk but in bf16, as the model trains. A layer keeps about 75 KB per token (37
+# bf16 vectors of width $D$, more than the tiny model's 18: its MLP is $3D$ wide and its query heads $2D$, where the
+# tiny model's are $2D$ and $D$), so one fp32 copy of the logits, 608 KB, weighs as much as 8 of its 28 layers. Once
+# the trunk is checkpointed (each layer keeps only its input, one $D$-vector per token), the logits outweigh all 28
+# layers together, 10.6 times over.
 # For long-context training the logits are the first memory decision, before activation checkpointing of the
 # trunk or sharding.
 #
@@ -620,7 +646,10 @@ entropy_kept = {
         ("chunked + recompute", lambda h, w: chunked_token_entropy(h, w, 64)),
     )
 }
-print("kept for backward: " + " | ".join(f"{name} {kept / 1e6:.2f} MB" for name, kept in entropy_kept.items()))
+print(
+    "kept for backward: " + " | ".join(f"{name} {kept / 1e6:.2f} MB" for name, kept in entropy_kept.items()),
+    f"({entropy_kept['full'] / (hidden.shape[1] * weight.shape[0]):.0f} bytes per logit in full)",
+)
 
 # %% [markdown]
 # The untrained model is almost uniform: its mean entropy, 7.61 nats, is within 0.02 of $\ln 2048 = 7.62$, and the
@@ -676,7 +705,7 @@ else:
 # the real `lm_head` of Qwen3-0.6B from the hub (or a random init of the same shape, and says which), resets the
 # peak counter before every measurement, compares each method's log-probs with the full ones, and writes one JSON
 # record that is validated against the schema and never overwritten. Set `RUN_MODE = "real_gpu"` on a CUDA GPU
-# (about 11 s on an H200; a 16 GB GPU records the 16k full logits as out of memory rather than crashing).
+# (a few seconds on an H200; a 16 GB GPU records the 16k full logits as out of memory rather than crashing).
 # The default `"dry_run"` records only the plan; `"cpu_smoke"` runs the same code on `tiny_qwen2`'s head. The record
 # lands in `lab_results/` in the working folder; on Colab, download it before the runtime is recycled (chapter 9 §4).
 

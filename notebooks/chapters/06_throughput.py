@@ -144,9 +144,10 @@ N_QWEN3_8B = 8.2e9  # parameters of Qwen3-8B, as in Agent RL §14
 KV_QWEN3_8B = 36 * 8 * 128 * 2 * 2  # layers x KV heads x head_dim x (keys, values) x bf16 bytes: Agent RL §14's 147 KB
 H200 = load_hardware("H200")  # NVIDIA's datasheet figures, shipped with the course
 for batch, context in [(1, 16_384), (64, 2048), (64, 16_384)]:
+    held = batch * context * KV_QWEN3_8B  # bytes of KV cache
     print(
-        f"batch {batch:2d} x {context:6,d} tokens of context: KV cache {batch * context * KV_QWEN3_8B / 1e9:6.1f} GB "
-        f"(bf16 weights: {2 * N_QWEN3_8B / 1e9:.1f} GB)"
+        f"batch {batch:2d} x {context:6,d} tokens of context: KV cache {held / 1e9:6.1f} GB "
+        f"= {held / (2 * N_QWEN3_8B):4.0%} of the bf16 weights' {2 * N_QWEN3_8B / 1e9:.1f} GB"
     )
 assert kv_bytes_per_token(hf_config("Qwen3-8B")) == KV_QWEN3_8B, "the library disagrees with the hand count"
 
@@ -495,7 +496,7 @@ print(f"training (6N FLOPs per token, MFU 0.4):       {TRAIN_RATE:7.0f} tokens/s
 
 # %% [markdown]
 # At 2k context, just past its crossover of 1,738 tokens, a batch of 64 decodes about as fast as the GPU trains. At 16k
-# the cache reads swamp the weight reads and decode falls to about 1,800 tokens/s; a 4x larger batch barely helps
+# the cache reads swamp the weight reads and decode falls to 1,796 tokens/s; a 4x larger batch barely helps
 # (1,935), because each extra sequence brings its own cache to read. The figure sweeps context and batch, with your
 # `crossover_context` marking where each curve turns and your `max_decode_batch` drawing solid only the part whose
 # batch fits one H200.
