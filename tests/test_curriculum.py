@@ -455,8 +455,89 @@ def test_the_numbers_chapter_7_quotes_for_the_split_at_step_40():
     )
     fed = [p for p, n in zip(rates, splits["allocated"], strict=True) if n > 8]
     assert max(splits["allocated"]) == 19 and "up to 19" in prose and 0.9 < max(fed) < 0.975 and 0.9 > min(fed)
+    largest = sorted(zip(splits["allocated"], rates, strict=True))[-5:]  # the five largest groups and their rates
+    assert [n for n, _ in largest] == [16, 17, 18, 18, 19] and all(0.9 < p < 0.97 for _, p in largest)
+    assert all(n < 16 for n, p in zip(splits["allocated"], rates, strict=True) if not 0.9 < p < 0.97)
+    assert "the largest (16 to 19) for the tasks between 0.9 and 0.97" in prose
     generator = torch.Generator().manual_seed(0)
     for name, sizes in splits.items():  # the cell's seeded simulation, draw for draw
         rounds = [torch.rand(2000, n, generator=generator) < p for p, n in zip(rates, sizes, strict=True) if n]
         counted = sum(float((draw.any(dim=1) & ~draw.all(dim=1)).float().mean()) for draw in rounds)
         assert abs(counted - expected[name]) <= 0.02 and "to within 0.02" in prose
+
+
+def _chapter_7_prose() -> str:
+    from pathlib import Path
+
+    source = (Path(__file__).parents[1] / "notebooks" / "chapters" / "07_curricula.py").read_text(encoding="utf-8")
+    return " ".join(line.removeprefix("#").strip() for line in source.splitlines())  # comment lines joined as prose
+
+
+def test_the_numbers_chapter_7_quotes_for_the_filtered_pool():
+    """§5 of chapter 7: the schedule of true pass rates, what the filter and the p(1-p) weighting save and keep
+    (computed as its cell computes them), and Agent RL §14.5's measured runs set against them. The runs' episode
+    counts and held-out pass rates cannot be recomputed (TinyAgent's training); they are checked against the
+    sources page, and the percentages the prose derives from them against the counts."""
+    from pathlib import Path
+
+    prose = _chapter_7_prose()
+    sources = " ".join((Path(__file__).parents[1] / "docs" / "sources.md").read_text(encoding="utf-8").split())
+    true_rates = torch.sigmoid(torch.linspace(-3.0, 2.0, 20)[None, :] + 0.1 * torch.arange(60)[:, None])
+    ends = (true_rates[0].min(), true_rates[0].max(), true_rates[-1].min(), true_rates[-1].max())
+    assert [f"{value:.2f}" for value in ends] == ["0.05", "0.88", "0.95", "1.00"]
+    assert "they start between 0.05 and 0.88 and end between 0.95 and 1.00" in prose
+    arms = {"all": {"low": -1.0, "high": 2.0}, "filter": {"low": 0.0, "high": 1.0}}
+    arms["variance"] = {"weighting": "variance"}
+    saved, kept = {}, {}
+    for seed in (0, 1):
+        runs = {arm: simulate_pass_rate_filter(true_rates, 8, 60, seed=seed, **kwargs) for arm, kwargs in arms.items()}
+        assert runs["all"]["total_episodes"] == 3840  # 60 steps x 8 tasks x G = 8, Agent RL's unfiltered count
+        for arm in ("filter", "variance"):
+            saved[arm, seed] = 1 - runs[arm]["total_episodes"] / 3840
+            kept[arm, seed] = runs[arm]["informative_episodes"] / runs["all"]["informative_episodes"]
+        assert 0.30 < saved["filter", seed] < 0.37 and kept["filter", seed] >= 1.0  # about a third; near or above
+        assert saved["variance", seed] > saved["filter", seed] and kept["variance", seed] < kept["filter", seed]
+    assert "The filter spends about a third fewer rollouts" in prose and "cut rollouts by about a third" in prose
+    assert "it saves a little more and keeps a little less" in prose
+    published = {2088: 0.46, 2184: 0.43}  # Agent RL §14.5's filtered runs: episodes -> share saved against 3,840
+    for episodes, share in published.items():
+        assert round(1 - episodes / 3840, 2) == share and 1 - episodes / 3840 > max(saved.values())  # "more than our"
+    assert "its filter spent 46% and 43% fewer episodes (2,088 and 2,184 against 3,840; more than our third" in prose
+    assert "2,088 and 2,184 episodes against 3,840" in sources
+    rates = "0.73 and 0.77 against 0.76 and 0.82"  # its held-out pass rates, filtered against unfiltered
+    assert f"held-out pass rate of {rates} unfiltered" in prose and f"held-out pass rates {rates}" in sources
+
+
+def test_the_supervision_ratio_chapter_7_quotes():
+    """§2 of chapter 7: 200 long-tailed chats, 16 samples per step, windows 256 and 512; the candidate trains on 1.43x
+    the baseline's supervised tokens per step (the prose's "1.4x"), computed as the cell computes it."""
+    import numpy as np
+
+    from course_lib import audit_context_fit, load_course_tokenizer, measure_sample
+
+    tokenizer = load_course_tokenizer()
+    rng = np.random.default_rng(0)
+    words = (
+        "packing window supervision template token budget attention boundary loss gradient context answer prompt "
+        "sample memory throughput"
+    ).split()
+
+    def chat(answer_words):
+        return [
+            {"role": "user", "content": "Explain " + " ".join(rng.choice(words, size=6)) + "."},
+            {"role": "assistant", "content": " ".join(rng.choice(words, size=answer_words)) + "."},
+        ]
+
+    chats = [chat(int(n)) for n in np.clip(rng.lognormal(4.5, 0.9, 200), 4, 1500)]
+    ledgers = [measure_sample(tokenizer, c) for c in chats]
+    rows = [
+        {"name": f"chat-{i}", "prompt_tokens": row["prompt_tokens"], "supervised_tokens": row["supervised_tokens"]}
+        for i, row in enumerate(ledgers)
+    ]
+    per_step = {}
+    for window in (256, 512):
+        plan = audit_context_fit(rows, window, ledgers[0]["template_tokens"])
+        kept = [r["kept_supervised_tokens"] for r in plan["records"] if r["decision"] != "overflow"]
+        per_step[window] = 16 * float(np.mean(kept))
+    assert f"{per_step[512] / per_step[256]:.2f}" == "1.43"
+    assert "(1.4x at 16 samples per step above)" in _chapter_7_prose()

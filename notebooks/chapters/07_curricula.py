@@ -64,10 +64,10 @@ print("advantages of an all-pass group:", (rewards - rewards.mean()).tolist())
 for p in (0.5, 0.7, 0.9, 0.97):
     print(f"p = {p:<4}  P(zero advantage, G = 8) = {zero_advantage_probability(p, 8):.3f}")
 draws = torch.rand(100_000, 8, generator=torch.Generator().manual_seed(0)) < 0.9  # 100k groups of 8 at p = 0.9
-print(f"simulated: {draws.all(dim=1).float().mean():.3f} of groups at p = 0.9 are all-pass")
+print(f"simulated: {draws.all(dim=1).float().mean():.1%} of 100,000 groups of 8 at p = 0.9 are all-pass")
 
 # %% [markdown]
-# A task the policy solves 90% of the time still returns a useless all-pass group 43% of the time at $G = 8$
+# A task the policy solves with probability $p = 0.9$ still returns a useless all-pass group 43% of the time at $G = 8$
 # (Agent RL §14.5 quotes the same 43%; see the course's sources page, `docs/sources.md`). As training succeeds, more
 # tasks drift toward $p \to 1$, and more of the rollout budget buys nothing. Part B filters those tasks out. Part A
 # comes first: the SFT-side decision of when a longer window has earned its place.
@@ -527,6 +527,10 @@ print("kept by the filter (0, 1):", filter_by_pass_rate(["a", "b", "c", "d", "e"
 STEPS, N_TASKS, GROUP = 60, 20, 8
 logit_start = torch.linspace(-3.0, 2.0, N_TASKS)
 true_rates = torch.sigmoid(logit_start[None, :] + 0.1 * torch.arange(STEPS)[:, None])  # [steps, tasks]
+print(
+    f"true pass rates: step 0 from {true_rates[0].min():.2f} to {true_rates[0].max():.2f}, "
+    f"step {STEPS - 1} from {true_rates[-1].min():.2f} to {true_rates[-1].max():.2f}"
+)
 arms = {
     "all tasks": {"low": -1.0, "high": 2.0},
     "filter (0, 1)": {"low": 0.0, "high": 1.0},
@@ -577,7 +581,7 @@ plt.show()
 #
 # The p(1-p) weighting behaves much like the hard filter here, because a task with $\hat p \in \{0, 1\}$ gets
 # weight zero in both; it saves a little more and keeps a little less. What the simulator cannot show is the
-# held-out pass rate. Agent RL §14 measured it on real training: its filter spent 43% and 46% fewer episodes (2,088
+# held-out pass rate. Agent RL §14 measured it on real training: its filter spent 46% and 43% fewer episodes (2,088
 # and 2,184 against 3,840; more than our third, because how much a filter saves depends on how fast tasks
 # saturate, and the schedule of true pass rates here is an assumption, not Agent RL §14's policy) and reached a
 # held-out pass rate of 0.73 and 0.77 against 0.76 and 0.82 unfiltered, within seed noise. Fewer tasks per step
@@ -737,9 +741,9 @@ for name, sizes in splits.items():
 # Equal groups of 8 expect 6.57 groups with signal per step; your split expects 7.91 from the same 160 rollouts,
 # a fifth more, and the simulation agrees with both to within 0.02. The split does what §5's filter does and more:
 # the eight most-solved tasks (pass rate 0.985 and above) get no rollouts at all, and the budget they free goes to
-# larger groups, up to 19, for the tasks between 0.9 and 0.97, where a group of 8 is often all-pass and a rare
-# failure needs more draws to show up. It rests on the true pass rates; a trainer has only estimates, which is why a
-# revisit budget (§5) and estimates from more than one group (exercise 1) matter.
+# larger groups, up to 19, the largest (16 to 19) for the tasks between 0.9 and 0.97, where a group of 8 is often
+# all-pass and a rare failure needs more draws to show up. It rests on the true pass rates; a trainer has only
+# estimates, which is why a revisit budget (§5) and estimates from more than one group (exercise 1) matter.
 #
 # ## 7. The same mechanism in the framework
 #

@@ -76,10 +76,15 @@ print(f"padded to {MAX_LENGTH}: {global_max['padding_ratio']:.1%} of the compute
 # The Packing article's code assigns a document of $n$ tokens to the bucket
 # $\min(2^{\lceil \log_2 n \rceil}, \text{max\_length})$: 1, 2, 3–4, 5–8, ..., 4097–8192. (Its prose names the intervals
 # [1, 8], [9, 16], ..., [4097, 8192], which its function does not produce below 8; the course follows the function.) A
-# document is padded by less than half its bucket, whatever its scale. Here are real documents: the paragraphs of the
-# course corpus, tokenized with the course tokenizer.
+# document is padded by less than half its bucket, whatever its scale. The cell first prints the intervals the
+# library's `assign_buckets` gives every length up to 8192, then real documents: the paragraphs of the course corpus,
+# tokenized with the course tokenizer.
 
 # %%
+every_length = np.arange(1, MAX_LENGTH + 1)  # [8192]
+runs = np.split(every_length, np.flatnonzero(np.diff(assign_buckets(every_length, MAX_LENGTH))) + 1)  # one per bucket
+intervals = [f"{run[0]}" if len(run) == 1 else f"{run[0]}–{run[-1]}" for run in runs]
+print(f"lengths 1 to {MAX_LENGTH} in {len(intervals)} buckets:", ", ".join([*intervals[:4], "...", intervals[-1]]))
 tokenizer = load_course_tokenizer()
 paragraphs = [
     block for path in corpus_files() for block in open(path, encoding="utf-8").read().split("\n\n") if block.strip()
@@ -120,7 +125,11 @@ print(f"integer: (n - 1).bit_length() = {(n - 1).bit_length()} -> bucket 2**{(n 
 
 # %%
 print("geometric edges:", geometric_edges(MAX_LENGTH))
-print("linear edges:   ", linear_edges(MAX_LENGTH, len(geometric_edges(MAX_LENGTH))))
+print(
+    "linear edges:   ",
+    linear_edges(MAX_LENGTH, len(geometric_edges(MAX_LENGTH))),
+    f"(every {MAX_LENGTH} / 14 = {MAX_LENGTH / 14:.1f} tokens, rounded up)",
+)
 padding = compare_bucket_padding(lengths, MAX_LENGTH)
 for scheme, row in padding.items():
     print(
@@ -135,8 +144,8 @@ print(f"geometric pads {saved:.1%} less than linear (article: 15%)")
 # on. Geometric buckets are **scale-free**: each document loses less than half its bucket, so their padding stays
 # near 30% for a lognormal this wide ($\sigma = 1$) whose documents sit well below `max_length` (less once the cap at
 # 8192 makes the last bucket fit the longest documents exactly: 21% at a median of about 3k in the sweep below).
-# Linear buckets have a fixed width, so they waste a lot on short documents (a 40-token document in a 585-token
-# bucket) and little on long ones. Sweep the median length and watch the sign change.
+# Linear buckets have a fixed width, so they waste a lot on short documents (a 40-token document in the first,
+# 586-token bucket) and little on long ones. Sweep the median length and watch the sign change.
 
 # %%
 log_medians = (4.0, 5.0, 6.0, 7.0, 8.0)  # lognormal mu; the median is exp(mu), sigma stays 1
@@ -280,7 +289,8 @@ for mu in log_medians:
     sweep[mu]["optimal"] = {**bucket_padding(sample, edges), "n_buckets": len(edges)}
     row = sweep[mu]
     print(
-        f"median ~{math.exp(mu):5.0f} | optimal {row['optimal']['padding_ratio']:5.1%} | geometric "
+        f"median ~{math.exp(mu):5.0f} | {len(np.unique(sample)):5,} distinct lengths | optimal "
+        f"{row['optimal']['padding_ratio']:5.1%} | geometric "
         f"{row['geometric']['padding_ratio']:5.1%} | linear {row['linear']['padding_ratio']:5.1%}"
     )
 edges = optimal_bucket_edges(lengths, 14)
@@ -445,9 +455,10 @@ print(
     f"{predicted == list(range(1, len(ids)))}"
     f" | mean NLL {owned_loss / owned_count:.4f}"
 )
+twice = every_count - (len(ids) - 1)  # overlap tokens whose loss is counted a second time
 print(
-    f"every token:  {every_count} losses ({every_count - (len(ids) - 1)} overlap tokens counted twice)"
-    f" | mean NLL {every_loss / every_count:.4f}"
+    f"every token:  {every_count} losses ({twice} overlap tokens counted twice, {twice / (len(pieces) - 1):g} in "
+    f"each of the {len(pieces) - 1} later windows) | mean NLL {every_loss / every_count:.4f}"
 )
 assert predicted == list(range(1, len(ids)))
 
@@ -472,6 +483,10 @@ print(
     f"one 100,000-token document: {cost['windows']} windows, {cost['processed_tokens']:,} tokens processed, "
     f"overhead {cost['overhead']:.4f} (window / stride = {256 / 192:.4f})"
 )
+print(
+    f"  share of its processed tokens that carry a new loss: {cost['owned_tokens'] / cost['processed_tokens']:.1%} "
+    f"(stride / window = {192 / 256:.1%})"
+)
 long_docs = [int(n) for n in lengths if n > 256]  # the documents that need windows
 costs = [sliding_window_cost(n, windows_fn=sliding_windows) for n in long_docs]
 processed = sum(c["processed_tokens"] for c in costs)
@@ -484,6 +499,7 @@ print(
 print(f"  share of tokens covered by some window:          {1.0:.1%}")
 print(f"  share of window slots holding a real token:      {processed / window_slots:.1%}  (short last windows padded)")
 print(f"  share of processed tokens that carry a new loss: {owned / processed:.1%}  (the rest is overlap context)")
+print("  the Packing article's 'content utilization':      98%    (the article does not define it)")
 
 # %% [markdown]
 # The article does not define "content utilization" (内容利用率), so we measure the three readings it could mean.
@@ -582,12 +598,15 @@ plt.show()
 
 # %%
 tweets = np.clip(np.rint(np.random.default_rng(0).lognormal(np.log(40), 0.8, 10_000)), 1, 512).astype(np.int64)
+median = int(np.median(tweets))
+print(f"{len(tweets):,} texts, median {median} tokens: {1 - median / 256:.0%} of its 256-token slot is padding")
 for min_length in (32, 0):
     arms = short_text_packing(tweets, 4096, pad_to=256, min_length=min_length)
     print(
-        f"min_length {min_length:>2}: dropped {arms['dropped']:,} texts ({arms['dropped_tokens'] / tweets.sum():.1%} "
-        f"of the tokens) | pack: {arms['pack']['rows']} rows, padding {arms['pack']['padding_ratio']:.1%} | "
-        f"pad to 256, then pack: {arms['pad_then_pack']['rows']} rows, padding "
+        f"min_length {min_length:>2}: dropped {arms['dropped']:,} texts ({arms['dropped'] / len(tweets):.0%}; "
+        f"{arms['dropped_tokens'] / tweets.sum():.1%} of the tokens) | pack: {arms['pack']['rows']} rows, padding "
+        f"{arms['pack']['padding_ratio']:.1%} | pad to 256, then pack: {arms['pad_then_pack']['rows']} rows "
+        f"({arms['pad_then_pack']['rows'] / arms['pack']['rows']:.1f}x), padding "
         f"{arms['pad_then_pack']['padding_ratio']:.1%}"
     )
 
