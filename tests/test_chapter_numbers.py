@@ -1,5 +1,6 @@
-"""The numbers the ungraded sections of chapters 4 (the packed-row shift) and 5 (token entropy) quote in their prose:
-printed by the chapter's own cells, run here from a fresh build, and checked against the library and TRL."""
+"""The numbers the chapters' prose quotes: those of ungraded sections printed by the chapter's own cells, run here
+from a fresh build and checked against the library and TRL; dated GPU and CPU measurements (chapters 3, 5 and 9)
+recomputed from the committed records and logs and matched against the sentences that quote them."""
 
 from __future__ import annotations
 
@@ -160,6 +161,38 @@ def test_chapter1_shows_the_verdict_that_flips_at_a_gate(tmp_path):
     )
 
 
+def _prose(name: str) -> str:
+    """The chapter's markdown cells, from its jupytext source, as one line of running text."""
+    source = (build.NOTEBOOKS_DIR / "chapters" / f"{name}.py").read_text(encoding="utf-8")
+    cells = [cell for cell in re.split(r"^# %%", source, flags=re.MULTILINE) if cell.startswith(" [markdown]")]
+    return " ".join(line.removeprefix("#").strip() for cell in cells for line in cell.splitlines()[1:])
+
+
+def test_chapter3_quotes_the_cpu_step_runs():
+    """Chapter 3 §6 quotes the two committed CPU step-only runs of 2026-12-01 (benchmarks/README.md's table): at the
+    largest scale, four samples of 1,024-3,072 tokens, a training step ran 3.8-4.0x faster with varlen than with the
+    block mask, on a 2-core CPU."""
+    logs = build.NOTEBOOKS_DIR.parent / "benchmarks" / "results" / "logs" / "cpu-2026-12-01"
+    ratios, samples = [], set()
+    for name in ("bench_packing_step_only.txt", "bench_packing_step_only_2.txt"):
+        text = (logs / name).read_text(encoding="utf-8")
+        assert "# checks: all agree" in text and "| 2 CPUs |" in text
+        lines = text.splitlines()
+        header = next(index for index, line in enumerate(lines) if line.split()[:1] == ["scale"])
+        names = re.split(r"\s{2,}", lines[header].strip())
+        rows = [dict(zip(names, line.split(), strict=True)) for line in lines if line[:6].strip().isdigit()]
+        largest = max(rows, key=lambda row: int(row["scale"]))
+        ratios.append(float(largest["varlen/block"].rstrip("x")))
+        lengths = re.search(r"samples ([\d/]+) x scale", text).group(1).split("/")
+        samples.add(tuple(int(length) * int(largest["scale"]) for length in lengths))
+        assert sum(next(iter(samples))) == int(largest["pack tok"].replace(",", ""))
+    ((*lengths,),) = samples
+    assert (
+        f"on a 2-core CPU (measured 2026-12-01) a training step on four samples of {min(lengths):,}–{max(lengths):,} "
+        f"tokens ran {min(ratios):.1f}–{max(ratios):.1f}× faster with varlen than with the block mask"
+    ) in _prose("03_packing")
+
+
 def test_chapter3_gpu_section_quotes_the_h200_record():
     """Chapter 3 §9 states one committed H200 record as dated facts: every number it quotes is in that record."""
     record = json.loads(
@@ -168,10 +201,7 @@ def test_chapter3_gpu_section_quotes_the_h200_record():
             / "benchmarks/results/pt_long_context/pt-long-context_chapter03-20261130-152311.json"
         ).read_text()
     )
-    prose = (build.NOTEBOOKS_DIR / "chapters" / "03_packing.py").read_text(encoding="utf-8")
-    section = " ".join(
-        line.lstrip("# ").strip() for line in prose.split("## 9. On a GPU")[1].split("# %%")[0].splitlines()
-    )
+    section = _prose("03_packing").split("## 9. On a GPU")[1].split("## 10. ")[0]
     measured = record["measurements"]
     rows = {(1, row["candidate"]): row for row in measured["packing_comparison"]}
     rows |= {(row["scale"], row["candidate"]): row for row in measured["packing_scale"] + measured["varlen_packing"]}
@@ -262,3 +292,113 @@ def test_chapter5_bytes_per_logit_is_the_h200_record():
     assert f"{full['peak_above_start_bytes'] / 1e9:.1f}" == "29.9" and f"{per_logit:.1f}" == "12.0"
     source = (build.NOTEBOOKS_DIR / "chapters" / "05_logit_memory.py").read_text(encoding="utf-8")
     assert "(29.9 GB / (16,384 × 151,936 logits) = 12.0)" in source.replace("\n# ", " ")
+
+
+H200_V9_RUNS = ["h200-2026-11-30", "chapter03-20261130-152311", "chapter09-h200-2026-11-30"]
+
+
+def _span(values, digits: int, unit: str = "×") -> str:
+    """The prose's way to quote a spread: '1.13–1.14×', or '1.50×' when every value rounds alike."""
+    low, high = f"{min(values):.{digits}f}", f"{max(values):.{digits}f}"
+    return f"{low}{unit}" if low == high else f"{low}–{high}{unit}"
+
+
+def test_chapter9_quotes_the_h200_v9_runs():
+    """Chapter 9 §4 and §7 state the three v9 runs on the H200 (2026-11-30: the GPU suite, chapter 3 and chapter 9) as
+    dated facts: each number is computed here from the committed records and must be the one the prose quotes."""
+    results = build.NOTEBOOKS_DIR.parent / "benchmarks" / "results" / "pt_long_context"
+    records = [json.loads((results / f"pt-long-context_{label}.json").read_text()) for label in H200_V9_RUNS]
+    assert {record["run_label"] for record in records} == set(H200_V9_RUNS)
+    for record in records:
+        assert record["workload"]["version"] == "v9" and record["created_at"].startswith("2026-11-30")
+        assert record["hardware"]["gpu_name"] == "NVIDIA H200" and not record["measurements"].get("out_of_memory")
+        assert all(value is True for group in record["checks"].values() for value in group.values())
+    runs = []  # scale -> {layout: row}, per run
+    for record in records:
+        measured = record["measurements"]
+        run: dict[int, dict[str, dict]] = {}
+        for row in measured["packing_comparison"] + measured["packing_scale"] + measured["varlen_packing"]:
+            run.setdefault(row.get("scale", 1), {})[row["candidate"]] = row
+        runs.append(run)
+    pad, block, varlen = "padding", "boundary_isolated_packing", "boundary_isolated_packing_varlen"
+
+    def busy(row):
+        return row["device_profile"]["busy_ms"]
+
+    def rate(row):
+        return row["effective_tokens_per_second"]
+
+    prose = _prose("09_gpu_lab")
+    gib = [{scale: run[scale][pad]["peak_allocated_bytes"] / 2**30 for scale in (16, 32)} for run in runs]
+    assert len({(round(x[16]), round(x[32])) for x in gib}) == 1
+    assert f"padding at ×16 took {gib[0][16]:.0f} GiB on the H200, at ×32 {gib[0][32]:.0f} GiB" in prose
+
+    peaks = [
+        row["peak_allocated_bytes"] / 2**30
+        for record, run in zip(records, runs, strict=True)
+        for row in record["measurements"]["length_curve"] + [run[1][pad], run[1][block]]
+    ]
+    assert f"Peak allocated memory was {_span(peaks, 2, ' GiB')}; LCFT reports about 2.90 GiB" in prose
+    assert "three runs of this workload at version v9" in prose and "384 → 240 processed tokens" in prose
+
+    x1 = [run[1] for run in runs]
+    clock = sorted(rate(rows[block]) / rate(rows[pad]) for rows in x1)
+    steps = [rows[layout]["median_step_ms"] for rows in x1 for layout in (pad, block)]
+    shares = [100 * busy(rows[layout]) / rows[layout]["median_step_ms"] for rows in x1 for layout in (pad, block)]
+    operations = [rows[layout]["device_profile"]["operations"] for rows in x1 for layout in (pad, block)]
+    (hundreds,) = {count // 100 * 100 for count in operations}  # "about 3,100": every count in [3100, 3200)
+    about = f"about {hundreds:,}"
+    assert (
+        f"packing's effective throughput was {clock[0]:.2f}×, {clock[1]:.2f}× and {clock[2]:.2f}× padding's: the same "
+        f"code on the same GPU, three verdicts. A step took {_span(steps, 0, ' ms')}, and the GPU was busy for "
+        f"{_span(shares, 0, '%')} of it ({about} operations launched by the host"
+    ) in prose
+    assert f"({about} GPU operations, each launched by the host" in prose
+
+    busy_pad, busy_block = {f"{busy(rows[pad]):.1f}" for rows in x1}, {f"{busy(rows[block]):.1f}" for rows in x1}
+    assert len(busy_pad) == len(busy_block) == 1
+    token_ratio = x1[0][pad]["processed_tokens"] / x1[0][block]["processed_tokens"]
+    assert (
+        f"Padding kept the GPU busy for {busy_pad.pop()} ms and packing for {busy_block.pop()} ms in all three runs: "
+        f"packing {_span([busy(rows[pad]) / busy(rows[block]) for rows in x1], 2)} ahead, not the "
+        f"{token_ratio:.1f}× of the tokens"
+    ) in prose
+
+    def gains(layout, scale):
+        return [busy(run[scale][pad]) / busy(run[scale][layout]) for run in runs]
+
+    def padded(scale):
+        return f"{runs[0][scale][pad]['processed_tokens']:,}"
+
+    peak = {
+        max((scale for scale in run), key=lambda scale: busy(run[scale][pad]) / busy(run[scale][block])) for run in runs
+    }
+    assert len(peak) == 1
+    (peak,) = peak
+    assert (
+        f"the block mask's gain peaks at {_span(gains(block, peak), 2)} at {padded(peak)} padded tokens and falls "
+        f"back to {_span(gains(block, 32), 2)} at {padded(32)}"
+    ) in prose
+    assert (
+        f"In busy time varlen needed {_span(gains(varlen, 1), 2)} less GPU time than padding at LCFT's size, "
+        f"{_span(gains(varlen, 8), 2)} at {padded(8)} padded tokens, {_span(gains(varlen, 16), 2)} at {padded(16)} "
+        f"and {_span(gains(varlen, 32), 2)} at {padded(32)}"
+    ) in prose
+
+    target = records[0]["workload"]["parameters"]["packing_throughput_target"]
+    varlen_clock = sorted(rate(rows[varlen]) / rate(rows[pad]) for rows in x1)
+    beats = sorted((rate(run[32][varlen]) / rate(run[32][block]) for run in runs), reverse=True)
+    words = {0: "none", 1: "one", 2: "two", 3: "all three"}
+    assert (
+        f"at LCFT's size varlen reached {varlen_clock[0]:.2f}×, {varlen_clock[1]:.2f}× and {varlen_clock[2]:.2f}× "
+        f"padding (far from {target}×), and at ×32 it beat the block mask in {words[sum(x > 1 for x in beats)]} runs "
+        f"of three ({', '.join(f'{x:.2f}×' for x in beats)})"
+    ) in prose
+    dense = [100 * busy(run[32][layout]) / run[32][layout]["median_step_ms"] for run in runs for layout in (pad, block)]
+    fast = [run[32][varlen] for run in runs]
+    assert len({f"{busy(row):.0f}" for row in fast}) == 1
+    assert (
+        f"at ×32 the GPU was busy for {_span(dense, 0, '%')} of the padding and block-mask steps but for only "
+        f"{_span([100 * busy(row) / row['median_step_ms'] for row in fast], 0, '%')} of the varlen ones, whose "
+        f"{busy(fast[0]):.0f} ms of GPU work sat in steps of {_span([row['median_step_ms'] for row in fast], 0, ' ms')}"
+    ) in prose

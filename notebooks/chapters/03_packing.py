@@ -128,7 +128,11 @@ for capacity in (384, CAPACITY, 1024):
 # our 64 chats:
 
 # %%
-print(f"the LlamaFactory walkthrough's target for max_length 4096: {packing_target_length(4096)} tokens")
+WALKTHROUGH_TARGET_4096 = 3890  # what the LlamaFactory walkthrough prints for max_length 4096
+print(
+    f"the LlamaFactory walkthrough's target for max_length 4096: 0.95 x 4096 = {0.95 * 4096:.1f} -> "
+    f"{packing_target_length(4096)} tokens (the walkthrough prints {WALKTHROUGH_TARGET_4096})"
+)
 for window in (256, 384, CAPACITY, 1024):
     advice, target = packing_suitability(lengths, window), packing_target_length(window)
     kept = lengths[lengths <= target]  # longer chats are cut or dropped before padding or packing
@@ -242,8 +246,22 @@ print("second chat sees the first:", any(any(mask_row[:seam]) for mask_row in ro
 # The list form stores one Python object pointer per (query, key) pair: 8 bytes each, so a row of 32k tokens
 # needs $8 \cdot 32768^2$ bytes = 8.6 GB before attention even starts. A `bool` tensor needs 1 byte per pair
 # (1.1 GB), and a variable-length kernel (FlashAttention's varlen interface) needs no mask at all, only
-# `cu_seqlens`, the cumulative sample boundaries. Eager and SDPA attention do take a tensor mask; it must be built
-# with tensor operations, for a whole batch of rows `[R, L]` at once, padding included.
+# `cu_seqlens`, the cumulative sample boundaries. Measured on a short row and scaled to 32k:
+
+# %%
+import sys
+
+pairs = 32768**2  # (query, key) pairs of one row of 32k tokens
+per_slot = (sys.getsizeof([False] * 1024) - sys.getsizeof([])) / 1024  # a list slot: a pointer to True or False
+per_bool = torch.zeros(1024, dtype=torch.bool).untyped_storage().nbytes() / 1024
+print(
+    f"mask of one 32k row: list of lists {per_slot:.0f} B x {pairs:,} pairs = {per_slot * pairs / 1e9:.1f} GB | "
+    f"bool tensor {per_bool:.0f} B per pair = {per_bool * pairs / 1e9:.1f} GB | varlen: cu_seqlens only"
+)
+
+# %% [markdown]
+# Eager and SDPA attention do take a tensor mask; it must be built with tensor operations, for a whole batch of rows
+# `[R, L]` at once, padding included.
 #
 # **Padding needs a rule.** `pack_sequences` marks padding with segment id -1. If padding tokens were treated
 # like any other sample, a padding token would attend to all earlier padding (harmless but wrong), and if they
@@ -877,15 +895,27 @@ print(
 # `[1, 240]` with a block mask and again with the varlen attention of section 6; then the same three layouts with
 # every length ×2 … ×32. The block-mask row must pass the boundary checks of section 3, and varlen must match each
 # sample alone token by token (on the same device, in fp32) and give the block mask's tokens and loss, before any
-# speed is read.
-#
-# The cell drives the course's benchmark runner. With `RUN_MODE = "real_gpu"` on a CUDA GPU it runs the preflight of
-# the `PT-SFT-CUDA` profile, measures, and writes one JSON record under `lab_results/` (plus downloading the model
-# once); on a machine without one, preflight refuses and the record says why. The default `"dry_run"` records only
-# the plan; `"cpu_smoke"` runs the same code on `tiny_qwen2` on the CPU (measured on 2026-12-02 on a shared 2-core
-# machine: 24 s of CPU time, 106 s by the clock under other jobs' load), which proves the wiring and nothing about
-# speed. A scale your GPU cannot hold is recorded as `out_of_memory`, not a failure. On Colab, download the JSON
-# before the runtime is recycled (chapter 9 §4).
+# speed is read. What each layout processes follows from the lengths alone, before any GPU runs:
+
+# %%
+from course_lib.lab.gpu.workloads import WORKLOADS
+
+series = WORKLOADS["pt-long-context"].parameters("real_gpu")  # the workload a real_gpu run measures
+for scale in (1, *series["packing_scale_factors"]):
+    scaled = [length * scale for length in series["packing_sample_lengths"]]
+    padded_tokens, packed_tokens = len(scaled) * max(scaled), sum(scaled)
+    print(
+        f"x{scale:<2} samples {scaled}: padded {len(scaled)} x {max(scaled)} = {padded_tokens:,} tokens | "
+        f"packed {packed_tokens:,} | token ratio {padded_tokens / packed_tokens:.1f}"
+    )
+
+# %% [markdown]
+# The cell below drives the course's benchmark runner. With `RUN_MODE = "real_gpu"` on a CUDA GPU it runs the
+# preflight of the `PT-SFT-CUDA` profile, measures, and writes one JSON record under `lab_results/` (plus downloading
+# the model once); on a machine without one, preflight refuses and the record says why. The default `"dry_run"`
+# records only the plan; `"cpu_smoke"` runs the same code on `tiny_qwen2` on the CPU, which proves the wiring and
+# nothing about speed. A scale your GPU cannot hold is recorded as `out_of_memory`, not a failure. On
+# Colab, download the JSON before the runtime is recycled (chapter 9 §4).
 #
 # **What this cell measured on an NVIDIA H200** (2026-11-30, torch 2.11.0, transformers 5.17.0, `RUN_MODE =
 # "real_gpu"`). Every check passed. At LCFT's size padding processed 384 tokens and packing 240, yet the median step
