@@ -326,3 +326,25 @@ def test_leak_report_refuses_bad_input(bad):
         args["tol"] = {"negative tol": -1e-3, "nan tol": float("nan"), "bool tol": True}[bad]
     with pytest.raises(ValueError):
         cl.leak_report(**args)
+
+
+def test_random_cache_configs_meet_every_way_a_config_sizes_its_cache():
+    import random
+
+    from course_lib.accounting import kv_bytes_per_token
+    from course_lib.lab import random_cache_config
+
+    drawn = [random_cache_config(random.Random(61)) for _ in range(2)]
+    assert drawn[0] == drawn[1]  # one seed, one sequence
+    rng = random.Random(0)
+    configs, precisions = zip(*(random_cache_config(rng) for _ in range(300)), strict=True)
+    for config in configs:
+        heads, kv = config["num_attention_heads"], config.get("num_key_value_heads", config["num_attention_heads"])
+        assert heads % kv == 0 and config["hidden_size"] % heads == 0 and config["num_hidden_layers"] >= 1
+        head_dim = config.get("head_dim", config["hidden_size"] // heads)
+        # every draw is a config the library sizes: K and V, per layer, per key/value head, 2 bytes each
+        assert kv_bytes_per_token(config, 2) == 2 * config["num_hidden_layers"] * kv * head_dim * 2
+    assert any("num_key_value_heads" not in c for c in configs) and any("head_dim" in c for c in configs)
+    assert any(c.get("num_key_value_heads", c["num_attention_heads"]) < c["num_attention_heads"] for c in configs)
+    assert {key for p in precisions for key in p} == {"weight_bytes_per_param", "kv_dtype_bytes"}
+    assert any(not p for p in precisions)

@@ -7,6 +7,7 @@ package holds what a chapter or a benchmark uses to show them at work:
     leaks       each packed sample against the same sample run alone, and the leaky variants to compare
     gradients   accumulated and data-parallel (gloo) gradients against the full-batch gradient
     memory      bytes autograd saves for backward, CUDA peaks, the logits' memory table
+    configs     random attention shapes and cache precisions for checking the capacity arithmetic
     gpu         the GPU workloads, their runner and their report (`python -m course_lib.lab.gpu.runner`)
 
 The chapters import these names from `course_lib` too, which re-exports them.
@@ -14,10 +15,11 @@ The chapters import these names from `course_lib` too, which re-exports them.
 
 from __future__ import annotations
 
-from . import gradients, leaks, memory, padding
+from . import configs, gradients, leaks, memory, padding
+from .configs import *  # noqa: F403
 from .gradients import *  # noqa: F403
 from .leaks import *  # noqa: F403
 from .memory import *  # noqa: F403
 from .padding import *  # noqa: F403
 
-__all__ = [name for module in (padding, leaks, gradients, memory) for name in module.__all__]
+__all__ = [name for module in (padding, leaks, gradients, memory, configs) for name in module.__all__]

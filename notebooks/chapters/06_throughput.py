@@ -226,26 +226,13 @@ assert _t_fits[0] <= 1.5e6 < _t_fits[1], (
 import random
 
 from course_lib import grading
+from course_lib.lab import random_cache_config
 
 _t_rng = random.Random(61)
 _t_hardware = [load_hardware(_t_name) for _t_name in ("H200", "H100-SXM", "A100-80GB", "L4", "T4")]
 _t_cases = []
 for _ in range(50):
-    _t_heads = _t_rng.choice([1, 2, 4, 8, 16, 32, 40, 64])
-    _t_config = {
-        "num_hidden_layers": _t_rng.randint(1, 96),
-        "num_attention_heads": _t_heads,
-        "hidden_size": _t_heads * _t_rng.choice([32, 64, 80, 128]),
-    }
-    if _t_rng.random() < 0.6:  # GQA
-        _t_config["num_key_value_heads"] = _t_rng.choice([d for d in range(1, _t_heads + 1) if _t_heads % d == 0])
-    if _t_rng.random() < 0.4:  # a head_dim that is not hidden_size / heads
-        _t_config["head_dim"] = _t_rng.choice([64, 96, 128, 256])
-    _t_kwargs = {}
-    if _t_rng.random() < 0.5:
-        _t_kwargs["weight_bytes_per_param"] = _t_rng.choice([0.5, 1, 2.0, 4])
-    if _t_rng.random() < 0.5:
-        _t_kwargs["kv_dtype_bytes"] = _t_rng.choice([1, 2, 4])
+    _t_config, _t_kwargs = random_cache_config(_t_rng)  # MHA, GQA and head_dim overrides; precisions half the time
     _t_cases.append(
         (
             (
@@ -416,25 +403,12 @@ assert _t_held[0] < _t_weights <= _t_held[1], (
 import random
 
 from course_lib import grading
+from course_lib.lab import random_cache_config
 
 _t_rng = random.Random(62)
 _t_cases = []
 for _ in range(50):
-    _t_heads = _t_rng.choice([1, 2, 4, 8, 16, 32, 40, 64])
-    _t_config = {
-        "num_hidden_layers": _t_rng.randint(1, 96),
-        "num_attention_heads": _t_heads,
-        "hidden_size": _t_heads * _t_rng.choice([32, 64, 80, 128]),
-    }
-    if _t_rng.random() < 0.6:  # GQA
-        _t_config["num_key_value_heads"] = _t_rng.choice([d for d in range(1, _t_heads + 1) if _t_heads % d == 0])
-    if _t_rng.random() < 0.4:  # a head_dim that is not hidden_size / heads
-        _t_config["head_dim"] = _t_rng.choice([64, 96, 128, 256])
-    _t_kwargs = {}
-    if _t_rng.random() < 0.5:
-        _t_kwargs["weight_bytes_per_param"] = _t_rng.choice([0.5, 1, 2.0, 4])
-    if _t_rng.random() < 0.5:
-        _t_kwargs["kv_dtype_bytes"] = _t_rng.choice([1, 2, 4])
+    _t_config, _t_kwargs = random_cache_config(_t_rng)  # MHA, GQA and head_dim overrides; precisions half the time
     _t_params = _t_rng.choice([_t_rng.randint(10**8, 10**11), 8.2e9, 5e8])
     _t_cases.append(((_t_config, _t_params, _t_rng.randint(1, 2048)), _t_kwargs))
 # Edges: weights that equal the cache of a whole context exactly (reached there, not one token later), a context
