@@ -125,6 +125,17 @@ def _jupyter_mode(args: argparse.Namespace) -> int:
         return 2
     shown = "Validate and the assignment list only" if args.mode == "student" else "all of nbgrader's menus"
     print(f"{args.mode} mode: JupyterLab shows {shown} (restart JupyterLab); wrote " + ", ".join(map(str, written)))
+    for folder in jupyter_mode.overriding_configs(args.mode, args.config_dir):
+        if folder == Path(args.config_dir or jupyter_mode.default_config_dir()).resolve():
+            print(
+                f"course jupyter-mode: warning: Jupyter does not read {folder} (see `jupyter --paths`)", file=sys.stderr
+            )
+        else:
+            print(
+                f"course jupyter-mode: warning: {folder} is read first and switches nbgrader's server extensions the "
+                f"other way; run without --config-dir, or set the mode there",
+                file=sys.stderr,
+            )
     return 0
 
 

@@ -155,3 +155,26 @@ def test_the_validate_hook_drops_stderr_and_keeps_nbgraders_own_hook(monkeypatch
     timed_out = {"status": "error", "ename": "CellTimeoutError", "evalue": "60 s", "traceback": ["timed out"]}
     Execute.on_cell_executed(object.__new__(Execute), cell=cell, cell_index=0, execute_reply={"content": timed_out})
     assert [output.get("name", output["output_type"]) for output in cell.outputs] == ["stdout", "error"]
+
+
+def test_a_config_folder_jupyter_reads_first_that_shows_formgrader_is_reported(tmp_path, monkeypatch):
+    """In a virtual environment Jupyter reads sys.prefix's config before ~/.jupyter: student mode written into the
+    later folder would not hide formgrader, so the command names the folder that wins."""
+    first, mine = tmp_path / "first", tmp_path / "mine"
+    (first / "jupyter_server_config.d").mkdir(parents=True)
+    switched_on = {name: True for name in jupyter_mode.INSTRUCTOR_SERVER_EXTENSIONS}
+    (first / "jupyter_server_config.d" / "nbgrader.json").write_text(
+        json.dumps({"ServerApp": {"jpserver_extensions": switched_on}})
+    )
+    monkeypatch.setenv("JUPYTER_CONFIG_PATH", os.pathsep.join([str(first), str(mine)]))
+    jupyter_mode.set_mode("student", mine)
+    assert jupyter_mode.overriding_configs("student", mine) == [first.resolve()]
+    assert jupyter_mode.overriding_configs("instructor", mine) == []
+    completed = subprocess.run(
+        [str(BIN / "course"), "jupyter-mode", "student", "--config-dir", str(mine)],
+        capture_output=True, text=True, env=dict(os.environ), timeout=120,
+    )  # fmt: skip
+    assert completed.returncode == 0 and f"warning: {first.resolve()} is read first" in completed.stderr
+    jupyter_mode.set_mode("student", first)  # the mode set where Jupyter reads first: nothing overrides it
+    assert jupyter_mode.overriding_configs("student", mine) == []
+    assert jupyter_mode.overriding_configs("student", tmp_path / "unread") == [(tmp_path / "unread").resolve()]

@@ -99,3 +99,38 @@ def _set_validate_config(root: Path, mode: str) -> list[Path]:
         return []
     path.write_text(VALIDATE_SETTINGS, encoding="utf-8")
     return [path]
+
+
+def _server_switches(folder: Path) -> dict[str, bool]:
+    """What a config folder's jupyter_server_config.d sets for the instructor extensions (files merged in name order,
+    as Jupyter merges them); unreadable files are skipped."""
+    switches: dict[str, bool] = {}
+    for path in sorted((folder / "jupyter_server_config.d").glob("*.json")):
+        try:
+            found = json.loads(path.read_text(encoding="utf-8"))["ServerApp"]["jpserver_extensions"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if isinstance(found, dict):
+            switches.update({name: bool(on) for name, on in found.items() if name in INSTRUCTOR_SERVER_EXTENSIONS})
+    return switches
+
+
+def overriding_configs(mode: str, config_dir: Path | None = None) -> list[Path]:
+    """Config folders Jupyter reads before `config_dir` (they win) that switch an instructor extension the other way.
+
+    In a virtual environment Jupyter reads `<sys.prefix>/etc/jupyter` before `~/.jupyter`, and nbgrader's own
+    nbgrader.json there switches formgrader on: student mode written into `~/.jupyter` would not hide it. A
+    `config_dir` Jupyter does not read at all is returned as itself.
+    """
+    from jupyter_core.paths import jupyter_config_path
+
+    root = (Path(config_dir) if config_dir is not None else default_config_dir()).resolve()
+    searched = [Path(folder).resolve() for folder in jupyter_config_path()]
+    if root not in searched:
+        return [root]
+    wanted = mode == "instructor"
+    return [
+        folder
+        for folder in searched[: searched.index(root)]
+        if any(on != wanted for on in _server_switches(folder).values())
+    ]
