@@ -559,6 +559,7 @@ with torch.no_grad():
                 f"leak_report({_t_name} forward, rows {_t_packed['rows']}) flags {_t_flags}, expected "
                 f"{_t_after_another if _t_leaks else []}"
             )
+
     # tol decides the verdict: a tolerance above every difference flags nothing, and at tol = 0 an exact match (a
     # one-token sample's 0.0, a row opener's) is no leak. A real model's row openers match only to float noise, which
     # a correct float64 answer sees where float32 does not; integer logits make an exact match exact in any precision:
