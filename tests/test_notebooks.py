@@ -305,3 +305,25 @@ def test_a_graded_test_cell_keeps_its_names_to_itself():
     assert wrapped_namespace["counts"] is helper and "text" not in wrapped_namespace
     with pytest.raises(AssertionError):  # and a failing check still fails
         exec(compile(build.keep_test_names_local("assert 1 == 2"), "<test cell>", "exec"), {})
+
+
+REPOSITORY_PATH = re.compile(
+    r"(?<![\w/.:])(?:docs|benchmarks|tests|scripts|course_lib|notebooks|environments)/[\w./-]+"
+)  # a repository file named by path
+
+
+@pytest.mark.parametrize("name", CHAPTERS)
+def test_release_points_at_no_file_a_student_does_not_have(name):
+    """A student holds the release notebook and the installed package, not the repository: the release names the
+    course's pages through links (the build turns {{DOCS}} into the repository's URL), never a repository path."""
+    cells = json.loads(release_path(name).read_text(encoding="utf-8"))["cells"]
+    text = "\n".join("".join(cell["source"]) for cell in cells)
+    bare = [match.group(0) for match in REPOSITORY_PATH.finditer(re.sub(r"https?://\S+", " ", text))]
+    assert not bare, f"{name} names repository files a student does not have: {sorted(set(bare))}"
+    assert "{{DOCS}}" not in text
+
+
+def test_the_repository_path_check_sees_a_bare_path_and_not_a_link():
+    assert REPOSITORY_PATH.search("see `docs/sources.md`") and REPOSITORY_PATH.search("(environments/README.md)")
+    text = "see the [sources page](https://github.com/o/r/blob/main/docs/sources.md)"
+    assert not REPOSITORY_PATH.search(re.sub(r"https?://\S+", " ", text))

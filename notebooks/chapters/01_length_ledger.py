@@ -253,7 +253,7 @@ plt.show()
 # record's `kept_supervised_tokens` is 0. The gates judge a **cut**: a sample that fits keeps all its supervision,
 # even when that is below `min_kept_supervised_tokens`, since nothing is cut. (LCFT's code prints 0 kept tokens for
 # such a "fit"; we keep the count, so that the record agrees with what the window actually keeps; LCFT is listed on
-# the course's sources page, `docs/sources.md`.)
+# the course's [sources page]({{DOCS}}/sources.md).)
 #
 # The first lines of the function are given: keep them. They check the input and raise a `ValueError` that names
 # the field (a sample without one of its three keys, a window, minimum or length that is not an integer, a

@@ -78,8 +78,8 @@ print(
 
 # %% [markdown]
 # Fewer than half of the tokens are answers. The label mask is what keeps the other tokens out of the loss,
-# and it is built in three layers, the same three the LlamaFactory walkthrough (see the course's sources page,
-# `docs/sources.md`) finds in LlamaFactory's data pipeline:
+# and it is built in three layers, the same three the LlamaFactory walkthrough (see the course's
+# [sources page]({{DOCS}}/sources.md)) finds in LlamaFactory's data pipeline:
 # a **source layer** (数据源层: files → records → messages), a **template layer** (模板层: messages → token ids
 # with roles → labels) and a **batching layer** (批处理层: samples → a padded batch). We walk them in order.
 #

@@ -98,7 +98,7 @@ print(
 # * **FFD**: into the *first* row that still has room;
 # * **BFD**: into the row with the *least* room that still fits (TRL's `pack_dataset(strategy="bfd")`);
 # * **sequential** (next fit) keeps the data order and opens a new row whenever the sample does not fit. (The
-#   `PackingSampler` of the LlamaFactory walkthrough, listed on the course's sources page, `docs/sources.md`, is next
+#   `PackingSampler` of the LlamaFactory walkthrough, listed on the course's [sources page]({{DOCS}}/sources.md), is next
 #   fit too, but over the samples sorted longest first: chapter 4's `packed_token_budget_batches`.)
 #
 # LCFT's small example: lengths 7, 6, 4, 3 into rows of 10 fill two rows exactly.

@@ -19,7 +19,7 @@
 # 1. cost a microbatch plan: the **padded cost** (填充成本) count × longest and the **packed cost** (打包成本)
 #    sum of lengths; explain why a **fixed count** of sequences per microbatch (固定条数) lets one long sequence
 #    set the memory peak, and replace it with a **token budget** (Token 预算) over **length-sorted microbatches**
-#    (长度均衡的微批次), reproducing Agent RL §14's table (see the course's sources page, `docs/sources.md`);
+#    (长度均衡的微批次), reproducing Agent RL §14's table (see the course's [sources page]({{DOCS}}/sources.md));
 # 2. spread a global batch over **data-parallel ranks** (数据并行 rank) so that no rank straggles
 #    (负载均衡, Karmarkar–Karp **largest differencing** 最大差分法);
 # 3. show why **gradient accumulation** (梯度累积) with a per-microbatch token mean changes the gradient, fix it with

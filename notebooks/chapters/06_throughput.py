@@ -106,7 +106,7 @@ print(f"without the cache: {positions[False] / positions[True]:.1f}x the positio
 # ### The same number in the framework (transformers)
 #
 # Two checks of the formula against real objects. First, a transformers config object, built from Qwen3-8B's shipped
-# `config.json`, gives Agent RL §14.6's 147 KB (see the course's sources page, `docs/sources.md`). Second, the tiny
+# `config.json`, gives Agent RL §14.6's 147 KB (see the course's [sources page]({{DOCS}}/sources.md)). Second, the tiny
 # model runs a forward pass with `use_cache=True`; the `DynamicCache` it returns holds one key and one value tensor per
 # layer, and its bytes divided by the number of tokens must be exactly `kv_bytes_per_token(model.config, dtype_bytes=4)`
 # (the tiny model runs in fp32).

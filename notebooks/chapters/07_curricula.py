@@ -68,7 +68,7 @@ print(f"simulated: {draws.all(dim=1).float().mean():.1%} of 100,000 groups of 8 
 
 # %% [markdown]
 # A task the policy solves with probability $p = 0.9$ still returns a useless all-pass group 43% of the time at $G = 8$
-# (Agent RL §14.5 quotes the same 43%; see the course's sources page, `docs/sources.md`). As training succeeds, more
+# (Agent RL §14.5 quotes the same 43%; see the course's [sources page]({{DOCS}}/sources.md)). As training succeeds, more
 # tasks drift toward $p \to 1$, and more of the rollout budget buys nothing. Part B filters those tasks out. Part A
 # comes first: the SFT-side decision of when a longer window has earned its place.
 #

@@ -23,7 +23,7 @@
 # 2. cut a document longer than the window into **sliding windows** (滑动窗口) with an **overlap** (重叠区) and
 #    give each token's loss exactly one owner (**loss ownership**, 损失归属), so no token is counted twice or lost;
 # 3. check a published article's numbers (the Packing article: "15% less padding than linear bucketing", "98% content
-#    utilization"; see the course's sources page, `docs/sources.md`) against your own measurements (用自己的数字复核).
+#    utilization"; see the course's [sources page]({{DOCS}}/sources.md)) against your own measurements (用自己的数字复核).
 
 # %%
 #| course-setup

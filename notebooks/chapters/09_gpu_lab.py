@@ -25,7 +25,7 @@
 #    boundary checks;
 # 3. turn median step times into **effective throughput** (有效吞吐, supervised tokens per second), read a speed-up
 #    only when both candidates learn from the same tokens, and keep three **evidence levels** (证据等级) apart:
-#    LCFT's published GPU numbers (see the course's sources page, `docs/sources.md`), a CPU smoke run, and your own
+#    LCFT's published GPU numbers (see the course's [sources page]({{DOCS}}/sources.md)), a CPU smoke run, and your own
 #    GPU run.
 #
 # On a CPU the chapter runs `dry_run` and `cpu_smoke` and earns every point. With an NVIDIA GPU, set
@@ -118,9 +118,9 @@ print(
 # | measurements | finite loss and gradients, effective and processed tokens, median / p95 step time, peak memory | packing must pass its boundary checks before its speed is read |
 # | result | one JSON per run, `<results>/pt_long_context/pt-long-context_<label>.json` | a new label per run; a result is never overwritten |
 #
-# The parameter cell below mirrors LCFT's. It declares the run; the workload itself lives once, in
-# `course_lib/lab/gpu/workloads/pt_long_context.py`, and the next cell checks that what you declared
-# is what it will run.
+# The parameter cell below mirrors LCFT's. It declares the run; the workload itself lives once, in the installed
+# module `course_lib.lab.gpu.workloads.pt_long_context`, and the next cell checks that what you declared is what it
+# will run.
 
 # %%
 RUN_MODE = "dry_run"  # "dry_run": record the plan only | "real_gpu": measure (needs a CUDA GPU that passes preflight)
@@ -367,7 +367,7 @@ print(
 if smoke["failure"]:  # the sections below read its measurements: stop here with the reason, not a KeyError later
     raise RuntimeError(
         f"the CPU smoke run failed at stage {smoke['failure']['stage']}: {smoke['failure']['message']}"
-        " -- install the profile's requirements (environments/README.md) and run the notebook again"
+        " -- `course preflight PT-CPU` names what this machine lacks; install it and run the notebook again"
     )
 
 # %% [markdown]
