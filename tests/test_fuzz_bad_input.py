@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import random
 
 import pytest
 import torch
@@ -165,6 +166,7 @@ def _valid_calls(tokenizer, model):
         "records_to_chats": ((course_lib.load_records(alpaca),), {}),
         "load_chats": ((alpaca,), {}),
         "corpus_chats": ((3,), {}),
+        "random_cache_config": ((random.Random(0),), {}),
         "ledger_from_roles": ((["user", "assistant", "eos"],), {}),
         "measure_sample": ((tokenizer, CHAT), {}),
         "length_ledger": ((course_lib.load_chats(alpaca), tokenizer), {}),

@@ -334,6 +334,8 @@ def test_random_cache_configs_meet_every_way_a_config_sizes_its_cache():
     from course_lib.accounting import kv_bytes_per_token
     from course_lib.lab import random_cache_config
 
+    with pytest.raises(ValueError, match="rng must be a random.Random"):
+        random_cache_config(61)  # a seed is not a generator
     drawn = [random_cache_config(random.Random(61)) for _ in range(2)]
     assert drawn[0] == drawn[1]  # one seed, one sequence
     rng = random.Random(0)

@@ -17,8 +17,8 @@ def random_cache_config(rng: random.Random) -> tuple[dict[str, int], dict[str, A
     """(config, precisions) drawn from `rng`: a config dict as `kv_bytes_per_token` reads it, and the keyword
     arguments `weight_bytes_per_param` / `kv_dtype_bytes` for about half of the draws each.
 
-    Key/value heads always divide the attention heads. The draws come in a fixed order, so one seed gives one
-    sequence of cases:
+    Key/value heads always divide the attention heads. The draws come in a fixed order, so one seed gives one sequence
+    of cases. An `rng` that is not a `random.Random` is a ValueError.
 
     >>> config, precisions = random_cache_config(random.Random(0))
     >>> config["num_attention_heads"] % config.get("num_key_value_heads", config["num_attention_heads"])
@@ -26,6 +26,8 @@ def random_cache_config(rng: random.Random) -> tuple[dict[str, int], dict[str, A
     >>> set(precisions) <= {"weight_bytes_per_param", "kv_dtype_bytes"}
     True
     """
+    if not isinstance(rng, random.Random):
+        raise ValueError(f"rng must be a random.Random (e.g. random.Random(61)), got {rng!r}")
     heads = rng.choice([1, 2, 4, 8, 16, 32, 40, 64])
     config = {
         "num_hidden_layers": rng.randint(1, 96),
