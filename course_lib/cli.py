@@ -126,7 +126,7 @@ def _jupyter_mode(args: argparse.Namespace) -> int:
     shown = "Validate and the assignment list only" if args.mode == "student" else "all of nbgrader's menus"
     print(f"{args.mode} mode: JupyterLab shows {shown} (restart JupyterLab); wrote " + ", ".join(map(str, written)))
     for folder in jupyter_mode.overriding_configs(args.mode, args.config_dir):
-        if folder == Path(args.config_dir or jupyter_mode.default_config_dir()).resolve():
+        if folder == jupyter_mode.config_root(args.config_dir).resolve():
             print(
                 f"course jupyter-mode: warning: Jupyter does not read {folder} (see `jupyter --paths`)", file=sys.stderr
             )

@@ -13,7 +13,8 @@ instructor's tools. Student mode switches those off in the installation's Jupyte
     nbgrader_config.py: Validate drops stderr         written   removed
 
 Validate fails a cell that wrote to stderr (a library's warning under a correct answer), while `course grade` drops
-stderr before grading; the student config gives Validate the course's IgnorePattern, so the two agree.
+stderr before grading; the student config makes Validate drop stderr too (`nbgrader_hooks.validate_drops_stderr`),
+so the two agree.
 """
 
 from __future__ import annotations
@@ -42,6 +43,11 @@ else:
 """
 
 
+def config_root(config_dir: Path | None) -> Path:
+    """The folder a mode is written into: `config_dir`, or the installation's own (`default_config_dir`)."""
+    return Path(config_dir) if config_dir is not None else default_config_dir()
+
+
 def default_config_dir() -> Path:
     """The installation's own Jupyter config: `<sys.prefix>/etc/jupyter` (a virtual environment's, not the user's)."""
     return Path(sys.prefix) / "etc" / "jupyter"
@@ -64,7 +70,7 @@ def set_mode(mode: str, config_dir: Path | None = None) -> list[Path]:
     labconfig/page_config.json are kept."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
-    root = Path(config_dir) if config_dir is not None else default_config_dir()
+    root = config_root(config_dir)
     page_config = root / "labconfig" / "page_config.json"
     settings = _read_json(page_config)
     disabled = settings.get("disabledExtensions") or {}
@@ -124,7 +130,7 @@ def overriding_configs(mode: str, config_dir: Path | None = None) -> list[Path]:
     """
     from jupyter_core.paths import jupyter_config_path
 
-    root = (Path(config_dir) if config_dir is not None else default_config_dir()).resolve()
+    root = config_root(config_dir).resolve()
     searched = [Path(folder).resolve() for folder in jupyter_config_path()]
     if root not in searched:
         return [root]

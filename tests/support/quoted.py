@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 
 NUMBER = re.compile(r"(?<![\w.§/^_-])(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?(k?)(?:x|×|%)?(?![\w])")
+DATES_AND_VERSIONS = [re.compile(r"\b\d{4}-\d{2}-\d{2}\b"), re.compile(r"\b\d+\.\d+\.\d+\b")]  # 2026-11-30, 1.16.0
 NOT_QUOTES = [
-    re.compile(r"\b\d{4}-\d{2}-\d{2}\b"),  # a date
-    re.compile(r"\b\d+\.\d+\.\d+\b"),  # a version
+    *DATES_AND_VERSIONS,
     re.compile(r"\$\$.*?\$\$", re.DOTALL),  # display math
     re.compile(r"\$[^$\n]*\$"),  # inline math
     re.compile(r"```.*?```", re.DOTALL),  # fenced code
@@ -64,7 +64,7 @@ def quoted_numbers(markdown: str) -> list[Quote]:
 
 def printed_numbers(output: str) -> set[str]:
     """Every numeral in a run's output, thousands separators dropped; dates and versions (trl 1.16.0) are none."""
-    for pattern in NOT_QUOTES[:2]:
+    for pattern in DATES_AND_VERSIONS:
         output = pattern.sub(" ", output)
     return {match.group(1).replace(",", "") + (match.group(2) or "") for match in NUMBER.finditer(output)}
 
