@@ -77,9 +77,11 @@ def test_run_all_renders_a_figure(untouched):
 
 
 def test_typing_into_a_locked_cell_changes_nothing(untouched):
-    """Click into the setup cell and the last test cell (nbgrader locks both), type a line, save: the notebook on
-    disk holds every cell as it was handed out (CodeMirror draws only the lines in view, so the file is the
-    witness, not the page)."""
+    """The setup cell and the last test cell (nbgrader locks both) say so in the first line the page draws; type
+    into that line, save: the notebook on disk holds every cell as it was handed out (CodeMirror draws only the
+    lines in view, so the file is the witness, not the page)."""
+    from playwright.sync_api import expect
+
     _server, page, _shown, shots, path = untouched
     handed_out = cells.read(RELEASE).cells
     locked = [
@@ -89,9 +91,10 @@ def test_typing_into_a_locked_cell_changes_nothing(untouched):
     ]
     assert locked, "the release chapter has no locked setup or test cell"
     for index in (locked[0], locked[-1]):
-        editor = lab.code_cell(page, index).locator(".cm-content")
-        editor.scroll_into_view_if_needed()
-        editor.click()
+        first_line = lab.code_cell(page, index).locator(".cm-line").first
+        first_line.scroll_into_view_if_needed()
+        expect(first_line).to_contain_text("Locked")  # waits while CodeMirror draws the lines scrolled into view
+        first_line.click()
         page.keyboard.press("End")
         page.keyboard.type("print('mine now')")
         page.keyboard.press("Enter")
