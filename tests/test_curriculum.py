@@ -509,26 +509,17 @@ def test_the_numbers_chapter_7_quotes_for_the_filtered_pool():
 
 
 def test_the_supervision_ratio_chapter_7_quotes():
-    """§2 of chapter 7: 200 long-tailed chats, 16 samples per step, windows 256 and 512; the candidate trains on 1.43x
-    the baseline's supervised tokens per step (the prose's "1.4x"), computed as the cell computes it."""
+    """§2 of chapter 7: 200 chats of long-tailed corpus answers, 16 samples per step, windows 256 and 512; the
+    candidate trains on 1.50x the baseline's supervised tokens per step (the prose's "1.5x"), computed as the cell
+    computes it."""
     import numpy as np
 
-    from course_lib import audit_context_fit, load_course_tokenizer, measure_sample
+    from course_lib import audit_context_fit, corpus_chats, load_course_tokenizer, measure_sample
 
     tokenizer = load_course_tokenizer()
-    rng = np.random.default_rng(0)
-    words = (
-        "packing window supervision template token budget attention boundary loss gradient context answer prompt "
-        "sample memory throughput"
-    ).split()
-
-    def chat(answer_words):
-        return [
-            {"role": "user", "content": "Explain " + " ".join(rng.choice(words, size=6)) + "."},
-            {"role": "assistant", "content": " ".join(rng.choice(words, size=answer_words)) + "."},
-        ]
-
-    chats = [chat(int(n)) for n in np.clip(rng.lognormal(4.5, 0.9, 200), 4, 1500)]
+    draw = "corpus_chats(200, log_mean=1.8, log_sigma=0.9, max_sentences=40, seed=0)"
+    assert draw in _chapter_7_prose(), "chapter 7's cell no longer draws these chats"
+    chats = corpus_chats(200, log_mean=1.8, log_sigma=0.9, max_sentences=40, seed=0)
     ledgers = [measure_sample(tokenizer, c) for c in chats]
     rows = [
         {"name": f"chat-{i}", "prompt_tokens": row["prompt_tokens"], "supervised_tokens": row["supervised_tokens"]}
@@ -539,5 +530,5 @@ def test_the_supervision_ratio_chapter_7_quotes():
         plan = audit_context_fit(rows, window, ledgers[0]["template_tokens"])
         kept = [r["kept_supervised_tokens"] for r in plan["records"] if r["decision"] != "overflow"]
         per_step[window] = 16 * float(np.mean(kept))
-    assert f"{per_step[512] / per_step[256]:.2f}" == "1.43"
-    assert "(1.4x at 16 samples per step above)" in _chapter_7_prose()
+    assert f"{per_step[512] / per_step[256]:.2f}" == "1.50"
+    assert "(1.5x at 16 samples per step above)" in _chapter_7_prose()

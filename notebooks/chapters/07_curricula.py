@@ -35,6 +35,7 @@ from course_lib import (
     CURRICULUM_GATES,
     audit_context_fit,
     build_labels,
+    corpus_chats,
     filter_by_pass_rate,
     load_course_tokenizer,
     measure_sample,
@@ -92,42 +93,14 @@ print(f"simulated: {draws.all(dim=1).float().mean():.1%} of 100,000 groups of 8 
 #
 # Two rows are easy to get wrong, so we produce their evidence on real objects.
 #
-# **The token budget.** Take 200 chats with long-tailed answers, measure each from one rendering with the course
-# tokenizer (chapter 1), and let the window policy decide fit, truncate or overflow at the baseline window (256)
-# and the candidate window (512). With the same 16 samples per optimizer step, how many supervised tokens does
-# each stage train on?
+# **The token budget.** Take 200 chats whose answers are long-tailed runs of sentences from the course corpus,
+# measure each from one rendering with the course tokenizer (chapter 1), and let the window policy decide fit,
+# truncate or overflow at the baseline window (256) and the candidate window (512). With the same 16 samples per
+# optimizer step, how many supervised tokens does each stage train on?
 
 # %%
 tokenizer = load_course_tokenizer()
-rng = np.random.default_rng(0)
-words = (
-    "packing",
-    "window",
-    "supervision",
-    "template",
-    "token",
-    "budget",
-    "attention",
-    "boundary",
-    "loss",
-    "gradient",
-    "context",
-    "answer",
-    "prompt",
-    "sample",
-    "memory",
-    "throughput",
-)
-
-
-def synthetic_chat(answer_words: int) -> list[dict[str, str]]:
-    return [
-        {"role": "user", "content": "Explain " + " ".join(rng.choice(words, size=6)) + "."},
-        {"role": "assistant", "content": " ".join(rng.choice(words, size=answer_words)) + "."},
-    ]
-
-
-chats = [synthetic_chat(int(n)) for n in np.clip(rng.lognormal(4.5, 0.9, 200), 4, 1500)]
+chats = corpus_chats(200, log_mean=1.8, log_sigma=0.9, max_sentences=40, seed=0)  # answers: 1-40 corpus sentences
 ledgers = [measure_sample(tokenizer, chat) for chat in chats]
 template_tokens = ledgers[0]["template_tokens"]
 assert all(row["template_tokens"] == template_tokens for row in ledgers)  # one template, single-turn chats
@@ -796,7 +769,7 @@ assert torch.equal(std_zero, all_equal)
 #
 # **Problem: a longer-window stage "wins" and then disappoints.** *Symptom:* the 512-token stage beats the
 # 256-token baseline on long-context evaluation, but the gain vanishes when rerun. *Cause:* the stage also
-# changed the supervision per step (1.4x at 16 samples per step above) or regressed short-context quality, and
+# changed the supervision per step (1.5x at 16 samples per step above) or regressed short-context quality, and
 # one weighted score hid it. *Options:* (a) per-gate checks with the evidence logged; (b) a single weighted score
 # with tuned weights; (c) eyeballing curves. *Recommendation:* (a), with the same supervised-token budget per
 # optimizer step in both runs; a held stage names the gate to fix.
