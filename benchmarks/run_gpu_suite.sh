@@ -21,8 +21,10 @@
 # With CHAPTERS=1 it then runs the GPU cells of the chapters too, without Jupyter (scripts/run_notebook.py on the
 # instructor notebooks): chapters 3, 5 and 9 with RUN_MODE="real_gpu" (their runner cells, and chapter 5's
 # peak-memory cell), each writing its JSON under build/gpu_chapters/<chapter>/lab_results (chapter 9's with the label
-# chapter09-LABEL) and its tables to the log. It needs the instructor notebooks under notebooks/source (`course
-# build`; carry them to a machine without nbgrader).
+# chapter09-LABEL) and its tables to the log. CHAPTERS=all runs every chapter on the machine (the six without GPU
+# cells as a student's Colab runtime would; too long for one device call: split it, e.g. CHAPTERS="01 02 04 06 07 08"
+# WORKLOADS=none, then CHAPTERS=1 WORKLOADS=none); CHAPTERS="NN ..." runs those chapters. It needs the instructor
+# notebooks under notebooks/source (`course build`; carry them to a machine without nbgrader).
 set -u -o pipefail
 
 LABEL="${1:?usage: benchmarks/run_gpu_suite.sh LABEL [PROFILE]}"
@@ -37,6 +39,21 @@ if ! refusal=$($PY -c 'import sys; from course_lib.lab.gpu.records import check_
   echo "refused: $(printf '%s\n' "$refusal" | tail -n 1)" >&2  # the ValueError's line, before a log file is named
   exit 2
 fi
+GPU_CHAPTERS="03 05 09"  # their RUN_MODE="real_gpu" cells measure on the GPU; the others run as on a laptop
+ALL_CHAPTERS="$(cd notebooks/chapters && printf '%s\n' [0-9][0-9]_*.py | cut -c1-2 | tr '\n' ' ')"
+case "${CHAPTERS:-0}" in
+  0) SELECTED_CHAPTERS="" ;;
+  1) SELECTED_CHAPTERS="$GPU_CHAPTERS" ;;
+  all) SELECTED_CHAPTERS="$ALL_CHAPTERS" ;;
+  *) SELECTED_CHAPTERS="$CHAPTERS" ;;
+esac
+for chapter in $SELECTED_CHAPTERS; do
+  case " $ALL_CHAPTERS " in
+    *" $chapter "*) ;;
+    *) echo "refused: CHAPTERS=$CHAPTERS: $chapter is not a chapter (0, 1, all, or numbers among: $ALL_CHAPTERS)" >&2
+       exit 2 ;;
+  esac
+done
 WORKLOAD_IDS="$($PY -c 'from course_lib.lab.gpu.workloads import WORKLOADS; print(*WORKLOADS)')" || exit 2
 mkdir -p build/gpu_suite
 LOG="${OUT:-build/gpu_suite}/$([ -n "${OUT:-}" ] && echo suite || echo "$LABEL").log"
@@ -97,21 +114,27 @@ suite() {
   return "$status"
 }
 
+chapter_notebook() {  # chapter_notebook 03 -> notebooks/source/03_packing/03_packing.ipynb, or nothing
+  compgen -G "notebooks/source/$1_*/$1_*.ipynb" | head -n 1
+}
+
 chapters() {
-  local status=0
-  if [ ! -d notebooks/source/09_gpu_lab ]; then
-    echo "chapters: notebooks/source is missing: run 'course build' (or carry notebooks/source) first"
-    return 1
-  fi
-  echo "== chapter 3: RUN_MODE=real_gpu ($(date +%T))"
-  limited 200 $PY scripts/run_notebook.py notebooks/source/03_packing/03_packing.ipynb --set RUN_MODE='"real_gpu"' \
-    --cwd build/gpu_chapters/03 || status=1
-  echo "== chapter 5: peak GPU memory cell, RUN_MODE=real_gpu ($(date +%T))"
-  limited 200 $PY scripts/run_notebook.py notebooks/source/05_logit_memory/05_logit_memory.ipynb \
-    --set RUN_MODE='"real_gpu"' --cwd build/gpu_chapters/05 || status=1
-  echo "== chapter 9: RUN_MODE=real_gpu ($(date +%T))"
-  limited 200 $PY scripts/run_notebook.py notebooks/source/09_gpu_lab/09_gpu_lab.ipynb --set RUN_MODE='"real_gpu"' \
-    --set RUN_LABEL="'chapter09-$LABEL'" --cwd build/gpu_chapters/09 || status=1
+  local status=0 chapter notebook
+  local -a modes
+  for chapter in $SELECTED_CHAPTERS; do
+    notebook="$(chapter_notebook "$chapter")"
+    if [ -z "$notebook" ]; then
+      echo "== chapter ${chapter#0}: no instructor notebook under notebooks/source: run 'course build' (or carry" \
+        "notebooks/source) first"
+      status=1
+      continue
+    fi
+    modes=()
+    case " $GPU_CHAPTERS " in *" $chapter "*) modes=(--set RUN_MODE='"real_gpu"') ;; esac
+    if [ "$chapter" = 09 ]; then modes+=(--set RUN_LABEL="'chapter09-$LABEL'"); fi
+    echo "== chapter ${chapter#0}: $(basename "$notebook")${modes:+, RUN_MODE=real_gpu} ($(date +%T))"
+    limited 200 $PY scripts/run_notebook.py "$notebook" "${modes[@]}" --cwd "build/gpu_chapters/$chapter" || status=1
+  done
   return "$status"
 }
 
@@ -119,7 +142,7 @@ echo "== run_gpu_suite.sh $LABEL $PROFILE ($(date -u +%FT%TZ); WORKLOADS=${WORKL
   >> "$LOG"  # appended: the chapters' own call with the same label keeps the workloads' log
 suite 2>&1 | tee -a "$LOG"
 status=${PIPESTATUS[0]}
-if [ "${CHAPTERS:-0}" = 1 ]; then
+if [ -n "$SELECTED_CHAPTERS" ]; then
   chapters 2>&1 | tee -a "$LOG"  # one log: the device tool returns at most 8 files
   if [ "${PIPESTATUS[0]}" -ne 0 ] && [ "$status" -eq 0 ]; then status=1; fi
 fi
