@@ -318,7 +318,9 @@ def test_no_file_is_left_out_without_a_line(tmp_path):
 
 def test_folders_and_zips_named_like_a_submission_links_and_course_folders(tmp_path):
     """<student>_<chapter>.zip holding <chapter>.ipynb is the student's; a student's release/ copy is a submission
-    (only a course root's own release/ is left out); a linked folder is followed; a broken link is reported."""
+    (only a course root's own release/ is left out); a link within the inbox is followed, a link out of it (to a
+    folder or a file: an unpacked archive's `heidi -> the instructor's notebooks`) is refused and reported, as is
+    a broken link."""
     notebook = nbformat.writes(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1")]))
     inbox, elsewhere = tmp_path / "inbox", tmp_path / "elsewhere" / "alice"
     for path in (
@@ -332,15 +334,18 @@ def test_folders_and_zips_named_like_a_submission_links_and_course_folders(tmp_p
     (inbox / "alice").symlink_to(elsewhere, target_is_directory=True)
     (inbox / "loop").symlink_to(inbox, target_is_directory=True)  # followed once, not forever
     (inbox / f"dan_{CHAPTER}.ipynb").symlink_to(tmp_path / "gone.ipynb")
+    (inbox / f"eve_{CHAPTER}.ipynb").symlink_to(elsewhere / f"{CHAPTER}.ipynb")
     (tmp_path / "scratch").mkdir()
     chapters = [CHAPTER, "02_templates_and_labels"]
     found = submissions.discover(inbox, chapters, tmp_path / "scratch")
     by_name = {s.display: s for s in found.submissions}
     assert {name: (s.student, s.chapter) for name, s in by_name.items() if s.problem is None} == {
         f"bob_{CHAPTER}/{CHAPTER}.ipynb": ("bob", CHAPTER),
-        f"alice/{CHAPTER}.ipynb": ("alice", CHAPTER),
         f"cat/release/{CHAPTER}/cat_{CHAPTER}.ipynb": ("cat", CHAPTER),
     }
+    assert by_name["alice"].problem == "a symbolic link to a folder outside the inbox: not followed"
+    assert by_name[f"eve_{CHAPTER}.ipynb"].problem.startswith("a symbolic link to a file outside the inbox")
+    assert f"alice/{CHAPTER}.ipynb" not in by_name
     assert (
         "its folder names chapter 02_templates_and_labels"
         in by_name[f"zed_02_templates_and_labels/{CHAPTER}.ipynb"].problem

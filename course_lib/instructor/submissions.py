@@ -325,32 +325,42 @@ def _display(relative: Path, prefix: Path) -> str:
 
 
 def _files_under(folder: Path, found: Found, prefix: Path) -> list[Path]:
-    """Every file below `folder`, following links to folders (each real folder once: no loop), a broken link
-    reported as a failed file."""
+    """Every file below `folder`, following links that stay inside it (each real folder once: no loop). A link
+    that leads out of `folder` is refused, not followed: an archive unpacked with its links kept (`unzip`, `tar`)
+    could otherwise hand in `heidi/01_length_ledger.ipynb -> the instructor's solution`. A broken link is reported
+    as a failed file too."""
     files, seen = [], set()
+    inside = os.path.realpath(folder)
+
+    def refuse(path: Path, problem: str) -> None:
+        relative = prefix / path.relative_to(folder)
+        found.submissions.append(Submission(path, _display(relative, prefix), None, None, None, problem=problem))
+
     for directory, subfolders, names in os.walk(folder, followlinks=True):
         real = os.path.realpath(directory)
         if real in seen:
             subfolders[:] = []
             continue
         seen.add(real)
+        subfolders.sort()  # a folder and a link to it: the same one is walked (and the other skipped) every run
+        for name in list(subfolders):
+            if not _within(os.path.realpath(Path(directory) / name), inside):
+                subfolders.remove(name)
+                refuse(Path(directory) / name, "a symbolic link to a folder outside the inbox: not followed")
         for name in names:
             path = Path(directory) / name
-            if path.is_file():
-                files.append(path)
+            if not path.is_file():
+                refuse(path, "a link to nothing (a broken symbolic link)")
+            elif not _within(os.path.realpath(path), inside):
+                refuse(path, "a symbolic link to a file outside the inbox: copy the file itself into the inbox")
             else:
-                relative = prefix / path.relative_to(folder)
-                found.submissions.append(
-                    Submission(
-                        path,
-                        _display(relative, prefix),
-                        None,
-                        None,
-                        None,
-                        problem="a link to nothing (a broken symbolic link)",
-                    )
-                )
+                files.append(path)
     return files
+
+
+def _within(real: str, folder: str) -> bool:
+    """Is the resolved path `real` the resolved `folder` or below it?"""
+    return real == folder or real.startswith(folder.rstrip(os.sep) + os.sep)
 
 
 def _is_junk(relative: Path) -> bool:
