@@ -415,6 +415,9 @@ def test_a_todo_cell_without_metadata_is_found_by_its_function_name(tmp_path):
             "InteractiveShell",
         ),
         ("get_ipython().showtraceback = lambda *args, **kwargs: None", "showtraceback"),
+        ("import importlib, course_lib.window as w\nfresh = importlib.reload(w)", "reload"),
+        ("import marshal\ncode = marshal.loads(open(cached, 'rb').read()[16:])", "marshal"),
+        ("import inspect\nsource = inspect.getsource(audit_context_fit)", "getsource"),
     ],
 )
 def test_student_code_that_touches_the_grading_machinery_is_flagged(tampering, shown):
