@@ -69,6 +69,15 @@ def _grade(args: argparse.Namespace) -> int:
             "grades.csv says so",
             file=sys.stderr,
         )
+    from course_lib.grading import landlock
+
+    if landlock.abi() == 0:
+        print(
+            "course grade: WARNING: this kernel has no Landlock (Linux >= 5.13): the checker's student processes can "
+            "read the library's code and write where the checker works, so a submission that rebuilds a function "
+            "the grader switched off, or plants a module for the checker, is not stopped; grade on a newer kernel",
+            file=sys.stderr,
+        )
     try:
         confinement = confined.Confinement(
             mode=args.sandbox, image=args.image, memory_bytes=int(args.memory_gb * 2**30)

@@ -591,6 +591,87 @@ if lines:
     return {line: 0 for line in lines}
 """
 
+# Rebuilding the library's ledger_from_roles, which the grader switched off in the student's process: from its
+# module reloaded, from its source or bytecode on disk, from the grader's own copy of its code.
+REBUILD_TOP = """
+import importlib as _importlib
+import importlib.util as _importlib_util
+import marshal as _marshal
+import sys as _sys
+import types as _types
+
+
+def _ledger_module():
+    return _sys.modules["course_lib." + "led" + "ger"]
+"""
+RELOAD_BODY = """
+return _importlib.reload(_ledger_module()).ledger_from_roles(roles, supervise_eos=supervise_eos)
+"""
+SOURCE_BODY = """
+module = _ledger_module()
+namespace = {"__name__": "course_lib.copy", "__package__": "course_lib"}
+try:
+    with open(_importlib_util.cache_from_source(module.__file__), "rb") as handle:
+        code = _marshal.loads(handle.read()[16:])
+except OSError:
+    with open(module.__file__) as handle:
+        code = compile(handle.read(), "copy", "exec")
+exec(code, namespace)
+return namespace["ledger_from_roles"](roles, supervise_eos=supervise_eos)
+"""
+ORIGINALS_BODY = """
+codes = getattr(_sys.modules["course_lib." + "gra" + "ding"], "BLOCK" + "ABLE")
+rebuilt = _types.FunctionType(codes["ledger_from_roles"], vars(_ledger_module()))
+return rebuilt(roles, supervise_eos=supervise_eos)
+"""
+
+# A module planted where the checker imports from (its working folder, first on `python -m`'s sys.path), under
+# names it imports only later (chapter 1's hidden tests load datasets, which tries lz4, pandas, ...): imported
+# there, it makes every verdict a pass. Appended to an honest ledger_from_roles, with audit_context_fit unsolved.
+PLANTED_CHECKER_MODULE = """
+import json as _real_json
+import sys as _sys
+
+_checker = _sys.modules.get("course_lib." + "gra" + "ding.checker")
+
+
+class _Lying:
+    def __getattr__(self, name):
+        return getattr(_real_json, name)
+
+    def dumps(self, record, *args, **kwargs):
+        if isinstance(record, dict) and isinstance(record.get("cell"), dict):
+            record["cell"].update(passed=True, message="", needs_regrade="")
+        return _real_json.dumps(record, *args, **kwargs)
+
+
+if _checker is not None:
+    _checker.json = _Lying()
+raise ImportError("planted")
+"""
+PLANTER_TAIL = f"""
+
+import os as _os
+
+_PAYLOAD = {PLANTED_CHECKER_MODULE!r}
+
+
+def _plant_modules():
+    written = []
+    for folder in {{_os.getcwd(), _os.path.dirname(_os.getcwd()), _os.path.expanduser("~"), "/home/student"}}:
+        for name in ("lz4", "snappy", "isal", "zstandard", "brotli", "_strptime", "pandas", "pyarrow", "datasets"):
+            try:
+                with open(_os.path.join(folder, name + ".py"), "w") as handle:
+                    handle.write(_PAYLOAD)
+                written.append(_os.path.join(folder, name + ".py"))
+            except OSError:
+                pass
+    return written
+
+
+_planted = _plant_modules()
+"""
+
 # student -> (top of the TODO cell, body of ledger_from_roles); the body falls through to a wrong ledger (all zeros)
 ATTACKS = {
     "theft": (THEFT_TOP, THEFT_BODY),
@@ -611,7 +692,11 @@ ATTACKS = {
     "hooks": (HOOKS_TOP, HOOKS_BODY),
     "digraise": (DIG_TOP, DIG_RAISE_BODY),
     "digreturn": (DIG_TOP, DIG_RETURN_BODY),
+    "reload": (REBUILD_TOP, RELOAD_BODY),
+    "source": (REBUILD_TOP, SOURCE_BODY),
+    "originals": (REBUILD_TOP, ORIGINALS_BODY),
 }
+PLANTER = "planter"  # honest ledger_from_roles with PLANTER_TAIL, audit_context_fit as handed out: 3 points
 
 
 def _ledger_cell(imports: str, top: str, body: str) -> str:
@@ -964,6 +1049,11 @@ def hostile(tmp_path_factory):
                 hostile_inbox / f"{student}_{CHAPTER}.ipynb",
             )
         _submission(release, solutions, hostile_inbox / f"{LATER}_{CHAPTER}.ipynb")
+        planter = {
+            "todo_ledger_from_roles": solutions["todo_ledger_from_roles"] + PLANTER_TAIL,
+            "todo_audit_context_fit": cells.solution_cells(release)["todo_audit_context_fit"],
+        }
+        _submission(release, {**solutions, **planter}, hostile_inbox / f"{PLANTER}_{CHAPTER}.ipynb")
         env = dict(os.environ, COURSE_TEST_SECRET=token)
         with _FreeSpace(root) as free:
             started = time.monotonic()
@@ -1034,8 +1124,8 @@ HOSTILE = sorted(ATTACKS)
 def test_the_run_grades_every_submission_and_exits_0(hostile):
     run = hostile["run"]
     assert run.returncode == 0, run.stdout + run.stderr[-3000:]
-    assert f"graded {len(ATTACKS) + 1}, failed 0, skipped 0" in run.stdout, run.stdout
-    for student in [*ATTACKS, LATER, *HONEST_EARLIER]:
+    assert f"graded {len(ATTACKS) + 2}, failed 0, skipped 0" in run.stdout, run.stdout
+    for student in [*ATTACKS, LATER, PLANTER, *HONEST_EARLIER]:
         assert hostile["csv"][student]["status"] == "graded", (student, hostile["csv"][student])
 
 
@@ -1077,7 +1167,7 @@ def test_course_files_and_the_installed_package_are_byte_identical(hostile):
 
 @pytest.mark.slow
 def test_grades_csv_has_a_row_for_every_submission(hostile):
-    assert set(hostile["csv"]) == {*ATTACKS, LATER, *HONEST_EARLIER}
+    assert set(hostile["csv"]) == {*ATTACKS, LATER, PLANTER, *HONEST_EARLIER}
 
 
 @pytest.mark.slow
@@ -1124,7 +1214,7 @@ def test_gradebook_overwrite_changes_nothing(hostile):
     assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-2000:]
     with open(exported, encoding="utf-8") as handle:
         students = {row["student_id"] for row in csv.DictReader(handle)}
-    assert {*ATTACKS, LATER, *HONEST_EARLIER} <= students
+    assert {*ATTACKS, LATER, PLANTER, *HONEST_EARLIER} <= students
     message = _message(root, "gradebook", LEDGER)  # what it did in the checker's student process
     assert message.startswith("RuntimeError: VANDAL ") and "overwrote" not in message and "/proc/" not in message, (
         message
@@ -1236,6 +1326,27 @@ def test_switching_off_the_checks_changes_nothing(hostile):
     assert _points(hostile, "helpers") == _points(hostile, "helperscontrol") == (5.0, 0.0, 5.0)
     assert _message(root, "helpers", LEDGER) == _message(root, "helperscontrol", LEDGER)
     assert "flagged for review" in _line(hostile["run"], "helpers")
+
+
+@pytest.mark.slow
+def test_the_library_switched_off_cannot_be_rebuilt(hostile):
+    """Reloading its module, compiling its source or bytecode, or calling the grader's copy of its code: each
+    fails in the student's process (the library's code is unreadable there, the grader's copy forgotten)."""
+    root = hostile["root"]
+    for student in ("reload", "source", "originals"):
+        assert _points(hostile, student) == (5.0, 0.0, 5.0), (student, _message(root, student, LEDGER))
+    assert "Permission denied" in _message(root, "reload", LEDGER), _message(root, "reload", LEDGER)
+    assert "Permission denied" in _message(root, "source", LEDGER), _message(root, "source", LEDGER)
+    assert "KeyError" in _message(root, "originals", LEDGER), _message(root, "originals", LEDGER)
+    for student in ("reload", "source", "originals"):  # and a person is asked to read them
+        assert "flagged for review" in _line(hostile["run"], student), _line(hostile["run"], student)
+
+
+@pytest.mark.slow
+def test_a_module_planted_for_the_checker_is_never_imported(hostile):
+    """The honest ledger keeps its 3 points and the unsolved audit earns nothing: what the student's process
+    wrote is not on the checker's path, nor in the folders the checker works in."""
+    assert _points(hostile, PLANTER) == (3.0, 3.0, 0.0), _line(hostile["run"], PLANTER)
 
 
 @pytest.mark.slow

@@ -71,6 +71,14 @@ def unblock_library(name: str) -> None:
     _blockable(name).__code__ = BLOCKABLE[name]
 
 
+def forget_library(name: str) -> None:
+    """Block `name` and drop this process's last reference to its code, for good: a student process then holds
+    nothing to rebuild it from (`BLOCKABLE[name]` through a split string, `types.FunctionType`). Its source on disk
+    is the checker's to hide (`landlock`)."""
+    block_library(name)
+    BLOCKABLE.pop(name, None)
+
+
 @contextlib.contextmanager
 def library_blocked(*names: str) -> Iterator[None]:
     """Within the block, calling the library's `name` raises, through whatever name it is reached by.

@@ -8,9 +8,11 @@ run here and the student's code never does:
 2. the TODO cells are compiled, not run: `student_module` keeps their imports, definitions and assignments to
    plain names; any other top-level statement (one that patches a module, prints, loops) is dropped;
 3. each TODO function's name is bound to a `StudentFunction`. Calling it forks a child of this process; the child
-   switches the library's counterpart off, runs the compiled TODO code, calls the student's function and sends
-   back the result, or the exception it raised, as data (`encode` -> torch.save -> torch.load(weights_only=True)
-   -> `decode`; never a pickle of a student object). The child ends with the call; what it patched dies with it;
+   moves into a folder of its own and confines itself with Landlock (`confine_student_process`: it can write
+   nowhere else, nor read the library's code), switches the library's counterpart off, runs the compiled TODO
+   code, forgets the counterpart's code, calls the student's function and sends back the result, or the exception
+   it raised, as data (`encode` -> torch.save -> torch.load(weights_only=True) -> `decode`; never a pickle of a
+   student object). The child ends with the call; what it patched dies with it;
 4. the graded test cells (visible and hidden tests) run here, on those results.
 
 A check that needs the student's function inside its own process (a backward pass through the result, a memory
@@ -564,7 +566,7 @@ class StudentCode:
         started = time.monotonic()
         try:
             return run_in_child(
-                lambda: work(self.function(self.student_namespace(), name)),
+                lambda: work(self.enter(name)),
                 self.call_timeout_s,
                 keep=self.server.pid if self.server else None,
             )
@@ -575,8 +577,10 @@ class StudentCode:
         """answers_to(the student's `name`, cases), from the server when the cases can be sent, else a child."""
         started = time.monotonic()
         try:
+            if self.server is not None and self.server.name != name:
+                self.close()  # a server answers for one function: only that one's library code is gone there
             if self.server is None or not self.server.alive():
-                self.server = _Server(self)
+                self.server = _Server(self, name)
             answers = self.server.ask(name, cases, with_arguments, self.call_timeout_s)
             if self.server.left_processes():  # what it forked shares its pipes: a stale answer could follow
                 self.close()
@@ -590,6 +594,17 @@ class StudentCode:
         if self.server is not None:
             self.server.stop()
             self.server = None
+
+    def enter(self, name: str) -> Callable:
+        """In a fresh student process: confined (`confine_student_process`), the TODO code run, and the student's
+        `name` returned with the library's `name` switched off and forgotten (the others' counterparts on)."""
+        from course_lib import grading
+
+        confine_student_process()
+        function = self.function(self.student_namespace(), name)
+        if name in grading.BLOCKABLE:
+            grading.forget_library(name)
+        return function
 
     def student_namespace(self) -> dict[str, Any]:
         """In a student process: every TODO's library counterpart off first (so a copy the TODO code makes of it
@@ -623,11 +638,12 @@ class StudentCode:
 
 
 class _Server:
-    """A child forked once that runs the TODO code and answers requests: (name, cases, with_arguments) pickled
-    here (the checker's own data; objects of the setup cells travel by name), answers as `encode`d data."""
+    """A child forked once for the student's function `name` that runs the TODO code and answers requests:
+    (name, cases, with_arguments) pickled here (the checker's own data; objects of the setup cells travel by
+    name), answers as `encode`d data."""
 
-    def __init__(self, code: StudentCode):
-        self.code = code
+    def __init__(self, code: StudentCode, name: str):
+        self.code, self.name = code, name
         self.setup_ids = {id(value): key for key, value in code.namespace.items() if _by_name(value)}
         requests_read, self.requests = os.pipe()
         self.answers, answers_write = os.pipe()
@@ -707,9 +723,9 @@ class _Server:
         import pickle
 
         try:
-            namespace, failure = self.code.student_namespace(), None
+            function, failure = self.code.enter(self.name), None
         except BaseException as error:  # noqa: BLE001 - a TODO cell that fails at definition time
-            namespace, failure = {}, describe_exception(error)
+            function, failure = None, describe_exception(error)
         setup = self.code.namespace
         while True:
             try:
@@ -722,8 +738,10 @@ class _Server:
             try:
                 if failure:
                     payload = failure
+                elif name != self.name:
+                    raise UnreadableResult(f"a request for {name} reached the server of {self.name}")
                 else:
-                    payload = ("ok", encode(answers_to(self.code.function(namespace, name), cases, with_arguments)))
+                    payload = ("ok", encode(answers_to(function, cases, with_arguments)))
             except BaseException as error:  # noqa: BLE001 - travels as data
                 payload = describe_exception(error)
             _send_frame(answers, dump(payload), None)
@@ -971,6 +989,84 @@ def run_checks(
 
 
 # ---------------------------------------------------------------------------------------------- the checker process
+# Set by `prepare_student_room` when this module runs as the checker program: the folder the student processes
+# live and write in, and what Landlock keeps from them. None when `run_checks` runs inside another program (a
+# test, a notebook): its student processes are then forked but not confined.
+_STUDENT_ROOM: str | None = None
+_UNREADABLE: list[str] = []
+_READ_GRANTS: list[str] = []
+
+
+def library_code_paths() -> list[str]:
+    """The course package's code, every entry of its folder but data/: what a student process may not read (the
+    reference implementations of the TODOs are there)."""
+    import course_lib
+
+    package = os.path.dirname(os.path.realpath(course_lib.__file__))
+    return [os.path.join(package, name) for name in sorted(os.listdir(package)) if name != "data"]
+
+
+def import_library() -> None:
+    """Every module of the course package but the instructor's tools, imported now: a confined student process
+    can no longer read their files, so what its code (or the library's lazy imports) needs must be loaded."""
+    import importlib
+    import pkgutil
+
+    import course_lib
+
+    def walk(package: Any) -> None:
+        for module in pkgutil.iter_modules(package.__path__, package.__name__ + "."):
+            if module.name not in ("course_lib.instructor", "course_lib.cli"):
+                imported = importlib.import_module(module.name)
+                if module.ispkg:
+                    walk(imported)
+
+    walk(course_lib)
+
+
+def prepare_student_room(scratch: str) -> str:
+    """Once, in the checker program before any student process: `scratch`/student for the student processes (the
+    checker keeps `scratch` itself, its working folder, HOME and caches), the library imported, the Landlock rules
+    worked out. Returns the room."""
+    global _STUDENT_ROOM, _UNREADABLE, _READ_GRANTS
+    from . import landlock
+
+    room = os.path.join(scratch, "student")
+    os.makedirs(room, mode=0o700, exist_ok=True)
+    import_library()
+    _UNREADABLE = library_code_paths()
+    _READ_GRANTS = landlock.read_grants(_UNREADABLE)
+    _STUDENT_ROOM = room
+    return room
+
+
+def confine_student_process() -> int:
+    """In a student process, before its code runs: into its room (working folder, HOME, TMPDIR), then Landlock:
+    it writes only there and in /dev, and cannot read the library's code. Returns the Landlock ABI enforced (0:
+    the kernel has none, or the checker is not running as a program)."""
+    if _STUDENT_ROOM is None:
+        return 0
+    import tempfile
+
+    from . import landlock
+
+    os.chdir(_STUDENT_ROOM)
+    os.environ.update(HOME=_STUDENT_ROOM, TMPDIR=_STUDENT_ROOM, HF_HOME=os.path.join(_STUDENT_ROOM, ".cache", "hf"))
+    tempfile.tempdir = None
+    return landlock.confine([_STUDENT_ROOM, "/dev"], _UNREADABLE, grants=_READ_GRANTS)
+
+
+def without_working_folder(path: list[str], cwd: str) -> list[str]:
+    """sys.path without the working folder (`python -m` puts it first): a student process may write there, and a
+    module it plants must never be what the checker imports next.
+
+    >>> without_working_folder(["", "/w", "/usr/lib/python3.11"], "/w")
+    ['/usr/lib/python3.11']
+    """
+    here = os.path.realpath(cwd)
+    return [entry for entry in path if entry and os.path.realpath(entry) != here]
+
+
 def make_undumpable() -> None:
     """PR_SET_DUMPABLE 0: processes of the same user (the student's children) can no longer read or write this
     process's memory or open its descriptors through /proc. A no-op off Linux."""
@@ -987,6 +1083,8 @@ def main() -> int:
     """Read a job (JSON) on stdin; write {"setup": ...} then one {"cell": ...} JSON line per test cell on the
     original stdout, which only this process keeps (the cells' own prints go nowhere)."""
     make_undumpable()
+    sys.path[:] = without_working_folder(sys.path, os.getcwd())
+    prepare_student_room(os.getcwd())
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a student process's SIGINT must not interrupt a check
     job = json.loads(sys.stdin.buffer.read().decode("utf-8"))
     verdicts_fd = os.dup(1)

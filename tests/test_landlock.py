@@ -1,0 +1,160 @@
+"""course_lib.grading.landlock and the checker's confinement of its student processes, against the real kernel: each
+denial is tried for real in a forked process (here, and inside the bubblewrap sandbox where grading runs it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import course_lib
+from course_lib.grading import landlock
+from course_lib.instructor import sandbox
+
+PACKAGE = Path(course_lib.__file__).resolve().parent
+LEDGER_SOURCE = PACKAGE / "ledger.py"
+needs_landlock = pytest.mark.skipif(landlock.abi() == 0, reason="this kernel has no Landlock")
+
+
+def _in_child(work) -> dict:
+    """work() in a forked child of this process; its dict back through a pipe (the child's rules die with it)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(read)
+            os.write(write, json.dumps(work()).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as answer:
+        data = answer.read()
+    os.waitpid(pid, 0)
+    return json.loads(data)
+
+
+def _attempt(action) -> str:
+    try:
+        action()
+    except OSError as error:
+        return error.strerror or type(error).__name__
+    return "ok"
+
+
+def _write(path: Path) -> None:
+    path.write_text("x", encoding="utf-8")
+
+
+@needs_landlock
+def test_a_confined_process_reads_all_but_the_code_and_writes_only_its_folder(tmp_path):
+    room, elsewhere = tmp_path / "room", tmp_path / "elsewhere"
+    room.mkdir()
+    elsewhere.mkdir()
+    unreadable = [str(PACKAGE / name) for name in os.listdir(PACKAGE) if name != "data"]
+
+    def work() -> dict:
+        version = landlock.confine([str(room), "/dev"], unreadable)
+        return {
+            "abi": version,
+            "library source": _attempt(lambda: LEDGER_SOURCE.read_text()),
+            "library data": _attempt(lambda: (PACKAGE / "data" / "hardware.json").read_text()),
+            "elsewhere, read": _attempt(lambda: Path(sys.executable).read_bytes()[:4]),
+            "room, write": _attempt(lambda: _write(room / "mine.py")),
+            "elsewhere, write": _attempt(lambda: _write(elsewhere / "lz4.py")),
+            "/dev/null, write": _attempt(lambda: _write(Path("/dev/null"))),
+            "a child process, read": subprocess.run(["cat", str(LEDGER_SOURCE)], capture_output=True).returncode,
+        }
+
+    seen = _in_child(work)
+    assert seen == {
+        "abi": landlock.abi(),
+        "library source": "Permission denied",
+        "library data": "ok",
+        "elsewhere, read": "ok",
+        "room, write": "ok",
+        "elsewhere, write": "Permission denied",
+        "/dev/null, write": "ok",
+        "a child process, read": 1,  # what it starts inherits the rules
+    }
+    assert not (elsewhere / "lz4.py").exists() and (room / "mine.py").read_text() == "x"
+    assert LEDGER_SOURCE.read_text(encoding="utf-8")  # this process was never confined
+
+
+def test_an_unreadable_path_inside_a_writable_folder_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="overlaps the writable folder"):
+        landlock.confine([str(tmp_path)], [str(tmp_path / "code.py")])
+
+
+CHECKER_ROOM = """
+import json, os, sys
+from pathlib import Path
+import course_lib
+from course_lib.grading import checker
+
+room = checker.prepare_student_room(os.getcwd())
+scratch = os.getcwd()
+if os.fork() == 0:
+    abi = checker.confine_student_process()
+
+    def attempt(action):
+        try:
+            action()
+        except OSError as error:
+            return error.strerror
+        return "ok"
+
+    def write(path):
+        with open(path, "w") as handle:
+            handle.write("x")
+
+    package = Path(course_lib.__file__).resolve().parent
+    print(json.dumps({
+        "abi": abi,
+        "in the room": os.getcwd() == room and os.environ["HOME"] == room and os.environ["TMPDIR"] == room,
+        "library source": attempt(lambda: (package / "ledger.py").read_text()),
+        "library data": attempt(lambda: (package / "data" / "hardware.json").read_text()),
+        "room": attempt(lambda: write(os.path.join(room, "x.py"))),
+        "checker's folder": attempt(lambda: write(os.path.join(scratch, "lz4.py"))),
+        "checker's cache": attempt(lambda: os.makedirs(os.path.join(scratch, ".cache", "poison"))),
+        "/tmp": attempt(lambda: write("/tmp/x.py")),
+        "/dev/shm": attempt(lambda: write("/dev/shm/x")),
+    }), flush=True)
+    os._exit(0)
+os.wait()
+"""
+
+
+@needs_landlock
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+def test_the_checkers_student_processes_are_confined_inside_the_sandbox():
+    """Where grading runs them: the student process lives in its room and writes nowhere else the checker could
+    import or read from (its working folder, its caches, /tmp), and cannot read the library's code."""
+    result = sandbox.run(
+        [sys.executable, "-c", textwrap.dedent(CHECKER_ROOM)], mode="bwrap", limits=sandbox.Limits(wall_s=60)
+    )
+    assert result.returncode == 0, result.stderr.decode(errors="replace")[-2000:]
+    seen = json.loads(result.stdout.decode().strip().splitlines()[-1])
+    assert seen == {
+        "abi": landlock.abi(),
+        "in the room": True,
+        "library source": "Permission denied",
+        "library data": "ok",
+        "room": "ok",
+        "checker's folder": "Permission denied",
+        "checker's cache": "Permission denied",
+        "/tmp": "Permission denied",
+        "/dev/shm": "ok",
+    }
+
+
+def test_the_checker_drops_its_working_folder_from_sys_path(tmp_path):
+    """`python -m` puts the working folder first on sys.path; a module planted there is what `import` finds."""
+    from course_lib.grading.checker import without_working_folder
+
+    assert without_working_folder(["", str(tmp_path), "/usr/lib/python3"], str(tmp_path)) == ["/usr/lib/python3"]
