@@ -869,3 +869,17 @@ def test_a_roster_without_an_id_column_or_with_a_repeated_id_is_refused(tmp_path
         grade.read_roster(bad)
     bad.write_text("id\nann\n", encoding="utf-8")
     assert grade.read_roster(bad) == {"ann": ("", "")}
+
+
+@pytest.mark.parametrize("landlock_abi", [0, 3])
+def test_course_grade_warns_when_the_kernel_has_no_landlock(tmp_path, monkeypatch, capsys, landlock_abi):
+    """Without Landlock the checker's student processes could rebuild the library or plant modules: say so."""
+    from course_lib import cli
+    from course_lib.grading import landlock
+
+    root = build.copy_course_skeleton(build.NOTEBOOKS_DIR, tmp_path / "course")
+    (tmp_path / "inbox").mkdir()
+    monkeypatch.setattr(landlock, "abi", lambda: landlock_abi)
+    cli.main(["grade", str(tmp_path / "inbox"), "--root", str(root), "--no-progress"])
+    warned = "WARNING: this kernel has no Landlock" in capsys.readouterr().err
+    assert warned == (landlock_abi == 0)
