@@ -176,6 +176,7 @@ def test_editable_install_binds_the_package_folder_only():
 def test_container_command_has_the_same_confinement():
     limits = sandbox.Limits(memory_bytes=3 << 30, processes=64, file_bytes=1 << 20, scratch_bytes=1 << 28)
     env = sandbox.environment(limits, {"JOB": "1"}, path=None)
+    assert env["CUDA_VISIBLE_DEVICES"] == ""  # grading is CPU work in every mode (see environment())
     argv = sandbox._container_argv("podman", "course-sandbox-x", "course:latest", ["python", "-V"], limits, env)
     line = " ".join(argv)
     for flag in (

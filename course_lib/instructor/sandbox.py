@@ -333,6 +333,10 @@ def environment(
         "PYTHONDONTWRITEBYTECODE": "1",
         "PYTHONNOUSERSITE": "1",
         "NBGRADER_EXECUTION": "autograde",
+        # grading runs on the CPU, also under --sandbox none on a GPU machine: with a GPU, chapter 4's gloo ranks
+        # would start by "spawn", whose fresh interpreters cannot import the library a confined student process
+        # is kept from reading (grading.landlock)
+        "CUDA_VISIBLE_DEVICES": "",
     }
     if path is not None:
         env["PATH"] = path or f"{os.path.dirname(sys.executable)}:/usr/bin:/bin"
