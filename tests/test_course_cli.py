@@ -361,6 +361,25 @@ def test_folders_and_zips_named_like_a_submission_links_and_course_folders(tmp_p
     assert any("release/" in line for line in found.ignored())
 
 
+def test_a_zip_bomb_fills_neither_disk_nor_memory(tmp_path, monkeypatch):
+    """A 60 MB notebook packed into a zip of a few KB is written only up to the size limit and reported as too
+    large (not lost); a zip whose files would take more than the grader allows is refused before it is unpacked;
+    a too-large file in a folder is reported without being read."""
+    bomb = tmp_path / f"bomb_{CHAPTER}.zip"
+    with zipfile.ZipFile(bomb, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr(f"bomb_{CHAPTER}.ipynb", b" " * (60 * 2**20))
+    assert bomb.stat().st_size < 2**20
+    (tmp_path / "scratch").mkdir()
+    found = submissions.discover(submissions.unpack(bomb, tmp_path / "scratch"), [CHAPTER], tmp_path / "scratch")
+    (submission,) = found.submissions
+    assert submission.problem == "file too large (52 MB)" and submission.raw is None
+    assert submission.path.stat().st_size == submissions.MAX_BYTES + 1
+    monkeypatch.setattr(submissions, "MAX_UNPACKED_BYTES", 10 * 2**20)
+    with pytest.raises(ValueError, match=r"would take 0\.1 GB unpacked, over the grader's 0\.0 GB"):
+        submissions.unpack(bomb, tmp_path / "scratch2")
+    assert not (tmp_path / "scratch2" / "unzipped").exists() or not any((tmp_path / "scratch2").rglob("*.ipynb"))
+
+
 def test_each_cell_keeps_at_most_the_output_limit():
     notebook = nbformat.v4.new_notebook(
         cells=[nbformat.v4.new_code_cell("print(...)"), nbformat.v4.new_code_cell("small")]

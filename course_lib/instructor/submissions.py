@@ -20,7 +20,6 @@ import calendar
 import json
 import os
 import re
-import shutil
 import tempfile
 import zipfile
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ import nbformat
 
 STUDENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,99}$")
 MAX_BYTES = 50 * 1024 * 1024
+MAX_UNPACKED_BYTES = 4 * 1024**3  # what one zip may write to the grader's disk (each file counted up to MAX_BYTES)
 JUNK_FOLDERS = {".ipynb_checkpoints", "__MACOSX"}  # Jupyter's autosaves and macOS's zip copies, never submissions
 JUNK_FILES = {".DS_Store", "Thumbs.db", "desktop.ini"}
 # The course's own folders and output files, left out when the grader is pointed at the course root itself.
@@ -89,10 +89,21 @@ def _some(names: list[str], shown: int = 5) -> str:
 
 
 def _extract(archive_path: Path, target: Path) -> None:
-    """Extract a zip into `target`, refusing members that climb out of it (ValueError naming the member)."""
+    """Extract a zip into `target`, refusing members that climb out of it (ValueError naming the member).
+
+    A zip bomb fills neither the disk nor the memory: each file is written up to MAX_BYTES + 1 bytes (a larger
+    notebook is then reported as too large, not lost), and a zip whose files would take more than
+    MAX_UNPACKED_BYTES so counted is refused whole (ValueError), before anything is written."""
     target.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(archive_path) as archive:
-        for member in archive.infolist():
+        members = archive.infolist()
+        total = sum(min(member.file_size, MAX_BYTES + 1) for member in members if not member.is_dir())
+        if total > MAX_UNPACKED_BYTES:
+            raise ValueError(
+                f"{archive_path}: its files would take {total / 1e9:.1f} GB unpacked, over the grader's "
+                f"{MAX_UNPACKED_BYTES / 1e9:.1f} GB for one zip; unpack it yourself and grade the folder"
+            )
+        for member in members:
             destination = (target / member.filename).resolve()
             if not destination.is_relative_to(target.resolve()):
                 raise ValueError(f"{archive_path}: member {member.filename!r} points outside the archive")
@@ -100,7 +111,7 @@ def _extract(archive_path: Path, target: Path) -> None:
                 continue
             destination.parent.mkdir(parents=True, exist_ok=True)
             with archive.open(member) as reader, open(destination, "wb") as writer:
-                shutil.copyfileobj(reader, writer)
+                writer.write(reader.read(MAX_BYTES + 1))  # enough to know it is too large
             written = calendar.timegm((*member.date_time, 0, 0, 0))  # a zip stores no zone: read as UTC
             os.utime(destination, (written, written))  # the member's time, which grading records as submitted
 
@@ -435,6 +446,8 @@ def read_submission(path: Path, relative: Path, display: str, chapters: list[str
     submission = Submission(path, display, student, chapter, problem=problem)
     if student is not None and problem is None and not STUDENT_ID.match(student):
         submission.problem = f"student id {student!r} has characters other than letters, digits and ._@+-"
+    if submission.problem is None and path.stat().st_size > MAX_BYTES:
+        submission.problem = f"file too large ({path.stat().st_size / 1e6:.0f} MB)"  # not read into memory
     if submission.problem is None:
         submission.raw = path.read_bytes()
         submission.notebook, submission.problem = read_notebook(submission.raw)
