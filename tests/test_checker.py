@@ -235,6 +235,55 @@ def test_the_time_the_tests_take_is_not_the_students_fault_but_the_students_is()
     assert "in your functions" in slow_student.message
 
 
+BURNER = (
+    "import hashlib, threading\n"
+    "def _burn():\n"
+    "    data = b'x' * 2**22\n"
+    "    while True:\n"
+    "        hashlib.sha256(data).digest()  # releases the GIL: two threads burn two cores\n"
+    "def f(x):\n"
+    "    for _ in range(2):\n"
+    "        threading.Thread(target=_burn, daemon=True).start()\n"
+    "    return x\n"
+)
+
+
+def test_cpu_the_students_server_burns_between_calls_is_the_students_time():
+    """Threads a function leaves running in its server slow the tests down until the cell runs out of time; were
+    that counted as the tests' time, the cell would be marked 'needs regrading' (no grade, forever) instead of
+    failed. The server's CPU between requests counts as the student's."""
+    verdict = run_cell("import time\nassert f(1) == 1\ntime.sleep(20)", BURNER, ["f"], cell_timeout_s=4.0)
+    assert not verdict.passed and not verdict.needs_regrade, verdict.message
+    assert "in your functions" in verdict.message and verdict.student_seconds >= 2.0, verdict
+
+
+FRAME_READER = """
+import sys
+
+
+def ledger_from_roles(roles, *, supervise_eos=True):
+    frame = sys._getframe(1)
+    while frame is not None:  # the checker's frames, forked with the student's process
+        for value in list(frame.f_locals.values()):
+            for item in value if isinstance(value, list) else ():
+                if isinstance(item, tuple) and item and isinstance(item[0], dict) and "total_tokens" in item[0]:
+                    return item[0]
+        frame = frame.f_back
+    return {}
+"""
+
+
+def test_the_students_process_is_forked_before_the_expected_values_exist():
+    """A student process forked from the checker holds the checker's frames: were the library's answers worked
+    out before the student's, a function could return them from there."""
+    verdict = run_cell(
+        'grading.assert_matches_reference(ledger_from_roles, "ledger_from_roles", [(["system", "user", "eos"],)])',
+        FRAME_READER,
+        ["ledger_from_roles"],
+    )
+    assert not verdict.passed and "ledger_from_roles(case 0)" in verdict.message, verdict.message
+
+
 def test_a_probe_runs_beside_the_students_function_and_returns_data():
     function, code = stand_in("import torch\ndef scaled(x):\n    return 3 * x\n", "scaled")
     try:

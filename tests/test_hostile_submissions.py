@@ -625,6 +625,70 @@ rebuilt = _types.FunctionType(codes["ledger_from_roles"], vars(_ledger_module())
 return rebuilt(roles, supervise_eos=supervise_eos)
 """
 
+GRAB_TOP = """
+import sys as _sys
+import types as _types
+
+
+def _grab():  # at the top of the cell: before the grader could drop its copy of the code
+    try:
+        table = getattr(_sys.modules["course_lib." + "gra" + "ding"], "BLOCK" + "ABLE")
+        return _types.FunctionType(table["ledger_from_roles"], vars(_sys.modules["course_lib." + "led" + "ger"]))
+    except Exception:
+        return None
+
+
+_grabbed = _grab()
+"""
+GRAB_BODY = """
+if _grabbed is not None:
+    return _grabbed(roles, supervise_eos=supervise_eos)
+"""
+
+# The process that runs ledger_from_roles has the library's audit_context_fit on (the library's own functions may
+# call it): its code, stashed there where the next process could read it, would answer audit_context_fit.
+STASHER_LEDGER_TAIL = """
+
+import marshal as _marshal
+import os as _os
+import sys as _sys
+
+
+def _stash():
+    code = getattr(_sys.modules["course_lib." + "win" + "dow"].audit_context_fit, "__co" + "de__")
+    for folder in (_os.getcwd(), "/dev/shm"):
+        try:
+            with open(_os.path.join(folder, ".stash"), "wb") as handle:
+                handle.write(_marshal.dumps(code))
+        except OSError:
+            pass
+
+
+def ledger_from_roles(roles, *, supervise_eos: bool = True):
+    _stash()
+    return _honest_ledger(roles, supervise_eos=supervise_eos)
+"""
+STASHER_AUDIT = """
+import marshal as _marshal
+import os as _os
+import sys as _sys
+import types as _types
+
+
+def audit_context_fit(*args, **kwargs):
+    library = _sys.modules["course_lib." + "win" + "dow"].audit_context_fit
+    for folder in (_os.getcwd(), "/dev/shm"):
+        try:
+            with open(_os.path.join(folder, ".stash"), "rb") as handle:
+                code = _marshal.loads(handle.read())
+        except OSError:
+            continue
+        stashed = _types.FunctionType(code, vars(_sys.modules[library.__module__]), "f", library.__defaults__)
+        stashed.__kwdefaults__ = library.__kwdefaults__
+        return stashed(*args, **kwargs)
+    raise NotImplementedError("no stash")
+"""
+
 # A module planted where the checker imports from (its working folder, first on `python -m`'s sys.path), under
 # names it imports only later (chapter 1's hidden tests load datasets, which tries lz4, pandas, ...): imported
 # there, it makes every verdict a pass. Appended to an honest ledger_from_roles, with audit_context_fit unsolved.
@@ -695,8 +759,10 @@ ATTACKS = {
     "reload": (REBUILD_TOP, RELOAD_BODY),
     "source": (REBUILD_TOP, SOURCE_BODY),
     "originals": (REBUILD_TOP, ORIGINALS_BODY),
+    "grabtop": (GRAB_TOP, GRAB_BODY),
 }
 PLANTER = "planter"  # honest ledger_from_roles with PLANTER_TAIL, audit_context_fit as handed out: 3 points
+STASHER = "stasher"  # honest ledger_from_roles that stashes the library's audit code; an audit that loads it
 
 
 def _ledger_cell(imports: str, top: str, body: str) -> str:
@@ -1054,6 +1120,12 @@ def hostile(tmp_path_factory):
             "todo_audit_context_fit": cells.solution_cells(release)["todo_audit_context_fit"],
         }
         _submission(release, {**solutions, **planter}, hostile_inbox / f"{PLANTER}_{CHAPTER}.ipynb")
+        honest_renamed = solutions["todo_ledger_from_roles"].replace("def ledger_from_roles(", "def _honest_ledger(")
+        stasher = {
+            "todo_ledger_from_roles": honest_renamed + STASHER_LEDGER_TAIL,
+            "todo_audit_context_fit": STASHER_AUDIT,
+        }
+        _submission(release, {**solutions, **stasher}, hostile_inbox / f"{STASHER}_{CHAPTER}.ipynb")
         env = dict(os.environ, COURSE_TEST_SECRET=token)
         with _FreeSpace(root) as free:
             started = time.monotonic()
@@ -1124,8 +1196,8 @@ HOSTILE = sorted(ATTACKS)
 def test_the_run_grades_every_submission_and_exits_0(hostile):
     run = hostile["run"]
     assert run.returncode == 0, run.stdout + run.stderr[-3000:]
-    assert f"graded {len(ATTACKS) + 2}, failed 0, skipped 0" in run.stdout, run.stdout
-    for student in [*ATTACKS, LATER, PLANTER, *HONEST_EARLIER]:
+    assert f"graded {len(ATTACKS) + 3}, failed 0, skipped 0" in run.stdout, run.stdout
+    for student in [*ATTACKS, LATER, PLANTER, STASHER, *HONEST_EARLIER]:
         assert hostile["csv"][student]["status"] == "graded", (student, hostile["csv"][student])
 
 
@@ -1167,7 +1239,7 @@ def test_course_files_and_the_installed_package_are_byte_identical(hostile):
 
 @pytest.mark.slow
 def test_grades_csv_has_a_row_for_every_submission(hostile):
-    assert set(hostile["csv"]) == {*ATTACKS, LATER, PLANTER, *HONEST_EARLIER}
+    assert set(hostile["csv"]) == {*ATTACKS, LATER, PLANTER, STASHER, *HONEST_EARLIER}
 
 
 @pytest.mark.slow
@@ -1214,7 +1286,7 @@ def test_gradebook_overwrite_changes_nothing(hostile):
     assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-2000:]
     with open(exported, encoding="utf-8") as handle:
         students = {row["student_id"] for row in csv.DictReader(handle)}
-    assert {*ATTACKS, LATER, PLANTER, *HONEST_EARLIER} <= students
+    assert {*ATTACKS, LATER, PLANTER, STASHER, *HONEST_EARLIER} <= students
     message = _message(root, "gradebook", LEDGER)  # what it did in the checker's student process
     assert message.startswith("RuntimeError: VANDAL ") and "overwrote" not in message and "/proc/" not in message, (
         message
@@ -1333,13 +1405,21 @@ def test_the_library_switched_off_cannot_be_rebuilt(hostile):
     """Reloading its module, compiling its source or bytecode, or calling the grader's copy of its code: each
     fails in the student's process (the library's code is unreadable there, the grader's copy forgotten)."""
     root = hostile["root"]
-    for student in ("reload", "source", "originals"):
+    for student in ("reload", "source", "originals", "grabtop"):
         assert _points(hostile, student) == (5.0, 0.0, 5.0), (student, _message(root, student, LEDGER))
     assert "Permission denied" in _message(root, "reload", LEDGER), _message(root, "reload", LEDGER)
     assert "Permission denied" in _message(root, "source", LEDGER), _message(root, "source", LEDGER)
     assert "KeyError" in _message(root, "originals", LEDGER), _message(root, "originals", LEDGER)
     for student in ("reload", "source", "originals"):  # and a person is asked to read them
         assert "flagged for review" in _line(hostile["run"], student), _line(hostile["run"], student)
+
+
+@pytest.mark.slow
+def test_nothing_a_process_for_one_function_leaves_reaches_the_next(hostile):
+    """The library's audit_context_fit is on in the process that runs ledger_from_roles; its code stashed in the
+    room or /dev/shm is gone before audit_context_fit's own process starts: the unsolved audit earns nothing."""
+    assert _points(hostile, STASHER) == (3.0, 3.0, 0.0), _line(hostile["run"], STASHER)
+    assert "no stash" in _message(hostile["root"], STASHER, AUDIT), _message(hostile["root"], STASHER, AUDIT)
 
 
 @pytest.mark.slow

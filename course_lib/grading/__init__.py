@@ -363,16 +363,15 @@ def assert_matches_reference(student: Callable, name: str, cases: Iterable[Any],
     calls, checks = [], []
     for index, case in enumerate(cases):
         args, kwargs = as_case(case)
-        expected = library(*args, **kwargs)
         named = {**{f"argument {i}": arg for i, arg in enumerate(args)}, **kwargs}
         before = {key: _snapshot(value) for key, value in named.items()}
         calls.append((args, kwargs))  # shown before the call can change them
-        checks.append((expected, before, f"{name}(case {index})", shown_arguments(args, kwargs)))
+        checks.append((before, f"{name}(case {index})", shown_arguments(args, kwargs)))
     if not calls:
         raise ValueError("assert_matches_reference needs at least one case")
-    for (expected, before, label, shown), outcome in zip(
-        checks, _outcomes(student, name, calls, with_arguments=True), strict=True
-    ):
+    # the student's answers first, the library's after: a student process forked here holds no expected value
+    outcomes = _outcomes(student, name, calls, with_arguments=True)
+    for (args, kwargs), (before, label, shown), outcome in zip(calls, checks, outcomes, strict=True):
         if outcome[0] == "raised":
             error = outcome[1]
             if isinstance(error, AssertionError):
@@ -387,6 +386,7 @@ def assert_matches_reference(student: Callable, name: str, cases: Iterable[Any],
             raise AssertionError(
                 f"{label} changed its input in place: {changed}; work on a copy, the caller still needs its data"
             )
+        expected = library(*args, **kwargs)  # on the arguments as they were: the student's call left them so
         try:
             assert_same(got, expected, path=label, **tolerance)
         except AssertionError as error:

@@ -563,6 +563,10 @@ class StudentCode:
 
     def run(self, name: str, work: Callable[[Callable], Any]) -> Any:
         """work(the student's `name`) in a child forked for it, with the library's `name` switched off there."""
+        if self.server is not None and self.server.name != name:
+            self.close()  # the server of another function would be alive beside this child: see `close`
+        elif self.server is None:
+            wipe_student_room()
         started = time.monotonic()
         try:
             return run_in_child(
@@ -580,6 +584,7 @@ class StudentCode:
             if self.server is not None and self.server.name != name:
                 self.close()  # a server answers for one function: only that one's library code is gone there
             if self.server is None or not self.server.alive():
+                self.close()  # what earlier children left in the room goes first
                 self.server = _Server(self, name)
             answers = self.server.ask(name, cases, with_arguments, self.call_timeout_s)
             if self.server.left_processes():  # what it forked shares its pipes: a stale answer could follow
@@ -591,20 +596,24 @@ class StudentCode:
         return answers
 
     def close(self) -> None:
+        """No student process left, and nothing they wrote: a process for one function has the other TODOs'
+        library counterparts on, so nothing of it may reach a process for another (a file in the room or in
+        /dev/shm, a thread left running, a socket)."""
         if self.server is not None:
-            self.server.stop()
+            self.seconds += self.server.stop()
             self.server = None
+        wipe_student_room()
 
     def enter(self, name: str) -> Callable:
-        """In a fresh student process: confined (`confine_student_process`), the TODO code run, and the student's
-        `name` returned with the library's `name` switched off and forgotten (the others' counterparts on)."""
+        """In a fresh student process: confined (`confine_student_process`), the library's `name` switched off and
+        forgotten, the TODO code run, and the student's `name` returned (the other TODOs' counterparts on: the
+        library's own functions may call them)."""
         from course_lib import grading
 
         confine_student_process()
-        function = self.function(self.student_namespace(), name)
         if name in grading.BLOCKABLE:
-            grading.forget_library(name)
-        return function
+            grading.forget_library(name)  # before the TODO code runs: its top level could keep a copy
+        return self.function(self.student_namespace(), name)
 
     def student_namespace(self) -> dict[str, Any]:
         """In a student process: every TODO's library counterpart off first (so a copy the TODO code makes of it
@@ -644,6 +653,7 @@ class _Server:
 
     def __init__(self, code: StudentCode, name: str):
         self.code, self.name = code, name
+        self.cpu_in_requests = 0.0
         self.setup_ids = {id(value): key for key, value in code.namespace.items() if _by_name(value)}
         requests_read, self.requests = os.pipe()
         self.answers, answers_write = os.pipe()
@@ -674,9 +684,11 @@ class _Server:
         except Exception:  # noqa: BLE001 - whatever pickle refuses goes through a forked child instead
             return None
         deadline = time.monotonic() + timeout_s
+        before = cpu_seconds(self.pid)
         try:
             _send_frame(self.requests, request, deadline)
             data = _receive_frame(self.answers, deadline)
+            self.cpu_in_requests += cpu_seconds(self.pid) - before
         except (TimeoutError, OSError, EOFError) as error:
             self.stop()
             raise StudentProcessEnded(_why_stopped(error, timeout_s)) from None
@@ -700,14 +712,18 @@ class _Server:
             return False
         return any(name.isdigit() and int(name) not in (1, self.pid) for name in os.listdir("/proc"))
 
-    def stop(self) -> None:
+    def stop(self) -> float:
+        """End the server; returns the CPU seconds it spent between requests (threads it left running, say), which
+        count as the student's time like the requests themselves."""
         if self.pid is None:
-            return
+            return 0.0
+        idle = max(0.0, cpu_seconds(self.pid) - self.cpu_in_requests)
         for fd in (self.requests, self.answers):
             with contextlib.suppress(OSError):
                 os.close(fd)
         pid, self.pid = self.pid, None
         _end_child(pid)
+        return idle
 
     def _pickle(self, request: tuple) -> bytes:
         import pickle
@@ -937,6 +953,7 @@ def check_cell(
             exec(compile(source, f"<{grade_id}>", "exec", dont_inherit=True), namespace)  # noqa: S102
         verdict.passed = True
     except CellBudgetExceeded:
+        student.close()  # counts the CPU its server spent between requests (threads left burning) as its time
         spent = student.seconds - student_before
         if spent >= timeout_s / 2:
             verdict.message = f"CellTimeout: the cell ran past {timeout_s:g} s, {spent:.0f} s of them in your functions"
@@ -1054,6 +1071,33 @@ def confine_student_process() -> int:
     os.environ.update(HOME=_STUDENT_ROOM, TMPDIR=_STUDENT_ROOM, HF_HOME=os.path.join(_STUDENT_ROOM, ".cache", "hf"))
     tempfile.tempdir = None
     return landlock.confine([_STUDENT_ROOM, "/dev"], _UNREADABLE, grants=_READ_GRANTS)
+
+
+def wipe_student_room() -> None:
+    """Empty the room, and /dev/shm where it is the sandbox's own (this process is its first: nothing but student
+    processes writes there); called when no student process is alive."""
+    import shutil
+
+    if _STUDENT_ROOM is None:
+        return
+    for folder in (_STUDENT_ROOM, "/dev/shm") if os.getpid() == 1 else (_STUDENT_ROOM,):
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(folder):
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                else:
+                    with contextlib.suppress(OSError):
+                        os.unlink(entry.path)
+
+
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU seconds of process `pid`, all its threads (0.0 when unknown: no /proc, or gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+            fields = handle.read().rpartition(")")[2].split()
+    except (OSError, TypeError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14 and 15
 
 
 def without_working_folder(path: list[str], cwd: str) -> list[str]:
