@@ -437,6 +437,8 @@ def test_a_todo_cell_without_metadata_is_found_by_its_function_name(tmp_path):
         ("import importlib, course_lib.window as w\nfresh = importlib.reload(w)", "reload"),
         ("import marshal\ncode = marshal.loads(open(cached, 'rb').read()[16:])", "marshal"),
         ("import inspect\nsource = inspect.getsource(audit_context_fit)", "getsource"),
+        ("import sys\ncaller = sys._getframe(1).f_locals", "_getframe"),
+        ("import gc\nheld = [x for x in gc.get_objects() if isinstance(x, dict)]", "get_objects"),
     ],
 )
 def test_student_code_that_touches_the_grading_machinery_is_flagged(tampering, shown):

@@ -37,10 +37,12 @@ DEF_NAME = re.compile(r"^\s*def\s+([A-Za-z_]\w*)\s*\(", re.MULTILINE)
 # settrace and the dispatch modes are how the grader counts notebook lines and measures memory; the IPython shell's
 # hooks are how code rewrites the cells after it (input / AST transformers) or hides their errors (showtraceback).
 # `from IPython.display import display` or `%matplotlib inline` are ordinary and not flagged. Reloading a module,
-# reading its source or unmarshalling bytecode is how a switched-off library function would be rebuilt.
+# reading its source or unmarshalling bytecode is how a switched-off library function would be rebuilt; walking
+# the frames or the garbage collector's objects is how the checker's values would be dug out of a forked process.
 TAMPERING = re.compile(
     r"course_lib\.(?:nb|grading|instructor)\b|\bgrading\b|__code__|library_blocked|_ORIGINALS|sys\.modules\[|"
     r"\breload\b|\bmarshal\b|\bgetsource\w*|\bcache_from_source\b|\bBLOCKABLE\b|"
+    r"_getframe|\bf_back\b|\bf_locals\b|_current_frames|\bget_objects\b|\bget_referr\w+|"
     r"\bsettrace\b|\bgettrace\b|_python_dispatch|DispatchMode|"
     r"input_transformers\w*|ast_transformers|showtraceback|showsyntaxerror|set_custom_exc|"
     r"InteractiveShell"
