@@ -335,6 +335,10 @@ def test_folders_and_zips_named_like_a_submission_links_and_course_folders(tmp_p
     (inbox / "loop").symlink_to(inbox, target_is_directory=True)  # followed once, not forever
     (inbox / f"dan_{CHAPTER}.ipynb").symlink_to(tmp_path / "gone.ipynb")
     (inbox / f"eve_{CHAPTER}.ipynb").symlink_to(elsewhere / f"{CHAPTER}.ipynb")
+    (inbox / ".venv" / "bin").mkdir(parents=True)  # a virtual environment beside the submissions: ignored
+    (inbox / ".venv" / "bin" / "python3").symlink_to(sys.executable)
+    (inbox / ".venv" / "lib64").symlink_to(tmp_path, target_is_directory=True)
+    (inbox / "README.md").symlink_to(tmp_path / "elsewhere" / "alice" / f"{CHAPTER}.ipynb")
     (tmp_path / "scratch").mkdir()
     chapters = [CHAPTER, "02_templates_and_labels"]
     found = submissions.discover(inbox, chapters, tmp_path / "scratch")
@@ -346,6 +350,7 @@ def test_folders_and_zips_named_like_a_submission_links_and_course_folders(tmp_p
     assert by_name["alice"].problem == "a symbolic link to a folder outside the inbox: not followed"
     assert by_name[f"eve_{CHAPTER}.ipynb"].problem.startswith("a symbolic link to a file outside the inbox")
     assert f"alice/{CHAPTER}.ipynb" not in by_name
+    assert not [name for name in by_name if name.startswith(".venv") or name == "README.md"], sorted(by_name)
     assert (
         "its folder names chapter 02_templates_and_labels"
         in by_name[f"zed_02_templates_and_labels/{CHAPTER}.ipynb"].problem

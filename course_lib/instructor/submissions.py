@@ -30,6 +30,7 @@ import nbformat
 
 STUDENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,99}$")
 MAX_BYTES = 50 * 1024 * 1024
+OUTSIDE_LINK = "a symbolic link to a file outside the inbox: copy the file itself into the inbox"
 MAX_UNPACKED_BYTES = 4 * 1024**3  # what one zip may write to the grader's disk (each file counted up to MAX_BYTES)
 JUNK_FOLDERS = {".ipynb_checkpoints", "__MACOSX"}  # Jupyter's autosaves and macOS's zip copies, never submissions
 JUNK_FILES = {".DS_Store", "Thumbs.db", "desktop.ini"}
@@ -304,7 +305,8 @@ def _discover_into(
     course_root: bool = False,
 ) -> None:
     """Walk `folder`; `prefix` is where it sits in the input (a zip's path without .zip when it is an opened zip)."""
-    for path in sorted(_files_under(folder, found, prefix)):
+    files, outside = _files_under(folder, found, prefix)
+    for path in sorted(files):
         relative = prefix / path.relative_to(folder)
         display = _display(relative, prefix)
         suffix = path.suffix.lower()
@@ -319,6 +321,8 @@ def _discover_into(
             found.course_files.append(display)
         elif any(part.startswith(".") for part in relative.parts):
             _hidden(found, path, relative, display, chapters, notebook_or_zip=suffix in (".ipynb", ".zip"))
+        elif path in outside and suffix in (".ipynb", ".zip"):
+            found.submissions.append(Submission(path, display, None, None, problem=OUTSIDE_LINK))
         elif suffix == ".ipynb":
             found.submissions.append(read_submission(path, relative, display, chapters))
         elif suffix == ".zip":
@@ -335,12 +339,15 @@ def _display(relative: Path, prefix: Path) -> str:
     return f"{prefix.as_posix()}.zip/{inside}"
 
 
-def _files_under(folder: Path, found: Found, prefix: Path) -> list[Path]:
-    """Every file below `folder`, following links that stay inside it (each real folder once: no loop). A link
-    that leads out of `folder` is refused, not followed: an archive unpacked with its links kept (`unzip`, `tar`)
-    could otherwise hand in `heidi/01_length_ledger.ipynb -> the instructor's solution`. A broken link is reported
-    as a failed file too."""
-    files, seen = [], set()
+def _files_under(folder: Path, found: Found, prefix: Path) -> tuple[list[Path], set[Path]]:
+    """(every file below `folder`, the ones among them that are links leading out of it). Links are followed while
+    they stay inside (each real folder once: no loop); a link to a folder outside is not walked, and is refused
+    unless it would be left out anyway (hidden, junk). A broken link is reported as a failed file.
+
+    An outside link is refused where the grader would read it (a notebook, a zip: `_discover_into`): an archive
+    unpacked with its links kept (`unzip`, `tar`) could otherwise hand in `heidi/01_length_ledger.ipynb -> the
+    instructor's solution`; a `.venv/bin/python3 -> /usr/bin/python3` beside the submissions stays ignored."""
+    files, outside, seen = [], set(), set()
     inside = os.path.realpath(folder)
 
     def refuse(path: Path, problem: str) -> None:
@@ -355,18 +362,23 @@ def _files_under(folder: Path, found: Found, prefix: Path) -> list[Path]:
         seen.add(real)
         subfolders.sort()  # a folder and a link to it: the same one is walked (and the other skipped) every run
         for name in list(subfolders):
-            if not _within(os.path.realpath(Path(directory) / name), inside):
+            link = Path(directory) / name
+            if not _within(os.path.realpath(link), inside):
                 subfolders.remove(name)
-                refuse(Path(directory) / name, "a symbolic link to a folder outside the inbox: not followed")
+                relative = prefix / link.relative_to(folder)
+                if any(part.startswith(".") or part in JUNK_FOLDERS for part in relative.parts):
+                    found.junk.append(_display(relative, prefix))
+                else:
+                    refuse(link, "a symbolic link to a folder outside the inbox: not followed")
         for name in names:
             path = Path(directory) / name
             if not path.is_file():
                 refuse(path, "a link to nothing (a broken symbolic link)")
-            elif not _within(os.path.realpath(path), inside):
-                refuse(path, "a symbolic link to a file outside the inbox: copy the file itself into the inbox")
-            else:
-                files.append(path)
-    return files
+                continue
+            files.append(path)
+            if not _within(os.path.realpath(path), inside):
+                outside.add(path)
+    return files, outside
 
 
 def _within(real: str, folder: str) -> bool:
