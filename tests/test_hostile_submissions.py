@@ -655,13 +655,25 @@ import sys as _sys
 
 
 def _stash():
-    code = getattr(_sys.modules["course_lib." + "win" + "dow"].audit_context_fit, "__co" + "de__")
+    data = _marshal.dumps(getattr(_sys.modules["course_lib." + "win" + "dow"].audit_context_fit, "__co" + "de__"))
     for folder in (_os.getcwd(), "/dev/shm"):
         try:
-            with open(_os.path.join(folder, ".stash"), "wb") as handle:
-                handle.write(_marshal.dumps(code))
+            hideout = _os.path.join(folder, "hideout")
+            _os.makedirs(hideout, exist_ok=True)
+            with open(_os.path.join(hideout, ".stash"), "wb") as handle:
+                handle.write(data)
+            _os.chmod(hideout, 0o500)  # read-only: a wipe that only unlinks would leave it
         except OSError:
             pass
+    try:  # and a System V segment, which outlives its process
+        import ctypes as _ctypes
+
+        libc = _ctypes.CDLL(None, use_errno=True)
+        libc.shmat.restype = _ctypes.c_void_p
+        address = libc.shmat(libc.shmget(0x5EED, 1 << 20, 0o1000 | 0o600), None, 0)
+        _ctypes.memmove(address, len(data).to_bytes(8, "little") + data, 8 + len(data))
+    except Exception:
+        pass
 
 
 def ledger_from_roles(roles, *, supervise_eos: bool = True):
@@ -675,18 +687,34 @@ import sys as _sys
 import types as _types
 
 
-def audit_context_fit(*args, **kwargs):
-    library = _sys.modules["course_lib." + "win" + "dow"].audit_context_fit
+def _stashed():
     for folder in (_os.getcwd(), "/dev/shm"):
         try:
-            with open(_os.path.join(folder, ".stash"), "rb") as handle:
-                code = _marshal.loads(handle.read())
+            with open(_os.path.join(folder, "hideout", ".stash"), "rb") as handle:
+                return handle.read()
         except OSError:
             continue
-        stashed = _types.FunctionType(code, vars(_sys.modules[library.__module__]), "f", library.__defaults__)
-        stashed.__kwdefaults__ = library.__kwdefaults__
-        return stashed(*args, **kwargs)
-    raise NotImplementedError("no stash")
+    import ctypes as _ctypes
+
+    libc = _ctypes.CDLL(None, use_errno=True)
+    libc.shmat.restype = _ctypes.c_void_p
+    segment = libc.shmget(0x5EED, 0, 0)
+    if segment >= 0:
+        address = libc.shmat(segment, None, 0)
+        size = int.from_bytes(_ctypes.string_at(address, 8), "little")
+        return _ctypes.string_at(address + 8, size)
+    return None
+
+
+def audit_context_fit(*args, **kwargs):
+    library = _sys.modules["course_lib." + "win" + "dow"].audit_context_fit
+    data = _stashed()
+    if data is None:
+        raise NotImplementedError("no stash")
+    code = _marshal.loads(data)
+    stashed = _types.FunctionType(code, vars(_sys.modules[library.__module__]), "f", library.__defaults__)
+    stashed.__kwdefaults__ = library.__kwdefaults__
+    return stashed(*args, **kwargs)
 """
 
 # A module planted where the checker imports from (its working folder, first on `python -m`'s sys.path), under
@@ -1417,7 +1445,8 @@ def test_the_library_switched_off_cannot_be_rebuilt(hostile):
 @pytest.mark.slow
 def test_nothing_a_process_for_one_function_leaves_reaches_the_next(hostile):
     """The library's audit_context_fit is on in the process that runs ledger_from_roles; its code stashed in the
-    room or /dev/shm is gone before audit_context_fit's own process starts: the unsolved audit earns nothing."""
+    room or /dev/shm (in a folder made read-only) or in a System V segment is gone before audit_context_fit's own
+    process starts: the unsolved audit earns nothing."""
     assert _points(hostile, STASHER) == (3.0, 3.0, 0.0), _line(hostile["run"], STASHER)
     assert "no stash" in _message(hostile["root"], STASHER, AUDIT), _message(hostile["root"], STASHER, AUDIT)
 

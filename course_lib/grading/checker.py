@@ -602,6 +602,8 @@ class StudentCode:
         if self.server is not None:
             self.seconds += self.server.stop()
             self.server = None
+        if os.getpid() == 1:
+            kill_all_others()  # a server forked or stopped just as the cell's alarm struck may have no pid here
         wipe_student_room()
 
     def enter(self, name: str) -> Callable:
@@ -690,10 +692,10 @@ class _Server:
             data = _receive_frame(self.answers, deadline)
             self.cpu_in_requests += cpu_seconds(self.pid) - before
         except (TimeoutError, OSError, EOFError) as error:
-            self.stop()
+            self.code.seconds += self.stop()
             raise StudentProcessEnded(_why_stopped(error, timeout_s)) from None
         except BaseException:  # the cell's own time ran out mid-request: a half-read answer must not be the next one
-            self.stop()
+            self.code.seconds += self.stop()
             raise
         payload = load(data)
         if type(payload) is tuple and len(payload) == 4 and payload[0] == "raised":
@@ -1063,10 +1065,12 @@ def confine_student_process() -> int:
     the kernel has none, or the checker is not running as a program)."""
     if _STUDENT_ROOM is None:
         return 0
+    import resource
     import tempfile
 
     from . import landlock
 
+    resource.setrlimit(resource.RLIMIT_MSGQUEUE, (0, 0))  # POSIX message queues would outlive it, unseen by the wipe
     os.chdir(_STUDENT_ROOM)
     os.environ.update(HOME=_STUDENT_ROOM, TMPDIR=_STUDENT_ROOM, HF_HOME=os.path.join(_STUDENT_ROOM, ".cache", "hf"))
     tempfile.tempdir = None
@@ -1074,20 +1078,63 @@ def confine_student_process() -> int:
 
 
 def wipe_student_room() -> None:
-    """Empty the room, and /dev/shm where it is the sandbox's own (this process is its first: nothing but student
-    processes writes there); called when no student process is alive."""
-    import shutil
-
+    """Empty the room, and, where this process is the sandbox's first (nothing but student processes writes in
+    its /dev/shm and IPC namespace), /dev/shm and every System V shared memory segment, semaphore set and message
+    queue; called when no student process is alive. A folder a student process made read-only is made writable
+    first (Landlock does not govern chmod; the owner, this process's uid, may always undo it)."""
     if _STUDENT_ROOM is None:
         return
-    for folder in (_STUDENT_ROOM, "/dev/shm") if os.getpid() == 1 else (_STUDENT_ROOM,):
+    sandboxed = os.getpid() == 1
+    for folder in (_STUDENT_ROOM, "/dev/shm") if sandboxed else (_STUDENT_ROOM,):
         with contextlib.suppress(OSError):
-            for entry in os.scandir(folder):
-                if entry.is_dir(follow_symlinks=False):
-                    shutil.rmtree(entry.path, ignore_errors=True)
+            os.chmod(folder, 0o700 if folder == _STUDENT_ROOM else 0o1777)
+        _empty_folder(folder)
+    if sandboxed:
+        remove_sysv_ipc()
+
+
+def _empty_folder(folder: str) -> None:
+    for entry in list(_scan(folder)):
+        if entry.is_dir(follow_symlinks=False):
+            with contextlib.suppress(OSError):
+                os.chmod(entry.path, 0o700)
+            _empty_folder(entry.path)
+            with contextlib.suppress(OSError):
+                os.rmdir(entry.path)
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
+
+
+def _scan(folder: str) -> list[os.DirEntry]:
+    try:
+        with os.scandir(folder) as entries:
+            return list(entries)
+    except OSError:
+        return []
+
+
+def remove_sysv_ipc() -> None:
+    """Remove every System V IPC object this process can see (its IPC namespace's, when it is a sandbox's first
+    process): a segment or queue outlives the student process that made it and could carry data to the next."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    ipc_rmid = 0
+    for kind, remove in (("shm", libc.shmctl), ("msg", libc.msgctl), ("sem", libc.semctl)):
+        try:
+            with open(f"/proc/sysvipc/{kind}", encoding="ascii") as table:
+                rows = table.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) > 1 and fields[1].isdigit():  # key, then id
+                identifier = int(fields[1])
+                if kind == "sem":
+                    remove(identifier, 0, ipc_rmid)
                 else:
-                    with contextlib.suppress(OSError):
-                        os.unlink(entry.path)
+                    remove(identifier, ipc_rmid, None)
 
 
 def cpu_seconds(pid: int | None) -> float:
