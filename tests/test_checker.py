@@ -240,9 +240,9 @@ BURNER = (
     "def _burn():\n"
     "    data = b'x' * 2**22\n"
     "    while True:\n"
-    "        hashlib.sha256(data).digest()  # releases the GIL: two threads burn two cores\n"
+    "        hashlib.sha256(data).digest()  # releases the GIL: the threads burn every core\n"
     "def f(x):\n"
-    "    for _ in range(2):\n"
+    "    for _ in range(8):  # more threads than cores: most of the CPU even on a loaded machine\n"
     "        threading.Thread(target=_burn, daemon=True).start()\n"
     "    return x\n"
 )
