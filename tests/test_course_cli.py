@@ -380,9 +380,19 @@ def test_a_zip_bomb_fills_neither_disk_nor_memory(tmp_path, monkeypatch):
     assert submission.problem == "file too large (52 MB)" and submission.raw is None
     assert submission.path.stat().st_size == submissions.MAX_BYTES + 1
     monkeypatch.setattr(submissions, "MAX_UNPACKED_BYTES", 10 * 2**20)
-    with pytest.raises(ValueError, match=r"would take 0\.1 GB unpacked, over the grader's 0\.0 GB"):
+    with pytest.raises(ValueError, match=r"would take 0\.1 GB unpacked, over what is left of the grader's 0\.0 GB"):
         submissions.unpack(bomb, tmp_path / "scratch2")
-    assert not (tmp_path / "scratch2" / "unzipped").exists() or not any((tmp_path / "scratch2").rglob("*.ipynb"))
+    assert not any((tmp_path / "scratch2").rglob("*.ipynb"))
+    monkeypatch.setattr(submissions, "MAX_UNPACKED_BYTES", 80 * 2**20)  # one bomb fits, not two
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    for student in ("ann", "ben"):
+        shutil.copy(bomb, inbox / f"{student}_{CHAPTER}.zip")
+    (tmp_path / "scratch3").mkdir()
+    found = submissions.discover(inbox, [CHAPTER], tmp_path / "scratch3")
+    problems = {s.display: s.problem for s in found.submissions}
+    assert problems[f"ann_{CHAPTER}.zip/bomb_{CHAPTER}.ipynb"] == "file too large (52 MB)", problems
+    assert "over what is left of the grader's" in problems[f"ben_{CHAPTER}.zip"], problems
 
 
 def test_each_cell_keeps_at_most_the_output_limit():

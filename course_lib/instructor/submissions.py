@@ -31,7 +31,7 @@ import nbformat
 STUDENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,99}$")
 MAX_BYTES = 50 * 1024 * 1024
 OUTSIDE_LINK = "a symbolic link to a file outside the inbox: copy the file itself into the inbox"
-MAX_UNPACKED_BYTES = 4 * 1024**3  # what one zip may write to the grader's disk (each file counted up to MAX_BYTES)
+MAX_UNPACKED_BYTES = 4 * 1024**3  # what a run's zips may write to the grader's disk (files counted up to MAX_BYTES)
 JUNK_FOLDERS = {".ipynb_checkpoints", "__MACOSX"}  # Jupyter's autosaves and macOS's zip copies, never submissions
 JUNK_FILES = {".DS_Store", "Thumbs.db", "desktop.ini"}
 # The course's own folders and output files, left out when the grader is pointed at the course root itself.
@@ -89,20 +89,23 @@ def _some(names: list[str], shown: int = 5) -> str:
     return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
 
 
-def _extract(archive_path: Path, target: Path) -> None:
+def _extract(archive_path: Path, target: Path, scratch: Path) -> None:
     """Extract a zip into `target`, refusing members that climb out of it (ValueError naming the member).
 
     A zip bomb fills neither the disk nor the memory: each file is written up to MAX_BYTES + 1 bytes (a larger
-    notebook is then reported as too large, not lost), and a zip whose files would take more than
-    MAX_UNPACKED_BYTES so counted is refused whole (ValueError), before anything is written."""
+    notebook is then reported as too large, not lost), and a zip whose files, so counted, would bring what the run
+    has unpacked into `scratch` over MAX_UNPACKED_BYTES is refused whole (ValueError), before anything is
+    written: ten bombs share one budget."""
     target.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(archive_path) as archive:
         members = archive.infolist()
         total = sum(min(member.file_size, MAX_BYTES + 1) for member in members if not member.is_dir())
-        if total > MAX_UNPACKED_BYTES:
+        unpacked = sum(path.stat().st_size for path in Path(scratch).rglob("*") if path.is_file())
+        if unpacked + total > MAX_UNPACKED_BYTES:
             raise ValueError(
-                f"{archive_path}: its files would take {total / 1e9:.1f} GB unpacked, over the grader's "
-                f"{MAX_UNPACKED_BYTES / 1e9:.1f} GB for one zip; unpack it yourself and grade the folder"
+                f"{archive_path}: its files would take {total / 1e9:.1f} GB unpacked, over what is left of the "
+                f"grader's {MAX_UNPACKED_BYTES / 1e9:.1f} GB for the run's zips; unpack it yourself and grade the "
+                "folder"
             )
         for member in members:
             destination = (target / member.filename).resolve()
@@ -124,7 +127,7 @@ def unpack(source: Path, scratch: Path) -> Path:
         return source
     if not zipfile.is_zipfile(source):
         raise ValueError(f"{source} is neither a folder nor a zip file")
-    _extract(source, scratch / "unzipped")
+    _extract(source, scratch / "unzipped", scratch)
     return scratch / "unzipped"
 
 
@@ -443,7 +446,7 @@ def _open_nested_zip(
     else:
         target = Path(tempfile.mkdtemp(prefix="zip-", dir=scratch))
         try:
-            _extract(path, target)
+            _extract(path, target, scratch)
         except (ValueError, OSError, zipfile.BadZipFile) as error:
             problem = f"cannot open this zip: {error}"
         else:
