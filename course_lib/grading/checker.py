@@ -1079,9 +1079,10 @@ def confine_student_process() -> int:
 
 def wipe_student_room() -> None:
     """Empty the room, and, where this process is the sandbox's first (nothing but student processes writes in
-    its /dev/shm and IPC namespace), /dev/shm and every System V shared memory segment, semaphore set and message
-    queue; called when no student process is alive. A folder a student process made read-only is made writable
-    first (Landlock does not govern chmod; the owner, this process's uid, may always undo it)."""
+    its /dev/shm and IPC namespace), /dev/shm, every System V shared memory segment, semaphore set and message
+    queue, and the keyrings of the uid; called when no student process is alive. A folder a student process made
+    read-only is made writable first (Landlock does not govern chmod; the owner, this process's uid, may always
+    undo it)."""
     if _STUDENT_ROOM is None:
         return
     sandboxed = os.getpid() == 1
@@ -1091,6 +1092,7 @@ def wipe_student_room() -> None:
         _empty_folder(folder)
     if sandboxed:
         remove_sysv_ipc()
+        clear_keyrings()
 
 
 def _empty_folder(folder: str) -> None:
@@ -1112,6 +1114,25 @@ def _scan(folder: str) -> list[os.DirEntry]:
             return list(entries)
     except OSError:
         return []
+
+
+_KEYCTL = {"x86_64": 250, "aarch64": 219}  # the keyctl system call's number
+_KEYCTL_CLEAR = 7
+_SHARED_KEYRINGS = (-3, -4, -5)  # the session, user and user-session keyrings: shared by every process of the uid
+
+
+def clear_keyrings() -> None:
+    """Empty the kernel keyrings every process of this uid shares (a key added by one student process would
+    outlive it and could carry data to the next); a no-op where the call is unknown or refused."""
+    import ctypes
+    import platform
+
+    number = _KEYCTL.get(platform.machine())
+    if number is None:
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    for keyring in _SHARED_KEYRINGS:
+        libc.syscall(number, _KEYCTL_CLEAR, ctypes.c_long(keyring))
 
 
 def remove_sysv_ipc() -> None:
