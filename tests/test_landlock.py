@@ -158,3 +158,24 @@ def test_the_checker_drops_its_working_folder_from_sys_path(tmp_path):
     from course_lib.grading.checker import without_working_folder
 
     assert without_working_folder(["", str(tmp_path), "/usr/lib/python3"], str(tmp_path)) == ["/usr/lib/python3"]
+
+
+def test_a_kernel_that_refuses_confinement_is_the_graders_problem_not_the_students(monkeypatch, tmp_path):
+    """Tried in a process of the checker's own, before any student code: its answer marks the submission for
+    regrading (a refusal in the student's process could be the student's own doing)."""
+    from course_lib.grading import checker
+
+    monkeypatch.setattr(checker, "_STUDENT_ROOM", str(tmp_path))
+    monkeypatch.setattr(checker, "_UNREADABLE", [])
+    monkeypatch.setattr(checker, "_READ_GRANTS", [])
+
+    def refuse(*args, **kwargs):
+        raise OSError(1, "landlock_restrict_self failed: Operation not permitted")
+
+    monkeypatch.setattr(landlock, "confine", refuse)
+    assert checker.confinement_problem() == (
+        "PermissionError: [Errno 1] landlock_restrict_self failed: Operation not permitted"  # OSError(1) is one
+    )
+    monkeypatch.undo()
+    monkeypatch.setattr(checker, "_STUDENT_ROOM", str(tmp_path))
+    assert checker.confinement_problem() is None  # here the kernel confines (or has no Landlock: a no-op)

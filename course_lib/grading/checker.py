@@ -1168,6 +1168,31 @@ def cpu_seconds(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14 and 15
 
 
+def confinement_problem() -> str | None:
+    """Why a student process could not confine itself here, tried in a forked process that runs no student code
+    (None: it can). A refusal inside a student's own process could not be told from the student's doing; this
+    answer can, so the grader marks the submission for regrading instead of failing its cells."""
+    from . import landlock
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        message = b""
+        try:
+            os.close(read)
+            landlock.confine([_STUDENT_ROOM or os.getcwd(), "/dev"], _UNREADABLE, grants=_READ_GRANTS)
+        except BaseException as error:  # noqa: BLE001 - whatever it was is the answer
+            message = f"{type(error).__name__}: {error}".encode("utf-8", "replace")[:500]
+        finally:
+            os.write(write, message)
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as answer:
+        data = answer.read()
+    os.waitpid(pid, 0)
+    return data.decode("utf-8", "replace") or None
+
+
 def without_working_folder(path: list[str], cwd: str) -> list[str]:
     """sys.path without the working folder (`python -m` puts it first): a student process may write there, and a
     module it plants must never be what the checker imports next.
@@ -1197,8 +1222,12 @@ def main() -> int:
     make_undumpable()
     sys.path[:] = without_working_folder(sys.path, os.getcwd())
     prepare_student_room(os.getcwd())
+    refused = confinement_problem()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a student process's SIGINT must not interrupt a check
     job = json.loads(sys.stdin.buffer.read().decode("utf-8"))
+    if refused:  # a setup problem: the submission is graded again, not failed
+        print(json.dumps({"setup": f"the grader could not confine the student's processes ({refused})"}))
+        return 0
     verdicts_fd = os.dup(1)
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
