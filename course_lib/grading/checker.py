@@ -1073,7 +1073,7 @@ def confine_student_process() -> int:
     resource.setrlimit(resource.RLIMIT_MSGQUEUE, (0, 0))  # POSIX message queues would outlive it, unseen by the wipe
     os.chdir(_STUDENT_ROOM)
     os.environ.update(HOME=_STUDENT_ROOM, TMPDIR=_STUDENT_ROOM, HF_HOME=os.path.join(_STUDENT_ROOM, ".cache", "hf"))
-    tempfile.tempdir = None
+    tempfile.tempdir = _STUDENT_ROOM  # set, not probed: a room the TODO code filled must not fail the lookup
     return landlock.confine([_STUDENT_ROOM, "/dev"], _UNREADABLE, grants=_READ_GRANTS)
 
 
