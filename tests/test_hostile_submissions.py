@@ -655,7 +655,8 @@ import sys as _sys
 
 
 def _stash():
-    data = _marshal.dumps(getattr(_sys.modules["course_lib." + "win" + "dow"].audit_context_fit, "__co" + "de__"))
+    audit = _sys.modules["course_lib." + "win" + "dow"].audit_context_fit
+    data = _marshal.dumps(getattr(audit, "__co" + "de__"))
     for folder in (_os.getcwd(), "/dev/shm"):
         try:
             hideout = _os.path.join(folder, "hideout")
@@ -1166,6 +1167,8 @@ def hostile(tmp_path_factory):
             "todo_audit_context_fit": STASHER_AUDIT,
         }
         _submission(release, {**solutions, **stasher}, hostile_inbox / f"{STASHER}_{CHAPTER}.ipynb")
+        written[PLANTER] = planter["todo_ledger_from_roles"]  # checked, as the attacks are, to quote no hidden line
+        written[STASHER] = "\n".join(stasher.values())
         env = dict(os.environ, COURSE_TEST_SECRET=token)
         with _FreeSpace(root) as free:
             started = time.monotonic()

@@ -989,6 +989,8 @@ def run_checks(
     problem = run_setup(namespace, setup, cell_timeout_s)
     if problem:
         return problem, []
+    if _STUDENT_ROOM is not None:  # after the setup cells, whose time limit is theirs to spend on their imports
+        import_library()
     student = StudentCode(dict(namespace), solutions, call_timeout_s, tuple(names))
     for name in names:
         namespace[name] = StudentFunction(student, name)
@@ -1045,14 +1047,13 @@ def import_library() -> None:
 
 def prepare_student_room(scratch: str) -> str:
     """Once, in the checker program before any student process: `scratch`/student for the student processes (the
-    checker keeps `scratch` itself, its working folder, HOME and caches), the library imported, the Landlock rules
-    worked out. Returns the room."""
+    checker keeps `scratch` itself, its working folder, HOME and caches) and the Landlock rules worked out (the
+    library is imported after the setup cells, `run_checks`). Returns the room."""
     global _STUDENT_ROOM, _UNREADABLE, _READ_GRANTS
     from . import landlock
 
     room = os.path.join(scratch, "student")
     os.makedirs(room, mode=0o700, exist_ok=True)
-    import_library()
     _UNREADABLE = library_code_paths()
     _READ_GRANTS = landlock.read_grants(_UNREADABLE)
     _STUDENT_ROOM = room
