@@ -563,10 +563,7 @@ class StudentCode:
 
     def run(self, name: str, work: Callable[[Callable], Any]) -> Any:
         """work(the student's `name`) in a child forked for it, with the library's `name` switched off there."""
-        if self.server is not None and self.server.name != name:
-            self.close()  # the server of another function would be alive beside this child: see `close`
-        elif self.server is None:
-            wipe_student_room()
+        self.only_for(name)
         started = time.monotonic()
         try:
             return run_in_child(
@@ -581,10 +578,8 @@ class StudentCode:
         """answers_to(the student's `name`, cases), from the server when the cases can be sent, else a child."""
         started = time.monotonic()
         try:
-            if self.server is not None and self.server.name != name:
-                self.close()  # a server answers for one function: only that one's library code is gone there
-            if self.server is None or not self.server.alive():
-                self.close()  # what earlier children left in the room goes first
+            self.only_for(name)
+            if self.server is None:
                 self.server = _Server(self, name)
             answers = self.server.ask(name, cases, with_arguments, self.call_timeout_s)
             if self.server.left_processes():  # what it forked shares its pipes: a stale answer could follow
@@ -594,6 +589,12 @@ class StudentCode:
         if answers is None:  # not picklable: the arguments exist in a forked child already
             answers = self.run(name, lambda function: answers_to(function, cases, with_arguments))
         return answers
+
+    def only_for(self, name: str) -> None:
+        """Before a student process for `name` starts: the only one alive beside it may be `name`'s own server; any
+        other (another function's server, a dead one) is ended and the room wiped (`close`)."""
+        if self.server is None or self.server.name != name or not self.server.alive():
+            self.close()
 
     def close(self) -> None:
         """No student process left, and nothing they wrote: a process for one function has the other TODOs'
@@ -1069,12 +1070,17 @@ def confine_student_process() -> int:
     import resource
     import tempfile
 
-    from . import landlock
-
     resource.setrlimit(resource.RLIMIT_MSGQUEUE, (0, 0))  # POSIX message queues would outlive it, unseen by the wipe
     os.chdir(_STUDENT_ROOM)
     os.environ.update(HOME=_STUDENT_ROOM, TMPDIR=_STUDENT_ROOM, HF_HOME=os.path.join(_STUDENT_ROOM, ".cache", "hf"))
     tempfile.tempdir = _STUDENT_ROOM  # set, not probed: a room the TODO code filled must not fail the lookup
+    return _landlock_student()
+
+
+def _landlock_student() -> int:
+    """The Landlock rules of a student process: writes in its room and /dev only, no reading the library's code."""
+    from . import landlock
+
     return landlock.confine([_STUDENT_ROOM, "/dev"], _UNREADABLE, grants=_READ_GRANTS)
 
 
@@ -1173,15 +1179,13 @@ def confinement_problem() -> str | None:
     """Why a student process could not confine itself here, tried in a forked process that runs no student code
     (None: it can). A refusal inside a student's own process could not be told from the student's doing; this
     answer can, so the grader marks the submission for regrading instead of failing its cells."""
-    from . import landlock
-
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:
         message = b""
         try:
             os.close(read)
-            landlock.confine([_STUDENT_ROOM or os.getcwd(), "/dev"], _UNREADABLE, grants=_READ_GRANTS)
+            _landlock_student()
         except BaseException as error:  # noqa: BLE001 - whatever it was is the answer
             message = f"{type(error).__name__}: {error}".encode("utf-8", "replace")[:500]
         finally:
