@@ -805,12 +805,18 @@ def test_recording_one_submission_is_all_or_nothing(tmp_path, fails):
 
 @pytest.mark.slow
 def test_a_setup_cell_out_of_time_marks_the_submission_for_regrading_not_zero(built, tmp_path):
-    """The locked setup cell importing torch on a loaded machine is no fault of the student's: with a cell limit
-    too short for it, the submission is not graded but marked for regrading, the summary counts it, grades.csv says
-    why; the same command with a sane limit grades it without --force."""
+    """A locked setup cell slower than the cell limit (a loaded machine's torch import) is no fault of the
+    student's: the submission is not graded but marked for regrading, the summary counts it, grades.csv says why;
+    the same command with a sane limit grades it without --force. The course copy's setup cell sleeps 2 s, so the
+    0.5 s limit strikes it on any machine (the checker's own imports may make the real cell fast)."""
     base, root, _ = built
     course = tmp_path / "course"
     shutil.copytree(root, course)
+    source_path = course / "source" / CHAPTER / f"{CHAPTER}.ipynb"
+    source = cells.read(source_path)
+    setup = next(cell for cell in source.cells if cells.is_setup(cell))
+    setup.source += "\nimport time\ntime.sleep(2)  # a loaded machine\n"
+    nbformat.write(source, str(source_path))
     solutions = cells.solution_cells(cells.read(course / "source" / CHAPTER / f"{CHAPTER}.ipynb"))
     inbox = tmp_path / "inbox"
     inbox.mkdir()
