@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import copy
 import re
+import time
 from pathlib import Path
 
 import pytest
 
+from course_lib.instructor import cells
 from tests.mutants import survey
 from tests.mutants.equivalent import EQUIVALENT
+from tests.support.grading import grade_in_process
 
 pytestmark = pytest.mark.slow  # the whole module: `make test-all` runs it, `make test` does not
 
@@ -66,6 +69,24 @@ def test_the_survey_finds_a_gap_when_hidden_tests_are_removed(notebooks):
         key.startswith("padding_vs_packing_ledger | cross_sample = 0 if mask_first_label else count - 1")
         for key in unexplained
     ), unexplained
+
+
+def test_an_endless_edit_fails_its_cell_at_the_limit(notebooks):
+    """The survey's per-edit limit is the cell's and the call's own: an outer alarm would be replaced by the
+    checker's cell timer and an endless edit waited on for the default minute."""
+    notebook = notebooks["01_length_ledger"]
+    solutions = cells.solution_cells(notebook)
+    endless = "def ledger_from_roles(roles, *, supervise_eos=True):\n    while True:\n        pass\n"
+    started = time.monotonic()
+    results = grade_in_process(
+        notebook,
+        {**solutions, "todo_ledger_from_roles": endless},
+        only={"test_ledger_from_roles"},
+        cell_timeout_s=3.0,
+        call_timeout_s=3.0,
+    )
+    assert [(r.grade_id, r.passed) for r in results] == [("test_ledger_from_roles", False)], results
+    assert time.monotonic() - started < 30, "the endless edit was waited on past its limit"
 
 
 def test_edits_cover_each_operator_once_per_site():

@@ -17,21 +17,19 @@ from __future__ import annotations
 import argparse
 import ast
 import collections
-import contextlib
 import copy
 import dataclasses
-import signal
 import sys
 import tempfile
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
-from tests.mutants import own_results
+from tests.mutants import is_own_cell
 from tests.support.grading import grade_in_process
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
-SECONDS_PER_EDIT = 20  # an edit that turns a loop endless is killed (its cell fails), never waited on
+SECONDS_PER_EDIT = 20.0  # each cell and call of an edit: one that turns a loop endless fails, never waited on
 
 _BOUNDARY = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt}
 _NEGATION = {
@@ -213,26 +211,6 @@ def edits_of(todo: str, source: str) -> Iterator[tuple[Edit, str]]:
         yield Edit(todo.removeprefix("todo_"), line, change + suffix), edited
 
 
-class _TooSlow(Exception):
-    pass
-
-
-@contextlib.contextmanager
-def _time_limit(seconds: float) -> Iterator[None]:
-    """Raise in the main thread after `seconds`, then every second, until the block ends."""
-
-    def _raise(*_):
-        raise _TooSlow(f"over {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, _raise)
-    signal.setitimer(signal.ITIMER_REAL, seconds, 1.0)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-
-
 def source_notebooks(chapters: list[str] | None = None, scratch: Path | None = None) -> dict:
     """chapter -> its built source notebook (solutions and hidden tests), built under `scratch` (a temp dir)."""
     from course_lib.instructor import build, cells
@@ -246,28 +224,38 @@ def source_notebooks(chapters: list[str] | None = None, scratch: Path | None = N
 
 
 def survivors(chapter: str, notebook, *, progress=None) -> tuple[list[Edit], int]:
-    """The edits of the chapter's TODOs that keep every point of their own cells, and how many edits were tried."""
+    """The edits of the chapter's TODOs that keep every point of their own cells, and how many edits were tried.
+
+    Each edit is graded on its TODO's own cells only (what it can lose), each cell and call stopped after
+    SECONDS_PER_EDIT (an edit that makes a loop endless fails its cell); the solution itself must pass them alone
+    first, or an edit caught only because its cell needs an earlier one would pass for a caught one."""
     from course_lib.instructor import cells
 
     solutions = cells.solution_cells(notebook)
+    graded = [grade_id for grade_id, _, _ in cells.graded_cells(notebook)]
     alive, tried = [], 0
     for todo, source in solutions.items():
+        own = {grade_id for grade_id in graded if is_own_cell(grade_id, todo.removeprefix("todo_"))}
+        if not own:
+            raise RuntimeError(f"{chapter}: no graded cell for {todo}")
+        failing = [r for r in _grade_own(notebook, solutions, own) if not r.passed]
+        if failing:
+            raise RuntimeError(f"{chapter}: the solution of {todo} fails its own cells run alone: {failing}")
         for edit, edited in edits_of(todo, source):
             tried += 1
-            try:
-                with _time_limit(SECONDS_PER_EDIT), warnings.catch_warnings():
-                    warnings.simplefilter("ignore")  # an edited answer may warn; only its grade matters here
-                    results = grade_in_process(notebook, {**solutions, todo: edited})
-            except _TooSlow:
-                continue  # killed outside a cell (in setup): counts as caught
-            own = own_results(results, edit.todo)
-            if not own:
-                raise RuntimeError(f"{chapter}: no graded cell for {todo}")
-            if all(r.passed for r in own):
+            if all(r.passed for r in _grade_own(notebook, {**solutions, todo: edited}, own)):
                 alive.append(edit)
             if progress:
                 progress(tried)
     return alive, tried
+
+
+def _grade_own(notebook, solutions: dict[str, str], own: set[str]) -> list:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # an edited answer may warn; only its grade matters here
+        return grade_in_process(
+            notebook, solutions, only=own, cell_timeout_s=SECONDS_PER_EDIT, call_timeout_s=SECONDS_PER_EDIT
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

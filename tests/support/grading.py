@@ -24,14 +24,26 @@ class CellResult:
     message: str
 
 
-def grade_in_process(source_notebook: Any, solutions: dict[str, str]) -> list[CellResult]:
-    """Grade `solutions` (grade_id -> code) with the source notebook's setup and test cells."""
+def grade_in_process(
+    source_notebook: Any,
+    solutions: dict[str, str],
+    *,
+    only: set[str] | None = None,
+    cell_timeout_s: float = 60.0,
+    call_timeout_s: float = checker.CALL_TIMEOUT_S,
+) -> list[CellResult]:
+    """Grade `solutions` (grade_id -> code) with the source notebook's setup and test cells; `only`: the grade_ids
+    of the test cells to run (default: every one). Each cell, and each call of a student function, is stopped at
+    its limit as in `course grade`."""
+    tests = [cell for cell in graded_cells(source_notebook) if only is None or cell[0] in only]
     problem, verdicts = checker.run_checks(
         setup_cells(source_notebook),
         solutions,
-        graded_cells(source_notebook),
+        tests,
         names=checker.defined_functions(solution_cells(source_notebook)),
         answers=checker.defined_answers(solution_cells(source_notebook)),
+        cell_timeout_s=cell_timeout_s,
+        call_timeout_s=call_timeout_s,
     )
     if problem:
         raise RuntimeError(problem)
