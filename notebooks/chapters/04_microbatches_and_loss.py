@@ -768,13 +768,8 @@ def _t_step(model, batch, microbatches):
     """Where the student's function runs: stale .grad first; -> (returned, flat gradient, rows per forward)."""
 
     def work(own):
-        rows = []
-        hook = model.register_forward_pre_hook(
-            lambda module, args, kwargs: rows.append(
-                int((kwargs.get("input_ids", args[0] if args else None)).shape[0])
-            ),
-            with_kwargs=True,
-        )
+        rows = []  # rows per forward, seen where every forward starts: model(...) or model.forward(...) alike
+        hook = model.get_input_embeddings().register_forward_pre_hook(lambda module, args: rows.append(len(args[0])))
         for parameter in model.parameters():
             parameter.grad = torch.ones_like(parameter)  # what an earlier step left behind
         try:

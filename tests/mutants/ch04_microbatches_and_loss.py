@@ -495,6 +495,27 @@ MUTANTS["accumulate_step"] = {
             "    for part in parts:\n",
         ),
     ),
+    # One forward over the whole batch through model.forward, which skips the module's own hooks: the right
+    # gradient and loss, none of the memory saving, and a forward the test must still see.
+    "one_forward_through_model_forward": mutate(
+        _STEP,
+        (
+            "    loss = 0.0\n    for part in parts:\n",
+            "    from course_lib import selected_log_probs\n\n"
+            "    every_row = [row for rows in microbatches for row in rows]\n"
+            "    whole = {key: value[every_row] for key, value in batch.items()}\n"
+            '    extra = {key: whole[key] for key in ("attention_mask", "position_ids") if key in whole}\n'
+            '    logits = model.forward(input_ids=whole["input_ids"], **extra, use_cache=False).logits[:, :-1]\n'
+            '    fields = {key: whole.get(key) for key in ("position_ids", "segment_ids")}\n'
+            '    mask = supervised_target_mask(whole["labels"], **fields)\n'
+            '    targets = torch.where(mask, whole["labels"][:, 1:], 0)\n'
+            "    losses = -selected_log_probs(logits, targets)\n"
+            "    whole_share = masked_normalize(losses, mask, normalize_constant=float(global_tokens))\n"
+            "    whole_share.backward()\n"
+            "    return float(whole_share.detach())\n"
+            "    loss = 0.0\n    for part in parts:\n",
+        ),
+    ),
     # The returned loss is the last microbatch's share only.
     "returns_the_last_share": mutate(
         _STEP, ("        loss += float(share.detach())", "        loss = float(share.detach())")
