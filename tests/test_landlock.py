@@ -179,3 +179,77 @@ def test_a_kernel_that_refuses_confinement_is_the_graders_problem_not_the_studen
     monkeypatch.undo()
     monkeypatch.setattr(checker, "_STUDENT_ROOM", str(tmp_path))
     assert checker.confinement_problem() is None  # here the kernel confines (or has no Landlock: a no-op)
+
+
+_AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+_LANDLOCK_CALLS = (444, 445, 446)  # landlock_create_ruleset, _add_rule, _restrict_self: the same on both
+
+
+def _seccomp_without_landlock() -> bytes:
+    """A classic-BPF seccomp program (what `bwrap --seccomp FD` loads) that answers ENOSYS to the Landlock system
+    calls and allows everything else, as a container runtime's filter that predates Landlock does."""
+    import platform
+    import struct
+
+    def op(code: int, jump_true: int, jump_false: int, k: int) -> bytes:
+        return struct.pack("HBBI", code, jump_true, jump_false, k)
+
+    load, jump_equal, ret = 0x20, 0x15, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_RET|K
+    allow, enosys = 0x7FFF0000, 0x00050000 | 38
+    return b"".join(
+        [
+            op(load, 0, 0, 4),  # seccomp_data.arch
+            op(jump_equal, 0, 5, _AUDIT_ARCH[platform.machine()]),  # another architecture: allow
+            op(load, 0, 0, 0),  # seccomp_data.nr
+            op(jump_equal, 2, 0, _LANDLOCK_CALLS[0]),
+            op(jump_equal, 1, 0, _LANDLOCK_CALLS[1]),
+            op(jump_equal, 0, 1, _LANDLOCK_CALLS[2]),
+            op(ret, 0, 0, enosys),
+            op(ret, 0, 0, allow),
+        ]
+    )
+
+
+def _checker_under(prefix: list[str], job: dict, folder: Path, **kwargs):
+    from course_lib.instructor import confined
+
+    completed = subprocess.run(
+        [*prefix, sys.executable, "-m", "course_lib.grading.checker"],
+        input=json.dumps(job).encode(),
+        cwd=folder,
+        capture_output=True,
+        timeout=120,
+        **kwargs,
+    )
+    return confined.read_checker_output(completed.stdout, job, False, completed.returncode, 0.0)
+
+
+@needs_landlock
+@pytest.mark.skipif(shutil.which("bwrap") is None or sys.platform != "linux", reason="needs bubblewrap on Linux")
+def test_a_sandbox_that_filters_landlock_is_said_on_the_row(tmp_path):
+    """The CLI's warning probes the host's kernel; a container runtime's seccomp filter can still hide Landlock
+    from the checker. The checker says which ABI its student processes ran under, and a row graded without one
+    says so, while the grade itself is still given."""
+    from course_lib.instructor import grade
+
+    job = {
+        "setup": [],
+        "solutions": {"todo_double": "def double(x):\n    return 2 * x\n"},
+        "tests": [["test_double", 1.0, "assert double(3) == 6"]],
+        "names": ["double"],
+        "cell_timeout": 30,
+        "call_timeout": 30,
+    }
+    plain = _checker_under([], job, tmp_path)
+    assert plain.landlock == landlock.abi() > 0 and plain.verdicts["test_double"]["passed"], plain
+    assert grade.confinement_notes("bwrap", plain) == []
+
+    read, write = os.pipe()
+    os.write(write, _seccomp_without_landlock())
+    os.close(write)
+    bwrap = ["bwrap", "--dev-bind", "/", "/", "--seccomp", str(read), "--"]
+    filtered = _checker_under(bwrap, job, tmp_path, pass_fds=(read,))
+    os.close(read)
+    assert filtered.landlock == 0 and filtered.verdicts["test_double"]["passed"], filtered
+    assert grade.confinement_notes("bwrap", filtered) == [grade.NO_LANDLOCK_NOTE]
+    assert grade.confinement_notes("none", filtered) == [grade.UNCONFINED_NOTE]

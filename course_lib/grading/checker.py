@@ -1222,8 +1222,9 @@ def make_undumpable() -> None:
 
 
 def main() -> int:
-    """Read a job (JSON) on stdin; write {"setup": ...} then one {"cell": ...} JSON line per test cell on the
-    original stdout, which only this process keeps (the cells' own prints go nowhere)."""
+    """Read a job (JSON) on stdin; write {"landlock": ABI the student processes are confined with, 0: none}, one
+    {"cell": ...} JSON line per test cell, then {"setup": ...}, on the original stdout, which only this process
+    keeps (the cells' own prints go nowhere)."""
     make_undumpable()
     sys.path[:] = without_working_folder(sys.path, os.getcwd())
     prepare_student_room(os.getcwd())
@@ -1241,6 +1242,10 @@ def main() -> int:
 
     def emit(verdict: CellVerdict) -> None:
         out.write(json.dumps({"cell": verdict.__dict__}) + "\n")
+
+    from . import landlock
+
+    out.write(json.dumps({"landlock": landlock.abi()}) + "\n")  # the sandbox's kernel, which may differ from the host's
 
     problem, _ = run_checks(
         job["setup"],

@@ -58,6 +58,7 @@ class CheckerResult:
     ended: str | None = None  # why the checker stopped before the end (None: it finished)
     timed_out: bool = False
     seconds: float = 0.0
+    landlock: int | None = None  # the Landlock ABI the checker's student processes ran under (0: none)
 
 
 def hidden_lines(source_tests: list[tuple[str, float, str]]) -> list[str]:
@@ -133,16 +134,28 @@ def run_checker(job: dict[str, Any], confinement: Confinement, slot: int | None 
         limits=confinement.limits(wall),
         **_bwrap_only(confinement, slot, as_pid_1=True),
     )
-    checked = CheckerResult(timed_out=result.timed_out, seconds=result.seconds)
+    return read_checker_output(result.stdout, job, result.timed_out, result.returncode, result.seconds)
+
+
+def read_checker_output(
+    stdout: bytes, job: dict[str, Any], timed_out: bool, returncode: int | None, seconds: float
+) -> CheckerResult:
+    """The checker's JSON lines read as untrusted data: its Landlock ABI first, a verdict per expected cell in
+    order, then the setup line that says it finished; the first line out of place ends the reading."""
+    checked = CheckerResult(timed_out=timed_out, seconds=seconds)
     expected = [grade_id for grade_id, _, _ in job["tests"]]
     finished = False
-    for line in result.stdout.decode("utf-8", "replace").splitlines():
+    for line in stdout.decode("utf-8", "replace").splitlines():
         try:
             record = json.loads(line)
         except ValueError:
             break  # not the checker's writing: read no further
         if not isinstance(record, dict):
             break
+        if "landlock" in record and not checked.verdicts and checked.landlock is None:
+            abi = record["landlock"]
+            checked.landlock = abi if type(abi) is int and abi >= 0 else None
+            continue
         if "setup" in record:
             checked.setup_problem = record["setup"] if isinstance(record["setup"], str) else None
             finished = True
@@ -154,8 +167,8 @@ def run_checker(job: dict[str, Any], confinement: Confinement, slot: int | None 
     if not finished:
         checked.ended = (
             "the checker was stopped at the grader's time limit"
-            if result.timed_out
-            else f"the checker ended early (exit status {result.returncode}; killed by the code it checked?)"
+            if timed_out
+            else f"the checker ended early (exit status {returncode}; killed by the code it checked?)"
         )
     return checked
 

@@ -543,8 +543,7 @@ def _execute_and_record(
         submission, prepared = by_key[key]
         hidden = confined.hidden_lines(cells.graded_cells(chapters[submission.chapter].source))
         outcome = _record_one(recorder, out, submission, prepared, answer, checked, hidden, stamps[submission.key])
-        if confinement.mode == "none":
-            outcome.notes.append(UNCONFINED_NOTE)
+        outcome.notes += confinement_notes(confinement.mode, checked)
         outcomes.append(outcome)
         bar.update(1)
 
@@ -554,6 +553,18 @@ def _execute_and_record(
 
 
 UNCONFINED_NOTE = "graded with --sandbox none: the student's code ran with the instructor's rights"
+NO_LANDLOCK_NOTE = (
+    "graded without Landlock (the sandbox's kernel has none, or filters it): the checker's student processes could "
+    "read the library's code and write where the checker works"
+)
+
+
+def confinement_notes(mode: str, checked: confined.CheckerResult) -> list[str]:
+    """What a row must say about how its submission was confined: nothing when the sandbox held and the checker's
+    student processes ran under Landlock (`checked.landlock` > 0, or unknown: a checker that ended first)."""
+    if mode == "none":
+        return [UNCONFINED_NOTE]
+    return [NO_LANDLOCK_NOTE] if checked.landlock == 0 else []
 
 
 def _record_one(
