@@ -46,6 +46,15 @@ def is_test_cell(cell: Any) -> bool:
     return cell.get("cell_type") == "code" and bool(meta.get("grade")) and not meta.get("solution")
 
 
+def belongs_to_todo(grade_id: str, todo: str) -> bool:
+    """Is the graded test cell `grade_id` one of TODO `todo`'s own: `test_<todo>` or `test_<todo>__<part>`?
+
+    >>> [belongs_to_todo(g, "leak_report") for g in ("test_leak_report", "test_leak_report__big", "test_leak")]
+    [True, True, False]
+    """
+    return grade_id == f"test_{todo}" or grade_id.startswith(f"test_{todo}__")
+
+
 def solution_cells(notebook: Any) -> dict[str, str]:
     """grade_id -> source of every code solution cell (the student's code)."""
     return {nbgrader_meta(c)["grade_id"]: c.source for c in notebook.cells if is_solution_cell(c)}

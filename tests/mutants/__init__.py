@@ -16,6 +16,7 @@ import pkgutil
 import textwrap
 
 from course_lib.instructor.build import required_imports, resolve
+from course_lib.instructor.cells import belongs_to_todo
 
 
 def mutate(target: str, *edits: tuple[str, str]) -> str:
@@ -35,18 +36,9 @@ def mutate(target: str, *edits: tuple[str, str]) -> str:
     return "\n".join(required_imports(function)) + "\n\n\n" + source
 
 
-def is_own_cell(grade_id: str, todo: str) -> bool:
-    """Is `grade_id` one of the TODO's own graded cells: `test_<todo>` or `test_<todo>__<part>`?
-
-    >>> [is_own_cell(g, "leak_report") for g in ("test_leak_report", "test_leak_report__big", "test_leak")]
-    [True, True, False]
-    """
-    return grade_id == f"test_{todo}" or grade_id.startswith(f"test_{todo}__")
-
-
 def own_results(results: list, todo: str) -> list:
-    """The results of a TODO's own graded cells (`is_own_cell`)."""
-    return [r for r in results if is_own_cell(r.grade_id, todo)]
+    """The results of a TODO's own graded cells (`cells.belongs_to_todo`)."""
+    return [r for r in results if belongs_to_todo(r.grade_id, todo)]
 
 
 def solution_targets(chapter: str) -> dict[str, str]:

@@ -25,7 +25,6 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
-from tests.mutants import is_own_cell
 from tests.support.grading import grade_in_process
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
@@ -235,7 +234,7 @@ def survivors(chapter: str, notebook, *, progress=None) -> tuple[list[Edit], int
     graded = [grade_id for grade_id, _, _ in cells.graded_cells(notebook)]
     alive, tried = [], 0
     for todo, source in solutions.items():
-        own = {grade_id for grade_id in graded if is_own_cell(grade_id, todo.removeprefix("todo_"))}
+        own = {grade_id for grade_id in graded if cells.belongs_to_todo(grade_id, todo.removeprefix("todo_"))}
         if not own:
             raise RuntimeError(f"{chapter}: no graded cell for {todo}")
         failing = [r for r in _grade_own(notebook, solutions, own) if not r.passed]
