@@ -6,7 +6,8 @@
 3. Grade three sample submissions per chapter with `course grade` into a scratch copy of the built course,
    `build/demo/course/` (nbgrader's own layout and gradebook, grades.csv, feedback/): the instructor's solution, the untouched release, and a release filled
    with the solutions except one wrong answer (`demo_wrong_answers.json`, taken from the tests' wrong-answer
-   catalogue; a test keeps the two equal). Print the gradebook.
+   catalogue; a test keeps the two equal). Print the gradebook, and exit 1 unless every solution has full marks,
+   every blank release zero, and each wrong answer lost exactly its own TODO's cells.
 """  # noqa: E501
 
 from __future__ import annotations
@@ -96,6 +97,30 @@ def print_gradebook(run) -> None:
         print(f"{outcome.chapter:<26} {outcome.student:<44} {outcome.score:>4g} / {outcome.max_score:<3g}  {cells}")
 
 
+def surprises(run, wrong_todos: dict[str, str]) -> list[str]:
+    """What the gradebook should not show: a solution short of full marks, a blank release with a point, a wrong
+    answer that keeps a point of its TODO's own cells or loses one of another TODO's (`wrong_todos`: chapter ->
+    the TODO its wrong answer is for), a submission not graded."""
+    from course_lib.instructor.cells import belongs_to_todo
+
+    found = []
+    for outcome in run.outcomes:
+        who = f"{outcome.student}/{outcome.chapter}"
+        if outcome.status != "graded":
+            found.append(f"{who}: {outcome.status}")
+            continue
+        for cell in outcome.cells:
+            if outcome.student == "sample-solution":
+                expected = cell.max_score
+            elif outcome.student == "sample-blank":
+                expected = 0.0
+            else:
+                expected = 0.0 if belongs_to_todo(cell.grade_id, wrong_todos[outcome.chapter]) else cell.max_score
+            if cell.score != expected:
+                found.append(f"{who}: {cell.grade_id} scored {cell.score:g}, expected {expected:g}")
+    return found
+
+
 def main() -> int:
     from course_lib.instructor import build
 
@@ -126,7 +151,17 @@ def main() -> int:
     run = grade.grade_submissions(inbox, course, force=True)
     print(grade.summary(run))
     print_gradebook(run)
-    return 0 if run.count("graded") == len(run.outcomes) else 1
+    wrong_answers = json.loads(WRONG_ANSWERS.read_text(encoding="utf-8"))
+    wrong_todos = {chapter: answer["todo"] for chapter, answer in wrong_answers.items()}
+    unexpected = surprises(run, wrong_todos)
+    for line in unexpected:
+        print(f"UNEXPECTED {line}")
+    if not unexpected:
+        print(
+            "\nas expected: every solution full marks, every blank release zero, each wrong answer losing exactly "
+            "its own TODO's cells"
+        )
+    return 1 if unexpected else 0
 
 
 if __name__ == "__main__":

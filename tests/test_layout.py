@@ -89,3 +89,36 @@ def test_the_demos_wrong_answers_are_catalogued_wrong_answers():
             f"{chapter}: {entry['name']} differs from the catalogue; regenerate the file with "
             "tests.mutants.write_demo_answers"
         )
+
+
+def test_the_demo_fails_on_a_score_it_does_not_expect():
+    """`make demo` exits 1 unless the gradebook shows what it promises; each way a score can be off is named."""
+    import importlib.util
+
+    from course_lib.instructor.feedback import CellOutcome
+    from course_lib.instructor.grade import GradeRun, Outcome
+
+    spec = importlib.util.spec_from_file_location("demo", ROOT / "scripts" / "demo.py")
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+
+    def graded(student: str, own: float, other: float) -> Outcome:
+        cells = [CellOutcome("test_pack", own, 3, ""), CellOutcome("test_mask", other, 2, "")]
+        return Outcome(student, student, "03_packing", "graded", cells=cells)
+
+    expected = [graded("sample-solution", 3, 2), graded("sample-blank", 0, 0), graded("sample-mutant-x", 0, 2)]
+    assert demo.surprises(GradeRun(expected, 1.0, 1), {"03_packing": "pack"}) == []
+    wrong = [
+        graded("sample-solution", 3, 0),
+        graded("sample-blank", 3, 0),
+        graded("sample-mutant-x", 3, 2),
+        graded("sample-mutant-y", 0, 0),
+        Outcome("x", "sample-solution", "01_length_ledger", "regrade"),
+    ]
+    assert demo.surprises(GradeRun(wrong, 1.0, 1), {"03_packing": "pack"}) == [
+        "sample-solution/03_packing: test_mask scored 0, expected 2",
+        "sample-blank/03_packing: test_pack scored 3, expected 0",
+        "sample-mutant-x/03_packing: test_pack scored 3, expected 0",
+        "sample-mutant-y/03_packing: test_mask scored 0, expected 2",
+        "sample-solution/01_length_ledger: regrade",
+    ]
