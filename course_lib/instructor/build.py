@@ -356,6 +356,27 @@ def tag_cells_that_may_raise(notebook) -> list[int]:
     return tagged
 
 
+def require_hidden_block_last(source: str, chapter: str, grade_id: str) -> None:
+    r"""A test cell's hidden block, when it has one, ends the cell: what follows `### END HIDDEN TESTS` would run
+    after the hidden tests (out of order) and, a missing `# %% [markdown]` line's prose, shows as comments in a
+    locked cell (ValueError naming the chapter and the cell).
+
+    >>> require_hidden_block_last("assert ok\n### BEGIN HIDDEN TESTS\nassert x\n### END HIDDEN TESTS\n", "c", "t")
+    >>> require_hidden_block_last("### BEGIN HIDDEN TESTS\n### END HIDDEN TESTS\n#\n# Prose.", "c", "test_x")
+    Traceback (most recent call last):
+    ...
+    ValueError: c: test cell test_x has lines after ### END HIDDEN TESTS: '# Prose.' (a missing # %% [markdown]?)
+    """
+    if "### END HIDDEN TESTS" not in source:
+        return
+    after = [line for line in source.rsplit("### END HIDDEN TESTS", 1)[1].splitlines() if line.strip(" #")]
+    if after:
+        raise ValueError(
+            f"{chapter}: test cell {grade_id} has lines after ### END HIDDEN TESTS: {after[0]!r:.80} "
+            "(a missing # %% [markdown]?)"
+        )
+
+
 def build_source_notebook(chapter_py: Path, course_root: Path) -> ChapterBuild:
     """Jupytext percent source -> notebooks/source/<name>/<name>.ipynb with solutions inserted."""
     import jupytext
@@ -388,6 +409,7 @@ def build_source_notebook(chapter_py: Path, course_root: Path) -> ChapterBuild:
             result.graded_cells.append(meta["grade_id"])
             result.points += float(meta.get("points", 0))
         if is_test_cell(cell):
+            require_hidden_block_last(cell.source, name, meta["grade_id"])
             cell.source = keep_test_names_local(cell.source)
     tag_cells_that_may_raise(notebook)
     notebook.metadata = {"kernelspec": KERNELSPEC, "language_info": {"name": "python"}}

@@ -556,7 +556,8 @@ assert isinstance(largest_chunk_for_1gb, int) and not isinstance(largest_chunk_f
 # one chunk's fp32 logits (and its log-softmax, the same size) hold 4 * C * V bytes: the left panel's plateau
 grading.assert_answer(largest_chunk_for_1gb, "largest_chunk_for_1gb", 10**9 // (4 * QWEN3_VOCAB_SIZE))
 ### END HIDDEN TESTS
-#
+
+# %% [markdown]
 # Recomputing costs time (one more forward of the head in backward), not accuracy. A last check on the tiny
 # model's head at $T = 512$: values and both gradients of the three methods against the full path.
 
