@@ -421,7 +421,8 @@ plt.show()
 # A row packs three samples of **512, 300 and 200 tokens**, in that order, with no padding. How many
 # (query, key) pairs does a causal mask over the whole row allow that the block-causal mask forbids? Count the red
 # pairs of the figure above for this row, by reasoning rather than by building the mask, and bind the number to
-# `leaking_pairs` below (an int; an expression counts too).
+# `leaking_pairs` below (an int; an expression counts too). The test below checks only that it is an int; the
+# grader's hidden test checks the value.
 
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_leaking_pairs", "locked": false, "schema_version": 3}
 ### BEGIN SOLUTION
