@@ -27,8 +27,8 @@ import nbformat
 from . import sandbox
 from .cells import is_test_cell, nbgrader_meta
 from .execute import MAX_OUTPUT_CHARS, cap_outputs, error_output
+from .feedback import one_line_cut
 
-MAX_VERDICT_MESSAGE = 1_000
 MIN_HIDDEN_LINE = 12  # shorter lines of hidden tests (`)`, `for x in y:`) are too common to redact
 REDACTED = "[text of the hidden tests removed]"
 
@@ -78,11 +78,11 @@ def hidden_lines(source_tests: list[tuple[str, float, str]]) -> list[str]:
 
 def redact(message: str, hidden: list[str]) -> str:
     """`message` without any line of the hidden tests (a student function can read them in its own memory and
-    put them in an error message or a result's repr), cut to MAX_VERDICT_MESSAGE characters."""
+    put them in an error message or a result's repr), cut to feedback's MAX_MESSAGE characters."""
     for line in hidden:
         if line in message:
             message = message.replace(line, REDACTED)
-    return message if len(message) <= MAX_VERDICT_MESSAGE else message[:MAX_VERDICT_MESSAGE] + " ..."
+    return one_line_cut(message)
 
 
 def run_kernel(job: dict[str, Any], confinement: Confinement, slot: int | None = None) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import Any
 
 from .cells import is_test_cell, nbgrader_meta
 
-MAX_MESSAGE = 400
+MAX_MESSAGE = 1_000  # one line: a failed check's message with its call's arguments (grading.shown_arguments)
 
 
 @dataclass(frozen=True)
@@ -39,12 +39,17 @@ def cell_message(cell: Any) -> str:
         if kind == "error":
             value = str(output.get("evalue", "")).strip().replace("\n", " ")
             message = f"{output.get('ename', 'Error')}: {value}" if value else str(output.get("ename", "Error"))
-            return message[:MAX_MESSAGE]
+            return one_line_cut(message)
         if kind == "execute_result":
             return "the cell's last value was read as partial credit"
     if cell.get("execution_count") is None and not cell.get("outputs"):
         return "the cell was not run"
     return ""
+
+
+def one_line_cut(line: str) -> str:
+    """`line` within MAX_MESSAGE characters, its cut marked: " ..." ends a line that was longer."""
+    return line if len(line) <= MAX_MESSAGE else line[: MAX_MESSAGE - 4] + " ..."
 
 
 def graded_messages(notebook: Any) -> dict[str, str]:

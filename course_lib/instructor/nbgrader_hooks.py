@@ -29,7 +29,8 @@ import re
 from nbgrader.preprocessors import Execute, NbGraderPreprocessor
 from nbgrader.utils import is_grade, is_solution
 
-MAX_MESSAGE = 400  # as course_lib.instructor.feedback: one error line, never a page of it
+from .feedback import one_line_cut
+
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
@@ -38,7 +39,7 @@ def error_line(output) -> str:
     name = ANSI.sub("", str(output.get("ename", "") or "Error"))
     value = " ".join(ANSI.sub("", str(output.get("evalue", "") or "")).split())
     line = f"{name}: {value}" if value else name
-    return line if len(line) <= MAX_MESSAGE else line[: MAX_MESSAGE - 3] + "..."
+    return one_line_cut(line)
 
 
 class ScrubTestOutputs(NbGraderPreprocessor):
