@@ -24,6 +24,7 @@ from traitlets.config.loader import PyFileConfigLoader
 from course_lib.instructor import build
 from tests.mutants import mutate
 from tests.support import autograde
+from tests.support.messages import long_checker_message
 
 pytestmark = pytest.mark.slow  # the whole module: `make test-all` runs it, `make test` does not
 
@@ -179,3 +180,11 @@ def test_generate_feedback_shows_no_hidden_test(tmp_path):
     cleared = pages(root, "feedback_cleared")
     assert not leaks(cleared["correct"], secrets), leaks(cleared["correct"], secrets)
     assert leaks(cleared["wrong"], secrets)
+
+
+def test_nbgraders_error_line_keeps_a_failed_checks_keywords():
+    """formgrader's error line is cut where the checker's message is (feedback.one_line_cut), not shorter."""
+    from course_lib.instructor import nbgrader_hooks
+
+    output = nbformat.v4.new_output("error", ename="AssertionError", evalue=long_checker_message(), traceback=[])
+    assert nbgrader_hooks.error_line(output).endswith("pad_to_multiple_of=5")
