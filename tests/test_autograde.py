@@ -1,5 +1,6 @@
 """Real `nbgrader autograde` on every chapter: the instructor's notebook earns full marks, the untouched
-release earns zero on every graded cell, and one mutant per chapter loses exactly its own cell's points."""
+release earns zero on every graded cell, and one mutant per chapter loses exactly its own cell's points. The
+release with the solutions filled in passes `course check` too (its TODOs run under the grader's rule there)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 
 from course_lib.instructor import build, cells
 from course_lib.instructor.cells import with_answers as submission_with
+from course_lib.instructor.check import check_notebook
 from tests.mutants import catalogue
 from tests.support import autograde
 
@@ -33,6 +35,8 @@ def test_nbgrader_autograde_solution_blank_and_mutant(name, tmp_path):
         "blank": release,
         "mutant": submission_with(release, {**solutions, f"todo_{todo}": mutant_source}, tmp_path / "mutant.ipynb"),
     }
+    checked = check_notebook(submission_with(release, solutions, tmp_path / "solved.ipynb"))
+    assert checked and all(row.passed for row in checked), [row for row in checked if not row.passed]
     autograde.stage_submissions(root, name, staged)
     started = time.perf_counter()
     completed = autograde.autograde(root, name)

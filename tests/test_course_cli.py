@@ -93,6 +93,17 @@ def test_check_shows_which_todos_pass_their_visible_tests(built):
     assert rows["test_ledger_from_roles"][1:3] == ["PASS", "3"], completed.stdout
     assert rows["test_audit_context_fit"][1:3] == ["EDITED", "5"], completed.stdout
     assert "visible tests pass on 1 of 2 graded cells (3 of 8 points)" in completed.stdout
+    # A TODO that only calls the library passed here once and then earned nothing in the grade: it fails here too.
+    delegating = "def ledger_from_roles(roles, *, supervise_eos=True):\n    return course_lib.ledger_from_roles(roles)"
+    borrowed = submission_with(
+        release, {**solutions, "todo_ledger_from_roles": delegating}, base / "student" / f"{CHAPTER}_borrowed.ipynb"
+    )
+    completed = _course("check", str(borrowed), cwd=base)
+    assert completed.returncode == 1, completed.stdout + completed.stderr[-2000:]
+    rows = _check_rows(completed)
+    assert rows["test_ledger_from_roles"][1:3] == ["FAIL", "3"], completed.stdout
+    assert "this calls course_lib.ledger_from_roles" in " ".join(rows["test_ledger_from_roles"]), completed.stdout
+    assert rows["test_audit_context_fit"][1:3] == ["PASS", "5"], completed.stdout
 
 
 @pytest.mark.slow

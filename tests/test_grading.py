@@ -336,3 +336,24 @@ def test_a_wrong_or_missing_answer_fails_without_showing_the_expected_value(answ
 def test_an_answer_outside_its_tolerance_fails():
     with pytest.raises(AssertionError, match="within a relative 0.001 of"):
         grading.assert_answer(0.25, "share", 0.249, rtol=1e-3)
+
+
+def test_call_as_graded_switches_the_library_off_only_while_the_todo_runs():
+    """`course check`'s rule: a TODO that delegates to course_lib fails, the student's own code runs, the library
+    works again between calls, and a name that is not a TODO's counterpart is left alone."""
+
+    def borrowed(length, window=256, overlap=64):
+        return course_lib.sliding_windows(length, window, overlap)
+
+    def own(a, b):
+        return a + b
+
+    namespace = {"windows": borrowed, "sliding_windows": borrowed, "block_causal_mask": own, "x": 3}
+    grading.call_as_graded(namespace, ["sliding_windows", "block_causal_mask", "x", "unbound"])
+    grading.call_as_graded(namespace, ["sliding_windows"])  # twice: wrapped once
+    with pytest.raises(AssertionError, match="this calls course_lib.sliding_windows"):
+        namespace["sliding_windows"](600)
+    assert len(namespace["windows"](600)) == 3  # the library works again after the call
+    assert namespace["block_causal_mask"](2, 3) == 5 and namespace["block_causal_mask"].__name__ == "own"
+    assert namespace["sliding_windows"].__wrapped__ is borrowed and namespace["x"] == 3 and "unbound" not in namespace
+    assert namespace["windows"] is borrowed  # not a TODO name: untouched

@@ -4,7 +4,8 @@ The notebook runs top to bottom in a fresh kernel (in the notebook's folder, as 
 same per-cell time limit as the grader. Then, for every graded test cell, a row: did its visible tests
 pass, and how many points the cell is worth. A release notebook holds only the visible tests; the hidden
 ones run at grading time, so a pass here is necessary, not sufficient. A test cell that differs from
-the one handed out is flagged: the grader puts the original back.
+the one handed out is flagged: the grader puts the original back. As in the grader, the TODO functions run with
+their library counterparts switched off (`grading.call_as_graded`): a TODO that only calls `course_lib` fails here.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from typing import Any
 
 import nbformat
 
-from .cells import is_test_cell, nbgrader_meta
+from ..grading.checker import defined_functions
+from .cells import is_solution_cell, is_test_cell, nbgrader_meta
 from .execute import execute_notebook
 from .feedback import cell_message
 from .submissions import read_notebook
@@ -60,6 +62,33 @@ def _edited(cell: Any) -> bool:
         return True
 
 
+def todo_function_names(notebook: Any) -> list[str]:
+    """The functions the notebook's TODO cells define at their top level (a cell that does not parse: none; its
+    SyntaxError shows when it runs)."""
+    names = []
+    for cell in notebook.cells:
+        if cell.cell_type == "code" and is_solution_cell(cell):
+            try:
+                names += defined_functions({"todo": cell.source})
+            except SyntaxError:
+                continue
+    return list(dict.fromkeys(names))
+
+
+def called_as_graded(notebook: Any) -> Any:
+    """The notebook with a cell before each graded test cell that puts the TODO functions under the grader's rule
+    (`grading.call_as_graded`): their library counterparts off while they run."""
+    names = todo_function_names(notebook)
+    code = f"__import__('course_lib.grading').grading.call_as_graded(globals(), {names!r})"
+    cells = []
+    for cell in notebook.cells:
+        if is_test_cell(cell) and names:
+            cells.append(nbformat.v4.new_code_cell(code))
+        cells.append(cell)
+    notebook.cells = cells
+    return notebook
+
+
 def check_notebook(
     path: str | Path, *, cell_timeout: float = 60, notebook_timeout: float = 900, kernel_name: str | None = None
 ) -> list[CheckRow]:
@@ -78,7 +107,7 @@ def check_notebook(
     result = execute_notebook(
         {
             "key": hashlib.sha1(str(path).encode()).hexdigest(),
-            "notebook": nbformat.writes(notebook),
+            "notebook": nbformat.writes(called_as_graded(notebook)),
             "cwd": str(path.resolve().parent),
             "cell_timeout": cell_timeout,
             "notebook_timeout": notebook_timeout,
