@@ -22,7 +22,7 @@
 # 3. estimate the **decode** (解码) rate with a first-order **roofline** (屋顶线模型) and derive its
 #    **crossover context** (交叉上下文长度), past which the cache reads, not the weights, set the speed: decode is
 #    bound by **memory bandwidth** (内存带宽), training by **FLOPs** at some **MFU** (模型 FLOPs 利用率);
-# 4. turn both into the **GPU-hours per step** (每步 GPU 小时) of an RL run, and name the terms that dominate.
+# 4. turn both into the **GPU-hours per step** of an RL run, and name the terms that dominate.
 
 # %%
 #| course-setup
@@ -458,22 +458,30 @@ grading.assert_rejects(
 # rate at an assumed MFU of 0.4.
 
 # %%
-for batch, context in [(64, 2048), (64, 16_384), (256, 16_384)]:
-    rate = decode_tokens_per_s(N_QWEN3_8B, batch, context, KV_QWEN3_8B, H200["memory_bandwidth"])
+FIT_16K = 51  # section 3: the most 16k-token sequences one H200 holds beside the weights
+decode_rates = {}
+for batch, context in [(64, 2048), (64, 16_384), (256, 16_384), (FIT_16K, 16_384)]:
+    rate = decode_rates[batch, context] = decode_tokens_per_s(
+        N_QWEN3_8B, batch, context, KV_QWEN3_8B, H200["memory_bandwidth"]
+    )
     kv_share = batch * context * KV_QWEN3_8B / (batch * context * KV_QWEN3_8B + 2 * N_QWEN3_8B)
     print(
         f"decode, batch {batch:3d}, context {context:6d}: {rate:7.0f} tokens/s per GPU "
         f"(KV share of bytes read {kv_share:.0%})"
     )
+slower = 1 - decode_rates[FIT_16K, 16_384] / decode_rates[64, 16_384]
+print(f"the {FIT_16K} sequences that fit at 16k decode {slower:.0%} slower than Agent RL's 64")
 TRAIN_RATE = train_tokens_per_s(N_QWEN3_8B, H200["dense_flops"], 0.4)
 print(f"training (6N FLOPs per token, MFU 0.4):       {TRAIN_RATE:7.0f} tokens/s per GPU")
 
 # %% [markdown]
 # At 2k context, just past its crossover of 1,738 tokens, a batch of 64 decodes about as fast as the GPU trains. At 16k
 # the cache reads swamp the weight reads and decode falls to 1,796 tokens/s; a 4x larger batch barely helps
-# (1,935), because each extra sequence brings its own cache to read. The figure sweeps context and batch, with your
-# `crossover_context` marking where each curve turns and your `max_decode_batch` drawing solid only the part whose
-# batch fits one H200.
+# (1,935), because each extra sequence brings its own cache to read. Both 16k batches are Agent RL §14.6's, and
+# neither fits one H200: section 3 found room for 51 sequences of 16k (an 8-bit cache, or the cache split over two
+# GPUs, would hold 64). The 51 that fit decode at 1,753 tokens/s, only 2% slower, for the same reason: at 16k the
+# rate hardly depends on the batch. The figure sweeps context and batch, with your `crossover_context` marking where
+# each curve turns and your `max_decode_batch` drawing solid only the part whose batch fits one H200.
 
 # %%
 contexts = [2**k for k in range(9, 18)]  # 512 ... 131,072 tokens
@@ -523,7 +531,7 @@ assert round(any_batch_limit) == 4048
 # Of the plotted contexts, batch 1024 fits only at 512 tokens, batch 256 up to 2k, batch 64 up to 8k and batch 8 up to
 # 64k.
 #
-# ## 5. GPU-hours per RL step (每步 GPU 小时)
+# ## 5. GPU-hours per RL step
 #
 # An RL step samples `episodes` trajectories of `total_tokens` tokens each, of which `policy_tokens` are sampled
 # by the policy (the rest are prompt and tool output), then trains on them. With FLOP/s $= \text{MFU} \times$ peak:
@@ -650,10 +658,15 @@ quarter_busy = gpu_hours_per_step(
     N_QWEN3_8B, EPISODES, TOTAL_TOKENS, POLICY_TOKENS, decode_rate, H200["dense_flops"], MFU, 0.25
 )
 print(f"busy 0.25 instead of 0.5: {quarter_busy['total'] - parts['total']:+.2f} GPU-hours per step")
+on_one_h200 = gpu_hours_per_step(
+    N_QWEN3_8B, EPISODES, TOTAL_TOKENS, POLICY_TOKENS, decode_rates[FIT_16K, CONTEXT], H200["dense_flops"], MFU, BUSY
+)
+print(f"decoding {FIT_16K} sequences at a time (what fits one H200): {STEPS * on_one_h200['total']:,.0f} GPU-hours")
 
 # %% [markdown]
 # About 1.6 GPU-hours per step and 487 for the run, 59% of it decoding although policy tokens are a quarter of
-# all tokens; the training pass itself is about a quarter. The two largest uncertainties are the decode rate
+# all tokens; the training pass itself is about a quarter. Decoding only the 51 sequences that fit one H200 changes
+# little (494 GPU-hours), since at 16k the decode rate barely depends on the batch. The two largest uncertainties are the decode rate
 # (context and batch, the figure above) and the busy share, which folds in tool latency and stragglers: halving it
 # adds about one GPU-hour per step. It is a first-order estimate that ignores attention FLOPs, communication,
 # evaluation and failed runs. Replace each assumption with a measurement from a pilot run before budgeting.
@@ -678,8 +691,8 @@ print(f"busy 0.25 instead of 0.5: {quarter_busy['total'] - parts['total']:+.2f} 
 #
 # **Problem: a context-length increase looked free in the training benchmark.**
 # *Cause:* training cost per token barely moves with context (6N FLOPs, attention aside), but decode cost per
-# token grows with it: at 64 sequences, going from 16k to 64k tokens of context divides the decode rate by almost
-# four. *Recommendation:* budget every context-length change through the decode roofline, not the training rate.
+# token grows with it: once the caches dominate the bytes read, the decode rate falls as $1/c$ (section 4), so four
+# times the context costs close to four times the decode time. *Recommendation:* budget every context-length change through the decode roofline, not the training rate.
 #
 # ## 7. Exercises
 #

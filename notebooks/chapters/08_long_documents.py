@@ -18,9 +18,9 @@
 # **Objectives.** After this chapter you can
 # 1. put documents into **geometric length buckets** (几何分桶) of size $2^{\lceil \log_2 n \rceil}$, computed with
 #    integers, measure the **padding** (填充) they cost against **linear buckets** (线性分桶) and one global
-#    maximum, and find the **optimal bucket edges** (最优分桶边界) for your own lengths by **dynamic programming**
+#    maximum, and find the **optimal bucket edges** for your own lengths by **dynamic programming**
 #    (动态规划);
-# 2. cut a document longer than the window into **sliding windows** (滑动窗口) with an **overlap** (重叠区) and
+# 2. cut a document longer than the window into **sliding windows** with an **overlap** (重叠区) and
 #    give each token's loss exactly one owner (**loss ownership**, 损失归属), so no token is counted twice or lost;
 # 3. check a published article's numbers (the Packing article: "15% less padding than linear bucketing", "98% content
 #    utilization"; see the course's [sources page]({{DOCS}}/sources.md)) against your own measurements (用自己的数字复核).
@@ -296,17 +296,18 @@ for mu in log_medians:
 edges = optimal_bucket_edges(lengths, 14)
 steps = [upper / lower for lower, upper in zip(edges, edges[1:], strict=False)]
 print(
-    f"your 14 edges for the median ~403 lengths: {edges}; each edge / the one before: {min(steps):.2f} to {max(steps):.2f}"
+    f"your 14 edges for section 1's lengths: {edges}; each edge / the one before: {min(steps):.2f} to {max(steps):.2f}"
 )
 
 # %% [markdown]
-# On the 10,000 lengths of section 1 (median ~403), 14 fitted edges pad 13.8% of the computed positions, less than
+# On the 10,000 lengths of section 1 (median 400), 14 fitted edges pad 13.8% of the computed positions, less than
 # half of the geometric edges' 30.3% and the linear edges' 32.7%. Where geometric edges double, each fitted edge is
 # between 1.25 and 1.65 times the one before it: denser where most of the tokens are, which is the point, they
-# follow the lengths. Over the sweep they are never worse than either fixed scheme (the grader checks it on these
-# lengths, the library's tests on every median of the sweep) and pad between 5.4% and 14.8%, where geometric edges
-# pad 20.7% to 30.6% and linear ones 6.0% to 84.8%. The price is the edges themselves: fit them on a length
-# ledger that represents the training data, and refit when the data mix changes.
+# follow the lengths. Over the sweep they are never worse than either fixed scheme, as an optimum over every choice of
+# 14 edges cannot be (a fixed scheme's edges, those past the longest document lowered to it, are one choice), and
+# pad between 5.4% and 14.8%, where geometric edges pad 20.7% to 30.6% and linear ones 6.0% to 84.8%. The price is
+# the edges themselves: fit them on a length ledger that represents the training data, and refit when the data mix
+# changes.
 #
 # ## 4. Sliding windows with one owner per token (滑动窗口与损失归属)
 #
