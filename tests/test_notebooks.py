@@ -18,6 +18,7 @@ pytestmark = pytest.mark.slow  # the whole module: `make test-all` runs it, `mak
 
 ROOT = build.NOTEBOOKS_DIR
 CHAPTERS = [path.stem for path in build.chapter_sources(ROOT / "chapters")]
+CJK = re.compile(r"[\u4e00-\u9fff]")  # a Chinese character: every title and heading carries its Chinese
 
 
 @pytest.fixture(scope="module")
@@ -127,13 +128,15 @@ def test_blank_release_scores_zero_on_every_graded_cell(name, source_notebooks):
 def test_chapter_source_is_well_formed(name):
     source = (ROOT / "chapters" / f"{name}.py").read_text(encoding="utf-8")
     title = re.search(r"^# # Chapter \d+ · (.+)$", source, re.MULTILINE)
-    assert title and "|" in title.group(1) and re.search(r"[\u4e00-\u9fff]", title.group(1)), (
+    assert title and "|" in title.group(1) and CJK.search(title.group(1)), (
         f"{name}: title must be 'Chapter N · English | 中文'"
     )
     assert "{{COLAB_BADGE}}" in source, f"{name}: no Open-in-Colab badge"
     assert "#| course-setup" in source, f"{name}: no setup cell"
     for heading in ("Objectives", "Why", "Design questions in practice", "Exercises"):
         assert heading in source, f"{name}: missing section {heading!r}"
+    untranslated = [line for line in re.findall(r"^# #{1,4} .*$", source, re.MULTILINE) if not CJK.search(line)]
+    assert not untranslated, f"{name}: headings without their Chinese (中文) title: {untranslated}"
     grade_ids = re.findall(r'"grade_id": "([^"]+)"', source)
     assert len(grade_ids) == len(set(grade_ids)), f"{name}: duplicate grade ids"
     todos = [g[len("todo_") :] for g in grade_ids if g.startswith("todo_")]

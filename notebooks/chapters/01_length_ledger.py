@@ -44,7 +44,7 @@ chat = [
 ]
 
 # %% [markdown]
-# ## 1. Why: the length you guess is not the length the model sees
+# ## 1. Why: the length you guess is not the length the model sees (为什么：你估计的长度不是模型看到的长度)
 #
 # A sample's length is not the length of its answer, nor the sum of its pieces tokenized one by one.
 # The chat template adds role markers, newlines and end-of-turn tokens that no piece contains. The only honest
@@ -81,7 +81,7 @@ for token_id, role in list(zip(rendered["input_ids"], rendered["roles"], strict=
     print(f"{tokenizer.decode([token_id])!r:>16}  {role}")
 
 # %% [markdown]
-# ### TODO 1 · `ledger_from_roles`: the span-aligned half of `measure_sample`
+# ### TODO 1 · `ledger_from_roles`: the span-aligned half of `measure_sample` (由词元角色记长度账本)
 #
 # `measure_sample(tokenizer, messages)` is two steps: `render_chat` (render once, give each token a role)
 # and `ledger_from_roles(roles, *, supervise_eos=True)`, which you write now. Prompt tokens are the
@@ -240,7 +240,7 @@ plt.show()
 #
 # With the defaults (at least 1 token kept, 0% loss allowed) a sample either fits whole or overflows.
 #
-# ### TODO 2 · `audit_context_fit`
+# ### TODO 2 · `audit_context_fit` (上下文窗口准入审计)
 #
 # Implement `audit_context_fit(samples, target_context_len, template_tokens, min_kept_supervised_tokens=1,
 # max_supervision_loss_ratio=0.0)`. Each sample is a dict with `name`, `prompt_tokens`, `supervised_tokens`. Return
@@ -445,7 +445,7 @@ grading.assert_rejects(
 # </details>
 
 # %% [markdown]
-# ## 5. The policy on real token sequences
+# ## 5. The policy on real token sequences (真实词元序列上的准入策略)
 #
 # `audit_context_fit` decides on counts; `apply_window_policy` carries the decision out on `input_ids` and
 # `labels`: it cuts only the supervised tail (prompt and template untouched, ids and labels cut together) and
@@ -582,7 +582,7 @@ print(
     }
 )
 #
-# ## 6. The same ledger in the framework (transformers)
+# ## 6. The same ledger in the framework (transformers; 框架中的同一账本)
 #
 # transformers' `apply_chat_template(..., return_assistant_tokens_mask=True)` marks the tokens the
 # `{% generation %}` blocks of the template produce: the answer and its end-of-turn token. Its count must
@@ -615,7 +615,7 @@ for template in ("chatml", "llama3", "alpaca"):
 # *Cause:* lengths measured by tokenizing fields separately, or with a different template version.
 # *Recommendation:* freeze tokenizer + template, measure from one rendering, record the template's hash.
 #
-# ## 8. Exercises
+# ## 8. Exercises (练习)
 #
 # 1. Render `chat` with the `alpaca` template. Which of the four ledger counts changes most, and why?
 # 2. With `supervise_eos=False`, how does the supervised count change, and what does the model then never

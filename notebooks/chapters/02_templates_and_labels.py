@@ -55,7 +55,7 @@ chat = [
 ]
 
 # %% [markdown]
-# ## 1. Why: most of what the model reads is not what it should learn to write
+# ## 1. Why: most of what the model reads is not what it should learn to write (为什么：模型读到的大部分内容不是它该学着写的)
 #
 # Supervised fine-tuning (监督微调) teaches a model to *answer*. Yet the sequence the model reads is mostly
 # prompt and template: role headers, the system prompt, the user's question. If the loss covered every token,
@@ -568,7 +568,7 @@ print(
 )
 
 # %% [markdown]
-# ## 6. The whole mask in one picture
+# ## 6. The whole mask in one picture (一张图看完整个掩码)
 #
 # Left: where each template spends the tokens of the same conversation. Right: the padded batch of the ten
 # sample chats, each position coloured by what it contributes: a supervised target, a token the model reads
@@ -605,7 +605,7 @@ plt.show()
 # Green is scattered in islands: one per answer, each ending on its end-of-turn token. Everything grey or
 # white is read (grey) or skipped (white) but never graded.
 #
-# ## 7. The same mechanism in the frameworks (transformers, TRL)
+# ## 7. The same mechanism in the frameworks (transformers, TRL; 框架中的同一机制)
 #
 # **transformers.** `apply_chat_template(..., return_assistant_tokens_mask=True)` marks the tokens produced
 # inside the template's `{% generation %}` blocks: each answer and its end-of-turn token. Our labels must be
@@ -708,7 +708,7 @@ print("TRL collator batch equals pad_batch:", {key: torch.equal(trl_batch[key], 
 # same chat, with different role markers). *Recommendation:* store the template name (or the Jinja source's
 # hash) with the tokenized dataset and with the checkpoint; render at inference with the same one.
 #
-# ## 9. Exercises
+# ## 9. Exercises (练习)
 #
 # 1. **Last turn only.** Some pipelines (LlamaFactory's `mask_history`) supervise only the final answer of a
 #    multi-turn chat. Write that variant of `build_labels` and count the supervised tokens of the ShareGPT

@@ -59,7 +59,7 @@ from course_lib import (
 )
 
 # %% [markdown]
-# ## 1. Why: a padded batch spends most of its compute on nothing
+# ## 1. Why: a padded batch spends most of its compute on nothing (为什么：填充的批次把大部分算力花在空位上)
 #
 # A padded batch (填充批次) stretches every sample to the longest one. It computes $B \cdot T_{\max}$ positions
 # for $\sum_i T_i$ real tokens. SFT data is long-tailed: most chats are short, a few are long, and the few
@@ -752,7 +752,7 @@ print(
 # on four samples of 1,024–3,072 tokens ran 3.8–4.0× faster with varlen than with the block mask. Whether it does on
 # a GPU is section 9's measurement; on the tiny rows of this chapter a mask costs nothing worth saving.
 #
-# ## 7. Figure: padded and packed layouts, drawn to the same scale
+# ## 7. Figure: padded and packed layouts, drawn to the same scale (图：同一比例下的填充与打包布局)
 #
 # The 64 chats of section 1 in both layouts, on one pair of axes with one token = one unit of width and one row =
 # one unit of height, so **area is compute**. Blue: supervised tokens (label $\neq$ -100); teal: template and prompt
@@ -1007,7 +1007,7 @@ for name, model_variant in models.items():
 # cost in fill (section 2); (c) shuffle the rows after planning. *Recommendation:* (a) + (c): plan per window,
 # shuffle rows, and record the plan with the run.
 #
-# ## 11. Exercises
+# ## 11. Exercises (练习)
 #
 # 1. Agent RL §14 asks for a test that fails for each of the two packing bugs separately. On `tiny_qwen2` (RoPE),
 #    which bug can the block mask hide, and which path of section 6 exposes it? Find the smallest pair of

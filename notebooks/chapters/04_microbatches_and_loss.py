@@ -66,7 +66,7 @@ random_order = agent_trajectory_order()  # [512] the random order Agent RL §14 
 BUDGET = 131_072  # Agent RL §14's token budget: 128k padded tokens per microbatch
 
 # %% [markdown]
-# ## 1. Why: with a fixed count, the longest sequence sets the memory
+# ## 1. Why: with a fixed count, the longest sequence sets the memory (为什么：条数固定时，最长的序列决定显存)
 #
 # A batch that does not fit in memory is split into **microbatches** (微批次) whose gradients are summed before
 # the optimizer step. The usual knob is a fixed number of sequences per microbatch. Activation memory, however,
@@ -129,7 +129,7 @@ for name, plan in [
     print(f"{name:<30} padded sizes {cost['sizes']} | padding {cost['padding_ratio']:.1%}")
 
 # %% [markdown]
-# ### TODO 1 · `token_budget_batches` (padded cost)
+# ### TODO 1 · `token_budget_batches` (padded cost; 按填充成本的词元预算分批)
 #
 # Write `token_budget_batches(lengths, max_tokens)`, Agent RL §14's scheduler. `lengths` is a non-empty sequence of
 # positive integers (a list, a tuple, a numpy array or a 1-D tensor); `max_tokens` is a positive integer. The plan
@@ -269,7 +269,7 @@ print(
 )
 
 # %% [markdown]
-# ### TODO 2 · `packed_token_budget_batches` (packed cost, Agent RL §14 exercise 2)
+# ### TODO 2 · `packed_token_budget_batches` (packed cost, Agent RL §14 exercise 2; 按打包成本的词元预算分批)
 #
 # When microbatches are packed (chapter 3) rather than padded, a microbatch costs the **sum** of its lengths.
 # Write `packed_token_budget_batches(lengths, max_tokens)`: the same inputs, the same given checks and the same kind
@@ -978,7 +978,7 @@ for name, gradient in (
 print(f"collectives made by your step, per rank: {on_ranks['collectives']} ({time.perf_counter() - started:.1f} s)")
 
 # %% [markdown]
-# ## 6. A picture of both halves
+# ## 6. A picture of both halves (两半问题的一张图)
 #
 # Left: the padded size of every microbatch in Agent RL §14's three plans; the fixed-count plans spike to 524k
 # wherever a long trajectory lands, the token budget never crosses its line. Right: the weight each real chat
@@ -1030,7 +1030,7 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
-# ## 7. The same fix in the framework (transformers `num_items_in_batch`)
+# ## 7. The same fix in the framework (transformers `num_items_in_batch`; 框架中的同一修正)
 #
 # A transformers causal LM computes its own loss when given `labels`. By default that is the token mean of the
 # batch it sees, exactly the local normalization. Passed `num_items_in_batch=N`, its loss function
@@ -1172,7 +1172,7 @@ grading.assert_answer(
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# ## 9. Exercises
+# ## 9. Exercises (练习)
 #
 # 1. (Agent RL §14, exercise 2.) Your packed scheduler needs 49 microbatches at 128k where first-fit decreasing needs
 #    46. Compute, for both plans, the attention cost $\sum_{i \in b} T_i^2$ of every microbatch. Which plan keeps

@@ -49,7 +49,7 @@ from course_lib import (
 from course_lib.tokenizer import corpus_files
 
 # %% [markdown]
-# ## 1. Why: one output layer keeps as much as many transformer layers
+# ## 1. Why: one output layer keeps as much as many transformer layers (为什么：一个输出层保留的激活抵得上许多 Transformer 层)
 #
 # A policy-gradient or SFT loss needs one number per token: the log-probability of the token that was actually
 # there, $\log p(x_{t+1} \mid x_{\le t})$. To get it, the output layer turns each hidden state (width $D$) into
@@ -195,7 +195,7 @@ print("same log-probs:", torch.equal(full_path(hidden, weight, targets), chunked
 # inputs (views of `hidden`, `weight` and `ids`, which exist anyway). The price is one more forward pass of the
 # output layer, a few percent of a training step's FLOPs.
 #
-# ### TODO · `checkpointed_log_probs`
+# ### TODO · `checkpointed_log_probs` (带检查点的对数概率)
 #
 # Write `checkpointed_log_probs(hidden, weight, ids, chunk_size=1024)`: `hidden` $[B, T, D]$, `weight` $[V, D]$,
 # integer `ids` $[B, T]$ in $[0, V)$; return the $[B, T]$ log-probs of `ids`, chunked over time
@@ -473,7 +473,7 @@ grading.assert_rejects(
 # </details>
 
 # %% [markdown]
-# ## 3. Evidence: memory against sequence length
+# ## 3. Evidence: memory against sequence length (证据：显存随序列长度的变化)
 #
 # Now the three methods side by side as $T$ grows, with a vocabulary closer to a real one ($V = 8192$, $D = 64$,
 # chunks of $C = 512$). Left: the largest tensor the forward pass creates. Right: what autograd keeps for
@@ -589,7 +589,7 @@ hidden.grad = weight.grad = None
 # because it is summed chunk by chunk instead of in one matmul.
 
 # %% [markdown]
-# ## 4. The same head in the framework (transformers)
+# ## 4. The same head in the framework (transformers; 框架中的同一输出头)
 #
 # `model(input_ids, labels=...)` in transformers computes the full $[B, T, V]$ logits with `lm_head`, upcasts them
 # and takes the mean cross-entropy over the shifted labels. We can keep the model's trunk and swap only the head:
@@ -753,7 +753,7 @@ print(format_run(bench_path, bench_record))  # the file, the verdict, then the f
 # default). *Recommendation:* the head has no dropout; keep the chunk size fixed and compare against the full
 # path at a length where it still fits.
 #
-# ## 7. Exercises
+# ## 7. Exercises (练习)
 #
 # 1. In section 3, change `CHUNK` to 128 and 2048. Which panel changes and by how much? Does your
 #    `largest_chunk_for_1gb` change if the head runs in bf16 but the log-softmax stays in fp32?

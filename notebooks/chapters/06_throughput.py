@@ -22,7 +22,7 @@
 # 3. estimate the **decode** (解码) rate with a first-order **roofline** (屋顶线模型) and derive its
 #    **crossover context** (交叉上下文长度), past which the cache reads, not the weights, set the speed: decode is
 #    bound by **memory bandwidth** (内存带宽), training by **FLOPs** at some **MFU** (模型 FLOPs 利用率);
-# 4. turn both into the **GPU-hours per step** of an RL run, and name the terms that dominate.
+# 4. turn both into the **GPU-hours per step** (每步 GPU 小时) of an RL run, and name the terms that dominate.
 
 # %%
 #| course-setup
@@ -42,7 +42,7 @@ from course_lib.accounting import SECONDS_PER_HOUR  # noqa: F401  (your solution
 from course_lib.tokenizer import corpus_files
 
 # %% [markdown]
-# ## 1. Why: a KV cache saves compute and costs memory traffic
+# ## 1. Why: a KV cache saves compute and costs memory traffic (为什么：KV 缓存省下计算、付出显存带宽)
 #
 # Generation is a loop of **decode steps**: each step appends one token to every sequence. Without a cache, each
 # step runs the model over the whole prefix again. With a **KV cache** the keys and values of earlier positions
@@ -103,7 +103,7 @@ print(f"without the cache: {positions[False] / positions[True]:.1f}x the positio
 # `hidden_size // num_attention_heads`; a config that sets both needs no `num_attention_heads` at all. A field that
 # is missing when it is needed, or not a positive integer, is a `ValueError` that names it.
 #
-# ### The same number in the framework (transformers)
+# ### The same number in the framework (transformers; 框架中的同一数字)
 #
 # Two checks of the formula against real objects. First, a transformers config object, built from Qwen3-8B's shipped
 # `config.json`, gives Agent RL §14.6's 147 KB (see the course's [sources page]({{DOCS}}/sources.md)). Second, the tiny
@@ -163,7 +163,7 @@ assert kv_bytes_per_token(hf_config("Qwen3-8B")) == KV_QWEN3_8B, "the library di
 # use. The batch it can decode is therefore capped by memory before bandwidth enters at all, and the cap shrinks as
 # the context grows.
 #
-# ### TODO 1 · `max_decode_batch`
+# ### TODO 1 · `max_decode_batch` (最大解码批量)
 #
 # Write `max_decode_batch(config, n_params, hardware, context, reserve_bytes=0.0, *, weight_bytes_per_param=2.0,
 # kv_dtype_bytes=2)`: the largest number of sequences, each holding `context` tokens of KV cache, that one GPU can
@@ -343,7 +343,7 @@ print({key: H200[key] for key in ("memory_bandwidth", "dense_flops", "flops_dtyp
 # reward batching; long ones are cache-bound, and there batching buys almost nothing. Where one regime gives way to
 # the other is the number to know for a model.
 #
-# ### TODO 2 · `crossover_context`
+# ### TODO 2 · `crossover_context` (交叉点上下文长度)
 #
 # Write `crossover_context(config, n_params, batch, *, weight_bytes_per_param=2.0, kv_dtype_bytes=2)`: the
 # **crossover context**, the smallest whole number of context tokens per sequence at which the KV-cache bytes one
@@ -531,7 +531,7 @@ assert round(any_batch_limit) == 4048
 # Of the plotted contexts, batch 1024 fits only at 512 tokens, batch 256 up to 2k, batch 64 up to 8k and batch 8 up to
 # 64k.
 #
-# ## 5. GPU-hours per RL step
+# ## 5. GPU-hours per RL step (每步 GPU 小时)
 #
 # An RL step samples `episodes` trajectories of `total_tokens` tokens each, of which `policy_tokens` are sampled
 # by the policy (the rest are prompt and tool output), then trains on them. With FLOP/s $= \text{MFU} \times$ peak:
@@ -546,7 +546,7 @@ assert round(any_batch_limit) == 4048
 # `busy` (忙碌占比, the busy share) is the share of time the inference engine is actually decoding (tool calls and
 # stragglers leave it idle), so the decode time is *divided* by it.
 #
-# ### TODO 3 · `gpu_hours_per_step`
+# ### TODO 3 · `gpu_hours_per_step` (计算每步的 GPU 小时)
 #
 # Write `gpu_hours_per_step(n_params, episodes, total_tokens, policy_tokens, decode_rate, peak_flops, mfu, busy)`
 # returning the dict `{"train", "old_logp", "prefill", "decode", "total"}` of GPU-hours (floats), `total` being the
@@ -694,7 +694,7 @@ print(f"decoding {FIT_16K} sequences at a time (what fits one H200): {STEPS * on
 # token grows with it: once the caches dominate the bytes read, the decode rate falls as $1/c$ (section 4), so four
 # times the context costs close to four times the decode time. *Recommendation:* budget every context-length change through the decode roofline, not the training rate.
 #
-# ## 7. Exercises
+# ## 7. Exercises (练习)
 #
 # 1. (Agent RL §14, exercise 6) Redo the GPU-hours estimate for a 64k-token context. Which part grows, and by how much?
 #    What does a 4x smaller KV cache (more aggressive GQA, or an 8-bit cache) buy back at 64k?

@@ -46,7 +46,7 @@ from course_lib import (
 )
 
 # %% [markdown]
-# ## 1. Why: both curricula decide what the trainer sees next
+# ## 1. Why: both curricula decide what the trainer sees next (为什么：两种课程都决定训练器接下来看到什么)
 #
 # A curriculum changes the data while training runs. In SFT, a **length curriculum** raises the window and the
 # share of long samples stage by stage. In RL, a **task curriculum** decides which prompts get rollouts. Both
@@ -155,7 +155,7 @@ print("broken candidate: ", stability_evidence(model))
 # The flags are Python `True`/`False`. The gate asks for `is True` on purpose: a flag read back from a log as the
 # string `"true"`, or the integer `1`, is not evidence that anything was checked.
 #
-# ### TODO 1 · `evaluate_length_curriculum_stage`
+# ### TODO 1 · `evaluate_length_curriculum_stage` (评估长度课程的阶段)
 #
 # Implement `evaluate_length_curriculum_stage(baseline, candidate, limits)`.
 #
@@ -423,7 +423,7 @@ grading.assert_rejects(evaluate_length_curriculum_stage, "evaluate_length_curric
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# ## 3. Why gate by gate, not by one score
+# ## 3. Why gate by gate, not by one score (为什么逐项把关，而不是看一个总分)
 #
 # A dashboard often ranks stages by one number, say long-context gain minus short-context regression. On LCFT's
 # candidates that number cannot do the job: the rejected candidate has the **largest** long-context gain while it
@@ -569,7 +569,7 @@ plt.show()
 # a task that gets no rollouts contributes nothing. Which split of the budget makes the expected number of such
 # groups as large as it can be?
 #
-# ### TODO 2 · `allocate_group_sizes`
+# ### TODO 2 · `allocate_group_sizes` (分配组大小)
 #
 # Implement `allocate_group_sizes(pass_rates, budget)`: a list of group sizes, one Python `int` $\ge 0$ per task
 # in the order of `pass_rates`, that sum to `budget` exactly and maximise the expected number of groups with both
@@ -718,7 +718,7 @@ for name, sizes in splits.items():
 # all-pass and a rare failure needs more draws to show up. It rests on the true pass rates; a trainer has only
 # estimates, which is why a revisit budget (§5) and estimates from more than one group (exercise 1) matter.
 #
-# ## 7. The same mechanism in the framework
+# ## 7. The same mechanism in the framework (框架中的同一机制)
 #
 # No framework ships the length-curriculum gate: TRL and transformers train whatever stage you configure, so the
 # gate belongs to your launch script. For the RL side, TRL's `GRPOTrainer` **measures** the symptom but does not
@@ -780,7 +780,7 @@ assert torch.equal(std_zero, all_equal)
 # revisits; (c) weight by $\hat p(1-\hat p)$ instead of a hard cut. *Recommendation:* (a) plus revisits, then
 # compare episodes spent and held-out pass rate, as exercise 1 does.
 #
-# ## 9. Exercises
+# ## 9. Exercises (练习)
 #
 # 1. Rerun section 5 with `history=3` (the estimate is the mean of a task's last three groups, Agent RL §14's
 #    exercise 4). How many more episodes does it spend, and what happens to the share of zero-advantage episodes?

@@ -18,9 +18,9 @@
 # **Objectives.** After this chapter you can
 # 1. put documents into **geometric length buckets** (几何分桶) of size $2^{\lceil \log_2 n \rceil}$, computed with
 #    integers, measure the **padding** (填充) they cost against **linear buckets** (线性分桶) and one global
-#    maximum, and find the **optimal bucket edges** for your own lengths by **dynamic programming**
+#    maximum, and find the **optimal bucket edges** (最优分桶边界) for your own lengths by **dynamic programming**
 #    (动态规划);
-# 2. cut a document longer than the window into **sliding windows** with an **overlap** (重叠区) and
+# 2. cut a document longer than the window into **sliding windows** (滑动窗口) with an **overlap** (重叠区) and
 #    give each token's loss exactly one owner (**loss ownership**, 损失归属), so no token is counted twice or lost;
 # 3. check a published article's numbers (the Packing article: "15% less padding than linear bucketing", "98% content
 #    utilization"; see the course's [sources page]({{DOCS}}/sources.md)) against your own measurements (用自己的数字复核).
@@ -48,7 +48,7 @@ from course_lib import (
 )
 
 # %% [markdown]
-# ## 1. Why: on a long-tailed corpus, one padded length wastes almost everything
+# ## 1. Why: on a long-tailed corpus, one padded length wastes almost everything (为什么：在长尾语料上，统一的填充长度几乎全是浪费)
 #
 # Document lengths in a pretraining or long-document SFT corpus are long-tailed: most documents are a few hundred
 # tokens, a few run to the context limit. Pad every document to the longest allowed length and the GPU computes
@@ -115,7 +115,7 @@ print(f"integer: (n - 1).bit_length() = {(n - 1).bit_length()} -> bucket 2**{(n 
 # by construction needs no argument about ranges. The library's `assign_buckets` (used above) works with integers
 # throughout.
 #
-# ## 3. A sober check: do geometric buckets pad 15% less than linear ones?
+# ## 3. A sober check: do geometric buckets pad 15% less than linear ones? (冷静核查：几何分桶比线性分桶少填充 15% 吗)
 #
 # The Packing article reports that its geometric buckets waste 15% less padding than linear bucketing. The article gives
 # neither its length distribution nor its linear bucket count, so we measure on our own: the 10,000 lognormal
@@ -169,7 +169,7 @@ for mu in log_medians:
 # Both schemes fix their edges before looking at a single length. But the lengths are known before training starts
 # (chapter 1's length ledger), so the edges can be chosen for them. How little padding can 14 buckets give?
 #
-# ### TODO 1 · `optimal_bucket_edges`
+# ### TODO 1 · `optimal_bucket_edges` (最优分桶边界)
 #
 # Implement `optimal_bucket_edges(lengths, k)`: bucket upper edges that give the **least total padding** when each
 # length is padded up to the smallest edge $\ge$ it (what `bucket_padding(lengths, edges)` from the setup cell
@@ -327,7 +327,7 @@ for window in split_document(list(range(600)), 256, 64):
     )
 
 # %% [markdown]
-# ### TODO 2 · `sliding_windows`
+# ### TODO 2 · `sliding_windows` (滑动窗口)
 #
 # Implement `sliding_windows(length, window=256, overlap=64)`: the list of `Window(start, end, loss_start,
 # loss_end)` (a `NamedTuple` from the setup cell, its four fields Python ints) covering a document of `length`
@@ -473,7 +473,7 @@ assert predicted == list(range(1, len(ids)))
 # $\ln V = \ln 2048 \approx 7.6$, the log of its vocabulary size, either way; the count is the point.) An overlap of
 # at least one token matters too: with no overlap, each later window's first token is a target of no window at all.
 #
-# ## 6. A sober check: what do the windows cost, and what is "98% content utilization"?
+# ## 6. A sober check: what do the windows cost, and what is "98% content utilization"? (冷静核查：窗口的代价，以及“98% 内容利用率”指什么)
 #
 # Tokens in an overlap are read twice. On a long document the cost per token learned tends to
 # window / stride $= 256 / 192 \approx 1.33$.
@@ -511,7 +511,7 @@ print("  the Packing article's 'content utilization':      98%    (the article d
 # the start of each piece at the price of a third more compute on long documents. That is usually a price worth
 # paying for documents that would otherwise be truncated, and a reason to keep the overlap modest.
 #
-# ## 7. The same windows in the framework (transformers)
+# ## 7. The same windows in the framework (transformers; 框架中的同一窗口)
 #
 # transformers' fast tokenizers cut overlapping windows themselves: `truncation=True, max_length=256, stride=64,
 # return_overflowing_tokens=True` returns every window, each repeating the last `stride` tokens of the previous
@@ -531,7 +531,7 @@ print("identical input_ids in every window; the last has", len(encoded["input_id
 # line of section 5, with each overlap token counted twice. Mask the first `stride` labels of every window but the
 # first (the owned range), as `split_document` does.
 #
-# ## 8. A figure: padding by scheme, and what a window reads vs owns
+# ## 8. A figure: padding by scheme, and what a window reads vs owns (图：各方案的填充，以及窗口读取与负责的词元)
 
 # %%
 assert all("optimal" in sweep[mu] for mu in log_medians), "optimal_bucket_edges: section 3's cell adds the row"
@@ -620,7 +620,7 @@ for min_length in (32, 0):
 # (c) filter short texts by content (empty, boilerplate), not by a length threshold alone. *Recommendation:* (a),
 # with the drop threshold chosen from the length ledger and the dropped share reported, as above.
 #
-# ## 10. Exercises
+# ## 10. Exercises (练习)
 #
 # 1. Build 14 **quantile** edges (lengths at the 1/14, 2/14, ... quantiles, last edge the longest length) for the
 #    10,000 lognormal lengths and compare `bucket_padding` with the geometric, linear and optimal rows of section 3.

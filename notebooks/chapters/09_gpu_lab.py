@@ -55,7 +55,7 @@ from course_lib.preflight import format_preflight, native_bf16, preflight
 tokenizer = load_course_tokenizer()
 
 # %% [markdown]
-# ## 1. Why: a padded batch pays for positions that carry nothing
+# ## 1. Why: a padded batch pays for positions that carry nothing (为什么：填充批次为不携带内容的位置付费)
 #
 # The lab trains on four fixed samples of 48, 96, 32 and 64 tokens (LCFT's texts, tokenized by the course
 # tokenizer and repeated to length). A padded batch is a rectangle: four rows, each as long as the longest sample.
@@ -104,7 +104,7 @@ print(
 # only a real GPU answers: on LCFT's RTX 5070 Ti a training step went from 63.4 ms to 48.8 ms (23% less, not
 # 37.5%). This chapter builds the tools to ask that question honestly on your own hardware.
 #
-# ## 2. The environment and the fixed workload (LCFT §5.1)
+# ## 2. The environment and the fixed workload (LCFT §5.1; 环境与固定工作负载)
 #
 # A GPU number is only worth something when the next person can reproduce it and compare it. So the lab fixes
 # everything except the one variable each experiment changes:
@@ -190,7 +190,7 @@ print("BASE-CPU passes:", preflight("BASE-CPU")["passed"])
 # the first label of every sample (`mask_first_label=True`, as TRL's padding-free collator does); without that mask
 # those labels are read, and counted as supervised.
 #
-# ### TODO 1 · `padding_vs_packing_ledger`
+# ### TODO 1 · `padding_vs_packing_ledger` (填充与打包的对照账本)
 #
 # Implement `padding_vs_packing_ledger(sample_lengths, *, mask_first_label=True)`: the ledger of the same samples as
 # one padded batch and as one packed row. Return a dict with the keys `samples` (the number of samples),
@@ -320,7 +320,7 @@ grading.assert_rejects(
 # </details>
 
 # %% [markdown]
-# ## 4. Run and save the JSON (LCFT §5.2)
+# ## 4. Run and save the JSON (LCFT §5.2; 运行并保存 JSON)
 #
 # `run_workload(workload_id, mode, label, results_dir=..., profile=...)` writes one JSON per run and returns
 # `(path, record)`. In `dry_run` it records the plan: the parameters, the environment, no model, decision
@@ -371,7 +371,7 @@ if smoke["failure"]:  # the sections below read its measurements: stop here with
     )
 
 # %% [markdown]
-# ## 5. Read the length curve and the padding-vs-packing comparison (LCFT §5.3)
+# ## 5. Read the length curve and the padding-vs-packing comparison (LCFT §5.3; 解读长度曲线与填充/打包对比)
 #
 # Read a result back from its file, never from memory: the reader validates the schema and names any bad field.
 # First the failure, the model and the evidence; then the length curve, the checks, the comparison, the §5.4
@@ -462,7 +462,7 @@ plt.show()
 # attends to a key of another sample, and within a sample each query attends to itself and every earlier key and to
 # nothing later. A speed-up from a row that breaks one of them is a speed-up of a different computation.
 #
-# ### TODO 2 · `packed_row_checks`
+# ### TODO 2 · `packed_row_checks` (打包行检查)
 #
 # Write `packed_row_checks(batch, sample_lengths)`. `batch` is one packed row as the lab builds it:
 # `position_ids` and `labels` of shape `[1, T]` and an additive `attention_mask` of shape `[1, 1, T, T]` (0 where
@@ -700,7 +700,7 @@ except ValueError as error:
     print("refused:", error)
 
 # %% [markdown]
-# ## 7. Interpret: length, packing and resources (LCFT §5.4)
+# ## 7. Interpret: length, packing and resources (LCFT §5.4; 解读：长度、打包与资源)
 #
 # Read in this order, and stop at the first line that fails: the failure and the fixed conditions (is this run
 # comparable?), the length checks (finite gradients, memory that does not shrink as length grows), the packing
@@ -870,7 +870,7 @@ print(
 )
 
 # %% [markdown]
-# ## 8. The same mechanism in the framework (TRL)
+# ## 8. The same mechanism in the framework (TRL; 框架中的同一机制)
 #
 # TRL's SFT collator builds both candidates: `padding_free=False` pads to the longest sample with an attention
 # mask, `padding_free=True` flattens the batch into one row, restarts `position_ids` at every sample and sets the
@@ -941,7 +941,7 @@ print(
 # same label. *Recommendation:* preflight every run, record the resolved commit, bump the workload version on any
 # change, and give every run a new label; the runner refuses to overwrite.
 #
-# ## 10. Exercises
+# ## 10. Exercises (练习)
 #
 # 1. Keep 240 sample tokens in 4 samples. Which lengths make packing save nothing, and which save the most? Use
 #    `padding_vs_packing_ledger` and explain the extreme from how the padded batch's size is set.
