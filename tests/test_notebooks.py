@@ -147,6 +147,27 @@ def test_chapter_source_is_well_formed(name):
     assert meta["repository"].count("/") == 1
 
 
+def source_short_names() -> list[str]:
+    """The short names the chapters cite their sources by: the bold first column of docs/sources.md's table."""
+    table = (ROOT.parent / "docs" / "sources.md").read_text(encoding="utf-8")
+    return re.findall(r"^\| \*\*(.+?)\*\* \|", table, re.MULTILINE)
+
+
+@pytest.mark.parametrize("name", CHAPTERS)
+def test_a_source_is_introduced_where_a_chapter_first_cites_it(name):
+    """A student met "LCFT" with nothing to say what it is: the first markdown cell of a release chapter that names
+    a source by its short name also links the sources page."""
+    assert source_short_names() == ["LCFT", "LlamaFactory walkthrough", "Agent RL §14", "Packing article"]
+    release = cells.read(ROOT / "release" / name / f"{name}.ipynb")
+    markdown = [cell.source for cell in release.cells if cell.cell_type == "markdown"]
+    unlinked = []
+    for short in source_short_names():
+        first = next((text for text in markdown if short.split(" §")[0] in text), None)
+        if first is not None and "sources.md" not in first:
+            unlinked.append(short)
+    assert not unlinked, f"{name}: first cited without a link to the sources page: {unlinked}"
+
+
 def test_the_setup_cell_installs_an_archive_that_needs_no_git():
     from packaging.requirements import Requirement
 

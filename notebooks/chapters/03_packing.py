@@ -449,8 +449,9 @@ grading.assert_answer(leaking_pairs, "leaking_pairs", int((_t_causal & ~_t_block
 #
 # A mask that "looks right" proves little. The test that matters compares log-probabilities: every token of
 # every sample, scored in the packed row, must get the log-probability it gets when its sample runs alone
-# (batch of one, no mask). Agent RL §14.1 runs three variants: the two bugs and the fix. We add a fourth that
-# isolates the position ids. You write that test first, for any forward, so that the same harness judges every
+# (batch of one, no mask). Agent RL §14.1 (chapter 14 of the agent-RL course, on the course's
+# [sources page]({{DOCS}}/sources.md)) runs three variants: the two bugs and the fix. We add a fourth that isolates
+# the position ids. You write that test first, for any forward, so that the same harness judges every
 # variant of this section and of the next.
 #
 # ### TODO 2 · `leak_report`: packed against alone, per sample (泄漏检测)
@@ -996,7 +997,8 @@ for name, model_variant in models.items():
 # counts. *Cause:* each rank packed its shard with its own shuffle (or in arrival order), so the ranks ended up
 # with different numbers of rows and microbatches. *Options:* (a) a plan that is a pure function of the global
 # length list (sorted, ties by index, as `plan_packing`), computed identically on every rank and then sharded;
-# (b) the same random seed on every rank (the Packing article's fix), which works until one rank's data order differs;
+# (b) the same random seed on every rank (the fix of the Packing article, on dynamic packing, listed on the
+# [sources page]({{DOCS}}/sources.md)), which works until one rank's data order differs;
 # (c) an all-reduce of the row count and padding rows up to the maximum. *Recommendation:* (a), with a hash of
 # the plan compared across ranks at start-up; (c) as a guard where shards are packed independently.
 #

@@ -276,8 +276,9 @@ print(
 # of plan as TODO 1 (every index once, longest first across the plan with ties in index order, each microbatch as
 # full as its budget allows, Python ints), with one change: a microbatch's cost is the **sum** of its lengths,
 # ≤ `max_tokens`. The plan never goes back: a microbatch is a consecutive run of the longest-first order, closed for
-# good once the next sequence does not fit. This is the LlamaFactory walkthrough's description of LlamaFactory's greedy
-# `PackingSampler`. Write it yourself: `plan_packing` builds a different plan.
+# good once the next sequence does not fit. This is how the LlamaFactory walkthrough (an article on LlamaFactory's
+# data pipeline, on the [sources page]({{DOCS}}/sources.md)) describes LlamaFactory's greedy `PackingSampler`. Write
+# it yourself: `plan_packing` builds a different plan.
 
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_packed_token_budget_batches", "locked": false, "schema_version": 3}
 #| solution: course_lib.microbatch.packed_token_budget_batches
