@@ -1,4 +1,4 @@
-"""Packing speed, measured side by side in one run: our plans vs TRL pack_dataset and the seed's quadratic first fit,
+"""Packing speed, measured side by side in one run: our plans vs TRL pack_dataset and LCFT's quadratic first fit,
 and a training step of padding vs packing with a block mask vs packing with varlen attention.
 
     python -m benchmarks.bench_packing            # full size: 200,000 lognormal lengths, capacity 4096
@@ -270,8 +270,8 @@ def bench_varlen(lengths: np.ndarray, totals: list[int], repeats: int) -> None:
 
 
 def bench_masks(lengths: np.ndarray, sizes: list[int], repeats: int) -> None:
-    print("\n## block_causal_mask on one packed row of length L (bool [L, L]) vs the seed's list-of-lists mask")
-    print(f"{'L':>7}{'ours ms':>10}{'ns/entry':>10}{'seed list ms':>14}{'ratio':>9}")
+    print("\n## block_causal_mask on one packed row of length L (bool [L, L]) vs LCFT's list-of-lists mask")
+    print(f"{'L':>7}{'ours ms':>10}{'ns/entry':>10}{'LCFT list ms':>14}{'ratio':>9}")
     for size in sizes:
         parts = lengths_totalling(size, lengths)
         segment_ids = torch.from_numpy(np.repeat(np.arange(len(parts)), parts))  # [L]
@@ -279,9 +279,9 @@ def bench_masks(lengths: np.ndarray, sizes: list[int], repeats: int) -> None:
         line = f"{size:>7,}{seconds * 1e3:>10.3f}{seconds / size**2 * 1e9:>10.3f}"
         if size <= 1024:
             segments, positions = varlen_positions(segment_ids)
-            seed_seconds, seed_mask = best_time(lambda s=segments, p=positions: seed_list_mask(s, p), repeats)
-            check(seed_mask == mask.tolist(), f"L = {size}: the seed's list mask differs from block_causal_mask")
-            line += f"{seed_seconds * 1e3:>14.1f}{seed_seconds / seconds:>9.0f}"
+            lcft_seconds, lcft_mask = best_time(lambda s=segments, p=positions: lcft_list_mask(s, p), repeats)
+            check(lcft_mask == mask.tolist(), f"L = {size}: LCFT's list mask differs from block_causal_mask")
+            line += f"{lcft_seconds * 1e3:>14.1f}{lcft_seconds / seconds:>9.0f}"
         print(line)
 
 
@@ -290,7 +290,7 @@ def varlen_positions(segment_ids: torch.Tensor) -> tuple[list[int], list[int]]:
     return segment_ids.tolist(), varlen_metadata(counts)["position_ids"].tolist()
 
 
-def seed_list_mask(segments: list[int], positions: list[int]) -> list[list[bool]]:
+def lcft_list_mask(segments: list[int], positions: list[int]) -> list[list[bool]]:
     """LCFT's teaching mask: a Python double loop."""
     pairs = list(zip(segments, positions, strict=True))
     return [[qs == ks and kp <= qp for ks, kp in pairs] for qs, qp in pairs]

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import ast
 import json
+import os
+import re
 from pathlib import Path
 
 import pytest
@@ -122,3 +124,27 @@ def test_the_demo_fails_on_a_score_it_does_not_expect():
         "sample-mutant-y/03_packing: test_mask scored 0, expected 2",
         "sample-solution/01_length_ledger: regrade",
     ]
+
+
+# "seed 003", "seeds/", "the seed's mask", `seed_mask`: how the source documents were once named inside the project.
+TEXT_SUFFIXES = {".py", ".md", ".ipynb", ".toml", ".txt", ".json", ".yml", ".cfg"}
+SKIPPED_FOLDERS = {"build", "__pycache__", "node_modules"}  # and every dot folder: .venv, .git
+THIS_FILE = Path(__file__).resolve()  # the pattern's own examples
+FILE_NUMBER_CITATION = re.compile(r"\bseed 0\d\d\b|\bseed's\b|\bseeds/|\bseed_[a-z]+", re.IGNORECASE)
+
+
+def test_no_file_cites_a_source_by_its_file_number():
+    """Chapters, docs, code and tests cite the source documents by the short names of docs/sources.md ("LCFT",
+    "Agent RL §14"), never by the file numbers they had here. Recorded run output (benchmarks/results/) is what a
+    run printed on its day and stays as it was."""
+    offending = []
+    for folder, subfolders, files in os.walk(ROOT):
+        subfolders[:] = [name for name in subfolders if not name.startswith(".") and name not in SKIPPED_FOLDERS]
+        for name in files:
+            path = Path(folder) / name
+            relative = path.relative_to(ROOT).as_posix()
+            if path.suffix not in TEXT_SUFFIXES or relative.startswith("benchmarks/results/") or path == THIS_FILE:
+                continue
+            text = path.read_text(encoding="utf-8", errors="replace")
+            offending += [f"{relative}: {match.group(0)}" for match in FILE_NUMBER_CITATION.finditer(text)]
+    assert not offending, offending

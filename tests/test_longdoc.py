@@ -27,7 +27,7 @@ from course_lib.longdoc import (
 )
 
 
-def seed_assign_bucket(doc_length, max_length):
+def article_assign_bucket(doc_length, max_length):
     """The Packing article's formula, float log2 and all (teaching reference)."""
     bucket_size = 2 ** (math.ceil(math.log2(doc_length)) if doc_length > 0 else 0)
     return min(bucket_size, max_length)
@@ -47,13 +47,13 @@ def test_packing_article_buckets():
 @settings(deadline=None, max_examples=200)
 @given(st.integers(1, 1 << 20))
 def test_matches_the_articles_formula_where_float_is_exact(length):
-    assert assign_bucket(length, 1 << 20) == seed_assign_bucket(length, 1 << 20)
+    assert assign_bucket(length, 1 << 20) == article_assign_bucket(length, 1 << 20)
 
 
 def test_float_log2_is_wrong_for_large_lengths():
     """2**53 + 1 rounds to 2**53 as a float: the Packing article's formula puts it in a bucket smaller than itself."""
     length, max_length = 2**53 + 1, 2**60
-    assert seed_assign_bucket(length, max_length) == 2**53 < length
+    assert article_assign_bucket(length, max_length) == 2**53 < length
     assert assign_bucket(length, max_length) == 2**54
     for k in (0, 1, 31, 52, 53, 59):  # exact powers of two are their own bucket
         assert assign_bucket(2**k, max_length) == 2**k

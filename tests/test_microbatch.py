@@ -27,7 +27,7 @@ from course_lib import (
 BUDGET = 131_072
 
 
-def seed_teaching_token_budget(lengths, max_tokens, *, packed=False):
+def agent_rl_token_budget(lengths, max_tokens, *, packed=False):
     """Agent RL §14.2's list walk (padded), or its exercise-2 extension (packed): the reference."""
     order = sorted(range(len(lengths)), key=lambda i: -int(lengths[i]))
     batches, current = [], []
@@ -96,7 +96,7 @@ def test_exercise_2_packed_budget_on_agent_rl_lengths(agent):
     assert summary["count"] == 49  # next-fit decreasing; the sum bound is ceil(23.3M / 128k) = 46
     assert summary["count"] >= -(-int(lengths.sum()) // BUDGET)
     assert summary["largest_tokens"] <= BUDGET and summary["padding_ratio"] == 0.0
-    assert batches == seed_teaching_token_budget(lengths.tolist(), BUDGET, packed=True)
+    assert batches == agent_rl_token_budget(lengths.tolist(), BUDGET, packed=True)
     assert len(plan_packing(lengths.tolist(), BUDGET, "ffd")) == 46  # first fit reaches the bound
 
 
@@ -105,7 +105,7 @@ def test_exercise_2_packed_budget_on_agent_rl_lengths(agent):
 def test_budget_batches_match_the_teaching_walk(lengths, extra, packed):
     max_tokens = max(lengths) + extra
     plan = (packed_token_budget_batches if packed else token_budget_batches)(lengths, max_tokens)
-    assert plan == seed_teaching_token_budget(lengths, max_tokens, packed=packed)
+    assert plan == agent_rl_token_budget(lengths, max_tokens, packed=packed)
     summary = describe_microbatches(lengths, plan, packed=packed)
     assert summary["largest_tokens"] <= max_tokens
     assert sorted(i for batch in plan for i in batch) == list(range(len(lengths)))
@@ -225,8 +225,8 @@ def test_balanced_partition_beats_greedy_baselines(agent):
         kk = _max_sum(values, balanced_partition(values, k))
         assert kk <= _sorted_greedy(values, k)
         assert kk <= _sorted_round_robin(values, k)
-    seed_parts = balanced_partition(lengths, 8)
-    assert _max_sum(lengths.tolist(), seed_parts) - int(lengths.sum()) // 8 <= 4  # near-perfect on 512 samples
+    agent_rl_parts = balanced_partition(lengths, 8)
+    assert _max_sum(lengths.tolist(), agent_rl_parts) - int(lengths.sum()) // 8 <= 4  # near-perfect on 512 samples
 
 
 def test_balanced_partition_bad_input():

@@ -252,8 +252,8 @@ def test_boundary_isolated_packing_matches_mask_and_lcft_formula(id_lists):
     packed = build_boundary_isolated_packing(samples)
     segments, positions = packed["segment_ids"], packed["position_ids"]
     pairs = list(zip(segments, positions, strict=True))
-    seed_mask = [[qs == ks and kp <= qp for ks, kp in pairs] for qs, qp in pairs]
-    assert packed["attention_allowed"] == seed_mask
+    lcft_mask = [[qs == ks and kp <= qp for ks, kp in pairs] for qs, qp in pairs]
+    assert packed["attention_allowed"] == lcft_mask
     assert packed["attention_allowed"] == block_causal_mask(torch.tensor(segments)).tolist()
     assert packed["input_ids"] == [t for ids in id_lists for t in ids]
     assert positions == varlen_metadata([len(ids) for ids in id_lists])["position_ids"].tolist()

@@ -298,18 +298,18 @@ print(
 
 # %% nbgrader={"grade": true, "solution": false, "grade_id": "test_block_causal_mask", "locked": true, "points": 5, "schema_version": 3}
 # LCFT's two samples of 3 and 2 tokens, then a row that ends in padding.
-seed_mask = block_causal_mask(torch.tensor([0, 0, 0, 1, 1]))
+lcft_mask = block_causal_mask(torch.tensor([0, 0, 0, 1, 1]))
 call = "block_causal_mask(torch.tensor([0, 0, 0, 1, 1]))"
-assert isinstance(seed_mask, torch.Tensor) and seed_mask.dtype == torch.bool and seed_mask.shape == (5, 5), (
-    f"{call} returned {type(seed_mask).__name__} {getattr(seed_mask, 'dtype', '')} of shape "
-    f"{tuple(getattr(seed_mask, 'shape', ()))}, expected a torch.bool tensor of shape (5, 5)"
+assert isinstance(lcft_mask, torch.Tensor) and lcft_mask.dtype == torch.bool and lcft_mask.shape == (5, 5), (
+    f"{call} returned {type(lcft_mask).__name__} {getattr(lcft_mask, 'dtype', '')} of shape "
+    f"{tuple(getattr(lcft_mask, 'shape', ()))}, expected a torch.bool tensor of shape (5, 5)"
 )
 for query, want in (
     (2, [True, True, True, False, False]),
     (3, [False, False, False, True, False]),
     (4, [False, False, False, True, True]),
 ):
-    assert seed_mask[query].tolist() == want, f"{call}[{query}] is {seed_mask[query].tolist()}, expected {want}"
+    assert lcft_mask[query].tolist() == want, f"{call}[{query}] is {lcft_mask[query].tolist()}, expected {want}"
 padded_rows = [[0, 0, 1, -1, -1], [0, 1, 1, 1, -1]]
 padded_mask = block_causal_mask(torch.tensor(padded_rows))
 call = f"block_causal_mask(torch.tensor({padded_rows}))"

@@ -433,15 +433,15 @@ grading.assert_rejects(evaluate_length_curriculum_stage, "evaluate_length_curric
 
 # %%
 print("gates, in reporting order:", ", ".join(CURRICULUM_GATES))
-seed_baseline = {"long_context_score": 0.56, "short_context_score": 0.82, "supervised_tokens_per_optimizer_step": 8192}
-seed_limits = {
+lcft_baseline = {"long_context_score": 0.56, "short_context_score": 0.82, "supervised_tokens_per_optimizer_step": 8192}
+lcft_limits = {
     "min_long_context_gain": 0.04,
     "max_short_context_regression": 0.02,
     "max_failed_runs": 0,
     "max_peak_memory_gb": 10.5,
     "max_cost_per_supervised_token": 1.4,
 }
-seed_accepted = {
+lcft_accepted = {
     "long_context_score": 0.63,
     "short_context_score": 0.81,
     "supervised_tokens_per_optimizer_step": 8192,
@@ -452,19 +452,19 @@ seed_accepted = {
     "cost_per_supervised_token": 1.25,
 }
 candidates = {
-    "accepted": seed_accepted,
+    "accepted": lcft_accepted,
     "rejected": {
-        **seed_accepted,
+        **lcft_accepted,
         "long_context_score": 0.64,
         "short_context_score": 0.77,
         "supervised_tokens_per_optimizer_step": 4096,
         "peak_memory_gb": 11.2,
         "cost_per_supervised_token": 1.3,
     },
-    "non-finite": {**seed_accepted, "loss_finite": False, "gradients_finite": False, "failed_runs": 1},
+    "non-finite": {**lcft_accepted, "loss_finite": False, "gradients_finite": False, "failed_runs": 1},
 }
 for name, run in candidates.items():
-    verdict = evaluate_length_curriculum_stage(seed_baseline, run, seed_limits)
+    verdict = evaluate_length_curriculum_stage(lcft_baseline, run, lcft_limits)
     weighted = verdict["evidence"]["long_context_gain"] - verdict["evidence"]["short_context_regression"]
     print(f"{name:<10} weighted score {weighted:+.2f} | gates: {verdict['decision']:<7} {verdict['failed_gates']}")
 
