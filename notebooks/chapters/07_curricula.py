@@ -469,8 +469,8 @@ for name, run in candidates.items():
     print(f"{name:<10} weighted score {weighted:+.2f} | gates: {verdict['decision']:<7} {verdict['failed_gates']}")
 
 # %% [markdown]
-# The weighted score ranks "rejected" (+0.03) close behind "accepted" (+0.06) and rates "non-finite" as good as
-# "accepted", while the gates hold both and name the reasons. A held stage is not a failure: it tells you what to
+# The weighted score counts "rejected" (+0.03) as a gain, half of "accepted"'s +0.06, and rates "non-finite" as good
+# as "accepted", while the gates hold both and name the reasons. A held stage is not a failure: it tells you what to
 # fix (match the budget, fit the memory) before the comparison means anything.
 #
 # ## 4. Part B · Filtering tasks by pass rate (通过率过滤)
