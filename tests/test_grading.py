@@ -357,3 +357,16 @@ def test_call_as_graded_switches_the_library_off_only_while_the_todo_runs():
     assert namespace["block_causal_mask"](2, 3) == 5 and namespace["block_causal_mask"].__name__ == "own"
     assert namespace["sliding_windows"].__wrapped__ is borrowed and namespace["x"] == 3 and "unbound" not in namespace
     assert namespace["windows"] is borrowed  # not a TODO name: untouched
+
+
+def test_a_list_of_the_wrong_length_is_named_by_len_and_shown():
+    """`sliding_windows(case 188): length 2 != expected 3` read as the function's `length` argument; the message now
+    says len(...) and quotes both lists, cut where they are long."""
+    with pytest.raises(AssertionError) as short:
+        grading.assert_same([(0, 4), (2, 6)], [(0, 4), (2, 6), (4, 7)], path="sliding_windows(case 188)")
+    assert str(short.value) == (
+        "len(sliding_windows(case 188)) = 2 != expected 3: got [(0, 4), (2, 6)], expected [(0, 4), (2, 6), (4, 7)]"
+    )
+    with pytest.raises(AssertionError) as long:
+        grading.assert_same(list(range(500)), list(range(501)), path="f(case 1)")
+    assert str(long.value).count(" ...") == 2 and len(str(long.value)) < 400

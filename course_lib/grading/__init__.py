@@ -148,6 +148,12 @@ def assert_own_function(function: Callable, name: str) -> None:
         raise AssertionError(f"{name} must be defined in this notebook (it comes from {module!r})")
 
 
+def _short(value: Any, limit: int = 160) -> str:
+    """repr(value), cut to `limit` characters with " ..." (a failure message quotes both sides)."""
+    shown = repr(value)
+    return shown if len(shown) <= limit else shown[: limit - 4] + " ..."
+
+
 def assert_same(got: Any, expected: Any, *, rtol: float = 1e-9, atol: float = 1e-12, path: str = "result") -> None:
     """Deep comparison of results: tensors/arrays elementwise (with tolerance), dicts by key, lists in order.
 
@@ -174,7 +180,9 @@ def assert_same(got: Any, expected: Any, *, rtol: float = 1e-9, atol: float = 1e
             raise AssertionError(f"{path}: expected a sequence, got {type(got).__name__}")
         got = list(got.tolist() if hasattr(got, "tolist") else got)
         if len(got) != len(expected):
-            raise AssertionError(f"{path}: length {len(got)} != expected {len(expected)}")
+            raise AssertionError(
+                f"len({path}) = {len(got)} != expected {len(expected)}: got {_short(got)}, expected {_short(expected)}"
+            )
         for index, (left, right) in enumerate(zip(got, expected, strict=True)):
             assert_same(left, right, rtol=rtol, atol=atol, path=f"{path}[{index}]")
     elif isinstance(expected, (str, bytes)) or expected is None:
