@@ -733,7 +733,9 @@ print(
 #   batch's token mean: the sum of every supervised token's loss divided by the number $N$ of supervised tokens in
 #   the step. The supervised tokens are those `supervised_token_losses` scores: its mask, which
 #   `supervised_target_mask(labels, position_ids=..., segment_ids=...)` gives without running the model. A
-#   microbatch may hold no supervised token at all.
+#   microbatch may hold no supervised token at all (it adds nothing to the gradient: running its forward or skipping
+#   it are both right). A step with no supervised token anywhere has no mean to take; the tests never pass one
+#   (the library raises a `ValueError` there).
 # * Under data parallelism every rank calls the function on its own rows with `group`, a `torch.distributed`
 #   process group. Then $N$ counts the supervised tokens of **every rank in `group`**, the `.grad` of those ranks
 #   summed is the gradient of one backward over all their rows, and the function makes **exactly one collective**,
