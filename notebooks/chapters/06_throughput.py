@@ -550,10 +550,10 @@ assert round(any_batch_limit) == 4048
 #
 # Write `gpu_hours_per_step(n_params, episodes, total_tokens, policy_tokens, decode_rate, peak_flops, mfu, busy)`
 # returning the dict `{"train", "old_logp", "prefill", "decode", "total"}` of GPU-hours (floats), `total` being the
-# sum of the four parts. `SECONDS_PER_HOUR` is imported in the setup cell. The function's first lines, the input
-# checks, are given: keep them and write the rest below them (they refuse `episodes` that is not a positive integer;
-# `n_params`, `total_tokens`, `policy_tokens`, `decode_rate`, `peak_flops` that are not finite real numbers $> 0$;
-# `mfu` or `busy` outside $(0, 1]$; and `policy_tokens > total_tokens`, each with a `ValueError`).
+# sum of the four parts. `SECONDS_PER_HOUR` is imported at the top of the TODO cell. The function's first lines,
+# the input checks, are given: keep them and write the rest below them (they refuse `episodes` that is not a positive
+# integer; `n_params`, `total_tokens`, `policy_tokens`, `decode_rate`, `peak_flops` that are not finite real numbers
+# $> 0$; `mfu` or `busy` outside $(0, 1]$; and `policy_tokens > total_tokens`, each with a `ValueError`).
 
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_gpu_hours_per_step", "locked": false, "schema_version": 3}
 #| solution: course_lib.accounting.gpu_hours_per_step
