@@ -249,10 +249,10 @@ def test_failure_messages_name_the_call_that_failed():
 
 def test_shown_arguments_keeps_messages_short():
     shown = grading.shown_arguments(
-        ([list(range(100))] * 50, torch.zeros(4, 5), torch.tensor([1, 2])), {"pad_token_id": 0}
+        ([list(range(100))] * 50, [list(range(100))] * 50, torch.zeros(4, 5), torch.tensor([1, 2])), {"pad_token_id": 0}
     )
     assert (
-        len(shown) <= 420 and " ..., " in shown and shown.endswith("pad_token_id=0")
+        len(shown) <= 800 and " ..., " in shown and shown.endswith("pad_token_id=0")
     )  # long arguments cut, keywords kept
     assert grading.shown_arguments((torch.zeros(4, 5), torch.tensor([1, 2])), {"pad_token_id": 0}) == (
         "Tensor(shape=[4, 5], dtype=torch.float32), [1, 2] (Tensor, torch.int64), pad_token_id=0"
@@ -370,3 +370,32 @@ def test_a_list_of_the_wrong_length_is_named_by_len_and_shown():
     with pytest.raises(AssertionError) as long:
         grading.assert_same(list(range(500)), list(range(501)), path="f(case 1)")
     assert str(long.value).count(" ...") == 2 and len(str(long.value)) < 400
+
+
+def test_a_curriculum_stages_three_dicts_are_shown_whole():
+    """`evaluate_length_curriculum_stage(case 168)` once showed its limits cut at `'max_failed_runs ...`, the very
+    limit a student needed to see which gate should have held the stage."""
+    baseline = {"long_context_score": 0.56, "short_context_score": 0.82, "supervised_tokens_per_optimizer_step": 8192}
+    run = {
+        **baseline,
+        "long_context_score": 0.63,
+        "loss_finite": True,
+        "gradients_finite": True,
+        "failed_runs": 0,
+        "peak_memory_gb": 10.500000000001,
+        "cost_per_supervised_token": 1.25,
+    }
+    limits = {
+        "min_long_context_gain": 0.04,
+        "max_short_context_regression": 0.02,
+        "max_failed_runs": 0,
+        "max_peak_memory_gb": 10.5,
+        "max_cost_per_supervised_token": 1.4,
+    }
+    shown = grading.shown_arguments((baseline, run, limits), {})
+    assert shown.endswith("'max_short_context_regression': 0.02, 'min_long_context_gain': 0.04}"), shown
+    failure = "evaluate_length_curriculum_stage(case 168)['decision']: 'advance' != expected 'hold'"
+    from course_lib.instructor import feedback
+
+    message = f"{failure}\n  called with: {shown}"
+    assert feedback.one_line_cut(message) == message

@@ -325,11 +325,12 @@ def _changed(before: Any, after: Any, path: str) -> str | None:
 CONFIG_FIELDS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim")
 
 
-def shown_arguments(args: Sequence[Any], kwargs: Mapping[str, Any], limit: int = 400) -> str:
+def shown_arguments(args: Sequence[Any], kwargs: Mapping[str, Any], limit: int = 800) -> str:
     """The arguments of a call as a student can read them in a message: short reprs, tensors by shape and dtype
     when large, a model config by its shape fields, a tokenizer by its name and end-of-turn token; the positional
-    arguments cut to leave the keywords whole within `limit` characters (at least half of it for the positional
-    ones), the whole never over twice `limit`."""
+    arguments cut to leave the keywords whole within `limit` characters (at least a quarter of it for the
+    positional ones), the whole never over `limit` (three dicts of a curriculum stage, about 620 characters, whole).
+    With the failure before it, the message stays within the checker's cut (feedback.one_line_cut, 1,000)."""
     import reprlib
 
     short = reprlib.Repr()
@@ -351,11 +352,11 @@ def shown_arguments(args: Sequence[Any], kwargs: Mapping[str, Any], limit: int =
 
     keywords = ", ".join(f"{key}={one(value)}" for key, value in kwargs.items())
     positional = ", ".join(one(value) for value in args)
-    room = max(limit - len(keywords), limit // 2)  # the keywords stay whole: they are what a case varies
+    room = max(limit - len(keywords) - 6, limit // 4)  # the keywords stay whole: they are what a case varies
     if len(positional) > room:
         positional = positional[:room] + " ..."
     text = ", ".join(part for part in (positional, keywords) if part)
-    return text if len(text) <= 2 * limit else text[: 2 * limit] + " ..."
+    return text if len(text) <= limit else text[: limit - 4] + " ..."
 
 
 def _kind(error: BaseException) -> str:
