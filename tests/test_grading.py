@@ -399,3 +399,23 @@ def test_a_curriculum_stages_three_dicts_are_shown_whole():
 
     message = f"{failure}\n  called with: {shown}"
     assert feedback.one_line_cut(message) == message
+
+
+def test_a_wrong_element_of_a_short_list_shows_both_whole_lists():
+    """`allocate_group_sizes(case 67)[1]: 0 != expected 7` told a student one index; the message now quotes both
+    whole results when they are short lists, and nothing more for long ones or tensors."""
+
+    def allocate_group_sizes(pass_rates, budget):
+        return [budget, *([0] * (len(pass_rates) - 1))]  # every rollout on the first task
+
+    allocate_group_sizes.__module__ = "__main__"
+    with pytest.raises(AssertionError) as failed:
+        grading.assert_matches_reference(allocate_group_sizes, "allocate_group_sizes", [(([0.5, 0.5, 0.5], 6), {})])
+    assert str(failed.value) == (
+        "allocate_group_sizes(case 0)[0]: 6 != expected 3\n  called with: [0.5, 0.5, 0.5], 6\n"
+        "  whole result: got [6, 0, 0], expected [3, 3, 0]"
+    )
+    error = AssertionError("f(case 0)[3]: 1 != expected 2")
+    assert grading.whole_results("f(case 0)", error, list(range(100)), list(range(100))) == ""  # too long
+    assert grading.whole_results("f(case 0)", error, torch.ones(3), torch.zeros(3)) == ""  # a tensor
+    assert grading.whole_results("f(case 0)", AssertionError("f(case 0): 1 != expected 2"), [1], [2]) == ""
