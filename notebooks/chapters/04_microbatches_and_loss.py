@@ -1155,8 +1155,9 @@ print(f"kept {int(kept.sum())} targets | largest |packed - alone| loss {(losses[
 # and 30 supervised tokens, rank 1's hold 20 and 40 ($N = 100$). Each rank takes every microbatch's `token_mean`
 # and averages them over its microbatches, then DDP averages the two ranks' gradients. By what factor is a token of
 # the **10-token microbatch** weighted relative to the $1/N$ that the full-batch token mean gives it? Bind the factor
-# to `microbatch_token_weight` below (a number; 1.0 would mean no distortion). The test below checks only that
-# you answered; the grader's hidden test checks the value.
+# to `microbatch_token_weight` below (a number, exact or a fraction like `3 / 7`: the value must agree to a
+# relative $10^{-6}$; 1.0 would mean no distortion). The test below checks only that you answered; the grader's
+# hidden test checks the value.
 
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_microbatch_token_weight", "locked": false, "schema_version": 3}
 ### BEGIN SOLUTION
