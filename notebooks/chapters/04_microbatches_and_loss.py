@@ -55,7 +55,7 @@ from course_lib import (
     per_token_weight_distortion,
     plan_packing,
     step_on_ranks,
-    supervised_target_mask,  # noqa: F401 - for TODO 4 (accumulate_step)
+    supervised_target_mask,  # for TODO 4 (accumulate_step)
     supervised_token_losses,
     synthetic_supervised_batch,
     tiny_qwen2,

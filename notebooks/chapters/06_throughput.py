@@ -27,7 +27,7 @@
 # %%
 #| course-setup
 import pathlib
-from collections.abc import Mapping  # noqa: F401  (your solutions may use it)
+from collections.abc import Mapping  # your solutions may use it
 
 from course_lib import (
     decode_tokens_per_s,
@@ -38,7 +38,7 @@ from course_lib import (
     tiny_qwen2,
     train_tokens_per_s,
 )
-from course_lib.accounting import SECONDS_PER_HOUR  # noqa: F401  (your solutions may use it)
+from course_lib.accounting import SECONDS_PER_HOUR  # your solutions may use it
 from course_lib.tokenizer import corpus_files
 
 # %% [markdown]
