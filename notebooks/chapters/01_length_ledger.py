@@ -581,7 +581,8 @@ print(
         for decision, key in (("fit", "fit_names"), ("truncate", "truncated_names"), ("overflow", "overflow_names"))
     }
 )
-#
+
+# %% [markdown]
 # ## 6. The same ledger in the framework (transformers; 框架中的同一账本)
 #
 # transformers' `apply_chat_template(..., return_assistant_tokens_mask=True)` marks the tokens the
