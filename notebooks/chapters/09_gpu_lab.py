@@ -327,8 +327,8 @@ grading.assert_rejects(
 # `ready_to_measure`. In `real_gpu` it runs preflight first; on a machine without CUDA that refusal is itself the
 # record (stage `environment_preflight`, decision `reject_until_fixed`). Any exception while measuring becomes a
 # failure record too: a failed attempt is a result, not a lost afternoon. A scale of the series that your GPU
-# cannot hold (padding at ×16 took 20 GiB on the H200, at ×32 40 GiB) is not a failure: the run records it under
-# `out_of_memory`, tries no larger scale, and keeps every row it measured.
+# cannot hold (padding at ×16 took 20 GiB on the course's H200 runs of section 7, at ×32 40 GiB) is not a failure:
+# the run records it under `out_of_memory`, tries no larger scale, and keeps every row it measured.
 #
 # **Keep the file.** `lab_results/` is in the notebook's working folder. On Colab that is `/content`, which is
 # wiped when the runtime is recycled: download the JSON (`from google.colab import files; files.download(str(path))`)
@@ -456,11 +456,12 @@ plt.show()
 # ## 6. Boundary checks before speed (边界检查), then effective throughput (有效吞吐)
 #
 # A packed row is only faster padding if it computes the same thing: every sample must see only itself, as if it
-# ran alone. Four properties of the row's tensors decide that, and the record lists them under `checks.packing`
-# before any speed: the positions restart at every sample (rotary embeddings, and the kernels that find the samples
-# from the position resets, read them), each sample's first label is masked (or it is a cross-sample label), no query
-# attends to a key of another sample, and within a sample each query attends to itself and every earlier key and to
-# nothing later. A speed-up from a row that breaks one of them is a speed-up of a different computation.
+# ran alone. Four properties of the row's tensors decide that: the positions restart at every sample (rotary
+# embeddings, and the kernels that find the samples from the position resets, read them), each sample's first label
+# is masked (or it is a cross-sample label), no query attends to a key of another sample, and within a sample each
+# query attends to itself and every earlier key and to nothing later. The record lists LCFT's three of them, the
+# first three, under `checks.packing`, beside its token and finiteness checks and before any speed. A speed-up from
+# a row that breaks one of them is a speed-up of a different computation.
 #
 # ### TODO 2 · `packed_row_checks` (打包行检查)
 #
@@ -815,8 +816,9 @@ if mine["run_mode"] != "real_gpu":
 # the profiled step's operators carry the profiler's own overhead while the wall time is the unprofiled median, so
 # a smoke run's share can come out above 1. Read the share on a GPU, where kernel durations are not slowed by it.
 #
-# **Measured by the course on an NVIDIA H200, 2026-11-30** (three runs of this workload at version v9: the GPU suite,
-# chapter 3 and this chapter with `RUN_MODE = "real_gpu"`). The machine had no hub access, so Qwen2.5-0.5B was
+# **Measured by the course on an NVIDIA H200, 2026-11-30** (three runs of this workload at version v9, whose steps
+# v10 repeats, only recording a scale that runs out of memory instead of failing: the GPU suite, chapter 3 and this
+# chapter with `RUN_MODE = "real_gpu"`). The machine had no hub access, so Qwen2.5-0.5B was
 # random-initialized from its shipped config: the timings do not depend on the weights, and the losses say nothing
 # about quality. Every check passed in every run, and 384 → 240 processed tokens. Peak allocated memory was
 # 2.43–2.54 GiB; LCFT reports about 2.90 GiB on its RTX 5070 Ti without saying whether allocated or reserved, so we
@@ -826,7 +828,7 @@ if mine["run_mode"] != "real_gpu":
 #   the same code on the same GPU, three verdicts. A step took 100–132 ms, and the GPU was busy for 8–11% of it
 #   (about 3,100 operations launched by the host, whatever the tokens); the host's wobble decides the clock.
 # - **The GPU's busy time did.** Padding kept the GPU busy for 11.4 ms and packing for 10.1 ms in all three runs:
-#   packing 1.13–1.14× ahead, not the 1.6× of the tokens. Read the busy-time ratio (`busy_x` in the scale table) when the
+#   packing 1.13–1.14× ahead, not the 1.6× of the tokens. Read the busy-time ratio (`busy_x` in a GPU run's scale table) when the
 #   share is low; read the clock only when the share is near 1, or over many runs.
 # - **The scale series** (every sample length ×2 … ×32) shows where tokens start to matter. In busy time the block
 #   mask's gain peaks at 1.33× at 3,072 padded tokens and falls back to 1.14× at 12,288: the dense block mask makes
@@ -854,7 +856,7 @@ if mine["run_mode"] != "real_gpu":
 # runs of three (1.34×, 1.16×, 0.99×). The busy share says why: at ×32 the GPU was busy for 91–95% of the padding and
 # block-mask steps but for only 58–76% of the varlen ones, whose 95 ms of GPU work sat in steps of 124–162 ms: host
 # time around the fused kernel. So expect `met: False` on the varlen targets of your record too, and read it next to
-# the busy share. Your smoke record has the same rows (the `varlen_ms` columns of the scale table in section 5); on a
+# the busy share. Your smoke record has the same rows (the `varlen_ms` column of the scale table in section 5); on a
 # CPU they are wiring evidence only. `varlen_kernel(device, dtype, head_dim)` tells you in advance which kernel a run
 # gets; the cell below asks it for this machine.
 
