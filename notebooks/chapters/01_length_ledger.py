@@ -63,7 +63,7 @@ print(
 # %% [markdown]
 # The rendered sequence is longer than the pieces by every template token (role markers, newlines, the prompt
 # turns' `<|im_end|>`) plus the answer's own end-of-turn token, which the ledger counts as supervised (the model must
-# learn to stop). That gap is per sample: on a dataset of short chats it is a large share of the window.
+# learn to stop). That gap is per sample: on a dataset of short chats it is a large share of every sample.
 #
 # ## 2. The mechanism: a length ledger from aligned spans (长度账本)
 #
@@ -245,15 +245,16 @@ plt.show()
 # Implement `audit_context_fit(samples, target_context_len, template_tokens, min_kept_supervised_tokens=1,
 # max_supervision_loss_ratio=0.0)`. Each sample is a dict with `name`, `prompt_tokens`, `supervised_tokens`. Return
 # `{"records": [...], "fit_names": [...], "truncated_names": [...], "overflow_names": [...]}` where each record
-# holds `name`, `total_tokens`, `kept_supervised_tokens` (both Python ints; kept is 0 for an overflow),
+# holds `name`, `total_tokens` (the whole sample, template + prompt + supervision, before any cut),
+# `kept_supervised_tokens` (both Python ints; kept is 0 for an overflow),
 # `supervision_loss_ratio` and `decision` (`"fit"`, `"truncate"` or `"overflow"`); an empty list of samples gives
 # empty lists. The window keeps the template and the prompt whole and as much of the supervision as the slots they
 # leave allow; `supervision_loss_ratio` is the loss ratio above for that cut: 0.0 for a fit, and for an overflow the
 # ratio of the cut the gates refused (0.4 when 24 of 40 tokens would be kept), **not** 1.0, even though the overflow
 # record's `kept_supervised_tokens` is 0. The gates judge a **cut**: a sample that fits keeps all its supervision,
-# even when that is below `min_kept_supervised_tokens`, since nothing is cut. (LCFT's code prints 0 kept tokens for
-# such a "fit"; we keep the count, so that the record agrees with what the window actually keeps; LCFT is listed on
-# the course's [sources page]({{DOCS}}/sources.md).)
+# even when that is below `min_kept_supervised_tokens`, since nothing is cut. (LCFT's own code reports 0 kept tokens
+# for such a "fit"; a record that says what the window actually keeps is the one to plan with. LCFT is listed on the
+# course's [sources page]({{DOCS}}/sources.md).)
 #
 # The first lines of the function are given: keep them. They check the input and raise a `ValueError` that names
 # the field (a sample without one of its three keys, a window, minimum or length that is not an integer, a
