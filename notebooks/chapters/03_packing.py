@@ -84,7 +84,7 @@ print(
 
 # %% [markdown]
 # Most of the padded batch is padding: the forward and backward passes do that share of their work on tokens
-# that carry no information. **Packing** concatenates several samples into one row of fixed capacity $C$ and
+# that carry no information. **Packing** (打包) concatenates several samples into one row of fixed capacity $C$ and
 # fills the rows almost to the brim. It also opens two new ways to be wrong, which the rest of the chapter
 # closes: a later sample can attend to an earlier one (an attention leak), and its position ids can continue
 # from the previous sample instead of starting at 0.
@@ -95,9 +95,9 @@ print(
 # than $\lceil \sum_i T_i / C \rceil$, and its **fill rate** is $\sum_i T_i / (R \cdot C)$ for $R$ rows.
 # Both classic heuristics sort the samples longest first and differ in where each one goes:
 #
-# * **FFD**: into the *first* row that still has room;
-# * **BFD**: into the row with the *least* room that still fits (TRL's `pack_dataset(strategy="bfd")`);
-# * **sequential** (next fit) keeps the data order and opens a new row whenever the sample does not fit. (The
+# * **FFD** (首次适应递减): into the *first* row that still has room;
+# * **BFD** (最佳适应递减): into the row with the *least* room that still fits (TRL's `pack_dataset(strategy="bfd")`);
+# * **sequential** (顺序装填) (next fit) keeps the data order and opens a new row whenever the sample does not fit. (The
 #   `PackingSampler` of the LlamaFactory walkthrough, listed on the course's [sources page]({{DOCS}}/sources.md), is next
 #   fit too, but over the samples sorted longest first: chapter 4's `packed_token_budget_batches`.)
 #

@@ -105,7 +105,7 @@ print(f"{fixed_cost['padding_ratio']:.1%} of all computed positions are padding"
 # $$\text{padded cost}(b) = |b| \cdot \max_{i \in b} T_i, \qquad \text{packed cost}(b) = \sum_{i \in b} T_i .$$
 #
 # A padded microbatch (chapter 2's `pad_batch`) stretches every row to its longest; a packed one (chapter 3)
-# concatenates them. The **padding ratio** of a plan is $1 - \sum_i T_i / \sum_b \text{cost}(b)$. Sorting by
+# concatenates them. The **padding ratio** (填充比例) of a plan is $1 - \sum_i T_i / \sum_b \text{cost}(b)$. Sorting by
 # length before grouping puts sequences of similar length together, so padded rows waste little.
 #
 # Real objects first: 16 chats whose answers are runs of sentences from the course corpus (lognormal counts, as
@@ -427,7 +427,7 @@ for name, deal in deals.items():
 #
 # The gradient summed over microbatches should equal the gradient of the full batch. With $K$ microbatches,
 # $n_k$ supervised tokens in microbatch $k$ and $N = \sum_k n_k$, the full-batch token mean weights every token by
-# $1/N$. A microbatch loop that takes each microbatch's **token mean** and divides by $K$ weights a token of
+# $1/N$. A microbatch loop that takes each microbatch's **token mean** (词元平均) and divides by $K$ weights a token of
 # microbatch $k$ by $1/(K n_k)$ instead, a distortion of
 #
 # $$\frac{1/(K n_k)}{1/N} = \frac{N}{K\, n_k}.$$

@@ -44,7 +44,7 @@ from course_lib.tokenizer import corpus_files
 # %% [markdown]
 # ## 1. Why: a KV cache saves compute and costs memory traffic (为什么：KV 缓存省下计算、付出显存带宽)
 #
-# Generation is a loop of **decode steps**: each step appends one token to every sequence. Without a cache, each
+# Generation is a loop of **decode steps** (解码步): each step appends one token to every sequence. Without a cache, each
 # step runs the model over the whole prefix again. With a **KV cache** the keys and values of earlier positions
 # are kept, so each position is computed once, but every step must *read* the whole cache back from memory.
 #

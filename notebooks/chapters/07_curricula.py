@@ -48,8 +48,8 @@ from course_lib import (
 # %% [markdown]
 # ## 1. Why: both curricula decide what the trainer sees next (为什么：两种课程都决定训练器接下来看到什么)
 #
-# A curriculum changes the data while training runs. In SFT, a **length curriculum** raises the window and the
-# share of long samples stage by stage. In RL, a **task curriculum** decides which prompts get rollouts. Both
+# A curriculum changes the data while training runs. In SFT, a **length curriculum** (长度课程) raises the window and the
+# share of long samples stage by stage. In RL, a **task curriculum** (任务课程) decides which prompts get rollouts. Both
 # fail quietly when the decision rests on the wrong number. Here is the RL side's number.
 #
 # GRPO-style advantages compare each of a task's $G$ rollouts with the group's mean reward. When every reward in the
@@ -124,7 +124,7 @@ print(f"the candidate trains on {tokens_per_step[512] / tokens_per_step[256]:.2f
 # At a fixed number of samples per step, the longer window admits the long samples the short one rejected, and
 # each step carries more supervision. Any score gain is then confounded with extra supervision per update (and a
 # different effective learning rate per token). The fix is upstream: batch both stages by a **supervised-token
-# budget** (a token-budget sampler fills each step to the same count), and let the gate check that the
+# budget** (监督词元预算) (a token-budget sampler fills each step to the same count), and let the gate check that the
 # configured budgets are equal.
 #
 # **Finite loss and gradients.** These flags come from a real backward pass, not from a log line parsed as text.
@@ -580,7 +580,7 @@ plt.show()
 #   positive budget with no task to spend it on is refused. Each raises a `ValueError` naming the field.
 # * **Ties (并列).** Every split whose expected count is within `ALLOCATION_TOLERANCE` ($10^{-9}$, imported at the
 #   top of the TODO cell) of the best count is a best split: the pass rates 0.3 and 0.7 give the same count in exact
-#   arithmetic but not in floats. Among the best splits, return the **lexicographically largest**: the most
+#   arithmetic but not in floats. Among the best splits, return the **lexicographically largest** (字典序最大): the most
 #   rollouts to the first task, then to the second, and so on. So when nothing can be gained (every task decided),
 #   the whole budget goes to the first task.
 # * The grader compares your sizes with an exhaustive search over every split on small pools; the chapter runs your

@@ -141,7 +141,7 @@ print(f"geometric pads {saved:.1%} less than linear (article: 15%)")
 
 # %% [markdown]
 # We measure 10.5%, not 15%: same direction, smaller size. But the bigger finding is what the comparison depends
-# on. Geometric buckets are **scale-free**: each document loses less than half its bucket, so their padding stays
+# on. Geometric buckets are **scale-free** (与尺度无关): each document loses less than half its bucket, so their padding stays
 # near 30% for a lognormal this wide ($\sigma = 1$) whose documents sit well below `max_length` (less once the cap at
 # 8192 makes the last bucket fit the longest documents exactly: 21% at a median of about 3k in the sweep below).
 # Linear buckets have a fixed width, so they waste a lot on short documents (a 40-token document in the first,
@@ -622,7 +622,7 @@ for min_length in (32, 0):
 #
 # ## 10. Exercises (练习)
 #
-# 1. Build 14 **quantile** edges (lengths at the 1/14, 2/14, ... quantiles, last edge the longest length) for the
+# 1. Build 14 **quantile** (分位数) edges (lengths at the 1/14, 2/14, ... quantiles, last edge the longest length) for the
 #    10,000 lognormal lengths and compare `bucket_padding` with the geometric, linear and optimal rows of section 3.
 #    How far from optimal are edges that put the same number of documents in each bucket?
 # 2. For a 256-token window, which overlap gives an overhead of 1.5x on long documents? Which gives 1.1x? How much

@@ -667,7 +667,7 @@ for name, row in leaky_rows.items():
 # %% [markdown]
 # Only then is a speed worth reading. Tokens per second is only a fair measure when it counts the tokens the model
 # learns from: counted on processed tokens, padding looks *faster* the more padding it carries. So the lab divides
-# the **effective supervised tokens** by the median step time, `effective_tokens_per_second(tokens, median_step_ms)`
+# the **effective supervised tokens** (有效监督词元) by the median step time, `effective_tokens_per_second(tokens, median_step_ms)`
 # (imported in the setup cell):
 #
 # $$\text{effective tokens/s} = \frac{\text{effective supervised tokens}}{\text{median step ms} / 1000}.$$
@@ -830,7 +830,7 @@ if mine["run_mode"] != "real_gpu":
 # - **The GPU's busy time did.** Padding kept the GPU busy for 11.4 ms and packing for 10.1 ms in all three runs:
 #   packing 1.13–1.14× ahead, not the 1.6× of the tokens. Read the busy-time ratio (`busy_x` in a GPU run's scale table) when the
 #   share is low; read the clock only when the share is near 1, or over many runs.
-# - **The scale series** (every sample length ×2 … ×32) shows where tokens start to matter. In busy time the block
+# - **The scale series** (规模序列) (every sample length ×2 … ×32) shows where tokens start to matter. In busy time the block
 #   mask's gain peaks at 1.33× at 3,072 padded tokens and falls back to 1.14× at 12,288: the dense block mask makes
 #   SDPA compute the full $[T, T]$ square of the packed row.
 #
