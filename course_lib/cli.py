@@ -96,7 +96,7 @@ def _grade(args: argparse.Namespace) -> int:
             confinement=confinement,
             roster=roster,
         )
-    except sandbox.SandboxUnavailable as error:
+    except (sandbox.SandboxUnavailable, confined.GraderUnavailable) as error:
         print(f"course grade: {error}", file=sys.stderr)
         return 2
     except ValueError as error:

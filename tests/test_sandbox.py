@@ -765,3 +765,36 @@ def test_an_environment_that_lives_under_tmp_is_bound_read_only_inside_a_writabl
         assert not Path("/tmp/scratch-file").exists()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@needs_bwrap
+def test_a_checker_that_cannot_start_stops_the_run_before_anyone_is_graded(tmp_path, monkeypatch):
+    """An instructor's PYTHONPATH that the sandbox did not carry once left the checker unable to import the course:
+    every submission was recorded as 0 with exit status 0, its row blaming the student's code. The run now refuses
+    before grading anyone, and a checker that never wrote its first line is the grader's fault, not a zero."""
+    from course_lib.instructor import confined, grade
+
+    confined.require_checker(confined.Confinement())  # the real checker starts: no refusal
+    monkeypatch.setattr(confined, "CHECKER_MODULE", "course_lib.no_such_checker")
+    with pytest.raises(confined.GraderUnavailable, match=r"cannot start in the bwrap sandbox \(.*no_such_checker"):
+        confined.require_checker(confined.Confinement())
+    inbox, root = tmp_path / "inbox", tmp_path / "course"
+    inbox.mkdir()
+    (inbox / "ada_01_length_ledger.ipynb").write_text("{}", encoding="utf-8")
+    with pytest.raises(confined.GraderUnavailable):
+        grade.grade_submissions(inbox, root, workers=1, progress=False)
+    assert not root.exists(), "nothing may be written for a run that grades no one"
+    never_started = confined.run_checker(confined.NO_CHECKS, confined.Confinement())
+    assert confined.needs_regrade(never_started) == never_started.ended
+    assert never_started.ended.startswith("the checker did not start (exit status 1)"), never_started.ended
+
+
+def test_a_checker_that_dies_after_its_first_line_scores_what_it_reached():
+    """Once the checker has written its first line, student code may run: an early end is the submission's."""
+    from course_lib.instructor import confined
+
+    job = {**confined.NO_CHECKS, "tests": [["test_f", 1.0, "assert f()"]]}
+    died = confined.read_checker_output(b'{"landlock": 7}\n', job, False, -9, 1.0)
+    assert died.ended.startswith("the checker ended early") and confined.needs_regrade(died) is None
+    silent = confined.read_checker_output(b"", job, False, 1, 1.0)
+    assert confined.needs_regrade(silent) == "the checker did not start (exit status 1): the grader's fault"

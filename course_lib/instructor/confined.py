@@ -121,20 +121,47 @@ def _bwrap_only(confinement: Confinement, slot: int | None, *, as_pid_1: bool) -
     return {"slot": slot, "as_pid_1": as_pid_1} if confinement.mode == "bwrap" else {}
 
 
+CHECKER_MODULE = "course_lib.grading.checker"
+NO_CHECKS = {"setup": [], "tests": [], "solutions": {}, "names": [], "cell_timeout": 60, "call_timeout": 60}
+
+
+class GraderUnavailable(RuntimeError):
+    """The checker cannot start in the sandbox: nothing may be graded (every submission would score zero)."""
+
+
 def run_checker(job: dict[str, Any], confinement: Confinement, slot: int | None = None) -> CheckerResult:
     """The checker run in the sandbox, as the first process of its PID namespace (the student's processes it
     starts can neither signal it nor outlive a call); its verdict lines read as untrusted data."""
+    result = _checker_process(job, confinement, slot)
+    return read_checker_output(result.stdout, job, result.timed_out, result.returncode, result.seconds)
+
+
+def require_checker(confinement: Confinement) -> None:
+    """Return when the checker starts in the sandbox and finishes a job without cells; else GraderUnavailable.
+
+    A grader that cannot import the course in its sandbox (an interpreter or a PYTHONPATH the sandbox does not
+    carry) once recorded every submission as zero with exit status 0: it must refuse before grading anyone."""
+    result = _checker_process(NO_CHECKS, confinement, None)
+    checked = read_checker_output(result.stdout, NO_CHECKS, result.timed_out, result.returncode, result.seconds)
+    if checked.ended or checked.setup_problem or checked.landlock is None:
+        why = checked.setup_problem or sandbox.last_line(result.stderr) or checked.ended or "no first line"
+        raise GraderUnavailable(
+            f"the checker cannot start in the {confinement.mode} sandbox ({one_line_cut(why)}); nothing was graded. "
+            f"Run `{_python(confinement)} -m {CHECKER_MODULE}` outside the sandbox to see why"
+        )
+
+
+def _checker_process(job: dict[str, Any], confinement: Confinement, slot: int | None) -> sandbox.Result:
     cells = len(job["tests"]) + len(job["setup"])
     wall = float(job["cell_timeout"]) * (cells + 1) + 60
-    result = sandbox.run(
-        [_python(confinement), "-m", "course_lib.grading.checker"],
+    return sandbox.run(
+        [_python(confinement), "-m", CHECKER_MODULE],
         stdin=json.dumps(job).encode("utf-8"),
         mode=confinement.mode,
         image=confinement.image,
         limits=confinement.limits(wall),
         **_bwrap_only(confinement, slot, as_pid_1=True),
     )
-    return read_checker_output(result.stdout, job, result.timed_out, result.returncode, result.seconds)
 
 
 def read_checker_output(
@@ -165,11 +192,12 @@ def read_checker_output(
             break
         checked.verdicts[verdict["grade_id"]] = verdict
     if not finished:
-        checked.ended = (
-            "the checker was stopped at the grader's time limit"
-            if timed_out
-            else f"the checker ended early (exit status {returncode}; killed by the code it checked?)"
-        )
+        if timed_out:
+            checked.ended = "the checker was stopped at the grader's time limit"
+        elif checked.landlock is None:  # its first line comes before any student code runs
+            checked.ended = f"the checker did not start (exit status {returncode}): the grader's fault"
+        else:
+            checked.ended = f"the checker ended early (exit status {returncode}; killed by the code it checked?)"
     return checked
 
 
@@ -249,10 +277,14 @@ def apply_verdicts(notebook: Any, checked: CheckerResult, hidden: list[str]) -> 
 
 
 def needs_regrade(checked: CheckerResult) -> str | None:
-    """Why this submission must be graded again through no fault of its own (None: its grade stands)."""
+    """Why this submission must be graded again through no fault of its own (None: its grade stands). A checker
+    that ended without its first line (the Landlock ABI, written before any student code runs) never started: the
+    grader's fault, whatever the exit status."""
     if checked.setup_problem:
         return checked.setup_problem
     if checked.timed_out:
+        return checked.ended
+    if checked.landlock is None and checked.ended:
         return checked.ended
     reasons = [verdict["needs_regrade"] for verdict in checked.verdicts.values() if verdict.get("needs_regrade")]
     return "; ".join(reasons) or None

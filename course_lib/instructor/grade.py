@@ -408,10 +408,11 @@ def grade_submissions(
 
     kernel_name None: every submission runs in ipykernel on this interpreter; a name: that Jupyter kernel spec.
     confinement: the sandbox around the student's code (default bwrap); sandbox.SandboxUnavailable, before anything
-    is graded, when it cannot run here.
+    is graded, when it cannot run here, and confined.GraderUnavailable when the checker cannot start in it.
     """
     confinement = confinement or confined.Confinement()
     sandbox.require(confinement.mode, image=confinement.image)
+    confined.require_checker(confinement)
     started = time.perf_counter()
     root, out = Path(root).resolve(), Path(out or root).resolve()
     workers = max(1, workers or os.cpu_count() or 1)

@@ -250,7 +250,7 @@ def require(mode: str = "bwrap", *, image: str | None = None) -> None:
     except OSError as error:
         raise SandboxUnavailable(_refusal(f"{bwrap} could not be started ({error})")) from None
     if result.returncode != 0 or result.stdout.strip() != SCRATCH.encode():
-        why = _last_line(result.stderr) or f"exit status {result.returncode}"
+        why = last_line(result.stderr) or f"exit status {result.returncode}"
         raise SandboxUnavailable(_refusal(f"{bwrap} cannot start a sandbox here ({why})"))
 
 
@@ -593,7 +593,7 @@ def _require_container(image: str | None) -> None:
     except (OSError, subprocess.SubprocessError) as error:
         raise SandboxUnavailable(f"sandbox unavailable: {engine} does not answer ({error}); {fix}") from None
     if found.returncode != 0:
-        why = _last_line(found.stderr) or f"exit status {found.returncode}"
+        why = last_line(found.stderr) or f"exit status {found.returncode}"
         raise SandboxUnavailable(f"sandbox unavailable: {engine} has no image {image} ({why}); {fix}")
 
 
@@ -861,7 +861,7 @@ def _ancestors(paths: Iterable[str]) -> list[str]:
     return sorted(found, key=lambda folder: (folder.count("/"), folder))
 
 
-def _last_line(data: bytes) -> str:
+def last_line(data: bytes) -> str:
     """The last non-blank line of `data`, decoded, for one-line messages."""
     lines = [line.strip() for line in data.decode(errors="replace").splitlines() if line.strip()]
     return lines[-1][:300] if lines else ""
