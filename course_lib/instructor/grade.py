@@ -134,6 +134,18 @@ def already_graded(root: Path, student: str, chapter: str) -> bool:
     return True
 
 
+def skip_reason(root: Path, submission: submissions.Submission) -> str:
+    """Why an already graded submission is skipped, and whether this file is not the one graded (a late
+    resubmission, which `--force` on a folder holding only it grades without regrading the others)."""
+    graded = root / "submitted" / submission.student / submission.chapter / f"{submission.chapter}.ipynb"
+    if graded.is_file() and submission.raw is not None and graded.read_bytes() != submission.raw:
+        return (
+            "already graded from a different file (a resubmission?); to grade this one, put it alone in a folder "
+            "and run course grade on that folder with --force"
+        )
+    return "already graded; use --force to grade it again"
+
+
 def _look_alike(notebook: Any, root: Path, filed_as: str) -> str:
     """'; it looks like chapter X' when another built chapter recognises the notebook."""
     best, best_share = None, match.MIN_RECOGNIZED
@@ -355,7 +367,7 @@ def _prepare_all(
         if submission.problem is not None:
             outcome.reason = submission.problem
         elif not force and already_graded(root, submission.student, submission.chapter):
-            outcome.status, outcome.reason = "skipped", "already graded; use --force to grade it again"
+            outcome.status, outcome.reason = "skipped", skip_reason(root, submission)
         else:
             chapter = chapters[submission.chapter]
             try:
