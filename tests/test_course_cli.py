@@ -867,7 +867,10 @@ def test_formgrader_sees_names_times_and_released_chapters_after_grade(tmp_path)
         member = zipfile.ZipInfo(f"bob_{CHAPTER}.ipynb", date_time=(2026, 2, 3, 4, 5, 6))
         archive.writestr(member, release.read_bytes())
     roster = tmp_path / "roster.csv"
-    roster.write_text("id,first_name,last_name,email\nbob,Bob,Builder,bob@example.org\n", encoding="utf-8")
+    roster.write_text(
+        "id,first_name,last_name,email\nbob,Bob,Builder,bob@example.org\nzoe,Zoe,Zhang,zoe@example.org\n",
+        encoding="utf-8",
+    )
     for source in (inbox / f"alice_{CHAPTER}.ipynb", inbox / "more.zip"):
         single = tmp_path / source.stem
         single.mkdir()
@@ -889,6 +892,8 @@ def test_formgrader_sees_names_times_and_released_chapters_after_grade(tmp_path)
         alice, bob = gradebook.find_student("alice"), gradebook.find_student("bob")
         assert (alice.first_name, alice.last_name) == ("", "alice")
         assert (bob.first_name, bob.last_name) == ("Bob", "Builder")
+        zoe = gradebook.find_student("zoe")  # on the roster, nothing handed in: listed all the same
+        assert (zoe.first_name, zoe.last_name) == ("Zoe", "Zhang") and not zoe.submissions
         times = {s: gradebook.find_submission(CHAPTER, s).timestamp for s in ("alice", "bob")}
     assert times["alice"] == datetime.datetime(2026, 1, 1, 0, 0, 0)
     assert times["bob"] == datetime.datetime(2026, 2, 3, 4, 5, 6)
@@ -905,6 +910,23 @@ def test_formgrader_sees_names_times_and_released_chapters_after_grade(tmp_path)
         timeout=120,
     )
     assert listed.returncode == 0 and "bob (Builder, Bob)" in listed.stdout, listed.stdout + listed.stderr
+    # a roster passed to a run that grades no one (every file already graded) still names its students
+    renamed = tmp_path / "renamed.csv"
+    renamed.write_text("id,first_name,last_name\nalice,Alice,Liddell\n", encoding="utf-8")
+    again = _course(
+        "grade",
+        str(tmp_path / f"alice_{CHAPTER}"),
+        "--root",
+        str(root),
+        "--roster",
+        str(renamed),
+        "--no-progress",
+        cwd=tmp_path,
+    )
+    assert "graded 0, failed 0, skipped 1" in again.stdout, again.stdout[-2000:] + again.stderr[-2000:]
+    with Gradebook(f"sqlite:///{root / 'gradebook.db'}") as gradebook:
+        alice = gradebook.find_student("alice")
+        assert (alice.first_name, alice.last_name) == ("Alice", "Liddell")
 
 
 def test_a_roster_without_an_id_column_or_with_a_repeated_id_is_refused(tmp_path):

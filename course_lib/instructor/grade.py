@@ -261,6 +261,14 @@ def name_student(root: Path, student: str, names: tuple[str, str] | None) -> Non
             gradebook.update_or_create_student(student, first_name="", last_name=student)
 
 
+def apply_roster(root: Path, roster: Mapping[str, tuple[str, str]]) -> None:
+    """Every roster student in the gradebook under the roster's names, whether or not this run grades them: one
+    without a submission is listed (formgrader shows what is missing), and a run that skips every file still
+    renames. root/gradebook.db is created when there is none yet."""
+    for student, names in roster.items():
+        name_student(root, student, names)
+
+
 def read_roster(path: Path) -> dict[str, tuple[str, str]]:
     """student id -> (first name, last name), from a CSV as `nbgrader db student import` reads it: a header row
     with `id` and optional `first_name`, `last_name` (other columns, e.g. email, are ignored)."""
@@ -416,7 +424,8 @@ def grade_submissions(
 ) -> GradeRun:
     """Grade every submission under `source` (folder or zip) into the course at `root`.
 
-    roster: student id -> (first name, last name) for formgrader (`read_roster`); without it, the id is the name.
+    roster: student id -> (first name, last name) for formgrader (`read_roster`), applied to every roster student
+    before grading (`apply_roster`); without it, a graded student's id is their name.
 
     kernel_name None: every submission runs in ipykernel on this interpreter; a name: that Jupyter kernel spec.
     confinement: the sandbox around the student's code (default bwrap); sandbox.SandboxUnavailable, before anything
@@ -433,6 +442,8 @@ def grade_submissions(
     with _interpreter_tools_on_path():
         if kernel_name is not None:
             _require_kernel(kernel_name)
+        if roster:
+            apply_roster(root, roster)
         scratch = submissions.scratch_dir(root)
         try:
             found = submissions.discover(submissions.unpack(Path(source), scratch), known_chapters(root), scratch)
