@@ -393,7 +393,7 @@ def test_a_curriculum_stages_three_dicts_are_shown_whole():
         "max_cost_per_supervised_token": 1.4,
     }
     shown = grading.shown_arguments((baseline, run, limits), {})
-    assert shown.endswith("'max_short_context_regression': 0.02, 'min_long_context_gain': 0.04}"), shown
+    assert shown.endswith("'max_peak_memory_gb': 10.5, 'max_cost_per_supervised_token': 1.4}"), shown  # as passed
     failure = "evaluate_length_curriculum_stage(case 168)['decision']: 'advance' != expected 'hold'"
     from course_lib.instructor import feedback
 
@@ -419,3 +419,19 @@ def test_a_wrong_element_of_a_short_list_shows_both_whole_lists():
     assert grading.whole_results("f(case 0)", error, list(range(100)), list(range(100))) == ""  # too long
     assert grading.whole_results("f(case 0)", error, torch.ones(3), torch.zeros(3)) == ""  # a tensor
     assert grading.whole_results("f(case 0)", AssertionError("f(case 0): 1 != expected 2"), [1], [2]) == ""
+
+
+def test_shown_arguments_show_a_dicts_tensors_and_a_function_without_its_address():
+    """A leak_report failure once read `<function _t_checks.<locals>.<lambda> at 0x7f7e...>, {'ids': tensor([[1565,
+    … 1...70, 1518, …`: a memory address and a tensor cut mid-number. A dict's values now follow the same rules as
+    arguments (a large tensor by shape and dtype) and a function shows its name only."""
+
+    def _t_checks():
+        return lambda ids: ids
+
+    batch = {"ids": torch.arange(40).reshape(2, 20), "position_ids": torch.tensor([0, 1, 2])}
+    assert grading.shown_arguments((_t_checks(), batch), {"tol": 1e-4}) == (
+        "<function test_shown_arguments_show_a_dicts_tensors_and_a_function_without_its_address > _t_checks > "
+        "<lambda>>, {'ids': Tensor(shape=[2, 20], dtype=torch.int64), "
+        "'position_ids': [0, 1, 2] (Tensor, torch.int64)}, tol=0.0001"
+    )

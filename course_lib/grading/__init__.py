@@ -348,6 +348,10 @@ def shown_arguments(args: Sequence[Any], kwargs: Mapping[str, Any], limit: int =
         if isinstance(getattr(value, "name_or_path", None), str) and hasattr(value, "encode"):  # a tokenizer
             name = value.name_or_path.rstrip("/").rsplit("/", 1)[-1]
             return f"<{type(value).__name__} {name!r}, eos {getattr(value, 'eos_token', None)!r}>"  # eos: its template
+        if isinstance(value, Mapping) and len(value) <= short.maxdict:  # each value by these rules: tensors whole
+            return "{" + ", ".join(f"{key!r}: {one(item)}" for key, item in value.items()) + "}"
+        if callable(value) and hasattr(value, "__qualname__") and not isinstance(value, type):  # no memory address
+            return f"<function {value.__qualname__.replace('.<locals>.', ' > ')}>"
         return short.repr(value)
 
     keywords = ", ".join(f"{key}={one(value)}" for key, value in kwargs.items())
