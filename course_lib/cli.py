@@ -217,7 +217,7 @@ def parser() -> argparse.ArgumentParser:
         help="CSV with a header row id,first_name,last_name (as `nbgrader db student import` reads it): the "
         "names formgrader shows (default: the student id)",
     )
-    grade.add_argument("--no-progress", action="store_true")
+    grade.add_argument("--no-progress", action="store_true", help="no progress bar (for logs and CI)")
     grade.set_defaults(run=_grade)
 
     pre = verbs.add_parser("preflight", help="check this environment against a profile")
@@ -232,7 +232,7 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--results-dir", default=None)
     bench.add_argument("--profile", default=None)
     bench.add_argument("--no-hub", action="store_true")
-    bench.add_argument("--no-progress", action="store_true")
+    bench.add_argument("--no-progress", action="store_true", help="no progress bar (for logs and CI)")
     bench.set_defaults(run=_bench)
     return top
 
