@@ -850,6 +850,7 @@ def test_formgrader_sees_names_times_and_released_chapters_after_grade(tmp_path)
     that the exchange directory did not exist. After `course grade`: the roster's names (or the id), each
     submission's file time (a zip member's own), the chapter released into the course's exchange; and nbgrader's own
     commands still work on the course."""
+    import csv
     import datetime
 
     from nbgrader.api import Gradebook
@@ -927,6 +928,9 @@ def test_formgrader_sees_names_times_and_released_chapters_after_grade(tmp_path)
     with Gradebook(f"sqlite:///{root / 'gradebook.db'}") as gradebook:
         alice = gradebook.find_student("alice")
         assert (alice.first_name, alice.last_name) == ("Alice", "Liddell")
+    with open(root / "grades.csv", encoding="utf-8", newline="") as table:
+        names = {row["student"]: row["name"] for row in csv.DictReader(table)}
+    assert names == {"alice": "Alice Liddell", "bob": "Bob Builder"}  # zoe handed nothing in: no row
 
 
 def test_a_roster_without_an_id_column_or_with_a_repeated_id_is_refused(tmp_path):

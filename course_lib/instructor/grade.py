@@ -699,14 +699,19 @@ def _ordered(scores: dict[str, tuple[float, float]], notebook: Any) -> list[tupl
 
 
 def export_csv(root: Path, path: Path, log: dict[str, dict[str, Any]]) -> Path:
-    """grades.csv: one row per student and chapter in the gradebook (per-cell points in columns), with the notes
-    and the fate of the latest submission from the grading log, plus a row per logged failure with no grade."""
+    """grades.csv: one row per student and chapter in the gradebook (the student's name as the gradebook has it,
+    per-cell points in columns), with the notes and the fate of the latest submission from the grading log, plus a
+    row per logged failure with no grade."""
     from nbgrader.api import Gradebook
 
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     columns: list[str] = []
     with Gradebook(_gradebook_url(root)) as gradebook, warnings.catch_warnings():
         warnings.simplefilter("ignore")  # nbgrader's models warn about autoflush while we only read
+        names = {
+            student.id: " ".join(part for part in (student.first_name, student.last_name) if part)
+            for student in gradebook.students
+        }
         for assignment in sorted(gradebook.assignments, key=lambda a: a.name):
             for student_submission in assignment.submissions:
                 for notebook in student_submission.notebooks:
@@ -751,11 +756,11 @@ def export_csv(root: Path, path: Path, log: dict[str, dict[str, Any]]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="", encoding="utf-8") as handle:
         writer = csv.DictWriter(
-            handle, ["student", "chapter", "status", "score", "max_score", *columns, "notes"], restval=""
+            handle, ["student", "name", "chapter", "status", "score", "max_score", *columns, "notes"], restval=""
         )
         writer.writeheader()
         for key in sorted(rows):
-            writer.writerow(rows[key])
+            writer.writerow({**rows[key], "name": names.get(key[0], "")})
     return path
 
 
