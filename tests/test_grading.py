@@ -435,3 +435,26 @@ def test_shown_arguments_show_a_dicts_tensors_and_a_function_without_its_address
         "<lambda>>, {'ids': Tensor(shape=[2, 20], dtype=torch.int64), "
         "'position_ids': [0, 1, 2] (Tensor, torch.int64)}, tol=0.0001"
     )
+
+
+def test_a_long_failure_is_cut_before_the_calls_keywords_are():
+    """A wrong-length failure quotes both lists (up to ~376 characters) and the call may take 800: together they
+    passed the grader's 1,000-character cut, which fell on the keywords. with_call cuts the failure instead."""
+    from course_lib.instructor import feedback
+
+    assert grading.MESSAGE_LIMIT == feedback.MAX_MESSAGE
+    rows = [{"input_ids": list(range(40 + row)), "labels": list(range(40 + row))} for row in range(12)]
+    shown = grading.shown_arguments((rows, 0), {"pad_to_multiple_of": 5})
+    with pytest.raises(AssertionError) as wrong_length:
+        grading.assert_same([list(range(60))] * 2, [list(range(60))] * 3, path="pad_batch(case 7)['input_ids']")
+    assert len(str(wrong_length.value)) + len(shown) > feedback.MAX_MESSAGE  # the case that used to lose them
+    message = grading.with_call(str(wrong_length.value), shown)
+    assert feedback.one_line_cut(message) == message and message.endswith("pad_to_multiple_of=5"), message
+    assert message.startswith("len(pad_batch(case 7)['input_ids']) = 2 != expected 3")
+
+
+def test_shown_arguments_stop_at_a_dict_inside_a_dict():
+    loop: dict = {"k": 1}
+    loop["self"] = loop
+    shown = grading.shown_arguments((loop,), {})
+    assert shown.startswith("{'k': 1, 'self': {'k': 1, 'self': {") and len(shown) < 200, shown

@@ -325,19 +325,39 @@ def _changed(before: Any, after: Any, path: str) -> str | None:
 CONFIG_FIELDS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim")
 
 
+MESSAGE_LIMIT = 1_000  # where the grader cuts a message (course_lib.instructor.feedback.MAX_MESSAGE; a test keeps
+# the two equal): what a failure says comes first, so it is cut to leave the call whole, keywords last
+
+
+def with_call(failure: str, shown: str) -> str:
+    """`failure`, then the call's arguments on the next line; the failure cut (" ...") so that the whole stays
+    within MESSAGE_LIMIT: the arguments, whose keywords are what a case varies, are never what the cut removes.
+
+    >>> with_call("f(case 3): 1 != expected 2", "[1, 2], k=3")
+    'f(case 3): 1 != expected 2\\n  called with: [1, 2], k=3'
+    >>> len(with_call("x" * 5_000, "k=3")) == MESSAGE_LIMIT
+    True
+    """
+    tail = f"\n  called with: {shown}"
+    room = MESSAGE_LIMIT - len(tail)
+    if len(failure) > room:
+        failure = failure[: room - 4] + " ..."
+    return failure + tail
+
+
 def shown_arguments(args: Sequence[Any], kwargs: Mapping[str, Any], limit: int = 800) -> str:
     """The arguments of a call as a student can read them in a message: short reprs, tensors by shape and dtype
     when large, a model config by its shape fields, a tokenizer by its name and end-of-turn token; the positional
     arguments cut to leave the keywords whole within `limit` characters (at least a quarter of it for the
     positional ones), the whole never over `limit` (three dicts of a curriculum stage, about 620 characters, whole).
-    With the failure before it, the message stays within the checker's cut (feedback.one_line_cut, 1,000)."""
+    `with_call` puts the failure before it, cut to leave these whole within the grader's MESSAGE_LIMIT."""
     import reprlib
 
     short = reprlib.Repr()
     short.maxlist = short.maxtuple = 12
     short.maxdict, short.maxstring, short.maxother, short.maxlevel = 8, 80, 120, 4
 
-    def one(value: Any) -> str:
+    def one(value: Any, depth: int = 0) -> str:
         if hasattr(value, "shape") and hasattr(value, "dtype") and getattr(value, "ndim", 0) > 0:
             if int(getattr(value, "numel", lambda: value.size)()) > 16:
                 return f"{type(value).__name__}(shape={list(value.shape)}, dtype={value.dtype})"
@@ -348,8 +368,8 @@ def shown_arguments(args: Sequence[Any], kwargs: Mapping[str, Any], limit: int =
         if isinstance(getattr(value, "name_or_path", None), str) and hasattr(value, "encode"):  # a tokenizer
             name = value.name_or_path.rstrip("/").rsplit("/", 1)[-1]
             return f"<{type(value).__name__} {name!r}, eos {getattr(value, 'eos_token', None)!r}>"  # eos: its template
-        if isinstance(value, Mapping) and len(value) <= short.maxdict:  # each value by these rules: tensors whole
-            return "{" + ", ".join(f"{key!r}: {one(item)}" for key, item in value.items()) + "}"
+        if isinstance(value, Mapping) and len(value) <= short.maxdict and depth < 2:  # each value by these rules
+            return "{" + ", ".join(f"{key!r}: {one(item, depth + 1)}" for key, item in value.items()) + "}"
         if callable(value) and hasattr(value, "__qualname__") and not isinstance(value, type):  # no memory address
             return f"<function {value.__qualname__.replace('.<locals>.', ' > ')}>"
         return short.repr(value)
@@ -412,7 +432,7 @@ def assert_matches_reference(student: Callable, name: str, cases: Iterable[Any],
             error = outcome[1]
             if isinstance(error, AssertionError):
                 raise error
-            raise AssertionError(f"{label} raised {_kind(error)}: {error}\n  called with: {shown}") from error
+            raise AssertionError(with_call(f"{label} raised {_kind(error)}: {error}", shown)) from error
         _, got, args_after, kwargs_after = outcome
         after = {**{f"argument {i}": arg for i, arg in enumerate(args_after)}, **kwargs_after}
         changed = next(
@@ -427,7 +447,7 @@ def assert_matches_reference(student: Callable, name: str, cases: Iterable[Any],
             assert_same(got, expected, path=label, **tolerance)
         except AssertionError as error:
             whole = whole_results(label, error, got, expected)
-            raise AssertionError(f"{error}\n  called with: {shown}{whole}") from None
+            raise AssertionError(with_call(str(error), shown) + whole) from None
 
 
 def whole_results(label: str, error: AssertionError, got: Any, expected: Any, limit: int = 200) -> str:
@@ -449,10 +469,8 @@ def expect_value_error(call: Callable, *args: Any, **kwargs: Any) -> str:
     except ValueError as error:
         return str(error)
     except Exception as error:  # the wrong exception type is a wrong answer, not a crash
-        raise AssertionError(
-            f"expected ValueError, got {type(error).__name__}: {error}\n  called with: {shown}"
-        ) from error
-    raise AssertionError(f"expected ValueError, nothing was raised\n  called with: {shown}")
+        raise AssertionError(with_call(f"expected ValueError, got {type(error).__name__}: {error}", shown)) from error
+    raise AssertionError(with_call("expected ValueError, nothing was raised", shown))
 
 
 def assert_rejects(student: Callable, name: str, bad_cases: Iterable[Any]) -> None:
@@ -466,10 +484,10 @@ def assert_rejects(student: Callable, name: str, bad_cases: Iterable[Any]) -> No
         expect_value_error(library, *args, **kwargs)
     for outcome, arguments in zip(_outcomes(student, name, cases, with_arguments=False), shown, strict=True):
         if outcome[0] == "ok":
-            raise AssertionError(f"expected ValueError, nothing was raised\n  called with: {arguments}")
+            raise AssertionError(with_call("expected ValueError, nothing was raised", arguments))
         if not isinstance(outcome[1], ValueError):
             raise AssertionError(
-                f"expected ValueError, got {_kind(outcome[1])}: {outcome[1]}\n  called with: {arguments}"
+                with_call(f"expected ValueError, got {_kind(outcome[1])}: {outcome[1]}", arguments)
             ) from outcome[1]
 
 
