@@ -946,8 +946,25 @@ def test_a_roster_without_an_id_column_or_with_a_repeated_id_is_refused(tmp_path
     bad.write_text("id,last_name\n,Nobody\n", encoding="utf-8")
     with pytest.raises(ValueError, match="line 2: empty id"):
         grade.read_roster(bad)
+    bad.write_text("id,last_name\nann smith,Smith\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="line 2: id 'ann smith' is not a student id"):
+        grade.read_roster(bad)
     bad.write_text("id\nann\n", encoding="utf-8")
     assert grade.read_roster(bad) == {"ann": ("", "")}
+
+
+def test_a_roster_id_in_another_case_names_the_student_already_graded(tmp_path):
+    """A roster's `Alice` beside submissions named `alice_...` once added a second student with nothing handed in."""
+    from nbgrader.api import Gradebook
+
+    from course_lib.instructor import grade
+
+    with grade._interpreter_tools_on_path():  # nbgrader creates the gradebook with alembic
+        grade.name_student(tmp_path, "alice", None)
+        grade.apply_roster(tmp_path, {"Alice": ("Alice", "Liddell"), "zoe": ("Zoe", "Zhang")})
+        with Gradebook(f"sqlite:///{tmp_path / 'gradebook.db'}") as gradebook:
+            names = {student.id: (student.first_name, student.last_name) for student in gradebook.students}
+    assert names == {"alice": ("Alice", "Liddell"), "zoe": ("Zoe", "Zhang")}
 
 
 @pytest.mark.parametrize("landlock_abi", [0, 3])

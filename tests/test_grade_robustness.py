@@ -417,7 +417,7 @@ def test_regrading_needs_force_and_force_overwrites(graded):
         archive.writestr(f"class/crash_{CHAPTER}.ipynb", nbformat.writes(full))
     refused = _course("grade", str(fixed), "--root", str(root), "--no-progress", cwd=base)
     assert "skipped 1" in refused.stdout and _rows(root / "grades.csv")["crash"]["score"] == "3.0"
-    assert "already graded from a different file (a resubmission?)" in _line({"run": refused}, "crash_")
+    assert "differs from the last one handed to the grader (a resubmission?)" in _line({"run": refused}, "crash_")
     forced = _course("grade", str(fixed), "--root", str(root), "--force", "--no-progress", cwd=base)
     assert forced.returncode == 0 and "graded 1, failed 0" in forced.stdout, forced.stdout + forced.stderr[-2000:]
     rows = _rows(root / "grades.csv")

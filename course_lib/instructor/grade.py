@@ -135,13 +135,14 @@ def already_graded(root: Path, student: str, chapter: str) -> bool:
 
 
 def skip_reason(root: Path, submission: submissions.Submission) -> str:
-    """Why an already graded submission is skipped, and whether this file is not the one graded (a late
-    resubmission, which `--force` on a folder holding only it grades without regrading the others)."""
-    graded = root / "submitted" / submission.student / submission.chapter / f"{submission.chapter}.ipynb"
-    if graded.is_file() and submission.raw is not None and graded.read_bytes() != submission.raw:
+    """Why an already graded submission is skipped, and whether this file differs from the last one handed to the
+    grader (submitted/: a late resubmission, which `--force` on a folder holding only it grades without regrading
+    the others). The last file handed in may be one that was not graded (failed, or marked for regrading)."""
+    handed = root / "submitted" / submission.student / submission.chapter / f"{submission.chapter}.ipynb"
+    if handed.is_file() and submission.raw is not None and handed.read_bytes() != submission.raw:
         return (
-            "already graded from a different file (a resubmission?); to grade this one, put it alone in a folder "
-            "and run course grade on that folder with --force"
+            "already graded, and this file differs from the last one handed to the grader (a resubmission?); to "
+            "grade it, put it alone in a folder and run course grade on that folder with --force"
         )
     return "already graded; use --force to grade it again"
 
@@ -264,9 +265,14 @@ def name_student(root: Path, student: str, names: tuple[str, str] | None) -> Non
 def apply_roster(root: Path, roster: Mapping[str, tuple[str, str]]) -> None:
     """Every roster student in the gradebook under the roster's names, whether or not this run grades them: one
     without a submission is listed (formgrader shows what is missing), and a run that skips every file still
-    renames. root/gradebook.db is created when there is none yet."""
+    renames. A roster id that differs only in case from a student already in the gradebook names that student (no
+    second one). root/gradebook.db is created when there is none yet."""
+    from nbgrader.api import Gradebook
+
+    with Gradebook(_gradebook_url(root)) as gradebook:
+        known = {student.id.casefold(): student.id for student in gradebook.students}
     for student, names in roster.items():
-        name_student(root, student, names)
+        name_student(root, known.get(student.casefold(), student), names)
 
 
 def read_roster(path: Path) -> dict[str, tuple[str, str]]:
@@ -286,6 +292,11 @@ def read_roster(path: Path) -> dict[str, tuple[str, str]]:
         student = (row.get("id") or "").strip()
         if not student:
             raise ValueError(f"roster {path}, line {number}: empty id")
+        if not submissions.STUDENT_ID.match(student):
+            raise ValueError(
+                f"roster {path}, line {number}: id {student!r} is not a student id the grader reads from a file "
+                "name (letters, digits and ._@+-, starting with a letter or digit)"
+            )
         if student in roster:
             raise ValueError(f"roster {path}, line {number}: id {student!r} appears twice")
         roster[student] = ((row.get("first_name") or "").strip(), (row.get("last_name") or "").strip())
@@ -442,13 +453,13 @@ def grade_submissions(
     with _interpreter_tools_on_path():
         if kernel_name is not None:
             _require_kernel(kernel_name)
-        if roster:
-            apply_roster(root, roster)
         scratch = submissions.scratch_dir(root)
         try:
             found = submissions.discover(submissions.unpack(Path(source), scratch), known_chapters(root), scratch)
             if not found.submissions:
                 return _nothing_found(source, found, time.perf_counter() - started, workers)
+            if roster:
+                apply_roster(root, roster)
             submissions.flag_duplicates(found.submissions)
             submitted = root / "submitted"
             submissions.flag_case_clashes(
