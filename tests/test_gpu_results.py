@@ -197,3 +197,43 @@ def test_chapter9_section7_quotes_the_v9_runs(committed):
         assert (block[8], block[32]) == (1.33, 1.14) and run[8][0]["processed_tokens"] == 3072
         assert varlen[1] in (1.14, 1.15) and varlen[8] == 1.50 and varlen[16] in (1.63, 1.64) and varlen[32] == 1.83
         assert block[1] in (1.13, 1.14)
+
+
+SHIPPED = ROOT / "course_lib" / "data" / "reference_runs"
+
+
+def test_the_runs_the_chapters_print_ship_with_the_course_and_are_the_committed_ones():
+    """Chapters 3, 5 and 9 print H200 records that must be there on a student's machine: each shipped file is one
+    of the records under benchmarks/results (a link there, so the two cannot drift), read by `reference_record`."""
+    from course_lib.lab.gpu.records import reference_record
+
+    shipped = sorted(path.name for path in SHIPPED.glob("*.json"))
+    assert len(shipped) == 4
+    for name in shipped:
+        workload, label = name.removesuffix(".json").split("_", 1)
+        linked = RESULTS / workload.replace("-", "_") / name
+        assert linked.is_symlink() and linked.resolve() == (SHIPPED / name).resolve(), linked
+        record = reference_record(workload, label)
+        assert record["run_label"] == label and record["hardware"]["gpu_name"] == "NVIDIA H200"
+    with pytest.raises(ValueError, match="no reference run 'pt-long-context' 'nope'.*h200-2026-11-30"):
+        reference_record("pt-long-context", "nope")
+
+
+def test_the_layout_table_prints_each_runs_numbers_at_the_quoted_precision():
+    """format_layout_rows: one line per (run, scale, layout), the ratios computed against padding at the same scale
+    (chapter 3's H200 run at x32: padding's busy 173.69 ms over varlen's 94.74 is 1.83x)."""
+    from course_lib.lab.gpu.records import reference_record
+    from course_lib.lab.gpu.report import format_layout_rows
+
+    record = reference_record("pt-long-context", "chapter03-20261130-152311")
+    lines = format_layout_rows([record], scales=(1, 32)).splitlines()
+    assert lines[0].split() == [
+        "run", "scale", "layout", "tokens", "step_ms", "busy_ms", "busy_%", "device_ops", "peak_GiB", "clock_x",
+        "busy_x", "vs_block",
+    ]  # fmt: skip
+    rows = {(line.split()[1], line.split()[2]): line.split() for line in lines[1:7]}
+    assert len(rows) == 6 and lines[7].startswith("chapter03-20261130-152311 length curve peak GiB")
+    padding, varlen = rows["x32", "padding"], rows["x32", "varlen"]
+    assert padding[3:6] == ["12,288", "184.4", "173.69"] and varlen[3:6] == ["7,680", "162.2", "94.74"]
+    assert varlen[-2] == f"{173.69 / 94.74:.2f}" == "1.83" and padding[-3:] == ["-", "-", "-"]
+    assert rows["x1", "block"][8] == "3,125"  # device operations; "block mask" splits in two on whitespace

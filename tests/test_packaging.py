@@ -28,6 +28,7 @@ MUST_SHIP = [
     "course_lib/data/hardware.json",
     "course_lib/data/corpus/",
     "course_lib/data/samples/",
+    "course_lib/data/reference_runs/",
     "course_lib/grading/__init__.py",
     "course_lib/lab/gpu/workloads/pt_long_context.py",
     "course_lib/lab/gpu/schema.py",
@@ -48,6 +49,8 @@ ids = render_chat(load_course_tokenizer(), [{"role": "user", "content": "hi"}, {
 assert len(ids["input_ids"]) > 4
 assert tiny_qwen2().config.vocab_size == 2048
 assert {"BASE-CPU", "PT-CPU", "PT-SFT-CUDA"} <= set(load_profiles())
+from course_lib.lab.gpu.records import reference_record
+assert reference_record("logit-memory", "h200-2026-11-29")["hardware"]["gpu_name"] == "NVIDIA H200"
 print("installed ok", course_lib.__version__)
 """
 

@@ -15,12 +15,12 @@
 #
 # {{COLAB_BADGE}}
 #
-# **Objectives.** After this chapter you can
+# **Objectives (学习目标).** After this chapter you can
 # 1. plan **sequence packing** (序列打包) with first-fit decreasing and best-fit decreasing (FFD / BFD,
 #    首次适应递减 / 最佳适应递减), read a plan's **fill rate** (填充率), and explain why a plan computed from the
 #    lengths alone is the same on every data-parallel rank (跨 rank 的确定性计划);
 # 2. build a **boundary-isolated** packed row (边界隔离): labels carried with their tokens, **position ids
-#    restarted** per sample (位置重置), and a **block-causal mask** (块对角因果掩码) in which padding attends only
+#    restarted** per sample (位置重置), and a **block-causal mask** (块因果掩码) in which padding attends only
 #    to itself;
 # 3. prove on a real transformers model that a packed forward equals each sample run alone, name the
 #    **attention leak** (注意力泄漏) when it does not, and recognise transformers' own packed-sequence detection
@@ -158,7 +158,8 @@ for window in (256, 384, CAPACITY, 1024):
 #
 # The teaching FFD (`pack_sample_lengths`, LCFT's loop) scans every open row for every sample: $O(n \cdot R)$
 # work. `plan_packing` keeps the open rows in a search structure (a max segment tree for first fit, a sorted
-# list of remaining capacities for best fit), so it runs in $O(n \log n)$. Same plan, measured:
+# list of remaining capacities for best fit), so finding a row takes $O(\log n)$ instead of a scan (keeping best
+# fit's list sorted still moves entries on each insertion, but in one fast memory shift). Same plan, measured:
 
 # %%
 many = np.clip(np.random.default_rng(1).lognormal(5.0, 1.0, size=3000).round(), 1, 1024).astype(int)
@@ -380,7 +381,7 @@ grading.assert_no_python_loop_over_tokens(
 # </details>
 
 # %% [markdown]
-# Your mask on the 7 sample chats of the course (ShareGPT and Alpaca records), packed by FFD into rows of 160
+# Your mask on the 7 chats of the course's `sharegpt.json` and `alpaca.jsonl`, packed by FFD into rows of 160
 # tokens with `pack_sequences`, beside the mask a packed row gets when nobody builds one: a single causal triangle
 # over the whole row. Right: each black triangle is one sample seeing its own past, and the padding at the end of
 # the row sees only itself (the thin diagonal in the corner). Left: the same triangles, plus the red blocks, where a
@@ -655,10 +656,10 @@ alone = {name: per_token_logprobs_alone(model, sequences) for name, model in mod
 #   another one in their row (the two lines under the table); the first sample of a row has nothing to leak from.
 # * **Block mask, restarted positions**: equal to running each sample alone, down to float32 rounding (here
 #   bit-identical, because blocked keys contribute exact zeros).
-# * **Block mask, running positions**: also equal, to rounding. Qwen2 uses rotary position embeddings (RoPE),
+# * **Block mask, running positions**: also equal, to rounding. Qwen2 uses rotary position embeddings (RoPE, 旋转位置编码),
 #   which depend only on the *difference* of positions; shifting a whole sample by a constant changes nothing
 #   that the block mask lets it see. The position bug is invisible here, but it is not harmless: models with
-#   absolute position embeddings (Agent RL §14's TinyAgent) see it directly, and transformers finds the sample
+#   absolute position embeddings (绝对位置编码; Agent RL §14's TinyAgent) see it directly, and transformers finds the sample
 #   boundaries *from the restarts* (next section).
 #
 # ## 6. Transformers' own packed detection and its `use_cache` trap (缓存陷阱)
@@ -748,11 +749,53 @@ print(
 
 # %% [markdown]
 # Equal to running each sample alone, and a fraction of the scores. The saving grows with the number of samples
-# per row: $k$ equal samples in a row of length $L$ need $k \cdot (L/k)^2 = L^2/k$ scores. Once rows reach
-# thousands of tokens this is what should let packing pay off: on a 2-core CPU (measured 2026-12-01) a training step
-# on four samples of 1,024–3,072 tokens ran 3.8–4.0× faster with varlen than with the block mask. Whether it does on
-# a GPU is section 9's measurement; on the tiny rows of this chapter a mask costs nothing worth saving.
-#
+# per row: $k$ equal samples in a row of length $L$ need $k \cdot (L/k)^2 = L^2/k$ scores. On the tiny rows of this
+# chapter a mask costs nothing worth saving; once rows reach thousands of tokens it is what should let packing pay
+# off. The cell below times one training step (forward and backward of the tiny model) on four samples of 512–1,536
+# tokens, section 9's samples ×16, packed into one row of 3,840 tokens: with the block mask, then with varlen, on
+# this machine. Both must give the same loss before their times are compared. Whether varlen pays on a GPU is
+# section 9's measurement.
+
+# %%
+import contextlib
+
+from course_lib import varlen_attention
+from course_lib.lab.gpu.workloads.pt_long_context import packed_batch as lab_packed_row
+from course_lib.lab.gpu.workloads.pt_long_context import scaled_samples, varlen_batch
+
+step_model = tiny_qwen2(seed=0, attn_implementation="sdpa").train()
+step_lengths, _, step_samples = scaled_samples([48, 96, 32, 64], 16, step_model.config.vocab_size)
+block_row = lab_packed_row(step_samples, torch.device("cpu"), torch.float32)[0]  # [1, T] and its [1, 1, T, T] mask
+varlen_row = varlen_batch(block_row, step_lengths)  # the same row, the mask dropped, cu_seq_lens in its place
+
+
+def timed_step(batch: dict, under_varlen: bool) -> tuple[float, float]:
+    """One forward + backward of step_model -> (seconds, loss)."""
+    step_model.zero_grad(set_to_none=True)
+    started = time.perf_counter()
+    with varlen_attention(step_model) if under_varlen else contextlib.nullcontext():
+        loss = step_model(**batch).loss
+        loss.backward()
+    return time.perf_counter() - started, loss.item()
+
+
+step_times = {"block mask": [], "varlen": []}
+for _ in range(3):  # the first round warms up; the best of the other two counts
+    for name, batch, under_varlen in (("block mask", block_row, False), ("varlen", varlen_row, True)):
+        seconds, step_loss = timed_step(batch, under_varlen)
+        step_times[name].append((seconds, step_loss))
+block_s, block_loss = min(step_times["block mask"][1:])
+varlen_s, varlen_loss = min(step_times["varlen"][1:])
+print(
+    f"samples {step_lengths} in one row of {sum(step_lengths):,} tokens | loss block mask {block_loss:.5f}, "
+    f"varlen {varlen_loss:.5f}"
+)
+print(
+    f"one training step: block mask {block_s * 1e3:.0f} ms | varlen {varlen_s * 1e3:.0f} ms | "
+    f"varlen {block_s / varlen_s:.1f}x faster here"
+)
+
+# %% [markdown]
 # ## 7. Figure: padded and packed layouts, drawn to the same scale (图：同一比例下的填充与打包布局)
 #
 # The 64 chats of section 1 in both layouts, on one pair of axes with one token = one unit of width and one row =
@@ -938,7 +981,16 @@ for scale in (1, *series["packing_scale_factors"]):
 # ×32 (12,288 padded tokens against 7,680 packed) the GPU is busy for most of the step: 184.4 ms padded, 160.0 ms
 # with the block mask, 162.2 ms with varlen by the clock, and 173.69, 152.2 and 94.74 ms of busy time. The block
 # mask's dense $[T, T]$ square now costs almost what padding's rows cost; varlen, which scores only each sample's
-# own square, needs little more than half of padding's GPU time.
+# own square, needs little more than half of padding's GPU time. That run's record ships with the course; the next
+# cell prints its rows at LCFT's size and at ×32 (`busy_%` is the GPU's busy share of the step, `busy_x` padding's busy
+# time over the layout's, `clock_x` the layout's effective tokens/s over padding's).
+
+# %%
+from course_lib.lab.gpu.records import reference_record
+from course_lib.lab.gpu.report import format_layout_rows
+
+h200_run = reference_record("pt-long-context", "chapter03-20261130-152311")  # this cell, real_gpu, H200
+print(format_layout_rows([h200_run], scales=(1, 32)))
 
 # %%
 from pathlib import Path
@@ -961,7 +1013,7 @@ print(format_run(gpu_path, gpu_record))  # the file, the verdict, then the failu
 # Read a GPU record in this order: the checks (a packed row that fails one has no speed worth reading), then the
 # processed tokens (the layout's saving, exact on any machine), then the scale table: `speedup` is the block-mask
 # row against padding, `varlen_speedup` the varlen row against padding, and the token ratio (1.6 here) is what a
-# step whose time follows its tokens would reach. Where both stay near 1, your GPU is launch-bound at that size. On
+# step whose time follows its tokens would reach. Where both stay near 1, your GPU is launch-bound (受限于内核启动) at that size. On
 # a GPU the `busy_x` columns give the same speed-ups in GPU busy time: what the layout saves on the device, which
 # repeats from run to run where the clock may not.
 #
@@ -992,7 +1044,7 @@ for name, model_variant in models.items():
         )
 
 # %% [markdown]
-# **Problem: data-parallel ranks disagree on the packing plan.**
+# **Problem: data-parallel ranks disagree on the packing plan (数据并行各卡的打包计划不一致).**
 # *Symptom:* a multi-GPU run hangs at an all-reduce near the end of an epoch, or ranks report different step
 # counts. *Cause:* each rank packed its shard with its own shuffle (or in arrival order), so the ranks ended up
 # with different numbers of rows and microbatches. *Options:* (a) a plan that is a pure function of the global
@@ -1002,7 +1054,7 @@ for name, model_variant in models.items():
 # (c) an all-reduce of the row count and padding rows up to the maximum. *Recommendation:* (a), with a hash of
 # the plan compared across ranks at start-up; (c) as a guard where shards are packed independently.
 #
-# **Problem: packing reorders what the model sees.**
+# **Problem: packing reorders what the model sees (打包改变了模型看到样本的顺序).**
 # *Symptom:* a curriculum or a data-order experiment stops reproducing once packing is on. *Cause:* FFD/BFD sort
 # by length, so a row mixes samples from anywhere in the batch and long samples come first. *Options:* (a) pack
 # within each curriculum stage or shuffle window only; (b) sequential (next-fit) packing, which keeps order at a

@@ -15,7 +15,7 @@
 #
 # {{COLAB_BADGE}}
 #
-# **Objectives.** After this chapter you can
+# **Objectives (学习目标).** After this chapter you can
 # 1. size the **logits** (logits 张量) of a training microbatch from $N \times V$ alone, and say why, with a
 #    production vocabulary (词表), they outweigh what a transformer layer keeps per token ($V \gg D$);
 # 2. measure what autograd **keeps for backward** (为反向保存的张量) with `saved_tensors_hooks`, and the largest
@@ -193,8 +193,20 @@ print("same log-probs:", torch.equal(full_path(hidden, weight, targets), chunked
 # The fix is the second half: run each chunk under `torch.utils.checkpoint.checkpoint`, which computes the chunk
 # without saving its intermediates and **replays** it during backward. Autograd then keeps only the chunk's
 # inputs (views of `hidden`, `weight` and `ids`, which exist anyway). The price is one more forward pass of the
-# output layer, a few percent of a training step's FLOPs.
-#
+# output layer: $2 D V$ FLOPs per token against the step's $6N$ for a model of $N$ parameters. That is about 9% for
+# Qwen3-0.6B, whose head is a large share of its parameters, and 2.5% for Qwen3-8B:
+
+# %%
+from transformers import AutoModelForCausalLM
+
+for name in ("Qwen3-0.6B", "Qwen3-8B"):
+    with torch.device("meta"):  # shapes only: no memory, no weights
+        shaped = AutoModelForCausalLM.from_config(hf_config(name))
+    n_params = sum(parameter.numel() for parameter in shaped.parameters())
+    replay = 2 * QWEN3_HIDDEN_SIZES[name] * QWEN3_VOCAB_SIZE / (6 * n_params)
+    print(f"{name}: N = {n_params / 1e9:.2f}B parameters | the head's replayed forward adds {replay:.1%} to a step")
+
+# %% [markdown]
 # ### TODO · `checkpointed_log_probs` (带检查点的对数概率)
 #
 # Write `checkpointed_log_probs(hidden, weight, ids, chunk_size=1024)`: `hidden` $[B, T, D]$, `weight` $[V, D]$,
@@ -203,7 +215,7 @@ print("same log-probs:", torch.equal(full_path(hidden, weight, targets), chunked
 #
 # * **Same numbers:** values and the gradients with respect to `hidden` and `weight` equal the full path
 #   `selected_log_probs(hidden @ weight.T, ids)`, bf16 inputs included (the matmul in the inputs' dtype, as the
-#   model's `lm_head` computes it; the log-softmax in fp32, as `selected_log_probs` does). $T = 0$ gives an empty
+#   model's `lm_head` computes it; the log-softmax in fp32 or wider, as `selected_log_probs` does: fp64 inputs stay fp64). $T = 0$ gives an empty
 #   $[B, 0]$ tensor in the dtype a longer input would give.
 # * **Less memory:** the grader measures your function: no tensor larger than about one chunk's logits, in forward
 #   or in backward, and, beyond the inputs, less than a tenth of what `chunked_log_probs` keeps for backward.
@@ -666,17 +678,20 @@ print(
 # On a GPU, `torch.cuda.max_memory_allocated` measures the real peak of forward + backward, everything included
 # (`peak_cuda_memory` wraps it). The cell below measures the three methods on an output layer the shape of
 # Qwen3-0.6B's `lm_head` ($V = 151{,}936$, $D = 1024$, bf16, random weights: memory does not depend on the
-# values). Without CUDA it says so and does nothing.
+# values). Without CUDA it measures nothing and prints what it printed on the course's H200 instead.
 #
 # For reference, Agent RL §14.3 (see the course's [sources page]({{DOCS}}/sources.md)) reports this measurement on a
 # GPU with the real Qwen3-0.6B head, chunks of 1,024: **full 7.5 GB, chunked 3.7 GB, chunked + recompute 2.2 GB at
-# T = 4,096; 29.9, 11.2 and 2.2 GB at T = 16,384**. Those are Agent RL §14.3's numbers. The course ran this very cell
-# on an NVIDIA H200 (2026-11-29, random weights, bf16) and printed the same six numbers to the digit (the course's
-# [GPU results]({{DOCS}}/gpu-results.md)). On the full path that is 12 bytes per logit
+# T = 4,096; 29.9, 11.2 and 2.2 GB at T = 16,384**. Those are Agent RL §14.3's numbers. The course measured the same
+# three methods on an NVIDIA H200 (2026-11-29, random weights, bf16) and got the same six numbers to the digit: on a
+# machine without CUDA the cell below prints that record (the course's [GPU results]({{DOCS}}/gpu-results.md)). On the full path that is 12 bytes per logit
 # (29.9 GB / (16,384 × 151,936 logits) = 12.0): more than the 10 bytes of the bf16 matmul output (2), its fp32 copy
 # (4) and the fp32 log-softmax (4), because backward's gradients of these tensors are alive for a while beside them.
 
 # %%
+from course_lib.lab.gpu.records import reference_record
+
+H200_METHODS = {"full logits": "full", "chunked": "chunked", "chunked + recompute": "chunked_recompute"}
 if torch.cuda.is_available():
     device, vocab, width = "cuda", QWEN3_VOCAB_SIZE, QWEN3_HIDDEN_SIZES["Qwen3-0.6B"]
     gpu_generator = torch.Generator(device=device).manual_seed(0)
@@ -698,7 +713,17 @@ if torch.cuda.is_available():
         print(f"T = {tokens:6d} | " + " | ".join(f"{name} {peak:4.1f} GB" for name, peak in peaks.items()))
         del gpu_hidden, gpu_ids
 else:
-    print("No CUDA device here: the peak-memory cell is skipped (saved_tensor_bytes above is the CPU measure).")
+    print("No CUDA device here: nothing is measured (saved_tensor_bytes above is the CPU measure).")
+    h200_record = reference_record("logit-memory", "h200-2026-11-29")  # ships with the course
+    h200_rows = h200_record["measurements"]["log_prob_memory"]
+    gpu = h200_record["hardware"]["gpu_name"]
+    print(f"The same three methods on an {gpu} (the course's logit-memory record of 2026-11-29, which ships with it):")
+    for tokens in sorted({row["tokens"] for row in h200_rows}):
+        at = {row["method"]: row["peak_above_start_bytes"] / 1e9 for row in h200_rows if row["tokens"] == tokens}
+        print(f"T = {tokens:6d} | " + " | ".join(f"{name} {at[key]:4.1f} GB" for name, key in H200_METHODS.items()))
+    full_16k = next(row for row in h200_rows if row["method"] == "full" and row["tokens"] == 16_384)
+    per_logit = full_16k["peak_above_start_bytes"] / (full_16k["tokens"] * full_16k["vocab_size"])
+    print(f"full path at T = 16,384: {per_logit:.1f} bytes per logit")
 
 # %% [markdown]
 # **The same measurement as a benchmark record (可复现的基准记录).** A number printed in a notebook is easy to lose
@@ -730,7 +755,7 @@ print(format_run(bench_path, bench_record))  # the file, the verdict, then the f
 # %% [markdown]
 # ## 6. Design questions in practice (实践中的设计问题)
 #
-# **Problem: out of memory at the loss, only on the longest microbatches.**
+# **Problem: out of memory at the loss, only on the longest microbatches (只在最长的微批次上，算损失时显存溢出).**
 # *Symptom:* the step fails with an OOM in `log_softmax` or the cross-entropy, on the rank that received the
 # longest sequences; shorter microbatches of the same run are fine. *Cause:* the full $[N, V]$ logits, their fp32
 # copy and log-softmax: 0.61 MB per token per copy for a Qwen3 vocabulary, 19.9 GB per copy at 32k tokens.
@@ -740,14 +765,14 @@ print(format_run(bench_path, bench_record))  # the file, the verdict, then the f
 # measured at the longest length; (c) when a tested kernel exists for your stack. (d) saves memory at the cost of
 # log-probs that drift from the sampler's, which importance ratios in RL amplify.
 #
-# **Problem: "we chunk the logits, but memory still grows with the sequence length".**
+# **Problem: "we chunk the logits, but memory still grows with the sequence length" (分块计算 logits 后显存仍随序列长度增长).**
 # *Symptom:* peak memory after chunking is lower, but still linear in $T$ (Agent RL §14.3's 3.7 → 11.2 GB from 4k to
 # 16k tokens). *Cause:* autograd keeps every chunk's log-softmax for backward; chunking only removed the transient
 # full tensor. *Options:* recompute each chunk (`torch.utils.checkpoint`), or a custom autograd function that
 # computes the head's gradient chunk by chunk. *Recommendation:* recompute, and guard it with a test like this
 # chapter's: `saved_tensor_bytes` flat in $T$, values and gradients equal to the full path.
 #
-# **Problem: the recomputed log-probs differ from the forward's.**
+# **Problem: the recomputed log-probs differ from the forward's (重算的对数概率与前向的不一致).**
 # *Cause:* non-deterministic kernels or a different chunk size between the two passes; dropout inside the
 # recomputed region draws new random numbers unless the RNG state is replayed (`checkpoint` does replay it by
 # default). *Recommendation:* the head has no dropout; keep the chunk size fixed and compare against the full

@@ -15,10 +15,10 @@
 #
 # {{COLAB_BADGE}}
 #
-# **Objectives.** After this chapter you can
+# **Objectives (学习目标).** After this chapter you can
 # 1. write the **token ledger** (Token 账本) of padding (填充) and boundary-isolated packing (边界隔离打包) for the
 #    same samples before anything is timed: processed tokens (处理 Token), padding tokens, and **effective
-#    supervised tokens** (有效监督 Token);
+#    supervised tokens** (有效监督词元);
 # 2. run the course's GPU workload `pt-long-context` in its three **run modes** (运行模式): `dry_run` records the
 #    plan, `cpu_smoke` runs the same code on a tiny model, `real_gpu` measures after an **environment preflight**
 #    (环境预检); then read the JSON record: the **length curve** (长度曲线), the padding-vs-packing comparison and the
@@ -81,9 +81,10 @@ packed, segment_ids = workload.packed_batch(samples, cpu, torch.float32)
 for name, batch in (("padding", padded), ("packing", packed)):
     processed = batch["input_ids"].numel()
     supervised = int(batch["labels"][:, 1:].ne(-100).sum())  # the labels a causal LM's shifted loss reads
+    padding = processed - sum(lengths)
     print(
         f"{name:<8} input_ids {list(batch['input_ids'].shape)}: {processed} positions processed for "
-        f"{sum(lengths)} real tokens, {supervised} supervised"
+        f"{sum(lengths)} real tokens ({padding} of padding, {padding / processed:.1%}), {supervised} supervised"
     )
 
 # %% [markdown]
@@ -404,7 +405,7 @@ for row in mine["measurements"]["packing_comparison"]:
 
 # %% [markdown]
 # The same ledger gives the scale series a `real_gpu` run adds (every sample length ×2 … ×32; the smoke run measures
-# ×2 only), and its token ratio: the speed-up a step whose time followed its tokens would reach.
+# ×2 only), and its token ratio (词元比): the speed-up a step whose time followed its tokens would reach.
 
 # %%
 series = planned.parameters("real_gpu")
@@ -805,7 +806,9 @@ if mine["run_mode"] != "real_gpu":
 # Why 23% and not 37.5%? A 0.5B model at 240–384 tokens does not keep a GPU busy: part of every step is a fixed
 # cost (about 3,100 GPU operations, each launched by the host, and every weight matrix read forward and backward)
 # that does not shrink with
-# the token count. On a larger GPU the ratio can fall further; with longer rows it moves towards the token ratio.
+# the token count. On a larger GPU the ratio can fall further. Longer rows make the tokens count for more, but the
+# block mask keeps paying for the whole $[T, T]$ square, so its gain stays well short of the token ratio (section 7
+# shows where it peaks); only attention that skips the other samples (varlen, below) keeps gaining with length.
 # A CPU smoke ratio is evidence about neither.
 #
 # Your own run can show which of the two bounds it. Every row also records one more step under
@@ -822,14 +825,24 @@ if mine["run_mode"] != "real_gpu":
 # random-initialized from its shipped config: the timings do not depend on the weights, and the losses say nothing
 # about quality. Every check passed in every run, and 384 → 240 processed tokens. Peak allocated memory was
 # 2.43–2.54 GiB; LCFT reports about 2.90 GiB on its RTX 5070 Ti without saying whether allocated or reserved, so we
-# do not read the gap.
-#
+# do not read the gap. The three records ship with the course; the cell below prints every layout of every run,
+# scale by scale, and the paragraphs after it read that table.
+
+# %%
+from course_lib.lab.gpu.records import reference_record
+from course_lib.lab.gpu.report import format_layout_rows
+
+H200_RUNS = ["h200-2026-11-30", "chapter03-20261130-152311", "chapter09-h200-2026-11-30"]  # v9, 2026-11-30
+h200_records = [reference_record("pt-long-context", label) for label in H200_RUNS]
+print(format_layout_rows(h200_records))
+
+# %% [markdown]
 # - **The clock did not repeat.** At LCFT's size packing's effective throughput was 0.85×, 0.94× and 1.18× padding's:
 #   the same code on the same GPU, three verdicts. A step took 100–132 ms, and the GPU was busy for 8–11% of it
 #   (about 3,100 operations launched by the host, whatever the tokens); the host's wobble decides the clock.
 # - **The GPU's busy time did.** Padding kept the GPU busy for 11.4 ms and packing for 10.1 ms in all three runs:
-#   packing 1.13–1.14× ahead, not the 1.6× of the tokens. Read the busy-time ratio (`busy_x` in a GPU run's scale table) when the
-#   share is low; read the clock only when the share is near 1, or over many runs.
+#   packing 1.13–1.14× ahead, not the 1.6× of the tokens. Read the busy-time ratio (`busy_x` above, and in a GPU run's scale table)
+#   when the share is low; read the clock only when the share is near 1, or over many runs.
 # - **The scale series** (规模序列) (every sample length ×2 … ×32) shows where tokens start to matter. In busy time the block
 #   mask's gain peaks at 1.33× at 3,072 padded tokens and falls back to 1.14× at 12,288: the dense block mask makes
 #   SDPA compute the full $[T, T]$ square of the packed row.
@@ -853,7 +866,7 @@ if mine["run_mode"] != "real_gpu":
 # 12,288:
 # attention over $\sum_i n_i^2$ pairs is what keeps paying with length. By the clock its targets fared worse: at
 # LCFT's size varlen reached 0.80×, 0.83× and 0.91× padding (far from 1.3×), and at ×32 it beat the block mask in two
-# runs of three (1.34×, 1.16×, 0.99×). The busy share says why: at ×32 the GPU was busy for 91–95% of the padding and
+# runs of three (`vs_block` 1.34×, 1.16×, 0.99×). The busy share says why: at ×32 the GPU was busy for 91–95% of the padding and
 # block-mask steps but for only 58–76% of the varlen ones, whose 95 ms of GPU work sat in steps of 124–162 ms: host
 # time around the fused kernel. So expect `met: False` on the varlen targets of your record too, and read it next to
 # the busy share. Your smoke record has the same rows (the `varlen_ms` column of the scale table in section 5); on a
@@ -917,28 +930,28 @@ print(
 # %% [markdown]
 # ## 9. Design questions in practice (实践中的设计问题)
 #
-# **Problem: packing doubled the tokens/s on the dashboard, yet training got no faster per epoch.**
+# **Problem: packing doubled the tokens/s on the dashboard, yet training got no faster per epoch (看板上的 tokens/s 翻倍，每个 epoch 却没有变快).**
 # *Symptom:* a large throughput gain that the wall-clock time per epoch does not show. *Cause:* throughput counted
 # on processed tokens, or padding counted as tokens, or the two runs supervised different tokens. *Options:*
 # (a) report effective supervised tokens/s only; (b) report processed and supervised side by side; (c) compare per
 # epoch time. *Recommendation:* (a) for the headline with (b) beside it, and refuse the comparison when supervised
 # tokens differ, as `compare_padding_and_packing` does.
 #
-# **Problem: after switching on packing the training loss drops faster, and evaluation gets worse.**
+# **Problem: after switching on packing the training loss drops faster, and evaluation gets worse (开启打包后训练损失降得更快，评估却变差).**
 # *Cause:* a leak across sample boundaries: positions not reset, cross-sample attention not blocked (an all-ones
 # attention mask, or a flash kernel given no `cu_seqlens`), or first labels not masked (each sample learns to
 # predict its own start from the previous sample). *Recommendation:* run the four boundary checks on the packed
 # batch before reading any speed; a packed row's loss must equal the samples' loss computed alone.
 #
-# **Problem: your GPU shows a smaller speed-up than LCFT's 1.30x.**
-# *Cause:* at 240–384 tokens a small model is launch-bound on a large GPU; a dense 4D mask also keeps SDPA off its
+# **Problem: your GPU shows a smaller speed-up than LCFT's 1.30x (你的 GPU 加速比低于 LCFT 的 1.30 倍).**
+# *Cause:* at 240–384 tokens a small model is launch-bound (受限于内核启动) on a large GPU; a dense 4D mask also keeps SDPA off its
 # flash kernel. *Options:* longer packed rows (a real token budget), varlen attention (`cu_seqlens`: flash
 # attention's varlen kernel, which `course_lib.varlen_attention` runs where it can; the workload records both) instead
 # of a dense mask, a
 # larger model. *Recommendation:* measure at the shape you will train with, with varlen attention once rows reach
 # thousands of tokens; LCFT's ratio is a property of its GPU and shapes, not a constant.
 #
-# **Problem: last month's GPU result cannot be compared with today's.**
+# **Problem: last month's GPU result cannot be compared with today's (上个月的 GPU 结果无法与今天的比较).**
 # *Cause:* another model revision, backend, dtype or workload version, or an old file overwritten by a run with the
 # same label. *Recommendation:* preflight every run, record the resolved commit, bump the workload version on any
 # change, and give every run a new label; the runner refuses to overwrite.

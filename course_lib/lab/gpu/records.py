@@ -6,6 +6,7 @@ import datetime
 import json
 import os
 import traceback
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ __all__ = [
     "write_result",
     "read_result",
     "iter_result_files",
+    "reference_record",
 ]
 
 # Relative to the working directory: the repository root in a checkout (where run_gpu_suite.sh runs), the
@@ -126,3 +128,18 @@ def iter_result_files(paths: list[str | Path]) -> list[Path]:
     for item in map(Path, paths):
         found += sorted(item.rglob("*.json")) if item.is_dir() else [item]
     return found
+
+
+def reference_record(workload_id: str, label: str) -> dict[str, Any]:
+    """A committed GPU run that ships with the course, validated: the runs the chapters quote, readable offline.
+
+    The files live in course_lib/data/reference_runs/ (benchmarks/results/ links to them), named as `result_path`
+    names any run: reference_record("logit-memory", "h200-2026-11-29") reads logit-memory_h200-2026-11-29.json.
+    """
+    shipped = resources.files("course_lib").joinpath("data", "reference_runs")
+    name = result_path(".", workload_id, label).name
+    if not shipped.joinpath(name).is_file():
+        have = sorted(entry.name.removesuffix(".json") for entry in shipped.iterdir() if entry.name.endswith(".json"))
+        raise ValueError(f"no reference run {workload_id!r} {label!r} ships with the course; shipped: {have}")
+    with resources.as_file(shipped.joinpath(name)) as path:
+        return read_result(path)

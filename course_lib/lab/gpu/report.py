@@ -290,6 +290,73 @@ def format_runs_side_by_side(records: list[dict[str, Any]]) -> str | None:
     return "\n".join(lines)
 
 
+LAYOUTS = {
+    "padding": "padding",
+    "boundary_isolated_packing": "block mask",
+    "boundary_isolated_packing_varlen": "varlen",
+}
+
+
+def _fixed(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _layout_line(record: dict[str, Any], scale: int, row: dict, pad: dict, block: dict) -> list[str]:
+    """One layout of one run at one scale, every number at the precision the chapters quote it."""
+    busy = _gpu_busy_ms(row)
+    share = _ratio(busy, row["median_step_ms"])
+    versus_block = _speedup(row, block) if row is not block and row is not pad else None
+    return [
+        record["run_label"],
+        f"x{scale}",
+        LAYOUTS[row["candidate"]],
+        f"{row['processed_tokens']:,}",
+        f"{row['median_step_ms']:.1f}",
+        _fixed(busy, ".2f"),
+        _fixed(None if share is None else 100 * share, ".0f"),
+        _fixed((row.get("device_profile") or {}).get("operations"), ","),
+        _fixed(_gib(row["peak_allocated_bytes"]), ".2f"),
+        _fixed(_speedup(row, pad) if row is not pad else None, ".2f"),
+        _fixed(_busy_speedup(row, pad) if row is not pad else None, ".2f"),
+        _fixed(versus_block, ".2f"),
+    ]
+
+
+def format_layout_rows(records: list[dict[str, Any]], scales: tuple[int, ...] | None = None) -> str:
+    """Every layout of pt-long-context runs, scale by scale: the numbers that say what bound each step.
+
+    One line per (run, scale, layout), at the precision the chapters quote: processed tokens, median step ms, the GPU's
+    busy ms in the profiled step and its share of the step (%), device operations, peak allocated GiB; beside padding
+    at the same scale, the ratio of effective tokens/s (clock_x) and of busy ms (busy_x); a varlen line's tokens/s
+    over the block mask's (vs_block). A busy share of 10% means the host, not the tokens, set the step's pace.
+    Below the table, each run's length curve peaks (GiB at each sequence length). `scales` keeps only those scales.
+    """
+    lines, curves = [], []
+    for record in records:
+        for pad, block, varlen in _scale_rows(record):
+            scale = pad.get("scale", 1)
+            if scales is None or scale in scales:
+                lines += [_layout_line(record, scale, row, pad, block) for row in (pad, block, varlen) if row]
+        curve = record["measurements"].get("length_curve", [])
+        peaks = ", ".join(f"{r['sequence_length']}: {_gib(r['peak_allocated_bytes']):.2f}" for r in curve)
+        curves.append(f"{record['run_label']} length curve peak GiB by sequence length: {peaks or '-'}")
+    headers = [
+        "run",
+        "scale",
+        "layout",
+        "tokens",
+        "step_ms",
+        "busy_ms",
+        "busy_%",
+        "device_ops",
+        "peak_GiB",
+        "clock_x",
+        "busy_x",
+        "vs_block",
+    ]
+    return "\n".join([_table(headers, lines), *curves])
+
+
 def _speedup(candidate: dict, padding: dict) -> float | None:
     return _ratio(candidate.get("effective_tokens_per_second"), padding["effective_tokens_per_second"])
 
