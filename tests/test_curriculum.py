@@ -506,6 +506,9 @@ def test_the_numbers_chapter_7_quotes_for_the_filtered_pool():
     assert "2,088 and 2,184 episodes against 3,840" in sources
     rates = "0.73 and 0.77 against 0.76 and 0.82"  # its held-out pass rates, filtered against unfiltered
     assert f"held-out pass rate of {rates} unfiltered" in prose and f"held-out pass rates {rates}" in sources
+    code = (Path(__file__).parents[1] / "notebooks" / "chapters" / "07_curricula.py").read_text(encoding="utf-8")
+    assert '"unfiltered": {"episodes": (3840, 3840), "held_out_pass_rate": (0.76, 0.82)}' in code  # printed there
+    assert '"filter (0, 1)": {"episodes": (2088, 2184), "held_out_pass_rate": (0.73, 0.77)}' in code
 
 
 def test_the_supervision_ratio_chapter_7_quotes():

@@ -15,7 +15,7 @@
 #
 # {{COLAB_BADGE}}
 #
-# **Objectives.** After this chapter you can
+# **Objectives (学习目标).** After this chapter you can
 # 1. load JSONL / CSV / JSON records with `datasets` and map Alpaca and ShareGPT fields to chat messages
 #    (字段映射), failing loudly on a missing field (缺失字段) instead of training on an empty prompt;
 # 2. render one conversation under three chat templates (对话模板) and give every token a role:
@@ -85,7 +85,7 @@ print(
 #
 # ## 2. Source layer: records to messages (数据源层)
 #
-# Datasets arrive as JSON, JSONL, CSV or Arrow (the files `Dataset.save_to_disk` writes), the four formats
+# Datasets arrive as JSON, JSONL, CSV or Arrow (the files `Dataset.save_to_disk` writes), four of the formats
 # LlamaFactory reads, all through Hugging Face `datasets.load_dataset`. Two record shapes dominate:
 # **Alpaca** (`instruction`, optional `input`, `output`, optional `system`) and **ShareGPT** (`conversations`: a
 # list of `{"from": "human" | "gpt" | "system", "value": ...}`). `to_messages` maps either one to the
@@ -492,7 +492,7 @@ grading.assert_rejects(
 # padding with the pad id in the labels, labels not cut together with the inputs, and user turns left supervised. Each
 # is one plausible line away from the right code. We write each one out, measure what it does, and catch it.
 #
-# **Bug 1: the pad id in the labels.** The loss of a causal LM averages the cross-entropy over every target
+# **Bug 1: the pad id in the labels (标签里的填充 id).** The loss of a causal LM averages the cross-entropy over every target
 # that is not -100. Padding the labels with the pad id adds every padding position to that average: the model
 # is taught to emit `<|endoftext|>` after the end of each short sample, and once it has learned that, the easy
 # padding targets pull the mean loss down. Even the untrained `tiny_qwen2` reports a different number, because
@@ -522,7 +522,7 @@ print(
 )
 
 # %% [markdown]
-# **Bug 2: labels not truncated with the inputs.** A tokenizer-side `max_length` cuts `input_ids`; a
+# **Bug 2: labels not truncated with the inputs (标签未随输入截断).** A tokenizer-side `max_length` cuts `input_ids`; a
 # hand-built `labels` list stays long. The pair is misaligned from the cut onward, and where shapes are not
 # checked the loss compares the wrong positions. `pad_batch` refuses such a feature with a message that names it.
 
@@ -535,7 +535,7 @@ except ValueError as error:
     print("caught:", error)
 
 # %% [markdown]
-# **Bug 3: user turns supervised.** A single-turn habit: mask "the prompt", meaning everything before the
+# **Bug 3: user turns supervised (用户轮次被监督).** A single-turn habit: mask "the prompt", meaning everything before the
 # first answer, and supervise the rest. On a multi-turn chat the second user turn and all later role headers
 # are trained on; the LlamaFactory walkthrough's customer-service model learned to echo its users. Caught by comparing
 # with the roles of the one rendering:
@@ -682,7 +682,7 @@ print("TRL collator batch equals pad_batch:", {key: torch.equal(trl_batch[key], 
 # %% [markdown]
 # ## 8. Design questions in practice (实践中的设计问题)
 #
-# **Problem: the fine-tuned model repeats the user's question before answering.**
+# **Problem: the fine-tuned model repeats the user's question before answering (微调后的模型先复述用户的问题).**
 # *Symptom:* answers open with a paraphrase of the prompt; on multi-turn evaluation it writes the user's next
 # line too. *Cause:* user turns are supervised, most often by the single-turn habit of masking only the text
 # before the first answer (bug 3). *Options:* (a) labels from the roles of one rendering, as `build_labels`;
@@ -691,19 +691,19 @@ print("TRL collator batch equals pad_batch:", {key: torch.equal(trl_batch[key], 
 # the inference rendering at the seams. *Recommendation:* (a) or (b), with a test that compares the two on
 # a handful of real chats, as section 7 does.
 #
-# **Problem: the model does not stop; generations run to `max_new_tokens`.**
+# **Problem: the model does not stop; generations run to `max_new_tokens` (模型停不下来).**
 # *Cause:* the end-of-turn token carries no loss: `supervise_eos=False`, a template that leaves it outside the
 # generation block, or a pipeline that derives masks from `input_ids == pad_token_id` when the pad token *is*
 # the end-of-turn token (our `alpaca` template, many Llama checkpoints). *Options:* supervise EOS; give the
 # tokenizer a pad token distinct from EOS; compute the attention mask from lengths. *Recommendation:* all
 # three, and assert that every answer's last supervised label is the end-of-turn id.
 #
-# **Problem: the loss starts suspiciously low, then the model emits `<|endoftext|>` early.**
+# **Problem: the loss starts suspiciously low, then the model emits `<|endoftext|>` early (初始损失低得可疑，模型过早输出结束符).**
 # *Cause:* the pad id in the labels (bug 1): padding targets are easy, so they pull the mean loss down and
 # teach the model to end. The more padding (long-tailed lengths, large batches), the worse. *Recommendation:*
 # labels padded with -100 only; check `labels[attention_mask == 0] == -100` once per run on the first batch.
 #
-# **Problem: the same data, two templates, two different models.**
+# **Problem: the same data, two templates, two different models (同一数据、两种模板、两个不同的模型).**
 # *Cause:* training rendered with one template, serving with another (section 3: 64, 68 or 74 tokens for the
 # same chat, with different role markers). *Recommendation:* store the template name (or the Jinja source's
 # hash) with the tokenized dataset and with the checkpoint; render at inference with the same one.

@@ -15,7 +15,7 @@
 #
 # {{COLAB_BADGE}}
 #
-# **Objectives.** After this chapter you can
+# **Objectives (学习目标).** After this chapter you can
 # 1. cost a microbatch plan: the **padded cost** (填充成本) count × longest and the **packed cost** (打包成本)
 #    sum of lengths; explain why a **fixed count** of sequences per microbatch (固定条数) lets one long sequence
 #    set the memory peak, and replace it with a **token budget** (Token 预算) over **length-sorted microbatches**
@@ -87,7 +87,8 @@ print(
 print(
     f"8 per microbatch: median microbatch {int(np.median(fixed_cost['sizes'])):,} padded tokens; "
     f"{fixed_cost['sizes'].count(max(fixed_cost['sizes']))} microbatches of {max(fixed_cost['sizes']):,}, "
-    f"among them the one holding trajectory {longest} ({len(worst) * int(agent_lengths[worst].max()):,})"
+    f"among them the one holding trajectory {longest} ({len(worst) * int(agent_lengths[worst].max()):,}), "
+    f"{max(fixed_cost['sizes']) / np.median(fixed_cost['sizes']):.1f} times the median"
 )
 print(f"{fixed_cost['padding_ratio']:.1%} of all computed positions are padding")
 
@@ -252,6 +253,20 @@ grading.assert_rejects(
 # microbatch is its longest and fixes its padded width, so how many sequences it takes follows from that one length.
 #
 # </details>
+
+# %%
+budget_plan = token_budget_batches(agent_lengths, BUDGET)  # your TODO 1
+for name, plan in [
+    ("8 per microbatch, random", fixed_count_batches(random_order, 8)),
+    ("8 per microbatch, sorted", fixed_count_batches(agent_lengths.argsort(), 8)),
+    ("token budget 128k, sorted", budget_plan),
+]:
+    print(format_microbatch_summary(name, describe_microbatches(agent_lengths, plan)))
+longest_home = batch_containing(budget_plan, int(agent_lengths.argmax()))
+print(
+    f"the longest trajectory shares its microbatch with {len(longest_home) - 1} other: "
+    f"{len(longest_home) * int(agent_lengths[longest_home].max()):,} padded tokens"
+)
 
 # %% [markdown]
 # Your scheduler reproduces Agent RL §14's table. Read it line by line: with 8 per microbatch in random order, 59% of
@@ -1140,7 +1155,7 @@ print(f"kept {int(kept.sum())} targets | largest |packed - alone| loss {(losses[
 # the cost per token but not its growth; (c) a hard length cap with truncation, which changes the task.
 # *Recommendation:* (a) with (b), and set the budget from the peak measured at the maximum context length.
 #
-# **Problem: a data-parallel run hangs, or one rank always finishes last.**
+# **Problem: a data-parallel run hangs, or one rank always finishes last (数据并行训练卡住，或某张卡总是最后完成).**
 # *Cause:* ranks received different numbers of microbatches (each rank ran the token budget on its own share), and
 # with FSDP / ZeRO-3 every forward all-gathers parameters, so a rank with one extra microbatch waits forever; or
 # the shares were dealt at random and one rank carries more tokens. *Options:* (a) deal the global batch with a

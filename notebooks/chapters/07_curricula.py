@@ -15,7 +15,7 @@
 #
 # {{COLAB_BADGE}}
 #
-# **Objectives.** After this chapter you can
+# **Objectives (学习目标).** After this chapter you can
 # 1. decide whether a longer-window stage of a **sequence-length curriculum** (序列长度课程) may **advance**
 #    (晋级) or must **hold** (停留), gate by gate (逐项门槛): token budget (Token 预算一致), long-context gain
 #    (长上下文收益), short-context retention (短上下文保持), numerical stability (数值稳定), run stability
@@ -465,8 +465,13 @@ candidates = {
 }
 for name, run in candidates.items():
     verdict = evaluate_length_curriculum_stage(lcft_baseline, run, lcft_limits)
-    weighted = verdict["evidence"]["long_context_gain"] - verdict["evidence"]["short_context_regression"]
-    print(f"{name:<10} weighted score {weighted:+.2f} | gates: {verdict['decision']:<7} {verdict['failed_gates']}")
+    gain = verdict["evidence"]["long_context_gain"]
+    weighted = gain - verdict["evidence"]["short_context_regression"]
+    print(
+        f"{name:<10} long-context gain {gain:+.2f}, {run['supervised_tokens_per_optimizer_step']} supervised tokens "
+        f"per step, peak {run['peak_memory_gb']} GB | weighted score {weighted:+.2f} | gates: "
+        f"{verdict['decision']:<7} {verdict['failed_gates']}"
+    )
 
 # %% [markdown]
 # The weighted score counts "rejected" (+0.03) as a gain, half of "accepted"'s +0.06, and rates "non-finite" as good
@@ -559,7 +564,21 @@ plt.show()
 # saturate, and the schedule of true pass rates here is an assumption, not Agent RL §14's policy) and reached a
 # held-out pass rate of 0.73 and 0.77 against 0.76 and 0.82 unfiltered, within seed noise. Fewer tasks per step
 # late in training is a plausible cost that this accounting does not see.
-#
+
+# %%
+AGENT_RL_FILTER_RUNS = {  # Agent RL §14.5, TinyAgent's training, two seeds per arm (see the sources page)
+    "unfiltered": {"episodes": (3840, 3840), "held_out_pass_rate": (0.76, 0.82)},
+    "filter (0, 1)": {"episodes": (2088, 2184), "held_out_pass_rate": (0.73, 0.77)},
+}
+unfiltered_episodes = AGENT_RL_FILTER_RUNS["unfiltered"]["episodes"]
+for arm, published in AGENT_RL_FILTER_RUNS.items():
+    for seed, (episodes, rate) in enumerate(zip(published["episodes"], published["held_out_pass_rate"], strict=True)):
+        saved = 1 - episodes / unfiltered_episodes[seed]
+        print(
+            f"Agent RL §14.5 {arm:<13} run {seed} | episodes {episodes:5d} (saved {saved:4.0%}) | held-out {rate:.2f}"
+        )
+
+# %% [markdown]
 # ## 6. Part C · Splitting a rollout budget (分配 rollout 预算)
 #
 # A filter says yes or no per task, and every task it keeps gets the same $G$. A trainer with a fixed number of
@@ -755,26 +774,26 @@ assert torch.equal(std_zero, all_equal)
 #
 # ## 8. Design questions in practice (实践中的设计问题)
 #
-# **Problem: rollouts wasted on zero-variance prompts.** *Symptom:* `frac_reward_zero_std` rises as training
+# **Problem: rollouts wasted on zero-variance prompts (rollout 浪费在零方差的提示上).** *Symptom:* `frac_reward_zero_std` rises as training
 # progresses; rollouts per useful gradient grow; the learning curve flattens before held-out pass rate stops
 # improving. *Cause:* a group whose rewards are all equal has zero advantage under a group baseline, and tasks near
 # $p = 0$ or $p = 1$ produce such groups most of the time (43% all-pass at $p = 0.9$, $G = 8$). *Options:*
 # (a) a pass-rate filter before sampling (needs per-task estimates; stale estimates can starve a task);
-# (b) dynamic sampling: oversample and drop flat groups to keep the batch full (costs rollouts to save batch
+# (b) dynamic sampling (动态采样): oversample and drop flat groups to keep the batch full (costs rollouts to save batch
 # size); (c) group sizes per task from the pass-rate estimates (`allocate_group_sizes`, §6), so nearly decided
 # tasks get larger groups and decided ones none. *Recommendation:* (a) with a small revisit budget, and log the
 # zero-advantage share per step; in our simulation it cut rollouts by about a third while keeping the informative
 # episodes. Where the trainer lets group sizes vary per prompt, (c) on top: a fifth more groups with signal at
 # step 40 of §5's pool, from the same rollouts.
 #
-# **Problem: a longer-window stage "wins" and then disappoints.** *Symptom:* the 512-token stage beats the
+# **Problem: a longer-window stage "wins" and then disappoints (更长窗口的阶段“胜出”后却令人失望).** *Symptom:* the 512-token stage beats the
 # 256-token baseline on long-context evaluation, but the gain vanishes when rerun. *Cause:* the stage also
 # changed the supervision per step (1.5x at 16 samples per step above) or regressed short-context quality, and
 # one weighted score hid it. *Options:* (a) per-gate checks with the evidence logged; (b) a single weighted score
 # with tuned weights; (c) eyeballing curves. *Recommendation:* (a), with the same supervised-token budget per
 # optimizer step in both runs; a held stage names the gate to fix.
 #
-# **Problem: the filtered pool empties too early.** *Symptom:* late in training each step samples one or two
+# **Problem: the filtered pool empties too early (过滤后的任务池过早耗尽).** *Symptom:* late in training each step samples one or two
 # tasks; gradients become noisy. *Cause:* a single all-pass group excludes a task that is not solved ($p = 0.9$
 # does it 43% of the time). *Options:* (a) estimate from the mean of several recent groups (`history`); (b) more
 # revisits; (c) weight by $\hat p(1-\hat p)$ instead of a hard cut. *Recommendation:* (a) plus revisits, then

@@ -15,7 +15,7 @@
 #
 # {{COLAB_BADGE}}
 #
-# **Objectives.** After this chapter you can
+# **Objectives (学习目标).** After this chapter you can
 # 1. put documents into **geometric length buckets** (几何分桶) of size $2^{\lceil \log_2 n \rceil}$, computed with
 #    integers, measure the **padding** (填充) they cost against **linear buckets** (线性分桶) and one global
 #    maximum, and find the **optimal bucket edges** (最优分桶边界) for your own lengths by **dynamic programming**
@@ -448,7 +448,8 @@ with torch.no_grad():
         for piece, row in zip(group, owned_mask, strict=True):  # global positions of the owned targets
             predicted += (piece["window"].start + 1 + torch.nonzero(row).flatten()).tolist()
 print(
-    f"document: {len(ids)} tokens (the model has {model.config.max_position_embeddings} positions) -> "
+    f"document: {len(ids)} tokens (the model has {model.config.max_position_embeddings} positions and a vocabulary "
+    f"of {model.config.vocab_size} tokens, ln V = {math.log(model.config.vocab_size):.2f}) -> "
     f"{len(ids) - 1} next-token predictions, {len(pieces)} windows"
 )
 print(
@@ -497,14 +498,20 @@ print(
     f"our {len(long_docs):,} documents over 256 tokens: {sum(c['windows'] for c in costs):,} windows, "
     f"overhead {processed / owned:.3f}"
 )
-print(f"  share of tokens covered by some window:          {1.0:.1%}")
+covered = 0  # tokens of the long documents that some window reads, counted position by position
+for n in long_docs:
+    seen = np.zeros(n, dtype=bool)
+    for w in sliding_windows(n):
+        seen[w.start : w.end] = True
+    covered += int(seen.sum())
+print(f"  share of tokens covered by some window:          {covered / owned:.1%}")
 print(f"  share of window slots holding a real token:      {processed / window_slots:.1%}  (short last windows padded)")
 print(f"  share of processed tokens that carry a new loss: {owned / processed:.1%}  (the rest is overlap context)")
 print("  the Packing article's 'content utilization':      98%    (the article does not define it)")
 
 # %% [markdown]
 # The article does not define "content utilization" (内容利用率), so we measure the three readings it could mean.
-# Coverage is 100% by construction (windows never drop text, truncation would). The share of window slots holding a
+# Coverage is 100% (windows never drop text, truncation would; a window plan that skipped a token would show it here). The share of window slots holding a
 # real token is 92% here (each document's last window is short and padded) and approaches 100% for very long
 # documents. The share of processed tokens that carry a new loss is 78% here and tends to 75% (= 192 / 256). None is
 # 98%, and the one that measures compute, tokens processed per token learned, is about 1.3x: windows buy context at
@@ -559,18 +566,18 @@ for row, piece in enumerate(split_document(list(range(600)), 256, 64, windows_fn
 axes[1].set_yticks(range(3))
 axes[1].invert_yaxis()
 axes[1].set(xlabel="token position", ylabel="window", title="600 tokens, window 256, overlap 64")
-axes[1].legend(fontsize=8, loc="lower right")
+axes[1].legend(fontsize=8, loc="upper right")
 plt.tight_layout()
 plt.show()
 
 # %% [markdown]
 # Left: geometric buckets hold near 30% until the documents approach the cap, then drop (21% at a median of ~3k); linear
-# buckets go from most of the compute to a few percent as documents grow; your fitted edges stay below both. Right: each window reads 64 tokens it does not
-# own; the dark bars tile the document.
+# buckets go from most of the compute to a few percent as documents grow; your fitted edges stay below both. Right: each later window reads 64 tokens it
+# does not own (the first owns all it reads); the dark bars tile the document.
 #
 # ## 9. Design questions in practice (实践中的设计问题)
 #
-# **Problem: bucketing did not save what the blog post promised.** *Symptom:* after switching to geometric
+# **Problem: bucketing did not save what the blog post promised (分桶没有省下博客承诺的填充).** *Symptom:* after switching to geometric
 # buckets the padding share barely moves, or grows. *Cause:* the saving depends on where the lengths sit relative
 # to the bucket widths (section 3: from 0.08x to 4x linear's padding as the median grows). *Options:*
 # (a) geometric buckets (scale-free, under 50% per document); (b) edges fitted to your lengths
@@ -578,7 +585,7 @@ plt.show()
 # row instead of padding (chapter 3). *Recommendation:* fit the edges on your own length ledger and measure
 # `bucket_padding` for each candidate; prefer packing when the attention kernel supports boundary-isolated rows.
 #
-# **Problem: long documents dominate the loss after switching to sliding windows.** *Symptom:* the token counter
+# **Problem: long documents dominate the loss after switching to sliding windows (改用滑动窗口后长文档主导损失).** *Symptom:* the token counter
 # reports more training tokens than the corpus has; loss on long documents falls faster than on short ones.
 # *Cause:* labels on every window token: overlap tokens are trained twice (section 5: one extra loss per overlap
 # token except each window's first, which is never a target: 63 per window of 64 overlap tokens). *Options:* (a) labels
@@ -586,7 +593,7 @@ plt.show()
 # smaller overlap. *Recommendation:* (a), with a test that the predicted positions of a document's windows are exactly
 # $1, \dots, L - 1$.
 #
-# **Problem: the Packing article's bucket function puts an empty document in bucket 1.** *Cause:* `2 ** 0` for length 0.
+# **Problem: the Packing article's bucket function puts an empty document in bucket 1 (Packing 文章的分桶函数把空文档放进第 1 桶).** *Cause:* `2 ** 0` for length 0.
 # *Recommendation:* reject empty documents at the length ledger, where the reason can be logged, rather than
 # padding them into a bucket.
 #
@@ -625,7 +632,7 @@ for min_length in (32, 0):
 # 1. Build 14 **quantile** (分位数) edges (lengths at the 1/14, 2/14, ... quantiles, last edge the longest length) for the
 #    10,000 lognormal lengths and compare `bucket_padding` with the geometric, linear and optimal rows of section 3.
 #    How far from optimal are edges that put the same number of documents in each bucket?
-# 2. For a 256-token window, which overlap gives an overhead of 1.5x on long documents? Which gives 1.1x? How much
+# 2. For a 256-token window, which whole-number overlap gives the overhead closest to 1.5x on long documents? Closest to 1.1x? How much
 #    context does the first owned token of each window then have?
 # 3. Split the corpus document with `overlap=0`. How many next-token predictions are lost compared with $L - 1$,
 #    and which positions are they?
