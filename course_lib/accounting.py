@@ -113,9 +113,13 @@ def crossover_context(
 ) -> int:
     """The smallest context c at which one decode step's KV reads reach its weight reads -> int >= 1.
 
-        batch x c x kv_bytes_per_token(config, kv_dtype_bytes)  >=  weight_bytes_per_param x n_params
-    Below c the weights dominate the bytes read (tokens/s grows with the batch); from c on the caches do. It
-    never grows with the batch; a smaller cache per token (fewer KV heads, an 8-bit cache) moves it out.
+    Qwen3-8B in bf16 (16.4 GB of weights, 147,456 cache bytes per token), 64 sequences: c = 1,738, because 64
+    caches of 1,738 tokens hold 16.40 GB (reached) and of 1,737 tokens 16.39 GB (not yet). Below c the weights
+    dominate the bytes read (tokens/s grows with the batch); from c on the caches do. It never grows with the
+    batch; a smaller cache per token (fewer KV heads, an 8-bit cache) moves it out.
+
+    >>> crossover_context("Qwen3-8B", 8.2e9, 64)
+    1738
     """
     n_params = require_real("n_params", n_params, minimum=0.0, strict_minimum=True)
     batch = require_positive_int("batch", batch)

@@ -84,11 +84,11 @@ for token_id, role in list(zip(rendered["input_ids"], rendered["roles"], strict=
 # ### TODO 1 · `ledger_from_roles`: the span-aligned half of `measure_sample` (由词元角色记长度账本)
 #
 # `measure_sample(tokenizer, messages)` is two steps: `render_chat` (render once, give each token a role)
-# and `ledger_from_roles(roles, *, supervise_eos=True)`, which you write now. Prompt tokens are the
-# `system` and `user` roles; supervised tokens are the `assistant` tokens plus the `eos` token when
-# `supervise_eos` is true (otherwise the end-of-turn token counts as template); template tokens are the rest.
-# Return a dict with the keys `template_tokens`, `prompt_tokens`, `supervised_tokens`, `total_tokens` (Python ints;
-# an empty list of roles gives four zeros). The first lines of the function, the input checks, are given: keep them.
+# and `ledger_from_roles(roles, *, supervise_eos=True)`, which you write now: it puts each role of the table above
+# into one term of the formula. Which roles are the prompt and which are supervised is for you to read off the
+# formula and the table; the end-of-turn token is supervised only when `supervise_eos` is true, and is otherwise
+# one more token the template adds. Return a dict with the keys `template_tokens`, `prompt_tokens`,
+# `supervised_tokens`, `total_tokens` (Python ints; an empty list of roles gives four zeros). The first lines of the function, the input checks, are given: keep them.
 # They raise a `ValueError` naming the bad value for a role outside `("template", "system", "user", "assistant",
 # "eos")` (roles are case-sensitive: `"User"` is not a role) or a `supervise_eos` that is not a bool; you write the
 # counting below them.

@@ -156,11 +156,12 @@ for token_id, role in list(zip(rendered["input_ids"], rendered["roles"], strict=
 #
 # Write `build_labels(tokenizer, messages, *, supervise_eos=True, max_length=None, chat_template=None)`.
 #
-# * Render with `render_chat(tokenizer, messages, chat_template=chat_template)` (it returns `input_ids` and
-#   one role per token).
-# * `labels[t] = input_ids[t]` where the role is `"assistant"`, or `"eos"` when `supervise_eos` is true;
-#   `labels[t] = IGNORE_INDEX` (-100) everywhere else. Every assistant turn is supervised, not only the last,
-#   and no user turn is, not even after the first answer.
+# * A label keeps its token's id exactly where the model must learn to produce that token, and is `IGNORE_INDEX`
+#   (-100) everywhere else. Which roles those are, read off the table above; the end-of-turn token that
+#   closes an answer counts only when `supervise_eos` is true. A chat with several answers supervises every one of
+#   them, and no user turn, not even one after the first answer.
+# * Labels and ids come from **one** rendering, `render_chat(tokenizer, messages, chat_template=chat_template)`, so
+#   they align token by token.
 # * With `max_length` given, keep the first `max_length` tokens of **both** `input_ids` and `labels`.
 # * Return `{"input_ids": [...], "labels": [...]}`: lists of equal length that hold Python ints (not numpy or torch
 #   integers: datasets and JSON files store them).

@@ -670,7 +670,7 @@ print(
 # actual next token is no likelier than the rest (7.65 nats). Training pushes the log-probs up and, with them, the
 # entropy down; an RL run watches the entropy so that it does not reach 0 before the reward has been learned. The
 # full computation keeps 8.39 MB for backward (8 bytes per logit: $2 \cdot 4 T V$), the recomputed one 0.00 MB
-# beyond its inputs, at every length.
+# beyond its inputs: it keeps nothing of size $V$, so that stays true at any length.
 
 # %% [markdown]
 # ## 5. Peak GPU memory (峰值显存; runs only with CUDA)

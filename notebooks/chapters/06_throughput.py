@@ -543,17 +543,18 @@ assert round(any_batch_limit) == 4048
 # ## 5. GPU-hours per RL step (每步 GPU 小时)
 #
 # An RL step samples `episodes` trajectories of `total_tokens` tokens each, of which `policy_tokens` are sampled
-# by the policy (the rest are prompt and tool output), then trains on them. With FLOP/s $= \text{MFU} \times$ peak:
+# by the policy (the rest are prompt and tool output), then trains on them. Four parts of the step cost GPU time:
 #
-# | part | GPU-hours |
+# | part | the work |
 # |---|---|
-# | `train` | $6N \times \text{episodes} \times \text{total} \,/\, \text{FLOP/s} \,/\, 3600$ |
-# | `old_logp` (one more forward for the old policy's log-probs) | $2N \times \text{episodes} \times \text{total} \,/\, \text{FLOP/s} \,/\, 3600$ |
-# | `prefill` (预填充: prompt and tool tokens, processed once) | $2N \times \text{episodes} \times (\text{total} - \text{policy}) \,/\, \text{FLOP/s} \,/\, 3600$ |
-# | `decode` (policy tokens at `decode_rate`) | $\text{episodes} \times \text{policy} \,/\, \text{decode rate} \,/\, 3600 \,/\, \text{busy}$ |
+# | `train` | forward and backward over every token of every episode: $6N$ FLOPs per token |
+# | `old_logp` | one more forward over every token, for the old policy's log-probs: $2N$ FLOPs per token |
+# | `prefill` (预填充) | one forward over the tokens the policy did not sample (prompt and tool output, processed once) |
+# | `decode` | the policy's tokens, produced at `decode_rate` tokens/s per GPU while the engine is decoding |
 #
-# `busy` (忙碌占比, the busy share) is the share of time the inference engine is actually decoding (tool calls and
-# stragglers leave it idle), so the decode time is *divided* by it.
+# Work counted in FLOPs runs at $\text{MFU} \times$ the GPU's peak FLOP/s. Decoding is not FLOP-bound (section 4),
+# so its time comes from the rate, and the rate holds only while the engine is actually decoding: `busy` (忙碌占比, the
+# busy share) is that share of the time (tool calls and stragglers leave the engine idle the rest).
 #
 # ### TODO 3 · `gpu_hours_per_step` (计算每步的 GPU 小时)
 #
