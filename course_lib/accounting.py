@@ -160,11 +160,12 @@ def gpu_hours_per_step(
     mfu: float,
     busy: float,
 ) -> GpuHours:
-    """One RL step's GPU-hours -> {train, old_logp, prefill, decode, total}.
+    """One RL step's GPU-hours -> {train, old_logp, prefill, decode, total}, total the sum of the four parts;
+    total_tokens and policy_tokens are per episode.
 
-    total_tokens and policy_tokens are per episode. train: 6N FLOPs on every token; old_logp: one more
-    forward (2N); prefill: 2N on the non-policy tokens (prompt and tool output, once); decode: policy tokens
-    at decode_rate tokens/s, divided by the share of time the engine is busy.
+    Agent RL §14.6 (Qwen3-8B, 512 episodes of 24,000 tokens of which the policy sampled 6,000, decode at 1,796
+    tokens/s, an H200 at MFU 0.4, the engine busy half the time): train 0.42, old_logp 0.14, prefill 0.11,
+    decode 0.95, total 1.62 GPU-hours.
     """
     n_params = require_real("n_params", n_params, minimum=0.0, strict_minimum=True)
     episodes = require_positive_int("episodes", episodes)

@@ -24,9 +24,7 @@ from ._checks import (
 from .tokenizer import render_chat
 from .window import IGNORE_INDEX
 
-__all__ = ["SUPERVISED_ROLES", "build_labels", "pad_batch"]
-
-SUPERVISED_ROLES = ("assistant", "eos")  # render_chat roles that carry loss; "eos" only when supervise_eos
+__all__ = ["build_labels", "pad_batch"]
 
 
 class LabelledSample(TypedDict):
@@ -65,15 +63,15 @@ def build_labels(
 ) -> LabelledSample:
     """One chat -> {"input_ids" [T], "labels" [T]} from one rendering; right-truncated to max_length if given.
 
-    labels[t] = input_ids[t] where render_chat gives token t the role "assistant" (or "eos" when supervise_eos),
-    else IGNORE_INDEX: system, user and template tokens carry no loss, in every turn.
+    labels[t] is input_ids[t] on a token the model must learn to write and IGNORE_INDEX on every other, in every
+    turn, so the loss reads the answers only; input_ids and labels always have the same length.
     """
     supervise_eos = require_bool("supervise_eos", supervise_eos)
     max_length = require_optional_positive_int("max_length", max_length)
     rendered = render_chat(tokenizer, messages, chat_template=chat_template)
     input_ids = np.asarray(rendered["input_ids"], dtype=np.int64)  # [T]
-    roles_with_loss = SUPERVISED_ROLES if supervise_eos else SUPERVISED_ROLES[:1]  # ("assistant",) without EOS
-    supervised = np.isin(np.asarray(rendered["roles"]), roles_with_loss)  # [T] bool
+    roles = np.asarray(rendered["roles"])  # [T]
+    supervised = (roles == "assistant") | ((roles == "eos") & supervise_eos)  # [T] bool: the answer, and its end
     labels = np.where(supervised, input_ids, IGNORE_INDEX)  # [T]
     if max_length is not None:
         input_ids, labels = input_ids[:max_length], labels[:max_length]  # cut both, or they misalign

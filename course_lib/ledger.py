@@ -39,8 +39,9 @@ class LengthLedger(TypedDict):
 def ledger_from_roles(roles, *, supervise_eos: bool = True) -> LengthLedger:
     """Token roles of one rendering [T] -> {"template_tokens", "prompt_tokens", "supervised_tokens", "total_tokens"}.
 
-    Prompt = system + user tokens; supervised = assistant tokens + the closing "eos" token when supervise_eos
-    (else it counts as template); template = everything else. The span-aligned half of measure_sample.
+    Every token is counted in exactly one of template, prompt and supervised, so the three add up to total_tokens;
+    supervise_eos=False moves each "eos" token from supervised to template and changes nothing else. The
+    span-aligned half of measure_sample.
     """
     roles = require_sequence("roles", roles)
     if not all(isinstance(role, str) for role in roles):

@@ -237,3 +237,25 @@ def test_the_layout_table_prints_each_runs_numbers_at_the_quoted_precision():
     assert padding[3:6] == ["12,288", "184.4", "173.69"] and varlen[3:6] == ["7,680", "162.2", "94.74"]
     assert varlen[-2] == f"{173.69 / 94.74:.2f}" == "1.83" and padding[-3:] == ["-", "-", "-"]
     assert rows["x1", "block"][8] == "3,125"  # device operations; "block mask" splits in two on whitespace
+
+
+def test_the_layout_table_prints_dashes_where_a_record_has_no_number(committed):
+    """A CPU smoke record has no peak memory and no GPU busy time, an older one (before v8) no profile, and a timing
+    may be null: each shows as "-" instead of breaking the table."""
+    import copy
+
+    from course_lib.lab.gpu.records import reference_record
+    from course_lib.lab.gpu.report import format_layout_rows
+
+    smoke = copy.deepcopy(reference_record("pt-long-context", "chapter03-20261130-152311"))
+    measured = smoke["measurements"]
+    for row in measured["length_curve"] + measured["packing_comparison"] + measured["packing_scale"]:
+        row["peak_allocated_bytes"] = None
+        row.pop("device_profile", None)
+    measured["packing_comparison"][0]["median_step_ms"] = None
+    lines = format_layout_rows([smoke], scales=(1,)).splitlines()
+    padding = lines[1].split()
+    assert padding[2:5] == ["padding", "384", "-"] and padding[5:9] == ["-", "-", "-", "-"], lines[1]
+    assert lines[-1].endswith("128: -, 256: -, 512: -"), lines[-1]
+    older = [record for (workload, _), record in committed.items() if workload == "pt-long-context"]
+    assert all(format_layout_rows([record]) for record in older)  # v5 ... v9, with and without varlen rows

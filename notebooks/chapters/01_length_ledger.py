@@ -72,13 +72,17 @@ print(
 # $$L_{\text{sup},i} = L_{\text{response},i} + L_{\text{EOS},i}, \qquad
 #   L_{\text{total},i} = L_{\text{template},i} + L_{\text{prompt},i} + L_{\text{sup},i}.$$
 #
-# `render_chat` renders once and gives every token a role from the character span it came from. Counting
-# roles gives the ledger; nothing is tokenized twice.
+# $L_{\text{prompt}}$ counts the tokens of what the system and the user wrote, $L_{\text{template}}$ what the chat
+# template adds around the messages. `render_chat` renders once and gives every token a role from the character span
+# it came from. Counting roles gives the ledger; nothing is tokenized twice.
 
 # %%
+from collections import Counter
+
 rendered = render_chat(tokenizer, chat)
 for token_id, role in list(zip(rendered["input_ids"], rendered["roles"], strict=True))[:18]:
     print(f"{tokenizer.decode([token_id])!r:>16}  {role}")
+print("... every role of the chat, with its token count:", dict(Counter(rendered["roles"])))
 
 # %% [markdown]
 # ### TODO 1 · `ledger_from_roles`: the span-aligned half of `measure_sample` (由词元角色记长度账本)
@@ -511,7 +515,7 @@ for window in (128, 256, 512):
             )
     print(
         f"window {window}: {len(differ)} of {len(policy_samples)} verdicts differ, {fewer} of them truncations "
-        "where the audit keeps one or two supervised tokens fewer; the first two:",
+        "where the audit keeps one or two supervised tokens fewer" + ("; the first two:" if differ else ""),
         *differ[:2],
         sep="\n  ",
     )

@@ -758,6 +758,7 @@ print(
 
 # %%
 import contextlib
+import math
 
 from course_lib import varlen_attention
 from course_lib.lab.gpu.workloads.pt_long_context import packed_batch as lab_packed_row
@@ -786,6 +787,7 @@ for _ in range(3):  # the first round warms up; the best of the other two counts
         step_times[name].append((seconds, step_loss))
 block_s, block_loss = min(step_times["block mask"][1:])
 varlen_s, varlen_loss = min(step_times["varlen"][1:])
+assert math.isclose(block_loss, varlen_loss, rel_tol=1e-4), "the two layouts must train on the same loss"
 print(
     f"samples {step_lengths} in one row of {sum(step_lengths):,} tokens | loss block mask {block_loss:.5f}, "
     f"varlen {varlen_loss:.5f}"
@@ -972,25 +974,6 @@ for scale in (1, *series["packing_scale_factors"]):
 # records only the plan; `"cpu_smoke"` runs the same code on `tiny_qwen2` on the CPU, which proves the wiring and
 # nothing about speed. A scale your GPU cannot hold is recorded as `out_of_memory`, not a failure. On
 # Colab, download the JSON before the runtime is recycled (chapter 9 §4).
-#
-# **What this cell measured on an NVIDIA H200** (2026-11-30, torch 2.11.0, transformers 5.17.0, `RUN_MODE =
-# "real_gpu"`). Every check passed. At LCFT's size padding processed 384 tokens and packing 240, yet the median step
-# took 99.9 ms padded, 106.3 ms packed with the block mask and 120.9 ms with varlen: by the clock, packing was
-# slower. The profiler's GPU busy time in one step was 11.39, 10.08 and 9.96 ms, about a tenth of the step; the rest
-# is the host launching 3,150, 3,125 and 3,135 operations, which cost about the same for 240 tokens as for 384. At
-# ×32 (12,288 padded tokens against 7,680 packed) the GPU is busy for most of the step: 184.4 ms padded, 160.0 ms
-# with the block mask, 162.2 ms with varlen by the clock, and 173.69, 152.2 and 94.74 ms of busy time. The block
-# mask's dense $[T, T]$ square now costs almost what padding's rows cost; varlen, which scores only each sample's
-# own square, needs little more than half of padding's GPU time. That run's record ships with the course; the next
-# cell prints its rows at LCFT's size and at ×32 (`busy_%` is the GPU's busy share of the step, `busy_x` padding's busy
-# time over the layout's, `clock_x` the layout's effective tokens/s over padding's).
-
-# %%
-from course_lib.lab.gpu.records import reference_record
-from course_lib.lab.gpu.report import format_layout_rows
-
-h200_run = reference_record("pt-long-context", "chapter03-20261130-152311")  # this cell, real_gpu, H200
-print(format_layout_rows([h200_run], scales=(1, 32)))
 
 # %%
 from pathlib import Path
@@ -1008,6 +991,27 @@ gpu_path, gpu_record = run_workload(
 )
 # the profile is the mode's own (PT-SFT-CUDA, or BASE-CPU for cpu_smoke); progress bars only for a GPU run
 print(format_run(gpu_path, gpu_record))  # the file, the verdict, then the failure, every table, or the plan
+
+# %% [markdown]
+# **What the cell above measured on an NVIDIA H200** (2026-11-30, torch 2.11.0, transformers 5.17.0, `RUN_MODE =
+# "real_gpu"`). Every check passed. At LCFT's size padding processed 384 tokens and packing 240, yet the median step
+# took 99.9 ms padded, 106.3 ms packed with the block mask and 120.9 ms with varlen: by the clock, packing was
+# slower. The profiler's GPU busy time in one step was 11.39, 10.08 and 9.96 ms, about a tenth of the step; the rest
+# is the host launching 3,150, 3,125 and 3,135 operations, which cost about the same for 240 tokens as for 384. At
+# ×32 (12,288 padded tokens against 7,680 packed) the GPU is busy for most of the step: 184.4 ms padded, 160.0 ms
+# with the block mask, 162.2 ms with varlen by the clock, and 173.69, 152.2 and 94.74 ms of busy time. The block
+# mask's dense $[T, T]$ square now costs almost what padding's rows cost; varlen, which scores only each sample's
+# own square, needs little more than half of padding's GPU time. That run's record ships with the course; the next
+# cell prints its rows at LCFT's size and at ×32 (`busy_%` is the GPU's busy share of the step, `busy_x` padding's busy
+# time over the layout's, `clock_x` the layout's effective tokens/s over padding's, `vs_block` varlen's over the block
+# mask's).
+
+# %%
+from course_lib.lab.gpu.records import reference_record
+from course_lib.lab.gpu.report import format_layout_rows
+
+h200_run = reference_record("pt-long-context", "chapter03-20261130-152311")  # the runner cell above, real_gpu, H200
+print(format_layout_rows([h200_run], scales=(1, 32)))
 
 # %% [markdown]
 # Read a GPU record in this order: the checks (a packed row that fails one has no speed worth reading), then the

@@ -678,7 +678,7 @@ print(
 # On a GPU, `torch.cuda.max_memory_allocated` measures the real peak of forward + backward, everything included
 # (`peak_cuda_memory` wraps it). The cell below measures the three methods on an output layer the shape of
 # Qwen3-0.6B's `lm_head` ($V = 151{,}936$, $D = 1024$, bf16, random weights: memory does not depend on the
-# values). Without CUDA it measures nothing and prints what it printed on the course's H200 instead.
+# values). Without CUDA it measures nothing and prints the course's H200 record of the same measurement instead.
 #
 # For reference, Agent RL §14.3 (see the course's [sources page]({{DOCS}}/sources.md)) reports this measurement on a
 # GPU with the real Qwen3-0.6B head, chunks of 1,024: **full 7.5 GB, chunked 3.7 GB, chunked + recompute 2.2 GB at

@@ -807,8 +807,8 @@ if mine["run_mode"] != "real_gpu":
 # cost (about 3,100 GPU operations, each launched by the host, and every weight matrix read forward and backward)
 # that does not shrink with
 # the token count. On a larger GPU the ratio can fall further. Longer rows make the tokens count for more, but the
-# block mask keeps paying for the whole $[T, T]$ square, so its gain stays well short of the token ratio (section 7
-# shows where it peaks); only attention that skips the other samples (varlen, below) keeps gaining with length.
+# block mask keeps paying for the whole $[T, T]$ square, so its gain stays well short of the token ratio (the H200
+# runs below show where it peaks); only attention that skips the other samples (varlen, below) keeps gaining with length.
 # A CPU smoke ratio is evidence about neither.
 #
 # Your own run can show which of the two bounds it. Every row also records one more step under
@@ -823,8 +823,8 @@ if mine["run_mode"] != "real_gpu":
 # v10 repeats, only recording a scale that runs out of memory instead of failing: the GPU suite, chapter 3 and this
 # chapter with `RUN_MODE = "real_gpu"`). The machine had no hub access, so Qwen2.5-0.5B was
 # random-initialized from its shipped config: the timings do not depend on the weights, and the losses say nothing
-# about quality. Every check passed in every run, and 384 → 240 processed tokens. Peak allocated memory was
-# 2.43–2.54 GiB; LCFT reports about 2.90 GiB on its RTX 5070 Ti without saying whether allocated or reserved, so we
+# about quality. Every check passed in every run, and 384 → 240 processed tokens. Peak allocated memory at LCFT's
+# size and over the length curve was 2.43–2.54 GiB; LCFT reports about 2.90 GiB on its RTX 5070 Ti without saying whether allocated or reserved, so we
 # do not read the gap. The three records ship with the course; the cell below prints every layout of every run,
 # scale by scale, and the paragraphs after it read that table.
 
@@ -866,7 +866,7 @@ print(format_layout_rows(h200_records))
 # 12,288:
 # attention over $\sum_i n_i^2$ pairs is what keeps paying with length. By the clock its targets fared worse: at
 # LCFT's size varlen reached 0.80×, 0.83× and 0.91× padding (far from 1.3×), and at ×32 it beat the block mask in two
-# runs of three (`vs_block` 1.34×, 1.16×, 0.99×). The busy share says why: at ×32 the GPU was busy for 91–95% of the padding and
+# runs of three (`vs_block` 1.34×, 1.16×, 0.99×, best first). The busy share says why: at ×32 the GPU was busy for 91–95% of the padding and
 # block-mask steps but for only 58–76% of the varlen ones, whose 95 ms of GPU work sat in steps of 124–162 ms: host
 # time around the fused kernel. So expect `met: False` on the varlen targets of your record too, and read it next to
 # the busy share. Your smoke record has the same rows (the `varlen_ms` column of the scale table in section 5); on a

@@ -139,7 +139,8 @@ def reference_record(workload_id: str, label: str) -> dict[str, Any]:
     shipped = resources.files("course_lib").joinpath("data", "reference_runs")
     name = result_path(".", workload_id, label).name
     if not shipped.joinpath(name).is_file():
-        have = sorted(entry.name.removesuffix(".json") for entry in shipped.iterdir() if entry.name.endswith(".json"))
+        entries = shipped.iterdir() if shipped.is_dir() else []
+        have = sorted(entry.name.removesuffix(".json") for entry in entries if entry.name.endswith(".json"))
         raise ValueError(f"no reference run {workload_id!r} {label!r} ships with the course; shipped: {have}")
     with resources.as_file(shipped.joinpath(name)) as path:
         return read_result(path)

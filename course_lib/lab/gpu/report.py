@@ -311,7 +311,7 @@ def _layout_line(record: dict[str, Any], scale: int, row: dict, pad: dict, block
         f"x{scale}",
         LAYOUTS[row["candidate"]],
         f"{row['processed_tokens']:,}",
-        f"{row['median_step_ms']:.1f}",
+        _fixed(row["median_step_ms"], ".1f"),
         _fixed(busy, ".2f"),
         _fixed(None if share is None else 100 * share, ".0f"),
         _fixed((row.get("device_profile") or {}).get("operations"), ","),
@@ -338,7 +338,7 @@ def format_layout_rows(records: list[dict[str, Any]], scales: tuple[int, ...] | 
             if scales is None or scale in scales:
                 lines += [_layout_line(record, scale, row, pad, block) for row in (pad, block, varlen) if row]
         curve = record["measurements"].get("length_curve", [])
-        peaks = ", ".join(f"{r['sequence_length']}: {_gib(r['peak_allocated_bytes']):.2f}" for r in curve)
+        peaks = ", ".join(f"{r['sequence_length']}: {_fixed(_gib(r['peak_allocated_bytes']), '.2f')}" for r in curve)
         curves.append(f"{record['run_label']} length curve peak GiB by sequence length: {peaks or '-'}")
     headers = [
         "run",
