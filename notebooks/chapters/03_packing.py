@@ -761,40 +761,42 @@ import contextlib
 import math
 
 from course_lib import varlen_attention
+from course_lib.lab.gpu.measure import time_steps
 from course_lib.lab.gpu.workloads.pt_long_context import packed_batch as lab_packed_row
 from course_lib.lab.gpu.workloads.pt_long_context import scaled_samples, varlen_batch
 
 step_model = tiny_qwen2(seed=0, attn_implementation="sdpa").train()
 step_lengths, _, step_samples = scaled_samples([48, 96, 32, 64], 16, step_model.config.vocab_size)
-block_row = lab_packed_row(step_samples, torch.device("cpu"), torch.float32)[0]  # [1, T] and its [1, 1, T, T] mask
+cpu = torch.device("cpu")
+block_row = lab_packed_row(step_samples, cpu, torch.float32)[0]  # [1, T] and its [1, 1, T, T] mask
 varlen_row = varlen_batch(block_row, step_lengths)  # the same row, the mask dropped, cu_seq_lens in its place
 
 
-def timed_step(batch: dict, under_varlen: bool) -> tuple[float, float]:
-    """One forward + backward of step_model -> (seconds, loss)."""
-    step_model.zero_grad(set_to_none=True)
-    started = time.perf_counter()
-    with varlen_attention(step_model) if under_varlen else contextlib.nullcontext():
-        loss = step_model(**batch).loss
-        loss.backward()
-    return time.perf_counter() - started, loss.item()
+def training_step(batch: dict, under_varlen: bool):
+    """One forward + backward of step_model, as a step for time_steps -> the step's loss."""
+
+    def step() -> float:
+        step_model.zero_grad(set_to_none=True)
+        with varlen_attention(step_model) if under_varlen else contextlib.nullcontext():
+            loss = step_model(**batch).loss
+            loss.backward()
+        return loss.item()
+
+    return step
 
 
-step_times = {"block mask": [], "varlen": []}
-for _ in range(3):  # the first round warms up; the best of the other two counts
-    for name, batch, under_varlen in (("block mask", block_row, False), ("varlen", varlen_row, True)):
-        seconds, step_loss = timed_step(batch, under_varlen)
-        step_times[name].append((seconds, step_loss))
-block_s, block_loss = min(step_times["block mask"][1:])
-varlen_s, varlen_loss = min(step_times["varlen"][1:])
+block_run = time_steps(training_step(block_row, False), device=cpu, warmup=1, repeats=3)  # median of 3 after 1
+varlen_run = time_steps(training_step(varlen_row, True), device=cpu, warmup=1, repeats=3)
+block_ms, varlen_ms = block_run["median_step_ms"], varlen_run["median_step_ms"]
+block_loss, varlen_loss = block_run["outputs"][-1], varlen_run["outputs"][-1]
 assert math.isclose(block_loss, varlen_loss, rel_tol=1e-4), "the two layouts must train on the same loss"
 print(
     f"samples {step_lengths} in one row of {sum(step_lengths):,} tokens | loss block mask {block_loss:.5f}, "
     f"varlen {varlen_loss:.5f}"
 )
 print(
-    f"one training step: block mask {block_s * 1e3:.0f} ms | varlen {varlen_s * 1e3:.0f} ms | "
-    f"varlen {block_s / varlen_s:.1f}x faster here"
+    f"one training step: block mask {block_ms:.0f} ms | varlen {varlen_ms:.0f} ms | "
+    f"varlen {block_ms / varlen_ms:.1f}x faster here"
 )
 
 # %% [markdown]
