@@ -690,8 +690,8 @@ print(
 
 # %%
 from course_lib.lab.gpu.records import reference_record
+from course_lib.lab.gpu.report import format_logit_peaks
 
-H200_METHODS = {"full logits": "full", "chunked": "chunked", "chunked + recompute": "chunked_recompute"}
 if torch.cuda.is_available():
     device, vocab, width = "cuda", QWEN3_VOCAB_SIZE, QWEN3_HIDDEN_SIZES["Qwen3-0.6B"]
     gpu_generator = torch.Generator(device=device).manual_seed(0)
@@ -715,12 +715,10 @@ if torch.cuda.is_available():
 else:
     print("No CUDA device here: nothing is measured (saved_tensor_bytes above is the CPU measure).")
     h200_record = reference_record("logit-memory", "h200-2026-11-29")  # ships with the course
-    h200_rows = h200_record["measurements"]["log_prob_memory"]
     gpu = h200_record["hardware"]["gpu_name"]
     print(f"The same three methods on an {gpu} (the course's logit-memory record of 2026-11-29, which ships with it):")
-    for tokens in sorted({row["tokens"] for row in h200_rows}):
-        at = {row["method"]: row["peak_above_start_bytes"] / 1e9 for row in h200_rows if row["tokens"] == tokens}
-        print(f"T = {tokens:6d} | " + " | ".join(f"{name} {at[key]:4.1f} GB" for name, key in H200_METHODS.items()))
+    print(format_logit_peaks(h200_record))
+    h200_rows = h200_record["measurements"]["log_prob_memory"]
     full_16k = next(row for row in h200_rows if row["method"] == "full" and row["tokens"] == 16_384)
     per_logit = full_16k["peak_above_start_bytes"] / (full_16k["tokens"] * full_16k["vocab_size"])
     print(f"full path at T = 16,384: {per_logit:.1f} bytes per logit")

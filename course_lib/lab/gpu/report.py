@@ -21,6 +21,8 @@ __all__ = [
     "device_name",
     "format_record",
     "format_runs_side_by_side",
+    "format_layout_rows",
+    "format_logit_peaks",
     "plot_length_curve",
     "plot_packing_bars",
     "plot_packing_scale",
@@ -403,7 +405,9 @@ def _interpretation(record: dict[str, Any]) -> str:
     return "reading (§5.4)\n" + _table(["item", "fields", "this run"], rows)
 
 
-def _logit_tables(record: dict[str, Any]) -> list[str]:
+def format_logit_peaks(record: dict[str, Any]) -> str:
+    """A logit-memory record's peaks, one line per token count: each method's GB (or OOM) and the largest
+    difference of its log-probs from the full path's ("T =   4096 | full  7.5 GB | chunked  3.7 GB | ...")."""
     rows = record["measurements"].get("log_prob_memory", [])
     lines = []
     for tokens in sorted({r["tokens"] for r in rows}):
@@ -412,6 +416,11 @@ def _logit_tables(record: dict[str, Any]) -> list[str]:
         diffs = [r["max_abs_diff_vs_full"] for r in at if r["max_abs_diff_vs_full"] is not None]
         largest = max(diffs) if diffs else float("nan")
         lines.append(f"T = {tokens:6d} | " + " | ".join(parts) + f" | max diff {largest:.0e}")
+    return "\n".join(lines)
+
+
+def _logit_tables(record: dict[str, Any]) -> list[str]:
+    rows = record["measurements"].get("log_prob_memory", [])
     table = _table(
         ["method", "T", "peak_GB", "saved_GB", "median_ms", "p95_ms", "max_diff"],
         [
@@ -428,7 +437,7 @@ def _logit_tables(record: dict[str, Any]) -> list[str]:
         ],
     )
     checks = f"checks: {record['checks'].get('log_probs')}"
-    return ["logit memory (Agent RL §14.3)\n" + "\n".join(lines), table, checks]
+    return ["logit memory (Agent RL §14.3)\n" + format_logit_peaks(record), table, checks]
 
 
 def _gb(value: int | None) -> float | None:
