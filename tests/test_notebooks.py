@@ -138,9 +138,9 @@ def test_chapter_source_is_well_formed(name):
     untranslated = [line for line in re.findall(r"^# #{1,4} .*$", source, re.MULTILINE) if not CJK.search(line)]
     assert not untranslated, f"{name}: headings without their Chinese (中文) title: {untranslated}"
     lead_ins = re.findall(r"^# \*\*(?:Objectives|Problem|Bug \d)\b.*?\*\*", source, re.MULTILINE)  # bold titles
-    assert not [line for line in lead_ins if not CJK.search(line)], (
-        f"{name}: bold lead-ins (Objectives, Problem, Bug) without their Chinese: "
-        f"{[line for line in lead_ins if not CJK.search(line)]}"
+    untranslated_lead_ins = [line for line in lead_ins if not CJK.search(line)]
+    assert not untranslated_lead_ins, (
+        f"{name}: bold lead-ins (Objectives, Problem, Bug) without their Chinese: {untranslated_lead_ins}"
     )
     # a heading left in a code cell renders as a comment: chapter 1's section 6 once never showed
     in_code = [line for cell in _code_cells(source) for line in re.findall(r"^# #{1,4} .*$", cell, re.MULTILINE)]
