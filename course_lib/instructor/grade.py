@@ -249,17 +249,24 @@ def name_student(root: Path, student: str, names: tuple[str, str] | None) -> Non
     A roster's names replace what is there; without a roster, a student who has no name yet gets the id as last
     name (formgrader shows "alice, "), and a name an instructor typed in formgrader is kept.
     """
-    from nbgrader.api import Gradebook, MissingEntry
+    from nbgrader.api import Gradebook
 
     with Gradebook(_gradebook_url(root)) as gradebook:
-        try:
-            known = gradebook.find_student(student)
-        except MissingEntry:
-            known = None
-        if names is not None:
-            gradebook.update_or_create_student(student, first_name=names[0], last_name=names[1])
-        elif known is None or (known.first_name is None and known.last_name is None):
-            gradebook.update_or_create_student(student, first_name="", last_name=student)
+        _name_in(gradebook, student, names)
+
+
+def _name_in(gradebook: Any, student: str, names: tuple[str, str] | None) -> None:
+    """name_student's rule, in a gradebook the caller has open."""
+    from nbgrader.api import MissingEntry
+
+    try:
+        known = gradebook.find_student(student)
+    except MissingEntry:
+        known = None
+    if names is not None:
+        gradebook.update_or_create_student(student, first_name=names[0], last_name=names[1])
+    elif known is None or (known.first_name is None and known.last_name is None):
+        gradebook.update_or_create_student(student, first_name="", last_name=student)
 
 
 def apply_roster(root: Path, roster: Mapping[str, tuple[str, str]]) -> None:
@@ -271,8 +278,8 @@ def apply_roster(root: Path, roster: Mapping[str, tuple[str, str]]) -> None:
 
     with Gradebook(_gradebook_url(root)) as gradebook:
         known = {student.id.casefold(): student.id for student in gradebook.students}
-    for student, names in roster.items():
-        name_student(root, known.get(student.casefold(), student), names)
+        for student, names in roster.items():
+            _name_in(gradebook, known.get(student.casefold(), student), names)
 
 
 def read_roster(path: Path) -> dict[str, tuple[str, str]]:
