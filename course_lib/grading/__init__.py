@@ -325,8 +325,8 @@ def _changed(before: Any, after: Any, path: str) -> str | None:
 CONFIG_FIELDS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim")
 
 
-MESSAGE_LIMIT = 1_000  # where the grader cuts a message (course_lib.instructor.feedback.MAX_MESSAGE; a test keeps
-# the two equal): what a failure says comes first, so it is cut to leave the call whole, keywords last
+MESSAGE_LIMIT = 1_000  # where the grader cuts a message (course_lib.instructor.feedback reads it from here): what a
+# failure says comes first, so it is cut to leave the call whole, keywords last
 
 
 def with_call(failure: str, shown: str) -> str:
