@@ -327,30 +327,31 @@ def _stage_original(root: Path, submission: submissions.Submission) -> tuple[Pat
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"{submission.chapter}.ipynb").write_bytes(submission.raw or b"")
     original_stamp, staged = submission.path.parent / "timestamp.txt", folder / "timestamp.txt"
-    in_place = original_stamp.exists() and original_stamp.resolve() == staged.resolve()  # graded inside submitted/
-    problem = _unreadable_timestamp(original_stamp) if original_stamp.exists() else "absent"
-    note = (
-        f"the timestamp.txt beside it was left out ({problem}); graded without a submission time"
-        if problem not in (None, "absent")
-        else None
-    )
-    if in_place:  # the student's file stays where it is; an unreadable one is not handed to nbgrader
-        if problem == "absent" and submission.path.is_file():
-            staged.write_text(file_time(submission.path), encoding="utf-8")
-            return staged, note
-        return (staged if problem is None else None), note
-    if problem is None:
-        shutil.copy2(original_stamp, staged)
-    elif submission.path.is_file():  # no timestamp.txt nbgrader can read: the file's own time, as nbgrader writes it
+    in_place = original_stamp.parent.resolve() == folder.resolve()  # graded inside submitted/: one folder
+    present = original_stamp.exists() or original_stamp.is_symlink()
+    problem = _unreadable_timestamp(original_stamp) if present else None
+    if present and submission.in_student_zip:
+        problem = "it came in the student's own zip"
+    if present and problem is None:
+        if not in_place:
+            shutil.copy2(original_stamp, staged)
+        return staged, None
+    if submission.path.is_file() and not (in_place and present):  # the file's own time, as nbgrader writes it
         staged.write_text(file_time(submission.path), encoding="utf-8")
-    elif staged.is_file():  # an earlier submission's stamp must not date this one
+        return staged, _left_out(problem, "the file's own time dates it instead")
+    if staged.is_file() and not in_place:  # an earlier submission's stamp must not date this one
         staged.unlink()
-    return staged, note
+    return (None if in_place else staged), _left_out(problem, "graded without a submission time")
+
+
+def _left_out(problem: str | None, instead: str) -> str | None:
+    return None if problem is None else f"the timestamp.txt beside it was left out ({problem}); {instead}"
 
 
 def file_time(path: Path) -> str:
     """The file's modification time as nbgrader's timestamp.txt holds it: `2026-12-02 06:50:00.000000 UTC`.
-    (A zip's members keep their own times: submissions.unpack sets them on the extracted files.)"""
+    (Unzipping sets it: a zip member's own time, or for a zip among the submissions the zip's; see
+    submissions._extract.)"""
     import datetime
 
     moment = datetime.datetime.fromtimestamp(Path(path).stat().st_mtime, tz=datetime.timezone.utc)
@@ -369,10 +370,13 @@ def _unreadable_timestamp(path: Path) -> str | None:
     """Why nbgrader could not read this timestamp file (as its CourseDirectory does), or None when it can."""
     from nbgrader.utils import parse_utc
 
+    if path.is_symlink():  # an unpacked archive's link could point at any file the grader can read
+        return "a symbolic link"
     if not path.is_file():
         return "not a file"
     try:
-        text = path.read_text(encoding="utf-8").strip()
+        with open(path, "rb") as handle:
+            text = handle.read(200).decode("utf-8").strip()  # a time is 30 characters; a 1 GB file is not read
         if text and not TIMESTAMP.match(text):
             return f"not a time nbgrader writes: {text[:60]!r}"
         if text:

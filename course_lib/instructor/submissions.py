@@ -53,6 +53,7 @@ class Submission:
     notebook: Any | None = None
     raw: bytes | None = None
     problem: str | None = None
+    in_student_zip: bool = False  # unpacked from a zip among the submissions: its times are the student's own
 
     @property
     def key(self) -> str:
@@ -89,8 +90,10 @@ def _some(names: list[str], shown: int = 5) -> str:
     return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
 
 
-def _extract(archive_path: Path, target: Path, scratch: Path) -> None:
-    """Extract a zip into `target`, refusing members that climb out of it (ValueError naming the member).
+def _extract(archive_path: Path, target: Path, scratch: Path, dated: float | None = None) -> None:
+    """Extract a zip into `target`, refusing members that climb out of it (ValueError naming the member). Each file
+    keeps its member's time (grading records it as the submission time), or gets `dated` when given: the time of a
+    student's own zip, whose members' times the student chose.
 
     A zip bomb fills neither the disk nor the memory: each file is written up to MAX_BYTES + 1 bytes (a larger
     notebook is then reported as too large, not lost), and a zip whose files, so counted, would bring what the run
@@ -116,8 +119,8 @@ def _extract(archive_path: Path, target: Path, scratch: Path) -> None:
             destination.parent.mkdir(parents=True, exist_ok=True)
             with archive.open(member) as reader, open(destination, "wb") as writer:
                 writer.write(reader.read(MAX_BYTES + 1))  # enough to know it is too large
-            written = calendar.timegm((*member.date_time, 0, 0, 0))  # a zip stores no zone: read as UTC
-            os.utime(destination, (written, written))  # the member's time, which grading records as submitted
+            written = calendar.timegm((*member.date_time, 0, 0, 0)) if dated is None else dated  # no zone: UTC
+            os.utime(destination, (written, written))
 
 
 def unpack(source: Path, scratch: Path) -> Path:
@@ -327,7 +330,7 @@ def _discover_into(
         elif path in outside and suffix in (".ipynb", ".zip"):
             found.submissions.append(Submission(path, display, None, None, problem=OUTSIDE_LINK))
         elif suffix == ".ipynb":
-            found.submissions.append(read_submission(path, relative, display, chapters))
+            found.submissions.append(read_submission(path, relative, display, chapters, in_student_zip=zip_depth > 0))
         elif suffix == ".zip":
             _open_nested_zip(found, path, relative, display, chapters, scratch, zip_depth)
         elif path.name not in NBGRADER_FILES:
@@ -446,7 +449,7 @@ def _open_nested_zip(
     else:
         target = Path(tempfile.mkdtemp(prefix="zip-", dir=scratch))
         try:
-            _extract(path, target, scratch)
+            _extract(path, target, scratch, dated=path.stat().st_mtime)
         except (ValueError, OSError, zipfile.BadZipFile) as error:
             problem = f"cannot open this zip: {error}"
         else:
@@ -455,10 +458,12 @@ def _open_nested_zip(
     found.submissions.append(Submission(path, display, None, None, problem=problem))
 
 
-def read_submission(path: Path, relative: Path, display: str, chapters: list[str]) -> Submission:
+def read_submission(
+    path: Path, relative: Path, display: str, chapters: list[str], in_student_zip: bool = False
+) -> Submission:
     """One notebook file: named (student, chapter) and read, or with the reason it cannot be."""
     student, chapter, problem = name_student_chapter(relative, chapters)
-    submission = Submission(path, display, student, chapter, problem=problem)
+    submission = Submission(path, display, student, chapter, problem=problem, in_student_zip=in_student_zip)
     if student is not None and problem is None and not STUDENT_ID.match(student):
         submission.problem = f"student id {student!r} has characters other than letters, digits and ._@+-"
     if submission.problem is None and path.stat().st_size > MAX_BYTES:

@@ -1,0 +1,87 @@
+"""What a file in the inbox can do before any of its code runs: its name, its links, its times, its size. Each case
+is one a red-team review of the grader found working (a secret read through a timestamp.txt link, a student dating
+their own submission, a zip named for one student holding another's notebook, a name that stalled or crashed the
+run); each must now be refused or made harmless, with a line saying so."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import time
+import zipfile
+from pathlib import Path
+
+import nbformat
+
+from course_lib.instructor import grade, submissions
+
+CHAPTER = "01_length_ledger"
+NOTEBOOK = nbformat.writes(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1")]))
+SECRET = "aws_access_key_id=AKIA_EXAMPLE_0123456789"
+
+
+def _discover(inbox: Path, tmp_path: Path) -> dict[str, submissions.Submission]:
+    scratch = tmp_path / "scratch"
+    scratch.mkdir(exist_ok=True)
+    return {s.display: s for s in submissions.discover(inbox, [CHAPTER], scratch).submissions}
+
+
+def _utc(path: Path) -> datetime.datetime:
+    return datetime.datetime.fromtimestamp(path.stat().st_mtime, tz=datetime.timezone.utc)
+
+
+def test_a_timestamp_link_is_never_followed(tmp_path):
+    """An archive unpacked with its links kept (`unzip`, `tar`) could hand in `timestamp.txt -> ~/.aws/credentials`:
+    the note quoted its first 60 characters into grades.csv and the student's feedback."""
+    secret = tmp_path / "elsewhere" / "credentials"
+    secret.parent.mkdir()
+    secret.write_text(SECRET, encoding="utf-8")
+    folder = tmp_path / "inbox" / "carl" / CHAPTER
+    folder.mkdir(parents=True)
+    (folder / f"{CHAPTER}.ipynb").write_text(NOTEBOOK, encoding="utf-8")
+    (folder / "timestamp.txt").symlink_to(secret)
+    (submission,) = _discover(tmp_path / "inbox", tmp_path).values()
+    staged, note = grade._stage_original(tmp_path / "course", submission)
+    assert note == ("the timestamp.txt beside it was left out (a symbolic link); the file's own time dates it instead")
+    assert SECRET[:10] not in staged.read_text(encoding="utf-8")
+    assert staged.read_text(encoding="utf-8") == grade.file_time(submission.path)
+
+
+def test_a_timestamp_is_read_no_further_than_a_time_can_be(tmp_path):
+    """A 20 MB timestamp.txt is judged by its first 200 bytes, and quoted by 60 characters of them."""
+    folder = tmp_path / "inbox" / "dora" / CHAPTER
+    folder.mkdir(parents=True)
+    (folder / f"{CHAPTER}.ipynb").write_text(NOTEBOOK, encoding="utf-8")
+    (folder / "timestamp.txt").write_bytes(b"2025-01-01 " + b"9" * 20 * 2**20)
+    (submission,) = _discover(tmp_path / "inbox", tmp_path).values()
+    _, note = grade._stage_original(tmp_path / "course", submission)
+    assert note.startswith("the timestamp.txt beside it was left out (not a time nbgrader writes: '2025-01-01 999")
+    assert len(note) < 200
+
+
+def test_a_students_own_zip_is_dated_by_the_zip_not_by_what_is_inside(tmp_path):
+    """The times inside a zip among the submissions are the student's to choose (a member dated 1999, a
+    timestamp.txt that says so): the zip's own time dates the submission. A zip handed to the grader as the inbox
+    itself (an LMS's download) keeps its members' times."""
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    student_zip = inbox / f"erin_{CHAPTER}.zip"
+    with zipfile.ZipFile(student_zip, "w") as archive:
+        archive.writestr(zipfile.ZipInfo(f"{CHAPTER}.ipynb", date_time=(1999, 1, 1, 0, 0, 0)), NOTEBOOK)
+        archive.writestr(zipfile.ZipInfo("timestamp.txt", date_time=(1999, 1, 1, 0, 0, 0)), "1999-01-01 00:00:00 UTC")
+    handed_in = time.mktime((2026, 3, 4, 5, 6, 7, 0, 0, -1))
+    os.utime(student_zip, (handed_in, handed_in))
+    (submission,) = _discover(inbox, tmp_path).values()
+    assert (submission.student, submission.problem, submission.in_student_zip) == ("erin", None, True)
+    assert submission.path.stat().st_mtime == handed_in
+    staged, note = grade._stage_original(tmp_path / "course", submission)
+    assert staged.read_text(encoding="utf-8") == grade.file_time(student_zip)
+    assert note == (
+        "the timestamp.txt beside it was left out (it came in the student's own zip); the file's own time dates it "
+        "instead"
+    )
+    scratch = tmp_path / "download-scratch"
+    scratch.mkdir()
+    unpacked = submissions.unpack(student_zip, scratch)  # the same zip as the inbox itself: an LMS's download
+    (member,) = submissions.discover(unpacked, [CHAPTER], scratch).submissions
+    assert not member.in_student_zip and _utc(member.path).year == 1999
