@@ -12,6 +12,7 @@ import zipfile
 from pathlib import Path
 
 import nbformat
+import pytest
 
 from course_lib.instructor import grade, submissions
 
@@ -85,3 +86,40 @@ def test_a_students_own_zip_is_dated_by_the_zip_not_by_what_is_inside(tmp_path):
     unpacked = submissions.unpack(student_zip, scratch)  # the same zip as the inbox itself: an LMS's download
     (member,) = submissions.discover(unpacked, [CHAPTER], scratch).submissions
     assert not member.in_student_zip and _utc(member.path).year == 1999
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        (
+            f"erin_{CHAPTER}.zip/frank_{CHAPTER}.ipynb",
+            "named for student 'frank' but the folder or zip it is in for 'erin'",
+        ),
+        (
+            f"erin_{CHAPTER}/frank_{CHAPTER}.ipynb",
+            "named for student 'frank' but the folder or zip it is in for 'erin'",
+        ),
+        (f"Copy of erin_{CHAPTER} (1)/Copy of frank_{CHAPTER}.ipynb", "for student 'frank' but"),
+        (f"Erin_{CHAPTER}.zip/erin_{CHAPTER}.ipynb", None),  # one student, in two cases: the file's name is read
+        (f"term1/{CHAPTER}/zoe_{CHAPTER}.ipynb", None),  # a chapter folder names no student
+        (f"mallory/alice_{CHAPTER}.ipynb", None),  # nor does a plain folder: the file's name is the student's
+    ],
+)
+def test_a_file_named_for_one_student_in_a_folder_or_zip_named_for_another_is_not_graded(tmp_path, name, expected):
+    """Which student a file is for is read from names (the grader cannot authenticate a file). Where two names claim
+    it for two students, neither is guessed: `erin_01.zip` holding `frank_01.ipynb` was graded as frank."""
+    inbox = tmp_path / "inbox"
+    container, _, member = name.partition(".zip/")
+    if member:
+        inbox.mkdir()
+        with zipfile.ZipFile(inbox / f"{container}.zip", "w") as archive:
+            archive.writestr(member, NOTEBOOK)
+    else:
+        (inbox / name).parent.mkdir(parents=True)
+        (inbox / name).write_text(NOTEBOOK, encoding="utf-8")
+    (submission,) = _discover(inbox, tmp_path).values()
+    if expected is None:
+        assert submission.problem is None, submission.problem
+        assert submission.student == Path(name).stem.removesuffix(f"_{CHAPTER}")
+    else:
+        assert expected in submission.problem and "not graded" in submission.problem, submission.problem

@@ -155,7 +155,7 @@ def name_student_chapter(relative: Path, chapters: list[str]) -> tuple[str | Non
     else:
         student, chapter = _student_from_file_name(stem, chapters)
         problem = (
-            None
+            _contradicting_folder(relative, student, chapter)
             if chapter
             else (
                 f"cannot tell student and chapter from the name {relative.as_posix()!r} (expected "
@@ -169,6 +169,22 @@ def name_student_chapter(relative: Path, chapters: list[str]) -> tuple[str | Non
             f"chapter {chapter}; move or rename it and rerun"
         )
     return student, chapter, problem
+
+
+def _contradicting_folder(relative: Path, student: str, chapter: str) -> str | None:
+    """Why a file named for one student cannot be graded inside a folder or zip named for another one of the same
+    chapter (`erin_01_x.zip/frank_01_x.ipynb`: whose is it?), or None. The folder's name counts as the student's
+    only when it is `<student>_<chapter>`, the form that names the student of a `<chapter>.ipynb` inside it."""
+    if len(relative.parts) < 2:
+        return None
+    folder = undecorated(relative.parts[-2])
+    named, same_chapter = _student_from_file_name(folder, [chapter])
+    if same_chapter is None or named.casefold() == student.casefold():
+        return None
+    return (
+        f"{relative.as_posix()!r} is named for student {student!r} but the folder or zip it is in for "
+        f"{named!r}: whose it is cannot be told, so it is not graded; move or rename it and rerun"
+    )
 
 
 def _student_from_folders(
