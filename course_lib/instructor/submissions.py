@@ -354,11 +354,27 @@ def _discover_into(
 
 
 def _display(relative: Path, prefix: Path) -> str:
-    """`olga.zip/olga_01.ipynb` for a file of an opened zip (whose prefix is `olga`), else the relative path."""
+    """`olga.zip/olga_01.ipynb` for a file of an opened zip (whose prefix is `olga`), else the relative path; as
+    printable text (`printable`), since it goes into the summary, grades.csv and the grading log."""
     if prefix == Path():
-        return relative.as_posix()
+        return printable(relative.as_posix())
     inside = relative.relative_to(prefix).as_posix()
-    return f"{prefix.as_posix()}.zip/{inside}"
+    return printable(f"{prefix.as_posix()}.zip/{inside}")
+
+
+def printable(name: str) -> str:
+    r"""A file name as one line of valid text: each character that is not printable as its escape. A name can hold a
+    newline (a forged line in the summary) and, unzipped from Latin-1, bytes that are not UTF-8, which Python reads as
+    lone surrogates that no UTF-8 file can hold.
+
+    >>> printable("ann_01.ipynb\ngraded   bob_01.ipynb")
+    'ann_01.ipynb\\ngraded   bob_01.ipynb'
+    >>> printable(b"\xe9l\xe8ve_01.ipynb".decode("utf-8", "surrogateescape"))
+    '\\udce9l\\udce8ve_01.ipynb'
+    >>> printable("张三_01.ipynb")
+    '张三_01.ipynb'
+    """
+    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in name)
 
 
 def _files_under(folder: Path, found: Found, prefix: Path) -> tuple[list[Path], set[Path]]:
