@@ -146,6 +146,34 @@ def test_names_with_newlines_or_bytes_that_are_not_utf8_are_shown_escaped(tmp_pa
     assert found[f"\\udce9t\\udce9/ann_{CHAPTER}.ipynb"].student == "ann"
 
 
+def test_a_notebook_of_too_many_cells_is_refused_before_it_is_matched(tmp_path):
+    """Matching compares every submitted cell with every cell of the chapter: 66,000 one-line cells (48 MB, under
+    the size limit) took the grader 55 s per chapter it was compared with. The cell count is checked first."""
+    many = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(")") for _ in range(submissions.MAX_CELLS + 1)])
+    notebook, problem = submissions.read_notebook(nbformat.writes(many).encode())
+    assert notebook is None
+    assert problem == f"too many cells ({submissions.MAX_CELLS + 1}; the grader reads notebooks of up to 2000)"
+    many.cells.pop()
+    notebook, problem = submissions.read_notebook(nbformat.writes(many).encode())
+    assert problem is None and len(notebook.cells) == submissions.MAX_CELLS
+
+
+def test_a_file_that_cannot_be_read_or_is_no_regular_file_fails_alone(tmp_path):
+    """A notebook the grader may not read (permissions, as a non-root instructor unpacks a student's archive) stopped
+    the whole run with a traceback; a named pipe was reported as a broken link."""
+    inbox = tmp_path / "inbox"
+    (inbox / f"dir_{CHAPTER}.ipynb").mkdir(parents=True)  # a folder by a notebook's name: reading it raises OSError
+    submission = submissions.read_submission(
+        inbox / f"dir_{CHAPTER}.ipynb", Path(f"dir_{CHAPTER}.ipynb"), "d", [CHAPTER]
+    )
+    assert submission.problem == "cannot be read: IsADirectoryError: Is a directory"
+    os.mkfifo(inbox / f"pipe_{CHAPTER}.ipynb")
+    (inbox / f"ok_{CHAPTER}.ipynb").write_text(NOTEBOOK, encoding="utf-8")
+    found = _discover(inbox, tmp_path)
+    assert found[f"pipe_{CHAPTER}.ipynb"].problem == "not a regular file (a pipe, socket or device)"
+    assert found[f"ok_{CHAPTER}.ipynb"].problem is None
+
+
 def test_text_that_a_spreadsheet_would_run_is_written_inert():
     assert grade.inert("=1+1") == "'=1+1" and grade.inert("@SUM(A1)") == "'@SUM(A1)"
     assert grade.inert("-2") == "'-2" and grade.inert("+cmd") == "'+cmd"

@@ -30,6 +30,7 @@ import nbformat
 
 STUDENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,99}$")
 MAX_BYTES = 50 * 1024 * 1024
+MAX_CELLS = 2000  # a chapter has about 100; matching costs cells x cells, so 66,000 tiny cells would stall the run
 OUTSIDE_LINK = "a symbolic link to a file outside the inbox: copy the file itself into the inbox"
 MAX_UNPACKED_BYTES = 4 * 1024**3  # what a run's zips may write to the grader's disk (files counted up to MAX_BYTES)
 JUNK_FOLDERS = {".ipynb_checkpoints", "__MACOSX"}  # Jupyter's autosaves and macOS's zip copies, never submissions
@@ -249,6 +250,9 @@ def read_notebook(data: bytes) -> tuple[Any | None, str | None]:
         return None, f"not valid JSON ({error.msg}{' ' if error.msg.endswith(' at') else ' at '}{where})"
     if not isinstance(content, dict) or not isinstance(content.get("cells", content.get("worksheets")), list):
         return None, "valid JSON but not a Jupyter notebook (no list of cells)"
+    cells = content.get("cells", content.get("worksheets"))
+    if len(cells) > MAX_CELLS:
+        return None, f"too many cells ({len(cells)}; the grader reads notebooks of up to {MAX_CELLS})"
     content = _valid_text(content)
     for cell in content.get("cells") or []:  # before nbformat, which refuses a cell without metadata
         if isinstance(cell, dict):
@@ -411,7 +415,12 @@ def _files_under(folder: Path, found: Found, prefix: Path) -> tuple[list[Path], 
         for name in names:
             path = Path(directory) / name
             if not path.is_file():
-                refuse(path, "a link to nothing (a broken symbolic link)")
+                refuse(
+                    path,
+                    "a link to nothing (a broken symbolic link)"
+                    if not path.exists()
+                    else "not a regular file (a pipe, socket or device)",
+                )
                 continue
             files.append(path)
             if not _within(os.path.realpath(path), inside):
@@ -498,10 +507,14 @@ def read_submission(
     submission = Submission(path, display, student, chapter, problem=problem, in_student_zip=in_student_zip)
     if student is not None and problem is None and not STUDENT_ID.match(student):
         submission.problem = f"student id {student!r} has characters other than letters, digits and ._@+-"
-    if submission.problem is None and path.stat().st_size > MAX_BYTES:
-        submission.problem = f"file too large ({path.stat().st_size / 1e6:.0f} MB)"  # not read into memory
+    try:
+        if submission.problem is None and path.stat().st_size > MAX_BYTES:
+            submission.problem = f"file too large ({path.stat().st_size / 1e6:.0f} MB)"  # not read into memory
+        if submission.problem is None:
+            submission.raw = path.read_bytes()
+    except OSError as error:  # no read permission (a non-root grader), a file gone since the walk
+        submission.problem = f"cannot be read: {type(error).__name__}: {error.strerror}"
     if submission.problem is None:
-        submission.raw = path.read_bytes()
         submission.notebook, submission.problem = read_notebook(submission.raw)
     return submission
 
