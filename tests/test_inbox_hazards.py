@@ -178,3 +178,8 @@ def test_text_that_a_spreadsheet_would_run_is_written_inert():
     assert grade.inert("=1+1") == "'=1+1" and grade.inert("@SUM(A1)") == "'@SUM(A1)"
     assert grade.inert("-2") == "'-2" and grade.inert("+cmd") == "'+cmd"
     assert grade.inert("alice") == "alice" and grade.inert(3.0) == 3.0 and grade.inert("") == ""
+
+
+def test_the_design_notes_quote_the_limits_the_grader_applies():
+    notes = (Path(__file__).resolve().parents[1] / "docs" / "grading-design.md").read_text(encoding="utf-8")
+    assert f"a notebook over {submissions.MAX_BYTES // 2**20} MB or {submissions.MAX_CELLS:,} cells" in notes
