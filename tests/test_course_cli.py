@@ -950,7 +950,7 @@ def test_a_roster_without_an_id_column_or_with_a_repeated_id_is_refused(tmp_path
     with pytest.raises(ValueError, match="line 2: id 'ann smith' is not a student id"):
         grade.read_roster(bad)
     bad.write_text("id\nann\n", encoding="utf-8")
-    assert grade.read_roster(bad) == {"ann": ("", "")}
+    assert grade.read_roster(bad) == {"ann": (None, None)}  # no name columns: the gradebook's names stay
 
 
 def test_a_roster_id_in_another_case_names_the_student_already_graded(tmp_path):

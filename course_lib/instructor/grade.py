@@ -78,6 +78,9 @@ class GradeRun:
         return sum(1 for o in self.outcomes if o.status == status)
 
 
+Names = tuple[str | None, str | None]  # a roster's (first name, last name); None: the roster has no such column
+
+
 @dataclass
 class Chapter:
     name: str
@@ -164,7 +167,7 @@ def _look_alike(notebook: Any, root: Path, filed_as: str) -> str:
 class NbgraderRecorder:
     """nbgrader's autograde without its Execute step, run in this process on already executed notebooks."""
 
-    def __init__(self, root: Path, staging: Path, roster: Mapping[str, tuple[str, str]] | None = None):
+    def __init__(self, root: Path, staging: Path, roster: Mapping[str, Names] | None = None):
         from nbconvert.preprocessors import ClearMetadataPreprocessor
         from nbgrader.apps import NbGraderAPI
         from nbgrader.coursedir import CourseDirectory
@@ -243,7 +246,7 @@ class NbgraderRecorder:
         return cell_scores(self.root, chapter, student)
 
 
-def name_student(root: Path, student: str, names: tuple[str, str] | None) -> None:
+def name_student(root: Path, student: str, names: Names | None) -> None:
     """The student's (first, last) name in the gradebook, for formgrader, which shows "None, None" without one.
 
     A roster's names replace what is there; without a roster, a student who has no name yet gets the id as last
@@ -255,21 +258,24 @@ def name_student(root: Path, student: str, names: tuple[str, str] | None) -> Non
         _name_in(gradebook, student, names)
 
 
-def _name_in(gradebook: Any, student: str, names: tuple[str, str] | None) -> None:
-    """name_student's rule, in a gradebook the caller has open."""
+def _name_in(gradebook: Any, student: str, names: Names | None) -> None:
+    """name_student's rule, in a gradebook the caller has open. A name the roster leaves out (None: no such column)
+    stays as it is, as `nbgrader db student import` leaves it."""
     from nbgrader.api import MissingEntry
 
     try:
         known = gradebook.find_student(student)
     except MissingEntry:
         known = None
-    if names is not None:
-        gradebook.update_or_create_student(student, first_name=names[0], last_name=names[1])
-    elif known is None or (known.first_name is None and known.last_name is None):
-        gradebook.update_or_create_student(student, first_name="", last_name=student)
+    given = dict(zip(("first_name", "last_name"), names or (None, None), strict=True))
+    given = {field: name for field, name in given.items() if name is not None}
+    if known is None or (known.first_name is None and known.last_name is None):
+        gradebook.update_or_create_student(student, **{"first_name": "", "last_name": student, **given})
+    elif given:
+        gradebook.update_or_create_student(student, **given)
 
 
-def apply_roster(root: Path, roster: Mapping[str, tuple[str, str]]) -> None:
+def apply_roster(root: Path, roster: Mapping[str, Names]) -> None:
     """Every roster student in the gradebook under the roster's names, whether or not this run grades them: one
     without a submission is listed (formgrader shows what is missing), and a run that skips every file still
     renames. A roster id that differs only in case from a student already in the gradebook names that student (no
@@ -282,19 +288,25 @@ def apply_roster(root: Path, roster: Mapping[str, tuple[str, str]]) -> None:
             _name_in(gradebook, known.get(student.casefold(), student), names)
 
 
-def read_roster(path: Path) -> dict[str, tuple[str, str]]:
+def read_roster(path: Path) -> dict[str, Names]:
     """student id -> (first name, last name), from a CSV as `nbgrader db student import` reads it: a header row
-    with `id` and optional `first_name`, `last_name` (other columns, e.g. email, are ignored)."""
+    with `id` and optional `first_name`, `last_name` (spaces around a column's name do not count; other columns,
+    e.g. email, are ignored). A name column the roster lacks reads as None: the gradebook's name stays."""
     path = Path(path)
     try:
         with path.open(newline="", encoding="utf-8-sig") as handle:
-            rows = list(csv.DictReader(handle))
-            header = rows[0].keys() if rows else []
+            reader = csv.DictReader(handle)
+            header = [name.strip() for name in reader.fieldnames or []]
+            reader.fieldnames = header
+            rows = list(reader)
     except (OSError, UnicodeDecodeError, csv.Error) as error:
         raise ValueError(f"roster {path}: cannot be read as CSV ({error})") from error
     if "id" not in header:
         raise ValueError(f"roster {path}: needs a header row with an 'id' column, got {sorted(header)}")
-    roster = {}
+    if not rows:
+        raise ValueError(f"roster {path}: has a header row but no student under it")
+    roster: dict[str, Names] = {}
+    seen: dict[str, str] = {}
     for number, row in enumerate(rows, start=2):
         student = (row.get("id") or "").strip()
         if not student:
@@ -304,9 +316,13 @@ def read_roster(path: Path) -> dict[str, tuple[str, str]]:
                 f"roster {path}, line {number}: id {student!r} is not a student id the grader reads from a file "
                 "name (letters, digits and ._@+-, starting with a letter or digit)"
             )
-        if student in roster:
-            raise ValueError(f"roster {path}, line {number}: id {student!r} appears twice")
-        roster[student] = ((row.get("first_name") or "").strip(), (row.get("last_name") or "").strip())
+        if student.casefold() in seen:
+            same = "" if seen[student.casefold()] == student else f" (as {seen[student.casefold()]!r}: one student)"
+            raise ValueError(f"roster {path}, line {number}: id {student!r} appears twice{same}")
+        seen[student.casefold()] = student
+        roster[student] = tuple(
+            (row.get(column) or "").strip() if column in header else None for column in ("first_name", "last_name")
+        )
     return roster
 
 
@@ -442,7 +458,7 @@ def grade_submissions(
     progress: bool = True,
     kernel_name: str | None = None,
     confinement: confined.Confinement | None = None,
-    roster: Mapping[str, tuple[str, str]] | None = None,
+    roster: Mapping[str, Names] | None = None,
 ) -> GradeRun:
     """Grade every submission under `source` (folder or zip) into the course at `root`.
 
@@ -568,7 +584,7 @@ def _execute_and_record(
     kernel_name: str | None,
     confinement: confined.Confinement,
     staging: Path,
-    roster: Mapping[str, tuple[str, str]] | None = None,
+    roster: Mapping[str, Names] | None = None,
 ) -> list[Outcome]:
     from tqdm import tqdm
 
