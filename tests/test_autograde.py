@@ -42,6 +42,7 @@ def test_nbgrader_autograde_solution_blank_and_mutant(name, tmp_path):
     completed = autograde.autograde(root, name)
     elapsed = time.perf_counter() - started
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    assert "not recognized by `Execute`" not in completed.stderr, completed.stderr[-3000:]  # every option is read
     assert elapsed < 3 * 60, f"{name}: three submissions took {elapsed:.0f} s (budget: under 60 s each)"
     graded = {student: autograde.cell_scores(root, name, student) for student in staged}
     assert graded["instructor"] and all(score == top for score, top in graded["instructor"].values()), graded
