@@ -60,7 +60,7 @@ def _grade(args: argparse.Namespace) -> int:
     if not (Path(args.root) / "nbgrader_config.py").exists():
         print(f"course grade: {args.root} is not a course root (no nbgrader_config.py)", file=sys.stderr)
         return 2
-    from course_lib.instructor import confined, sandbox
+    from course_lib.instructor import confined, recording, sandbox
 
     if args.sandbox == "none":
         print(
@@ -96,7 +96,7 @@ def _grade(args: argparse.Namespace) -> int:
             confinement=confinement,
             roster=roster,
         )
-    except (sandbox.SandboxUnavailable, confined.GraderUnavailable) as error:
+    except (sandbox.SandboxUnavailable, confined.GraderUnavailable, recording.CourseBusy) as error:
         print(f"course grade: {error}", file=sys.stderr)
         return 2
     except ValueError as error:

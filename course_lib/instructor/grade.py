@@ -27,7 +27,6 @@ import os
 import re
 import shutil
 import sys
-import tempfile
 import time
 import traceback
 import warnings
@@ -42,6 +41,7 @@ from ..grading import checker
 from . import build, cells, confined, feedback, gradelog, match, sandbox, submissions
 from .build import interpreter_bin_on_path
 from .cells import nbgrader_meta
+from .recording import all_or_nothing, course_lock, recover
 
 
 @dataclass
@@ -477,7 +477,8 @@ def grade_submissions(
     workers = max(1, workers or os.cpu_count() or 1)
     outcomes: list[Outcome] = []
     found = submissions.Found()
-    with _interpreter_tools_on_path():
+    with course_lock(root), _interpreter_tools_on_path():
+        put_back = recover(root)
         if kernel_name is not None:
             _require_kernel(kernel_name)
         scratch = submissions.scratch_dir(root)
@@ -513,7 +514,7 @@ def grade_submissions(
             shutil.rmtree(scratch, ignore_errors=True)
         order = {s.display: i for i, s in enumerate(found.submissions)}
         outcomes.sort(key=lambda o: order.get(o.display, 0))
-        run = GradeRun(outcomes, time.perf_counter() - started, workers, notes=found.ignored())
+        run = GradeRun(outcomes, time.perf_counter() - started, workers, notes=put_back + found.ignored())
         run.csv_path = export_csv(root, out / "grades.csv", gradelog.update_log(root, outcomes))
     return run
 
@@ -688,47 +689,6 @@ def _record_one(
 
 class RecordingFailed(Exception):
     """nbgrader could not record a submission (its own message)."""
-
-
-@contextlib.contextmanager
-def all_or_nothing(root: Path, out: Path, student: str, chapter: str) -> Iterator[None]:
-    """What recording one submission writes (the gradebook, autograded/<student>/<chapter>/, its feedback folder)
-    is kept only when the block finishes; an exception puts all three back as they were, then propagates.
-
-    The copies go to a folder in the course root (the same file system) and are removed afterwards.
-    """
-    saved = Path(tempfile.mkdtemp(prefix=".recording-", dir=root))
-    gradebook = root / "gradebook.db"
-    folders = [root / "autograded" / student / chapter, out / "feedback" / student / chapter]
-    try:
-        if gradebook.exists():
-            _copy_database(gradebook, saved / "gradebook.db")
-        for index, folder in enumerate(folders):
-            if folder.exists():
-                shutil.copytree(folder, saved / str(index), symlinks=True)
-        yield
-    except BaseException:
-        if (saved / "gradebook.db").exists():
-            _copy_database(saved / "gradebook.db", gradebook)
-        for index, folder in enumerate(folders):
-            shutil.rmtree(folder, ignore_errors=True)
-            if (saved / str(index)).exists():
-                shutil.copytree(saved / str(index), folder, symlinks=True)
-        raise
-    finally:
-        shutil.rmtree(saved, ignore_errors=True)
-
-
-def _copy_database(source: Path, target: Path) -> None:
-    """sqlite's online backup: a consistent copy page by page, into a new or an existing database file."""
-    import sqlite3
-
-    reader, writer = sqlite3.connect(source), sqlite3.connect(target)
-    try:
-        reader.backup(writer)
-    finally:
-        reader.close()
-        writer.close()
 
 
 def _ordered(scores: dict[str, tuple[float, float]], notebook: Any) -> list[tuple[str, tuple[float, float]]]:

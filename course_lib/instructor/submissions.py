@@ -28,6 +28,8 @@ from typing import Any
 
 import nbformat
 
+from . import recording
+
 STUDENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,99}$")
 MAX_BYTES = 50 * 1024 * 1024
 MAX_CELLS = 2000  # a chapter has about 100; matching costs cells x cells, so 66,000 tiny cells would stall the run
@@ -36,7 +38,8 @@ MAX_UNPACKED_BYTES = 4 * 1024**3  # what a run's zips may write to the grader's 
 JUNK_FOLDERS = {".ipynb_checkpoints", "__MACOSX"}  # Jupyter's autosaves and macOS's zip copies, never submissions
 JUNK_FILES = {".DS_Store", "Thumbs.db", "desktop.ini"}
 # The course's own folders and output files, left out when the grader is pointed at the course root itself.
-COURSE_FOLDERS = {"autograded", "chapters", "feedback", "release", "source"}
+COURSE_FOLDERS = {"autograded", "chapters", "exchange", "feedback", "release", "source"}
+GRADER_OWN = (recording.LOCK_NAME, recording.SAVED_PREFIX, recording.SCRATCH_PREFIX)  # beginnings of names
 COURSE_OUTPUTS = re.compile(
     r"^feedback-.+\.zip$"
 )  # the feedback zips docs/instructors.md's loop writes into the course root
@@ -76,7 +79,8 @@ class Found:
             (self.junk, "copies and system files (__MACOSX/, .ipynb_checkpoints/, .DS_Store), not submissions"),
             (
                 self.course_files,
-                "the course's own (autograded/, chapters/, feedback/, release/, source/, feedback-*.zip)",
+                "the course's own (autograded/, chapters/, exchange/, feedback/, release/, source/, "
+                "feedback-*.zip, the grader's .grading*)",
             ),
             (self.other_files, "neither a notebook (.ipynb) nor a zip"),
         ]
@@ -343,6 +347,7 @@ def _discover_into(
             and relative.parts[0] in COURSE_FOLDERS
             or len(relative.parts) == 1
             and COURSE_OUTPUTS.match(relative.name)
+            or relative.parts[0].startswith(GRADER_OWN)
         ):
             found.course_files.append(display)
         elif any(part.startswith(".") for part in relative.parts):
@@ -560,4 +565,4 @@ def flag_case_clashes(submissions: list[Submission], graded_before: list[str]) -
 def scratch_dir(root: Path) -> Path:
     """The grader's own scratch space, inside the course root: never beside the kernels' temporary folders,
     where student code could reach unzipped submissions or executed notebooks by a relative path."""
-    return Path(tempfile.mkdtemp(prefix=".grading-", dir=root))
+    return Path(tempfile.mkdtemp(prefix=recording.SCRATCH_PREFIX, dir=root))
