@@ -102,7 +102,12 @@ def _grade(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"course grade: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("course grade: stopped before any submission was recorded", file=sys.stderr)
+        return 130
     print(grade.summary(run))
+    if run.stopped:
+        return 130
     return 1 if run.count("failed") or run.count("regrade") else 0
 
 

@@ -4,9 +4,12 @@ once: no grade is lost or half recorded, and the next run grades what is left. R
 from __future__ import annotations
 
 import csv
+import json
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -55,6 +58,49 @@ def _graded(root: Path) -> dict[str, str]:
     """student -> score in grades.csv, for the rows graded."""
     with open(root / "grades.csv", encoding="utf-8", newline="") as table:
         return {row["student"]: row["score"] for row in csv.DictReader(table) if row["status"] == "graded"}
+
+
+def _stop_after_the_first_record(root: Path, inbox: Path, signum: int) -> tuple[subprocess.CompletedProcess, float]:
+    """Start a run, send `signum` once one more feedback page is written; the run's output and how long it took
+    to end after the signal."""
+    pages_before = len(list((root / "feedback").rglob("*.html"))) if (root / "feedback").exists() else 0
+    process = subprocess.Popen(
+        _grade(root, inbox), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=root.parent
+    )
+    deadline = time.monotonic() + 300
+    while len(list((root / "feedback").rglob("*.html"))) <= pages_before:
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, "no submission was recorded in 300 s"
+        time.sleep(0.05)
+    process.send_signal(signum)
+    sent = time.monotonic()
+    stdout, stderr = process.communicate(timeout=120)
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr), time.monotonic() - sent
+
+
+def test_ctrl_c_and_sigterm_stop_the_run_keep_its_grades_and_a_rerun_grades_the_rest(course, tmp_path):
+    """SIGTERM killed the run outright (nothing cleaned up, a recording could be half done); Ctrl-C made it wait for
+    every queued submission and then threw their work away, or, inside nbgrader (which catches every exception),
+    marked the student failed. Now either stops within seconds: the grades recorded stay, with their log entries
+    and grades.csv rows, nothing is half recorded, and the same command grades the rest."""
+    students = ["ann", "ben", "cal", "dee", "eve"]
+    root, inbox = _fresh(course, tmp_path, students)
+    for signum, exited in ((signal.SIGTERM, 130), (signal.SIGINT, 130)):
+        stopped, seconds = _stop_after_the_first_record(root, inbox, signum)
+        assert stopped.returncode == exited, stopped.stdout + stopped.stderr[-3000:]
+        assert "stopped (Ctrl-C or SIGTERM) before the end" in stopped.stdout, stopped.stdout
+        assert seconds < 30, f"the run took {seconds:.0f} s to stop"  # a submission takes about 12 s here
+        graded_lines = [line for line in stopped.stdout.splitlines() if line.startswith("graded   ")]
+        assert graded_lines and all(line.endswith("8/8") for line in graded_lines), stopped.stdout
+        assert not list(root.glob(".recording-*")) and not list(root.glob(".grading-*"))
+    graded = _graded(root)
+    assert 2 <= len(graded) < len(students) and set(graded.values()) == {"8.0"}, graded
+    log = json.loads((root / "grading_log.json").read_text(encoding="utf-8"))
+    assert {entry["student"] for entry in log.values()} == set(graded)
+    rest = subprocess.run(_grade(root, inbox), capture_output=True, text=True, env=_env(), timeout=600)
+    assert rest.returncode == 0, rest.stdout + rest.stderr[-3000:]
+    assert f"graded {len(students) - len(graded)}, failed 0, skipped {len(graded)}" in rest.stdout, rest.stdout
+    assert _graded(root) == dict.fromkeys(students, "8.0")
 
 
 def test_a_run_killed_while_recording_is_put_back_and_graded_again(course, tmp_path):

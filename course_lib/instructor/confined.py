@@ -292,7 +292,9 @@ def needs_regrade(checked: CheckerResult) -> str | None:
 
 def grade_all(jobs: list[dict[str, Any]], workers: int, confinement: Confinement, on_result: Any) -> None:
     """Both runs of every job (`{"key", "kernel": ..., "checker": ...}`), `workers` submissions at a time;
-    on_result(key, kernel answer, CheckerResult) in this thread, one at a time (the gradebook has one writer)."""
+    on_result(key, kernel answer, CheckerResult) in this thread, one at a time (the gradebook has one writer).
+    An exception here (KeyboardInterrupt from Ctrl-C, or from on_result) stops the run within moments: the
+    sandboxes still running are killed, the jobs not started never start."""
     slots: queue.SimpleQueue[int] = queue.SimpleQueue()
     for slot in range(max(1, workers)):
         slots.put(slot)
@@ -304,7 +306,9 @@ def grade_all(jobs: list[dict[str, Any]], workers: int, confinement: Confinement
         finally:
             slots.put(slot)
 
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+    sandbox.STOP.clear()
+    pool = ThreadPoolExecutor(max_workers=max(1, workers))
+    try:
         futures: list[tuple[str, Future]] = [(job["key"], pool.submit(both, job)) for job in jobs]
         for key, future in futures:
             try:
@@ -313,3 +317,8 @@ def grade_all(jobs: list[dict[str, Any]], workers: int, confinement: Confinement
                 answer = {"problem": f"the grader could not run this notebook: {type(error).__name__}: {error}"}
                 checked = CheckerResult(ended=answer["problem"])
             on_result(key, answer, checked)
+    except BaseException:  # Ctrl-C: kill the running sandboxes, start no other, return at once
+        sandbox.STOP.set()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)

@@ -26,7 +26,9 @@ import csv
 import os
 import re
 import shutil
+import signal
 import sys
+import threading
 import time
 import traceback
 import warnings
@@ -73,6 +75,7 @@ class GradeRun:
     workers: int
     csv_path: Path | None = None
     notes: list[str] = field(default_factory=list)  # files left out on purpose, one line per kind
+    stopped: bool = False  # by Ctrl-C or SIGTERM: the submissions not in `outcomes` were not graded
 
     def count(self, status: str) -> int:
         return sum(1 for o in self.outcomes if o.status == status)
@@ -477,7 +480,8 @@ def grade_submissions(
     workers = max(1, workers or os.cpu_count() or 1)
     outcomes: list[Outcome] = []
     found = submissions.Found()
-    with course_lock(root), _interpreter_tools_on_path():
+    stopped = False
+    with course_lock(root), _interpreter_tools_on_path(), _stopping_on_signals():
         put_back = recover(root)
         if kernel_name is not None:
             _require_kernel(kernel_name)
@@ -497,7 +501,7 @@ def grade_submissions(
             chapters = load_chapters(root, {s.chapter for s in found.submissions if s.chapter and s.problem is None})
             ready = _prepare_all(root, found.submissions, chapters, force, outcomes)
             if ready:
-                outcomes += _execute_and_record(
+                _execute_and_record(
                     root,
                     out,
                     ready,
@@ -509,12 +513,16 @@ def grade_submissions(
                     confinement=confinement,
                     staging=scratch / "executed",
                     roster=roster,
+                    outcomes=outcomes,
                 )
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: what was recorded stays, and the log and grades.csv say so
+            stopped = True
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         order = {s.display: i for i, s in enumerate(found.submissions)}
         outcomes.sort(key=lambda o: order.get(o.display, 0))
         run = GradeRun(outcomes, time.perf_counter() - started, workers, notes=put_back + found.ignored())
+        run.stopped = stopped
         run.csv_path = export_csv(root, out / "grades.csv", gradelog.update_log(root, outcomes))
     return run
 
@@ -532,6 +540,26 @@ def _interpreter_tools_on_path() -> Iterator[None]:
             os.environ.pop("PATH", None)
         else:
             os.environ["PATH"] = saved
+
+
+@contextlib.contextmanager
+def _stopping_on_signals() -> Iterator[None]:
+    """Ctrl-C and SIGTERM stop the run: KeyboardInterrupt where it is, and sandbox.STOP for the code that catches
+    it (nbgrader catches every exception while it records). Only in the main thread, where signals arrive."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        sandbox.STOP.set()
+        raise KeyboardInterrupt
+
+    before = {number: signal.signal(number, stop) for number in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for number, handler in before.items():
+            signal.signal(number, handler)
 
 
 def _nothing_found(source: Path, found: submissions.Found, seconds: float, workers: int) -> GradeRun:
@@ -586,7 +614,10 @@ def _execute_and_record(
     confinement: confined.Confinement,
     staging: Path,
     roster: Mapping[str, Names] | None = None,
+    outcomes: list[Outcome] | None = None,
 ) -> list[Outcome]:
+    """Run and record every ready submission; each outcome goes into `outcomes` (and the grading log) as it is
+    recorded, so that a run stopped half way keeps what it recorded."""
     from tqdm import tqdm
 
     recorder = NbgraderRecorder(root, staging, roster)
@@ -599,7 +630,7 @@ def _execute_and_record(
         stamps[submission.key], note = _stage_original(root, submission)
         prepared.notes += [note] if note else []
     by_key = {s.key: (s, p) for s, p in ready}
-    outcomes = []
+    outcomes = [] if outcomes is None else outcomes
     bar = tqdm(total=len(ready), desc="grading", unit="nb", disable=not progress, file=sys.stderr)
 
     def record(key: str, answer: dict, checked: confined.CheckerResult) -> None:
@@ -608,6 +639,7 @@ def _execute_and_record(
         outcome = _record_one(recorder, out, submission, prepared, answer, checked, hidden, stamps[submission.key])
         outcome.notes += confinement_notes(confinement.mode, checked)
         outcomes.append(outcome)
+        gradelog.update_log(root, [outcome], new_run=False)  # a run killed later keeps this one's notes
         bar.update(1)
 
     confined.grade_all(_jobs(ready, chapters, limits, kernel_name), workers, confinement, record)
@@ -657,6 +689,8 @@ def _record_one(
         outcome.notes += notes + confined.apply_verdicts(executed, checked, hidden)
         with all_or_nothing(recorder.root, out, submission.student, submission.chapter):
             error = recorder.record(submission.student, submission.chapter, executed, stamp)
+            if sandbox.STOP.is_set():  # Ctrl-C inside nbgrader, which catches everything: not this notebook's fault
+                raise KeyboardInterrupt
             if error:
                 raise RecordingFailed(error)
             messages = feedback.graded_messages(executed)
@@ -788,6 +822,11 @@ def summary(run: GradeRun) -> str:
         else:
             lines.append(f"{o.status:<8} {o.display}: {o.reason}")
     lines += run.notes
+    if run.stopped:
+        lines.append(
+            "stopped (Ctrl-C or SIGTERM) before the end: the submissions graded above are recorded, none was half "
+            "recorded, the others were not graded; run the same command again to grade them"
+        )
     per_minute = 60 * run.count("graded") / run.seconds if run.seconds else 0.0
     if run.count("regrade"):
         lines.append(

@@ -46,9 +46,10 @@ def _unnamed(entry: dict[str, Any]) -> bool:
     return entry.get("student") == entry.get("file")
 
 
-def update_log(root: Path, outcomes: list[Any]) -> dict[str, dict[str, Any]]:
-    """Record this run's graded and failed outcomes (student, chapter, status, reason, notes, file) -> the log."""
-    log = {key: entry for key, entry in read_log(root).items() if not _unnamed(entry)}  # this run reports its own
+def update_log(root: Path, outcomes: list[Any], new_run: bool = True) -> dict[str, dict[str, Any]]:
+    """Record graded and failed outcomes (student, chapter, status, reason, notes, file) -> the log. new_run: these
+    are a whole run's, whose unnamed failures replace the earlier runs'; False: one more outcome of a run going on."""
+    log = {key: entry for key, entry in read_log(root).items() if not (new_run and _unnamed(entry))}
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
     for outcome in sorted(outcomes, key=lambda o: o.status == "graded"):  # within a run, a grade outranks a
         if outcome.status not in ("graded", "failed", "regrade"):  # failed file of the same name (a .pdf)
@@ -67,5 +68,5 @@ def update_log(root: Path, outcomes: list[Any]) -> dict[str, dict[str, Any]]:
     path = root / LOG_NAME
     partial = path.with_suffix(".partial")
     partial.write_text(json.dumps(log, ensure_ascii=False, indent=1, sort_keys=True), encoding="utf-8")
-    os.replace(partial, path)  # a crash mid-write never leaves half a log
+    os.replace(partial, path)  # a crash mid-write never leaves half a log (one writer: recording.course_lock)
     return log

@@ -72,6 +72,7 @@ import site
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -113,6 +114,7 @@ FIX = (
 )
 SLOT_UID_BASE = 61_000  # root's concurrent sandboxes run as 61000, 61001, ... (no user has them on a normal system)
 _BWRAP_TASKS = 2  # bwrap's own tasks of the sandbox uid: the setup process and the PID namespace's reaper
+STOP = threading.Event()  # set when the run is being stopped (Ctrl-C): every sandbox still running is killed
 _GRACE_S = 5.0  # after the command ended or was killed, how long pipes may stay open before we stop reading
 _KiB, _MiB, _GiB = 1 << 10, 1 << 20, 1 << 30
 
@@ -717,6 +719,9 @@ def _communicate(
     try:
         while any(key.fd in fds for key in selector.get_map().values()):
             now = time.monotonic()
+            if ended_at is None and STOP.is_set():
+                ended_at = now
+                _kill_group(process)
             if not timed_out and now >= deadline:
                 timed_out, ended_at = True, now
                 _kill_group(process)
