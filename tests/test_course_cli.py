@@ -1020,3 +1020,22 @@ def test_names_that_crashed_or_forged_the_run_are_graded_or_failed_and_shown_esc
         rows = {row["student"]: row for row in csv.DictReader(table)}
     assert rows["gina"]["score"] == "8.0"
     assert "'" + formula in rows and not [student for student in rows if student.startswith("=")], sorted(rows)
+
+
+def test_a_recording_nbgrader_refuses_is_reported_with_its_cause(built, tmp_path):
+    """nbgrader's own exception says only "Please see the above traceback", and grades.csv kept its last 600
+    characters; the cause (here a cell's points that are not a number) is in the log nbgrader captured."""
+    import copy
+
+    from course_lib.instructor import grade
+
+    _, root, _ = built
+    course = tmp_path / "course"
+    shutil.copytree(root, course)
+    notebook = copy.deepcopy(cells.read(course / "release" / CHAPTER / f"{CHAPTER}.ipynb"))
+    graded = next(cell for cell in notebook.cells if cells.nbgrader_meta(cell).get("grade"))
+    graded.metadata["nbgrader"]["points"] = "abc"
+    with grade._interpreter_tools_on_path():
+        recorder = grade.NbgraderRecorder(course, tmp_path / "staging")
+        error = recorder.record("zoe", CHAPTER, notebook, None)
+    assert error == "nbgrader autograde failed: ValueError: could not convert string to float: 'abc'"

@@ -241,12 +241,32 @@ class NbgraderRecorder:
             name_student(self.root, student, self.roster.get(student))
             result = self.api.autograde(chapter, student, force=True, create=True)
         shutil.rmtree(folder, ignore_errors=True)
-        if not result.get("success"):
-            return "nbgrader autograde failed: " + str(result.get("error") or result.get("log", ""))[-600:]
-        return None
+        return None if result.get("success") else "nbgrader autograde failed: " + nbgrader_cause(result)
 
     def scores(self, student: str, chapter: str) -> dict[str, tuple[float, float]]:
         return cell_scores(self.root, chapter, student)
+
+
+# the last line of a Python traceback: `ValueError: could not convert string to float: 'abc'`
+EXCEPTION_LINE = re.compile(r"^\s*(?:[A-Za-z_][\w.]*\.)?([A-Z]\w*(?:Error|Exception|Exit|Interrupt))(?::\s*(.*))?$")
+
+
+def nbgrader_cause(result: Mapping[str, Any]) -> str:
+    """Why nbgrader's API call failed, in a line: the last exception its log or traceback names. Its own exception
+    (NbGraderException) only says "Please see the above traceback"; the cause is in the log it captured.
+
+    >>> nbgrader_cause({"log": "[ERROR] Traceback ...\\n    ValueError: could not convert string to float: 'abc'",
+    ...                 "error": "nbgrader.converters.base.NbGraderException: Please see the above traceback"})
+    "ValueError: could not convert string to float: 'abc'"
+    """
+    lines = f"{result.get('log') or ''}\n{result.get('error') or ''}".splitlines()
+    causes = [
+        f"{match[1]}: {match[2]}" if match[2] else match[1]
+        for match in map(EXCEPTION_LINE.match, lines)
+        if match and match[1] != "NbGraderException"
+    ]
+    last = next((line.strip() for line in reversed(lines) if line.strip()), "no reason given")
+    return (causes[-1] if causes else last)[:300]
 
 
 def name_student(root: Path, student: str, names: Names | None) -> None:
