@@ -60,15 +60,23 @@ def _graded(root: Path) -> dict[str, str]:
         return {row["student"]: row["score"] for row in csv.DictReader(table) if row["status"] == "graded"}
 
 
+def _logged(root: Path) -> int:
+    """How many submissions the grading log holds: one is logged once its recording is done."""
+    try:
+        return len(json.loads((root / "grading_log.json").read_text(encoding="utf-8")))
+    except (FileNotFoundError, ValueError):
+        return 0
+
+
 def _stop_after_the_first_record(root: Path, inbox: Path, signum: int) -> tuple[subprocess.CompletedProcess, float]:
-    """Start a run, send `signum` once one more feedback page is written; the run's output and how long it took
-    to end after the signal."""
-    pages_before = len(list((root / "feedback").rglob("*.html"))) if (root / "feedback").exists() else 0
+    """Start a run, send `signum` once one more submission is recorded (logged: its feedback page alone may belong
+    to a recording the signal then puts back); the run's output and how long it took to end after the signal."""
+    logged_before = _logged(root)
     process = subprocess.Popen(
         _grade(root, inbox), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=root.parent
     )
     deadline = time.monotonic() + 300
-    while len(list((root / "feedback").rglob("*.html"))) <= pages_before:
+    while _logged(root) <= logged_before:
         assert process.poll() is None, process.communicate()
         assert time.monotonic() < deadline, "no submission was recorded in 300 s"
         time.sleep(0.05)
