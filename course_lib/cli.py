@@ -23,7 +23,7 @@ from course_lib.instructor import build as nb_build
 def _build(args: argparse.Namespace) -> int:
     try:
         builds = nb_build.build_course(args.root, release=not args.no_release, only=args.chapters or None)
-    except nb_build.UnknownChapterError as error:
+    except (nb_build.UnknownChapterError, nb_build.CourseBusy) as error:
         print(error, file=sys.stderr)
         return 2
     if not builds:

@@ -72,32 +72,36 @@ def _killed_while_recording(root: Path, student: str) -> None:
     assert killed.returncode == -9, killed.stderr[-2000:]
 
 
-def test_a_recording_killed_half_way_is_put_back_by_the_next_run(tmp_path):
+def test_a_recording_killed_half_way_is_left_ungraded_by_the_next_run(tmp_path):
     """SIGKILL (or a power cut) inside the recording left a submission row without scores and an autograded folder:
-    grades.csv showed 0 and every later run skipped the student as already graded. `recover` puts the gradebook and
-    the folders back as they were before the recording, and says so."""
+    grades.csv showed 0 and every later run skipped the student as already graded. `recover` removes that one
+    submission (row and folders) and says so; the rest of the gradebook, a grade typed in formgrader after the kill
+    included, stays as it is."""
     root = _course_with_bob(tmp_path)
     _killed_while_recording(root, "alice")
     assert _has_submission(root, "alice") and list(root.glob(".recording-*"))
+    with _gradebook(root) as gradebook:  # the instructor grades by hand in formgrader before the next run
+        gradebook.add_student("carol")
+        gradebook.add_submission(CHAPTER, "carol")
     notes = recording.recover(root)
     assert notes == [
-        f"put back the gradebook and folders of alice/{CHAPTER} as they were before a run was stopped while "
-        "recording it: grade it again (it is not graded now)"
+        f"alice/{CHAPTER}: a run was stopped while recording it, so it is left ungraded (an earlier grade of it "
+        "too); it is graded again when its file is in the inbox"
     ]
-    assert not _has_submission(root, "alice") and _has_submission(root, "bob")
-    assert not (root / "autograded" / "alice").exists() or not any((root / "autograded" / "alice").rglob("*"))
+    assert not _has_submission(root, "alice") and _has_submission(root, "bob") and _has_submission(root, "carol")
+    assert not (root / "autograded" / "alice" / CHAPTER).exists()
     assert (root / "autograded" / "bob" / CHAPTER / f"{CHAPTER}.ipynb").read_text(encoding="utf-8") == "bob's"
     assert not list(root.glob(".recording-*")) and recording.recover(root) == []
 
 
-def test_a_killed_first_recording_leaves_no_gradebook(tmp_path):
-    """No gradebook before the recording: the one it started is removed, not kept half written."""
-    root = tmp_path / "course"
-    root.mkdir()
+def test_a_killed_recording_is_undone_in_a_course_moved_since(tmp_path):
+    """The marker names the folders relative to the course: a course copied elsewhere is the one undone."""
+    root = _course_with_bob(tmp_path)
     _killed_while_recording(root, "alice")
-    assert (root / "gradebook.db").exists()
-    recording.recover(root)
-    assert not (root / "gradebook.db").exists()
+    moved = tmp_path / "moved"
+    root.rename(moved)
+    recording.recover(moved)
+    assert not _has_submission(moved, "alice") and not (moved / "autograded" / "alice" / CHAPTER).exists()
 
 
 def test_a_finished_recording_and_copies_never_completed_are_not_put_back(tmp_path):
@@ -141,9 +145,12 @@ def test_a_second_grader_on_the_same_course_is_refused_until_the_first_ends(tmp_
     )
     try:
         assert holder.stdout.readline().strip() == "held"
-        with pytest.raises(recording.CourseBusy, match="another `course grade` is grading the course at"):
+        with pytest.raises(recording.CourseBusy, match="another `course grade` or `course build` is working on"):
             with recording.course_lock(tmp_path):
                 pass
+        (tmp_path / "chapters").mkdir()
+        with pytest.raises(recording.CourseBusy):  # nbgrader's release writes the gradebook too
+            build.build_course(tmp_path)
     finally:
         holder.kill()
         holder.wait()

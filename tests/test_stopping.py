@@ -111,14 +111,14 @@ def test_ctrl_c_and_sigterm_stop_the_run_keep_its_grades_and_a_rerun_grades_the_
     assert _graded(root) == dict.fromkeys(students, "8.0")
 
 
-def test_a_run_killed_while_recording_is_put_back_and_graded_again(course, tmp_path):
+def test_a_run_killed_while_recording_is_undone_and_graded_again(course, tmp_path):
     """After a SIGKILL inside the recording, the next run skipped the student as already graded and grades.csv
-    showed 0 for good. It now puts the recording back first, says so, and grades the student."""
+    showed 0 for good. It now undoes that recording first, says so, and grades the student."""
     root, inbox = _fresh(course, tmp_path, ["alice"])
     _killed_while_recording(root, "alice")
     again = subprocess.run(_grade(root, inbox), capture_output=True, text=True, env=_env(), timeout=600)
     assert again.returncode == 0, again.stdout + again.stderr[-3000:]
-    assert f"put back the gradebook and folders of alice/{CHAPTER}" in again.stdout, again.stdout
+    assert f"alice/{CHAPTER}: a run was stopped while recording it" in again.stdout, again.stdout
     assert f"alice/{CHAPTER} 8/8" in again.stdout, again.stdout
     assert _graded(root) == {"alice": "8.0"}
 
@@ -128,5 +128,6 @@ def test_a_second_run_on_a_course_being_graded_grades_nothing(course, tmp_path):
     with recording.course_lock(root):
         busy = subprocess.run(_grade(root, inbox), capture_output=True, text=True, env=_env(), timeout=300)
     assert busy.returncode == 2, busy.stdout + busy.stderr
-    assert "another `course grade` is grading the course at" in busy.stderr and "nothing was graded" in busy.stderr
+    assert "another `course grade` or `course build` is working on" in busy.stderr, busy.stderr
+    assert "nothing was done" in busy.stderr
     assert not (root / "autograded").exists() and not (root / "grades.csv").exists()

@@ -33,6 +33,7 @@ import nbformat
 
 from ..grading import checker
 from .cells import is_solution_cell, is_test_cell, nbgrader_meta
+from .recording import CourseBusy, course_lock
 
 SOLUTION_DIRECTIVE = re.compile(r"^#\|\s*solution:\s*(?P<targets>.+?)\s*$")
 SETUP_DIRECTIVE = "#| course-setup"
@@ -525,14 +526,19 @@ def chapter_sources(chapters_dir: Path) -> list[Path]:
 
 
 def build_course(
-    course_root: Path = NOTEBOOKS_DIR, *, release: bool = True, only: list[str] | None = None
+    course_root: Path = NOTEBOOKS_DIR, *, release: bool = True, only: list[str] | None = None, lock: bool = True
 ) -> list[ChapterBuild]:
     """Build every chapter (or `only` those): source notebooks, then release notebooks.
 
     A name in `only` that is no chapter raises UnknownChapterError (a ValueError) naming it and the chapters there
-    are; nothing is built.
+    are; nothing is built. nbgrader writes the course's gradebook as it releases a chapter, so the build holds the
+    course (recording.course_lock; CourseBusy while `course grade` runs on it), unless the caller holds it already
+    (lock=False).
     """
     course_root = Path(course_root).resolve()
+    if lock and course_root.is_dir():
+        with course_lock(course_root):
+            return build_course(course_root, release=release, only=only, lock=False)
     sources = chapter_sources(course_root / "chapters")
     unknown = [name for name in only or () if name not in {path.stem for path in sources}]
     if unknown and sources:
@@ -570,7 +576,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         builds = build_course(args.root, release=not args.no_release, only=args.chapters or None)
-    except UnknownChapterError as error:
+    except (UnknownChapterError, CourseBusy) as error:
         print(error, file=sys.stderr)
         return 2
     print(f"{'chapter':<34} {'graded cells':>12} {'points':>7}  solutions from course_lib")

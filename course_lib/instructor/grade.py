@@ -118,7 +118,7 @@ def load_chapters(root: Path, names: set[str]) -> dict[str, Chapter]:
                 missing.append(name)
     buildable = {p.stem for p in build.chapter_sources(root / "chapters")}
     if missing:
-        build.build_course(root, only=[n for n in missing if n in buildable])
+        build.build_course(root, only=[n for n in missing if n in buildable], lock=False)  # ours already
     chapters = {}
     for name in sorted(names):
         source, release = (root / step / name / f"{name}.ipynb" for step in ("source", "release"))

@@ -1,15 +1,16 @@
-"""Recording a grade so that no stop loses one: one grader per course, each submission recorded all or nothing, and
-what a killed run left half done put back by the next run.
+"""Recording a grade so that no stop loses one: one writer per course, each submission recorded all or nothing, and
+what a killed run left half done undone by the next run.
 
-    run A holds .grading.lock ─┐            run B: CourseBusy, nothing graded
+    run A holds .grading.lock ─┐            run B (or `course build`): CourseBusy, nothing done
     recording alice:           │
       .recording-x/ gradebook.db, 0/, 1/    (copies of what recording may change)
-      .recording-x/recording.json           (written last: "the copies are whole, recording starts")
-      ... nbgrader writes ...               (SIGKILL here: the next run copies everything back)
-      recording.json removed, then the copies (done: nothing to put back)
+      .recording-x/recording.json           (written last, on disk: "the copies are whole, recording starts")
+      ... nbgrader writes ...               (an exception here: the copies go back at once;
+                                             SIGKILL here: the next run leaves alice's chapter ungraded)
+      recording.json removed, then the copies (done: nothing to undo)
 
-A stop Python sees (an exception, Ctrl-C, SIGTERM turned into KeyboardInterrupt) puts the copies back at once; a
-SIGKILL or a power cut leaves them for `recover`, which the next run calls under the lock before it grades.
+The next run undoes only that submission (its gradebook row and folders), never the whole gradebook: grades typed
+in formgrader in between stay.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,7 +31,7 @@ MARKER = "recording.json"
 
 
 class CourseBusy(RuntimeError):
-    """Another `course grade` holds the course: two runs would overwrite each other's gradebook copies."""
+    """Another `course grade` or `course build` holds the course: both write its gradebook."""
 
 
 @contextlib.contextmanager
@@ -42,8 +44,8 @@ def course_lock(root: Path) -> Iterator[None]:
             _lock(handle)
         except OSError:
             raise CourseBusy(
-                f"another `course grade` is grading the course at {root}: let it finish (or stop it), then run this "
-                "again; nothing was graded"
+                f"another `course grade` or `course build` is working on the course at {root}: let it finish (or "
+                "stop it), then run this again; nothing was done"
             ) from None
         yield
     finally:
@@ -66,7 +68,7 @@ def all_or_nothing(root: Path, out: Path, student: str, chapter: str) -> Iterato
     """What recording one submission writes (the gradebook, autograded/<student>/<chapter>/, its feedback folder)
     is kept only when the block finishes; an exception (KeyboardInterrupt included) puts all three back as they
     were, then propagates. The copies go to a folder in the course root (the same file system); a process killed
-    inside the block leaves them, with their marker, for the next run's `recover`."""
+    inside the block leaves its marker for the next run's `recover`, and so does a put-back that fails half way."""
     saved = Path(tempfile.mkdtemp(prefix=SAVED_PREFIX, dir=root))
     folders = _changed_folders(root, out, student, chapter)
     try:
@@ -77,28 +79,29 @@ def all_or_nothing(root: Path, out: Path, student: str, chapter: str) -> Iterato
     try:
         yield
     except BaseException:
-        _put_back(root, folders, saved)
+        with _signals_held():
+            _put_back(root, folders, saved)  # if this fails, `saved` and its marker stay for `recover`
+            _discard(saved)
         raise
-    else:
-        (saved / MARKER).unlink()  # first: a stop after this line has nothing left to put back
-    finally:
-        shutil.rmtree(saved, ignore_errors=True)
+    _discard(saved)
 
 
 def recover(root: Path) -> list[str]:
-    """Put back what a run killed while recording left half done, and remove the scratch folders of runs that
-    ended without cleaning up. Call it holding `course_lock`. Returns a line per submission put back."""
+    """Leave ungraded what a run killed while recording left half done: its row in the gradebook, its autograded/
+    and feedback folders (nothing else of the gradebook is touched: grades typed in formgrader since stay). Remove
+    the copies and scratch folders of runs that ended without cleaning up. Call it holding `course_lock`; nbgrader
+    needs `alembic` on PATH. Returns a line per submission left ungraded."""
     notes = []
     for saved in sorted(Path(root).glob(SAVED_PREFIX + "*")):
         marker = saved / MARKER
         if marker.is_file():  # the copies were whole and recording had started: it never finished
             recorded = json.loads(marker.read_text(encoding="utf-8"))
-            _put_back(Path(root), [Path(folder) for folder in recorded["folders"]], saved)
+            _ungrade(Path(root), recorded["student"], recorded["chapter"], recorded["folders"])
             notes.append(
-                f"put back the gradebook and folders of {recorded['student']}/{recorded['chapter']} as they were "
-                "before a run was stopped while recording it: grade it again (it is not graded now)"
+                f"{recorded['student']}/{recorded['chapter']}: a run was stopped while recording it, so it is left "
+                "ungraded (an earlier grade of it too); it is graded again when its file is in the inbox"
             )
-        shutil.rmtree(saved, ignore_errors=True)
+        _discard(saved)
     for scratch in Path(root).glob(SCRATCH_PREFIX + "*"):
         if scratch.is_dir():
             shutil.rmtree(scratch, ignore_errors=True)
@@ -119,12 +122,16 @@ def _save(root: Path, folders: list[Path], saved: Path, student: str, chapter: s
     marker = {
         "student": student,
         "chapter": chapter,
-        "folders": [str(folder) for folder in folders],
+        "folders": [os.path.relpath(folder, root) for folder in folders],  # a course moved since still works
         "gradebook": gradebook.exists(),  # none yet: recording creates it, and putting back removes it
     }
     partial = saved / (MARKER + ".partial")
-    partial.write_text(json.dumps(marker), encoding="utf-8")
+    with open(partial, "w", encoding="utf-8") as handle:
+        json.dump(marker, handle)
+        handle.flush()
+        os.fsync(handle.fileno())  # on disk before recording starts: a power cut cannot lose the marker
     os.replace(partial, saved / MARKER)
+    _fsync_folder(saved)
 
 
 def _put_back(root: Path, folders: list[Path], saved: Path) -> None:
@@ -137,6 +144,49 @@ def _put_back(root: Path, folders: list[Path], saved: Path) -> None:
         shutil.rmtree(folder, ignore_errors=True)
         if (saved / str(index)).exists():
             shutil.copytree(saved / str(index), folder, symlinks=True)
+
+
+def _ungrade(root: Path, student: str, chapter: str, folders: list[str]) -> None:
+    from nbgrader.api import Gradebook, MissingEntry
+
+    gradebook = root / "gradebook.db"
+    if gradebook.exists():
+        with Gradebook(f"sqlite:///{gradebook}") as book:
+            try:
+                book.remove_submission(chapter, student)
+            except MissingEntry:
+                pass
+    for folder in folders:
+        shutil.rmtree(root / folder, ignore_errors=True)
+
+
+def _discard(saved: Path) -> None:
+    """The marker first: a stop while the copies are being removed leaves nothing that looks whole."""
+    (saved / MARKER).unlink(missing_ok=True)
+    shutil.rmtree(saved, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Ctrl-C and SIGTERM wait until the block ends (a second Ctrl-C must not cut a put-back in half)."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    if not hasattr(signal, "pthread_sigmask"):  # Windows
+        yield
+        return
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+def _fsync_folder(folder: Path) -> None:
+    if os.name == "posix":
+        descriptor = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
 
 
 def copy_database(source: Path, target: Path) -> None:
