@@ -103,7 +103,7 @@ def _grade(args: argparse.Namespace) -> int:
         print(f"course grade: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("course grade: stopped before any submission was recorded", file=sys.stderr)
+        print("course grade: stopped before any submission was recorded (nothing was changed)", file=sys.stderr)
         return 130
     print(grade.summary(run))
     if run.stopped:

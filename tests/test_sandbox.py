@@ -798,3 +798,28 @@ def test_a_checker_that_dies_after_its_first_line_scores_what_it_reached():
     assert died.ended.startswith("the checker ended early") and confined.needs_regrade(died) is None
     silent = confined.read_checker_output(b"", job, False, 1, 1.0)
     assert confined.needs_regrade(silent) == "the checker did not start (exit status 1): the grader's fault"
+
+
+def test_a_stop_kills_the_running_command_and_the_container_it_started():
+    """Ctrl-C (sandbox.STOP) ends a running sandbox within moments; `on_kill` runs too, as on a timeout, since a
+    container (`docker kill <name>`) outlives its killed client."""
+    import threading
+    import time
+
+    killed = []
+    timer = threading.Timer(0.5, sandbox.STOP.set)
+    timer.start()
+    started = time.monotonic()
+    try:
+        result = sandbox._execute(
+            ["sleep", "60"],
+            None,
+            sandbox.Limits(wall_s=60),
+            {"PATH": "/usr/bin:/bin"},
+            None,
+            on_kill=lambda: killed.append(1),
+        )
+    finally:
+        timer.cancel()
+        sandbox.STOP.clear()
+    assert time.monotonic() - started < 10 and result.returncode == -9 and killed == [1]

@@ -19,6 +19,7 @@ import json
 import queue
 import sys
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -293,8 +294,8 @@ def needs_regrade(checked: CheckerResult) -> str | None:
 def grade_all(jobs: list[dict[str, Any]], workers: int, confinement: Confinement, on_result: Any) -> None:
     """Both runs of every job (`{"key", "kernel": ..., "checker": ...}`), `workers` submissions at a time;
     on_result(key, kernel answer, CheckerResult) in this thread, one at a time (the gradebook has one writer).
-    An exception here (KeyboardInterrupt from Ctrl-C, or from on_result) stops the run within moments: the
-    sandboxes still running are killed, the jobs not started never start."""
+    Once sandbox.STOP is set (Ctrl-C), KeyboardInterrupt comes between two recordings, never inside one: the
+    sandboxes still running are killed, the jobs not started never start, and no later result is recorded."""
     slots: queue.SimpleQueue[int] = queue.SimpleQueue()
     for slot in range(max(1, workers)):
         slots.put(slot)
@@ -306,19 +307,32 @@ def grade_all(jobs: list[dict[str, Any]], workers: int, confinement: Confinement
         finally:
             slots.put(slot)
 
-    sandbox.STOP.clear()
     pool = ThreadPoolExecutor(max_workers=max(1, workers))
     try:
         futures: list[tuple[str, Future]] = [(job["key"], pool.submit(both, job)) for job in jobs]
         for key, future in futures:
-            try:
-                answer, checked = future.result()
-            except Exception as error:  # noqa: BLE001 - one submission's trouble is its own
-                answer = {"problem": f"the grader could not run this notebook: {type(error).__name__}: {error}"}
-                checked = CheckerResult(ended=answer["problem"])
+            answer, checked = _result_unless_stopped(future)
             on_result(key, answer, checked)
-    except BaseException:  # Ctrl-C: kill the running sandboxes, start no other, return at once
+    except BaseException:  # a stop: kill the running sandboxes, start no other, return at once
         sandbox.STOP.set()
         pool.shutdown(wait=True, cancel_futures=True)
         raise
     pool.shutdown(wait=True)
+
+
+def _result_unless_stopped(future: Future) -> tuple[dict[str, Any], CheckerResult]:
+    """The job's two results, waiting for them; KeyboardInterrupt as soon as sandbox.STOP is set (Ctrl-C), also
+    when they came in meanwhile: the stop may have killed their sandboxes, so they are no verdict."""
+    while True:
+        if sandbox.STOP.is_set():
+            raise KeyboardInterrupt
+        try:
+            answer, checked = future.result(timeout=0.2)
+        except FutureTimeout:
+            continue
+        except Exception as error:  # noqa: BLE001 - one submission's trouble is its own
+            answer = {"problem": f"the grader could not run this notebook: {type(error).__name__}: {error}"}
+            checked = CheckerResult(ended=answer["problem"])
+        if sandbox.STOP.is_set():
+            raise KeyboardInterrupt
+        return answer, checked

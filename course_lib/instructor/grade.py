@@ -430,6 +430,8 @@ def _prepare_all(
 ) -> list[tuple[submissions.Submission, match.Prepared]]:
     ready = []
     for submission in found:
+        if sandbox.STOP.is_set():  # Ctrl-C: nothing is recorded yet
+            raise KeyboardInterrupt
         outcome = Outcome(submission.display, submission.student, submission.chapter, "failed")
         if submission.problem is None and submission.chapter not in chapters:
             submission.problem = f"chapter {submission.chapter} has no source notebook (run `course build`)"
@@ -509,7 +511,7 @@ def grade_submissions(
         try:
             found = submissions.discover(submissions.unpack(Path(source), scratch), known_chapters(root), scratch)
             if not found.submissions:
-                return _nothing_found(source, found, time.perf_counter() - started, workers)
+                return _nothing_found(source, found, time.perf_counter() - started, workers, put_back)
             if roster:
                 apply_roster(root, roster)
             submissions.flag_duplicates(found.submissions)
@@ -564,28 +566,36 @@ def _interpreter_tools_on_path() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _stopping_on_signals() -> Iterator[None]:
-    """Ctrl-C and SIGTERM stop the run: KeyboardInterrupt where it is, and sandbox.STOP for the code that catches
-    it (nbgrader catches every exception while it records). Only in the main thread, where signals arrive."""
+    """Ctrl-C and SIGTERM ask the run to stop: they set sandbox.STOP, and the run stops where nothing is half done
+    (between two recordings, `confined.grade_all`; or before anything is recorded, `_prepare_all`), never inside
+    nbgrader, which would take an exception there for the notebook's fault. A signal set to be ignored (a job
+    started in the background) stays ignored. Only in the main thread, where signals arrive."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def stop(signum: int, frame: Any) -> None:
         sandbox.STOP.set()
-        raise KeyboardInterrupt
 
-    before = {number: signal.signal(number, stop) for number in (signal.SIGINT, signal.SIGTERM)}
+    sandbox.STOP.clear()
+    before = {
+        number: signal.signal(number, stop)
+        for number in (signal.SIGINT, signal.SIGTERM)
+        if signal.getsignal(number) is not signal.SIG_IGN
+    }
     try:
         yield
     finally:
         for number, handler in before.items():
-            signal.signal(number, handler)
+            if handler is not None:  # None: a handler installed from C, which Python cannot put back
+                signal.signal(number, handler)
+        sandbox.STOP.clear()
 
 
-def _nothing_found(source: Path, found: submissions.Found, seconds: float, workers: int) -> GradeRun:
+def _nothing_found(source: Path, found: submissions.Found, seconds: float, workers: int, notes: list[str]) -> GradeRun:
     """No notebook anywhere under `source`: one failed line (exit 1), and the gradebook and grades.csv untouched."""
     reason = "no notebook (.ipynb) found" + ("; " + "; ".join(found.ignored()) if found.ignored() else "")
-    return GradeRun([Outcome(str(source), None, None, "failed", reason)], seconds, workers)
+    return GradeRun([Outcome(str(source), None, None, "failed", reason)], seconds, workers, notes=notes)
 
 
 def _jobs(
@@ -709,8 +719,6 @@ def _record_one(
         outcome.notes += notes + confined.apply_verdicts(executed, checked, hidden)
         with all_or_nothing(recorder.root, out, submission.student, submission.chapter):
             error = recorder.record(submission.student, submission.chapter, executed, stamp)
-            if sandbox.STOP.is_set():  # Ctrl-C inside nbgrader, which catches everything: not this notebook's fault
-                raise KeyboardInterrupt
             if error:
                 raise RecordingFailed(error)
             messages = feedback.graded_messages(executed)
@@ -806,7 +814,8 @@ def export_csv(root: Path, path: Path, log: dict[str, dict[str, Any]]) -> Path:
             what = entry["reason"] if entry["status"] == "regrade" else f"failed: {entry['reason']}"
             rows[key]["status"] = f"graded; a later submission ({entry['file']}) {what}"
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="", encoding="utf-8") as handle:
+    partial = path.with_name(path.name + ".partial")
+    with open(partial, "w", newline="", encoding="utf-8") as handle:
         writer = csv.DictWriter(
             handle, ["student", "name", "chapter", "status", "score", "max_score", *columns, "notes"], restval=""
         )
@@ -815,6 +824,7 @@ def export_csv(root: Path, path: Path, log: dict[str, dict[str, Any]]) -> Path:
             writer.writerow(
                 {column: inert(value) for column, value in {**rows[key], "name": names.get(key[0], "")}.items()}
             )
+    os.replace(partial, path)  # never half a table, even when the run is stopped while writing it
     return path
 
 

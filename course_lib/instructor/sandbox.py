@@ -660,17 +660,18 @@ def _run_container(
         subprocess.run([engine, "kill", name], capture_output=True, timeout=30, check=False)
 
     command = _container_argv(engine, name, str(image), argv, limits, inside)
-    return _execute(command, stdin, limits, client_env, cwd=None, on_timeout=kill)
+    return _execute(command, stdin, limits, client_env, cwd=None, on_kill=kill)
 
 
 # ---------------------------------------------------------------------------------------- process handling
 
 
 def _execute(
-    command: list[str], stdin: bytes | None, limits: Limits, env: Mapping[str, str], cwd: str | None, on_timeout=None
+    command: list[str], stdin: bytes | None, limits: Limits, env: Mapping[str, str], cwd: str | None, on_kill=None
 ) -> Result:
     """Start `command` in a new session with pipes only, feed stdin, read capped output until it ends or the
-    wall clock runs out; on timeout SIGKILL its process group (and call `on_timeout`). Always reaps."""
+    wall clock runs out or the run stops (STOP); then SIGKILL its process group (and call `on_kill`: a container
+    outlives its client). Always reaps."""
     start = time.monotonic()
     process = subprocess.Popen(
         command,
@@ -683,7 +684,7 @@ def _execute(
         start_new_session=True,
     )
     try:
-        outputs, cut, timed_out = _communicate(process, stdin, start + limits.wall_s, limits.output_bytes, on_timeout)
+        outputs, cut, timed_out = _communicate(process, stdin, start + limits.wall_s, limits.output_bytes, on_kill)
     finally:
         _kill_group(process)
         process.wait()
@@ -699,7 +700,7 @@ def _execute(
 
 
 def _communicate(
-    process: subprocess.Popen, stdin: bytes | None, deadline: float, cap: int, on_timeout
+    process: subprocess.Popen, stdin: bytes | None, deadline: float, cap: int, on_kill
 ) -> tuple[list[bytearray], list[bool], bool]:
     """Pump stdin/stdout/stderr with one selector. Invariant: at most `cap` bytes of each output are kept, the
     rest is drained (the command never blocks on a full pipe); the loop ends at EOF on both outputs, or
@@ -722,11 +723,13 @@ def _communicate(
             if ended_at is None and STOP.is_set():
                 ended_at = now
                 _kill_group(process)
+                if on_kill is not None:
+                    on_kill()
             if not timed_out and now >= deadline:
                 timed_out, ended_at = True, now
                 _kill_group(process)
-                if on_timeout is not None:
-                    on_timeout()
+                if on_kill is not None:
+                    on_kill()
             if ended_at is None and _has_exited(process):
                 ended_at = now
                 _kill_group(process)  # leftovers of `none` mode in the command's group; bwrap's are gone already
