@@ -6,6 +6,7 @@ run); each must now be refused or made harmless, with a line saying so."""
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import time
 import zipfile
@@ -48,16 +49,21 @@ def test_a_timestamp_link_is_never_followed(tmp_path):
     assert staged.read_text(encoding="utf-8") == grade.file_time(submission.path)
 
 
-def test_a_timestamp_is_read_no_further_than_a_time_can_be(tmp_path):
-    """A 20 MB timestamp.txt is judged by its first 200 bytes, and quoted by 60 characters of them."""
+@pytest.mark.parametrize("tail", [b"9" * 20 * 2**20, b" " * 300 + b"junk"])
+def test_a_timestamp_longer_than_a_time_is_not_read(tmp_path, tail):
+    """nbgrader reads a timestamp.txt whole: a 20 MB one, or a good time followed by more, is left out unread."""
     folder = tmp_path / "inbox" / "dora" / CHAPTER
     folder.mkdir(parents=True)
     (folder / f"{CHAPTER}.ipynb").write_text(NOTEBOOK, encoding="utf-8")
-    (folder / "timestamp.txt").write_bytes(b"2025-01-01 " + b"9" * 20 * 2**20)
+    (folder / "timestamp.txt").write_bytes(b"2025-01-01 12:00:00.000000 UTC" + tail)
     (submission,) = _discover(tmp_path / "inbox", tmp_path).values()
-    _, note = grade._stage_original(tmp_path / "course", submission)
-    assert note.startswith("the timestamp.txt beside it was left out (not a time nbgrader writes: '2025-01-01 999")
-    assert len(note) < 200
+    staged, note = grade._stage_original(tmp_path / "course", submission)
+    size = (folder / "timestamp.txt").stat().st_size
+    assert note == (
+        f"the timestamp.txt beside it was left out ({size:,} bytes, more than a time takes); the file's own time "
+        "dates it instead"
+    )
+    assert staged.read_text(encoding="utf-8") == grade.file_time(submission.path)
 
 
 def test_a_students_own_zip_is_dated_by_the_zip_not_by_what_is_inside(tmp_path):
@@ -93,13 +99,14 @@ def test_a_students_own_zip_is_dated_by_the_zip_not_by_what_is_inside(tmp_path):
     [
         (
             f"erin_{CHAPTER}.zip/frank_{CHAPTER}.ipynb",
-            "named for student 'frank' but the folder or zip it is in for 'erin'",
+            "named for student 'frank' but a folder or zip it is in for 'erin'",
         ),
         (
             f"erin_{CHAPTER}/frank_{CHAPTER}.ipynb",
-            "named for student 'frank' but the folder or zip it is in for 'erin'",
+            "named for student 'frank' but a folder or zip it is in for 'erin'",
         ),
         (f"Copy of erin_{CHAPTER} (1)/Copy of frank_{CHAPTER}.ipynb", "for student 'frank' but"),
+        (f"erin_{CHAPTER}.zip/sub/frank_{CHAPTER}.ipynb", "a folder or zip it is in for 'erin'"),  # one level down
         (f"Erin_{CHAPTER}.zip/erin_{CHAPTER}.ipynb", None),  # one student, in two cases: the file's name is read
         (f"term1/{CHAPTER}/zoe_{CHAPTER}.ipynb", None),  # a chapter folder names no student
         (f"mallory/alice_{CHAPTER}.ipynb", None),  # nor does a plain folder: the file's name is the student's
@@ -146,6 +153,30 @@ def test_names_with_newlines_or_bytes_that_are_not_utf8_are_shown_escaped(tmp_pa
     assert found[f"\\udce9t\\udce9/ann_{CHAPTER}.ipynb"].student == "ann"
 
 
+def test_a_file_name_that_is_no_student_id_names_no_student(tmp_path):
+    """A Latin-1 file name (`\xe9l\xe8ve_...`) or a chapter notebook in a Latin-1 folder failed the id check but kept
+    its undecodable student, which then crashed the grading log; so did a non-notebook's suffix."""
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    base = os.fsencode(inbox)
+    for name in (
+        b"/\xe9l\xe8ve_" + CHAPTER.encode() + b".ipynb",
+        b"/\xe9t\xe9",
+        b"/carl_" + CHAPTER.encode() + b".p\xe9f",
+    ):
+        if name == b"/\xe9t\xe9":
+            os.mkdir(base + name)
+            name += f"/{CHAPTER}.ipynb".encode()
+        with open(base + name, "w", encoding="utf-8") as handle:
+            handle.write(NOTEBOOK)
+    found = _discover(inbox, tmp_path)
+    assert len(found) == 3, sorted(found)
+    for submission in found.values():
+        assert submission.problem, submission.display
+        submission.problem.encode("utf-8")  # valid text
+        assert submission.student is None or submissions.STUDENT_ID.match(submission.student), submission
+
+
 def test_a_notebook_of_too_many_cells_is_refused_before_it_is_matched(tmp_path):
     """Matching compares every submitted cell with every cell of the chapter: 66,000 one-line cells (48 MB, under
     the size limit) took the grader 55 s per chapter it was compared with. The cell count is checked first."""
@@ -156,6 +187,16 @@ def test_a_notebook_of_too_many_cells_is_refused_before_it_is_matched(tmp_path):
     many.cells.pop()
     notebook, problem = submissions.read_notebook(nbformat.writes(many).encode())
     assert problem is None and len(notebook.cells) == submissions.MAX_CELLS
+    old = {"nbformat": 3, "nbformat_minor": 0, "metadata": {}, "worksheets": [{"cells": [], "metadata": {}}] * 2}
+    old["worksheets"][0] = {
+        "metadata": {},
+        "cells": [{"cell_type": "code", "input": ")", "outputs": [], "language": "python"}] * 1001,
+    }
+    old["worksheets"][1] = old["worksheets"][0]  # an old (v3) notebook counts every worksheet's cells
+    assert submissions.read_notebook(json.dumps(old).encode()) == (
+        None,
+        "too many cells (2002; the grader reads notebooks of up to 2000)",
+    )
 
 
 def test_a_file_that_cannot_be_read_or_is_no_regular_file_fails_alone(tmp_path):

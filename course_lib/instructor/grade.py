@@ -364,9 +364,12 @@ def _stage_original(root: Path, submission: submissions.Submission) -> tuple[Pat
     cannot parse, and one stray timestamp.txt in a folder of submissions would fail every one of them)."""
     folder = root / "submitted" / submission.student / submission.chapter
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{submission.chapter}.ipynb").write_bytes(submission.raw or b"")
     original_stamp, staged = submission.path.parent / "timestamp.txt", folder / "timestamp.txt"
     in_place = original_stamp.parent.resolve() == folder.resolve()  # graded inside submitted/: one folder
+    for written in (folder / f"{submission.chapter}.ipynb", *([] if in_place else [staged])):
+        if written.is_symlink():  # never write through a link an earlier run's inbox left in submitted/
+            written.unlink()
+    (folder / f"{submission.chapter}.ipynb").write_bytes(submission.raw or b"")
     present = original_stamp.exists() or original_stamp.is_symlink()
     problem = _unreadable_timestamp(original_stamp) if present else None
     if present and submission.in_student_zip:
@@ -405,6 +408,9 @@ TIMESTAMP = re.compile(
 )
 
 
+MAX_STAMP_BYTES = 200
+
+
 def _unreadable_timestamp(path: Path) -> str | None:
     """Why nbgrader could not read this timestamp file (as its CourseDirectory does), or None when it can."""
     from nbgrader.utils import parse_utc
@@ -413,9 +419,11 @@ def _unreadable_timestamp(path: Path) -> str | None:
         return "a symbolic link"
     if not path.is_file():
         return "not a file"
+    if path.stat().st_size > MAX_STAMP_BYTES:  # nbgrader would read it whole; a time is 30 characters
+        return f"{path.stat().st_size:,} bytes, more than a time takes"
     try:
         with open(path, "rb") as handle:
-            text = handle.read(200).decode("utf-8").strip()  # a time is 30 characters; a 1 GB file is not read
+            text = handle.read().decode("utf-8").strip()
         if text and not TIMESTAMP.match(text):
             return f"not a time nbgrader writes: {text[:60]!r}"
         if text:

@@ -80,7 +80,7 @@ class Found:
             (
                 self.course_files,
                 "the course's own (autograded/, chapters/, exchange/, feedback/, release/, source/, "
-                "feedback-*.zip, the grader's .grading*)",
+                "feedback-*.zip, the grader's .grading* and .recording-*)",
             ),
             (self.other_files, "neither a notebook (.ipynb) nor a zip"),
         ]
@@ -173,6 +173,8 @@ def name_student_chapter(relative: Path, chapters: list[str]) -> tuple[str | Non
             f"{relative.as_posix()!r} is in a folder named after chapter {folder_chapter} but its name says "
             f"chapter {chapter}; move or rename it and rerun"
         )
+    if problem is None and student is not None and not STUDENT_ID.match(student):
+        return None, chapter, f"student id {student!r} has characters other than letters, digits and ._@+-"
     return student, chapter, problem
 
 
@@ -180,16 +182,14 @@ def _contradicting_folder(relative: Path, student: str, chapter: str) -> str | N
     """Why a file named for one student cannot be graded inside a folder or zip named for another one of the same
     chapter (`erin_01_x.zip/frank_01_x.ipynb`: whose is it?), or None. The folder's name counts as the student's
     only when it is `<student>_<chapter>`, the form that names the student of a `<chapter>.ipynb` inside it."""
-    if len(relative.parts) < 2:
-        return None
-    folder = undecorated(relative.parts[-2])
-    named, same_chapter = _student_from_file_name(folder, [chapter])
-    if same_chapter is None or named.casefold() == student.casefold():
-        return None
-    return (
-        f"{relative.as_posix()!r} is named for student {student!r} but the folder or zip it is in for "
-        f"{named!r}: whose it is cannot be told, so it is not graded; move or rename it and rerun"
-    )
+    for folder in relative.parts[:-1]:  # every one: a folder added inside the zip changes nothing
+        named, same_chapter = _student_from_file_name(undecorated(folder), [chapter])
+        if same_chapter is not None and named.casefold() != student.casefold():
+            return (
+                f"{relative.as_posix()!r} is named for student {student!r} but a folder or zip it is in for "
+                f"{named!r}: whose it is cannot be told, so it is not graded; move or rename it and rerun"
+            )
+    return None
 
 
 def _student_from_folders(
@@ -254,9 +254,9 @@ def read_notebook(data: bytes) -> tuple[Any | None, str | None]:
         return None, f"not valid JSON ({error.msg}{' ' if error.msg.endswith(' at') else ' at '}{where})"
     if not isinstance(content, dict) or not isinstance(content.get("cells", content.get("worksheets")), list):
         return None, "valid JSON but not a Jupyter notebook (no list of cells)"
-    cells = content.get("cells", content.get("worksheets"))
-    if len(cells) > MAX_CELLS:
-        return None, f"too many cells ({len(cells)}; the grader reads notebooks of up to {MAX_CELLS})"
+    count = _cell_count(content)
+    if count > MAX_CELLS:
+        return None, f"too many cells ({count}; the grader reads notebooks of up to {MAX_CELLS})"
     content = _valid_text(content)
     for cell in content.get("cells") or []:  # before nbformat, which refuses a cell without metadata
         if isinstance(cell, dict):
@@ -275,6 +275,13 @@ def read_notebook(data: bytes) -> tuple[Any | None, str | None]:
     except Exception as error:  # noqa: BLE001 - whatever nbformat finds wrong is the student's file
         return None, f"not a readable notebook ({type(error).__name__}: {str(error)[:200]})"
     return notebook, None
+
+
+def _cell_count(content: dict) -> int:
+    """Cells of a notebook as JSON: v4's list, or every worksheet's of an old v3 one."""
+    if "cells" in content:
+        return len(content["cells"])
+    return sum(len(sheet.get("cells") or []) for sheet in content["worksheets"] if isinstance(sheet, dict))
 
 
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")
@@ -380,10 +387,12 @@ def printable(name: str) -> str:
     'ann_01.ipynb\\ngraded   bob_01.ipynb'
     >>> printable(b"\xe9l\xe8ve_01.ipynb".decode("utf-8", "surrogateescape"))
     '\\udce9l\\udce8ve_01.ipynb'
+    >>> printable(r"a\nb.ipynb") == printable("a\nb.ipynb")  # a backslash is escaped too: no two names look alike
+    False
     >>> printable("张三_01.ipynb")
     '张三_01.ipynb'
     """
-    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in name)
+    return "".join(char if char.isprintable() and char != "\\" else repr(char)[1:-1] for char in name)
 
 
 def _files_under(folder: Path, found: Found, prefix: Path) -> tuple[list[Path], set[Path]]:
@@ -476,7 +485,7 @@ def _other_file(found: Found, path: Path, relative: Path, display: str, chapters
                 display,
                 student,
                 chapter,
-                problem=(f"not a notebook ({path.suffix or 'no suffix'}): only .ipynb files are graded"),
+                problem=(f"not a notebook ({printable(path.suffix) or 'no suffix'}): only .ipynb files are graded"),
             )
         )
     else:
@@ -510,8 +519,6 @@ def read_submission(
     """One notebook file: named (student, chapter) and read, or with the reason it cannot be."""
     student, chapter, problem = name_student_chapter(relative, chapters)
     submission = Submission(path, display, student, chapter, problem=problem, in_student_zip=in_student_zip)
-    if student is not None and problem is None and not STUDENT_ID.match(student):
-        submission.problem = f"student id {student!r} has characters other than letters, digits and ._@+-"
     try:
         if submission.problem is None and path.stat().st_size > MAX_BYTES:
             submission.problem = f"file too large ({path.stat().st_size / 1e6:.0f} MB)"  # not read into memory
