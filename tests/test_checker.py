@@ -7,6 +7,7 @@ import math
 import os
 import pickle
 import signal
+import time
 
 import numpy as np
 import pytest
@@ -233,6 +234,25 @@ def test_the_time_the_tests_take_is_not_the_students_fault_but_the_students_is()
     )
     assert not slow_student.passed and not slow_student.needs_regrade
     assert "in your functions" in slow_student.message
+
+
+# the alarm comes inside a `try` whose `except Exception` (an import probing an optional package, a test expecting a
+# ValueError) took the cell's timeout for its own error: the cell then ran on with no limit left
+SWALLOWING = "import time\ntry:\n    time.sleep(1)\nexcept Exception:\n    pass\ntime.sleep(3)\n"
+
+
+def test_an_except_exception_in_a_setup_cell_does_not_swallow_its_time_limit():
+    started = time.monotonic()
+    assert checker.run_setup({}, [SWALLOWING], timeout_s=0.5) == "setup cell 0 ran past 0.5 s (a loaded machine?)"
+    assert time.monotonic() - started < 2.5  # stopped in the first sleep, not after both
+
+
+def test_an_except_exception_in_a_test_cell_does_not_swallow_its_time_limit():
+    started = time.monotonic()
+    verdict = run_cell(SWALLOWING + "assert f(1) == 1", "def f(x):\n    return x\n", ["f"], cell_timeout_s=0.5)
+    assert not verdict.passed and verdict.needs_regrade, verdict
+    assert verdict.message == "the tests ran past 0.5 s, only 0 s of them in your functions", verdict.message
+    assert time.monotonic() - started < 2.5
 
 
 BURNER = (

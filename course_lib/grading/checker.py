@@ -898,8 +898,10 @@ class CellVerdict:
     needs_regrade: str = ""  # why the cell could not be judged through no fault of the student
 
 
-class CellBudgetExceeded(Exception):
-    pass
+class CellBudgetExceeded(BaseException):
+    """A cell's time ran out. A BaseException, as KeyboardInterrupt is: an `except Exception` in the code the cell
+    was running when the alarm came (an import probing an optional package, a test expecting a ValueError) would
+    otherwise swallow it, and the cell would run on with no limit left."""
 
 
 @contextlib.contextmanager
