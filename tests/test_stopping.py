@@ -68,11 +68,22 @@ def _logged(root: Path) -> int:
         return 0
 
 
+def _started_as_a_foreground_job(args: list[str], **options) -> subprocess.Popen:
+    """`args` started with SIGINT handled, as a terminal's foreground job has it. A suite run in the background
+    (`make test-all &`, a runner under nohup) has SIGINT ignored, a child inherits that, and `course grade` keeps an
+    ignored signal ignored (a background job's convention): the Ctrl-C case would then test nothing."""
+    saved = signal.signal(signal.SIGINT, signal.default_int_handler)  # a handled signal is reset to default by exec
+    try:
+        return subprocess.Popen(args, **options)
+    finally:
+        signal.signal(signal.SIGINT, saved)
+
+
 def _stop_after_the_first_record(root: Path, inbox: Path, signum: int) -> tuple[subprocess.CompletedProcess, float]:
     """Start a run, send `signum` once one more submission is recorded (logged: its feedback page alone may belong
     to a recording the signal then puts back); the run's output and how long it took to end after the signal."""
     logged_before = _logged(root)
-    process = subprocess.Popen(
+    process = _started_as_a_foreground_job(
         _grade(root, inbox), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=root.parent
     )
     deadline = time.monotonic() + 300
