@@ -58,13 +58,15 @@ WORKLOAD_IDS="$($PY -c 'from course_lib.lab.gpu.workloads import WORKLOADS; prin
 mkdir -p build/gpu_suite
 LOG="${OUT:-build/gpu_suite}/$([ -n "${OUT:-}" ] && echo suite || echo "$LABEL").log"
 
-results_of_label() {  # this label's result files (a glob on *_LABEL.json would take my_LABEL's too)
-  local workload f
-  for workload in $WORKLOAD_IDS; do
-    f="$($PY -c 'import sys; from course_lib.lab.gpu.records import result_path
-print(result_path("benchmarks/results", *sys.argv[1:]))' "$workload" "$LABEL")"
-    if [ -f "$f" ]; then echo "$f"; fi
-  done
+results_of_label() {  # this label's result files (a glob on *_LABEL.json would take my_LABEL's too), in one
+  # interpreter: each start imports torch, seconds on a loaded machine
+  $PY -c 'import sys
+from course_lib.lab.gpu.records import result_path
+from course_lib.lab.gpu.workloads import WORKLOADS
+for workload in WORKLOADS:
+    path = result_path("benchmarks/results", workload, sys.argv[1])
+    if path.is_file():
+        print(path)' "$LABEL"
 }
 
 limited() {  # limited SECONDS command...: the device tool's cap, or LIMIT_S, or none
@@ -74,8 +76,9 @@ limited() {  # limited SECONDS command...: the device tool's cap, or LIMIT_S, or
   if [ -n "$cap" ]; then timeout "$cap" "$@"; else "$@"; fi
 }
 
-if [ "${WORKLOADS:-}" != none ] && [ -n "$(results_of_label)" ]; then
-  echo "refused: label $LABEL is taken ($(results_of_label | tr '\n' ' ')): results are never overwritten; choose a new label" >&2
+TAKEN="$([ "${WORKLOADS:-}" = none ] || results_of_label)"
+if [ -n "$TAKEN" ]; then
+  echo "refused: label $LABEL is taken ($(printf '%s\n' "$TAKEN" | tr '\n' ' ')): results are never overwritten; choose a new label" >&2
   exit 2
 fi
 STARTED="$(mktemp)"  # its time tells this run's chapter records from older ones under build/
@@ -105,9 +108,11 @@ suite() {
     if [ "$code" -gt "$status" ]; then status=$code; fi
   done
   echo "== report ($(date +%T))"
-  if [ -n "$(results_of_label)" ]; then
-    # shellcheck disable=SC2046  # one path per line, no spaces in them
-    $PY -m course_lib.lab.gpu.report $(results_of_label) --plots "benchmarks/results/figures/$LABEL" || true
+  local results
+  results="$(results_of_label)"
+  if [ -n "$results" ]; then
+    # shellcheck disable=SC2086  # one path per line, no spaces in them
+    $PY -m course_lib.lab.gpu.report $results --plots "benchmarks/results/figures/$LABEL" || true
   else
     echo "no result file with label $LABEL"
   fi

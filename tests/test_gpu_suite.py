@@ -118,7 +118,7 @@ def test_chapters_all_runs_every_chapter_it_finds_and_names_the_missing(tmp_path
         env={**env, "CHAPTERS": "02 10"},
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=180,
     )
     assert refused.returncode == 2 and "refused: CHAPTERS=02 10: 10 is not a chapter" in refused.stderr, refused.stderr
     assert "CHAPTERS=02 10" not in (out / "suite.log").read_text()  # refused before the log
@@ -136,7 +136,7 @@ def test_a_taken_label_is_refused_before_anything_runs(tmp_path):
     env = {**os.environ, "PYTHON": sys.executable, "WORKLOADS": "logit-memory"}
     env.pop("OUT", None)
     done = subprocess.run(
-        ["bash", "benchmarks/run_gpu_suite.sh", LABEL], cwd=repo, env=env, capture_output=True, text=True, timeout=60
+        ["bash", "benchmarks/run_gpu_suite.sh", LABEL], cwd=repo, env=env, capture_output=True, text=True, timeout=180
     )
     assert done.returncode == 2 and f"refused: label {LABEL} is taken" in done.stderr, done.stderr
     assert "== preflight" not in done.stdout and not (repo / "build" / "gpu_suite" / f"{LABEL}.log").exists()
