@@ -521,6 +521,82 @@ def test_fork_bomb_is_bounded_and_leaves_no_survivor():
         assert _tasks_of(uid) == 0
 
 
+HONEST_FORKS = """
+import os, time
+time.sleep(1.5)  # the bomb beside it has filled its limit by now
+started = 0
+for _ in range(8):
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    started += 1
+print(os.getuid(), started)
+"""
+
+
+@needs_bwrap
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can give each sandbox a uid of its own")
+def test_a_fork_bomb_in_one_graders_sandbox_leaves_another_graders_forks_alone():
+    """Two `course grade` runs on one machine (two courses) each start with slot 0. They shared its uid, so a fork
+    bomb in one took the RLIMIT_NPROC count of the other's sandbox, which had started first: an honest notebook's
+    processes failed to start and it scored 0 (seen in CI, two test workers grading at once)."""
+    import threading
+
+    limits = sandbox.Limits(processes=24, wall_s=8.0)
+    found: dict[str, sandbox.Result] = {}
+    honest = threading.Thread(
+        target=lambda: found.update(honest=sandbox.run([PY, "-c", HONEST_FORKS], mode="bwrap", slot=0, limits=limits))
+    )
+    honest.start()
+    time.sleep(0.5)  # the honest one first: its limit was set before the bomb's tasks existed
+    marker = f"fork-bomb-{uuid.uuid4().hex}"
+    bomb = sandbox.run(
+        [PY, "-c", FORK_BOMB, marker], mode="bwrap", slot=0, limits=sandbox.Limits(processes=24, wall_s=4.0)
+    )
+    honest.join()
+    assert bomb.timed_out and max(int(line) for line in bomb.stdout.split()) >= 8  # the bomb did fill its limit
+    uid, started = (int(word) for word in found["honest"].stdout.split())
+    assert started == 8, found["honest"]
+    assert uid in sandbox.SANDBOX_UIDS
+    assert no_survivors(marker)
+
+
+def test_each_claim_is_a_uid_no_other_claim_holds_meanwhile(monkeypatch):
+    """Claims skip what is held and wrap around; a uid comes free when its claim ends; with every uid held the
+    sandbox is refused, not run under a shared uid. (Three uids of the range no other test uses.)"""
+    if os.geteuid() != 0:
+        pytest.skip("the claims folder is root's")
+    monkeypatch.setattr(sandbox, "SANDBOX_UIDS", range(61_500, 61_503))
+    with sandbox.claimed_uid(1) as first, sandbox.claimed_uid(1) as second, sandbox.claimed_uid(1) as third:
+        assert (first, second, third) == (61_501, 61_502, 61_500)
+        with pytest.raises(sandbox.SandboxUnavailable, match="every sandbox uid 61500-61502 is in use"):
+            with sandbox.claimed_uid(1):
+                pass
+    with sandbox.claimed_uid(1) as again:
+        assert again == first
+
+
+def test_a_claims_folder_others_may_write_in_is_refused(tmp_path, monkeypatch):
+    """Another user who could write in the claims folder could hold every uid (or swap a lock file for a link)."""
+    if os.geteuid() != 0:
+        pytest.skip("the claims folder is root's")
+    folder = tmp_path / "claims"
+    folder.mkdir(mode=0o777)
+    folder.chmod(0o777)
+    monkeypatch.setattr(sandbox, "UID_CLAIMS", (str(folder),))
+    with pytest.raises(sandbox.SandboxUnavailable, match="no one else may write in"):
+        with sandbox.claimed_uid():
+            pass
+    folder.chmod(0o700)
+    monkeypatch.setattr(sandbox, "SANDBOX_UIDS", range(61_510, 61_513))
+    with sandbox.claimed_uid(2) as uid:
+        assert uid == 61_512 and (folder / f"{uid}.lock").exists()
+
+
 DISK = """
 import errno, json, os, sys
 def fill(path, chunk=1 << 20):

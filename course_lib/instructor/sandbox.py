@@ -31,14 +31,15 @@ preexec_fn, so it is safe from a threaded caller. RLIMIT_NPROC counts every task
 real uid system-wide, and the kernel never enforces it for uid 0, so:
     * a normal user: the limit is the user's current task count + processes (+2 for bwrap's own tasks);
     * root: bwrap runs twice. An outer, privileged bwrap (no user namespace; PID namespace; keeps only
-      CAP_SETUID/CAP_SETGID) mounts the same read-only view; in it the launcher sets the rlimits, drops to the
-      unprivileged uid `nobody` (with the limit relative to nobody's current count) and execs the inner bwrap,
-      which builds the sandbox as for a normal user. The files need to be readable by `nobody` (they are
-      readable by anyone in an ordinary install; root-only folders on the way, such as /root for a pyenv, are
-      recreated world-traversable in the outer view only).
-Caveats: sandboxes running at the same time under one uid share that uid's RLIMIT_NPROC headroom (each limit
-is set relative to the count at its start), so a fork bomb in one can make fork/thread creation fail in another
-during its wall time; run concurrent graders under different uids if that matters. Under mode "none" as root,
+      CAP_SETUID/CAP_SETGID) mounts the same read-only view; in it the launcher sets the rlimits, drops to an
+      unprivileged uid of the sandbox's own (`claimed_uid`: one of 61000-61999 that no other sandbox on the
+      machine runs as meanwhile, whichever grader started it) and execs the inner bwrap, which builds the sandbox
+      as for a normal user. The files need to be readable by that uid (they are readable by anyone in an
+      ordinary install; root-only folders on the way, such as /root for a pyenv, are recreated world-traversable
+      in the outer view only).
+Caveats: as a normal user, sandboxes running at the same time share the user's RLIMIT_NPROC headroom (each
+limit is set relative to the count at its start), so a fork bomb in one can make fork/thread creation fail in
+another during its wall time; root gives each its own uid. Under mode "none" as root,
 RLIMIT_NPROC is not enforced at all. The total memory is bounded by processes x memory_bytes plus the tmpfs
 sizes, not by one number: a cgroup would give that, but is not writable in most CI containers.
 The wall clock (`wall_s`) kills bwrap's process group with SIGKILL; --die-with-parent and the PID namespace
@@ -57,25 +58,27 @@ Only the standard library is used: the module runs before anything else of the c
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
+import fcntl
 import functools
 import importlib.util
 import math
 import os
-import pwd
 import re
 import selectors
 import shutil
 import signal
 import site
+import stat
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 __all__ = [
     "MODES",
@@ -112,7 +115,9 @@ FIX = (
     "install bubblewrap (apt-get install bubblewrap / dnf install bubblewrap) and allow unprivileged user "
     "namespaces, or pass --sandbox none knowingly"
 )
-SLOT_UID_BASE = 61_000  # root's concurrent sandboxes run as 61000, 61001, ... (no user has them on a normal system)
+SLOT_UID_BASE = 61_000  # root's sandboxes run as 61000 ... 61999, one uid each (no user has them on a normal system)
+SANDBOX_UIDS = range(SLOT_UID_BASE, SLOT_UID_BASE + 1000)
+UID_CLAIMS = ("/run/course-sandbox-uids", "/tmp/course-sandbox-uids")  # the first whose parent exists holds the claims
 _BWRAP_TASKS = 2  # bwrap's own tasks of the sandbox uid: the setup process and the PID namespace's reaper
 STOP = threading.Event()  # set when the run is being stopped (Ctrl-C): every sandbox still running is killed
 _GRACE_S = 5.0  # after the command ended or was killed, how long pipes may stay open before we stop reading
@@ -226,7 +231,11 @@ def describe(mode: str, *, image: str | None = None) -> str:
     if bwrap is None:
         return "sandbox bwrap: bubblewrap not found on PATH"
     version = _bwrap_features(bwrap)[0] or "unknown version"
-    who = f"root -> uid {_nobody()[0]} (nested bwrap)" if os.geteuid() == 0 else f"uid {os.getuid()}"
+    who = (
+        f"root -> a uid of its own among {SANDBOX_UIDS[0]}-{SANDBOX_UIDS[-1]} (nested bwrap)"
+        if os.geteuid() == 0
+        else f"uid {os.getuid()}"
+    )
     return (
         f"sandbox bwrap: {version} at {bwrap}, {who}, all namespaces unshared, no network, read-only "
         f"environment, tmpfs {SCRATCH}"
@@ -277,8 +286,9 @@ def run(
 
     bwrap only: `as_pid_1` makes the command the first process of its PID namespace (no reaper above it), so the
     processes it starts cannot signal it (the kernel drops their signals to an init that has no handler) and it
-    can kill them all. `slot` (0, 1, ...): under root, sandboxes running at the same time get different uids
-    (SLOT_UID_BASE + slot), so a fork bomb in one uses up only its own RLIMIT_NPROC.
+    can kill them all. Under root every sandbox runs as a uid no other sandbox on the machine has meanwhile
+    (`claimed_uid`; `slot`, 0, 1, ..., says where to start looking), so a fork bomb in one uses up only its own
+    RLIMIT_NPROC.
     """
     argv = _check_argv(argv)
     mode = _check_mode(default_mode() if mode is None else mode, image)
@@ -392,27 +402,67 @@ def _run_bwrap(
     env = environment(limits, extra_env)
     paths = read_only_paths(packages, read_only)
     inner = _inner_args(paths, limits, env, has_disable_userns) + (["--as-pid-1"] if as_pid_1 else [])
-    if os.geteuid() == 0:
-        uid, gid = _nobody() if slot is None else (SLOT_UID_BASE + slot, SLOT_UID_BASE + slot)
-        rlimits = _rlimits(limits, uid)
+    if os.geteuid() != 0:
+        command = [*_launcher(_rlimits(limits, os.getuid()), -1, -1), bwrap, *inner, "--", *argv]
+        return _execute(command, stdin, limits, env, cwd="/")
+    with claimed_uid(0 if slot is None else slot) as uid:
         outer_paths = _outermost([*paths, os.path.realpath(bwrap)])
         command = [
             bwrap,
             *_outer_args(outer_paths),
             "--",
-            *_launcher(rlimits, uid, gid),
+            *_launcher(_rlimits(limits, uid), uid, uid),
             os.path.realpath(bwrap),
             *inner,
             "--",
             *argv,
         ]
-    else:
-        command = [*_launcher(_rlimits(limits, os.getuid()), -1, -1), bwrap, *inner, "--", *argv]
-    return _execute(command, stdin, limits, env, cwd="/")
+        return _execute(command, stdin, limits, env, cwd="/")
+
+
+@contextlib.contextmanager
+def claimed_uid(preferred: int = 0) -> Iterator[int]:
+    """A uid of SANDBOX_UIDS that no other sandbox on this machine runs as while the block runs (root only).
+
+    RLIMIT_NPROC counts every task of a uid system-wide, so two sandboxes under one uid share one count: a fork
+    bomb in one `course grade` run (each run's first worker is slot 0) made an honest notebook's processes fail
+    to start in another run grading beside it. The claim is an exclusive flock on `<uid>.lock` in the first of
+    UID_CLAIMS whose parent exists, taken without waiting, from SANDBOX_UIDS[preferred] on; it ends with the
+    block or with the process that took it. SandboxUnavailable when all 1000 are taken or the folder is unsafe."""
+    folder = _claims_folder()
+    for offset in range(len(SANDBOX_UIDS)):
+        uid = SANDBOX_UIDS[(preferred + offset) % len(SANDBOX_UIDS)]
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(os.path.join(folder, f"{uid}.lock"), flags, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        try:
+            yield uid
+        finally:
+            os.close(fd)  # the lock goes with the last descriptor: bwrap never had it (O_CLOEXEC, close_fds)
+        return
+    raise SandboxUnavailable(f"every sandbox uid {SANDBOX_UIDS[0]}-{SANDBOX_UIDS[-1]} is in use on this machine")
+
+
+def _claims_folder() -> str:
+    """The folder of the uid claims, made root-only if new; refused when another user could write in it (and
+    so take or forge claims) or it is a link."""
+    folder = next((path for path in UID_CLAIMS if os.path.isdir(os.path.dirname(path))), UID_CLAIMS[-1])
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(folder, 0o700)
+    info = os.lstat(folder)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != 0 or info.st_mode & 0o022:
+        raise SandboxUnavailable(
+            f"{folder} must be a folder of root's that no one else may write in (it holds the sandbox uid claims)"
+        )
+    return folder
 
 
 def _inner_args(paths: list[str], limits: Limits, env: Mapping[str, str], disable_userns: bool) -> list[str]:
-    """bwrap options of the sandbox itself (the same as a normal user or as nobody under root)."""
+    """bwrap options of the sandbox itself (the same as a normal user or as the claimed uid under root)."""
     args = [
         "--unshare-all",
         "--unshare-user",
@@ -524,15 +574,6 @@ def _tasks_of(uid: int) -> int:
         if int(fields.get("Uid", "-1").split()[0]) == uid:
             count += int(fields.get("Threads", "1").strip() or 1)
     return count
-
-
-def _nobody() -> tuple[int, int]:
-    """(uid, gid) of the unprivileged user a root caller's sandbox runs as: `nobody`, else 65534."""
-    try:
-        entry = pwd.getpwnam("nobody")
-        return entry.pw_uid, entry.pw_gid
-    except KeyError:
-        return 65534, 65534
 
 
 def _which_bwrap() -> str:
