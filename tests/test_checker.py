@@ -7,6 +7,7 @@ import math
 import os
 import pickle
 import signal
+import sys
 import time
 
 import numpy as np
@@ -253,6 +254,51 @@ def test_an_except_exception_in_a_test_cell_does_not_swallow_its_time_limit():
     assert not verdict.passed and verdict.needs_regrade, verdict
     assert verdict.message == "the tests ran past 0.5 s, only 0 s of them in your functions", verdict.message
     assert time.monotonic() - started < 2.5
+
+
+# Run as root, then as a spare uid whose task limit is full: the kernel refuses every fork, as it did when another
+# sandbox of the grading user filled that user's count (a fork bomb in one course's submission, seen in CI)
+REFUSED_FORKS = """
+import json, os, resource, sys
+from course_lib.grading import checker
+
+def verdict():
+    namespace = {"__name__": "__main__"}
+    code = checker.StudentCode(namespace, {"todo": "def double(x):\\n    return 2 * x\\n"}, 10.0, ("double",))
+    namespace["double"] = checker.StudentFunction(code, "double")
+    found = checker.check_cell(namespace, code, "test_double", 1.0, "assert double(2) == 4", 10.0)
+    return {"passed": found.passed, "message": found.message, "needs_regrade": found.needs_regrade}
+
+honest = verdict()
+uid = int(sys.argv[1])
+os.setgroups([])
+os.setresgid(uid, uid, uid)
+os.setresuid(uid, uid, uid)
+tasks = len(os.listdir("/proc/self/task"))
+resource.setrlimit(resource.RLIMIT_NPROC, (tasks, tasks))
+print(json.dumps([honest, verdict()]))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can run the check as a uid whose task limit is full")
+def test_a_student_process_the_system_will_not_start_marks_the_cell_for_regrading():
+    """A fork the kernel refuses, even after every student process was ended, is not the student's doing: the
+    cell is marked for regrading, where it used to fail with BlockingIOError (an honest notebook scored 0)."""
+    import json
+    import subprocess
+
+    from course_lib.instructor import sandbox
+
+    with sandbox.claimed_uid(520) as uid:  # no sandbox runs as it meanwhile: its task count is this check's alone
+        done = subprocess.run(
+            [sys.executable, "-c", REFUSED_FORKS, str(uid)], capture_output=True, text=True, timeout=120
+        )
+    assert done.returncode == 0, done.stderr[-2000:]
+    honest, refused = json.loads(done.stdout.splitlines()[-1])
+    assert honest == {"passed": True, "message": "", "needs_regrade": ""}
+    assert not refused["passed"], refused
+    assert refused["message"].startswith("the system would not start a student process ("), refused
+    assert refused["needs_regrade"].startswith("test_double: the system would not start a student process"), refused
 
 
 BURNER = (

@@ -87,6 +87,21 @@ class StudentProcessEnded(AssertionError):
     """The student's call did not come back: it ran past its time, or its process ended without an answer."""
 
 
+class ProcessRefused(BaseException):
+    """The system would not start a student process, even with every student process ended first: the task limit
+    is full of processes that are not this submission's (as a normal user, other sandboxes of that user count
+    towards it too). Not the student's doing: the cell is marked for regrading. A BaseException, so that a test's
+    `except Exception` does not take it for the student's error."""
+
+
+def fork_student_process() -> int:
+    """os.fork() for a student process; ProcessRefused when the system refuses (EAGAIN, ENOMEM)."""
+    try:
+        return os.fork()
+    except OSError as error:
+        raise ProcessRefused(f"the system would not start a student process ({error.strerror or error})") from None
+
+
 # ---------------------------------------------------------------------------------------------------- the data form
 @dataclass(frozen=True)
 class Opaque:
@@ -437,7 +452,12 @@ def run_in_child(work: Callable[[], Any], timeout_s: float, keep: int | None = N
     process is the sandbox's first; else the child's process group), except the process `keep`.
     """
     read_fd, write_fd = os.pipe()
-    pid = os.fork()
+    try:
+        pid = fork_student_process()
+    except ProcessRefused:
+        os.close(read_fd)
+        os.close(write_fd)
+        raise
     if pid == 0:  # the child: never returns
         status = 0
         try:
@@ -566,10 +586,12 @@ class StudentCode:
         self.only_for(name)
         started = time.monotonic()
         try:
-            return run_in_child(
-                lambda: work(self.enter(name)),
-                self.call_timeout_s,
-                keep=self.server.pid if self.server else None,
+            return self.started(
+                lambda: run_in_child(
+                    lambda: work(self.enter(name)),
+                    self.call_timeout_s,
+                    keep=self.server.pid if self.server else None,
+                )
             )
         finally:
             self.seconds += time.monotonic() - started
@@ -580,7 +602,7 @@ class StudentCode:
         try:
             self.only_for(name)
             if self.server is None:
-                self.server = _Server(self, name)
+                self.server = self.started(lambda: _Server(self, name))
             answers = self.server.ask(name, cases, with_arguments, self.call_timeout_s)
             if self.server.left_processes():  # what it forked shares its pipes: a stale answer could follow
                 self.close()
@@ -589,6 +611,15 @@ class StudentCode:
         if answers is None:  # not picklable: the arguments exist in a forked child already
             answers = self.run(name, lambda function: answers_to(function, cases, with_arguments))
         return answers
+
+    def started(self, start: Callable[[], Any]) -> Any:
+        """start(), which forks a student process first thing; refused, every student process is ended (what a
+        fork bomb of this submission left) and it is tried once more: a second refusal is ProcessRefused."""
+        try:
+            return start()
+        except ProcessRefused:
+            self.close()
+            return start()
 
     def only_for(self, name: str) -> None:
         """Before a student process for `name` starts: the only one alive beside it may be `name`'s own server; any
@@ -660,7 +691,12 @@ class _Server:
         self.setup_ids = {id(value): key for key, value in code.namespace.items() if _by_name(value)}
         requests_read, self.requests = os.pipe()
         self.answers, answers_write = os.pipe()
-        self.pid = os.fork()
+        try:
+            self.pid = fork_student_process()
+        except ProcessRefused:
+            for fd in (requests_read, self.requests, self.answers, answers_write):
+                os.close(fd)
+            raise
         if self.pid == 0:
             status = 0
             try:
@@ -965,6 +1001,9 @@ def check_cell(
         else:
             verdict.message = f"the tests ran past {timeout_s:g} s, only {spent:.0f} s of them in your functions"
             verdict.needs_regrade = f"{grade_id}: {verdict.message} (a loaded machine?)"
+    except ProcessRefused as error:
+        verdict.message = str(error)
+        verdict.needs_regrade = f"{grade_id}: {error} (other processes of the grading user filled its task limit?)"
     except Exception as error:  # noqa: BLE001 - any failure of a test cell loses its points
         verdict.message = _last_line(error)
     finally:
@@ -997,9 +1036,13 @@ def run_checks(
     student = StudentCode(dict(namespace), solutions, call_timeout_s, tuple(names))
     for name in names:
         namespace[name] = StudentFunction(student, name)
-    for name in answers:
-        with contextlib.suppress(Exception):  # unbound, unreadable or too slow: the test cell says it is missing
-            namespace[name] = student_answer(student, name)
+    try:
+        for name in answers:
+            with contextlib.suppress(Exception):  # unbound, unreadable or too slow: the test cell says it is missing
+                namespace[name] = student_answer(student, name)
+    except ProcessRefused as error:
+        student.close()
+        return f"{error} (other processes of the grading user filled its task limit?)", []
     verdicts = []
     try:
         for grade_id, points, source in tests:
