@@ -1408,9 +1408,12 @@ def test_a_memory_hog_fails_alone(hostile):
 
 @pytest.mark.slow
 def test_a_disk_filler_fills_its_own_scratch_only(hostile):
-    free = hostile["free"]
-    assert free.before - free.lowest < 100 * 2**20, (free.before, free.lowest)
-    assert abs(free.before - free.after) < 100 * 2**20, (free.before, free.after)
+    # A filler that reached this disk would take 1 GiB from it (its file-size limit) in the first folder it reached;
+    # the tests running beside this one on the same disk (a second pytest worker, a build) take up to a few hundred
+    # MB while it runs: 184 MB was seen, which failed the 100 MB this bound used to be.
+    free, bound = hostile["free"], 512 * 2**20
+    assert free.before - free.lowest < bound, (free.before, free.lowest)
+    assert abs(free.before - free.after) < bound, (free.before, free.after)
     printed = _printed(hostile["root"], "diskfill")
     assert "FILLED " in printed, printed[:2000]
     report = json.loads(printed.split("FILLED ", 1)[1].splitlines()[0])
