@@ -581,20 +581,24 @@ def test_each_claim_is_a_uid_no_other_claim_holds_meanwhile(monkeypatch):
 
 
 def test_a_claims_folder_others_may_write_in_is_refused(tmp_path, monkeypatch):
-    """Another user who could write in the claims folder could hold every uid (or swap a lock file for a link)."""
+    """Another user who could write in the claims folder could hold every uid (or swap a lock file for a link):
+    such a folder is passed over, as one that cannot be made is (a read-only /run); with none left, refused."""
     if os.geteuid() != 0:
         pytest.skip("the claims folder is root's")
-    folder = tmp_path / "claims"
-    folder.mkdir(mode=0o777)
-    folder.chmod(0o777)
-    monkeypatch.setattr(sandbox, "UID_CLAIMS", (str(folder),))
-    with pytest.raises(sandbox.SandboxUnavailable, match="no one else may write in"):
+    shared, missing, usable = tmp_path / "shared", tmp_path / "no-such-parent" / "claims", tmp_path / "claims"
+    shared.mkdir()
+    shared.chmod(0o777)
+    monkeypatch.setattr(sandbox, "SANDBOX_UIDS", range(61_510, 61_513))
+    monkeypatch.setattr(sandbox, "UID_CLAIMS", (str(shared), str(missing)))
+    with pytest.raises(sandbox.SandboxUnavailable, match="no folder for the sandbox uid claims") as refused:
         with sandbox.claimed_uid():
             pass
-    folder.chmod(0o700)
-    monkeypatch.setattr(sandbox, "SANDBOX_UIDS", range(61_510, 61_513))
+    assert "shared is not a folder of root's that no one else may write in" in str(refused.value)
+    assert "No such file or directory" in str(refused.value)
+    monkeypatch.setattr(sandbox, "UID_CLAIMS", (str(shared), str(missing), str(usable)))
     with sandbox.claimed_uid(2) as uid:
-        assert uid == 61_512 and (folder / f"{uid}.lock").exists()
+        assert uid == 61_512 and (usable / f"{uid}.lock").exists() and not list(shared.iterdir())
+    assert usable.stat().st_mode & 0o777 == 0o700
 
 
 DISK = """

@@ -117,7 +117,7 @@ FIX = (
 )
 SLOT_UID_BASE = 61_000  # root's sandboxes run as 61000 ... 61999, one uid each (no user has them on a normal system)
 SANDBOX_UIDS = range(SLOT_UID_BASE, SLOT_UID_BASE + 1000)
-UID_CLAIMS = ("/run/course-sandbox-uids", "/tmp/course-sandbox-uids")  # the first whose parent exists holds the claims
+UID_CLAIMS = ("/run/course-sandbox-uids", "/tmp/course-sandbox-uids")  # the first usable one holds the claims
 _BWRAP_TASKS = 2  # bwrap's own tasks of the sandbox uid: the setup process and the PID namespace's reaper
 STOP = threading.Event()  # set when the run is being stopped (Ctrl-C): every sandbox still running is killed
 _GRACE_S = 5.0  # after the command ended or was killed, how long pipes may stay open before we stop reading
@@ -426,14 +426,17 @@ def claimed_uid(preferred: int = 0) -> Iterator[int]:
 
     RLIMIT_NPROC counts every task of a uid system-wide, so two sandboxes under one uid share one count: a fork
     bomb in one `course grade` run (each run's first worker is slot 0) made an honest notebook's processes fail
-    to start in another run grading beside it. The claim is an exclusive flock on `<uid>.lock` in the first of
-    UID_CLAIMS whose parent exists, taken without waiting, from SANDBOX_UIDS[preferred] on; it ends with the
-    block or with the process that took it. SandboxUnavailable when all 1000 are taken or the folder is unsafe."""
+    to start in another run grading beside it. The claim is an exclusive flock on `<uid>.lock` in the first usable
+    folder of UID_CLAIMS, taken without waiting, from SANDBOX_UIDS[preferred] on; it ends with the block or with
+    the process that took it. SandboxUnavailable when every uid is taken or no folder of UID_CLAIMS is usable."""
     folder = _claims_folder()
     for offset in range(len(SANDBOX_UIDS)):
         uid = SANDBOX_UIDS[(preferred + offset) % len(SANDBOX_UIDS)]
         flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(os.path.join(folder, f"{uid}.lock"), flags, 0o600)
+        try:
+            fd = os.open(os.path.join(folder, f"{uid}.lock"), flags, 0o600)
+        except OSError as error:
+            raise SandboxUnavailable(f"cannot claim sandbox uid {uid} in {folder}: {error.strerror}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -448,17 +451,22 @@ def claimed_uid(preferred: int = 0) -> Iterator[int]:
 
 
 def _claims_folder() -> str:
-    """The folder of the uid claims, made root-only if new; refused when another user could write in it (and
-    so take or forge claims) or it is a link."""
-    folder = next((path for path in UID_CLAIMS if os.path.isdir(os.path.dirname(path))), UID_CLAIMS[-1])
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(folder, 0o700)
-    info = os.lstat(folder)
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != 0 or info.st_mode & 0o022:
-        raise SandboxUnavailable(
-            f"{folder} must be a folder of root's that no one else may write in (it holds the sandbox uid claims)"
-        )
-    return folder
+    """The first folder of UID_CLAIMS that is root's and that no one else may write in (who could would take or
+    forge claims), made root-only if new; SandboxUnavailable when there is none (a read-only /run and /tmp)."""
+    problems = []
+    for folder in UID_CLAIMS:
+        try:
+            os.mkdir(folder, 0o700)
+        except FileExistsError:
+            pass
+        except OSError as error:
+            problems.append(f"{folder}: {error.strerror}")
+            continue
+        info = os.lstat(folder)
+        if stat.S_ISDIR(info.st_mode) and info.st_uid == 0 and not info.st_mode & 0o022:
+            return folder
+        problems.append(f"{folder} is not a folder of root's that no one else may write in")
+    raise SandboxUnavailable(f"no folder for the sandbox uid claims ({'; '.join(problems)})")
 
 
 def _inner_args(paths: list[str], limits: Limits, env: Mapping[str, str], disable_userns: bool) -> list[str]:
