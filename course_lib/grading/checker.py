@@ -94,6 +94,9 @@ class ProcessRefused(BaseException):
     `except Exception` does not take it for the student's error."""
 
 
+REFUSED_HINT = "other processes of the grading user filled its task limit?"  # why a regrade, after ProcessRefused
+
+
 def fork_student_process() -> int:
     """os.fork() for a student process; ProcessRefused when the system refuses (EAGAIN, ENOMEM)."""
     try:
@@ -1003,7 +1006,7 @@ def check_cell(
             verdict.needs_regrade = f"{grade_id}: {verdict.message} (a loaded machine?)"
     except ProcessRefused as error:
         verdict.message = str(error)
-        verdict.needs_regrade = f"{grade_id}: {error} (other processes of the grading user filled its task limit?)"
+        verdict.needs_regrade = f"{grade_id}: {error} ({REFUSED_HINT})"
     except Exception as error:  # noqa: BLE001 - any failure of a test cell loses its points
         verdict.message = _last_line(error)
     finally:
@@ -1042,7 +1045,7 @@ def run_checks(
                 namespace[name] = student_answer(student, name)
     except ProcessRefused as error:
         student.close()
-        return f"{error} (other processes of the grading user filled its task limit?)", []
+        return f"{error} ({REFUSED_HINT})", []
     verdicts = []
     try:
         for grade_id, points, source in tests:
