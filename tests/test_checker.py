@@ -118,14 +118,28 @@ def test_only_imports_definitions_and_name_assignments_of_a_todo_cell_run():
         "class Helper:\n    pass\n"
         "print('run me')\ngrading.assert_same = None\nmath.pi = 3\nfor i in range(3):\n    pass\n"
     )
-    code, notes = checker.student_module({"todo_f": source})
+    codes, notes = checker.student_module({"todo_f": source})
     namespace = {}
-    exec(code, namespace)
+    exec(codes["todo_f"], namespace)
     assert namespace["f"](1) == 4 and namespace["limit"] == 4 and "Helper" in namespace
     assert math.pi != 3
     assert "lines 9, 10, 11, 12" in notes[0]
     _, notes = checker.student_module({"todo_g": "def g(:\n"})
     assert "does not parse" in notes[0]
+
+
+def test_a_todo_cell_that_fails_when_run_costs_only_the_functions_it_had_not_defined():
+    """As in a kernel: a cell whose import fails stops there; the cells after it still define their functions."""
+    sources = {
+        "todo_broken": "from math import no_such_name\ndef broken(x):\n    return x\n",
+        "todo_first": "def first(x):\n    return x + 1\nfrom math import also_missing\n",
+        "todo_fine": "def fine(x):\n    return 2 * x\n",
+    }
+    code = checker.StudentCode({}, sources, 20.0, ("broken", "first", "fine"))
+    assert checker.StudentFunction(code, "fine")(21) == 42
+    assert checker.StudentFunction(code, "first")(1) == 2  # defined before its cell stopped
+    with pytest.raises(NameError, match=r"todo_broken stopped at ImportError: cannot import name 'no_such_name'"):
+        checker.StudentFunction(code, "broken")(1)
 
 
 def test_a_call_returns_the_students_value_and_its_exceptions_by_their_builtin_type():

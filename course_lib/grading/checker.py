@@ -349,12 +349,14 @@ def _kept(statement: ast.stmt) -> bool:
     return isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name) and statement.simple == 1
 
 
-def student_module(sources: Mapping[str, str]) -> tuple[Any, list[str]]:
-    """The TODO cells' kept statements as one code object, and notes on what was left out.
+def student_module(sources: Mapping[str, str]) -> tuple[dict[str, Any], list[str]]:
+    """Each TODO cell's kept statements as a code object of its own (label -> code), and notes on what was left out.
 
-    A cell that does not parse contributes nothing (its function is then missing, and the tests say so).
+    The cells run one by one, as in a kernel: one that fails (an import of a name that does not exist) loses what
+    it had not yet defined, never another cell's functions. A cell that does not parse contributes nothing (its
+    function is then missing, and the tests say so).
     """
-    body: list[ast.stmt] = []
+    codes: dict[str, Any] = {}
     notes = []
     for label, source in sources.items():
         try:
@@ -368,9 +370,9 @@ def student_module(sources: Mapping[str, str]) -> tuple[Any, list[str]]:
                 f"{label}: the grader ran only the imports, definitions and name assignments of this cell "
                 f"(left out: the statements on lines {', '.join(map(str, dropped[:8]))})"
             )
-        body += [statement for statement in tree.body if _kept(statement)]
-    module = ast.Module(body=body, type_ignores=[])
-    return compile(module, "<your TODO cells>", "exec", dont_inherit=True), notes
+        module = ast.Module(body=[statement for statement in tree.body if _kept(statement)], type_ignores=[])
+        codes[label] = compile(module, f"<your TODO cell {label}>", "exec", dont_inherit=True)
+    return codes, notes
 
 
 def _without_magics(source: str) -> str:
@@ -576,8 +578,9 @@ class StudentCode:
     sources: Mapping[str, str]
     call_timeout_s: float = CALL_TIMEOUT_S
     names: tuple[str, ...] = ()
-    code: Any = None
+    code: dict[str, Any] = field(default_factory=dict)  # TODO cell label -> its compiled kept statements
     notes: list[str] = field(default_factory=list)
+    failed_cells: dict[str, str] = field(default_factory=dict)  # in a student process: label -> what stopped it
     seconds: float = 0.0  # time spent waiting for the student's processes
     server: Any = None
 
@@ -662,7 +665,11 @@ class StudentCode:
                 grading.block_library(name)
         namespace = dict(self.namespace)
         namespace["__name__"] = "__main__"
-        exec(self.code, namespace)  # noqa: S102 - the student's code, in a student process only
+        for label, code in self.code.items():
+            try:
+                exec(code, namespace)  # noqa: S102 - the student's code, in a student process only
+            except Exception as error:  # noqa: BLE001 - as in a kernel: this cell stops, the next ones run
+                self.failed_cells[label] = f"{type(error).__name__}: {str(error)[:200]}"
         return namespace
 
     def function(self, namespace: dict[str, Any], name: str) -> Callable:
@@ -676,9 +683,10 @@ class StudentCode:
         if name in grading.BLOCKABLE:
             grading.block_library(name)
         if name not in namespace:
+            stopped = "".join(f"; your TODO cell {label} stopped at {why}" for label, why in self.failed_cells.items())
             raise NameError(
                 f"{name} is not defined by your TODO cells (the grader runs only their imports, "
-                "definitions and name assignments: is it defined there, and does the cell parse?)"
+                f"definitions and name assignments: is it defined there, and does the cell parse?){stopped}"
             )
         return namespace[name]
 
