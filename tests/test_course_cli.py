@@ -606,6 +606,114 @@ def test_a_notebook_that_cannot_be_recorded_fails_alone(tmp_path, monkeypatch):
     assert (tmp_path / "submitted" / "ann" / CHAPTER / f"{CHAPTER}.ipynb").read_bytes() == b"{}"  # the file is kept
 
 
+STRAY_MARKERS = [  # (cell type, the student's text, what is graded)
+    ("markdown", "### BEGIN HIDDEN TESTS\nno end", "### BEGIN-HIDDEN TESTS\nno end"),
+    (
+        "markdown",
+        "### BEGIN HIDDEN TESTS\nkept\n### END HIDDEN TESTS",
+        "### BEGIN-HIDDEN TESTS\nkept\n### END-HIDDEN TESTS",
+    ),
+    ("markdown", "### END HIDDEN TESTS", "### END-HIDDEN TESTS"),
+    (
+        "code",
+        "# ### BEGIN HIDDEN TESTS\nnote = 'END HIDDEN TESTS'",
+        "# ### BEGIN-HIDDEN TESTS\nnote = 'END-HIDDEN TESTS'",
+    ),
+]
+
+
+@pytest.mark.parametrize(("kind", "text", "graded"), STRAY_MARKERS)
+def test_nbgraders_markers_in_a_students_own_cell_are_neutralised_with_a_note(kind, text, graded):
+    """nbgrader reads its hidden-test markers in any line of any cell: in a cell the student owns they lose their
+    meaning (a hyphen after the first word), the cell keeps its text otherwise, and the feedback says why."""
+    release = cells.read(build.NOTEBOOKS_DIR / "release" / CHAPTER / f"{CHAPTER}.ipynb")
+    submitted = nbformat.reads(nbformat.writes(release), as_version=4)
+    make = nbformat.v4.new_markdown_cell if kind == "markdown" else nbformat.v4.new_code_cell
+    submitted.cells.insert(1, make(text))
+    prepared = match.prepare(submitted, release, release)
+    written = "\n".join(cell.source for cell in prepared.notebook.cells)
+    assert not any(delimiter in written for delimiter in match.DELIMITERS)
+    assert graded in [cell.source for cell in prepared.notebook.cells]
+    assert any("nbgrader's markers" in note for note in prepared.notes), prepared.notes
+
+
+def test_the_neutralised_markers_are_all_that_grading_and_feedback_read():
+    """The course's hidden-test delimiters are the ones neutralised, and no other delimiter-reading preprocessor
+    (ClearSolutions, ClearMarkScheme: generate_assignment's) runs in autograde or in Generate Feedback."""
+    from traitlets.config.loader import PyFileConfigLoader
+
+    from course_lib.instructor import grade
+
+    config = PyFileConfigLoader("nbgrader_config.py", path=str(build.NOTEBOOKS_DIR)).load_config()
+    configured = (config.ClearHiddenTests.begin_test_delimeter, config.ClearHiddenTests.end_test_delimeter)
+    assert configured == match.DELIMITERS
+    feedback = [name.rsplit(".", 1)[-1] for name in config.GenerateFeedback.preprocessors]
+    recorder = grade.NbgraderRecorder(build.NOTEBOOKS_DIR, build.NOTEBOOKS_DIR / "submitted")
+    autograde = recorder.api.config.Autograde
+    used = feedback + [p.__name__ for p in autograde.sanitize_preprocessors + autograde.autograde_preprocessors]
+    assert "ClearHiddenTests" in used and not {"ClearSolutions", "ClearMarkScheme"} & set(used)
+
+
+def test_a_notebook_nbgrader_refuses_is_recorded_with_its_verdicts_and_the_reason(tmp_path, monkeypatch):
+    """Real nbgrader refuses a notebook with an unended hidden-test marker in a student's cell (here one the matcher
+    was made to let through); the grade is in the test cells' verdicts, so it is recorded without the student's text,
+    at those verdicts, with the reason, and the same again on a rerun."""
+    from course_lib.instructor import confined, grade
+
+    monkeypatch.setattr(match, "DELIMITERS", ())
+    root = build.copy_course_skeleton(build.NOTEBOOKS_DIR, tmp_path / "course")
+    build.build_course(root, only=[CHAPTER])
+    source = cells.read(root / "source" / CHAPTER / f"{CHAPTER}.ipynb")
+    release = cells.read(root / "release" / CHAPTER / f"{CHAPTER}.ipynb")
+    submitted = nbformat.reads(nbformat.writes(release), as_version=4)
+    submitted.cells.insert(1, nbformat.v4.new_markdown_cell("### BEGIN HIDDEN TESTS\nno end"))
+    passing = {grade_id for grade_id, _, _ in cells.graded_cells(source)}
+    failing = sorted(passing)[0]
+
+    def grade_all(jobs, workers, confinement, on_result):
+        for job in jobs:
+            verdicts = {
+                grade_id: {
+                    "grade_id": grade_id,
+                    "passed": grade_id != failing,
+                    "message": "wrong" * (grade_id == failing),
+                }
+                for grade_id, _, _ in job["checker"]["tests"]
+            }
+            on_result(
+                job["key"],
+                {"notebook": job["kernel"]["notebook"], "seconds": 1.0},
+                confined.CheckerResult(verdicts=verdicts),
+            )
+
+    monkeypatch.setattr(confined, "grade_all", grade_all)
+    chapters = {CHAPTER: grade.Chapter(CHAPTER, source, release)}
+    (tmp_path / "scratch").mkdir()
+    expected = {g: (0.0 if g == failing else p, p) for g, p, _ in cells.graded_cells(source)}
+    for _ in range(2):
+        ready = [
+            (
+                submissions.Submission(tmp_path / "ann.ipynb", "ann.ipynb", "ann", CHAPTER, submitted, raw=b"{}"),
+                match.prepare(submitted, source, release),
+            )
+        ]
+        [outcome] = grade._execute_and_record(
+            root,
+            root,
+            ready,
+            chapters,
+            workers=1,
+            progress=False,
+            limits=(5, 10),
+            kernel_name="python3",
+            confinement=confined.Confinement(),
+            staging=tmp_path / "scratch",
+        )
+        assert outcome.status == "graded", outcome.reason
+        assert any("recorded without your own cells' text" in n and "No end hidden tests" in n for n in outcome.notes)
+        assert grade.cell_scores(root, CHAPTER, "ann") == expected
+
+
 @pytest.mark.parametrize(
     "stamp",
     [

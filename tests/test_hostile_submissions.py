@@ -801,6 +801,15 @@ ATTACKS = {
     "source": (REBUILD_TOP, SOURCE_BODY),
     "originals": (REBUILD_TOP, ORIGINALS_BODY),
     "grabtop": (GRAB_TOP, GRAB_BODY),
+    "markertodo": ("# ### BEGIN HIDDEN TESTS: a stray nbgrader marker, never ended", ""),
+    # not an attack: a TODO cell that fails at import costs its own function only, as in a kernel, not the next cell's
+    "importfails": ("from math import no_such_name", ""),
+}
+# A stray nbgrader marker in a markdown cell of the student's (the ledger cell is the attacks' wrong one, no patch):
+# nbgrader's ClearHiddenTests refused such a notebook, leaving it ungraded at every run.
+MARKDOWN_MARKERS = {
+    "markerbegin": "### BEGIN HIDDEN TESTS\nmy notes, never ended",
+    "markerend": "### END HIDDEN TESTS\n### BEGIN SOLUTION (read only when an assignment is generated: kept)",
 }
 PLANTER = "planter"  # honest ledger_from_roles with PLANTER_TAIL, audit_context_fit as handed out: 3 points
 STASHER = "stasher"  # honest ledger_from_roles that stashes the library's audit code; an audit that loads it
@@ -820,12 +829,15 @@ def _course(*args: str, cwd: Path, env: dict | None = None) -> subprocess.Comple
     return subprocess.run([COURSE, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=1500)
 
 
-def _submission(release: nbformat.NotebookNode, sources: dict[str, str], path: Path) -> None:
+def _submission(release: nbformat.NotebookNode, sources: dict[str, str], path: Path, markdown: str = "") -> None:
+    """The release with `sources` in its TODO cells, and a markdown cell of `markdown` after the first, if given."""
     notebook = nbformat.from_dict(json.loads(nbformat.writes(release)))
     for cell in notebook.cells:
         grade_id = cells.nbgrader_meta(cell).get("grade_id")
         if cell.cell_type == "code" and grade_id in sources:
             cell.source = sources[grade_id]
+    if markdown:
+        notebook.cells.insert(1, nbformat.v4.new_markdown_cell(markdown))
     path.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(notebook, str(path))
 
@@ -1155,6 +1167,14 @@ def hostile(tmp_path_factory):
                 {**solutions, "todo_ledger_from_roles": written[student]},
                 hostile_inbox / f"{student}_{CHAPTER}.ipynb",
             )
+        for student, text in MARKDOWN_MARKERS.items():
+            written[student] = _ledger_cell(imports, "", "")
+            _submission(
+                release,
+                {**solutions, "todo_ledger_from_roles": written[student]},
+                hostile_inbox / f"{student}_{CHAPTER}.ipynb",
+                markdown=text,
+            )
         _submission(release, solutions, hostile_inbox / f"{LATER}_{CHAPTER}.ipynb")
         planter = {
             "todo_ledger_from_roles": solutions["todo_ledger_from_roles"] + PLANTER_TAIL,
@@ -1231,7 +1251,7 @@ def hostile(tmp_path_factory):
                 target.unlink()
 
 
-HOSTILE = sorted(ATTACKS)
+HOSTILE = sorted([*ATTACKS, *MARKDOWN_MARKERS])
 
 
 # ------------------------------------------------------------------------------------ invariants of the run
@@ -1239,8 +1259,8 @@ HOSTILE = sorted(ATTACKS)
 def test_the_run_grades_every_submission_and_exits_0(hostile):
     run = hostile["run"]
     assert run.returncode == 0, run.stdout + run.stderr[-3000:]
-    assert f"graded {len(ATTACKS) + 3}, failed 0, skipped 0" in run.stdout, run.stdout
-    for student in [*ATTACKS, LATER, PLANTER, STASHER, *HONEST_EARLIER]:
+    assert f"graded {len(ATTACKS) + len(MARKDOWN_MARKERS) + 3}, failed 0, skipped 0" in run.stdout, run.stdout
+    for student in [*ATTACKS, *MARKDOWN_MARKERS, LATER, PLANTER, STASHER, *HONEST_EARLIER]:
         assert hostile["csv"][student]["status"] == "graded", (student, hostile["csv"][student])
 
 
@@ -1249,6 +1269,17 @@ def test_the_run_grades_every_submission_and_exits_0(hostile):
 def test_each_hostile_submission_keeps_exactly_its_honest_points(hostile, student):
     assert _points(hostile, student) == (5.0, 0.0, 5.0), (hostile["csv"].get(student), _line(hostile["run"], student))
     assert hostile["csv"][student]["status"] == "graded"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("student", ["markertodo", *MARKDOWN_MARKERS])
+def test_a_stray_nbgrader_marker_is_graded_as_text_with_a_note(hostile, student):
+    """The marker loses its meaning in the student's cell (ClearHiddenTests no longer refuses the notebook), the
+    feedback says so, and the autograded notebook keeps the student's text around it."""
+    assert "nbgrader's markers" in hostile["csv"][student]["notes"], hostile["csv"][student]
+    autograded = cells.read(hostile["root"] / "autograded" / student / CHAPTER / f"{CHAPTER}.ipynb")
+    text = "\n".join(cell.source for cell in autograded.cells)
+    assert "-HIDDEN TESTS" in text and "BEGIN HIDDEN TESTS" not in text and "END HIDDEN TESTS" not in text
 
 
 @pytest.mark.slow
@@ -1282,7 +1313,7 @@ def test_course_files_and_the_installed_package_are_byte_identical(hostile):
 
 @pytest.mark.slow
 def test_grades_csv_has_a_row_for_every_submission(hostile):
-    assert set(hostile["csv"]) == {*ATTACKS, LATER, PLANTER, STASHER, *HONEST_EARLIER}
+    assert set(hostile["csv"]) == {*ATTACKS, *MARKDOWN_MARKERS, LATER, PLANTER, STASHER, *HONEST_EARLIER}
 
 
 @pytest.mark.slow
@@ -1329,7 +1360,7 @@ def test_gradebook_overwrite_changes_nothing(hostile):
     assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-2000:]
     with open(exported, encoding="utf-8") as handle:
         students = {row["student_id"] for row in csv.DictReader(handle)}
-    assert {*ATTACKS, LATER, PLANTER, STASHER, *HONEST_EARLIER} <= students
+    assert {*ATTACKS, *MARKDOWN_MARKERS, LATER, PLANTER, STASHER, *HONEST_EARLIER} <= students
     message = _message(root, "gradebook", LEDGER)  # what it did in the checker's student process
     assert message.startswith("RuntimeError: VANDAL ") and "overwrote" not in message and "/proc/" not in message, (
         message

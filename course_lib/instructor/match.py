@@ -49,6 +49,26 @@ TAMPERING = re.compile(
 )
 
 
+# The delimiters of nbgrader's hidden tests (notebooks/nbgrader_config.py sets them). ClearHiddenTests, which runs in
+# autograde and in Generate Feedback, finds them anywhere in a line of any cell: a stray BEGIN in a student's own cell
+# made it refuse the whole notebook (no grade at any run), and a BEGIN ... END pair cut the student's text. In cells
+# the student owns they are neutralised (`neutralise_delimiters`) before anything runs. The solution and mark-scheme
+# delimiters are read only by generate_assignment, which never sees a submission: they stay as written.
+DELIMITERS = ("BEGIN HIDDEN TESTS", "END HIDDEN TESTS")
+
+
+def neutralise_delimiters(source: str) -> tuple[str, list[str]]:
+    """`source` with every nbgrader delimiter's first space made a hyphen, and the delimiters it held.
+
+    >>> neutralise_delimiters("# ### BEGIN HIDDEN TESTS\\nx = 1")
+    ('# ### BEGIN-HIDDEN TESTS\\nx = 1', ['BEGIN HIDDEN TESTS'])
+    """
+    found = [delimiter for delimiter in DELIMITERS if delimiter in source]
+    for delimiter in found:
+        source = source.replace(delimiter, delimiter.replace(" ", "-", 1))
+    return source, found
+
+
 @dataclass
 class Prepared:
     """A submission ready to execute, and what the matcher found."""
@@ -123,6 +143,12 @@ def _plain(cell: Any) -> Any:
     return cell
 
 
+def _neutralise(cell: Any) -> list[str]:
+    """Neutralise the delimiters in a cell the student owns (in place); the delimiters it held."""
+    cell.source, found = neutralise_delimiters(cell.source)
+    return found
+
+
 def _from_source(cell: Any) -> Any:
     cell = copy.deepcopy(cell)
     if cell.cell_type == "code":
@@ -155,9 +181,10 @@ def prepare(submission: Any, source: Any, release: Any) -> Prepared:
             f"{len(key_cells)} markdown and graded cells recognised, no TODO cell found"
         )
         return result
-    cells = []
+    cells, owned = [], []  # owned: indices (in `cells`) of the cells whose text is the student's
     for i, j in pairs:
         if i is None:
+            owned.append(len(cells))
             cells.append(_plain(submission.cells[j]))
             continue
         reference, original = release.cells[i], source.cells[i]
@@ -176,6 +203,7 @@ def prepare(submission: Any, source: Any, release: Any) -> Prepared:
                 )
                 cell = _from_source(reference)
             else:
+                owned.append(len(cells))
                 cell = _plain(submission.cells[j])
             cell.metadata["nbgrader"] = copy.deepcopy(dict(reference.metadata["nbgrader"]))
             cell["id"] = original.get("id", cell.get("id"))
@@ -189,6 +217,7 @@ def prepare(submission: Any, source: Any, release: Any) -> Prepared:
             if _lines(submission.cells[j].source) != _lines(original.source):
                 result.notes.append("setup cell edited; the original was restored")
         else:
+            owned.append(len(cells))
             cells.append(_plain(submission.cells[j]))
     suspicious = sorted(
         {
@@ -215,6 +244,15 @@ def prepare(submission: Any, source: Any, release: Any) -> Prepared:
             "nbgrader metadata "
             + ("missing" if stripped else "partly missing or changed")
             + "; cells were matched to the source by position and content"
+        )
+    neutralised: set[str] = set()
+    for index in owned:
+        neutralised.update(_neutralise(cells[index]))
+    if neutralised:
+        result.notes.append(
+            f"nbgrader's markers ({', '.join(sorted(neutralised))}) in your own cells were graded with a hyphen "
+            "after their first word: nbgrader reads them wherever they stand, and they would have cut or stopped "
+            "its grading"
         )
     notebook = nbformat.v4.new_notebook(metadata=copy.deepcopy(source.metadata))
     notebook.cells = cells
