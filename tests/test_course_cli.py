@@ -71,11 +71,16 @@ def test_check_shows_which_todos_pass_their_visible_tests(built):
     solutions = cells.solution_cells(cells.read(root / "source" / CHAPTER / f"{CHAPTER}.ipynb"))
     release = root / "release" / CHAPTER / f"{CHAPTER}.ipynb"
     (base / "student").mkdir(exist_ok=True)
+    writes = "open('written_by_the_run.txt', 'w').close()  # as the GPU chapters' lab_results/ are\n"
     half = submission_with(
-        release, {"todo_ledger_from_roles": solutions["todo_ledger_from_roles"]}, base / "student" / f"{CHAPTER}.ipynb"
+        release,
+        {"todo_ledger_from_roles": writes + solutions["todo_ledger_from_roles"]},
+        base / "student" / f"{CHAPTER}.ipynb",
     )
     completed = _course("check", str(half), cwd=base)
     assert completed.returncode == 1, completed.stdout + completed.stderr[-2000:]
+    # the run's files go to a scratch folder, removed afterwards: none beside the notebook, none where course ran
+    assert not list(base.rglob("written_by_the_run.txt"))
     rows = _check_rows(completed)
     assert rows["test_ledger_from_roles"][1:3] == ["PASS", "3"], completed.stdout
     assert rows["test_audit_context_fit"][1:3] == ["FAIL", "5"], completed.stdout

@@ -92,7 +92,10 @@ def called_as_graded(notebook: Any) -> Any:
 def check_notebook(
     path: str | Path, *, cell_timeout: float = 60, notebook_timeout: float = 900, kernel_name: str | None = None
 ) -> list[CheckRow]:
-    """Run the notebook and report each graded cell's visible tests (kernel_name None: ipykernel on this Python)."""
+    """Run the notebook and report each graded cell's visible tests (kernel_name None: ipykernel on this Python).
+
+    It runs in a new empty folder, removed afterwards, as the grader runs it: what its cells write (chapter 9's
+    lab_results/) never lands beside the student's notebook."""
     path = Path(path)
     notebook, problem = read_notebook(path.read_bytes())
     if problem:
@@ -108,7 +111,6 @@ def check_notebook(
         {
             "key": hashlib.sha1(str(path).encode()).hexdigest(),
             "notebook": nbformat.writes(called_as_graded(notebook)),
-            "cwd": str(path.resolve().parent),
             "cell_timeout": cell_timeout,
             "notebook_timeout": notebook_timeout,
             "kernel_name": kernel_name,
