@@ -3,14 +3,14 @@
 With a production vocabulary the logits dominate a long-context microbatch: fp32 logits of one token are
 4 V bytes (0.61 MB for Qwen3's V = 151,936), so 32k tokens hold 19.9 GB before log-softmax and gradients.
 Chunking over time removes the full transient tensor from the forward pass; recomputing each chunk in
-backward (`torch.utils.checkpoint`) stops autograd from keeping every chunk's log-softmax. The entropy of each
+backward (activation checkpointing) stops autograd from keeping every chunk's log-softmax. The entropy of each
 token's distribution, which RL trainers log and regularise, reads the same whole row and gets the same treatment.
 """
 
 from __future__ import annotations
 
 import torch
-from torch.utils.checkpoint import checkpoint
+import torch.utils.checkpoint  # used as torch.utils.checkpoint.checkpoint: a TODO cell's imports name no helper
 
 from ._checks import autocast_enabled, require_int, require_positive_int, require_tensor
 
@@ -115,7 +115,7 @@ def checkpointed_log_probs(
 
     # Autograd keeps only each chunk's inputs (views of hidden, weight, ids); logits are rebuilt in backward.
     pieces = [
-        checkpoint(
+        torch.utils.checkpoint.checkpoint(
             chunk_log_probs,
             hidden[:, start : start + chunk_size],
             weight,
@@ -160,7 +160,9 @@ def chunked_token_entropy(hidden: torch.Tensor, weight: torch.Tensor, chunk_size
         return token_entropy(hidden_chunk @ weight.T)  # [B, C]; logits [B, C, V] live only here
 
     pieces = [
-        checkpoint(chunk_entropy, hidden[:, start : start + chunk_size], weight, use_reentrant=False)
+        torch.utils.checkpoint.checkpoint(
+            chunk_entropy, hidden[:, start : start + chunk_size], weight, use_reentrant=False
+        )
         for start in range(0, hidden.shape[1], chunk_size)
     ]
     if not pieces:  # T = 0: an empty [B, 0], in the dtype token_entropy gives for T > 0

@@ -99,8 +99,9 @@ def print_gradebook(run) -> None:
 
 def surprises(run, wrong_todos: dict[str, str]) -> list[str]:
     """What the gradebook should not show: a solution short of full marks, a blank release with a point, a wrong
-    answer that keeps a point of its TODO's own cells or loses one of another TODO's (`wrong_todos`: chapter ->
-    the TODO its wrong answer is for), a submission not graded."""
+    answer that keeps the points of every one of its TODO's own cells (a TODO's cells each grade one property: the
+    wrong answer must lose at least one) or loses one of another TODO's (`wrong_todos`: chapter -> the TODO its wrong
+    answer is for), a submission not graded."""
     from course_lib.instructor.cells import belongs_to_todo
 
     found = []
@@ -109,13 +110,18 @@ def surprises(run, wrong_todos: dict[str, str]) -> list[str]:
         if outcome.status != "graded":
             found.append(f"{who}: {outcome.status}")
             continue
+        wrong_todo = wrong_todos.get(outcome.chapter, "")
+        own = [cell for cell in outcome.cells if belongs_to_todo(cell.grade_id, wrong_todo)]
+        loses_one = any(cell.score == 0 for cell in own)
         for cell in outcome.cells:
             if outcome.student == "sample-solution":
                 expected = cell.max_score
             elif outcome.student == "sample-blank":
                 expected = 0.0
+            elif cell in own:
+                expected = cell.score if loses_one else 0.0
             else:
-                expected = 0.0 if belongs_to_todo(cell.grade_id, wrong_todos[outcome.chapter]) else cell.max_score
+                expected = cell.max_score
             if cell.score != expected:
                 found.append(f"{who}: {cell.grade_id} scored {cell.score:g}, expected {expected:g}")
     return found

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from course_lib.instructor import build, cells
-from tests.mutants import alternatives, catalogue, library_callers, own_results
+from tests.mutants import alternatives, bounded_losses, catalogue, library_callers, own_results
 from tests.support.grading import grade_in_process
 
 pytestmark = pytest.mark.slow  # the whole module: `make test-all` runs it, `make test` does not
@@ -18,6 +18,12 @@ pytestmark = pytest.mark.slow  # the whole module: `make test-all` runs it, `mak
 ROOT = build.NOTEBOOKS_DIR
 CATALOGUE = catalogue()
 ALTERNATIVES = alternatives()
+BOUNDED = [
+    (chapter, todo, mutant, lost)
+    for chapter, todos in sorted(bounded_losses().items())
+    for todo, mutants in sorted(todos.items())
+    for mutant, lost in sorted(mutants.items())
+]
 CASES = [
     (chapter, todo, mutant)
     for chapter, todos in sorted(CATALOGUE.items())
@@ -73,11 +79,23 @@ def _graded_with(notebook, todo: str, source: str) -> list:
 
 @pytest.mark.parametrize(("chapter", "todo", "mutant"), CASES, ids=[f"{c}:{t}:{m}" for c, t, m in CASES])
 def test_mutant_loses_only_its_own_points(chapter, todo, mutant, source_notebooks):
+    """A TODO's graded cells each hold one property (values, gradients, memory, edge cases): a mutant loses at least
+    one of them, and no other TODO's cell."""
     results = _graded_with(source_notebooks[chapter], todo, CATALOGUE[chapter][todo][mutant])
     own = own_results(results, todo)
     others = [r for r in results if r not in own]
-    assert own and not any(r.passed for r in own), f"mutant {mutant} of {todo} keeps its points"
+    assert own and not all(r.passed for r in own), f"mutant {mutant} of {todo} keeps its points"
     assert all(r.passed for r in others), [(r.grade_id, r.message) for r in others if not r.passed]
+
+
+@pytest.mark.parametrize(("chapter", "todo", "mutant", "lost"), BOUNDED, ids=[f"{c}:{t}:{m}" for c, t, m, _ in BOUNDED])
+def test_a_bounded_mistake_loses_only_its_small_cell(chapter, todo, mutant, lost, source_notebooks):
+    """A missed degenerate case (T = 0, an empty list) loses its own small cell and keeps the mechanism's points."""
+    assert mutant in CATALOGUE[chapter][todo], f"{mutant} is not in {chapter}'s catalogue of {todo}"
+    results = _graded_with(source_notebooks[chapter], todo, CATALOGUE[chapter][todo][mutant])
+    assert {r.grade_id for r in own_results(results, todo)} >= set(lost), f"{chapter} has no cell among {lost}"
+    failed = sorted(r.grade_id for r in results if not r.passed)
+    assert failed == sorted(lost), [(r.grade_id, r.message) for r in results if not r.passed]
 
 
 def test_mutate_refuses_an_edit_that_does_not_fit_the_library():

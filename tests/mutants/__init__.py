@@ -106,8 +106,51 @@ def catalogue(with_library_callers: bool = True) -> dict[str, dict[str, dict[str
     return found
 
 
+# The library's answer with every Python number it returns held by numpy or torch instead: np.int64 for an int,
+# np.bool_ for a bool, a 0-d float64 tensor for a float, through dicts, lists, tuples and named tuples.
+NUMBERS_ELSEWHERE = """
+
+import numpy as _np
+import torch as _torch
+
+
+def _held_elsewhere(value):
+    if isinstance(value, bool):
+        return _np.bool_(value)
+    if isinstance(value, int):
+        return _np.int64(value)
+    if isinstance(value, float):
+        return _torch.tensor(value, dtype=_torch.float64)
+    if isinstance(value, dict):
+        return {key: _held_elsewhere(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_held_elsewhere(item) for item in value]
+    if isinstance(value, tuple):
+        items = [_held_elsewhere(item) for item in value]
+        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
+    return value
+
+
+def {name}(*args, **kwargs):
+    return _held_elsewhere(_python_{name}(*args, **kwargs))
+"""
+
+
+def numbers_held_elsewhere(chapter: str) -> dict[str, dict[str, str]]:
+    """todo_name -> {"numbers_held_by_numpy_or_torch": source} for every TODO function of `chapter`: the library's
+    code (renamed) whose results come back as numpy scalars and 0-d tensors. The value is the lesson, not the type
+    that holds it, so each must keep every point (issue 31)."""
+    found = {}
+    for todo, target in solution_targets(chapter).items():
+        name = target.rsplit(".", 1)[1]
+        renamed = mutate(target, (f"def {name}(", f"def _python_{name}("))
+        found[todo] = {"numbers_held_by_numpy_or_torch": renamed + NUMBERS_ELSEWHERE.replace("{name}", name)}
+    return found
+
+
 def alternatives() -> dict[str, dict[str, dict[str, str]]]:
-    """chapter name -> {todo_name: {name: source}}: correct answers written differently from the library's code.
+    """chapter name -> {todo_name: {name: source}}: correct answers written differently from the library's code,
+    and each TODO function's answer with its numbers held by numpy or torch (`numbers_held_elsewhere`).
 
     Each must keep every point: the hidden tests may be as strict as the TODO text, never stricter.
     """
@@ -115,8 +158,22 @@ def alternatives() -> dict[str, dict[str, dict[str, str]]]:
     for module_info in pkgutil.iter_modules(__path__):
         if module_info.name.startswith("ch"):
             module = importlib.import_module(f"{__name__}.{module_info.name}")
-            if getattr(module, "ALTERNATIVES", None):
-                found[module.CHAPTER] = module.ALTERNATIVES
+            answers = {todo: dict(entries) for todo, entries in getattr(module, "ALTERNATIVES", {}).items()}
+            for todo, typed in numbers_held_elsewhere(module.CHAPTER).items():
+                answers.setdefault(todo, {}).update(typed)
+            found[module.CHAPTER] = answers
+    return found
+
+
+def bounded_losses() -> dict[str, dict[str, dict[str, list[str]]]]:
+    """chapter name -> {todo_name: {mutant_name: grade ids}}: wrong answers that must lose exactly these graded cells
+    of their TODO and keep its others (a missed degenerate case costs its small cell, never the mechanism's)."""
+    found = {}
+    for module_info in pkgutil.iter_modules(__path__):
+        if module_info.name.startswith("ch"):
+            module = importlib.import_module(f"{__name__}.{module_info.name}")
+            if getattr(module, "LOSES_ONLY", None):
+                found[module.CHAPTER] = module.LOSES_ONLY
     return found
 
 

@@ -5,6 +5,9 @@ from tests.mutants import mutate
 CHAPTER = "05_logit_memory"
 
 _CHECKPOINTED = """
+from torch.utils.checkpoint import checkpoint
+
+
 def checkpointed_log_probs(hidden, weight, ids, chunk_size=1024):
     chunk_size = check_head_inputs(hidden, weight, ids, chunk_size)
 
@@ -78,6 +81,9 @@ MUTANTS["checkpointed_log_probs"].update(
     {
         # torch.chunk takes the NUMBER of chunks: with chunk_size=16 over 2048 tokens, each piece holds 128 tokens.
         "chunk_count_for_chunk_size": """
+from torch.utils.checkpoint import checkpoint
+
+
 def checkpointed_log_probs(hidden, weight, ids, chunk_size=1024):
     chunk_size = check_head_inputs(hidden, weight, ids, chunk_size)
 
@@ -154,6 +160,9 @@ MUTANTS["checkpointed_log_probs"].update(
         # A lambda over the loop variable: checkpoint's replay in backward sees the LAST chunk's ids for every chunk,
         # so the values are right and the gradients are not.
         "late_binding_lambda": """
+from torch.utils.checkpoint import checkpoint
+
+
 def checkpointed_log_probs(hidden, weight, ids, chunk_size=1024):
     chunk_size = check_head_inputs(hidden, weight, ids, chunk_size)
     pieces = []
@@ -309,6 +318,23 @@ ALTERNATIVES["checkpointed_log_probs"]["einsum_logits"] = mutate(
         'selected_log_probs(torch.einsum("btd,vd->btv", hidden_chunk, weight), ids_chunk)',
     ),
 )
+
+# A degenerate input costs only its own small cell, never the mechanism's points (issue 31): the library's code
+# without its T = 0 branch (torch.cat of no chunks raises) is right in values, gradients and memory.
+MUTANTS["checkpointed_log_probs"]["no_empty_sequence_branch"] = mutate(
+    _TARGET,
+    (
+        "    if not pieces:  # T = 0: an empty [B, 0], in the dtype selected_log_probs gives for T > 0\n"
+        "        return hidden.new_zeros(hidden.shape[:2], dtype=torch.promote_types(hidden.dtype, torch.float32))\n",
+        "",
+    ),
+)
+
+# Wrong answers whose loss is bounded: todo -> {mutant: the only graded cells it may lose}. Each loses exactly
+# these cells, and keeps the rest of its TODO's points (tests/test_mutants.py).
+LOSES_ONLY = {
+    "checkpointed_log_probs": {"no_empty_sequence_branch": ["test_checkpointed_log_probs__edge_cases"]},
+}
 
 ALTERNATIVES["largest_chunk_for_1gb"] = {
     # the number itself, worked out by hand: 10**9 / (4 * 151,936) = 1645.4
