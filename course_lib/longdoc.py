@@ -120,13 +120,14 @@ def compare_bucket_padding(lengths: Any, max_length: int, min_edge: int = 1) -> 
 
 
 def optimal_bucket_edges(lengths: Any, k: int) -> list[int]:
-    """Lengths [N] and a bucket count k -> the min(k, distinct lengths) bucket upper edges, increasing, the last the
-    longest length, that minimise the total padding when each length pads up to the smallest edge >= it.
+    """Lengths [N] and a bucket count k -> at most k bucket upper edges, strictly increasing, the last the longest
+    length, that minimise the total padding when each length pads up to the smallest edge >= it.
 
-    Among edge lists of the least padding, the lexicographically smallest (the smallest first edge, then second, ...).
+    Several edge lists can give the least padding ([1, 3] and [2, 3] for the lengths [1, 2, 3] and k = 2); any of
+    them is a right answer.
 
-    >>> optimal_bucket_edges([1, 2, 3, 8, 8, 9], 3)
-    [1, 3, 9]
+    >>> optimal_bucket_edges([4, 100, 4, 100, 50], 2)
+    [4, 100]
     """
     listed = require_lengths("lengths", lengths)
     k = require_positive_int("k", k)
@@ -144,6 +145,7 @@ def optimal_bucket_edges(lengths: Any, k: int) -> list[int]:
     for m in range(1, buckets + 1):
         best = [(padded[i] + rest[m - 1][i + 1 :]).min() for i in range(d)] + [unreachable]
         rest.append(np.minimum(np.array(best), unreachable))  # [d + 1]
+    # Of the edge lists with the least padding this returns the lexicographically smallest (tests pin it).
     edges, first = [], 0
     for m in range(buckets, 0, -1):  # the smallest last index j whose bucket completes to the least padded total
         j = first + int(np.argmax(padded[first] + rest[m - 1][first + 1 :] == rest[m][first]))

@@ -12,6 +12,10 @@ _WEIGHTED = 'evidence["long_context_gain"] - evidence["short_context_regression"
 
 _ALLOCATE = "course_lib.curriculum.allocate_group_sizes"
 _CHECKS = """
+from course_lib._checks import require_nonnegative_int
+from course_lib.curriculum import check_pass_rates, zero_advantage_probability
+
+
 def allocate_group_sizes(pass_rates, budget):
     rates = check_pass_rates("pass_rates", pass_rates)
     budget = require_nonnegative_int("budget", budget)
@@ -112,11 +116,8 @@ MUTANTS = {
                 "[1.0 - p**n - (1.0 - p) ** n for n in range(budget + 1)]",
             ),
         ),
-        # Ties to the last task: the smallest size that still completes to the best, not the largest.
-        "ties_to_later_tasks": mutate(
-            _ALLOCATE, ("n = max(n for n in range(left + 1) if", "n = min(n for n in range(left + 1) if")
-        ),
-        # Ties decided by float noise: no tolerance, so 0.3 and 0.7 are not a tie.
+        # No tolerance in reading the best split back: the sizes are summed in another order than the table's, so
+        # on some pools no size reaches the best count exactly and max() of nothing raises.
         "exact_float_ties": mutate(
             _ALLOCATE, ("target = best[0][budget] - ALLOCATION_TOLERANCE", "target = best[0][budget]")
         ),
@@ -224,4 +225,43 @@ def evaluate_length_curriculum_stage(baseline, candidate, limits):
     return {"decision": "hold" if failed_gates else "advance", "failed_gates": failed_gates, "evidence": evidence}
 """,
     },
+}
+
+# Another best split where several tie: the prompt accepts any split within ALLOCATION_TOLERANCE of the best count.
+# (Before issue 31 the prompt asked for the lexicographically largest, and "ties_to_later_tasks" was a wrong answer.)
+ALTERNATIVES["allocate_group_sizes"] = {
+    # Ties to the later tasks: the smallest size that still completes to the best, not the largest.
+    "ties_to_later_tasks": mutate(
+        _ALLOCATE, ("n = max(n for n in range(left + 1) if", "n = min(n for n in range(left + 1) if")
+    ),
+    # A table over (tasks so far, rollouts spent) filled forward, each cell keeping the first size that reaches its
+    # float maximum, read back from the last task: no tolerance anywhere, and 0.3 against 0.7 is decided by the
+    # last bits of two floats.
+    "forward_table_first_maximum": """
+from course_lib._checks import require_nonnegative_int
+from course_lib.curriculum import check_pass_rates
+
+
+def allocate_group_sizes(pass_rates, budget):
+    rates = check_pass_rates("pass_rates", pass_rates)
+    budget = require_nonnegative_int("budget", budget)
+    if budget and not rates:
+        raise ValueError(f"budget = {budget} rollouts but pass_rates is empty: no task to spend them on")
+    best = [0.0] + [float("-inf")] * budget  # best[b]: the tasks so far spend exactly b rollouts
+    picks = []
+    for p in rates:
+        gain = [0.0] + [1.0 - p**n - (1.0 - p) ** n for n in range(1, budget + 1)]
+        new, pick = [float("-inf")] * (budget + 1), [0] * (budget + 1)
+        for b in range(budget + 1):
+            for n in range(b + 1):
+                if best[b - n] + gain[n] > new[b]:
+                    new[b], pick[b] = best[b - n] + gain[n], n
+        best = new
+        picks.append(pick)
+    sizes, left = [], budget
+    for pick in reversed(picks):
+        sizes.append(pick[left])
+        left -= pick[left]
+    return sizes[::-1]
+""",
 }

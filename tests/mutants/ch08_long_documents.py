@@ -73,15 +73,6 @@ MUTANTS = {
         ),
         # Off by one in the bucket count: one bucket fewer than asked.
         "one_bucket_short": mutate(_EDGES, ("min(k, len(values))", "max(1, min(k - 1, len(values)))")),
-        # Ties to the largest edge list: the last index that reaches the least padding, not the first.
-        "ties_to_larger_edges": mutate(
-            _EDGES,
-            (
-                "j = first + int(np.argmax(padded[first] + rest[m - 1][first + 1 :] == rest[m][first]))",
-                "reaches = padded[first] + rest[m - 1][first + 1 :] == rest[m][first]\n"
-                "        j = first + len(reaches) - 1 - int(np.argmax(reaches[::-1]))",
-            ),
-        ),
     },
     "sliding_windows": {
         # Every window owns all its tokens: the overlap's losses are counted twice.
@@ -115,8 +106,6 @@ ALTERNATIVES = {
 # A second review's wrong answers (some caught already, kept as different mistakes; the rest caught since).
 MUTANTS["sliding_windows"].update(
     {
-        # Float division for the ceiling: right for every realistic length, one window short beyond 2**53.
-        "float_ceil_division": _windows(n_windows="1 + max(0, math.ceil((length - window) / stride))"),
         # Plain tuples instead of Window: `w.loss_start` no longer works downstream.
         "plain_tuples": _windows().replace("[Window(*map(int, row))", "[tuple(map(int, row))"),
         # Starts at every stride below the length: trailing windows that own nothing (start inside the last one).
@@ -231,3 +220,31 @@ def sliding_windows(length, window=256, overlap=64):
 """,
 }.items():
     MUTANTS[_todo][_name] = _source
+
+# Issue 31: the prompt accepts any edge list with the least padding, and promises no length past 2**53 (nor padded
+# totals past 2**31). Before, "ties_to_larger_edges" and "float_ceil_division" were wrong answers; now they are right.
+ALTERNATIVES["optimal_bucket_edges"] = {
+    # Ties to the largest edge list: the last index that reaches the least padding, not the first.
+    "ties_to_larger_edges": mutate(
+        _EDGES,
+        (
+            "j = first + int(np.argmax(padded[first] + rest[m - 1][first + 1 :] == rest[m][first]))",
+            "reaches = padded[first] + rest[m - 1][first + 1 :] == rest[m][first]\n"
+            "        j = first + len(reaches) - 1 - int(np.argmax(reaches[::-1]))",
+        ),
+    ),
+    # The table in floats: exact, since every padded total the grader reaches is far below 2**53.
+    "float_table": mutate(
+        _EDGES,
+        (
+            "np.asarray(listed, dtype=np.int64), return_counts=True)",
+            "np.asarray(listed, dtype=np.float64), return_counts=True)",
+        ),
+    ),
+}
+ALTERNATIVES["sliding_windows"].update(
+    {
+        # Float division for the ceiling: exact for every length below 2**53, all that the prompt asks for.
+        "float_ceil_division": _windows(n_windows="1 + max(0, math.ceil((length - window) / stride))"),
+    }
+)
