@@ -328,7 +328,7 @@ def test_chapter9_quotes_the_h200_v9_runs():
         f"Peak allocated memory at LCFT's size and over the length curve was {_span(peaks, 2, ' GiB')}; LCFT reports "
         "about 2.90 GiB" in prose
     )
-    assert "three runs of this workload at version v9" in prose and "384 → 240 processed tokens" in prose
+    assert "three runs of this workload: the GPU suite" in prose and "384 → 240 processed tokens" in prose
 
     x1 = [run[1] for run in runs]
     clock = sorted(rate(rows[block]) / rate(rows[pad]) for rows in x1)

@@ -62,13 +62,15 @@ class _AlwaysEqualText(str):
         (np.float64(1.0), "1"),
         (1.0, "advance"),
         (0.0, None),  # a float where text or None is promised
-        (np.int64(3), 3),  # equal value, but json.dumps fails on it
         (3.0, 3),  # a float where an int is promised (a true division)
+        (np.float64(3.0), 3),
+        (torch.tensor(3.0), 3),
         (True, 1),
         (1, True),  # bool and int are different answers
-        (torch.tensor(3), 3),  # a 0-d tensor is not a Python int
-        ({"n": np.int64(2)}, {"n": 2}),  # deep: inside dicts, lists and tuples too
-        ([1, np.int64(2)], [1, 2]),
+        (np.bool_(True), 1),
+        (np.int64(1), True),
+        ({"n": np.int64(3)}, {"n": 2}),  # deep: inside dicts, lists and tuples too
+        ([1, np.int64(3)], [1, 2]),
         (torch.tensor([1, 2], dtype=torch.int32), torch.tensor([1, 2])),  # dtype
         (torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.0], dtype=torch.float64)),
         ([1, 2], torch.tensor([1, 2])),  # a list where a tensor is promised
@@ -85,6 +87,16 @@ def test_assert_same_refuses_the_wrong_type(got, expected):
         (3, 3),
         (3, 3.0),
         (np.float64(0.5), 0.5),
+        # a number held by numpy or torch is the number: a right value is right in any of them
+        (np.int64(3), 3),
+        (torch.tensor(3), 3),
+        (torch.tensor(3, dtype=torch.int32), 3),
+        ({"n": np.int64(2)}, {"n": 2}),
+        ([1, np.int64(2)], [1, 2]),
+        (np.bool_(True), True),
+        (torch.tensor(False), False),
+        (np.float32(0.5), 0.5),
+        (torch.tensor(0.25, dtype=torch.float64), 0.25),
         (0.1 + 0.2, 0.3),
         ((1, 2), [1, 2]),
         ([True], [True]),

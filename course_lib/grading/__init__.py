@@ -6,9 +6,10 @@ checks make a grade trustworthy:
 
 - the function is the student's own: defined in the notebook, and it still works while the
   library's counterpart is switched off (a plain call into `course_lib` earns nothing);
-- it agrees with the library on randomized inputs with fixed seeds and on edge cases: the same values and
-  the same types (a Python int where the library returns one, not a numpy int64 or a float; a tensor of the
-  library's dtype), and it leaves its arguments as they were (no value changed, no requires_grad switched on);
+- it agrees with the library on randomized inputs with fixed seeds and on edge cases: the same values, of the
+  same kind (an integer where the library returns one, in any integer type: a Python int, a numpy int64 or a 0-d
+  tensor; not a float or a bool; a tensor of the library's dtype), and it leaves its arguments as they were (no
+  value changed, no requires_grad switched on);
 - it rejects bad input with a ValueError, as the library does.
 """
 
@@ -157,10 +158,13 @@ def _short(value: Any, limit: int = 160) -> str:
 def assert_same(got: Any, expected: Any, *, rtol: float = 1e-9, atol: float = 1e-12, path: str = "result") -> None:
     """Deep comparison of results: tensors/arrays elementwise (with tolerance), dicts by key, lists in order.
 
-    Types count where the library promises them: a Python bool or int must come back as exactly that type (a
-    numpy int64 breaks `json.dumps`, a float hides a truncating division), and a tensor as a tensor of the same
-    dtype. Floats compare with tolerance, and an int is accepted where a float is expected.
+    A value counts, not the library that holds it: a numpy scalar or a 0-d tensor stands for the Python number it
+    holds. Its kind counts: where the library gives a bool or an int, a bool or an integer must come back (a float
+    hides a truncating division, and True is not 1), and a tensor as a tensor of the same dtype. Floats compare
+    with tolerance, and an int is accepted where a float is expected.
     """
+    if type(expected) in (bool, int, float):
+        got = python_number(got)
     if isinstance(expected, (bool, int)) and type(expected) in (bool, int) and type(got) is not type(expected):
         raise AssertionError(
             f"{path}: expected a Python {type(expected).__name__} ({expected!r}), "
@@ -205,6 +209,42 @@ def assert_same(got: Any, expected: Any, *, rtol: float = 1e-9, atol: float = 1e
             got = got.item()
         if got != expected:
             raise AssertionError(f"{path}: {got!r} != expected {expected!r}")
+
+
+def is_number(value: Any) -> bool:
+    """Is `value` a real number that is not a bool: a Python int or float, a numpy one, or a 0-d tensor?
+
+    >>> [is_number(x) for x in (1.5, 3, True, "1", None)]
+    [True, True, False, False, False]
+    """
+    value = python_number(value)
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def is_integer(value: Any) -> bool:
+    """Is `value` an integer that is not a bool: a Python int, a numpy integer, or a 0-d integer tensor?
+
+    >>> [is_integer(x) for x in (3, 3.0, True, "3")]
+    [True, False, False, False]
+    """
+    value = python_number(value)
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def python_number(value: Any) -> Any:
+    """A numpy scalar or a 0-d tensor as the Python number it holds (np.int64(3) -> 3, np.bool_(True) -> True);
+    anything else as it is. Only numpy's and torch's own types: what the student's process sends back is data.
+
+    >>> import numpy as np, torch
+    >>> python_number(np.bool_(True)) is True, python_number(torch.tensor(2)), python_number("2")
+    (True, 2, '2')
+    """
+    import numpy as np
+    import torch
+
+    if isinstance(value, np.generic) or (isinstance(value, torch.Tensor) and value.ndim == 0):
+        return value.item()
+    return value
 
 
 def _assert_same_array(got: Any, expected: Any, *, rtol: float, atol: float, path: str) -> None:

@@ -434,9 +434,6 @@ leaking_pairs = 512 * 300 + 512 * 200 + 300 * 200  # each query sees every key o
 from course_lib import grading
 
 assert leaking_pairs is not ..., "answer in the cell above: replace the ... with your number"
-assert isinstance(leaking_pairs, int) and not isinstance(leaking_pairs, bool), (
-    f"a number of (query, key) pairs is a whole number (an int), got {leaking_pairs!r}"
-)
 ### BEGIN HIDDEN TESTS
 # the pairs counted on the two masks themselves, built from the row's sample ids
 _t_ids = torch.repeat_interleave(torch.arange(3), torch.tensor([512, 300, 200]))  # [1012]
@@ -468,7 +465,7 @@ grading.assert_answer(leaking_pairs, "leaking_pairs", int((_t_causal & ~_t_block
 #   segment 0. For every sample, compare the log-probabilities that it gives its own next tokens,
 #   $\log p(x_{t+1} \mid x_{\le t})$ for $t = 0 .. n-2$, in the two runs.
 # * Return `{"max_abs_diff": [...], "leaky_samples": [...]}`: for each sample, in the order of `sequences`, the
-#   largest absolute difference in nats as a Python float (0.0 for a one-token sample, which predicts nothing of
+#   largest absolute difference in nats as a float (0.0 for a one-token sample, which predicts nothing of
 #   its own), and the indices of the samples whose difference exceeds `tol`, ascending.
 #
 # The first lines of the function, the input checks, are given: keep them. They raise `ValueError` for a
@@ -497,9 +494,7 @@ assert isinstance(isolated, dict) and set(isolated) == {"max_abs_diff", "leaky_s
     f"{call} returned {isolated!r}, expected a dict with the keys 'max_abs_diff' and 'leaky_samples'"
 )
 assert isolated["leaky_samples"] == [], f"{call} flags {isolated['leaky_samples']}, expected [] (no leak)"
-assert len(isolated["max_abs_diff"]) == 4 and all(type(gap) is float for gap in isolated["max_abs_diff"]), (
-    f"{call}: max_abs_diff is {isolated['max_abs_diff']}, expected one Python float per sample"
-)
+assert len(isolated["max_abs_diff"]) == 4, f"{call}: max_abs_diff is {isolated['max_abs_diff']}, expected 4 floats"
 assert max(isolated["max_abs_diff"]) < 1e-5, f"{call}: max_abs_diff is {isolated['max_abs_diff']}, expected ~0"
 call = call.replace("block mask", "causal mask")
 leaky = leak_report(leak_forward("causal"), leak_packed, leak_samples)
@@ -1017,9 +1012,10 @@ print(format_layout_rows([h200_run], scales=(1, 32)))
 
 # %% [markdown]
 # Read a GPU record in this order: the checks (a packed row that fails one has no speed worth reading), then the
-# processed tokens (the layout's saving, exact on any machine), then the scale table: `speedup` is the block-mask
-# row against padding, `varlen_speedup` the varlen row against padding, and the token ratio (1.6 here) is what a
-# step whose time follows its tokens would reach. Where both stay near 1, your GPU is launch-bound (受限于内核启动) at that size. On
+# processed tokens (the layout's saving, exact on any machine), then the scale table: `clock_x` is a layout's
+# effective tokens/s over padding's, `vs_block` varlen's over the block mask's, and the token ratio (1.6 here) is what
+# a step whose time follows its tokens would reach. Where `clock_x` stays near 1 for both packed layouts, your GPU is
+# launch-bound (受限于内核启动) at that size. On
 # a GPU the `busy_x` columns give the same speed-ups in GPU busy time: what the layout saves on the device, which
 # repeats from run to run where the clock may not.
 #

@@ -173,7 +173,7 @@ assert kv_bytes_per_token(hf_config("Qwen3-8B")) == KV_QWEN3_8B, "the library di
 #
 # Write `max_decode_batch(config, n_params, hardware, context, reserve_bytes=0.0, *, weight_bytes_per_param=2.0,
 # kv_dtype_bytes=2)`: the largest number of sequences, each holding `context` tokens of KV cache, that one GPU can
-# decode at once, as a Python `int`. `hardware` is a mapping like `load_hardware("H200")`; its `memory_gb` is the
+# decode at once, as an integer. `hardware` is a mapping like `load_hardware("H200")`; its `memory_gb` is the
 # GPU's memory in decimal GB ($10^9$ bytes). The memory must hold the weights (`weight_bytes_per_param` bytes for each
 # of `n_params` parameters), `reserve_bytes` kept free, and the caches, whose bytes per token
 # `kv_bytes_per_token(config, kv_dtype_bytes)` gives (`config` as that function takes it). The batch you return
@@ -193,9 +193,6 @@ _t_got = [max_decode_batch("Qwen3-8B", 8.2e9, _t_h200, _t_context) for _t_contex
 assert _t_got == [412, 51, 6], (
     f"max_decode_batch('Qwen3-8B', 8.2e9, load_hardware('H200'), context) for context 2048, 16384, 131072 "
     f"returned {_t_got}, expected [412, 51, 6]"
-)
-assert all(type(_t_value) is int for _t_value in _t_got), (
-    f"max_decode_batch must return Python ints (a batch is a count), got {[type(v).__name__ for v in _t_got]}"
 )
 _t_got = max_decode_batch("Qwen3-8B", 8.2e9, _t_h200, 16_384, 20e9)
 assert _t_got == 43, (
@@ -356,7 +353,7 @@ print({key: H200[key] for key in ("memory_bandwidth", "dense_flops", "flops_dtyp
 #
 # Write `crossover_context(config, n_params, batch, *, weight_bytes_per_param=2.0, kv_dtype_bytes=2)`: the
 # **crossover context**, the smallest whole number of context tokens per sequence at which the KV-cache bytes one
-# decode step of `batch` sequences reads are at least the bytes of weights it reads, as a Python `int` (equal counts
+# decode step of `batch` sequences reads are at least the bytes of weights it reads, as an integer (equal counts
 # as reached). The weights take `weight_bytes_per_param` bytes per parameter, the cache
 # `kv_bytes_per_token(config, kv_dtype_bytes)` bytes per token of context (an 8-bit cache: `kv_dtype_bytes=1`).
 #
@@ -371,10 +368,6 @@ _t_got = [crossover_context("Qwen3-8B", 8.2e9, _t_batch) for _t_batch in (1, 8, 
 assert _t_got == [111_220, 13_903, 1738, 435, 109], (
     f"crossover_context('Qwen3-8B', 8.2e9, batch) for batch 1, 8, 64, 256, 1024 returned {_t_got}, "
     "expected [111220, 13903, 1738, 435, 109]"
-)
-assert all(type(_t_value) is int for _t_value in _t_got), (
-    f"crossover_context must return Python ints (a context is a whole number of tokens), got "
-    f"{[type(v).__name__ for v in _t_got]}"
 )
 _t_got = crossover_context("Qwen3-8B", 8.2e9, 64, kv_dtype_bytes=1)
 assert _t_got == 3476, (
@@ -467,7 +460,7 @@ grading.assert_rejects(
 # rate at an assumed MFU of 0.4.
 
 # %%
-FIT_16K = 51  # section 3: the most 16k-token sequences one H200 holds beside the weights
+FIT_16K = max_decode_batch("Qwen3-8B", N_QWEN3_8B, H200, 16_384)  # your TODO 1: the most 16k-token sequences
 decode_rates = {}
 for batch, context in [(64, 2048), (64, 16_384), (256, 16_384), (FIT_16K, 16_384)]:
     rate = decode_rates[batch, context] = decode_tokens_per_s(
@@ -577,7 +570,7 @@ _t_shown = f"gpu_hours_per_step(8.2e9, 512, 24_000, 6_000, {_t_decode_rate:.1f},
 assert sorted(_t_parts) == ["decode", "old_logp", "prefill", "total", "train"], (
     f"{_t_shown} returned the keys {sorted(_t_parts)}, expected ['decode', 'old_logp', 'prefill', 'total', 'train']"
 )
-_t_rounded = {key: round(value, 2) for key, value in _t_parts.items()}
+_t_rounded = {key: round(float(value), 2) for key, value in _t_parts.items()}
 assert _t_rounded == {"train": 0.42, "old_logp": 0.14, "prefill": 0.11, "decode": 0.95, "total": 1.62}, (
     f"{_t_shown} returned (rounded) {_t_rounded}, expected "
     f"{{'train': 0.42, 'old_logp': 0.14, 'prefill': 0.11, 'decode': 0.95, 'total': 1.62}}"

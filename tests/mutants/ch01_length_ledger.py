@@ -69,14 +69,6 @@ course_lib.window.audit_context_fit = audit_context_fit
 _LEDGER_TARGET = "course_lib.ledger.ledger_from_roles"
 MUTANTS["ledger_from_roles"].update(
     {
-        # numpy int64 counts: equal values, but json.dumps of the ledger fails.
-        "numpy_int_counts": mutate(
-            _LEDGER_TARGET,
-            (
-                'prompt = int(np.isin(role_array, ("system", "user")).sum())',
-                'prompt = np.isin(role_array, ("system", "user")).sum()',
-            ),
-        ),
         # One end-of-turn token per sample assumed: a multi-turn chat's later answers lose their EOS.
         "eos_counted_once": mutate(
             _LEDGER_TARGET, ('eos = int((role_array == "eos").sum())', 'eos = int("eos" in role_array.tolist())')
@@ -410,4 +402,13 @@ def audit_context_fit(samples, target_context_len, template_tokens, min_kept_sup
     return out
 """,
     }
+)
+
+# A count held by numpy is the count: the value is the lesson, not the type that holds it (issue 31).
+ALTERNATIVES["ledger_from_roles"]["numpy_int_counts"] = mutate(
+    _LEDGER_TARGET,
+    (
+        'prompt = int(np.isin(role_array, ("system", "user")).sum())',
+        'prompt = np.isin(role_array, ("system", "user")).sum()',
+    ),
 )

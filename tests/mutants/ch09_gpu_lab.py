@@ -105,14 +105,6 @@ MUTANTS["padding_vs_packing_ledger"].update(
 _LEDGER_TARGET = "course_lib.lab.padding_vs_packing_ledger"
 MUTANTS["padding_vs_packing_ledger"].update(
     {
-        # The checked list discarded: a numpy array (or tensor) of lengths gives numpy (torch) integer counts.
-        "checked_lengths_discarded": mutate(
-            _LEDGER_TARGET,
-            (
-                'lengths = require_lengths("sample_lengths", sample_lengths)',
-                'require_lengths("sample_lengths", sample_lengths)\n    lengths = list(sample_lengths)',
-            ),
-        ),
         # The caller's list sorted in place to find the longest sample.
         "sorts_the_callers_list": mutate(
             _LEDGER_TARGET,
@@ -289,4 +281,14 @@ def padding_vs_packing_ledger(sample_lengths, *, mask_first_label=True):
     }
 """,
     }
+)
+
+# The checked list discarded: a numpy array (or tensor) of lengths gives numpy (torch) integer counts, the right
+# values in another integer type, which is right (issue 31: the value is the lesson).
+ALTERNATIVES["padding_vs_packing_ledger"]["checked_lengths_discarded"] = mutate(
+    "course_lib.lab.padding_vs_packing_ledger",
+    (
+        'lengths = require_lengths("sample_lengths", sample_lengths)',
+        'require_lengths("sample_lengths", sample_lengths)\n    lengths = list(sample_lengths)',
+    ),
 )
