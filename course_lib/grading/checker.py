@@ -669,7 +669,7 @@ class StudentCode:
             try:
                 exec(code, namespace)  # noqa: S102 - the student's code, in a student process only
             except Exception as error:  # noqa: BLE001 - as in a kernel: this cell stops, the next ones run
-                self.failed_cells[label] = f"{type(error).__name__}: {str(error)[:200]}"
+                self.failed_cells[label] = _last_line(error)[:200]
         return namespace
 
     def function(self, namespace: dict[str, Any], name: str) -> Callable:
@@ -683,7 +683,11 @@ class StudentCode:
         if name in grading.BLOCKABLE:
             grading.block_library(name)
         if name not in namespace:
-            stopped = "".join(f"; your TODO cell {label} stopped at {why}" for label, why in self.failed_cells.items())
+            defining = [label for label in self.failed_cells if name in defined_functions({label: self.sources[label]})]
+            stopped = "".join(
+                f"; your TODO cell {label} stopped at {self.failed_cells[label]}"
+                for label in defining or self.failed_cells
+            )
             raise NameError(
                 f"{name} is not defined by your TODO cells (the grader runs only their imports, "
                 f"definitions and name assignments: is it defined there, and does the cell parse?){stopped}"

@@ -729,6 +729,7 @@ def _record_one(
         with all_or_nothing(recorder.root, out, submission.student, submission.chapter):
             error = recorder.record(submission.student, submission.chapter, executed, stamp)
             if error:  # the grade is in the test cells' verdicts: record them without the student's own text
+                error, _ = match.neutralise_delimiters(error)  # a cause that quotes a marker line must not refuse too
                 executed = without_students_text(executed, error)
                 outcome.notes.append(f"recorded without your own cells' text: {error}")
                 error = recorder.record(submission.student, submission.chapter, executed, stamp)
