@@ -79,10 +79,12 @@ def test_values_travel_as_data_with_their_types(value):
         assert back == value
 
 
-def test_a_numpy_int_stays_a_numpy_int_and_fails_the_python_int_check():
+def test_a_numpy_int_travels_as_a_numpy_int_and_counts_as_its_value():
     back = checker.decode(checker.encode(np.int64(3)))
-    with pytest.raises(AssertionError, match="expected a Python int"):
-        grading.assert_same(back, 3)
+    assert type(back) is np.int64
+    grading.assert_same(back, 3)
+    with pytest.raises(AssertionError, match="expected an int"):
+        grading.assert_same(checker.decode(checker.encode(np.float64(3.0))), 3)
 
 
 def test_objects_come_back_as_opaque_and_equal_nothing():

@@ -69,6 +69,8 @@ class _AlwaysEqualText(str):
         (1, True),  # bool and int are different answers
         (np.bool_(True), 1),
         (np.int64(1), True),
+        (np.timedelta64(3, "ns"), 3),  # numpy counts a duration as an integer; it is not a count
+        (np.array([3]), 3),  # one element, but not a number
         ({"n": np.int64(3)}, {"n": 2}),  # deep: inside dicts, lists and tuples too
         ([1, np.int64(3)], [1, 2]),
         (torch.tensor([1, 2], dtype=torch.int32), torch.tensor([1, 2])),  # dtype
@@ -96,6 +98,7 @@ def test_assert_same_refuses_the_wrong_type(got, expected):
         (np.bool_(True), True),
         (torch.tensor(False), False),
         (np.float32(0.5), 0.5),
+        (np.array(3), 3),  # a 0-d array holds its number too
         (torch.tensor(0.25, dtype=torch.float64), 0.25),
         (0.1 + 0.2, 0.3),
         ((1, 2), [1, 2]),
@@ -324,6 +327,7 @@ def test_an_answer_equal_to_the_derived_value_passes():
     grading.assert_answer(1645, "chunk", 1645)
     grading.assert_answer(1645.0, "chunk", 1645)
     grading.assert_answer(np.int64(1645), "chunk", 1645)  # a number is a number here; a test cell may ask for int
+    grading.assert_answer(torch.tensor(1645), "chunk", 1645)  # a 0-d tensor holds its number
     grading.assert_answer(0.2489, "share", 0.249, rtol=0.01)
 
 

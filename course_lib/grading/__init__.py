@@ -167,8 +167,8 @@ def assert_same(got: Any, expected: Any, *, rtol: float = 1e-9, atol: float = 1e
         got = python_number(got)
     if isinstance(expected, (bool, int)) and type(expected) in (bool, int) and type(got) is not type(expected):
         raise AssertionError(
-            f"{path}: expected a Python {type(expected).__name__} ({expected!r}), "
-            f"got {type(got).__module__}.{type(got).__name__} {got!r}"
+            f"{path}: expected {'a bool' if expected is True or expected is False else 'an int'} "
+            f"({expected!r}), got {type(got).__name__} {got!r}"
         )
     if hasattr(expected, "shape") and hasattr(expected, "dtype") and not isinstance(expected, (int, float)):
         _assert_same_array(got, expected, rtol=rtol, atol=atol, path=path)
@@ -232,8 +232,9 @@ def is_integer(value: Any) -> bool:
 
 
 def python_number(value: Any) -> Any:
-    """A numpy scalar or a 0-d tensor as the Python number it holds (np.int64(3) -> 3, np.bool_(True) -> True);
-    anything else as it is. Only numpy's and torch's own types: what the student's process sends back is data.
+    """A numpy scalar, a 0-d array or a real 0-d tensor as the Python number it holds (np.int64(3) -> 3,
+    np.bool_(True) -> True); anything else as it is (a numpy timedelta64 is a duration, not an integer). Only numpy's
+    and torch's own types: what the student's process sends back is data.
 
     >>> import numpy as np, torch
     >>> python_number(np.bool_(True)) is True, python_number(torch.tensor(2)), python_number("2")
@@ -242,9 +243,14 @@ def python_number(value: Any) -> Any:
     import numpy as np
     import torch
 
-    if isinstance(value, np.generic) or (isinstance(value, torch.Tensor) and value.ndim == 0):
-        return value.item()
-    return value
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value[()]  # a 0-d array: the scalar it holds
+    if isinstance(value, np.timedelta64):  # numpy counts it as an integer; it is a duration
+        return value
+    held = isinstance(value, (np.number, np.bool_)) or (
+        isinstance(value, torch.Tensor) and value.ndim == 0 and not value.is_complex() and not value.is_meta
+    )
+    return value.item() if held else value
 
 
 def _assert_same_array(got: Any, expected: Any, *, rtol: float, atol: float, path: str) -> None:
@@ -539,7 +545,8 @@ def assert_answer(answer: Any, name: str, expected: float, *, rtol: float = 0.0)
     """
     if answer is Ellipsis:
         raise AssertionError(f"{name} is not answered yet: replace the ... with your number")
-    if isinstance(answer, bool) or not isinstance(answer, (int, float)) and type(answer).__module__ != "numpy":
+    answer = python_number(answer)
+    if isinstance(answer, bool) or not isinstance(answer, (int, float)):
         raise AssertionError(f"{name} must be a number (int or float), got {type(answer).__name__}: {answer!r:.80}")
     try:
         value = float(answer)

@@ -173,8 +173,15 @@ for token_id, role in list(zip(rendered["input_ids"], rendered["roles"], strict=
 #| solution: course_lib.labels.build_labels
 
 # %% nbgrader={"grade": true, "solution": false, "grade_id": "test_build_labels", "locked": true, "points": 5, "schema_version": 3}
-sample = build_labels(tokenizer, chat)
-sample = {key: [int(value) for value in values] for key, values in sample.items()}  # any integers, as plain ints
+from course_lib import grading
+
+
+def _t_plain(built):
+    """Any integer sequences (lists, tuples, arrays) as lists of Python numbers, as the comparisons below need."""
+    return {key: [grading.python_number(value) for value in values] for key, values in built.items()}
+
+
+sample = _t_plain(build_labels(tokenizer, chat))
 roles = render_chat(tokenizer, chat)["roles"]
 assert len(sample["labels"]) == len(sample["input_ids"]) == len(roles), (
     f"build_labels(tokenizer, chat) returned {len(sample['input_ids'])} input_ids and {len(sample['labels'])} "
@@ -191,19 +198,19 @@ want_text = "Only the answer and its end-of-turn token.<|im_end|>不客气。<|i
 assert tokenizer.decode(supervised) == want_text, (
     f"build_labels(tokenizer, chat) supervises {tokenizer.decode(supervised)!r}, expected {want_text!r}"
 )
-without_eos = build_labels(tokenizer, chat, supervise_eos=False)
+without_eos = _t_plain(build_labels(tokenizer, chat, supervise_eos=False))
 n_without_eos = sum(label != IGNORE_INDEX for label in without_eos["labels"])
 assert n_without_eos == len(supervised) - 2, (
     f"build_labels(tokenizer, chat, supervise_eos=False) supervises {n_without_eos} tokens, expected "
     f"{len(supervised) - 2}: the end-of-turn tokens of the two answers carry no loss"
 )
-cut = build_labels(tokenizer, chat, max_length=20)
+cut = _t_plain(build_labels(tokenizer, chat, max_length=20))
 assert cut["input_ids"] == sample["input_ids"][:20] and cut["labels"] == sample["labels"][:20], (
     f"build_labels(tokenizer, chat, max_length=20) returned {len(cut['input_ids'])} input_ids and "
     f"{len(cut['labels'])} labels, expected the first 20 of each"
 )
 # Another template, chosen by name with chat_template (the same tokenizer object).
-llama = build_labels(tokenizer, chat, chat_template="llama3")
+llama = _t_plain(build_labels(tokenizer, chat, chat_template="llama3"))
 llama_rendered = render_chat(tokenizer, chat, chat_template="llama3")
 assert llama["input_ids"] == llama_rendered["input_ids"], (
     f"build_labels(tokenizer, chat, chat_template='llama3') returned input_ids starting "
@@ -221,8 +228,6 @@ assert llama["labels"] == want_llama, (
 )
 ### BEGIN HIDDEN TESTS
 import random
-
-from course_lib import grading
 
 _t_rng = random.Random(2)
 _t_words = ("packing", "label", "掩码", "模板", "token", "window", "EOS", "-100", "\n", "谢谢", "the", "answer", "。")

@@ -422,8 +422,8 @@ plt.show()
 # A row packs three samples of **512, 300 and 200 tokens**, in that order, with no padding. How many
 # (query, key) pairs does a causal mask over the whole row allow that the block-causal mask forbids? Count the red
 # pairs of the figure above for this row, by reasoning rather than by building the mask, and bind the number to
-# `leaking_pairs` below (an int; an expression counts too). The test below checks only that it is an int; the
-# grader's hidden test checks the value.
+# `leaking_pairs` below (an integer; an expression counts too). The test below checks only that it is an integer;
+# the grader's hidden test checks the value.
 
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_leaking_pairs", "locked": false, "schema_version": 3}
 ### BEGIN SOLUTION
@@ -434,6 +434,9 @@ leaking_pairs = 512 * 300 + 512 * 200 + 300 * 200  # each query sees every key o
 from course_lib import grading
 
 assert leaking_pairs is not ..., "answer in the cell above: replace the ... with your number"
+assert grading.is_integer(leaking_pairs), (
+    f"a number of (query, key) pairs is a whole number (an integer), got {leaking_pairs!r}"
+)
 ### BEGIN HIDDEN TESTS
 # the pairs counted on the two masks themselves, built from the row's sample ids
 _t_ids = torch.repeat_interleave(torch.arange(3), torch.tensor([512, 300, 200]))  # [1012]

@@ -621,7 +621,7 @@ plt.show()
 # which the largest tensor the chunked forward creates stays **at most 1 GB** ($10^9$ bytes), for one sequence
 # ($B = 1$, as in the table)? Read the plateau's height off the table above, then bind your answer to
 # `largest_chunk_for_1gb` in the cell below: a number or an expression, both count. The test below checks only that
-# it is an int; the grader's hidden test checks the value.
+# it is an integer; the grader's hidden test checks the value.
 
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_largest_chunk_for_1gb", "locked": false, "schema_version": 3}
 ### BEGIN SOLUTION

@@ -589,7 +589,7 @@ for arm, published in AGENT_RL_FILTER_RUNS.items():
 #
 # ### TODO 2 · `allocate_group_sizes` (分配组大小)
 #
-# Implement `allocate_group_sizes(pass_rates, budget)`: a list of group sizes, one Python `int` $\ge 0$ per task
+# Implement `allocate_group_sizes(pass_rates, budget)`: a list of group sizes, one integer $\ge 0$ per task
 # in the order of `pass_rates`, that sum to `budget` exactly and maximise the expected number of groups with both
 # outcomes.
 #

@@ -283,7 +283,7 @@ _t_cases += [
     (([1, 1, 200],), {"mask_first_label": False}),
     (([1, 1, 200],), {}),
     (((5, 3),), {}),
-    # lengths as a numpy array (as a lengths column is often read): the counts are still Python ints
+    # lengths as a numpy array (as a lengths column is often read)
     ((np.array([48, 96, 32, 64]),), {}),
     ((np.array([7, 300, 12], dtype=np.int32),), {"mask_first_label": False}),
 ]

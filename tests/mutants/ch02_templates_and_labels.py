@@ -469,3 +469,16 @@ def pad_batch(features, pad_token_id, *, pad_to_multiple_of=None):
 """,
     }
 )
+
+# Any integer sequences are ids and labels (issue 31): the library's answer as tuples, and as numpy arrays.
+for _name, _wrap in {
+    "tuples": "tuple(values)",
+    "numpy_arrays": "np.asarray(values, dtype=np.int64)",
+}.items():
+    ALTERNATIVES["build_labels"][_name] = mutate(
+        "course_lib.labels.build_labels", ("def build_labels(", "def _build_labels_as_lists(")
+    ) + (
+        "\n\nimport numpy as np\n\n\ndef build_labels(*args, **kwargs):\n"
+        "    built = _build_labels_as_lists(*args, **kwargs)\n"
+        f"    return {{key: {_wrap} for key, values in built.items()}}\n"
+    )

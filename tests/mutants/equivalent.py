@@ -39,6 +39,13 @@ EQUIVALENT: dict[str, dict[str, str]] = {
         + "; an empty list gives a float array whose comparisons count zero, as they should",
     },
     "02_templates_and_labels": {
+        **{
+            'build_labels | return {"input_ids": input_ids.tolist(), "labels": labels.tolist()} '
+            f"| call: .tolist() dropped{suffix}": (
+                "1-D numpy arrays of the ids and labels: the TODO allows any integer sequences (lists, tuples, arrays)"
+            )
+            for suffix in ("", " #2")
+        },
         'build_labels | input_ids = np.asarray(rendered["input_ids"], dtype=np.int64) '
         "| keyword: dtype= dropped": DEFAULT_ALREADY,
     },
