@@ -639,7 +639,7 @@ def test_nbgraders_markers_in_a_students_own_cell_are_neutralised_with_a_note(ki
     written = "\n".join(cell.source for cell in prepared.notebook.cells)
     assert not any(delimiter in written for delimiter in match.DELIMITERS)
     assert graded in [cell.source for cell in prepared.notebook.cells]
-    assert any("nbgrader's markers" in note for note in prepared.notes), prepared.notes
+    assert any("nbgrader's hidden-test markers" in note for note in prepared.notes), prepared.notes
 
 
 def test_the_neutralised_markers_are_all_that_grading_and_feedback_read():

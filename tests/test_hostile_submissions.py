@@ -1276,7 +1276,7 @@ def test_each_hostile_submission_keeps_exactly_its_honest_points(hostile, studen
 def test_a_stray_nbgrader_marker_is_graded_as_text_with_a_note(hostile, student):
     """The marker loses its meaning in the student's cell (ClearHiddenTests no longer refuses the notebook), the
     feedback says so, and the autograded notebook keeps the student's text around it."""
-    assert "nbgrader's markers" in hostile["csv"][student]["notes"], hostile["csv"][student]
+    assert "nbgrader's hidden-test markers" in hostile["csv"][student]["notes"], hostile["csv"][student]
     autograded = cells.read(hostile["root"] / "autograded" / student / CHAPTER / f"{CHAPTER}.ipynb")
     text = "\n".join(cell.source for cell in autograded.cells)
     assert "-HIDDEN TESTS" in text and "BEGIN HIDDEN TESTS" not in text and "END HIDDEN TESTS" not in text

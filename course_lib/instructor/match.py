@@ -248,11 +248,10 @@ def prepare(submission: Any, source: Any, release: Any) -> Prepared:
     neutralised: set[str] = set()
     for index in owned:
         neutralised.update(_neutralise(cells[index]))
-    if neutralised:
+    if neutralised:  # named, not quoted: the grader's output never shows the hidden tests' marker text
         result.notes.append(
-            f"nbgrader's markers ({', '.join(sorted(neutralised))}) in your own cells were graded with a hyphen "
-            "after their first word: nbgrader reads them wherever they stand, and they would have cut or stopped "
-            "its grading"
+            "nbgrader's hidden-test markers in your own cells were graded with a hyphen after their first word: "
+            "nbgrader reads them wherever they stand, and they would have cut or stopped its grading"
         )
     notebook = nbformat.v4.new_notebook(metadata=copy.deepcopy(source.metadata))
     notebook.cells = cells
