@@ -18,6 +18,7 @@ One module per stop of the data path, in the order a chat sample travels:
     accounting  KV bytes, decode roofline, training rate, GPU-hours
     curriculum  length-curriculum gates, pass-rate filters
     longdoc     geometric buckets, sliding windows with single loss ownership
+    tiled       exact attention in blocks (online softmax, log-sum-exp backward): no T x T scores
 
 Every public name is importable from here: `from course_lib import plan_packing`.
 """
@@ -38,6 +39,7 @@ from . import (
     packing,
     packing_split,
     sources,
+    tiled,
     tiny,
     tokenizer,
     varlen,
@@ -56,6 +58,7 @@ from .packed_forward import *  # noqa: F403
 from .packing import *  # noqa: F403
 from .packing_split import *  # noqa: F403
 from .sources import *  # noqa: F403
+from .tiled import *  # noqa: F403
 from .tiny import *  # noqa: F403
 from .tokenizer import *  # noqa: F403
 from .varlen import *  # noqa: F403
@@ -81,6 +84,7 @@ __all__ = [
         accounting,
         curriculum,
         longdoc,
+        tiled,
         lab,
     )
     for name in module.__all__

@@ -48,7 +48,9 @@ FIXED_FIRST = {
     "accumulated_gradient": "model",
     "accumulate_step": "model",
     "saved_tensor_bytes": "function",
+    "tensors_created": "function",
     "peak_cuda_memory": "function",
+    "attention_in_model": "model",
 }
 
 # Raised by the environment, not the input: peak_cuda_memory reads CUDA's peak-memory counters, so on a machine
@@ -233,11 +235,34 @@ def _valid_calls(tokenizer, model):
             )
             for name in ("varlen_sdpa_attention", "varlen_flash_attention", "varlen_auto_attention")
         },
+        **_valid_attention_calls(model),
         "flash_varlen_unavailable": (("cuda", torch.bfloat16, 64), {}),
         "varlen_kernel": (("cpu", torch.float32, 16), {}),
         "register_varlen_attention": ((), {}),
         "varlen_attention": ((model,), {}),
         **_valid_required_only_calls(tokenizer, model, packed, batch),
+    }
+
+
+def _valid_attention_calls(model):
+    """Valid calls of the tiled attention kernels and their checks (course_lib.tiled)."""
+    q, k, v = torch.ones(1, 4, 6, 8), torch.ones(1, 2, 6, 8), torch.ones(1, 2, 6, 8)
+    out, lse = course_lib.tiled_attention_forward(q, k, v)
+    return {
+        "check_attention_inputs": ((q, k, v, False, 4, None), {}),
+        "check_attention_gradients": ((q, v, out, lse, out), {}),
+        "check_partials": ((out, lse, out, lse), {}),
+        "merge_partials": ((out, lse, out, lse), {}),
+        "tiled_attention_forward": ((q, k, v), {}),
+        "tiled_attention_backward": ((q, k, v, out, lse, out), {}),
+        "tiled_attention": ((q, k, v), {}),
+        "make_tiled_attention": ((), {}),
+        "attention_score_bytes": ((8, 2), {}),
+        "block_products": ((8, 4, True), {}),
+        "row_documents": ((1, 4), {}),
+        "transformers_attention": ((), {}),
+        "attention_in_model": ((model,), {}),
+        "tensors_created": ((lambda: torch.ones(2),), {}),
     }
 
 

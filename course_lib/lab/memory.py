@@ -7,14 +7,15 @@ costs in memory.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypedDict
+from typing import NamedTuple, TypedDict
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from .._checks import require_bool, require_positive_int
 from ..logprobs import QWEN3_HIDDEN_SIZES, QWEN3_VOCAB_SIZE, logit_bytes
 
-__all__ = ["saved_tensor_bytes", "peak_cuda_memory", "logit_memory_table"]
+__all__ = ["saved_tensor_bytes", "TensorTally", "tensors_created", "peak_cuda_memory", "logit_memory_table"]
 
 
 def _storage_key(tensor: torch.Tensor) -> tuple[str, int, int] | None:
@@ -52,6 +53,38 @@ def saved_tensor_bytes(fn: Callable[..., object], *args: object, include_inputs:
             if key is not None:
                 saved.pop(key[:2], None)
     return sum(saved.values())
+
+
+class TensorTally(NamedTuple):
+    largest_bytes: int  # the largest tensor any kernel returned
+    total_bytes: int  # all tensors the kernels returned, added up: the work done, in bytes written
+
+
+class _Tally(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.largest = self.total = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        for item in result if isinstance(result, (tuple, list)) else (result,):
+            if isinstance(item, torch.Tensor):
+                size = item.numel() * item.element_size()
+                self.largest, self.total = max(self.largest, size), self.total + size
+        return result
+
+
+def tensors_created(fn: Callable[..., object], *args: object) -> TensorTally:
+    """(largest, total) bytes of the tensors every kernel returns while fn(*args) runs, on any device.
+
+    A dispatch mode sees each kernel below autograd, so a backward that fn runs (`.backward()`, a custom
+    autograd.Function's backward, a recompute) is seen too. Views count at their own size.
+    """
+    if not callable(fn):
+        raise ValueError(f"fn must be callable, got {type(fn).__name__}")
+    with _Tally() as tally:
+        fn(*args)
+    return TensorTally(tally.largest, tally.total)
 
 
 def peak_cuda_memory(fn: Callable[..., torch.Tensor], *args: object, backward: bool = True) -> int:
