@@ -143,18 +143,6 @@ def merge_partials(
     return out, lse
 
 
-def _causal_keep(q_start: int, q_end: int, k_start: int, k_end: int, device: torch.device) -> torch.Tensor:
-    """[bq, bk] bool: query i may see key j (j <= i), for one pair of blocks."""
-    rows = torch.arange(q_start, q_end, device=device)
-    return rows[:, None] >= torch.arange(k_start, k_end, device=device)[None, :]
-
-
-def _per_document(kernel, documents: list[int], tensors: list[torch.Tensor], **options) -> tuple[torch.Tensor, ...]:
-    """Run `kernel` on each document's slice of every tensor (dim 2 is the token axis); concatenate each result."""
-    pieces = [kernel(*(t[:, :, start:end] for t in tensors), **options) for start, end in pairwise(documents)]
-    return tuple(torch.cat(parts, dim=2) for parts in zip(*pieces, strict=True))
-
-
 def tiled_attention_forward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -166,9 +154,14 @@ def tiled_attention_forward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q [B, H, T, d], k [B, H_kv, S, d], v [B, H_kv, S, e] -> (out [B, H, T, e] in q's dtype, lse [B, H, T])."""
     causal, block_size, scale, documents = check_attention_inputs(q, k, v, causal, block_size, scale, cu_seqlens)
-    if documents is not None:
-        options = dict(causal=causal, block_size=block_size, scale=scale)
-        return _per_document(tiled_attention_forward, documents, [q, k, v], **options)
+    if documents is not None:  # packed rows: each document is an attention of its own
+        pieces = [
+            tiled_attention_forward(
+                q[:, :, start:end], k[:, :, start:end], v[:, :, start:end], causal, block_size, scale
+            )
+            for start, end in zip(documents, documents[1:], strict=False)
+        ]
+        return torch.cat([out for out, _ in pieces], dim=2), torch.cat([lse for _, lse in pieces], dim=2)
     batch, heads, tokens, width = q.shape
     kv_heads, keys = k.shape[1], k.shape[2]
     wide = torch.promote_types(q.dtype, torch.float32)  # accumulate in fp32 (fp64 stays fp64)
@@ -184,9 +177,9 @@ def tiled_attention_forward(
             k_end = min(k_start + block_size, keys)
             k_block = k[:, :, None, k_start:k_end].to(wide)  # [B, H_kv, 1, bk, d]
             scores = q_block @ k_block.transpose(-1, -2)  # [B, H_kv, g, bq, bk]
-            if causal and k_end - 1 > q_start:  # the block crosses the diagonal
-                keep = _causal_keep(q_start, q_end, k_start, k_end, q.device)
-                scores = scores.masked_fill(~keep, -math.inf)
+            if causal and k_end - 1 > q_start:  # the block crosses the diagonal: key j is seen by query i >= j
+                rows, columns = torch.arange(q_start, q_end), torch.arange(k_start, k_end)
+                scores = scores.masked_fill((rows[:, None] < columns[None, :]).to(scores.device), -math.inf)
             new_best = torch.maximum(best, scores.amax(-1))
             shift = torch.where(torch.isfinite(new_best), new_best, torch.zeros_like(new_best))
             probs = torch.exp(scores - shift.unsqueeze(-1))  # [B, H_kv, g, bq, bk]
@@ -219,9 +212,14 @@ def tiled_attention_backward(
     shapes and dtype of (q, k, v)."""
     causal, block_size, scale, documents = check_attention_inputs(q, k, v, causal, block_size, scale, cu_seqlens)
     check_attention_gradients(q, v, out, lse, grad_out)
-    if documents is not None:
-        options = dict(causal=causal, block_size=block_size, scale=scale)
-        return _per_document(tiled_attention_backward, documents, [q, k, v, out, lse, grad_out], **options)
+    if documents is not None:  # packed rows: each document is an attention of its own
+        pieces = [
+            tiled_attention_backward(
+                *(t[:, :, start:end] for t in (q, k, v, out, lse, grad_out)), causal, block_size, scale
+            )
+            for start, end in zip(documents, documents[1:], strict=False)
+        ]
+        return tuple(torch.cat(grads, dim=2) for grads in zip(*pieces, strict=True))
     batch, heads, tokens, width = q.shape
     kv_heads, keys, group = k.shape[1], k.shape[2], heads // k.shape[1]
     wide = torch.promote_types(q.dtype, torch.float32)
@@ -243,7 +241,8 @@ def tiled_attention_backward(
             q_block = grouped_q[:, :, :, q_start:q_end].to(wide)  # [B, H_kv, g, bq, d]
             scores = (q_block @ k_block.transpose(-1, -2)) * scale  # [B, H_kv, g, bq, bk]
             if causal and k_end - 1 > q_start:
-                scores = scores.masked_fill(~_causal_keep(q_start, q_end, k_start, k_end, q.device), -math.inf)
+                rows, columns = torch.arange(q_start, q_end), torch.arange(k_start, k_end)
+                scores = scores.masked_fill((rows[:, None] < columns[None, :]).to(scores.device), -math.inf)
             probs = torch.exp(scores - grouped_lse[..., q_start:q_end, None])  # the forward's softmax, rebuilt
             d_out_block = d_out[:, :, :, q_start:q_end]  # [B, H_kv, g, bq, e]
             d_v += (probs.transpose(-1, -2) @ d_out_block).sum(2)  # query heads of a group share the KV head
