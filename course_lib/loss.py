@@ -92,7 +92,7 @@ def aggregate_loss(
         raise ValueError(
             "mask selects no token, so token_mean is undefined; use mode='constant' with the global token count"
         )
-    total = masked_normalize(token_losses, mask)  # [] sum of the supervised losses; nan or inf elsewhere stay out
+    total = token_losses[mask].sum()  # [] sum of the supervised losses, selected: nan or inf elsewhere stay out
     return total / (int(mask.sum()) if norm_const is None else norm_const)
 
 

@@ -84,9 +84,9 @@ def token_budget_batches(lengths, max_tokens: int) -> list[list[int]]:
 def packed_token_budget_batches(lengths, max_tokens: int) -> list[list[int]]:
     """lengths [N] -> microbatches (longest first, consecutive in that order) whose packed size sum <= max_tokens.
 
-    Agent RL §14 exercise 2: the same walk as `token_budget_batches`, with cost = sum of lengths (next-fit decreasing).
-    Neighbours stay length-balanced; `plan_packing(..., "ffd")` fills tighter (on Agent RL §14's 512 lengths at
-    128k: 49 vs 46).
+    Agent RL §14 exercise 2: the plan of `token_budget_batches` with a microbatch's cost the sum of its lengths, each
+    microbatch as full as that allows. Neighbours stay length-balanced; `plan_packing(..., "ffd")` fills tighter
+    (on Agent RL §14's 512 lengths at 128k: 49 vs 46).
     """
     max_tokens = require_positive_int("max_tokens", max_tokens)
     lengths = require_lengths("lengths", lengths, maximum=max_tokens, maximum_name="max_tokens", summed=True)

@@ -284,10 +284,11 @@ print(
 # Write `packed_token_budget_batches(lengths, max_tokens)`: the same inputs, the same given checks and the same kind
 # of plan as TODO 1 (every index once, longest first across the plan with ties in index order, each microbatch as
 # full as its budget allows), with one change: a microbatch's cost is the **sum** of its lengths,
-# ≤ `max_tokens`. The plan never goes back: a microbatch is a consecutive run of the longest-first order, closed for
-# good once the next sequence does not fit. This is how the LlamaFactory walkthrough (an article on LlamaFactory's
-# data pipeline, on the [sources page]({{DOCS}}/sources.md)) describes LlamaFactory's greedy `PackingSampler`. Write
-# it yourself: `plan_packing` builds a different plan.
+# ≤ `max_tokens`. So the invariants are those of TODO 1 with that cost: read one after the other, the microbatches
+# list the indices longest first (equal lengths in index order); each microbatch's sum is ≤ `max_tokens`; and the
+# first index of the next microbatch would have pushed it over. The LlamaFactory walkthrough (an article on
+# LlamaFactory's data pipeline, on the [sources page]({{DOCS}}/sources.md)) describes LlamaFactory's greedy
+# `PackingSampler` as this plan. Write it yourself: `plan_packing` builds a different plan.
 
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_packed_token_budget_batches", "locked": false, "schema_version": 3}
 #| solution: course_lib.microbatch.packed_token_budget_batches
@@ -451,22 +452,10 @@ print(f"shortest over longest: {sorted_weights[0] / sorted_weights[-1]:.1f}x")
 # only 0.52 times: a factor of 4.0 between them, chosen by the scheduler, not by the objective. The fix divides every microbatch's
 # **sum** of token losses by the **global** count $N$, so each token weighs $1/N$ wherever it landed.
 #
-# Both losses are masked sums over a `[B, T]` tensor of token losses. `masked_normalize(tensor, mask, dim=None,
-# normalize_constant=1.0)` (CS336's building block) sums the entries where the mask is true and divides by a constant:
-
-# %%
-token_losses = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
-loss_mask = torch.tensor([[True, True, False], [False, True, False]])
-print(
-    "masked sum:",
-    masked_normalize(token_losses, loss_mask).item(),
-    "| per row:",
-    masked_normalize(token_losses, loss_mask, dim=1).tolist(),
-    "| sum / 4:",
-    masked_normalize(token_losses, loss_mask, normalize_constant=4.0).item(),
-)
-
-# %% [markdown]
+# Both losses start from the same quantity: a microbatch's `[B, T]` tensor of token losses $\ell_{bt}$ and its mask
+# $m_{bt}$ (true on the supervised tokens) give the sum $\sum_{b,t:\, m_{bt}} \ell_{bt}$ over the supervised tokens
+# only. The token mean divides it by the microbatch's own count $n_k$; global normalization by the step's $N$.
+#
 # ### TODO 3 · `aggregate_loss` (损失聚合)
 #
 # Write `aggregate_loss(token_losses, mask, mode="token_mean", norm_const=None)`. `token_losses` is a float tensor
@@ -681,7 +670,7 @@ grading.assert_rejects(
 # %% [markdown]
 # <details><summary>Hint · 提示</summary>
 #
-# *Select* the supervised losses (`torch.where`, boolean indexing or `masked_normalize`); multiplying by the mask
+# *Select* the supervised losses (`torch.where` or boolean indexing); multiplying by the mask
 # does not work, since `nan * 0` is `nan`, and `nansum` would hide a diverged supervised token too.
 #
 # </details>
@@ -690,8 +679,9 @@ grading.assert_rejects(
 # ## 5. Gradient accumulation on `tiny_qwen2` (梯度累积与全局归一化)
 #
 # Now the real thing: the 16 chats of section 2 through a 2-layer Qwen2 (random init, fp32). The reference is one
-# pass over every row, its loss sum divided by its token count (`full_batch_gradient`, the library's
-# `masked_normalize`: it does not depend on your code). The bug comes first, written out: `accumulate_local` runs each
+# pass over every row, its loss sum divided by its token count (`full_batch_gradient`, with the library's
+# `masked_normalize(tensor, mask, normalize_constant=...)`, CS336's building block: the sum of the entries where the
+# mask is true, divided by a constant; it does not depend on your code). The bug comes first, written out: `accumulate_local` runs each
 # microbatch forward, takes its per-token next-token losses (`supervised_token_losses`: the model's logits shifted
 # against the labels, -100 masked out), averages them with **your** `aggregate_loss`, divides by the number of
 # microbatches $K$ and calls `backward`, so gradients add up in `.grad`, the pattern of countless training loops.

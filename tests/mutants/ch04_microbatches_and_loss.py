@@ -38,7 +38,7 @@ def _aggregate(token_mean="total / int(mask.sum())", constant="total / norm_cons
 
 def _aggregate_total(expression):
     """aggregate_loss whose supervised sum is `expression`."""
-    return mutate(_AGG, ("total = masked_normalize(token_losses, mask)", f"total = {expression}"))
+    return mutate(_AGG, ("total = token_losses[mask].sum()", f"total = {expression}"))
 
 
 MUTANTS = {
@@ -98,7 +98,7 @@ ALTERNATIVES = {
         ),
     },
     "aggregate_loss": {
-        "boolean_indexing": _aggregate_total("token_losses[mask.bool()].sum()"),
+        "where_zeros_like": _aggregate_total("torch.where(mask, token_losses, torch.zeros_like(token_losses)).sum()"),
     },
 }
 MUTANTS["aggregate_loss"].update(
@@ -161,7 +161,7 @@ MUTANTS["aggregate_loss"].update(
         ),
         # Per-row token means averaged over rows: every row weighs the same, whatever its token count.
         "mean_of_row_means": _aggregate(
-            token_mean="(masked_normalize(token_losses, mask, dim=-1) / mask.sum(-1)"
+            token_mean="(torch.where(mask, token_losses, 0).sum(-1) / mask.sum(-1)"
             ").nanmean() if token_losses.dim() > 1 else total / int(mask.sum())"
         ),
     }
