@@ -90,9 +90,9 @@ def max_decode_batch(
 ) -> int:
     """The largest decode batch whose weights and KV caches fit one GPU -> int (0: not one sequence fits).
 
-    memory = hardware["memory_gb"] x 1e9 bytes must hold, with reserve_bytes kept free:
-        weight_bytes_per_param x n_params  +  batch x context x kv_bytes_per_token(config, kv_dtype_bytes)
-    The answer b fits and b + 1 does not; it never grows with context or reserve_bytes.
+    hardware["memory_gb"] is the GPU's memory in decimal GB (1e9 bytes); reserve_bytes of it stay free. The answer
+    b is a whole number of sequences of `context` tokens each: b fit beside the weights and b + 1 do not. It never
+    grows with context or reserve_bytes.
     """
     n_params = require_real("n_params", n_params, minimum=0.0, strict_minimum=True)
     require_keys("hardware", hardware, ("memory_gb",))

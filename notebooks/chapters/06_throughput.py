@@ -336,8 +336,8 @@ for rows in (tiny_batch, tiny_batch + 1):
 # (bytes/s) a step lasts at least its bytes read divided by $W$. `decode_tokens_per_s(n_params, batch, context,
 # kv_bytes, bandwidth, *, weight_bytes_per_param=2.0)` (imported in the setup cell) turns that into tokens/s per GPU.
 #
-# Training does about $6N$ FLOPs per token (forward and backward) on every token, at a fraction MFU of the
-# GPU's peak FLOP/s: $\text{MFU} \times \text{peak} / 6N$ tokens/s (`train_tokens_per_s`). The H200 figures ship with
+# Training does about $6N$ FLOPs per token on every token (a forward pass costs about $2N$, a multiply and an add per
+# parameter, and the backward about twice the forward), at a fraction MFU of the GPU's peak FLOP/s: $\text{MFU} \times \text{peak} / 6N$ tokens/s (`train_tokens_per_s`). The H200 figures ship with
 # the course, from NVIDIA's datasheet (dense bf16 is half the with-sparsity figure):
 
 # %%
@@ -538,16 +538,17 @@ assert round(any_batch_limit) == 4048
 # An RL step samples `episodes` trajectories of `total_tokens` tokens each, of which `policy_tokens` are sampled
 # by the policy (the rest are prompt and tool output), then trains on them. Four parts of the step cost GPU time:
 #
-# | part | the work |
+# | part | what it covers |
 # |---|---|
-# | `train` | forward and backward over every token of every episode: $6N$ FLOPs per token |
-# | `old_logp` | one more forward over every token, for the old policy's log-probs: $2N$ FLOPs per token |
-# | `prefill` (预填充) | one forward over the tokens the policy did not sample (prompt and tool output, processed once) |
-# | `decode` | the policy's tokens, produced at `decode_rate` tokens/s per GPU while the engine is decoding |
+# | `train` | the policy update: forward and backward over every token of every episode |
+# | `old_logp` | the old policy's log-probs of every token, which the update needs: a forward, no backward |
+# | `prefill` (预填充) | the engine's forward over the tokens the policy did not sample (prompt and tool output), once |
+# | `decode` | the engine generating the policy's own tokens |
 #
-# Work counted in FLOPs runs at $\text{MFU} \times$ the GPU's peak FLOP/s. Decoding is not FLOP-bound (section 4),
-# so its time comes from the rate, and the rate holds only while the engine is actually decoding: `busy` (忙碌占比, the
-# busy share) is that share of the time (tool calls and stragglers leave the engine idle the rest).
+# The first three are compute: they run at the MFU of section 4. Decoding is bound by bandwidth, not FLOPs
+# (section 4): `decode_rate` is the engine's tokens/s per GPU *while it decodes*, and `busy` (忙碌占比, the busy
+# share) is the share of the time it does (tool calls and stragglers leave it idle the rest, and those GPU-hours are
+# paid too).
 #
 # ### TODO 3 · `gpu_hours_per_step` (计算每步的 GPU 小时)
 #
