@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Run the four GPU workloads in real_gpu mode with one label, then print the tables and draw the figures.
+# Run the GPU workloads (every id in course_lib.lab.gpu.workloads.WORKLOADS) in real_gpu mode with one label, then
+# print the tables and draw the figures.
 #
 #   benchmarks/run_gpu_suite.sh LABEL [PROFILE]        (PROFILE defaults to PT-SFT-CUDA)
 #

@@ -1,4 +1,5 @@
-"""Read GPU benchmark results: LCFT §5.3 / §5.4 tables (and the logit-memory / microbatch tables), and figures.
+"""Read GPU benchmark results: LCFT §5.3 / §5.4 tables (and the logit-memory / microbatch / tiled-attention
+tables), and figures.
 
     python -m course_lib.lab.gpu.report                              # every result under benchmarks/results
     python -m course_lib.lab.gpu.report FILE_OR_DIR ... --plots out/ # + the length curve, padding-vs-packing bars
@@ -23,6 +24,7 @@ __all__ = [
     "format_runs_side_by_side",
     "format_layout_rows",
     "format_logit_peaks",
+    "format_attention_lengths",
     "plot_length_curve",
     "plot_packing_bars",
     "plot_packing_scale",
@@ -518,6 +520,62 @@ def _compiled_tables(record: dict[str, Any]) -> list[str]:
     return sections
 
 
+def _attention_cell(row: dict[str, Any]) -> str:
+    """One method at one T of a tiled-attention record: its memory and median time, or why it has none."""
+    name = row["method"] + (f" ({row['sdpa_backend']})" if row["sdpa_backend"] else "")
+    if row["status"] != "measured":
+        return f"{name} {'OOM' if row['status'] == 'out_of_memory' else 'skipped'}"
+    return f"{name} {_memory_text(row)} {row['median_step_ms']:.1f} ms"
+
+
+def format_attention_lengths(record: dict[str, Any]) -> str:
+    """A tiled-attention record, one line per T: each method's peak (saved bytes on a CPU) and median step time
+    ("T =  16384 | sdpa (flash)  0.3 GB 12.0 ms | tiled  1.2 GB 450.0 ms | eager OOM")."""
+    rows = record["measurements"].get("attention_lengths", [])
+    lines = []
+    for tokens in sorted({r["tokens"] for r in rows}):
+        lines.append(f"T = {tokens:6d} | " + " | ".join(_attention_cell(r) for r in rows if r["tokens"] == tokens))
+    return "\n".join(lines)
+
+
+def _tiled_attention_tables(record: dict[str, Any]) -> list[str]:
+    rows = record["measurements"].get("attention_lengths", [])
+    table = _table(
+        ["method", "T", "status", "peak_GB", "saved_MB", "median_ms", "p95_ms", "busy_ms", "busy_share", "err_vs_sdpa"],
+        [
+            [
+                r["method"],
+                r["tokens"],
+                r["status"],
+                _gb(r["peak_above_start_bytes"]),
+                None if r["saved_tensor_bytes"] is None else r["saved_tensor_bytes"] / 1e6,
+                r["median_step_ms"],
+                r["p95_step_ms"],
+                *_profile_cells(r)[:2],
+                _worst_error(r["error_vs_sdpa"]),
+            ]
+            for r in rows
+        ],
+    )
+    parameters = record["workload"]["parameters"]
+    note = (
+        f"err_vs_sdpa: the largest of {parameters.get('agreement_metric', 'the scaled errors')} "
+        f"(tolerance {parameters.get('agreement_tolerance')})"
+    )
+    return [
+        "tiled attention vs SDPA vs eager, forward + backward\n" + format_attention_lengths(record),
+        table + "\n" + note,
+        f"checks: {record['checks'].get('attention')}",
+    ]
+
+
+def _worst_error(errors: dict[str, float | None] | None) -> float | str | None:
+    if errors is None:
+        return None
+    values = list(errors.values())
+    return "non-finite" if None in values else max(values)
+
+
 def format_record(record: dict[str, Any]) -> str:
     """Every table of one result, as printable text."""
     sections = [_header(record)]
@@ -528,6 +586,7 @@ def format_record(record: dict[str, Any]) -> str:
         "logit-memory": _logit_tables,
         "microbatch-budget": _microbatch_tables,
         "packing-compiled": _compiled_tables,
+        "tiled-attention": _tiled_attention_tables,
     }[record["workload"]["id"]](record)
     if record["targets"]:
         sections.append(

@@ -190,6 +190,34 @@ ROW_SCHEMAS: dict[str, dict[str, Any]] = {
             }
         ),
     },
+    "tiled-attention": {
+        "attention_lengths": Obj(
+            {
+                "method": OneOf("sdpa", "tiled", "eager"),
+                "tokens": int,
+                "status": OneOf("measured", "out_of_memory", "skipped"),  # skipped: out of memory at a shorter T
+                "block_size": Nullable(int),  # tiled only
+                "sdpa_backend": Nullable(OneOf("flash", "efficient", "cudnn", "math")),  # sdpa only
+                "score_matrix_bytes": int,  # B x H x T x T in the run's dtype: what eager materialises
+                "peak_above_start_bytes": Nullable(int),
+                "saved_tensor_bytes": Nullable(int),
+                **TIMING,
+                **PEAKS,
+                "device_profile": Nullable(PROFILED["device_profile"]),
+                # max |x - x_sdpa| / max |x_sdpa| for the output and the three gradients; null for sdpa itself
+                "error_vs_sdpa": Nullable(
+                    Obj(
+                        {
+                            "out": Nullable(NUMBER),
+                            "dq": Nullable(NUMBER),
+                            "dk": Nullable(NUMBER),
+                            "dv": Nullable(NUMBER),
+                        }
+                    )
+                ),
+            }
+        ),
+    },
     "microbatch-budget": {
         "microbatch_plans": Obj(
             {
