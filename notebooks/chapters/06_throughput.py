@@ -176,17 +176,22 @@ assert kv_bytes_per_token(hf_config("Qwen3-8B")) == KV_QWEN3_8B, "the library di
 # decode at once, as an integer. `hardware` is a mapping like `load_hardware("H200")`; its `memory_gb` is the
 # GPU's memory in decimal GB ($10^9$ bytes). The memory must hold the weights (`weight_bytes_per_param` bytes for each
 # of `n_params` parameters), `reserve_bytes` kept free, and the caches, whose bytes per token
-# `kv_bytes_per_token(config, kv_dtype_bytes)` gives (`config` as that function takes it). The batch you return
-# fits and one more sequence would not; when not even one sequence fits, or the weights alone do not, the answer is
-# `0`. Count in bytes, with integers where you can: the grader tries memories that hold an exact number of
-# sequences, where a division of GB by GB can round one short.
+# `kv_bytes_per_token(config, kv_dtype_bytes)` gives (`config` as that function takes it). Two graded cells, one
+# property each:
+#
+# * **Values** (4 points): the batch you return fits and one more sequence would not; when not even one sequence
+#   fits, or the weights alone do not, the answer is `0`. The result is an integer (a Python or numpy one).
+# * **The exact boundary** (1 point): when the memory left for the caches holds a whole number of sequences to the
+#   byte, that many fit. The grader builds such memories (a reserve that leaves room for exactly 7 sequences, say);
+#   there a computation in GB floats (141 GB less 16.4 GB less the reserve, divided by one sequence's GB) can come out
+#   a hair below the whole number and round one short.
 #
 # The function's first lines, the input checks, are given: keep them and write the rest below them.
 
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_max_decode_batch", "locked": false, "schema_version": 3}
 #| solution: course_lib.accounting.max_decode_batch
 
-# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_max_decode_batch", "locked": true, "points": 5, "schema_version": 3}
+# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_max_decode_batch", "locked": true, "points": 4, "schema_version": 3}
 # Qwen3-8B (8.2e9 parameters, 147,456 KV bytes per token in bf16) on one H200 (141 GB).
 _t_h200 = load_hardware("H200")
 _t_got = [max_decode_batch("Qwen3-8B", 8.2e9, _t_h200, _t_context) for _t_context in (2048, 16_384, 131_072)]
@@ -228,6 +233,7 @@ assert _t_fits[0] <= 1.5e6 < _t_fits[1], (
 )
 ### BEGIN HIDDEN TESTS
 import random
+from fractions import Fraction
 
 from course_lib import grading
 from course_lib.lab import random_cache_config
@@ -249,21 +255,33 @@ for _ in range(50):
             _t_kwargs,
         )
     )
-# Edges. A reserve that leaves room for exactly 7 sequences (they fit), one byte more (6), the weights filling the
-# GPU to the byte (0), weights larger than the GPU (0, not a negative batch), a shipped name and a transformers
-# config, a context of one token.
-_t_per_sequence = 2048 * 147_456
-_t_exact = 141e9 - 2 * 8_200_000_000 - 7 * _t_per_sequence
+# Edges. The weights filling the GPU to the byte (0), weights larger than the GPU (0, not a negative batch), a
+# shipped name and a transformers config, a context of one token.
 _t_cases += [
-    (("Qwen3-8B", 8_200_000_000, _t_hardware[0], 2048, _t_exact), {}),
-    (("Qwen3-8B", 8_200_000_000, _t_hardware[0], 2048, _t_exact + 1), {}),
     (("Qwen3-8B", 70_500_000_000, _t_hardware[0], 2048), {}),
     (("Qwen3-8B", 7e10, _t_hardware[3], 2048), {}),
     (("Qwen/Qwen3-0.6B", 6e8, _t_hardware[4], 1), {}),
     ((hf_config("Qwen2.5-0.5B"), 5e8, _t_hardware[3], 32_768), {"kv_dtype_bytes": 1}),
     (({"num_hidden_layers": 4, "num_key_value_heads": 2, "head_dim": 64}, 1e9, {"memory_gb": 24}, 4096), {}),
 ]
-grading.assert_matches_reference(max_decode_batch, "max_decode_batch", _t_cases)
+
+
+def _t_on_the_boundary(args, kwargs):
+    """Does the memory left for the caches hold a whole number of sequences to within a byte (exact arithmetic)?
+    Those cases are the next cell's: here a count of GB that rounds one short there loses nothing."""
+    config, n_params, hardware, context, reserve = (*args, 0.0)[:5]
+    free = (
+        Fraction(hardware["memory_gb"]) * 10**9
+        - Fraction(kwargs.get("weight_bytes_per_param", 2.0)) * Fraction(n_params)
+        - Fraction(reserve)
+    )
+    per_sequence = context * kv_bytes_per_token(config, kwargs.get("kv_dtype_bytes", 2))
+    return free > 0 and min(free % per_sequence, per_sequence - free % per_sequence) < 1
+
+
+grading.assert_matches_reference(
+    max_decode_batch, "max_decode_batch", [_t_case for _t_case in _t_cases if not _t_on_the_boundary(*_t_case)]
+)
 _t_sweep = [max_decode_batch("Qwen3-8B", 8.2e9, _t_hardware[0], _t_c) for _t_c in (1, 100, 1000, 10_000, 100_000)]
 assert _t_sweep == sorted(_t_sweep, reverse=True), (
     f"max_decode_batch('Qwen3-8B', 8.2e9, H200, context) over contexts 1 ... 100000 is {_t_sweep}: a longer context "
@@ -285,6 +303,45 @@ grading.assert_rejects(
         (("Llama-7B", 8.2e9, _t_hardware[0], 2048), {}),
     ],
 )
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_max_decode_batch__exact_boundary", "locked": true, "points": 1, "schema_version": 3}
+# Qwen3-8B on one H200 with a reserve that leaves room for exactly 7 sequences of 2048 tokens: all 7 fit.
+_t_exact = 141 * 10**9 - 2 * 8_200_000_000 - 7 * 2048 * 147_456  # bytes, an integer: 122,486,070,784
+_t_got = max_decode_batch("Qwen3-8B", 8_200_000_000, load_hardware("H200"), 2048, float(_t_exact))
+assert _t_got == 7, (
+    f"max_decode_batch('Qwen3-8B', 8_200_000_000, load_hardware('H200'), 2048, {float(_t_exact)!r}) returned "
+    f"{_t_got!r}, expected 7: 141e9 bytes hold the 16.4e9 bytes of weights, the reserve and 7 caches of "
+    "2048 x 147,456 bytes exactly"
+)
+### BEGIN HIDDEN TESTS
+import random
+
+from course_lib import grading
+from course_lib.lab import random_cache_config
+
+_t_rng = random.Random(63)
+_t_hardware = [load_hardware(_t_name) for _t_name in ("H200", "H100-SXM", "A100-80GB", "L4", "T4")]
+_t_cases = []
+for _ in range(40):  # reserves that leave room for exactly k sequences, and for k sequences and one byte less
+    _t_config, _t_kwargs = random_cache_config(_t_rng)
+    _t_gpu = _t_rng.choice(_t_hardware)
+    _t_params = _t_rng.choice([500_000_000, 1_500_000_000, 8_200_000_000])
+    _t_context = _t_rng.choice([1, 512, 2048, 16_384, _t_rng.randint(1, 131_072)])
+    _t_per_sequence = _t_context * kv_bytes_per_token(_t_config, _t_kwargs.get("kv_dtype_bytes", 2))
+    _t_free = _t_gpu["memory_gb"] * 10**9 - int(_t_kwargs.get("weight_bytes_per_param", 2.0) * _t_params)
+    if _t_free < _t_per_sequence:
+        continue
+    _t_k = _t_rng.randint(1, min(_t_free // _t_per_sequence, 10**6))
+    _t_reserve = _t_free - _t_k * _t_per_sequence  # an integer below 2**53: exact as a float
+    _t_cases.append(((_t_config, _t_params, _t_gpu, _t_context, float(_t_reserve)), _t_kwargs))
+    _t_cases.append(((_t_config, _t_params, _t_gpu, _t_context, float(_t_reserve + 1)), _t_kwargs))
+# The visible case, and one byte short of its 7th sequence (6).
+_t_cases += [
+    (("Qwen3-8B", 8_200_000_000, _t_hardware[0], 2048, float(_t_exact)), {}),
+    (("Qwen3-8B", 8_200_000_000, _t_hardware[0], 2048, float(_t_exact + 1)), {}),
+]
+grading.assert_matches_reference(max_decode_batch, "max_decode_batch", _t_cases)
 ### END HIDDEN TESTS
 
 # %% [markdown]

@@ -93,6 +93,17 @@ MUTANTS["gpu_hours_per_step"].update(
     }
 )
 
+# The right count made in GB floats: memory less the weights' and the reserve's GB, divided by one sequence's GB.
+# Where the memory left holds a whole number of sequences to the byte, the quotient can land a hair below it and
+# round one short: that costs the small exact-boundary cell, never the values' points (issue 31).
+MUTANTS["max_decode_batch"]["counts_in_gb_floats"] = mutate(
+    _BATCH,
+    (_FREE, "free_gb = memory_gb - weight_bytes_per_param * n_params / 1e9 - reserve_bytes / 1e9"),
+    (_PER_SEQUENCE, "sequence_gb = context * kv_bytes_per_token(config, kv_dtype_bytes) / 1e9"),
+    (_FIT, "return max(0, int(free_gb // sequence_gb))"),
+)
+LOSES_ONLY = {"max_decode_batch": {"counts_in_gb_floats": ["test_max_decode_batch__exact_boundary"]}}
+
 # Correct answers in other styles students use.
 ALTERNATIVES = {
     "max_decode_batch": {
@@ -118,6 +129,28 @@ def max_decode_batch(config, n_params, hardware, context, reserve_bytes=0.0, *, 
     if left < one_sequence:
         return 0
     return math.floor(left / one_sequence)
+""",
+        # Exact rational arithmetic on the given numbers (fractions.Fraction), bytes throughout.
+        "exact_fractions": """
+import math
+from fractions import Fraction
+
+from course_lib._checks import require_keys, require_positive_int, require_real
+
+
+def max_decode_batch(config, n_params, hardware, context, reserve_bytes=0.0, *, weight_bytes_per_param=2.0,
+                     kv_dtype_bytes=2):
+    n_params = require_real("n_params", n_params, minimum=0.0, strict_minimum=True)
+    require_keys("hardware", hardware, ("memory_gb",))
+    memory_gb = require_real("hardware['memory_gb']", hardware["memory_gb"], minimum=0.0, strict_minimum=True)
+    context = require_positive_int("context", context)
+    reserve_bytes = require_real("reserve_bytes", reserve_bytes, minimum=0.0)
+    weight_bytes_per_param = require_real("weight_bytes_per_param", weight_bytes_per_param, minimum=0.0,
+                                          strict_minimum=True)
+    kv_dtype_bytes = require_positive_int("kv_dtype_bytes", kv_dtype_bytes)
+    memory = Fraction(memory_gb) * 10**9
+    left = memory - Fraction(weight_bytes_per_param) * Fraction(n_params) - Fraction(reserve_bytes)
+    return max(0, math.floor(left / (context * kv_bytes_per_token(config, kv_dtype_bytes))))
 """,
     },
     "crossover_context": {
