@@ -90,7 +90,7 @@ def evaluate_length_curriculum_stage(
 
     failed_gates lists the names of CURRICULUM_GATES that failed, in that order; any failure holds. A value at its
     limit passes; a score difference within SCORE_TOLERANCE of its limit is at it. A stability flag passes only as
-    the bool True (LCFT's `is not True`): a numpy or 0-d torch bool fails closed, so convert with bool(...) where
+    the bool True: anything else, a numpy or 0-d torch bool included, fails closed, so convert with bool(...) where
     it is measured.
     """
     require_keys("baseline", baseline, STAGE_FIELDS["baseline"])

@@ -152,8 +152,9 @@ with torch.no_grad():
 print("broken candidate: ", stability_evidence(model))
 
 # %% [markdown]
-# The flags are Python `True`/`False`. The gate asks for `is True` on purpose: a flag read back from a log as the
-# string `"true"`, or the integer `1`, is not evidence that anything was checked.
+# The flags are Python `True`/`False`, made so where they are measured (`bool(...)`). Only the bool `True` counts as
+# evidence: a flag read back from a log as the string `"true"`, or the integer `1`, is not evidence that anything
+# was checked, so a gate that meets one fails closed.
 #
 # ### TODO 1 · `evaluate_length_curriculum_stage` (评估长度课程的阶段)
 #
@@ -168,17 +169,21 @@ print("broken candidate: ", stability_evidence(model))
 #   that is not an integer $\ge 0$ and a budget that is not an integer $\ge 1$ (a step of no tokens trains nothing)
 #   each raise a `ValueError` naming the field, and the checked values come back as Python numbers. You write
 #   the decision below them.
-# * `evidence = {"token_budget_matches": <budgets equal, a bool>, "long_context_gain": candidate − baseline long
-#   score, "short_context_regression": baseline − candidate short score}`, each difference as computed, not rounded.
-# * Each gate of `CURRICULUM_GATES` fails on its own evidence, in the table's sense: a gain **below** the minimum,
-#   a regression, failed-run count, peak memory or cost **above** its limit; a value equal to its limit passes.
+# * Return `{"decision", "failed_gates", "evidence"}`. The stage **advances** (`"advance"`) exactly when it passes
+#   every gate of `CURRICULUM_GATES`, each in the sense of section 2's table, and **holds** (`"hold"`) otherwise;
+#   `failed_gates` names every gate it fails, once, in the order of `CURRICULUM_GATES`: a hold always says why, an
+#   advance lists nothing.
+# * `evidence` reports what the two stages' numbers say before any limit is applied: `token_budget_matches` (a
+#   bool), `long_context_gain` and `short_context_regression`, the score differences in the table's direction (a
+#   positive gain is better, a positive regression worse), as computed, not rounded.
+# * The gates are independent: each reads its own evidence, and no amount of one kind of evidence makes up for
+#   another (a larger gain never excuses a regression). A limit is inclusive: evidence exactly at its limit passes.
 #   **Tolerance (容差).** A score difference carries the rounding of the subtraction: in floats 0.60 − 0.56 is
 #   0.03999999999999998, below a minimum of 0.04. So a gain or a regression within `SCORE_TOLERANCE` ($10^{-9}$,
-#   imported at the top of the TODO cell) of its limit counts as equal to it and passes; a measured value (failed
-#   runs, peak memory, cost) is compared with its limit exactly. A stability flag that **is not** `True` fails: a
-#   gate fails closed, so `1`, `"true"` and even a numpy or torch bool fail it (§2's cell converts with `bool(...)`).
-# * `failed_gates` lists the failed gate names in the order of `CURRICULUM_GATES`; `decision` is `"hold"` when any
-#   gate failed, else `"advance"`. Return `{"decision", "failed_gates", "evidence"}`.
+#   imported at the top of the TODO cell) of its limit counts as at it; a measured value (failed runs, peak memory,
+#   cost) is compared with its limit exactly. A gate **fails closed**: a stability flag is evidence only when it is
+#   the bool `True`, and anything else (`1`, `"true"`, even a numpy or torch bool) fails its gate, without a
+#   `ValueError`.
 
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_evaluate_length_curriculum_stage", "locked": false, "schema_version": 3}
 #| solution: course_lib.curriculum.evaluate_length_curriculum_stage
