@@ -374,9 +374,11 @@ grading.assert_no_python_loop_over_tokens(
 # %% [markdown]
 # <details><summary>Hint · 提示</summary>
 #
-# Two tokens may see each other when they carry the same id, and a causal mask keeps only the lower triangle.
-# The padding rule then follows from the same comparison if no two padding tokens, and no padding token and real
-# token, ever share an id.
+# Test on a row you can check by eye before a real batch: `segment_ids = torch.tensor([0, 0, 1, 1, 1, -1, -1])`,
+# printed as 0/1 (`mask.int()`). Count the allowed keys of each query row (`mask.sum(-1)`): a token of a sample
+# allows as many keys as it has predecessors in its sample plus itself, a padding token exactly one. Then check the
+# same sample ids in another order (`[1, 1, 0, 0, -1]`), two padding tokens side by side, and a batch `[R, L]` and a
+# `[2, R, L]` stack, each row of which must be its own row's mask.
 #
 # </details>
 
@@ -590,10 +592,11 @@ with torch.no_grad():
 # %% [markdown]
 # <details><summary>Hint · 提示</summary>
 #
-# A sample's tokens sit at the columns where its row's `segment_ids` equal its place in `rows[r]`. The logits at a
-# column predict the token in the next column, so the last column of a sample predicts the *next* sample's first
-# token: that prediction has no counterpart alone. `torch.log_softmax` over the vocabulary, then `gather` the id
-# that actually comes next.
+# Check the harness on forwards whose verdict you know before trusting it on the others: under the block-mask forward
+# every sample's difference must be float noise (about $10^{-6}$), under the causal one exactly the samples that do
+# not open their row must stand out. If the block-mask forward already shows large differences, your comparison is
+# misaligned: for one sample, print the ids whose log-probabilities you take from the packed run next to those from
+# the run alone. They must be the same $n - 1$ ids in the same order.
 #
 # </details>
 

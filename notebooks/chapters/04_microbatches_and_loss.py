@@ -243,8 +243,11 @@ grading.assert_rejects(
 # %% [markdown]
 # <details><summary>Hint · 提示</summary>
 #
-# Sort the indices once (a stable sort, longest first). Since the order is longest first, the sequence that opens a
-# microbatch is its longest and fixes its padded width, so how many sequences it takes follows from that one length.
+# Test the plan, not the code: write the three invariants above as a checker of any plan (every index once and, read
+# in order, longest first with ties by index; each microbatch's count × longest ≤ `max_tokens`; the next
+# microbatch's first index would push each one over) and run it on random lengths (`random.randint`), on many equal
+# lengths, and on budgets that a microbatch fills exactly. When it fails, print the case: small ones are easy to
+# plan by hand.
 #
 # </details>
 
@@ -371,9 +374,10 @@ grading.assert_rejects(
 # %% [markdown]
 # <details><summary>Hint · 提示</summary>
 #
-# This is next-fit decreasing: keep a running total of the open microbatch and open a new one when the next length
-# would pass the budget. Over the sorted lengths a cumulative sum (`torch.cumsum`) and `torch.searchsorted` find each
-# microbatch's end without a Python loop over the sequences.
+# Reuse TODO 1's checker with the sum as the cost. Two cross-checks need no hand-made answer: on lengths that are all
+# equal, count × longest is the sum, so your plan must equal `token_budget_batches`' on them; and no plan has fewer
+# than $\lceil \sum_i T_i / \text{max\_tokens} \rceil$ microbatches, so a count below that means a microbatch over
+# budget.
 #
 # </details>
 
@@ -670,8 +674,10 @@ grading.assert_rejects(
 # %% [markdown]
 # <details><summary>Hint · 提示</summary>
 #
-# *Select* the supervised losses (`torch.where` or boolean indexing); multiplying by the mask
-# does not work, since `nan * 0` is `nan`, and `nansum` would hide a diverged supervised token too.
+# Poison what the mask leaves out: put `nan` and `inf` at masked-out positions and check that the loss equals the one
+# with zeros there; put a `nan` on a supervised token and check that the loss is `nan`. Then check the gradient,
+# `torch.autograd.grad(loss, token_losses)`: 1 / (the divisor) on every supervised token, 0 elsewhere, and a zero
+# gradient (not an error) under `constant` when the mask selects nothing.
 #
 # </details>
 
@@ -895,9 +901,12 @@ assert _t_ranks["collectives"] == [[("allreduce", 1)], [("allreduce", 1)]], (
 # %% [markdown]
 # <details><summary>Hint · 提示</summary>
 #
-# Every token must weigh $1/N$ wherever it landed, so $N$ has to be known before the first `backward`: count the
-# targets of all microbatches first (on the labels, no forward needed), sum that count across the ranks, then divide
-# each microbatch's **sum** of token losses by it. `model.zero_grad` belongs before the loop, not inside it.
+# Section 5's `full_batch_gradient(model, batch)` is your oracle: `gradient_agreement(flat_gradient(model), full)`
+# after your step must show a relative error below $10^{-6}$ on every split you can think of: one microbatch of every
+# row, one row per microbatch, a microbatch without a supervised token, rows of unequal lengths. Call your step twice
+# in a row; the second call must leave what the first did. An error that changes with the split points at the
+# weight each token gets: `per_token_weight_distortion` of section 4 shows what a wrong one looks like.
+# `step_on_ranks` runs your step on two `gloo` ranks and lists the collectives it makes.
 #
 # </details>
 
