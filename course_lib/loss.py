@@ -274,7 +274,8 @@ def accumulate_step(
     step (`supervised_target_mask`: the tokens `supervised_token_losses` scores) over every microbatch, and over
     every rank of `group` when one is given: one all-reduce of that single count, the step's only collective.
     Summed over the ranks, .grad is the gradient of one backward over all their rows (the full-batch token
-    mean); a microbatch without a supervised target adds nothing. Returns this rank's part of that loss.
+    mean); a microbatch without a supervised target adds nothing. Returns this rank's part of that loss: its rows'
+    supervised token losses summed, over N (0 on a rank without a supervised target).
     """
     batch = require_lm_batch(model, batch)  # checked tensors [B, L], on the model's device
     microbatches = require_partition("microbatches", microbatches, batch["input_ids"].shape[0])

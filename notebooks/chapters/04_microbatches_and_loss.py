@@ -463,8 +463,8 @@ print(f"shortest over longest: {sorted_weights[0] / sorted_weights[-1]:.1f}x")
 # ### TODO 3 · `aggregate_loss` (损失聚合)
 #
 # Write `aggregate_loss(token_losses, mask, mode="token_mean", norm_const=None)`. `token_losses` is a float tensor
-# (typically `[B, T]`), `mask` a tensor of the same shape, true where the token is supervised. Return a 0-d tensor,
-# in the dtype of `token_losses`, that keeps the autograd graph:
+# (typically `[B, T]`), `mask` a tensor of the same shape, true where the token is supervised. Return a 0-d tensor
+# that keeps the autograd graph:
 #
 # * `mode="token_mean"`: the sum of the masked-in losses divided by the **number of masked-in tokens**;
 # * `mode="constant"`: the same sum divided by `norm_const` (the global token count, or any constant fixed in
@@ -473,6 +473,15 @@ print(f"shortest over longest: {sorted_weights[0] / sorted_weights[-1]:.1f}x")
 # The losses at masked-out positions can be anything, `inf` and `nan` included (a padding position's logits are
 # never looked at): they must not reach the result. A `nan` or `inf` on a supervised token is a real divergence and
 # must show in the loss.
+#
+# Two graded cells, one property each:
+#
+# * **Values** (2 points): both modes, the masked-out `inf` and `nan`, and the gradient, on float32 and float64
+#   losses, within `rtol=1e-5, atol=1e-6` of the library's.
+# * **Dtype** (1 point): the loss is in the dtype of `token_losses`, whatever the mask's dtype and whatever holds
+#   `norm_const` (a number, or a 0-d tensor of any float dtype). That holds in bfloat16 and float16 too: a bf16
+#   loss is a bf16 tensor, not a float32 one. Sum and divide in the losses' dtype, or in a wider one and round the
+#   result back: both are right, and there the grader compares within half-precision rounding (`rtol=1e-2`).
 #
 # The first lines are given and checked for you: an unknown mode, `token_mean` with a `norm_const` or over a mask
 # that selects no token, `constant` without a positive finite `norm_const`, tensors of different shapes, a mask with
@@ -487,8 +496,8 @@ _t_losses = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
 _t_mask = torch.tensor([[True, True, False], [False, True, False]])
 _t_shown = "losses [[1., 2., 3.], [4., 5., 6.]], mask [[T, T, F], [F, T, F]]"
 _t_got = aggregate_loss(_t_losses, _t_mask)
-assert isinstance(_t_got, torch.Tensor) and _t_got.shape == () and _t_got.dtype == torch.float32, (
-    f"aggregate_loss({_t_shown}) must return a 0-d tensor in the losses' dtype (float32), got {_t_got!r}"
+assert isinstance(_t_got, torch.Tensor) and _t_got.shape == (), (
+    f"aggregate_loss({_t_shown}) must return a 0-d tensor, got {_t_got!r}"
 )
 assert abs(_t_got.item() - 8.0 / 3.0) < 1e-6, f"aggregate_loss({_t_shown}) returned {_t_got}, expected 8 / 3 = 2.6667"
 _t_got = aggregate_loss(_t_losses, _t_mask, mode="constant", norm_const=4)
@@ -505,17 +514,6 @@ assert abs(_t_got.item() - 8.0 / 3.0) < 1e-6, (
     f"aggregate_loss({_t_shown} as 0/1 torch.long) returned {_t_got}, expected 8 / 3 = 2.6667 "
     f"(indexing a tensor with an integer tensor picks rows by number, it does not select by mask)"
 )
-# The loss keeps the dtype of token_losses, whatever the mask's or norm_const's.
-_t_float64_four = torch.tensor(4.0, dtype=torch.float64)
-for _t_kwargs, _t_what, _t_want in (
-    ({"mask": _t_mask.double()}, "the mask as float64 0/1", 8.0 / 3.0),
-    ({"mask": _t_mask, "mode": "constant", "norm_const": _t_float64_four}, "norm_const a float64 0-d tensor 4.0", 2.0),
-):
-    _t_got = aggregate_loss(_t_losses, **_t_kwargs)
-    assert _t_got.dtype == torch.float32 and abs(_t_got.item() - _t_want) < 1e-6, (
-        f"aggregate_loss(float32 losses, {_t_what}) returned {_t_got!r}, expected a float32 tensor {_t_want:.4f}: the "
-        f"loss keeps the dtype of token_losses"
-    )
 # inf and nan where the mask is off (padding) must not reach the loss.
 _t_poisoned = torch.tensor([[2.0, float("inf"), 4.0], [float("nan"), 6.0, float("-inf")]])
 _t_keep = torch.tensor([[True, False, True], [False, True, False]])
@@ -608,12 +606,6 @@ _t_cases += [
     ((_t_diverged[:1], torch.tensor([[True, True, False]])), {}),
     ((_t_diverged[1:], torch.tensor([[True, True, False]])), {"mode": "constant", "norm_const": 2}),
 ]
-# The loss keeps the losses' dtype whatever the mask's or norm_const's (a float64 mask, a float64 0-d tensor).
-_t_values32 = torch.rand(3, 4, generator=_t_generator)
-_t_cases += [
-    ((_t_values32, (_t_values32 > 0.5).double()), {}),
-    ((_t_values32, _t_values32 > 0.5), {"mode": "constant", "norm_const": torch.tensor(4.0, dtype=torch.float64)}),
-]
 # A perfectly predicted supervised token has loss 0 and still counts in the mean.
 _t_zeros = torch.tensor([[0.0, 2.0, 0.0], [1.0, 0.0, 3.0]])
 _t_cases += [
@@ -669,6 +661,55 @@ grading.assert_rejects(
         ((_t_values, _t_mask), {"mode": "constant", "norm_const": torch.tensor([6.0])}),
     ],
 )
+### END HIDDEN TESTS
+
+# %% [markdown]
+# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_aggregate_loss__dtype", "locked": true, "points": 1, "schema_version": 3}
+# The loss keeps the dtype of token_losses, whatever the mask's or norm_const's, in half precision too.
+_t_losses = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+_t_mask = torch.tensor([[True, True, False], [False, True, False]])
+for _t_losses_dtype, _t_kwargs, _t_what, _t_want in (
+    (torch.float32, {"mask": _t_mask.double()}, "the mask as float64 0/1", 8.0 / 3.0),
+    (
+        torch.float32,
+        {"mask": _t_mask, "mode": "constant", "norm_const": torch.tensor(4.0, dtype=torch.float64)},
+        "norm_const a float64 0-d tensor 4.0",
+        2.0,
+    ),
+    (torch.bfloat16, {"mask": _t_mask}, "the mask as bool", 8.0 / 3.0),
+    (torch.bfloat16, {"mask": _t_mask, "mode": "constant", "norm_const": 3}, "norm_const 3", 8.0 / 3.0),
+):
+    _t_got = aggregate_loss(_t_losses.to(_t_losses_dtype), **_t_kwargs)
+    assert (
+        isinstance(_t_got, torch.Tensor) and _t_got.dtype == _t_losses_dtype and abs(_t_got.item() - _t_want) < 1e-2
+    ), (
+        f"aggregate_loss({str(_t_losses_dtype).removeprefix('torch.')} losses, {_t_what}) returned {_t_got!r}, "
+        f"expected a {str(_t_losses_dtype).removeprefix('torch.')} tensor {_t_want:.4f}: the loss keeps the dtype of "
+        "token_losses"
+    )
+### BEGIN HIDDEN TESTS
+from course_lib import grading
+
+_t_generator = torch.Generator().manual_seed(9)
+_t_cases = []
+for _t_dtype in (torch.bfloat16, torch.float16, torch.float32, torch.float64):
+    _t_values = (torch.rand(4, 7, generator=_t_generator) * 5).to(_t_dtype)
+    _t_keep = torch.rand(4, 7, generator=_t_generator) < 0.6
+    _t_keep[0, 0] = True  # at least one supervised token
+    _t_count = int(_t_keep.sum())
+    for _t_mask in (_t_keep, _t_keep.long(), _t_keep.double(), _t_keep.to(torch.bfloat16)):
+        _t_cases.append(((_t_values, _t_mask), {}))
+    for _t_const in (
+        3 * _t_count + 1,
+        0.75,
+        torch.tensor(float(_t_count)),
+        torch.tensor(4.0, dtype=torch.float64),
+        torch.tensor(2.5, dtype=torch.bfloat16),
+    ):
+        _t_cases.append(((_t_values, _t_keep), {"mode": "constant", "norm_const": _t_const}))
+    # no supervised token under constant: a 0 in the losses' dtype
+    _t_cases.append(((_t_values, torch.zeros(4, 7, dtype=torch.bool)), {"mode": "constant", "norm_const": 5}))
+grading.assert_matches_reference(aggregate_loss, "aggregate_loss", _t_cases, rtol=1e-2, atol=1e-3)
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -735,16 +776,22 @@ print(
 #   `supervised_target_mask(labels, position_ids=..., segment_ids=...)` gives without running the model. A
 #   microbatch may hold no supervised token at all (it adds nothing to the gradient: running its forward or skipping
 #   it are both right). A step with no supervised token anywhere has no mean to take; the tests never pass one
-#   (the library raises a `ValueError` there).
+#   (the library raises a `ValueError` there). A parameter that gets no gradient in the step may be left with
+#   `.grad` `None` or a zero tensor: the tests read a `None` as zeros.
 # * Under data parallelism every rank calls the function on its own rows with `group`, a `torch.distributed`
 #   process group. Then $N$ counts the supervised tokens of **every rank in `group`**, the `.grad` of those ranks
 #   summed is the gradient of one backward over all their rows, and the function makes **exactly one collective**,
 #   over `group`: an all-reduce of a single number.
-# * Return this rank's part of the loss as a number (summed over the ranks: the full batch's token mean).
+# * Return this rank's part of the loss as a number: the supervised token losses of this rank's rows, summed and
+#   divided by $N$. Summed over the ranks it is the full batch's token mean; without `group` it is that mean itself.
+# * A rank whose rows hold no supervised token at all, beside ranks whose rows do, still takes part in the count
+#   (the other ranks wait for it), leaves no stale gradient behind and returns 0: its part of the loss. Its `.grad`
+#   may be `None` or zeros.
 #
-# The relative error against one full-batch backward must stay below $10^{-6}$ (float32 rounding). The first lines are
-# given: they check the batch (and move it to the model's device), that the microbatches partition its rows, and the
-# group. Keep them and write the rest.
+# The relative error against one full-batch backward must stay below $10^{-6}$ (float32 rounding), and the returned
+# loss within a relative $10^{-5}$ of the full batch's. Two graded cells: the step (5 points) and the rank without
+# supervised tokens (1 point). The first lines are given: they check the batch (and move it to the model's device),
+# that the microbatches partition its rows, and the group. Keep them and write the rest.
 
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_accumulate_step", "locked": false, "schema_version": 3}
 #| solution: course_lib.loss.accumulate_step
@@ -896,6 +943,72 @@ assert all(
 assert _t_ranks["collectives"] == [[("allreduce", 1)], [("allreduce", 1)]], (
     f"each rank must make exactly one all-reduce of one number over its group; the ranks made {_t_ranks['collectives']}"
 )
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_accumulate_step__rank_without_targets", "locked": true, "points": 1, "schema_version": 3}
+# Two gloo ranks, the second holding only rows without a supervised token, both with a stale .grad of ones.
+_t_model = tiny_qwen2(seed=0)
+_t_batch = synthetic_supervised_batch(n_rows=4, min_length=6, max_length=24, seed=2)  # [4, L]
+_t_batch["labels"][2:] = IGNORE_INDEX  # rows 2 and 3: no supervised token
+_t_model.zero_grad(set_to_none=True)
+_t_losses, _t_mask = supervised_token_losses(_t_model, _t_batch)
+_t_full_loss = masked_normalize(_t_losses, _t_mask, normalize_constant=int(_t_mask.sum()))
+_t_full_loss.backward()
+_t_full, _t_full_loss = flat_gradient(_t_model), float(_t_full_loss.detach())
+
+
+def _t_stale_ranks(rank_rows, groups=None):
+    """The student's step on gloo ranks, every parameter's .grad set to ones before the ranks start."""
+
+    def work(own):
+        for parameter in _t_model.parameters():
+            parameter.grad = torch.ones_like(parameter)  # what an earlier step left behind
+        return step_on_ranks(own, _t_model, _t_batch, rank_rows, 60.0, groups=groups)
+
+    return in_student_process(accumulate_step, work)
+
+
+_t_ranks = _t_stale_ranks([[[0], [1]], [[2], [3]]])
+_t_check = gradient_agreement(_t_ranks["gradient"], _t_full)
+assert _t_check["relative_error"] < 1e-6, (
+    f"on 2 gloo ranks (rows [0], [1] and [2], [3]; rows 2 and 3 without a supervised token) the summed .grad has "
+    f"relative error {_t_check['relative_error']:.2e} against the full batch: the rank without targets must leave "
+    "no stale gradient behind (None or zeros)"
+)
+assert _t_ranks["returned"][1] is not None and abs(_t_ranks["returned"][1]) < 1e-12, (
+    f"the rank without a supervised token returned {_t_ranks['returned'][1]!r}, expected 0: its part of the loss"
+)
+assert _t_ranks["returned"][0] is not None and abs(_t_ranks["returned"][0] - _t_full_loss) < 1e-5 * _t_full_loss, (
+    f"the rank with every supervised token returned {_t_ranks['returned'][0]!r}, expected {_t_full_loss:.6f}"
+)
+### BEGIN HIDDEN TESTS
+# Three ranks in two data-parallel groups, [0, 1] and [2]: rank 0 holds no supervised token, so rank 1's part is the
+# whole of its group's token mean, and rank 2's its own.
+_t_batch = synthetic_supervised_batch(n_rows=7, min_length=5, max_length=30, seed=8)  # [7, L]
+_t_batch["labels"][[1, 4, 5]] = IGNORE_INDEX
+
+
+def _t_group_reference(rows):
+    """One backward over the rows: their token mean and its flat gradient [P]."""
+    _t_model.zero_grad(set_to_none=True)
+    losses, mask = supervised_token_losses(_t_model, {key: value[rows] for key, value in _t_batch.items()})
+    loss = masked_normalize(losses, mask, normalize_constant=int(mask.sum()))
+    loss.backward()
+    return float(loss.detach()), flat_gradient(_t_model)
+
+
+(_t_loss_a, _t_gradient_a), (_t_loss_b, _t_gradient_b) = _t_group_reference([4, 5, 1, 0, 2, 3]), _t_group_reference([6])
+_t_ranks = _t_stale_ranks([[[4], [5, 1]], [[0, 2], [3]], [[6]]], groups=[[0, 1], [2]])
+_t_check = gradient_agreement(_t_ranks["gradient"], _t_gradient_a + _t_gradient_b)
+assert _t_check["relative_error"] < 1e-6 and _t_ranks["collectives"] == [[("allreduce", 1)]] * 3, (
+    f"3 gloo ranks in groups [0, 1] and [2], rank 0 without a supervised token: relative error "
+    f"{_t_check['relative_error']:.2e} against each group's own full batch, collectives {_t_ranks['collectives']}"
+)
+_t_want = [0.0, _t_loss_a, _t_loss_b]
+assert all(
+    _t_got is not None and abs(_t_got - _t_value) <= 1e-5 * _t_value
+    for _t_got, _t_value in zip(_t_ranks["returned"], _t_want, strict=True)
+), f"3 gloo ranks in groups [0, 1] and [2] returned {_t_ranks['returned']}, expected {_t_want}"
 ### END HIDDEN TESTS
 
 # %% [markdown]

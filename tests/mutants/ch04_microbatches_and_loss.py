@@ -568,3 +568,35 @@ ALTERNATIVES["microbatch_token_weight"] = {
     "literal": "microbatch_token_weight = 2.5\n",
     "fraction": "from fractions import Fraction\n\nmicrobatch_token_weight = float(Fraction(100, 40))\n",
 }
+
+# Issue 31's spec gaps: each rule the prompt states is graded in a small cell of its own, and both readings the
+# prompt allows keep every point.
+MUTANTS["aggregate_loss"]["divides_by_a_float32_tensor"] = _aggregate(
+    # a 0-d float32 divisor promotes a 0-d bf16 or float16 sum to float32 (torch promotes 0-d tensors by dtype)
+    token_mean="total / torch.tensor(float(mask.sum()))",
+    constant="total / torch.tensor(float(norm_const))",
+)
+MUTANTS["accumulate_step"]["returns_early_without_targets"] = mutate(
+    # after the count's all-reduce, a rank without targets returns before clearing .grad: the stale gradient stays
+    _STEP,
+    (_ZERO, "    if not local_tokens:\n        return 0.0  # nothing to learn on this rank\n" + _ZERO),
+)
+LOSES_ONLY = {
+    "aggregate_loss": {"divides_by_a_float32_tensor": ["test_aggregate_loss__dtype"]},
+    "accumulate_step": {"returns_early_without_targets": ["test_accumulate_step__rank_without_targets"]},
+}
+ALTERNATIVES["aggregate_loss"]["upcast_then_round_back"] = _aggregate(
+    # the sum and the division in float64, the loss rounded back to the losses' dtype (bf16 within its rounding)
+    token_mean="(token_losses.double()[mask].sum() / int(mask.sum())).to(token_losses.dtype)",
+    constant="(token_losses.double()[mask].sum() / norm_const).to(token_losses.dtype)",
+)
+ALTERNATIVES["accumulate_step"]["skips_microbatches_without_targets"] = mutate(
+    # no backward where there is nothing to learn: on a rank without targets every .grad stays None
+    _STEP,
+    (
+        "        losses, mask = supervised_token_losses(model, part)  # [b, L-1] each: one microbatch's activations\n",
+        "        losses, mask = supervised_token_losses(model, part)  # [b, L-1] each: one microbatch's activations\n"
+        "        if not bool(mask.any()):\n"
+        "            continue\n",
+    ),
+)
