@@ -28,6 +28,8 @@ __all__ = [
     "check_attention_inputs",
     "check_attention_gradients",
     "check_partials",
+    "reference_attention",
+    "reference_attention_gradients",
     "merge_partials",
     "tiled_attention_forward",
     "tiled_attention_backward",
@@ -111,6 +113,68 @@ def check_attention_gradients(
     require_tensor("lse", lse, ndim=3, dtype_kind="f")
     if tuple(lse.shape) != shape[:3]:
         raise ValueError(f"lse must have shape {shape[:3]}, got {tuple(lse.shape)}")
+
+
+def reference_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    scale: float | None = None,
+    cu_seqlens: object = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The untiled answer (T x S scores): (out from `scaled_dot_product_attention`, lse from `torch.logsumexp` of
+    the scores), for the kernels' inputs; packed documents one call each. A test oracle for small shapes."""
+    causal, _, scale, documents = check_attention_inputs(q, k, v, causal, 1, scale, cu_seqlens)
+    if documents is not None:
+        pieces = [
+            reference_attention(q[:, :, start:end], k[:, :, start:end], v[:, :, start:end], causal, scale)
+            for start, end in zip(documents, documents[1:], strict=False)
+        ]
+        return torch.cat([out for out, _ in pieces], dim=2), torch.cat([lse for _, lse in pieces], dim=2)
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # [B, H, S, *]
+    wide = torch.promote_types(q.dtype, torch.float32)
+    scores = (q.to(wide) @ k.to(wide).transpose(-1, -2)) * scale  # [B, H, T, S]
+    if causal:
+        scores = scores.masked_fill(~torch.ones(scores.shape[-2:], dtype=torch.bool).tril().to(q.device), -math.inf)
+    if 0 in q.shape or 0 in k.shape or 0 in v.shape:  # SDPA refuses empty inputs; no key: out 0, lse -inf
+        out = q.new_zeros(*q.shape[:3], v.shape[-1])
+    else:
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+    return out, torch.logsumexp(scores, dim=-1)
+
+
+def reference_attention_gradients(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    grad_out: torch.Tensor,
+    causal: bool = False,
+    scale: float | None = None,
+    cu_seqlens: object = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of sum(grad_out * out) by autograd through `scaled_dot_product_attention` (packed documents one
+    call each): the answer a tiled backward must give. A test oracle for small shapes."""
+    causal, _, scale, documents = check_attention_inputs(q, k, v, causal, 1, scale, cu_seqlens)
+    grad_out = require_tensor("grad_out", grad_out, ndim=4, dtype_kind="f")
+    if tuple(grad_out.shape) != (*q.shape[:3], v.shape[-1]):
+        raise ValueError(f"grad_out must have shape {(*q.shape[:3], v.shape[-1])}, got {tuple(grad_out.shape)}")
+    leaves = [tensor.detach().clone().requires_grad_() for tensor in (q, k, v)]
+    if 0 in k.shape or 0 in q.shape:  # SDPA refuses empty inputs: no key, no gradient
+        return tuple(torch.zeros_like(tensor) for tensor in (q, k, v))
+
+    def attend(q, k, v):
+        if 0 in q.shape:  # an empty document
+            return q.new_zeros(*q.shape[:3], v.shape[-1])
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=True)
+
+    if documents is None:
+        out = attend(*leaves)
+    else:
+        bounds = zip(documents, documents[1:], strict=False)
+        out = torch.cat([attend(*(leaf[:, :, start:end] for leaf in leaves)) for start, end in bounds], dim=2)
+    return torch.autograd.grad(out, leaves, grad_out.to(out.dtype), allow_unused=False)
 
 
 def check_partials(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor) -> None:

@@ -253,6 +253,8 @@ def _valid_attention_calls(model):
         "check_attention_gradients": ((q, v, out, lse, out), {}),
         "check_partials": ((out, lse, out, lse), {}),
         "merge_partials": ((out, lse, out, lse), {}),
+        "reference_attention": ((q, k, v), {}),
+        "reference_attention_gradients": ((q, k, v, out), {}),
         "tiled_attention_forward": ((q, k, v), {}),
         "tiled_attention_backward": ((q, k, v, out, lse, out), {}),
         "tiled_attention": ((q, k, v), {}),

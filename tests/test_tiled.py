@@ -14,6 +14,8 @@ from course_lib import (
     block_products,
     hf_config,
     merge_partials,
+    reference_attention,
+    reference_attention_gradients,
     row_documents,
     saved_tensor_bytes,
     tensors_created,
@@ -230,3 +232,19 @@ def test_backward_checks_its_own_inputs():
         tiled_attention_backward(q, k, v, out, lse[:, :, :3], out)
     with pytest.raises(ValueError, match="grad_out"):
         tiled_attention_backward(q, k, v, out, lse, out[:, :2])
+
+
+def test_the_reference_oracles_agree_with_sdpa_and_autograd():
+    q, k, v = inputs(2, 4, 2, 9, 13, 4, 3, seed=21)
+    for causal in (False, True):
+        out, lse = reference_attention(q.detach(), k.detach(), v.detach(), causal)
+        want_out, want_lse = sdpa(q, k, v, causal)
+        torch.testing.assert_close(out, want_out.detach(), rtol=1e-12, atol=1e-13)
+        torch.testing.assert_close(lse, want_lse.detach(), rtol=1e-12, atol=1e-13)
+        upstream = torch.randn(want_out.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+        want = torch.autograd.grad(want_out, (q, k, v), upstream)
+        got = reference_attention_gradients(q, k, v, upstream, causal)
+        for mine, theirs in zip(got, want, strict=True):
+            torch.testing.assert_close(mine, theirs, rtol=1e-12, atol=1e-13)
+    empty = reference_attention(q.detach(), k[:, :, :0].detach(), v[:, :, :0].detach())
+    assert torch.equal(empty[0], torch.zeros(2, 4, 9, 3, dtype=torch.float64)) and bool((empty[1] == -math.inf).all())
