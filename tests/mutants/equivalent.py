@@ -201,4 +201,72 @@ EQUIVALENT: dict[str, dict[str, str]] = {
             "a blocked entry is the dtype's lowest value or -inf (the TODO's text), both below -1"
         ),
     },
+    "10_tiled_attention": {
+        "causal_fraction_skipped_16_blocks | causal_fraction_skipped_16_blocks = 1 - (16 * 17 // 2) / 16**2 "
+        "| arithmetic: // -> /": "16 * 17 is even: 136 either way",
+        **{
+            f"{todo} | for start, end in zip(documents, documents[1:], strict=False) | keyword: strict= dropped": (
+                "strict=False is zip's default"
+            )
+            for todo in ("tiled_attention_forward", "tiled_attention_backward")
+        },
+        **{
+            f"tiled_attention_backward | return tuple(torch.cat(grads, dim=2) for grads in zip(*pieces, strict=True)) "
+            f"| {edit}": "every piece is a (dq, dk, dv) triple: the zipped lengths are equal by construction"
+            for edit in ("constant: True -> False", "keyword: strict= dropped")
+        },
+        **{
+            f"{todo} | if causal and k_end - 1 > q_start: | {edit}": (
+                "the test only spares the mask where a block lies wholly below the diagonal; masking such a block too "
+                "masks nothing, so values and gradients stay the same"
+            )
+            for todo in ("tiled_attention_forward", "tiled_attention_backward")
+            for edit in ("arithmetic: - -> +", "constant: 1 -> 0", "edge: > -> >=")
+        },
+        **{
+            f"tiled_attention_backward | {line} | keyword: {keyword}= dropped": (
+                "the tensors are on the CPU and in the accumulation dtype already, or (S = 0) zeros cast to the "
+                "input's dtype on return"
+            )
+            for line, keyword in (
+                (
+                    "d_k = torch.cat(d_ks, dim=2) if d_ks else torch.zeros(k.shape, dtype=wide, device=k.device)",
+                    "device",
+                ),
+                (
+                    "d_k = torch.cat(d_ks, dim=2) if d_ks else torch.zeros(k.shape, dtype=wide, device=k.device)",
+                    "dtype",
+                ),
+                ("d_q = torch.zeros(grouped_q.shape, dtype=wide, device=q.device)", "device"),
+                (
+                    "d_v = torch.cat(d_vs, dim=2) if d_vs else torch.zeros(v.shape, dtype=wide, device=v.device)",
+                    "device",
+                ),
+                (
+                    "d_v = torch.cat(d_vs, dim=2) if d_vs else torch.zeros(v.shape, dtype=wide, device=v.device)",
+                    "dtype",
+                ),
+            )
+        },
+        **{
+            f"tiled_attention_backward | d_{name} = torch.zeros_like({name}_block[:, :, 0]) | constant: 0 -> -1": (
+                "head slot 0 or -1 of a block broadcast over one slot: the same shape either way"
+            )
+            for name in ("k", "v")
+        },
+        **{
+            f"tiled_attention_forward | {line} | {edit}": (
+                "a running value started with fewer dimensions broadcasts to the block's shape at the first key "
+                "block, and where no key block runs (S = 0) the final torch.where broadcasts it back"
+            )
+            for line, edit in (
+                ("acc = q_block.new_zeros(*q_block.shape[:-1], v.shape[-1])", "constant: 1 -> 0 #2"),
+                ("acc = q_block.new_zeros(*q_block.shape[:-1], v.shape[-1])", "slice upper +1"),
+                ("best = q_block.new_full(q_block.shape[:-1], -math.inf)", "constant: 1 -> 0"),
+                ("best = q_block.new_full(q_block.shape[:-1], -math.inf)", "slice upper +1"),
+                ("total = q_block.new_zeros(q_block.shape[:-1])", "constant: 1 -> 0"),
+                ("total = q_block.new_zeros(q_block.shape[:-1])", "slice upper +1"),
+            )
+        },
+    },
 }
