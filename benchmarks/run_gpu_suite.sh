@@ -14,13 +14,13 @@
 # A label that is not a valid run label is refused too (exit 2). A step that times out makes the exit status 1.
 # Writes benchmarks/results/<workload>/<workload>_LABEL.json and benchmarks/results/figures/LABEL/*.png, and appends
 # the log to build/gpu_suite/LABEL.log. When $OUT is set (the device tool), copies the JSON files to
-# $OUT/results/<workload>/, the chapters' to $OUT/results/chapter03/, chapter05/ and chapter09/, and the whole log to
+# $OUT/results/<workload>/, the chapters' to $OUT/results/chapter03/, chapter05/, chapter09/ and chapter10/, and the whole log to
 # $OUT/suite.log (at most 8 files); draw the figures again from the JSON with `python -m course_lib.lab.gpu.report ... --plots`.
 # Wheels under tmp/whl/ (e.g. trl and datasets for an image without them) are installed to /tmp/site first.
 # A failed preflight or measurement still leaves a failure record. WORKLOADS="id ..." runs only those workloads,
 # WORKLOADS=none none of them.
 # With CHAPTERS=1 it then runs the GPU cells of the chapters too, without Jupyter (scripts/run_notebook.py on the
-# instructor notebooks): chapters 3, 5 and 9 with RUN_MODE="real_gpu" (their runner cells, and chapter 5's
+# instructor notebooks): chapters 3, 5, 9 and 10 with RUN_MODE="real_gpu" (their runner cells, and chapter 5's
 # peak-memory cell), each writing its JSON under build/gpu_chapters/<chapter>/lab_results (chapter 9's with the label
 # chapter09-LABEL) and its tables to the log. CHAPTERS=all runs every chapter on the machine (the six without GPU
 # cells as a student's Colab runtime would; too long for one device call: split it, e.g. CHAPTERS="01 02 04 06 07 08"
@@ -40,7 +40,7 @@ if ! refusal=$($PY -c 'import sys; from course_lib.lab.gpu.records import check_
   echo "refused: $(printf '%s\n' "$refusal" | tail -n 1)" >&2  # the ValueError's line, before a log file is named
   exit 2
 fi
-GPU_CHAPTERS="03 05 09"  # their RUN_MODE="real_gpu" cells measure on the GPU; the others run as on a laptop
+GPU_CHAPTERS="03 05 09 10"  # their RUN_MODE="real_gpu" cells measure on the GPU; the others run as on a laptop
 ALL_CHAPTERS="$(cd notebooks/chapters && printf '%s\n' [0-9][0-9]_*.py | cut -c1-2 | tr '\n' ' ')"
 case "${CHAPTERS:-0}" in
   0) SELECTED_CHAPTERS="" ;;
@@ -158,7 +158,7 @@ if [ -n "${OUT:-}" ]; then  # the device tool brings back at most 8 files, at mo
     f="${f#benchmarks/results/}"
     mkdir -p "$OUT/results/${f%%/*}" && cp "benchmarks/results/$f" "$OUT/results/$f"
   done
-  for chapter in 03 05 09; do  # this run's records only (build/ may hold older ones), not chapter 9's cpu_smoke
+  for chapter in $GPU_CHAPTERS; do  # this run's records only (build/ may hold older ones), not chapter 9's cpu_smoke
     find "build/gpu_chapters/$chapter/lab_results" -name '*.json' ! -name '*-cpu-smoke.json' -newer "$STARTED" \
       2>/dev/null | while read -r f; do mkdir -p "$OUT/results/chapter$chapter" && cp "$f" "$OUT/results/chapter$chapter/"; done
   done

@@ -29,7 +29,7 @@ LABEL = "cpu-suite-check"
 def _copy_of_repository(target: Path) -> Path:
     """The tracked files (what a device run carries) plus freshly built instructor notebooks of the GPU chapters."""
     copy_tracked_files(target)
-    for chapter in ("03_packing", "05_logit_memory", "09_gpu_lab"):
+    for chapter in ("03_packing", "05_logit_memory", "09_gpu_lab", "10_tiled_attention"):
         build.build_source_notebook(target / "notebooks" / "chapters" / f"{chapter}.py", target / "notebooks")
     return target
 
@@ -53,14 +53,15 @@ def test_suite_on_a_cpu_records_refusals_runs_every_chapter_and_fills_out(tmp_pa
         "== chapter 3",
         "== chapter 5",
         "== chapter 9",
+        "== chapter 10",
     ):
         assert section in log, section
-    assert log.count("code cells ran") == 3  # all three chapters ran to their end despite the refusals
+    assert log.count("code cells ran") == 4  # all four chapters ran to their end despite the refusals
     record = read_result(out / "results" / "logit_memory" / f"logit-memory_{LABEL}.json")
     assert record["failure"]["stage"] == "environment_preflight" and record["decision"] == "reject_until_fixed"
     (chapter9,) = (out / "results" / "chapter09").glob("*.json")  # its real_gpu record, not its cpu_smoke one
     assert chapter9.name.endswith(f"chapter09-{LABEL}.json")
-    for chapter in ("chapter03", "chapter05", "chapter09"):
+    for chapter in ("chapter03", "chapter05", "chapter09", "chapter10"):
         (record,) = (out / "results" / chapter).glob("*.json")
         assert read_result(record)["failure"]["stage"] == "environment_preflight", chapter
     assert sum(path.is_file() for path in out.rglob("*")) <= 8  # what the device tool brings back

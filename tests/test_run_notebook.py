@@ -54,7 +54,8 @@ def test_bad_settings_are_refused(tmp_path, setting, capsys):
     assert "run_notebook:" in capsys.readouterr().err
 
 
-GPU_CELL_CHAPTERS = ["03_packing", "05_logit_memory", "09_gpu_lab"]  # run whole below, through their GPU cell
+# run whole below, through their GPU cell
+GPU_CELL_CHAPTERS = ["03_packing", "05_logit_memory", "09_gpu_lab", "10_tiled_attention"]
 CPU_ONLY_CHAPTERS = [
     path.stem
     for path in sorted((SCRIPT.parents[1] / "notebooks" / "chapters").glob("[0-9]*.py"))
