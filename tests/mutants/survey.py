@@ -21,6 +21,7 @@ import copy
 import dataclasses
 import sys
 import tempfile
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -226,27 +227,44 @@ def survivors(chapter: str, notebook, *, progress=None) -> tuple[list[Edit], int
     """The edits of the chapter's TODOs that keep every point of their own cells, and how many edits were tried.
 
     Each edit is graded on its TODO's own cells only (what it can lose), each cell and call stopped after
-    SECONDS_PER_EDIT (an edit that makes a loop endless fails its cell); the solution itself must pass them alone
-    first, or an edit caught only because its cell needs an earlier one would pass for a caught one."""
+    SECONDS_PER_EDIT (an edit that makes a loop endless fails its cell). The cells run one at a time, the quickest
+    first, and an edit is caught at its first lost cell: the rest could only tell how much it loses, and the survey
+    asks whether it loses. So the solution itself must pass each of its cells run alone first, or an edit caught
+    only because a cell needs an earlier one would pass for a caught one."""
     from course_lib.instructor import cells
 
     solutions = cells.solution_cells(notebook)
     graded = [grade_id for grade_id, _, _ in cells.graded_cells(notebook)]
     alive, tried = [], 0
     for todo, source in solutions.items():
-        own = {grade_id for grade_id in graded if cells.belongs_to_todo(grade_id, todo.removeprefix("todo_"))}
+        own = [grade_id for grade_id in graded if cells.belongs_to_todo(grade_id, todo.removeprefix("todo_"))]
         if not own:
             raise RuntimeError(f"{chapter}: no graded cell for {todo}")
-        failing = [r for r in _grade_own(notebook, solutions, own) if not r.passed]
-        if failing:
-            raise RuntimeError(f"{chapter}: the solution of {todo} fails its own cells run alone: {failing}")
+        quickest_first = _cells_by_time(chapter, todo, notebook, solutions, own)
         for edit, edited in edits_of(todo, source):
             tried += 1
-            if all(r.passed for r in _grade_own(notebook, {**solutions, todo: edited}, own)):
+            edited_solutions = {**solutions, todo: edited}
+            if all(_passes_alone(notebook, edited_solutions, grade_id) for grade_id in quickest_first):
                 alive.append(edit)
             if progress:
                 progress(tried)
     return alive, tried
+
+
+def _cells_by_time(chapter: str, todo: str, notebook, solutions: dict[str, str], own: list[str]) -> list[str]:
+    """The TODO's own cells, quickest first, timed on the solution; RuntimeError if the solution fails one alone."""
+    timed = []
+    for grade_id in own:
+        started = time.perf_counter()
+        if not _passes_alone(notebook, solutions, grade_id):
+            failing = _grade_own(notebook, solutions, {grade_id})
+            raise RuntimeError(f"{chapter}: the solution of {todo} fails its own cell run alone: {failing}")
+        timed.append((time.perf_counter() - started, grade_id))
+    return [grade_id for _, grade_id in sorted(timed)]
+
+
+def _passes_alone(notebook, solutions: dict[str, str], grade_id: str) -> bool:
+    return all(result.passed for result in _grade_own(notebook, solutions, {grade_id}))
 
 
 def _grade_own(notebook, solutions: dict[str, str], own: set[str]) -> list:
