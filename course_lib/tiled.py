@@ -138,8 +138,10 @@ def reference_attention(
     scores = (q.to(wide) @ k.to(wide).transpose(-1, -2)) * scale  # [B, H, T, S]
     if causal:
         scores = scores.masked_fill(~torch.ones(scores.shape[-2:], dtype=torch.bool).tril().to(q.device), -math.inf)
-    if 0 in q.shape or 0 in k.shape or 0 in v.shape:  # SDPA refuses empty inputs; no key: out 0, lse -inf
+    if 0 in (*q.shape[:3], k.shape[2]):  # nothing to attend with, or no key: out 0, lse -inf
         out = q.new_zeros(*q.shape[:3], v.shape[-1])
+    elif 0 in (q.shape[-1], v.shape[-1]):  # SDPA refuses a zero width; the scores are then all 0
+        out = (scores.softmax(-1) @ v.to(wide)).to(q.dtype)
     else:
         out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
     return out, torch.logsumexp(scores, dim=-1)
@@ -161,12 +163,14 @@ def reference_attention_gradients(
     if tuple(grad_out.shape) != (*q.shape[:3], v.shape[-1]):
         raise ValueError(f"grad_out must have shape {(*q.shape[:3], v.shape[-1])}, got {tuple(grad_out.shape)}")
     leaves = [tensor.detach().clone().requires_grad_() for tensor in (q, k, v)]
-    if 0 in k.shape or 0 in q.shape:  # SDPA refuses empty inputs: no key, no gradient
+    if 0 in (*q.shape[:3], k.shape[2]):  # nothing to attend with, or no key: no gradient
         return tuple(torch.zeros_like(tensor) for tensor in (q, k, v))
 
     def attend(q, k, v):
-        if 0 in q.shape:  # an empty document
+        if q.shape[2] == 0:  # an empty document
             return q.new_zeros(*q.shape[:3], v.shape[-1])
+        if 0 in (q.shape[-1], v.shape[-1]):  # SDPA refuses a zero width: the same softmax, written out
+            return reference_attention(q, k, v, causal, scale)[0]
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=True)
 
     if documents is None:
@@ -180,13 +184,15 @@ def reference_attention_gradients(
 def check_partials(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor) -> None:
     """Validate two partial attentions of the same queries: out_* [..., T, e] floating, lse_* [..., T] floating."""
     for side, out, lse in (("a", out_a, lse_a), ("b", out_b, lse_b)):
-        out = require_tensor(f"out_{side}", out, dtype_kind="f")
-        lse = require_tensor(f"lse_{side}", lse, dtype_kind="f")
+        if not isinstance(out, torch.Tensor) or not isinstance(lse, torch.Tensor):
+            raise ValueError(
+                f"out_{side} and lse_{side} must be torch tensors, got {type(out).__name__}, {type(lse).__name__}"
+            )
+        require_tensor(f"out_{side}", out, dtype_kind="f")
+        require_tensor(f"lse_{side}", lse, dtype_kind="f")
         if out.dim() < 1 or tuple(lse.shape) != tuple(out.shape[:-1]):
             raise ValueError(f"lse_{side} must have out_{side}'s shape without its last axis, got {tuple(lse.shape)}")
-        if not isinstance(out_a, torch.Tensor) or not isinstance(lse_a, torch.Tensor):
-            raise ValueError("out_a and lse_a must be torch tensors")
-    if tuple(torch.as_tensor(out_a).shape) != tuple(torch.as_tensor(out_b).shape):
+    if tuple(out_a.shape) != tuple(out_b.shape):
         raise ValueError(f"out_a and out_b must have the same shape, got {tuple(out_a.shape)} and {tuple(out_b.shape)}")
 
 
@@ -242,8 +248,9 @@ def tiled_attention_forward(
             k_block = k[:, :, None, k_start:k_end].to(wide)  # [B, H_kv, 1, bk, d]
             scores = q_block @ k_block.transpose(-1, -2)  # [B, H_kv, g, bq, bk]
             if causal and k_end - 1 > q_start:  # the block crosses the diagonal: key j is seen by query i >= j
-                rows, columns = torch.arange(q_start, q_end), torch.arange(k_start, k_end)
-                scores = scores.masked_fill((rows[:, None] < columns[None, :]).to(scores.device), -math.inf)
+                rows = torch.arange(q_start, q_end, device=scores.device)
+                columns = torch.arange(k_start, k_end, device=scores.device)
+                scores = scores.masked_fill(rows[:, None] < columns[None, :], -math.inf)
             new_best = torch.maximum(best, scores.amax(-1))
             shift = torch.where(torch.isfinite(new_best), new_best, torch.zeros_like(new_best))
             probs = torch.exp(scores - shift.unsqueeze(-1))  # [B, H_kv, g, bq, bk]
@@ -305,8 +312,9 @@ def tiled_attention_backward(
             q_block = grouped_q[:, :, :, q_start:q_end].to(wide)  # [B, H_kv, g, bq, d]
             scores = (q_block @ k_block.transpose(-1, -2)) * scale  # [B, H_kv, g, bq, bk]
             if causal and k_end - 1 > q_start:
-                rows, columns = torch.arange(q_start, q_end), torch.arange(k_start, k_end)
-                scores = scores.masked_fill((rows[:, None] < columns[None, :]).to(scores.device), -math.inf)
+                rows = torch.arange(q_start, q_end, device=scores.device)
+                columns = torch.arange(k_start, k_end, device=scores.device)
+                scores = scores.masked_fill(rows[:, None] < columns[None, :], -math.inf)
             probs = torch.exp(scores - grouped_lse[..., q_start:q_end, None])  # the forward's softmax, rebuilt
             d_out_block = d_out[:, :, :, q_start:q_end]  # [B, H_kv, g, bq, e]
             d_v += (probs.transpose(-1, -2) @ d_out_block).sum(2)  # query heads of a group share the KV head
@@ -402,7 +410,8 @@ def transformers_attention(attend=None, block_size: int = 64):
     def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
         """query [R, H, L, d], key / value [R, H_kv, L, *] -> (output [R, L, H, e], None)."""
         rows, heads, length, _ = query.shape
-        if key.shape[2] != length or dropout or kwargs.get("sliding_window"):
+        window = kwargs.get("sliding_window")
+        if key.shape[2] != length or dropout or (window is not None and window < length):
             raise ValueError(
                 f"tiled attention runs training forwards: no KV cache (use_cache=False), no dropout, no sliding "
                 f"window; got {length} queries for {key.shape[2]} keys, dropout {dropout}"

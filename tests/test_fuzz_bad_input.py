@@ -49,6 +49,7 @@ FIXED_FIRST = {
     "accumulate_step": "model",
     "saved_tensor_bytes": "function",
     "tensors_created": "function",
+    "matmul_flops": "function",
     "peak_cuda_memory": "function",
     "attention_in_model": "model",
 }
@@ -265,6 +266,7 @@ def _valid_attention_calls(model):
         "transformers_attention": ((), {}),
         "attention_in_model": ((model,), {}),
         "tensors_created": ((lambda: torch.ones(2),), {}),
+        "matmul_flops": ((lambda: torch.ones(2, 2) @ torch.ones(2, 2),), {}),
     }
 
 

@@ -13,6 +13,7 @@ from course_lib import (
     attention_score_bytes,
     block_products,
     hf_config,
+    matmul_flops,
     merge_partials,
     reference_attention,
     reference_attention_gradients,
@@ -248,3 +249,10 @@ def test_the_reference_oracles_agree_with_sdpa_and_autograd():
             torch.testing.assert_close(mine, theirs, rtol=1e-12, atol=1e-13)
     empty = reference_attention(q.detach(), k[:, :, :0].detach(), v[:, :, :0].detach())
     assert torch.equal(empty[0], torch.zeros(2, 4, 9, 3, dtype=torch.float64)) and bool((empty[1] == -math.inf).all())
+
+
+def test_matmul_flops_count_the_block_products_causal_skipping_leaves():
+    q, k, v = (tensor.detach() for tensor in inputs(1, 2, 2, 512, 512, 16, 16, seed=12, dtype=torch.float32))
+    full, causal = (matmul_flops(lambda c=c: tiled_attention_forward(q, k, v, c, 64)) for c in (False, True))
+    assert full == 2 * 2 * (2 * 512 * 512 * 16)  # q k^T and p v, each 2 T S d per head
+    assert causal / full == block_products(512, 64, causal=True) / block_products(512, 64, causal=False) == 36 / 64

@@ -15,7 +15,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .._checks import require_bool, require_positive_int
 from ..logprobs import QWEN3_HIDDEN_SIZES, QWEN3_VOCAB_SIZE, logit_bytes
 
-__all__ = ["saved_tensor_bytes", "TensorTally", "tensors_created", "peak_cuda_memory", "logit_memory_table"]
+__all__ = [
+    "saved_tensor_bytes",
+    "TensorTally",
+    "tensors_created",
+    "matmul_flops",
+    "peak_cuda_memory",
+    "logit_memory_table",
+]
 
 
 def _storage_key(tensor: torch.Tensor) -> tuple[str, int, int] | None:
@@ -85,6 +92,19 @@ def tensors_created(fn: Callable[..., object], *args: object) -> TensorTally:
     with _Tally() as tally:
         fn(*args)
     return TensorTally(tally.largest, tally.total)
+
+
+def matmul_flops(fn: Callable[..., object], *args: object) -> int:
+    """Floating-point operations of the matrix products (mm, bmm, matmul, einsum, SDPA) while fn(*args) runs, as
+    `torch.utils.flop_counter.FlopCounterMode` counts them: the work of attention, whatever else fn does."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    if not callable(fn):
+        raise ValueError(f"fn must be callable, got {type(fn).__name__}")
+    counter = FlopCounterMode(display=False)
+    with counter:
+        fn(*args)
+    return int(counter.get_total_flops())
 
 
 def peak_cuda_memory(fn: Callable[..., torch.Tensor], *args: object, backward: bool = True) -> int:
