@@ -28,6 +28,8 @@ EXCLUDED = {
     "hub_commit",
     "data_parallel_gradients",
     "step_on_ranks",
+    "ring_attention_on_ranks",
+    "ring_attention_forward",  # runs inside a process group (tests/test_ring.py checks it there)
     "hardware_names",
     "tiny_qwen2",
     "hf_config",
@@ -265,6 +267,9 @@ def _valid_attention_calls(model):
         "transformers_attention": ((), {}),
         "attention_in_model": ((model,), {}),
         "tensors_created": ((lambda: torch.ones(2),), {}),
+        "shard_chunks": ((8, 2), {}),
+        "shard_indices": ((8, 2), {}),
+        "causal_pairs_per_rank": ((8, 2), {}),
     }
 
 
