@@ -19,6 +19,7 @@ One module per stop of the data path, in the order a chat sample travels:
     curriculum  length-curriculum gates, pass-rate filters
     longdoc     geometric buckets, sliding windows with single loss ownership
     tiled       exact attention in blocks (online softmax, log-sum-exp backward): no T x T scores
+    ring        one sequence over ranks: shard layouts (contiguous, head-tail), ring attention by log-sum-exp merges
 
 Every public name is importable from here: `from course_lib import plan_packing`.
 """
@@ -38,6 +39,7 @@ from . import (
     packed_forward,
     packing,
     packing_split,
+    ring,
     sources,
     tiled,
     tiny,
@@ -57,6 +59,7 @@ from .microbatch import *  # noqa: F403
 from .packed_forward import *  # noqa: F403
 from .packing import *  # noqa: F403
 from .packing_split import *  # noqa: F403
+from .ring import *  # noqa: F403
 from .sources import *  # noqa: F403
 from .tiled import *  # noqa: F403
 from .tiny import *  # noqa: F403
@@ -85,6 +88,7 @@ __all__ = [
         curriculum,
         longdoc,
         tiled,
+        ring,
         lab,
     )
     for name in module.__all__

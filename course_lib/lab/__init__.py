@@ -6,6 +6,8 @@ package holds what a chapter or a benchmark uses to show them at work:
     padding     the padding-vs-packing token ledger and effective tokens per second
     leaks       each packed sample against the same sample run alone, and the leaky variants to compare
     gradients   accumulated and data-parallel (gloo) gradients against the full-batch gradient
+    context     one sequence's attention over gloo ranks (ring attention), against attention run whole
+    ranks       CPU processes in a gloo group on 127.0.0.1: the harness the two above run on
     memory      bytes autograd saves for backward, CUDA peaks, the logits' memory table
     configs     random attention shapes and cache precisions for checking the capacity arithmetic
     gpu         the GPU workloads, their runner and their report (`python -m course_lib.lab.gpu.runner`)
@@ -15,11 +17,12 @@ The chapters import these names from `course_lib` too, which re-exports them.
 
 from __future__ import annotations
 
-from . import configs, gradients, leaks, memory, padding
+from . import configs, context, gradients, leaks, memory, padding
 from .configs import *  # noqa: F403
+from .context import *  # noqa: F403
 from .gradients import *  # noqa: F403
 from .leaks import *  # noqa: F403
 from .memory import *  # noqa: F403
 from .padding import *  # noqa: F403
 
-__all__ = [name for module in (padding, leaks, gradients, memory, configs) for name in module.__all__]
+__all__ = [name for module in (padding, leaks, gradients, context, memory, configs) for name in module.__all__]

@@ -7,10 +7,6 @@ the gradients of real gloo ranks on 127.0.0.1 each running its own rows.
 
 from __future__ import annotations
 
-import datetime
-import queue as queue_module
-import socket
-import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, TypedDict
 
@@ -37,6 +33,7 @@ from ..loss import (
     require_lm_batch,
 )
 from ..window import IGNORE_INDEX
+from .ranks import join_gloo, run_ranks, spawns
 
 __all__ = [
     "synthetic_supervised_batch",
@@ -151,27 +148,6 @@ def gradient_agreement(gradient: torch.Tensor, reference: torch.Tensor) -> Gradi
     }
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _join_gloo(rank: int, world_size: int, port: int, timeout_s: float) -> None:
-    """This process as `rank` of a gloo group on 127.0.0.1:`port`, one CPU thread (the ranks share the cores)."""
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    # use_libuv=0: torch's Windows builds before 2.7 have no libuv, yet their TCP store asked for it by default
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}?use_libuv=0",
-        rank=rank,
-        world_size=world_size,
-        timeout=datetime.timedelta(seconds=timeout_s),
-    )
-
-
 def _data_parallel_worker(
     rank: int,
     world_size: int,
@@ -186,7 +162,7 @@ def _data_parallel_worker(
     import torch.distributed as dist
 
     try:
-        _join_gloo(rank, world_size, port, timeout_s)
+        join_gloo(rank, world_size, port, timeout_s)
         gradients = {}
         for normalize in normalizations:
             if normalize == "global":  # the one scalar all-reduce, inside the step
@@ -229,7 +205,7 @@ def data_parallel_gradients(
     timeout_s = require_real("timeout_s", timeout_s, minimum=0.0, strict_minimum=True)
     batch = require_lm_batch(model, batch)
     parts = [_rows(batch, rows) for rows in rank_rows]
-    payloads = _run_ranks(
+    payloads = run_ranks(
         _data_parallel_worker,
         [(model, parts[rank], normalizations) for rank in range(world_size)],
         timeout_s,
@@ -238,60 +214,6 @@ def data_parallel_gradients(
     )
     payload = payloads[0]
     return {name: torch.from_numpy(gradient) for name, gradient in payload.items()}
-
-
-def _spawns() -> bool:
-    """Ranks start with "spawn" unless "fork" is safe: Linux without a CUDA device (see `_run_ranks`)."""
-    import torch.multiprocessing as mp
-
-    return not (sys.platform == "linux" and "fork" in mp.get_all_start_methods() and not torch.cuda.is_available())
-
-
-def _run_ranks(
-    worker, rank_args: list[tuple], timeout_s: float, start_method: str | None, reporting_ranks: int
-) -> list:
-    """worker(rank, world_size, port, timeout_s, results, *rank_args[rank]) in one CPU process per rank; the payloads
-    that the first `reporting_ranks` ranks put on `results` as ("ok", rank, payload), in rank order.
-
-    "fork" on Linux without CUDA (no re-import of torch and transformers; a function defined in a notebook reaches
-    the ranks), else "spawn" (where a GPU exists, autograd starts its device threads at the first backward and a
-    forked child then refuses to run backward). RuntimeError if a rank reports an error or timeout_s passes first.
-    """
-    import torch.multiprocessing as mp
-
-    if start_method is None:
-        start_method = "spawn" if _spawns() else "fork"
-    context = mp.get_context(start_method)
-    results = context.Queue()
-    port, world_size = _free_port(), len(rank_args)
-    workers = [
-        context.Process(target=worker, daemon=True, args=(rank, world_size, port, timeout_s, results, *args))
-        for rank, args in enumerate(rank_args)
-    ]
-    for process in workers:
-        process.start()
-    payloads, failure = {}, None
-    try:
-        while failure is None and len(payloads) < reporting_ranks:
-            status, rank, payload = results.get(timeout=timeout_s)
-            if status == "ok":
-                payloads[rank] = payload
-            else:
-                failure = payload
-    except queue_module.Empty:
-        failure = f"no result within timeout_s = {timeout_s} s"
-    except BaseException:
-        failure = "interrupted"
-        raise
-    finally:
-        for process in workers:
-            process.join(timeout=10.0 if failure is None else 0.0)  # a failed run's peers may wait in a collective
-            if process.is_alive():
-                process.terminate()
-                process.join()
-    if failure is not None:
-        raise RuntimeError(f"data-parallel run failed: {failure}")
-    return [payloads[rank] for rank in range(reporting_ranks)]
 
 
 class _CollectiveLog(TorchDispatchMode):
@@ -314,7 +236,7 @@ def _step_worker(rank, world_size, port, timeout_s, results, step, model, batch,
     import torch.distributed as dist
 
     try:
-        _join_gloo(rank, world_size, port, timeout_s)
+        join_gloo(rank, world_size, port, timeout_s)
         group = dist.group.WORLD
         for ranks in groups:  # every rank creates every group, in the same order, as new_group requires
             created = dist.new_group(list(ranks))
@@ -370,13 +292,13 @@ def step_on_ranks(
     for rank, microbatches in enumerate(rank_microbatches):
         rows = require_sequence(f"rank_microbatches[{rank}]", microbatches, allow_empty=False)
         rank_args.append((step, model, *_stacked([_rows(batch, part) for part in rows]), groups))
-    if start_method == "spawn" or (start_method is None and _spawns()):
+    if start_method == "spawn" or (start_method is None and spawns()):
         if getattr(step, "__module__", None) == "__main__":
             raise RuntimeError(
                 "step is defined in a notebook (__main__), which ranks started with 'spawn' cannot import; only "
                 "'fork' (Linux without a CUDA device) carries it over: run this on a CPU-only Linux runtime"
             )
-    payloads = _run_ranks(_step_worker, rank_args, timeout_s, start_method, reporting_ranks=world_size)
+    payloads = run_ranks(_step_worker, rank_args, timeout_s, start_method, reporting_ranks=world_size)
     return {
         "gradient": sum(torch.from_numpy(payload["gradient"]) for payload in payloads),
         "returned": [payload["returned"] for payload in payloads],

@@ -1,0 +1,89 @@
+"""Ranks on one machine: CPU processes joined in a gloo group on 127.0.0.1, for the chapters' distributed steps.
+
+`run_ranks(worker, rank_args, ...)` starts one process per rank and collects what they report; a worker calls
+`join_gloo` first. The data-parallel harness (`lab.gradients`) and context parallelism (`lab.context`) run on it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import queue as queue_module
+import socket
+import sys
+
+import torch
+
+__all__: list[str] = []  # the helpers of the lab's distributed harnesses, not chapter functions
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def join_gloo(rank: int, world_size: int, port: int, timeout_s: float) -> None:
+    """This process as `rank` of a gloo group on 127.0.0.1:`port`, one CPU thread (the ranks share the cores)."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    # use_libuv=0: torch's Windows builds before 2.7 have no libuv, yet their TCP store asked for it by default
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}?use_libuv=0",
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+
+
+def spawns() -> bool:
+    """Ranks start with "spawn" unless "fork" is safe: Linux without a CUDA device (see `run_ranks`)."""
+    import torch.multiprocessing as mp
+
+    return not (sys.platform == "linux" and "fork" in mp.get_all_start_methods() and not torch.cuda.is_available())
+
+
+def run_ranks(worker, rank_args: list[tuple], timeout_s: float, start_method: str | None, reporting_ranks: int) -> list:
+    """worker(rank, world_size, port, timeout_s, results, *rank_args[rank]) in one CPU process per rank; the payloads
+    that the first `reporting_ranks` ranks put on `results` as ("ok", rank, payload), in rank order.
+
+    "fork" on Linux without CUDA (no re-import of torch and transformers; a function defined in a notebook reaches
+    the ranks), else "spawn" (where a GPU exists, autograd starts its device threads at the first backward and a
+    forked child then refuses to run backward). RuntimeError if a rank reports an error or timeout_s passes first.
+    """
+    import torch.multiprocessing as mp
+
+    if start_method is None:
+        start_method = "spawn" if spawns() else "fork"
+    context = mp.get_context(start_method)
+    results = context.Queue()
+    port, world_size = free_port(), len(rank_args)
+    workers = [
+        context.Process(target=worker, daemon=True, args=(rank, world_size, port, timeout_s, results, *args))
+        for rank, args in enumerate(rank_args)
+    ]
+    for process in workers:
+        process.start()
+    payloads, failure = {}, None
+    try:
+        while failure is None and len(payloads) < reporting_ranks:
+            status, rank, payload = results.get(timeout=timeout_s)
+            if status == "ok":
+                payloads[rank] = payload
+            else:
+                failure = payload
+    except queue_module.Empty:
+        failure = f"no result within timeout_s = {timeout_s} s"
+    except BaseException:
+        failure = "interrupted"
+        raise
+    finally:
+        for process in workers:
+            process.join(timeout=10.0 if failure is None else 0.0)  # a failed run's peers may wait in a collective
+            if process.is_alive():
+                process.terminate()
+                process.join()
+    if failure is not None:
+        raise RuntimeError(f"the run on {world_size} ranks failed: {failure}")
+    return [payloads[rank] for rank in range(reporting_ranks)]
