@@ -85,5 +85,7 @@ def run_ranks(worker, rank_args: list[tuple], timeout_s: float, start_method: st
                 process.terminate()
                 process.join()
     if failure is not None:
-        raise RuntimeError(f"the run on {world_size} ranks failed: {failure}")
+        # a rank that met an unwritten TODO says so as the notebook's own call would: "... is not written yet"
+        unwritten = ": NotImplementedError: " in failure
+        raise (NotImplementedError if unwritten else RuntimeError)(f"the run on {world_size} ranks failed: {failure}")
     return [payloads[rank] for rank in range(reporting_ranks)]
