@@ -952,7 +952,9 @@ def test_a_setup_cell_out_of_time_marks_the_submission_for_regrading_not_zero(bu
     row = next(
         line for line in (course / "grades.csv").read_text(encoding="utf-8").splitlines() if line.startswith("rita,")
     )
-    assert "needs regrading: setup cell 0 ran past 0.5 s" in row, row
+    # the slow setup cell strikes first, in the student's process or in the checker's wait for it: either way a
+    # regrade for running past the limit (which one answers first depends on the machine's load)
+    assert "needs regrading: " in row and "ran past 0.5 s" in row, row
     assert not (course / "autograded" / "rita").exists()  # nothing recorded: a zero would have been
     again = _course("grade", str(inbox), "--root", str(course), "--no-progress", cwd=tmp_path)
     assert again.returncode == 0 and "rita/01_length_ledger 8/8" in again.stdout, again.stdout + again.stderr[-2000:]
