@@ -86,7 +86,7 @@ def sdpa_attention(backend: str, causal: bool = True):
 
     if backend not in SDPA_BACKENDS:
         raise ValueError(f"backend must be one of {list(SDPA_BACKENDS)}, got {backend!r}")
-    kernel = getattr(SDPBackend, f"{backend.upper()}_ATTENTION")
+    kernel = getattr(SDPBackend, "MATH" if backend == "math" else f"{backend.upper()}_ATTENTION")  # MATH has no suffix
 
     def attend(q, k, v):
         with sdpa_kernel(kernel):
