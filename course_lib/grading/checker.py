@@ -45,6 +45,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import tripwire
+
 MAX_RESULT_BYTES = 256 * 2**20  # what one call may send back
 MAX_DEPTH = 48
 MAX_NODES = 2_000_000
@@ -648,21 +650,17 @@ class StudentCode:
         """In a fresh student process: confined (`confine_student_process`), the library's `name` switched off and
         forgotten, the TODO code run, and the student's `name` returned (the other TODOs' counterparts on: the
         library's own functions may call them)."""
-        from course_lib import grading
-
         confine_student_process()
-        if name in grading.BLOCKABLE:
-            grading.forget_library(name)  # before the TODO code runs: its top level could keep a copy
+        if name in tripwire.BLOCKABLE:
+            tripwire.forget_library(name)  # before the TODO code runs: its top level could keep a copy
         return self.function(self.student_namespace(), name)
 
     def student_namespace(self) -> dict[str, Any]:
         """In a student process: every TODO's library counterpart off first (so a copy the TODO code makes of it
         is the tripwire too), then the TODO code in a copy of the setup names."""
-        from course_lib import grading
-
         for name in self.names:
-            if name in grading.BLOCKABLE:
-                grading.block_library(name)
+            if name in tripwire.BLOCKABLE:
+                tripwire.block_library(name)
         namespace = dict(self.namespace)
         namespace["__name__"] = "__main__"
         for label, code in self.code.items():
@@ -675,13 +673,11 @@ class StudentCode:
     def function(self, namespace: dict[str, Any], name: str) -> Callable:
         """The student's `name`, with the library's `name` off and the other TODOs' counterparts on (the student's
         function may use them)."""
-        from course_lib import grading
-
         for other in self.names:
-            if other in grading.BLOCKABLE and other != name:
-                grading.unblock_library(other)
-        if name in grading.BLOCKABLE:
-            grading.block_library(name)
+            if other in tripwire.BLOCKABLE and other != name:
+                tripwire.unblock_library(other)
+        if name in tripwire.BLOCKABLE:
+            tripwire.block_library(name)
         if name not in namespace:
             defining = [label for label in self.failed_cells if name in defined_functions({label: self.sources[label]})]
             stopped = "".join(
@@ -918,9 +914,7 @@ class StudentFunction:
 
     def ownership(self) -> dict[str, Any]:
         """What the student's object is, as the child sees it (callable, module, the library's own object?)."""
-        from course_lib import grading
-
-        library = grading.reference(self.__name__) if self.__name__ in grading._ORIGINALS else None
+        library = tripwire.reference(self.__name__) if self.__name__ in tripwire._ORIGINALS else None
 
         def work(function: Callable) -> dict[str, Any]:
             return {
