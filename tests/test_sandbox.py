@@ -125,13 +125,10 @@ def test_refusal_when_bwrap_cannot_start(monkeypatch, tmp_path):
 
 
 @needs_bwrap
-def test_require_default_mode_and_describe():
+def test_require_and_default_mode():
     sandbox.require("bwrap")
     sandbox.require("none")
     assert sandbox.default_mode() == "bwrap"
-    for mode in ("bwrap", "none"):
-        line = sandbox.describe(mode)
-        assert line.startswith(f"sandbox {mode}") and "\n" not in line
 
 
 @pytest.mark.parametrize(
@@ -699,11 +696,8 @@ def test_killing_from_inside_reaches_nothing_outside():
 
 
 UNDUMPABLE = """
-import importlib.util, json, os, sys
-spec = importlib.util.spec_from_file_location("sandbox_under_test", sys.argv[1])
-module = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = module
-spec.loader.exec_module(module)
+import json, os
+from course_lib.grading.checker import make_undumpable  # what the checker and the kernel driver call
 with open("/proc/self/maps") as maps:  # a mapping the forked child shares
     address = int(maps.readline().split("-")[0], 16)
 go_read, go_write = os.pipe()
@@ -711,7 +705,7 @@ ack_read, ack_write = os.pipe()
 pid = os.fork()
 if pid == 0:
     os.read(go_read, 1)
-    module.make_undumpable()
+    make_undumpable()
     os.write(ack_write, b"1")
     os.read(go_read, 1)
     os._exit(0)
@@ -743,7 +737,7 @@ print(json.dumps({"before": before, "after": after}))
 
 @needs_bwrap
 def test_make_undumpable_hides_a_process_from_its_sandbox_mates():
-    result, seen = inside(UNDUMPABLE, sandbox.__file__)
+    result, seen = inside(UNDUMPABLE)
     ok(result)
     assert seen["before"] == {"environ": True, "mem": True}
     assert seen["after"] == {"environ": errno.EACCES, "mem": errno.EACCES}

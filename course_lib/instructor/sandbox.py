@@ -51,7 +51,8 @@ as root (nested) +78 ms; mode none +21 ms (the launcher); require() ~80 ms.
 
 Inside one sandbox every process shares one uid, so any of them may ptrace or read /proc/<pid>/mem and
 /proc/<pid>/environ of the others. A process that sandboxed code must not read (a grading harness holding
-expected answers, say) must call `make_undumpable()` itself, before it holds anything secret.
+expected answers, say) must make itself undumpable before it holds anything secret (`make_undumpable` in
+`course_lib.grading.checker`, which the checker and the kernel driver call).
 
 Only the standard library is used: the module runs before anything else of the course is importable.
 """
@@ -59,7 +60,6 @@ Only the standard library is used: the module runs before anything else of the c
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
 import fcntl
 import functools
@@ -87,9 +87,7 @@ __all__ = [
     "Result",
     "SandboxUnavailable",
     "default_mode",
-    "describe",
     "environment",
-    "make_undumpable",
     "read_only_paths",
     "require",
     "run",
@@ -216,32 +214,6 @@ def default_mode() -> str:
     return "bwrap"
 
 
-def describe(mode: str, *, image: str | None = None) -> str:
-    """One line for logs: which confinement `mode` gives on this machine (nothing is started)."""
-    mode = _check_mode(mode, image)
-    if mode == "none":
-        return "sandbox none: no confinement (environment allow-list and rlimits only)"
-    if mode == "container":
-        engine = _engine() or "no docker/podman on PATH"
-        return (
-            f"sandbox container: {engine} image {image}, --network none, --read-only, tmpfs {SCRATCH}, "
-            "--cap-drop ALL, no-new-privileges, non-root user"
-        )
-    bwrap = shutil.which("bwrap")
-    if bwrap is None:
-        return "sandbox bwrap: bubblewrap not found on PATH"
-    version = _bwrap_features(bwrap)[0] or "unknown version"
-    who = (
-        f"root -> a uid of its own among {SANDBOX_UIDS[0]}-{SANDBOX_UIDS[-1]} (nested bwrap)"
-        if os.geteuid() == 0
-        else f"uid {os.getuid()}"
-    )
-    return (
-        f"sandbox bwrap: {version} at {bwrap}, {who}, all namespaces unshared, no network, read-only "
-        f"environment, tmpfs {SCRATCH}"
-    )
-
-
 def require(mode: str = "bwrap", *, image: str | None = None) -> None:
     """Return when `mode` can run here; else raise SandboxUnavailable with one line naming the fixes.
 
@@ -308,18 +280,6 @@ def run(
     if slot is not None and (isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < 1000):
         raise ValueError(f"slot must be an int in [0, 1000), got {slot!r}")
     return _run_bwrap(argv, stdin, limits, extra_env, packages, read_only, as_pid_1=bool(as_pid_1), slot=slot)
-
-
-def make_undumpable() -> None:
-    """prctl(PR_SET_DUMPABLE, 0) on the calling process: from then on a process of the same uid without
-    CAP_SYS_PTRACE cannot ptrace it nor read its /proc/<pid>/mem or environ. No-op off Linux."""
-    if not sys.platform.startswith("linux"):
-        return
-    libc = ctypes.CDLL(None, use_errno=True)
-    pr_set_dumpable = 4
-    if libc.prctl(pr_set_dumpable, 0, 0, 0, 0) != 0:
-        error = ctypes.get_errno()
-        raise OSError(error, f"prctl(PR_SET_DUMPABLE, 0) failed: {os.strerror(error)}")
 
 
 def environment(
