@@ -828,25 +828,45 @@ def test_the_edited_test_cell_check_needs_no_nbgrader(monkeypatch):
     equal to nbgrader's on every graded cell of every chapter."""
     from nbgrader.utils import compute_checksum
 
-    from course_lib.instructor import check
-
     graded = [
         cell
         for notebook in sorted((build.NOTEBOOKS_DIR / "release").glob("*/*.ipynb"))
         for cell in cells.read(notebook).cells
         if cells.nbgrader_meta(cell).get("grade")
     ]
-    assert len(graded) > 9 and all(check.nbgrader_checksum(c) == compute_checksum(c) for c in graded)
+    assert len(graded) > 9 and all(cells.nbgrader_checksum(c) == compute_checksum(c) for c in graded)
     monkeypatch.setitem(sys.modules, "nbgrader.utils", None)  # as on Colab: importing it fails
     monkeypatch.setitem(sys.modules, "nbgrader", None)
     test_cell = next(c for c in graded if not cells.nbgrader_meta(c).get("solution"))
-    assert not check._edited(test_cell)
+    assert not cells.is_edited_test_cell(test_cell)
     test_cell.source += "\npass"
-    assert check._edited(test_cell)
+    assert cells.is_edited_test_cell(test_cell)
     for points in (None, "five"):  # metadata the checksum cannot be computed from: edited, not a crash
         broken = nbformat.from_dict({**test_cell, "metadata": {"nbgrader": {**cells.nbgrader_meta(test_cell)}}})
         broken.metadata.nbgrader.pop("points") if points is None else broken.metadata.nbgrader.update(points=points)
-        assert check._edited(broken)
+        assert cells.is_edited_test_cell(broken)
+
+
+def test_the_grader_and_course_check_call_the_same_test_cells_edited():
+    """One rule for an edited test cell: the grader's note and `course check`'s EDITED agree on each change, the
+    metadata stripped by the student's editor or not; the instructor's own notebook is not an edit."""
+    release = cells.read(build.NOTEBOOKS_DIR / "release" / CHAPTER / f"{CHAPTER}.ipynb")
+    source = cells.read(build.NOTEBOOKS_DIR / "source" / CHAPTER / f"{CHAPTER}.ipynb")
+    grade_id = next(cells.nbgrader_meta(c)["grade_id"] for c in release.cells if cells.is_test_cell(c))
+
+    def notes(submitted):
+        return [n for n in match.prepare(submitted, source, release).notes if n.startswith(f"{grade_id}: test cell")]
+
+    for change, edited in (("", False), ("\n", True), ("  ", True), ("\npass", True)):
+        for stripped in (False, True):
+            student = cells.read(build.NOTEBOOKS_DIR / "release" / CHAPTER / f"{CHAPTER}.ipynb")
+            cell = next(c for c in student.cells if cells.nbgrader_meta(c).get("grade_id") == grade_id)
+            cell.source += change
+            assert cells.is_edited_test_cell(cell) is edited, repr(change)
+            if stripped:
+                cell.metadata = {}
+            assert notes(student) == ([f"{grade_id}: test cell edited; the original was restored and graded"] * edited)
+    assert notes(cells.read(build.NOTEBOOKS_DIR / "source" / CHAPTER / f"{CHAPTER}.ipynb")) == []
 
 
 def test_build_names_an_unknown_chapter_and_lists_the_real_ones(tmp_path):

@@ -46,6 +46,42 @@ def is_test_cell(cell: Any) -> bool:
     return cell.get("cell_type") == "code" and bool(meta.get("grade")) and not meta.get("solution")
 
 
+def nbgrader_checksum(cell: Any, source: str | None = None) -> str:
+    """nbgrader's checksum of a graded cell (`nbgrader.utils.compute_checksum`, 0.9), with `source` in place of the
+    cell's own when given; computed here so that `course check` works on Colab or ModelScope too, where nbgrader is
+    not installed. A test holds the two equal on every graded cell of the course."""
+    import hashlib
+
+    meta = nbgrader_meta(cell)
+    grade, solution = meta.get("grade", False), meta.get("solution", False)
+    locked = False if solution else (True if grade else meta.get("locked", False))
+    digest = hashlib.md5()
+    text = cell.source if source is None else source
+    for part in (text, cell.cell_type, str(grade), str(solution), str(locked), meta["grade_id"]):
+        digest.update(part.encode("utf-8"))
+    if grade:
+        digest.update(str(float(meta["points"])).encode("utf-8"))
+    return digest.hexdigest()
+
+
+def is_edited_test_cell(cell: Any, handed_out: Any | None = None) -> bool:
+    """Is the graded test `cell` not the one handed out? The course's one rule, nbgrader's own: its checksum (the
+    source to the character, the cell type, the grading metadata) differs from the handed-out cell's.
+
+    `handed_out` None: against the checksum the release wrote into the cell's metadata, all that `course check`
+    has on a student's machine (none written: not edited). Given the handed-out cell (the grader, which restores a
+    test cell's metadata from it anyway): the cell's source under the handed-out metadata, so that only the text
+    counts, also where the student's editor stripped the metadata. Metadata the checksum cannot be computed from
+    (points removed or not a number) is an edit too."""
+    try:
+        if handed_out is None:
+            expected = nbgrader_meta(cell).get("checksum")
+            return bool(expected) and nbgrader_checksum(cell) != expected
+        return nbgrader_checksum(handed_out, cell.source) != nbgrader_checksum(handed_out)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return True
+
+
 def belongs_to_todo(grade_id: str, todo: str) -> bool:
     """Is the graded test cell `grade_id` one of TODO `todo`'s own: `test_<todo>` or `test_<todo>__<part>`?
 

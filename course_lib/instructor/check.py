@@ -18,7 +18,7 @@ from typing import Any
 import nbformat
 
 from ..grading.checker import defined_functions
-from .cells import is_solution_cell, is_test_cell, nbgrader_meta
+from .cells import is_edited_test_cell, is_solution_cell, is_test_cell, nbgrader_meta
 from .execute import execute_notebook
 from .feedback import cell_message
 from .submissions import read_notebook
@@ -31,35 +31,6 @@ class CheckRow:
     passed: bool
     message: str
     edited: bool
-
-
-def nbgrader_checksum(cell: Any) -> str:
-    """nbgrader's checksum of a graded cell (`nbgrader.utils.compute_checksum`, 0.9), computed here so that `course
-    check` flags an edited test cell on Colab or ModelScope too, where nbgrader is not installed. A test holds the
-    two equal on every graded cell of the course."""
-    import hashlib
-
-    meta = nbgrader_meta(cell)
-    grade, solution = meta.get("grade", False), meta.get("solution", False)
-    locked = False if solution else (True if grade else meta.get("locked", False))
-    digest = hashlib.md5()
-    for part in (cell.source, cell.cell_type, str(grade), str(solution), str(locked), meta["grade_id"]):
-        digest.update(part.encode("utf-8"))
-    if grade:
-        digest.update(str(float(meta["points"])).encode("utf-8"))
-    return digest.hexdigest()
-
-
-def _edited(cell: Any) -> bool:
-    """Does a test cell differ from the handed-out one (by nbgrader's checksum)? Metadata the checksum cannot even
-    be computed from (points removed or not a number) was edited too."""
-    checksum = nbgrader_meta(cell).get("checksum")
-    if not checksum:
-        return False
-    try:
-        return nbgrader_checksum(cell) != checksum
-    except (KeyError, TypeError, ValueError, AttributeError):
-        return True
 
 
 def todo_function_names(notebook: Any) -> list[str]:
@@ -103,7 +74,7 @@ def check_notebook(
     graded = [c for c in notebook.cells if is_test_cell(c)]
     if not graded:
         raise ValueError(f"{path}: no graded test cells (nbgrader metadata) found; is this a course notebook?")
-    edited = {nbgrader_meta(c)["grade_id"]: _edited(c) for c in graded}
+    edited = {nbgrader_meta(c)["grade_id"]: is_edited_test_cell(c) for c in graded}
     for cell in notebook.cells:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None

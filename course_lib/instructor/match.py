@@ -25,7 +25,7 @@ from typing import Any
 
 import nbformat
 
-from .cells import is_setup, is_solution_cell, is_test_cell, nbgrader_meta
+from .cells import is_edited_test_cell, is_setup, is_solution_cell, is_test_cell, nbgrader_meta
 
 GRADE_ID_SCORE = 3.0
 MIN_SIMILARITY = 0.5
@@ -193,7 +193,9 @@ def prepare(submission: Any, source: Any, release: Any) -> Prepared:
             cells.append(_from_source(reference))
             if j is None:
                 result.notes.append(f"{grade_id}: test cell deleted or not recognised; restored from the source")
-            elif _lines(submission.cells[j].source) not in (_lines(reference.source), _lines(original.source)):
+            elif is_edited_test_cell(submission.cells[j], reference) and is_edited_test_cell(
+                submission.cells[j], original
+            ):
                 result.notes.append(f"{grade_id}: test cell edited; the original was restored and graded")
         elif is_solution_cell(original):
             if j is None:
