@@ -62,9 +62,10 @@ def kv_bytes_per_token(config: Any, dtype_bytes: int = 2) -> int:
 def decode_tokens_per_s(
     n_params: float, batch: int, context: int, kv_bytes: float, bandwidth: float, *, weight_bytes_per_param: float = 2.0
 ) -> float:
-    """Roofline decode rate, tokens/s per GPU: b / ((weight_bytes_per_param N + b c s_kv) / bandwidth).
+    """Roofline decode rate, tokens/s per GPU, of `batch` sequences at `context` tokens each -> float.
 
-    bandwidth in bytes/s, kv_bytes per context token; every real argument must be > 0.
+    A step's time is the bytes it reads at `bandwidth` (bytes/s), nothing else; each step yields one token per
+    sequence. kv_bytes is the cache per context token; every real argument must be > 0.
     """
     n_params = require_real("n_params", n_params, minimum=0.0, strict_minimum=True)
     batch, context = require_positive_int("batch", batch), require_positive_int("context", context)

@@ -506,9 +506,10 @@ grading.assert_rejects(
 # %% [markdown]
 # <details><summary>Hint · 提示</summary>
 #
-# Write the bytes one step reads as two terms, one that does not depend on the context and one that grows by the
-# same amount with every token of context, and ask for the first whole context at which the second reaches the
-# first. Check yourself on the `(10, 17)` example above.
+# Test the definition, not your derivation: for your answer $c$, count the bytes one step reads at $c$ and at
+# $c - 1$ tokens of context (`kv_bytes_per_token` gives the cache's share per token) and check that the caches reach
+# the weights at $c$ and not at $c - 1$ (or that $c = 1$). The `(10, 17)` example above is small enough to count by
+# hand; an exact tie is the case to try next.
 #
 # </details>
 
