@@ -32,13 +32,19 @@ IGNORE_INDEX = -100  # label of a token that carries no loss (template, prompt, 
 
 
 class FitRecord(TypedDict):
-    """One sample's verdict at the window: fit, truncate (its answer's tail cut) or overflow."""
+    """One sample's verdict at the window: fit, truncate (its answer's tail cut) or overflow.
+
+    Two fields, two questions. kept_supervised_tokens: what the window keeps (all of the supervision for a fit, the
+    cut's for a truncation, 0 for an overflow, which is dropped). cut_loss_ratio: the share of the supervision that
+    the cut at the window removes, the number the loss gate judges, whether the gates admit the cut or refuse it
+    (0.0 for a fit, where nothing is cut; 1.0 where the template and prompt alone fill the window).
+    """
 
     name: str
-    total_tokens: int
-    kept_supervised_tokens: int
-    supervision_loss_ratio: float
-    decision: str
+    total_tokens: int  # template + prompt + supervision, before any cut
+    kept_supervised_tokens: int  # what the window keeps
+    cut_loss_ratio: float  # what the cut at the window loses, made or refused
+    decision: str  # "fit", "truncate" or "overflow"
 
 
 class ContextAudit(TypedDict):
@@ -72,8 +78,9 @@ def audit_context_fit(
 ) -> ContextAudit:
     """Ledger rows {name, prompt_tokens, supervised_tokens} -> fit | truncate | overflow per sample.
 
-    Returns {records: [{name, total_tokens, kept_supervised_tokens, supervision_loss_ratio, decision}],
-    fit_names, truncated_names, overflow_names}; kept_supervised_tokens is 0 for an overflow. A "fit" record
+    Returns {records: [{name, total_tokens, kept_supervised_tokens, cut_loss_ratio, decision}],
+    fit_names, truncated_names, overflow_names} (FitRecord says what each field means); kept_supervised_tokens is 0
+    for an overflow, while its cut_loss_ratio is the refused cut's. A "fit" record
     keeps its whole supervision even below min_kept_supervised_tokens (nothing is cut; LCFT's code prints 0
     there while calling the sample fit, which would disagree with what apply_window_policy keeps).
     """
@@ -99,7 +106,7 @@ def audit_context_fit(
                 "name": sample["name"],
                 "total_tokens": template + prompt + supervised,
                 "kept_supervised_tokens": kept,
-                "supervision_loss_ratio": loss_ratio,
+                "cut_loss_ratio": loss_ratio,
                 "decision": decision,
             }
         )
@@ -141,10 +148,8 @@ def _window_decision(
         kept = min(supervised_tokens, target_context_len - prompt_and_template_tokens)
         if kept < min_kept_supervised_tokens:
             reasons.append(f"kept_supervised_tokens {kept} < {min_kept_supervised_tokens}")
-        if record["supervision_loss_ratio"] > max_supervision_loss_ratio:
-            reasons.append(
-                f"supervision_loss_ratio {_two_distinct(record['supervision_loss_ratio'], max_supervision_loss_ratio)}"
-            )
+        if record["cut_loss_ratio"] > max_supervision_loss_ratio:
+            reasons.append(f"cut_loss_ratio {_two_distinct(record['cut_loss_ratio'], max_supervision_loss_ratio)}")
     return {**record, "reasons": reasons}
 
 
@@ -186,8 +191,13 @@ def _policy_decision(labels: np.ndarray, target: int, min_kept: int, max_ratio: 
         verdict.update(decision="truncate")
     elif int(supervised_at[0]) < target and bool((labels[target:end] == IGNORE_INDEX).any()):
         # supervision starts inside the window, but the cut would also take a later turn's prompt: the reason,
-        # whatever the gates say about the counts
-        verdict.update(decision="overflow", kept_supervised_tokens=0, reasons=["cut_would_remove_prompt_tokens"])
+        # whatever the gates say about the counts; the record keeps the loss of that refused cut, read off the labels
+        verdict.update(
+            decision="overflow",
+            kept_supervised_tokens=0,
+            cut_loss_ratio=float((supervised_at >= target).sum()) / supervised,
+            reasons=["cut_would_remove_prompt_tokens"],
+        )
     return verdict
 
 
@@ -252,7 +262,7 @@ def apply_window_policy(
                 "name": name,
                 "total_tokens": len(labels),
                 "kept_supervised_tokens": verdict["kept_supervised_tokens"],
-                "supervision_loss_ratio": verdict["supervision_loss_ratio"],
+                "cut_loss_ratio": verdict["cut_loss_ratio"],
                 "decision": verdict["decision"],
             }
         )

@@ -25,7 +25,7 @@ def reference_audit(samples, target_context_len, template_tokens, min_kept=1, ma
                 "name": s["name"],
                 "total_tokens": head + s["supervised_tokens"],
                 "kept_supervised_tokens": kept if (admitted or fit) else 0,
-                "supervision_loss_ratio": ratio,
+                "cut_loss_ratio": ratio,
                 "decision": decision,
             }
         )
@@ -81,7 +81,7 @@ def test_template_tokens_count():
     plan = audit_context_fit([{"name": "s", "prompt_tokens": 100, "supervised_tokens": 28}], 128, 8)
     assert plan["overflow_names"] == ["s"]
     assert plan["records"][0]["total_tokens"] == 136
-    assert plan["records"][0]["supervision_loss_ratio"] == pytest.approx(8 / 28)
+    assert plan["records"][0]["cut_loss_ratio"] == pytest.approx(8 / 28)
 
 
 @pytest.mark.parametrize(
@@ -98,7 +98,7 @@ def test_both_gates_are_required(min_kept, max_ratio, decision):
     record = audit_context_fit(sample, 112, 8, min_kept, max_ratio)["records"][0]
     assert record["decision"] == decision
     assert record["kept_supervised_tokens"] == (24 if decision == "truncate" else 0)
-    assert record["supervision_loss_ratio"] == pytest.approx(0.4)
+    assert record["cut_loss_ratio"] == pytest.approx(0.4)
 
 
 def test_fit_is_judged_before_the_gates():
@@ -193,11 +193,11 @@ def test_apply_drops_with_reasons():
     reasons = {d["name"]: d["reasons"] for d in out["dropped"]}
     assert reasons == {
         "long_prompt": ["prompt_exceeds_window"],
-        "thin": ["kept_supervised_tokens 4 < 8", "supervision_loss_ratio 0.90 > 0.40"],
+        "thin": ["kept_supervised_tokens 4 < 8", "cut_loss_ratio 0.90 > 0.40"],
     }
     assert [k["name"] for k in out["kept"]] == ["lossy"]
     out = apply_window_policy([chat_sample(88, 40)], 112, min_kept_supervised_tokens=8, max_supervision_loss_ratio=0.39)
-    assert out["dropped"][0]["reasons"] == ["supervision_loss_ratio 0.40 > 0.39"]
+    assert out["dropped"][0]["reasons"] == ["cut_loss_ratio 0.40 > 0.39"]
 
 
 def test_apply_refuses_to_cut_a_later_turn_prompt():
@@ -208,6 +208,9 @@ def test_apply_refuses_to_cut_a_later_turn_prompt():
     out = apply_window_policy([sample], 12, max_supervision_loss_ratio=0.9)
     assert out["kept"] == [] and out["dropped"][0]["reasons"] == ["cut_would_remove_prompt_tokens"]
     assert out["audit"]["records"][0]["decision"] == "overflow"
+    # The record keeps the refused cut's loss, read off the labels: 6 of the 10 supervised tokens lie past 12.
+    assert out["audit"]["records"][0]["cut_loss_ratio"] == pytest.approx(0.6)
+    assert out["audit"]["records"][0]["kept_supervised_tokens"] == 0
     # A window inside the second prompt: the first answer fits, but the cut takes a prompt; that is the reason given,
     # not the gates' reading of the counts (no supervision kept past the second prompt's 6 tokens).
     out = apply_window_policy([sample], 10, max_supervision_loss_ratio=1.0)
@@ -229,14 +232,14 @@ def test_apply_cuts_the_unlabelled_tail_freely():
         "name": "s",
         "total_tokens": 17,
         "kept_supervised_tokens": 6,
-        "supervision_loss_ratio": 0.4,
+        "cut_loss_ratio": 0.4,
         "decision": "truncate",
     }
     # Only the closing token is past the window: cut, nothing supervised lost, kept below min_kept all the same.
     out = apply_window_policy([sample], 16, min_kept_supervised_tokens=32)
     assert out["kept"][0]["labels"] == sample["labels"][:16]
     assert out["audit"]["records"][0]["decision"] == "truncate"
-    assert out["audit"]["records"][0]["supervision_loss_ratio"] == 0.0
+    assert out["audit"]["records"][0]["cut_loss_ratio"] == 0.0
     assert out["audit"]["records"][0]["kept_supervised_tokens"] == 10
     # The whole sample fits: kept whole, closing token included.
     assert apply_window_policy([sample], 17)["audit"]["fit_names"] == ["s"]
@@ -333,6 +336,8 @@ def test_apply_agrees_with_audit(samples, target, min_kept, max_ratio):
         first = min(i for i, label in enumerate(labels) if label != IGNORE_INDEX)
         if first < target and IGNORE_INDEX in labels[target:end]:
             assert ours["decision"] == "overflow" and ours["kept_supervised_tokens"] == 0
+            past_window = sum(label != IGNORE_INDEX for label in labels[target:])
+            assert ours["cut_loss_ratio"] == pytest.approx(past_window / (len(labels) - labels.count(IGNORE_INDEX)))
             assert {
                 "name": sample["name"],
                 "index": samples.index(sample),

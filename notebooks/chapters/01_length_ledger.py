@@ -235,8 +235,10 @@ plt.show()
 # input must keep its meaning) and only the **tail of the supervision** may be cut. A cut is admitted only
 # when both gates pass:
 #
-# * kept supervised tokens $\ge$ `min_kept_supervised_tokens` (enough answer left to learn from);
-# * supervision loss ratio $= (L_{\text{sup}} - \text{kept}) / L_{\text{sup}} \le$ `max_supervision_loss_ratio`.
+# * the supervised tokens the cut keeps, $\text{kept}_{\text{cut}} \ge$ `min_kept_supervised_tokens` (enough answer
+#   left to learn from);
+# * the cut's loss ratio $= (L_{\text{sup}} - \text{kept}_{\text{cut}}) / L_{\text{sup}} \le$
+#   `max_supervision_loss_ratio`.
 #
 # With the defaults (at least 1 token kept, 0% loss allowed) a sample either fits whole or overflows.
 #
@@ -245,15 +247,23 @@ plt.show()
 # Implement `audit_context_fit(samples, target_context_len, template_tokens, min_kept_supervised_tokens=1,
 # max_supervision_loss_ratio=0.0)`. Each sample is a dict with `name`, `prompt_tokens`, `supervised_tokens`. Return
 # `{"records": [...], "fit_names": [...], "truncated_names": [...], "overflow_names": [...]}` where each record
-# holds `name`, `total_tokens` (the whole sample, template + prompt + supervision, before any cut),
-# `kept_supervised_tokens` (both integers; kept is 0 for an overflow),
-# `supervision_loss_ratio` and `decision` (`"fit"`, `"truncate"` or `"overflow"`); an empty list of samples gives
-# empty lists. The window keeps the template and the prompt whole and as much of the supervision as the slots they
-# leave allow; `supervision_loss_ratio` is the loss ratio above for that cut: 0.0 for a fit, and for an overflow the
-# ratio of the cut the gates refused (0.4 when 24 of 40 tokens would be kept), **not** 1.0, even though the overflow
-# record's `kept_supervised_tokens` is 0. The gates judge a **cut**: a sample that fits keeps all its supervision,
-# even when that is below `min_kept_supervised_tokens`, since nothing is cut: a record that says what the window
-# actually keeps is the one to plan with.
+# holds five fields; an empty list of samples gives empty lists. A cut at the window keeps the template and the
+# prompt whole and as much of the supervision as the slots they leave allow. Two of the fields answer two different
+# questions, and an overflow record is where they part:
+#
+# | field | the question it answers | fit | truncate | overflow |
+# |---|---|---|---|---|
+# | `name` | which sample | | | |
+# | `total_tokens` | how long the whole sample is, template + prompt + supervision, before any cut (an integer) | | | |
+# | `kept_supervised_tokens` | how many supervised tokens the window **keeps** (an integer) | all | the cut's | 0: dropped |
+# | `cut_loss_ratio` | what share of the supervision the **cut** at the window removes, made or refused: the second gate's number | 0.0: no cut | the cut's | the refused cut's |
+# | `decision` | `"fit"`, `"truncate"` or `"overflow"` | | | |
+#
+# So an overflow whose cut would keep 24 of 40 tokens records `kept_supervised_tokens` 0 (nothing is trained on) and
+# `cut_loss_ratio` 0.4 (why the gates said no), **not** 1.0; only where the template and the prompt alone fill the
+# window does its cut keep nothing and lose 1.0. The gates judge a **cut**: a sample that fits keeps all its
+# supervision, even when that is below `min_kept_supervised_tokens`, since nothing is cut: a record that says what
+# the window actually keeps is the one to plan with.
 #
 # The first lines of the function are given: keep them. They check the input and raise a `ValueError` that names
 # the field (a sample without one of its three keys, a window, minimum or length that is not an integer, a
@@ -288,8 +298,8 @@ overflow_record = plan["records"][2]
 assert overflow_record["kept_supervised_tokens"] == 0, (
     f"{call}: the overflow record keeps {overflow_record['kept_supervised_tokens']} supervised tokens, expected 0"
 )
-assert abs(overflow_record["supervision_loss_ratio"] - 1 / 256) < 1e-9, (
-    f"{call}: the overflow record's supervision_loss_ratio is {overflow_record['supervision_loss_ratio']}, "
+assert abs(overflow_record["cut_loss_ratio"] - 1 / 256) < 1e-9, (
+    f"{call}: the overflow record's cut_loss_ratio is {overflow_record['cut_loss_ratio']}, "
     "expected 1/256 = 0.0039: the loss of the refused cut (255 of 256 kept), not 1.0"
 )
 long_answer = [{"name": "long-supervision", "prompt_tokens": 80, "supervised_tokens": 40}]
@@ -312,19 +322,19 @@ assert rejected_record["kept_supervised_tokens"] == 0, (
     f"{call.format(0.1)}: kept_supervised_tokens is {rejected_record['kept_supervised_tokens']}, expected 0 "
     "(an overflow keeps nothing)"
 )
-assert abs(rejected_record["supervision_loss_ratio"] - 0.4) < 1e-9, (
-    f"{call.format(0.1)}: supervision_loss_ratio is {rejected_record['supervision_loss_ratio']}, expected 0.4: "
+assert abs(rejected_record["cut_loss_ratio"] - 0.4) < 1e-9, (
+    f"{call.format(0.1)}: cut_loss_ratio is {rejected_record['cut_loss_ratio']}, expected 0.4: "
     "an overflow records the ratio of the cut the gates refused (16 of 40 tokens lost), not 1.0"
 )
 # A prompt longer than the window leaves no room at all: the cut keeps 0 tokens (never fewer) and loses them all.
 huge_prompt = audit_context_fit(
     [{"name": "huge-prompt", "prompt_tokens": 200, "supervised_tokens": 10}], 100, 8, max_supervision_loss_ratio=1.0
 )
-huge_ratio = huge_prompt["records"][0]["supervision_loss_ratio"]
+huge_ratio = huge_prompt["records"][0]["cut_loss_ratio"]
 assert huge_prompt["overflow_names"] == ["huge-prompt"] and abs(huge_ratio - 1.0) < 1e-9, (
     "audit_context_fit([{'name': 'huge-prompt', 'prompt_tokens': 200, 'supervised_tokens': 10}], 100, 8, "
     f"max_supervision_loss_ratio=1.0) returned the records {huge_prompt['records']}, expected one overflow with "
-    "supervision_loss_ratio 1.0 (the prompt alone is past the window: no supervised token is kept, never fewer)"
+    "cut_loss_ratio 1.0 (the prompt alone is past the window: no supervised token is kept, never fewer)"
 )
 # A whole sample below the minimum: nothing is cut, so it fits and keeps its 5 supervised tokens.
 small = audit_context_fit(
@@ -534,7 +544,7 @@ for who, record in (("audit ", gate_audit["records"][0]), ("policy", gate_policy
     print(
         f"{gate_sample['name']} at a window of {gate_window}: {who} {record['decision']:<8} keeps "
         f"{record['kept_supervised_tokens']} of {gate_row['supervised_tokens']} supervised tokens, "
-        f"loss ratio {record['supervision_loss_ratio']:.3f} (gate 0.25)"
+        f"loss ratio {record['cut_loss_ratio']:.3f} (gate 0.25)"
     )
 
 # %% [markdown]

@@ -146,7 +146,7 @@ def audit_context_fit(
                 "name": sample["name"],
                 "total_tokens": total,
                 "kept_supervised_tokens": sample["supervised_tokens"] if fits else 0,
-                "supervision_loss_ratio": 0.0 if fits else 1.0,
+                "cut_loss_ratio": 0.0 if fits else 1.0,
                 "decision": "fit" if fits else "overflow",
             }
         )
@@ -267,7 +267,7 @@ def audit_context_fit(samples, target_context_len, template_tokens, min_kept_sup
             sample["name"])
         plan["records"].append({"name": sample["name"], "total_tokens": template + prompt + supervised,
                                 "kept_supervised_tokens": 0 if decision == "overflow" else kept,
-                                "supervision_loss_ratio": loss, "decision": decision})
+                                "cut_loss_ratio": loss, "decision": decision})
     return plan
 """,
         # The fit test on the total; the gates as early returns from a helper; the setup's validators.
@@ -304,7 +304,7 @@ def audit_context_fit(samples, target_context_len, template_tokens, min_kept_sup
         decision = _decide(total, window, supervised, kept, min_kept, max_ratio)
         records.append({"name": sample["name"], "total_tokens": total,
                         "kept_supervised_tokens": 0 if decision == "overflow" else kept,
-                        "supervision_loss_ratio": (supervised - kept) / supervised, "decision": decision})
+                        "cut_loss_ratio": (supervised - kept) / supervised, "decision": decision})
     by = {decision: [r["name"] for r in records if r["decision"] == decision]
           for decision in ("fit", "truncate", "overflow")}
     return {"records": records, "fit_names": by["fit"], "truncated_names": by["truncate"],
@@ -322,7 +322,7 @@ class _Record:
     name: object
     total_tokens: int
     kept_supervised_tokens: int
-    supervision_loss_ratio: float
+    cut_loss_ratio: float
     decision: str
 
 
@@ -398,7 +398,7 @@ def audit_context_fit(samples, target_context_len, template_tokens, min_kept_sup
             decision, key, kept = "overflow", "overflow_names", 0
         out[key].append(sample["name"])
         out["records"].append({"name": sample["name"], "total_tokens": template + prompt + supervised,
-                               "kept_supervised_tokens": kept, "supervision_loss_ratio": ratio, "decision": decision})
+                               "kept_supervised_tokens": kept, "cut_loss_ratio": ratio, "decision": decision})
     return out
 """,
     }
