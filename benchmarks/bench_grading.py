@@ -81,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from course_lib.instructor import build, confined, grade
+    from course_lib.instructor.outcome import Status
     from tests.support import autograde
 
     scratch = Path(tempfile.mkdtemp(prefix="bench-grading-"))
@@ -112,14 +113,14 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(
             f"course grade --sandbox none:   {unconfined.seconds:7.1f} s  "
-            f"{60 * total / unconfined.seconds:5.1f} submissions/min (graded {unconfined.count('graded')}) | "
+            f"{60 * total / unconfined.seconds:5.1f} submissions/min (graded {unconfined.count(Status.GRADED)}) | "
             f"load average {os.getloadavg()[0]:.1f}"
         )
         run = grade.grade_submissions(inbox, root, workers=workers, progress=False)
         parallel_s = run.seconds
         print(
             f"course grade --sandbox bwrap:  {parallel_s:7.1f} s  {60 * total / parallel_s:5.1f} submissions/min "
-            f"(graded {run.count('graded')}, failed {run.count('failed')}, {workers} workers) | "
+            f"(graded {run.count(Status.GRADED)}, failed {run.count(Status.FAILED)}, {workers} workers) | "
             f"load average {os.getloadavg()[0]:.1f}"
         )
         per_bwrap, per_none = parallel_s / total, unconfined.seconds / total
@@ -147,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
             if not disagreements
             else "DISAGREEMENTS:\n  " + "\n  ".join(disagreements)
         )
-        failed = run.count("failed") + unconfined.count("failed")
+        failed = run.count(Status.FAILED) + unconfined.count(Status.FAILED)
         return 1 if disagreements or failed or overhead > 0.15 else 0
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

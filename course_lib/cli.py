@@ -53,6 +53,7 @@ def _check(args: argparse.Namespace) -> int:
 
 def _grade(args: argparse.Namespace) -> int:
     from course_lib.instructor import grade
+    from course_lib.instructor.outcome import Status
 
     if not Path(args.submissions).exists():
         print(f"course grade: {args.submissions} does not exist", file=sys.stderr)
@@ -108,7 +109,7 @@ def _grade(args: argparse.Namespace) -> int:
     print(grade.summary(run))
     if run.stopped:
         return 130
-    return 1 if run.count("failed") or run.count("regrade") else 0
+    return 1 if run.count(Status.FAILED) or run.count(Status.REGRADE) else 0
 
 
 def _preflight(args: argparse.Namespace) -> int:

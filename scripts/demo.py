@@ -88,9 +88,11 @@ def write_samples(root: Path, inbox: Path) -> dict[str, list[str]]:
 
 
 def print_gradebook(run) -> None:
+    from course_lib.instructor.outcome import Status
+
     print(f"\n{'chapter':<26} {'student':<44} {'score':>9}   cells")
     for outcome in sorted(run.outcomes, key=lambda o: (o.chapter or "", o.student or "")):
-        if outcome.status != "graded":
+        if outcome.status != Status.GRADED:
             print(f"{outcome.chapter or '?':<26} {outcome.display:<44} {outcome.status}: {outcome.reason}")
             continue
         cells = " ".join(f"{c.grade_id}={c.score:g}/{c.max_score:g}" for c in outcome.cells)
@@ -103,11 +105,12 @@ def surprises(run, wrong_todos: dict[str, str]) -> list[str]:
     wrong answer must lose at least one) or loses one of another TODO's (`wrong_todos`: chapter -> the TODO its wrong
     answer is for), a submission not graded."""
     from course_lib.instructor.cells import belongs_to_todo
+    from course_lib.instructor.outcome import Status
 
     found = []
     for outcome in run.outcomes:
         who = f"{outcome.student}/{outcome.chapter}"
-        if outcome.status != "graded":
+        if outcome.status != Status.GRADED:
             found.append(f"{who}: {outcome.status}")
             continue
         wrong_todo = wrong_todos.get(outcome.chapter, "")

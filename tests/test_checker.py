@@ -16,6 +16,7 @@ import torch
 
 from course_lib import grading
 from course_lib.grading import checker
+from course_lib.grading.protocol import CheckerJob
 
 
 def stand_in(source: str, name: str, namespace: dict | None = None, timeout_s: float = 20.0):
@@ -413,17 +414,15 @@ def test_the_checker_program_sends_probes_and_cases_to_the_students_process(mode
         " == [3.0, 3.0]\n"
         "grading.assert_matches_reference(scaled, 'scaled', [((1,), {})])\n"
     )
-    job = {
-        "setup": ["import torch\nfrom course_lib import grading\ngrading._ORIGINALS['scaled'] = lambda x: 3 * x"],
-        "tests": [("test_scaled", 1.0, test)],
-        "solutions": {"todo_scaled": "def scaled(x):\n    return 3 * x\n"},
-        "names": ["scaled"],
-        "cell_timeout": 60,
-        "call_timeout": 60,
-    }
+    job = CheckerJob(
+        setup=["import torch\nfrom course_lib import grading\ngrading._ORIGINALS['scaled'] = lambda x: 3 * x"],
+        tests=[("test_scaled", 1.0, test)],
+        solutions={"todo_scaled": "def scaled(x):\n    return 3 * x\n"},
+        names=["scaled"],
+    )
     checked = confined.run_checker(job, confined.Confinement(mode=mode))
     assert checked.ended is None and checked.setup_problem is None
-    assert checked.verdicts["test_scaled"]["passed"], checked.verdicts["test_scaled"]["message"]
+    assert checked.verdicts["test_scaled"].passed, checked.verdicts["test_scaled"].message
 
 
 def test_a_cell_out_of_time_mid_call_leaves_no_half_answer_for_the_next_cell():
@@ -450,20 +449,18 @@ def test_a_process_the_students_function_forks_cannot_answer_a_later_call():
     except sandbox.SandboxUnavailable as error:
         pytest.skip(str(error))
     solution = "import os\ndef f(x):\n    os.fork()\n    return x\ndef g(x):\n    return 2 * x\n"
-    job = {
-        "setup": [""],
-        "solutions": {"todo": solution},
-        "names": ["f", "g"],
-        "cell_timeout": 60,
-        "call_timeout": 60,
-        "tests": [
+    job = CheckerJob(
+        setup=[""],
+        solutions={"todo": solution},
+        names=["f", "g"],
+        tests=[
             ("same_cell", 1.0, "f(1)\nassert g(5) == 10, g(5)\nassert g(6) == 12"),
             ("next_cell", 1.0, "assert g(7) == 14, g(7)"),
         ],
-    }
+    )
     checked = confined.run_checker(job, confined.Confinement())
     assert checked.ended is None
-    assert all(verdict["passed"] for verdict in checked.verdicts.values()), checked.verdicts
+    assert all(verdict.passed for verdict in checked.verdicts.values()), checked.verdicts
 
 
 ANSWER_TEST = "grading.assert_answer(chunk, 'chunk', 1645)"

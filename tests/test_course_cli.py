@@ -15,6 +15,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from course_lib.grading.protocol import CellVerdict
 from course_lib.instructor import build, cells, execute, match, submissions
 from course_lib.instructor.cells import with_answers as submission_with
 
@@ -568,8 +569,7 @@ def test_a_notebook_that_cannot_be_recorded_fails_alone(tmp_path, monkeypatch):
     def grade_all(jobs, workers, confinement, on_result):
         for job in jobs:
             verdicts = {
-                grade_id: {"grade_id": grade_id, "passed": True, "message": ""}
-                for grade_id, _, _ in job["checker"]["tests"]
+                grade_id: CellVerdict(grade_id, points, passed=True) for grade_id, points, _ in job["checker"].tests
             }
             on_result(
                 job["key"],
@@ -678,12 +678,10 @@ def test_a_notebook_nbgrader_refuses_is_recorded_with_its_verdicts_and_the_reaso
     def grade_all(jobs, workers, confinement, on_result):
         for job in jobs:
             verdicts = {
-                grade_id: {
-                    "grade_id": grade_id,
-                    "passed": grade_id != failing,
-                    "message": "wrong" * (grade_id == failing),
-                }
-                for grade_id, _, _ in job["checker"]["tests"]
+                grade_id: CellVerdict(
+                    grade_id, points, passed=grade_id != failing, message="wrong" * (grade_id == failing)
+                )
+                for grade_id, points, _ in job["checker"].tests
             }
             on_result(
                 job["key"],

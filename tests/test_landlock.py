@@ -15,6 +15,7 @@ import pytest
 
 import course_lib
 from course_lib.grading import landlock
+from course_lib.grading.protocol import CheckerJob
 from course_lib.instructor import sandbox
 
 PACKAGE = Path(course_lib.__file__).resolve().parent
@@ -210,12 +211,12 @@ def _seccomp_without_landlock() -> bytes:
     )
 
 
-def _checker_under(prefix: list[str], job: dict, folder: Path, **kwargs):
+def _checker_under(prefix: list[str], job: CheckerJob, folder: Path, **kwargs):
     from course_lib.instructor import confined
 
     completed = subprocess.run(
         [*prefix, sys.executable, "-m", "course_lib.grading.checker"],
-        input=json.dumps(job).encode(),
+        input=job.to_json().encode(),
         cwd=folder,
         capture_output=True,
         timeout=120,
@@ -232,16 +233,16 @@ def test_a_sandbox_that_filters_landlock_is_said_on_the_row(tmp_path):
     says so, while the grade itself is still given."""
     from course_lib.instructor import grade
 
-    job = {
-        "setup": [],
-        "solutions": {"todo_double": "def double(x):\n    return 2 * x\n"},
-        "tests": [["test_double", 1.0, "assert double(3) == 6"]],
-        "names": ["double"],
-        "cell_timeout": 30,
-        "call_timeout": 30,
-    }
+    job = CheckerJob(
+        setup=[],
+        solutions={"todo_double": "def double(x):\n    return 2 * x\n"},
+        tests=[("test_double", 1.0, "assert double(3) == 6")],
+        names=["double"],
+        cell_timeout=30,
+        call_timeout=30,
+    )
     plain = _checker_under([], job, tmp_path)
-    assert plain.landlock == landlock.abi() > 0 and plain.verdicts["test_double"]["passed"], plain
+    assert plain.landlock == landlock.abi() > 0 and plain.verdicts["test_double"].passed, plain
     assert grade.confinement_notes("bwrap", plain) == []
 
     read, write = os.pipe()
@@ -250,6 +251,6 @@ def test_a_sandbox_that_filters_landlock_is_said_on_the_row(tmp_path):
     bwrap = ["bwrap", "--dev-bind", "/", "/", "--seccomp", str(read), "--"]
     filtered = _checker_under(bwrap, job, tmp_path, pass_fds=(read,))
     os.close(read)
-    assert filtered.landlock == 0 and filtered.verdicts["test_double"]["passed"], filtered
+    assert filtered.landlock == 0 and filtered.verdicts["test_double"].passed, filtered
     assert grade.confinement_notes("bwrap", filtered) == [grade.NO_LANDLOCK_NOTE]
     assert grade.confinement_notes("none", filtered) == [grade.UNCONFINED_NOTE]

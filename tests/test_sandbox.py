@@ -3,6 +3,7 @@ is cheap, succeeds under mode="none" so that the test could fail. No mocks: ever
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
@@ -867,7 +868,7 @@ def test_a_checker_that_dies_after_its_first_line_scores_what_it_reached():
     """Once the checker has written its first line, student code may run: an early end is the submission's."""
     from course_lib.instructor import confined
 
-    job = {**confined.NO_CHECKS, "tests": [["test_f", 1.0, "assert f()"]]}
+    job = dataclasses.replace(confined.NO_CHECKS, tests=[("test_f", 1.0, "assert f()")])
     died = confined.read_checker_output(b'{"landlock": 7}\n', job, False, -9, 1.0)
     assert died.ended.startswith("the checker ended early") and confined.needs_regrade(died) is None
     silent = confined.read_checker_output(b"", job, False, 1, 1.0)

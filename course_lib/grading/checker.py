@@ -46,12 +46,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import tripwire
+from .protocol import CALL_TIMEOUT_S, CellVerdict, CheckerJob
 
 MAX_RESULT_BYTES = 256 * 2**20  # what one call may send back
 MAX_DEPTH = 48
 MAX_NODES = 2_000_000
 MAX_TEXT = 2_000  # an exception message or an object's repr, as sent back
-CALL_TIMEOUT_S = 60.0
 
 # Builtin exception types a student's exception comes back as (the first of its bases found here): tests catch
 # ValueError, TypeError, ...; a student's own subclass of ValueError is still a ValueError to them.
@@ -932,17 +932,6 @@ class StudentFunction:
 
 
 # ------------------------------------------------------------------------------------------------------ the checks
-@dataclass
-class CellVerdict:
-    grade_id: str
-    points: float
-    passed: bool
-    message: str = ""
-    seconds: float = 0.0
-    student_seconds: float = 0.0
-    needs_regrade: str = ""  # why the cell could not be judged through no fault of the student
-
-
 class CellBudgetExceeded(BaseException):
     """A cell's time ran out. A BaseException, as KeyboardInterrupt is: an `except Exception` in the code the cell
     was running when the alarm came (an import probing an optional package, a test expecting a ValueError) would
@@ -1284,7 +1273,7 @@ def main() -> int:
     prepare_student_room(os.getcwd())
     refused = confinement_problem()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a student process's SIGINT must not interrupt a check
-    job = json.loads(sys.stdin.buffer.read().decode("utf-8"))
+    job = CheckerJob.from_json(sys.stdin.buffer.read())
     if refused:  # a setup problem: the submission is graded again, not failed
         print(json.dumps({"setup": f"the grader could not confine the student's processes ({refused})"}))
         return 0
@@ -1295,20 +1284,20 @@ def main() -> int:
     out = os.fdopen(verdicts_fd, "w", encoding="utf-8", buffering=1)
 
     def emit(verdict: CellVerdict) -> None:
-        out.write(json.dumps({"cell": verdict.__dict__}) + "\n")
+        out.write(json.dumps({"cell": verdict.to_json()}) + "\n")
 
     from . import landlock
 
     out.write(json.dumps({"landlock": landlock.abi()}) + "\n")  # the sandbox's kernel, which may differ from the host's
 
     problem, _ = run_checks(
-        job["setup"],
-        job["solutions"],
-        [tuple(t) for t in job["tests"]],
-        names=job["names"],
-        answers=job.get("answers", ()),
-        cell_timeout_s=float(job["cell_timeout"]),
-        call_timeout_s=float(job["call_timeout"]),
+        job.setup,
+        job.solutions,
+        job.tests,
+        names=job.names,
+        answers=job.answers,
+        cell_timeout_s=job.cell_timeout,
+        call_timeout_s=job.call_timeout,
         on_verdict=emit,
     )
     out.write(json.dumps({"setup": problem}) + "\n")

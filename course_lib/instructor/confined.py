@@ -25,6 +25,7 @@ from typing import Any
 
 import nbformat
 
+from ..grading.protocol import NO_CHECKS, CellVerdict, CheckerJob
 from . import sandbox
 from .cells import is_test_cell, nbgrader_meta
 from .execute import MAX_OUTPUT_CHARS, cap_outputs, error_output
@@ -54,7 +55,7 @@ class Confinement:
 class CheckerResult:
     """What the checker said: a verdict per graded cell it reached, or why it could not judge."""
 
-    verdicts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    verdicts: dict[str, CellVerdict] = field(default_factory=dict)
     setup_problem: str | None = None
     ended: str | None = None  # why the checker stopped before the end (None: it finished)
     timed_out: bool = False
@@ -123,14 +124,13 @@ def _bwrap_only(confinement: Confinement, slot: int | None, *, as_pid_1: bool) -
 
 
 CHECKER_MODULE = "course_lib.grading.checker"
-NO_CHECKS = {"setup": [], "tests": [], "solutions": {}, "names": [], "cell_timeout": 60, "call_timeout": 60}
 
 
 class GraderUnavailable(RuntimeError):
     """The checker cannot start in the sandbox: nothing may be graded (every submission would score zero)."""
 
 
-def run_checker(job: dict[str, Any], confinement: Confinement, slot: int | None = None) -> CheckerResult:
+def run_checker(job: CheckerJob, confinement: Confinement, slot: int | None = None) -> CheckerResult:
     """The checker run in the sandbox, as the first process of its PID namespace (the student's processes it
     starts can neither signal it nor outlive a call); its verdict lines read as untrusted data."""
     result = _checker_process(job, confinement, slot)
@@ -152,12 +152,12 @@ def require_checker(confinement: Confinement) -> None:
         )
 
 
-def _checker_process(job: dict[str, Any], confinement: Confinement, slot: int | None) -> sandbox.Result:
-    cells = len(job["tests"]) + len(job["setup"])
-    wall = float(job["cell_timeout"]) * (cells + 1) + 60
+def _checker_process(job: CheckerJob, confinement: Confinement, slot: int | None) -> sandbox.Result:
+    cells = len(job.tests) + len(job.setup)
+    wall = job.cell_timeout * (cells + 1) + 60
     return sandbox.run(
         [_python(confinement), "-m", CHECKER_MODULE],
-        stdin=json.dumps(job).encode("utf-8"),
+        stdin=job.to_json().encode("utf-8"),
         mode=confinement.mode,
         image=confinement.image,
         limits=confinement.limits(wall),
@@ -166,12 +166,12 @@ def _checker_process(job: dict[str, Any], confinement: Confinement, slot: int | 
 
 
 def read_checker_output(
-    stdout: bytes, job: dict[str, Any], timed_out: bool, returncode: int | None, seconds: float
+    stdout: bytes, job: CheckerJob, timed_out: bool, returncode: int | None, seconds: float
 ) -> CheckerResult:
     """The checker's JSON lines read as untrusted data: its Landlock ABI first, a verdict per expected cell in
     order, then the setup line that says it finished; the first line out of place ends the reading."""
     checked = CheckerResult(timed_out=timed_out, seconds=seconds)
-    expected = [grade_id for grade_id, _, _ in job["tests"]]
+    expected = [grade_id for grade_id, _, _ in job.tests]
     finished = False
     for line in stdout.decode("utf-8", "replace").splitlines():
         try:
@@ -188,10 +188,13 @@ def read_checker_output(
             checked.setup_problem = record["setup"] if isinstance(record["setup"], str) else None
             finished = True
             break
-        verdict = record.get("cell")
-        if not _well_formed(verdict, expected, checked.verdicts):
+        try:
+            verdict = CellVerdict.from_json(record.get("cell"))
+        except ValueError:
             break
-        checked.verdicts[verdict["grade_id"]] = verdict
+        if len(checked.verdicts) >= len(expected) or verdict.grade_id != expected[len(checked.verdicts)]:
+            break  # a verdict for the next expected cell only
+        checked.verdicts[verdict.grade_id] = verdict
     if not finished:
         if timed_out:
             checked.ended = "the checker was stopped at the grader's time limit"
@@ -200,17 +203,6 @@ def read_checker_output(
         else:
             checked.ended = f"the checker ended early (exit status {returncode}; killed by the code it checked?)"
     return checked
-
-
-def _well_formed(verdict: Any, expected: list[str], seen: dict[str, Any]) -> bool:
-    """A verdict for the next expected cell, with the fields and types the checker writes."""
-    if not isinstance(verdict, dict) or len(seen) >= len(expected) or verdict.get("grade_id") != expected[len(seen)]:
-        return False
-    return (
-        isinstance(verdict.get("passed"), bool)
-        and isinstance(verdict.get("message"), str)
-        and isinstance(verdict.get("needs_regrade", ""), str)
-    )
 
 
 def executed_notebook(prepared: Any, answer: dict[str, Any]) -> tuple[Any, list[str]]:
@@ -265,12 +257,12 @@ def apply_verdicts(notebook: Any, checked: CheckerResult, hidden: list[str]) -> 
         if verdict is None:
             reason = checked.setup_problem or checked.ended or "the checker did not reach this cell"
             cell.outputs = [error_output("NotChecked", reason)]
-        elif verdict["passed"]:
+        elif verdict.passed:
             cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="the grader's tests passed\n")]
         else:
-            name, _, text = redact(verdict["message"], hidden).partition(": ")
+            name, _, text = redact(verdict.message, hidden).partition(": ")
             if not text or " " in name:
-                name, text = "TestFailed", redact(verdict["message"], hidden)
+                name, text = "TestFailed", redact(verdict.message, hidden)
             cell.outputs = [error_output(name, text)]
     if checked.ended:
         notes.append(checked.ended)
@@ -287,7 +279,7 @@ def needs_regrade(checked: CheckerResult) -> str | None:
         return checked.ended
     if checked.landlock is None and checked.ended:
         return checked.ended
-    reasons = [verdict["needs_regrade"] for verdict in checked.verdicts.values() if verdict.get("needs_regrade")]
+    reasons = [verdict.needs_regrade for verdict in checked.verdicts.values() if verdict.needs_regrade]
     return "; ".join(reasons) or None
 
 

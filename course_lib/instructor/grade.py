@@ -34,53 +34,19 @@ import time
 import traceback
 import warnings
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import nbformat
 
 from ..grading import checker
+from ..grading.protocol import CheckerJob
 from . import build, cells, confined, feedback, gradelog, match, sandbox, submissions
 from .build import interpreter_bin_on_path
 from .cells import nbgrader_meta
+from .outcome import GradeRun, Outcome, Status
 from .recording import all_or_nothing, course_lock, recover
-
-
-@dataclass
-class Outcome:
-    """What happened to one submission."""
-
-    display: str
-    student: str | None
-    chapter: str | None
-    status: str  # graded | failed | skipped | regrade (not graded through no fault of its own: grade it again)
-    reason: str = ""
-    cells: list[feedback.CellOutcome] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    seconds: float = 0.0
-
-    @property
-    def score(self) -> float:
-        return sum(c.score for c in self.cells)
-
-    @property
-    def max_score(self) -> float:
-        return sum(c.max_score for c in self.cells)
-
-
-@dataclass
-class GradeRun:
-    outcomes: list[Outcome]
-    seconds: float
-    workers: int
-    csv_path: Path | None = None
-    notes: list[str] = field(default_factory=list)  # files left out on purpose, one line per kind
-    stopped: bool = False  # by Ctrl-C or SIGTERM: the submissions not in `outcomes` were not graded
-
-    def count(self, status: str) -> int:
-        return sum(1 for o in self.outcomes if o.status == status)
-
 
 Names = tuple[str | None, str | None]  # a roster's (first name, last name); None: the roster has no such column
 
@@ -441,13 +407,13 @@ def _prepare_all(
     for submission in found:
         if sandbox.STOP.is_set():  # Ctrl-C: nothing is recorded yet
             raise KeyboardInterrupt
-        outcome = Outcome(submission.display, submission.student, submission.chapter, "failed")
+        outcome = Outcome(submission.display, submission.student, submission.chapter, Status.FAILED)
         if submission.problem is None and submission.chapter not in chapters:
             submission.problem = f"chapter {submission.chapter} has no source notebook (run `course build`)"
         if submission.problem is not None:
             outcome.reason = submission.problem
         elif not force and already_graded(root, submission.student, submission.chapter):
-            outcome.status, outcome.reason = "skipped", skip_reason(root, submission)
+            outcome.status, outcome.reason = Status.SKIPPED, skip_reason(root, submission)
         else:
             chapter = chapters[submission.chapter]
             try:
@@ -604,7 +570,7 @@ def _stopping_on_signals() -> Iterator[None]:
 def _nothing_found(source: Path, found: submissions.Found, seconds: float, workers: int, notes: list[str]) -> GradeRun:
     """No notebook anywhere under `source`: one failed line (exit 1), and the gradebook and grades.csv untouched."""
     reason = "no notebook (.ipynb) found" + ("; " + "; ".join(found.ignored()) if found.ignored() else "")
-    return GradeRun([Outcome(str(source), None, None, "failed", reason)], seconds, workers, notes=notes)
+    return GradeRun([Outcome(str(source), None, None, Status.FAILED, reason)], seconds, workers, notes=notes)
 
 
 def _jobs(
@@ -626,15 +592,15 @@ def _jobs(
                     "notebook_timeout": limits[1],
                     "kernel_name": kernel_name,
                 },
-                "checker": {
-                    "setup": cells.setup_cells(source),
-                    "tests": tests,
-                    "solutions": cells.solution_cells(prepared.notebook),
-                    "names": checker.defined_functions(cells.solution_cells(source)),
-                    "answers": checker.defined_answers(cells.solution_cells(source)),
-                    "cell_timeout": limits[0],
-                    "call_timeout": limits[0],
-                },
+                "checker": CheckerJob(
+                    setup=cells.setup_cells(source),
+                    tests=tests,
+                    solutions=cells.solution_cells(prepared.notebook),
+                    names=checker.defined_functions(cells.solution_cells(source)),
+                    answers=checker.defined_answers(cells.solution_cells(source)),
+                    cell_timeout=limits[0],
+                    call_timeout=limits[0],
+                ),
             }
         )
     return jobs
@@ -715,13 +681,13 @@ def _record_one(
         submission.display,
         submission.student,
         submission.chapter,
-        "failed",
+        Status.FAILED,
         notes=list(prepared.notes),
         seconds=float(answer.get("seconds") or 0.0) + checked.seconds,
     )
     regrade = confined.needs_regrade(checked)
     if regrade:
-        outcome.status, outcome.reason = "regrade", f"needs regrading: {regrade}"
+        outcome.status, outcome.reason = Status.REGRADE, f"needs regrading: {regrade}"
         return outcome
     try:  # this notebook's own content: what goes wrong here fails this notebook, not the run
         executed, notes = confined.executed_notebook(prepared.notebook, answer)
@@ -759,7 +725,7 @@ def _record_one(
         )
         outcome.cells = []
         return outcome
-    outcome.status = "graded"
+    outcome.status = Status.GRADED
     return outcome
 
 
@@ -807,7 +773,7 @@ def export_csv(root: Path, path: Path, log: dict[str, dict[str, Any]]) -> Path:
                     row = {
                         "student": student_submission.student.id,
                         "chapter": assignment.name,
-                        "status": "graded",
+                        "status": Status.GRADED,
                         "score": notebook.score,
                         "max_score": notebook.max_score,
                         "notes": "",
@@ -821,8 +787,8 @@ def export_csv(root: Path, path: Path, log: dict[str, dict[str, Any]]) -> Path:
     for entry in log.values():
         key = (entry["student"], entry["chapter"])
         if key not in rows:
-            if entry["status"] in ("failed", "regrade"):  # a regrade's reason starts "needs regrading: "
-                status = entry["reason"] if entry["status"] == "regrade" else "failed: " + entry["reason"]
+            if entry["status"] in (Status.FAILED, Status.REGRADE):  # a regrade's reason starts "needs regrading: "
+                status = entry["reason"] if entry["status"] == Status.REGRADE else "failed: " + entry["reason"]
                 rows[key] = {
                     "student": key[0],
                     "chapter": key[1],
@@ -831,7 +797,7 @@ def export_csv(root: Path, path: Path, log: dict[str, dict[str, Any]]) -> Path:
                     "max_score": "",
                     "notes": f"file: {entry['file']}",
                 }
-        elif entry["status"] == "graded":
+        elif entry["status"] == Status.GRADED:
             rows[key]["notes"] = entry["notes"]
             graded_against = entry.get("max_score")
             if graded_against is not None and float(graded_against) != float(rows[key]["max_score"]):
@@ -840,7 +806,7 @@ def export_csv(root: Path, path: Path, log: dict[str, dict[str, Any]]) -> Path:
                     f"{float(rows[key]['max_score']):g}: grade it again with --force"
                 )
         else:  # graded before; the latest submission could not be graded, so the grade shown is the earlier one
-            what = entry["reason"] if entry["status"] == "regrade" else f"failed: {entry['reason']}"
+            what = entry["reason"] if entry["status"] == Status.REGRADE else f"failed: {entry['reason']}"
             rows[key]["status"] = f"graded; a later submission ({entry['file']}) {what}"
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
@@ -875,7 +841,7 @@ def inert(value: Any) -> Any:
 def summary(run: GradeRun) -> str:
     lines = []
     for o in run.outcomes:
-        if o.status == "graded":
+        if o.status == Status.GRADED:
             line = f"graded   {o.display}: {o.student}/{o.chapter} {o.score:g}/{o.max_score:g}"
             lines.append(line + (" | " + "; ".join(o.notes) if o.notes else ""))
         else:
@@ -886,14 +852,14 @@ def summary(run: GradeRun) -> str:
             "stopped (Ctrl-C or SIGTERM) before the end: the submissions graded above are recorded, none was half "
             "recorded, the others were not graded; run the same command again to grade them"
         )
-    per_minute = 60 * run.count("graded") / run.seconds if run.seconds else 0.0
-    if run.count("regrade"):
+    per_minute = 60 * run.count(Status.GRADED) / run.seconds if run.seconds else 0.0
+    if run.count(Status.REGRADE):
         lines.append(
-            f"{run.count('regrade')} submission(s) need regrading through no fault of their own: run the same "
+            f"{run.count(Status.REGRADE)} submission(s) need regrading through no fault of their own: run the same "
             "`course grade` again (on a less loaded machine, or with a larger --cell-timeout)"
         )
     lines.append(
-        f"graded {run.count('graded')}, failed {run.count('failed')}, skipped {run.count('skipped')} "
+        f"graded {run.count(Status.GRADED)}, failed {run.count(Status.FAILED)}, skipped {run.count(Status.SKIPPED)} "
         f"in {run.seconds:.1f} s ({per_minute:.1f} submissions/min, {run.workers} workers)"
         + (f"; gradebook export {run.csv_path}" if run.csv_path else "")
     )

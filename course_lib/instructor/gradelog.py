@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .outcome import Outcome, Status
+
 LOG_NAME = "grading_log.json"
 
 
@@ -46,24 +48,28 @@ def _unnamed(entry: dict[str, Any]) -> bool:
     return entry.get("student") == entry.get("file")
 
 
-def update_log(root: Path, outcomes: list[Any], new_run: bool = True) -> dict[str, dict[str, Any]]:
+def update_log(root: Path, outcomes: list[Outcome], new_run: bool = True) -> dict[str, dict[str, Any]]:
     """Record graded and failed outcomes (student, chapter, status, reason, notes, file) -> the log. new_run: these
     are a whole run's, whose unnamed failures replace the earlier runs'; False: one more outcome of a run going on."""
     log = {key: entry for key, entry in read_log(root).items() if not (new_run and _unnamed(entry))}
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-    for outcome in sorted(outcomes, key=lambda o: o.status == "graded"):  # within a run, a grade outranks a
-        if outcome.status not in ("graded", "failed", "regrade"):  # failed file of the same name (a .pdf)
+    for outcome in sorted(outcomes, key=lambda o: o.status == Status.GRADED):  # within a run, a grade outranks a
+        if outcome.status not in (
+            Status.GRADED,
+            Status.FAILED,
+            Status.REGRADE,
+        ):  # failed file of the same name (a .pdf)
             continue
         student, chapter = outcome.student or outcome.display, outcome.chapter or ""
         log[log_key(student, chapter)] = {
             "student": student,
             "chapter": chapter,
-            "status": outcome.status,
+            "status": Status(outcome.status).value,
             "reason": outcome.reason,
             "notes": " | ".join(outcome.notes),
             "file": outcome.display,
             "at": stamp,
-            **({"max_score": outcome.max_score} if outcome.status == "graded" else {}),
+            **({"max_score": outcome.max_score} if outcome.status == Status.GRADED else {}),
         }
     path = root / LOG_NAME
     partial = path.with_suffix(".partial")
