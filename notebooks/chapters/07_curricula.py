@@ -19,7 +19,8 @@
 # 1. decide whether a longer-window stage of a **sequence-length curriculum** (序列长度课程) may **advance**
 #    (晋级) or must **hold** (停留), gate by gate (逐项门槛): token budget (Token 预算一致), long-context gain
 #    (长上下文收益), short-context retention (短上下文保持), numerical stability (数值稳定), run stability
-#    (运行稳定) and resource budget (资源预算), never through one weighted score (加权总分);
+#    (运行稳定) and resource budget (资源预算), never through one weighted score (加权总分), and size the stages'
+#    steps so that they compare the same supervision per step;
 # 2. say how often a group of $G$ rollouts carries **zero advantage** (零优势组), and skip such tasks before
 #    sampling with a **pass-rate filter** (通过率过滤);
 # 3. measure on a simulated task pool what a filter saves (rollouts saved, 节省的 rollout) against what it
@@ -127,6 +128,65 @@ print(f"the candidate trains on {tokens_per_step[512] / tokens_per_step[256]:.2f
 # budget** (监督词元预算) (a token-budget sampler fills each step to the same count), and let the gate check that the
 # configured budgets are equal.
 #
+# ### Answer · `candidate_samples_per_step` (候选阶段每步样本数)
+#
+# Not every trainer has a token-budget sampler; many take a fixed number of samples per step. Then the fix is to give
+# the candidate its own count. How many samples per step should the 512-token stage take so that its expected
+# supervised tokens per step come as close as a whole number of samples can to the baseline's (16 samples per step at
+# a window of 256)? A step draws from the samples its window admits; the audits above have what you need. Work it
+# out in a cell of your own, then bind the whole number to `candidate_samples_per_step` in the answer cell below. The
+# grader reads the answer cell on its own, without the chapter's other cells, so bind a number (or an expression of
+# numbers), not a variable you computed elsewhere. The test below checks only that it is an integer; the grader's
+# hidden test checks the value.
+
+# %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_candidate_samples_per_step", "locked": false, "schema_version": 3}
+### BEGIN SOLUTION
+candidate_samples_per_step = 11  # 16 x 103.3 tokens at 256 / 154.5 per admitted sample at 512 = 10.7 samples
+### END SOLUTION
+
+# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_candidate_samples_per_step", "locked": true, "points": 2, "schema_version": 3}
+from course_lib import grading
+
+assert candidate_samples_per_step is not ..., "answer in the cell above: replace the ... with your number"
+assert grading.is_integer(candidate_samples_per_step), (
+    f"a step takes a whole number of samples (an integer), got {candidate_samples_per_step!r}"
+)
+### BEGIN HIDDEN TESTS
+from course_lib import audit_context_fit as _t_audit
+from course_lib import corpus_chats as _t_corpus_chats
+from course_lib import load_course_tokenizer as _t_load_tokenizer
+from course_lib import measure_sample as _t_measure
+
+_t_tokenizer = _t_load_tokenizer()
+_t_ledgers = [
+    _t_measure(_t_tokenizer, _t_chat)
+    for _t_chat in _t_corpus_chats(200, log_mean=1.8, log_sigma=0.9, max_sentences=40, seed=0)
+]
+_t_rows = [
+    {"name": _t_i, "prompt_tokens": _t_row["prompt_tokens"], "supervised_tokens": _t_row["supervised_tokens"]}
+    for _t_i, _t_row in enumerate(_t_ledgers)
+]
+_t_mean_kept = {}
+for _t_window in (256, 512):
+    _t_records = _t_audit(_t_rows, _t_window, _t_ledgers[0]["template_tokens"])["records"]
+    _t_kept = [_t_r["kept_supervised_tokens"] for _t_r in _t_records if _t_r["decision"] != "overflow"]
+    _t_mean_kept[_t_window] = sum(_t_kept) / len(_t_kept)
+_t_baseline_tokens = 16 * _t_mean_kept[256]  # expected supervised tokens of one baseline step
+
+
+def _t_miss(_t_n):
+    return abs(_t_n * _t_mean_kept[512] - _t_baseline_tokens)
+
+
+_t_closest = min(_t_miss(_t_n) for _t_n in range(1, 65))
+_t_answer = int(grading.python_number(candidate_samples_per_step))
+assert _t_answer >= 1 and abs(_t_miss(_t_answer) - _t_closest) < 1e-9, (
+    f"candidate_samples_per_step = {candidate_samples_per_step!r}: steps of that many admitted samples do not come "
+    "as close as a whole number of samples can to the baseline's supervised tokens per step"
+)
+### END HIDDEN TESTS
+
+# %% [markdown]
 # **Finite loss and gradients.** These flags come from a real backward pass, not from a log line parsed as text.
 # We run `tiny_qwen2` on one chat's `input_ids` and `labels`, then again after scaling its output layer so the
 # logits overflow float32, the way a diverged run's do.
@@ -188,7 +248,7 @@ print("broken candidate: ", stability_evidence(model))
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_evaluate_length_curriculum_stage", "locked": false, "schema_version": 3}
 #| solution: course_lib.curriculum.evaluate_length_curriculum_stage
 
-# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_evaluate_length_curriculum_stage", "locked": true, "points": 4, "schema_version": 3}
+# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_evaluate_length_curriculum_stage", "locked": true, "points": 2, "schema_version": 3}
 from course_lib import grading
 
 # LCFT's three candidates against one short-window baseline.

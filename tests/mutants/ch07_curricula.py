@@ -265,3 +265,30 @@ def allocate_group_sizes(pass_rates, budget):
     return sizes[::-1]
 """,
 }
+
+# The answer cell that gives Part A's token-budget lesson its points: how many samples per step make the 512-token
+# stage's expected supervised tokens per step come closest to the baseline's 16 samples at 256 (10.7 -> 11). The
+# grader reads an answer cell on its own, so the answers are numbers, worked out as a student would.
+MUTANTS["candidate_samples_per_step"] = {
+    # The count left as it was: the confound the section measured.
+    "samples_unchanged": "candidate_samples_per_step = 16\n",
+    # The ratio upside down: more samples for the stage whose samples are longer (16 x 154.5 / 103.3).
+    "ratio_inverted": "candidate_samples_per_step = round(16 * 154.5 / 103.3)\n",
+    # Rounded down: 10 samples fall further from the baseline (1,545 tokens) than 11 (1,700) from 1,653.
+    "rounded_down": "candidate_samples_per_step = int(16 * 103.3 / 154.5)\n",
+    # The dropped samples averaged in as zero tokens, though a step never draws them: 74.9 and 143.7 per sample.
+    "overflows_as_zero": "candidate_samples_per_step = round(16 * 74.9 / 143.7)\n",
+}
+ALTERNATIVES["candidate_samples_per_step"] = {
+    # The number itself.
+    "literal": "candidate_samples_per_step = 11\n",
+    # The tokens per step of the printed table, divided by the candidate's tokens per sample.
+    "expression_of_printed_numbers": "candidate_samples_per_step = round(1653 / (2473 / 16))\n",
+    # A numpy integer from a search over whole counts.
+    "numpy_search": """
+import numpy as np
+
+counts = np.arange(1, 40)
+candidate_samples_per_step = counts[np.argmin(np.abs(counts * 154.53 - 16 * 103.30))]
+""",
+}
