@@ -26,7 +26,9 @@
 # 3. turn median step times into **effective throughput** (有效吞吐, supervised tokens per second), read a speed-up
 #    only when both candidates learn from the same tokens, and keep three **evidence levels** (证据等级) apart:
 #    LCFT's published GPU numbers (see the course's [sources page]({{DOCS}}/sources.md)), a CPU smoke run, and your own
-#    GPU run.
+#    GPU run;
+# 4. read the GPU's **busy time** (忙碌时间) beside the clock in the course's committed H200 records: which speed-up
+#    the GPU's work supports, and at which sizes the clock can be trusted.
 #
 # On a CPU the chapter runs `dry_run` and `cpu_smoke` and earns every point. With an NVIDIA GPU, set
 # `RUN_MODE = "real_gpu"` in the parameter cell of section 2 and run it again.
@@ -873,6 +875,108 @@ print(
     f"varlen attention in {run} on this machine ({here}, {run_dtype}): kernel {varlen_kernel(here, run_dtype, 64)!r}"
     + ("" if why_not is None else f"; not the fused one, because {why_not}")
 )
+
+# %% [markdown]
+# ### Read the records yourself (自己读 GPU 记录) · two answers
+#
+# The paragraphs above read the table for you. Now read the three records in `h200_records` yourself. In each record,
+# `record["measurements"]` holds the rows: `packing_comparison` the padding and block-mask rows at LCFT's size (×1,
+# no `scale` key), `packing_scale` the same pair at ×2 … ×32, `varlen_packing` the varlen rows at ×1 … ×32. A row's
+# `candidate` names its layout (`"padding"`, `"boundary_isolated_packing"` for the block mask,
+# `"boundary_isolated_packing_varlen"`), `median_step_ms` is the clock and `device_profile["busy_ms"]` the GPU's busy
+# time in one profiled step. `layout_row(record, candidate, scale)` below finds one row; the reading is yours.
+# Work each answer out in a cell of your own, then bind the result in its answer cell. The grader reads an answer
+# cell on its own, without the chapter's other cells, so bind numbers (or expressions of numbers), not a variable
+# you computed elsewhere.
+
+
+# %%
+def layout_row(record: dict, candidate: str, scale: int) -> dict:
+    """One layout's row of a pt-long-context record at one scale (1: LCFT's size)."""
+    measurements = record["measurements"]
+    rows = measurements["packing_comparison"] + measurements["packing_scale"] + measurements["varlen_packing"]
+    return next(row for row in rows if row["candidate"] == candidate and row.get("scale", 1) == scale)
+
+
+print("a row's fields:", ", ".join(sorted(layout_row(h200_records[0], "boundary_isolated_packing_varlen", 32))))
+print(f"device-bound: the GPU busy for more than {0.8:.0%} of a step's wall time")
+
+# %% [markdown]
+# **Answer 1 · `varlen_busy_speedup_over_block_x32`.** At ×32, by how many times less GPU busy time does the varlen
+# row run than the block-mask row? Take the median over the three runs. The paragraphs above gave varlen against
+# padding, and the clock's `vs_block`; this is neither. A number (the grader accepts it within half a percent).
+
+# %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_varlen_busy_speedup_over_block_x32", "locked": false, "schema_version": 3}
+### BEGIN SOLUTION
+varlen_busy_speedup_over_block_x32 = 1.606  # 152.0 / 94.7 ms: 1.603, 1.606 and 1.606 in the three runs
+### END SOLUTION
+
+# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_varlen_busy_speedup_over_block_x32", "locked": true, "points": 2, "schema_version": 3}
+from course_lib import grading
+
+assert varlen_busy_speedup_over_block_x32 is not ..., "answer in the cell above: replace the ... with your number"
+assert grading.is_number(varlen_busy_speedup_over_block_x32), (
+    f"a speed-up is a number, got {varlen_busy_speedup_over_block_x32!r}"
+)
+### BEGIN HIDDEN TESTS
+import statistics
+
+from course_lib.lab.gpu.records import reference_record as _t_reference_record
+
+
+def _t_busy(_t_rows, _t_candidate):
+    return next(_t_r["device_profile"]["busy_ms"] for _t_r in _t_rows if _t_r["candidate"] == _t_candidate)
+
+
+_t_ratios = []
+for _t_label in ("h200-2026-11-30", "chapter03-20261130-152311", "chapter09-h200-2026-11-30"):
+    _t_m = _t_reference_record("pt-long-context", _t_label)["measurements"]
+    _t_rows = [_t_r for _t_r in _t_m["packing_scale"] + _t_m["varlen_packing"] if _t_r.get("scale") == 32]
+    _t_ratios.append(
+        _t_busy(_t_rows, "boundary_isolated_packing") / _t_busy(_t_rows, "boundary_isolated_packing_varlen")
+    )
+grading.assert_answer(
+    varlen_busy_speedup_over_block_x32, "varlen_busy_speedup_over_block_x32", statistics.median(_t_ratios), rtol=0.005
+)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# **Answer 2 · `clock_readable_scales`.** At which scales (of 1, 2, 4, 8, 16 and 32) can the clock be read as the
+# block mask's speed-up over padding: where both layouts' steps were device-bound (busy for more than 80% of the
+# step's wall time, `median_step_ms`), in every one of the three runs? Bind a list of the scales (integers, in
+# any order; a tuple or a set counts too) to `clock_readable_scales`.
+
+# %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_clock_readable_scales", "locked": false, "schema_version": 3}
+### BEGIN SOLUTION
+clock_readable_scales = [32]  # x16's padding steps were busy 85%, 67% and 58% of the time; x32's 94-95%
+### END SOLUTION
+
+# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_clock_readable_scales", "locked": true, "points": 2, "schema_version": 3}
+from course_lib import grading
+
+assert clock_readable_scales is not ..., "answer in the cell above: replace the ... with your list of scales"
+assert not isinstance(clock_readable_scales, (str, bytes)) and all(
+    grading.is_integer(scale) for scale in clock_readable_scales
+), f"clock_readable_scales must be a list of integer scales, got {clock_readable_scales!r}"
+### BEGIN HIDDEN TESTS
+from course_lib.lab.gpu.records import reference_record as _t_reference_record
+
+_t_readable = set()
+for _t_scale in (1, 2, 4, 8, 16, 32):
+    _t_shares = []
+    for _t_label in ("h200-2026-11-30", "chapter03-20261130-152311", "chapter09-h200-2026-11-30"):
+        _t_m = _t_reference_record("pt-long-context", _t_label)["measurements"]
+        for _t_r in _t_m["packing_comparison"] + _t_m["packing_scale"]:
+            if _t_r.get("scale", 1) == _t_scale:
+                _t_shares.append(_t_r["device_profile"]["busy_ms"] / _t_r["median_step_ms"])
+    if len(_t_shares) == 6 and min(_t_shares) > 0.8:
+        _t_readable.add(_t_scale)
+_t_given = [int(grading.python_number(_t_s)) for _t_s in clock_readable_scales]
+assert set(_t_given) == _t_readable, (
+    f"clock_readable_scales = {clock_readable_scales!r} is not the set of scales at which every padding and "
+    "block-mask step of the three runs kept the GPU busy for more than 80% of its wall time"
+)
+### END HIDDEN TESTS
 
 # %% [markdown]
 # ## 8. The same mechanism in the framework (TRL; 框架中的同一机制)

@@ -292,3 +292,43 @@ ALTERNATIVES["padding_vs_packing_ledger"]["checked_lengths_discarded"] = mutate(
         'require_lengths("sample_lengths", sample_lengths)\n    lengths = list(sample_lengths)',
     ),
 )
+
+# The two answer cells that grade a reading of the shipped H200 records (issue 31, point 6). The grader reads an
+# answer cell on its own, so the answers are numbers, read off the records as a student would.
+MUTANTS["varlen_busy_speedup_over_block_x32"] = {
+    # The clock's vs_block column: median of 1.34, 0.99 and 1.16, the host's wobble and not the GPU's work.
+    "clock_not_busy_time": "varlen_busy_speedup_over_block_x32 = 1.165\n",
+    # Against padding (the busy_x column, 1.83), not against the block mask.
+    "against_padding": "varlen_busy_speedup_over_block_x32 = 173.5 / 94.7\n",
+    # Upside down: the varlen row's busy time over the block mask's.
+    "inverted": "varlen_busy_speedup_over_block_x32 = 94.7 / 152.1\n",
+    # The processed tokens' ratio: both packed rows hold 7,680 tokens.
+    "token_ratio": "varlen_busy_speedup_over_block_x32 = 7680 / 7680\n",
+}
+ALTERNATIVES["varlen_busy_speedup_over_block_x32"] = {
+    # Rounded to the two decimals the table prints.
+    "two_decimals": "varlen_busy_speedup_over_block_x32 = 1.61\n",
+    # The mean of the three runs instead of the median, from the table's busy ms.
+    "mean_of_runs": "varlen_busy_speedup_over_block_x32 = (152.06 / 94.87 + 152.20 / 94.74 + 152.03 / 94.69) / 3\n",
+    # The ratio of the table's two busy_x columns: both are over the same padding step.
+    "ratio_of_busy_x": "varlen_busy_speedup_over_block_x32 = 1.83 / 1.14\n",
+    # A numpy float.
+    "numpy_median": (
+        "import numpy as np\n\n"
+        "varlen_busy_speedup_over_block_x32 = np.median(np.array([152.06, 152.20, 152.03]) / "
+        "np.array([94.87, 94.74, 94.69]))\n"
+    ),
+}
+MUTANTS["clock_readable_scales"] = {
+    # Padding alone, in any one run: x16's padding step was 85% busy in one run of three.
+    "padding_in_any_run": "clock_readable_scales = [16, 32]\n",
+    # The varlen row counted too: at x32 it was 58-76% busy, so no scale qualifies.
+    "varlen_counted": "clock_readable_scales = []\n",
+    # The share upside down (wall time over busy time, always above 1): every scale.
+    "share_inverted": "clock_readable_scales = [1, 2, 4, 8, 16, 32]\n",
+}
+ALTERNATIVES["clock_readable_scales"] = {
+    "tuple": "clock_readable_scales = (32,)\n",
+    "set": "clock_readable_scales = {32}\n",
+    "numpy_array": "import numpy as np\n\nclock_readable_scales = np.array([32])\n",
+}
