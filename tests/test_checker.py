@@ -15,19 +15,19 @@ import pytest
 import torch
 
 from course_lib import grading
-from course_lib.grading import checker
+from course_lib.grading import checks, children, data_form, student_code, student_source
 from course_lib.grading.protocol import CheckerJob
 
 
 def stand_in(source: str, name: str, namespace: dict | None = None, timeout_s: float = 20.0):
-    code = checker.StudentCode(dict(namespace or {}), {"todo": source}, timeout_s, (name,))
-    return checker.StudentFunction(code, name), code
+    code = student_code.StudentCode(dict(namespace or {}), {"todo": source}, timeout_s, (name,))
+    return student_code.StudentFunction(code, name), code
 
 
 def run_cell(
     test_source: str, solution: str, names: list[str], cell_timeout_s: float = 20.0, call_timeout_s: float = 10.0
 ):
-    problem, verdicts = checker.run_checks(
+    problem, verdicts = checks.run_checks(
         ["import torch\nfrom course_lib import grading"],
         {"todo": solution},
         [("test", 1.0, test_source)],
@@ -67,7 +67,7 @@ def run_cell(
     ],
 )
 def test_values_travel_as_data_with_their_types(value):
-    back = checker.decode(checker.load(checker.dump(checker.encode(value))))
+    back = data_form.decode(data_form.load(data_form.dump(data_form.encode(value))))
     assert type(back) is type(value)
     if isinstance(value, torch.Tensor):
         assert back.dtype == value.dtype and back.requires_grad == value.requires_grad
@@ -81,11 +81,11 @@ def test_values_travel_as_data_with_their_types(value):
 
 
 def test_a_numpy_int_travels_as_a_numpy_int_and_counts_as_its_value():
-    back = checker.decode(checker.encode(np.int64(3)))
+    back = data_form.decode(data_form.encode(np.int64(3)))
     assert type(back) is np.int64
     grading.assert_same(back, 3)
     with pytest.raises(AssertionError, match="expected an int"):
-        grading.assert_same(checker.decode(checker.encode(np.float64(3.0))), 3)
+        grading.assert_same(data_form.decode(data_form.encode(np.float64(3.0))), 3)
 
 
 def test_objects_come_back_as_opaque_and_equal_nothing():
@@ -93,8 +93,8 @@ def test_objects_come_back_as_opaque_and_equal_nothing():
         def __eq__(self, other):
             return True
 
-    back = checker.decode(checker.encode(Sneaky(4)))
-    assert isinstance(back, checker.Opaque) and back != 4 and not (back == back)  # noqa: PLR0124
+    back = data_form.decode(data_form.encode(Sneaky(4)))
+    assert isinstance(back, data_form.Opaque) and back != 4 and not (back == back)  # noqa: PLR0124
     with pytest.raises(AssertionError):
         grading.assert_same(back, 4)
 
@@ -107,11 +107,11 @@ def test_what_the_student_process_sends_is_read_without_running_its_code():
 
     buffer = io.BytesIO()
     pickle.dump(("ok", Boom()), buffer)
-    with pytest.raises(checker.UnreadableResult):
-        checker.load(buffer.getvalue())
+    with pytest.raises(data_form.UnreadableResult):
+        data_form.load(buffer.getvalue())
     for malformed in [("ok",), ("tensor", "not a tensor", True), ("no-such-tag", 1), ("dict", [[1]]), [1, 2]]:
-        with pytest.raises(checker.UnreadableResult):
-            checker.decode(malformed)
+        with pytest.raises(data_form.UnreadableResult):
+            data_form.decode(malformed)
 
 
 def test_only_imports_definitions_and_name_assignments_of_a_todo_cell_run():
@@ -121,13 +121,13 @@ def test_only_imports_definitions_and_name_assignments_of_a_todo_cell_run():
         "class Helper:\n    pass\n"
         "print('run me')\ngrading.assert_same = None\nmath.pi = 3\nfor i in range(3):\n    pass\n"
     )
-    codes, notes = checker.student_module({"todo_f": source})
+    codes, notes = student_source.student_module({"todo_f": source})
     namespace = {}
     exec(codes["todo_f"], namespace)
     assert namespace["f"](1) == 4 and namespace["limit"] == 4 and "Helper" in namespace
     assert math.pi != 3
     assert "lines 9, 10, 11, 12" in notes[0]
-    _, notes = checker.student_module({"todo_g": "def g(:\n"})
+    _, notes = student_source.student_module({"todo_g": "def g(:\n"})
     assert "does not parse" in notes[0]
 
 
@@ -138,11 +138,11 @@ def test_a_todo_cell_that_fails_when_run_costs_only_the_functions_it_had_not_def
         "todo_first": "def first(x):\n    return x + 1\nfrom math import also_missing\n",
         "todo_fine": "def fine(x):\n    return 2 * x\n",
     }
-    code = checker.StudentCode({}, sources, 20.0, ("broken", "first", "fine"))
-    assert checker.StudentFunction(code, "fine")(21) == 42
-    assert checker.StudentFunction(code, "first")(1) == 2  # defined before its cell stopped
+    code = student_code.StudentCode({}, sources, 20.0, ("broken", "first", "fine"))
+    assert student_code.StudentFunction(code, "fine")(21) == 42
+    assert student_code.StudentFunction(code, "first")(1) == 2  # defined before its cell stopped
     with pytest.raises(NameError, match=r"todo_broken stopped at ImportError: cannot import name 'no_such_name'"):
-        checker.StudentFunction(code, "broken")(1)
+        student_code.StudentFunction(code, "broken")(1)
 
 
 def test_a_call_returns_the_students_value_and_its_exceptions_by_their_builtin_type():
@@ -222,9 +222,9 @@ def test_a_process_that_dies_or_hangs_fails_the_call_not_the_checker():
         timeout_s=2.0,
     )
     try:
-        with pytest.raises(checker.StudentProcessEnded, match="ended before it answered"):
+        with pytest.raises(children.StudentProcessEnded, match="ended before it answered"):
             function(0)
-        with pytest.raises(checker.StudentProcessEnded, match="ran past 2 s"):
+        with pytest.raises(children.StudentProcessEnded, match="ran past 2 s"):
             function(1)
         assert function(5) == 5  # a fresh process answers the next call
     finally:
@@ -261,7 +261,7 @@ SWALLOWING = "import time\ntry:\n    time.sleep(1)\nexcept Exception:\n    pass\
 
 def test_an_except_exception_in_a_setup_cell_does_not_swallow_its_time_limit():
     started = time.monotonic()
-    assert checker.run_setup({}, [SWALLOWING], timeout_s=0.5) == "setup cell 0 ran past 0.5 s (a loaded machine?)"
+    assert checks.run_setup({}, [SWALLOWING], timeout_s=0.5) == "setup cell 0 ran past 0.5 s (a loaded machine?)"
     assert time.monotonic() - started < 2.5  # stopped in the first sleep, not after both
 
 
@@ -277,13 +277,13 @@ def test_an_except_exception_in_a_test_cell_does_not_swallow_its_time_limit():
 # sandbox of the grading user filled that user's count (a fork bomb in one course's submission, seen in CI)
 REFUSED_FORKS = """
 import json, os, resource, sys
-from course_lib.grading import checker
+from course_lib.grading import checks, student_code
 
 def verdict():
     namespace = {"__name__": "__main__"}
-    code = checker.StudentCode(namespace, {"todo": "def double(x):\\n    return 2 * x\\n"}, 10.0, ("double",))
-    namespace["double"] = checker.StudentFunction(code, "double")
-    found = checker.check_cell(namespace, code, "test_double", 1.0, "assert double(2) == 4", 10.0)
+    code = student_code.StudentCode(namespace, {"todo": "def double(x):\\n    return 2 * x\\n"}, 10.0, ("double",))
+    namespace["double"] = student_code.StudentFunction(code, "double")
+    found = checks.check_cell(namespace, code, "test_double", 1.0, "assert double(2) == 4", 10.0)
     return {"passed": found.passed, "message": found.message, "needs_regrade": found.needs_regrade}
 
 honest = verdict()
@@ -427,7 +427,7 @@ def test_the_checker_program_sends_probes_and_cases_to_the_students_process(mode
 
 def test_a_cell_out_of_time_mid_call_leaves_no_half_answer_for_the_next_cell():
     """The cell's time runs out while the server computes: the next cell's call must get its own answer."""
-    problem, verdicts = checker.run_checks(
+    problem, verdicts = checks.run_checks(
         [""],
         {"todo": "import time\ndef f(x):\n    if x == 'slow':\n        time.sleep(3)\n    return x\n"},
         [("slow", 1.0, "f('slow')"), ("next", 1.0, "assert f(1) == 1 and f(2) == 2")],
@@ -480,8 +480,10 @@ ANSWER_TEST = "grading.assert_answer(chunk, 'chunk', 1645)"
     ],
 )
 def test_an_answer_cell_is_read_from_the_students_process_as_data(solution, passed, message):
-    assert checker.defined_answers({"todo_chunk": "chunk = 1645\n", "todo_f": "def f():\n    return 1\n"}) == ["chunk"]
-    problem, verdicts = checker.run_checks(
+    assert student_source.defined_answers({"todo_chunk": "chunk = 1645\n", "todo_f": "def f():\n    return 1\n"}) == [
+        "chunk"
+    ]
+    problem, verdicts = checks.run_checks(
         ["from course_lib import grading"],
         {"todo_chunk": solution},
         [("test_chunk", 1.0, ANSWER_TEST)],

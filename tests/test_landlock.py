@@ -96,12 +96,12 @@ CHECKER_ROOM = """
 import json, os, sys
 from pathlib import Path
 import course_lib
-from course_lib.grading import checker
+from course_lib.grading import hygiene
 
-room = checker.prepare_student_room(os.getcwd())
+room = hygiene.prepare_student_room(os.getcwd())
 scratch = os.getcwd()
 if os.fork() == 0:
-    abi = checker.confine_student_process()
+    abi = hygiene.confine_student_process()
 
     def attempt(action):
         try:
@@ -156,7 +156,7 @@ def test_the_checkers_student_processes_are_confined_inside_the_sandbox():
 
 def test_the_checker_drops_its_working_folder_from_sys_path(tmp_path):
     """`python -m` puts the working folder first on sys.path; a module planted there is what `import` finds."""
-    from course_lib.grading.checker import without_working_folder
+    from course_lib.grading.hygiene import without_working_folder
 
     assert without_working_folder(["", str(tmp_path), "/usr/lib/python3"], str(tmp_path)) == ["/usr/lib/python3"]
 
@@ -164,22 +164,22 @@ def test_the_checker_drops_its_working_folder_from_sys_path(tmp_path):
 def test_a_kernel_that_refuses_confinement_is_the_graders_problem_not_the_students(monkeypatch, tmp_path):
     """Tried in a process of the checker's own, before any student code: its answer marks the submission for
     regrading (a refusal in the student's process could be the student's own doing)."""
-    from course_lib.grading import checker
+    from course_lib.grading import hygiene
 
-    monkeypatch.setattr(checker, "_STUDENT_ROOM", str(tmp_path))
-    monkeypatch.setattr(checker, "_UNREADABLE", [])
-    monkeypatch.setattr(checker, "_READ_GRANTS", [])
+    monkeypatch.setattr(hygiene, "_STUDENT_ROOM", str(tmp_path))
+    monkeypatch.setattr(hygiene, "_UNREADABLE", [])
+    monkeypatch.setattr(hygiene, "_READ_GRANTS", [])
 
     def refuse(*args, **kwargs):
         raise OSError(1, "landlock_restrict_self failed: Operation not permitted")
 
     monkeypatch.setattr(landlock, "confine", refuse)
-    assert checker.confinement_problem() == (
+    assert hygiene.confinement_problem() == (
         "PermissionError: [Errno 1] landlock_restrict_self failed: Operation not permitted"  # OSError(1) is one
     )
     monkeypatch.undo()
-    monkeypatch.setattr(checker, "_STUDENT_ROOM", str(tmp_path))
-    assert checker.confinement_problem() is None  # here the kernel confines (or has no Landlock: a no-op)
+    monkeypatch.setattr(hygiene, "_STUDENT_ROOM", str(tmp_path))
+    assert hygiene.confinement_problem() is None  # here the kernel confines (or has no Landlock: a no-op)
 
 
 _AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from course_lib.grading import checker
+from course_lib.grading import student_source
 from course_lib.instructor import build, cells
 from tests.support.grading import grade_in_process
 
@@ -70,7 +70,7 @@ def test_release_has_no_solution_or_hidden_test(name, source_notebooks):
     for target in source_notebooks[name].solutions:
         leaked = [line for line in _solution_body_lines(target) if line in code]
         assert not leaked, f"{name}: release shows solution lines of {target}: {leaked[:3]}"
-    answers = checker.defined_answers(cells.solution_cells(cells.read(source_notebooks[name].source_notebook)))
+    answers = student_source.defined_answers(cells.solution_cells(cells.read(source_notebooks[name].source_notebook)))
     for grade_id, source in cells.solution_cells(release).items():
         function = grade_id.removeprefix("todo_")
         if function in answers:  # a derivation answered by a number: the release binds it to ... and runs on

@@ -57,7 +57,7 @@ def _called_as_graded(function: Callable, name: str) -> Callable:
 
 def _is_graders_stand_in(function: Any) -> bool:
     """Is this the grader's stand-in for a student's function (its calls run in a process of their own)?"""
-    from .checker import StudentFunction
+    from .student_code import StudentFunction
 
     return isinstance(function, StudentFunction)
 
@@ -249,7 +249,7 @@ def _snapshot(value: Any) -> Any:
         return (type(value).__name__, [_snapshot(item) for item in value])
     if value is None or isinstance(value, (bool, int, float, str, bytes)):
         return ("value", value)
-    from .checker import Opaque
+    from .data_form import Opaque
 
     kind = type(value)
     return ("object", value.type_name if isinstance(value, Opaque) else f"{kind.__module__}.{kind.__qualname__}")

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import nbformat
 
-from ..grading import checker
+from ..grading import student_source
 from .cells import is_solution_cell, is_test_cell, nbgrader_meta
 from .recording import CourseBusy, course_lock
 
@@ -318,7 +318,7 @@ def _names(tree: ast.AST) -> tuple[set[str], set[str]]:
 
 def _todo_names(tree: ast.Module) -> set[str]:
     """What a TODO cell gives the rest of the chapter: its top-level functions and answers, not its imports."""
-    functions, assigned = checker.top_level_bindings(tree)
+    functions, assigned = student_source.top_level_bindings(tree)
     return functions | assigned
 
 

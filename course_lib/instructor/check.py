@@ -17,7 +17,7 @@ from typing import Any
 
 import nbformat
 
-from ..grading.checker import defined_functions
+from ..grading.student_source import defined_functions
 from .cells import is_edited_test_cell, is_solution_cell, is_test_cell, nbgrader_meta
 from .execute import execute_notebook
 from .feedback import cell_message

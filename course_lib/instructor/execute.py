@@ -269,7 +269,7 @@ def main() -> int:
     import json
     import sys
 
-    from ..grading.checker import make_undumpable
+    from ..grading.hygiene import make_undumpable
 
     make_undumpable()  # the kernel (same user) cannot reach into this process's memory or descriptors
     job = json.loads(sys.stdin.buffer.read().decode("utf-8"))

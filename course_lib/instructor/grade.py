@@ -40,7 +40,7 @@ from typing import Any
 
 import nbformat
 
-from ..grading import checker
+from ..grading import student_source
 from ..grading.protocol import CheckerJob
 from . import build, cells, confined, feedback, gradelog, match, sandbox, submissions
 from .build import interpreter_bin_on_path
@@ -596,8 +596,8 @@ def _jobs(
                     setup=cells.setup_cells(source),
                     tests=tests,
                     solutions=cells.solution_cells(prepared.notebook),
-                    names=checker.defined_functions(cells.solution_cells(source)),
-                    answers=checker.defined_answers(cells.solution_cells(source)),
+                    names=student_source.defined_functions(cells.solution_cells(source)),
+                    answers=student_source.defined_answers(cells.solution_cells(source)),
                     cell_timeout=limits[0],
                     call_timeout=limits[0],
                 ),
