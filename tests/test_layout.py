@@ -24,22 +24,31 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "course_lib"
 
 
-def imported_modules(path: Path) -> set[str]:
-    """Absolute names of every module `path` imports (relative imports resolved against its package)."""
+def import_statements(path: Path) -> list[tuple[str, list[str] | None]]:
+    """Every import in `path`, at its top or inside a function: (module, None) for `import module`, (base, names)
+    for `from base import names`, a relative base resolved against the file's package."""
     package = ".".join(path.relative_to(ROOT).with_suffix("").parts)
     if path.name != "__init__.py":
         package = package.rsplit(".", 1)[0]
-    found = set()
+    found: list[tuple[str, list[str] | None]] = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
+            found += [(alias.name, None) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 parts = package.split(".")
                 base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
-            found.add(base)
-            found.update(f"{base}.{alias.name}" for alias in node.names)
+            found.append((base, [alias.name for alias in node.names]))
+    return found
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Absolute names of every module `path` imports (relative imports resolved against its package)."""
+    found = set()
+    for base, names in import_statements(path):
+        found.add(base)
+        found.update(f"{base}.{name}" for name in names or ())
     return found
 
 
@@ -86,19 +95,10 @@ def module_graph() -> dict[str, set[str]]:
     known = {module_name(path) for path in MODULES}
     graph = {}
     for path in MODULES:
-        module = module_name(path)
-        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
         edges = set()
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Import):
-                edges.update(alias.name for alias in node.names)
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    parts = package.split(".")
-                    base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
-                edges.update(f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names)
-        graph[module] = (edges & known) - {module}
+        for base, names in import_statements(path):
+            edges.update(f"{base}.{name}" if f"{base}.{name}" in known else base for name in names or [None])
+        graph[module_name(path)] = (edges & known) - {module_name(path)}
     return graph
 
 
