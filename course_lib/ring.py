@@ -19,6 +19,7 @@ number of ranks, but the number of heads (and of key/value heads) must be a mult
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
 from ._checks import require_bool, require_positive_int
 from .tiled import check_attention_inputs, merge_partials, tiled_attention_backward, tiled_attention_forward
@@ -28,8 +29,11 @@ __all__ = [
     "shard_chunks",
     "shard_indices",
     "causal_pairs_per_rank",
+    "check_ring_inputs",
     "ring_attention_forward",
     "ring_attention_backward",
+    "sequence_to_heads",
+    "heads_to_sequence",
     "ulysses_attention_forward",
     "ulysses_attention_backward",
 ]
@@ -71,56 +75,20 @@ def causal_pairs_per_rank(tokens: int, world_size: int, layout: str = "head_tail
     ]
 
 
-def _pair_mode(query: tuple[int, int], key: tuple[int, int], causal: bool) -> str:
-    """'full', 'diagonal' (the same range: causal within it) or 'none' for two position ranges."""
-    if not causal or key[1] <= query[0]:
-        return "full"
-    if key == query:
-        return "diagonal"
-    if key[0] >= query[1]:
-        return "none"
-    raise ValueError(f"chunks {query} and {key} overlap without being equal: not a layout of whole chunks")
-
-
-def _checked_layout(q: torch.Tensor, layout, group) -> tuple[int, int]:
-    """(rank, world size) of this process in `group`; ValueError unless layout gives every rank its chunks."""
-    import torch.distributed as dist
-
+def check_ring_inputs(q, k, v, layout, group, causal: bool, block_size: int) -> tuple[int, int]:
+    """(rank, world size) of this process in `group`, after checking q, k, v as `check_attention_inputs` does and
+    that `layout` cuts the sequence into equal chunks, each held by one rank, this rank's adding up to q's length."""
+    check_attention_inputs(q, k, v, causal, block_size, None, None)
     rank, world = dist.get_rank(group), dist.get_world_size(group)
-    if len(layout) != world or sum(end - start for start, end in layout[rank]) != q.shape[2]:
+    chunks = [chunk for rank_chunks in layout for chunk in rank_chunks] if len(layout) == world else []
+    size = chunks[0][1] - chunks[0][0] if chunks else 0
+    whole = sorted(chunks) == [(start, start + size) for start in range(0, size * len(chunks), size)] and size > 0
+    if not whole or sum(end - start for start, end in layout[rank]) != q.shape[2]:
         raise ValueError(
-            f"layout must give each of the {world} ranks its chunks, {q.shape[2]} positions for rank {rank}"
+            f"layout must give each of the {world} ranks whole equal chunks of the sequence, {q.shape[2]} positions "
+            f"for rank {rank}; got {layout!r:.200}"
         )
     return rank, world
-
-
-def _hop(tensor: torch.Tensor, rank: int, world: int, group) -> tuple[torch.Tensor, list]:
-    """Send `tensor` to the next rank of the ring and receive the previous rank's into a new buffer (not yet done)."""
-    import torch.distributed as dist
-
-    def peer(offset: int) -> int:
-        local = (rank + offset) % world
-        return dist.get_global_rank(group, local) if group is not None else local
-
-    arriving = torch.empty_like(tensor)
-    return arriving, [dist.isend(tensor, peer(1), group=group), dist.irecv(arriving, peer(-1), group=group)]
-
-
-def _chunk_pairs(query_chunks, key_chunks, causal: bool):
-    """(query slice, key slice, 'full' | 'diagonal') for every pair of chunks that has something to compute."""
-    query_offset = 0
-    for query in query_chunks:
-        key_offset = 0
-        for key in key_chunks:
-            mode = _pair_mode(query, key, causal)
-            if mode != "none":
-                yield (
-                    slice(query_offset, query_offset + query[1] - query[0]),
-                    slice(key_offset, key_offset + key[1] - key[0]),
-                    mode,
-                )
-            key_offset += key[1] - key[0]
-        query_offset += query[1] - query[0]
 
 
 def ring_attention_forward(
@@ -135,25 +103,36 @@ def ring_attention_forward(
     """This rank's shard q [B, H, T_r, d], k [B, H_kv, T_r, d], v [B, H_kv, T_r, e] at the positions layout[rank]
     -> (out [B, H, T_r, e], lse [B, H, T_r]): attention of its queries over every rank's keys."""
     causal = require_bool("causal", causal)
-    check_attention_inputs(q, k, v, causal, block_size, None, None)
-    rank, world = _checked_layout(q, layout, group)
+    rank, world = check_ring_inputs(q, k, v, layout, group, causal, block_size)
     width = k.shape[-1]
     travelling = torch.cat([k, v], dim=-1).contiguous()  # [B, H_kv, T_r, d + e]: one message per hop
-    partial: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # query start -> (out, lse) so far
+    ahead, behind = ((rank + 1) % world, (rank - 1) % world)
+    if group is not None:
+        ahead, behind = dist.get_global_rank(group, ahead), dist.get_global_rank(group, behind)
+    partial: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # query offset -> (out, lse) so far
     for step in range(world):
-        source = (rank - step) % world
+        source = (rank - step) % world  # whose keys are travelling now
         if step < world - 1:  # start the next hop before computing on this one
-            arriving, requests = _hop(travelling, rank, world, group)
-        for queries, keys, mode in _chunk_pairs(layout[rank], layout[source], causal):
-            part = tiled_attention_forward(
-                q[:, :, queries],
-                travelling[:, :, keys, :width],
-                travelling[:, :, keys, width:],
-                causal=mode == "diagonal",
-                block_size=block_size,
-            )
-            before = partial.get(queries.start)
-            partial[queries.start] = part if before is None else merge_partials(*before, *part)
+            arriving = torch.empty_like(travelling)
+            requests = [dist.isend(travelling, ahead, group=group), dist.irecv(arriving, behind, group=group)]
+        key_offset = 0
+        for key_start, key_end in layout[source]:
+            keys = slice(key_offset, key_offset + key_end - key_start)
+            key_offset, query_offset = keys.stop, 0
+            for query_start, query_end in layout[rank]:
+                queries = slice(query_offset, query_offset + query_end - query_start)
+                query_offset = queries.stop
+                if causal and key_start >= query_end:
+                    continue  # every key comes after every query
+                part = tiled_attention_forward(
+                    q[:, :, queries],
+                    travelling[:, :, keys, :width],
+                    travelling[:, :, keys, width:],
+                    causal=causal and key_end > query_start,  # equal chunks overlap only with themselves
+                    block_size=block_size,
+                )
+                before = partial.get(queries.start)
+                partial[queries.start] = part if before is None else merge_partials(*before, *part)
         if step < world - 1:
             for request in requests:
                 request.wait()
@@ -174,75 +153,76 @@ def ring_attention_backward(
     causal: bool = True,
     block_size: int = 64,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """This rank's (dq, dk, dv) for its shard: k and v travel round the ring again with an accumulator of their
-    gradients, which every rank adds its queries' share to; one last hop brings each home."""
+    """This rank's (dq, dk, dv) for its shard, from its out and lse (those of the whole attention) and grad_out
+    [B, H, T_r, e], each in the dtype of its input."""
     causal = require_bool("causal", causal)
-    check_attention_inputs(q, k, v, causal, block_size, None, None)
-    rank, world = _checked_layout(q, layout, group)
+    rank, world = check_ring_inputs(q, k, v, layout, group, causal, block_size)
     wide = torch.promote_types(q.dtype, torch.float32)
     width = k.shape[-1]
     travelling = torch.cat([k, v], dim=-1).contiguous()  # [B, H_kv, T_r, d + e]
-    gradients = torch.zeros(travelling.shape, dtype=wide)  # d(k, v) of the shard travelling with it
+    gradients = torch.zeros(travelling.shape, dtype=wide)  # d(k, v) of the shard travelling, gathered on the way
     d_q = torch.zeros(q.shape, dtype=wide)
+    ahead, behind = ((rank + 1) % world, (rank - 1) % world)
+    if group is not None:
+        ahead, behind = dist.get_global_rank(group, ahead), dist.get_global_rank(group, behind)
     for step in range(world):
         source = (rank - step) % world
-        for queries, keys, mode in _chunk_pairs(layout[rank], layout[source], causal):
-            # the global out and lse of these queries: each pair's gradient is its share of the whole softmax's
-            d_q_part, d_k_part, d_v_part = tiled_attention_backward(
-                q[:, :, queries],
-                travelling[:, :, keys, :width],
-                travelling[:, :, keys, width:],
-                out[:, :, queries],
-                lse[:, :, queries],
-                grad_out[:, :, queries],
-                causal=mode == "diagonal",
-                block_size=block_size,
-            )
-            d_q[:, :, queries] += d_q_part
-            gradients[:, :, keys, :width] += d_k_part
-            gradients[:, :, keys, width:] += d_v_part
-        # pass k, v and their gradients on; after the last step the gradients go one more hop, to their owner
-        if step < world - 1:
-            arriving, requests = _hop(travelling, rank, world, group)
-            for request in requests:
-                request.wait()
-            travelling = arriving
+        key_offset = 0
+        for key_start, key_end in layout[source]:
+            keys = slice(key_offset, key_offset + key_end - key_start)
+            key_offset, query_offset = keys.stop, 0
+            for query_start, query_end in layout[rank]:
+                queries = slice(query_offset, query_offset + query_end - query_start)
+                query_offset = queries.stop
+                if causal and key_start >= query_end:
+                    continue
+                # the whole softmax's out and lse of these queries: each pair's gradient is its share of it
+                d_q_part, d_k_part, d_v_part = tiled_attention_backward(
+                    q[:, :, queries],
+                    travelling[:, :, keys, :width],
+                    travelling[:, :, keys, width:],
+                    out[:, :, queries],
+                    lse[:, :, queries],
+                    grad_out[:, :, queries],
+                    causal=causal and key_end > query_start,
+                    block_size=block_size,
+                )
+                d_q[:, :, queries] += d_q_part
+                gradients[:, :, keys, :width] += d_k_part
+                gradients[:, :, keys, width:] += d_v_part
+        # k, v and their gradients move on together; after the last step the gradients take one more hop, home
+        messages = [gradients] if step == world - 1 else [travelling, gradients]
         if world > 1:
-            arriving, requests = _hop(gradients.contiguous(), rank, world, group)
+            arrivals = [torch.empty_like(message) for message in messages]
+            requests = [dist.isend(message, ahead, group=group) for message in messages]
+            requests += [dist.irecv(arrival, behind, group=group) for arrival in arrivals]
             for request in requests:
                 request.wait()
-            gradients = arriving
+            *travelled, gradients = arrivals
+            travelling = travelled[0] if travelled else travelling
     return d_q.to(q.dtype), gradients[..., :width].to(k.dtype), gradients[..., width:].to(v.dtype)
 
 
-def _ulysses_world(q: torch.Tensor, k: torch.Tensor, group) -> int:
-    import torch.distributed as dist
-
+def sequence_to_heads(x: torch.Tensor, group=None) -> torch.Tensor:
+    """This rank's stretch of the sequence for every head, x [B, h, T_r, w], -> [B, h / R, T, w]: the whole sequence
+    (ranks' stretches in rank order) for this rank's heads, heads r h / R to (r + 1) h / R - 1."""
     world = dist.get_world_size(group)
-    if q.shape[1] % world or k.shape[1] % world:
-        raise ValueError(
-            f"all-to-all attention splits heads over the {world} ranks: q's {q.shape[1]} and k's {k.shape[1]} heads "
-            f"must both be multiples of {world}"
-        )
-    return world
-
-
-def _sequence_to_heads(x: torch.Tensor, world: int, group) -> torch.Tensor:
-    """[B, h, T_r, w] (this rank's stretch of the sequence, every head) -> [B, h / R, T, w] (its heads, all of it)."""
-    import torch.distributed as dist
-
     batch, heads, tokens, width = x.shape
+    if heads % world:
+        raise ValueError(f"x has {heads} heads, which do not split over {world} ranks")
     outgoing = x.reshape(batch, world, heads // world, tokens, width).transpose(0, 1).contiguous()  # [R, B, h/R, ..]
     incoming = torch.empty_like(outgoing)
     dist.all_to_all_single(incoming, outgoing, group=group)  # incoming[j]: rank j's stretch of this rank's heads
     return incoming.permute(1, 2, 0, 3, 4).reshape(batch, heads // world, world * tokens, width)
 
 
-def _heads_to_sequence(x: torch.Tensor, world: int, group) -> torch.Tensor:
-    """[B, h / R, T, w] -> [B, h, T_r, w]: the inverse of `_sequence_to_heads`."""
-    import torch.distributed as dist
-
+def heads_to_sequence(x: torch.Tensor, group=None) -> torch.Tensor:
+    """The inverse of `sequence_to_heads`: x [B, h / R, T, w], the whole sequence for this rank's heads, -> [B, h,
+    T / R, w], this rank's stretch of the sequence for every head."""
+    world = dist.get_world_size(group)
     batch, heads, tokens, width = x.shape
+    if tokens % world:
+        raise ValueError(f"x has {tokens} positions, which do not split over {world} ranks")
     outgoing = x.reshape(batch, heads, world, tokens // world, width).permute(2, 0, 1, 3, 4).contiguous()
     incoming = torch.empty_like(outgoing)  # [R, B, h/R, T_r, w]: incoming[j] is rank j's heads of this stretch
     dist.all_to_all_single(incoming, outgoing, group=group)
@@ -256,11 +236,10 @@ def ulysses_attention_forward(
     [B, H, T_r]), by two all-to-alls around attention over the whole sequence for H / R heads."""
     causal = require_bool("causal", causal)
     check_attention_inputs(q, k, v, causal, block_size, None, None)
-    world = _ulysses_world(q, k, group)
     out, lse = tiled_attention_forward(
-        *(_sequence_to_heads(x, world, group) for x in (q, k, v)), causal=causal, block_size=block_size
+        *(sequence_to_heads(x, group) for x in (q, k, v)), causal=causal, block_size=block_size
     )
-    return _heads_to_sequence(out, world, group), _heads_to_sequence(lse.unsqueeze(-1), world, group).squeeze(-1)
+    return heads_to_sequence(out, group), heads_to_sequence(lse.unsqueeze(-1), group).squeeze(-1)
 
 
 def ulysses_attention_backward(
@@ -278,8 +257,7 @@ def ulysses_attention_backward(
     round the tiled backward."""
     causal = require_bool("causal", causal)
     check_attention_inputs(q, k, v, causal, block_size, None, None)
-    world = _ulysses_world(q, k, group)
-    heads = [_sequence_to_heads(x, world, group) for x in (q, k, v, out, lse.unsqueeze(-1), grad_out)]
+    heads = [sequence_to_heads(x, group) for x in (q, k, v, out, lse.unsqueeze(-1), grad_out)]
     heads[4] = heads[4].squeeze(-1)
     grads = tiled_attention_backward(*heads, causal=causal, block_size=block_size)
-    return tuple(_heads_to_sequence(grad, world, group) for grad in grads)
+    return tuple(heads_to_sequence(grad, group) for grad in grads)

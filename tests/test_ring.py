@@ -6,12 +6,15 @@ import pytest
 import torch
 
 from course_lib import (
+    call_on_ranks,
     causal_pairs_per_rank,
     reference_attention,
     reference_attention_gradients,
     ring_attention_on_ranks,
+    ring_model_on_ranks,
     shard_chunks,
     shard_indices,
+    tiny_qwen2,
     ulysses_attention_on_ranks,
 )
 
@@ -55,7 +58,8 @@ def test_ring_attention_over_gloo_ranks_equals_attention_run_whole(world_size, l
     k = torch.randn(2, 2, 24, 8, generator=generator, dtype=torch.float64)
     v = torch.randn(2, 2, 24, 5, generator=generator, dtype=torch.float64)
     grad_out = torch.randn(2, 4, 24, 5, generator=generator, dtype=torch.float64)
-    out, lse, *grads = ring_attention_on_ranks(q, k, v, world_size, layout, causal, block_size=4, grad_out=grad_out)
+    run = ring_attention_on_ranks(q, k, v, world_size, layout, causal, block_size=4, grad_out=grad_out)
+    out, lse, grads = run["out"], run["lse"], [run["dq"], run["dk"], run["dv"]]
     want_out, want_lse = reference_attention(q, k, v, causal)
     torch.testing.assert_close(out, want_out, rtol=1e-12, atol=1e-13)
     torch.testing.assert_close(lse, want_lse, rtol=1e-12, atol=1e-13)
@@ -79,7 +83,8 @@ def test_all_to_all_attention_equals_attention_run_whole(world_size, causal):
     k = torch.randn(2, 4, 24, 6, generator=generator, dtype=torch.float64)
     v = torch.randn(2, 4, 24, 3, generator=generator, dtype=torch.float64)
     grad_out = torch.randn(2, 8, 24, 3, generator=generator, dtype=torch.float64)
-    out, lse, *grads = ulysses_attention_on_ranks(q, k, v, world_size, causal, block_size=4, grad_out=grad_out)
+    run = ulysses_attention_on_ranks(q, k, v, world_size, causal, block_size=4, grad_out=grad_out)
+    out, lse, grads = run["out"], run["lse"], [run["dq"], run["dk"], run["dv"]]
     want_out, want_lse = reference_attention(q, k, v, causal)
     torch.testing.assert_close(out, want_out, rtol=1e-12, atol=1e-13)
     torch.testing.assert_close(lse, want_lse, rtol=1e-12, atol=1e-13)
@@ -90,7 +95,7 @@ def test_all_to_all_attention_equals_attention_run_whole(world_size, causal):
 def test_all_to_all_attention_refuses_heads_that_do_not_split():
     q = torch.randn(1, 6, 12, 4, dtype=torch.float64)
     k = torch.randn(1, 3, 12, 4, dtype=torch.float64)
-    with pytest.raises(RuntimeError, match="multiples of 2"):
+    with pytest.raises(RuntimeError, match="3 heads, which do not split over 2 ranks"):
         ulysses_attention_on_ranks(q, k, k, 2)
 
 
@@ -102,6 +107,72 @@ def test_a_rank_that_meets_an_unwritten_todo_raises_not_implemented_in_the_calle
     """Run All in an untouched release shows "is not written yet", not a RuntimeError about ranks."""
     q = torch.randn(1, 2, 8, 4, dtype=torch.float64)
     with pytest.raises(NotImplementedError, match="is not written yet"):
-        ring_attention_on_ranks(q, q, q, 2, kernels=(_unwritten, _unwritten))
-    with pytest.raises(RuntimeError, match="multiples of 2"):
+        ring_attention_on_ranks(q, q, q, 2, forward=_unwritten, backward=_unwritten)
+    with pytest.raises(RuntimeError, match="do not split over 2 ranks"):
         ulysses_attention_on_ranks(torch.randn(1, 6, 12, 4), torch.randn(1, 3, 12, 4), torch.randn(1, 3, 12, 4), 2)
+
+
+def test_the_backward_alone_runs_from_the_exact_forward():
+    generator = torch.Generator().manual_seed(3)
+    q, k, v, grad_out = (torch.randn(1, 2, 24, 4, generator=generator, dtype=torch.float64) for _ in range(4))
+    run = ring_attention_on_ranks(q, k, v, 3, grad_out=grad_out, forward=None, block_size=4)
+    assert sorted(run) == ["backward", "dk", "dq", "dv"]
+    expected = reference_attention_gradients(q, k, v, grad_out, True)
+    for got, want in zip([run["dq"], run["dk"], run["dv"]], expected, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-11)
+    with pytest.raises(ValueError, match="nothing to run"):
+        ring_attention_on_ranks(q, k, v, 3, forward=None)
+
+
+def test_each_rank_logs_a_ring_its_products_and_its_largest_tensor():
+    """The log the chapter's cells read: rank r sends one k-and-v shard to r + 1 and receives one from r - 1 per
+    hop, the first hop posted before any block product; nothing it creates is larger than one shard's k and v."""
+    generator = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 2, 32, 4, generator=generator, dtype=torch.float64) for _ in range(3))
+    logs = ring_attention_on_ranks(q, k, v, 4, block_size=4)["forward"]
+    shard = 2 * 2 * 8 * 4 * 8  # k and v, 2 heads, 8 positions, width 4, fp64
+    for rank, log in enumerate(logs):
+        kinds = [kind for kind, _, _ in log["events"]]
+        assert [(peer, size) for kind, peer, size in log["events"] if kind == "send"] == [((rank + 1) % 4, shard)] * 3
+        assert [(peer, size) for kind, peer, size in log["events"] if kind == "recv"] == [((rank - 1) % 4, shard)] * 3
+        assert kinds.index("recv") < kinds.index("compute") and set(kinds) == {"send", "recv", "compute"}
+        assert log["largest_bytes"] == shard
+    # an all-gather shows as a collective, and its gathered whole as the largest tensor
+    gathered = call_on_ranks(_gather_whole, [(k[:, :, :16],), (k[:, :, 16:],)])
+    assert [kind for kind, _, _ in gathered[0]["events"]] == ["allgather"]
+    assert gathered[0]["largest_bytes"] == k.numel() * 8
+    torch.testing.assert_close(gathered[1]["result"], k)
+
+
+def _gather_whole(x):
+    import torch.distributed as dist
+
+    pieces = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+    dist.all_gather(pieces, x.contiguous())
+    return torch.cat(pieces, dim=2)
+
+
+def test_a_model_with_its_sequence_over_ranks_gives_the_logits_loss_and_gradient_of_one_device():
+    model = tiny_qwen2(seed=0)
+    ids = torch.randint(0, model.config.vocab_size, (1, 24), generator=torch.Generator().manual_seed(0))
+    split = ring_model_on_ranks(model, ids, 3, "head_tail", block_size=4)
+    whole = model(ids, labels=ids, use_cache=False)
+    whole.loss.backward()
+    gradient = torch.cat([p.grad.flatten() for p in model.parameters()])
+    torch.testing.assert_close(split["logits"], whole.logits.detach(), rtol=1e-5, atol=1e-5)
+    assert split["loss"] == pytest.approx(whole.loss.item(), rel=1e-6)
+    torch.testing.assert_close(split["gradient"], gradient, rtol=1e-4, atol=1e-6)
+
+
+def test_bad_ring_inputs_are_refused():
+    q = torch.randn(1, 2, 8, 4, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="layout must give each of the 2 ranks whole equal chunks"):
+        ring_attention_on_ranks(q, q, q, 2, forward=_ring_with_a_bad_layout)
+    with pytest.raises(ValueError, match="one sequence"):
+        ring_model_on_ranks(tiny_qwen2(seed=0), torch.zeros(2, 8, dtype=torch.long), 2)
+
+
+def _ring_with_a_bad_layout(q, k, v, layout, **options):
+    from course_lib import ring_attention_forward
+
+    return ring_attention_forward(q, k, v, [[(0, 3)], [(3, 8)]], **options)

@@ -1,8 +1,18 @@
-"""Context parallelism on CPU ranks: one sequence split over gloo processes, checked against attention run whole."""
+"""Context parallelism on CPU ranks: one sequence split over gloo processes, checked against attention run whole.
+
+Each rank runs the kernels on its shard under a log of what it does: the messages it sends and receives (every
+c10d operation, whoever calls it), the stretches of block products between them, and the largest tensor any kernel
+creates there. The chapter's tests read the log for the properties a ring has (it talks to its neighbours only,
+starts a hop before computing, never holds the whole sequence's keys).
+"""
 
 from __future__ import annotations
 
+import math
+from typing import TypedDict
+
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from .._checks import require_positive_int, require_real
 from ..ring import (
@@ -13,25 +23,150 @@ from ..ring import (
     ulysses_attention_backward,
     ulysses_attention_forward,
 )
+from ..tiled import reference_attention
 from .ranks import join_gloo, run_ranks
 
-__all__ = ["ring_attention_on_ranks", "ulysses_attention_on_ranks"]
+__all__ = ["call_on_ranks", "ring_attention_on_ranks", "ulysses_attention_on_ranks", "ring_model_on_ranks"]
+
+_PRODUCTS = ("mm", "bmm", "addmm", "baddbmm", "_scaled_dot_product")  # aten ops that are attention's block products
+_MESSAGES = {"send": "send", "recv_": "recv", "recv_any_source_": "recv"}  # point to point; the rest are collectives
 
 
-def _ring_worker(rank, world_size, port, timeout_s, results, tensors, layout, options, kernels) -> None:
+class _RankLog(TorchDispatchMode):
+    """events: ("send" | "recv", peer, bytes), (collective name, -1, bytes) and ("compute", -1, block products in
+    a row), in the order the rank ran them; largest_bytes: the largest tensor any kernel returned."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[tuple[str, int, int]] = []
+        self.largest_bytes = 0
+
+    def _note(self, func, args) -> None:
+        name = str(func).split(".")
+        if name[0] == "c10d":
+            leaves = torch.utils._pytree.tree_leaves(args[:1])
+            size = sum(t.numel() * t.element_size() for t in leaves if isinstance(t, torch.Tensor))
+            kind = _MESSAGES.get(name[1])
+            self.events.append((kind, int(args[2]), size) if kind else (name[1].rstrip("_"), -1, size))
+        elif name[0] == "aten" and name[1].startswith(_PRODUCTS):
+            if self.events and self.events[-1][0] == "compute":
+                self.events[-1] = ("compute", -1, self.events[-1][2] + 1)
+            else:
+                self.events.append(("compute", -1, 1))
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self._note(func, args)
+        result = func(*args, **(kwargs or {}))
+        for item in result if isinstance(result, (tuple, list)) else (result,):
+            if isinstance(item, torch.Tensor):
+                self.largest_bytes = max(self.largest_bytes, item.numel() * item.element_size())
+        return result
+
+
+def _logged(call):
+    with _RankLog() as log:
+        found = [tensor.detach().numpy() for tensor in call()]  # numpy pickles by value
+    return found, {"events": log.events, "largest_bytes": log.largest_bytes}
+
+
+def _attention_worker(rank, world_size, port, timeout_s, results, tensors, run_forward, run_backward) -> None:
     import torch.distributed as dist
 
     try:
         join_gloo(rank, world_size, port, timeout_s)
-        q, k, v, grad_out = tensors
-        forward, backward = kernels
-        found = list(forward(q, k, v, layout, **options))
+        q, k, v, out, lse, grad_out = tensors
+        payload = {}
+        if run_forward is not None:
+            found, payload["forward"] = _logged(lambda: run_forward(q, k, v))
+            out, lse = (torch.from_numpy(found[0]), torch.from_numpy(found[1])) if len(found) == 2 else (None, None)
+            payload["found"] = found
         if grad_out is not None:
-            found += backward(q, k, v, *found, grad_out, layout, **options)
-        results.put(("ok", rank, [tensor.numpy() for tensor in found]))  # numpy pickles by value
+            grads, payload["backward"] = _logged(lambda: run_backward(q, k, v, out, lse, grad_out))
+            payload["found"] = payload.get("found", []) + grads
+        results.put(("ok", rank, payload))
         dist.destroy_process_group()
     except Exception as error:  # noqa: BLE001 - report any failure to the parent instead of hanging it
         results.put(("error", rank, f"rank {rank}: {type(error).__name__}: {error}"))
+
+
+def _call_worker(rank, world_size, port, timeout_s, results, function, tensors) -> None:
+    import torch.distributed as dist
+
+    try:
+        join_gloo(rank, world_size, port, timeout_s)
+        found, log = _logged(lambda: [function(*tensors)])
+        results.put(("ok", rank, {"result": found[0], **log}))  # numpy: a torch tensor would travel by shared memory
+        dist.destroy_process_group()
+    except Exception as error:  # noqa: BLE001 - report any failure to the parent instead of hanging it
+        results.put(("error", rank, f"rank {rank}: {type(error).__name__}: {error}"))
+
+
+def call_on_ranks(function, rank_inputs: list[tuple[torch.Tensor, ...]], timeout_s: float = 120.0) -> list[dict]:
+    """function(*rank_inputs[r]) on rank r of len(rank_inputs) gloo ranks (the default group): per rank
+    {"result": the tensor it returned, "events", "largest_bytes"} (see `_RankLog`)."""
+    if not callable(function):
+        raise ValueError(f"function must be callable, got {type(function).__name__}")
+    timeout_s = require_real("timeout_s", timeout_s, minimum=0.0, strict_minimum=True)
+    require_positive_int("number of ranks", len(rank_inputs))
+    rank_args = [(function, tuple(tensors)) for tensors in rank_inputs]
+    payloads = run_ranks(_call_worker, rank_args, timeout_s, None, reporting_ranks=len(rank_inputs))
+    return [{**payload, "result": torch.from_numpy(payload["result"])} for payload in payloads]
+
+
+class ContextRun(TypedDict, total=False):
+    out: torch.Tensor  # [B, H, T, e] in sequence order (when a forward ran)
+    lse: torch.Tensor  # [B, H, T]
+    dq: torch.Tensor  # with grad_out: the gradients, in sequence order
+    dk: torch.Tensor
+    dv: torch.Tensor
+    forward: list[dict]  # per rank: {"events": [...], "largest_bytes": int} of its forward call
+    backward: list[dict]  # the same for its backward call
+
+
+def _run_sharded(q, k, v, world_size, layout, grad_out, run_forward, run_backward, timeout_s) -> ContextRun:
+    """Rank r gets the r-th of R equal slices of the positions in `layout` order; results come back in sequence
+    order. Without run_forward, the backward gets the exact out and lse of attention run whole."""
+    world_size = require_positive_int("world_size", world_size)
+    timeout_s = require_real("timeout_s", timeout_s, minimum=0.0, strict_minimum=True)
+    order = shard_indices(q.shape[2], world_size, layout)  # checks that T splits into the layout's chunks
+    size = q.shape[2] // world_size
+    shards = [order[rank * size : (rank + 1) * size] for rank in range(world_size)]
+    out = lse = None
+    if run_forward is None:
+        out, lse = reference_attention(q, k, v, causal=run_backward.causal)
+
+    def shard(tensor, index):
+        return None if tensor is None else tensor[:, :, index].contiguous()
+
+    rank_args = [
+        (tuple(shard(t, index) for t in (q, k, v, out, lse, grad_out)), run_forward, run_backward) for index in shards
+    ]
+    payloads = run_ranks(_attention_worker, rank_args, timeout_s, None, reporting_ranks=world_size)
+    restore = torch.argsort(order)
+    names = (["out", "lse"] if run_forward is not None else []) + (["dq", "dk", "dv"] if grad_out is not None else [])
+    if any(len(payload["found"]) != len(names) for payload in payloads):
+        raise ValueError(f"the kernels must return {names}, got {len(payloads[0]['found'])} tensors on rank 0")
+    run: ContextRun = {
+        name: torch.cat([torch.from_numpy(p["found"][index]) for p in payloads], dim=2)[:, :, restore]
+        for index, name in enumerate(names)
+    }
+    for phase in ("forward", "backward"):
+        if phase in payloads[0]:
+            run[phase] = [payload[phase] for payload in payloads]
+    return run
+
+
+class _Kernel:
+    """kernel(q, k, v, ..., **options) with this run's layout and options bound; picklable by reference."""
+
+    def __init__(self, kernel, layout, causal, block_size):
+        self.kernel, self.layout, self.causal, self.block_size = kernel, layout, causal, block_size
+
+    def __call__(self, *tensors):
+        options = {"causal": self.causal, "block_size": self.block_size}
+        if self.layout is None:  # the all-to-all kernels take no layout
+            return self.kernel(*tensors, **options)
+        return self.kernel(*tensors, self.layout, **options)
 
 
 def ring_attention_on_ranks(
@@ -43,48 +178,29 @@ def ring_attention_on_ranks(
     causal: bool = True,
     block_size: int = 64,
     grad_out: torch.Tensor | None = None,
-    kernels=None,
+    forward=ring_attention_forward,
+    backward=ring_attention_backward,
     timeout_s: float = 120.0,
-) -> list[torch.Tensor]:
-    """Whole-sequence q [B, H, T, d], k / v [B, H_kv, T, *] -> [out, lse] in sequence order, and with grad_out
-    [B, H, T, e] also [dq, dk, dv]: computed on `world_size` gloo ranks, each holding its shard of the layout, by
-    `kernels` = (forward, backward) (`ring_attention_forward` / `ring_attention_backward` by default)."""
-    world_size = require_positive_int("world_size", world_size)
-    timeout_s = require_real("timeout_s", timeout_s, minimum=0.0, strict_minimum=True)
-    chunks = shard_chunks(q.shape[2], world_size, layout)
-    order = shard_indices(q.shape[2], world_size, layout)  # rank r's positions are the r-th of R equal slices
-    size = q.shape[2] // world_size
-    shards = [order[rank * size : (rank + 1) * size] for rank in range(world_size)]
-    kernels = (ring_attention_forward, ring_attention_backward) if kernels is None else tuple(kernels)
-    options = {"causal": causal, "block_size": block_size}
-    payloads = run_ranks(
-        _ring_worker,
-        [
-            (
-                (q[:, :, shard], k[:, :, shard], v[:, :, shard], None if grad_out is None else grad_out[:, :, shard]),
-                chunks,
-                options,
-                kernels,
-            )
-            for shard in shards
-        ],
+) -> ContextRun:
+    """Whole-sequence q [B, H, T, d], k / v [B, H_kv, T, *] on `world_size` gloo ranks, each holding its shard of
+    the layout ("head_tail" or "contiguous"): {"out", "lse"} in sequence order by `forward` (the signature of
+    `ring_attention_forward`), with grad_out [B, H, T, e] also {"dq", "dk", "dv"} by `backward` from the ranks'
+    own out and lse; `forward=None` runs the backward alone, from the exact out and lse of attention run whole.
+    "forward" / "backward": per rank, what it did (see `_RankLog`)."""
+    chunks = shard_chunks(q.shape[2], require_positive_int("world_size", world_size), layout)
+    if forward is None and grad_out is None:
+        raise ValueError("with forward=None there is nothing to run: give grad_out for the backward")
+    return _run_sharded(
+        q,
+        k,
+        v,
+        world_size,
+        layout,
+        grad_out,
+        None if forward is None else _Kernel(forward, chunks, causal, block_size),
+        _Kernel(backward, chunks, causal, block_size),
         timeout_s,
-        None,
-        reporting_ranks=world_size,
     )
-    restore = torch.argsort(order)
-    return [
-        torch.cat([torch.from_numpy(payload[index]) for payload in payloads], dim=2)[:, :, restore]
-        for index in range(len(payloads[0]))
-    ]
-
-
-def _ulysses_forward(q, k, v, layout, **options):
-    return ulysses_attention_forward(q, k, v, **options)
-
-
-def _ulysses_backward(q, k, v, out, lse, grad_out, layout, **options):
-    return ulysses_attention_backward(q, k, v, out, lse, grad_out, **options)
 
 
 def ulysses_attention_on_ranks(
@@ -95,18 +211,112 @@ def ulysses_attention_on_ranks(
     causal: bool = True,
     block_size: int = 64,
     grad_out: torch.Tensor | None = None,
+    forward=ulysses_attention_forward,
+    backward=ulysses_attention_backward,
     timeout_s: float = 120.0,
-) -> list[torch.Tensor]:
+) -> ContextRun:
     """As `ring_attention_on_ranks`, by the all-to-all (DeepSpeed-Ulysses) kernels on contiguous shards."""
-    return ring_attention_on_ranks(
+    if forward is None and grad_out is None:
+        raise ValueError("with forward=None there is nothing to run: give grad_out for the backward")
+    return _run_sharded(
         q,
         k,
         v,
         world_size,
         "contiguous",
-        causal,
-        block_size,
-        grad_out=grad_out,
-        kernels=(_ulysses_forward, _ulysses_backward),
-        timeout_s=timeout_s,
+        grad_out,
+        None if forward is None else _Kernel(forward, None, causal, block_size),
+        _Kernel(backward, None, causal, block_size),
+        timeout_s,
     )
+
+
+RING_ATTENTION = "course_ring"  # the name the ring kernels are registered under in transformers' AttentionInterface
+
+
+def _ring_attention_function(forward, backward, layout, block_size):
+    """An AttentionInterface function for one rank: its shard's q, k, v through the ring, differentiable."""
+
+    class RingAttention(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            out, lse = forward(q, k, v, layout, causal=True, block_size=block_size)
+            ctx.save_for_backward(q, k, v, out, lse)
+            return out
+
+        @staticmethod
+        def backward(ctx, grad_out):
+            return backward(*ctx.saved_tensors, grad_out.contiguous(), layout, causal=True, block_size=block_size)
+
+    def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+        if scaling is not None and not math.isclose(scaling, query.shape[-1] ** -0.5):
+            raise ValueError(f"the ring kernels scale scores by 1/sqrt(d); this model scales by {scaling}")
+        return RingAttention.apply(query, key, value).transpose(1, 2), None  # [B, T_r, H, e]
+
+    return attention
+
+
+def _model_worker(rank, world_size, port, timeout_s, results, model, ids, positions, labels, kernels) -> None:
+    import torch.distributed as dist
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+
+    try:
+        join_gloo(rank, world_size, port, timeout_s)
+        forward, backward, layout, block_size = kernels
+        AttentionInterface.register(RING_ATTENTION, _ring_attention_function(forward, backward, layout, block_size))
+        AttentionMaskInterface.register(RING_ATTENTION, flash_attention_mask)  # no padding mask: None
+        model.set_attn_implementation(RING_ATTENTION)
+        logits = model(ids, position_ids=positions, use_cache=False).logits
+        loss_sum = torch.nn.functional.cross_entropy(logits[0], labels[0], ignore_index=-100, reduction="sum")
+        loss_sum.backward()
+        gradient = torch.cat(
+            [torch.zeros(p.numel()) if p.grad is None else p.grad.flatten() for p in model.parameters()]
+        )
+        results.put(("ok", rank, [logits.detach().numpy(), loss_sum.detach().numpy(), gradient.numpy()]))
+        dist.destroy_process_group()
+    except Exception as error:  # noqa: BLE001 - report any failure to the parent instead of hanging it
+        results.put(("error", rank, f"rank {rank}: {type(error).__name__}: {error}"))
+
+
+class ModelRun(TypedDict):
+    logits: torch.Tensor  # [1, T, V] in sequence order
+    loss: float  # next-token cross-entropy, the mean over the T - 1 predicted tokens
+    gradient: torch.Tensor  # [n_parameters]: the sum over ranks of each rank's .grad of loss
+
+
+def ring_model_on_ranks(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    world_size: int,
+    layout: str = "head_tail",
+    forward=ring_attention_forward,
+    backward=ring_attention_backward,
+    block_size: int = 64,
+    timeout_s: float = 120.0,
+) -> ModelRun:
+    """One training forward and backward of a transformers model (use_cache=False, causal, default scaling) on one
+    sequence input_ids [1, T] split over `world_size` gloo ranks: each rank embeds its shard's tokens at their
+    positions and its attention layers run `forward` / `backward` (the ring kernels' signatures) over the ranks.
+    The loss is taken as if the whole sequence had run on one device (each rank adds its tokens' share)."""
+    if input_ids.dim() != 2 or input_ids.shape[0] != 1:
+        raise ValueError(f"input_ids must be one sequence [1, T], got {tuple(input_ids.shape)}")
+    tokens = input_ids.shape[1]
+    chunks = shard_chunks(tokens, require_positive_int("world_size", world_size), layout)
+    order = shard_indices(tokens, world_size, layout)
+    labels = torch.cat([input_ids[:, 1:], torch.full((1, 1), -100)], dim=1)  # next-token targets, in place
+    size = tokens // world_size
+    rank_args = []
+    for rank in range(world_size):
+        index = order[rank * size : (rank + 1) * size]
+        rank_args.append(
+            (model, input_ids[:, index], index[None], labels[:, index], (forward, backward, chunks, block_size))
+        )
+    payloads = run_ranks(_model_worker, rank_args, timeout_s, None, reporting_ranks=world_size)
+    logits = torch.cat([torch.from_numpy(payload[0]) for payload in payloads], dim=1)[:, torch.argsort(order)]
+    predicted = tokens - 1
+    return {
+        "logits": logits,
+        "loss": float(sum(float(payload[1]) for payload in payloads)) / predicted,
+        "gradient": sum(torch.from_numpy(payload[2]) for payload in payloads) / predicted,
+    }
