@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 import os
@@ -318,24 +319,45 @@ def test_a_student_process_the_system_will_not_start_marks_the_cell_for_regradin
     assert refused["needs_regrade"].startswith("test_double: the system would not start a student process"), refused
 
 
+# Threads left burning in the student's server once `f` has returned: together they burn 3 s of the server's CPU
+# (its own clock, all its threads: however long a loaded machine takes to give it that), then say so in a file.
 BURNER = (
-    "import hashlib, threading\n"
-    "def _burn():\n"
-    "    data = b'x' * 2**22\n"
-    "    while True:\n"
-    "        hashlib.sha256(data).digest()  # releases the GIL: the threads burn every core\n"
-    "def f(x):\n"
-    "    for _ in range(8):  # more threads than cores: most of the CPU even on a loaded machine\n"
-    "        threading.Thread(target=_burn, daemon=True).start()\n"
-    "    return x\n"
+    "import hashlib, threading, time\n"
+    "def _burn(done):\n"
+    "    data = b'x' * 2**20\n"
+    "    while time.process_time() < 3.0:\n"
+    "        hashlib.sha256(data).digest()  # releases the GIL: the threads burn every core they are given\n"
+    "    open(done, 'a').close()\n"
+    "def f(done):\n"
+    "    for _ in range(4):\n"
+    "        threading.Thread(target=_burn, args=(done,), daemon=True).start()\n"
+    "    return 1\n"
 )
 
 
-def test_cpu_the_students_server_burns_between_calls_is_the_students_time():
+def test_cpu_the_students_server_burns_between_calls_is_the_students_time(monkeypatch, tmp_path):
     """Threads a function leaves running in its server slow the tests down until the cell runs out of time; were
     that counted as the tests' time, the cell would be marked 'needs regrading' (no grade, forever) instead of
-    failed. The server's CPU between requests counts as the student's."""
-    verdict = run_cell("import time\nassert f(1) == 1\ntime.sleep(20)", BURNER, ["f"], cell_timeout_s=4.0)
+    failed. The server's CPU between requests counts as the student's.
+
+    The cell runs out of time when the server has burned its 3 CPU seconds, not at a wall-clock alarm: under a
+    wall-clock limit the verdict hung on how much CPU a loaded machine gave the threads meanwhile (with other jobs
+    running, less than half of a 4 s cell, and the cell was marked for regrading). The alarm is `check_cell`'s
+    `time_limit`; the verdict on a cell out of time is what this test checks."""
+    done = tmp_path / "burned"
+    monkeypatch.setattr(checks, "time_limit", lambda seconds: contextlib.nullcontext())
+    function, code = stand_in(BURNER, "f", timeout_s=60.0)
+    namespace = {"f": function, "CellBudgetExceeded": checks.CellBudgetExceeded}
+    source = (
+        f"assert f({str(done)!r}) == 1\n"
+        "import os, time\n"
+        "deadline = time.monotonic() + 600\n"
+        f"while not os.path.exists({str(done)!r}):\n"
+        "    assert time.monotonic() < deadline, 'the threads never burned their 3 s'\n"
+        "    time.sleep(0.01)\n"
+        "raise CellBudgetExceeded  # the cell's time runs out now\n"
+    )
+    verdict = checks.check_cell(namespace, code, "test", 1.0, source, timeout_s=4.0)
     assert not verdict.passed and not verdict.needs_regrade, verdict.message
     assert "in your functions" in verdict.message and verdict.student_seconds >= 2.0, verdict
 
