@@ -1,0 +1,1002 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Chapter 11 · Context parallelism: one sequence across ranks | 上下文并行：一条序列跨多个进程
+#
+# {{COLAB_BADGE}}
+#
+# **Objectives (学习目标).** After this chapter you can
+# 1. say from a model's config why a million-token sample cannot be trained on one device even with tiled attention
+#    and full checkpointing, and how much splitting its **sequence** (序列) over ranks buys;
+# 2. lay a causal sequence out over ranks so that each does the same work: the **head-tail** (首尾配对) layout;
+# 3. write **ring attention** (环形注意力), forward and backward, over `torch.distributed`: each rank keeps its
+#    queries while the keys and values travel round the ring, the partial results merged by their log-sum-exps
+#    (chapter 10's merge); exact against attention run whole;
+# 4. write the two **all-to-all** (全交换) transforms of DeepSpeed-Ulysses, which trade the sequence split for a head
+#    split;
+# 5. run a real transformers model with its sequence over two ranks, logits and gradients equal to one device's.
+
+# %%
+#| course-setup
+import math
+
+from course_lib import (
+    call_on_ranks,
+    causal_pairs_per_rank,
+    check_ring_inputs,  # your solution may use it
+    hf_config,
+    merge_partials,  # your solution may use it (chapter 10's merge)
+    reference_attention,
+    reference_attention_gradients,
+    ring_attention_on_ranks,
+    ring_model_on_ranks,
+    shard_indices,
+    tiled_attention_backward,  # your solution may use it (chapter 10's kernels)
+    tiled_attention_forward,  # your solution may use it
+    tiny_qwen2,
+    ulysses_attention_on_ranks,
+)
+
+dist = torch.distributed
+
+# %% [markdown]
+# ## 1. Why: a long sample outgrows one device even without its scores (为什么：即使没有注意力分数，一条长样本也放不进一张卡)
+#
+# Chapter 10 removed the $T \times T$ scores: what attention keeps is now linear in $T$. But everything else in a
+# layer is linear in $T$ too, and linear is enough to overflow a device. The least any training step can keep is one
+# tensor per layer: its input, the checkpoint from which full activation checkpointing (chapter 5) recomputes the
+# layer in backward. For Qwen3-8B in bf16 that is $L \cdot T \cdot h \cdot 2$ bytes, before the weights, the
+# optimiser state, and the one layer being recomputed. Split the sequence over $R$ ranks and each rank keeps $1/R$
+# of it (1 GB = $10^9$ bytes):
+
+# %%
+qwen3_8b = hf_config("Qwen3-8B")
+layers, hidden = qwen3_8b.num_hidden_layers, qwen3_8b.hidden_size
+print(f"Qwen3-8B: {layers} layers, hidden size {hidden}; layer-input checkpoints per rank, bf16, GB")
+RANKS = [1, 2, 4, 8, 16]
+print(f"{'T':>10}" + "".join(f"{f'R = {r}':>10}" for r in RANKS))
+for tokens in (131_072, 524_288, 1_048_576):
+    per_rank = [layers * (tokens // ranks) * hidden * 2 / 1e9 for ranks in RANKS]
+    print(f"{tokens:>10,}" + "".join(f"{gb:10.1f}" for gb in per_rank))
+GPU_GB = 80  # an 80 GB device (H100)
+print(f"1M tokens on one rank: the checkpoints alone fill {per_rank[0] / GPU_GB:.1f} devices of {GPU_GB} GB")
+
+# %% [markdown]
+# At 128k tokens the checkpoints alone take 38.7 GB; at 1M tokens, 309.2 GB, 3.9 devices of 80 GB before a single
+# weight is loaded. Over 8 ranks the same sample keeps 38.7 GB per rank, over 16, 19.3 GB. Data parallelism
+# (chapter 4) cannot help: it splits the batch, and this is one sample. **Context parallelism** (上下文并行, CP;
+# also called sequence parallelism) splits the sample itself: rank $r$ holds the tokens of some positions, and every
+# layer but attention works on them alone (norms, projections and the MLP act on each token by itself). Attention is
+# the one place where a token needs the others: each query must meet every key before it. This chapter is how.
+#
+# ## 2. Laying the sequence out: equal work under a causal mask (序列的切分：因果掩码下的均衡)
+#
+# Cut $T$ positions into $R$ contiguous pieces and causal attention gives rank $r$ the queries of piece $r$, each
+# seeing every key before it: the last rank's queries see almost everything, the first rank's almost nothing. The
+# pairs (query, key) each rank computes, for 32 tokens on 4 ranks:
+
+# %%
+for layout in ("contiguous", "head_tail"):
+    pairs = causal_pairs_per_rank(32, 4, layout)
+    print(f"{layout:<11} pairs per rank {pairs} | slowest / average {max(pairs) / (sum(pairs) / len(pairs)):.2f}")
+
+# %% [markdown]
+# Contiguous pieces give 36, 100, 164 and 228 pairs: every rank waits for the last, which works 1.73 times the
+# average. The **head-tail** layout cuts the sequence into $2R$ equal chunks and gives rank $r$ chunk $r$ and chunk
+# $2R - 1 - r$: one from the head, its partner from the tail, so that a light chunk and a heavy one add up to the
+# same work on every rank (132 pairs each). PyTorch's context parallelism calls this its head-tail load balancer;
+# ring-flash-attention calls it "zigzag"; Megatron-LM's CP does the same.
+#
+# ### TODO · `shard_chunks` (切分布局)
+#
+# Write `shard_chunks(tokens, world_size, layout="head_tail")`: per rank (a list of `world_size` lists), the position
+# ranges it holds as `(start, end)` pairs (end exclusive), in the order the rank's tensors hold them.
+# `"contiguous"`: rank $r$ holds the $r$-th of $R$ equal pieces. `"head_tail"`: the sequence is cut into $2R$ equal
+# chunks; rank $r$ holds chunk $r$, then chunk $2R - 1 - r$. A length that does not split into whole chunks is refused
+# with a `ValueError` (not graded), as is any other layout name.
+#
+# * **Head-tail** (2 points): exactly these ranges, in this order, on any $T$ and $R$ that split.
+# * **Contiguous** (1 point): the same for the contiguous layout.
+
+# %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_shard_chunks", "locked": false, "schema_version": 3}
+#| solution: course_lib.ring.shard_chunks
+
+# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_shard_chunks", "locked": true, "points": 2, "schema_version": 3}
+# Head-tail: 8 positions on 2 ranks, 4 chunks of 2: rank 0 holds the first and the last.
+_t_found = shard_chunks(8, 2, "head_tail")
+assert [[tuple(chunk) for chunk in rank] for rank in _t_found] == [[(0, 2), (6, 8)], [(2, 4), (4, 6)]], (
+    f"shard_chunks(8, 2, 'head_tail') = {_t_found}; expected [[(0, 2), (6, 8)], [(2, 4), (4, 6)]]"
+)
+### BEGIN HIDDEN TESTS
+from course_lib import grading
+
+grading.assert_own_function(shard_chunks, "shard_chunks")
+for _t_tokens, _t_world in [(12, 3), (64, 4), (10, 5), (2, 1), (96, 8), (6, 3)]:
+    _t_size = _t_tokens // (2 * _t_world)
+    _t_want = [
+        [(_t_r * _t_size, (_t_r + 1) * _t_size), ((2 * _t_world - 1 - _t_r) * _t_size, (2 * _t_world - _t_r) * _t_size)]
+        for _t_r in range(_t_world)
+    ]
+    _t_found = shard_chunks(_t_tokens, _t_world, "head_tail")
+    assert all(grading.is_integer(x) for rank in _t_found for chunk in rank for x in chunk), (
+        f"positions are whole numbers; shard_chunks({_t_tokens}, {_t_world}, 'head_tail') = {_t_found}"
+    )
+    _t_found = [[tuple(grading.python_number(x) for x in chunk) for chunk in rank] for rank in _t_found]
+    assert _t_found == _t_want, f"shard_chunks({_t_tokens}, {_t_world}, 'head_tail') = {_t_found}; expected {_t_want}"
+assert [[tuple(c) for c in rank] for rank in shard_chunks(8, 2)] == [[(0, 2), (6, 8)], [(2, 4), (4, 6)]], (
+    "the default layout must be 'head_tail'"
+)
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_shard_chunks__contiguous", "locked": true, "points": 1, "schema_version": 3}
+_t_found = shard_chunks(12, 3, "contiguous")
+assert [[tuple(chunk) for chunk in rank] for rank in _t_found] == [[(0, 4)], [(4, 8)], [(8, 12)]], (
+    f"shard_chunks(12, 3, 'contiguous') = {_t_found}; expected [[(0, 4)], [(4, 8)], [(8, 12)]]"
+)
+### BEGIN HIDDEN TESTS
+from course_lib import grading
+
+grading.assert_own_function(shard_chunks, "shard_chunks")
+for _t_tokens, _t_world in [(7, 7), (64, 4), (5, 1), (30, 6)]:
+    _t_size = _t_tokens // _t_world
+    _t_want = [[(_t_r * _t_size, (_t_r + 1) * _t_size)] for _t_r in range(_t_world)]
+    _t_found = shard_chunks(_t_tokens, _t_world, "contiguous")
+    _t_found = [[tuple(grading.python_number(x) for x in chunk) for chunk in rank] for rank in _t_found]
+    assert _t_found == _t_want, f"shard_chunks({_t_tokens}, {_t_world}, 'contiguous') = {_t_found}; expected {_t_want}"
+### END HIDDEN TESTS
+
+# %% [markdown]
+# Recent PyTorch computes the same order in
+# `torch.distributed.tensor.experimental._context_parallel._load_balancer._HeadTailLoadBalancer`; where this
+# PyTorch has it, compare:
+
+# %%
+try:
+    from torch.distributed.tensor.experimental._context_parallel._load_balancer import _HeadTailLoadBalancer
+except ImportError:
+    print("this PyTorch has no head-tail load balancer (added after 2.6)")
+else:
+    for tokens, world_size in [(8, 2), (24, 3), (64, 4)]:
+        theirs = _HeadTailLoadBalancer(tokens, world_size, "cpu")._generate_indices()[0].tolist()
+        yours = [p for rank in shard_chunks(tokens, world_size) for start, end in rank for p in range(start, end)]
+        print(f"T = {tokens}, R = {world_size}: the same order as PyTorch's: {yours == theirs}")
+
+# %% [markdown]
+# ## 3. Ring attention: the keys travel, the queries stay (环形注意力：键值流动，查询不动)
+#
+# Rank $r$ holds $q$, $k$ and $v$ of its positions only. Its queries need every rank's keys, so the keys and values
+# travel: at each of $R$ steps every rank sends the key/value shard it holds to the next rank of the ring
+# ($r + 1 \bmod R$) and receives the previous rank's ($r - 1 \bmod R$). After $R - 1$ hops every shard has visited
+# every rank (Ring Attention, Liu, Zaharia and Abbeel). At each step the rank computes attention of its queries
+# over the keys it holds at that moment, as if they were all there was: a partial $(o, \ell)$. Chapter 10's identity
+# merges the partials, in any order, into exact attention over all keys:
+#
+# $$\ell = \log\left(e^{\ell_A} + e^{\ell_B}\right), \qquad o = e^{\ell_A - \ell}\, o_A + e^{\ell_B - \ell}\, o_B.$$
+#
+# The causal mask acts on **global** positions. A layout cuts the sequence into equal chunks, and a chunk of queries
+# and a chunk of keys are then in one of three relations: the keys all come before the queries (full attention), the
+# keys all come after them (nothing to compute: skip), or it is the same chunk (causal within it, as in chapter 10's
+# diagonal blocks).
+#
+# A ring is only fast if the hop costs nothing: the send of the next shard runs while the rank computes on the
+# current one. `torch.distributed` gives non-blocking point-to-point messages for this (`dist.isend`, `dist.irecv`,
+# each returning a request to `wait()` on); gloo runs them on this CPU, NCCL on GPUs, the same code.
+#
+# ### TODO · `ring_attention_forward` (环形注意力前向)
+#
+# Write `ring_attention_forward(q, k, v, layout, group=None, causal=True, block_size=64)`. This rank (of `group`, the
+# default group when `None`) holds `q` $[B, H, T_r, d]$, `k` $[B, H_{kv}, T_r, d]$ and `v` $[B, H_{kv}, T_r, e]$ of
+# the positions `layout[rank]` (the output of `shard_chunks`, its chunks in that order). Return `(out, lse)`:
+# `out` $[B, H, T_r, e]$ in `q`'s dtype and `lse` $[B, H, T_r]$, the attention of this rank's queries over the keys
+# of every rank (causal by global position when `causal`) and the rows' log-sum-exps, equal to the rows of attention
+# run whole on one device. Build it from chapter 10's kernels (`tiled_attention_forward` with this `block_size`,
+# `merge_partials`). The properties, one graded cell each:
+#
+# * **Values** (3 points) on 2 to 4 ranks, both layouts, causal or not, within `rtol=1e-10` in fp64; **lse**
+#   (1 point); **GQA and dtypes** (1 point): fewer KV heads, fp32 in and out.
+# * **A ring** (2 points): a rank sends only to the next rank and receives only from the previous one, by
+#   point-to-point messages (no collective), and receives in all exactly the $R - 1$ other shards of `k` and `v`.
+# * **Memory** (1 point): no tensor a rank creates is larger than the bytes of one shard's `k` and `v` together
+#   (or of its `q` or `out`): no rank ever holds the whole sequence's keys.
+# * **Overlap** (1 point): on every rank, the first message is under way before the first block product.
+#
+# The first two lines check the inputs and find this rank's place (`check_ring_inputs`). Keep them.
+
+# %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_ring_attention_forward", "locked": false, "schema_version": 3}
+#| solution: course_lib.ring.ring_attention_forward
+
+# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_ring_attention_forward", "locked": true, "points": 3, "schema_version": 3}
+# Values: 24 positions on 2 ranks, head-tail, against attention run whole.
+_t_gen = torch.Generator().manual_seed(0)
+_t_q, _t_k, _t_v = (torch.randn(1, 2, 24, 4, generator=_t_gen, dtype=torch.float64) for _ in range(3))
+_t_run = in_student_process(
+    ring_attention_forward,
+    lambda own: ring_attention_on_ranks(_t_q, _t_k, _t_v, 2, "head_tail", True, block_size=4, forward=own)["out"],
+)
+_t_want = reference_attention(_t_q, _t_k, _t_v, causal=True)[0]
+assert torch.allclose(_t_run, _t_want, rtol=1e-10, atol=1e-12), (
+    f"on 2 ranks (head-tail, causal) out differs from attention run whole by up to {(_t_run - _t_want).abs().max():.2e}"
+)
+### BEGIN HIDDEN TESTS
+from course_lib import grading
+
+grading.assert_own_function(ring_attention_forward, "ring_attention_forward")
+
+
+def _t_outs(own):
+    found = []
+    for case, (world, layout, causal, tokens, block) in enumerate(
+        [
+            (3, "head_tail", True, 36, 4),
+            (4, "contiguous", True, 32, 3),
+            (2, "head_tail", False, 20, 2),
+        ]
+    ):
+        generator = torch.Generator().manual_seed(10 + case)
+        q, k = (torch.randn(2, 3, tokens, 5, generator=generator, dtype=torch.float64) for _ in range(2))
+        v = torch.randn(2, 3, tokens, 6, generator=generator, dtype=torch.float64)
+        out = ring_attention_on_ranks(q, k, v, world, layout, causal, block_size=block, forward=own)["out"]
+        found.append((f"{world} ranks, {layout}, causal={causal}, T={tokens}", out, q, k, v, causal))
+    return [(label, out, reference_attention(q, k, v, causal=causal)[0]) for label, out, q, k, v, causal in found]
+
+
+for _t_label, _t_out, _t_want in grading.in_student_process(ring_attention_forward, _t_outs):
+    grading.assert_same(_t_out, _t_want, rtol=1e-10, atol=1e-12, path=f"out ({_t_label})")
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_ring_attention_forward__lse", "locked": true, "points": 1, "schema_version": 3}
+_t_gen = torch.Generator().manual_seed(1)
+_t_q, _t_k, _t_v = (torch.randn(1, 2, 16, 4, generator=_t_gen, dtype=torch.float64) for _ in range(3))
+_t_run = in_student_process(
+    ring_attention_forward,
+    lambda own: ring_attention_on_ranks(_t_q, _t_k, _t_v, 2, block_size=4, forward=own)["lse"],
+)
+_t_want = reference_attention(_t_q, _t_k, _t_v, causal=True)[1]
+assert _t_run.shape == _t_want.shape and torch.allclose(_t_run, _t_want, rtol=1e-10, atol=1e-12), (
+    "lse on 2 ranks (head-tail) differs from the log-sum-exp of the scores run whole"
+)
+### BEGIN HIDDEN TESTS
+from course_lib import grading
+
+grading.assert_own_function(ring_attention_forward, "ring_attention_forward")
+
+
+def _t_lses(own):
+    found = []
+    for case, (world, layout, causal) in enumerate([(3, "head_tail", True), (2, "contiguous", False)]):
+        generator = torch.Generator().manual_seed(20 + case)
+        q, k, v = (torch.randn(1, 2, 24, 4, generator=generator, dtype=torch.float64) * 3 for _ in range(3))
+        lse = ring_attention_on_ranks(q, k, v, world, layout, causal, block_size=4, forward=own)["lse"]
+        found.append((f"{world} ranks, {layout}, causal={causal}", lse, reference_attention(q, k, v, causal=causal)[1]))
+    return found
+
+
+for _t_label, _t_lse, _t_want in grading.in_student_process(ring_attention_forward, _t_lses):
+    grading.assert_same(_t_lse, _t_want, rtol=1e-10, atol=1e-12, path=f"lse ({_t_label})")
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_ring_attention_forward__gqa_and_dtypes", "locked": true, "points": 1, "schema_version": 3}
+# Grouped-query attention: 4 query heads over 2 KV heads; fp32 in, fp32 out.
+_t_gen = torch.Generator().manual_seed(2)
+_t_q = torch.randn(1, 4, 16, 8, generator=_t_gen)
+_t_k, _t_v = (torch.randn(1, 2, 16, 8, generator=_t_gen) for _ in range(2))
+_t_run = in_student_process(
+    ring_attention_forward,
+    lambda own: ring_attention_on_ranks(_t_q, _t_k, _t_v, 2, block_size=4, forward=own)["out"],
+)
+assert _t_run.dtype == torch.float32, f"fp32 inputs must give an fp32 out, got {_t_run.dtype}"
+_t_want = reference_attention(_t_q.double(), _t_k.double(), _t_v.double(), causal=True)[0]
+assert torch.allclose(_t_run.double(), _t_want, rtol=1e-4, atol=1e-5), (
+    "GQA on 2 ranks: out differs from attention run whole"
+)
+### BEGIN HIDDEN TESTS
+from course_lib import grading
+
+grading.assert_own_function(ring_attention_forward, "ring_attention_forward")
+
+
+def _t_gqa(own):
+    generator = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 6, 24, 4, generator=generator, dtype=torch.float64)
+    k = torch.randn(2, 2, 24, 4, generator=generator, dtype=torch.float64)
+    v = torch.randn(2, 2, 24, 3, generator=generator, dtype=torch.float64)
+    out = ring_attention_on_ranks(q, k, v, 3, "head_tail", True, block_size=2, forward=own)["out"]
+    return out, reference_attention(q, k, v, causal=True)[0]
+
+
+_t_out, _t_want = grading.in_student_process(ring_attention_forward, _t_gqa)
+grading.assert_same(_t_out, _t_want, rtol=1e-10, atol=1e-12, path="out (6 query heads over 2 KV heads, 3 ranks)")
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_ring_attention_forward__ring", "locked": true, "points": 2, "schema_version": 3}
+# A ring: each rank talks to its two neighbours only, point to point, and receives the R - 1 other shards of k and v.
+_t_gen = torch.Generator().manual_seed(4)
+_t_q, _t_k, _t_v = (torch.randn(1, 2, 24, 4, generator=_t_gen, dtype=torch.float64) for _ in range(3))
+_t_logs = in_student_process(
+    ring_attention_forward,
+    lambda own: ring_attention_on_ranks(_t_q, _t_k, _t_v, 3, block_size=4, forward=own)["forward"],
+)
+_t_shard_bytes = 2 * _t_k[:, :, :8].numel() * 8  # k and v of one rank's 8 positions, fp64
+for _t_rank, _t_log in enumerate(_t_logs):
+    _t_other = [(kind, peer) for kind, peer, _ in _t_log["events"] if kind not in ("compute", "send", "recv")]
+    assert not _t_other, f"rank {_t_rank} of 3 made collectives {_t_other}; a ring passes messages point to point"
+    _t_to = {peer for kind, peer, _ in _t_log["events"] if kind == "send"}
+    _t_from = {peer for kind, peer, _ in _t_log["events"] if kind == "recv"}
+    assert _t_to <= {(_t_rank + 1) % 3} and _t_from <= {(_t_rank - 1) % 3}, (
+        f"rank {_t_rank} of 3 sent to ranks {sorted(_t_to)} and received from {sorted(_t_from)}; a ring sends to the "
+        f"next rank ({(_t_rank + 1) % 3}) only and receives from the previous one ({(_t_rank - 1) % 3}) only"
+    )
+    _t_received = sum(size for kind, _, size in _t_log["events"] if kind == "recv")
+    assert _t_received == 2 * _t_shard_bytes, (
+        f"rank {_t_rank} of 3 received {_t_received} bytes; the 2 other shards of k and v are {2 * _t_shard_bytes}"
+    )
+### BEGIN HIDDEN TESTS
+from course_lib import grading
+
+grading.assert_own_function(ring_attention_forward, "ring_attention_forward")
+
+
+def _t_ring_logs(own):
+    found = []
+    for world, layout, heads, kv_heads in [(4, "contiguous", 4, 2), (5, "head_tail", 3, 1)]:
+        generator = torch.Generator().manual_seed(world)
+        q = torch.randn(1, heads, 20 * world, 4, generator=generator, dtype=torch.float64)
+        k = torch.randn(1, kv_heads, 20 * world, 4, generator=generator, dtype=torch.float64)
+        v = torch.randn(1, kv_heads, 20 * world, 2, generator=generator, dtype=torch.float64)
+        logs = ring_attention_on_ranks(q, k, v, world, layout, True, block_size=5, forward=own)["forward"]
+        found.append((world, layout, kv_heads * 20 * (4 + 2) * 8, logs))
+    return found
+
+
+for _t_world, _t_layout, _t_shard_bytes, _t_logs in grading.in_student_process(ring_attention_forward, _t_ring_logs):
+    for _t_rank, _t_log in enumerate(_t_logs):
+        _t_kinds = {kind for kind, _, _ in _t_log["events"]} - {"compute", "send", "recv"}
+        assert not _t_kinds, f"{_t_world} ranks ({_t_layout}): rank {_t_rank} made collectives {sorted(_t_kinds)}"
+        _t_to = {peer for kind, peer, _ in _t_log["events"] if kind == "send"}
+        _t_from = {peer for kind, peer, _ in _t_log["events"] if kind == "recv"}
+        assert _t_to <= {(_t_rank + 1) % _t_world} and _t_from <= {(_t_rank - 1) % _t_world}, (
+            f"{_t_world} ranks ({_t_layout}): rank {_t_rank} sent to {sorted(_t_to)}, received from {sorted(_t_from)}"
+        )
+        _t_received = sum(size for kind, _, size in _t_log["events"] if kind == "recv")
+        assert _t_received == (_t_world - 1) * _t_shard_bytes, (
+            f"{_t_world} ranks ({_t_layout}): rank {_t_rank} received {_t_received} bytes; the other shards of k and "
+            f"v are {(_t_world - 1) * _t_shard_bytes}"
+        )
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_ring_attention_forward__memory", "locked": true, "points": 1, "schema_version": 3}
+# Memory: on 4 ranks no tensor a rank creates is larger than one shard's k and v (or its q or out).
+_t_gen = torch.Generator().manual_seed(5)
+_t_q, _t_k, _t_v = (torch.randn(1, 2, 64, 8, generator=_t_gen, dtype=torch.float64) for _ in range(3))
+_t_logs = in_student_process(
+    ring_attention_forward,
+    lambda own: ring_attention_on_ranks(_t_q, _t_k, _t_v, 4, block_size=4, forward=own)["forward"],
+)
+_t_bound = 2 * _t_k[:, :, :16].numel() * 8  # k and v of 16 positions, fp64; the whole k alone is twice that
+_t_largest = max(log["largest_bytes"] for log in _t_logs)
+assert _t_largest <= _t_bound, (
+    f"a rank created a tensor of {_t_largest} bytes; one shard's k and v together take {_t_bound}: a rank must not "
+    f"hold more of the sequence's keys than the shard it is working on"
+)
+### BEGIN HIDDEN TESTS
+from course_lib import grading
+
+grading.assert_own_function(ring_attention_forward, "ring_attention_forward")
+
+
+def _t_largest(own):
+    generator = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(2, 2, 96, 4, generator=generator, dtype=torch.float64) for _ in range(3))
+    logs = ring_attention_on_ranks(q, k, v, 6, "head_tail", True, block_size=4, forward=own)["forward"]
+    return [log["largest_bytes"] for log in logs]
+
+
+_t_bound = 2 * 2 * 2 * 16 * 4 * 8  # B H_kv T_r d, fp64, k and v
+for _t_rank, _t_bytes in enumerate(grading.in_student_process(ring_attention_forward, _t_largest)):
+    assert _t_bytes <= _t_bound, f"6 ranks: rank {_t_rank} created a tensor of {_t_bytes} bytes, above {_t_bound}"
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_ring_attention_forward__overlap", "locked": true, "points": 1, "schema_version": 3}
+# Overlap: the first hop is under way before the first block product, on every rank.
+_t_gen = torch.Generator().manual_seed(7)
+_t_q, _t_k, _t_v = (torch.randn(1, 2, 16, 4, generator=_t_gen, dtype=torch.float64) for _ in range(3))
+_t_logs = in_student_process(
+    ring_attention_forward,
+    lambda own: ring_attention_on_ranks(_t_q, _t_k, _t_v, 2, block_size=4, forward=own)["forward"],
+)
+for _t_rank, _t_log in enumerate(_t_logs):
+    _t_kinds = [kind for kind, _, _ in _t_log["events"]]
+    assert "recv" in _t_kinds and "compute" in _t_kinds, f"rank {_t_rank} ran {_t_kinds}"
+    assert _t_kinds.index("recv") < _t_kinds.index("compute"), (
+        f"rank {_t_rank} computed before its first message was under way (events {_t_kinds[:6]} ...): start the "
+        f"next hop, then compute on what you hold"
+    )
+### BEGIN HIDDEN TESTS
+from course_lib import grading
+
+grading.assert_own_function(ring_attention_forward, "ring_attention_forward")
+
+
+def _t_orders(own):
+    generator = torch.Generator().manual_seed(8)
+    q, k, v = (torch.randn(1, 2, 30, 4, generator=generator, dtype=torch.float64) for _ in range(3))
+    logs = ring_attention_on_ranks(q, k, v, 3, "contiguous", True, block_size=4, forward=own)["forward"]
+    return [[kind for kind, _, _ in log["events"]] for log in logs]
+
+
+for _t_rank, _t_kinds in enumerate(grading.in_student_process(ring_attention_forward, _t_orders)):
+    assert "recv" in _t_kinds and _t_kinds.index("recv") < _t_kinds.index("compute"), (
+        f"3 ranks, contiguous: rank {_t_rank} computed before its first message was under way"
+    )
+### END HIDDEN TESTS
+
+# %% [markdown]
+# <details><summary>Hint · 提示</summary>
+#
+# Debug on one process first: with a layout of one rank, `world_size = 1`, your function is chapter 10's kernel
+# with a merge loop around it, and `ring_attention_on_ranks(..., 1, forward=ring_attention_forward)` runs it. Then
+# two ranks, contiguous, causal: rank 0 must skip everything it receives. A rank that waits forever usually posted
+# a receive that no rank sends (check both ends of every hop); `ring_attention_on_ranks` stops such a run after
+# `timeout_s`.
+#
+# </details>
+#
+# ## 4. The backward round the ring (沿环的反向传播)
+#
+# Chapter 10's backward needs, for a block of queries and a block of keys, only $q$, $k$, $v$, the rows' `out`,
+# `lse` and `grad_out`: from them it rebuilds the block's probabilities, $P_{ij} = e^{s_{ij} - \ell_i}$, and returns
+# the block's shares of $dq$, $dk$ and $dv$. With the whole attention's `lse` and `out` (what the forward returned),
+# each pair of chunks' share is exact, and the shares add up. The queries stay, so $dq$ collects on its own rank.
+# The gradients of a key shard come from every rank's queries, so they cannot: an accumulator for them must travel
+# with the shard, each rank adding its queries' share, until it comes home.
+#
+# ### TODO · `ring_attention_backward` (环形注意力反向)
+#
+# Write `ring_attention_backward(q, k, v, out, lse, grad_out, layout, group=None, causal=True, block_size=64)`: this
+# rank's shards as in the forward, `out` and `lse` those of attention over all keys (the forward's), `grad_out`
+# $[B, H, T_r, e]$. Return `(dq, dk, dv)`, the gradients of $\sum$ `grad_out` $\cdot$ `out` with respect to this
+# rank's `q`, `k` and `v`, each in its input's dtype (accumulate in at least fp32). Use `tiled_attention_backward`.
+#
+# * **Values** (3 points): `dq`, `dk` and `dv` on 2 to 4 ranks, both layouts, causal or not, within `rtol=1e-9` in
+#   fp64, against autograd through attention run whole; **GQA and dtypes** (1 point).
+# * **A ring** (1 point): messages only to the next rank and from the previous one, no collective.
+# * **Memory** (1 point): no tensor a rank creates is larger than one shard's `k` and `v` together, in the widest
+#   dtype the rank works in (or than its `q` or `out`).
+#
+# Your backward is graded from the exact `out` and `lse`, so it earns its points whatever your forward does.
+
+# %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_ring_attention_backward", "locked": false, "schema_version": 3}
+#| solution: course_lib.ring.ring_attention_backward
+
+# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_ring_attention_backward", "locked": true, "points": 3, "schema_version": 3}
+# Values: 2 ranks, head-tail, from the exact out and lse, against autograd through attention run whole.
+_t_gen = torch.Generator().manual_seed(0)
+_t_q, _t_k, _t_v, _t_grad = (torch.randn(1, 2, 16, 4, generator=_t_gen, dtype=torch.float64) for _ in range(4))
+_t_run = in_student_process(
+    ring_attention_backward,
+    lambda own: ring_attention_on_ranks(
+        _t_q, _t_k, _t_v, 2, block_size=4, grad_out=_t_grad, forward=None, backward=own
+    ),
+)
+for _t_name, _t_want in zip(
+    ("dq", "dk", "dv"), reference_attention_gradients(_t_q, _t_k, _t_v, _t_grad, True), strict=True
+):
+    assert torch.allclose(_t_run[_t_name], _t_want, rtol=1e-9, atol=1e-11), (
+        f"{_t_name} on 2 ranks differs from autograd's by up to {(_t_run[_t_name] - _t_want).abs().max():.2e}"
+    )
+### BEGIN HIDDEN TESTS
+from course_lib import grading
+
+grading.assert_own_function(ring_attention_backward, "ring_attention_backward")
+
+
+def _t_grads(own):
+    found = []
+    for case, (world, layout, causal, tokens, block) in enumerate(
+        [
+            (3, "head_tail", True, 36, 4),
+            (4, "contiguous", True, 32, 3),
+            (2, "head_tail", False, 20, 5),
+        ]
+    ):
+        generator = torch.Generator().manual_seed(30 + case)
+        q, k = (torch.randn(2, 2, tokens, 3, generator=generator, dtype=torch.float64) for _ in range(2))
+        v, grad = (torch.randn(2, 2, tokens, 5, generator=generator, dtype=torch.float64) for _ in range(2))
+        run = ring_attention_on_ranks(
+            q, k, v, world, layout, causal, block_size=block, grad_out=grad, forward=None, backward=own
+        )
+        want = reference_attention_gradients(q, k, v, grad, causal)
+        found.append((f"{world} ranks, {layout}, causal={causal}", [run["dq"], run["dk"], run["dv"]], list(want)))
+    return found
+
+
+for _t_label, _t_found, _t_want in grading.in_student_process(ring_attention_backward, _t_grads):
+    grading.assert_same(_t_found, _t_want, rtol=1e-9, atol=1e-11, path=f"[dq, dk, dv] ({_t_label})")
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_ring_attention_backward__gqa_and_dtypes", "locked": true, "points": 1, "schema_version": 3}
+_t_gen = torch.Generator().manual_seed(1)
+_t_q, _t_grad = (torch.randn(1, 4, 16, 4, generator=_t_gen) for _ in range(2))
+_t_k, _t_v = (torch.randn(1, 2, 16, 4, generator=_t_gen) for _ in range(2))
+_t_run = in_student_process(
+    ring_attention_backward,
+    lambda own: ring_attention_on_ranks(
+        _t_q, _t_k, _t_v, 2, block_size=4, grad_out=_t_grad, forward=None, backward=own
+    ),
+)
+_t_want = reference_attention_gradients(_t_q.double(), _t_k.double(), _t_v.double(), _t_grad.double(), True)
+for _t_name, _t_expected in zip(("dq", "dk", "dv"), _t_want, strict=True):
+    assert _t_run[_t_name].dtype == torch.float32, f"fp32 inputs must give an fp32 {_t_name}"
+    assert torch.allclose(_t_run[_t_name].double(), _t_expected, rtol=1e-4, atol=1e-5), f"GQA: {_t_name} differs"
+### BEGIN HIDDEN TESTS
+from course_lib import grading
+
+grading.assert_own_function(ring_attention_backward, "ring_attention_backward")
+
+
+def _t_gqa_grads(own):
+    generator = torch.Generator().manual_seed(2)
+    q, grad = (torch.randn(1, 6, 24, 4, generator=generator, dtype=torch.float64) for _ in range(2))
+    k, v = (torch.randn(1, 2, 24, 4, generator=generator, dtype=torch.float64) for _ in range(2))
+    run = ring_attention_on_ranks(
+        q, k, v, 3, "head_tail", True, block_size=2, grad_out=grad, forward=None, backward=own
+    )
+    return [run["dq"], run["dk"], run["dv"]], list(reference_attention_gradients(q, k, v, grad, True))
+
+
+_t_found, _t_want = grading.in_student_process(ring_attention_backward, _t_gqa_grads)
+grading.assert_same(_t_found, _t_want, rtol=1e-9, atol=1e-11, path="[dq, dk, dv] (6 query heads over 2 KV heads)")
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_ring_attention_backward__ring", "locked": true, "points": 1, "schema_version": 3}
+_t_gen = torch.Generator().manual_seed(3)
+_t_q, _t_k, _t_v, _t_grad = (torch.randn(1, 2, 24, 4, generator=_t_gen, dtype=torch.float64) for _ in range(4))
+_t_logs = in_student_process(
+    ring_attention_backward,
+    lambda own: ring_attention_on_ranks(
+        _t_q, _t_k, _t_v, 3, block_size=4, grad_out=_t_grad, forward=None, backward=own
+    )["backward"],
+)
+for _t_rank, _t_log in enumerate(_t_logs):
+    _t_kinds = {kind for kind, _, _ in _t_log["events"]} - {"compute", "send", "recv"}
+    assert not _t_kinds, f"rank {_t_rank} of 3 made collectives {sorted(_t_kinds)}; pass the gradients round the ring"
+    _t_to = {peer for kind, peer, _ in _t_log["events"] if kind == "send"}
+    _t_from = {peer for kind, peer, _ in _t_log["events"] if kind == "recv"}
+    assert _t_to <= {(_t_rank + 1) % 3} and _t_from <= {(_t_rank - 1) % 3}, (
+        f"rank {_t_rank} of 3 sent to {sorted(_t_to)} and received from {sorted(_t_from)}: next and previous only"
+    )
+### BEGIN HIDDEN TESTS
+from course_lib import grading
+
+grading.assert_own_function(ring_attention_backward, "ring_attention_backward")
+
+
+def _t_backward_logs(own):
+    generator = torch.Generator().manual_seed(4)
+    q, k, v, grad = (torch.randn(1, 2, 40, 3, generator=generator, dtype=torch.float64) for _ in range(4))
+    run = ring_attention_on_ranks(
+        q, k, v, 5, "head_tail", True, block_size=4, grad_out=grad, forward=None, backward=own
+    )
+    return run["backward"]
+
+
+for _t_rank, _t_log in enumerate(grading.in_student_process(ring_attention_backward, _t_backward_logs)):
+    _t_kinds = {kind for kind, _, _ in _t_log["events"]} - {"compute", "send", "recv"}
+    _t_to = {peer for kind, peer, _ in _t_log["events"] if kind == "send"}
+    _t_from = {peer for kind, peer, _ in _t_log["events"] if kind == "recv"}
+    assert not _t_kinds and _t_to <= {(_t_rank + 1) % 5} and _t_from <= {(_t_rank - 1) % 5}, (
+        f"5 ranks: rank {_t_rank} made {sorted(_t_kinds)}, sent to {sorted(_t_to)}, received from {sorted(_t_from)}"
+    )
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_ring_attention_backward__memory", "locked": true, "points": 1, "schema_version": 3}
+_t_gen = torch.Generator().manual_seed(5)
+_t_q, _t_k, _t_v, _t_grad = (torch.randn(1, 2, 64, 8, generator=_t_gen, dtype=torch.float64) for _ in range(4))
+_t_logs = in_student_process(
+    ring_attention_backward,
+    lambda own: ring_attention_on_ranks(
+        _t_q, _t_k, _t_v, 4, block_size=4, grad_out=_t_grad, forward=None, backward=own
+    )["backward"],
+)
+_t_bound = 2 * _t_k[:, :, :16].numel() * 8  # k and v of one rank's 16 positions, fp64
+_t_largest = max(log["largest_bytes"] for log in _t_logs)
+assert _t_largest <= _t_bound, f"a rank created a tensor of {_t_largest} bytes; one shard's k and v take {_t_bound}"
+### BEGIN HIDDEN TESTS
+from course_lib import grading
+
+grading.assert_own_function(ring_attention_backward, "ring_attention_backward")
+
+
+def _t_backward_largest(own):
+    generator = torch.Generator().manual_seed(6)
+    q, k, v, grad = (torch.randn(2, 2, 96, 4, generator=generator) for _ in range(4))  # fp32: accumulators fp32
+    run = ring_attention_on_ranks(
+        q, k, v, 6, "contiguous", True, block_size=4, grad_out=grad, forward=None, backward=own
+    )
+    return [log["largest_bytes"] for log in run["backward"]]
+
+
+_t_bound = 2 * 2 * 2 * 16 * 4 * 4  # B H_kv T_r d, fp32, k and v
+for _t_rank, _t_bytes in enumerate(grading.in_student_process(ring_attention_backward, _t_backward_largest)):
+    assert _t_bytes <= _t_bound, f"6 ranks: rank {_t_rank} created a tensor of {_t_bytes} bytes, above {_t_bound}"
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## 5. Evidence: what each rank holds and sends (证据：每个进程持有和发送的数据)
+#
+# Your kernels on 1, 2, 4 and 8 ranks, one sequence of 512 positions (4 heads of width 32, fp32, causal, head-tail):
+# per rank, the largest tensor it creates, what it receives, and its share of the causal work.
+
+# %%
+generator = torch.Generator().manual_seed(0)
+q, k, v = (torch.randn(1, 4, 512, 32, generator=generator) for _ in range(3))
+print(f"{'ranks':>5} | {'largest tensor, KB':>18} | {'received, KB':>12} | {'block products':>14} | causal pairs")
+for ranks in (1, 2, 4, 8):
+    logs = ring_attention_on_ranks(q, k, v, ranks, block_size=32, forward=ring_attention_forward)["forward"]
+    largest = max(log["largest_bytes"] for log in logs)
+    received = max(sum(size for kind, _, size in log["events"] if kind == "recv") for log in logs)
+    products = [sum(n for kind, _, n in log["events"] if kind == "compute") for log in logs]
+    pairs = causal_pairs_per_rank(512, ranks)
+    print(f"{ranks:>5} | {largest / 1e3:18.1f} | {received / 1e3:12.1f} | {max(products):>14} | {pairs[0]:,} each")
+
+# %% [markdown]
+# The largest tensor a rank creates halves with each doubling of the ranks (one shard's keys and values, 524.3 KB
+# on one rank, 65.5 KB on eight); what each rank receives grows towards one whole sequence's keys and values,
+# $(R - 1) / R$ of it, but one shard at a time; and the causal work is the same on every rank. That is the trade:
+# memory per rank falls as $1/R$, the bytes on the wire do not. On GPUs the hop is hidden behind the shard's
+# attention as long as computing a shard takes longer than sending it: the shard's compute grows as $(T/R)^2$, its
+# message as $T/R$, so a long enough sequence always hides it.
+#
+# ## 6. All-to-all: split the heads instead (全交换：改为按注意力头切分)
+#
+# DeepSpeed-Ulysses (Jacobs et al.) takes the other way round the problem. Attention is independent per head,
+# so for the length of the attention call it regroups the data: from "rank $r$ holds positions $r T/R$ to
+# $(r+1) T/R$ of every head" to "rank $r$ holds every position of heads $r H/R$ to $(r+1) H/R$". One **all-to-all**
+# (`dist.all_to_all_single`: rank $i$'s $j$-th piece of its input becomes rank $j$'s $i$-th piece of its output)
+# does the regrouping; each rank then runs ordinary attention over the whole sequence for its heads, and a second
+# all-to-all brings the output back to the sequence split. The number of heads (and of KV heads) must be a multiple
+# of $R$, which caps $R$: for Qwen3-8B's 8 KV heads, 8 ranks.
+#
+# ### TODO · `sequence_to_heads` and `heads_to_sequence` (序列切分与头切分的互换)
+#
+# Write both, for ranks of `group` (the default group when `None`), on contiguous sequence shards:
+# * `sequence_to_heads(x, group=None)`: `x` $[B, h, T_r, w]$ is this rank's stretch of the sequence (positions
+#   $r T_r$ to $(r+1) T_r - 1$) for every head; return $[B, h/R, R T_r, w]$: the whole sequence, stretches in rank
+#   order, for heads $r h/R$ to $(r+1) h/R - 1$. A head count that does not split is refused (`ValueError`, not
+#   graded).
+# * `heads_to_sequence(x, group=None)`: its inverse, $[B, h/R, T, w] \to [B, h, T/R, w]$.
+#
+# * **`sequence_to_heads`** (2 points), **`heads_to_sequence`** (1 point): exact on 1 to 4 ranks; and **Memory**
+#   (1 point): no tensor a rank creates is larger than its input (each rank never holds more than its share).
+
+# %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_sequence_to_heads", "locked": false, "schema_version": 3}
+#| solution: course_lib.ring.sequence_to_heads
+
+# %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_heads_to_sequence", "locked": false, "schema_version": 3}
+#| solution: course_lib.ring.heads_to_sequence
+
+# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_sequence_to_heads", "locked": true, "points": 2, "schema_version": 3}
+# Two ranks, 4 heads, 6 positions: rank r holds positions 3r..3r+2 of every head, then all 6 positions of heads 2r, 2r+1.
+_t_whole = torch.arange(1 * 4 * 6 * 2, dtype=torch.float64).reshape(1, 4, 6, 2)
+_t_out = in_student_process(
+    sequence_to_heads,
+    lambda own: [log["result"] for log in call_on_ranks(own, [(_t_whole[:, :, :3],), (_t_whole[:, :, 3:],)])],
+)
+for _t_rank in range(2):
+    _t_want = _t_whole[:, 2 * _t_rank : 2 * _t_rank + 2]
+    assert _t_out[_t_rank].shape == _t_want.shape and torch.equal(_t_out[_t_rank], _t_want), (
+        f"rank {_t_rank}: sequence_to_heads gave shape {tuple(_t_out[_t_rank].shape)}; expected heads "
+        f"{2 * _t_rank}, {2 * _t_rank + 1} over all 6 positions, {tuple(_t_want.shape)}"
+    )
+### BEGIN HIDDEN TESTS
+from course_lib import grading
+
+grading.assert_own_function(sequence_to_heads, "sequence_to_heads")
+
+
+def _t_to_heads(own):
+    found = []
+    for world, heads, tokens in [(3, 6, 4), (4, 4, 2), (1, 3, 5)]:
+        generator = torch.Generator().manual_seed(world)
+        whole = torch.randn(2, heads, world * tokens, 3, generator=generator, dtype=torch.float64)
+        inputs = [(whole[:, :, r * tokens : (r + 1) * tokens],) for r in range(world)]
+        found.append((world, heads, whole, [log["result"] for log in call_on_ranks(own, inputs)]))
+    return found
+
+
+for _t_world, _t_heads, _t_whole, _t_outs in grading.in_student_process(sequence_to_heads, _t_to_heads):
+    _t_per = _t_heads // _t_world
+    grading.assert_same(
+        _t_outs,
+        [_t_whole[:, r * _t_per : (r + 1) * _t_per] for r in range(_t_world)],
+        rtol=0,
+        atol=0,
+        path=f"sequence_to_heads on {_t_world} ranks, {_t_heads} heads (per rank)",
+    )
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_heads_to_sequence", "locked": true, "points": 1, "schema_version": 3}
+_t_whole = torch.arange(1 * 4 * 6 * 2, dtype=torch.float64).reshape(1, 4, 6, 2)
+_t_out = in_student_process(
+    heads_to_sequence,
+    lambda own: [log["result"] for log in call_on_ranks(own, [(_t_whole[:, :2],), (_t_whole[:, 2:],)])],
+)
+for _t_rank in range(2):
+    _t_want = _t_whole[:, :, 3 * _t_rank : 3 * _t_rank + 3]
+    assert _t_out[_t_rank].shape == _t_want.shape and torch.equal(_t_out[_t_rank], _t_want), (
+        f"rank {_t_rank}: heads_to_sequence gave shape {tuple(_t_out[_t_rank].shape)}; expected every head over "
+        f"positions {3 * _t_rank}..{3 * _t_rank + 2}, {tuple(_t_want.shape)}"
+    )
+### BEGIN HIDDEN TESTS
+from course_lib import grading
+
+grading.assert_own_function(heads_to_sequence, "heads_to_sequence")
+
+
+def _t_to_sequence(own):
+    found = []
+    for world, heads, tokens in [(3, 6, 4), (4, 8, 3)]:
+        generator = torch.Generator().manual_seed(world)
+        whole = torch.randn(2, heads, world * tokens, 3, generator=generator, dtype=torch.float64)
+        per = heads // world
+        inputs = [(whole[:, r * per : (r + 1) * per],) for r in range(world)]
+        found.append((world, whole, tokens, [log["result"] for log in call_on_ranks(own, inputs)]))
+    return found
+
+
+for _t_world, _t_whole, _t_tokens, _t_outs in grading.in_student_process(heads_to_sequence, _t_to_sequence):
+    grading.assert_same(
+        _t_outs,
+        [_t_whole[:, :, r * _t_tokens : (r + 1) * _t_tokens] for r in range(_t_world)],
+        rtol=0,
+        atol=0,
+        path=f"heads_to_sequence on {_t_world} ranks (per rank)",
+    )
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_sequence_to_heads__memory", "locked": true, "points": 1, "schema_version": 3}
+_t_whole = torch.randn(1, 4, 32, 8, dtype=torch.float64)
+_t_logs = in_student_process(
+    sequence_to_heads,
+    lambda own: call_on_ranks(own, [(_t_whole[:, :, 8 * r : 8 * (r + 1)],) for r in range(4)]),
+)
+_t_bound = _t_whole[:, :, :8].numel() * 8
+for _t_rank, _t_log in enumerate(_t_logs):
+    assert _t_log["largest_bytes"] <= _t_bound, (
+        f"rank {_t_rank} of 4 created a tensor of {_t_log['largest_bytes']} bytes; its share is {_t_bound}"
+    )
+### BEGIN HIDDEN TESTS
+from course_lib import grading
+
+grading.assert_own_function(sequence_to_heads, "sequence_to_heads")
+
+
+def _t_heads_largest(own):
+    whole = torch.randn(2, 6, 36, 4, generator=torch.Generator().manual_seed(1))
+    return [
+        log["largest_bytes"] for log in call_on_ranks(own, [(whole[:, :, 12 * r : 12 * (r + 1)],) for r in range(3)])
+    ]
+
+
+for _t_rank, _t_bytes in enumerate(grading.in_student_process(sequence_to_heads, _t_heads_largest)):
+    assert _t_bytes <= 2 * 6 * 12 * 4 * 4, f"3 ranks: rank {_t_rank} created a tensor of {_t_bytes} bytes"
+### END HIDDEN TESTS
+
+# %% [markdown]
+# With both transforms, Ulysses attention is three all-to-alls in (q, k, v), attention over the whole sequence for
+# $H/R$ heads, and one out (the library's `ulysses_attention_forward` adds the lse). On 2 ranks, against attention run
+# whole, and what each rank sends:
+
+# %%
+generator = torch.Generator().manual_seed(0)
+q = torch.randn(1, 4, 64, 8, generator=generator, dtype=torch.float64)
+k, v = (torch.randn(1, 2, 64, 8, generator=generator, dtype=torch.float64) for _ in range(2))
+ulysses = ulysses_attention_on_ranks(q, k, v, 2, block_size=16)
+ring = ring_attention_on_ranks(q, k, v, 2, block_size=16, forward=ring_attention_forward)
+want = reference_attention(q, k, v, causal=True)[0]
+for name, run in (("all-to-all", ulysses), ("ring", ring)):
+    moved = sum(size for kind, _, size in run["forward"][0]["events"] if kind != "compute")
+    print(f"{name:<10}: max |out - whole| {(run['out'] - want).abs().max():.1e} | rank 0 moves {moved:,} bytes")
+
+# %% [markdown]
+# Both are exact. The all-to-all moves more here (q, k, v and the output, every head), but its messages shrink as
+# $1/R$ per rank while the ring's total stays near one sequence's keys and values: at large $R$ and with few KV
+# heads the ring wins on bytes, Ulysses on simplicity and on being independent of the attention kernel. Production
+# systems combine them: Ulysses inside a node (fast links, head count permitting), the ring across nodes (USP,
+# "unified sequence parallelism", Fang and Zhao).
+#
+# ### Your derivations (推导)
+#
+# 1. Qwen3-8B (8 KV heads of width 128) trains on one sequence of $T = 131{,}072$ tokens, bf16 (2 bytes), over
+#    $R = 8$ ranks with ring attention. How many **bytes does each rank receive** in one layer's forward attention?
+#    Bind it to `ring_bytes_received_per_rank`.
+# 2. With **contiguous** shards on $R = 8$ ranks and a causal mask, as $T \to \infty$: how many times the average
+#    rank's work does the **last** rank do? Bind it to `contiguous_last_rank_over_average_8_ranks`.
+
+# %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_ring_bytes_received_per_rank", "locked": false, "schema_version": 3}
+### BEGIN SOLUTION
+ring_bytes_received_per_rank = (8 - 1) * (131_072 // 8) * 8 * 128 * 2 * 2  # R - 1 shards of k and v, bf16
+### END SOLUTION
+
+# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_ring_bytes_received_per_rank", "locked": true, "points": 1, "schema_version": 3}
+from course_lib import grading
+
+assert ring_bytes_received_per_rank is not ..., "answer in the cell above: replace the ... with your number"
+assert grading.is_integer(ring_bytes_received_per_rank), (
+    f"a count of bytes is a whole number, got {ring_bytes_received_per_rank!r}"
+)
+### BEGIN HIDDEN TESTS
+# 7 hops x 16,384 positions x 8 KV heads x 128 x (k and v) x 2 bytes
+grading.assert_answer(ring_bytes_received_per_rank, "ring_bytes_received_per_rank", 469_762_048)
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_contiguous_last_rank_over_average_8_ranks", "locked": false, "schema_version": 3}
+### BEGIN SOLUTION
+contiguous_last_rank_over_average_8_ranks = (2 * 8 - 1) / 8  # rank r's share grows as 2r + 1; the mean is R
+### END SOLUTION
+
+# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_contiguous_last_rank_over_average_8_ranks", "locked": true, "points": 1, "schema_version": 3}
+from course_lib import grading
+
+assert contiguous_last_rank_over_average_8_ranks is not ..., (
+    "answer in the cell above: replace the ... with your number"
+)
+assert grading.is_number(contiguous_last_rank_over_average_8_ranks), (
+    f"a ratio is a number, got {contiguous_last_rank_over_average_8_ranks!r}"
+)
+### BEGIN HIDDEN TESTS
+# rank r's queries see about (2r + 1) (T / R)^2 / 2 pairs; the average is R (T / R)^2 / 2: (2R - 1) / R = 15 / 8
+grading.assert_answer(
+    contiguous_last_rank_over_average_8_ranks, "contiguous_last_rank_over_average_8_ranks", 15 / 8, rtol=1e-6
+)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## 7. In the real model (在真实模型中)
+#
+# Everything in a transformer layer but attention acts on each token alone, so a rank can run the whole model on its
+# shard: it embeds its tokens, applies rotary positions at their **global** positions (`position_ids`), and its
+# attention layers call your ring kernels, which meet the other ranks' keys. `ring_model_on_ranks(model, ids, R)`
+# does this with the tiny Qwen2 (registered through transformers' `AttentionInterface`, as in chapter 10): one
+# training forward and backward, each rank adding its tokens' share of the loss, the parameter gradients summed over
+# the ranks as data parallelism would. Against the model run whole on one process:
+
+# %%
+model = tiny_qwen2(seed=0)
+ids = torch.randint(0, model.config.vocab_size, (1, 64), generator=torch.Generator().manual_seed(0))
+split = ring_model_on_ranks(model, ids, 2, forward=ring_attention_forward, backward=ring_attention_backward)
+whole = model(ids, labels=ids, use_cache=False)
+whole.loss.backward()
+whole_gradient = torch.cat([p.grad.flatten() for p in model.parameters()])
+print(f"logits: max |2 ranks - whole| {(split['logits'] - whole.logits).abs().max():.1e}")
+print(f"loss  : 2 ranks {split['loss']:.6f} | whole {whole.loss.item():.6f}")
+print(f"grads : max |2 ranks - whole| {(split['gradient'] - whole_gradient).abs().max():.1e}")
+model.zero_grad()
+
+# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_ring_attention_forward__in_model", "locked": true, "points": 2, "schema_version": 3}
+# In the model: the tiny Qwen2 over 2 ranks with your forward gives the logits of the model run whole.
+_t_model = tiny_qwen2(seed=1)
+_t_ids = torch.randint(0, _t_model.config.vocab_size, (1, 32), generator=torch.Generator().manual_seed(1))
+_t_split = in_student_process(
+    ring_attention_forward, lambda own: ring_model_on_ranks(_t_model, _t_ids, 2, forward=own, block_size=8)["logits"]
+)
+with torch.no_grad():
+    _t_whole = _t_model(_t_ids, use_cache=False).logits
+assert (_t_split - _t_whole).abs().max() < 1e-4, (
+    f"tiny Qwen2 over 2 ranks: logits differ from the model run whole by {(_t_split - _t_whole).abs().max():.2e}"
+)
+### BEGIN HIDDEN TESTS
+from course_lib import grading
+
+grading.assert_own_function(ring_attention_forward, "ring_attention_forward")
+
+
+def _t_model_logits(own):
+    tiny = tiny_qwen2(seed=2)
+    ids = torch.randint(0, tiny.config.vocab_size, (1, 48), generator=torch.Generator().manual_seed(2))
+    found = [
+        ring_model_on_ranks(tiny, ids, world, layout, forward=own, block_size=4)["logits"]
+        for world, layout in [(3, "head_tail")]
+    ]
+    with torch.no_grad():
+        return found, tiny(ids, use_cache=False).logits
+
+
+_t_found, _t_whole = grading.in_student_process(ring_attention_forward, _t_model_logits)
+for _t_logits in _t_found:
+    assert (_t_logits - _t_whole).abs().max() < 1e-4, "tiny Qwen2 over 3 / 4 ranks: logits differ from run whole"
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_ring_attention_backward__in_model", "locked": true, "points": 1, "schema_version": 3}
+# In the model: a training step over 2 ranks with your backward gives the gradient of the model run whole.
+_t_model = tiny_qwen2(seed=1)
+_t_ids = torch.randint(0, _t_model.config.vocab_size, (1, 32), generator=torch.Generator().manual_seed(3))
+_t_split = in_student_process(
+    ring_attention_backward,
+    lambda own: ring_model_on_ranks(_t_model, _t_ids, 2, backward=own, block_size=8)["gradient"],
+)
+_t_model(_t_ids, labels=_t_ids, use_cache=False).loss.backward()
+_t_whole = torch.cat([p.grad.flatten() for p in _t_model.parameters()])
+assert (_t_split - _t_whole).abs().max() < 1e-5 * max(1.0, _t_whole.abs().max().item()), (
+    f"tiny Qwen2 over 2 ranks: the gradient differs from the model run whole by {(_t_split - _t_whole).abs().max():.2e}"
+)
+### BEGIN HIDDEN TESTS
+from course_lib import grading
+
+grading.assert_own_function(ring_attention_backward, "ring_attention_backward")
+
+
+def _t_model_gradient(own):
+    tiny = tiny_qwen2(seed=2)
+    ids = torch.randint(0, tiny.config.vocab_size, (1, 48), generator=torch.Generator().manual_seed(4))
+    split = ring_model_on_ranks(tiny, ids, 3, "head_tail", backward=own, block_size=4)["gradient"]
+    tiny(ids, labels=ids, use_cache=False).loss.backward()
+    return split, torch.cat([p.grad.flatten() for p in tiny.parameters()])
+
+
+_t_split, _t_whole = grading.in_student_process(ring_attention_backward, _t_model_gradient)
+assert (_t_split - _t_whole).abs().max() < 1e-5 * max(1.0, _t_whole.abs().max().item()), (
+    "tiny Qwen2 over 3 ranks: the gradient differs from the model run whole"
+)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# The logits and the gradient agree to fp32 rounding: the model does not know its sequence was split. Two details
+# made it so. Each rank passes its tokens' **global** positions, so rotary embeddings rotate each query and key as on
+# one device (a rank that numbered its tokens from 0 would train a different model). And the loss is the global
+# mean: each rank adds the sum over its tokens, divided by the count of the whole sequence (chapter 4's rule across
+# ranks, here across one sample's pieces).
+#
+# ## 8. The same mechanism in the frameworks (框架中的同一机制)
+#
+# * **PyTorch** ships context parallelism as `torch.distributed.tensor.experimental.context_parallel`: inside
+#   its context manager, the buffers you name (inputs, positions, the rotary cache) are sharded along the sequence
+#   and SDPA calls become ring attention over a device mesh. Its load balancers (`_HeadTailLoadBalancer`, which your
+#   `shard_chunks` matches, and a per-document variant for packed rows) decide the layout. Its ring runs on CUDA's
+#   SDPA kernels only (flash and memory-efficient), which is why this chapter checks your kernels against attention
+#   run whole rather than against it.
+# * **ring-flash-attention** (zhuzilin) implements `ring_flash_attn_func`, `zigzag_ring_flash_attn_func` (the
+#   head-tail layout) and a varlen version on flash-attn's kernels, merging by `softmax_lse` as you did;
+#   **Megatron-LM** and **Transformer Engine** expose the same as `context_parallel_size`; **DeepSpeed** ships
+#   Ulysses as `DistributedAttention`; long-context fine-tuning frameworks expose sequence-parallel
+#   options built on these libraries.
+# * **Packed rows under CP.** When a row is a pack of documents (chapter 3), each document must be split across the
+#   ranks on its own, or a short document lands wholly on one rank and the balance is lost: PyTorch's per-document
+#   head-tail balancer and ring-flash-attention's varlen zigzag do this.
+#
+# ## 9. Design questions in practice (实践中的设计问题)
+#
+# **Problem: CP runs, but rank 0 idles most of each step (上下文并行时 0 号进程大部分时间空闲).**
+# *Cause:* contiguous shards under a causal mask (section 2): the last rank does $(2R - 1)/R$ times the average work.
+# *Recommendation:* head-tail (zigzag) layout, and with packed rows a per-document one.
+#
+# **Problem: the loss under CP is slightly off, or the model degrades at long lengths (开启上下文并行后损失异常).**
+# *Cause:* positions renumbered per rank (each shard starting at 0), or the loss averaged per rank and then across
+# ranks (chapter 4's mistake, within one sample). *Recommendation:* compare one step's logits and gradients against a
+# single-device run on a short sequence, as section 7 does, before any long run.
+#
+# **Problem: CP gives no speed-up although memory fell (显存下降但速度没有提升).**
+# *Cause:* the hop is not hidden: the sequence per rank is too short for its attention to outlast the send, or the
+# send starts only after the compute. *Recommendation:* fewer CP ranks (more data-parallel ranks instead), or
+# Ulysses within a node.
+#
+# ## 10. Exercises (练习)
+#
+# 1. Measure your ring's time on 2 and 4 ranks against one process at $T = 2048$ on this CPU. Where does the time
+#    go? (Both ranks share 2 cores here: what would change with a device per rank?)
+# 2. Your backward sends each shard's gradient accumulator one more hop after the loop. Count each rank's bytes
+#    received in backward against forward, from the `"backward"` log.
+# 3. Write `ulysses_attention_forward` from your two transforms and check it with `ulysses_attention_on_ranks(...,
+#    forward=...)`. Which head counts refuse 3 ranks?
+# 4. A packed row of two documents of 24 and 8 tokens over 2 ranks, head-tail on the whole row: count each rank's
+#    causal pairs within documents. Then split each document head-tail on its own and count again.
