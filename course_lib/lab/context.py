@@ -24,7 +24,7 @@ from ..ring import (
     ulysses_attention_forward,
 )
 from ..tiled import reference_attention
-from .ranks import join_gloo, run_ranks
+from .ranks import join_gloo, report_failure, run_ranks
 
 __all__ = ["call_on_ranks", "ring_attention_on_ranks", "ulysses_attention_on_ranks", "ring_model_on_ranks"]
 
@@ -86,7 +86,7 @@ def _attention_worker(rank, world_size, port, timeout_s, results, tensors, run_f
         results.put(("ok", rank, payload))
         dist.destroy_process_group()
     except Exception as error:  # noqa: BLE001 - report any failure to the parent instead of hanging it
-        results.put(("error", rank, f"rank {rank}: {type(error).__name__}: {error}"))
+        report_failure(results, rank, error)
 
 
 def _call_worker(rank, world_size, port, timeout_s, results, function, tensors) -> None:
@@ -98,7 +98,7 @@ def _call_worker(rank, world_size, port, timeout_s, results, function, tensors) 
         results.put(("ok", rank, {"result": found[0], **log}))  # numpy: a torch tensor would travel by shared memory
         dist.destroy_process_group()
     except Exception as error:  # noqa: BLE001 - report any failure to the parent instead of hanging it
-        results.put(("error", rank, f"rank {rank}: {type(error).__name__}: {error}"))
+        report_failure(results, rank, error)
 
 
 def call_on_ranks(function, rank_inputs: list[tuple[torch.Tensor, ...]], timeout_s: float = 120.0) -> list[dict]:
@@ -276,7 +276,7 @@ def _model_worker(rank, world_size, port, timeout_s, results, model, ids, positi
         results.put(("ok", rank, [logits.detach().numpy(), loss_sum.detach().numpy(), gradient.numpy()]))
         dist.destroy_process_group()
     except Exception as error:  # noqa: BLE001 - report any failure to the parent instead of hanging it
-        results.put(("error", rank, f"rank {rank}: {type(error).__name__}: {error}"))
+        report_failure(results, rank, error)
 
 
 class ModelRun(TypedDict):

@@ -33,7 +33,7 @@ from ..loss import (
     require_lm_batch,
 )
 from ..window import IGNORE_INDEX
-from .ranks import join_gloo, run_ranks, spawns
+from .ranks import join_gloo, report_failure, run_ranks, spawns
 
 __all__ = [
     "synthetic_supervised_batch",
@@ -178,7 +178,7 @@ def _data_parallel_worker(
             results.put(("ok", 0, {name: gradient.numpy() for name, gradient in gradients.items()}))
         dist.destroy_process_group()
     except Exception as error:  # noqa: BLE001 - report any failure to the parent instead of hanging it
-        results.put(("error", rank, f"rank {rank}: {type(error).__name__}: {error}"))
+        report_failure(results, rank, error)
 
 
 def data_parallel_gradients(
@@ -251,7 +251,7 @@ def _step_worker(rank, world_size, port, timeout_s, results, step, model, batch,
         results.put(("ok", rank, {"gradient": gradient, "returned": returned, "collectives": log.calls}))
         dist.destroy_process_group()
     except Exception as error:  # noqa: BLE001 - report any failure to the parent instead of hanging it
-        results.put(("error", rank, f"rank {rank}: {type(error).__name__}: {error}"))
+        report_failure(results, rank, error)
 
 
 class RanksStep(TypedDict):
