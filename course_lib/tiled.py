@@ -23,6 +23,7 @@ from itertools import pairwise
 import torch
 
 from ._checks import require_bool, require_positive_int, require_real, require_tensor
+from .varlen import attention_switched, require_transformers_model
 
 __all__ = [
     "check_attention_inputs",
@@ -440,13 +441,8 @@ def attention_in_model(model, attend=None, block_size: int = 64):
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
 
-    if not hasattr(model, "set_attn_implementation") or not hasattr(model, "config"):
-        raise ValueError(f"model must be a transformers model, got {type(model).__name__}")
+    require_transformers_model(model)
     AttentionInterface.register(TILED_ATTENTION, transformers_attention(attend, block_size))
     AttentionMaskInterface.register(TILED_ATTENTION, flash_attention_mask)  # a 2-D padding mask or None
-    before = model.config._attn_implementation
-    model.set_attn_implementation(TILED_ATTENTION)
-    try:
+    with attention_switched(model, TILED_ATTENTION):
         yield model
-    finally:
-        model.set_attn_implementation(before)

@@ -456,9 +456,20 @@ def varlen_attention(model, kernel: str = "auto"):
     wrap each step, switch the model for good instead:
     `model.set_attn_implementation(register_varlen_attention("auto"))`.
     """
+    require_transformers_model(model)
+    with attention_switched(model, register_varlen_attention(kernel)):
+        yield model
+
+
+def require_transformers_model(model) -> None:
     if not hasattr(model, "set_attn_implementation") or not hasattr(model, "config"):
         raise ValueError(f"model must be a transformers model, got {type(model).__name__}")
-    name = register_varlen_attention(kernel)
+
+
+@contextmanager
+def attention_switched(model, name: str):
+    """`with attention_switched(model, name):` the transformers model attends through the implementation registered
+    under `name`; its own comes back afterwards, whatever happens inside."""
     before = model.config._attn_implementation
     model.set_attn_implementation(name)
     try:
