@@ -424,8 +424,9 @@ plt.show()
 # A row packs three samples of **512, 300 and 200 tokens**, in that order, with no padding. How many
 # (query, key) pairs does a causal mask over the whole row allow that the block-causal mask forbids? Count the red
 # pairs of the figure above for this row, by reasoning rather than by building the mask, and bind the number to
-# `leaking_pairs` below (an integer; an expression counts too). The test below checks only that it is an integer;
-# the grader's hidden test checks the value.
+# `leaking_pairs` below (an integer; an expression of numbers counts too, but not a variable computed in another
+# cell: the grader reads the answer cell on its own). The test below checks only that it is an integer; the grader's
+# hidden test checks the value.
 
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_leaking_pairs", "locked": false, "schema_version": 3}
 ### BEGIN SOLUTION

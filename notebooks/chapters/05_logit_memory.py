@@ -620,8 +620,9 @@ plt.show()
 # (`QWEN3_VOCAB_SIZE`) and the head in fp32, what is the **largest chunk size $C$** (a whole number of tokens) for
 # which the largest tensor the chunked forward creates stays **at most 1 GB** ($10^9$ bytes), for one sequence
 # ($B = 1$, as in the table)? Read the plateau's height off the table above, then bind your answer to
-# `largest_chunk_for_1gb` in the cell below: a number or an expression, both count. The test below checks only that
-# it is an integer; the grader's hidden test checks the value.
+# `largest_chunk_for_1gb` in the cell below: a number or an expression of numbers, both count (not a variable from
+# another cell: the grader reads the answer cell on its own). The test below checks only that it is an integer; the
+# grader's hidden test checks the value.
 
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_largest_chunk_for_1gb", "locked": false, "schema_version": 3}
 ### BEGIN SOLUTION

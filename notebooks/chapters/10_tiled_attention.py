@@ -953,7 +953,10 @@ for block in (512, 256, 128):
 #    **longest length $T$** (a whole number of tokens) whose scores fit in **80 GB** ($8 \cdot 10^{10}$ bytes)? Bind
 #    it to `longest_fp32_scores_in_80gb`.
 # 2. A causal tiled kernel over $n = 16$ blocks per side: what **fraction of the $n^2$ block products** does it skip?
-#    Bind it to `causal_fraction_skipped_16_blocks` (a number in $[0, 1]$; an expression counts).
+#    Bind it to `causal_fraction_skipped_16_blocks` (a number in $[0, 1]$; an expression of numbers counts).
+#
+# The grader reads each answer cell on its own, without the chapter's other cells: bind numbers or expressions of
+# numbers, not a variable computed elsewhere.
 
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_longest_fp32_scores_in_80gb", "locked": false, "schema_version": 3}
 ### BEGIN SOLUTION

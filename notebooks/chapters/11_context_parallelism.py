@@ -822,6 +822,9 @@ for name, run in (("all-to-all", ulysses), ("ring", ring)):
 #    Bind it to `ring_bytes_received_per_rank`.
 # 2. With **contiguous** shards on $R = 8$ ranks and a causal mask, as $T \to \infty$: how many times the average
 #    rank's work does the **last** rank do? Bind it to `contiguous_last_rank_over_average_8_ranks`.
+#
+# The grader reads each answer cell on its own, without the chapter's other cells: bind numbers or expressions of
+# numbers, not a variable computed elsewhere.
 
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_ring_bytes_received_per_rank", "locked": false, "schema_version": 3}
 ### BEGIN SOLUTION
