@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     import nbgrader
     import torch
 
-    from course_lib.instructor import build, confined, grade
+    from course_lib.instructor import build, confined, grade, gradebook
     from course_lib.instructor.outcome import Status
     from tests.support import autograde
 
@@ -135,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         for chapter, notebooks in staged.items():
             for student in notebooks:
                 ours = {
-                    g: s for g, (s, _) in grade.NbgraderRecorder(root, scratch / "x").scores(student, chapter).items()
+                    g: s
+                    for g, (s, _) in gradebook.NbgraderRecorder(root, scratch / "x").scores(student, chapter).items()
                 }
                 theirs = {g: s for g, (s, _) in autograde.cell_scores(sequential_root, chapter, student).items()}
                 open_ = {g: s for g, (s, _) in autograde.cell_scores(unconfined_root, chapter, student).items()}

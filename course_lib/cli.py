@@ -52,8 +52,9 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _grade(args: argparse.Namespace) -> int:
-    from course_lib.instructor import grade
+    from course_lib.instructor import grade, report
     from course_lib.instructor.outcome import Status
+    from course_lib.instructor.roster import read_roster
 
     if not Path(args.submissions).exists():
         print(f"course grade: {args.submissions} does not exist", file=sys.stderr)
@@ -83,7 +84,7 @@ def _grade(args: argparse.Namespace) -> int:
         confinement = confined.Confinement(
             mode=args.sandbox, image=args.image, memory_bytes=int(args.memory_gb * 2**30)
         )
-        roster = grade.read_roster(args.roster) if args.roster else None
+        roster = read_roster(args.roster) if args.roster else None
         run = grade.grade_submissions(
             Path(args.submissions),
             Path(args.root),
@@ -106,7 +107,7 @@ def _grade(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("course grade: stopped before any submission was recorded (nothing was changed)", file=sys.stderr)
         return 130
-    print(grade.summary(run))
+    print(report.summary(run))
     if run.stopped:
         return 130
     return 1 if run.count(Status.FAILED) or run.count(Status.REGRADE) else 0

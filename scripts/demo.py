@@ -142,7 +142,7 @@ def main() -> int:
         "\n== grading sample submissions (course grade: each submission confined by bubblewrap, "
         "nbgrader's gradebook) =="
     )
-    from course_lib.instructor import grade
+    from course_lib.instructor import grade, report
 
     # Grade in a scratch copy of the built course: nbgrader refuses to rebuild a chapter whose gradebook holds
     # submissions, and the repository's notebooks/ must stay rebuildable.
@@ -158,7 +158,7 @@ def main() -> int:
     inbox = REPO / "build" / "demo" / "inbox"
     write_samples(course, inbox)
     run = grade.grade_submissions(inbox, course, force=True)
-    print(grade.summary(run))
+    print(report.summary(run))
     print_gradebook(run)
     wrong_answers = json.loads(WRONG_ANSWERS.read_text(encoding="utf-8"))
     wrong_todos = {chapter: answer["todo"] for chapter, answer in wrong_answers.items()}

@@ -18,6 +18,9 @@ import pytest
 from course_lib.grading.protocol import CellVerdict
 from course_lib.instructor import build, cells, execute, match, submissions
 from course_lib.instructor.cells import with_answers as submission_with
+from course_lib.instructor.gradebook import apply_roster, cell_scores, name_student, stage_original
+from course_lib.instructor.recording import all_or_nothing
+from course_lib.instructor.roster import read_roster
 
 pytestmark = pytest.mark.slow  # the whole module: `make test-all` runs it, `make test` does not
 
@@ -714,7 +717,7 @@ def test_a_notebook_nbgrader_refuses_is_recorded_with_its_verdicts_and_the_reaso
         )
         assert outcome.status == "graded", outcome.reason
         assert any("recorded without your own cells' text" in n and "No end hidden tests" in n for n in outcome.notes)
-        assert grade.cell_scores(root, CHAPTER, "ann") == expected
+        assert cell_scores(root, CHAPTER, "ann") == expected
 
 
 @pytest.mark.parametrize(
@@ -729,7 +732,6 @@ def test_a_notebook_nbgrader_refuses_is_recorded_with_its_verdicts_and_the_reaso
 def test_a_timestamp_nbgrader_cannot_read_is_left_out_with_a_note(tmp_path, stamp):
     """nbgrader fails a notebook whose timestamp.txt it cannot parse (and a folder by that name crashed the run);
     one stray file in a folder of submissions would fail them all. It is left out, with a note; a good one is kept."""
-    from course_lib.instructor import grade
 
     inbox = tmp_path / "inbox"
     inbox.mkdir()
@@ -740,15 +742,15 @@ def test_a_timestamp_nbgrader_cannot_read_is_left_out_with_a_note(tmp_path, stam
     submission = submissions.Submission(
         inbox / f"ann_{CHAPTER}.ipynb", f"ann_{CHAPTER}.ipynb", "ann", CHAPTER, raw=b"{}"
     )
-    staged, note = grade._stage_original(tmp_path / "course", submission)
+    staged, note = stage_original(tmp_path / "course", submission)
     assert not staged.exists() and "timestamp.txt beside it was left out" in note
     assert (staged.parent / f"{CHAPTER}.ipynb").read_bytes() == b"{}"
     if stamp is not None:
         (inbox / "timestamp.txt").write_text("2025-03-01 12:00:00.000000 UTC", encoding="utf-8")
-        staged, note = grade._stage_original(tmp_path / "course", submission)
+        staged, note = stage_original(tmp_path / "course", submission)
         assert note is None and staged.read_text(encoding="utf-8").startswith("2025-03-01")
         (inbox / "timestamp.txt").unlink()  # a later submission without a stamp must not inherit this one
-        staged, note = grade._stage_original(tmp_path / "course", submission)
+        staged, note = stage_original(tmp_path / "course", submission)
         assert note is None and not staged.exists()
 
 
@@ -784,17 +786,16 @@ def test_student_ids_that_differ_only_in_case_are_one_student(tmp_path):
 
 def test_an_unreadable_stamp_inside_submitted_is_not_handed_to_nbgrader(tmp_path):
     """Grading nbgrader's own layout in place: the student's file stays, but nbgrader does not get it."""
-    from course_lib.instructor import grade
 
     folder = tmp_path / "course" / "submitted" / "ann" / CHAPTER
     folder.mkdir(parents=True)
     (folder / "timestamp.txt").write_text("last tuesday-ish", encoding="utf-8")
     submission = submissions.Submission(folder / f"{CHAPTER}.ipynb", f"ann/{CHAPTER}", "ann", CHAPTER, raw=b"{}")
-    staged, note = grade._stage_original(tmp_path / "course", submission)
+    staged, note = stage_original(tmp_path / "course", submission)
     assert staged is None and "timestamp.txt beside it was left out" in note
     assert (folder / "timestamp.txt").read_text(encoding="utf-8") == "last tuesday-ish"
     (folder / "timestamp.txt").write_text("2025-03-01 12:00:00.000000 UTC", encoding="utf-8")
-    assert grade._stage_original(tmp_path / "course", submission) == (folder / "timestamp.txt", None)
+    assert stage_original(tmp_path / "course", submission) == (folder / "timestamp.txt", None)
 
 
 def test_a_kernel_that_does_not_exist_stops_before_anything_is_graded(tmp_path):
@@ -908,8 +909,6 @@ def test_recording_one_submission_is_all_or_nothing(tmp_path, fails):
     folder and feedback folder as they were before; a recording that finishes keeps all three."""
     import sqlite3
 
-    from course_lib.instructor import grade
-
     root = tmp_path / "course"
     autograded, page = root / "autograded" / "ann" / CHAPTER, root / "feedback" / "ann" / CHAPTER
     for folder in (autograded, page):
@@ -923,7 +922,7 @@ def test_recording_one_submission_is_all_or_nothing(tmp_path, fails):
     before = (_database_rows(root / "gradebook.db"), _tree(autograded), _tree(page))
 
     def record():
-        with grade.all_or_nothing(root, root, "ann", CHAPTER):
+        with all_or_nothing(root, root, "ann", CHAPTER):
             connection = sqlite3.connect(root / "gradebook.db")
             connection.execute("update grades set score = 8.0 where student = 'ann'")
             connection.execute("delete from grades where student = 'ben'")
@@ -1067,23 +1066,22 @@ def test_formgrader_sees_names_times_and_released_chapters_after_grade(tmp_path)
 
 
 def test_a_roster_without_an_id_column_or_with_a_repeated_id_is_refused(tmp_path):
-    from course_lib.instructor import grade
 
     bad = tmp_path / "roster.csv"
     bad.write_text("student,first_name\nbob,Bob\n", encoding="utf-8")
     with pytest.raises(ValueError, match="needs a header row with an 'id' column"):
-        grade.read_roster(bad)
+        read_roster(bad)
     bad.write_text("id,first_name\nbob,Bob\nbob,Robert\n", encoding="utf-8")
     with pytest.raises(ValueError, match="line 3: id 'bob' appears twice"):
-        grade.read_roster(bad)
+        read_roster(bad)
     bad.write_text("id,last_name\n,Nobody\n", encoding="utf-8")
     with pytest.raises(ValueError, match="line 2: empty id"):
-        grade.read_roster(bad)
+        read_roster(bad)
     bad.write_text("id,last_name\nann smith,Smith\n", encoding="utf-8")
     with pytest.raises(ValueError, match="line 2: id 'ann smith' is not a student id"):
-        grade.read_roster(bad)
+        read_roster(bad)
     bad.write_text("id\nann\n", encoding="utf-8")
-    assert grade.read_roster(bad) == {"ann": (None, None)}  # no name columns: the gradebook's names stay
+    assert read_roster(bad) == {"ann": (None, None)}  # no name columns: the gradebook's names stay
 
 
 def test_a_roster_id_in_another_case_names_the_student_already_graded(tmp_path):
@@ -1093,8 +1091,8 @@ def test_a_roster_id_in_another_case_names_the_student_already_graded(tmp_path):
     from course_lib.instructor import grade
 
     with grade._interpreter_tools_on_path():  # nbgrader creates the gradebook with alembic
-        grade.name_student(tmp_path, "alice", None)
-        grade.apply_roster(tmp_path, {"Alice": ("Alice", "Liddell"), "zoe": ("Zoe", "Zhang")})
+        name_student(tmp_path, "alice", None)
+        apply_roster(tmp_path, {"Alice": ("Alice", "Liddell"), "zoe": ("Zoe", "Zhang")})
         with Gradebook(f"sqlite:///{tmp_path / 'gradebook.db'}") as gradebook:
             names = {student.id: (student.first_name, student.last_name) for student in gradebook.students}
     assert names == {"alice": ("Alice", "Liddell"), "zoe": ("Zoe", "Zhang")}

@@ -15,7 +15,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_lib.instructor import grade, submissions
+from course_lib.instructor import submissions
+from course_lib.instructor.gradebook import file_time, stage_original
+from course_lib.instructor.report import inert
 
 CHAPTER = "01_length_ledger"
 NOTEBOOK = nbformat.writes(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1")]))
@@ -43,10 +45,10 @@ def test_a_timestamp_link_is_never_followed(tmp_path):
     (folder / f"{CHAPTER}.ipynb").write_text(NOTEBOOK, encoding="utf-8")
     (folder / "timestamp.txt").symlink_to(secret)
     (submission,) = _discover(tmp_path / "inbox", tmp_path).values()
-    staged, note = grade._stage_original(tmp_path / "course", submission)
+    staged, note = stage_original(tmp_path / "course", submission)
     assert note == ("the timestamp.txt beside it was left out (a symbolic link); the file's own time dates it instead")
     assert SECRET[:10] not in staged.read_text(encoding="utf-8")
-    assert staged.read_text(encoding="utf-8") == grade.file_time(submission.path)
+    assert staged.read_text(encoding="utf-8") == file_time(submission.path)
 
 
 @pytest.mark.parametrize("tail", [b"9" * 20 * 2**20, b" " * 300 + b"junk"])
@@ -57,13 +59,13 @@ def test_a_timestamp_longer_than_a_time_is_not_read(tmp_path, tail):
     (folder / f"{CHAPTER}.ipynb").write_text(NOTEBOOK, encoding="utf-8")
     (folder / "timestamp.txt").write_bytes(b"2025-01-01 12:00:00.000000 UTC" + tail)
     (submission,) = _discover(tmp_path / "inbox", tmp_path).values()
-    staged, note = grade._stage_original(tmp_path / "course", submission)
+    staged, note = stage_original(tmp_path / "course", submission)
     size = (folder / "timestamp.txt").stat().st_size
     assert note == (
         f"the timestamp.txt beside it was left out ({size:,} bytes, more than a time takes); the file's own time "
         "dates it instead"
     )
-    assert staged.read_text(encoding="utf-8") == grade.file_time(submission.path)
+    assert staged.read_text(encoding="utf-8") == file_time(submission.path)
 
 
 def test_a_students_own_zip_is_dated_by_the_zip_not_by_what_is_inside(tmp_path):
@@ -81,8 +83,8 @@ def test_a_students_own_zip_is_dated_by_the_zip_not_by_what_is_inside(tmp_path):
     (submission,) = _discover(inbox, tmp_path).values()
     assert (submission.student, submission.problem, submission.in_student_zip) == ("erin", None, True)
     assert submission.path.stat().st_mtime == handed_in
-    staged, note = grade._stage_original(tmp_path / "course", submission)
-    assert staged.read_text(encoding="utf-8") == grade.file_time(student_zip)
+    staged, note = stage_original(tmp_path / "course", submission)
+    assert staged.read_text(encoding="utf-8") == file_time(student_zip)
     assert note == (
         "the timestamp.txt beside it was left out (it came in the student's own zip); the file's own time dates it "
         "instead"
@@ -216,9 +218,9 @@ def test_a_file_that_cannot_be_read_or_is_no_regular_file_fails_alone(tmp_path):
 
 
 def test_text_that_a_spreadsheet_would_run_is_written_inert():
-    assert grade.inert("=1+1") == "'=1+1" and grade.inert("@SUM(A1)") == "'@SUM(A1)"
-    assert grade.inert("-2") == "'-2" and grade.inert("+cmd") == "'+cmd"
-    assert grade.inert("alice") == "alice" and grade.inert(3.0) == 3.0 and grade.inert("") == ""
+    assert inert("=1+1") == "'=1+1" and inert("@SUM(A1)") == "'@SUM(A1)"
+    assert inert("-2") == "'-2" and inert("+cmd") == "'+cmd"
+    assert inert("alice") == "alice" and inert(3.0) == 3.0 and inert("") == ""
 
 
 def test_the_design_notes_quote_the_limits_the_grader_applies():

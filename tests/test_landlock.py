@@ -231,7 +231,7 @@ def test_a_sandbox_that_filters_landlock_is_said_on_the_row(tmp_path):
     """The CLI's warning probes the host's kernel; a container runtime's seccomp filter can still hide Landlock
     from the checker. The checker says which ABI its student processes ran under, and a row graded without one
     says so, while the grade itself is still given."""
-    from course_lib.instructor import grade
+    from course_lib.instructor import record
 
     job = CheckerJob(
         setup=[],
@@ -243,7 +243,7 @@ def test_a_sandbox_that_filters_landlock_is_said_on_the_row(tmp_path):
     )
     plain = _checker_under([], job, tmp_path)
     assert plain.landlock == landlock.abi() > 0 and plain.verdicts["test_double"].passed, plain
-    assert grade.confinement_notes("bwrap", plain) == []
+    assert record.confinement_notes("bwrap", plain) == []
 
     read, write = os.pipe()
     os.write(write, _seccomp_without_landlock())
@@ -252,5 +252,5 @@ def test_a_sandbox_that_filters_landlock_is_said_on_the_row(tmp_path):
     filtered = _checker_under(bwrap, job, tmp_path, pass_fds=(read,))
     os.close(read)
     assert filtered.landlock == 0 and filtered.verdicts["test_double"].passed, filtered
-    assert grade.confinement_notes("bwrap", filtered) == [grade.NO_LANDLOCK_NOTE]
-    assert grade.confinement_notes("none", filtered) == [grade.UNCONFINED_NOTE]
+    assert record.confinement_notes("bwrap", filtered) == [record.NO_LANDLOCK_NOTE]
+    assert record.confinement_notes("none", filtered) == [record.UNCONFINED_NOTE]

@@ -148,7 +148,7 @@ def test_the_demo_fails_on_a_score_it_does_not_expect():
     import importlib.util
 
     from course_lib.instructor.feedback import CellOutcome
-    from course_lib.instructor.grade import GradeRun, Outcome
+    from course_lib.instructor.outcome import GradeRun, Outcome
 
     spec = importlib.util.spec_from_file_location("demo", ROOT / "scripts" / "demo.py")
     demo = importlib.util.module_from_spec(spec)

@@ -6,6 +6,8 @@ import pytest
 from nbgrader.api import Gradebook
 
 from course_lib.instructor import grade
+from course_lib.instructor.gradebook import apply_roster
+from course_lib.instructor.roster import read_roster
 
 
 def _names(root) -> dict[str, tuple[str | None, str | None]]:
@@ -19,28 +21,28 @@ def test_a_roster_without_name_columns_keeps_the_names_the_gradebook_has(tmp_pat
     roster = tmp_path / "roster.csv"
     roster.write_text("id\nalice\nbob\n", encoding="utf-8")
     with grade._interpreter_tools_on_path():  # nbgrader creates the gradebook with alembic
-        grade.apply_roster(tmp_path, {"alice": ("Ålice", "Smith, Jr.")})
-        grade.apply_roster(tmp_path, grade.read_roster(roster))
+        apply_roster(tmp_path, {"alice": ("Ålice", "Smith, Jr.")})
+        apply_roster(tmp_path, read_roster(roster))
         only_last = tmp_path / "last.csv"
         only_last.write_text("id,last_name\nalice,Liddell\n", encoding="utf-8")
-        grade.apply_roster(tmp_path, grade.read_roster(only_last))
+        apply_roster(tmp_path, read_roster(only_last))
     assert _names(tmp_path) == {"alice": ("Ålice", "Liddell"), "bob": ("", "bob")}
 
 
 def test_spaces_around_the_header_names_are_read_through(tmp_path):
     roster = tmp_path / "roster.csv"
     roster.write_text("id, first_name, last_name\nbob, Bob, Builder\n", encoding="utf-8")
-    assert grade.read_roster(roster) == {"bob": ("Bob", "Builder")}
+    assert read_roster(roster) == {"bob": ("Bob", "Builder")}
 
 
 def test_a_roster_without_students_or_with_one_student_twice_is_refused(tmp_path):
     roster = tmp_path / "roster.csv"
     roster.write_text("id,first_name,last_name\n", encoding="utf-8")
     with pytest.raises(ValueError, match="has a header row but no student under it"):
-        grade.read_roster(roster)
+        read_roster(roster)
     roster.write_text("", encoding="utf-8")
     with pytest.raises(ValueError, match=r"needs a header row with an 'id' column, got \[\]"):
-        grade.read_roster(roster)
+        read_roster(roster)
     roster.write_text("id,first_name\nalice,Alice\nAlice,Alicia\n", encoding="utf-8")
     with pytest.raises(ValueError, match=r"line 3: id 'Alice' appears twice \(as 'alice': one student\)"):
-        grade.read_roster(roster)
+        read_roster(roster)

@@ -283,6 +283,25 @@ def needs_regrade(checked: CheckerResult) -> str | None:
     return "; ".join(reasons) or None
 
 
+@dataclass
+class Judged:
+    """What the two runs of one submission come to: why it must be graded again, or the notebook nbgrader records."""
+
+    regrade: str | None
+    notebook: Any = None  # the kernel run's outputs; each graded test cell's output is its checker verdict
+    notes: list[str] = field(default_factory=list)
+
+
+def judge(prepared: Any, answer: dict[str, Any], checked: CheckerResult, tests: list[tuple[str, float, str]]) -> Judged:
+    """The runs of the `prepared` notebook read together: the kernel run's `answer` and the checker's verdicts
+    (`checked`) on the chapter's graded test cells `tests`, whose hidden lines no message may carry."""
+    regrade = needs_regrade(checked)
+    if regrade:
+        return Judged(regrade)
+    notebook, notes = executed_notebook(prepared, answer)
+    return Judged(None, notebook, notes + apply_verdicts(notebook, checked, hidden_lines(tests)))
+
+
 def grade_all(jobs: list[dict[str, Any]], workers: int, confinement: Confinement, on_result: Any) -> None:
     """Both runs of every job (`{"key", "kernel": ..., "checker": ...}`), `workers` submissions at a time;
     on_result(key, kernel answer, CheckerResult) in this thread, one at a time (the gradebook has one writer).

@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 from course_lib.instructor.build import interpreter_bin_on_path, nbgrader_command
-from course_lib.instructor.grade import cell_scores
+from course_lib.instructor.gradebook import cell_scores
 
 
 def stage_submissions(course_root: Path, chapter: str, notebooks: dict[str, Path]) -> None:
