@@ -846,11 +846,12 @@ def test_the_edited_test_cell_check_needs_no_nbgrader(monkeypatch):
         assert cells.is_edited_test_cell(broken)
 
 
-def test_the_grader_and_course_check_call_the_same_test_cells_edited():
+def test_the_grader_and_course_check_call_the_same_test_cells_edited(built):
     """One rule for an edited test cell: the grader's note and `course check`'s EDITED agree on each change, the
     metadata stripped by the student's editor or not; the instructor's own notebook is not an edit."""
+    _, root, _ = built  # a clean clone has no notebooks/source/ until a build
     release = cells.read(build.NOTEBOOKS_DIR / "release" / CHAPTER / f"{CHAPTER}.ipynb")
-    source = cells.read(build.NOTEBOOKS_DIR / "source" / CHAPTER / f"{CHAPTER}.ipynb")
+    source = cells.read(root / "source" / CHAPTER / f"{CHAPTER}.ipynb")
     grade_id = next(cells.nbgrader_meta(c)["grade_id"] for c in release.cells if cells.is_test_cell(c))
 
     def notes(submitted):
@@ -865,7 +866,7 @@ def test_the_grader_and_course_check_call_the_same_test_cells_edited():
             if stripped:
                 cell.metadata = {}
             assert notes(student) == ([f"{grade_id}: test cell edited; the original was restored and graded"] * edited)
-    assert notes(cells.read(build.NOTEBOOKS_DIR / "source" / CHAPTER / f"{CHAPTER}.ipynb")) == []
+    assert notes(cells.read(root / "source" / CHAPTER / f"{CHAPTER}.ipynb")) == []
 
 
 def test_build_names_an_unknown_chapter_and_lists_the_real_ones(tmp_path):
