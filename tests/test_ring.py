@@ -118,6 +118,45 @@ def test_a_rank_that_meets_an_unwritten_todo_raises_not_implemented_in_the_calle
         ulysses_attention_on_ranks(torch.randn(1, 6, 12, 4), torch.randn(1, 3, 12, 4), torch.randn(1, 3, 12, 4), 2)
 
 
+def _receive_from_the_other_rank(x):
+    import torch.distributed as dist
+
+    arrival = torch.empty_like(x)
+    dist.recv(arrival, 1 - dist.get_rank())  # both ranks wait to receive; neither sends
+    return arrival
+
+
+def _rank_one_computes_while_rank_zero_waits(x):
+    import time
+
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        started = time.monotonic()
+        while time.monotonic() - started < 8.0:  # longer than STALL_S, spent computing
+            x = x + 1.0
+        dist.send(x, 0)
+        return x
+    dist.recv(x, 1)
+    return x
+
+
+@pytest.mark.slow  # the run waits `STALL_S` seconds
+def test_ranks_that_all_wait_stop_the_run_long_before_its_timeout():
+    """Two ranks that each wait to receive from the other end the run with the ranks' state once no rank has run
+    for `STALL_S` seconds, not after timeout_s (600 s here, which the message would name)."""
+    with pytest.raises(RuntimeError, match="no rank has run for 5 s") as raised:
+        call_on_ranks(_receive_from_the_other_rank, [(torch.zeros(4),), (torch.zeros(4),)], timeout_s=600.0)
+    assert "ranks 0, 1 wait" in str(raised.value) and "timeout_s" not in str(raised.value)
+
+
+@pytest.mark.slow  # the run takes 8 s
+def test_a_rank_waiting_on_one_that_computes_is_not_stuck():
+    """Rank 0 waits in a receive for 8 s while rank 1 computes what it sends: one running rank is progress."""
+    runs = call_on_ranks(_rank_one_computes_while_rank_zero_waits, [(torch.zeros(4),), (torch.zeros(4),)])
+    assert runs[0]["result"].tolist() == runs[1]["result"].tolist() and runs[0]["result"][0] > 100
+
+
 def test_the_backward_alone_runs_from_the_exact_forward():
     generator = torch.Generator().manual_seed(3)
     q, k, v, grad_out = (torch.randn(1, 2, 24, 4, generator=generator, dtype=torch.float64) for _ in range(4))

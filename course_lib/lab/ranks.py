@@ -7,13 +7,21 @@
 from __future__ import annotations
 
 import datetime
+import os
 import queue as queue_module
 import socket
 import sys
+import time
 
 import torch
 
 __all__: list[str] = []  # the helpers of the lab's distributed harnesses, not chapter functions
+
+# No rank has run on a CPU for this long and no result came: the run is stuck (every rank waits on a message no rank
+# sends, or on a rank that ended). A rank that computes, sends or receives spends CPU time, so a busy machine only
+# slows progress down; it does not stop all of it for seconds on end.
+STALL_S = 5.0
+_POLL_S = 0.25
 
 
 def free_port() -> int:
@@ -56,7 +64,8 @@ def run_ranks(worker, rank_args: list[tuple], timeout_s: float, start_method: st
 
     "fork" on Linux without CUDA (no re-import of torch and transformers; a function defined in a notebook reaches
     the ranks), else "spawn" (where a GPU exists, autograd starts its device threads at the first backward and a
-    forked child then refuses to run backward). RuntimeError if a rank reports an error or timeout_s passes first.
+    forked child then refuses to run backward). RuntimeError if a rank reports an error, every rank stalls
+    (`STALL_S`) or timeout_s passes first.
     """
     import torch.multiprocessing as mp
 
@@ -72,15 +81,22 @@ def run_ranks(worker, rank_args: list[tuple], timeout_s: float, start_method: st
     for process in workers:
         process.start()
     payloads, failure = {}, None
+    watch = _StallWatch(workers)
+    deadline = time.monotonic() + timeout_s
     try:
         while failure is None and len(payloads) < reporting_ranks:
-            status, rank, payload = results.get(timeout=timeout_s)
+            try:
+                status, rank, payload = results.get(timeout=max(0.0, min(_POLL_S, deadline - time.monotonic())))
+            except queue_module.Empty:
+                if time.monotonic() >= deadline:
+                    failure = ("TimeoutError", f"no result within timeout_s = {timeout_s} s")
+                elif watch.stalled():
+                    failure = ("RuntimeError", watch.describe(sorted(payloads)))
+                continue
             if status == "ok":
                 payloads[rank] = payload
             else:
                 failure = payload
-    except queue_module.Empty:
-        failure = ("TimeoutError", f"no result within timeout_s = {timeout_s} s")
     except BaseException:
         failure = ("KeyboardInterrupt", "interrupted")
         raise
@@ -97,3 +113,51 @@ def run_ranks(worker, rank_args: list[tuple], timeout_s: float, start_method: st
             f"the run on {world_size} ranks failed: {text}"
         )
     return [payloads[rank] for rank in range(reporting_ranks)]
+
+
+def _thread_states(pid: int) -> str | None:
+    """The scheduler states of process `pid`'s threads (R running or runnable, D in a disk wait, S sleeping, ...);
+    None where /proc cannot tell."""
+    try:
+        states = []
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/stat", encoding="ascii", errors="replace") as stat:
+                states.append(stat.read().rsplit(")", 1)[1].split()[0])  # after the name, which may hold spaces
+        return "".join(states)
+    except (OSError, IndexError):
+        return None
+
+
+class _StallWatch:
+    """Whether a run's ranks have all stopped: for STALL_S seconds no thread of a live rank was seen running or
+    waiting to run. A rank that computes, copies or sends has such a thread however busy the machine is (a thread
+    waiting for a core is still runnable); ranks that all wait on each other sleep, but for a network thread's
+    brief wakeups. Where /proc cannot be read (not Linux, or a sandbox that hides it) it never says so, and
+    timeout_s alone ends the run."""
+
+    def __init__(self, workers):
+        self.workers = workers
+        self.since = time.monotonic()
+
+    def stalled(self) -> bool:
+        now = time.monotonic()
+        states = [_thread_states(process.pid) for process in self.workers if process.is_alive()]
+        if any(found is None or "R" in found or "D" in found for found in states):
+            self.since = now
+            return False
+        return now - self.since >= STALL_S
+
+    def describe(self, reported: list[int]) -> str:
+        ended = [
+            f"rank {rank} ended with exit code {process.exitcode}"
+            for rank, process in enumerate(self.workers)
+            if not process.is_alive() and rank not in reported
+        ]
+        waiting = [str(rank) for rank, process in enumerate(self.workers) if process.is_alive()]
+        return (
+            f"no rank has run for {STALL_S:g} s and no result came: the ranks are stuck"
+            + (f" ({'; '.join(ended)})" if ended else "")
+            + (f"; rank{'s' if len(waiting) > 1 else ''} {', '.join(waiting)} wait" if waiting else "")
+            + ", each on a message that no rank sends (a receive without its send, or ranks that call their"
+            " collectives in different orders)"
+        )

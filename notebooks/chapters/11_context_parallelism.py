@@ -446,8 +446,8 @@ for _t_rank, _t_kinds in enumerate(grading.in_student_process(ring_attention_for
 # Debug on one process first: with a layout of one rank, `world_size = 1`, your function is chapter 10's kernel
 # with a merge loop around it, and `ring_attention_on_ranks(..., 1, forward=ring_attention_forward)` runs it. Then
 # two ranks, contiguous, causal: rank 0 must skip everything it receives. A rank that waits forever usually posted
-# a receive that no rank sends (check both ends of every hop); `ring_attention_on_ranks` stops such a run after
-# `timeout_s`.
+# a receive that no rank sends (check both ends of every hop); `ring_attention_on_ranks` stops such a run once no
+# rank has run for a few seconds, and says which ranks were waiting.
 #
 # </details>
 #
