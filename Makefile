@@ -51,9 +51,6 @@ test-browser: $(VENV)/.browser-installed
 LOWER := .venv-lower
 LOWER_RUN := build/lower-bounds-chapters
 CHAPTERS := $(notdir $(basename $(wildcard notebooks/chapters/*.py)))
-# Chapter 11's all-to-all cells hang on torch 2.6's gloo (120 s timeouts, seen in 3 of 4 runs; torch 2.13 never):
-# not run on the floor until that is fixed or the floor rises (issue 32's note)
-FLOOR_CHAPTERS := $(filter-out 11_context_parallelism,$(CHAPTERS))
 LIBRARY_TESTS := --ignore=tests/test_notebooks.py --ignore=tests/test_autograde.py --ignore=tests/test_mutants.py \
 	--ignore=tests/test_course_cli.py --ignore=tests/test_grade_robustness.py --ignore=tests/test_packaging.py \
 	--ignore=tests/test_run_notebook.py --ignore=tests/test_gpu_suite.py --ignore=tests/test_mutation_survey.py \
@@ -70,7 +67,7 @@ test-lower-bounds: venv
 	$(LOWER)/bin/python -m pytest -q -n 2 -p no:cacheprovider $(LIBRARY_TESTS)
 	$(BIN)/python -m course_lib.instructor.build > /dev/null
 	rm -rf $(LOWER_RUN) && mkdir -p $(LOWER_RUN)
-	for chapter in $(FLOOR_CHAPTERS); do \
+	for chapter in $(CHAPTERS); do \
 	  $(LOWER)/bin/python scripts/run_notebook.py notebooks/source/$$chapter/$$chapter.ipynb --cwd $(LOWER_RUN) \
 	    > $(LOWER_RUN)/$$chapter.log 2>&1 && tail -n 1 $(LOWER_RUN)/$$chapter.log \
 	    || { cat $(LOWER_RUN)/$$chapter.log; exit 1; }; \

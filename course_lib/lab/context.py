@@ -24,7 +24,7 @@ from ..ring import (
     ulysses_attention_forward,
 )
 from ..tiled import reference_attention
-from .ranks import join_gloo, report_failure, run_ranks
+from .ranks import join_gloo, leave_gloo, report_failure, report_result, run_ranks
 
 __all__ = ["call_on_ranks", "ring_attention_on_ranks", "ulysses_attention_on_ranks", "ring_model_on_ranks"]
 
@@ -70,7 +70,6 @@ def _logged(call):
 
 
 def _attention_worker(rank, world_size, port, timeout_s, results, tensors, run_forward, run_backward) -> None:
-    import torch.distributed as dist
 
     try:
         join_gloo(rank, world_size, port, timeout_s)
@@ -83,20 +82,19 @@ def _attention_worker(rank, world_size, port, timeout_s, results, tensors, run_f
         if grad_out is not None:
             grads, payload["backward"] = _logged(lambda: run_backward(q, k, v, out, lse, grad_out))
             payload["found"] = payload.get("found", []) + grads
-        results.put(("ok", rank, payload))
-        dist.destroy_process_group()
+        report_result(results, rank, payload)
+        leave_gloo()
     except Exception as error:  # noqa: BLE001 - report any failure to the parent instead of hanging it
         report_failure(results, rank, error)
 
 
 def _call_worker(rank, world_size, port, timeout_s, results, function, tensors) -> None:
-    import torch.distributed as dist
 
     try:
         join_gloo(rank, world_size, port, timeout_s)
         found, log = _logged(lambda: [function(*tensors)])
-        results.put(("ok", rank, {"result": found[0], **log}))  # numpy: a torch tensor would travel by shared memory
-        dist.destroy_process_group()
+        report_result(results, rank, {"result": found[0], **log})  # numpy: a torch tensor would travel by shared memory
+        leave_gloo()
     except Exception as error:  # noqa: BLE001 - report any failure to the parent instead of hanging it
         report_failure(results, rank, error)
 
@@ -257,7 +255,6 @@ def _ring_attention_function(forward, backward, layout, block_size):
 
 
 def _model_worker(rank, world_size, port, timeout_s, results, model, ids, positions, labels, kernels) -> None:
-    import torch.distributed as dist
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
 
@@ -273,8 +270,8 @@ def _model_worker(rank, world_size, port, timeout_s, results, model, ids, positi
         gradient = torch.cat(
             [torch.zeros(p.numel()) if p.grad is None else p.grad.flatten() for p in model.parameters()]
         )
-        results.put(("ok", rank, [logits.detach().numpy(), loss_sum.detach().numpy(), gradient.numpy()]))
-        dist.destroy_process_group()
+        report_result(results, rank, [logits.detach().numpy(), loss_sum.detach().numpy(), gradient.numpy()])
+        leave_gloo()
     except Exception as error:  # noqa: BLE001 - report any failure to the parent instead of hanging it
         report_failure(results, rank, error)
 

@@ -33,7 +33,7 @@ from ..loss import (
     require_lm_batch,
 )
 from ..window import IGNORE_INDEX
-from .ranks import join_gloo, report_failure, run_ranks, spawns
+from .ranks import join_gloo, leave_gloo, report_failure, report_result, run_ranks, spawns
 
 __all__ = [
     "synthetic_supervised_batch",
@@ -175,8 +175,8 @@ def _data_parallel_worker(
             # 'local' mirrors DDP's averaging of per-rank token means; 'global' sums, the count already spans ranks.
             gradients[normalize] = gradient / world_size if normalize == "local" else gradient
         if rank == 0:  # numpy pickles by value; a shared tensor's fd would die with this process
-            results.put(("ok", 0, {name: gradient.numpy() for name, gradient in gradients.items()}))
-        dist.destroy_process_group()
+            report_result(results, 0, {name: gradient.numpy() for name, gradient in gradients.items()})
+        leave_gloo()
     except Exception as error:  # noqa: BLE001 - report any failure to the parent instead of hanging it
         report_failure(results, rank, error)
 
@@ -248,8 +248,8 @@ def _step_worker(rank, world_size, port, timeout_s, results, step, model, batch,
         except (TypeError, ValueError, RuntimeError):
             returned = None
         gradient = flat_gradient(model).detach().numpy()  # numpy pickles by value
-        results.put(("ok", rank, {"gradient": gradient, "returned": returned, "collectives": log.calls}))
-        dist.destroy_process_group()
+        report_result(results, rank, {"gradient": gradient, "returned": returned, "collectives": log.calls})
+        leave_gloo()
     except Exception as error:  # noqa: BLE001 - report any failure to the parent instead of hanging it
         report_failure(results, rank, error)
 

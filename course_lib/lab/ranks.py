@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import queue as queue_module
@@ -22,6 +23,7 @@ __all__: list[str] = []  # the helpers of the lab's distributed harnesses, not c
 # slows progress down; it does not stop all of it for seconds on end.
 STALL_S = 5.0
 _POLL_S = 0.25
+_LEAVE_S = 3.0  # after the last payload, for every rank to leave its group and end
 
 
 def free_port() -> int:
@@ -45,10 +47,29 @@ def join_gloo(rank: int, world_size: int, port: int, timeout_s: float) -> None:
     )
 
 
+def report_result(results, rank: int, payload) -> None:
+    """A worker's payload, sent to `run_ranks`, and in the pipe before this returns. A rank must not leave its
+    group with the payload still in the queue's buffer: on torch 2.6 gloo's `destroy_process_group` can block
+    without giving up Python's lock, the queue's feeder thread then never sends, and the parent waits for a
+    result the rank holds (seen in about 5 of 100 four-rank runs)."""
+    results.put(("ok", rank, payload))
+    results.close()
+    results.join_thread()
+
+
+def leave_gloo() -> None:
+    """This rank out of its gloo group, once its payload is sent (`report_result`); `run_ranks` ends a rank that
+    hangs here."""
+    import torch.distributed as dist
+
+    dist.destroy_process_group()
+
+
 def report_failure(results, rank: int, error: BaseException) -> None:
     """A worker's failure, sent to `run_ranks` in place of its payload: the exception's type travels with its text,
     so that the caller raises an unwritten TODO's NotImplementedError as such."""
-    results.put(("error", rank, (type(error).__name__, f"rank {rank}: {type(error).__name__}: {error}")))
+    with contextlib.suppress(ValueError):  # closed by `report_result`: the payload went, a failure to leave is moot
+        results.put(("error", rank, (type(error).__name__, f"rank {rank}: {type(error).__name__}: {error}")))
 
 
 def spawns() -> bool:
@@ -101,8 +122,11 @@ def run_ranks(worker, rank_args: list[tuple], timeout_s: float, start_method: st
         failure = ("KeyboardInterrupt", "interrupted")
         raise
     finally:
+        # every payload is in: a rank still leaving its group gets a moment (torch 2.6's gloo can hang there); a
+        # failed run's peers may wait in a collective, and go at once
+        leaving = time.monotonic() + (_LEAVE_S if failure is None else 0.0)
         for process in workers:
-            process.join(timeout=10.0 if failure is None else 0.0)  # a failed run's peers may wait in a collective
+            process.join(timeout=max(0.0, leaving - time.monotonic()))
             if process.is_alive():
                 process.terminate()
                 process.join()
