@@ -10,6 +10,7 @@ from course_lib import (
     causal_pairs_per_rank,
     reference_attention,
     reference_attention_gradients,
+    ring_attention_forward,
     ring_attention_on_ranks,
     ring_model_on_ranks,
     shard_chunks,
@@ -172,6 +173,42 @@ def test_a_rank_that_hangs_after_its_result_costs_the_run_nothing():
     assert not multiprocessing.active_children()
 
 
+@pytest.mark.parametrize("other_ranks", [1, 2])
+def test_the_kernels_on_a_subgroup_of_a_larger_world_equal_attention_run_whole(other_ranks):
+    """Context parallelism as one dimension of a job: the kernels' group is global ranks other_ranks.., whose
+    ranks in the group differ from their global ranks; every result is as on the default group."""
+    generator = torch.Generator().manual_seed(20 + other_ranks)
+    q = torch.randn(1, 4, 24, 4, generator=generator, dtype=torch.float64)
+    k, v = (torch.randn(1, 2, 24, 4, generator=generator, dtype=torch.float64) for _ in range(2))
+    grad_out = torch.randn(1, 4, 24, 4, generator=generator, dtype=torch.float64)
+    want = [*reference_attention(q, k, v, True), *reference_attention_gradients(q, k, v, grad_out, True)]
+    for run in (
+        ring_attention_on_ranks(q, k, v, 3, grad_out=grad_out, block_size=4, other_ranks=other_ranks),
+        ulysses_attention_on_ranks(q, k, v, 2, grad_out=grad_out, block_size=4, other_ranks=other_ranks),
+    ):
+        for name, expected in zip(["out", "lse", "dq", "dk", "dv"], want, strict=True):
+            torch.testing.assert_close(run[name], expected, rtol=1e-10, atol=1e-11, msg=name)
+    ranks = call_on_ranks(_group_rank_and_size, [(torch.zeros(1),)] * 2, other_ranks=other_ranks)
+    assert [log["result"].tolist() for log in ranks] == [[0.0, 2.0], [1.0, 2.0]]
+
+
+def _group_rank_and_size(x, group=None):
+    import torch.distributed as dist
+
+    return torch.tensor([dist.get_rank(group), dist.get_world_size(group)], dtype=torch.float64)
+
+
+def _forward_on_the_whole_world(q, k, v, layout, group=None, causal=True, block_size=64):
+    return ring_attention_forward(q, k, v, layout, None, causal, block_size)  # forgets its group
+
+
+@pytest.mark.slow  # the run waits `STALL_S` seconds
+def test_a_kernel_that_forgets_its_group_is_stopped_on_a_subgroup():
+    q = torch.randn(1, 2, 12, 4, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="the run on 4 ranks failed"):
+        ring_attention_on_ranks(q, q, q, 3, block_size=4, forward=_forward_on_the_whole_world, other_ranks=1)
+
+
 def test_the_backward_alone_runs_from_the_exact_forward():
     generator = torch.Generator().manual_seed(3)
     q, k, v, grad_out = (torch.randn(1, 2, 24, 4, generator=generator, dtype=torch.float64) for _ in range(4))
@@ -230,6 +267,11 @@ def test_bad_ring_inputs_are_refused():
         ring_attention_on_ranks(q, q, q, 2, forward=_ring_with_a_bad_layout)
     with pytest.raises(ValueError, match="one sequence"):
         ring_model_on_ranks(tiny_qwen2(seed=0), torch.zeros(2, 8, dtype=torch.long), 2)
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="other_ranks"):
+            ring_attention_on_ranks(q, q, q, 2, other_ranks=bad)
+        with pytest.raises(ValueError, match="other_ranks"):
+            call_on_ranks(torch.neg, [(q,), (q,)], other_ranks=bad)
 
 
 def _ring_with_a_bad_layout(q, k, v, layout, **options):

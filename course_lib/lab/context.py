@@ -14,7 +14,7 @@ from typing import TypedDict
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .._checks import require_positive_int, require_real
+from .._checks import require_int, require_positive_int, require_real
 from ..ring import (
     ring_attention_backward,
     ring_attention_forward,
@@ -69,45 +69,83 @@ def _logged(call):
     return found, {"events": log.events, "largest_bytes": log.largest_bytes}
 
 
-def _attention_worker(rank, world_size, port, timeout_s, results, tensors, run_forward, run_backward) -> None:
+def _enter(rank, world_size, port, timeout_s, members) -> dict | None:
+    """Join the world; the kernels' keyword arguments: {} on the default group, {"group": the subgroup} with
+    `members` (global ranks). None on a rank outside `members`, which has kept the world up (it hosts the store)
+    until the group's ranks were done, and left it."""
+    import torch.distributed as dist
 
+    join_gloo(rank, world_size, port, timeout_s)
+    if members is None:
+        return {}
+    group = dist.new_group(members)  # every rank of the world creates it
+    if rank in members:
+        return {"group": group}
+    dist.barrier()
+    leave_gloo()
+    return None
+
+
+def _leave(results, rank, members, payload) -> None:
+    """Report `payload` by this rank's place in the kernels' group, wait for the ranks outside it, leave."""
+    import torch.distributed as dist
+
+    report_result(results, rank if members is None else members.index(rank), payload)
+    if members is not None:
+        dist.barrier()
+    leave_gloo()
+
+
+def _attention_worker(rank, world_size, port, timeout_s, results, tensors, run_forward, run_backward, members) -> None:
     try:
-        join_gloo(rank, world_size, port, timeout_s)
+        options = _enter(rank, world_size, port, timeout_s, members)
+        if options is None:
+            return
         q, k, v, out, lse, grad_out = tensors
         payload = {}
         if run_forward is not None:
-            found, payload["forward"] = _logged(lambda: run_forward(q, k, v))
+            found, payload["forward"] = _logged(lambda: run_forward(q, k, v, **options))
             out, lse = (torch.from_numpy(found[0]), torch.from_numpy(found[1])) if len(found) == 2 else (None, None)
             payload["found"] = found
         if grad_out is not None:
-            grads, payload["backward"] = _logged(lambda: run_backward(q, k, v, out, lse, grad_out))
+            grads, payload["backward"] = _logged(lambda: run_backward(q, k, v, out, lse, grad_out, **options))
             payload["found"] = payload.get("found", []) + grads
-        report_result(results, rank, payload)
-        leave_gloo()
+        _leave(results, rank, members, payload)
     except Exception as error:  # noqa: BLE001 - report any failure to the parent instead of hanging it
         report_failure(results, rank, error)
 
 
-def _call_worker(rank, world_size, port, timeout_s, results, function, tensors) -> None:
-
+def _call_worker(rank, world_size, port, timeout_s, results, function, tensors, members) -> None:
     try:
-        join_gloo(rank, world_size, port, timeout_s)
-        found, log = _logged(lambda: [function(*tensors)])
-        report_result(results, rank, {"result": found[0], **log})  # numpy: a torch tensor would travel by shared memory
-        leave_gloo()
+        options = _enter(rank, world_size, port, timeout_s, members)
+        if options is None:
+            return
+        found, log = _logged(lambda: [function(*tensors, **options)])
+        _leave(results, rank, members, {"result": found[0], **log})  # numpy: a torch tensor would go by shared memory
     except Exception as error:  # noqa: BLE001 - report any failure to the parent instead of hanging it
         report_failure(results, rank, error)
 
 
-def call_on_ranks(function, rank_inputs: list[tuple[torch.Tensor, ...]], timeout_s: float = 120.0) -> list[dict]:
+def _members(world_size: int, other_ranks: int) -> list[int] | None:
+    """The kernels' group as global ranks: after `other_ranks` ranks outside it; None for the default group."""
+    other_ranks = require_int("other_ranks", other_ranks, minimum=0)
+    return list(range(other_ranks, other_ranks + world_size)) if other_ranks else None
+
+
+def call_on_ranks(
+    function, rank_inputs: list[tuple[torch.Tensor, ...]], timeout_s: float = 120.0, other_ranks: int = 0
+) -> list[dict]:
     """function(*rank_inputs[r]) on rank r of len(rank_inputs) gloo ranks (the default group): per rank
-    {"result": the tensor it returned, "events", "largest_bytes"} (see `_RankLog`)."""
+    {"result": the tensor it returned, "events", "largest_bytes"} (see `_RankLog`). With `other_ranks` > 0 the
+    world is larger and the call gets `group=`, the subgroup of ranks other_ranks .. other_ranks + R - 1 (as in
+    `ring_attention_on_ranks`); rank r is the group's rank r."""
     if not callable(function):
         raise ValueError(f"function must be callable, got {type(function).__name__}")
     timeout_s = require_real("timeout_s", timeout_s, minimum=0.0, strict_minimum=True)
-    require_positive_int("number of ranks", len(rank_inputs))
-    rank_args = [(function, tuple(tensors)) for tensors in rank_inputs]
-    payloads = run_ranks(_call_worker, rank_args, timeout_s, None, reporting_ranks=len(rank_inputs))
+    world_size = require_positive_int("number of ranks", len(rank_inputs))
+    members = _members(world_size, other_ranks)
+    rank_args = [(None, (), members)] * other_ranks + [(function, tuple(t), members) for t in rank_inputs]
+    payloads = run_ranks(_call_worker, rank_args, timeout_s, None, reporting_ranks=world_size)
     return [{**payload, "result": torch.from_numpy(payload["result"])} for payload in payloads]
 
 
@@ -121,11 +159,15 @@ class ContextRun(TypedDict, total=False):
     backward: list[dict]  # the same for its backward call
 
 
-def _run_sharded(q, k, v, world_size, layout, grad_out, run_forward, run_backward, timeout_s) -> ContextRun:
-    """Rank r gets the r-th of R equal slices of the positions in `layout` order; results come back in sequence
-    order. Without run_forward, the backward gets the exact out and lse of attention run whole."""
+def _run_sharded(
+    q, k, v, world_size, layout, grad_out, run_forward, run_backward, timeout_s, other_ranks
+) -> ContextRun:
+    """Rank r of the kernels' group gets the r-th of R equal slices of the positions in `layout` order; results
+    come back in sequence order. Without run_forward, the backward gets the exact out and lse of attention run
+    whole. With other_ranks, the group is global ranks other_ranks .. other_ranks + R - 1 of a larger world."""
     world_size = require_positive_int("world_size", world_size)
     timeout_s = require_real("timeout_s", timeout_s, minimum=0.0, strict_minimum=True)
+    members = _members(world_size, other_ranks)
     order = shard_indices(q.shape[2], world_size, layout)  # checks that T splits into the layout's chunks
     size = q.shape[2] // world_size
     shards = [order[rank * size : (rank + 1) * size] for rank in range(world_size)]
@@ -136,8 +178,9 @@ def _run_sharded(q, k, v, world_size, layout, grad_out, run_forward, run_backwar
     def shard(tensor, index):
         return None if tensor is None else tensor[:, :, index].contiguous()
 
-    rank_args = [
-        (tuple(shard(t, index) for t in (q, k, v, out, lse, grad_out)), run_forward, run_backward) for index in shards
+    rank_args = [((None,) * 6, None, None, members)] * other_ranks + [
+        (tuple(shard(t, index) for t in (q, k, v, out, lse, grad_out)), run_forward, run_backward, members)
+        for index in shards
     ]
     payloads = run_ranks(_attention_worker, rank_args, timeout_s, None, reporting_ranks=world_size)
     restore = torch.argsort(order)
@@ -160,8 +203,8 @@ class _Kernel:
     def __init__(self, kernel, layout, causal, block_size):
         self.kernel, self.layout, self.causal, self.block_size = kernel, layout, causal, block_size
 
-    def __call__(self, *tensors):
-        options = {"causal": self.causal, "block_size": self.block_size}
+    def __call__(self, *tensors, **group):
+        options = {"causal": self.causal, "block_size": self.block_size, **group}
         if self.layout is None:  # the all-to-all kernels take no layout
             return self.kernel(*tensors, **options)
         return self.kernel(*tensors, self.layout, **options)
@@ -179,12 +222,16 @@ def ring_attention_on_ranks(
     forward=ring_attention_forward,
     backward=ring_attention_backward,
     timeout_s: float = 120.0,
+    other_ranks: int = 0,
 ) -> ContextRun:
     """Whole-sequence q [B, H, T, d], k / v [B, H_kv, T, *] on `world_size` gloo ranks, each holding its shard of
     the layout ("head_tail" or "contiguous"): {"out", "lse"} in sequence order by `forward` (the signature of
     `ring_attention_forward`), with grad_out [B, H, T, e] also {"dq", "dk", "dv"} by `backward` from the ranks'
     own out and lse; `forward=None` runs the backward alone, from the exact out and lse of attention run whole.
-    "forward" / "backward": per rank, what it did (see `_RankLog`)."""
+    "forward" / "backward": per rank, what it did (see `_RankLog`). With `other_ranks` > 0 the world is larger
+    and the kernels get `group=`: ranks other_ranks .. other_ranks + world_size - 1, whose ranks in the group
+    are not their global ranks (context parallelism as one dimension of a larger job, data parallelism beside
+    it); a kernel that leaves a call on the whole world then waits for ranks that never join, and is stopped."""
     chunks = shard_chunks(q.shape[2], require_positive_int("world_size", world_size), layout)
     if forward is None and grad_out is None:
         raise ValueError("with forward=None there is nothing to run: give grad_out for the backward")
@@ -198,6 +245,7 @@ def ring_attention_on_ranks(
         None if forward is None else _Kernel(forward, chunks, causal, block_size),
         _Kernel(backward, chunks, causal, block_size),
         timeout_s,
+        other_ranks,
     )
 
 
@@ -212,6 +260,7 @@ def ulysses_attention_on_ranks(
     forward=ulysses_attention_forward,
     backward=ulysses_attention_backward,
     timeout_s: float = 120.0,
+    other_ranks: int = 0,
 ) -> ContextRun:
     """As `ring_attention_on_ranks`, by the all-to-all (DeepSpeed-Ulysses) kernels on contiguous shards."""
     if forward is None and grad_out is None:
@@ -226,6 +275,7 @@ def ulysses_attention_on_ranks(
         None if forward is None else _Kernel(forward, None, causal, block_size),
         _Kernel(backward, None, causal, block_size),
         timeout_s,
+        other_ranks,
     )
 
 

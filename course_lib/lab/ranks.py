@@ -139,37 +139,57 @@ def run_ranks(worker, rank_args: list[tuple], timeout_s: float, start_method: st
     return [payloads[rank] for rank in range(reporting_ranks)]
 
 
-def _thread_states(pid: int) -> str | None:
-    """The scheduler states of process `pid`'s threads (R running or runnable, D in a disk wait, S sleeping, ...);
-    None where /proc cannot tell."""
+def _threads(pid: int) -> list[tuple[str, str, int]] | None:
+    """(name, scheduler state, CPU ticks) of each thread of process `pid` (state R: running or runnable, D: in a
+    disk wait, S: sleeping); None where /proc cannot tell."""
     try:
-        states = []
+        found = []
         for task in os.listdir(f"/proc/{pid}/task"):
             with open(f"/proc/{pid}/task/{task}/stat", encoding="ascii", errors="replace") as stat:
-                states.append(stat.read().rsplit(")", 1)[1].split()[0])  # after the name, which may hold spaces
-        return "".join(states)
-    except (OSError, IndexError):
+                text = stat.read()
+            name, fields = text[text.index("(") + 1 : text.rindex(")")], text.rsplit(")", 1)[1].split()
+            found.append((name, fields[0], int(fields[11]) + int(fields[12])))
+        return found
+    except (OSError, IndexError, ValueError):
         return None
 
 
 class _StallWatch:
     """Whether a run's ranks have all stopped: for STALL_S seconds no thread of a live rank was seen running or
-    waiting to run. A rank that computes, copies or sends has such a thread however busy the machine is (a thread
-    waiting for a core is still runnable); ranks that all wait on each other sleep, but for a network thread's
-    brief wakeups. Where /proc cannot be read (not Linux, or a sandbox that hides it) it never says so, and
-    timeout_s alone ends the run."""
+    waiting to run, gloo's network threads aside, and those spent no more than their idle wakeups' CPU time.
+
+    A rank that computes has a runnable thread however busy the machine is (a thread waiting for a core is still
+    runnable); one whose message is on its way has a network thread that spends CPU time on it. Ranks that all wait
+    on each other sleep, but for the network threads' brief wakeups (about 0.3% of a core each). Where /proc
+    cannot be read (not Linux, or a sandbox that hides it) it never says so, and timeout_s alone ends the run."""
+
+    NETWORK_THREAD = "gloo_tcp_loop"
+    IDLE_SHARE = 0.02  # of a core, per live rank: more CPU than this over STALL_S is progress
 
     def __init__(self, workers):
         self.workers = workers
-        self.since = time.monotonic()
+        self.since, self.ticks_since = time.monotonic(), None
 
     def stalled(self) -> bool:
-        now = time.monotonic()
-        states = [_thread_states(process.pid) for process in self.workers if process.is_alive()]
-        if any(found is None or "R" in found or "D" in found for found in states):
-            self.since = now
+        now, live = time.monotonic(), [process for process in self.workers if process.is_alive()]
+        threads = [_threads(process.pid) for process in live]
+        if any(found is None for found in threads):
+            return self._progress(now, None)
+        if any(state in "RD" and name != self.NETWORK_THREAD for found in threads for name, state, _ in found):
+            return self._progress(now, None)
+        ticks = sum(used for found in threads for _, _, used in found)
+        if self.ticks_since is None:
+            self.ticks_since = ticks
+        if now - self.since < STALL_S:
             return False
-        return now - self.since >= STALL_S
+        idle_ticks = self.IDLE_SHARE * STALL_S * len(live) * os.sysconf("SC_CLK_TCK")
+        if ticks - self.ticks_since > idle_ticks:  # the network threads moved data
+            return self._progress(now, ticks)
+        return True
+
+    def _progress(self, now: float, ticks: int | None) -> bool:
+        self.since, self.ticks_since = now, ticks
+        return False
 
     def describe(self, reported: list[int]) -> str:
         ended = [
