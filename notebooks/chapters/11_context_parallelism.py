@@ -209,6 +209,9 @@ else:
 # * **Memory** (1 point): no tensor a rank creates is larger than the bytes of one shard's `k` and `v` together
 #   (or of its `q` or `out`): no rank ever holds the whole sequence's keys.
 # * **Overlap** (1 point): on every rank, the first message is under way before the first block product.
+# * **Any group** (1 point): `group` may be a subgroup of a larger world (context parallelism beside data
+#   parallelism), whose ranks in the group are not their ranks in the world; the results are those on the default
+#   group.
 #
 # The first two lines check the inputs and find this rank's place (`check_ring_inputs`). Keep them.
 
@@ -440,6 +443,35 @@ for _t_rank, _t_kinds in enumerate(grading.in_student_process(ring_attention_for
     )
 ### END HIDDEN TESTS
 
+# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_ring_attention_forward__any_group", "locked": true, "points": 1, "schema_version": 3}
+# Any group: the 2 ranks of the ring are global ranks 1 and 2 of a world of 3, whose rank 0 is outside the group.
+_t_gen = torch.Generator().manual_seed(9)
+_t_q, _t_k, _t_v = (torch.randn(1, 2, 16, 4, generator=_t_gen, dtype=torch.float64) for _ in range(3))
+_t_run = in_student_process(
+    ring_attention_forward,
+    lambda own: ring_attention_on_ranks(_t_q, _t_k, _t_v, 2, block_size=4, forward=own, other_ranks=1)["out"],
+)
+_t_want = reference_attention(_t_q, _t_k, _t_v, causal=True)[0]
+assert torch.allclose(_t_run, _t_want, rtol=1e-10, atol=1e-12), (
+    "on a group of 2 ranks inside a world of 3, out differs from attention run whole"
+)
+### BEGIN HIDDEN TESTS
+from course_lib import grading
+
+grading.assert_own_function(ring_attention_forward, "ring_attention_forward")
+
+
+def _t_subgroup(own):
+    generator = torch.Generator().manual_seed(10)
+    q, k, v = (torch.randn(1, 2, 24, 4, generator=generator, dtype=torch.float64) for _ in range(3))
+    out = ring_attention_on_ranks(q, k, v, 3, "contiguous", False, block_size=4, forward=own, other_ranks=2)["out"]
+    return out, reference_attention(q, k, v, causal=False)[0]
+
+
+_t_out, _t_want = grading.in_student_process(ring_attention_forward, _t_subgroup)
+grading.assert_same(_t_out, _t_want, rtol=1e-10, atol=1e-12, path="out (3 ranks after 2 others, contiguous)")
+### END HIDDEN TESTS
+
 # %% [markdown]
 # <details><summary>Hint · 提示</summary>
 #
@@ -472,6 +504,7 @@ for _t_rank, _t_kinds in enumerate(grading.in_student_process(ring_attention_for
 # * **A ring** (1 point): messages only to the next rank and from the previous one, no collective.
 # * **Memory** (1 point): no tensor a rank creates is larger than one shard's `k` and `v` together, in the widest
 #   dtype the rank works in (or than its `q` or `out`).
+# * **Any group** (1 point): on a subgroup of a larger world, as in the forward.
 #
 # Your backward is graded from the exact `out` and `lse`, so it earns its points whatever your forward does.
 
@@ -631,6 +664,39 @@ for _t_rank, _t_bytes in enumerate(grading.in_student_process(ring_attention_bac
     assert _t_bytes <= _t_bound, f"6 ranks: rank {_t_rank} created a tensor of {_t_bytes} bytes, above {_t_bound}"
 ### END HIDDEN TESTS
 
+# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_ring_attention_backward__any_group", "locked": true, "points": 1, "schema_version": 3}
+# Any group: the 2 ranks of the ring are global ranks 1 and 2 of a world of 3, whose rank 0 is outside the group.
+_t_gen = torch.Generator().manual_seed(31)
+_t_q, _t_k, _t_v, _t_go = (torch.randn(1, 2, 16, 4, generator=_t_gen, dtype=torch.float64) for _ in range(4))
+_t_run = in_student_process(
+    ring_attention_backward,
+    lambda own: ring_attention_on_ranks(
+        _t_q, _t_k, _t_v, 2, block_size=4, grad_out=_t_go, forward=None, backward=own, other_ranks=1
+    )["dk"],
+)
+_t_want = reference_attention_gradients(_t_q, _t_k, _t_v, _t_go, True)[1]
+assert torch.allclose(_t_run, _t_want, rtol=1e-9, atol=1e-11), (
+    "on a group of 2 ranks inside a world of 3, dk differs from autograd through attention run whole"
+)
+### BEGIN HIDDEN TESTS
+from course_lib import grading
+
+grading.assert_own_function(ring_attention_backward, "ring_attention_backward")
+
+
+def _t_subgroup(own):
+    generator = torch.Generator().manual_seed(32)
+    q, k, v, grad_out = (torch.randn(1, 2, 24, 4, generator=generator, dtype=torch.float64) for _ in range(4))
+    run = ring_attention_on_ranks(
+        q, k, v, 3, "contiguous", True, block_size=4, grad_out=grad_out, forward=None, backward=own, other_ranks=2
+    )
+    return [run["dq"], run["dk"], run["dv"]], list(reference_attention_gradients(q, k, v, grad_out, True))
+
+
+_t_got, _t_want = grading.in_student_process(ring_attention_backward, _t_subgroup)
+grading.assert_same(_t_got, _t_want, rtol=1e-9, atol=1e-11, path="[dq, dk, dv] (3 ranks after 2 others, contiguous)")
+### END HIDDEN TESTS
+
 # %% [markdown]
 # ## 5. Evidence: what each rank holds and sends (证据：每个进程持有和发送的数据)
 #
@@ -676,8 +742,9 @@ for ranks in (1, 2, 4, 8):
 #   graded).
 # * `heads_to_sequence(x, group=None)`: its inverse, $[B, h/R, T, w] \to [B, h, T/R, w]$.
 #
-# * **`sequence_to_heads`** (2 points), **`heads_to_sequence`** (1 point): exact on 1 to 4 ranks; and **Memory**
-#   (1 point): no tensor a rank creates is larger than its input (each rank never holds more than its share).
+# * **`sequence_to_heads`** (2 points), **`heads_to_sequence`** (1 point): exact on 1 to 4 ranks; **Memory**
+#   (1 point): no tensor a rank creates is larger than its input (each rank never holds more than its share); and
+#   **Any group** (1 point each): exact on a subgroup of a larger world, as the ring kernels.
 
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_sequence_to_heads", "locked": false, "schema_version": 3}
 #| solution: course_lib.ring.sequence_to_heads
@@ -790,6 +857,70 @@ def _t_heads_largest(own):
 
 for _t_rank, _t_bytes in enumerate(grading.in_student_process(sequence_to_heads, _t_heads_largest)):
     assert _t_bytes <= 2 * 6 * 12 * 4 * 4, f"3 ranks: rank {_t_rank} created a tensor of {_t_bytes} bytes"
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_sequence_to_heads__any_group", "locked": true, "points": 1, "schema_version": 3}
+# Any group: 2 ranks that are global ranks 1 and 2 of a world of 3.
+_t_whole = torch.arange(1 * 4 * 6 * 2, dtype=torch.float64).reshape(1, 4, 6, 2)
+_t_out = in_student_process(
+    sequence_to_heads,
+    lambda own: [
+        log["result"] for log in call_on_ranks(own, [(_t_whole[:, :, :3],), (_t_whole[:, :, 3:],)], other_ranks=1)
+    ],
+)
+for _t_rank in range(2):
+    assert torch.equal(_t_out[_t_rank], _t_whole[:, 2 * _t_rank : 2 * _t_rank + 2]), (
+        f"on a group of 2 ranks inside a world of 3, the group's rank {_t_rank} did not get heads "
+        f"{2 * _t_rank}, {2 * _t_rank + 1} over all 6 positions"
+    )
+### BEGIN HIDDEN TESTS
+from course_lib import grading
+
+grading.assert_own_function(sequence_to_heads, "sequence_to_heads")
+
+
+def _t_subgroup(own):
+    generator = torch.Generator().manual_seed(50)
+    whole = torch.randn(2, 6, 12, 3, generator=generator, dtype=torch.float64)
+    inputs = [(whole[:, :, r * 4 : (r + 1) * 4],) for r in range(3)]
+    return [log["result"] for log in call_on_ranks(own, inputs, other_ranks=2)], whole
+
+
+_t_outs, _t_whole = grading.in_student_process(sequence_to_heads, _t_subgroup)
+grading.assert_same(
+    _t_outs, [_t_whole[:, 2 * r : 2 * r + 2] for r in range(3)], rtol=0, atol=0, path="3 ranks after 2 others"
+)
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_heads_to_sequence__any_group", "locked": true, "points": 1, "schema_version": 3}
+# Any group: 2 ranks that are global ranks 1 and 2 of a world of 3.
+_t_whole = torch.arange(1 * 4 * 6 * 2, dtype=torch.float64).reshape(1, 4, 6, 2)
+_t_out = in_student_process(
+    heads_to_sequence,
+    lambda own: [log["result"] for log in call_on_ranks(own, [(_t_whole[:, :2],), (_t_whole[:, 2:],)], other_ranks=1)],
+)
+for _t_rank in range(2):
+    assert torch.equal(_t_out[_t_rank], _t_whole[:, :, 3 * _t_rank : 3 * _t_rank + 3]), (
+        f"on a group of 2 ranks inside a world of 3, the group's rank {_t_rank} did not get every head over "
+        f"positions {3 * _t_rank}..{3 * _t_rank + 2}"
+    )
+### BEGIN HIDDEN TESTS
+from course_lib import grading
+
+grading.assert_own_function(heads_to_sequence, "heads_to_sequence")
+
+
+def _t_subgroup(own):
+    generator = torch.Generator().manual_seed(51)
+    whole = torch.randn(2, 6, 12, 3, generator=generator, dtype=torch.float64)
+    inputs = [(whole[:, 2 * r : 2 * r + 2],) for r in range(3)]
+    return [log["result"] for log in call_on_ranks(own, inputs, other_ranks=2)], whole
+
+
+_t_outs, _t_whole = grading.in_student_process(heads_to_sequence, _t_subgroup)
+grading.assert_same(
+    _t_outs, [_t_whole[:, :, 4 * r : 4 * r + 4] for r in range(3)], rtol=0, atol=0, path="3 ranks after 2 others"
+)
 ### END HIDDEN TESTS
 
 # %% [markdown]

@@ -10,6 +10,9 @@ _BACKWARD = "course_lib.ring.ring_attention_backward"
 _TO_HEADS = "course_lib.ring.sequence_to_heads"
 _TO_SEQUENCE = "course_lib.ring.heads_to_sequence"
 
+_GLOBAL = """    if group is not None:
+        ahead, behind = dist.get_global_rank(group, ahead), dist.get_global_rank(group, behind)
+"""
 _HOP = "requests = [dist.isend(travelling, ahead, group=group), dist.irecv(arriving, behind, group=group)]"
 
 # Every shard gathered first, then this rank's queries against the whole sequence: exact values, no ring at all.
@@ -159,8 +162,11 @@ MUTANTS = {
                 f"            {_HOP}\n            for request in requests:",
             ),
         ),
+        # Neighbours named by their ranks in the group where torch.distributed wants their global ranks.
+        "group_ranks_as_global_ranks": mutate(_FORWARD, (_GLOBAL, "")),
     },
     "ring_attention_backward": {
+        "group_ranks_as_global_ranks": mutate(_BACKWARD, (_GLOBAL, "")),
         # The accumulated dk and dv never take their last hop home: each rank returns its neighbour's.
         "gradients_not_sent_home": mutate(
             _BACKWARD, ("        if world > 1:\n", "        if world > 1 and step < world - 1:\n")
@@ -191,6 +197,11 @@ MUTANTS = {
             _TO_HEADS, ("dist.all_to_all_single(incoming, outgoing, group=group)", "incoming = outgoing")
         ),
         "gathers_the_whole_sequence": _GATHERED_TO_HEADS,
+        # The exchange on the default group, whatever group the caller gave.
+        "exchange_on_the_whole_world": mutate(
+            _TO_HEADS,
+            ("dist.all_to_all_single(incoming, outgoing, group=group)", "dist.all_to_all_single(incoming, outgoing)"),
+        ),
     },
     "heads_to_sequence": {
         "stretches_reversed": mutate(_TO_SEQUENCE, ("incoming.transpose(0, 1)", "incoming.flip(0).transpose(0, 1)")),
@@ -200,6 +211,10 @@ MUTANTS = {
         ),
         "no_exchange": mutate(
             _TO_SEQUENCE, ("dist.all_to_all_single(incoming, outgoing, group=group)", "incoming = outgoing")
+        ),
+        "exchange_on_the_whole_world": mutate(
+            _TO_SEQUENCE,
+            ("dist.all_to_all_single(incoming, outgoing, group=group)", "dist.all_to_all_single(incoming, outgoing)"),
         ),
     },
     "ring_bytes_received_per_rank": {
@@ -229,11 +244,17 @@ LOSES_ONLY = {
             "test_ring_attention_forward__overlap",
         ],
         "computes_before_sending": ["test_ring_attention_forward__overlap"],
+        "group_ranks_as_global_ranks": ["test_ring_attention_forward__any_group"],
     },
     "ring_attention_backward": {
         "gathers_every_shard": ["test_ring_attention_backward__ring", "test_ring_attention_backward__memory"],
+        "group_ranks_as_global_ranks": ["test_ring_attention_backward__any_group"],
     },
-    "sequence_to_heads": {"gathers_the_whole_sequence": ["test_sequence_to_heads__memory"]},
+    "sequence_to_heads": {
+        "gathers_the_whole_sequence": ["test_sequence_to_heads__memory"],
+        "exchange_on_the_whole_world": ["test_sequence_to_heads__any_group"],
+    },
+    "heads_to_sequence": {"exchange_on_the_whole_world": ["test_heads_to_sequence__any_group"]},
 }
 
 ALTERNATIVES = {
@@ -251,6 +272,16 @@ ALTERNATIVES = {
                 _HOP,
                 "requests = dist.batch_isend_irecv([dist.P2POp(dist.isend, travelling, ahead, group), "
                 "dist.P2POp(dist.irecv, arriving, behind, group)])",
+            ),
+        ),
+        # Peers named by their ranks in the group (torch >= 2.6), no translation to global ranks.
+        "peers_by_group_rank": mutate(
+            _FORWARD,
+            (_GLOBAL, ""),
+            (
+                _HOP,
+                "requests = [dist.isend(travelling, group=group, group_dst=ahead), "
+                "dist.irecv(arriving, group=group, group_src=behind)]",
             ),
         ),
     },

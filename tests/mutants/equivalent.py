@@ -291,33 +291,6 @@ EQUIVALENT: dict[str, dict[str, str]] = {
             )
         },
         **{
-            key: (
-                "the graded runs use the default process group, where a rank's group rank is its global rank; a "
-                "subgroup is named in the TODO's interface but not graded (a gap: the harness has no subgroup run)"
-            )
-            for key in (
-                *(
-                    f"{todo} | ahead, behind = dist.get_global_rank(group, ahead), dist.get_global_rank(group, behind) "
-                    f"| deleted: assign"
-                    for todo in ("ring_attention_forward", "ring_attention_backward")
-                ),
-                *(
-                    f"{todo} | if group is not None: | deleted: if"
-                    for todo in ("ring_attention_forward", "ring_attention_backward")
-                ),
-                "ring_attention_forward | requests = [dist.isend(travelling, ahead, group=group), dist.irecv(arriving, "
-                "behind, group=group)] | keyword: group= dropped",
-                "ring_attention_forward | requests = [dist.isend(travelling, ahead, group=group), dist.irecv(arriving, "
-                "behind, group=group)] | keyword: group= dropped #2",
-                "ring_attention_backward | requests = [dist.isend(message, ahead, group=group) for message in "
-                "messages] | keyword: group= dropped",
-                "ring_attention_backward | requests += [dist.irecv(arrival, behind, group=group) for arrival in "
-                "arrivals] | keyword: group= dropped",
-                "sequence_to_heads | dist.all_to_all_single(incoming, outgoing, group=group) | keyword: group= dropped",
-                "heads_to_sequence | dist.all_to_all_single(incoming, outgoing, group=group) | keyword: group= dropped",
-            )
-        },
-        **{
             f"{todo} | travelling = torch.cat([k, v], dim=-1).contiguous() | call: .contiguous() dropped": (
                 "torch.cat returns a contiguous tensor already"
             )
