@@ -26,6 +26,10 @@ _POLL_S = 0.25
 _LEAVE_S = 3.0  # after the last payload, for every rank to leave its group and end
 
 
+# port -> the listening socket that a forked rank 0 serves its run's store on (`run_ranks`, `join_gloo`)
+_LISTENERS: dict[int, socket.socket] = {}
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
@@ -33,18 +37,43 @@ def free_port() -> int:
 
 
 def join_gloo(rank: int, world_size: int, port: int, timeout_s: float) -> None:
-    """This process as `rank` of a gloo group on 127.0.0.1:`port`, one CPU thread (the ranks share the cores)."""
+    """This process as `rank` of a gloo group on 127.0.0.1:`port`, one CPU thread (the ranks share the cores).
+
+    Forked ranks find their store's socket already listening (`_LISTENERS`): rank 0 serves on it, and no other
+    process on the machine (a run beside this one) can take the port between its choice and the store's start."""
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    # use_libuv=0: torch's Windows builds before 2.7 have no libuv, yet their TCP store asked for it by default
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}?use_libuv=0",
-        rank=rank,
-        world_size=world_size,
-        timeout=datetime.timedelta(seconds=timeout_s),
+    timeout = datetime.timedelta(seconds=timeout_s)
+    listener = _LISTENERS.get(port)
+    if listener is None:
+        # use_libuv=0: torch's Windows builds before 2.7 have no libuv, yet their TCP store asked for it by default
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{port}?use_libuv=0", rank=rank, world_size=world_size, timeout=timeout
+        )
+        return
+    is_master = rank == 0
+    store = dist.TCPStore(
+        "127.0.0.1",
+        port,
+        world_size,
+        is_master,
+        timeout,
+        master_listen_fd=listener.fileno() if is_master else None,
+        use_libuv=False,
     )
+    if not is_master:
+        listener.close()
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
+
+
+def _listen() -> tuple[int, socket.socket]:
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(128)
+    port = listener.getsockname()[1]
+    _LISTENERS[port] = listener
+    return port, listener
 
 
 def report_result(results, rank: int, payload) -> None:
@@ -94,13 +123,19 @@ def run_ranks(worker, rank_args: list[tuple], timeout_s: float, start_method: st
         start_method = "spawn" if spawns() else "fork"
     context = mp.get_context(start_method)
     results = context.Queue()
-    port, world_size = free_port(), len(rank_args)
+    world_size = len(rank_args)
+    port, listener = _listen() if start_method == "fork" else (free_port(), None)  # spawned ranks inherit no socket
     workers = [
         context.Process(target=worker, daemon=True, args=(rank, world_size, port, timeout_s, results, *args))
         for rank, args in enumerate(rank_args)
     ]
-    for process in workers:
-        process.start()
+    try:
+        for process in workers:
+            process.start()
+    finally:
+        if listener is not None:  # rank 0 has its own copy
+            del _LISTENERS[port]
+            listener.close()
     payloads, failure = {}, None
     watch = _StallWatch(workers)
     deadline = time.monotonic() + timeout_s
