@@ -89,7 +89,6 @@ def _bounds_from_cu_seqlens(cu_seqlens: torch.Tensor, length: int) -> list[int]:
     return bounds
 
 
-@torch.compiler.disable  # traced, the cache's version check would be frozen into the graph and go stale
 def _cached(tensor: torch.Tensor, compute, key: object = "bounds", companion: torch.Tensor | None = None):
     """compute() once per tensor object, version and key: every layer gets the same boundaries, one host copy per
     forward.
@@ -101,6 +100,8 @@ def _cached(tensor: torch.Tensor, compute, key: object = "bounds", companion: to
     cu_seq_lens_k checked against it) must be that very object, at that version: a new one is checked again, even
     if it reuses a freed one's id.
     """
+    if torch.compiler.is_compiling():  # traced, the version check would be frozen into the graph and go stale
+        return compute()
     if tensor.is_inference() or (companion is not None and companion.is_inference()):
         return compute()
     cache = getattr(tensor, "_course_varlen_cache", None)
