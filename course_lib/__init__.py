@@ -26,70 +26,35 @@ Every public name is importable from here: `from course_lib import plan_packing`
 
 from __future__ import annotations
 
-from . import (
-    accounting,
-    curriculum,
-    lab,
-    labels,
-    ledger,
-    logprobs,
-    longdoc,
-    loss,
-    microbatch,
-    packed_forward,
-    packing,
-    packing_split,
-    ring,
-    sources,
-    tiled,
-    tiny,
-    tokenizer,
-    varlen,
-    window,
-)
-from .accounting import *  # noqa: F403
-from .curriculum import *  # noqa: F403
-from .lab import *  # noqa: F403
-from .labels import *  # noqa: F403
-from .ledger import *  # noqa: F403
-from .logprobs import *  # noqa: F403
-from .longdoc import *  # noqa: F403
-from .loss import *  # noqa: F403
-from .microbatch import *  # noqa: F403
-from .packed_forward import *  # noqa: F403
-from .packing import *  # noqa: F403
-from .packing_split import *  # noqa: F403
-from .ring import *  # noqa: F403
-from .sources import *  # noqa: F403
-from .tiled import *  # noqa: F403
-from .tiny import *  # noqa: F403
-from .tokenizer import *  # noqa: F403
-from .varlen import *  # noqa: F403
-from .window import *  # noqa: F403
+from pathlib import Path
+
+from ._exports import lazy_exports
 
 __version__ = "0.1.0"
-__all__ = [
-    name
-    for module in (
-        tokenizer,
-        tiny,
-        sources,
-        ledger,
-        window,
-        labels,
-        packing,
-        packing_split,
-        varlen,
-        packed_forward,
-        microbatch,
-        logprobs,
-        loss,
-        accounting,
-        curriculum,
-        longdoc,
-        tiled,
-        ring,
-        lab,
-    )
-    for name in module.__all__
-]
+
+# in the order a chat sample travels; each is imported when one of its names is first read (see _exports)
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    Path(__file__).parent,
+    (
+        "tokenizer",
+        "tiny",
+        "sources",
+        "ledger",
+        "window",
+        "labels",
+        "packing",
+        "packing_split",
+        "varlen",
+        "packed_forward",
+        "microbatch",
+        "logprobs",
+        "loss",
+        "accounting",
+        "curriculum",
+        "longdoc",
+        "tiled",
+        "ring",
+        "lab",
+    ),
+)

@@ -200,6 +200,59 @@ def test_no_file_cites_a_source_by_its_file_number():
     assert not offending, offending
 
 
+def _modules_after(statement: str, *names: str) -> dict[str, bool]:
+    import subprocess
+    import sys
+
+    probe = f"import sys\n{statement}\nprint(*[sys.modules.get(name) is not None for name in {list(names)!r}])"
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT)
+    return dict(zip(names, [word == "True" for word in result.stdout.split()], strict=True))
+
+
+def test_the_course_command_and_the_graders_own_process_import_no_torch():
+    """`course` (every subcommand starts here), the grader's process and each submission's kernel driver need none
+    of the mechanisms: importing torch with them cost 1.8 s per process, and jsonschema's IRI parser (under
+    nbformat) 1.8 s more."""
+    statement = (
+        "import course_lib.cli, course_lib.instructor.grade, course_lib.instructor.execute, course_lib.grading.protocol"
+    )
+    assert _modules_after(statement, "torch", "rfc3987_syntax") == {"torch": False, "rfc3987_syntax": False}
+
+
+def test_a_name_read_from_the_package_imports_only_its_module():
+    found = _modules_after("from course_lib import ledger_from_roles", "course_lib.ledger", "course_lib.ring")
+    assert found == {"course_lib.ledger": True, "course_lib.ring": False}
+
+
+def test_the_package_exports_every_modules_names_once():
+    """Each mechanism module's `__all__` and the instruments' (`course_lib.lab`), read lazily, as the names of
+    `course_lib`; each resolves to its module's object."""
+    import importlib
+
+    import course_lib
+
+    not_exported = {"cli", "preflight"}  # commands, not mechanisms
+    modules = [path.stem for path in PACKAGE.glob("[a-z]*.py") if path.stem not in not_exported] + ["lab"]
+    assert len(set(course_lib.__all__)) == len(course_lib.__all__)
+    for module_name in modules:
+        module = importlib.import_module(f"course_lib.{module_name}")
+        assert set(module.__all__) <= set(course_lib.__all__), module_name
+        for name in module.__all__:
+            assert getattr(course_lib, name) is getattr(module, name), name
+    assert len(course_lib.__all__) == sum(len(importlib.import_module(f"course_lib.{m}").__all__) for m in modules)
+    assert {"plan_packing", "ring", "ring_attention_on_ranks"} <= set(dir(course_lib))
+
+
+def test_a_module_without_a_literal_all_is_refused(tmp_path):
+    from course_lib._exports import declared_names
+
+    (tmp_path / "computed.py").write_text("__all__ = [name for name in ('a',)]\n")
+    (tmp_path / "missing.py").write_text("x = 1\n")
+    for name in ("computed", "missing"):
+        with pytest.raises(ValueError, match="literal list of strings"):
+            declared_names(tmp_path / f"{name}.py")
+
+
 def test_importing_the_course_does_not_import_the_compiler():
     """Every graded submission runs in a fresh process that imports the course: a decorator from
     `torch.compiler` at a module's top level imports torch._dynamo and doubled that import (3.9 s -> 1.8 s)."""

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 CALL_TIMEOUT_S = 60.0
+MESSAGE_LIMIT = 1_000  # where a failed check's message is cut (`testing.with_call`, the feedback page): what a
+# failure says comes first, so it is cut to leave the call whole, keywords last
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,16 @@ from typing import Any
 
 import course_lib
 
+__all__ = [
+    "_ORIGINALS",
+    "BLOCKABLE",
+    "block_library",
+    "forget_library",
+    "library_blocked",
+    "reference",
+    "unblock_library",
+]
+
 # The library's public objects as they were when this module was first imported. Every chapter's setup cell
 # imports it before any student code runs, so a submission that rebinds `course_lib.<name>` to its own
 # function cannot turn the reference into itself.

@@ -16,3 +16,11 @@
 Building and grading need the `course` extra (nbgrader, jupyterlab, jupytext); `course check` needs only the
 base install. What runs beside the tests (the helpers they call, the checker) is `course_lib.grading`.
 """
+
+import sys
+
+# jsonschema, under nbformat, builds an Earley parser for its "iri" format check when it is imported: 1.8 s of
+# every process that reads a notebook (each `course` command, each graded submission's kernel driver). nbformat
+# validates notebooks without format checks, so that parser would never run; without the module, jsonschema
+# leaves the "iri" check out. A process that imported it already keeps it.
+sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]

@@ -11,7 +11,7 @@ import html
 from dataclasses import dataclass
 from typing import Any
 
-from ..grading import MESSAGE_LIMIT
+from ..grading.protocol import MESSAGE_LIMIT
 from .cells import is_test_cell, nbgrader_meta
 
 MAX_MESSAGE = MESSAGE_LIMIT  # one line: a failed check's message with its call's arguments (grading.with_call)

@@ -17,12 +17,10 @@ The chapters import these names from `course_lib` too, which re-exports them.
 
 from __future__ import annotations
 
-from . import configs, context, gradients, leaks, memory, padding
-from .configs import *  # noqa: F403
-from .context import *  # noqa: F403
-from .gradients import *  # noqa: F403
-from .leaks import *  # noqa: F403
-from .memory import *  # noqa: F403
-from .padding import *  # noqa: F403
+from pathlib import Path
 
-__all__ = [name for module in (padding, leaks, gradients, context, memory, configs) for name in module.__all__]
+from .._exports import lazy_exports
+
+__getattr__, __dir__ = lazy_exports(
+    __name__, Path(__file__).parent, ("padding", "leaks", "gradients", "context", "memory", "configs")
+)
