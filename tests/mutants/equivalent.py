@@ -1,8 +1,10 @@
 """Survivors of the survey (`survey.py`) that are not gaps in the hidden tests, each with the reason.
 
 chapter -> {edit key: why the edit changes nothing the TODO asks for}. An edit listed here must still be
-made by the survey and must still survive, or `test_mutation_survey.py` fails: the list cannot go stale.
-Every other survivor is a gap in a chapter's hidden tests, and fails that test until the tests catch it.
+made by the survey, or `test_mutation_survey.py` fails; `python -m tests.mutants.survey` grades the listed edits
+too and names (exit 1) those the hidden tests catch now, which then leave the list: run it after changing a
+chapter's hidden tests. Every other survivor is a gap in a chapter's hidden tests, and fails that test until the
+tests catch it.
 """
 
 # The reasons, shared by the edits they explain.

@@ -8,7 +8,8 @@ graded in process exactly as `test_mutants.py` grades the catalogue. An edit who
 pass *survives*. A survivor is either a gap in the hidden tests (fix the tests) or an edit that changes
 nothing a student could be asked for (list it in `equivalent.py` with the reason).
 
-    python -m tests.mutants.survey              # every chapter; prints the survivors not yet explained
+    python -m tests.mutants.survey              # every chapter, every edit graded: the survivors not yet explained,
+                                                # and the explained edits that no longer survive (exit 1 on either)
     python -m tests.mutants.survey 03_packing   # one chapter
 """
 
@@ -23,7 +24,7 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 
 from tests.support.grading import grade_in_process
@@ -223,8 +224,19 @@ def source_notebooks(chapters: list[str] | None = None, scratch: Path | None = N
     return found
 
 
-def survivors(chapter: str, notebook, *, progress=None) -> tuple[list[Edit], int]:
+def edit_keys(notebook) -> set[str]:
+    """The key of every edit the survey makes of the notebook's TODO solutions (nothing graded)."""
+    from course_lib.instructor import cells
+
+    return {edit.key for todo, source in cells.solution_cells(notebook).items() for edit, _ in edits_of(todo, source)}
+
+
+def survivors(chapter: str, notebook, *, skip: Collection[str] = (), progress=None) -> tuple[list[Edit], int]:
     """The edits of the chapter's TODOs that keep every point of their own cells, and how many edits were tried.
+
+    Edits whose key is in `skip` (those explained already) are not graded: a survivor runs every one of its
+    TODO's cells, the slowest included, so grading the explained ones took most of a survey's time. Whether they
+    still survive is what `main` (the command) checks.
 
     Each edit is graded on its TODO's own cells only (what it can lose), each cell and call stopped after
     SECONDS_PER_EDIT (an edit that makes a loop endless fails its cell). The cells run one at a time, the quickest
@@ -242,6 +254,8 @@ def survivors(chapter: str, notebook, *, progress=None) -> tuple[list[Edit], int
             raise RuntimeError(f"{chapter}: no graded cell for {todo}")
         quickest_first = _cells_by_time(chapter, todo, notebook, solutions, own)
         for edit, edited in edits_of(todo, source):
+            if edit.key in skip:
+                continue
             tried += 1
             edited_solutions = {**solutions, todo: edited}
             if all(_passes_alone(notebook, edited_solutions, grade_id) for grade_id in quickest_first):
@@ -282,20 +296,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("chapters", nargs="*")
     parser.add_argument("--all", action="store_true", help="print explained survivors too")
     args = parser.parse_args(argv)
-    unexplained = 0
+    unexplained = stale = 0
     for chapter, notebook in source_notebooks(args.chapters or None).items():
         alive, tried = survivors(chapter, notebook)
         explained = EQUIVALENT.get(chapter, {})
+        keys = {edit.key for edit in alive}
+        caught_now = sorted(set(explained) - keys)
         print(
             f"{chapter}: {tried} edits, {len(alive)} survive, "
-            f"{sum(edit.key not in explained for edit in alive)} unexplained",
+            f"{sum(edit.key not in explained for edit in alive)} unexplained, {len(caught_now)} explained but caught",
             flush=True,
         )
         for edit in alive:
             if args.all or edit.key not in explained:
                 print(f"    {edit.key!r}: {explained.get(edit.key, 'UNEXPLAINED')!r},")
+        for key in caught_now:
+            print(f"    {key!r}: no longer survives (or is no longer made); remove it from equivalent.py")
         unexplained += sum(edit.key not in explained for edit in alive)
-    return 1 if unexplained else 0
+        stale += len(caught_now)
+    return 1 if unexplained or stale else 0
 
 
 if __name__ == "__main__":
