@@ -32,7 +32,9 @@ test: lint doctest
 	$(BIN)/python -m pytest -q -n 2 -m "not slow and not browser"
 
 test-all: lint doctest
-	$(BIN)/python -m pytest -q -n 2 -m "not browser" --durations=25
+	mkdir -p build
+	$(BIN)/python -m pytest -q -n 2 -m "not browser" --durations=25 --junitxml=build/test-all.xml; \
+	  status=$$?; $(BIN)/python scripts/test_times.py build/test-all.xml; exit $$status
 
 # Real-browser tests (tests/browser/, marked `browser`, which no other target runs): a student in JupyterLab and an
 # instructor in formgrader, in headless chromium. Needs Debian's `chromium` (apt-get install chromium; .ci/run installs
