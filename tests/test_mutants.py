@@ -1,7 +1,8 @@
 """Every plausible wrong answer in the catalogue loses its cell's points and nothing else.
 
 The grading here runs the very cells nbgrader runs for a grade (setup, the student's solution cells,
-the source notebook's graded cells with hidden tests), in-process; test_autograde.py pushes one
+the source notebook's graded cells with hidden tests), in-process, for the cells an answer can reach
+(`tests/mutants/reach.py`: the rest grade as on the solutions); test_autograde.py pushes one
 mutant per chapter through real `nbgrader autograde`.
 """
 
@@ -11,6 +12,7 @@ import pytest
 
 from course_lib.instructor import build, cells
 from tests.mutants import alternatives, bounded_losses, catalogue, library_callers, own_results
+from tests.mutants.reach import cells_reached
 from tests.support.grading import grade_in_process
 
 pytestmark = pytest.mark.slow  # the whole module: `make test-all` runs it, `make test` does not
@@ -71,10 +73,17 @@ def test_catalogue_covers_every_todo_with_three_mutants():
 
 
 def _graded_with(notebook, todo: str, source: str) -> list:
-    """The chapter's graded cells run on the instructor's solutions, with `source` as the answer to one TODO."""
+    """The chapter's graded cells that `source`, as the answer to one TODO, can change (`reach.cells_reached`: its
+    own and those that read a name it changes; every cell when that cannot be told), run on the instructor's
+    solutions with `source` in place of the TODO's. The others grade as on the solutions, which earn every point
+    (tests/test_notebooks.py)."""
     solutions = cells.solution_cells(notebook)
     assert f"todo_{todo}" in solutions, f"the chapter has no TODO cell todo_{todo}"
-    return grade_in_process(notebook, {**solutions, f"todo_{todo}": source})
+    results = grade_in_process(
+        notebook, {**solutions, f"todo_{todo}": source}, only=cells_reached(notebook, todo, source)
+    )
+    assert own_results(results, todo), f"{todo} has no graded cell"
+    return results
 
 
 @pytest.mark.parametrize(("chapter", "todo", "mutant"), CASES, ids=[f"{c}:{t}:{m}" for c, t, m in CASES])

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 
-def _kept(statement: ast.stmt) -> bool:
+def kept_statement(statement: ast.stmt) -> bool:
     """Imports, function and class definitions, and assignments to plain names; nothing else runs."""
     if isinstance(statement, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
         return True
@@ -37,13 +37,13 @@ def student_module(sources: Mapping[str, str]) -> tuple[dict[str, Any], list[str
         except SyntaxError as error:
             notes.append(f"{label}: the cell does not parse ({error.msg}, line {error.lineno}); nothing of it ran")
             continue
-        dropped = [statement.lineno for statement in tree.body if not _kept(statement)]
+        dropped = [statement.lineno for statement in tree.body if not kept_statement(statement)]
         if dropped:
             notes.append(
                 f"{label}: the grader ran only the imports, definitions and name assignments of this cell "
                 f"(left out: the statements on lines {', '.join(map(str, dropped[:8]))})"
             )
-        module = ast.Module(body=[statement for statement in tree.body if _kept(statement)], type_ignores=[])
+        module = ast.Module(body=[statement for statement in tree.body if kept_statement(statement)], type_ignores=[])
         codes[label] = compile(module, f"<your TODO cell {label}>", "exec", dont_inherit=True)
     return codes, notes
 
