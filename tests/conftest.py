@@ -1,4 +1,5 @@
-"""Shared test data: one bilingual two-turn chat, and the course tokenizer under each of its templates."""
+"""Shared test data: one bilingual two-turn chat, and the course tokenizer under each of its templates; and the
+order the suite's tests start in."""
 
 from __future__ import annotations
 
@@ -18,3 +19,19 @@ CHAT = [
 @pytest.fixture(scope="module")
 def tokenizers():
     return {name: load_course_tokenizer(name) for name in CHAT_TEMPLATES}
+
+
+# The modules whose tests run longest (one `course grade` of every hostile submission; the mutation surveys; real
+# nbgrader on every chapter), started first: under `-n 2` the other worker meanwhile takes the many short tests,
+# instead of one worker being left with one of these at the end while the other has nothing to do.
+LONGEST_FIRST = (
+    "tests/test_hostile_submissions.py",
+    "tests/test_mutation_survey.py",
+    "tests/test_grade_robustness.py",
+    "tests/test_autograde.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    place = {path: index for index, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: place.get(item.nodeid.split("::")[0], len(place)))  # stable: the rest keep their order

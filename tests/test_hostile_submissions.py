@@ -35,7 +35,9 @@ import pytest
 import course_lib
 from course_lib.instructor import build, cells
 
-pytestmark = pytest.mark.slow  # the whole module: `make test-all` runs it, `make test` does not
+# slow: `make test-all` runs it, `make test` does not. One xdist group: the module's tests read one `course grade`
+# run (a module fixture), which each worker that ran one of them would otherwise grade again (`--dist loadgroup`).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("hostile")]
 
 CHAPTER = "01_length_ledger"
 LEDGER, AUDIT = "test_ledger_from_roles", "test_audit_context_fit"
