@@ -29,11 +29,11 @@ doctest: venv
 	$(BIN)/python -m pytest -q -p no:cacheprovider --doctest-modules course_lib
 
 test: lint doctest
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup -m "not slow and not browser"
+	$(BIN)/python -m pytest -q -n 2 -m "not slow and not browser"
 
 test-all: lint doctest
 	mkdir -p build
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup -m "not browser" --durations=25 --junitxml=build/test-all.xml; \
+	$(BIN)/python -m pytest -q -n 2 -m "not browser" --durations=25 --junitxml=build/test-all.xml; \
 	  status=$$?; $(BIN)/python scripts/test_times.py build/test-all.xml; exit $$status
 
 # Real-browser tests (tests/browser/, marked `browser`, which no other target runs): a student in JupyterLab and an

@@ -20,9 +20,8 @@ from course_lib.instructor import build, cells
 from course_lib.instructor.cells import with_answers as submission_with
 from tests.mutants import catalogue
 
-# slow: `make test-all` runs it, `make test` does not. One xdist group: the module's tests read one `course grade`
-# run (a module fixture), which each worker that ran one of them would otherwise grade again (`--dist loadgroup`).
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("grade_robustness")]
+# slow: `make test-all` runs it, `make test` does not; under -n its tests run on one worker (tests/conftest.py)
+pytestmark = pytest.mark.slow
 
 CHAPTER = "01_length_ledger"
 OTHER = "02_templates_and_labels"  # used for "a notebook for the wrong chapter" when it exists

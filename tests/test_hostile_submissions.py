@@ -35,9 +35,8 @@ import pytest
 import course_lib
 from course_lib.instructor import build, cells
 
-# slow: `make test-all` runs it, `make test` does not. One xdist group: the module's tests read one `course grade`
-# run (a module fixture), which each worker that ran one of them would otherwise grade again (`--dist loadgroup`).
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("hostile")]
+# slow: `make test-all` runs it, `make test` does not; under -n its tests run on one worker (tests/conftest.py)
+pytestmark = pytest.mark.slow
 
 CHAPTER = "01_length_ledger"
 LEDGER, AUDIT = "test_ledger_from_roles", "test_audit_context_fit"
