@@ -175,9 +175,10 @@ else:
 # ## 3. Ring attention: the keys travel, the queries stay (环形注意力：键值流动，查询不动)
 #
 # Rank $r$ holds $q$, $k$ and $v$ of its positions only. Its queries need every rank's keys, so the keys and values
-# travel: at each of $R$ steps every rank sends the key/value shard it holds to the next rank of the ring
-# ($r + 1 \bmod R$) and receives the previous rank's ($r - 1 \bmod R$). After $R - 1$ hops every shard has visited
-# every rank (Ring Attention, Liu, Zaharia and Abbeel). At each step the rank computes attention of its queries
+# travel: at each hop every rank sends the key/value shard it holds to the next rank of the ring ($r + 1 \bmod R$)
+# and receives the previous rank's ($r - 1 \bmod R$). After $R - 1$ hops every shard has visited every rank: $R$
+# steps of compute (its own shard, then one per hop), $R - 1$ of sending (Ring Attention, Liu, Zaharia and Abbeel).
+# At each step the rank computes attention of its queries
 # over the keys it holds at that moment, as if they were all there was: a partial $(o, \ell)$. Chapter 10's identity
 # merges the partials, in any order, into exact attention over all keys:
 #
@@ -496,8 +497,8 @@ grading.assert_same(_t_out, _t_want, rtol=1e-10, atol=1e-12, path="out (3 ranks 
 #
 # Write `ring_attention_backward(q, k, v, out, lse, grad_out, layout, group=None, causal=True, block_size=64)`: this
 # rank's shards as in the forward, `out` and `lse` those of attention over all keys (the forward's), `grad_out`
-# $[B, H, T_r, e]$. Return `(dq, dk, dv)`, the gradients of $\sum$ `grad_out` $\cdot$ `out` with respect to this
-# rank's `q`, `k` and `v`, each in its input's dtype (accumulate in at least fp32). Use `tiled_attention_backward`.
+# $[B, H, T_r, e]$. Return `(dq, dk, dv)`, the gradients of the whole sequence's $\sum$ `grad_out` $\cdot$ `out`
+# (summed over every rank's positions) with respect to this rank's `q`, `k` and `v`, each in its input's dtype (accumulate in at least fp32). Use `tiled_attention_backward`.
 #
 # * **Values** (3 points): `dq`, `dk` and `dv` on 2 to 4 ranks, both layouts, causal or not, within `rtol=1e-9` in
 #   fp64, against autograd through attention run whole; **GQA and dtypes** (1 point).
@@ -940,9 +941,11 @@ for name, run in (("all-to-all", ulysses), ("ring", ring)):
     print(f"{name:<10}: max |out - whole| {(run['out'] - want).abs().max():.1e} | rank 0 moves {moved:,} bytes")
 
 # %% [markdown]
-# Both are exact. The all-to-all moves more here (q, k, v and the output, every head), but its messages shrink as
-# $1/R$ per rank while the ring's total stays near one sequence's keys and values: at large $R$ and with few KV
-# heads the ring wins on bytes, Ulysses on simplicity and on being independent of the attention kernel. Production
+# Both are exact. Per rank, the all-to-all moves $(R - 1)/R$ of its shards of q, k, v and the output, which shrink as
+# $1/R$, while the ring moves $(R - 1)/R$ of one whole sequence's keys and values: the ring's bytes are about
+# $R\,H_{kv} / (H + H_{kv})$ times Ulysses', fewer only while $R < 1 + H / H_{kv}$ (few KV heads widen that range).
+# Ulysses wins on bytes beyond it and on being independent of the attention kernel, but cannot use more ranks than
+# there are KV heads; the ring has no such limit and overlaps its hops with compute. Production
 # systems combine them: Ulysses inside a node (fast links, head count permitting), the ring across nodes (USP,
 # "unified sequence parallelism", Fang and Zhao).
 #
@@ -1048,7 +1051,7 @@ def _t_model_logits(own):
 
 _t_found, _t_whole = grading.in_student_process(ring_attention_forward, _t_model_logits)
 for _t_logits in _t_found:
-    assert (_t_logits - _t_whole).abs().max() < 1e-4, "tiny Qwen2 over 3 / 4 ranks: logits differ from run whole"
+    assert (_t_logits - _t_whole).abs().max() < 1e-4, "tiny Qwen2 over 3 ranks (head-tail): logits differ from run whole"
 ### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "solution": false, "grade_id": "test_ring_attention_backward__in_model", "locked": true, "points": 1, "schema_version": 3}
@@ -1111,7 +1114,8 @@ assert (_t_split - _t_whole).abs().max() < 1e-5 * max(1.0, _t_whole.abs().max().
 # ## 9. Design questions in practice (实践中的设计问题)
 #
 # **Problem: CP runs, but rank 0 idles most of each step (上下文并行时 0 号进程大部分时间空闲).**
-# *Cause:* contiguous shards under a causal mask (section 2): the last rank does $(2R - 1)/R$ times the average work.
+# *Cause:* contiguous shards under a causal mask (section 2): the first rank's queries see the fewest keys, the last
+# rank's the most (your derivation in section 6 says how far above the average).
 # *Recommendation:* head-tail (zigzag) layout, and with packed rows a per-document one.
 #
 # **Problem: the loss under CP is slightly off, or the model degrades at long lengths (开启上下文并行后损失异常).**
