@@ -63,11 +63,13 @@ class _RankLog(TorchDispatchMode):
         return result
 
 
-def _import_dynamo_before_forking() -> None:
-    """torch._dynamo, imported here before the ranks start: some ops under a dispatch mode (torch.cat) import it
-    at their first call (`torch._disable_dynamo`, 1.2 s on torch 2.13), and forked ranks then inherit it instead of
-    each importing it again (4 ranks on 2 cores: 2.4 s of every run)."""
+def _run_logged_ranks(worker, rank_args: list[tuple], timeout_s: float, reporting_ranks: int) -> list:
+    """`run_ranks` for workers under the rank log, with torch._dynamo imported first: some ops under a dispatch mode
+    (torch.cat) import it at their first call (`torch._disable_dynamo`, 1.2 s on torch 2.13), and forked ranks then
+    inherit it instead of each importing it again (4 ranks on 2 cores: 2.4 s of every run)."""
     import torch._dynamo  # noqa: F401
+
+    return run_ranks(worker, rank_args, timeout_s, None, reporting_ranks)
 
 
 def _logged(call):
@@ -152,8 +154,7 @@ def call_on_ranks(
     world_size = require_positive_int("number of ranks", len(rank_inputs))
     members = _members(world_size, other_ranks)
     rank_args = [(None, (), members)] * other_ranks + [(function, tuple(t), members) for t in rank_inputs]
-    _import_dynamo_before_forking()
-    payloads = run_ranks(_call_worker, rank_args, timeout_s, None, reporting_ranks=world_size)
+    payloads = _run_logged_ranks(_call_worker, rank_args, timeout_s, world_size)
     return [{**payload, "result": torch.from_numpy(payload["result"])} for payload in payloads]
 
 
@@ -190,8 +191,7 @@ def _run_sharded(
         (tuple(shard(t, index) for t in (q, k, v, out, lse, grad_out)), run_forward, run_backward, members)
         for index in shards
     ]
-    _import_dynamo_before_forking()
-    payloads = run_ranks(_attention_worker, rank_args, timeout_s, None, reporting_ranks=world_size)
+    payloads = _run_logged_ranks(_attention_worker, rank_args, timeout_s, world_size)
     restore = torch.argsort(order)
     names = (["out", "lse"] if run_forward is not None else []) + (["dq", "dk", "dv"] if grad_out is not None else [])
     if any(len(payload["found"]) != len(names) for payload in payloads):
@@ -368,8 +368,7 @@ def ring_model_on_ranks(
         rank_args.append(
             (model, input_ids[:, index], index[None], labels[:, index], (forward, backward, chunks, block_size))
         )
-    _import_dynamo_before_forking()
-    payloads = run_ranks(_model_worker, rank_args, timeout_s, None, reporting_ranks=world_size)
+    payloads = _run_logged_ranks(_model_worker, rank_args, timeout_s, world_size)
     logits = torch.cat([torch.from_numpy(payload[0]) for payload in payloads], dim=1)[:, torch.argsort(order)]
     predicted = tokens - 1
     return {
