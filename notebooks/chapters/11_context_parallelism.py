@@ -1051,7 +1051,9 @@ def _t_model_logits(own):
 
 _t_found, _t_whole = grading.in_student_process(ring_attention_forward, _t_model_logits)
 for _t_logits in _t_found:
-    assert (_t_logits - _t_whole).abs().max() < 1e-4, "tiny Qwen2 over 3 ranks (head-tail): logits differ from run whole"
+    assert (_t_logits - _t_whole).abs().max() < 1e-4, (
+        "tiny Qwen2 over 3 ranks (head-tail): logits differ from run whole"
+    )
 ### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "solution": false, "grade_id": "test_ring_attention_backward__in_model", "locked": true, "points": 1, "schema_version": 3}
