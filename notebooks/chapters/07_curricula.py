@@ -702,7 +702,8 @@ import random
 from course_lib.curriculum import ALLOCATION_TOLERANCE
 
 
-def _t_signal(rates, sizes):
+def _t_signal(rates, sizes):  # sizes as the Python ints they hold: a tensor power would be float32
+    sizes = [grading.python_number(n) for n in sizes]
     return sum(1.0 - p**n - (1.0 - p) ** n if n else 0.0 for p, n in zip(rates, sizes, strict=True))
 
 
