@@ -18,7 +18,7 @@ import pytest
 
 from course_lib.instructor import build, cells
 from course_lib.instructor.cells import with_answers as submission_with
-from tests.mutants import catalogue
+from tests.mutants import catalogue, numbers_held_elsewhere
 
 # slow: `make test-all` runs it, `make test` does not; under -n its tests run on one worker (tests/conftest.py)
 pytestmark = pytest.mark.slow
@@ -130,6 +130,17 @@ def graded(tmp_path_factory):
             nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# My holiday photos")]),
             inbox / f"wrong_{CHAPTER}.ipynb",
         )
+    # right answers whose numbers are numpy scalars (chapter 1) and 0-d tensors (chapter 2): the value is the lesson
+    for chapter, holder in ((CHAPTER, "numpy"), (OTHER, "torch"))[: len(chapters)]:
+        typed = {
+            f"todo_{todo}": held[f"numbers_held_by_{holder}"] for todo, held in numbers_held_elsewhere(chapter).items()
+        }
+        chapter_solutions = cells.solution_cells(cells.read(root / "source" / chapter / f"{chapter}.ipynb"))
+        submission_with(
+            root / "release" / chapter / f"{chapter}.ipynb",
+            {**chapter_solutions, **typed},
+            inbox / f"typed_{chapter}.ipynb",
+        )
     _write(cells.read(root / "release" / CHAPTER / f"{CHAPTER}.ipynb"), inbox / f"dup_{CHAPTER}.ipynb")
     _write(cells.read(root / "release" / CHAPTER / f"{CHAPTER}.ipynb"), inbox / "dup" / CHAPTER / f"{CHAPTER}.ipynb")
     (inbox / "homework.ipynb").write_text("{}", encoding="utf-8")
@@ -223,7 +234,7 @@ def _points(graded, student: str) -> tuple[float, float, float]:
 def test_run_finishes_with_a_summary_and_exit_1_for_the_failed_files(graded):
     run = graded["run"]
     assert run.returncode == 1, run.stdout + run.stderr[-3000:]
-    assert "graded 13, failed 7, skipped 0" in run.stdout, run.stdout
+    assert "graded 15, failed 7, skipped 0" in run.stdout, run.stdout
 
 
 def test_a_cell_that_loops_forever_times_out_and_the_rest_is_graded(graded):
@@ -259,6 +270,19 @@ def test_a_correct_answer_that_warns_on_stderr_keeps_every_point(graded):
     }
     assert "stderr" not in streams
     assert "8 / 8" in _feedback(graded, "noisy")
+
+
+def test_right_answers_held_by_numpy_or_torch_keep_every_point(graded):
+    """The fairness catalogue's typed answers (tests/mutants: `numbers_held_elsewhere`) under `course grade` itself,
+    kernels and sandbox included, as test_mutants grades them in-process."""
+    with open(graded["root"] / "grades.csv", encoding="utf-8") as handle:
+        rows = {row["chapter"]: row for row in csv.DictReader(handle) if row["student"] == "typed"}
+    assert set(rows) == {chapter for chapter in (CHAPTER, OTHER) if (graded["root"] / "source" / chapter).exists()}
+    for chapter, row in rows.items():
+        source = cells.read(graded["root"] / "source" / chapter / f"{chapter}.ipynb")
+        for grade_id, points, _ in cells.graded_cells(source):
+            assert float(row[f"{chapter}:{grade_id}"]) == points, (chapter, grade_id, row)
+        assert row["score"] == row["max_score"], row
 
 
 def test_stripped_metadata_and_new_cell_ids_are_matched_back_by_position_and_content(graded):
@@ -408,7 +432,7 @@ def test_regrading_needs_force_and_force_overwrites(graded):
     root, base = graded["root"], graded["base"]
     before = (root / "grades.csv").read_text(encoding="utf-8")
     again = _course("grade", str(graded["inbox"]), "--root", str(root), "--no-progress", cwd=base)
-    assert "graded 0, failed 7, skipped 13" in again.stdout, again.stdout + again.stderr[-2000:]
+    assert "graded 0, failed 7, skipped 15" in again.stdout, again.stdout + again.stderr[-2000:]
     assert "already graded; use --force" in _line({"run": again}, "crash_")
     assert _rows(root / "grades.csv")["crash"] == _rows_from_text(before)["crash"]
     # crash resubmits a complete notebook, zipped: only --force replaces the grade

@@ -106,21 +106,31 @@ def catalogue(with_library_callers: bool = True) -> dict[str, dict[str, dict[str
     return found
 
 
-# The library's answer with every Python number it returns held by numpy or torch instead: np.int64 for an int,
-# np.bool_ for a bool, a 0-d float64 tensor for a float, through dicts, lists, tuples and named tuples.
-NUMBERS_ELSEWHERE = """
+# Every Python number in a value held by numpy or by torch instead, through dicts, lists, tuples and named tuples:
+# np.bool_ / np.int64 / np.float64, or 0-d bool / int64 / float64 tensors (an int outside int64 stays a Python int).
+HELD_ELSEWHERE = """
 
 import numpy as _np
 import torch as _torch
 
+_HOLDERS = {
+    "numpy": (_np.bool_, _np.int64, _np.float64),
+    "torch": (
+        lambda flag: _torch.tensor(flag),
+        lambda number: _torch.tensor(number, dtype=_torch.int64),
+        lambda number: _torch.tensor(number, dtype=_torch.float64),
+    ),
+}
 
-def _held_elsewhere(value):
+
+def _held_elsewhere(value, holder="{holder}"):
+    as_bool, as_int, as_float = _HOLDERS[holder]
     if isinstance(value, bool):
-        return _np.bool_(value)
+        return as_bool(value)
     if isinstance(value, int):
-        return _np.int64(value)
+        return as_int(value) if -(2**63) <= value < 2**63 else value
     if isinstance(value, float):
-        return _torch.tensor(value, dtype=_torch.float64)
+        return as_float(value)
     if isinstance(value, dict):
         return {key: _held_elsewhere(item) for key, item in value.items()}
     if isinstance(value, list):
@@ -129,22 +139,46 @@ def _held_elsewhere(value):
         items = [_held_elsewhere(item) for item in value]
         return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
     return value
-
-
-def {name}(*args, **kwargs):
-    return _held_elsewhere(_python_{name}(*args, **kwargs))
 """
+HOLDERS = ("numpy", "torch")
+
+
+def _answer_cells(chapter: str) -> dict[str, str]:
+    """todo_name -> the worked answer of each answer cell of `chapter` (a number the student works out and assigns to
+    the TODO's name), as written between the solution markers of the chapter source."""
+    from course_lib.instructor.build import NOTEBOOKS_DIR
+
+    lines = (NOTEBOOKS_DIR / "chapters" / f"{chapter}.py").read_text(encoding="utf-8").splitlines()
+    found = {}
+    for index, line in enumerate(lines):
+        if '"grade_id": "todo_' in line and lines[index + 1].strip() == "### BEGIN SOLUTION":
+            todo = line.split('"grade_id": "todo_')[1].split('"')[0]
+            end = lines.index("### END SOLUTION", index)
+            found[todo] = "\n".join(lines[index + 2 : end]) + "\n"
+    return found
 
 
 def numbers_held_elsewhere(chapter: str) -> dict[str, dict[str, str]]:
-    """todo_name -> {"numbers_held_by_numpy_or_torch": source} for every TODO function of `chapter`: the library's
-    code (renamed) whose results come back as numpy scalars and 0-d tensors. The value is the lesson, not the type
-    that holds it, so each must keep every point (issue 31)."""
+    """todo_name -> {"numbers_held_by_numpy": source, "numbers_held_by_torch": source} for every TODO of `chapter`:
+    the library's code (renamed) whose results come back as numpy scalars or 0-d tensors, and each answer cell's
+    worked number held the same ways. The value is the lesson, not the type that holds it, so each must keep every
+    point (issue 31)."""
     found = {}
     for todo, target in solution_targets(chapter).items():
         name = target.rsplit(".", 1)[1]
         renamed = mutate(target, (f"def {name}(", f"def _python_{name}("))
-        found[todo] = {"numbers_held_by_numpy_or_torch": renamed + NUMBERS_ELSEWHERE.replace("{name}", name)}
+        call = f"\n\ndef {name}(*args, **kwargs):\n    return _held_elsewhere(_python_{name}(*args, **kwargs))\n"
+        found[todo] = {
+            f"numbers_held_by_{holder}": renamed + HELD_ELSEWHERE.replace("{holder}", holder) + call
+            for holder in HOLDERS
+        }
+    for todo, worked in _answer_cells(chapter).items():
+        found[todo] = {
+            f"numbers_held_by_{holder}": worked
+            + HELD_ELSEWHERE.replace("{holder}", holder)
+            + f"\n{todo} = _held_elsewhere({todo})\n"
+            for holder in HOLDERS
+        }
     return found
 
 
