@@ -20,6 +20,7 @@ One module per stop of the data path, in the order a chat sample travels:
     longdoc     geometric buckets, sliding windows with single loss ownership
     tiled       exact attention in blocks (online softmax, log-sum-exp backward): no T x T scores
     ring        one sequence over ranks: shard layouts (contiguous, head-tail), ring attention by log-sum-exp merges
+    rope        positions past the trained length: RoPE frequencies scaled (linear, NTK, dynamic, YaRN, Llama 3)
 
 Every public name is importable from here: `from course_lib import plan_packing`.
 """
@@ -55,6 +56,7 @@ __getattr__, __dir__ = lazy_exports(
         "longdoc",
         "tiled",
         "ring",
+        "rope",
         "lab",
     ),
 )
