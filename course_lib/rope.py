@@ -218,7 +218,7 @@ def yarn_inv_freq(
     positions_per_radian = _positions_per_radian(dim, base)  # [d/2], 1 / theta_i
     kept = 1.0 / positions_per_radian  # theta_i: extrapolated
     stretched = 1.0 / (factor * positions_per_radian)  # theta_i / s: interpolated
-    width = high - low if high != low else 0.001  # both ends clamped onto one index: a step there
+    width = high - low if high != low else 0.001  # both ends on one index: a step there (any width < 1)
     ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / width).clamp(0, 1)  # [d/2], 0 at fast pairs
     gamma = 1 - ramp  # the share of theta_i each pair keeps
     return stretched * (1 - gamma) + kept * gamma, attention_factor

@@ -115,6 +115,23 @@ def test_each_method_equals_transformers_on_random_configs(method):
         assert_same(scaled_inv_freq(method, **ours), want, ours)
 
 
+YARN_EDGES = [  # (trained length, base, truncate): where the correction range is clamped
+    (6, 10000.0, True),  # L < 2 pi: no pair turns once, both ends round onto pair 0 and the ramp is a step there
+    (4, 10000.0, True),  # high rounds below 0: a range (0, -1), read backwards
+    (4, 10000.0, False),  # the same range unrounded
+    (10**7, 100.0, True),  # every pair turns more than beta_fast times: low beyond the last pair, past high
+    (2**20, 10000.0, True),  # high past d/2 - 1 (clamped to d - 1 as the reference code does)
+]
+
+
+@pytest.mark.parametrize(("trained", "base", "truncate"), YARN_EDGES)
+def test_yarn_equals_transformers_where_the_correction_range_is_clamped(trained, base, truncate):
+    theirs = {"rope_type": "yarn", "rope_theta": base, "factor": 4.0, "original_max_position_embeddings": trained}
+    want = transformers_inv_freq({**theirs, "truncate": truncate}, 64, 4 * trained)
+    got = yarn_inv_freq(64, base, 4.0, trained, truncate=truncate)
+    assert_same(got, want, (trained, base, truncate))
+
+
 def test_default_equals_qwen2s_own_default_rope():
     rng = random.Random(1)
     for _ in range(20):
@@ -184,6 +201,7 @@ def test_the_correction_range_is_where_pairs_turn_beta_times():
     exact = yarn_correction_range(128, 10000.0, 4096, truncate=False)
     assert exact == (pair_index_for_turns(128, 10000.0, 4096, 32.0), pair_index_for_turns(128, 10000.0, 4096, 1.0))
     assert yarn_correction_range(128, 10000.0, 4096) == (math.floor(exact[0]), math.ceil(exact[1]))
+    assert yarn_correction_range(64, 10000.0, 6) == (0, 0)  # no pair turns once in 6 positions
     assert yarn_correction_range(128, 10000.0, 2**40) == (math.floor(pair_index_for_turns(128, 1e4, 2**40, 32)), 127)
 
 
