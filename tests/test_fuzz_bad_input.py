@@ -249,6 +249,7 @@ def _valid_calls(tokenizer, model):
             for name in ("varlen_sdpa_attention", "varlen_flash_attention", "varlen_auto_attention")
         },
         **_valid_attention_calls(model),
+        **_valid_rope_calls(),
         "flash_varlen_unavailable": (("cuda", torch.bfloat16, 64), {}),
         "varlen_kernel": (("cpu", torch.float32, 16), {}),
         "register_varlen_attention": ((), {}),
@@ -282,6 +283,30 @@ def _valid_attention_calls(model):
         "shard_chunks": ((8, 2), {}),
         "shard_indices": ((8, 2), {}),
         "causal_pairs_per_rank": ((8, 2), {}),
+    }
+
+
+def _valid_rope_calls():
+    """Valid calls of the RoPE scaling frequencies and their helpers (course_lib.rope)."""
+    inv_freq = torch.tensor([1.0, 0.1, 0.01])
+    return {
+        "rotary_dim_for": ((16,), {}),
+        "default_inv_freq": ((16,), {}),
+        "linear_inv_freq": ((16, 1e4, 2.0), {}),
+        "ntk_scaled_base": ((1e4, 2.0, 16), {}),
+        "ntk_inv_freq": ((16, 1e4, 2.0), {}),
+        "dynamic_ntk_factor": ((2.0, 64), {"seq_len": 100}),
+        "dynamic_ntk_inv_freq": ((16, 1e4, 2.0, 64), {"seq_len": 100}),
+        "yarn_attention_factor": ((4.0,), {}),
+        "pair_index_for_turns": ((16, 1e4, 64, 1.0), {}),
+        "yarn_correction_range": ((16, 1e4, 64), {}),
+        "yarn_inv_freq": ((16, 1e4, 4.0, 64), {}),
+        "llama3_inv_freq": ((16, 1e4, 4.0, 64), {}),
+        "scaled_inv_freq": (("yarn", 16), {"factor": 4.0, "original_max_position": 64}),
+        "rope_wavelengths": ((inv_freq,), {}),
+        "turns_within": ((inv_freq, 64), {}),
+        "full_turn_pairs": ((inv_freq, 64), {}),
+        "interpolation_factors": ((inv_freq, inv_freq), {}),
     }
 
 
