@@ -16,9 +16,11 @@ a longer context maps onto angles the model knows:
 - dynamic (dynamic NTK, emozilla 2023): the ntk rule with s replaced by s * T / L - (s - 1) at the current length
   T (never below L): no change within the trained length, a growing stretch beyond it.
 - yarn (YaRN, Peng et al. 2023, "NTK-by-parts"): pairs that turn more than beta_fast times within L keep theta_i,
-  pairs that turn fewer than beta_slow times get theta_i / s, and a linear ramp over the pair index joins the two.
-  The softmax is sharpened by scaling cos and sin by the attention factor 0.1 ln(s) + 1 (so q.k by its square).
-- llama3 (Llama 3, Meta 2024): the same idea with wavelength bounds: wavelengths shorter than L / high_freq_factor
+  pairs that turn fewer than beta_slow times get theta_i / s, and a ramp joins the two. The paper writes the ramp
+  in the turns r; its reference code, and transformers, ramp linearly over the pair index (linear in ln r), between
+  bounds rounded outward (`truncate`): that form is the one here. The softmax is sharpened by scaling cos and sin
+  by the attention factor 0.1 ln(s) + 1 (so q.k by its square).
+- llama3 (The Llama 3 Herd of Models, 2024): wavelength bounds instead: wavelengths shorter than L / high_freq_factor
   are kept, those longer than L / low_freq_factor are divided by s, and between them theta_i is interpolated
   linearly in L / wavelength.
 
@@ -27,6 +29,10 @@ transformers' rotary embeddings keep as `inv_freq` and the float they keep as `a
 picks one by name. d is the rotary dimension: the head dimension, or its first `partial_rotary_factor` share
 (`rotary_dim_for`). The helpers below the methods are the numbers a derivation quotes: each pair's wavelength, how many
 turns it makes within a length, where YaRN's ramp starts and ends, how much each pair was interpolated.
+
+In transformers' `rope_parameters`: method is `rope_type`, base `rope_theta`, original_max_position
+`original_max_position_embeddings`, except for dynamic, whose trained length is `max_position_embeddings`. Static ntk
+has no rope_type of its own: it is the default rope with `rope_theta` = `ntk_scaled_base(...)`.
 """
 
 from __future__ import annotations
@@ -108,7 +114,7 @@ def linear_inv_freq(rotary_dim: int, base: float, factor: float) -> tuple[torch.
     return inv_freq / factor, 1.0
 
 
-def ntk_scaled_base(base: float, factor: float, rotary_dim: int) -> float:
+def ntk_scaled_base(rotary_dim: int, base: float, factor: float) -> float:
     """NTK-aware base: base * s^(d / (d - 2)), which stretches the last pair's wavelength exactly s times."""
     dim, base, factor = _check_dim(rotary_dim, minimum=4), _check_base(base), _check_factor(factor)
     return _ntk_base(base, factor, dim)
@@ -123,12 +129,16 @@ def _ntk_base(base: float, stretch: float, dim: int) -> float:
 
 def ntk_inv_freq(rotary_dim: int, base: float, factor: float) -> tuple[torch.Tensor, float]:
     """Static NTK-aware scaling: RoFormer's frequencies with the base `ntk_scaled_base`: (inv_freq [d/2], 1.0)."""
-    return default_inv_freq(rotary_dim, ntk_scaled_base(base, factor, rotary_dim))
+    return default_inv_freq(rotary_dim, ntk_scaled_base(rotary_dim, base, factor))
 
 
 def dynamic_ntk_factor(factor: float, original_max_position: int, seq_len: int | None = None) -> float:
     """Dynamic NTK's stretch at length T = max(seq_len, L): s * T / L - (s - 1), 1 within the trained length L and
-    growing by s for every further L positions."""
+    growing by s for every further L positions.
+
+    >>> dynamic_ntk_factor(4.0, 4096, seq_len=8192)  # twice the trained length: the base of a static s = 5
+    5.0
+    """
     factor = _check_factor(factor)
     trained = require_positive_int("original_max_position", original_max_position)
     length = trained if seq_len is None else max(require_positive_int("seq_len", seq_len), trained)
@@ -181,7 +191,11 @@ def yarn_correction_range(
     truncate: bool = True,
 ) -> tuple[float, float]:
     """YaRN's ramp ends (low, high): the pair indices that turn beta_fast and beta_slow times within L, floored and
-    ceiled when truncate, clamped to [0, d - 1] as YaRN's reference code does (the ramp itself runs over d/2 pairs)."""
+    ceiled when truncate, clamped to [0, d - 1] as YaRN's reference code does (the ramp itself runs over d/2 pairs).
+
+    >>> yarn_correction_range(128, 10000.0, 4096)  # pairs 0-20 kept, 46-63 interpolated, a ramp between
+    (20, 46)
+    """
     dim = _check_dim(rotary_dim)
     beta_fast = require_real("beta_fast", beta_fast, minimum=0.0, strict_minimum=True)
     beta_slow = require_real("beta_slow", beta_slow, minimum=0.0, strict_minimum=True)
@@ -339,7 +353,11 @@ def turns_within(inv_freq: torch.Tensor, length: int) -> torch.Tensor:
 
 def full_turn_pairs(inv_freq: torch.Tensor, length: int) -> torch.Tensor:
     """inv_freq [d/2], length L -> bool [d/2]: the pairs that complete a full turn within L positions (r_i >= 1), whose
-    every angle a model trained on L positions has seen."""
+    every angle a model trained on L positions has seen.
+
+    >>> int(full_turn_pairs(default_inv_freq(128, 10000.0)[0], 4096).sum())  # of 64 pairs
+    46
+    """
     return turns_within(inv_freq, length) >= 1
 
 

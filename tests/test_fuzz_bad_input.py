@@ -293,7 +293,7 @@ def _valid_rope_calls():
         "rotary_dim_for": ((16,), {}),
         "default_inv_freq": ((16,), {}),
         "linear_inv_freq": ((16, 1e4, 2.0), {}),
-        "ntk_scaled_base": ((1e4, 2.0, 16), {}),
+        "ntk_scaled_base": ((16, 1e4, 2.0), {}),
         "ntk_inv_freq": ((16, 1e4, 2.0), {}),
         "dynamic_ntk_factor": ((2.0, 64), {"seq_len": 100}),
         "dynamic_ntk_inv_freq": ((16, 1e4, 2.0, 64), {"seq_len": 100}),

@@ -152,7 +152,7 @@ def test_static_ntk_is_the_default_rope_with_a_larger_base():
         dim = rotary_dim_for(ours["head_dim"], ours["partial_rotary_factor"])
         if dim < 4:
             continue
-        larger = {**theirs, "rope_type": "default", "rope_theta": ntk_scaled_base(ours["base"], ours["factor"], dim)}
+        larger = {**theirs, "rope_type": "default", "rope_theta": ntk_scaled_base(dim, ours["base"], ours["factor"])}
         del larger["factor"]
         assert_same(scaled_inv_freq("ntk", **ours), transformers_inv_freq(larger, ours["head_dim"], 2048), ours)
 
@@ -307,7 +307,7 @@ BAD = [
     (lambda: linear_inv_freq(16, 1e4, 0.5), "factor"),
     (lambda: linear_inv_freq(16, 1e4, True), "factor"),
     (lambda: ntk_inv_freq(2, 1e4, 2.0), "rotary_dim"),  # d / (d - 2) needs d > 2
-    (lambda: ntk_scaled_base(1e4, 1e300, 4), "factor"),
+    (lambda: ntk_scaled_base(4, 1e4, 1e300), "factor"),
     (lambda: dynamic_ntk_inv_freq(16, 1e4, 2.0, 0), "original_max_position"),
     (lambda: dynamic_ntk_factor(2.0, 64, seq_len=0), "seq_len"),
     (lambda: yarn_inv_freq(16, 1e4, 4.0, 64, beta_fast=1.0, beta_slow=2.0), "beta_fast"),
