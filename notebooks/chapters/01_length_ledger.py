@@ -440,9 +440,10 @@ grading.assert_rejects(
 # %% [markdown]
 # <details><summary>Hint · 提示</summary>
 #
-# The slots the window leaves for supervision are what remains of $C$ after the template and the prompt, and never
-# fewer than zero; the cut keeps as many supervised tokens as fit there, and never more than the sample has. A sample
-# whose cut keeps everything is a fit; otherwise both gates decide between truncate and overflow.
+# Count three samples by hand before you trust the function: one that fits with room to spare, one whose cut keeps
+# part of its answer, and one whose template and prompt alone fill the window; compare each record, field by field,
+# with the table above. Then move the window one token at a time across each gate: the decision must change exactly
+# where the gate's inequality flips, and a loss ratio exactly at `max_supervision_loss_ratio` must pass.
 #
 # </details>
 

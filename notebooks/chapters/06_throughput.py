@@ -347,9 +347,10 @@ grading.assert_matches_reference(max_decode_batch, "max_decode_batch", _t_cases)
 # %% [markdown]
 # <details><summary>Hint · 提示</summary>
 #
-# Count bytes, not sequences: the weights and the reserve are paid once, whatever the batch; whatever memory is
-# left is shared by whole sequences, each as large as its context times the cache per token. A sequence that would
-# only partly fit does not fit.
+# Test the definition, not your derivation: for your answer $b$, add up the bytes that $b$ sequences of `context`
+# tokens need beside the weights and the reserve, and check that they fit in `memory_gb` $\times 10^9$ bytes while
+# $b + 1$ sequences do not. Then the edges the prompt names: weights that fill the GPU to the byte, weights larger
+# than it, a context so long that not one sequence fits.
 #
 # </details>
 

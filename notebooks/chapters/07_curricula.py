@@ -791,10 +791,10 @@ grading.assert_rejects(
 # %% [markdown]
 # <details><summary>Hint · 提示</summary>
 #
-# A group of one never holds both outcomes, so adding rollouts one at a time, each to the task where it gains
-# most, sees no gain anywhere at first and cannot start. The count is a sum over tasks, so the best count of the
-# tasks from $j$ on with $b$ rollouts left depends only on $(j, b)$: a table of those (dynamic programming, 动态规划)
-# costs $O(T \cdot B^2)$.
+# Build the grader's check before your allocator: for up to four tasks and a budget under ten, `itertools.product`
+# lists every split; compare the expected groups with signal of your split with the best split's (the counts, not
+# the splits: ties are allowed). Try `[0.5, 0.5]` with budgets 1 to 4 by hand first. The exhaustive search is your
+# test, not your solution: the 20 tasks and 160 rollouts the chapter gives your function are far out of its reach.
 #
 # </details>
 #

@@ -309,10 +309,9 @@ grading.assert_rejects(
 # %% [markdown]
 # <details><summary>Hint · 提示</summary>
 #
-# Count per row. A padded batch has one row per sample, each as long as the longest sample; the packed row is one row
-# as long as all samples together. Each row loses its first label to the shift; in the packed row, each sample after
-# the first either has its first label masked or contributes one cross-sample label. Check yourself on
-# `[48, 96, 32, 64]`: 384 and 240 positions, 236 supervised tokens in both, 239 and 3 cross-sample without the mask.
+# Check yourself on `[48, 96, 32, 64]`: 384 and 240 positions, 236 supervised tokens in both, 239 and 3
+# cross-sample without the mask. Then on cases whose answer needs no arithmetic: one sample (the two ledgers must
+# agree), equal lengths (no padding at all), and one long sample among short ones (padding dominates).
 #
 # </details>
 
