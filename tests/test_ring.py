@@ -261,6 +261,21 @@ def test_a_model_with_its_sequence_over_ranks_gives_the_logits_loss_and_gradient
     torch.testing.assert_close(split["gradient"], gradient, rtol=1e-4, atol=1e-6)
 
 
+def _forward_of_contiguous_tensors(q, k, v, layout, **kwargs):
+    if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()):
+        raise RuntimeError("the kernel was handed a view: gloo would refuse to send it")
+    return ring_attention_forward(q, k, v, layout, **kwargs)
+
+
+def test_a_models_attention_hands_the_kernels_contiguous_tensors():
+    """Qwen2's attention passes transposed views; the kernels get contiguous q, k, v there as in the sharded runs,
+    so a kernel that sends k as it came works in the model as in the unit runs."""
+    model = tiny_qwen2(seed=0)
+    ids = torch.randint(0, model.config.vocab_size, (1, 16), generator=torch.Generator().manual_seed(1))
+    split = ring_model_on_ranks(model, ids, 2, "head_tail", forward=_forward_of_contiguous_tensors, block_size=4)
+    torch.testing.assert_close(split["logits"], model(ids, use_cache=False).logits.detach(), rtol=1e-5, atol=1e-5)
+
+
 def test_bad_ring_inputs_are_refused():
     q = torch.randn(1, 2, 8, 4, dtype=torch.float64)
     with pytest.raises(RuntimeError, match="layout must give each of the 2 ranks whole equal chunks"):

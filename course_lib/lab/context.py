@@ -297,6 +297,9 @@ def _ring_attention_function(forward, backward, layout, block_size):
     class RingAttention(torch.autograd.Function):
         @staticmethod
         def forward(ctx, q, k, v):
+            # the model hands over transposed views; the kernels get what the sharded runs give them, contiguous
+            # tensors (gloo sends and receives only those)
+            q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
             out, lse = forward(q, k, v, layout, causal=True, block_size=block_size)
             ctx.save_for_backward(q, k, v, out, lse)
             return out
