@@ -285,6 +285,12 @@ ALTERNATIVES = {
             ),
         ),
     },
+    "ring_attention_backward": {
+        # fp32 inputs accumulated in fp64: the widest dtype a rank works in, which the memory bound allows.
+        "accumulates_in_fp64": mutate(
+            _BACKWARD, ("wide = torch.promote_types(q.dtype, torch.float32)", "wide = torch.float64")
+        ),
+    },
     "ring_bytes_received_per_rank": {
         "literal": "ring_bytes_received_per_rank = 469762048\n",
         "numpy_int": "import numpy as np\n\nring_bytes_received_per_rank = np.int64(7 * 16384 * 8 * 128 * 4)\n",
