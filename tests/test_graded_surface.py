@@ -1,6 +1,6 @@
 """What students write is the mechanism: input checks are handed to them, not graded as their work.
 
-A TODO's leading input checks (`build.given_checks`) stay visible in the release above the solution markers; the
+A TODO's leading input checks (`solutions.given_checks`) stay visible in the release above the solution markers; the
 library tests them. What is left between the markers is the student's: at most a tenth of it may be input checking.
 """
 
@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from course_lib.instructor import build
+from course_lib.instructor import build, solutions
 
 CHAPTERS = [path for path in build.chapter_sources(build.NOTEBOOKS_DIR / "chapters")]
 MAX_CHECK_SHARE = 0.10
@@ -27,14 +27,14 @@ def solution_targets(chapter) -> list[str]:
 
 def student_statements(target: str) -> tuple[list[ast.stmt], list[str]]:
     """The statements a student writes for one TODO (after the docstring and the given checks), and the lines."""
-    source = textwrap.dedent(inspect.getsource(build.resolve(target)))
+    source = textwrap.dedent(inspect.getsource(solutions.resolve(target)))
     node = ast.parse(source).body[0]
     body = (
         node.body[1:]
         if isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)
         else node.body
     )
-    written = body[build.given_checks(body) :]
+    written = body[solutions.given_checks(body) :]
     lines = source.splitlines()[written[0].lineno - 1 : written[-1].end_lineno]
     return written, [line for line in lines if line.strip() and not line.strip().startswith("#")]
 
@@ -46,7 +46,7 @@ def check_lines(statements: list[ast.stmt]) -> int:
         line
         for statement in statements
         for sub in ast.walk(statement)
-        if isinstance(sub, ast.stmt) and (build.is_input_check(sub) or build.raises_value_error([sub]))
+        if isinstance(sub, ast.stmt) and (solutions.is_input_check(sub) or solutions.raises_value_error([sub]))
         for line in range(sub.lineno, sub.end_lineno + 1)
     }
     return len(found)
@@ -83,6 +83,7 @@ def test_leading_checks_are_given_and_the_mechanism_is_not():
     return xs[:n]
 '''
     body = ast.parse(source).body[0].body[1:]
-    assert build.given_checks(body) == 3
+    assert solutions.given_checks(body) == 3
     assert check_lines(body[3:]) == 0
-    assert build.given_checks(ast.parse('def g(n):\n    n = require_int("n", n)\n').body[0].body) == 0  # nothing left
+    only_checks = ast.parse('def g(n):\n    n = require_int("n", n)\n').body[0].body
+    assert solutions.given_checks(only_checks) == 0  # nothing left

@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from course_lib.grading import student_source
-from course_lib.instructor import build, cells
+from course_lib.instructor import build, cells, solutions
 from tests.support.grading import grade_in_process
 
 pytestmark = pytest.mark.slow  # the whole module: `make test-all` runs it, `make test` does not
@@ -52,10 +52,10 @@ def test_committed_release_equals_a_fresh_build(name, tmp_path):
 
 def _solution_body_lines(target: str) -> list[str]:
     """Distinctive lines of a library solution's body (not its signature, docstring or given input checks)."""
-    source = textwrap.dedent(inspect.getsource(build.resolve(target)))
+    source = textwrap.dedent(inspect.getsource(solutions.resolve(target)))
     node = ast.parse(source).body[0]
     body = node.body[1:] if isinstance(node.body[0], ast.Expr) else node.body
-    body = body[build.given_checks(body) :]
+    body = body[solutions.given_checks(body) :]
     lines = source.splitlines()[body[0].lineno - 1 :]
     return [line.strip() for line in lines if len(line.strip()) > 25 and not line.strip().startswith("#")]
 

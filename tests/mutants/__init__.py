@@ -15,8 +15,8 @@ import inspect
 import pkgutil
 import textwrap
 
-from course_lib.instructor.build import required_imports, resolve
 from course_lib.instructor.cells import belongs_to_todo
+from course_lib.instructor.solutions import required_imports, resolve
 
 
 def mutate(target: str, *edits: tuple[str, str]) -> str:
@@ -43,7 +43,8 @@ def own_results(results: list, todo: str) -> list:
 
 def solution_targets(chapter: str) -> dict[str, str]:
     """todo_name -> 'course_lib.module.function', read from the chapter source's `#| solution:` lines."""
-    from course_lib.instructor.build import NOTEBOOKS_DIR, SOLUTION_DIRECTIVE
+    from course_lib.instructor.build import NOTEBOOKS_DIR
+    from course_lib.instructor.solutions import SOLUTION_DIRECTIVE
 
     source = (NOTEBOOKS_DIR / "chapters" / f"{chapter}.py").read_text(encoding="utf-8")
     targets = [

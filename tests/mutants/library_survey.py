@@ -186,7 +186,7 @@ def module_targets(module_name: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from course_lib.instructor.build import solution_source
+    from course_lib.instructor.solutions import solution_source
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
