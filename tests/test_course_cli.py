@@ -16,7 +16,7 @@ import nbformat
 import pytest
 
 from course_lib.grading.protocol import CellVerdict
-from course_lib.instructor import build, cells, execute, match, submissions
+from course_lib.instructor import build, cells, execute, match, notebook_file, submissions
 from course_lib.instructor.cells import with_answers as submission_with
 from course_lib.instructor.gradebook import apply_roster, cell_scores, name_student, stage_original
 from course_lib.instructor.recording import all_or_nothing
@@ -398,7 +398,7 @@ def test_a_zip_bomb_fills_neither_disk_nor_memory(tmp_path, monkeypatch):
     found = submissions.discover(submissions.unpack(bomb, tmp_path / "scratch"), [CHAPTER], tmp_path / "scratch")
     (submission,) = found.submissions
     assert submission.problem == "file too large (52 MB)" and submission.raw is None
-    assert submission.path.stat().st_size == submissions.MAX_BYTES + 1
+    assert submission.path.stat().st_size == notebook_file.MAX_BYTES + 1
     monkeypatch.setattr(submissions, "MAX_UNPACKED_BYTES", 10 * 2**20)
     with pytest.raises(ValueError, match=r"would take 0\.1 GB unpacked, over what is left of the grader's 0\.0 GB"):
         submissions.unpack(bomb, tmp_path / "scratch2")
@@ -524,7 +524,7 @@ def test_odd_metadata_and_half_an_emoji_are_read_matched_and_written(tmp_path):
     content["cells"][plain[2]]["metadata"] = ["not", "a", "dict"]
     del content["cells"][markdown[1]]["metadata"]
     content["cells"][markdown[2]]["source"] = "my notes \ud83d"
-    notebook, problem = submissions.read_notebook(json.dumps(content).encode("utf-8"))
+    notebook, problem = notebook_file.read_notebook(json.dumps(content).encode("utf-8"))
     assert problem is None, problem
     assert "\ud83d" not in notebook.cells[markdown[2]].source and "\ufffd" in notebook.cells[markdown[2]].source
     prepared = match.prepare(notebook, release, release)
@@ -876,7 +876,7 @@ def test_build_names_an_unknown_chapter_and_lists_the_real_ones(tmp_path):
 
 
 def test_a_broken_notebook_is_described_in_one_readable_phrase():
-    from course_lib.instructor.submissions import read_notebook
+    from course_lib.instructor.notebook_file import read_notebook
 
     assert read_notebook(b'{"cells": "abc') == (
         None,

@@ -15,7 +15,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_lib.instructor import submissions
+from course_lib.instructor import notebook_file, submissions
 from course_lib.instructor.gradebook import file_time, stage_original
 from course_lib.instructor.report import inert
 
@@ -182,20 +182,20 @@ def test_a_file_name_that_is_no_student_id_names_no_student(tmp_path):
 def test_a_notebook_of_too_many_cells_is_refused_before_it_is_matched(tmp_path):
     """Matching compares every submitted cell with every cell of the chapter: 66,000 one-line cells (48 MB, under
     the size limit) took the grader 55 s per chapter it was compared with. The cell count is checked first."""
-    many = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(")") for _ in range(submissions.MAX_CELLS + 1)])
-    notebook, problem = submissions.read_notebook(nbformat.writes(many).encode())
+    many = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(")") for _ in range(notebook_file.MAX_CELLS + 1)])
+    notebook, problem = notebook_file.read_notebook(nbformat.writes(many).encode())
     assert notebook is None
-    assert problem == f"too many cells ({submissions.MAX_CELLS + 1}; the grader reads notebooks of up to 2000)"
+    assert problem == f"too many cells ({notebook_file.MAX_CELLS + 1}; the grader reads notebooks of up to 2000)"
     many.cells.pop()
-    notebook, problem = submissions.read_notebook(nbformat.writes(many).encode())
-    assert problem is None and len(notebook.cells) == submissions.MAX_CELLS
+    notebook, problem = notebook_file.read_notebook(nbformat.writes(many).encode())
+    assert problem is None and len(notebook.cells) == notebook_file.MAX_CELLS
     old = {"nbformat": 3, "nbformat_minor": 0, "metadata": {}, "worksheets": [{"cells": [], "metadata": {}}] * 2}
     old["worksheets"][0] = {
         "metadata": {},
         "cells": [{"cell_type": "code", "input": ")", "outputs": [], "language": "python"}] * 1001,
     }
     old["worksheets"][1] = old["worksheets"][0]  # an old (v3) notebook counts every worksheet's cells
-    assert submissions.read_notebook(json.dumps(old).encode()) == (
+    assert notebook_file.read_notebook(json.dumps(old).encode()) == (
         None,
         "too many cells (2002; the grader reads notebooks of up to 2000)",
     )
@@ -225,4 +225,4 @@ def test_text_that_a_spreadsheet_would_run_is_written_inert():
 
 def test_the_design_notes_quote_the_limits_the_grader_applies():
     notes = (Path(__file__).resolve().parents[1] / "docs" / "grading-design.md").read_text(encoding="utf-8")
-    assert f"a notebook over {submissions.MAX_BYTES // 2**20} MB or {submissions.MAX_CELLS:,} cells" in notes
+    assert f"a notebook over {notebook_file.MAX_BYTES // 2**20} MB or {notebook_file.MAX_CELLS:,} cells" in notes

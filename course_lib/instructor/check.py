@@ -21,7 +21,7 @@ from ..grading.student_source import defined_functions
 from .cells import is_edited_test_cell, is_solution_cell, is_test_cell, nbgrader_meta
 from .execute import execute_notebook
 from .feedback import cell_message
-from .submissions import read_notebook
+from .notebook_file import read_notebook
 
 
 @dataclass(frozen=True)

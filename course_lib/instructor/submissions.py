@@ -17,7 +17,6 @@ in `Found.ignored`, so that nothing is left out without a line saying so.
 from __future__ import annotations
 
 import calendar
-import json
 import os
 import re
 import tempfile
@@ -26,13 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import nbformat
-
 from . import recording
+from .notebook_file import MAX_BYTES, read_notebook
 
 STUDENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,99}$")
-MAX_BYTES = 50 * 1024 * 1024
-MAX_CELLS = 2000  # a chapter has about 100; matching costs cells x cells, so 66,000 tiny cells would stall the run
 OUTSIDE_LINK = "a symbolic link to a file outside the inbox: copy the file itself into the inbox"
 MAX_UNPACKED_BYTES = 4 * 1024**3  # what a run's zips may write to the grader's disk (files counted up to MAX_BYTES)
 JUNK_FOLDERS = {".ipynb_checkpoints", "__MACOSX"}  # Jupyter's autosaves and macOS's zip copies, never submissions
@@ -237,86 +233,6 @@ def _student_from_file_name(stem: str, chapters: list[str]) -> tuple[str | None,
         if stem.endswith("_" + chapter) and len(stem) > len(chapter) + 1:
             return stem[: -len(chapter) - 1], chapter
     return None, None
-
-
-def read_notebook(data: bytes) -> tuple[Any | None, str | None]:
-    """(notebook, None) or (None, the reason it is not a readable notebook)."""
-    if not data.strip():
-        return None, "empty file"
-    if len(data) > MAX_BYTES:
-        return None, f"file too large ({len(data) / 1e6:.0f} MB)"
-    try:
-        content = json.loads(data.decode("utf-8-sig"))
-    except UnicodeDecodeError:
-        return None, "not a text file (not UTF-8)"
-    except json.JSONDecodeError as error:
-        where = f"line {error.lineno}, column {error.colno}"  # some of json's messages already end in "at"
-        return None, f"not valid JSON ({error.msg}{' ' if error.msg.endswith(' at') else ' at '}{where})"
-    if not isinstance(content, dict) or not isinstance(content.get("cells", content.get("worksheets")), list):
-        return None, "valid JSON but not a Jupyter notebook (no list of cells)"
-    count = _cell_count(content)
-    if count > MAX_CELLS:
-        return None, f"too many cells ({count}; the grader reads notebooks of up to {MAX_CELLS})"
-    content = _valid_text(content)
-    for cell in content.get("cells") or []:  # before nbformat, which refuses a cell without metadata
-        if isinstance(cell, dict):
-            _repair_metadata(cell)
-    try:
-        notebook = nbformat.reads(json.dumps(content), as_version=4)
-        for cell in notebook.cells:
-            if cell.get("cell_type") not in ("code", "markdown", "raw"):
-                raise ValueError(f"unknown cell type {cell.get('cell_type')!r}")
-            if not isinstance(cell.get("source", ""), str):
-                raise ValueError("a cell's source is not text")
-            _repair_metadata(cell)
-            if cell.cell_type == "code":
-                cell.setdefault("outputs", [])
-                cell.setdefault("execution_count", None)
-    except Exception as error:  # noqa: BLE001 - whatever nbformat finds wrong is the student's file
-        return None, f"not a readable notebook ({type(error).__name__}: {str(error)[:200]})"
-    return notebook, None
-
-
-def _cell_count(content: dict) -> int:
-    """Cells of a notebook as JSON: v4's list, or every worksheet's of an old v3 one."""
-    if "cells" in content:
-        return len(content["cells"])
-    return sum(len(sheet.get("cells") or []) for sheet in content["worksheets"] if isinstance(sheet, dict))
-
-
-LONE_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def _valid_text(content: Any) -> Any:
-    """`content` with every lone surrogate (JSON allows "\\ud83d", half an emoji; no file can hold it) replaced by
-    U+FFFD, so that the notebook can be written again; `content` itself when there is none."""
-    try:
-        json.dumps(content, ensure_ascii=False).encode("utf-8")
-        return content
-    except UnicodeEncodeError:
-        pass
-
-    def clean(value: Any) -> Any:
-        if isinstance(value, str):
-            return LONE_SURROGATE.sub("\ufffd", value)
-        if isinstance(value, list):
-            return [clean(item) for item in value]
-        if isinstance(value, dict):
-            return {clean(key): clean(item) for key, item in value.items()}
-        return value
-
-    return clean(content)
-
-
-def _repair_metadata(cell: dict) -> None:
-    """A cell's metadata as the grader reads it: a dict (missing or not a dict: empty), whose nbgrader entry, if
-    any, is a dict with a text grade_id (otherwise it is dropped, and the cell is matched by its content)."""
-    metadata = cell.get("metadata")
-    if not isinstance(metadata, dict):
-        cell["metadata"] = metadata = nbformat.from_dict({})
-    grading = metadata.get("nbgrader")
-    if "nbgrader" in metadata and not (isinstance(grading, dict) and isinstance(grading.get("grade_id", ""), str)):
-        del metadata["nbgrader"]
 
 
 def discover(folder: Path, chapters: list[str], scratch: Path) -> Found:
