@@ -4,7 +4,8 @@ Once, before any student code runs, the checker makes itself undumpable (`make_u
 can no longer read or write its memory), drops its working folder from sys.path and prepares the room
 (`prepare_student_room`). Each student process confines itself there before its code runs
 (`confine_student_process`: working folder, HOME and TMPDIR in the room; Landlock: it writes only there and in
-/dev, and cannot read the library's code). When no student process is alive, `wipe_student_room` empties the
+/dev, cannot read the library's code and signals only its own processes; seccomp: it cannot change the limits or
+the scheduling of the checker, which shares its uid). When no student process is alive, `wipe_student_room` empties the
 room, /dev/shm, System V IPC and the uid's keyrings, so nothing passes from one TODO's processes to another's.
 """
 
@@ -15,7 +16,7 @@ import os
 import sys
 from typing import Any
 
-from . import landlock
+from . import landlock, seccomp
 
 # Set by `prepare_student_room` when this module runs as the checker program: the folder the student processes
 # live and write in, and what Landlock keeps from them. None when `run_checks` runs inside another program (a
@@ -72,7 +73,8 @@ def prepare_student_room(scratch: str) -> str:
 
 def confine_student_process() -> int:
     """In a student process, before its code runs: into its room (working folder, HOME, TMPDIR), then Landlock:
-    it writes only there and in /dev, and cannot read the library's code. Returns the Landlock ABI enforced (0:
+    it writes only there and in /dev, and cannot read the library's code, then seccomp (`_landlock_student`).
+    Returns the Landlock ABI enforced (0:
     the kernel has none, or the checker is not running as a program)."""
     if _STUDENT_ROOM is None:
         return 0
@@ -87,8 +89,12 @@ def confine_student_process() -> int:
 
 
 def _landlock_student() -> int:
-    """The Landlock rules of a student process: writes in its room and /dev only, no reading the library's code."""
-    return landlock.confine([_STUDENT_ROOM, "/dev"], _UNREADABLE, grants=_READ_GRANTS)
+    """The rules of a student process: Landlock (writes in its room and /dev only, no reading the library's code,
+    signals to its own processes only), then seccomp (no prlimit, scheduling or priority change of any process
+    but its own: the checker shares its uid)."""
+    version = landlock.confine([_STUDENT_ROOM, "/dev"], _UNREADABLE, grants=_READ_GRANTS, scope_signals=True)
+    seccomp.protect_others()
+    return version
 
 
 def wipe_student_room() -> None:

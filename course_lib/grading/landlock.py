@@ -16,6 +16,10 @@ The rules hold for the process and everything it starts, and cannot be lifted. L
 "everything but these paths" is written as a read grant on every sibling along the way from / down to each
 unreadable path (an unreadable path inside a writable folder is refused: the write grant would cover it).
 
+From ABI 6 (Linux 6.12) a domain can also be scoped: with `scope_signals` the process may signal only processes
+of its own domain or one nested in it (what it forks afterwards, so a student's multi-rank run still ends its
+ranks), never the checker that forked it, nor anything else of its uid.
+
 Only the standard library is used (ctypes and the three system calls); no-op where the kernel lacks Landlock.
 """
 
@@ -36,12 +40,23 @@ EXECUTE, WRITE_FILE, READ_FILE, READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
 REMOVE_DIR, REMOVE_FILE, MAKE_CHAR, MAKE_DIR, MAKE_REG = 1 << 4, 1 << 5, 1 << 6, 1 << 7, 1 << 8
 MAKE_SOCK, MAKE_FIFO, MAKE_BLOCK, MAKE_SYM = 1 << 9, 1 << 10, 1 << 11, 1 << 12
 REFER, TRUNCATE = 1 << 13, 1 << 14  # ABI 2, ABI 3
+SCOPE_SIGNAL = 1 << 1  # ABI 6: signals only to processes of this domain or one nested in it
 WRITES = WRITE_FILE | REMOVE_DIR | REMOVE_FILE | MAKE_CHAR | MAKE_DIR | MAKE_REG | MAKE_SOCK | MAKE_FIFO | MAKE_BLOCK
 WRITES |= MAKE_SYM
 
 
 class _RulesetAttr(ctypes.Structure):
     _fields_ = [("handled_access_fs", ctypes.c_uint64)]  # the ABI 1 layout: only file-system rights are handled
+
+
+class _ScopedRulesetAttr(ctypes.Structure):
+    """The ABI 6 layout: network rights (none handled here), then the scopes."""
+
+    _fields_ = [
+        ("handled_access_fs", ctypes.c_uint64),
+        ("handled_access_net", ctypes.c_uint64),
+        ("scoped", ctypes.c_uint64),
+    ]
 
 
 class _PathBeneathAttr(ctypes.Structure):
@@ -103,11 +118,19 @@ def read_grants(unreadable: Iterable[str]) -> list[str]:
     return grants
 
 
-def confine(writable: Iterable[str], unreadable: Iterable[str], *, grants: list[str] | None = None) -> int:
+def confine(
+    writable: Iterable[str],
+    unreadable: Iterable[str],
+    *,
+    grants: list[str] | None = None,
+    scope_signals: bool = False,
+) -> int:
     """This process, from now on, reads anything but `unreadable` and writes only beneath `writable` (folders).
     `grants`: `read_grants(unreadable)` worked out beforehand (a process that confines many children lists the
-    folders once). Returns the ABI version enforced, or 0 where the kernel has no Landlock (nothing is restricted
-    then). Raises ValueError for an unreadable path inside a writable folder, OSError when the kernel refuses."""
+    folders once). `scope_signals` (ABI >= 6, ignored below): it may signal only itself and the processes it
+    starts from now on (and theirs), not its parent nor any other process of its uid (EPERM). Returns the ABI
+    version enforced, or 0 where the kernel has no Landlock (nothing is restricted then). Raises
+    ValueError for an unreadable path inside a writable folder, OSError when the kernel refuses."""
     writable = [os.path.realpath(path) for path in writable]
     unreadable = [os.path.realpath(path) for path in unreadable]
     for path in unreadable:
@@ -119,7 +142,10 @@ def confine(writable: Iterable[str], unreadable: Iterable[str], *, grants: list[
         return 0
     libc = _libc()
     handled = handled_rights(version)
-    attr = _RulesetAttr(handled_access_fs=handled)
+    if scope_signals and version >= 6:
+        attr: ctypes.Structure = _ScopedRulesetAttr(handled_access_fs=handled, scoped=SCOPE_SIGNAL)
+    else:
+        attr = _RulesetAttr(handled_access_fs=handled)
     ruleset = libc.syscall(_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)), 0)
     if ruleset < 0:
         raise _error("landlock_create_ruleset")
