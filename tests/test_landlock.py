@@ -93,13 +93,14 @@ def test_an_unreadable_path_inside_a_writable_folder_is_refused(tmp_path):
 
 
 CHECKER_ROOM = """
-import json, os, sys
+import json, os, resource, sys
 from pathlib import Path
 import course_lib
 from course_lib.grading import hygiene
 
 room = hygiene.prepare_student_room(os.getcwd())
 scratch = os.getcwd()
+checker = os.getpid()
 if os.fork() == 0:
     abi = hygiene.confine_student_process()
 
@@ -125,6 +126,11 @@ if os.fork() == 0:
         "checker's cache": attempt(lambda: os.makedirs(os.path.join(scratch, ".cache", "poison"))),
         "/tmp": attempt(lambda: write("/tmp/x.py")),
         "/dev/shm": attempt(lambda: write("/dev/shm/x")),
+        "the checker's task limit": attempt(lambda: resource.prlimit(checker, resource.RLIMIT_NPROC, (1, 1))),
+        "the checker's CPUs": attempt(lambda: os.sched_setaffinity(checker, {min(os.sched_getaffinity(0))})),
+        "the checker's policy": attempt(lambda: os.sched_setscheduler(checker, os.SCHED_IDLE, os.sched_param(0))),
+        "a signal to the checker": attempt(lambda: os.kill(checker, 0)),
+        "its own task limit": attempt(lambda: resource.setrlimit(resource.RLIMIT_NPROC, (1, 1))),
     }), flush=True)
     os._exit(0)
 os.wait()
@@ -135,7 +141,9 @@ os.wait()
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
 def test_the_checkers_student_processes_are_confined_inside_the_sandbox():
     """Where grading runs them: the student process lives in its room and writes nowhere else the checker could
-    import or read from (its working folder, its caches, /tmp), and cannot read the library's code."""
+    import or read from (its working folder, its caches, /tmp), cannot read the library's code, and cannot change
+    the checker's limits or scheduling nor signal it (issue 33: a task limit of 1 made every later student
+    process fail to start, a regrade at every run)."""
     result = sandbox.run(
         [sys.executable, "-c", textwrap.dedent(CHECKER_ROOM)], mode="bwrap", limits=sandbox.Limits(wall_s=60)
     )
@@ -151,6 +159,11 @@ def test_the_checkers_student_processes_are_confined_inside_the_sandbox():
         "checker's cache": "Permission denied",
         "/tmp": "Permission denied",
         "/dev/shm": "ok",
+        "the checker's task limit": "Operation not permitted",  # seccomp: it shares the checker's uid
+        "the checker's CPUs": "Operation not permitted",
+        "the checker's policy": "Operation not permitted",
+        "a signal to the checker": "Operation not permitted" if landlock.abi() >= 6 else "ok",
+        "its own task limit": "ok",
     }
 
 
