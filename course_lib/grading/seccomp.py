@@ -20,10 +20,11 @@ on the system calls that name another process (`protect_others`):
 
 "The student's first pid" is the process that installed the filter: its own children inherit the filter, may
 act on themselves (pid 0, as glibc's setrlimit and Python's os.sched_setaffinity(0, ...) do) and on that first
-process (the root of their own tree), and on nothing else. A pid is an int: the filter compares the argument's
-low 32 bits, which are all the kernel reads. Signals are the other way out of a process; Landlock's signal scope
-(`landlock.confine(..., scope_signals=True)`) closes it. Filters are inherited over fork and exec and can never be
-removed; they need no_new_privs (set here).
+process (the root of their own tree), and on nothing else: not on a child by its pid, nor on a thread by its tid
+(pids a filter written beforehand cannot know; no course code names them). A pid is an int: the filter compares
+the argument's low 32 bits, which are all the kernel reads. Signals are the other way out of a process; Landlock's
+signal scope (`landlock.confine(..., scope_signals=True)`) closes it. Filters are inherited over fork and exec and
+can never be removed; they need no_new_privs (set here).
 
 Only the standard library is used (ctypes, classic BPF written out below); a no-op where the kernel has no
 seccomp filters or the machine is an architecture this module does not know the call numbers of.
