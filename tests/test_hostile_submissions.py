@@ -337,6 +337,37 @@ for target in (1, _os.getppid(), -1):
 _os._exit(0)
 """
 
+# Grade dodging (issue 33): the student's processes share the checker's uid, so they could set its task limit to 1
+# (every later student process then fails to start: "needs regrading" at every run instead of an honest 0) or
+# starve it. Tried on pid 1 (the checker, init of the sandbox) and on the parent; the outcomes travel in the error.
+DODGER_TOP = """
+import json as _json
+import os as _os
+import resource as _resource
+
+
+def _dodge():
+    outcomes = {}
+    for target in sorted({1, _os.getppid()}):
+        attempts = {
+            "RLIMIT_NPROC (1, 1)": lambda: _resource.prlimit(target, _resource.RLIMIT_NPROC, (1, 1)),
+            "one CPU": lambda: _os.sched_setaffinity(target, {min(_os.sched_getaffinity(0))}),
+            "SCHED_IDLE": lambda: _os.sched_setscheduler(target, _os.SCHED_IDLE, _os.sched_param(0)),
+            "nice 19": lambda: _os.setpriority(_os.PRIO_PROCESS, target, 19),
+            "a signal": lambda: _os.kill(target, 0),  # 0: permission checked, nothing sent
+        }
+        for what, attempt in attempts.items():
+            try:
+                attempt()
+                outcomes[f"{target} {what}"] = "done"
+            except OSError as error:
+                outcomes[f"{target} {what}"] = error.strerror
+    return outcomes
+"""
+DODGER_BODY = """
+raise RuntimeError("DODGE " + _json.dumps(_dodge()))
+"""
+
 FORKBOMB_TOP = """
 import os as _os
 
@@ -788,6 +819,7 @@ ATTACKS = {
     "planting": (PLANTING_TOP, PLANTING_BODY),
     "killer": (KILLER_TOP, KILLER_BODY),
     "forkbomb": (FORKBOMB_TOP, FORKBOMB_BODY),
+    "dodger": (DODGER_TOP, DODGER_BODY),
     "memhog": (MEMHOG_TOP, MEMHOG_BODY),
     "diskfill": (DISKFILL_TOP, DISKFILL_BODY),
     "flood": (FLOOD_TOP, FLOOD_BODY),
@@ -1425,6 +1457,17 @@ def test_nothing_is_planted_on_this_machine_and_later_kernels_work(hostile):
 def test_killing_the_parent_and_exiting_cost_only_the_cell(hostile):
     assert _points(hostile, "killer") == (5.0, 0.0, 5.0)
     assert _message(hostile["root"], "killer", LEDGER), "the cell failed without a message"
+
+
+@pytest.mark.slow
+def test_the_checkers_limits_scheduling_and_signals_are_out_of_reach(hostile):
+    """Issue 33: the task limit set to 1 on the checker made every later student process fail to start, and the
+    submission "needs regrading" at every run. Each attempt is refused now (seccomp, Landlock's signal scope), and
+    the submission earns its honest points (the test above)."""
+    message = _message(hostile["root"], "dodger", LEDGER)
+    assert message.startswith("RuntimeError: DODGE "), message
+    outcomes = json.loads(message.split("DODGE ", 1)[1])
+    assert len(outcomes) >= 5 and set(outcomes.values()) == {"Operation not permitted"}, outcomes
 
 
 @pytest.mark.slow
