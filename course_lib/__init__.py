@@ -21,6 +21,7 @@ One module per stop of the data path, in the order a chat sample travels:
     tiled       exact attention in blocks (online softmax, log-sum-exp backward): no T x T scores
     ring        one sequence over ranks: shard layouts (contiguous, head-tail), ring attention by log-sum-exp merges
     rope        positions past the trained length: RoPE frequencies scaled (linear, NTK, dynamic, YaRN, Llama 3)
+    longeval    is the context used: key-value retrieval by length x needle depth, loss by position
 
 Every public name is importable from here: `from course_lib import plan_packing`.
 """
@@ -57,6 +58,7 @@ __getattr__, __dir__ = lazy_exports(
         "tiled",
         "ring",
         "rope",
+        "longeval",
         "lab",
     ),
 )

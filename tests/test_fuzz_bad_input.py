@@ -64,6 +64,9 @@ FIXED_FIRST = {
     "matmul_flops": "function",
     "peak_cuda_memory": "function",
     "attention_in_model": "model",
+    "model_logits": "model",
+    "needle_report": "model",
+    "loss_by_position": "model",
 }
 
 # Raised by the environment, not the input: peak_cuda_memory reads CUDA's peak-memory counters, so on a machine
@@ -250,6 +253,7 @@ def _valid_calls(tokenizer, model):
         },
         **_valid_attention_calls(model),
         **_valid_rope_calls(),
+        **_valid_longeval_calls(model),
         "flash_varlen_unavailable": (("cuda", torch.bfloat16, 64), {}),
         "varlen_kernel": (("cpu", torch.float32, 16), {}),
         "register_varlen_attention": ((), {}),
@@ -307,6 +311,18 @@ def _valid_rope_calls():
         "turns_within": ((inv_freq, 64), {}),
         "full_turn_pairs": ((inv_freq, 64), {}),
         "interpolation_factors": ((inv_freq, inv_freq), {}),
+    }
+
+
+def _valid_longeval_calls(model):
+    """Valid calls of the long-context evaluation (course_lib.longeval)."""
+    return {
+        "needle_start": ((64, 0.5), {}),
+        "retrieval_sample": ((32, 0.5, torch.Generator().manual_seed(0)), {}),
+        "retrieval_batch": ((32, 0.5, 2), {}),
+        "model_logits": ((model, torch.tensor([[1, 2, 3]])), {}),
+        "needle_report": ((model, [16], [0.0, 1.0], 1), {}),
+        "loss_by_position": ((model, torch.tensor([[1, 2, 3, 4]])), {"bins": 2}),
     }
 
 
