@@ -315,7 +315,7 @@ def _valid_rope_calls():
 
 
 def _valid_longeval_calls(model):
-    """Valid calls of the long-context evaluation (course_lib.longeval)."""
+    """Valid calls of the long-context evaluation (course_lib.longeval); plot_needle_map's is in valid_calls."""
     return {
         "needle_start": ((64, 0.5), {}),
         "retrieval_sample": ((32, 0.5, torch.Generator().manual_seed(0)), {}),
@@ -446,8 +446,13 @@ OPTIONAL_TARGETS = [
 
 
 @pytest.fixture(scope="module")
-def valid_calls(fixed_objects):
-    return _valid_calls(fixed_objects["tokenizer"], fixed_objects["model"])
+def valid_calls(fixed_objects, tmp_path_factory):
+    figure = tmp_path_factory.mktemp("figures") / "needle_map.png"  # the one call that writes a file
+    report = {"accuracy": [[1.0, 0.5]], "lengths": [16], "depths": [0.0, 1.0]}
+    return {
+        **_valid_calls(fixed_objects["tokenizer"], fixed_objects["model"]),
+        "plot_needle_map": ((report, figure), {}),
+    }
 
 
 def test_every_function_with_optional_arguments_has_a_valid_call(valid_calls):
