@@ -393,9 +393,8 @@ def loss_by_position(model, input_ids, bins: int | list[int] = 8, labels=None) -
         logits.transpose(1, 2), targets.where(scored, 0), reduction="none"
     )  # [B, T-1]
     positions = torch.arange(1, ids.shape[1])  # [T-1]: the target's position
-    in_bin = (positions >= torch.tensor(edges[:-1])[:, None]) & (
-        positions < torch.tensor(edges[1:])[:, None]
-    )  # [n, T-1]
+    lows, highs = torch.tensor(edges[:-1])[:, None], torch.tensor(edges[1:])[:, None]  # [n, 1] each
+    in_bin = (positions >= lows) & (positions < highs)  # [n, T-1]
     counts = (scored[:, None, :] & in_bin).sum((0, 2))  # [n]
     sums = (losses.where(scored, 0.0).double()[:, None, :] * in_bin).sum((0, 2))  # [n]
     return {"edges": edges, "loss": (sums / counts).tolist(), "tokens": counts.tolist()}

@@ -94,6 +94,7 @@ def test_a_seed_gives_one_batch_and_every_depth_the_same_keys_values_and_filler(
     shallow = retrieval_batch(64, 0.3, 5, seed=1, task=RetrievalTask(decoy_every=0))
     assert all(torch.equal(batch[name], again[name]) for name in ("input_ids", "labels", "key", "value"))
     assert not torch.equal(batch["input_ids"], other_seed["input_ids"])
+    assert len({tuple(row) for row in batch["input_ids"].tolist()}) == 5  # each sample draws its own
     assert torch.equal(deeper["key"], shallow["key"]) and torch.equal(deeper["value"], shallow["value"])
     outside = torch.ones(64, dtype=torch.bool)
     for start in (deeper["needle_start"], shallow["needle_start"]):
@@ -213,10 +214,10 @@ def test_loss_by_position_equals_a_per_token_loop(model, bins):
     assert got["loss"] == pytest.approx(want, rel=1e-5)
 
 
-def test_loss_by_position_scores_only_labelled_tokens(model):
+def test_loss_by_position_scores_only_labelled_tokens_against_their_labels(model):
     batch = retrieval_batch(24, 0.5, 3)
     labels = batch["labels"].clone()
-    labels[:, 5:9] = batch["input_ids"][:, 5:9]
+    labels[:, 5:9] = (batch["input_ids"][:, 5:9] + 1) % 2048  # targets other than the next input token
     logits = model(input_ids=batch["input_ids"]).logits.detach()
     got = loss_by_position(model, batch["input_ids"], [1, 5, 9, 23, 24], labels=labels)
     want, counts = brute_force_loss_by_position(logits, batch["input_ids"], got["edges"], labels)
