@@ -52,9 +52,9 @@ from ._checks import (
     require_sequence,
     require_tensor,
 )
+from .window import IGNORE_INDEX
 
 __all__ = [
-    "IGNORE_INDEX",
     "RetrievalTask",
     "needle_start",
     "retrieval_sample",
@@ -66,9 +66,9 @@ __all__ = [
     "loss_by_position",
 ]
 
-IGNORE_INDEX = -100  # the label of every token that carries no loss
 QUERY_TOKENS = 3  # QUERY k v after the context
 MIN_LENGTH = 1 + 3 + QUERY_TOKENS  # BOS, the needle, the query
+TOKENS_PER_FORWARD = 8192  # needle_report's default batch: eager attention holds B x H x T x T probabilities
 
 
 @dataclass(frozen=True)
@@ -93,8 +93,8 @@ class RetrievalTask:
     decoy_every: int = 16
 
     def __post_init__(self) -> None:
-        for field in fields(self):
-            require_int(field.name, getattr(self, field.name), minimum=0)
+        for field in fields(self):  # numpy or 0-d tensor ints become Python ints
+            object.__setattr__(self, field.name, require_int(field.name, getattr(self, field.name), minimum=0))
         markers = {"bos": self.bos, "key": self.key, "query": self.query}
         for name, marker in markers.items():
             if marker >= self.key_low:
@@ -128,18 +128,13 @@ def _task(task: object) -> RetrievalTask:
     return task
 
 
-def _length(length: object, name: str = "length") -> int:
-    length = require_int(name, length, minimum=MIN_LENGTH)
-    return length
-
-
 def needle_start(length: int, depth: float) -> int:
     """Where the needle's KEY sits in a sample of `length` tokens: 1 + floor(depth * (length - 7) + 1/2).
 
     >>> needle_start(64, 0.0), needle_start(64, 0.5), needle_start(64, 1.0)  # 64 - 4 - 3 = 57 tokens around it
     (1, 30, 58)
     """
-    room = _length(length) - 4 - 3  # context tokens that are not the needle
+    room = require_int("length", length, minimum=MIN_LENGTH) - 4 - 3  # context tokens that are not the needle
     depth = require_ratio("depth", depth)
     return 1 + math.floor(depth * room + 0.5)
 
@@ -318,14 +313,14 @@ def needle_report(
 
     model: a callable input_ids [B, T] -> logits [B, T, V], or a transformers causal LM (called as it is: put it in
     eval mode). Each cell holds `samples_per_cell` samples of `retrieval_batch(length, depth, ...)`; one length's cells
-    run together, `batch_size` rows per forward (None: all of them). Returns a NeedleReport.
+    run together, `batch_size` rows per forward (None: as many as hold 8192 tokens). Returns a NeedleReport.
     """
     task = _task(task)
     lengths = require_lengths("lengths", lengths, minimum=MIN_LENGTH, allow_empty=False)
     depths = _depths(depths)
     samples_per_cell = require_positive_int("samples_per_cell", samples_per_cell)
     seed = require_seed("seed", seed)
-    batch_size = require_optional_positive_int("batch_size", batch_size) or samples_per_cell * len(depths)
+    batch_size = require_optional_positive_int("batch_size", batch_size)
     largest = _max_token_id(model)
     if largest is not None and largest < task.vocab_size - 1:
         raise ValueError(f"task.vocab_size = {task.vocab_size} exceeds the model's vocabulary of {largest + 1} ids")
@@ -337,7 +332,8 @@ def needle_report(
     for length in lengths:
         cells = [retrieval_batch(length, depth, samples_per_cell, _length_seed(seed, length), task) for depth in depths]
         joined = {key: torch.cat([cell[key] for cell in cells]) for key in ("input_ids", "value")}  # [D * S, ...]
-        right = _answers_right(model, joined, batch_size).view(len(depths), samples_per_cell)  # [D, S]
+        rows = batch_size or max(1, TOKENS_PER_FORWARD // length)
+        right = _answers_right(model, joined, rows).view(len(depths), samples_per_cell)  # [D, S]
         correct.append(right.sum(-1).tolist())
     return {
         "accuracy": [[hits / samples_per_cell for hits in row] for row in correct],
