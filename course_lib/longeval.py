@@ -148,7 +148,7 @@ def _places(length: int, start: int) -> torch.Tensor:
 
 def _check_room(length: int, start: int, task: RetrievalTask) -> None:
     wanted = task.records - 1 + task.decoys(length)
-    free = len(range(1, start - 2, 3)) + len(range(start + 3, length - 5, 3))
+    free = len(_places(length, start))
     if wanted > free:
         raise ValueError(
             f"length = {length} is too short: with the needle at {start} the context has {free} free 3-token places "
