@@ -173,12 +173,14 @@ def _square(x: int) -> int:
 
 @needs_seccomp
 def test_ordinary_code_runs_under_the_filter():
-    """torch, threads, multiprocessing by fork and by spawn (a fresh interpreter: exec keeps the filter)."""
+    """torch, multiprocessing by fork and by spawn (a fresh interpreter: exec keeps the filter). One torch thread in
+    the forked child: a child forked after this worker's OpenMP pool has run (any earlier test) hangs at its first
+    parallel region, filter or not."""
     import torch
 
     def work() -> dict:
         confined = _confine()
-        torch.set_num_threads(2)
+        torch.set_num_threads(1)
         product = (torch.ones(64, 64) @ torch.ones(64, 64)).sum().item()
         results = {}
         for method in ("fork", "spawn"):
@@ -261,6 +263,7 @@ def test_multi_rank_runs_work_from_a_confined_process():
 
     def work() -> dict:
         confined = _confine()
+        torch.set_num_threads(1)  # a forked child of a worker whose OpenMP pool has run: no parallel region
         ranks = call_on_ranks(_sum_over_ranks, [(torch.ones(2),), (2 * torch.ones(2),)])
         ring = ring_attention_on_ranks(q, k, v, 2, block_size=4)
         out, lse = reference_attention(q, k, v, True)
