@@ -250,7 +250,7 @@ def _sum_over_ranks(x, group=None):
 
 
 @needs_seccomp
-def test_multi_rank_runs_work_from_a_confined_process():
+def test_multi_rank_runs_work_from_a_confined_process(tmp_path):
     """Chapter 4's ranks are forked from the student's process, joined over loopback and ended by it: its filter
     and signal scope cover them too, and get in the way of none of it."""
     import torch
@@ -262,7 +262,13 @@ def test_multi_rank_runs_work_from_a_confined_process():
     q, k, v = (torch.randn(1, 2, 16, 4, generator=generator, dtype=torch.float64) for _ in range(3))
 
     def work() -> dict:
-        confined = _confine()
+        import tempfile
+
+        os.environ["TMPDIR"], tempfile.tempdir = str(tmp_path), None  # as the checker's room: temporary files there
+        confined = {
+            "landlock": landlock.confine([str(tmp_path), "/dev"], [], grants=["/"], scope_signals=True),
+            "seccomp": seccomp.protect_others(),
+        }
         torch.set_num_threads(1)  # a forked child of a worker whose OpenMP pool has run: no parallel region
         ranks = call_on_ranks(_sum_over_ranks, [(torch.ones(2),), (2 * torch.ones(2),)])
         ring = ring_attention_on_ranks(q, k, v, 2, block_size=4)
