@@ -46,16 +46,20 @@ from ._checks import require_bool, require_positive_int, require_real, require_t
 __all__ = [
     "ROPE_METHODS",
     "rotary_dim_for",
+    "check_rope_inputs",
+    "apply_rope",
+    "positions_per_radian",
+    "check_scaling_arguments",
     "default_inv_freq",
     "linear_inv_freq",
     "ntk_scaled_base",
     "ntk_inv_freq",
-    "dynamic_ntk_factor",
     "dynamic_ntk_inv_freq",
     "yarn_attention_factor",
     "pair_index_for_turns",
     "yarn_correction_range",
     "yarn_inv_freq",
+    "check_llama3_bands",
     "llama3_inv_freq",
     "scaled_inv_freq",
     "rope_wavelengths",
@@ -95,16 +99,25 @@ def _check_factor(factor: object) -> float:
     return require_real("factor", factor, minimum=1.0)  # the methods stretch a context; s < 1 would shrink it
 
 
-def _positions_per_radian(dim: int, base: float) -> torch.Tensor:
-    """base^(2i/d) for each pair i: 1 / theta_i, the positions it takes pair i to turn one radian; [d/2]."""
+def positions_per_radian(rotary_dim: int, base: float) -> torch.Tensor:
+    """base^(2i/d) for each pair i: 1 / theta_i, the positions it takes pair i to turn one radian; [d/2] float32."""
+    dim, base = _check_dim(rotary_dim), _check_base(base)
     exponents = torch.arange(0, dim, 2, dtype=torch.float32) / dim  # [d/2], 2i/d
     return base**exponents
 
 
+def check_scaling_arguments(
+    rotary_dim: object, base: object, factor: object, original_max_position: object, *, minimum_dim: int = 2
+) -> tuple[int, float, float, int]:
+    """The arguments of the methods that know the trained length L, checked: (rotary_dim, base, factor,
+    original_max_position) as Python numbers; a ValueError names a field out of range."""
+    dim, base, factor = _check_dim(rotary_dim, minimum_dim), _check_base(base), _check_factor(factor)
+    return dim, base, factor, require_positive_int("original_max_position", original_max_position)
+
+
 def default_inv_freq(rotary_dim: int, base: float = 10000.0) -> tuple[torch.Tensor, float]:
     """RoFormer's theta_i = base^(-2i/d): (inv_freq [d/2], attention factor 1.0)."""
-    dim, base = _check_dim(rotary_dim), _check_base(base)
-    return 1.0 / _positions_per_radian(dim, base), 1.0
+    return 1.0 / positions_per_radian(rotary_dim, base), 1.0
 
 
 def linear_inv_freq(rotary_dim: int, base: float, factor: float) -> tuple[torch.Tensor, float]:
@@ -132,25 +145,19 @@ def ntk_inv_freq(rotary_dim: int, base: float, factor: float) -> tuple[torch.Ten
     return default_inv_freq(rotary_dim, ntk_scaled_base(rotary_dim, base, factor))
 
 
-def dynamic_ntk_factor(factor: float, original_max_position: int, seq_len: int | None = None) -> float:
-    """Dynamic NTK's stretch at length T = max(seq_len, L): s * T / L - (s - 1), 1 within the trained length L and
-    growing by s for every further L positions.
-
-    >>> dynamic_ntk_factor(4.0, 4096, seq_len=8192)  # twice the trained length: the base of a static s = 5
-    5.0
-    """
-    factor = _check_factor(factor)
-    trained = require_positive_int("original_max_position", original_max_position)
-    length = trained if seq_len is None else max(require_positive_int("seq_len", seq_len), trained)
-    return factor * length / trained - (factor - 1)
-
-
 def dynamic_ntk_inv_freq(
     rotary_dim: int, base: float, factor: float, original_max_position: int, seq_len: int | None = None
 ) -> tuple[torch.Tensor, float]:
-    """Dynamic NTK at the current length seq_len (None: the trained length L): (inv_freq [d/2], 1.0)."""
-    dim, base = _check_dim(rotary_dim, minimum=4), _check_base(base)
-    stretch = dynamic_ntk_factor(factor, original_max_position, seq_len)  # may round a hair below 1 at T = L
+    """Dynamic NTK at the current length T = max(seq_len, L) (None: T = L): the NTK-aware frequencies for the
+    stretch s T / L - (s - 1), 1 within the trained length L, growing by s for every further L positions:
+    (inv_freq [d/2], 1.0).
+
+    >>> dynamic_ntk_inv_freq(64, 10000.0, 4.0, 4096, seq_len=8192)[0].equal(ntk_inv_freq(64, 10000.0, 5.0)[0])
+    True
+    """
+    dim, base, factor, trained = check_scaling_arguments(rotary_dim, base, factor, original_max_position, minimum_dim=4)
+    length = trained if seq_len is None else max(require_positive_int("seq_len", seq_len), trained)
+    stretch = factor * length / trained - (factor - 1)  # may round a hair below 1 at T = L
     return default_inv_freq(dim, _ntk_base(base, stretch, dim))
 
 
@@ -223,19 +230,30 @@ def yarn_inv_freq(
 ) -> tuple[torch.Tensor, float]:
     """YaRN: theta_i kept for fast pairs, theta_i / s for slow ones, a ramp between: (inv_freq [d/2], attention
     factor: the one given, else `yarn_attention_factor`)."""
-    dim, base, factor = _check_dim(rotary_dim), _check_base(base), _check_factor(factor)
-    low, high = yarn_correction_range(dim, base, original_max_position, beta_fast, beta_slow, truncate)
+    dim, base, factor, trained = check_scaling_arguments(rotary_dim, base, factor, original_max_position)
     if attention_factor is None:
         attention_factor = yarn_attention_factor(factor, mscale, mscale_all_dim)
     else:
         attention_factor = require_real("attention_factor", attention_factor, minimum=0.0, strict_minimum=True)
-    positions_per_radian = _positions_per_radian(dim, base)  # [d/2], 1 / theta_i
-    kept = 1.0 / positions_per_radian  # theta_i: extrapolated
-    stretched = 1.0 / (factor * positions_per_radian)  # theta_i / s: interpolated
+    low, high = yarn_correction_range(dim, base, trained, beta_fast, beta_slow, truncate)
+    periods = positions_per_radian(dim, base)  # [d/2], 1 / theta_i
+    kept = 1.0 / periods  # theta_i: extrapolated
+    stretched = 1.0 / (factor * periods)  # theta_i / s: interpolated
     width = high - low if high != low else 0.001  # both ends on one index: a step there (any width < 1)
     ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / width).clamp(0, 1)  # [d/2], 0 at fast pairs
     gamma = 1 - ramp  # the share of theta_i each pair keeps
     return stretched * (1 - gamma) + kept * gamma, attention_factor
+
+
+def check_llama3_bands(low_freq_factor: object, high_freq_factor: object) -> tuple[float, float]:
+    """Llama 3's two band factors, checked: 0 < low_freq_factor < high_freq_factor, as Python floats."""
+    low_freq_factor = require_real("low_freq_factor", low_freq_factor, minimum=0.0, strict_minimum=True)
+    high_freq_factor = require_real("high_freq_factor", high_freq_factor)
+    if not high_freq_factor > low_freq_factor:
+        raise ValueError(
+            f"high_freq_factor must be greater than low_freq_factor, got {high_freq_factor} and {low_freq_factor}"
+        )
+    return low_freq_factor, high_freq_factor
 
 
 def llama3_inv_freq(
@@ -248,15 +266,9 @@ def llama3_inv_freq(
 ) -> tuple[torch.Tensor, float]:
     """Llama 3: wavelengths under L / high_freq_factor kept, over L / low_freq_factor divided by s, smooth between:
     (inv_freq [d/2], 1.0)."""
-    factor = _check_factor(factor)
-    trained = require_positive_int("original_max_position", original_max_position)
-    low_freq_factor = require_real("low_freq_factor", low_freq_factor, minimum=0.0, strict_minimum=True)
-    high_freq_factor = require_real("high_freq_factor", high_freq_factor)
-    if not high_freq_factor > low_freq_factor:
-        raise ValueError(
-            f"high_freq_factor must be greater than low_freq_factor, got {high_freq_factor} and {low_freq_factor}"
-        )
-    inv_freq, _ = default_inv_freq(rotary_dim, base)
+    dim, base, factor, trained = check_scaling_arguments(rotary_dim, base, factor, original_max_position)
+    low_freq_factor, high_freq_factor = check_llama3_bands(low_freq_factor, high_freq_factor)
+    inv_freq, _ = default_inv_freq(dim, base)
     wavelength = rope_wavelengths(inv_freq)  # [d/2]
     smooth = (trained / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)  # 1 at short, 0 at long
     between = (1 - smooth) * inv_freq / factor + smooth * inv_freq
@@ -370,3 +382,44 @@ def interpolation_factors(scaled: torch.Tensor, original: torch.Tensor) -> torch
             f"scaled and original must have the same shape, got {tuple(scaled.shape)}, {tuple(original.shape)}"
         )
     return original / scaled
+
+
+def check_rope_inputs(
+    x: object, positions: object, inv_freq: object, attention_factor: object = 1.0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
+    """The rotation's inputs, checked: x [..., T, d] floating (d >= 2 * len(inv_freq)), positions [T] or [B, T]
+    integers >= 0 (for [B, T], x is [B, ..., T, d]), inv_freq [r/2] floating, attention_factor > 0; returned as
+    (x, positions long, inv_freq, attention_factor float)."""
+    x = require_tensor("x", x, dtype_kind="f")
+    if x.ndim < 2:
+        raise ValueError(f"x must be [..., T, d], got shape {tuple(x.shape)}")
+    positions = require_tensor("positions", positions, dtype_kind="i", minimum=0).long()
+    inv_freq = _check_inv_freq("inv_freq", inv_freq)
+    attention_factor = require_real("attention_factor", attention_factor, minimum=0.0, strict_minimum=True)
+    length, width = x.shape[-2], x.shape[-1]
+    if positions.ndim not in (1, 2) or positions.shape[-1] != length:
+        raise ValueError(f"positions must be [T] or [B, T] with T = {length}, got shape {tuple(positions.shape)}")
+    if positions.ndim == 2 and (x.ndim < 3 or x.shape[0] != positions.shape[0]):
+        raise ValueError(f"positions [B, T] = {tuple(positions.shape)} needs x [B, ..., T, d], got {tuple(x.shape)}")
+    if not 1 <= inv_freq.numel() <= width // 2:
+        raise ValueError(f"inv_freq must hold 1 to d / 2 = {width // 2} frequencies, got {inv_freq.numel()}")
+    return x, positions, inv_freq, attention_factor
+
+
+def apply_rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, attention_factor: float = 1.0):
+    """x [..., T, d] -> x rotated by RoPE [..., T, d], in x's dtype, as transformers' rotary layers rotate it.
+
+    With r = 2 len(inv_freq), pair i of the first r dimensions is (x[..., i], x[..., i + r/2]) (the two halves, not
+    neighbours) and turns by the angle m theta_i at position m; both coordinates are scaled by attention_factor; the
+    other d - r dimensions pass through unchanged. The angles are float32 products, cast to x's dtype with cos and sin.
+    """
+    x, positions, inv_freq, attention_factor = check_rope_inputs(x, positions, inv_freq, attention_factor)
+    angles = positions[..., None].float() * inv_freq.float()  # [T, r/2] or [B, T, r/2]
+    cos = (angles.cos() * attention_factor).to(x.dtype)
+    sin = (angles.sin() * attention_factor).to(x.dtype)
+    if positions.ndim == 2:  # one row of positions per batch row: broadcast over the axes between B and T
+        shape = (positions.shape[0],) + (1,) * (x.ndim - 3) + cos.shape[1:]
+        cos, sin = cos.view(shape), sin.view(shape)
+    half = inv_freq.shape[0]
+    first, second, rest = x[..., :half], x[..., half : 2 * half], x[..., 2 * half :]
+    return torch.cat([first * cos - second * sin, second * cos + first * sin, rest], dim=-1)

@@ -20,8 +20,8 @@ from transformers.models.qwen2.modeling_qwen2 import Qwen2RotaryEmbedding
 
 from course_lib import (
     ROPE_METHODS,
+    apply_rope,
     default_inv_freq,
-    dynamic_ntk_factor,
     dynamic_ntk_inv_freq,
     full_turn_pairs,
     hf_config,
@@ -159,11 +159,13 @@ def test_static_ntk_is_the_default_rope_with_a_larger_base():
 
 def test_dynamic_ntk_is_static_ntk_at_its_current_stretch():
     for factor, trained, seq_len in [(2.0, 1024, 2048), (4.0, 4096, 4096), (8.0, 2048, 1000), (3.0, 512, 3 * 512)]:
-        stretch = dynamic_ntk_factor(factor, trained, seq_len)
-        assert stretch == (factor * seq_len / trained - (factor - 1) if seq_len > trained else 1.0)
+        stretch = factor * seq_len / trained - (factor - 1) if seq_len > trained else 1.0
         got = dynamic_ntk_inv_freq(64, 10000.0, factor, trained, seq_len)
         assert torch.equal(got[0], ntk_inv_freq(64, 10000.0, stretch)[0])
-    assert dynamic_ntk_factor(2.0, 1024, 2048) == 3.0  # twice the trained length: the base grows as for s = 3
+    twice = dynamic_ntk_inv_freq(64, 10000.0, 2.0, 1024, 2048)[
+        0
+    ]  # twice the trained length: the base grows as for s = 3
+    assert torch.equal(twice, ntk_inv_freq(64, 10000.0, 3.0)[0])
 
 
 def test_ntk_keeps_the_first_pair_and_stretches_the_last_exactly_s_times():
@@ -296,6 +298,39 @@ def test_tiny_qwen2_with_a_scaled_rope_equals_the_course_frequencies_written_in(
         assert torch.equal(got, want)
 
 
+# ---- the rotation --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("rotary_dim", [16, 8])
+def test_apply_rope_is_transformers_rotation_bit_for_bit(dtype, rotary_dim):
+    from transformers.models.bamba.modeling_bamba import apply_rotary_pos_emb  # a model with partial rotary
+
+    generator = torch.Generator().manual_seed(rotary_dim)
+    q, k = (torch.randn(2, 3, 12, 16, generator=generator).to(dtype) for _ in range(2))  # [B, H, T, d]
+    inv_freq, scale = yarn_inv_freq(rotary_dim, 100.0, 2.0, 32)
+    positions = torch.randint(0, 400, (2, 12), generator=generator)  # [B, T]: packed rows restart theirs
+    angles = positions[..., None].float() * inv_freq
+    emb = torch.cat([angles, angles], dim=-1)
+    cos, sin = ((emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype))
+    want, _ = apply_rotary_pos_emb(q, k, cos, sin)
+    assert torch.equal(apply_rope(q, positions, inv_freq, scale), want)
+    shared = apply_rope(q, positions[0], inv_freq, scale)  # [T]: one row of positions for every batch row
+    assert torch.equal(shared[0], want[0])
+
+
+def test_rotated_dot_products_depend_on_the_offset_only():
+    generator = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 32, generator=generator, dtype=torch.float64), torch.randn(1, 32, dtype=torch.float64)
+    inv_freq, _ = default_inv_freq(32, 100.0)
+
+    def score(m: int, n: int) -> float:
+        rotated_q = apply_rope(q.double(), torch.tensor([m]), inv_freq.double())
+        rotated_k = apply_rope(k.double(), torch.tensor([n]), inv_freq.double())
+        return float((rotated_q * rotated_k).sum())
+
+    assert math.isclose(score(7, 3), score(107, 103), rel_tol=1e-5)
+    assert math.isclose(score(0, 0), float((q * k).sum()), rel_tol=1e-12)  # position 0 turns nothing
+
+
 # ---- bad input -------------------------------------------------------------------------------------------------
 BAD = [
     (lambda: rotary_dim_for(0), "head_dim"),
@@ -309,7 +344,13 @@ BAD = [
     (lambda: ntk_inv_freq(2, 1e4, 2.0), "rotary_dim"),  # d / (d - 2) needs d > 2
     (lambda: ntk_scaled_base(4, 1e4, 1e300), "factor"),
     (lambda: dynamic_ntk_inv_freq(16, 1e4, 2.0, 0), "original_max_position"),
-    (lambda: dynamic_ntk_factor(2.0, 64, seq_len=0), "seq_len"),
+    (lambda: dynamic_ntk_inv_freq(16, 1e4, 2.0, 64, seq_len=0), "seq_len"),
+    (lambda: apply_rope(torch.ones(4, 8, dtype=torch.long), torch.arange(4), torch.ones(2)), "x"),
+    (lambda: apply_rope(torch.ones(4, 8), torch.arange(5), torch.ones(2)), "positions"),
+    (lambda: apply_rope(torch.ones(4, 8), torch.arange(4) - 1, torch.ones(2)), "positions"),
+    (lambda: apply_rope(torch.ones(2, 4, 8), torch.zeros(3, 4, dtype=torch.long), torch.ones(2)), "positions"),
+    (lambda: apply_rope(torch.ones(4, 8), torch.arange(4), torch.ones(5)), "inv_freq"),
+    (lambda: apply_rope(torch.ones(4, 8), torch.arange(4), torch.ones(2), 0.0), "attention_factor"),
     (lambda: yarn_inv_freq(16, 1e4, 4.0, 64, beta_fast=1.0, beta_slow=2.0), "beta_fast"),
     (lambda: yarn_inv_freq(16, 1e4, 4.0, 64, beta_slow=0.0), "beta_slow"),
     (lambda: yarn_inv_freq(16, 1e4, 4.0, 64, truncate=1), "truncate"),
