@@ -61,8 +61,12 @@ __all__ = [
     "retrieval_batch",
     "model_logits",
     "NeedleReport",
+    "length_seed",
+    "check_needle_arguments",
     "needle_report",
     "PositionLoss",
+    "check_position_loss_inputs",
+    "check_label_ids",
     "loss_by_position",
 ]
 
@@ -286,17 +290,30 @@ def _depths(depths: object) -> list[float]:
     return [require_ratio(f"depths[{index}]", depth) for index, depth in enumerate(items)]
 
 
-def _length_seed(seed: int, length: int) -> int:
+def length_seed(seed: int, length: int) -> int:
     """The seed of one length's samples: a hash of (seed, length), so a cell does not depend on the other lengths."""
     return int.from_bytes(hashlib.sha256(f"{seed}/{length}".encode()).digest()[:8], "little") >> 1
 
 
-def _answers_right(model, batch: dict, batch_size: int) -> torch.Tensor:
-    """bool [B]: is the argmax at answer_position - 1 the value? (the answer is the sample's last token)"""
-    rows = []
-    for ids in batch["input_ids"].split(batch_size):
-        rows.append(model_logits(model, ids, keep=2)[:, 0].argmax(-1))  # [b], read at T - 2
-    return torch.cat(rows) == batch["value"]
+def check_needle_arguments(
+    model, lengths, depths, samples_per_cell, task=None, seed=0, batch_size=None
+) -> tuple[RetrievalTask, list[int], list[float], int, int, int | None]:
+    """needle_report's arguments, checked before any forward: (task, lengths, depths, samples_per_cell, seed,
+    batch_size) as Python values (task None -> RetrievalTask()). Refuses a model whose vocabulary is smaller than
+    the task's, and a cell whose context has no room for the task's records and decoys."""
+    task = _task(task)
+    lengths = require_lengths("lengths", lengths, minimum=MIN_LENGTH, allow_empty=False)
+    depths = _depths(depths)
+    samples_per_cell = require_positive_int("samples_per_cell", samples_per_cell)
+    seed = require_seed("seed", seed)
+    batch_size = require_optional_positive_int("batch_size", batch_size)
+    largest = _max_token_id(model)
+    if largest is not None and largest < task.vocab_size - 1:
+        raise ValueError(f"task.vocab_size = {task.vocab_size} exceeds the model's vocabulary of {largest + 1} ids")
+    for length in lengths:
+        for depth in depths:
+            _check_room(length, needle_start(length, depth), task)
+    return task, lengths, depths, samples_per_cell, seed, batch_size
 
 
 def needle_report(
@@ -312,28 +329,21 @@ def needle_report(
     """Retrieval accuracy by context length x needle depth (the needle-in-a-haystack map, RULER's key-value form).
 
     model: a callable input_ids [B, T] -> logits [B, T, V], or a transformers causal LM (called as it is: put it in
-    eval mode). Each cell holds `samples_per_cell` samples of `retrieval_batch(length, depth, ...)`; one length's cells
-    run together, `batch_size` rows per forward (None: as many as hold 8192 tokens). Returns a NeedleReport.
+    eval mode). The cells of one length hold `retrieval_batch(length, depth, samples_per_cell,
+    length_seed(seed, length), task)` for each depth and run together, `batch_size` rows per forward (None: as many
+    as hold TOKENS_PER_FORWARD tokens). Returns a NeedleReport.
     """
-    task = _task(task)
-    lengths = require_lengths("lengths", lengths, minimum=MIN_LENGTH, allow_empty=False)
-    depths = _depths(depths)
-    samples_per_cell = require_positive_int("samples_per_cell", samples_per_cell)
-    seed = require_seed("seed", seed)
-    batch_size = require_optional_positive_int("batch_size", batch_size)
-    largest = _max_token_id(model)
-    if largest is not None and largest < task.vocab_size - 1:
-        raise ValueError(f"task.vocab_size = {task.vocab_size} exceeds the model's vocabulary of {largest + 1} ids")
-    starts = [[needle_start(length, depth) for depth in depths] for length in lengths]
-    for length, row in zip(lengths, starts, strict=True):
-        for start in row:
-            _check_room(length, start, task)  # every cell, before the first forward
+    task, lengths, depths, samples_per_cell, seed, batch_size = check_needle_arguments(
+        model, lengths, depths, samples_per_cell, task, seed, batch_size
+    )
     correct = []
     for length in lengths:
-        cells = [retrieval_batch(length, depth, samples_per_cell, _length_seed(seed, length), task) for depth in depths]
-        joined = {key: torch.cat([cell[key] for cell in cells]) for key in ("input_ids", "value")}  # [D * S, ...]
+        cells = [retrieval_batch(length, depth, samples_per_cell, length_seed(seed, length), task) for depth in depths]
+        ids = torch.cat([cell["input_ids"] for cell in cells])  # [D * S, T], depth-major
+        values = torch.cat([cell["value"] for cell in cells])  # [D * S]
         rows = batch_size or max(1, TOKENS_PER_FORWARD // length)
-        right = _answers_right(model, joined, rows).view(len(depths), samples_per_cell)  # [D, S]
+        guesses = [model_logits(model, part, keep=2)[:, 0].argmax(-1) for part in ids.split(rows)]  # read at T - 2
+        right = (torch.cat(guesses) == values).view(len(depths), samples_per_cell)  # [D, S]
         correct.append(right.sum(-1).tolist())
     return {
         "accuracy": [[hits / samples_per_cell for hits in row] for row in correct],
@@ -341,7 +351,7 @@ def needle_report(
         "samples_per_cell": samples_per_cell,
         "lengths": lengths,
         "depths": depths,
-        "needle_starts": starts,
+        "needle_starts": [[needle_start(length, depth) for depth in depths] for length in lengths],
         "chance": 1 / task.value_count,
     }
 
@@ -365,14 +375,10 @@ def _bin_edges(bins: object, length: int) -> list[int]:
     return edges
 
 
-@torch.no_grad()
-def loss_by_position(model, input_ids, bins: int | list[int] = 8, labels=None) -> PositionLoss:
-    """Mean next-token cross-entropy per bin of position over a batch: input_ids [B, T] -> a PositionLoss.
-
-    The token at position t (1 <= t < T) is predicted from positions 0 .. t - 1, and its loss falls in t's bin. bins:
-    a count of equal-width bins over t = 1 .. T - 1, or rising edges (bin i: edges[i] <= t < edges[i + 1]). labels
-    [B, T] (optional): the targets, -100 where a token is not scored (then only answers count, for instance).
-    """
+def check_position_loss_inputs(input_ids, bins, labels=None) -> tuple[torch.Tensor, list[int], torch.Tensor]:
+    """loss_by_position's inputs, checked: (input_ids [B, T] long, the bin edges over target positions, targets
+    [B, T] long: labels, or input_ids when labels is None). A count of bins gives edges[i] = 1 + floor(i (T - 1) /
+    count), equal-width bins over t = 1 .. T - 1; given edges must rise within [1, T]."""
     ids = require_tensor("input_ids", input_ids, ndim=2, dtype_kind="i", minimum=0).long()
     if ids.shape[1] < 2 or ids.shape[0] < 1:
         raise ValueError(f"input_ids must be [B, T] with B >= 1 and T >= 2, got shape {tuple(ids.shape)}")
@@ -380,11 +386,30 @@ def loss_by_position(model, input_ids, bins: int | list[int] = 8, labels=None) -
     targets = ids if labels is None else require_tensor("labels", labels, ndim=2, dtype_kind="i").long()
     if targets.shape != ids.shape:
         raise ValueError(f"labels must have input_ids' shape {tuple(ids.shape)}, got {tuple(targets.shape)}")
+    return ids, edges, targets
+
+
+def check_label_ids(targets: torch.Tensor, vocab_size: int) -> None:
+    """Refuses targets that are neither -100 nor an id below the model's vocab_size logits."""
+    scored = targets != IGNORE_INDEX
+    if bool(((targets < 0) & scored).any()) or bool((targets >= vocab_size).any()):
+        raise ValueError(f"labels must be -100 or token ids below the model's {vocab_size} logits")
+
+
+@torch.no_grad()
+def loss_by_position(model, input_ids, bins: int | list[int] = 8, labels=None) -> PositionLoss:
+    """Mean next-token cross-entropy per bin of position over a batch: input_ids [B, T] -> a PositionLoss.
+
+    The token at position t (1 <= t < T) is predicted from positions 0 .. t - 1, and its loss falls in t's bin. bins:
+    a count of equal-width bins over t = 1 .. T - 1, or rising edges (bin i: edges[i] <= t < edges[i + 1]). labels
+    [B, T] (optional): the targets, -100 where a token is not scored (then only answers count, for instance). A bin
+    without a scored token has loss nan.
+    """
+    ids, edges, targets = check_position_loss_inputs(input_ids, bins, labels)
     logits = model_logits(model, ids)[:, :-1]  # [B, T-1, V]: the prediction of each next token
     targets = targets[:, 1:]  # [B, T-1]
+    check_label_ids(targets, logits.shape[-1])
     scored = targets != IGNORE_INDEX
-    if bool(((targets < 0) & scored).any()) or bool((targets >= logits.shape[-1]).any()):
-        raise ValueError(f"labels must be -100 or token ids below the model's {logits.shape[-1]} logits")
     losses = torch.nn.functional.cross_entropy(
         logits.transpose(1, 2), targets.where(scored, 0), reduction="none"
     )  # [B, T-1]
