@@ -396,7 +396,6 @@ def check_label_ids(targets: torch.Tensor, vocab_size: int) -> None:
         raise ValueError(f"labels must be -100 or token ids below the model's {vocab_size} logits")
 
 
-@torch.no_grad()
 def loss_by_position(model, input_ids, bins: int | list[int] = 8, labels=None) -> PositionLoss:
     """Mean next-token cross-entropy per bin of position over a batch: input_ids [B, T] -> a PositionLoss.
 

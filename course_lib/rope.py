@@ -158,7 +158,7 @@ def dynamic_ntk_inv_freq(
     dim, base, factor, trained = check_scaling_arguments(rotary_dim, base, factor, original_max_position, minimum_dim=4)
     length = trained if seq_len is None else max(require_positive_int("seq_len", seq_len), trained)
     stretch = factor * length / trained - (factor - 1)  # may round a hair below 1 at T = L
-    return default_inv_freq(dim, _ntk_base(base, stretch, dim))
+    return default_inv_freq(dim, base * stretch ** (dim / (dim - 2)))
 
 
 def yarn_attention_factor(factor: float, mscale: float | None = None, mscale_all_dim: float | None = None) -> float:
