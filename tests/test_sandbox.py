@@ -22,6 +22,10 @@ import pytest
 
 import course_lib
 from course_lib.instructor import sandbox
+from course_lib.instructor.sandbox import uids
+from course_lib.instructor.sandbox.bwrap import bwrap_features
+from course_lib.instructor.sandbox.container import container_argv, find_engine
+from course_lib.instructor.sandbox.process import execute, tasks_of
 
 PY = sys.executable
 PACKAGE = Path(course_lib.__file__).resolve().parent
@@ -175,7 +179,7 @@ def test_container_command_has_the_same_confinement():
     limits = sandbox.Limits(memory_bytes=3 << 30, processes=64, file_bytes=1 << 20, scratch_bytes=1 << 28)
     env = sandbox.environment(limits, {"JOB": "1"}, path=None)
     assert env["CUDA_VISIBLE_DEVICES"] == ""  # grading is CPU work in every mode (see environment())
-    argv = sandbox._container_argv("podman", "course-sandbox-x", "course:latest", ["python", "-V"], limits, env)
+    argv = container_argv("podman", "course-sandbox-x", "course:latest", ["python", "-V"], limits, env)
     line = " ".join(argv)
     for flag in (
         "--network none",
@@ -195,7 +199,7 @@ def test_container_command_has_the_same_confinement():
 
 
 def _engine_works() -> bool:
-    engine = sandbox._engine()
+    engine = find_engine()
     return engine is not None and subprocess.run([engine, "info"], capture_output=True).returncode == 0
 
 
@@ -414,7 +418,7 @@ print(json.dumps(os.waitpid(pid, 0)[1] >> 8))
 
 @needs_bwrap
 def test_no_nested_user_namespaces_when_bwrap_can_forbid_them():
-    if not sandbox._bwrap_features(shutil.which("bwrap"))[1]:
+    if not bwrap_features(shutil.which("bwrap"))[1]:
         pytest.skip("this bubblewrap predates --disable-userns (0.8)")
     result, error = inside(USERNS)
     ok(result)
@@ -495,14 +499,14 @@ while True:
 
 
 def _tasks_of(uid: int) -> int:
-    return sandbox._tasks_of(uid)
+    return tasks_of(uid)
 
 
 @needs_bwrap
 def test_fork_bomb_is_bounded_and_leaves_no_survivor():
     marker = f"fork-bomb-{uuid.uuid4().hex}"
     slot = 999  # under root a uid of its own (SLOT_UID_BASE + 999): no other test's sandbox shares its count
-    uid = sandbox.SLOT_UID_BASE + slot if os.geteuid() == 0 else os.getuid()
+    uid = uids.SLOT_UID_BASE + slot if os.geteuid() == 0 else os.getuid()
     before = _tasks_of(uid)  # RLIMIT_NPROC counts these too: tasks of that uid that end give the bomb headroom
     processes, wall = 24, 4.0
     result = sandbox.run(
@@ -559,7 +563,7 @@ def test_a_fork_bomb_in_one_graders_sandbox_leaves_another_graders_forks_alone()
     assert bomb.timed_out and max(int(line) for line in bomb.stdout.split()) >= 8  # the bomb did fill its limit
     uid, started = (int(word) for word in found["honest"].stdout.split())
     assert started == 8, found["honest"]
-    assert uid in sandbox.SANDBOX_UIDS
+    assert uid in uids.SANDBOX_UIDS
     assert no_survivors(marker)
 
 
@@ -568,7 +572,7 @@ def test_each_claim_is_a_uid_no_other_claim_holds_meanwhile(monkeypatch):
     sandbox is refused, not run under a shared uid. (Three uids of the range no other test uses.)"""
     if os.geteuid() != 0:
         pytest.skip("the claims folder is root's")
-    monkeypatch.setattr(sandbox, "SANDBOX_UIDS", range(61_500, 61_503))
+    monkeypatch.setattr(uids, "SANDBOX_UIDS", range(61_500, 61_503))
     with sandbox.claimed_uid(1) as first, sandbox.claimed_uid(1) as second, sandbox.claimed_uid(1) as third:
         assert (first, second, third) == (61_501, 61_502, 61_500)
         with pytest.raises(sandbox.SandboxUnavailable, match="every sandbox uid 61500-61502 is in use"):
@@ -586,14 +590,14 @@ def test_a_claims_folder_others_may_write_in_is_refused(tmp_path, monkeypatch):
     shared, missing, usable = tmp_path / "shared", tmp_path / "no-such-parent" / "claims", tmp_path / "claims"
     shared.mkdir()
     shared.chmod(0o777)
-    monkeypatch.setattr(sandbox, "SANDBOX_UIDS", range(61_510, 61_513))
-    monkeypatch.setattr(sandbox, "UID_CLAIMS", (str(shared), str(missing)))
+    monkeypatch.setattr(uids, "SANDBOX_UIDS", range(61_510, 61_513))
+    monkeypatch.setattr(uids, "UID_CLAIMS", (str(shared), str(missing)))
     with pytest.raises(sandbox.SandboxUnavailable, match="no folder for the sandbox uid claims") as refused:
         with sandbox.claimed_uid():
             pass
     assert "shared is not a folder of root's that no one else may write in" in str(refused.value)
     assert "No such file or directory" in str(refused.value)
-    monkeypatch.setattr(sandbox, "UID_CLAIMS", (str(shared), str(missing), str(usable)))
+    monkeypatch.setattr(uids, "UID_CLAIMS", (str(shared), str(missing), str(usable)))
     with sandbox.claimed_uid(2) as uid:
         assert uid == 61_512 and (usable / f"{uid}.lock").exists() and not list(shared.iterdir())
     assert usable.stat().st_mode & 0o777 == 0o700
@@ -886,7 +890,7 @@ def test_a_stop_kills_the_running_command_and_the_container_it_started():
     timer.start()
     started = time.monotonic()
     try:
-        result = sandbox._execute(
+        result = execute(
             ["sleep", "60"],
             None,
             sandbox.Limits(wall_s=60),

@@ -6,7 +6,7 @@
     grade        `course grade`: find, confine, check and record every submission (the gradebook, grades.csv)
     submissions  unpack and name submissions, read untrusted notebooks
     match        line a submission's cells up with its release, restore test cells
-    sandbox      bubblewrap (or a container) around every student process
+    sandbox      bubblewrap (or a container) around every student process (a package: its parts in its docstring)
     confined     the two confined runs per submission: the kernel for outputs, the checker for the grade
     execute      the kernel driver those runs use
     feedback     per-cell feedback without hidden tests

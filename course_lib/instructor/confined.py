@@ -6,7 +6,7 @@
                                                    tests, the TODO functions answering from student processes:
                                                    the grade
 
-Each runs in the grading sandbox (`sandbox.py`: bubblewrap by default) with its own empty scratch, and both return
+Each runs in the grading sandbox (`sandbox`: bubblewrap by default) with its own empty scratch, and both return
 data on stdout that this side reads as untrusted: the notebook is rebuilt from the prepared one with only the
 outputs taken, the verdicts are checked against the cells that were asked for, and any text of the hidden tests in
 a message is removed before it can reach a feedback page.
