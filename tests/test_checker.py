@@ -232,6 +232,45 @@ def test_a_process_that_dies_or_hangs_fails_the_call_not_the_checker():
         code.close()
 
 
+def test_every_student_process_runs_one_torch_thread_after_the_checkers_pool_ran():
+    """libgomp (torch's OpenMP pool) is not fork-safe: a process forked after the checker's pool ran waited for good
+    at its first parallel region (CI, once). The server and a child forked for one call each start with one torch
+    thread and finish work the pool would have split; were one to hang, the call's deadline fails it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert (torch.ones(256, 256) @ torch.ones(256, 256))[0, 0] == 256 and torch.ones(1 << 20).exp().sum() > 0
+        function, code = stand_in(  # the pool has run above; each student process below runs the same work
+            "import torch\ndef f(n):\n    threads = torch.get_num_threads()\n"
+            "    product = (torch.ones(n, n) @ torch.ones(n, n))[0, 0].item()\n"
+            "    return threads, product, torch.ones(1 << 20).exp().sum().item() > 0\n",
+            "f",
+            {"torch": torch},
+            timeout_s=30.0,
+        )
+        try:
+            assert function(256) == (1, 256.0, True)  # the server
+            assert code.run("f", lambda f: f(256)) == (1, 256.0, True)  # a child forked for the call
+        finally:
+            code.close()
+        assert torch.get_num_threads() == 2  # the checker's own setting is its own
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_a_checker_without_torch_forks_student_processes_without_it():
+    """The thread setting reads torch only where the checker had imported it: a student process of a checker that
+    never needed torch does not pay ~2 s to import it."""
+    import subprocess
+
+    probe = (
+        "import sys\nfrom course_lib.grading import children\n"
+        "print(children.run_in_child(lambda: 'torch' in sys.modules, 60))"  # the answer's decoding imports it after
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert result.stdout.split() == ["False"], result.stderr
+
+
 def test_a_signal_to_the_checker_from_the_students_process_is_not_a_timeout():
     solution = "import os, signal\ndef f(x):\n    os.kill(os.getppid(), signal.SIGALRM)\n    return x\n"
     verdict = run_cell("assert f(3) == 3\nassert f(4) == 4", solution, ["f"])

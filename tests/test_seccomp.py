@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from course_lib.grading import landlock, seccomp
+from course_lib.grading import children, landlock, seccomp
 
 needs_seccomp = pytest.mark.skipif(
     not sys.platform.startswith("linux") or platform.machine() not in seccomp.ARCHITECTURES,
@@ -46,24 +46,10 @@ def _confine() -> dict:
 
 
 def _in_child(work) -> dict:
-    """work() in a forked child; its dict back through a pipe (a crash comes back as its status)."""
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        status = 0
-        try:
-            os.close(read)
-            os.write(write, json.dumps(work()).encode())
-        except BaseException as error:  # noqa: BLE001 - the test reads it
-            os.write(write, json.dumps({"error": repr(error)}).encode())
-            status = 1
-        finally:
-            os._exit(status)
-    os.close(write)
-    with os.fdopen(read, "rb") as answer:
-        data = answer.read()
-    _, status = os.waitpid(pid, 0)
-    return json.loads(data) if data else {"status": status}
+    """work() in a student process forked as the checker forks one (its own process group, one torch thread: a
+    process forked after this worker's OpenMP pool ran, in any earlier test, would hang at its first parallel
+    region); its dict back as data, its exception raised here, a hang failed at the deadline."""
+    return children.run_in_child(work, timeout_s=120.0)
 
 
 def _hands_on(target: int) -> dict:
@@ -173,14 +159,11 @@ def _square(x: int) -> int:
 
 @needs_seccomp
 def test_ordinary_code_runs_under_the_filter():
-    """torch, multiprocessing by fork and by spawn (a fresh interpreter: exec keeps the filter). One torch thread in
-    the forked child: a child forked after this worker's OpenMP pool has run (any earlier test) hangs at its first
-    parallel region, filter or not."""
+    """torch, multiprocessing by fork and by spawn (a fresh interpreter: exec keeps the filter)."""
     import torch
 
     def work() -> dict:
         confined = _confine()
-        torch.set_num_threads(1)
         product = (torch.ones(64, 64) @ torch.ones(64, 64)).sum().item()
         results = {}
         for method in ("fork", "spawn"):
@@ -269,7 +252,6 @@ def test_multi_rank_runs_work_from_a_confined_process(tmp_path):
             "landlock": landlock.confine([str(tmp_path), "/dev"], [], grants=["/"], scope_signals=True),
             "seccomp": seccomp.protect_others(),
         }
-        torch.set_num_threads(1)  # a forked child of a worker whose OpenMP pool has run: no parallel region
         ranks = call_on_ranks(_sum_over_ranks, [(torch.ones(2),), (2 * torch.ones(2),)])
         ring = ring_attention_on_ranks(q, k, v, 2, block_size=4)
         out, lse = reference_attention(q, k, v, True)

@@ -1,9 +1,10 @@
 """Processes the checker forks for the student's code, and the pipes their answers come back through.
 
-A student process is forked (`fork_student_process`: ProcessRefused when the system refuses), moves into a
-process group of its own, keeps no descriptor of the checker's but its answer pipe (`close_inherited`), and is
-killed with whatever it started when its call ends (`end_child`; as the sandbox's first process the checker kills
-every other process there, `kill_all_others`). Answers are read against a deadline: a call that runs past it, or
+A student process is forked (`fork_student_process`: ProcessRefused when the system refuses; it starts with one
+torch thread, since torch's OpenMP pool does not survive a fork), moves into a process group of its own, keeps no
+descriptor of the checker's but its answer pipe (`close_inherited`), and is killed with whatever it started when
+its call ends (`end_child`; as the sandbox's first process the checker kills every other process there,
+`kill_all_others`). Answers are read against a deadline: a call that runs past it, or
 ends without answering, raises StudentProcessEnded.
 """
 
@@ -13,6 +14,7 @@ import contextlib
 import os
 import select
 import signal
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -44,11 +46,33 @@ REFUSED_HINT = "other processes of the grading user filled its task limit?"  # w
 
 
 def fork_student_process() -> int:
-    """os.fork() for a student process; ProcessRefused when the system refuses (EAGAIN, ENOMEM)."""
+    """os.fork() for a student process, which starts with one torch thread (`one_torch_thread`); ProcessRefused
+    when the system refuses (EAGAIN, ENOMEM)."""
     try:
-        return os.fork()
+        pid = os.fork()
     except OSError as error:
         raise ProcessRefused(f"the system would not start a student process ({error.strerror or error})") from None
+    if pid == 0:
+        one_torch_thread()
+    return pid
+
+
+def one_torch_thread() -> None:
+    """In a process just forked: one torch thread (OpenMP, MKL), where the checker had imported torch.
+
+    libgomp, torch's OpenMP pool, is not fork-safe: a process forked after its parent's pool had run waits for good
+    at its first parallel region for pool threads that the fork did not copy (the seccomp tests' forked children
+    hung so in CI). With one thread no region starts the pool, in this process or in the ranks it forks. torch's
+    inter-op pool (`torch.jit.fork` in scripted code) cannot be set again once it exists (set_num_interop_threads
+    refuses); no code of the checker's starts it, so a student process starts its own. A checker without torch
+    keeps none: importing it here would cost the process ~2 s."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    # this is the forked copy of the checker's code: an exception must not run on into it (at worst the process
+    # hangs as before, and the call's deadline ends it)
+    with contextlib.suppress(Exception):
+        torch.set_num_threads(1)
 
 
 def close_inherited(keep: tuple[int, ...]) -> None:
