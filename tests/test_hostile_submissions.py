@@ -1120,6 +1120,15 @@ def _host_ipython() -> set[str]:
     return _names(Path.home() / ".ipython", Path("/root/.ipython"))
 
 
+def _default_ipython_profile() -> None:
+    """Create the default IPython profile, as the first kernel started on this machine does: `course check` in a
+    parallel test starts one with the real HOME, and its profile must not read as something a submission planted."""
+    from IPython.core.profiledir import ProfileDir
+    from IPython.paths import get_ipython_dir
+
+    ProfileDir.create_profile_dir_by_name(get_ipython_dir(), "default")
+
+
 def _hidden_secrets(source: nbformat.NotebookNode, release: nbformat.NotebookNode) -> list[str]:
     """Every line of the hidden tests (between the markers) of >= 12 characters, stripped, that the release
     notebook (what the student has) does not show."""
@@ -1167,6 +1176,7 @@ def hostile(tmp_path_factory):
         root / "nbgrader_config.py",
         root / "course.json",
     ]
+    _default_ipython_profile()
     before = {
         "course": _hashes(*course_files),
         "package": _hashes(PACKAGE, skip_pycache=True),
