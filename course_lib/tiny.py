@@ -15,7 +15,7 @@ import torch
 __all__ = ["MODEL_ID", "SHIPPED_CONFIGS", "load_model_config", "hf_config", "tiny_qwen2"]
 
 MODEL_ID = "Qwen/Qwen2.5-0.5B"
-SHIPPED_CONFIGS = ("tiny-qwen2", "Qwen2.5-0.5B", "Qwen3-0.6B", "Qwen3-8B")
+SHIPPED_CONFIGS = ("tiny-qwen2", "course-rope", "Qwen2.5-0.5B", "Qwen3-0.6B", "Qwen3-8B")
 
 
 def load_model_config(name: str) -> dict[str, Any]:
