@@ -11,6 +11,7 @@ package holds what a chapter or a benchmark uses to show them at work:
     memory      bytes autograd saves for backward, CUDA peaks, the logits' memory table
     configs     random attention shapes and cache precisions for checking the capacity arithmetic
     standins    models that retrieve by rule (all, a recent window, not the middle, not past a length): known maps
+    ropemodel   the course's RoPE model trained on retrieval, its training loop and the RoPE-scaling study
     gpu         the GPU workloads, their runner and their report (`python -m course_lib.lab.gpu.runner`)
 
 The chapters import these names from `course_lib` too, which re-exports them.
@@ -23,5 +24,7 @@ from pathlib import Path
 from .._exports import lazy_exports
 
 __getattr__, __dir__ = lazy_exports(
-    __name__, Path(__file__).parent, ("padding", "leaks", "gradients", "context", "memory", "configs", "standins")
+    __name__,
+    Path(__file__).parent,
+    ("padding", "leaks", "gradients", "context", "memory", "configs", "standins", "ropemodel"),
 )
