@@ -43,6 +43,8 @@ EXCLUDED = {
     "hardware_names",
     "tiny_qwen2",
     "hf_config",
+    # fine-tunes and evaluates five models per call (a minute); tests/test_ropemodel.py checks its arguments
+    "rope_scaling_study",
 }
 # The first parameter of these is a real object the fuzz does not vary.
 FIXED_FIRST = {
@@ -67,6 +69,10 @@ FIXED_FIRST = {
     "model_logits": "model",
     "needle_report": "model",
     "loss_by_position": "model",
+    "answer_loss": "model",
+    "retrieval_accuracy": "model",
+    "write_rope_frequencies": "rope_model",  # these two change the model: not the one the others share
+    "train_on_retrieval": "rope_model",
 }
 
 # Raised by the environment, not the input: peak_cuda_memory reads CUDA's peak-memory counters, so on a machine
@@ -123,6 +129,7 @@ def fixed_objects():
     return {
         "tokenizer": course_lib.load_course_tokenizer(),
         "model": course_lib.tiny_qwen2(),
+        "rope_model": course_lib.tiny_qwen2(),
         "function": lambda *args: torch.ones(2, requires_grad=True).sum(),
     }  # a scalar with a graph
 
@@ -452,6 +459,36 @@ def valid_calls(fixed_objects, tmp_path_factory):
     return {
         **_valid_calls(fixed_objects["tokenizer"], fixed_objects["model"]),
         "plot_needle_map": ((report, figure), {}),
+        **_valid_rope_model_calls(fixed_objects["model"], fixed_objects["rope_model"]),
+    }
+
+
+def _valid_rope_model_calls(model, rope_model):
+    """Valid calls of the course RoPE model's instruments (course_lib.lab.ropemodel), on the tiny Qwen2."""
+    batch = course_lib.retrieval_training_batch(16, 2, torch.Generator().manual_seed(0))
+    return {
+        "new_course_rope_model": ((), {}),
+        "load_course_rope_model": ((), {}),
+        "rope_parameters_for": (("yarn", 2.0), {}),
+        "course_rope_frequencies": (("dynamic", 2.0), {}),
+        "write_rope_frequencies": ((rope_model, rope_model.model.rotary_emb.inv_freq.clone()), {}),
+        "retrieval_training_batch": ((16, 2, torch.Generator().manual_seed(0)), {}),
+        "answer_loss": ((model, batch), {}),
+        "warmup_cosine_lr": ((3, 10, 1e-3, 2), {}),
+        "train_on_retrieval": ((rope_model, [(16, 1)]), {"batch_size": 2}),
+        "retrieval_accuracy": ((model, [16]), {"samples_per_cell": 1}),
+        "format_rope_study": (
+            (
+                {
+                    "methods": ["none"],
+                    "lengths": [8],
+                    "finetune_length": 16,
+                    "zero_shot": {"none": [1.0]},
+                    "fine_tuned": {"none": [0.5]},
+                },
+            ),
+            {},
+        ),
     }
 
 

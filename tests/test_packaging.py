@@ -23,6 +23,7 @@ pytestmark = pytest.mark.slow
 MUST_SHIP = [
     "course_lib/data/tokenizer/",
     "course_lib/data/configs/Qwen2.5-0.5B.json",
+    "course_lib/data/models/course-rope/model.safetensors",
     "course_lib/data/environments/profiles.json",
     "course_lib/data/environments/PT-SFT-CUDA/requirements.txt",
     "course_lib/data/hardware.json",
@@ -48,6 +49,8 @@ assert pathlib.Path(course_lib.lab.gpu.workloads.__file__).resolve().is_relative
 ids = render_chat(load_course_tokenizer(), [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}])
 assert len(ids["input_ids"]) > 4
 assert tiny_qwen2().config.vocab_size == 2048
+from course_lib import load_course_rope_model
+assert load_course_rope_model().config.hidden_size == 128  # the checkpoint, read from the installed package data
 assert {"BASE-CPU", "PT-CPU", "PT-SFT-CUDA"} <= set(load_profiles())
 from course_lib.lab.gpu.records import reference_record
 assert reference_record("logit-memory", "h200-2026-11-29")["hardware"]["gpu_name"] == "NVIDIA H200"

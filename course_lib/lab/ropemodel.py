@@ -27,9 +27,13 @@ import torch
 
 from .._checks import (
     _shown,
+    require_causal_lm,
     require_int,
+    require_keys,
+    require_lengths,
     require_optional_positive_int,
     require_positive_int,
+    require_ratio,
     require_real,
     require_seed,
     require_sequence,
@@ -119,10 +123,14 @@ def new_course_rope_model(seed: int = 0, rope_parameters: dict | None = None):
     from transformers import Qwen2ForCausalLM
 
     seed = require_seed("seed", seed)
-    config = _config(rope_parameters)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return Qwen2ForCausalLM(config)
+        try:
+            return Qwen2ForCausalLM(_config(rope_parameters))
+        except (KeyError, TypeError, ValueError) as error:  # transformers' own checks of the rope fields
+            raise ValueError(
+                f"rope_parameters {_shown(rope_parameters)} are refused by transformers: {error}"
+            ) from error
 
 
 def load_course_rope_model(rope_parameters: dict | None = None):
@@ -218,13 +226,30 @@ def retrieval_training_batch(length: int, batch_size: int, generator: torch.Gene
 def answer_loss(model, batch: dict) -> torch.Tensor:
     """Mean cross-entropy of the answer: input_ids, labels [B, T] -> a scalar; the answer is the last token, read from
     the logits at T - 2 (only the last two positions' logits are computed)."""
-    logits = model(input_ids=batch["input_ids"], logits_to_keep=2, use_cache=False).logits[:, 0]  # [B, V]
-    return torch.nn.functional.cross_entropy(logits, batch["labels"][:, -1])
+    vocab = require_causal_lm(model).num_embeddings
+    require_keys("batch", batch, ("input_ids", "labels"))
+    ids = require_tensor("batch['input_ids']", batch["input_ids"], ndim=2, dtype_kind="i", minimum=0, maximum=vocab - 1)
+    labels = require_tensor("batch['labels']", batch["labels"], ndim=2, dtype_kind="i")
+    if labels.shape != ids.shape or ids.shape[1] < 2 or ids.shape[0] < 1:
+        raise ValueError(
+            f"batch's input_ids and labels must be one [B, T] shape, T >= 2, got {tuple(ids.shape)} and "
+            f"{tuple(labels.shape)}"
+        )
+    answers = labels[:, -1].long()  # [B]
+    if bool(((answers < 0) | (answers >= vocab)).any()):
+        raise ValueError(f"batch['labels'][:, -1] must be token ids below {vocab}, got {answers.tolist()[:8]}")
+    logits = model(input_ids=ids.long(), logits_to_keep=2, use_cache=False).logits[:, 0]  # [B, V], read at T - 2
+    return torch.nn.functional.cross_entropy(logits, answers)
 
 
 def warmup_cosine_lr(step: int, total_steps: int, peak: float, warmup_steps: int, floor: float = 0.1) -> float:
     """The learning rate of step (0-based): linear warmup to `peak` over warmup_steps, then a cosine to floor * peak
     at the last step."""
+    total_steps = require_positive_int("total_steps", total_steps)
+    step = require_int("step", step, minimum=0, maximum=total_steps - 1)
+    peak = require_real("peak", peak, minimum=0.0)
+    warmup_steps = require_int("warmup_steps", warmup_steps, minimum=0, maximum=total_steps)
+    floor = require_real("floor", floor, minimum=0.0, maximum=1.0)
     if step < warmup_steps:
         return peak * (step + 1) / warmup_steps
     progress = (step - warmup_steps) / max(1, total_steps - 1 - warmup_steps)  # 0 .. 1
@@ -262,9 +287,9 @@ def train_on_retrieval(
     model,
     schedule,
     *,
-    batch_size: int,
-    lr: float,
-    seed: int,
+    batch_size: int = 32,
+    lr: float = 1e-3,
+    seed: int = 0,
     warmup_steps: int = 0,
     weight_decay: float = 0.0,
     max_grad_norm: float = 1.0,
@@ -276,6 +301,8 @@ def train_on_retrieval(
     over all the schedule's steps, the answer's cross-entropy, gradients clipped to max_grad_norm. Batches come from
     one generator seeded by `seed`; `stop_after` runs only the schedule's first steps (the same data and rates).
     Returns the per-step losses; leaves the model in eval mode."""
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(f"model must be a transformers causal LM (a torch.nn.Module), got {_shown(model)}")
     stages = _check_schedule(schedule)
     batch_size, seed = require_positive_int("batch_size", batch_size), require_seed("seed", seed)
     lr = require_real("lr", lr, minimum=0.0, strict_minimum=True)
@@ -305,7 +332,12 @@ def train_on_retrieval(
 
 
 def retrieval_accuracy(
-    model, lengths, *, samples_per_cell: int, depths=ROPE_STUDY_DEPTHS, seed: int = 0
+    model,
+    lengths,
+    *,
+    samples_per_cell: int = ROPE_STUDY_BUDGET["samples_per_cell"],
+    depths=ROPE_STUDY_DEPTHS,
+    seed: int = 0,
 ) -> list[float]:
     """Retrieval accuracy at each length, averaged over `depths` (needle_report's cells, samples_per_cell each)."""
     report = needle_report(model, lengths, depths, samples_per_cell, seed=seed)
@@ -377,11 +409,17 @@ def rope_scaling_study(
 
 def format_rope_study(study: dict) -> str:
     """The study as a text table: one row per method, accuracy zero-shot and fine-tuned at each length."""
-    lengths = study["lengths"]
+    require_keys("study", study, ("methods", "lengths", "finetune_length", "zero_shot", "fine_tuned"))
+    lengths = require_lengths("study['lengths']", study["lengths"], minimum=1, allow_empty=False)
     head = " | ".join(f"{length:>5}" for length in lengths)
     lines = [f"{'method':<8} | zero-shot at {head} | fine-tuned at {study['finetune_length']}: {head}"]
-    for method in study["methods"]:
-        zero = " | ".join(f"{value:5.2f}" for value in study["zero_shot"][method])
-        tuned = " | ".join(f"{value:5.2f}" for value in study["fine_tuned"][method])
-        lines.append(f"{method:<8} |              {zero} |                   {tuned}")
+    for method in require_sequence("study['methods']", study["methods"], allow_empty=False):
+        cells = []
+        for part in ("zero_shot", "fine_tuned"):
+            require_keys(f"study['{part}']", study[part], (method,))
+            row = require_sequence(f"study['{part}'][{method!r}]", study[part][method])
+            if len(row) != len(lengths):
+                raise ValueError(f"study['{part}'][{method!r}] must hold {len(lengths)} accuracies, got {len(row)}")
+            cells.append(" | ".join(f"{require_ratio(f'study[{part!r}]', value):5.2f}" for value in row))
+        lines.append(f"{str(method):<8} |              {cells[0]} |                   {cells[1]}")
     return "\n".join(lines)
