@@ -157,7 +157,7 @@ def test_a_small_study_reports_every_method_at_every_length():
 def test_the_study_at_its_budget_shows_the_chapters_effects():
     """The chapter's live study (about a minute on 2 cores): unscaled RoPE fails past the trained length, every
     scaling method reads 2x zero-shot, and only dynamic NTK, which rescales to the length it is given, keeps reading
-    at 4x after a fine-tune at 2x. Thresholds leave room for the study's 50 samples per length."""
+    at 4x after a fine-tune at 2x. Thresholds leave room for the study's 100 samples per length."""
     study = rope_scaling_study()
     zero, tuned = study["zero_shot"], study["fine_tuned"]
     assert zero["none"][0] >= 0.95 and zero["none"][1] <= 0.1 and zero["none"][2] <= 0.1

@@ -84,10 +84,10 @@ _ROPE_TYPES = {"none": "default", "linear": "linear", "dynamic": "dynamic", "yar
 _LLAMA3_BANDS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0}  # Llama 3.1's own
 ROPE_STUDY_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 ROPE_STUDY_BUDGET = {  # rope_scaling_study's defaults: the whole study in about a minute on 2 CPU cores
-    "finetune_steps": 20,
+    "finetune_steps": 30,
     "finetune_batch_size": 16,
     "finetune_lr": 1e-3,
-    "samples_per_cell": 10,
+    "samples_per_cell": 20,
 }
 
 
