@@ -192,6 +192,10 @@ BAD = [
     (lambda: train_on_retrieval(new_course_rope_model(), [(16, 1)], batch_size=2, lr=1e-3, seed=2**64), "seed"),
     (lambda: rope_scaling_study(["none", "ntk"]), "method"),
     (lambda: rope_scaling_study(multiples=[]), "multiples"),
+    (lambda: rope_scaling_study(finetune_steps=0), "finetune_steps"),
+    (lambda: rope_scaling_study(depths=[0.5, 2.0]), "depths"),
+    (lambda: rope_scaling_study(seed=-1), "seed"),
+    (lambda: format_rope_study({"methods": ["none"]}), "study"),
 ]
 
 

@@ -367,32 +367,27 @@ def rope_scaling_study(
     factor = require_real("factor", factor, minimum=1.0)
     multiples = require_sequence("multiples", multiples, allow_empty=False)
     lengths = [
-        round(require_real(f"multiples[{i}]", m, minimum=0.0, strict_minimum=True) * COURSE_ROPE_TRAINED_LENGTH)
-        for i, m in enumerate(multiples)
+        round(
+            require_real(f"multiples[{index}]", multiple, minimum=0.0, strict_minimum=True) * COURSE_ROPE_TRAINED_LENGTH
+        )
+        for index, multiple in enumerate(multiples)
     ]
+    settings = {  # checked before the first model is loaded
+        "finetune_steps": require_positive_int("finetune_steps", finetune_steps),
+        "finetune_batch_size": require_positive_int("finetune_batch_size", finetune_batch_size),
+        "finetune_lr": require_real("finetune_lr", finetune_lr, minimum=0.0, strict_minimum=True),
+        "samples_per_cell": require_positive_int("samples_per_cell", samples_per_cell),
+        "depths": [require_ratio(f"depths[{i}]", depth) for i, depth in enumerate(require_sequence("depths", depths))],
+        "seed": require_int("seed", seed, minimum=0, maximum=2**63 - 2),  # the fine-tune's data: seed + 1
+    }
+    threads = require_optional_positive_int("threads", threads)
     finetune_length = round(factor * COURSE_ROPE_TRAINED_LENGTH)
-    settings = {
-        "finetune_steps": finetune_steps,
-        "finetune_batch_size": finetune_batch_size,
-        "finetune_lr": finetune_lr,
-        "samples_per_cell": samples_per_cell,
-        "depths": list(depths),
-        "seed": seed,
-    }
-    study = {
-        "methods": methods,
-        "lengths": lengths,
-        "factor": factor,
-        "finetune_length": finetune_length,
-        "zero_shot": {},
-        "fine_tuned": {},
-        "finetune_losses": {},
-        "settings": settings,
-    }
+    study = {"methods": methods, "lengths": lengths, "factor": factor, "finetune_length": finetune_length}
+    study.update(zero_shot={}, fine_tuned={}, finetune_losses={}, settings=settings)
+    measure = {"samples_per_cell": samples_per_cell, "depths": settings["depths"], "seed": seed}
     with _torch_threads(threads):
         for method in methods:
             model = load_course_rope_model(rope_parameters_for(method, factor))
-            measure = {"samples_per_cell": samples_per_cell, "depths": depths, "seed": seed}
             study["zero_shot"][method] = retrieval_accuracy(model, lengths, **measure)
             study["finetune_losses"][method] = train_on_retrieval(
                 model,
