@@ -292,6 +292,7 @@ def _depths(depths: object) -> list[float]:
 
 def length_seed(seed: int, length: int) -> int:
     """The seed of one length's samples: a hash of (seed, length), so a cell does not depend on the other lengths."""
+    seed, length = require_seed("seed", seed), require_positive_int("length", length)
     return int.from_bytes(hashlib.sha256(f"{seed}/{length}".encode()).digest()[:8], "little") >> 1
 
 
@@ -391,6 +392,8 @@ def check_position_loss_inputs(input_ids, bins, labels=None) -> tuple[torch.Tens
 
 def check_label_ids(targets: torch.Tensor, vocab_size: int) -> None:
     """Refuses targets that are neither -100 nor an id below the model's vocab_size logits."""
+    targets = require_tensor("labels", targets, dtype_kind="i")
+    vocab_size = require_positive_int("vocab_size", vocab_size)
     scored = targets != IGNORE_INDEX
     if bool(((targets < 0) & scored).any()) or bool((targets >= vocab_size).any()):
         raise ValueError(f"labels must be -100 or token ids below the model's {vocab_size} logits")

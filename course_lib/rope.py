@@ -111,6 +111,7 @@ def check_scaling_arguments(
 ) -> tuple[int, float, float, int]:
     """The arguments of the methods that know the trained length L, checked: (rotary_dim, base, factor,
     original_max_position) as Python numbers; a ValueError names a field out of range."""
+    minimum_dim = require_positive_int("minimum_dim", minimum_dim)
     dim, base, factor = _check_dim(rotary_dim, minimum_dim), _check_base(base), _check_factor(factor)
     return dim, base, factor, require_positive_int("original_max_position", original_max_position)
 

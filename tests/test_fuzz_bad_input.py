@@ -306,7 +306,9 @@ def _valid_rope_calls():
         "linear_inv_freq": ((16, 1e4, 2.0), {}),
         "ntk_scaled_base": ((16, 1e4, 2.0), {}),
         "ntk_inv_freq": ((16, 1e4, 2.0), {}),
-        "dynamic_ntk_factor": ((2.0, 64), {"seq_len": 100}),
+        "check_scaling_arguments": ((16, 1e4, 2.0, 64), {}),
+        "apply_rope": ((torch.ones(1, 4, 8), torch.arange(4), inv_freq), {}),
+        "check_rope_inputs": ((torch.ones(1, 4, 8), torch.arange(4), inv_freq), {}),
         "dynamic_ntk_inv_freq": ((16, 1e4, 2.0, 64), {"seq_len": 100}),
         "yarn_attention_factor": ((4.0,), {}),
         "pair_index_for_turns": ((16, 1e4, 64, 1.0), {}),
@@ -330,6 +332,8 @@ def _valid_longeval_calls(model):
         "model_logits": ((model, torch.tensor([[1, 2, 3]])), {}),
         "needle_report": ((model, [16], [0.0, 1.0], 1), {}),
         "loss_by_position": ((model, torch.tensor([[1, 2, 3, 4]])), {"bins": 2}),
+        "check_needle_arguments": ((model, [16], [0.0, 1.0], 1), {}),
+        "check_position_loss_inputs": ((torch.tensor([[1, 2, 3, 4]]), 2), {}),
     }
 
 
@@ -357,6 +361,10 @@ def _valid_required_only_calls(tokenizer, model, packed, batch):
     }
     logp = torch.zeros(packed["ids"].shape)
     return {
+        "check_label_ids": ((torch.tensor([[1, -100]]), 8), {}),
+        "check_llama3_bands": ((1.0, 4.0), {}),
+        "length_seed": ((0, 16), {}),
+        "positions_per_radian": ((16, 1e4), {}),
         "assign_bucket": ((5, 64), {}),
         "assign_buckets": (([5, 9], 64), {}),
         "balanced_partition": (([3, 2, 5], 2), {}),
