@@ -88,6 +88,10 @@ print(f"simulated: {draws.all(dim=1).float().mean():.1%} of 100,000 groups of 8 
 # | `failed_runs` | failed runs of the candidate | above `max_failed_runs` |
 # | `peak_memory_budget`, `cost_budget` | peak memory (GB), cost per supervised token | either above its budget |
 #
+# The long-context score is the share of retrieval questions answered right at the stage's target length: chapter
+# 12 builds the harness that measures it (a needle-in-a-haystack map, averaged over needle depths) and shows what
+# it says about a model run past its trained length. The short-context score is the same at the baseline's length.
+#
 # Each gate holds the stage on its own, and the decision names every gate that failed. Why not one weighted score?
 # Because a weighted total lets a long-context gain buy back a short-context regression and has no term at all for
 # a budget mismatch or a NaN; section 3 shows it on LCFT's candidates, once your gates are written.
