@@ -94,7 +94,7 @@ def test_suite_with_no_workloads_measures_nothing_and_fetches_nothing_stray(tmp_
 
 @pytest.mark.skipif(shutil.which("bash") is None or not is_git_checkout(), reason="needs bash and a checkout")
 def test_chapters_all_runs_every_chapter_it_finds_and_names_the_missing(tmp_path):
-    """CHAPTERS=all (issue 20's every chapter on a GPU machine): each of the eleven chapters in order, run or named as
+    """CHAPTERS=all (issue 20's every chapter on a GPU machine): each of the twelve chapters in order, run or named as
     missing (here only chapter 2 is built), the chapters without GPU cells in their default mode; a number that is no
     chapter is refused before anything runs."""
     repo = tmp_path / "repo"
@@ -107,22 +107,22 @@ def test_chapters_all_runs_every_chapter_it_finds_and_names_the_missing(tmp_path
         ["bash", "benchmarks/run_gpu_suite.sh", LABEL], cwd=repo, env=env, capture_output=True, text=True, timeout=300
     )
     log = (out / "suite.log").read_text()
-    assert done.returncode == 1, log  # ten chapters are missing
+    assert done.returncode == 1, log  # eleven chapters are missing
     sections = [line for line in log.splitlines() if line.startswith("== chapter ")]
-    assert [line.split(":")[0] for line in sections] == [f"== chapter {n}" for n in range(1, 12)], sections
+    assert [line.split(":")[0] for line in sections] == [f"== chapter {n}" for n in range(1, 13)], sections
     assert sections[1].startswith("== chapter 2: 02_templates_and_labels.ipynb (") and "real_gpu" not in sections[1]
-    assert sum("no instructor notebook" in line for line in sections) == 10
+    assert sum("no instructor notebook" in line for line in sections) == 11
     assert log.count("code cells ran") == 1
     refused = subprocess.run(
         ["bash", "benchmarks/run_gpu_suite.sh", LABEL],
         cwd=repo,
-        env={**env, "CHAPTERS": "02 12"},
+        env={**env, "CHAPTERS": "02 13"},
         capture_output=True,
         text=True,
         timeout=180,
     )
-    assert refused.returncode == 2 and "refused: CHAPTERS=02 12: 12 is not a chapter" in refused.stderr, refused.stderr
-    assert "CHAPTERS=02 12" not in (out / "suite.log").read_text()  # refused before the log
+    assert refused.returncode == 2 and "refused: CHAPTERS=02 13: 13 is not a chapter" in refused.stderr, refused.stderr
+    assert "CHAPTERS=02 13" not in (out / "suite.log").read_text()  # refused before the log
 
 
 @pytest.mark.skipif(shutil.which("bash") is None or not is_git_checkout(), reason="needs bash and a checkout")

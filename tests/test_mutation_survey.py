@@ -31,7 +31,7 @@ def notebooks(tmp_path_factory):
 
 
 def test_every_chapter_is_surveyed(notebooks):
-    assert sorted(notebooks) == CHAPTERS and len(CHAPTERS) == 11
+    assert sorted(notebooks) == CHAPTERS and len(CHAPTERS) == 12
     assert set(EQUIVALENT) <= set(CHAPTERS), sorted(set(EQUIVALENT) - set(CHAPTERS))
 
 

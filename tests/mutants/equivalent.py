@@ -326,4 +326,53 @@ EQUIVALENT: dict[str, dict[str, str]] = {
         "ring_bytes_received_per_rank | ring_bytes_received_per_rank = (8 - 1) * (131_072 // 8) * 8 * 128 * 2 * 2 "
         "| constant: 131072 -> 131073": "131,073 // 8 is 16,384 as 131,072 // 8 is",
     },
+    "12_longer_than_trained": {
+        "apply_rope | angles = positions[..., None].float() * inv_freq.float() | call: .float() dropped": (
+            "positions are integers: times a float32 inv_freq they become float32 anyway"
+        ),
+        "apply_rope | angles = positions[..., None].float() * inv_freq.float() | call: .float() dropped #2": (
+            "inv_freq is float32 in every test, and wider angles are allowed (the tests' tolerance covers fp32 "
+            "rounding of the angle)"
+        ),
+        "apply_rope | half = inv_freq.shape[0] | constant: 0 -> -1": "inv_freq is 1-D: shape[-1] is shape[0]",
+        **{
+            "llama3_inv_freq | long_wave, short_wave = wavelength > trained / low_freq_factor, wavelength < trained "
+            f"/ high_freq_factor | edge: {edge}": (
+                "the rule is continuous at both bounds (the blend's weight is 0 and 1 there), so a wavelength exactly "
+                "on a bound gets the same frequency from either side"
+            )
+            for edge in ("< -> <=", "> -> >=")
+        },
+        'loss_by_position | logits.transpose(1, 2), targets.where(scored, 0), reduction="none" | constant: 0 -> 1': (
+            "the id put in place of an ignored target only fills a slot whose loss is masked out"
+        ),
+        **{
+            'loss_by_position | return {"edges": edges, "loss": (sums / counts).tolist(), "tokens": counts.tolist()} '
+            f"| call: .tolist() dropped{suffix}": HELD_ELSEWHERE.replace("numpy int64 or bool, a 0-d tensor", "tensor")
+            for suffix in ("", " #2")
+        },
+        "loss_by_position | sums = (losses.where(scored, 0.0).double()[:, None, :] * in_bin).sum((0, 2)) "
+        "| call: .double() dropped": (
+            "the sums in float32 instead of float64: the means agree to far below the tests' 1e-5, as any exact "
+            "float strategy may"
+        ),
+        "needle_report | correct.append(right.sum(-1).tolist()) | unary: - dropped": (
+            "right is [depths, samples]: its axis 1 is its axis -1"
+        ),
+        "needle_report | guesses = [model_logits(model, part, keep=2)[:, 0].argmax(-1) for part in ids.split(rows)] "
+        "| unary: - dropped": "the logits read are [rows, V]: their axis 1 is their axis -1",
+        **{
+            f"qwen_last_kept_pair | qwen_last_kept_pair = math.floor(64 * math.log(32768 / (2 * math.pi * 32)) / "
+            f"(2 * math.log(1e6))) | constant: {edit}": (
+                "the pair index is 11.80 before its floor: a constant one off moves it by less than the distance to "
+                "11 or 12, and the answer is the integer"
+            )
+            for edit in ("32 -> 31", "32 -> 33", "32768 -> 32767", "32768 -> 32769", "64 -> 63", "64 -> 65")
+        },
+        **{
+            "yarn_inv_freq | ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / width).clamp(0, 1) "
+            f"| {edit}": "the pair indices come out as the same float32 values: dim is even and / width promotes them"
+            for edit in ("arithmetic: // -> /", "keyword: dtype= dropped")
+        },
+    },
 }
