@@ -11,6 +11,7 @@ import multiprocessing
 import os
 import platform
 import resource
+import select
 import signal
 import struct
 import sys
@@ -45,11 +46,39 @@ def _confine() -> dict:
     }
 
 
-def _in_child(work) -> dict:
-    """work() in a student process forked as the checker forks one (its own process group, one torch thread: a
-    process forked after this worker's OpenMP pool ran, in any earlier test, would hang at its first parallel
-    region); its dict back as data, its exception raised here, a hang failed at the deadline."""
-    return children.run_in_child(work, timeout_s=120.0)
+def _in_child(work, timeout_s: float = 120.0) -> dict:
+    """work() in a forked child with one torch thread (a process forked after this worker's OpenMP pool ran, in any
+    earlier test, would hang at its first parallel region), its dict back through a pipe; a crash comes back as its
+    status, a hang is killed and failed at the deadline. The child keeps its file descriptors (the checker's
+    run_in_child closes them, and multiprocessing's spawn in a pytest worker then failed with EBADF in CI)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        status = 0
+        try:
+            os.close(read)
+            children.one_torch_thread()
+            os.write(write, json.dumps(work()).encode())
+        except BaseException as error:  # noqa: BLE001 - the test reads it
+            os.write(write, json.dumps({"error": repr(error)}).encode())
+            status = 1
+        finally:
+            os._exit(status)
+    os.close(write)
+    chunks, deadline = [], time.monotonic() + timeout_s
+    with os.fdopen(read, "rb", buffering=0) as answer:
+        while select.select([answer], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            chunk = answer.read(65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        else:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail(f"the forked child gave no answer within {timeout_s:.0f} s")
+    _, status = os.waitpid(pid, 0)
+    data = b"".join(chunks)
+    return json.loads(data) if data else {"status": status}
 
 
 def _hands_on(target: int) -> dict:
