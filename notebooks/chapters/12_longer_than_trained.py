@@ -125,10 +125,10 @@ print(
 # %% [markdown]
 # Eleven of its 16 pairs turn fully within 128 positions, the slowest about a quarter of a turn (its wavelength is
 # 471 positions). At 512 positions every pair turns more than a whole turn: the model will see angles there that it
-# never saw. The base is chosen for that: with the usual 10000 at this head width, 10 of the 16 pairs would not turn
-# once even in 512 positions, positions past 128 would look much like positions within it, and there would be little
-# for a scaling method to fix (exercise 3 asks you to check). The figure shows the turns each pair made in training
-# against the turns 4x asks of it.
+# never saw. The base is chosen for that: with the usual 10000 at this head width, half of the 16 pairs would not
+# turn once even in 512 positions, positions past 128 would look much like positions within it, and there would be
+# little for a scaling method to fix (exercise 3 asks you to check). The figure shows the turns each pair made in
+# training against the turns 4x asks of it.
 
 # %%
 figure, axis = plt.subplots(figsize=(7, 3))
@@ -166,7 +166,7 @@ figure.tight_layout()
 #| solution: course_lib.rope.apply_rope
 
 # %% nbgrader={"grade": true, "solution": false, "grade_id": "test_apply_rope", "locked": true, "points": 2, "schema_version": 3}
-# Values: against transformers' own rotation (Qwen2's apply_rotary_pos_emb, cos and sin from its rotary layer).
+# Values: against transformers' own rotation (Qwen2's apply_rotary_pos_emb, on cos and sin of float32 angles).
 from transformers.models.qwen2.modeling_qwen2 import apply_rotary_pos_emb
 
 _t_gen = torch.Generator().manual_seed(0)
@@ -275,7 +275,7 @@ grading.assert_matches_reference(
 ### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "solution": false, "grade_id": "test_apply_rope__dtypes", "locked": true, "points": 1, "schema_version": 3}
-# Dtypes: bf16 and fp64 inputs come back in their own dtype, rotated as transformers rotates them.
+# Dtypes: bf16 and fp64 inputs come back in their own dtype (the hidden tests also compare their values).
 _t_x = torch.randn(1, 2, 4, 8, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16)
 _t_got = apply_rope(_t_x, torch.arange(4), default_inv_freq(8, 100.0)[0])
 assert _t_got.dtype == torch.bfloat16, f"a bf16 x must come back bf16, got {_t_got.dtype}"
@@ -419,7 +419,8 @@ grading.assert_matches_reference(dynamic_ntk_inv_freq, "dynamic_ntk_inv_freq", _
 # * `inv_freq` $[d/2]$ float32: $\theta'_i = \gamma_i\,\theta_i + (1 - \gamma_i)\,\theta_i / s$, where the ramp
 #   $\gamma_i$ is 1 up to the low end of `yarn_correction_range(...)` (the pairs that turn more than `beta_fast`
 #   times within $L$), 0 from its high end on, and linear in $i$ between the two ends. When the two ends coincide,
-#   the ramp is a step at that index: pairs below it keep $\theta_i$, pairs from it on are interpolated.
+#   the ramp is a step there: the pair at that index and those below it keep $\theta_i$, the pairs after it are
+#   interpolated.
 # * `attention_factor`: the one given, else `yarn_attention_factor(factor, mscale, mscale_all_dim)`
 #   ($0.1 \ln s + 1$; DeepSeek's ratio form when `mscale` and `mscale_all_dim` are given).
 #
@@ -636,9 +637,9 @@ grading.assert_matches_reference(llama3_inv_freq, "llama3_inv_freq", _t_cases, r
 #
 # 1. A model trained on 4,096 positions is extended to 32,768 with Position Interpolation. What **scale factor**
 #    $s$ does its config need? Bind it to `pi_factor_4k_to_32k`.
-# 2. Qwen2.5-0.5B's card extends it from 32,768 to 131,072 positions with YaRN at $s = 4$ (`beta_fast` 32,
-#    `beta_slow` 1, `truncate` on). Which is the **last pair index YaRN keeps exactly** ($\theta'_i = \theta_i$)?
-#    Bind it to `qwen_last_kept_pair`.
+# 2. Qwen3-8B (head dimension 128, base $10^6$) is extended from its native 32,768 positions to 131,072 with YaRN
+#    at $s = 4$ (`beta_fast` 32, `beta_slow` 1, `truncate` on). Which is the **last pair index YaRN keeps exactly**
+#    ($\theta'_i = \theta_i$)? Bind it to `qwen_last_kept_pair`.
 # 3. By what factor does YaRN multiply the **attention scores** $q \cdot k$ at $s = 4$ (both $q$ and $k$ carry the
 #    factor on $\cos$ and $\sin$)? Bind it to `yarn_score_scale_at_4`.
 #
@@ -662,7 +663,7 @@ grading.assert_answer(pi_factor_4k_to_32k, "pi_factor_4k_to_32k", 8.0, rtol=1e-9
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_qwen_last_kept_pair", "locked": false, "schema_version": 3}
 ### BEGIN SOLUTION
 # ramp starts where the turns within L equal 32: i = d ln(L / (2 pi 32)) / (2 ln b), floored; gamma_i = 1 up to it
-qwen_last_kept_pair = math.floor(64 * math.log(32768 / (2 * math.pi * 32)) / (2 * math.log(1e6)))
+qwen_last_kept_pair = math.floor(128 * math.log(32768 / (2 * math.pi * 32)) / (2 * math.log(1e6)))
 ### END SOLUTION
 
 # %% nbgrader={"grade": true, "solution": false, "grade_id": "test_qwen_last_kept_pair", "locked": true, "points": 1, "schema_version": 3}
@@ -671,8 +672,8 @@ from course_lib import grading
 assert qwen_last_kept_pair is not ..., "answer in the cell above: replace the ... with your number"
 assert grading.is_integer(qwen_last_kept_pair), f"a pair index is a whole number, got {qwen_last_kept_pair!r}"
 ### BEGIN HIDDEN TESTS
-# pair_index_for_turns(64, 1e6, 32768, 32) = 11.798, floored: the ramp is 0 at i = 11, so pairs 0..11 are kept
-grading.assert_answer(qwen_last_kept_pair, "qwen_last_kept_pair", 11)
+# pair_index_for_turns(128, 1e6, 32768, 32) = 23.596, floored: the ramp is 0 at i = 23, so pairs 0..23 are kept
+grading.assert_answer(qwen_last_kept_pair, "qwen_last_kept_pair", 23)
 ### END HIDDEN TESTS
 
 # %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_yarn_score_scale_at_4", "locked": false, "schema_version": 3}

@@ -290,9 +290,9 @@ MUTANTS = {
         "doublings": "pi_factor_4k_to_32k = 3\n",  # log2 of the ratio
     },
     "qwen_last_kept_pair": {
-        "first_fully_interpolated": "qwen_last_kept_pair = 20\n",  # the ramp's other end
-        "rounded_up": "qwen_last_kept_pair = 12\n",
-        "full_turn_pairs": "qwen_last_kept_pair = 19\n",  # the last pair that turns once within L
+        "first_fully_interpolated": "qwen_last_kept_pair = 40\n",  # the ramp's other end
+        "rounded_up": "qwen_last_kept_pair = 24\n",
+        "full_turn_pairs": "qwen_last_kept_pair = 39\n",  # the last pair that turns once within L
     },
     "yarn_score_scale_at_4": {
         "factor_once": "import math\n\nyarn_score_scale_at_4 = 0.1 * math.log(4) + 1\n",
@@ -384,6 +384,6 @@ ALTERNATIVES = {
     },
     "loss_by_position": {"bin_by_bin": _BIN_BY_BIN},
     "pi_factor_4k_to_32k": {"integer": "pi_factor_4k_to_32k = 8\n"},
-    "qwen_last_kept_pair": {"literal": "qwen_last_kept_pair = 11\n"},
+    "qwen_last_kept_pair": {"literal": "qwen_last_kept_pair = 23\n"},
     "yarn_score_scale_at_4": {"decimal": "yarn_score_scale_at_4 = 1.2965\n"},
 }

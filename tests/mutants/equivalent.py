@@ -362,12 +362,12 @@ EQUIVALENT: dict[str, dict[str, str]] = {
         "needle_report | guesses = [model_logits(model, part, keep=2)[:, 0].argmax(-1) for part in ids.split(rows)] "
         "| unary: - dropped": "the logits read are [rows, V]: their axis 1 is their axis -1",
         **{
-            f"qwen_last_kept_pair | qwen_last_kept_pair = math.floor(64 * math.log(32768 / (2 * math.pi * 32)) / "
+            f"qwen_last_kept_pair | qwen_last_kept_pair = math.floor(128 * math.log(32768 / (2 * math.pi * 32)) / "
             f"(2 * math.log(1e6))) | constant: {edit}": (
-                "the pair index is 11.80 before its floor: a constant one off moves it by less than the distance to "
-                "11 or 12, and the answer is the integer"
+                "the pair index is 23.60 before its floor: a constant one off moves it by less than the distance to "
+                "23 or 24, and the answer is the integer"
             )
-            for edit in ("32 -> 31", "32 -> 33", "32768 -> 32767", "32768 -> 32769", "64 -> 63", "64 -> 65")
+            for edit in ("32 -> 31", "32 -> 33", "32768 -> 32767", "32768 -> 32769", "128 -> 127", "128 -> 129")
         },
         **{
             "yarn_inv_freq | ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / width).clamp(0, 1) "
