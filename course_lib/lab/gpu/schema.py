@@ -12,7 +12,14 @@ from typing import Any
 SCHEMA_VERSION = "course-gpu-benchmark/v1"
 MODES = ("dry_run", "real_gpu", "cpu_smoke")
 DECISIONS = ("ready_to_measure", "accept_mechanism", "tune", "wiring_ok", "reject_until_fixed")
-MODEL_SOURCES = ("hub", "random_init_from_shipped_config", "tiny_qwen2_random_init", "injected", "not_loaded")
+MODEL_SOURCES = (
+    "hub",
+    "random_init_from_shipped_config",
+    "tiny_qwen2_random_init",
+    "shipped_checkpoint",  # trained weights that ship with the package (the course RoPE model)
+    "injected",
+    "not_loaded",
+)
 CPU_SMOKE_EVIDENCE = "cpu_smoke_wiring_only"
 LABEL_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
@@ -215,6 +222,29 @@ ROW_SCHEMAS: dict[str, dict[str, Any]] = {
                         }
                     )
                 ),
+            }
+        ),
+    },
+    "rope-scaling": {
+        "rope_lengths": Obj(
+            {
+                "method": OneOf("none", "linear", "dynamic", "yarn", "llama3"),
+                "factor": Nullable(NUMBER),  # null for none
+                "method_label": str,  # "none", "yarn_x2": the name the checks and targets use
+                "tokens": int,
+                # skipped: out of memory at a shorter T; over_time_budget: reached after the run's time budget
+                "status": OneOf("measured", "out_of_memory", "skipped", "over_time_budget"),
+                "samples_per_depth": int,
+                "correct_by_depth": Nullable(ListOf(int)),  # one count per depth of the parameters
+                "accuracy": Nullable(NUMBER),  # exact answers / samples, over every depth
+                "answer_token_accuracy": Nullable(NUMBER),
+                "finite_logits": Nullable(bool),
+                "median_forward_ms": Nullable(NUMBER),
+                "p95_forward_ms": Nullable(NUMBER),
+                **PEAKS,
+                # the rotary layer after the forwards at T against course_lib.rope's frequencies for the method
+                "inv_freq_max_relative_error": Nullable(NUMBER),
+                "attention_scaling_error": Nullable(NUMBER),
             }
         ),
     },
