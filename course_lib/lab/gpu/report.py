@@ -1,5 +1,5 @@
-"""Read GPU benchmark results: LCFT §5.3 / §5.4 tables (and the logit-memory / microbatch / tiled-attention
-tables), and figures.
+"""Read GPU benchmark results: LCFT §5.3 / §5.4 tables (and the logit-memory / microbatch / tiled-attention /
+rope-scaling tables), and figures.
 
     python -m course_lib.lab.gpu.report                              # every result under benchmarks/results
     python -m course_lib.lab.gpu.report FILE_OR_DIR ... --plots out/ # + the length curve, padding-vs-packing bars
@@ -25,6 +25,7 @@ __all__ = [
     "format_layout_rows",
     "format_logit_peaks",
     "format_attention_lengths",
+    "format_rope_accuracy",
     "plot_length_curve",
     "plot_packing_bars",
     "plot_packing_scale",
@@ -576,6 +577,77 @@ def _worst_error(errors: dict[str, float | None] | None) -> float | str | None:
     return "non-finite" if None in values else max(values)
 
 
+_ROPE_STATUS = {"out_of_memory": "OOM", "skipped": "skipped", "over_time_budget": "no time"}
+
+
+def format_rope_accuracy(record: dict[str, Any]) -> str:
+    """A rope-scaling record as a grid: one line per method, its accuracy at each T, a bar where T passes the trained
+    length L ("yarn_x2    |   1.00   1.00   0.92 |   0.83   0.75"); a T not measured says why (OOM, ...)."""
+    rows = record["measurements"].get("rope_lengths", [])
+    trained = record["workload"]["parameters"]["trained_length"]
+    lengths = sorted({r["tokens"] for r in rows})
+    cells = {(r["method_label"], r["tokens"]): r for r in rows}
+
+    def line(name: str, texts: list[str]) -> str:
+        inside = [text for tokens, text in zip(lengths, texts, strict=True) if tokens <= trained]
+        past = [text for tokens, text in zip(lengths, texts, strict=True) if tokens > trained]
+        return f"{name:<12}| " + " ".join(f"{t:>7}" for t in inside) + " | " + " ".join(f"{t:>7}" for t in past)
+
+    lines = [line("T", [str(tokens) for tokens in lengths])]
+    for label in dict.fromkeys(r["method_label"] for r in rows):
+        texts = []
+        for tokens in lengths:
+            row = cells.get((label, tokens))
+            measured = row is not None and row["status"] == "measured"
+            texts.append(f"{row['accuracy']:.2f}" if measured else _ROPE_STATUS.get(row and row["status"], "-"))
+        lines.append(line(label, texts))
+    return "\n".join(lines)
+
+
+def _rope_scaling_tables(record: dict[str, Any]) -> list[str]:
+    rows = record["measurements"].get("rope_lengths", [])
+    parameters = record["workload"]["parameters"]
+    table = _table(
+        [
+            "method",
+            "T",
+            "status",
+            "accuracy",
+            "token_acc",
+            "by_depth",
+            "median_ms",
+            "p95_ms",
+            "peak_GB",
+            "inv_freq_err",
+        ],
+        [
+            [
+                r["method_label"],
+                r["tokens"],
+                r["status"],
+                r["accuracy"],
+                r["answer_token_accuracy"],
+                None if r["correct_by_depth"] is None else "/".join(map(str, r["correct_by_depth"])),
+                r["median_forward_ms"],
+                r["p95_forward_ms"],
+                _gb(r["peak_allocated_bytes"]),
+                r["inv_freq_max_relative_error"],
+            ]
+            for r in rows
+        ],
+    )
+    note = (
+        f"by_depth: exact answers of {parameters['samples_per_depth']} at depths {parameters['depths']}; "
+        f"inv_freq_err: max relative error against course_lib.rope (tolerance {parameters['frequency_tolerance']})"
+    )
+    return [
+        f"{parameters['task']} accuracy by method and T (trained length L = {parameters['trained_length']}, "
+        "the bar where T passes it)\n" + format_rope_accuracy(record),
+        table + "\n" + note,
+        f"checks: {record['checks'].get('rope')}",
+    ]
+
+
 def format_record(record: dict[str, Any]) -> str:
     """Every table of one result, as printable text."""
     sections = [_header(record)]
@@ -587,6 +659,7 @@ def format_record(record: dict[str, Any]) -> str:
         "microbatch-budget": _microbatch_tables,
         "packing-compiled": _compiled_tables,
         "tiled-attention": _tiled_attention_tables,
+        "rope-scaling": _rope_scaling_tables,
     }[record["workload"]["id"]](record)
     if record["targets"]:
         sections.append(
