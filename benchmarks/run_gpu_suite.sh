@@ -8,8 +8,9 @@
 # 2026-11-30, pt-long-context v9 144 s and packing-compiled 76 s, chapters 3, 5 and 9 in 149, 19 and 147 s. The
 # device tool allows 10 minutes a call, so measure in two calls: the workloads, then `CHAPTERS=1 WORKLOADS=none`
 # (the chapters alone). Under the device tool ($OUT set) packing-compiled is capped at 360 s (it compiles), every other
-# workload and chapter at 200 s; elsewhere nothing is capped (a slower GPU, or the first run that downloads the model,
-# takes longer), unless LIMIT_S=seconds caps each step.
+# workload and chapter at 200 s (rope-scaling starts no length after its own 150 s budget, so it writes its record
+# within that); elsewhere nothing is capped (a slower GPU, or the first run that downloads the model, takes longer),
+# unless LIMIT_S=seconds caps each step.
 # A label that already names a result file is refused before anything runs (exit 2): results are never overwritten.
 # A label that is not a valid run label is refused too (exit 2). A step that times out makes the exit status 1.
 # Writes benchmarks/results/<workload>/<workload>_LABEL.json and benchmarks/results/figures/LABEL/*.png, and appends

@@ -79,7 +79,10 @@ def test_cpu_smoke_is_valid_and_says_wiring_only(smoke, workload_id):
     path, record = smoke[workload_id]
     assert read_result(path) == record
     assert record["evidence_level"] == "cpu_smoke_wiring_only" and record["decision"] == "wiring_ok"
-    source = "not_loaded" if workload_id == "tiled-attention" else "tiny_qwen2_random_init"  # q, k, v: no model
+    # tiled-attention: random q, k, v, no model; rope-scaling: the course's trained RoPE model (accuracy needs weights)
+    source = {"tiled-attention": "not_loaded", "rope-scaling": "shipped_checkpoint"}.get(
+        workload_id, "tiny_qwen2_random_init"
+    )
     assert record["model"]["source"] == source and record["preflight"]["passed"]
     assert record["hardware"]["device"] == "cpu"
     assert all(
@@ -320,6 +323,234 @@ def test_eager_attention_is_the_explicit_softmax():
     assert scaled_error(torch.tensor([1.0, float("nan")]), torch.tensor([1.0, 2.0])) is None
 
 
+def test_rope_scaling_plan_lists_the_lengths_and_methods(tmp_path):
+    """Chapter 12's GPU plan: Qwen2.5-0.5B (L = 32768, rope_theta 1e6, from its shipped config), pass keys at 4k to
+    64k, within and past L, for none, YaRN x2, dynamic NTK x2, linear x2 and YaRN x4."""
+    path, record = run_workload("rope-scaling", "dry_run", "plan", results_dir=tmp_path)
+    assert read_result(path) == record and record["measurements"] == {} and record["decision"] == "ready_to_measure"
+    p = record["workload"]["parameters"]
+    assert (p["model_id"], p["revision"], p["attention_backend"], p["task"]) == (
+        "Qwen/Qwen2.5-0.5B",
+        "main",
+        "sdpa",
+        "passkey",
+    )
+    assert (p["trained_length"], p["rope_theta"]) == (32768, 1e6)
+    assert p["token_counts"] == [4096, 16384, 32768, 49152, 65536]
+    assert [t <= p["trained_length"] for t in p["token_counts"]] == [True, True, True, False, False]
+    assert [(m["method"], m["factor"]) for m in p["methods"]] == [
+        ("none", None),
+        ("yarn", 2.0),
+        ("dynamic", 2.0),
+        ("linear", 2.0),
+        ("yarn", 4.0),
+    ]
+    assert p["depths"] == [0.1, 0.5, 0.9] and p["samples_per_depth"] == 4 and p["key_range"] == [10_000, 1_000_000]
+    assert "{key}" in p["passkey_text"]["needle"] and "teacher forcing" in p["scoring"]
+
+
+def test_cpu_smoke_rope_scaling(smoke):
+    """Every method at 128, 256, 512 on the course RoPE model: the frequencies transformers built from each
+    rope_parameters are course_lib.rope's (dynamic NTK's after each length), the unscaled model reads within its 128
+    trained positions, and no target claims anything from a CPU."""
+    record = smoke["rope-scaling"][1]
+    p, rows = record["workload"]["parameters"], record["measurements"]["rope_lengths"]
+    labels = ["none", "yarn_x2", "dynamic_x2", "linear_x2", "yarn_x4"]
+    assert [(r["method_label"], r["tokens"]) for r in rows] == [(m, t) for m in labels for t in (128, 256, 512)]
+    assert all(r["status"] == "measured" and r["median_forward_ms"] > 0 and r["finite_logits"] for r in rows)
+    assert all(len(r["correct_by_depth"]) == len(p["depths"]) and r["peak_allocated_bytes"] is None for r in rows)
+    assert all(r["inv_freq_max_relative_error"] <= 1e-6 and r["attention_scaling_error"] <= 1e-6 for r in rows)
+    assert record["checks"]["rope"] == {
+        **{f"{label}_frequencies_match_course_rope": True for label in labels},
+        "unscaled_retrieves_inside_trained_window": True,
+        "finite_logits": True,
+    }
+    assert record["model"]["id"] == "course-rope" and record["model"]["attention_backend"] == "eager"
+    assert set(record["targets"]) == {
+        "unscaled_accuracy_drops_past_trained_length",
+        "yarn_x2_keeps_more_than_unscaled_past_trained_length",
+        "dynamic_x2_keeps_more_than_unscaled_past_trained_length",
+        "yarn_x4_keeps_more_than_unscaled_past_trained_length",
+    }
+    assert all(t["met"] is None and t["observed"] for t in record["targets"].values())
+
+
+def test_rope_scaling_scores_what_needle_report_scores(smoke):
+    """One sample at a time, teacher forcing on the answer: the same correct counts as longeval's needle_report on the
+    same cells (its batches of rows, the logit read at T - 2)."""
+    from course_lib.lab.ropemodel import load_course_rope_model, rope_parameters_for
+    from course_lib.longeval import needle_report
+
+    record = smoke["rope-scaling"][1]
+    p = record["workload"]["parameters"]
+    for method, factor in (("none", 2.0), ("dynamic", 2.0)):
+        model = load_course_rope_model(rope_parameters_for(method, factor))
+        report = needle_report(model, p["token_counts"], p["depths"], p["samples_per_depth"], seed=p["seed"])
+        label = method if method == "none" else f"{method}_x2"
+        rows = [r for r in record["measurements"]["rope_lengths"] if r["method_label"] == label]
+        assert [r["correct_by_depth"] for r in rows] == report["correct"], label
+
+
+def test_course_frequencies_read_transformers_rope_parameters_as_the_course_model_does():
+    """The workload's translation of rope_parameters into course_lib.rope gives ropemodel's own frequencies for the
+    course model, every method, dynamic NTK at a length past L."""
+    from course_lib.lab.gpu.workloads.rope_scaling import course_frequencies, rope_parameters
+    from course_lib.lab.ropemodel import ROPE_STUDY_METHODS, course_rope_frequencies
+
+    for method in ROPE_STUDY_METHODS:
+        spec = {"method": method, "factor": None if method == "none" else 3.0}
+        ours = course_frequencies(rope_parameters(spec, 128, 100.0), 32, 128, 512)
+        theirs = course_rope_frequencies(method, 3.0, 512 if method == "dynamic" else None)
+        assert torch.equal(ours[0], theirs[0]) and ours[1] == theirs[1], method
+
+
+def _rope_context(mode="cpu_smoke", dtype=torch.float32, **overrides):
+    from course_lib.lab.gpu.runner import RunContext
+    from course_lib.lab.gpu.workloads import rope_scaling
+
+    parameters = rope_scaling.parameters(mode)
+    parameters.update({"token_counts": [128, 256], "samples_per_depth": 1, **overrides})
+    record = {"measurements": {}, "checks": {}, "targets": {}, "model": None}
+    return RunContext(mode=mode, device=torch.device("cpu"), dtype=dtype, parameters=parameters, record=record)
+
+
+def test_rope_scaling_catches_frequencies_that_did_not_reach_the_model(monkeypatch):
+    """A loader that hands YaRN the wrong factor, or a plain .to(bf16) that rounds inv_freq to 8 bits, still runs and
+    retrieves something; only the comparison with course_lib.rope's frequencies shows it."""
+    from course_lib.lab.gpu.workloads import rope_scaling
+
+    load = rope_scaling._course_model
+
+    def wrong_factor(ctx, rope):
+        return load(ctx, {**rope, "factor": 2 * rope["factor"]} if rope["rope_type"] == "yarn" else rope)
+
+    monkeypatch.setattr(rope_scaling, "_course_model", wrong_factor)
+    ctx = _rope_context()
+    rope_scaling.measure(ctx)
+    checks = ctx.record["checks"]["rope"]
+    assert [checks[f"{label}_frequencies_match_course_rope"] for label in ("none", "yarn_x2", "dynamic_x2")] == [
+        True,
+        False,
+        True,
+    ]
+    monkeypatch.setattr(rope_scaling, "_course_model", load)
+    monkeypatch.setattr(rope_scaling, "_cast_keeping_rotary_fp32", lambda model, device, dtype: model.to(device, dtype))
+    ctx = _rope_context(dtype=torch.bfloat16)
+    rope_scaling.measure(ctx)
+    rows = ctx.record["measurements"]["rope_lengths"]
+    assert all(r["inv_freq_max_relative_error"] > 1e-4 for r in rows if r["tokens"] == 128)  # bf16: 8 bits kept
+    assert not any(v for k, v in ctx.record["checks"]["rope"].items() if k.endswith("_frequencies_match_course_rope"))
+
+
+def test_rope_scaling_out_of_memory_is_a_finding_not_a_crash(tmp_path, monkeypatch):
+    """A length that does not fit is recorded as out_of_memory, that method's longer ones as skipped; the other methods
+    run on and the record decides on what was measured."""
+    from course_lib.lab.gpu.workloads import rope_scaling
+
+    fails = _out_of_memory_when(rope_scaling._measure_length, lambda desc: desc == "yarn_x2 T=256")
+    monkeypatch.setattr(rope_scaling, "_measure_length", fails)
+    path, record = run_workload("rope-scaling", "cpu_smoke", "small-gpu", results_dir=tmp_path)
+    assert read_result(path) == record and record["failure"] is None and record["decision"] == "wiring_ok"
+    rows = {(r["method_label"], r["tokens"]): r for r in record["measurements"]["rope_lengths"]}
+    assert [rows["yarn_x2", t]["status"] for t in (128, 256, 512)] == ["measured", "out_of_memory", "skipped"]
+    assert rows["yarn_x2", 512]["accuracy"] is None and rows["yarn_x2", 512]["inv_freq_max_relative_error"] is None
+    assert all(rows[label, t]["status"] == "measured" for label in ("none", "dynamic_x2") for t in (128, 256, 512))
+    assert "OOM" in format_record(record) and all(record["checks"]["rope"].values())
+
+
+def test_rope_scaling_time_budget_stops_measuring_and_says_so(tmp_path, monkeypatch):
+    """Past its time budget the run records the rest as over_time_budget instead of being killed by the suite's cap
+    with no file; what was never measured passes no check."""
+    from course_lib.lab.gpu.workloads import rope_scaling
+
+    plan = rope_scaling.parameters
+    monkeypatch.setattr(rope_scaling, "parameters", lambda mode: {**plan(mode), "time_budget_s": 1e-9})
+    path, record = run_workload("rope-scaling", "cpu_smoke", "no-time", results_dir=tmp_path)
+    assert read_result(path) == record and record["failure"] is None and record["decision"] == "tune"
+    assert {r["status"] for r in record["measurements"]["rope_lengths"]} == {"over_time_budget"}
+    assert not any(record["checks"]["rope"].values())
+    assert all(t["observed"] is None and t["met"] is None for t in record["targets"].values())
+
+
+def test_rope_scaling_real_path_loads_rope_parameters_and_the_tokenizer_at_one_commit(tmp_path, monkeypatch):
+    """real_gpu's code on this CPU: a local checkpoint folder stands in for the hub model (the course RoPE model and the
+    course tokenizer, so the accuracy means nothing here). from_pretrained(dtype=bf16) with each method's
+    rope_parameters gives course_lib.rope's frequencies, kept in fp32, and the record names the commit."""
+    from course_lib import load_course_tokenizer
+    from course_lib.lab.gpu.workloads import rope_scaling
+    from course_lib.lab.ropemodel import load_course_rope_model
+
+    load_course_rope_model().save_pretrained(tmp_path)
+    load_course_tokenizer().save_pretrained(tmp_path)
+    monkeypatch.setattr(rope_scaling, "resolve_model_commit", lambda model_id, revision: ("c" * 40, "resolved"))
+    ctx = _rope_context(
+        "real_gpu", torch.bfloat16, model_id=str(tmp_path), trained_length=128, rope_theta=100.0, token_counts=[256]
+    )
+    rope_scaling.measure(ctx)
+    assert ctx.record["model"]["source"] == "hub" and ctx.record["model"]["resolved_commit"] == "c" * 40
+    rows = ctx.record["measurements"]["rope_lengths"]
+    assert len(rows) == 5 and all(r["status"] == "measured" and r["finite_logits"] for r in rows)
+    assert all(v for k, v in ctx.record["checks"]["rope"].items() if k.endswith("_frequencies_match_course_rope"))
+    with pytest.raises(ValueError, match="rope_theta 100.0 and max_position_embeddings 128; the plan has 1000000.0"):
+        rope_scaling.measure(_rope_context("real_gpu", model_id=str(tmp_path), trained_length=128))
+
+
+def test_rope_scaling_without_weights_records_a_failure_not_a_random_init(tmp_path, monkeypatch):
+    """No hub, no weights: the run fails at revision_and_model and measures nothing, rather than scoring a random
+    init's retrieval as if it said something about RoPE scaling."""
+    from course_lib.lab.gpu import runner
+
+    monkeypatch.setattr(runner, "_preflight", lambda ctx, profile: None)  # as on a GPU machine whose hub is down
+    path, record = run_workload("rope-scaling", "real_gpu", "offline", results_dir=tmp_path, allow_hub=False)
+    assert read_result(path) == record and record["decision"] == "reject_until_fixed"
+    failure = record["failure"]
+    assert (failure["stage"], failure["error_type"]) == ("revision_and_model", "WeightsUnavailableError")
+    assert "hub not allowed" in failure["message"] and "random init" in failure["message"]
+    assert record["measurements"] == {} and record["model"]["source"] == "not_loaded"
+
+
+def test_passkey_sample_is_exactly_the_length_with_the_needle_at_its_depth():
+    from course_lib import load_course_tokenizer
+    from course_lib.lab.gpu.workloads.rope_scaling import PASSKEY_TEXT, pass_keys, passkey_sample
+
+    tokenizer = load_course_tokenizer()
+    needle = tokenizer(PASSKEY_TEXT["needle"].format(key=123456), add_special_tokens=False)["input_ids"]
+    starts = []
+    for depth in (0.0, 0.5, 1.0):
+        ids, n = passkey_sample(tokenizer, 600, depth, 123456)
+        assert ids.shape == (600,) and ids.dtype == torch.long
+        assert ids[-n:].tolist() == tokenizer(" 123456", add_special_tokens=False)["input_ids"]
+        starts.append(next(i for i in range(600) if ids[i : i + len(needle)].tolist() == needle))
+    assert starts[0] < starts[1] < starts[2] and tokenizer.decode(ids[-n - 9 :]).endswith("The pass key is 123456")
+    keys = pass_keys(0, 4096, 8)
+    assert keys == pass_keys(0, 4096, 8) and all(10_000 <= key < 1_000_000 for key in keys)
+    with pytest.raises(ValueError, match="length = 100 is too short for the pass-key prompt"):
+        passkey_sample(tokenizer, 100, 0.5, 123456)
+    with pytest.raises(ValueError, match="depth"):
+        passkey_sample(tokenizer, 600, 1.5, 123456)
+    with pytest.raises(ValueError, match="key"):
+        passkey_sample(tokenizer, 600, 0.5, 1234)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"token_counts": [256, 128]}, "token_counts must rise"),
+        ({"methods": [{"method": "none", "factor": 2.0}]}, r"methods\[0\]\['factor'\] must be None exactly"),
+        ({"methods": [{"method": "ntk", "factor": 2.0}]}, r"methods\[0\]\['method'\] must be one of"),
+        ({"methods": [{"method": "yarn", "factor": 2.0}]}, "none among them"),
+        ({"depths": [0.5, 2.0]}, r"depths\[1\]"),
+        ({"task": "essay"}, "task must be one of"),
+        ({"time_budget_s": 0}, "time_budget_s"),
+    ],
+)
+def test_rope_scaling_refuses_a_bad_plan_by_name(change, message):
+    from course_lib.lab.gpu.workloads.rope_scaling import check_parameters, parameters
+
+    with pytest.raises(ValueError, match=message):
+        check_parameters({**parameters("cpu_smoke"), **change})
+
+
 def test_cpu_smoke_microbatch_plans(smoke):
     record = smoke["microbatch-budget"][1]
     rows = record["measurements"]["microbatch_plans"]
@@ -528,6 +759,10 @@ def test_report_prints_lcft_tables_and_draws(smoke, tmp_path, capsys):
     attention = format_record(smoke["tiled-attention"][1])
     assert "tiled attention vs SDPA vs eager" in attention and "T =    128 | sdpa (" in attention
     assert "err_vs_sdpa" in attention and "tiled_saves_only_out_and_lse" in attention
+    rope = format_record(smoke["rope-scaling"][1])
+    assert "key_value_retrieval accuracy by method and T (trained length L = 128" in rope
+    assert "T           |     128 |     256     512" in rope and "none        |    1.00 |" in rope
+    assert "inv_freq_err" in rope and "dynamic_x2_frequencies_match_course_rope" in rope
     assert plot_length_curve(records, tmp_path / "curve.png").stat().st_size > 0
     assert plot_packing_bars(records, tmp_path / "bars.png").stat().st_size > 0
     assert plot_packing_scale(records, tmp_path / "scale.png").stat().st_size > 0
