@@ -69,11 +69,12 @@ test-lower-bounds: venv
 	$(LOWER)/bin/python -m pytest -q -n 2 -p no:cacheprovider $(LIBRARY_TESTS)
 	$(BIN)/python -m course_lib.instructor.build > /dev/null
 	rm -rf $(LOWER_RUN) && mkdir -p $(LOWER_RUN)
-	for chapter in $(CHAPTERS); do \
-	  $(LOWER)/bin/python scripts/run_notebook.py notebooks/source/$$chapter/$$chapter.ipynb --cwd $(LOWER_RUN) \
-	    > $(LOWER_RUN)/$$chapter.log 2>&1 && tail -n 1 $(LOWER_RUN)/$$chapter.log \
-	    || { cat $(LOWER_RUN)/$$chapter.log; exit 1; }; \
-	done
+	# two chapters at a time, each in a folder of its own (a chapter may write files where it runs); xargs stops at
+	# the first failure (exit 255), whose log is printed whole
+	printf '%s\n' $(CHAPTERS) | xargs -P 2 -I @ sh -c 'mkdir -p $(LOWER_RUN)/@ && \
+	  $(LOWER)/bin/python scripts/run_notebook.py notebooks/source/@/@.ipynb --cwd $(LOWER_RUN)/@ \
+	    > $(LOWER_RUN)/@.log 2>&1 && tail -n 1 $(LOWER_RUN)/@.log \
+	    || { cat $(LOWER_RUN)/@.log; exit 255; }'
 	# torch's floor with what pip picks for the rest: a runtime that kept its old torch, then installed the course
 	mkdir -p build && grep '^torch==' environments/lower-bounds.txt > build/torch-floor.txt
 	$(LOWER)/bin/pip install -q -c build/torch-floor.txt --upgrade --upgrade-strategy eager -e . \
