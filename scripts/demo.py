@@ -3,11 +3,13 @@
 1. The library on real objects: the length ledger, a packing plan, the token-budget microbatch table and the
    throughput accounting of the source documents (docs/sources.md), each printed from a real computation.
 2. Build every chapter (jupytext source -> nbgrader source -> release) in `notebooks/`.
-3. Grade three sample submissions per chapter with `course grade` into a scratch copy of the built course,
-   `build/demo/course/` (nbgrader's own layout and gradebook, grades.csv, feedback/): the instructor's solution, the untouched release, and a release filled
+3. Grade four sample submissions per chapter with `course grade` into a scratch copy of the built course,
+   `build/demo/course/` (nbgrader's own layout and gradebook, grades.csv, feedback/): the instructor's solution, the untouched release, a release filled
    with the solutions except one wrong answer (`demo_wrong_answers.json`, taken from the tests' wrong-answer
-   catalogue; a test keeps the two equal). Print the gradebook, and exit 1 unless every solution has full marks,
-   every blank release zero, and each wrong answer lost exactly its own TODO's cells.
+   catalogue; a test keeps the two equal), and a release whose every TODO holds a correct answer written otherwise
+   than the instructor's (`demo_right_answers.json`, from the catalogue's alternatives). Print the gradebook, and
+   exit 1 unless every solution and every alternative has full marks, every blank release zero, and each wrong
+   answer lost exactly its own TODO's cells.
 """  # noqa: E501
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 WRONG_ANSWERS = Path(__file__).resolve().with_name("demo_wrong_answers.json")  # chapter -> {todo, name, source}
+RIGHT_ANSWERS = Path(__file__).resolve().with_name("demo_right_answers.json")  # chapter -> {todo: {name, source}}
+FULL_MARKS = ("sample-solution", "sample-alternative")
 
 
 def library_tour() -> None:
@@ -64,10 +68,12 @@ def library_tour() -> None:
 
 
 def write_samples(root: Path, inbox: Path) -> dict[str, list[str]]:
-    """<student>_<chapter>.ipynb files: the solution, the untouched release, one wrong answer per chapter."""
+    """<student>_<chapter>.ipynb files: the solution, the untouched release, one wrong answer and one submission of
+    correct alternatives per chapter."""
     from course_lib.instructor import build, cells
 
     wrong_answers = json.loads(WRONG_ANSWERS.read_text(encoding="utf-8"))
+    right_answers = json.loads(RIGHT_ANSWERS.read_text(encoding="utf-8"))
     shutil.rmtree(inbox, ignore_errors=True)
     inbox.mkdir(parents=True)
     students = {}
@@ -84,6 +90,11 @@ def write_samples(root: Path, inbox: Path) -> dict[str, list[str]]:
             student = f"sample-mutant-{wrong['name']}".replace("_", "-")
             cells.with_answers(release, solutions, inbox / f"{student}_{chapter}.ipynb")
             students[chapter].append(student)
+        if chapter in right_answers:
+            solutions = cells.solution_cells(cells.read(source))
+            solutions.update({f"todo_{todo}": right["source"] for todo, right in right_answers[chapter].items()})
+            cells.with_answers(release, solutions, inbox / f"sample-alternative_{chapter}.ipynb")
+            students[chapter].append("sample-alternative")
     return students
 
 
@@ -100,10 +111,10 @@ def print_gradebook(run) -> None:
 
 
 def surprises(run, wrong_todos: dict[str, str]) -> list[str]:
-    """What the gradebook should not show: a solution short of full marks, a blank release with a point, a wrong
-    answer that keeps the points of every one of its TODO's own cells (a TODO's cells each grade one property: the
-    wrong answer must lose at least one) or loses one of another TODO's (`wrong_todos`: chapter -> the TODO its wrong
-    answer is for), a submission not graded."""
+    """What the gradebook should not show: a solution or a submission of alternatives short of full marks, a blank
+    release with a point, a wrong answer that keeps the points of every one of its TODO's own cells (a TODO's cells
+    each grade one property: the wrong answer must lose at least one) or loses one of another TODO's (`wrong_todos`:
+    chapter -> the TODO its wrong answer is for), a submission not graded."""
     from course_lib.instructor.cells import belongs_to_todo
     from course_lib.instructor.outcome import Status
 
@@ -117,7 +128,7 @@ def surprises(run, wrong_todos: dict[str, str]) -> list[str]:
         own = [cell for cell in outcome.cells if belongs_to_todo(cell.grade_id, wrong_todo)]
         loses_one = any(cell.score == 0 for cell in own)
         for cell in outcome.cells:
-            if outcome.student == "sample-solution":
+            if outcome.student in FULL_MARKS:
                 expected = cell.max_score
             elif outcome.student == "sample-blank":
                 expected = 0.0
@@ -167,8 +178,8 @@ def main() -> int:
         print(f"UNEXPECTED {line}")
     if not unexpected:
         print(
-            "\nas expected: every solution full marks, every blank release zero, each wrong answer losing exactly "
-            "its own TODO's cells"
+            "\nas expected: every solution and every submission of alternatives full marks, every blank release "
+            "zero, each wrong answer losing exactly its own TODO's cells"
         )
     return 1 if unexpected else 0
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.mutants import catalogue
+from tests.mutants import alternatives, catalogue, demo_right_answers
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "course_lib"
@@ -141,6 +141,21 @@ def test_the_demos_wrong_answers_are_catalogued_wrong_answers():
             f"{chapter}: {entry['name']} differs from the catalogue; regenerate the file with "
             "tests.mutants.write_demo_answers"
         )
+
+
+def test_the_demos_right_answers_are_catalogued_alternatives():
+    """The demo grades one submission per chapter whose every TODO holds a correct alternative, from a data file;
+    each is in the catalogue, which proves it keeps every point on its own (test_mutants.py); the demo proves the
+    lot under `course grade`."""
+    right = json.loads((ROOT / "scripts" / "demo_right_answers.json").read_text(encoding="utf-8"))
+    assert right == demo_right_answers(), (
+        "regenerate scripts/demo_right_answers.json: tests.mutants.write_demo_right_answers"
+    )
+    known = alternatives()
+    for chapter, todos in right.items():
+        for todo, entry in todos.items():
+            assert known[chapter][todo][entry["name"]] == entry["source"], (chapter, todo, entry["name"])
+        assert sorted(todos) == sorted(known[chapter]), f"{chapter}: a TODO without a right answer in the demo"
 
 
 def test_the_demo_fails_on_a_score_it_does_not_expect():

@@ -212,6 +212,33 @@ def bounded_losses() -> dict[str, dict[str, dict[str, list[str]]]]:
     return found
 
 
+def demo_right_answers() -> dict[str, dict[str, dict[str, str]]]:
+    """chapter -> {todo: {"name", "source"}}: one correct alternative for every TODO, the first written out by hand
+    (`ALTERNATIVES`) where the TODO has one, else its answer with numbers held by numpy. The demo grades them all in
+    one submission per chapter, under `course grade`."""
+    found = {}
+    for module_info in pkgutil.iter_modules(__path__):
+        if module_info.name.startswith("ch"):
+            module = importlib.import_module(f"{__name__}.{module_info.name}")
+            typed = numbers_held_elsewhere(module.CHAPTER)
+            chosen = {}
+            for todo in sorted(set(typed) | set(getattr(module, "ALTERNATIVES", {}))):
+                written = getattr(module, "ALTERNATIVES", {}).get(todo) or {}
+                name, source = sorted(written.items())[0] if written else ("numbers_held_by_numpy", None)
+                chosen[todo] = {"name": name, "source": source or typed[todo]["numbers_held_by_numpy"]}
+            found[module.CHAPTER] = chosen
+    return dict(sorted(found.items()))
+
+
+def write_demo_right_answers(path) -> None:
+    """Write `scripts/demo_right_answers.json` (`demo_right_answers`); tests/test_layout.py fails until it is written
+    again after a change to the catalogue's alternatives or a TODO's library source."""
+    import json
+    from pathlib import Path
+
+    Path(path).write_text(json.dumps(demo_right_answers(), indent=1, ensure_ascii=False), encoding="utf-8")
+
+
 def write_demo_answers(path) -> None:
     """Write the demo's wrong answers (`scripts/demo_wrong_answers.json`): each chapter's first catalogued mutant of
     its first TODO. Call it again after a change to a TODO's library source: a mutant derived from the source changes
