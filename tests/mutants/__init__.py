@@ -220,12 +220,11 @@ def demo_right_answers() -> dict[str, dict[str, dict[str, str]]]:
     for module_info in pkgutil.iter_modules(__path__):
         if module_info.name.startswith("ch"):
             module = importlib.import_module(f"{__name__}.{module_info.name}")
-            typed = numbers_held_elsewhere(module.CHAPTER)
+            typed, by_hand = numbers_held_elsewhere(module.CHAPTER), getattr(module, "ALTERNATIVES", {})
             chosen = {}
-            for todo in sorted(set(typed) | set(getattr(module, "ALTERNATIVES", {}))):
-                written = getattr(module, "ALTERNATIVES", {}).get(todo) or {}
-                name, source = sorted(written.items())[0] if written else ("numbers_held_by_numpy", None)
-                chosen[todo] = {"name": name, "source": source or typed[todo]["numbers_held_by_numpy"]}
+            for todo in sorted(set(typed) | set(by_hand)):
+                name, source = min((by_hand.get(todo) or typed[todo]).items())  # the first by name
+                chosen[todo] = {"name": name, "source": source}
             found[module.CHAPTER] = chosen
     return dict(sorted(found.items()))
 
