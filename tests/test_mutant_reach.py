@@ -65,3 +65,11 @@ def test_every_cell_when_the_cell_does_more_than_bind_names():
         "import torch\n_ = torch.set_default_dtype(torch.float64)\n\n\ndef second(x):\n    return x + 1\n",
     ):
         assert cells_reached(_notebook(), "second", source) is None, source
+
+
+def test_a_lambda_bound_but_not_called_does_nothing():
+    """A lambda's body runs when it is called, not when it is bound; its defaults run at once."""
+    later = "import torch\n_as_tensor = lambda x: torch.tensor(x)\n\n\ndef second(x):\n    return x + 1\n"
+    assert cells_reached(_notebook(), "second", later) == {"test_second", "test_second__with_first"}
+    now = later.replace("lambda x: torch.tensor(x)", "lambda x=torch.set_default_dtype(torch.float64): x")
+    assert now != later and cells_reached(_notebook(), "second", now) is None

@@ -13,22 +13,36 @@ the solutions, so the others are known to pass. Whole-chapter grading of every a
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 
 from course_lib.grading.student_source import kept_statement, without_magics
 from course_lib.instructor.cells import belongs_to_todo, graded_cells, solution_cells
 
-# calls that only compute a value: an answer cell's arithmetic, a new function object around existing code
+# calls that only compute a value: an answer cell's arithmetic, a new function object around existing code, and the
+# catalogue's own converter of a worked number to a numpy or torch scalar (tests/mutants: HELD_ELSEWHERE)
 _PURE_CALLS = {"types.FunctionType", "int", "float", "round", "abs", "min", "max", "sum", "len", "sorted", "range"}
+_PURE_CALLS |= {"_held_elsewhere"}
 _PURE_MODULES = {"math", "np", "numpy"}
+
+
+def _calls_made(node: ast.AST) -> Iterator[ast.Call]:
+    """The calls that evaluating the expression makes: a lambda's body runs only when the lambda is called."""
+    if isinstance(node, ast.Lambda):
+        children = [default for default in (*node.args.defaults, *node.args.kw_defaults) if default]
+    else:
+        children = list(ast.iter_child_nodes(node))
+        if isinstance(node, ast.Call):
+            yield node
+    for child in children:
+        yield from _calls_made(child)
 
 
 def _calls_something(value: ast.AST) -> bool:
     """Does the expression call anything but `_PURE_CALLS` and the functions of `math` and numpy?"""
-    for node in ast.walk(value):
-        if isinstance(node, ast.Call):
-            callee = ast.unparse(node.func)
-            if callee not in _PURE_CALLS and callee.split(".")[0] not in _PURE_MODULES:
-                return True
+    for call in _calls_made(value):
+        callee = ast.unparse(call.func)
+        if callee not in _PURE_CALLS and callee.split(".")[0] not in _PURE_MODULES:
+            return True
     return False
 
 
