@@ -40,7 +40,9 @@ def course(tmp_path_factory):
 
 
 def run_chapter(name: str, course: Path, tmp_path: Path) -> tuple[str, str, str]:
-    """(markdown, code, what the run printed) of a fresh instructor build of the chapter."""
+    """(markdown, code, what the run printed) of a fresh instructor build of the chapter, which must run top to
+    bottom: grading runs only setup, solution and test cells, so a teaching cell that raised would pass every
+    grading test and stop a student halfway through the chapter."""
     notebook = build.build_source_notebook(course / "chapters" / f"{name}.py", course).source_notebook
     cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
     text = {
