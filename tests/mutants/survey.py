@@ -30,7 +30,11 @@ from pathlib import Path
 from tests.support.grading import grade_in_process
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
-SECONDS_PER_EDIT = 20.0  # each cell and call of an edit: one that turns a loop endless fails, never waited on
+# each cell and call of an edit is stopped at SLOWDOWN times the solution's own time on that cell, at least
+# FLOOR_SECONDS and at most SECONDS_PER_EDIT: an edit that turns a loop endless fails, and is not waited on for long
+SECONDS_PER_EDIT = 20.0
+FLOOR_SECONDS = 4.0
+SLOWDOWN = 10.0
 
 _BOUNDARY = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt}
 _NEGATION = {
@@ -239,7 +243,8 @@ def survivors(chapter: str, notebook, *, skip: Collection[str] = (), progress=No
     still survive is what `main` (the command) checks.
 
     Each edit is graded on its TODO's own cells only (what it can lose), each cell and call stopped after
-    SECONDS_PER_EDIT (an edit that makes a loop endless fails its cell). The cells run one at a time, the quickest
+    `limit_for` the solution's time on it (an edit that makes a loop endless fails its cell). The cells run one at a
+    time, the quickest
     first, and an edit is caught at its first lost cell: the rest could only tell how much it loses, and the survey
     asks whether it loses. So the solution itself must pass each of its cells run alone first, or an edit caught
     only because a cell needs an earlier one would pass for a caught one."""
@@ -258,35 +263,41 @@ def survivors(chapter: str, notebook, *, skip: Collection[str] = (), progress=No
                 continue
             tried += 1
             edited_solutions = {**solutions, todo: edited}
-            if all(_passes_alone(notebook, edited_solutions, grade_id) for grade_id in quickest_first):
+            if all(_passes_alone(notebook, edited_solutions, grade_id, limit) for grade_id, limit in quickest_first):
                 alive.append(edit)
             if progress:
                 progress(tried)
     return alive, tried
 
 
-def _cells_by_time(chapter: str, todo: str, notebook, solutions: dict[str, str], own: list[str]) -> list[str]:
-    """The TODO's own cells, quickest first, timed on the solution; RuntimeError if the solution fails one alone."""
+def limit_for(solution_seconds: float) -> float:
+    """How long an edit may take on a cell (and on each call in it) that the solution passes in `solution_seconds`."""
+    return min(SECONDS_PER_EDIT, max(FLOOR_SECONDS, SLOWDOWN * solution_seconds))
+
+
+def _cells_by_time(
+    chapter: str, todo: str, notebook, solutions: dict[str, str], own: list[str]
+) -> list[tuple[str, float]]:
+    """The TODO's own cells, quickest first, timed on the solution, each with the limit an edit gets on it
+    (`limit_for`); RuntimeError if the solution fails one alone."""
     timed = []
     for grade_id in own:
         started = time.perf_counter()
-        if not _passes_alone(notebook, solutions, grade_id):
-            failing = _grade_own(notebook, solutions, {grade_id})
+        if not _passes_alone(notebook, solutions, grade_id, SECONDS_PER_EDIT):
+            failing = _grade_own(notebook, solutions, {grade_id}, SECONDS_PER_EDIT)
             raise RuntimeError(f"{chapter}: the solution of {todo} fails its own cell run alone: {failing}")
         timed.append((time.perf_counter() - started, grade_id))
-    return [grade_id for _, grade_id in sorted(timed)]
+    return [(grade_id, limit_for(seconds)) for seconds, grade_id in sorted(timed)]
 
 
-def _passes_alone(notebook, solutions: dict[str, str], grade_id: str) -> bool:
-    return all(result.passed for result in _grade_own(notebook, solutions, {grade_id}))
+def _passes_alone(notebook, solutions: dict[str, str], grade_id: str, limit_s: float) -> bool:
+    return all(result.passed for result in _grade_own(notebook, solutions, {grade_id}, limit_s))
 
 
-def _grade_own(notebook, solutions: dict[str, str], own: set[str]) -> list:
+def _grade_own(notebook, solutions: dict[str, str], own: set[str], limit_s: float) -> list:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # an edited answer may warn; only its grade matters here
-        return grade_in_process(
-            notebook, solutions, only=own, cell_timeout_s=SECONDS_PER_EDIT, call_timeout_s=SECONDS_PER_EDIT
-        )
+        return grade_in_process(notebook, solutions, only=own, cell_timeout_s=limit_s, call_timeout_s=limit_s)
 
 
 def main(argv: list[str] | None = None) -> int:
