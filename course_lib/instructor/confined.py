@@ -30,6 +30,7 @@ from . import sandbox
 from .cells import is_test_cell, nbgrader_meta
 from .execute import MAX_OUTPUT_CHARS, cap_outputs, error_output
 from .feedback import one_line_cut
+from .inert import inert_output
 
 MIN_HIDDEN_LINE = 12  # shorter lines of hidden tests (`)`, `for x in y:`) are too common to redact
 REDACTED = "[text of the hidden tests removed]"
@@ -207,7 +208,8 @@ def read_checker_output(
 
 def executed_notebook(prepared: Any, answer: dict[str, Any]) -> tuple[Any, list[str]]:
     """The prepared notebook with the outputs the kernel run reported (only those: cells, sources and metadata
-    stay the grader's), cut to MAX_OUTPUT_CHARS per cell; and notes on what went wrong."""
+    stay the grader's; only text and plain pictures of them, `inert_output`), cut to MAX_OUTPUT_CHARS per cell;
+    and notes on what went wrong."""
     notebook = copy.deepcopy(prepared)
     notes = []
     ran = None
@@ -219,7 +221,8 @@ def executed_notebook(prepared: Any, answer: dict[str, Any]) -> tuple[Any, list[
     if ran is not None and len(ran.cells) == len(notebook.cells):
         for mine, theirs in zip(notebook.cells, ran.cells, strict=True):
             if mine.cell_type == "code" and theirs.get("cell_type") == "code":
-                mine.outputs = [output for output in theirs.get("outputs", []) if _plain_output(output)]
+                outputs = theirs.get("outputs") if isinstance(theirs.get("outputs"), list) else []
+                mine.outputs = [shown for shown in map(inert_output, outputs) if shown is not None]
                 count = theirs.get("execution_count")
                 mine.execution_count = count if isinstance(count, int) else None
     elif ran is not None:
@@ -233,15 +236,6 @@ def executed_notebook(prepared: Any, answer: dict[str, Any]) -> tuple[Any, list[
     for index in cap_outputs(notebook):
         notes.append(f"cell {index}: output over {MAX_OUTPUT_CHARS:,} characters was cut")
     return notebook, notes
-
-
-def _plain_output(output: Any) -> bool:
-    return isinstance(output, dict) and output.get("output_type") in (
-        "stream",
-        "display_data",
-        "execute_result",
-        "error",
-    )
 
 
 def apply_verdicts(notebook: Any, checked: CheckerResult, hidden: list[str]) -> list[str]:

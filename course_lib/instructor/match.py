@@ -25,6 +25,7 @@ from typing import Any
 
 import nbformat
 
+from . import inert
 from .cells import is_edited_test_cell, is_setup, is_solution_cell, is_test_cell, nbgrader_meta
 
 GRADE_ID_SCORE = 3.0
@@ -135,9 +136,10 @@ def align(reference: list[Any], submitted: list[Any]) -> list[tuple[int | None, 
 
 
 def _plain(cell: Any) -> Any:
-    """A student's cell as an ungraded cell (no nbgrader metadata, outputs cleared)."""
-    cell = copy.deepcopy(cell)
-    cell.get("metadata", {}).pop("nbgrader", None)
+    """A student's cell as an ungraded cell (no nbgrader metadata, outputs cleared), with nothing in it that a page
+    showing it would run (`inert`)."""
+    cell = inert.inert_cell(copy.deepcopy(cell))
+    cell["metadata"] = nbformat.from_dict(inert.inert_metadata(cell.get("metadata")))
     if cell.cell_type == "code":
         cell.outputs, cell.execution_count = [], None
     return cell
@@ -218,6 +220,8 @@ def prepare(submission: Any, source: Any, release: Any) -> Prepared:
             cells.append(_from_source(original))
             if _lines(submission.cells[j].source) != _lines(original.source):
                 result.notes.append("setup cell edited; the original was restored")
+        elif reference.cell_type == "markdown" and _lines(submission.cells[j].source) == _lines(reference.source):
+            cells.append(_from_source(reference))  # the chapter's own text, shown as the course wrote it
         else:
             owned.append(len(cells))
             cells.append(_plain(submission.cells[j]))
@@ -259,7 +263,7 @@ def prepare(submission: Any, source: Any, release: Any) -> Prepared:
     notebook.cells = cells
     seen: set[str] = set()
     for index, cell in enumerate(notebook.cells):
-        if not cell.get("id") or cell["id"] in seen:
+        if not isinstance(cell.get("id"), str) or not inert.CELL_ID.fullmatch(cell["id"]) or cell["id"] in seen:
             cell["id"] = f"cell-{index:04d}"
         seen.add(cell["id"])
     result.notebook = notebook

@@ -1,6 +1,6 @@
 """An instructor in formgrader, in a real browser, after `course grade`: JupyterLab's Nbgrader menu opens it, the
-chapter is released, each submission is listed with the student's name, score and submission time, and a
-submission's page shows the score of each graded cell.
+chapter is released, each submission is listed with the student's name, score and submission time, a
+submission's page shows the score of each graded cell, and no markup or script of a student's runs there.
 
 Screenshots of each step: build/browser/instructor-formgrader/."""
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
+import json
 import os
 import re
 
@@ -21,24 +22,73 @@ from .conftest import CHAPTER, JupyterServer, course, release_of, shots_for, sol
 pytestmark = pytest.mark.browser
 
 LOADING_MS = 60_000
-# Two students: every TODO filled, and only the first (so the two differ cell by cell). Each file is dated: formgrader
-# shows the submission time `course grade` takes from the file.
+# Three students: every TODO filled, only the first (so the two differ cell by cell), and every TODO filled with
+# markup and script beside it (`_hostile`). Each file is dated: formgrader shows the submission time `course grade`
+# takes from the file.
 SUBMITTED = {
     "alice": dt.datetime(2026, 11, 28, 9, 15, 0, tzinfo=dt.timezone.utc),
     "carol": dt.datetime(2026, 11, 29, 17, 40, 5, tzinfo=dt.timezone.utc),
+    "mallory": dt.datetime(2026, 11, 30, 23, 59, 0, tzinfo=dt.timezone.utc),
 }
+# Each payload, if the page ran it, would add its name to window.__ran: markup in a cell the student wrote
+# (markdown, raw HTML), in what the student's code displayed (HTML, JavaScript, SVG, and image data or output
+# metadata that close the attribute they are written into), and in a cell's tags and id.
+RAN = "(window.top.__ran = (window.top.__ran || []).concat('{}'))"
+
+
+def _onerror(name: str) -> str:
+    return f'<img src="/no-such-image" onerror="{RAN.format(name)}">'
+
+
+def _hostile(release, solutions: dict[str, str], target):
+    """The release with the solutions, and a cell of each kind that carries markup meant to run in a page."""
+    path = cells.with_answers(release, solutions, target)
+    notebook = json.loads(path.read_text(encoding="utf-8"))
+    shown = {
+        "text/html": _onerror("html") + f"<script>{RAN.format('script')}</script>",
+        "application/javascript": RAN.format("javascript"),
+        "image/svg+xml": f'<svg xmlns="http://www.w3.org/2000/svg" onload="{RAN.format("svg")}"></svg>',
+        "text/markdown": _onerror("markdown-output"),
+        "text/plain": "shown as text",
+    }
+    picture = {"image/png": '">' + _onerror("png"), "text/plain": "a picture"}
+    sized = (
+        {"text/plain": "sized", "image/png": "iVBORw0KGgo="},
+        {"image/png": {"width": '1" onload="' + RAN.format("metadata") + '"'}},
+    )
+    display = (
+        "from IPython.display import display\n"
+        f"display({shown!r}, raw=True)\n"
+        f"display({picture!r}, raw=True)\n"
+        f"display({sized[0]!r}, metadata={sized[1]!r}, raw=True)\n"
+    )
+    notebook["cells"] += [
+        {"cell_type": "markdown", "id": "mallory-notes", "metadata": {}, "source": "My notes " + _onerror("notes")},
+        {"cell_type": "raw", "id": "mallory-raw", "metadata": {"format": "text/html"}, "source": _onerror("raw")},
+        {
+            "cell_type": "code",
+            "id": "mallory-display",
+            "metadata": {"tags": ['x"><img src=/none onerror="' + RAN.format("tag") + '">']},
+            "execution_count": None,
+            "outputs": [],
+            "source": display,
+        },
+    ]
+    path.write_text(json.dumps(notebook), encoding="utf-8")
+    return path
 
 
 @pytest.fixture(scope="module")
 def graded(built_course, tmp_path_factory):
-    """`course grade` of the two submissions (bubblewrap, as by default) in the scratch course; grades.csv's rows."""
+    """`course grade` of the three submissions (bubblewrap, as by default) in the scratch course; grades.csv's rows."""
     root = built_course
     solutions = solutions_of(built_course)
     first = next(iter(solutions))
-    answers = {"alice": solutions, "carol": {first: solutions[first]}}
+    answers = {"alice": solutions, "carol": {first: solutions[first]}, "mallory": solutions}
     inbox = tmp_path_factory.mktemp("inbox")
     for student, when in SUBMITTED.items():
-        path = cells.with_answers(release_of(root), answers[student], inbox / f"{student}_{CHAPTER}.ipynb")
+        write = _hostile if student == "mallory" else cells.with_answers
+        path = write(release_of(root), answers[student], inbox / f"{student}_{CHAPTER}.ipynb")
         os.utime(path, (when.timestamp(), when.timestamp()))
     completed = course("grade", str(inbox), "--root", str(root), "--no-progress", cwd=root.parent)
     assert completed.returncode == 0, completed.stdout + completed.stderr[-3000:]
@@ -46,6 +96,7 @@ def graded(built_course, tmp_path_factory):
         rows = {row["student"]: row for row in csv.DictReader(table) if row["chapter"] == CHAPTER}
     assert set(rows) == set(SUBMITTED), rows
     assert float(rows["alice"]["score"]) == float(rows["alice"]["max_score"]) > float(rows["carol"]["score"])
+    assert rows["mallory"]["score"] == rows["alice"]["score"], rows["mallory"]
     return root, rows
 
 
@@ -128,3 +179,20 @@ def test_a_submission_page_shows_the_score_of_each_graded_cell(formgrader):
             out_of = re.search(r"/\s*([\d.]+)", score.locator("xpath=..").inner_text())
             assert out_of and float(out_of.group(1)) == points, (student, grade_id, out_of)
             shots(score.locator("xpath=ancestor::div[contains(@class, 'panel-heading')]"), f"{student} {grade_id}")
+
+
+def test_no_markup_or_script_of_the_students_runs_on_their_submission_page(formgrader):
+    """formgrader shows the autograded notebook in the Jupyter server's own origin, where a script could drive the
+    instructor's server: what the grader records of a student's cells and outputs is text and plain pictures."""
+    server, page, root, _rows, shots = formgrader
+    page.goto(server.url(f"formgrader/manage_students/mallory/{CHAPTER}"), wait_until="domcontentloaded")
+    link = page.locator("td.name a", has_text=CHAPTER)
+    link.wait_for(state="visible", timeout=LOADING_MS)
+    link.click()
+    page.locator("input.score").first.wait_for(state="attached", timeout=LOADING_MS)
+    page.wait_for_load_state("load", timeout=LOADING_MS)  # every image tried, so every onerror had its chance
+    page.wait_for_timeout(1_000)
+    shots(page, "mallory's chapter")
+    assert page.evaluate("window.top.__ran || []") == []
+    text = page.locator("body").inner_text()
+    assert "My notes" in text and "shown as text" in text, "the student's own text is still shown"
