@@ -115,6 +115,22 @@ def test_what_the_student_process_sends_is_read_without_running_its_code():
             data_form.decode(malformed)
 
 
+def test_an_answer_whose_parts_are_shared_is_refused_before_it_is_walked():
+    """torch.load keeps a node written once and referenced many times as one object: 40 levels of a list holding the
+    level below twice are a few kilobytes on the wire and 2**40 nodes to walk. decode stops at MAX_NODES."""
+    node = ("list", [1])
+    for _ in range(40):
+        node = ("list", [node, node])
+    data = data_form.dump(("ok", node))
+    assert len(data) < 20_000
+    started = time.monotonic()
+    with pytest.raises(data_form.UnreadableResult, match="too many parts"):
+        data_form.decode(data_form.load(data)[1])
+    assert time.monotonic() - started < 60  # 2_000_000 nodes, not 2**40
+    honest = list(range(data_form.MAX_NODES - 10))  # what encode accepts, decode reads back
+    assert data_form.decode(data_form.encode(honest)) == honest
+
+
 def test_only_imports_definitions_and_name_assignments_of_a_todo_cell_run():
     source = (
         "import math\nfrom os import path as p\nLIMIT = 3\nlimit: int = 4\n"

@@ -146,8 +146,14 @@ def _encode_tensor(value: Any) -> tuple:
     return ("tensor", plain.cpu().clone(), requires_grad)
 
 
-def decode(node: Any, _depth: int = 0) -> Any:
-    """The value `encode` described, rebuilt from plain parts; anything else raises UnreadableResult."""
+def decode(node: Any, _depth: int = 0, _state: list[int] | None = None) -> Any:
+    """The value `encode` described, rebuilt from plain parts; anything else raises UnreadableResult. At most
+    MAX_NODES nodes are visited: torch.load shares a node written once and referenced many times, so a tree of
+    a few kilobytes can describe more nodes than any machine could visit."""
+    state = [0] if _state is None else _state
+    state[0] += 1
+    if state[0] > MAX_NODES:
+        raise UnreadableResult("the result has too many parts")
     if _depth > MAX_DEPTH + 2:
         raise UnreadableResult("the result is nested too deeply")
     if node is None or type(node) in (bool, int, float, str, bytes):
@@ -156,28 +162,28 @@ def decode(node: Any, _depth: int = 0) -> Any:
         raise UnreadableResult(f"unexpected node {type(node).__name__}")
     tag, parts = node[0], node[1:]
     try:
-        return _DECODERS[tag](parts, _depth + 1)
+        return _DECODERS[tag](parts, _depth + 1, state)
     except KeyError:
         raise UnreadableResult(f"unknown tag {tag!r:.40}") from None
     except (TypeError, ValueError, IndexError, RuntimeError, AttributeError) as error:
         raise UnreadableResult(f"malformed {tag!r:.40} node: {error}"[:200]) from None
 
 
-def _items(parts: tuple, depth: int) -> list:
+def _items(parts: tuple, depth: int, state: list[int]) -> list:
     (items,) = parts
     if type(items) is not list:
         raise TypeError("expected a list")
-    return [decode(item, depth) for item in items]
+    return [decode(item, depth, state) for item in items]
 
 
-def _decode_dict(parts: tuple, depth: int) -> dict:
+def _decode_dict(parts: tuple, depth: int, state: list[int]) -> dict:
     (pairs,) = parts
     if type(pairs) is not list or not all(type(pair) is list and len(pair) == 2 for pair in pairs):
         raise TypeError("expected [key, value] pairs")
-    return {decode(key, depth): decode(value, depth) for key, value in pairs}
+    return {decode(key, depth, state): decode(value, depth, state) for key, value in pairs}
 
 
-def _decode_tensor(parts: tuple, depth: int) -> Any:
+def _decode_tensor(parts: tuple, depth: int, state: list[int]) -> Any:
     import torch
 
     tensor, requires_grad = parts
@@ -186,7 +192,7 @@ def _decode_tensor(parts: tuple, depth: int) -> Any:
     return tensor.requires_grad_(requires_grad) if requires_grad and tensor.is_floating_point() else tensor
 
 
-def _decode_meta(parts: tuple, depth: int) -> Any:
+def _decode_meta(parts: tuple, depth: int, state: list[int]) -> Any:
     import torch
 
     shape, dtype, requires_grad = parts
@@ -203,18 +209,18 @@ def _dtype(name: Any) -> Any:
     return dtype
 
 
-def _decode_ndarray(parts: tuple, depth: int) -> Any:
+def _decode_ndarray(parts: tuple, depth: int, state: list[int]) -> Any:
     import numpy as np
 
     dtype, values, shape = parts
-    return np.asarray(decode(values, depth), dtype=np.dtype(str(dtype))).reshape([int(n) for n in shape])
+    return np.asarray(decode(values, depth, state), dtype=np.dtype(str(dtype))).reshape([int(n) for n in shape])
 
 
-def _decode_npscalar(parts: tuple, depth: int) -> Any:
+def _decode_npscalar(parts: tuple, depth: int, state: list[int]) -> Any:
     import numpy as np
 
     dtype, value = parts
-    return np.dtype(str(dtype)).type(decode(value, depth))
+    return np.dtype(str(dtype)).type(decode(value, depth, state))
 
 
 @functools.lru_cache(maxsize=256)
@@ -224,26 +230,26 @@ def _namedtuple_class(name: str, fields: tuple[str, ...]) -> type:
     return namedtuple(name, fields)  # noqa: PYI024 - rebuilt from the child's description
 
 
-def _decode_namedtuple(parts: tuple, depth: int) -> Any:
+def _decode_namedtuple(parts: tuple, depth: int, state: list[int]) -> Any:
     name, fields, items = parts
-    return _namedtuple_class(str(name), tuple(str(f) for f in fields))(*_items((items,), depth))
+    return _namedtuple_class(str(name), tuple(str(f) for f in fields))(*_items((items,), depth, state))
 
 
-_DECODERS: dict[str, Callable[[tuple, int], Any]] = {
+_DECODERS: dict[str, Callable[[tuple, int, list[int]], Any]] = {
     "list": _items,
-    "tuple": lambda parts, depth: tuple(_items(parts, depth)),
-    "set": lambda parts, depth: set(_items(parts, depth)),
-    "frozenset": lambda parts, depth: frozenset(_items(parts, depth)),
+    "tuple": lambda parts, depth, state: tuple(_items(parts, depth, state)),
+    "set": lambda parts, depth, state: set(_items(parts, depth, state)),
+    "frozenset": lambda parts, depth, state: frozenset(_items(parts, depth, state)),
     "dict": _decode_dict,
     "tensor": _decode_tensor,
     "meta_tensor": _decode_meta,
-    "size": lambda parts, depth: __import__("torch").Size([int(n) for n in parts[0]]),
-    "dtype": lambda parts, depth: _dtype(parts[0]),
-    "device": lambda parts, depth: __import__("torch").device(str(parts[0])),
+    "size": lambda parts, depth, state: __import__("torch").Size([int(n) for n in parts[0]]),
+    "dtype": lambda parts, depth, state: _dtype(parts[0]),
+    "device": lambda parts, depth, state: __import__("torch").device(str(parts[0])),
     "ndarray": _decode_ndarray,
     "npscalar": _decode_npscalar,
     "namedtuple": _decode_namedtuple,
-    "object": lambda parts, depth: Opaque(str(parts[0])[:200], str(parts[1])[:MAX_TEXT]),
+    "object": lambda parts, depth, state: Opaque(str(parts[0])[:200], str(parts[1])[:MAX_TEXT]),
 }
 
 
