@@ -16,7 +16,6 @@ Only the processes of one TODO function live at a time; between them the room is
 from __future__ import annotations
 
 import contextlib
-import functools
 import io
 import os
 import time
@@ -24,6 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..lab.dispatch import import_dispatch_machinery
 from . import tripwire
 from .children import (
     ProcessRefused,
@@ -373,17 +373,6 @@ class StudentFunction:
 
     def __repr__(self) -> str:
         return f"<your function {self.__name__}, run by the grader in a process of its own>"
-
-
-@functools.cache
-def import_dispatch_machinery() -> None:
-    """Import torch._dynamo here, once, before the probes' processes are forked from this one.
-
-    A probe runs the student's function under a dispatch mode (the course's memory and rank logs), and torch imports
-    torch._dynamo at the first op under one (`torch._disable_dynamo`): about a second of CPU in every process that
-    has not. Forked from a parent that has, each probe's process inherits it instead: chapter 11's graded cells ran
-    4-5x faster, chapter 10's memory cells up to 6x."""
-    import torch._dynamo  # noqa: F401
 
 
 UNANSWERED = "<an answer cell still binds ...>"  # how Ellipsis travels back from the student's process

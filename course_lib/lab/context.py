@@ -24,6 +24,7 @@ from ..ring import (
     ulysses_attention_forward,
 )
 from ..tiled import reference_attention
+from .dispatch import import_dispatch_machinery
 from .ranks import join_gloo, leave_gloo, report_failure, report_result, run_ranks
 
 __all__ = ["call_on_ranks", "ring_attention_on_ranks", "ulysses_attention_on_ranks", "ring_model_on_ranks"]
@@ -64,11 +65,8 @@ class _RankLog(TorchDispatchMode):
 
 
 def _run_logged_ranks(worker, rank_args: list[tuple], timeout_s: float, reporting_ranks: int) -> list:
-    """`run_ranks` for workers under the rank log, with torch._dynamo imported first: some ops under a dispatch mode
-    (torch.cat) import it at their first call (`torch._disable_dynamo`, 1.2 s on torch 2.13), and forked ranks then
-    inherit it instead of each importing it again (4 ranks on 2 cores: 2.4 s of every run)."""
-    import torch._dynamo  # noqa: F401
-
+    """`run_ranks` for workers under the rank log, whose forked ranks inherit torch's dispatch machinery."""
+    import_dispatch_machinery()
     return run_ranks(worker, rank_args, timeout_s, None, reporting_ranks)
 
 
