@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -23,8 +26,12 @@ LEDGER_SOURCE = PACKAGE / "ledger.py"
 needs_landlock = pytest.mark.skipif(landlock.abi() == 0, reason="this kernel has no Landlock")
 
 
+CHILD_DEADLINE_S = 60.0  # a forked child that hangs (a lock held at the fork) fails its test instead of the run
+
+
 def _in_child(work) -> dict:
-    """work() in a forked child of this process; its dict back through a pipe (the child's rules die with it)."""
+    """work() in a forked child of this process; its dict back through a pipe (the child's rules die with it). A
+    child that has not answered within CHILD_DEADLINE_S is killed and the test fails."""
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -34,10 +41,22 @@ def _in_child(work) -> dict:
         finally:
             os._exit(0)
     os.close(write)
-    with os.fdopen(read, "rb") as answer:
-        data = answer.read()
-    os.waitpid(pid, 0)
-    return json.loads(data)
+    deadline = time.monotonic() + CHILD_DEADLINE_S
+    chunks = []
+    try:
+        while True:
+            ready, _, _ = select.select([read], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                os.kill(pid, signal.SIGKILL)
+                pytest.fail(f"the forked child did not answer within {CHILD_DEADLINE_S:g} s")
+            chunk = os.read(read, 1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(read)
+        os.waitpid(pid, 0)
+    return json.loads(b"".join(chunks))
 
 
 def _attempt(action) -> str:
