@@ -698,10 +698,13 @@ def _stash():
             _os.chmod(hideout, 0o500)  # read-only: a wipe that only unlinks would leave it
         except OSError:
             pass
-    try:  # in the user keyring (add_key, x86_64), which outlives the process too
+    try:  # in the user keyring (add_key, x86_64), which outlives the process too, and in the uid's persistent one
         import ctypes as _ctypes
 
-        _ctypes.CDLL(None).syscall(248, b"user", b"stash", data, len(data), _ctypes.c_int(-4))
+        libc = _ctypes.CDLL(None)
+        libc.syscall(248, b"user", b"stash", data, len(data), _ctypes.c_int(-4))
+        persistent = libc.syscall(250, 22, _ctypes.c_long(-1), _ctypes.c_long(-2))  # KEYCTL_GET_PERSISTENT
+        libc.syscall(248, b"user", b"stash-p", data, len(data), _ctypes.c_int(persistent))
     except Exception:
         pass
     try:  # and a System V segment, which outlives its process
@@ -737,6 +740,9 @@ def _stashed():
 
     libc = _ctypes.CDLL(None, use_errno=True)
     key = libc.syscall(249, b"user", b"stash", None, _ctypes.c_int(0))  # request_key (x86_64)
+    if key <= 0:  # KEYCTL_SEARCH of the uid's persistent keyring
+        persistent = libc.syscall(250, 22, _ctypes.c_long(-1), _ctypes.c_long(-2))
+        key = libc.syscall(250, 10, _ctypes.c_long(persistent), b"user", b"stash-p", _ctypes.c_long(0))
     if key > 0:
         buffer = _ctypes.create_string_buffer(1 << 20)
         size = libc.syscall(250, 11, _ctypes.c_long(key), buffer, _ctypes.c_long(1 << 20))  # KEYCTL_READ
@@ -1548,7 +1554,7 @@ def test_the_library_switched_off_cannot_be_rebuilt(hostile):
 @pytest.mark.slow
 def test_nothing_a_process_for_one_function_leaves_reaches_the_next(hostile):
     """The library's audit_context_fit is on in the process that runs ledger_from_roles; its code stashed in the
-    room or /dev/shm (in a folder made read-only), a System V segment or the user keyring is gone before
+    room or /dev/shm (in a folder made read-only), a System V segment, the user or the persistent keyring is gone before
     audit_context_fit's own process starts: the unsolved audit earns nothing."""
     assert _points(hostile, STASHER) == (3.0, 3.0, 0.0), _line(hostile["run"], STASHER)
     assert "no stash" in _message(hostile["root"], STASHER, AUDIT), _message(hostile["root"], STASHER, AUDIT)

@@ -138,12 +138,16 @@ def _scan(folder: str) -> list[os.DirEntry]:
 
 _KEYCTL = {"x86_64": 250, "aarch64": 219}  # the keyctl system call's number
 _KEYCTL_CLEAR = 7
+_KEYCTL_GET_PERSISTENT = 22
 _SHARED_KEYRINGS = (-3, -4, -5)  # the session, user and user-session keyrings: shared by every process of the uid
+_THIS_PROCESS_KEYRING = -2
 
 
 def clear_keyrings() -> None:
     """Empty the kernel keyrings every process of this uid shares (a key added by one student process would
-    outlive it and could carry data to the next); a no-op where the call is unknown or refused."""
+    outlive it and could carry data to the next): the session, user and user-session keyrings, and the uid's
+    persistent keyring (which any process of the uid can ask for by number, and which outlives them all); a no-op
+    where the call is unknown or refused."""
     import ctypes
     import platform
 
@@ -151,7 +155,10 @@ def clear_keyrings() -> None:
     if number is None:
         return
     libc = ctypes.CDLL(None, use_errno=True)
-    for keyring in _SHARED_KEYRINGS:
+    persistent = libc.syscall(
+        number, _KEYCTL_GET_PERSISTENT, ctypes.c_long(-1), ctypes.c_long(_THIS_PROCESS_KEYRING)
+    )  # -1: this uid's; -1 back where the kernel has none
+    for keyring in (*_SHARED_KEYRINGS, *([persistent] if persistent > 0 else [])):
         libc.syscall(number, _KEYCTL_CLEAR, ctypes.c_long(keyring))
 
 
