@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import math
+import warnings
 from collections.abc import Sequence
 from numbers import Integral, Real
 
@@ -296,3 +298,37 @@ def require_dataset(name: str, value: object, *, column: object = None, column_n
         raise ValueError(f"{name} must be a datasets.Dataset, got {_shown(value)}")
     if column is not None and (not isinstance(column, str) or column not in value.column_names):
         raise ValueError(f"{column_name} = {_shown(column)} is not a column of {name}: {value.column_names}")
+
+
+def renamed_keywords(**new_by_old: str):
+    """A decorator for a public function whose keywords were renamed: called with an old name, it warns
+    (DeprecationWarning) and passes the value on under the new one; with both names, TypeError as Python's own.
+
+    >>> @renamed_keywords(capacity="seq_length")
+    ... def rows(lengths, seq_length):
+    ...     return seq_length
+    >>> import warnings
+    >>> with warnings.catch_warnings(record=True):
+    ...     rows([1], capacity=8)
+    8
+    """
+
+    def wrap(function):
+        @functools.wraps(function)
+        def call(*args, **kwargs):
+            for old, new in new_by_old.items():
+                if old not in kwargs:
+                    continue
+                if new in kwargs:
+                    raise TypeError(f"{function.__name__}() got {new}= and its old name {old}=; pass {new}= only")
+                warnings.warn(
+                    f"{function.__name__}({old}=...) is deprecated: the argument is now {new}=",
+                    DeprecationWarning,
+                    stacklevel=2,
+                )
+                kwargs[new] = kwargs.pop(old)
+            return function(*args, **kwargs)
+
+        return call
+
+    return wrap

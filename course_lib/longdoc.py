@@ -18,7 +18,14 @@ from typing import Any, NamedTuple, TypedDict
 
 import numpy as np
 
-from ._checks import INT64_MAX, require_int, require_lengths, require_nonnegative_int, require_positive_int
+from ._checks import (
+    INT64_MAX,
+    renamed_keywords,
+    require_int,
+    require_lengths,
+    require_nonnegative_int,
+    require_positive_int,
+)
 from .packing import plan_packing
 from .window import IGNORE_INDEX
 
@@ -243,28 +250,30 @@ def split_document(
     return pieces
 
 
-def short_text_packing(lengths: Any, capacity: int, *, pad_to: int = 256, min_length: int = 32) -> dict[str, Any]:
+@renamed_keywords(capacity="seq_length")
+def short_text_packing(lengths: Any, seq_length: int, *, pad_to: int = 256, min_length: int = 32) -> dict[str, Any]:
     """Packing article §5.1's rules for short texts against plain packing: lengths [N] -> {kept, dropped,
     dropped_tokens, pack, pad_then_pack}, each arm {rows, positions, padding_ratio}.
 
     Texts under min_length tokens are dropped (both arms). "pack" packs the kept texts' real lengths into rows of
-    capacity; "pad_then_pack" first pads each one shorter than pad_to up to pad_to, as the article advises, then packs;
-    both with best fit decreasing (plan_packing "bfd"). padding_ratio = positions holding no real token / positions.
+    seq_length tokens; "pad_then_pack" first pads each one shorter than pad_to up to pad_to, as the article advises,
+    then packs; both with best fit decreasing (plan_packing "bfd"). padding_ratio = positions holding no real token /
+    positions.
     """
-    capacity = require_positive_int("capacity", capacity)
-    pad_to = require_int("pad_to", pad_to, minimum=1, maximum=capacity)
+    seq_length = require_positive_int("seq_length", seq_length)
+    pad_to = require_int("pad_to", pad_to, minimum=1, maximum=seq_length)
     min_length = require_nonnegative_int("min_length", min_length)
-    listed = require_lengths("lengths", lengths, maximum=capacity, maximum_name="capacity")
+    listed = require_lengths("lengths", lengths, maximum=seq_length, maximum_name="seq_length")
     kept = [length for length in listed if length >= min_length]
     if not kept:
         raise ValueError(f"every length is below min_length = {min_length}: nothing is left to pack")
     real_tokens = sum(kept)
     arms = {}
     for name, units in (("pack", kept), ("pad_then_pack", [max(length, pad_to) for length in kept])):
-        rows = len(plan_packing(units, capacity))
+        rows = len(plan_packing(units, seq_length))
         arms[name] = {
             "rows": rows,
-            "positions": rows * capacity,
-            "padding_ratio": (rows * capacity - real_tokens) / (rows * capacity),
+            "positions": rows * seq_length,
+            "padding_ratio": (rows * seq_length - real_tokens) / (rows * seq_length),
         }
     return {"kept": len(kept), "dropped": len(listed) - len(kept), "dropped_tokens": sum(listed) - real_tokens, **arms}

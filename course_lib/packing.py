@@ -18,6 +18,7 @@ import torch
 from ._checks import (
     INT64_MAX,
     padded_width,
+    renamed_keywords,
     require_keys,
     require_lengths,
     require_nonnegative_int,
@@ -46,8 +47,8 @@ __all__ = [
 PACKING_STRATEGIES = ("bfd", "ffd", "sequential")
 
 
-def _lengths_array(name: str, lengths, capacity: int | None = None, capacity_name: str = "capacity") -> np.ndarray:
-    """lengths [N] (list, numpy array or tensor of ints >= 1, each <= capacity) -> int64 array [N]."""
+def _lengths_array(name: str, lengths, seq_length: int | None = None) -> np.ndarray:
+    """lengths [N] (list, numpy array or tensor of ints >= 1, each <= seq_length) -> int64 array [N]."""
     if torch.is_tensor(lengths):
         lengths = lengths.detach().cpu().numpy()
     fast = (
@@ -59,20 +60,20 @@ def _lengths_array(name: str, lengths, capacity: int | None = None, capacity_nam
         isinstance(lengths, list) and set(map(type, lengths)) == {int}  # bools and floats take the slow path
     )
     if not fast:  # the element-wise checks name the offending entry
-        lengths = require_lengths(name, lengths, maximum=capacity, maximum_name=capacity_name)
+        lengths = require_lengths(name, lengths, maximum=seq_length, maximum_name="seq_length")
     try:
         array = np.asarray(lengths, dtype=np.int64)
     except OverflowError:  # a Python int beyond int64: the element-wise checks name it
-        require_lengths(name, lengths, maximum=capacity, maximum_name=capacity_name)
+        require_lengths(name, lengths, maximum=seq_length, maximum_name="seq_length")
         raise
     if array.size == 0:
         raise ValueError(f"{name} must not be empty")
     if array.min() < 1:
         index = int(np.argmax(array < 1))
         raise ValueError(f"{name}[{index}] must be >= 1, got {array[index]}")
-    if capacity is not None and array.max() > capacity:
-        index = int(np.argmax(array > capacity))
-        raise ValueError(f"{name}[{index}] = {array[index]} exceeds {capacity_name} = {capacity}")
+    if seq_length is not None and array.max() > seq_length:
+        index = int(np.argmax(array > seq_length))
+        raise ValueError(f"{name}[{index}] = {array[index]} exceeds seq_length = {seq_length}")
     return array
 
 
@@ -81,33 +82,32 @@ class PackedLengths(TypedDict):
     utilization: float
 
 
-def pack_sample_lengths(lengths, max_tokens_per_bin: int) -> PackedLengths:
+@renamed_keywords(max_tokens_per_bin="seq_length")
+def pack_sample_lengths(lengths, seq_length: int) -> PackedLengths:
     """Teaching first-fit decreasing, O(n * bins): lengths [N] -> {"bins": lists of lengths, "utilization"}."""
-    max_tokens_per_bin = require_positive_int("max_tokens_per_bin", max_tokens_per_bin)
-    lengths = require_lengths(
-        "lengths", lengths, allow_empty=True, maximum=max_tokens_per_bin, maximum_name="max_tokens_per_bin"
-    )
+    seq_length = require_positive_int("seq_length", seq_length)
+    lengths = require_lengths("lengths", lengths, allow_empty=True, maximum=seq_length, maximum_name="seq_length")
     bins: list[list[int]] = []
     for length in sorted(lengths, reverse=True):
-        target = next((bin_ for bin_ in bins if sum(bin_) + length <= max_tokens_per_bin), None)
+        target = next((bin_ for bin_ in bins if sum(bin_) + length <= seq_length), None)
         if target is None:
             bins.append([length])
         else:
             target.append(length)
-    reserved_tokens = len(bins) * max_tokens_per_bin
+    reserved_tokens = len(bins) * seq_length
     return {"bins": bins, "utilization": sum(lengths) / reserved_tokens if reserved_tokens else 0.0}
 
 
-def _best_fit(order: list[int], lengths: list[int], capacity: int) -> list[list[int]]:
+def _best_fit(order: list[int], lengths: list[int], seq_length: int) -> list[list[int]]:
     """Best fit over a sorted list of the distinct remaining capacities: O(n log C) searches."""
     bins: list[list[int]] = []
-    open_spaces: list[int] = []  # sorted distinct remaining capacities in (0, capacity) held by some bin
-    bins_by_space: dict[int, deque] = {}  # remaining capacity -> bin numbers, oldest first (TRL's tie-break)
+    open_spaces: list[int] = []  # sorted distinct remaining spaces in (0, seq_length) held by some bin
+    bins_by_space: dict[int, deque] = {}  # remaining space -> bin numbers, oldest first (TRL's tie-break)
     for index in order:
         length = lengths[index]
         slot = bisect_left(open_spaces, length)  # tightest bin that still fits
         if slot == len(open_spaces):
-            bin_number, space = len(bins), capacity
+            bin_number, space = len(bins), seq_length
             bins.append([index])
         else:
             space = open_spaces[slot]
@@ -127,11 +127,11 @@ def _best_fit(order: list[int], lengths: list[int], capacity: int) -> list[list[
     return bins
 
 
-def _first_fit(order: list[int], lengths: list[int], capacity: int) -> list[list[int]]:
+def _first_fit(order: list[int], lengths: list[int], seq_length: int) -> list[list[int]]:
     """First fit with a max segment tree over bin slots: O(n log n)."""
     leaves = 1 << max(0, (len(order) - 1).bit_length())
     # unopened slots hold a full bin's space, so the leftmost slot that fits is an open bin or the next new one
-    tree = [capacity] * (2 * leaves)
+    tree = [seq_length] * (2 * leaves)
     bins: list[list[int]] = []
     for index in order:
         length = lengths[index]
@@ -154,33 +154,34 @@ def _first_fit(order: list[int], lengths: list[int], capacity: int) -> list[list
     return bins
 
 
-def _next_fit(order: list[int], lengths: list[int], capacity: int) -> list[list[int]]:
+def _next_fit(order: list[int], lengths: list[int], seq_length: int) -> list[list[int]]:
     """Next fit in input order (keeps sample order, one open bin): O(n)."""
     bins: list[list[int]] = []
     space = 0
     for index in order:
         if lengths[index] > space:
             bins.append([])
-            space = capacity
+            space = seq_length
         bins[-1].append(index)
         space -= lengths[index]
     return bins
 
 
-def plan_packing(lengths, capacity: int, strategy: str = "bfd") -> list[list[int]]:
-    """lengths [N] -> bins as lists of sample indices, each bin's total <= capacity.
+@renamed_keywords(capacity="seq_length")
+def plan_packing(lengths, seq_length: int, strategy: str = "bfd") -> list[list[int]]:
+    """lengths [N] -> bins as lists of sample indices, each bin's total <= seq_length.
 
     Deterministic for each strategy: "bfd" (best fit decreasing), "ffd" (first fit decreasing), "sequential".
     """
-    capacity = require_positive_int("capacity", capacity)
+    seq_length = require_positive_int("seq_length", seq_length)
     if strategy not in PACKING_STRATEGIES:
         raise ValueError(f"strategy must be one of {PACKING_STRATEGIES}, got {strategy!r}")
-    array = _lengths_array("lengths", lengths, capacity)  # [N]
+    array = _lengths_array("lengths", lengths, seq_length)  # [N]
     if strategy == "sequential":
-        return _next_fit(list(range(len(array))), array.tolist(), capacity)
+        return _next_fit(list(range(len(array))), array.tolist(), seq_length)
     order = np.argsort(-array, kind="stable").tolist()  # longest first, ties by index
     fit = _best_fit if strategy == "bfd" else _first_fit
-    return fit(order, array.tolist(), capacity)
+    return fit(order, array.tolist(), seq_length)
 
 
 # The LlamaFactory walkthrough's rule of thumb:
@@ -429,30 +430,31 @@ class PackedRows(_PackedRowsRequired, total=False):
     sample_logp: torch.Tensor
 
 
-def pack_sequences(sequences, max_tokens: int, pad_id: int = 0, *, pad_to_multiple_of: int | None = None) -> PackedRows:
-    """First-fit-decreasing rows of max_tokens -> ids / position_ids / segment_ids [R, L], action_mask / sample_logp
+@renamed_keywords(max_tokens="seq_length")
+def pack_sequences(sequences, seq_length: int, pad_id: int = 0, *, pad_to_multiple_of: int | None = None) -> PackedRows:
+    """First-fit-decreasing rows of seq_length -> ids / position_ids / segment_ids [R, L], action_mask / sample_logp
     [R, L-1], rows.
 
     Each sequence is a mapping with "ids" and optional "action_mask"/"sample_logp" (length len(ids) - 1), an object
     with those attributes, or a bare 1-D sequence of ids. segment_ids is the sequence's index within its row, -1 on
     padding; the transition entry that would predict the next sequence's first token stays 0. A sequence longer than
-    max_tokens is refused: `pack_split_sequences` cuts it into pieces instead. Rows are max_tokens wide, rounded up
-    to a multiple of pad_to_multiple_of when given (as transformers' collators round; the plan still fills max_tokens).
+    seq_length is refused: `pack_split_sequences` cuts it into pieces instead. Rows are seq_length wide, rounded up
+    to a multiple of pad_to_multiple_of when given (as transformers' collators round; the plan still fills seq_length).
 
     Sequences of 3, 2 and 1 tokens in rows of 4: the longest first, each into the first row it fits:
 
-    >>> packed = pack_sequences([[11, 12, 13], [21, 22], [31]], max_tokens=4)
+    >>> packed = pack_sequences([[11, 12, 13], [21, 22], [31]], seq_length=4)
     >>> packed["ids"].tolist(), packed["rows"]
     ([[11, 12, 13, 31], [21, 22, 0, 0]], [[0, 2], [1]])
     >>> packed["position_ids"].tolist(), packed["segment_ids"].tolist()
     ([[0, 1, 2, 0], [0, 1, 0, 0]], [[0, 0, 0, 1], [0, 0, -1, -1]])
     """
-    max_tokens = require_positive_int("max_tokens", max_tokens)
+    seq_length = require_positive_int("seq_length", seq_length)
     pad_id = require_nonnegative_int("pad_id", pad_id)
-    width = padded_width(max_tokens, pad_to_multiple_of)
+    width = padded_width(seq_length, pad_to_multiple_of)
     ids, fields = _read_sequences(require_sequence("sequences", sequences, allow_empty=False))
-    lengths = _lengths_array("sequence_lengths", [len(sequence_ids) for sequence_ids in ids], max_tokens, "max_tokens")
-    return _lay_out_rows(ids, fields, lengths, plan_packing(lengths, max_tokens, "ffd"), width, pad_id)
+    lengths = _lengths_array("sequence_lengths", [len(sequence_ids) for sequence_ids in ids], seq_length)
+    return _lay_out_rows(ids, fields, lengths, plan_packing(lengths, seq_length, "ffd"), width, pad_id)
 
 
 def _lay_out_rows(

@@ -14,6 +14,7 @@ import numpy as np
 
 from ._checks import (
     padded_width,
+    renamed_keywords,
     require_keys,
     require_lengths,
     require_nonnegative_int,
@@ -25,21 +26,21 @@ from .packing import PackedRows, _best_fit, _lay_out_rows, _lengths_array, _read
 
 __all__ = ["plan_split_packing", "split_into_pieces", "pack_split_sequences"]
 
-MAX_PIECES = 2**31 - 1  # a plan holds a Python tuple per piece: more would need hundreds of GB (capacity too small)
+MAX_PIECES = 2**31 - 1  # a plan holds a Python tuple per piece: more would need hundreds of GB (seq_length too small)
 
 
-def _pieces(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """lengths [N] -> pieces (sample [P], start [P], stop [P]): capacity-sized pieces, then the remainder.
+def _pieces(lengths: np.ndarray, seq_length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """lengths [N] -> pieces (sample [P], start [P], stop [P]): seq_length-sized pieces, then the remainder.
 
-    lengths [10, 3], capacity 4 -> sample [0, 0, 0, 1], start [0, 4, 8, 0], stop [4, 8, 10, 3]
+    lengths [10, 3], seq_length 4 -> sample [0, 0, 0, 1], start [0, 4, 8, 0], stop [4, 8, 10, 3]
     """
-    cut = min(capacity, int(lengths.max()))  # cuts the same pieces, and keeps a huge capacity out of int64
+    cut = min(seq_length, int(lengths.max()))  # cuts the same pieces, and keeps a huge seq_length out of int64
     counts = -(-lengths // cut)  # [N] ceil(n / cut) pieces per sample
     pieces = int(counts.sum(dtype=object))  # exact: an int64 sum of 2**62-token samples would wrap
     if pieces > MAX_PIECES:
         raise ValueError(
-            f"lengths cut into {pieces} pieces of capacity {capacity}, more than a plan holds "
-            f"({MAX_PIECES}): raise capacity"
+            f"lengths cut into {pieces} pieces of at most seq_length = {seq_length} tokens, more than a plan holds "
+            f"({MAX_PIECES}): raise seq_length"
         )
     sample = np.repeat(np.arange(len(lengths)), counts)  # [P]
     first_piece = np.cumsum(counts) - counts  # [N] each sample's first piece number
@@ -48,15 +49,17 @@ def _pieces(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray,
     return sample, start, stop
 
 
-def plan_split_packing(lengths, capacity: int) -> list[list[tuple[int, int, int]]]:
-    """lengths [N] (any length >= 1) -> rows of (sample_index, start, stop) spans, each row's total <= capacity.
+@renamed_keywords(capacity="seq_length")
+def plan_split_packing(lengths, seq_length: int) -> list[list[tuple[int, int, int]]]:
+    """lengths [N] (any length >= 1) -> rows of (sample_index, start, stop) spans, each row's total <= seq_length.
 
-    A sample longer than capacity is cut into capacity-sized pieces and a remainder; all pieces are then packed best
+    A sample longer than seq_length is cut into seq_length-sized pieces and a remainder; all pieces are then packed best
     fit decreasing, as `plan_packing` packs samples (ties by sample, then start). Every token of every sample lies in
     exactly one span; the plan depends only on the lengths; O(P log P) for P pieces. On the same lengths it is
     TRL's `pack_dataset(strategy="bfd_split")` with one map batch, row for row.
 
-        lengths [10, 3, 5], capacity 4 -> [[(0, 0, 4)], [(0, 4, 8)], [(2, 0, 4)], [(1, 0, 3), (2, 4, 5)], [(0, 8, 10)]]
+        lengths [10, 3, 5], seq_length 4
+        -> [[(0, 0, 4)], [(0, 4, 8)], [(2, 0, 4)], [(1, 0, 3), (2, 4, 5)], [(0, 8, 10)]]
 
     What splitting costs: a continuation piece starts at position 0 and attends only to itself, so its first tokens
     are predicted without the sample's beginning (a chat's answer without its question, a document from
@@ -66,12 +69,12 @@ def plan_split_packing(lengths, capacity: int) -> list[list[tuple[int, int, int]
     the sample); for a long document whose every token should keep some context prefer sliding windows
     (`split_document`: overlapping windows, each token's loss owned by one), which read the overlaps twice.
     """
-    capacity = require_positive_int("capacity", capacity)
+    seq_length = require_positive_int("seq_length", seq_length)
     lengths = _lengths_array("lengths", lengths)  # [N]; no maximum: a sample longer than a row is the point
-    sample, start, stop = _pieces(lengths, capacity)  # [P] each
+    sample, start, stop = _pieces(lengths, seq_length)  # [P] each
     piece_lengths = stop - start  # [P]
     order = np.argsort(-piece_lengths, kind="stable").tolist()  # longest first, ties by sample then start
-    rows = _best_fit(order, piece_lengths.tolist(), capacity)
+    rows = _best_fit(order, piece_lengths.tolist(), seq_length)
     spans = list(zip(sample.tolist(), start.tolist(), stop.tolist(), strict=True))
     return [[spans[piece] for piece in row] for row in rows]
 
@@ -89,10 +92,8 @@ def _span(name: str, span, lengths: list[int]) -> tuple[int, int, int]:
     return sample, start, stop
 
 
-def _check_split_plan(
-    plan, lengths: list[int], capacity: int | None = None, capacity_name: str = "capacity"
-) -> list[list[tuple[int, int, int]]]:
-    """A split plan for these lengths: every row non-empty and within capacity, every token placed exactly once."""
+def _check_split_plan(plan, lengths: list[int], seq_length: int | None = None) -> list[list[tuple[int, int, int]]]:
+    """A split plan for these lengths: every row non-empty and within seq_length, every token placed exactly once."""
     checked = []
     for row_number, row in enumerate(require_sequence("plan", plan, allow_empty=False)):
         spans = [
@@ -100,8 +101,8 @@ def _check_split_plan(
             for k, span in enumerate(require_sequence(f"plan[{row_number}]", row, allow_empty=False))
         ]
         total = sum(stop - start for _, start, stop in spans)
-        if capacity is not None and total > capacity:
-            raise ValueError(f"plan[{row_number}] holds {total} tokens, more than {capacity_name} = {capacity}")
+        if seq_length is not None and total > seq_length:
+            raise ValueError(f"plan[{row_number}] holds {total} tokens, more than seq_length = {seq_length}")
         checked.append(spans)
     _check_every_token_once([span for row in checked for span in row], lengths)
     return checked
@@ -162,27 +163,28 @@ class SplitPackedRows(PackedRows, total=False):
     pieces: list[tuple[int, int, int]]
 
 
+@renamed_keywords(max_tokens="seq_length")
 def pack_split_sequences(
-    sequences, max_tokens: int, pad_id: int = 0, plan=None, *, pad_to_multiple_of: int | None = None
+    sequences, seq_length: int, pad_id: int = 0, plan=None, *, pad_to_multiple_of: int | None = None
 ) -> SplitPackedRows:
     """`pack_sequences` for sequences of any length: rows of split pieces -> its dict, plus "pieces".
 
-    plan: rows of (sequence, start, stop) spans within max_tokens; None plans with `plan_split_packing`. Every piece
+    plan: rows of (sequence, start, stop) spans within seq_length; None plans with `plan_split_packing`. Every piece
     is a segment of its own (positions from 0); "pieces" lists the spans by sequence, then start, and "rows" holds
     piece numbers, so `packed_to_sequences(x, segment_ids, rows)` returns the pieces in that order. A piece's
     action_mask / sample_logp are the sequence's transitions inside it: the one across each cut is dropped.
 
-        ids of 5 and 2 tokens, max_tokens 4 -> pieces [(0, 0, 4), (0, 4, 5), (1, 0, 2)], rows [[0], [2, 1]]
+        ids of 5 and 2 tokens, seq_length 4 -> pieces [(0, 0, 4), (0, 4, 5), (1, 0, 2)], rows [[0], [2, 1]]
     """
-    max_tokens = require_positive_int("max_tokens", max_tokens)
+    seq_length = require_positive_int("seq_length", seq_length)
     pad_id = require_nonnegative_int("pad_id", pad_id)
-    width = padded_width(max_tokens, pad_to_multiple_of)  # rows as pack_sequences pads them
+    width = padded_width(seq_length, pad_to_multiple_of)  # rows as pack_sequences pads them
     ids, fields = _read_sequences(require_sequence("sequences", sequences, allow_empty=False))
     lengths = _lengths_array("sequence_lengths", [len(sequence_ids) for sequence_ids in ids])
     if plan is None:
-        plan = plan_split_packing(lengths, max_tokens)
+        plan = plan_split_packing(lengths, seq_length)
     else:
-        plan = _check_split_plan(plan, lengths.tolist(), max_tokens, "max_tokens")
+        plan = _check_split_plan(plan, lengths.tolist(), seq_length)
     pieces = sorted(span for row in plan for span in row)  # by sequence, then start: each sequence's in token order
     number = {span: piece for piece, span in enumerate(pieces)}
     rows = [[number[span] for span in row] for row in plan]

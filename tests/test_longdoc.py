@@ -237,12 +237,12 @@ def test_short_text_packing_by_hand_and_chapter_8s_tweets():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"lengths": [10, 20], "capacity": 512}, r"^every length is below min_length = 32"),
-        ({"lengths": [10, 600], "capacity": 512}, r"^lengths\[1\] = 600 exceeds capacity = 512"),
-        ({"lengths": [40], "capacity": 512, "pad_to": 1024}, r"^pad_to must be <= 512"),
-        ({"lengths": [40], "capacity": 512, "pad_to": 0}, r"^pad_to must be >= 1"),
-        ({"lengths": [40], "capacity": 512, "min_length": -1}, r"^min_length must be >= 0"),
-        ({"lengths": [], "capacity": 512}, r"^lengths must not be empty"),
+        ({"lengths": [10, 20], "seq_length": 512}, r"^every length is below min_length = 32"),
+        ({"lengths": [10, 600], "seq_length": 512}, r"^lengths\[1\] = 600 exceeds seq_length = 512"),
+        ({"lengths": [40], "seq_length": 512, "pad_to": 1024}, r"^pad_to must be <= 512"),
+        ({"lengths": [40], "seq_length": 512, "pad_to": 0}, r"^pad_to must be >= 1"),
+        ({"lengths": [40], "seq_length": 512, "min_length": -1}, r"^min_length must be >= 0"),
+        ({"lengths": [], "seq_length": 512}, r"^lengths must not be empty"),
     ],
 )
 def test_short_text_packing_bad_input(kwargs, message):

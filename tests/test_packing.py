@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
@@ -14,6 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from course_lib.longdoc import short_text_packing
 from course_lib.packing import (
     PACKING_STRATEGIES,
     additive_attention_mask,
@@ -27,6 +29,7 @@ from course_lib.packing import (
     plan_packing,
     varlen_metadata,
 )
+from course_lib.packing_split import pack_split_sequences, plan_split_packing
 
 FAST = settings(deadline=None, max_examples=60)
 lengths_and_capacity = st.integers(1, 40).flatmap(
@@ -128,7 +131,7 @@ def test_lcft_boundary_isolated_packing():
 
 
 def test_lcft_invalid_inputs():
-    with pytest.raises(ValueError, match="exceeds max_tokens_per_bin = 128"):
+    with pytest.raises(ValueError, match="exceeds seq_length = 128"):
         pack_sample_lengths([129], 128)
     with pytest.raises(ValueError, match="samples must not be empty"):
         build_boundary_isolated_packing([])
@@ -337,21 +340,21 @@ def test_pack_sequences_accepts_objects_and_bare_ids():
         (lambda: plan_packing([3, 0, 2], 10), r"lengths\[1\] must be >= 1, got 0"),
         (lambda: plan_packing(np.array([3, -2]), 10), r"lengths\[1\] must be >= 1, got -2"),
         (lambda: plan_packing([], 10), "lengths must not be empty"),
-        (lambda: plan_packing([4, 11, 2], 10), r"lengths\[1\] = 11 exceeds capacity = 10"),
-        (lambda: plan_packing(torch.tensor([4, 11]), 10), r"lengths\[1\] = 11 exceeds capacity = 10"),
+        (lambda: plan_packing([4, 11, 2], 10), r"lengths\[1\] = 11 exceeds seq_length = 10"),
+        (lambda: plan_packing(torch.tensor([4, 11]), 10), r"lengths\[1\] = 11 exceeds seq_length = 10"),
         (lambda: plan_packing([4, 2.5], 10), r"lengths\[1\] must be an integer, got 2.5"),
         # the fast path (a list of ints, an integer array) names the first offending entry, at each edge
         (lambda: plan_packing([1, 0], 10), r"lengths\[1\] must be >= 1, got 0"),
         (lambda: plan_packing(np.array([1, 3, 0]), 10), r"lengths\[2\] must be >= 1, got 0"),
-        (lambda: plan_packing([10, 11], 10), r"lengths\[1\] = 11 exceeds capacity = 10"),
+        (lambda: plan_packing([10, 11], 10), r"lengths\[1\] = 11 exceeds seq_length = 10"),
         (lambda: plan_packing(np.array([], dtype=np.int64), 10), "lengths must not be empty"),
         (lambda: plan_packing(np.ones((2, 2), dtype=np.int64), 10), "lengths must be one-dimensional"),
         (lambda: plan_packing([4, True], 10), r"lengths\[1\] must be an integer, got True"),
         (lambda: plan_packing(np.array([1.0, 2.0]), 10), r"lengths\[0\] must be an integer, got 1.0"),
-        (lambda: plan_packing([4], 0), "capacity must be >= 1, got 0"),
+        (lambda: plan_packing([4], 0), "seq_length must be >= 1, got 0"),
         (lambda: plan_packing([4], 10, "greedy"), "strategy must be one of .* got 'greedy'"),
         (lambda: pack_sample_lengths([3, 0], 10), r"lengths\[1\] must be >= 1, got 0"),
-        (lambda: pack_sample_lengths([3], -1), "max_tokens_per_bin must be >= 1, got -1"),
+        (lambda: pack_sample_lengths([3], -1), "seq_length must be >= 1, got -1"),
         (lambda: varlen_metadata([2, 0]), r"seq_lengths\[1\] must be >= 1, got 0"),
         (lambda: varlen_metadata([]), "seq_lengths must not be empty"),
         (lambda: block_causal_mask(torch.tensor(3)), "segment_ids must be an integer tensor with at least one"),
@@ -389,7 +392,7 @@ def test_pack_sequences_accepts_objects_and_bare_ids():
             r"samples\[0\]\['labels'\] must .*integer",
         ),
         (lambda: pack_sequences([], 8), "sequences must not be empty"),
-        (lambda: pack_sequences([[1, 2, 3]], 2), r"sequence_lengths\[0\] = 3 exceeds max_tokens = 2"),
+        (lambda: pack_sequences([[1, 2, 3]], 2), r"sequence_lengths\[0\] = 3 exceeds seq_length = 2"),
         (
             lambda: pack_sequences([{"ids": [1, 2, 3], "action_mask": [1, 1, 1]}], 8),
             r"sequences\[0\]\['action_mask'\] has shape \(3,\), expected \(len\(ids\) - 1,\) = \(2,\)",
@@ -400,7 +403,7 @@ def test_pack_sequences_accepts_objects_and_bare_ids():
         ),
         (lambda: pack_sequences([{"ids": [1.5, 2.0]}], 8), r"sequences\[0\]\['ids'\] must be a 1-D integer sequence"),
         (lambda: pack_sequences([{"labels": [1]}], 8), r"sequences\[0\] has no 'ids'"),
-        (lambda: pack_sequences([[1, 2]], 0), "max_tokens must be >= 1, got 0"),
+        (lambda: pack_sequences([[1, 2]], 0), "seq_length must be >= 1, got 0"),
         (lambda: pack_sequences([[1, 2]], 4, pad_id=None), "pad_id must be an integer, got None"),
     ],
 )
@@ -483,3 +486,25 @@ def test_packing_suitability_matches_the_rule_with_exact_edges():
 def test_packing_rules_refuse_bad_input(call, field):
     with pytest.raises(ValueError, match=field):
         call()
+
+
+@pytest.mark.parametrize(
+    ("call", "old"),
+    [
+        (lambda **row: plan_packing([3, 2], **row), "capacity"),
+        (lambda **row: pack_sample_lengths([3, 2], **row), "max_tokens_per_bin"),
+        (lambda **row: pack_sequences([[1, 2, 3], [4, 5]], **row), "max_tokens"),
+        (lambda **row: plan_split_packing([3, 2], **row), "capacity"),
+        (lambda **row: pack_split_sequences([[1, 2, 3], [4, 5]], **row), "max_tokens"),
+        (lambda **row: short_text_packing([40, 50], pad_to=64, **row), "capacity"),
+    ],
+)
+def test_the_row_length_has_one_name_and_the_old_ones_still_work(call, old):
+    """`seq_length` (TRL's `pack_dataset` name) everywhere; each function's old keyword warns and gives the same."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        wanted = call(seq_length=128)
+    with pytest.warns(DeprecationWarning, match=f"{old}=.*deprecated.*seq_length="):
+        assert repr(call(**{old: 128})) == repr(wanted)
+    with pytest.raises(TypeError, match=f"got seq_length= and its old name {old}="):
+        call(**{old: 128, "seq_length": 128})

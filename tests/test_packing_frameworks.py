@@ -122,7 +122,7 @@ def test_trl_packs_each_map_batch_separately():
 def test_trl_truncates_an_overlong_sample_where_we_refuse():
     packed = pack_dataset(Dataset.from_list(_samples([5, 9])), seq_length=6, strategy="bfd")
     assert sorted(n for row in packed for n in row["seq_lengths"]) == [5, 6]  # 3 tokens silently dropped
-    with pytest.raises(ValueError, match=r"lengths\[1\] = 9 exceeds capacity = 6"):
+    with pytest.raises(ValueError, match=r"lengths\[1\] = 9 exceeds seq_length = 6"):
         plan_packing([5, 9], 6)
 
 

@@ -256,10 +256,10 @@ def test_each_piece_on_tiny_qwen2_equals_that_piece_alone_and_a_continuation_los
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda: plan_split_packing([3], 0), "capacity must be >= 1, got 0"),
-        (lambda: plan_split_packing([3], True), "capacity must be an integer, got True"),
-        (lambda: plan_split_packing([3], 4.0), "capacity must be an integer, got 4.0"),
-        (lambda: plan_split_packing([3], -2), "capacity must be >= 1, got -2"),
+        (lambda: plan_split_packing([3], 0), "seq_length must be >= 1, got 0"),
+        (lambda: plan_split_packing([3], True), "seq_length must be an integer, got True"),
+        (lambda: plan_split_packing([3], 4.0), "seq_length must be an integer, got 4.0"),
+        (lambda: plan_split_packing([3], -2), "seq_length must be >= 1, got -2"),
         (lambda: plan_split_packing([3, -2], 4), r"lengths\[1\] must be >= 1, got -2"),
         (lambda: plan_split_packing(np.array([3, 0]), 4), r"lengths\[1\] must be >= 1, got 0"),
         (lambda: plan_split_packing([], 4), "lengths must not be empty"),
@@ -270,7 +270,7 @@ def test_each_piece_on_tiny_qwen2_equals_that_piece_alone_and_a_continuation_los
         (lambda: plan_split_packing([2**63 + 5], 4), r"lengths\[0\] must be <= 9223372036854775807"),
         (
             lambda: plan_split_packing([2**62], 1),
-            r"lengths cut into 4611686018427387904 pieces of capacity 1, more than",
+            r"lengths cut into 4611686018427387904 pieces of at most seq_length = 1 tokens, more than",
         ),
         (lambda: split_into_pieces([], [[(0, 0, 1)]]), "samples must not be empty"),
         (
@@ -332,7 +332,7 @@ def test_each_piece_on_tiny_qwen2_equals_that_piece_alone_and_a_continuation_los
             r"plan places no span on tokens \[0, 1\) of sample 1",
         ),
         (lambda: pack_split_sequences([], 4), "sequences must not be empty"),
-        (lambda: pack_split_sequences([[1, 2]], 0), "max_tokens must be >= 1, got 0"),
+        (lambda: pack_split_sequences([[1, 2]], 0), "seq_length must be >= 1, got 0"),
         (lambda: pack_split_sequences([[1, 2]], 4, pad_id=-1), "pad_id must be >= 0, got -1"),
         (
             lambda: pack_split_sequences([[1, 2], torch.tensor([], dtype=torch.long)], 4),
@@ -341,7 +341,7 @@ def test_each_piece_on_tiny_qwen2_equals_that_piece_alone_and_a_continuation_los
         (
             lambda: pack_split_sequences([[1, 2, 3]], 2, plan=[[(0, 0, 3)]]),
             r"plan\[0\] holds 3 tokens, more than "
-            r"max_tokens = 2",
+            r"seq_length = 2",
         ),
         (lambda: pack_split_sequences([[1, 2, 3]], 4, plan=[[(0, 0, 2)]]), r"plan places no span on tokens \[2, 3\)"),
         (lambda: pack_split_sequences([[1, 2, 3]], 4, plan="abc"), "plan must be a sequence"),

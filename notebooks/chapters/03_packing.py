@@ -84,10 +84,10 @@ print(
 
 # %% [markdown]
 # Most of the padded batch is padding: the forward and backward passes do that share of their work on tokens
-# that carry no information. **Packing** (打包) concatenates several samples into one row of fixed capacity $C$ and
-# fills the rows almost to the brim. It also opens two new ways to be wrong, which the rest of the chapter
-# closes: a later sample can attend to an earlier one (an attention leak), and its position ids can continue
-# from the previous sample instead of starting at 0.
+# that carry no information. **Packing** (打包) concatenates several samples into one row of a fixed length $C$
+# (the argument `seq_length`, as TRL's `pack_dataset` names it) and fills the rows almost to the brim. It also opens
+# two new ways to be wrong, which the rest of the chapter closes: a later sample can attend to an earlier one (an
+# attention leak), and its position ids can continue from the previous sample instead of starting at 0.
 #
 # ## 2. Packing plans: FFD and BFD (装箱计划)
 #
@@ -106,17 +106,17 @@ print(
 # %%
 print(pack_sample_lengths([7, 6, 4, 3], 10))  # the teaching FFD: rows of lengths
 print(plan_packing([7, 6, 4, 3], 10, "ffd"))  # the fast plan: rows of sample indices
-CAPACITY = 512
+SEQ_LENGTH = 512
 print(f"\nour 64 chats, {real_tokens} tokens; rows of C tokens (lower bound ceil(sum / C)):")
-for capacity in (384, CAPACITY, 1024):
+for seq_length in (384, SEQ_LENGTH, 1024):
     for strategy in PACKING_STRATEGIES:
-        rows = plan_packing(lengths, capacity, strategy)
+        rows = plan_packing(lengths, seq_length, strategy)
         print(
-            f"  C = {capacity:4d}  {strategy:<10} {len(rows):3d} rows (bound {-(-real_tokens // capacity):3d}) "
-            f"| fill {real_tokens / (len(rows) * capacity):6.1%}"
+            f"  C = {seq_length:4d}  {strategy:<10} {len(rows):3d} rows (bound {-(-real_tokens // seq_length):3d}) "
+            f"| fill {real_tokens / (len(rows) * seq_length):6.1%}"
         )
-    ffd_rows, bfd_rows = (sorted(map(sorted, plan_packing(lengths, capacity, s))) for s in ("ffd", "bfd"))
-    print(f"  C = {capacity:4d}  FFD and BFD put the same samples together: {ffd_rows == bfd_rows}")
+    ffd_rows, bfd_rows = (sorted(map(sorted, plan_packing(lengths, seq_length, s))) for s in ("ffd", "bfd"))
+    print(f"  C = {seq_length:4d}  FFD and BFD put the same samples together: {ffd_rows == bfd_rows}")
 
 # %% [markdown]
 # **Is packing worth it for this data? (the LlamaFactory walkthrough's rule of thumb.)** Before turning packing on, the
@@ -133,7 +133,7 @@ print(
     f"the LlamaFactory walkthrough's target for max_length 4096: 0.95 x 4096 = {0.95 * 4096:.1f} -> "
     f"{packing_target_length(4096)} tokens (the walkthrough prints {WALKTHROUGH_TARGET_4096})"
 )
-for window in (256, 384, CAPACITY, 1024):
+for window in (256, 384, SEQ_LENGTH, 1024):
     advice, target = packing_suitability(lengths, window), packing_target_length(window)
     kept = lengths[lengths <= target]  # longer chats are cut or dropped before padding or packing
     padded_waste = 1 - kept.sum() / (len(kept) * window)  # every kept chat padded to the window
@@ -150,9 +150,9 @@ for window in (256, 384, CAPACITY, 1024):
 # not mean packing is useless there: with a few chats near the window, some rows hold one long chat and little
 # else, and the rule only warns that the saving shrinks as P95 approaches the window.
 #
-# Sorting does the heavy lifting: FFD and BFD land on or next to the lower bound at every capacity, while
+# Sorting does the heavy lifting: FFD and BFD land on or next to the lower bound at every row length, while
 # sequential packing pays for keeping the data order with extra rows when $C$ is tight. On these lengths FFD and
-# BFD need the same number of rows at every capacity, and at 384 and 1024 they group the same samples. At 512 they
+# BFD need the same number of rows at every row length, and at 384 and 1024 they group the same samples. At 512 they
 # group a few differently: there several open rows can take a sample, FFD picks the first and BFD the tightest,
 # which keeps larger gaps open for the samples still to come.
 #
@@ -189,7 +189,7 @@ rank_views = {"list": lengths.tolist(), "numpy": lengths, "torch": torch.tensor(
 plans_as_lengths = {}
 for view, values in rank_views.items():
     values = np.asarray(values)
-    plans_as_lengths[view] = [sorted(int(values[index]) for index in row) for row in plan_packing(values, CAPACITY)]
+    plans_as_lengths[view] = [sorted(int(values[index]) for index in row) for row in plan_packing(values, SEQ_LENGTH)]
 print(
     {view: len(plan) for view, plan in plans_as_lengths.items()},
     "| identical rows of lengths on every view:",
@@ -817,8 +817,8 @@ kind = [np.where(np.array(sample["labels"]) == -100, CONTEXT, SUPERVISED) for sa
 padded_grid = np.full((len(samples), int(lengths.max())), PAD)  # [B, T_max]
 for index, kinds in enumerate(kind):
     padded_grid[index, : len(kinds)] = kinds
-plan = plan_packing(lengths, CAPACITY, "bfd")
-packed_grid = np.full((len(plan), CAPACITY), PAD)  # [R, C]
+plan = plan_packing(lengths, SEQ_LENGTH, "bfd")
+packed_grid = np.full((len(plan), SEQ_LENGTH), PAD)  # [R, C]
 boundaries = []  # (row, column) of every sample start after the first
 for row_index, members in enumerate(plan):
     row_kinds = np.concatenate([kind[index] for index in members])
@@ -845,19 +845,20 @@ ax.imshow(
     vmax=2,
     interpolation="nearest",
     aspect="auto",
-    extent=(packed_left, packed_left + CAPACITY, len(plan), 0),
+    extent=(packed_left, packed_left + SEQ_LENGTH, len(plan), 0),
 )
 for row_index, column in boundaries:
     ax.plot([packed_left + column] * 2, [row_index + 0.1, row_index + 0.9], color="black", linewidth=1)
-ax.set_xlim(0, packed_left + CAPACITY)
+ax.set_xlim(0, packed_left + SEQ_LENGTH)
 ax.set_ylim(len(samples), 0)
 ax.set_xticks(
-    [0, padded_grid.shape[1], packed_left, packed_left + CAPACITY], ["0", str(padded_grid.shape[1]), "0", str(CAPACITY)]
+    [0, padded_grid.shape[1], packed_left, packed_left + SEQ_LENGTH],
+    ["0", str(padded_grid.shape[1]), "0", str(SEQ_LENGTH)],
 )
 ax.text(
-    packed_left + CAPACITY / 2,
+    packed_left + SEQ_LENGTH / 2,
     len(plan) + 2,
-    f"the same {len(samples)} chats, packed into rows of {CAPACITY}",
+    f"the same {len(samples)} chats, packed into rows of {SEQ_LENGTH}",
     ha="center",
     va="top",
     fontsize=9,
@@ -875,7 +876,7 @@ ax.set_xlabel("token position in the row (one unit per token, both layouts)")
 ax.set_ylabel("row")
 ax.set_title(
     f"padded: {len(samples)} rows x {padded_grid.shape[1]} = {padded_grid.size} positions, "
-    f"{real_tokens / padded_grid.size:.0%} real\npacked (BFD): {len(plan)} rows x {CAPACITY} = "
+    f"{real_tokens / padded_grid.size:.0%} real\npacked (BFD): {len(plan)} rows x {SEQ_LENGTH} = "
     f"{packed_grid.size} positions, {real_tokens / packed_grid.size:.0%} real",
     fontsize=9,
 )

@@ -628,8 +628,8 @@ plt.show()
 #
 # **Problem: a corpus of many short texts (短文本, tweets).** The Packing article (§5.1) gives two rules: pad each short
 # text to 256 tokens first and then pack ("填充-打包" hybrid), and drop samples under 32 tokens. Before adopting either,
-# measure them. `short_text_packing(lengths, capacity, pad_to=256, min_length=32)` drops the texts under `min_length`
-# and packs the rest into rows of `capacity` twice, with best fit decreasing: their real lengths (`pack`), and each one
+# measure them. `short_text_packing(lengths, seq_length, pad_to=256, min_length=32)` drops the texts under `min_length`
+# and packs the rest into rows of `seq_length` tokens twice, with best fit decreasing: their real lengths (`pack`), and each one
 # padded up to `pad_to` first (`pad_then_pack`). Here: 10,000 tweet-like lengths (lognormal, median 40 tokens, at most
 # 512) into rows of 4,096.
 
