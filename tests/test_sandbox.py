@@ -22,7 +22,7 @@ import pytest
 
 import course_lib
 from course_lib.instructor import sandbox
-from course_lib.instructor.sandbox import uids
+from course_lib.instructor.sandbox import cgroups, uids
 from course_lib.instructor.sandbox.bwrap import bwrap_features
 from course_lib.instructor.sandbox.container import container_argv, find_engine
 from course_lib.instructor.sandbox.process import execute, tasks_of
@@ -147,6 +147,9 @@ def test_require_and_default_mode():
         ("wall_s", 0),
         ("wall_s", float("nan")),
         ("output_bytes", -5),
+        ("cpus", 0),
+        ("cpus", float("inf")),
+        ("cpus", True),
     ],
 )
 def test_bad_limits_name_the_field_and_value(field, value):
@@ -902,3 +905,55 @@ def test_a_stop_kills_the_running_command_and_the_container_it_started():
         timer.cancel()
         sandbox.STOP.clear()
     assert time.monotonic() - started < 10 and result.returncode == -9 and killed == [1]
+
+
+BUSY = """
+import os, time
+start = time.monotonic()
+for _ in range(4):
+    if os.fork() == 0:
+        while time.monotonic() - start < 2.0:
+            pass
+        os._exit(0)
+for _ in range(4):
+    os.wait()
+times = os.times()
+print(times.children_user + times.children_system, time.monotonic() - start)
+"""
+needs_cgroups = pytest.mark.skipif(
+    not cgroups.available(), reason="a cgroup can be made by root where a cgroup hierarchy is writable (as in CI)"
+)
+
+
+def _course_cgroups() -> list[str]:
+    roots = [*cgroups.V1.values(), *cgroups.V2_ROOTS]
+    return [entry for root in roots if os.path.isdir(root) for entry in os.listdir(root) if "course-sandbox" in entry]
+
+
+@needs_cgroups
+@pytest.mark.parametrize("mode", ["bwrap", "none"])
+def test_a_sandbox_takes_only_its_cpu_share_however_many_processes_it_starts(mode):
+    """Four busy processes for 2 s in a sandbox of half a CPU use about 1 CPU-second, not up to 8; the sandbox's
+    cgroup is gone afterwards. (Without the cgroup they took 1.4 to 2.1 CPU-seconds on this 2-core machine.)"""
+    if mode == "bwrap" and REFUSAL is not None:
+        pytest.skip(REFUSAL)
+    result = sandbox.run([PY, "-c", BUSY], mode=mode, packages=(), limits=sandbox.Limits(cpus=0.5, wall_s=60))
+    assert result.returncode == 0, result.stderr[-2000:]
+    used, elapsed = (float(value) for value in result.stdout.split())
+    assert used <= 0.5 * elapsed * 1.2 + 0.1, (used, elapsed)
+    assert not _course_cgroups()
+
+
+@needs_cgroups
+def test_the_task_count_binds_root_where_rlimits_do_not():
+    """RLIMIT_NPROC does not bind root (`--sandbox none` as root): the sandbox's cgroup bounds its tasks."""
+    forks = (
+        "import os, time\nstarted = 0\nfor _ in range(60):\n    try:\n        pid = os.fork()\n"
+        "    except OSError:\n        break\n    if pid == 0:\n        time.sleep(3)\n        os._exit(0)\n"
+        "    started += 1\nprint(started)\n"
+    )
+    limits = sandbox.Limits(processes=16, wall_s=30)
+    result = sandbox.run([PY, "-c", forks], mode="none", packages=(), limits=limits)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert 8 <= int(result.stdout) <= limits.processes + cgroups.HEADROOM_TASKS, result.stdout
+    assert not _course_cgroups()

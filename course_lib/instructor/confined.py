@@ -38,17 +38,24 @@ REDACTED = "[text of the hidden tests removed]"
 
 @dataclass(frozen=True)
 class Confinement:
-    """How the two runs are confined: the sandbox mode (bwrap, none, container), a container image, and limits."""
+    """How the two runs are confined: the sandbox mode (bwrap, none, container), a container image, and limits;
+    `cpus`, each sandbox's CPU share in cores where a cgroup can bound it (`course grade`: the machine's CPUs over
+    its workers, so that a submission's busy processes cannot slow the one graded beside it)."""
 
     mode: str = "bwrap"
     image: str | None = None
     memory_bytes: int = sandbox.Limits.memory_bytes
     processes: int = sandbox.Limits.processes
     scratch_bytes: int = sandbox.Limits.scratch_bytes
+    cpus: float | None = None
 
     def limits(self, wall_s: float) -> sandbox.Limits:
         return sandbox.Limits(
-            memory_bytes=self.memory_bytes, processes=self.processes, scratch_bytes=self.scratch_bytes, wall_s=wall_s
+            memory_bytes=self.memory_bytes,
+            processes=self.processes,
+            scratch_bytes=self.scratch_bytes,
+            wall_s=wall_s,
+            cpus=self.cpus,
         )
 
 

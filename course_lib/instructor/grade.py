@@ -24,6 +24,7 @@ Nothing already in the gradebook is graded again without `force`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 import signal
@@ -190,6 +191,8 @@ def grade_submissions(
     started = time.perf_counter()
     root, out = Path(root).resolve(), Path(out or root).resolve()
     workers = max(1, workers or os.cpu_count() or 1)
+    if confinement.cpus is None:  # each sandbox its worker's share of the CPUs, where a cgroup can bound it
+        confinement = dataclasses.replace(confinement, cpus=(os.cpu_count() or 1) / workers)
     outcomes: list[Outcome] = []
     found = submissions.Found()
     stopped = False

@@ -12,6 +12,7 @@ Modes
 This module is the sandbox's public API (what the grader and the tests call); its parts, each importing only those
 above it in this list, never this module:
     limits     Limits, Result, SandboxUnavailable, the modes' names, SCRATCH
+    cgroups    under root where one can be made, a cgroup of the sandbox's own: its CPU share and task count
     view       what the command is given: its environment allow-list, the host folders it may read
     process    the launcher that sets the rlimits, starting the command and pumping its pipes, STOP (Ctrl-C)
     uids       under root, a uid of the sandbox's own (claimed_uid; SANDBOX_UIDS and UID_CLAIMS are read there)
@@ -26,7 +27,8 @@ Caveats: as a normal user, sandboxes running at the same time share the user's R
 limit is set relative to the count at its start), so a fork bomb in one can make fork/thread creation fail in
 another during its wall time; root gives each its own uid. Under mode "none" as root,
 RLIMIT_NPROC is not enforced at all. The total memory is bounded by processes x memory_bytes plus the tmpfs
-sizes, not by one number: a cgroup would give that, but is not writable in most CI containers.
+sizes, not by one number. Under root, where a cgroup can be made (`cgroups`), the CPU share of the whole sandbox
+(`Limits.cpus`) and its task count are bounded by the kernel too; elsewhere the CPU share is unbounded.
 The wall clock (`wall_s`) kills bwrap's process group with SIGKILL; --die-with-parent and the PID namespace
 (the kernel kills every process in a PID namespace when its first process dies) take everything inside with
 it, fork bombs included.
@@ -51,6 +53,7 @@ import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 
 from .bwrap import run_bwrap, which_bwrap
+from .cgroups import cgroup
 from .container import require_container, run_container
 from .limits import MODES, SCRATCH, Limits, Result, SandboxUnavailable, last_line, refusal
 from .process import STOP, execute, launcher, rlimits
@@ -152,8 +155,9 @@ def _run_none(argv: list[str], stdin: bytes | None, limits: Limits, extra_env: M
     home = tempfile.mkdtemp(prefix="course-sandbox-")
     try:
         env = environment(limits, extra_env, home=home)
-        command = [*launcher(rlimits(limits, os.getuid()), -1, -1), *argv]
-        return execute(command, stdin, limits, env, cwd=home)
+        with cgroup(limits) as joining:
+            command = [*joining, *launcher(rlimits(limits, os.getuid()), -1, -1), *argv]
+            return execute(command, stdin, limits, env, cwd=home)
     finally:
         shutil.rmtree(home, ignore_errors=True)
 

@@ -26,7 +26,10 @@ The rlimits are set by the launcher (`process`), relative to the tasks of the ui
       ordinary install; root-only folders on the way, such as /root for a pyenv, are recreated world-traversable
       in the outer view only).
 
-Imports `limits`, `view`, `process` and `uids` of the sandbox package, never its public API (`sandbox/__init__`).
+Under root the sandbox also runs in a cgroup of its own where one can be made (`cgroups`: its CPU share and tasks).
+
+Imports `limits`, `cgroups`, `view`, `process` and `uids` of the sandbox package, never its public API
+(`sandbox/__init__`).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import subprocess
 import sys
 from collections.abc import Iterable, Mapping
 
+from .cgroups import cgroup
 from .limits import SCRATCH, Limits, Result, SandboxUnavailable, refusal
 from .process import execute, launcher, rlimits
 from .uids import claimed_uid
@@ -83,9 +87,10 @@ def run_bwrap(
     if os.geteuid() != 0:
         command = [*launcher(rlimits(limits, os.getuid()), -1, -1), bwrap, *inner, "--", *argv]
         return execute(command, stdin, limits, env, cwd="/")
-    with claimed_uid(0 if slot is None else slot) as uid:
+    with claimed_uid(0 if slot is None else slot) as uid, cgroup(limits) as joining:
         outer_paths = outermost([*paths, os.path.realpath(bwrap)])
         command = [
+            *joining,
             bwrap,
             *_outer_args(outer_paths),
             "--",

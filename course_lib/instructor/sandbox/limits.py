@@ -40,6 +40,9 @@ class Limits:
     wall_s        wall-clock seconds before everything in the sandbox is killed.
     threads       OMP/MKL/OPENBLAS_NUM_THREADS inside.
     output_bytes  how much of stdout and of stderr is kept; the rest is read and dropped (Result.*_truncated).
+    cpus          the CPU time the whole sandbox may use per second, in cores (a cgroup's CPU quota, where the
+                  grader can make one: `cgroups`); None leaves it unbounded. `course grade` gives each sandbox
+                  its worker's share of the machine.
     """
 
     memory_bytes: int | None = 4 * _GiB
@@ -50,6 +53,7 @@ class Limits:
     wall_s: float = 600.0
     threads: int = 1
     output_bytes: int = 64 * _MiB
+    cpus: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("memory_bytes", "processes", "file_bytes"):
@@ -59,6 +63,11 @@ class Limits:
         wall = self.wall_s
         if isinstance(wall, bool) or not isinstance(wall, (int, float)) or not math.isfinite(wall) or wall <= 0:
             raise ValueError(f"Limits.wall_s must be a finite number of seconds > 0, got {wall!r}")
+        cpus = self.cpus
+        if cpus is not None and (
+            isinstance(cpus, bool) or not isinstance(cpus, (int, float)) or not math.isfinite(cpus) or cpus <= 0
+        ):
+            raise ValueError(f"Limits.cpus must be a finite number of cores > 0 or None, got {cpus!r}")
 
 
 def _check_count(name: str, value: object, *, allow_none: bool) -> None:
