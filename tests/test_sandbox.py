@@ -926,8 +926,10 @@ needs_cgroups = pytest.mark.skipif(
 
 
 def _course_cgroups() -> list[str]:
+    """The cgroups this process's sandboxes made that are still there (another test worker's may exist meanwhile)."""
+    mine = f"course-sandbox-{os.getpid()}-"
     roots = [*cgroups.V1.values(), *cgroups.V2_ROOTS]
-    return [entry for root in roots if os.path.isdir(root) for entry in os.listdir(root) if "course-sandbox" in entry]
+    return [entry for root in roots if os.path.isdir(root) for entry in os.listdir(root) if entry.startswith(mine)]
 
 
 @needs_cgroups
