@@ -25,6 +25,7 @@ from ..ring import (
 )
 from ..tiled import reference_attention
 from .dispatch import import_dispatch_machinery
+from .memory import new_tensor_bytes
 from .ranks import join_gloo, leave_gloo, report_failure, report_result, run_ranks
 
 __all__ = ["call_on_ranks", "ring_attention_on_ranks", "ulysses_attention_on_ranks", "ring_model_on_ranks"]
@@ -35,7 +36,8 @@ _MESSAGES = {"send": "send", "recv_": "recv", "recv_any_source_": "recv"}  # poi
 
 class _RankLog(TorchDispatchMode):
     """events: ("send" | "recv", peer, bytes), (collective name, -1, bytes) and ("compute", -1, block products in
-    a row), in the order the rank ran them; largest_bytes: the largest tensor any kernel returned."""
+    a row), in the order the rank ran them; largest_bytes: the largest tensor any kernel returned, views of its
+    inputs left out (`new_tensor_bytes`)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -58,9 +60,7 @@ class _RankLog(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self._note(func, args)
         result = func(*args, **(kwargs or {}))
-        for item in result if isinstance(result, (tuple, list)) else (result,):
-            if isinstance(item, torch.Tensor):
-                self.largest_bytes = max(self.largest_bytes, item.numel() * item.element_size())
+        self.largest_bytes = max([self.largest_bytes, *new_tensor_bytes(result, args, kwargs)])
         return result
 
 

@@ -67,6 +67,26 @@ class TensorTally(NamedTuple):
     total_bytes: int  # all tensors the kernels returned, added up: the work done, in bytes written
 
 
+def new_tensor_bytes(result: object, args: tuple, kwargs: dict | None) -> list[int]:
+    """The bytes each tensor a kernel returned (`result`, from `args` / `kwargs`) newly holds: its storage's size,
+    or 0 where it shares a storage with an input (a view: `expand`, `transpose`, a slice; an in-place op's return),
+    which allocates nothing."""
+    inputs = set()
+    for leaf in torch.utils._pytree.tree_leaves((args, kwargs or {})):
+        key = _storage_key(leaf) if isinstance(leaf, torch.Tensor) else None
+        if key is not None:
+            inputs.add(key[:2])
+    sizes = []
+    for item in result if isinstance(result, (tuple, list)) else (result,):
+        if isinstance(item, torch.Tensor):
+            key = _storage_key(item)
+            if key is None:  # no storage to compare: count what it holds
+                sizes.append(item.numel() * item.element_size())
+            else:
+                sizes.append(0 if key[:2] in inputs else key[2])
+    return sizes
+
+
 class _Tally(TorchDispatchMode):
     def __init__(self):
         super().__init__()
@@ -74,10 +94,8 @@ class _Tally(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         result = func(*args, **(kwargs or {}))
-        for item in result if isinstance(result, (tuple, list)) else (result,):
-            if isinstance(item, torch.Tensor):
-                size = item.numel() * item.element_size()
-                self.largest, self.total = max(self.largest, size), self.total + size
+        for size in new_tensor_bytes(result, args, kwargs):
+            self.largest, self.total = max(self.largest, size), self.total + size
         return result
 
 
@@ -85,7 +103,8 @@ def tensors_created(fn: Callable[..., object], *args: object) -> TensorTally:
     """(largest, total) bytes of the tensors every kernel returns while fn(*args) runs, on any device.
 
     A dispatch mode sees each kernel below autograd, so a backward that fn runs (`.backward()`, a custom
-    autograd.Function's backward, a recompute) is seen too. Views count at their own size.
+    autograd.Function's backward, a recompute) is seen too. A view of an input, or an in-place op's result, counts
+    nothing: it allocates nothing (`new_tensor_bytes`).
     """
     if not callable(fn):
         raise ValueError(f"fn must be callable, got {type(fn).__name__}")

@@ -304,6 +304,19 @@ ALTERNATIVES = {
             ("if causal and k_end - 1 > q_start:", "if causal:"),
             ("rows[:, None] < columns[None, :]", "(rows[:, None] - columns[None, :]) < 0"),
         ),
+        # Keys and values seen by every query head through expanded views of the whole k and v (each g times k's
+        # size, if they were tensors of their own): views allocate nothing, and the memory cells must say so.
+        "kv_heads_by_expanded_views": mutate(
+            _FORWARD,
+            (
+                "    outs, lses = [], []\n",
+                "    every_k = k[:, :, None].expand(batch, kv_heads, heads // kv_heads, keys, width)\n"
+                "    every_v = v[:, :, None].expand(batch, kv_heads, heads // kv_heads, keys, v.shape[-1])\n"
+                "    outs, lses = [], []\n",
+            ),
+            ("k_block = k[:, :, None, k_start:k_end].to(wide)", "k_block = every_k[:, :, :, k_start:k_end].to(wide)"),
+            ("probs @ v[:, :, None, k_start:k_end].to(wide)", "probs @ every_v[:, :, :, k_start:k_end].to(wide)"),
+        ),
     },
     "tiled_attention_backward": {"two_sweeps_without_the_output": _BACKWARD_TWO_SWEEPS},
     "longest_fp32_scores_in_80gb": {
