@@ -22,11 +22,12 @@ from itertools import pairwise
 
 import torch
 
-from ._checks import require_bool, require_positive_int, require_real, require_tensor
+from ._checks import require_bool, require_int, require_positive_int, require_real, require_tensor
 from .varlen import attention_switched, require_transformers_model
 
 __all__ = [
     "check_attention_inputs",
+    "document_bounds",
     "check_attention_gradients",
     "check_partials",
     "reference_attention",
@@ -47,7 +48,9 @@ __all__ = [
 TILED_ATTENTION = "course_tiled"  # the name the kernel is registered under in transformers' AttentionInterface
 
 
-def _documents(cu_seqlens: object, tokens: int) -> list[int]:
+def document_bounds(cu_seqlens: object, tokens: int) -> list[int]:
+    """cu_seqlens as a list of ints, after checking that it rises from 0 to `tokens` without decreasing."""
+    tokens = require_int("tokens", tokens, minimum=0)
     bounds = require_tensor("cu_seqlens", cu_seqlens, ndim=1, dtype_kind="i").tolist()
     if len(bounds) < 2 or bounds[0] != 0 or bounds[-1] != tokens or any(b < a for a, b in pairwise(bounds)):
         raise ValueError(
@@ -97,7 +100,7 @@ def check_attention_inputs(
     if cu_seqlens is not None:
         if q.shape[2] != k.shape[2]:
             raise ValueError(f"cu_seqlens packs self-attention: q has T = {q.shape[2]} tokens, k has S = {k.shape[2]}")
-        documents = _documents(cu_seqlens, q.shape[2])
+        documents = document_bounds(cu_seqlens, q.shape[2])
     return causal, block_size, float(scale), documents
 
 

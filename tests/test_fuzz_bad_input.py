@@ -294,6 +294,15 @@ def _valid_attention_calls(model):
         "shard_chunks": ((8, 2), {}),
         "shard_indices": ((8, 2), {}),
         "causal_pairs_per_rank": ((8, 2), {}),
+        "layout_from_order": ((torch.arange(8), 2), {"cu_seqlens": torch.tensor([0, 4, 8])}),
+        "layout_ranges": (([[(0, 4)], [(4, 8)]],), {"tokens": 8}),
+        "document_pairs_per_rank": (([[(0, 1), (3, 4)], [(1, 3)]], [4]), {"causal": False}),
+        "shard_documents": (([4, 12], 2), {}),
+        "torch_document_order": (([4, 12], 2), {}),
+        "torch_document_layout": (([4, 12], 2), {}),
+        "check_document_lengths": (([4, 12], 2), {}),
+        "layout_order": (([[(0, 4)], [(4, 8)]],), {}),
+        "document_bounds": ((torch.tensor([0, 4, 8]), 8), {}),
     }
 
 

@@ -8,14 +8,20 @@ import torch
 from course_lib import (
     call_on_ranks,
     causal_pairs_per_rank,
+    document_pairs_per_rank,
+    layout_from_order,
+    layout_order,
     reference_attention,
     reference_attention_gradients,
     ring_attention_forward,
     ring_attention_on_ranks,
     ring_model_on_ranks,
     shard_chunks,
+    shard_documents,
     shard_indices,
     tiny_qwen2,
+    torch_document_layout,
+    torch_document_order,
     ulysses_attention_on_ranks,
 )
 
@@ -41,6 +47,86 @@ def test_head_tail_balances_causal_work_where_contiguous_does_not():
             tokens = 2 * world_size * 7
             assert sum(causal_pairs_per_rank(tokens, world_size, layout)) == tokens * (tokens + 1) // 2
     assert shard_chunks(8, 2, "head_tail") == [[(0, 2), (6, 8)], [(2, 4), (4, 6)]]
+
+
+@pytest.mark.parametrize(("lengths", "world_size"), [([4, 12], 2), ([6, 12, 18], 3), ([8, 8, 16], 4), ([2, 6], 1)])
+def test_the_per_document_order_is_pytorchs_load_balancer(lengths, world_size):
+    balancers = pytest.importorskip("torch.distributed.tensor.experimental._context_parallel._load_balancer")
+    theirs = balancers._PerDocumentHeadTailLoadBalancer([lengths], world_size, "cpu")._generate_indices()[0].long()
+    assert torch.equal(torch_document_order(lengths, world_size), theirs)
+    # its layout is that order cut into R contiguous pieces
+    assert torch.equal(layout_order(torch_document_layout(lengths, world_size)), theirs)
+
+
+def _pairs_by_brute_force(layout, lengths, causal):
+    document = [number for number, length in enumerate(lengths) for _ in range(length)]
+    tokens = len(document)
+    return [
+        sum(
+            1
+            for start, end in chunks
+            for i in range(start, end)
+            for j in range(tokens)
+            if document[j] == document[i] and (j <= i or not causal)
+        )
+        for chunks in layout
+    ]
+
+
+def test_per_document_head_tail_balances_a_packed_row_where_the_others_do_not():
+    lengths = [96, 32]
+    assert shard_documents([4, 12], 2) == [[(0, 1), (3, 4), (4, 7), (13, 16)], [(1, 2), (2, 3), (7, 10), (10, 13)]]
+    assert torch_document_layout([4, 12], 2) == [[(0, 1), (3, 4), (1, 3), (4, 7), (13, 14)], [(14, 16), (7, 13)]]
+    assert document_pairs_per_rank(shard_chunks(128, 2), lengths) == [1056, 4128]
+    assert document_pairs_per_rank(shard_documents(lengths, 2), lengths) == [2592, 2592]
+    assert document_pairs_per_rank(torch_document_layout(lengths, 2), lengths) == [2848, 2336]
+    for lengths, world_size in [([12, 6, 18], 3), ([16, 48, 8, 24], 4)]:
+        for layout in (shard_documents(lengths, world_size), torch_document_layout(lengths, world_size)):
+            assert sorted(layout_order(layout).tolist()) == list(range(sum(lengths)))
+            for causal in (True, False):
+                want = _pairs_by_brute_force(layout, lengths, causal)
+                assert document_pairs_per_rank(layout, lengths, causal) == want
+        assert len(set(document_pairs_per_rank(shard_documents(lengths, world_size), lengths))) == 1
+
+
+def test_a_layout_from_an_order_cuts_its_runs_at_document_bounds():
+    assert layout_from_order(torch.arange(8), 2) == [[(0, 4)], [(4, 8)]]
+    assert layout_from_order(torch.arange(8), 2, torch.tensor([0, 3, 8])) == [[(0, 3), (3, 4)], [(4, 8)]]
+    assert layout_from_order([3, 0, 1, 2], 1) == [[(3, 4), (0, 3)]]
+    for bad in ([0, 0, 1, 2], [0, 1, 2]):
+        with pytest.raises(ValueError, match="order must hold each position"):
+            layout_from_order(bad, 2)
+    with pytest.raises(ValueError, match=r"lengths\[1\] = 6 must be a multiple of 4"):
+        shard_documents([4, 6], 2)
+
+
+@pytest.mark.parametrize(
+    ("lengths", "world_size", "causal"), [([4, 12], 2, True), ([6, 12, 18], 3, False), ([8, 16], 2, True)]
+)
+def test_ring_attention_on_a_packed_row_equals_each_document_run_alone(lengths, world_size, causal):
+    generator = torch.Generator().manual_seed(len(lengths))
+    tokens = sum(lengths)
+    cu_seqlens = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    q = torch.randn(1, 4, tokens, 8, generator=generator, dtype=torch.float64)
+    k, v = (torch.randn(1, 2, tokens, 8, generator=generator, dtype=torch.float64) for _ in range(2))
+    grad_out = torch.randn(1, 4, tokens, 8, generator=generator, dtype=torch.float64)
+    want_out, want_lse = reference_attention(q, k, v, causal, cu_seqlens=cu_seqlens)
+    want_grads = reference_attention_gradients(q, k, v, grad_out, causal, cu_seqlens=cu_seqlens)
+    whole_row = layout_from_order(shard_indices(tokens, world_size), world_size, cu_seqlens)
+    for layout in (shard_documents(lengths, world_size), torch_document_layout(lengths, world_size), whole_row):
+        run = ring_attention_on_ranks(
+            q, k, v, world_size, layout, causal, block_size=3, grad_out=grad_out, cu_seqlens=cu_seqlens
+        )
+        torch.testing.assert_close(run["out"], want_out, rtol=1e-12, atol=1e-13)
+        torch.testing.assert_close(run["lse"], want_lse, rtol=1e-12, atol=1e-13)
+        for got, want in zip([run["dq"], run["dk"], run["dv"]], want_grads, strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-11)
+
+
+def test_a_range_across_a_document_boundary_is_refused():
+    q = torch.randn(1, 2, 8, 4, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match=r"layout range \(0, 2\) crosses a document boundary"):
+        ring_attention_on_ranks(q, q, q, 2, "head_tail", cu_seqlens=torch.tensor([0, 1, 8]))
 
 
 @pytest.mark.parametrize(
@@ -278,7 +364,9 @@ def test_a_models_attention_hands_the_kernels_contiguous_tensors():
 
 def test_bad_ring_inputs_are_refused():
     q = torch.randn(1, 2, 8, 4, dtype=torch.float64)
-    with pytest.raises(RuntimeError, match="layout must give each of the 2 ranks whole equal chunks"):
+    with pytest.raises(
+        RuntimeError, match="layout must give each of the 2 ranks .start, end. ranges that together cover"
+    ):
         ring_attention_on_ranks(q, q, q, 2, forward=_ring_with_a_bad_layout)
     with pytest.raises(ValueError, match="one sequence"):
         ring_model_on_ranks(tiny_qwen2(seed=0), torch.zeros(2, 8, dtype=torch.long), 2)

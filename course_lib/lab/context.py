@@ -16,10 +16,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .._checks import require_int, require_positive_int, require_real
 from ..ring import (
+    layout_order,
     ring_attention_backward,
     ring_attention_forward,
     shard_chunks,
-    shard_indices,
     ulysses_attention_backward,
     ulysses_attention_forward,
 )
@@ -167,20 +167,22 @@ class ContextRun(TypedDict, total=False):
 
 
 def _run_sharded(
-    q, k, v, world_size, layout, grad_out, run_forward, run_backward, timeout_s, other_ranks
+    q, k, v, chunks, grad_out, run_forward, run_backward, timeout_s, other_ranks, cu_seqlens=None
 ) -> ContextRun:
-    """Rank r of the kernels' group gets the r-th of R equal slices of the positions in `layout` order; results
-    come back in sequence order. Without run_forward, the backward gets the exact out and lse of attention run
-    whole. With other_ranks, the group is global ranks other_ranks .. other_ranks + R - 1 of a larger world."""
-    world_size = require_positive_int("world_size", world_size)
+    """Rank r of the kernels' group gets the positions chunks[r] (a layout: per rank, its (start, end) ranges);
+    results come back in sequence order. Without run_forward, the backward gets the exact out and lse of attention
+    run whole (packed by cu_seqlens when given). With other_ranks, the group is global ranks other_ranks ..
+    other_ranks + R - 1 of a larger world."""
+    world_size = require_positive_int("world_size", len(chunks))
     timeout_s = require_real("timeout_s", timeout_s, minimum=0.0, strict_minimum=True)
     members = _members(world_size, other_ranks)
-    order = shard_indices(q.shape[2], world_size, layout)  # checks that T splits into the layout's chunks
-    size = q.shape[2] // world_size
-    shards = [order[rank * size : (rank + 1) * size] for rank in range(world_size)]
+    order = layout_order(chunks)
+    if sorted(order.tolist()) != list(range(q.shape[2])):
+        raise ValueError(f"the layout must cover the {q.shape[2]} positions once, got {chunks!r:.200}")
+    shards = [layout_order([rank_chunks]) for rank_chunks in chunks]
     out = lse = None
     if run_forward is None:
-        out, lse = reference_attention(q, k, v, causal=run_backward.causal)
+        out, lse = reference_attention(q, k, v, causal=run_backward.causal, cu_seqlens=cu_seqlens)
 
     def shard(tensor, index):
         return None if tensor is None else tensor[:, :, index].contiguous()
@@ -205,13 +207,17 @@ def _run_sharded(
 
 
 class _Kernel:
-    """kernel(q, k, v, ..., **options) with this run's layout and options bound; picklable by reference."""
+    """kernel(q, k, v, ..., **options) with this run's layout and options bound; picklable by reference.
+    cu_seqlens is passed only when the row is packed, so that a kernel written before packing runs the rest."""
 
-    def __init__(self, kernel, layout, causal, block_size):
+    def __init__(self, kernel, layout, causal, block_size, cu_seqlens=None):
         self.kernel, self.layout, self.causal, self.block_size = kernel, layout, causal, block_size
+        self.cu_seqlens = cu_seqlens
 
     def __call__(self, *tensors, **group):
         options = {"causal": self.causal, "block_size": self.block_size, **group}
+        if self.cu_seqlens is not None:
+            options["cu_seqlens"] = self.cu_seqlens
         if self.layout is None:  # the all-to-all kernels take no layout
             return self.kernel(*tensors, **options)
         return self.kernel(*tensors, self.layout, **options)
@@ -222,7 +228,7 @@ def ring_attention_on_ranks(
     k: torch.Tensor,
     v: torch.Tensor,
     world_size: int,
-    layout: str = "head_tail",
+    layout: str | list = "head_tail",
     causal: bool = True,
     block_size: int = 64,
     grad_out: torch.Tensor | None = None,
@@ -230,29 +236,34 @@ def ring_attention_on_ranks(
     backward=ring_attention_backward,
     timeout_s: float = 120.0,
     other_ranks: int = 0,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> ContextRun:
     """Whole-sequence q [B, H, T, d], k / v [B, H_kv, T, *] on `world_size` gloo ranks, each holding its shard of
-    the layout ("head_tail" or "contiguous"): {"out", "lse"} in sequence order by `forward` (the signature of
-    `ring_attention_forward`), with grad_out [B, H, T, e] also {"dq", "dk", "dv"} by `backward` from the ranks'
-    own out and lse; `forward=None` runs the backward alone, from the exact out and lse of attention run whole.
+    the layout ("head_tail", "contiguous", or a layout itself: per rank, its (start, end) ranges): {"out", "lse"}
+    in sequence order by `forward` (the signature of `ring_attention_forward`), with grad_out [B, H, T, e] also
+    {"dq", "dk", "dv"} by `backward` from the ranks' own out and lse; `forward=None` runs the backward alone, from
+    the exact out and lse of attention run whole. `cu_seqlens` packs the row (the kernels get it as a keyword).
     "forward" / "backward": per rank, what it did (see `_RankLog`). With `other_ranks` > 0 the world is larger
     and the kernels get `group=`: ranks other_ranks .. other_ranks + world_size - 1, whose ranks in the group
     are not their global ranks (context parallelism as one dimension of a larger job, data parallelism beside
     it); a kernel that leaves a call on the whole world then waits for ranks that never join, and is stopped."""
-    chunks = shard_chunks(q.shape[2], require_positive_int("world_size", world_size), layout)
+    world_size = require_positive_int("world_size", world_size)
+    chunks = shard_chunks(q.shape[2], world_size, layout) if isinstance(layout, str) else layout
+    if len(chunks) != world_size:
+        raise ValueError(f"layout gives {len(chunks)} ranks their positions, world_size is {world_size}")
     if forward is None and grad_out is None:
         raise ValueError("with forward=None there is nothing to run: give grad_out for the backward")
     return _run_sharded(
         q,
         k,
         v,
-        world_size,
-        layout,
+        chunks,
         grad_out,
-        None if forward is None else _Kernel(forward, chunks, causal, block_size),
-        _Kernel(backward, chunks, causal, block_size),
+        None if forward is None else _Kernel(forward, chunks, causal, block_size, cu_seqlens),
+        _Kernel(backward, chunks, causal, block_size, cu_seqlens),
         timeout_s,
         other_ranks,
+        cu_seqlens,
     )
 
 
@@ -276,8 +287,7 @@ def ulysses_attention_on_ranks(
         q,
         k,
         v,
-        world_size,
-        "contiguous",
+        shard_chunks(q.shape[2], require_positive_int("world_size", world_size), "contiguous"),
         grad_out,
         None if forward is None else _Kernel(forward, None, causal, block_size),
         _Kernel(backward, None, causal, block_size),
@@ -360,7 +370,7 @@ def ring_model_on_ranks(
         raise ValueError(f"input_ids must be one sequence [1, T], got {tuple(input_ids.shape)}")
     tokens = input_ids.shape[1]
     chunks = shard_chunks(tokens, require_positive_int("world_size", world_size), layout)
-    order = shard_indices(tokens, world_size, layout)
+    order = layout_order(chunks)
     labels = torch.cat([input_ids[:, 1:], torch.full((1, 1), -100)], dim=1)  # next-token targets, in place
     size = tokens // world_size
     rank_args = []

@@ -22,18 +22,23 @@
 # 3. write **ring attention** (环形注意力), forward and backward, over `torch.distributed`: each rank keeps its
 #    queries while the keys and values travel round the ring, the partial results merged by their log-sum-exps
 #    (chapter 10's merge); exact against attention run whole;
-# 4. write the two **all-to-all** (全交换) transforms of DeepSpeed-Ulysses, which trade the sequence split for a head
+# 4. split a **packed row** (打包行) of documents over the ranks so that every document's work is balanced, and run
+#    your ring on it without attention across documents;
+# 5. write the two **all-to-all** (全交换) transforms of DeepSpeed-Ulysses, which trade the sequence split for a head
 #    split;
-# 5. run a real transformers model with its sequence over two ranks, logits and gradients equal to one device's.
+# 6. run a real transformers model with its sequence over two ranks, logits and gradients equal to one device's.
 
 # %%
 #| course-setup
+import itertools
 import math
 
 from course_lib import (
     call_on_ranks,
     causal_pairs_per_rank,
+    check_document_lengths,  # your solution may use it
     check_ring_inputs,  # your solution may use it
+    document_pairs_per_rank,
     hf_config,
     merge_partials,  # your solution may use it (chapter 10's merge)
     reference_attention,
@@ -44,6 +49,8 @@ from course_lib import (
     tiled_attention_backward,  # your solution may use it (chapter 10's kernels)
     tiled_attention_forward,  # your solution may use it
     tiny_qwen2,
+    torch_document_layout,
+    torch_document_order,
     ulysses_attention_on_ranks,
 )
 
@@ -195,16 +202,20 @@ else:
 #
 # ### TODO · `ring_attention_forward` (环形注意力前向)
 #
-# Write `ring_attention_forward(q, k, v, layout, group=None, causal=True, block_size=64)`. This rank (of `group`, the
-# default group when `None`) holds `q` $[B, H, T_r, d]$, `k` $[B, H_{kv}, T_r, d]$ and `v` $[B, H_{kv}, T_r, e]$ of
-# the positions `layout[rank]` (the output of `shard_chunks`, its chunks in that order). Return `(out, lse)`:
+# Write `ring_attention_forward(q, k, v, layout, group=None, causal=True, block_size=64, cu_seqlens=None)`. This rank
+# (of `group`, the default group when `None`) holds `q` $[B, H, T_r, d]$, `k` $[B, H_{kv}, T_r, d]$ and `v`
+# $[B, H_{kv}, T_r, e]$ of the positions `layout[rank]`, its `(start, end)` ranges in that order (the output of
+# `shard_chunks`, or of section 5's per-document layouts, whose ranges need not be equal; the ranges of all ranks
+# cover the sequence once). `cu_seqlens`, when given, packs the row as in chapter 10 (the whole row's cumulative
+# document lengths, the same on every rank; no range crosses a document boundary). Return `(out, lse)`:
 # `out` $[B, H, T_r, e]$ in `q`'s dtype and `lse` $[B, H, T_r]$, the attention of this rank's queries over the keys
-# of every rank (causal by global position when `causal`) and the rows' log-sum-exps, equal to the rows of attention
-# run whole on one device. Build it from chapter 10's kernels (`tiled_attention_forward` with this `block_size`,
+# of every rank (causal by global position when `causal`; of its own document only when packed) and the rows'
+# log-sum-exps, equal to the rows of attention run whole on one device. Build it from chapter 10's kernels (`tiled_attention_forward` with this `block_size`,
 # `merge_partials`). The properties, one graded cell each:
 #
 # * **Values** (3 points) on 2 to 4 ranks, both layouts, causal or not, within `rtol=1e-10` in fp64; **lse**
-#   (1 point); **GQA and dtypes** (1 point): fewer KV heads, fp32 in and out.
+#   (1 point); **GQA and dtypes** (1 point): fewer KV heads, fp32 in and out; **Packed rows** (2 points, graded in
+#   section 5): values and lse of packed rows on per-document layouts, causal or not.
 # * **A ring** (2 points): a rank sends only to the next rank and receives only from the previous one, by
 #   point-to-point messages (no collective), and receives in all exactly the $R - 1$ other shards of `k` and `v`.
 # * **Memory** (1 point): no tensor a rank creates is larger than the bytes of one shard's `k` and `v` together
@@ -497,13 +508,14 @@ grading.assert_same(_t_out, _t_want, rtol=1e-10, atol=1e-12, path="out (3 ranks 
 #
 # ### TODO · `ring_attention_backward` (环形注意力反向)
 #
-# Write `ring_attention_backward(q, k, v, out, lse, grad_out, layout, group=None, causal=True, block_size=64)`: this
-# rank's shards as in the forward, `out` and `lse` those of attention over all keys (the forward's), `grad_out`
+# Write `ring_attention_backward(q, k, v, out, lse, grad_out, layout, group=None, causal=True, block_size=64,
+# cu_seqlens=None)`: this rank's shards, layout and packing as in the forward, `out` and `lse` those of attention over all keys (the forward's), `grad_out`
 # $[B, H, T_r, e]$. Return `(dq, dk, dv)`, the gradients of the whole sequence's $\sum$ `grad_out` $\cdot$ `out`
 # (summed over every rank's positions) with respect to this rank's `q`, `k` and `v`, each in its input's dtype (accumulate in at least fp32). Use `tiled_attention_backward`.
 #
 # * **Values** (3 points): `dq`, `dk` and `dv` on 2 to 4 ranks, both layouts, causal or not, within `rtol=1e-9` in
-#   fp64, against autograd through attention run whole; **GQA and dtypes** (1 point).
+#   fp64, against autograd through attention run whole; **GQA and dtypes** (1 point); **Packed rows** (1 point,
+#   graded in section 5).
 # * **A ring** (1 point): messages only to the next rank and from the previous one, no collective.
 # * **Memory** (1 point): no tensor a rank creates is larger than one shard's `k` and `v` together, in the widest
 #   dtype the rank works in (or than its `q` or `out`).
@@ -703,7 +715,277 @@ grading.assert_same(_t_got, _t_want, rtol=1e-9, atol=1e-11, path="[dq, dk, dv] (
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# ## 5. Evidence: what each rank holds and sends (证据：每个进程持有和发送的数据)
+# ## 5. Packed rows across ranks (打包行跨进程切分)
+#
+# Chapter 3 packs several documents into one row, and chapter 10's kernel keeps each to itself through `cu_seqlens`.
+# Under context parallelism that changes what equal work means: a query meets only the keys of its own document, so
+# a rank's work is a sum of pieces of per-document triangles, and a layout that balances one long sequence does not
+# balance a pack. A row of two documents of 96 and 32 tokens on 2 ranks, the causal (query, key) pairs per rank under
+# two layouts (the library's `torch_document_layout` is PyTorch's, described below):
+
+# %%
+doc_lengths = [96, 32]
+row_layouts = {
+    "head-tail, whole row": shard_chunks(sum(doc_lengths), 2),  # yours, from section 2
+    "PyTorch per-document": torch_document_layout(doc_lengths, 2),
+}
+for name, layout in row_layouts.items():  # the per-document layout is yours, once written below
+    pairs = document_pairs_per_rank(layout, doc_lengths)
+    print(f"{name:<24} pairs per rank {pairs} | slowest / average {max(pairs) / (sum(pairs) / len(pairs)):.2f}")
+
+# %% [markdown]
+# Cut head-tail as one sequence, the row gives rank 0 1,056 pairs and rank 1 4,128: rank 1 holds the long
+# document's middle, whose queries see most of it, while rank 0's tail chunk is the short document. Split every
+# document head-tail on its own, and both ranks compute 2,592. PyTorch's per-document load balancer
+# (`_PerDocumentHeadTailLoadBalancer`) reorders each document head-tail and then cuts the reordered row into $R$
+# contiguous pieces, so that each rank's share is one slice of that row (how its context parallelism shards every
+# buffer along the sequence). A slice of the reordered row is not a share of every document: here rank 0 holds two
+# thirds of the long document (its head and its tail), rank 1 the third between them and the whole short one: 2,848
+# pairs against 2,336, 1.10 times the average. The work is equal only where the documents happen to fall evenly
+# into the slices.
+#
+# ### TODO · `shard_documents` (按文档切分)
+#
+# Write `shard_documents(lengths, world_size)`: the layout (per rank, `(start, end)` ranges as `shard_chunks` gives
+# them) of a packed row of documents of these lengths, back to back, in which every document is cut into $2R$ equal
+# chunks and rank $r$ holds, for each document in row order, its chunk $r$ and then its chunk $2R - 1 - r$. A
+# document that does not cut into $2R$ equal chunks is refused with a `ValueError` (given: `check_document_lengths`).
+#
+# * **Per document** (2 points): exactly these ranges, in this order, on any lengths and $R$ that split.
+#
+# Your ring takes such a layout with the row's `cu_seqlens` (section 3's **Packed rows**); its cells below run it on
+# the library's layouts, so your kernels earn them whatever `shard_documents` does.
+
+# %% nbgrader={"grade": false, "solution": true, "grade_id": "todo_shard_documents", "locked": false, "schema_version": 3}
+#| solution: course_lib.ring.shard_documents
+
+# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_shard_documents", "locked": true, "points": 2, "schema_version": 3}
+# Two documents of 4 and 12 tokens on 2 ranks: chunks of 1 and of 3.
+_t_found = shard_documents([4, 12], 2)
+_t_want = [[(0, 1), (3, 4), (4, 7), (13, 16)], [(1, 2), (2, 3), (7, 10), (10, 13)]]
+assert [[tuple(chunk) for chunk in rank] for rank in _t_found] == _t_want, (
+    f"shard_documents([4, 12], 2) = {_t_found}; expected {_t_want}"
+)
+### BEGIN HIDDEN TESTS
+from course_lib import grading
+
+grading.assert_own_function(shard_documents, "shard_documents")
+
+
+def _t_expected(lengths, world):
+    layout, start = [[] for _ in range(world)], 0
+    for length in lengths:
+        size = length // (2 * world)
+        for rank in range(world):
+            tail = 2 * world - 1 - rank
+            layout[rank] += [
+                (start + rank * size, start + (rank + 1) * size),
+                (start + tail * size, start + (tail + 1) * size),
+            ]
+        start += length
+    return layout
+
+
+for _t_lengths, _t_world in [([12, 6, 18], 3), ([8], 4), ([2, 2, 4], 1), ([16, 48, 8, 24], 4), ([10], 5)]:
+    _t_found = shard_documents(_t_lengths, _t_world)
+    assert all(grading.is_integer(x) for rank in _t_found for chunk in rank for x in chunk), (
+        f"positions are whole numbers; shard_documents({_t_lengths}, {_t_world}) = {_t_found}"
+    )
+    _t_found = [[tuple(grading.python_number(x) for x in chunk) for chunk in rank] for rank in _t_found]
+    _t_want = _t_expected(_t_lengths, _t_world)
+    assert _t_found == _t_want, f"shard_documents({_t_lengths}, {_t_world}) = {_t_found}; expected {_t_want}"
+import numpy as np
+
+_t_found = shard_documents((np.int64(8), 24), 2)
+assert [[tuple(grading.python_number(x) for x in c) for c in rank] for rank in _t_found] == _t_expected([8, 24], 2), (
+    f"shard_documents((np.int64(8), 24), 2) = {_t_found}: lengths may come as a tuple of numpy integers"
+)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# With your `shard_documents`, the third layout:
+
+# %%
+row_layouts["head-tail, per document"] = shard_documents(doc_lengths, 2)
+pairs = document_pairs_per_rank(row_layouts["head-tail, per document"], doc_lengths)
+print(
+    f"head-tail, per document  pairs per rank {pairs} | slowest / average {max(pairs) / (sum(pairs) / len(pairs)):.2f}"
+)
+
+# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_ring_attention_forward__packed", "locked": true, "points": 2, "schema_version": 3}
+# Packed rows: documents of 4 and 12 tokens on 2 ranks, each split head-tail, against attention run whole per document.
+_t_gen = torch.Generator().manual_seed(40)
+_t_q, _t_k, _t_v = (torch.randn(1, 2, 16, 4, generator=_t_gen, dtype=torch.float64) for _ in range(3))
+_t_cu = torch.tensor([0, 4, 16])
+_t_layout = [[(0, 1), (3, 4), (4, 7), (13, 16)], [(1, 2), (2, 3), (7, 10), (10, 13)]]  # head-tail per document
+_t_run = in_student_process(
+    ring_attention_forward,
+    lambda own: ring_attention_on_ranks(
+        _t_q, _t_k, _t_v, 2, _t_layout, True, block_size=2, forward=own, cu_seqlens=_t_cu
+    )["out"],
+)
+_t_want = reference_attention(_t_q, _t_k, _t_v, causal=True, cu_seqlens=_t_cu)[0]
+assert torch.allclose(_t_run, _t_want, rtol=1e-10, atol=1e-12), (
+    f"packed row on 2 ranks: out differs from each document run alone by up to {(_t_run - _t_want).abs().max():.2e}"
+)
+### BEGIN HIDDEN TESTS
+from course_lib import grading
+from course_lib.ring import layout_from_order, layout_order
+
+grading.assert_own_function(ring_attention_forward, "ring_attention_forward")
+
+
+def _t_per_document(lengths, world):
+    layout, start = [[] for _ in range(world)], 0
+    for length in lengths:
+        size = length // (2 * world)
+        for rank in range(world):
+            tail = 2 * world - 1 - rank
+            layout[rank] += [
+                (start + rank * size, start + (rank + 1) * size),
+                (start + tail * size, start + (tail + 1) * size),
+            ]
+        start += length
+    return layout
+
+
+def _t_packed(own):
+    found = []
+    for case, (lengths, world, maker, causal) in enumerate(
+        [
+            ([6, 12, 18], 3, torch_document_layout, True),  # unequal ranges, a document cut between two ranks
+            ([16, 8], 2, _t_per_document, False),
+            ([8, 16, 24], 2, lambda lengths, world: [[(0, 12), (36, 48)], [(12, 24), (24, 36)]], True),  # whole row
+        ]
+    ):
+        generator = torch.Generator().manual_seed(41 + case)
+        tokens = sum(lengths)
+        cu_seqlens = torch.tensor([0, *itertools.accumulate(lengths)])
+        # the whole row's ranges cut at the document boundaries, as the ring takes them
+        layout = layout_from_order(layout_order(maker(lengths, world)), world, cu_seqlens)
+        q = torch.randn(1, 4, tokens, 4, generator=generator, dtype=torch.float64)
+        k, v = (torch.randn(1, 2, tokens, 4, generator=generator, dtype=torch.float64) for _ in range(2))
+        run = ring_attention_on_ranks(q, k, v, world, layout, causal, block_size=3, forward=own, cu_seqlens=cu_seqlens)
+        want = reference_attention(q, k, v, causal=causal, cu_seqlens=cu_seqlens)
+        found.append((f"documents {lengths} on {world} ranks, causal={causal}", [run["out"], run["lse"]], list(want)))
+    return found
+
+
+for _t_label, _t_got, _t_want in grading.in_student_process(ring_attention_forward, _t_packed):
+    grading.assert_same(_t_got, _t_want, rtol=1e-10, atol=1e-12, path=f"[out, lse] ({_t_label})")
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "solution": false, "grade_id": "test_ring_attention_backward__packed", "locked": true, "points": 1, "schema_version": 3}
+# Packed rows: documents of 8 and 8 tokens on 2 ranks, from the exact out and lse, against autograd per document.
+_t_gen = torch.Generator().manual_seed(50)
+_t_q, _t_k, _t_v, _t_go = (torch.randn(1, 2, 16, 4, generator=_t_gen, dtype=torch.float64) for _ in range(4))
+_t_cu = torch.tensor([0, 8, 16])
+_t_run = in_student_process(
+    ring_attention_backward,
+    lambda own: ring_attention_on_ranks(
+        _t_q,
+        _t_k,
+        _t_v,
+        2,
+        [[(0, 2), (6, 8), (8, 10), (14, 16)], [(2, 4), (4, 6), (10, 12), (12, 14)]],
+        True,
+        block_size=2,
+        grad_out=_t_go,
+        forward=None,
+        backward=own,
+        cu_seqlens=_t_cu,
+    )["dk"],
+)
+_t_want = reference_attention_gradients(_t_q, _t_k, _t_v, _t_go, True, cu_seqlens=_t_cu)[1]
+assert torch.allclose(_t_run, _t_want, rtol=1e-9, atol=1e-11), (
+    "packed row on 2 ranks: dk differs from autograd through each document run alone"
+)
+### BEGIN HIDDEN TESTS
+from course_lib import grading
+
+grading.assert_own_function(ring_attention_backward, "ring_attention_backward")
+
+
+def _t_per_document(lengths, world):
+    layout, start = [[] for _ in range(world)], 0
+    for length in lengths:
+        size = length // (2 * world)
+        for rank in range(world):
+            tail = 2 * world - 1 - rank
+            layout[rank] += [
+                (start + rank * size, start + (rank + 1) * size),
+                (start + tail * size, start + (tail + 1) * size),
+            ]
+        start += length
+    return layout
+
+
+def _t_packed(own):
+    found = []
+    for case, (lengths, world, maker, causal) in enumerate(
+        [([6, 12, 18], 3, torch_document_layout, True), ([16, 8], 2, _t_per_document, False)]
+    ):
+        generator = torch.Generator().manual_seed(51 + case)
+        tokens = sum(lengths)
+        cu_seqlens = torch.tensor([0, *itertools.accumulate(lengths)])
+        q = torch.randn(1, 4, tokens, 4, generator=generator, dtype=torch.float64)
+        k, v = (torch.randn(1, 2, tokens, 4, generator=generator, dtype=torch.float64) for _ in range(2))
+        grad_out = torch.randn(1, 4, tokens, 4, generator=generator, dtype=torch.float64)
+        run = ring_attention_on_ranks(
+            q,
+            k,
+            v,
+            world,
+            maker(lengths, world),
+            causal,
+            block_size=3,
+            grad_out=grad_out,
+            forward=None,
+            backward=own,
+            cu_seqlens=cu_seqlens,
+        )
+        want = reference_attention_gradients(q, k, v, grad_out, causal, cu_seqlens=cu_seqlens)
+        found.append(
+            (f"documents {lengths} on {world} ranks, causal={causal}", [run["dq"], run["dk"], run["dv"]], list(want))
+        )
+    return found
+
+
+for _t_label, _t_got, _t_want in grading.in_student_process(ring_attention_backward, _t_packed):
+    grading.assert_same(_t_got, _t_want, rtol=1e-9, atol=1e-11, path=f"[dq, dk, dv] ({_t_label})")
+### END HIDDEN TESTS
+
+# %% [markdown]
+# Where this PyTorch has the per-document balancer, compare its order with the library's, and see your ring run a
+# packed row on both per-document layouts, with each rank's share of the work:
+
+# %%
+try:
+    from torch.distributed.tensor.experimental._context_parallel._load_balancer import (
+        _PerDocumentHeadTailLoadBalancer,
+    )
+except ImportError:
+    print("this PyTorch has no per-document load balancer (added after 2.6)")
+else:
+    for lengths, world_size in [([4, 12], 2), ([6, 12, 18], 3), ([8, 8, 16], 4)]:
+        theirs = _PerDocumentHeadTailLoadBalancer([lengths], world_size, "cpu")._generate_indices()[0]
+        same = torch.equal(theirs, torch_document_order(lengths, world_size))
+        print(f"documents {lengths}, R = {world_size}: the same order as PyTorch's: {same}")
+
+
+generator = torch.Generator().manual_seed(0)
+q, k, v = (torch.randn(1, 2, sum(doc_lengths), 8, generator=generator, dtype=torch.float64) for _ in range(3))
+row_bounds = torch.tensor([0, *itertools.accumulate(doc_lengths)])
+want = reference_attention(q, k, v, causal=True, cu_seqlens=row_bounds)[0]
+for name in ("head-tail, per document", "PyTorch per-document"):
+    run = ring_attention_on_ranks(
+        q, k, v, 2, row_layouts[name], block_size=16, forward=ring_attention_forward, cu_seqlens=row_bounds
+    )
+    products = [sum(n for kind, _, n in log["events"] if kind == "compute") for log in run["forward"]]
+    print(f"{name:<24} max |out - per document| {(run['out'] - want).abs().max():.1e} | block products {products}")
+
+# %% [markdown]
+# ## 6. Evidence: what each rank holds and sends (证据：每个进程持有和发送的数据)
 #
 # Your kernels on 1, 2, 4 and 8 ranks, one sequence of 512 positions (4 heads of width 32, fp32, causal, head-tail):
 # per rank, the largest tensor it creates, what it receives, and its share of the causal work.
@@ -728,7 +1010,7 @@ for ranks in (1, 2, 4, 8):
 # attention as long as computing a shard takes longer than sending it: the shard's compute grows as $(T/R)^2$, its
 # message as $T/R$, so a long enough sequence always hides it.
 #
-# ## 6. All-to-all: split the heads instead (全交换：改为按注意力头切分)
+# ## 7. All-to-all: split the heads instead (全交换：改为按注意力头切分)
 #
 # DeepSpeed-Ulysses (Jacobs et al.) takes the other way round the problem. Attention is independent per head,
 # so for the length of the attention call it regroups the data: from "rank $r$ holds positions $r T/R$ to
@@ -1003,7 +1285,7 @@ grading.assert_answer(
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# ## 7. In the real model (在真实模型中)
+# ## 8. In the real model (在真实模型中)
 #
 # Everything in a transformer layer but attention acts on each token alone, so a rank can run the whole model on its
 # shard: it embeds its tokens, applies rotary positions at their **global** positions (`position_ids`), and its
@@ -1100,7 +1382,7 @@ assert (_t_split - _t_whole).abs().max() < 1e-5 * max(1.0, _t_whole.abs().max().
 # mean: each rank adds the sum over its tokens, divided by the count of the whole sequence (chapter 4's rule across
 # ranks, here across one sample's pieces).
 #
-# ## 8. The same mechanism in the frameworks (框架中的同一机制)
+# ## 9. The same mechanism in the frameworks (框架中的同一机制)
 #
 # * **PyTorch** ships context parallelism as `torch.distributed.tensor.experimental.context_parallel`: inside
 #   its context manager, the buffers you name (inputs, positions, the rotary cache) are sharded along the sequence
@@ -1113,28 +1395,29 @@ assert (_t_split - _t_whole).abs().max() < 1e-5 * max(1.0, _t_whole.abs().max().
 #   **Megatron-LM** and **Transformer Engine** expose the same as `context_parallel_size`; **DeepSpeed** ships
 #   Ulysses as `DistributedAttention`; long-context fine-tuning frameworks expose sequence-parallel
 #   options built on these libraries.
-# * **Packed rows under CP.** When a row is a pack of documents (chapter 3), each document must be split across the
-#   ranks on its own, or a short document lands wholly on one rank and the balance is lost: PyTorch's per-document
-#   head-tail balancer and ring-flash-attention's varlen zigzag do this.
+# * **Packed rows under CP.** When a row is a pack of documents (chapter 3), each document is split across the
+#   ranks on its own (section 5): PyTorch's per-document head-tail balancer does it before cutting the reordered
+#   row into contiguous shards, ring-flash-attention's varlen zigzag keeps each document's chunks r and 2R - 1 - r
+#   on rank r, as your `shard_documents` does.
 #
-# ## 9. Design questions in practice (实践中的设计问题)
+# ## 10. Design questions in practice (实践中的设计问题)
 #
 # **Problem: CP runs, but rank 0 idles most of each step (上下文并行时 0 号进程大部分时间空闲).**
 # *Cause:* contiguous shards under a causal mask (section 2): the first rank's queries see the fewest keys, the last
-# rank's the most (your derivation in section 6 says how far above the average).
+# rank's the most (your derivation in section 7 says how far above the average).
 # *Recommendation:* head-tail (zigzag) layout, and with packed rows a per-document one.
 #
 # **Problem: the loss under CP is slightly off, or the model degrades at long lengths (开启上下文并行后损失异常).**
 # *Cause:* positions renumbered per rank (each shard starting at 0), or the loss averaged per rank and then across
 # ranks (chapter 4's mistake, within one sample). *Recommendation:* compare one step's logits and gradients against a
-# single-device run on a short sequence, as section 7 does, before any long run.
+# single-device run on a short sequence, as section 8 does, before any long run.
 #
 # **Problem: CP gives no speed-up although memory fell (显存下降但速度没有提升).**
 # *Cause:* the hop is not hidden: the sequence per rank is too short for its attention to outlast the send, or the
 # send starts only after the compute. *Recommendation:* fewer CP ranks (more data-parallel ranks instead), or
 # Ulysses within a node.
 #
-# ## 10. Exercises (练习)
+# ## 11. Exercises (练习)
 #
 # 1. Measure your ring's time on 2 and 4 ranks against one process at $T = 2048$ on this CPU. Where does the time
 #    go? (Both ranks share 2 cores here: what would change with a device per rank?)
@@ -1142,5 +1425,6 @@ assert (_t_split - _t_whole).abs().max() < 1e-5 * max(1.0, _t_whole.abs().max().
 #    received in backward against forward, from the `"backward"` log.
 # 3. Write `ulysses_attention_forward` from your two transforms and check it with `ulysses_attention_on_ranks(...,
 #    forward=...)`. Which head counts refuse 3 ranks?
-# 4. A packed row of two documents of 24 and 8 tokens over 2 ranks, head-tail on the whole row: count each rank's
-#    causal pairs within documents. Then split each document head-tail on its own and count again.
+# 4. PyTorch's per-document layout keeps each rank's share one contiguous slice of the reordered row. Find a pack of
+#    documents on 4 ranks for which it is as unbalanced as the whole row cut head-tail, with
+#    `document_pairs_per_rank`; then say what a layout must give up to be both balanced and one slice per rank.

@@ -7,12 +7,20 @@ CHAPTER = "11_context_parallelism"
 _CHUNKS = "course_lib.ring.shard_chunks"
 _FORWARD = "course_lib.ring.ring_attention_forward"
 _BACKWARD = "course_lib.ring.ring_attention_backward"
+_DOCUMENTS = "course_lib.ring.shard_documents"
 _TO_HEADS = "course_lib.ring.sequence_to_heads"
 _TO_SEQUENCE = "course_lib.ring.heads_to_sequence"
 
 _GLOBAL = """    if group is not None:
         ahead, behind = dist.get_global_rank(group, ahead), dist.get_global_rank(group, behind)
 """
+_SKIP_DOCUMENT = """                if sum(b <= key_start for b in bounds) != sum(b <= query_start for b in bounds):
+                    continue  # another document
+"""
+_HEAD_TAIL = """            layout[rank] += [
+                (start + rank * size, start + (rank + 1) * size),
+                (start + tail * size, start + (tail + 1) * size),
+            ]"""
 _HOP = "requests = [dist.isend(travelling, ahead, group=group), dist.irecv(arriving, behind, group=group)]"
 
 # Every shard gathered first, then this rank's queries against the whole sequence: exact values, no ring at all.
@@ -24,29 +32,30 @@ from course_lib.ring import check_ring_inputs
 from course_lib.tiled import merge_partials, tiled_attention_forward
 
 
-def ring_attention_forward(q, k, v, layout, group=None, causal=True, block_size=64):
-    rank, world = check_ring_inputs(q, k, v, layout, group, causal, block_size)
+def ring_attention_forward(q, k, v, layout, group=None, causal=True, block_size=64, cu_seqlens=None):
+    rank, world = check_ring_inputs(q, k, v, layout, group, causal, block_size, cu_seqlens)
     keys = [torch.empty_like(k) for _ in range(world)]
     values = [torch.empty_like(v) for _ in range(world)]
     dist.all_gather(keys, k.contiguous(), group=group)
     dist.all_gather(values, v.contiguous(), group=group)
     whole_k, whole_v = torch.cat(keys, dim=2), torch.cat(values, dim=2)
     order = [p for chunks in layout for start, end in chunks for p in range(start, end)]
-    mine = [p for start, end in layout[rank] for p in range(start, end)]
     inverse = torch.argsort(torch.tensor(order))
     whole_k, whole_v = whole_k[:, :, inverse], whole_v[:, :, inverse]
-    outs, lses = [], []
+    bounds = [0, whole_k.shape[2]] if cu_seqlens is None else cu_seqlens.tolist()
+    outs, lses, offset = [], [], 0
     for start, end in layout[rank]:
-        stop = end if causal else whole_k.shape[2]
-        out, lse = tiled_attention_forward(q[:, :, [i for i, p in enumerate(mine) if start <= p < end]],
-                                           whole_k[:, :, :stop], whole_v[:, :, :stop], block_size=block_size)
-        if causal:  # the chunk's own keys, causally, merged with every key before it
-            before = tiled_attention_forward(q[:, :, [i for i, p in enumerate(mine) if start <= p < end]],
-                                             whole_k[:, :, :start], whole_v[:, :, :start], block_size=block_size)
-            own = tiled_attention_forward(q[:, :, [i for i, p in enumerate(mine) if start <= p < end]],
-                                          whole_k[:, :, start:end], whole_v[:, :, start:end], causal=True,
-                                          block_size=block_size)
-            out, lse = merge_partials(*before, *own) if start else own
+        rows = q[:, :, offset:offset + end - start]
+        offset += end - start
+        first = max(b for b in bounds if b <= start)  # this chunk's document
+        last = min(b for b in bounds if b > start)
+        spans = [(first, start, False), (start, end, causal)] + ([] if causal else [(end, last, False)])
+        out = lse = None
+        for low, high, diagonal in spans:
+            if high > low:
+                part = tiled_attention_forward(rows, whole_k[:, :, low:high], whole_v[:, :, low:high],
+                                               causal=diagonal, block_size=block_size)
+                out, lse = part if out is None else merge_partials(out, lse, *part)
         outs.append(out)
         lses.append(lse)
     return torch.cat(outs, dim=2).to(q.dtype), torch.cat(lses, dim=2)
@@ -61,8 +70,9 @@ from course_lib.ring import check_ring_inputs
 from course_lib.tiled import tiled_attention_backward
 
 
-def ring_attention_backward(q, k, v, out, lse, grad_out, layout, group=None, causal=True, block_size=64):
-    rank, world = check_ring_inputs(q, k, v, layout, group, causal, block_size)
+def ring_attention_backward(q, k, v, out, lse, grad_out, layout, group=None, causal=True, block_size=64,
+                            cu_seqlens=None):
+    rank, world = check_ring_inputs(q, k, v, layout, group, causal, block_size, cu_seqlens)
     keys = [torch.empty_like(k) for _ in range(world)]
     values = [torch.empty_like(v) for _ in range(world)]
     dist.all_gather(keys, k.contiguous(), group=group)
@@ -74,14 +84,16 @@ def ring_attention_backward(q, k, v, out, lse, grad_out, layout, group=None, cau
     wide = torch.promote_types(q.dtype, torch.float32)
     d_q = torch.zeros(q.shape, dtype=wide)
     d_k, d_v = torch.zeros(whole_k.shape, dtype=wide), torch.zeros(whole_v.shape, dtype=wide)
+    bounds = [0, whole_k.shape[2]] if cu_seqlens is None else cu_seqlens.tolist()
     for i, position in enumerate(mine.tolist()):
-        stop = position + 1 if causal else whole_k.shape[2]
-        parts = tiled_attention_backward(q[:, :, i:i + 1], whole_k[:, :, :stop], whole_v[:, :, :stop],
+        first = max(b for b in bounds if b <= position)
+        stop = position + 1 if causal else min(b for b in bounds if b > position)
+        parts = tiled_attention_backward(q[:, :, i:i + 1], whole_k[:, :, first:stop], whole_v[:, :, first:stop],
                                          out[:, :, i:i + 1], lse[:, :, i:i + 1], grad_out[:, :, i:i + 1],
                                          block_size=block_size)
         d_q[:, :, i:i + 1] += parts[0]
-        d_k[:, :, :stop] += parts[1]
-        d_v[:, :, :stop] += parts[2]
+        d_k[:, :, first:stop] += parts[1]
+        d_v[:, :, first:stop] += parts[2]
     dist.all_reduce(d_k, group=group)
     dist.all_reduce(d_v, group=group)
     return d_q.to(q.dtype), d_k[:, :, mine].to(k.dtype), d_v[:, :, mine].to(v.dtype)
@@ -137,7 +149,7 @@ MUTANTS = {
         # The causal mask applied by local index to every pair, not by global position.
         "causal_by_local_index": mutate(
             _FORWARD,
-            ("causal=causal and key_end > query_start,  # equal chunks", "causal=causal,  # equal chunks"),
+            ("causal=causal and key_end > query_start,  # ranges", "causal=causal,  # ranges"),
         ),
         # Sends to the previous rank and receives from the next: the shards arrive from the other side of the ring
         # while the rank still thinks they come from rank - step.
@@ -164,6 +176,17 @@ MUTANTS = {
         ),
         # Neighbours named by their ranks in the group where torch.distributed wants their global ranks.
         "group_ranks_as_global_ranks": mutate(_FORWARD, (_GLOBAL, "")),
+        # cu_seqlens taken and checked, then ignored: every query meets the keys of the other documents too.
+        "documents_ignored": mutate(_FORWARD, (_SKIP_DOCUMENT, "")),
+        # A pair of ranges skipped only when the keys' range ends in another document than the queries' starts:
+        # right while ranges are whole documents, wrong once a document is cut into chunks.
+        "document_of_the_keys_end": mutate(
+            _FORWARD,
+            (
+                "if sum(b <= key_start for b in bounds) != sum(b <= query_start for b in bounds):",
+                "if sum(b <= key_end for b in bounds) != sum(b <= query_end for b in bounds):",
+            ),
+        ),
     },
     "ring_attention_backward": {
         "group_ranks_as_global_ranks": mutate(_BACKWARD, (_GLOBAL, "")),
@@ -178,6 +201,42 @@ MUTANTS = {
             _BACKWARD, ("d_q[:, :, queries] += d_q_part", "d_q[:, :, queries] += d_q_part * (step == 0)")
         ),
         "gathers_every_shard": _GATHERED_BACKWARD,
+        # cu_seqlens ignored: gradients flow between the documents of a packed row.
+        "documents_ignored": mutate(_BACKWARD, (_SKIP_DOCUMENT, "")),
+    },
+    "shard_documents": {
+        # The row cut head-tail as one sequence: the documents' bounds ignored.
+        "whole_row_head_tail": mutate(
+            _DOCUMENTS,
+            (
+                "    for length in lengths:\n        size = length // (2 * world_size)",
+                "    for length in [sum(lengths)]:\n        size = length // (2 * world_size)",
+            ),
+        ),
+        # Each document's tail chunk listed before its head chunk.
+        "tail_chunk_first": mutate(
+            _DOCUMENTS,
+            (
+                _HEAD_TAIL,
+                "            layout[rank] += [\n"
+                "                (start + tail * size, start + (tail + 1) * size),\n"
+                "                (start + rank * size, start + (rank + 1) * size),\n"
+                "            ]",
+            ),
+        ),
+        # Every document's chunks counted from the row's start, not from the document's.
+        "chunks_from_the_row_start": mutate(_DOCUMENTS, ("        start += length\n", "")),
+        # Each document cut into R contiguous pieces: per-document, but unbalanced under a causal mask.
+        "contiguous_per_document": mutate(
+            _DOCUMENTS,
+            (
+                _HEAD_TAIL,
+                "            layout[rank] += [\n"
+                "                (start + 2 * rank * size, start + (2 * rank + 1) * size),\n"
+                "                (start + (2 * rank + 1) * size, start + (2 * rank + 2) * size),\n"
+                "            ]",
+            ),
+        ),
     },
     "sequence_to_heads": {
         # Rank r takes heads r, r + R, r + 2R, ... (interleaved) instead of its contiguous block of heads.
@@ -245,10 +304,13 @@ LOSES_ONLY = {
         ],
         "computes_before_sending": ["test_ring_attention_forward__overlap"],
         "group_ranks_as_global_ranks": ["test_ring_attention_forward__any_group"],
+        "documents_ignored": ["test_ring_attention_forward__packed"],
+        "document_of_the_keys_end": ["test_ring_attention_forward__packed"],
     },
     "ring_attention_backward": {
         "gathers_every_shard": ["test_ring_attention_backward__ring", "test_ring_attention_backward__memory"],
         "group_ranks_as_global_ranks": ["test_ring_attention_backward__any_group"],
+        "documents_ignored": ["test_ring_attention_backward__packed"],
     },
     "sequence_to_heads": {
         "gathers_the_whole_sequence": ["test_sequence_to_heads__memory"],
@@ -274,6 +336,22 @@ ALTERNATIVES = {
                 "dist.P2POp(dist.irecv, arriving, behind, group)])",
             ),
         ),
+        # The document of each position looked up in a list of document ids, not by counting the bounds before it.
+        "document_ids_list": mutate(
+            _FORWARD,
+            (
+                "    bounds = [] if cu_seqlens is None else cu_seqlens.tolist()\n",
+                "    tokens = sum(end - start for chunks in layout for start, end in chunks)\n"
+                "    ids = [0] * tokens\n"
+                "    bounds = [] if cu_seqlens is None else cu_seqlens.tolist()\n"
+                "    for number, (first, last) in enumerate(zip(bounds, bounds[1:])):\n"
+                "        ids[first:last] = [number] * (last - first)\n",
+            ),
+            (
+                "if sum(b <= key_start for b in bounds) != sum(b <= query_start for b in bounds):",
+                "if ids[key_start] != ids[query_start]:",
+            ),
+        ),
         # Peers named by their ranks in the group (torch >= 2.6), no translation to global ranks.
         "peers_by_group_rank": mutate(
             _FORWARD,
@@ -282,6 +360,19 @@ ALTERNATIVES = {
                 _HOP,
                 "requests = [dist.isend(travelling, group=group, group_dst=ahead), "
                 "dist.irecv(arriving, group=group, group_src=behind)]",
+            ),
+        ),
+    },
+    "shard_documents": {
+        # Lists for ranges, and each rank's chunks gathered by a comprehension over the documents.
+        "ranges_as_lists": mutate(
+            _DOCUMENTS,
+            (
+                _HEAD_TAIL,
+                "            layout[rank] += [\n"
+                "                [start + rank * size, start + (rank + 1) * size],\n"
+                "                [start + tail * size, start + (tail + 1) * size],\n"
+                "            ]",
             ),
         ),
     },
