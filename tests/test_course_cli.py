@@ -950,9 +950,11 @@ def test_recording_one_submission_is_all_or_nothing(tmp_path, fails):
 @pytest.mark.slow
 def test_a_setup_cell_out_of_time_marks_the_submission_for_regrading_not_zero(built, tmp_path):
     """A locked setup cell slower than the cell limit (a loaded machine's torch import) is no fault of the
-    student's: the submission is not graded but marked for regrading, the summary counts it, grades.csv says why;
-    the same command with a sane limit grades it without --force. The course copy's setup cell sleeps 2 s, so the
-    0.5 s limit strikes it on any machine (the checker's own imports may make the real cell fast)."""
+    student's: the submission is not graded but marked for regrading, the summary counts it, grades.csv says why.
+    The next run grades the same file again without --force; marked again, it is graded as it stands (here 0: no
+    check ran), grades.csv saying why; --force with a sane limit then grades it in full. The course copy's setup
+    cell sleeps 2 s, so the 0.5 s limit strikes it on any machine (the checker's own imports may make the real cell
+    fast)."""
     base, root, _ = built
     course = tmp_path / "course"
     shutil.copytree(root, course)
@@ -976,7 +978,13 @@ def test_a_setup_cell_out_of_time_marks_the_submission_for_regrading_not_zero(bu
     # regrade for running past the limit (which one answers first depends on the machine's load)
     assert "needs regrading: " in row and "ran past 0.5 s" in row, row
     assert not (course / "autograded" / "rita").exists()  # nothing recorded: a zero would have been
-    again = _course("grade", str(inbox), "--root", str(course), "--no-progress", cwd=tmp_path)
+    rushed = _course("grade", str(inbox), "--root", str(course), "--cell-timeout", "0.5", "--no-progress", cwd=tmp_path)
+    assert "rita/01_length_ledger 0/8" in rushed.stdout, rushed.stdout + rushed.stderr[-2000:]
+    row = next(
+        line for line in (course / "grades.csv").read_text(encoding="utf-8").splitlines() if line.startswith("rita,")
+    )
+    assert "graded as it stands: the last run marked this file for regrading" in row, row
+    again = _course("grade", str(inbox), "--root", str(course), "--force", "--no-progress", cwd=tmp_path)
     assert again.returncode == 0 and "rita/01_length_ledger 8/8" in again.stdout, again.stdout + again.stderr[-2000:]
 
 

@@ -68,3 +68,20 @@ def test_failures_that_name_no_student_last_one_run(tmp_path):
     assert set(log) == {"ann/01", "bob/01"}
     log = gradelog.update_log(tmp_path, [unnamed])  # met again: listed again
     assert set(log) == {"ann/01", "bob/01", "homework.ipynb/"}
+
+
+def test_only_the_same_file_marked_for_regrading_last_run_is_graded_as_it_stands(tmp_path):
+    from course_lib.instructor.grade import marked_for_regrading_before
+    from course_lib.instructor.submissions import Submission
+
+    handed = tmp_path / "submitted" / "ann" / "01" / "01.ipynb"
+    handed.parent.mkdir(parents=True)
+    handed.write_bytes(b"the file the last run had")
+    same = Submission(handed, "ann_01.ipynb", "ann", "01", raw=b"the file the last run had")
+    other = Submission(handed, "ann_01.ipynb", "ann", "01", raw=b"a new file")
+    log = gradelog.update_log(tmp_path, [_outcome("ann", "01", "regrade", "needs regrading: cell ran past 1 s")])
+    assert marked_for_regrading_before(tmp_path, same, log) == "needs regrading: cell ran past 1 s"
+    assert marked_for_regrading_before(tmp_path, other, log) is None  # handed in again since: another chance
+    log = gradelog.update_log(tmp_path, [_outcome("ann", "01", "failed", "not JSON")])
+    assert marked_for_regrading_before(tmp_path, same, log) is None  # the last run did not mark it
+    assert marked_for_regrading_before(tmp_path, Submission(handed, "x", "bob", "01", raw=b"x"), log) is None

@@ -293,14 +293,28 @@ class Judged:
     notes: list[str] = field(default_factory=list)
 
 
-def judge(prepared: Any, answer: dict[str, Any], checked: CheckerResult, tests: list[tuple[str, float, str]]) -> Judged:
+def judge(
+    prepared: Any,
+    answer: dict[str, Any],
+    checked: CheckerResult,
+    tests: list[tuple[str, float, str]],
+    marked_before: str | None = None,
+) -> Judged:
     """The runs of the `prepared` notebook read together: the kernel run's `answer` and the checker's verdicts
-    (`checked`) on the chapter's graded test cells `tests`, whose hidden lines no message may carry."""
+    (`checked`) on the chapter's graded test cells `tests`, whose hidden lines no message may carry. A submission
+    that needs regrading is marked for it, unless the last run already marked this same file (`marked_before`, its
+    reason then): it is then graded as it stands, each cell as far as its checks went, and a note says why."""
     regrade = needs_regrade(checked)
-    if regrade:
+    if regrade and marked_before is None:
         return Judged(regrade)
     notebook, notes = executed_notebook(prepared, answer)
-    return Judged(None, notebook, notes + apply_verdicts(notebook, checked, hidden_lines(tests)))
+    notes += apply_verdicts(notebook, checked, hidden_lines(tests))
+    if regrade:
+        notes.append(
+            f"graded as it stands: the last run marked this file for regrading ({marked_before}) and this one "
+            f"did again ({regrade})"
+        )
+    return Judged(None, notebook, notes)
 
 
 def grade_all(jobs: list[dict[str, Any]], workers: int, confinement: Confinement, on_result: Any) -> None:

@@ -102,6 +102,16 @@ def skip_reason(root: Path, submission: submissions.Submission) -> str:
     return "already graded; use --force to grade it again"
 
 
+def marked_for_regrading_before(root: Path, submission: submissions.Submission, log: dict) -> str | None:
+    """The reason the last run marked this same file for regrading (the grading log's entry, and the file handed to
+    the grader then, byte for byte); None when it was not marked or the student handed in another file since."""
+    entry = log.get(gradelog.log_key(submission.student or "", submission.chapter or ""), {})
+    handed = root / "submitted" / str(submission.student) / str(submission.chapter) / f"{submission.chapter}.ipynb"
+    if entry.get("status") != Status.REGRADE.value or submission.raw is None or not handed.is_file():
+        return None
+    return str(entry.get("reason") or "needs regrading") if handed.read_bytes() == submission.raw else None
+
+
 def _look_alike(notebook: Any, root: Path, filed_as: str) -> str:
     """'; it looks like chapter X' when another built chapter recognises the notebook."""
     best, best_share = None, match.MIN_RECOGNIZED
@@ -348,8 +358,9 @@ def _execute_and_record(
         recorder.release(sorted(chapters))
     except Exception as failure:  # noqa: BLE001 - formgrader's status label must never cost a grade
         print(f"course grade: the chapters stay unreleased in formgrader: {failure}", file=sys.stderr)
-    stamps = {}
+    stamps, log, marked = {}, gradelog.read_log(root), {}
     for submission, prepared in ready:
+        marked[submission.key] = marked_for_regrading_before(root, submission, log)  # before it is staged again
         stamps[submission.key], note = stage_original(root, submission)
         prepared.notes += [note] if note else []
     by_key = {s.key: (s, p) for s, p in ready}
@@ -359,7 +370,9 @@ def _execute_and_record(
     def record(key: str, answer: dict, checked: confined.CheckerResult) -> None:
         submission, prepared = by_key[key]
         tests = cells.graded_cells(chapters[submission.chapter].source)
-        outcome = record_one(recorder, out, submission, prepared, answer, checked, tests, stamps[submission.key])
+        outcome = record_one(
+            recorder, out, submission, prepared, answer, checked, tests, stamps[submission.key], marked[key]
+        )
         outcome.notes += confinement_notes(confinement.mode, checked)
         outcomes.append(outcome)
         gradelog.update_log(root, [outcome], new_run=False)  # a run killed later keeps this one's notes

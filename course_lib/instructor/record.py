@@ -43,10 +43,12 @@ def record_one(
     checked: confined.CheckerResult,
     tests: list[tuple[str, float, str]],
     stamp: Path,
+    marked_before: str | None = None,
 ) -> Outcome:
     """The outcome of one submission whose runs have ended: graded (its verdicts recorded in the gradebook, its
-    feedback page written), marked for regrading, or failed with the reason; `tests` are the chapter's graded test
-    cells, hidden tests included (no message may quote them)."""
+    feedback page written), marked for regrading (unless the last run marked this same file, `marked_before`:
+    `confined.judge`), or failed with the reason; `tests` are the chapter's graded test cells, hidden tests
+    included (no message may quote them)."""
     outcome = Outcome(
         submission.display,
         submission.student,
@@ -56,7 +58,7 @@ def record_one(
         seconds=float(answer.get("seconds") or 0.0) + checked.seconds,
     )
     try:  # this notebook's own content: what goes wrong here fails this notebook, not the run
-        judged = confined.judge(prepared.notebook, answer, checked, tests)
+        judged = confined.judge(prepared.notebook, answer, checked, tests, marked_before)
         if judged.regrade:
             outcome.status, outcome.reason = Status.REGRADE, f"needs regrading: {judged.regrade}"
             return outcome

@@ -115,7 +115,8 @@ def summary(run: GradeRun) -> str:
     if run.count(Status.REGRADE):
         lines.append(
             f"{run.count(Status.REGRADE)} submission(s) need regrading through no fault of their own: run the same "
-            "`course grade` again (on a less loaded machine, or with a larger --cell-timeout)"
+            "`course grade` again (on a less loaded machine, or with a larger --cell-timeout); a file marked again "
+            "on that run is graded as it stands, with the reason in grades.csv"
         )
     lines.append(
         f"graded {run.count(Status.GRADED)}, failed {run.count(Status.FAILED)}, skipped {run.count(Status.SKIPPED)} "
