@@ -1,5 +1,9 @@
 """The GPU benchmark runner on CPU: dry_run and cpu_smoke records are schema-valid, labels are never overwritten,
-failures become records, real_gpu refuses here at preflight, and the reader prints LCFT's §5.3 tables."""
+failures become records, real_gpu refuses here at preflight, and the reader prints LCFT's §5.3 tables.
+
+The tests that run workloads on this CPU (the shared cpu_smoke run of every workload, the runs in the GPU's dtype,
+the out-of-memory findings: 5-15 s each) are in the slow tier (`make test-all`); the fast tier keeps the plans,
+the schema, the labels and the readers."""
 
 from __future__ import annotations
 
@@ -74,6 +78,7 @@ def test_dry_run_parameters_are_the_sources():
     assert compiled["compile_modes"] == ["default", "reduce-overhead"] and compiled["repeat_steps"] == 10
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workload_id", WORKLOAD_IDS)
 def test_cpu_smoke_is_valid_and_says_wiring_only(smoke, workload_id):
     path, record = smoke[workload_id]
@@ -92,6 +97,7 @@ def test_cpu_smoke_is_valid_and_says_wiring_only(smoke, workload_id):
     )  # no GPU claim from a CPU run
 
 
+@pytest.mark.slow
 def test_cpu_smoke_packing_reproduces_lcft_token_counts(smoke):
     record = smoke["pt-long-context"][1]
     padding, packing = record["measurements"]["packing_comparison"]
@@ -103,6 +109,7 @@ def test_cpu_smoke_packing_reproduces_lcft_token_counts(smoke):
     assert all(len(row["losses"]) == 2 for row in record["measurements"]["length_curve"])
 
 
+@pytest.mark.slow
 def test_cpu_smoke_compiled_packing_computes_what_the_eager_model_does(smoke):
     """Compiled decoder layers on LCFT's pair: the eager workload's tokens and losses, and its boundary checks."""
     record = smoke["packing-compiled"][1]
@@ -129,6 +136,7 @@ def test_compile_layers_needs_decoder_layers():
         compile_layers(torch.nn.Linear(2, 2), "default")
 
 
+@pytest.mark.slow
 def test_cpu_smoke_varlen_packing_matches_block_mask(smoke):
     record = smoke["pt-long-context"][1]
     m = record["measurements"]
@@ -201,6 +209,7 @@ def test_varlen_alone_check_fails_for_a_leaky_attention(monkeypatch):
     assert not varlen_equals_alone(torch.device("cpu"), [48, 96, 32, 64], 1e-4)
 
 
+@pytest.mark.slow
 def test_cpu_smoke_logit_memory(smoke):
     rows = smoke["logit-memory"][1]["measurements"]["log_prob_memory"]
     assert {(r["method"], r["tokens"]) for r in rows} == {
@@ -229,6 +238,7 @@ def test_tiled_attention_plan_lists_the_lengths(tmp_path):
     assert p["agreement_tolerance"] == 0.04 and p["block_size"] == 512
 
 
+@pytest.mark.slow
 def test_cpu_smoke_tiled_attention(smoke):
     """Every method at every length; tiled and eager agree with SDPA's output and gradients; autograd keeps the
     T x T matrix for eager only (tiled and SDPA keep out and the log-sum-exp)."""
@@ -265,6 +275,7 @@ def test_cpu_smoke_tiled_attention(smoke):
     )
 
 
+@pytest.mark.slow
 def test_tiled_attention_out_of_memory_is_a_finding_not_a_crash(tmp_path, monkeypatch):
     """Eager's T x T scores not fitting is the chapter's point: that row says out_of_memory, longer ones are skipped,
     the others still run and are checked. Tiled running out of memory where SDPA ran fails its check."""
@@ -349,6 +360,7 @@ def test_rope_scaling_plan_lists_the_lengths_and_methods(tmp_path):
     assert "{key}" in p["passkey_text"]["needle"] and "teacher forcing" in p["scoring"]
 
 
+@pytest.mark.slow
 def test_cpu_smoke_rope_scaling(smoke):
     """Every method at 128, 256, 512 on the course RoPE model: the frequencies transformers built from each
     rope_parameters are course_lib.rope's (dynamic NTK's after each length), the unscaled model reads within its 128
@@ -375,6 +387,7 @@ def test_cpu_smoke_rope_scaling(smoke):
     assert all(t["met"] is None and t["observed"] for t in record["targets"].values())
 
 
+@pytest.mark.slow
 def test_rope_scaling_scores_what_needle_report_scores(smoke):
     """One sample at a time, teacher forcing on the answer: the same correct counts as longeval's needle_report on the
     same cells (its batches of rows, the logit read at T - 2)."""
@@ -414,6 +427,7 @@ def _rope_context(mode="cpu_smoke", dtype=torch.float32, **overrides):
     return RunContext(mode=mode, device=torch.device("cpu"), dtype=dtype, parameters=parameters, record=record)
 
 
+@pytest.mark.slow
 def test_rope_scaling_catches_frequencies_that_did_not_reach_the_model(monkeypatch):
     """A loader that hands YaRN the wrong factor, or a plain .to(bf16) that rounds inv_freq to 8 bits, still runs and
     retrieves something; only the comparison with course_lib.rope's frequencies shows it."""
@@ -442,6 +456,7 @@ def test_rope_scaling_catches_frequencies_that_did_not_reach_the_model(monkeypat
     assert not any(v for k, v in ctx.record["checks"]["rope"].items() if k.endswith("_frequencies_match_course_rope"))
 
 
+@pytest.mark.slow
 def test_rope_scaling_out_of_memory_is_a_finding_not_a_crash(tmp_path, monkeypatch):
     """A length that does not fit is recorded as out_of_memory, that method's longer ones as skipped; the other methods
     run on and the record decides on what was measured."""
@@ -551,6 +566,7 @@ def test_rope_scaling_refuses_a_bad_plan_by_name(change, message):
         check_parameters({**parameters("cpu_smoke"), **change})
 
 
+@pytest.mark.slow
 def test_cpu_smoke_microbatch_plans(smoke):
     record = smoke["microbatch-budget"][1]
     rows = record["measurements"]["microbatch_plans"]
@@ -638,6 +654,7 @@ def test_failure_becomes_a_record(tmp_path, capsys, factory, stage, error_type):
     assert "Traceback" not in capsys.readouterr().err  # and not shown to the user
 
 
+@pytest.mark.slow
 def test_a_scale_that_does_not_fit_the_gpu_is_recorded_not_a_failure(tmp_path, monkeypatch):
     """A 16 GB GPU holds LCFT's pair but not padding at x16: the run keeps every row it measured, records the
     scale that ran out of memory in each series, tries no larger one, and checks varlen against the scales it has."""
@@ -710,6 +727,7 @@ def _mutated(record: dict, change) -> dict:
     return copied
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "change, message",
     [
@@ -750,6 +768,7 @@ def test_timing_helpers_on_known_values():
         median_and_p95([])
 
 
+@pytest.mark.slow
 def test_report_prints_lcft_tables_and_draws(smoke, tmp_path, capsys):
     records, errors = load_results([smoke["pt-long-context"][0].parent.parent])
     assert errors == [] and len(records) == len(WORKLOAD_IDS)
@@ -776,6 +795,7 @@ def test_report_prints_lcft_tables_and_draws(smoke, tmp_path, capsys):
     assert "padding vs packing" in out.out and "broken.json" in out.err
 
 
+@pytest.mark.slow
 def test_a_record_names_the_device_it_measured_on(smoke):
     """A cpu_smoke run on a machine with a GPU was measured on the CPU: its header must not name the GPU."""
     record = copy.deepcopy(smoke["pt-long-context"][1])
@@ -787,6 +807,7 @@ def test_a_record_names_the_device_it_measured_on(smoke):
     assert device_name(record) == "cuda"
 
 
+@pytest.mark.slow
 def test_every_long_context_row_carries_the_profile_of_one_more_step(smoke):
     """v8: each timed row records what the device ran in one profiled step (here the host: operators and time)."""
     record = smoke["pt-long-context"][1]
@@ -809,6 +830,7 @@ def test_every_long_context_row_carries_the_profile_of_one_more_step(smoke):
     validate_result(without)
 
 
+@pytest.mark.slow
 def test_varlen_rows_say_which_kernel_ran(smoke):
     """v9: per-sample SDPA on this CPU (no fused-kernel checks then); a record before v9 has no kernel and is valid,
     a kernel the library does not have is refused."""
@@ -906,6 +928,7 @@ def test_a_failing_profiler_leaves_the_numbers_empty_and_says_why(monkeypatch):
     assert calls == []  # the profiler failed before the step
 
 
+@pytest.mark.slow
 def test_report_reads_what_bounds_the_step_from_gpu_profiles(smoke):
     record = copy.deepcopy(smoke["pt-long-context"][1])
     padding, packing = record["measurements"]["packing_comparison"]
@@ -958,6 +981,7 @@ BUSY = {
 }
 
 
+@pytest.mark.slow
 def test_report_gives_each_scale_speedup_in_gpu_busy_time(smoke, tmp_path):
     """busy_x = padding's busy ms / the packed row's, per scale and layout; absent where no row ran on a GPU."""
     plain = format_record(smoke["pt-long-context"][1])
@@ -984,6 +1008,7 @@ def test_report_gives_each_scale_speedup_in_gpu_busy_time(smoke, tmp_path):
     assert Image.open(three).size[0] > Image.open(two).size[0]  # the third panel: busy-time speed-ups
 
 
+@pytest.mark.slow
 def test_runs_side_by_side_show_the_spread_of_each_ratio(smoke):
     record = smoke["pt-long-context"][1]
     assert format_runs_side_by_side([record]) is None  # one run: nothing to set beside it
@@ -1032,6 +1057,7 @@ def _out_of_memory_when(original, should_fail):
     return wrapped
 
 
+@pytest.mark.slow
 def test_logit_memory_full_path_out_of_memory_is_a_finding_not_a_crash(tmp_path, monkeypatch):
     """On a small GPU (a T4) the full 16k-token logits do not fit: the row says so, and chunking is checked against
     full where full ran (v2; v1 failed chunking for full's out of memory). Chunking failing on its own where full
@@ -1066,6 +1092,7 @@ def test_logit_memory_full_path_out_of_memory_is_a_finding_not_a_crash(tmp_path,
         assert {name for name, passed in checks.items() if not passed} == failing and record["decision"] == "tune"
 
 
+@pytest.mark.slow
 def test_microbatch_fixed_count_out_of_memory_is_a_finding_not_a_crash(tmp_path, monkeypatch):
     """The fixed-count plan not fitting is Agent RL §14.2's point: recorded as out_of_memory; the budget plan runs."""
     from course_lib.lab.gpu.workloads import microbatch_budget
@@ -1083,6 +1110,7 @@ def test_microbatch_fixed_count_out_of_memory_is_a_finding_not_a_crash(tmp_path,
     assert record["checks"]["microbatch"]["token_budget_fits"] and record["decision"] == "wiring_ok"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workload_id", WORKLOAD_IDS)
 def test_workloads_run_in_the_gpus_dtype_on_this_cpu(workload_id):
     """real_gpu measures in bf16; this runs each workload's code in bf16 (tiny sizes, CPU) so that a dtype bug
@@ -1110,6 +1138,7 @@ def test_workloads_run_in_the_gpus_dtype_on_this_cpu(workload_id):
     assert ctx.record["checks"] and not any(failed.values()), failed
 
 
+@pytest.mark.slow
 def test_format_run_says_what_a_notebook_needs_for_each_outcome(smoke, tmp_path):
     plan_path, plan = run_workload("logit-memory", "dry_run", "plan", results_dir=tmp_path)
     text = format_run(plan_path, plan)
