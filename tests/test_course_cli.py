@@ -572,11 +572,11 @@ def test_a_notebook_that_cannot_be_recorded_fails_alone(tmp_path, monkeypatch):
     def grade_all(jobs, workers, confinement, on_result):
         for job in jobs:
             verdicts = {
-                grade_id: CellVerdict(grade_id, points, passed=True) for grade_id, points, _ in job["checker"].tests
+                grade_id: CellVerdict(grade_id, points, passed=True) for grade_id, points, _ in job.checker.tests
             }
             on_result(
-                job["key"],
-                {"notebook": job["kernel"]["notebook"], "seconds": 1.0},
+                job.key,
+                {"notebook": job.kernel.notebook, "seconds": 1.0},
                 confined.CheckerResult(verdicts=verdicts),
             )
 
@@ -686,11 +686,11 @@ def test_a_notebook_nbgrader_refuses_is_recorded_with_its_verdicts_and_the_reaso
                 grade_id: CellVerdict(
                     grade_id, points, passed=grade_id != failing, message="wrong" * (grade_id == failing)
                 )
-                for grade_id, points, _ in job["checker"].tests
+                for grade_id, points, _ in job.checker.tests
             }
             on_result(
-                job["key"],
-                {"notebook": job["kernel"]["notebook"], "seconds": 1.0},
+                job.key,
+                {"notebook": job.kernel.notebook, "seconds": 1.0},
                 confined.CheckerResult(verdicts=verdicts),
             )
 

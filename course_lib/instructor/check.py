@@ -19,7 +19,7 @@ import nbformat
 
 from ..grading.student_source import defined_functions
 from .cells import is_edited_test_cell, is_solution_cell, is_test_cell, nbgrader_meta
-from .execute import execute_notebook
+from .execute import KernelJob, execute_notebook
 from .feedback import cell_message
 from .notebook_file import read_notebook
 
@@ -79,13 +79,13 @@ def check_notebook(
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
     result = execute_notebook(
-        {
-            "key": hashlib.sha1(str(path).encode()).hexdigest(),
-            "notebook": nbformat.writes(called_as_graded(notebook)),
-            "cell_timeout": cell_timeout,
-            "notebook_timeout": notebook_timeout,
-            "kernel_name": kernel_name,
-        }
+        KernelJob(
+            key=hashlib.sha1(str(path).encode()).hexdigest(),
+            notebook=nbformat.writes(called_as_graded(notebook)),
+            cell_timeout=cell_timeout,
+            notebook_timeout=notebook_timeout,
+            kernel_name=kernel_name,
+        )
     )
     executed = nbformat.reads(result["notebook"], as_version=4)
     rows = []

@@ -28,7 +28,7 @@ import nbformat
 from ..grading.protocol import NO_CHECKS, CellVerdict, CheckerJob
 from . import sandbox
 from .cells import is_test_cell, nbgrader_meta
-from .execute import MAX_OUTPUT_CHARS, cap_outputs, error_output
+from .execute import MAX_OUTPUT_CHARS, KernelAnswer, KernelJob, cap_outputs, error_output
 from .feedback import one_line_cut
 from .inert import inert_output
 
@@ -95,12 +95,13 @@ def redact(message: str, hidden: list[str]) -> str:
     return one_line_cut(message)
 
 
-def run_kernel(job: dict[str, Any], confinement: Confinement, slot: int | None = None) -> dict[str, Any]:
-    """The notebook run in the sandbox; the driver's JSON answer, or {"problem": ...} when there is none."""
-    wall = float(job["notebook_timeout"]) + 60
+def run_kernel(job: KernelJob, confinement: Confinement, slot: int | None = None) -> KernelAnswer:
+    """The notebook run in the sandbox; the driver's JSON answer (untrusted: any JSON object), or {"problem": ...}
+    when there is none."""
+    wall = job.notebook_timeout + 60
     result = sandbox.run(
         [_python(confinement), "-m", "course_lib.instructor.execute"],
-        stdin=json.dumps(job).encode("utf-8"),
+        stdin=job.to_json().encode("utf-8"),
         mode=confinement.mode,
         image=confinement.image,
         limits=confinement.limits(wall),
@@ -317,8 +318,18 @@ def judge(
     return Judged(None, notebook, notes)
 
 
-def grade_all(jobs: list[dict[str, Any]], workers: int, confinement: Confinement, on_result: Any) -> None:
-    """Both runs of every job (`{"key", "kernel": ..., "checker": ...}`), `workers` submissions at a time;
+@dataclass(frozen=True)
+class SubmissionJob:
+    """The two runs of one submission: its notebook in a kernel (as handed out) and its TODO cells under the
+    checker."""
+
+    key: str
+    kernel: KernelJob
+    checker: CheckerJob
+
+
+def grade_all(jobs: list[SubmissionJob], workers: int, confinement: Confinement, on_result: Any) -> None:
+    """Both runs of every job, `workers` submissions at a time;
     on_result(key, kernel answer, CheckerResult) in this thread, one at a time (the gradebook has one writer).
     Once sandbox.STOP is set (Ctrl-C), KeyboardInterrupt comes between two recordings, never inside one: the
     sandboxes still running are killed, the jobs not started never start, and no later result is recorded."""
@@ -326,16 +337,16 @@ def grade_all(jobs: list[dict[str, Any]], workers: int, confinement: Confinement
     for slot in range(max(1, workers)):
         slots.put(slot)
 
-    def both(job: dict[str, Any]) -> tuple[dict[str, Any], CheckerResult]:
+    def both(job: SubmissionJob) -> tuple[KernelAnswer, CheckerResult]:
         slot = slots.get()  # each worker's sandboxes get a uid of their own (see sandbox.run)
         try:
-            return run_kernel(job["kernel"], confinement, slot), run_checker(job["checker"], confinement, slot)
+            return run_kernel(job.kernel, confinement, slot), run_checker(job.checker, confinement, slot)
         finally:
             slots.put(slot)
 
     pool = ThreadPoolExecutor(max_workers=max(1, workers))
     try:
-        futures: list[tuple[str, Future]] = [(job["key"], pool.submit(both, job)) for job in jobs]
+        futures: list[tuple[str, Future]] = [(job.key, pool.submit(both, job)) for job in jobs]
         for key, future in futures:
             answer, checked = _result_unless_stopped(future)
             on_result(key, answer, checked)

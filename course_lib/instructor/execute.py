@@ -25,14 +25,17 @@ from the checker (`course_lib/grading/checker.py`), which never runs in this ker
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import shutil
 import subprocess
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import nbformat
 from jupyter_core.paths import jupyter_runtime_dir
@@ -41,6 +44,56 @@ TIMEOUT_ENAME = "CellTimeout"
 NOT_RUN_ENAME = "CellNotRun"
 PROBE_TIMEOUT_S = 10
 MAX_OUTPUT_CHARS = 100_000
+
+
+@dataclass(frozen=True)
+class KernelJob:
+    """One notebook's run, as the grader sends it on stdin (`to_json`) and this module reads it (`from_json`):
+    the notebook (nbformat JSON), the limits of a cell and of the whole run, the Jupyter kernel spec (None:
+    ipykernel on this interpreter), the kernel's working folder (None: a new empty one, removed afterwards) and a
+    file written first thing (None: none), so that a parent knows which jobs had started when a worker died."""
+
+    key: str
+    notebook: str
+    cell_timeout: float = 60.0
+    notebook_timeout: float = 900.0
+    kernel_name: str | None = None
+    cwd: str | None = None
+    started: str | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> KernelJob:
+        """The job the grader wrote; an unknown field or one of another form raises (ValueError, TypeError)."""
+        data = json.loads(text)
+        unknown = set(data) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown fields in the kernel's job: {sorted(unknown)}")
+        optional = {
+            name: None if data.get(name) is None else str(data[name]) for name in ("kernel_name", "cwd", "started")
+        }
+        return cls(
+            key=str(data["key"]),
+            notebook=str(data["notebook"]),
+            cell_timeout=float(data.get("cell_timeout", 60.0)),
+            notebook_timeout=float(data.get("notebook_timeout", 900.0)),
+            **optional,
+        )
+
+
+class KernelAnswer(TypedDict, total=False):
+    """What a run sends back (`execute_notebook`), read by the grader as untrusted data (`confined.run_kernel`,
+    `confined.executed_notebook` check each field's type); "problem" alone when the run gave no result."""
+
+    key: str
+    notebook: str  # the executed notebook, nbformat JSON
+    timed_out: list[int]  # indices of the cells interrupted at their limit
+    not_run: list[int]  # indices of the cells never run (the kernel died, the notebook's limit passed)
+    cut: list[int]  # indices of the cells whose output was cut to MAX_OUTPUT_CHARS
+    problem: str | None  # what stopped the run, if anything
+    seconds: float
 
 
 def error_output(ename: str, evalue: str) -> nbformat.NotebookNode:
@@ -136,24 +189,18 @@ def _this_interpreter_specs():
     return ThisInterpreter()
 
 
-def execute_notebook(job: dict[str, Any]) -> dict[str, Any]:
-    """Run `job['notebook']` (nbformat JSON); returns the executed notebook and what went wrong.
-
-    job keys: key, notebook (str), cell_timeout, notebook_timeout, kernel_name (None or absent: ipykernel on this
-    interpreter; a name: that Jupyter kernel spec, e.g. one that starts a container); cwd (optional: the kernel's
-    working folder; default a new empty temporary folder, removed afterwards); started (optional: a file
-    written first thing, so that the parent knows which jobs had started when a worker died).
-    """
+def execute_notebook(job: KernelJob) -> KernelAnswer:
+    """Run the job's notebook (`KernelJob`); returns the executed notebook and what went wrong (`KernelAnswer`)."""
     from nbclient import NotebookClient
     from nbclient.exceptions import DeadKernelError
 
-    if job.get("started"):
-        Path(job["started"]).write_text(str(os.getpid()), encoding="utf-8")
+    if job.started:
+        Path(job.started).write_text(str(os.getpid()), encoding="utf-8")
     started = time.perf_counter()
-    notebook = nbformat.reads(job["notebook"], as_version=4)
-    cell_timeout = float(job.get("cell_timeout", 60))
-    deadline = time.monotonic() + float(job.get("notebook_timeout", 900))
-    workdir = job.get("cwd") or tempfile.mkdtemp(prefix="course-run-")
+    notebook = nbformat.reads(job.notebook, as_version=4)
+    cell_timeout = job.cell_timeout
+    deadline = time.monotonic() + job.notebook_timeout
+    workdir = job.cwd or tempfile.mkdtemp(prefix="course-run-")
     env = {k: v for k, v in os.environ.items() if k not in ("OLDPWD", "PWD") and not k.startswith("COURSE_")}
     env["PWD"] = workdir
     replies: dict[int, dict] = {}
@@ -167,7 +214,7 @@ def execute_notebook(job: dict[str, Any]) -> dict[str, Any]:
         allow_errors=True,
         interrupt_on_timeout=True,
         error_on_timeout={"ename": TIMEOUT_ENAME, "evalue": f"the cell ran past {cell_timeout:g} s", "traceback": []},
-        kernel_name=job.get("kernel_name") or "python3",
+        kernel_name=job.kernel_name or "python3",
         resources={"metadata": {"path": workdir}},
         on_cell_executed=on_cell_executed,
         iopub_timeout=5,
@@ -179,7 +226,7 @@ def execute_notebook(job: dict[str, Any]) -> dict[str, Any]:
     os.makedirs(runtime, exist_ok=True)
     manager = client.create_kernel_manager()
     manager.connection_file = os.path.join(runtime, f"{CONNECTION_PREFIX}{uuid.uuid4()}.json")
-    if not job.get("kernel_name"):
+    if not job.kernel_name:
         manager.kernel_spec_manager = _this_interpreter_specs()
     timed_out, not_run, problem = [], [], None
     try:
@@ -189,7 +236,7 @@ def execute_notebook(job: dict[str, Any]) -> dict[str, Any]:
                     continue
                 remaining = deadline - time.monotonic()
                 if remaining <= 1:
-                    problem = f"the notebook ran past its limit of {job.get('notebook_timeout', 900)} s"
+                    problem = f"the notebook ran past its limit of {job.notebook_timeout:g} s"
                     not_run = _mark_not_run(notebook, index, f"not run: {problem}")
                     break
                 client.timeout = int(max(1, min(cell_timeout, remaining)))
@@ -231,11 +278,11 @@ def execute_notebook(job: dict[str, Any]) -> dict[str, Any]:
         if first_unrun is not None:
             not_run += _mark_not_run(notebook, first_unrun, f"not run: {problem}")
     finally:
-        if not job.get("cwd"):
+        if not job.cwd:
             shutil.rmtree(workdir, ignore_errors=True)
     cut = cap_outputs(notebook)
     return {
-        "key": job["key"],
+        "key": job.key,
         "notebook": nbformat.writes(notebook),
         "timed_out": timed_out,
         "not_run": not_run,
@@ -264,15 +311,14 @@ CONNECTION_PREFIX = "kernel-grade-"  # + a uuid: the connection file in Jupyter'
 
 
 def main() -> int:
-    """The sandboxed side of a grading run: a job (JSON, see `execute_notebook`) on stdin, the result (JSON) on
-    stdout. The grader reads the result as untrusted data: the notebook's code ran in this process's kernel."""
-    import json
+    """The sandboxed side of a grading run: a `KernelJob` (JSON) on stdin, the `KernelAnswer` (JSON) on stdout. The
+    grader reads the answer as untrusted data: the notebook's code ran in this process's kernel."""
     import sys
 
     from ..grading.hygiene import make_undumpable
 
     make_undumpable()  # the kernel (same user) cannot reach into this process's memory or descriptors
-    job = json.loads(sys.stdin.buffer.read().decode("utf-8"))
+    job = KernelJob.from_json(sys.stdin.buffer.read())
     os.environ["NBGRADER_EXECUTION"] = "autograde"
     os.environ.setdefault("MPLBACKEND", "Agg")
     result_fd = os.dup(1)  # the result's channel, kept by this process alone (not inherited by the kernel)

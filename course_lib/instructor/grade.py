@@ -42,6 +42,7 @@ from ..grading import student_source
 from ..grading.protocol import CheckerJob
 from . import build, cells, confined, gradelog, match, sandbox, submissions
 from .build import interpreter_bin_on_path
+from .execute import KernelJob
 from .gradebook import NbgraderRecorder, already_graded, apply_roster, gradebook_url, stage_original
 from .outcome import GradeRun, Outcome, Status
 from .record import confinement_notes, record_one
@@ -303,7 +304,7 @@ def _nothing_found(source: Path, found: submissions.Found, seconds: float, worke
 
 def _jobs(
     ready: list, chapters: dict[str, Chapter], limits: tuple[float, float], kernel_name: str | None
-) -> list[dict]:
+) -> list[confined.SubmissionJob]:
     """The two runs of every ready submission: its notebook in a kernel (as handed out), its TODO cells under the
     checker (with the chapter source's setup and graded test cells)."""
     jobs = []
@@ -311,16 +312,16 @@ def _jobs(
         source = chapters[submission.chapter].source
         tests = cells.graded_cells(source)
         jobs.append(
-            {
-                "key": submission.key,
-                "kernel": {
-                    "key": submission.key,
-                    "notebook": nbformat.writes(prepared.notebook),
-                    "cell_timeout": limits[0],
-                    "notebook_timeout": limits[1],
-                    "kernel_name": kernel_name,
-                },
-                "checker": CheckerJob(
+            confined.SubmissionJob(
+                key=submission.key,
+                kernel=KernelJob(
+                    key=submission.key,
+                    notebook=nbformat.writes(prepared.notebook),
+                    cell_timeout=limits[0],
+                    notebook_timeout=limits[1],
+                    kernel_name=kernel_name,
+                ),
+                checker=CheckerJob(
                     setup=cells.setup_cells(source),
                     tests=tests,
                     solutions=cells.solution_cells(prepared.notebook),
@@ -329,7 +330,7 @@ def _jobs(
                     cell_timeout=limits[0],
                     call_timeout=limits[0],
                 ),
-            }
+            )
         )
     return jobs
 
