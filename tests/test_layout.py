@@ -125,6 +125,17 @@ def test_no_module_of_the_package_imports_itself_in_a_cycle():
             assert cycle is None, " -> ".join(cycle)
 
 
+def test_no_module_of_the_grading_stack_outgrows_what_one_reader_holds():
+    """The grader's code (what runs beside student code, and the instructor's stages) in modules of at most 500
+    lines, one concern each (docs/grading-design.md lists them): the stack once had a checker of 1,317 lines."""
+    sizes = {
+        str(path.relative_to(PACKAGE)): len(path.read_text(encoding="utf-8").splitlines())
+        for folder in ("grading", "instructor")
+        for path in sorted((PACKAGE / folder).rglob("*.py"))
+    }
+    assert len(sizes) > 20 and {name: n for name, n in sizes.items() if n > 500} == {}
+
+
 def test_the_main_job_does_not_import_the_test_suite():
     imports = imported_modules(ROOT / "scripts" / "demo.py")
     assert not {name for name in imports if name.split(".")[0] == "tests"}, imports
