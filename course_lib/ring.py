@@ -9,14 +9,15 @@ rank almost everything, so the "head-tail" layout gives rank r the chunks r and 
 same work for every rank (PyTorch's `_HeadTailLoadBalancer`, the "zigzag" of ring-flash-attention).
 
 A layout is a list, per rank, of the (start, end) position ranges it holds, in the order its tensors hold them.
-The ranges of all ranks partition the row; the ring needs nothing else of them, so they may be unequal.
+The ranges of all ranks partition the row and every rank holds as many positions as the others (the shard that
+travels round the ring has one shape); the ranges themselves may be unequal.
 
 A packed row (`cu_seqlens`, chapter 3) changes what balance means: attention never crosses a document, so each
 document's causal triangle is work of its own, and the head-tail split of the whole row no longer evens it out.
 `shard_documents` splits every document head-tail over the ranks (each rank the same work of every document).
 PyTorch's `_PerDocumentHeadTailLoadBalancer` reorders each document head-tail and then cuts the reordered row into
-R contiguous pieces (`torch_document_layout`), which keeps each rank's share one slice of that row but leaves the
-ranks' work unequal whenever the documents differ in length.
+R contiguous pieces (`torch_document_layout`), which keeps each rank's share one slice of that row but can leave
+the ranks' work unequal when the documents differ in length.
 
 The all-to-all alternative (DeepSpeed-Ulysses, Jacobs et al. 2023) moves heads instead of keys: one all-to-all turns
 each rank's contiguous sequence shard of every head into the whole sequence of H / R heads, each rank attends over
@@ -226,7 +227,7 @@ def document_pairs_per_rank(layout: list[list[tuple[int, int]]], lengths: object
 
 def check_ring_inputs(q, k, v, layout, group, causal: bool, block_size: int, cu_seqlens=None) -> tuple[int, int]:
     """(rank, world size) of this process in `group`, after checking q, k, v as `check_attention_inputs` does, that
-    `layout` gives each rank (start, end) ranges that together cover the row once, this rank's adding up to q's
+    `layout` gives each rank (start, end) ranges that together cover the row once, every rank's adding up to q's
     length, and that `cu_seqlens`, when given, rises from 0 to the row's length with no range crossing a document
     boundary."""
     check_attention_inputs(q, k, v, causal, block_size, None, None)
@@ -236,10 +237,11 @@ def check_ring_inputs(q, k, v, layout, group, causal: bool, block_size: int, cu_
     covered = sorted(p for start, end in chunks for p in range(start, end)) == list(
         range(sum(e - s for s, e in chunks))
     )
-    if not (len(layout) == world and covered and sum(end - start for start, end in layout[rank]) == q.shape[2]):
+    held = [sum(end - start for start, end in rank_chunks) for rank_chunks in layout]
+    if not (len(layout) == world and covered and held == [q.shape[2]] * world):
         raise ValueError(
             f"layout must give each of the {world} ranks (start, end) ranges that together cover the sequence once, "
-            f"{q.shape[2]} positions for rank {rank}; got {layout!r:.200}"
+            f"{q.shape[2]} positions for every rank (rank {rank}'s q); got {layout!r:.200}"
         )
     if cu_seqlens is not None:
         bounds = document_bounds(cu_seqlens, sum(end - start for start, end in chunks))

@@ -123,8 +123,11 @@ def test_ring_attention_on_a_packed_row_equals_each_document_run_alone(lengths, 
             torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-11)
 
 
-def test_a_range_across_a_document_boundary_is_refused():
+def test_a_range_across_a_document_boundary_or_ranks_of_unequal_shares_are_refused():
     q = torch.randn(1, 2, 8, 4, dtype=torch.float64)
+    # every rank holds its own positions, but 3 against 5: the shard that travels has one shape
+    with pytest.raises(RuntimeError, match=r"[35] positions for every rank \(rank [01].s q\)"):
+        ring_attention_on_ranks(q, q, q, 2, [[(0, 3)], [(3, 8)]])
     with pytest.raises(RuntimeError, match=r"layout range \(0, 2\) crosses a document boundary"):
         ring_attention_on_ranks(q, q, q, 2, "head_tail", cu_seqlens=torch.tensor([0, 1, 8]))
 

@@ -191,10 +191,10 @@ else:
 #
 # $$\ell = \log\left(e^{\ell_A} + e^{\ell_B}\right), \qquad o = e^{\ell_A - \ell}\, o_A + e^{\ell_B - \ell}\, o_B.$$
 #
-# The causal mask acts on **global** positions. A layout cuts the sequence into equal chunks, and a chunk of queries
-# and a chunk of keys are then in one of three relations: the keys all come before the queries (full attention), the
-# keys all come after them (nothing to compute: skip), or it is the same chunk (causal within it, as in chapter 10's
-# diagonal blocks).
+# The causal mask acts on **global** positions. A layout cuts the sequence into ranges that cover it once (so two
+# ranges are either the same or disjoint), and a range of queries and a range of keys are then in one of three
+# relations: the keys all come before the queries (full attention), the keys all come after them (nothing to
+# compute: skip), or it is the same range (causal within it, as in chapter 10's diagonal blocks).
 #
 # A ring is only fast if the hop costs nothing: the send of the next shard runs while the rank computes on the
 # current one. `torch.distributed` gives non-blocking point-to-point messages for this (`dist.isend`, `dist.irecv`,
@@ -205,17 +205,19 @@ else:
 # Write `ring_attention_forward(q, k, v, layout, group=None, causal=True, block_size=64, cu_seqlens=None)`. This rank
 # (of `group`, the default group when `None`) holds `q` $[B, H, T_r, d]$, `k` $[B, H_{kv}, T_r, d]$ and `v`
 # $[B, H_{kv}, T_r, e]$ of the positions `layout[rank]`, its `(start, end)` ranges in that order (the output of
-# `shard_chunks`, or of section 5's per-document layouts, whose ranges need not be equal; the ranges of all ranks
-# cover the sequence once). `cu_seqlens`, when given, packs the row as in chapter 10 (the whole row's cumulative
-# document lengths, the same on every rank; no range crosses a document boundary). Return `(out, lse)`:
-# `out` $[B, H, T_r, e]$ in `q`'s dtype and `lse` $[B, H, T_r]$, the attention of this rank's queries over the keys
-# of every rank (causal by global position when `causal`; of its own document only when packed) and the rows'
-# log-sum-exps, equal to the rows of attention run whole on one device. Build it from chapter 10's kernels (`tiled_attention_forward` with this `block_size`,
+# `shard_chunks`, or of section 5's per-document layouts, whose ranges need not be equal in length). The ranges of
+# all ranks cover the sequence once, and every rank holds the same number $T_r$ of positions. `cu_seqlens`, when
+# given, packs the row as in chapter 10 (the whole row's cumulative document lengths, the same on every rank; no
+# range crosses a document boundary). Return `(out, lse)`: `out` $[B, H, T_r, e]$ in `q`'s dtype and `lse`
+# $[B, H, T_r]$, the attention of this rank's queries over the keys of every rank (causal by global position when
+# `causal`; of its own document only when packed) and the rows' log-sum-exps, equal to the rows of attention run
+# whole on one device. Build it from chapter 10's kernels (`tiled_attention_forward` with this `block_size`,
 # `merge_partials`). The properties, one graded cell each:
 #
 # * **Values** (3 points) on 2 to 4 ranks, both layouts, causal or not, within `rtol=1e-10` in fp64; **lse**
 #   (1 point); **GQA and dtypes** (1 point): fewer KV heads, fp32 in and out; **Packed rows** (2 points, graded in
-#   section 5): values and lse of packed rows on per-document layouts, causal or not.
+#   section 5): values and lse of packed rows on per-document layouts and on a whole-row layout cut at the
+#   documents, causal or not.
 # * **A ring** (2 points): a rank sends only to the next rank and receives only from the previous one, by
 #   point-to-point messages (no collective), and receives in all exactly the $R - 1$ other shards of `k` and `v`.
 # * **Memory** (1 point): no tensor a rank creates is larger than the bytes of one shard's `k` and `v` together
@@ -509,9 +511,10 @@ grading.assert_same(_t_out, _t_want, rtol=1e-10, atol=1e-12, path="out (3 ranks 
 # ### TODO · `ring_attention_backward` (环形注意力反向)
 #
 # Write `ring_attention_backward(q, k, v, out, lse, grad_out, layout, group=None, causal=True, block_size=64,
-# cu_seqlens=None)`: this rank's shards, layout and packing as in the forward, `out` and `lse` those of attention over all keys (the forward's), `grad_out`
-# $[B, H, T_r, e]$. Return `(dq, dk, dv)`, the gradients of the whole sequence's $\sum$ `grad_out` $\cdot$ `out`
-# (summed over every rank's positions) with respect to this rank's `q`, `k` and `v`, each in its input's dtype (accumulate in at least fp32). Use `tiled_attention_backward`.
+# cu_seqlens=None)`: this rank's shards, layout and packing as in the forward, `out` and `lse` those of attention
+# over all keys (the forward's), `grad_out` $[B, H, T_r, e]$. Return `(dq, dk, dv)`, the gradients of the whole
+# sequence's $\sum$ `grad_out` $\cdot$ `out` (summed over every rank's positions) with respect to this rank's `q`,
+# `k` and `v`, each in its input's dtype (accumulate in at least fp32). Use `tiled_attention_backward`.
 #
 # * **Values** (3 points): `dq`, `dk` and `dv` on 2 to 4 ranks, both layouts, causal or not, within `rtol=1e-9` in
 #   fp64, against autograd through attention run whole; **GQA and dtypes** (1 point); **Packed rows** (1 point,
@@ -729,7 +732,7 @@ row_layouts = {
     "head-tail, whole row": shard_chunks(sum(doc_lengths), 2),  # yours, from section 2
     "PyTorch per-document": torch_document_layout(doc_lengths, 2),
 }
-for name, layout in row_layouts.items():  # the per-document layout is yours, once written below
+for name, layout in row_layouts.items():  # the third, head-tail per document, is yours: written below
     pairs = document_pairs_per_rank(layout, doc_lengths)
     print(f"{name:<24} pairs per rank {pairs} | slowest / average {max(pairs) / (sum(pairs) / len(pairs)):.2f}")
 
@@ -748,8 +751,9 @@ for name, layout in row_layouts.items():  # the per-document layout is yours, on
 #
 # Write `shard_documents(lengths, world_size)`: the layout (per rank, `(start, end)` ranges as `shard_chunks` gives
 # them) of a packed row of documents of these lengths, back to back, in which every document is cut into $2R$ equal
-# chunks and rank $r$ holds, for each document in row order, its chunk $r$ and then its chunk $2R - 1 - r$. A
-# document that does not cut into $2R$ equal chunks is refused with a `ValueError` (given: `check_document_lengths`).
+# chunks and rank $r$ holds, for each document in row order, its chunk $r$ and then its chunk $2R - 1 - r$.
+# `lengths` is any sequence of positive integers (a list, a tuple, numpy integers); a document that does not cut
+# into $2R$ equal chunks is refused with a `ValueError` (given: `check_document_lengths`; not graded).
 #
 # * **Per document** (2 points): exactly these ranges, in this order, on any lengths and $R$ that split.
 #
@@ -855,14 +859,14 @@ def _t_packed(own):
         [
             ([6, 12, 18], 3, torch_document_layout, True),  # unequal ranges, a document cut between two ranks
             ([16, 8], 2, _t_per_document, False),
-            ([8, 16, 24], 2, lambda lengths, world: [[(0, 12), (36, 48)], [(12, 24), (24, 36)]], True),  # whole row
+            ([8, 16, 24], 2, None, True),  # the whole row head-tail, its ranges cut at the documents
         ]
     ):
         generator = torch.Generator().manual_seed(41 + case)
         tokens = sum(lengths)
         cu_seqlens = torch.tensor([0, *itertools.accumulate(lengths)])
-        # the whole row's ranges cut at the document boundaries, as the ring takes them
-        layout = layout_from_order(layout_order(maker(lengths, world)), world, cu_seqlens)
+        whole_row = [[(0, 12), (36, 48)], [(12, 24), (24, 36)]]
+        layout = maker(lengths, world) if maker else layout_from_order(layout_order(whole_row), world, cu_seqlens)
         q = torch.randn(1, 4, tokens, 4, generator=generator, dtype=torch.float64)
         k, v = (torch.randn(1, 2, tokens, 4, generator=generator, dtype=torch.float64) for _ in range(2))
         run = ring_attention_on_ranks(q, k, v, world, layout, causal, block_size=3, forward=own, cu_seqlens=cu_seqlens)
@@ -956,8 +960,12 @@ for _t_label, _t_got, _t_want in grading.in_student_process(ring_attention_backw
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# Where this PyTorch has the per-document balancer, compare its order with the library's, and see your ring run a
-# packed row on both per-document layouts, with each rank's share of the work:
+# Where this PyTorch has the per-document balancer, compare its order with the library's `torch_document_order`.
+# (PyTorch's balancer only reorders the row; `context_parallel` then gathers the buffers in that order and
+# shards them along the sequence, contiguously: that is what `torch_document_layout` reproduces. The balancer's
+# docstring draws each rank holding every document's chunks $r$ and $2R - 1 - r$, which is this chapter's
+# `shard_documents`, not what its code gives.) Then your ring on the packed row, on both per-document layouts, with
+# each rank's block products (blocks of 8, which divide every chunk here) beside its share of the pairs:
 
 # %%
 try:
@@ -979,10 +987,17 @@ row_bounds = torch.tensor([0, *itertools.accumulate(doc_lengths)])
 want = reference_attention(q, k, v, causal=True, cu_seqlens=row_bounds)[0]
 for name in ("head-tail, per document", "PyTorch per-document"):
     run = ring_attention_on_ranks(
-        q, k, v, 2, row_layouts[name], block_size=16, forward=ring_attention_forward, cu_seqlens=row_bounds
+        q, k, v, 2, row_layouts[name], block_size=8, forward=ring_attention_forward, cu_seqlens=row_bounds
     )
     products = [sum(n for kind, _, n in log["events"] if kind == "compute") for log in run["forward"]]
-    print(f"{name:<24} max |out - per document| {(run['out'] - want).abs().max():.1e} | block products {products}")
+    pairs = document_pairs_per_rank(row_layouts[name], doc_lengths)
+    error = (run["out"] - want).abs().max()
+    print(f"{name:<24} max |out - per document| {error:.1e} | block products {products} | pairs {pairs}")
+
+# %% [markdown]
+# Both layouts give each document's attention exactly. The block products follow the pairs: the same on both ranks
+# per document, one rank ahead of the other in PyTorch's layout. A block size that does not divide the chunks adds
+# partial blocks, so the products of a layout with many short ranges overstate its work; the pairs do not.
 
 # %% [markdown]
 # ## 6. Evidence: what each rank holds and sends (证据：每个进程持有和发送的数据)
