@@ -2,8 +2,8 @@
 
 `course_lib` and `course_lib.lab` re-export every public name of their modules (`from course_lib import
 plan_packing`), and most of those modules import torch. A process that needs none of them (the `course` command
-building or checking notebooks, the kernel driver of every graded submission) would pay torch's import for
-nothing, once per process. So the packages import no module at their top: the first read of a name imports the
+building or checking notebooks, the grader's own process) would pay torch's import for nothing, once per
+process. So the packages import no module at their top: the first read of a name imports the
 module that declares it (its literal `__all__`, read from its source), as `from .module import *` would have.
 """
 

@@ -15,8 +15,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from course_lib.grading import notebook_run
 from course_lib.grading.protocol import CellVerdict
-from course_lib.instructor import build, cells, execute, match, notebook_file, submissions
+from course_lib.instructor import build, cells, match, notebook_file, submissions
 from course_lib.instructor.cells import with_answers as submission_with
 from course_lib.instructor.gradebook import apply_roster, cell_scores, name_student, stage_original
 from course_lib.instructor.recording import all_or_nothing
@@ -426,7 +427,7 @@ def test_each_cell_keeps_at_most_the_output_limit():
         nbformat.v4.new_output("error", ename="E", evalue="e" * 700, traceback=["t" * 700]),
     ]
     notebook.cells[1].outputs = [nbformat.v4.new_output("stream", name="stdout", text="fine\n")]
-    assert execute.cap_outputs(notebook, limit=500) == [0]
+    assert notebook_run.cap_outputs(notebook, limit=500) == [0]
     stream, result, error = notebook.cells[0].outputs
     assert stream.text.startswith("x" * 500) and "yy" not in stream.text
     assert "900 more characters of output cut by the grader" in stream.text

@@ -368,6 +368,36 @@ DODGER_BODY = """
 raise RuntimeError("DODGE " + _json.dumps(_dodge()))
 """
 
+# The notebook's own run (issue 33): its kernel is forked from the checker, in the checker's sandbox. At the top
+# level of the TODO cell (which only the kernel runs: a print and an `if` are dropped from the student processes'
+# module), it tries the dodges on the checker and leaves a busy process in a session of its own with a file in
+# /dev/shm and in its room, to slow the checks or hand them something; the TODO function reports what it finds.
+KERNEL_DODGER_TOP = (
+    DODGER_TOP
+    + """
+print("KERNEL-DODGE " + _json.dumps(_dodge()))
+if _os.fork() == 0:
+    _os.setsid()
+    for _path in ("/dev/shm/left-by-the-kernel", "left-by-the-kernel"):
+        with open(_path, "w") as _handle:
+            _handle.write("x")
+    while True:
+        pass
+"""
+)
+KERNEL_DODGER_BODY = """
+found = [path for path in ("/dev/shm/left-by-the-kernel", "left-by-the-kernel") if _os.path.exists(path)]
+busy = []
+for pid in filter(str.isdigit, _os.listdir("/proc")):
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            if stat.read().split(") ", 1)[1].startswith("R") and int(pid) != _os.getpid():
+                busy.append(pid)
+    except OSError:
+        pass
+raise RuntimeError("LEFT " + _json.dumps({"files": found, "busy": busy}))
+"""
+
 FORKBOMB_TOP = """
 import os as _os
 
@@ -826,6 +856,7 @@ ATTACKS = {
     "killer": (KILLER_TOP, KILLER_BODY),
     "forkbomb": (FORKBOMB_TOP, FORKBOMB_BODY),
     "dodger": (DODGER_TOP, DODGER_BODY),
+    "kerneldodger": (KERNEL_DODGER_TOP, KERNEL_DODGER_BODY),
     "memhog": (MEMHOG_TOP, MEMHOG_BODY),
     "diskfill": (DISKFILL_TOP, DISKFILL_BODY),
     "flood": (FLOOD_TOP, FLOOD_BODY),
@@ -1484,6 +1515,19 @@ def test_the_checkers_limits_scheduling_and_signals_are_out_of_reach(hostile):
     assert message.startswith("RuntimeError: DODGE "), message
     outcomes = json.loads(message.split("DODGE ", 1)[1])
     assert len(outcomes) >= 5 and set(outcomes.values()) == {"Operation not permitted"}, outcomes
+
+
+@pytest.mark.slow
+def test_the_notebooks_kernel_cannot_touch_the_checker_nor_leave_anything_to_the_checks(hostile):
+    """The kernel, forked from the checker in its sandbox, is confined as a student process: every dodge on the
+    checker is refused; the busy process and the files it left are gone before the TODO function is called."""
+    printed = _printed(hostile["root"], "kerneldodger")
+    assert "KERNEL-DODGE " in printed, printed[-2000:]
+    outcomes = json.loads(printed.split("KERNEL-DODGE ", 1)[1].splitlines()[0])
+    assert len(outcomes) >= 5 and set(outcomes.values()) == {"Operation not permitted"}, outcomes
+    message = _message(hostile["root"], "kerneldodger", LEDGER)
+    assert message.startswith("RuntimeError: LEFT "), message
+    assert json.loads(message.split("LEFT ", 1)[1]) == {"files": [], "busy": []}, message
 
 
 @pytest.mark.slow

@@ -705,7 +705,7 @@ def test_killing_from_inside_reaches_nothing_outside():
 
 UNDUMPABLE = """
 import json, os
-from course_lib.grading.hygiene import make_undumpable  # what the checker and the kernel driver call
+from course_lib.grading.hygiene import make_undumpable  # what the checker calls
 with open("/proc/self/maps") as maps:  # a mapping the forked child shares
     address = int(maps.readline().split("-")[0], 16)
 go_read, go_write = os.pipe()

@@ -38,11 +38,12 @@ def _attempt(action) -> str:
     return "ok"
 
 
-def _confine() -> dict:
-    """What the checker does to a student process: Landlock (signals scoped), then the seccomp filter."""
+def _confine(checker: int) -> dict:
+    """What the checker does to a student process: Landlock (signals scoped), then the seccomp filter keeping it off
+    the checker (and pid 1)."""
     return {
         "landlock": landlock.confine(["/dev"], [], grants=["/"], scope_signals=True),
-        "seccomp": seccomp.protect_others(),
+        "seccomp": seccomp.protect((1, checker)),
     }
 
 
@@ -109,7 +110,7 @@ def test_a_student_process_cannot_touch_the_checker_but_can_touch_itself():
 
     def work() -> dict:
         os.setpgid(0, 0)  # its group is itself alone: PRIO_PGRP 0 could not renice the test, filter or not
-        confined = _confine()
+        confined = _confine(checker)
         own = os.getpid()
         seen = {
             **confined,
@@ -148,7 +149,7 @@ def test_its_forked_children_share_its_tree_and_nothing_beyond():
     checker = os.getpid()
 
     def work() -> dict:
-        confined = _confine()
+        confined = _confine(checker)
         first = os.getpid()
         read, write = os.pipe()
         child = os.fork()
@@ -188,22 +189,34 @@ def _square(x: int) -> int:
 
 @needs_seccomp
 def test_ordinary_code_runs_under_the_filter():
-    """torch, multiprocessing by fork and by spawn (a fresh interpreter: exec keeps the filter)."""
+    """torch, multiprocessing by fork and by spawn (a fresh interpreter: exec keeps the filter), and a thread that
+    sets its own scheduling by its tid, as libzmq's I/O threads do in the notebook's kernel."""
+    import threading
+
     import torch
 
+    checker = os.getpid()
+
+    def own_scheduling(report: dict) -> None:
+        tid = threading.get_native_id()
+        report["thread"] = _attempt(lambda: os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0)))
+
     def work() -> dict:
-        confined = _confine()
+        confined = _confine(checker)
         product = (torch.ones(64, 64) @ torch.ones(64, 64)).sum().item()
         results = {}
         for method in ("fork", "spawn"):
             with multiprocessing.get_context(method).Pool(2) as pool:
                 results[method] = pool.map(_square, range(4))
+        thread = threading.Thread(target=own_scheduling, args=(results,))
+        thread.start()
+        thread.join()
         return {**confined, "torch": product, **results}
 
     seen = _in_child(work)
     assert seen.pop("seccomp") is True, seen
     seen.pop("landlock")
-    assert seen == {"torch": 64.0**3, "fork": [0, 1, 4, 9], "spawn": [0, 1, 4, 9]}
+    assert seen == {"torch": 64.0**3, "fork": [0, 1, 4, 9], "spawn": [0, 1, 4, 9], "thread": "ok"}
 
 
 # ------------------------------------------------------------------------- the filter, instruction by instruction
@@ -228,21 +241,22 @@ def _run(rules: list[tuple[int, int, int, int]], arch: int, nr: int, args: tuple
 
 @pytest.mark.parametrize("machine", sorted(seccomp.ARCHITECTURES))
 def test_the_filter_decides_by_pid_architecture_and_group(machine):
-    own, allow, deny = 4242, 0x7FFF0000, 0x00050000 | errno.EPERM
-    rules = seccomp.program(machine, own)
+    checker, allow, deny = 4242, 0x7FFF0000, 0x00050000 | errno.EPERM
+    rules = seccomp.program(machine, (1, checker))
     arch, pid_first, setpriority, ioprio_set = seccomp.ARCHITECTURES[machine]
     for name, number in pid_first.items():
         assert _run(rules, arch, number, (0,)) == allow, name
-        assert _run(rules, arch, number, (own,)) == allow, name
+        assert _run(rules, arch, number, (checker + 1,)) == allow, name  # its own child, a thread by its tid
         assert _run(rules, arch, number, (1,)) == deny, name
-        assert _run(rules, arch, number, (own + 1,)) == deny, name
-        assert _run(rules, arch, number, ((1 << 32) | 1,)) == deny, name  # the kernel reads a pid's low 32 bits
+        assert _run(rules, arch, number, (checker,)) == deny, name
+        assert _run(rules, arch, number, ((1 << 32) | checker,)) == deny, name  # the kernel reads the low 32 bits
         assert _run(rules, arch, number, (7 << 32,)) == allow, name  # ... which are 0 here: itself
         other = next(a for a in (0x40000003, 0xC000003E, 0xC00000B7) if a != arch)
         assert _run(rules, other, number, (0,)) == deny, name  # another architecture: every call refused
     for call, process in ((setpriority, 0), (ioprio_set, 1)):
         assert _run(rules, arch, call, (process, 0)) == allow
-        assert _run(rules, arch, call, (process, own)) == allow
+        assert _run(rules, arch, call, (process, checker + 1)) == allow
+        assert _run(rules, arch, call, (process, checker)) == deny
         assert _run(rules, arch, call, (process, 1)) == deny
         assert _run(rules, arch, call, (process + 1, 0)) == deny  # a process group
         assert _run(rules, arch, call, (process + 2, 0)) == deny  # a user
@@ -279,7 +293,7 @@ def test_multi_rank_runs_work_from_a_confined_process(tmp_path):
         os.environ["TMPDIR"], tempfile.tempdir = str(tmp_path), None  # as the checker's room: temporary files there
         confined = {
             "landlock": landlock.confine([str(tmp_path), "/dev"], [], grants=["/"], scope_signals=True),
-            "seccomp": seccomp.protect_others(),
+            "seccomp": seccomp.protect((1, os.getppid())),
         }
         ranks = call_on_ranks(_sum_over_ranks, [(torch.ones(2),), (2 * torch.ones(2),)])
         ring = ring_attention_on_ranks(q, k, v, 2, block_size=4)

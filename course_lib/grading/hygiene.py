@@ -5,8 +5,10 @@ can no longer read or write its memory), drops its working folder from sys.path 
 (`prepare_student_room`). Each student process confines itself there before its code runs
 (`confine_student_process`: working folder, HOME and TMPDIR in the room; Landlock: it writes only there and in
 /dev, cannot read the library's code and signals only its own processes; seccomp: it cannot change the limits or
-the scheduling of the checker, which shares its uid). When no student process is alive, `wipe_student_room` empties the
-room, /dev/shm, System V IPC and the uid's keyrings, so nothing passes from one TODO's processes to another's.
+the scheduling of the checker, which shares its uid). The notebook's kernel, the room's first tenant, confines
+itself the same way but reads every file (`confine_notebook_process`). When no student process is alive,
+`wipe_student_room` empties the room, /dev/shm, System V IPC and the uid's keyrings, so nothing passes from the
+kernel or one TODO's processes to another's.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from . import landlock, seccomp
 _STUDENT_ROOM: str | None = None
 _UNREADABLE: list[str] = []
 _READ_GRANTS: list[str] = []
+_CHECKER_PID: int | None = None
 
 
 def student_room() -> str | None:
@@ -62,39 +65,64 @@ def prepare_student_room(scratch: str) -> str:
     """Once, in the checker program before any student process: `scratch`/student for the student processes (the
     checker keeps `scratch` itself, its working folder, HOME and caches) and the Landlock rules worked out (the
     library is imported after the setup cells, `run_checks`). Returns the room."""
-    global _STUDENT_ROOM, _UNREADABLE, _READ_GRANTS
+    global _STUDENT_ROOM, _UNREADABLE, _READ_GRANTS, _CHECKER_PID
     room = os.path.join(scratch, "student")
     os.makedirs(room, mode=0o700, exist_ok=True)
     _UNREADABLE = library_code_paths()
     _READ_GRANTS = landlock.read_grants(_UNREADABLE)
     _STUDENT_ROOM = room
+    _CHECKER_PID = os.getpid()
     return room
 
 
 def confine_student_process() -> int:
-    """In a student process, before its code runs: into its room (working folder, HOME, TMPDIR), then Landlock:
-    it writes only there and in /dev, and cannot read the library's code, then seccomp (`_landlock_student`).
-    Returns the Landlock ABI enforced (0:
-    the kernel has none, or the checker is not running as a program)."""
+    """In a student process, before its code runs: into its room (`_into_room`), then Landlock: it writes only
+    there and in /dev, and cannot read the library's code, then seccomp (`_landlock_student`). Returns the Landlock
+    ABI enforced (0: the kernel has none, or the checker is not running as a program)."""
     if _STUDENT_ROOM is None:
         return 0
+    _into_room(_STUDENT_ROOM)
+    return _landlock_student()
+
+
+def confine_notebook_process() -> int:
+    """In the notebook's kernel, before any of the notebook runs: into the room as a student process, then the
+    same rules but one: it reads every file (the notebook imports the library, as on the student's machine). The
+    kernel is the room's first tenant: the room is emptied when it ends, before any TODO function runs."""
+    if _STUDENT_ROOM is None:
+        return 0
+    _into_room(_STUDENT_ROOM)
+    version = landlock.confine([_STUDENT_ROOM, "/dev"], [], grants=["/"], scope_signals=True)
+    seccomp.protect(_grader_pids())
+    return version
+
+
+def _into_room(room: str) -> None:
+    """Working folder, HOME and TMPDIR in the room; no POSIX message queues (they would outlive the process,
+    unseen by the wipe)."""
     import resource
     import tempfile
 
-    resource.setrlimit(resource.RLIMIT_MSGQUEUE, (0, 0))  # POSIX message queues would outlive it, unseen by the wipe
-    os.chdir(_STUDENT_ROOM)
-    os.environ.update(HOME=_STUDENT_ROOM, TMPDIR=_STUDENT_ROOM, HF_HOME=os.path.join(_STUDENT_ROOM, ".cache", "hf"))
-    tempfile.tempdir = _STUDENT_ROOM  # set, not probed: a room the TODO code filled must not fail the lookup
-    return _landlock_student()
+    resource.setrlimit(resource.RLIMIT_MSGQUEUE, (0, 0))
+    os.chdir(room)
+    os.environ.update(HOME=room, TMPDIR=room, PWD=room, HF_HOME=os.path.join(room, ".cache", "hf"))
+    os.environ.pop("OLDPWD", None)
+    tempfile.tempdir = room  # set, not probed: a room the TODO code filled must not fail the lookup
 
 
 def _landlock_student() -> int:
     """The rules of a student process: Landlock (writes in its room and /dev only, no reading the library's code,
-    signals to its own processes only), then seccomp (no prlimit, scheduling or priority change of any process
-    but its own: the checker shares its uid)."""
+    signals to its own processes only), then seccomp (no prlimit, scheduling or priority change of the checker,
+    which shares its uid)."""
     version = landlock.confine([_STUDENT_ROOM, "/dev"], _UNREADABLE, grants=_READ_GRANTS, scope_signals=True)
-    seccomp.protect_others()
+    seccomp.protect(_grader_pids())
     return version
+
+
+def _grader_pids() -> tuple[int, ...]:
+    """What no student process may limit or reschedule: the checker (pid 1 of the sandbox's PID namespace, or this
+    pid where the checker runs unsandboxed), and pid 1 in any case."""
+    return tuple(sorted({1, _CHECKER_PID or 1}))
 
 
 def wipe_student_room() -> None:

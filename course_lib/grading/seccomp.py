@@ -1,4 +1,4 @@
-"""seccomp-bpf (Linux >= 3.5): a process keeps, for good, its hands off every process but itself.
+"""seccomp-bpf (Linux >= 3.5): a process keeps, for good, its hands off the grader's processes.
 
 A student process shares the checker's uid, and the kernel lets a process change the limits and the scheduling of
 any process of its own uid. From a TODO function a student could so, without touching the checker's memory:
@@ -6,22 +6,22 @@ any process of its own uid. From a TODO function a student could so, without tou
     prlimit(checker, RLIMIT_NPROC, (1, 1))    every later student process fails to start: "needs regrading" forever
     sched_setaffinity / SCHED_IDLE / nice 19  the checker starves, its cells run out of time on the tests' side
 
-The checker installs, in each student process right after forking it and before any student code runs, a filter
-on the system calls that name another process (`protect_others`):
+The checker installs, in each student process (and in the notebook's kernel) right after forking it and before any
+student code runs, a filter on the system calls that name another process (`protect`):
 
-    system call                                       allowed                  else
-    prlimit64, sched_setaffinity, sched_setscheduler, its pid argument 0, or  EPERM
-    sched_setparam, sched_setattr                     the student's first pid
-    setpriority(PRIO_PROCESS, who), ioprio_set(       who 0, or the same       EPERM
+    system call                                       refused (EPERM)            else
+    prlimit64, sched_setaffinity, sched_setscheduler, its pid argument one of  allowed
+    sched_setparam, sched_setattr                     the protected pids
+    setpriority(PRIO_PROCESS, who), ioprio_set(       who a protected pid        allowed
     IOPRIO_WHO_PROCESS, who)
-    setpriority / ioprio_set on a group or a user     never                    EPERM
-    any call of another architecture (i386 or x32     never                    EPERM
+    setpriority / ioprio_set on a group or a user     always
+    any call of another architecture (i386 or x32     always
     calls on x86_64: numbers this filter never saw)
 
-"The student's first pid" is the process that installed the filter: its own children inherit the filter, may
-act on themselves (pid 0, as glibc's setrlimit and Python's os.sched_setaffinity(0, ...) do) and on that first
-process (the root of their own tree), and on nothing else: not on a child by its pid, nor on a thread by its tid
-(pids a filter written beforehand cannot know; no course code names them). A pid is an int: the filter compares
+The protected pids are the grader's processes in the sandbox (the checker, which is its PID namespace's pid 1);
+no other process there is anyone's but the student's. So a student process acts freely on itself (pid 0, as
+glibc's setrlimit and Python's os.sched_setaffinity(0, ...) do), on its children and on its threads by their tids
+(libzmq's I/O threads in the kernel set their own scheduling so, by tid). A pid is an int: the filter compares
 the argument's low 32 bits, which are all the kernel reads. Signals are the other way out of a process; Landlock's
 signal scope (`landlock.confine(..., scope_signals=True)`) closes it. Filters are inherited over fork and exec and
 can never be removed; they need no_new_privs (set here).
@@ -67,14 +67,16 @@ def _arg_low(index: int) -> int:
     return 16 + 8 * index + (0 if sys.byteorder == "little" else 4)
 
 
-def program(machine: str, own_pid: int) -> list[tuple[int, int, int, int]]:
+def program(machine: str, protected: tuple[int, ...]) -> list[tuple[int, int, int, int]]:
     """The filter for `machine` as classic BPF instructions (code, jump if true, jump if false, k): the calls of the
-    table above refused unless they name pid 0 or `own_pid`.
+    table above refused when they name a pid of `protected` (each > 0), a group or a user.
 
-    >>> rules = program("x86_64", 4242)
+    >>> rules = program("x86_64", (1, 4242))
     >>> rules[0], rules[-2:]  # load the architecture first; end on "allowed" and "refused"
     ((32, 0, 0, 4), [(6, 0, 0, 2147418112), (6, 0, 0, 327681)])
     """
+    if not protected or any(pid <= 0 for pid in protected):
+        raise ValueError(f"protected: pids > 0, not {protected!r}")
     audit_arch, pid_first, setpriority, ioprio_set = ARCHITECTURES[machine]
     deny, allow, check_pid = "deny", "allow", "check pid"
     code: list[tuple] = [
@@ -102,8 +104,7 @@ def program(machine: str, own_pid: int) -> list[tuple[int, int, int, int]]:
         "pid in args[0]",
         (_LD_ABS_W, 0, 0, _arg_low(0)),
         check_pid,
-        (_JEQ_K, allow, 0, 0),
-        (_JEQ_K, allow, deny, own_pid),
+        *[(_JEQ_K, deny, 0, pid) for pid in protected],
         allow,
         (_RET_K, 0, 0, _RET_ALLOW),
         deny,
@@ -133,15 +134,15 @@ def _resolve(code: list) -> list[tuple[int, int, int, int]]:
     return resolved
 
 
-def protect_others(own_pid: int | None = None) -> bool:
-    """From now on this process and everything it starts cannot change the limits, scheduling or priority of any
-    process but themselves and `own_pid` (default: this process). Returns False where the kernel has no seccomp
-    filters (nothing is restricted then) or the machine's call numbers are unknown; raises OSError when the
-    kernel refuses otherwise."""
+def protect(pids: tuple[int, ...]) -> bool:
+    """From now on this process and everything it starts cannot change the limits, scheduling or priority of the
+    processes `pids`, nor of a process group or a user. Returns False where the kernel has no seccomp filters
+    (nothing is restricted then) or the machine's call numbers are unknown; raises OSError when the kernel refuses
+    otherwise."""
     machine = platform.machine()
     if not sys.platform.startswith("linux") or machine not in ARCHITECTURES:
         return False
-    rules = program(machine, os.getpid() if own_pid is None else own_pid)
+    rules = program(machine, pids)
     filters = (_Filter * len(rules))(*[_Filter(*rule) for rule in rules])
     fprog = _Program(len(rules), filters)
     libc = ctypes.CDLL(None, use_errno=True)

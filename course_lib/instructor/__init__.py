@@ -7,8 +7,7 @@
     submissions  unpack and name submissions, read untrusted notebooks
     match        line a submission's cells up with its release, restore test cells
     sandbox      bubblewrap (or a container) around every student process (a package: its parts in its docstring)
-    confined     the two confined runs per submission: the kernel for outputs, the checker for the grade
-    execute      the kernel driver those runs use
+    confined     one confined run per submission: the checker, which runs the notebook for its outputs and grades
     feedback     per-cell feedback without hidden tests
     gradelog     the append-only record of what happened to each submission
     nbgrader_hooks  preprocessors nbgrader's own commands load from the course's nbgrader_config.py
@@ -17,10 +16,4 @@ Building and grading need the `course` extra (nbgrader, jupyterlab, jupytext); `
 base install. What runs beside the tests (the helpers they call, the checker) is `course_lib.grading`.
 """
 
-import sys
-
-# jsonschema, under nbformat, builds an Earley parser for its "iri" format check when it is imported: 1.8 s of
-# every process that reads a notebook (each `course` command, each graded submission's kernel driver). nbformat
-# validates notebooks without format checks, so that parser would never run; without the module, jsonschema
-# leaves the "iri" check out. A process that imported it already keeps it.
-sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]
+from .. import grading  # noqa: F401 - its import keeps jsonschema's IRI grammar out of every `course` command

@@ -17,9 +17,10 @@ from typing import Any
 
 import nbformat
 
+from ..grading.notebook_run import execute_notebook
+from ..grading.protocol import KernelJob
 from ..grading.student_source import defined_functions
 from .cells import is_edited_test_cell, is_solution_cell, is_test_cell, nbgrader_meta
-from .execute import KernelJob, execute_notebook
 from .feedback import cell_message
 from .notebook_file import read_notebook
 

@@ -1,20 +1,20 @@
-"""One submission, graded in two confined runs: its notebook in a kernel, its TODO functions under the checker.
+"""One submission, graded in one confined run of the checker (`python -m course_lib.grading.checker`):
 
-    kernel run   python -m course_lib.instructor.execute   the student's notebook as handed out (visible tests only):
-                                                   its outputs, for the feedback; never a grade
-    checker run  python -m course_lib.grading.checker   the setup cells, then the graded test cells with their hidden
-                                                   tests, the TODO functions answering from student processes:
-                                                   the grade
+    the notebook   as handed out (visible tests only), in a kernel the checker forked before it read the job:
+                   its outputs, for the feedback; never a grade
+    the checks     the setup cells, then the graded test cells with their hidden tests, the TODO functions
+                   answering from student processes: the grade
 
-Each runs in the grading sandbox (`sandbox`: bubblewrap by default) with its own empty scratch, and both return
-data on stdout that this side reads as untrusted: the notebook is rebuilt from the prepared one with only the
-outputs taken, the verdicts are checked against the cells that were asked for, and any text of the hidden tests in
-a message is removed before it can reach a feedback page.
+It runs in the grading sandbox (`sandbox`: bubblewrap by default) with its own empty scratch, and returns data on
+stdout that this side reads as untrusted: the notebook is rebuilt from the prepared one with only the outputs
+taken, the verdicts are checked against the cells that were asked for, and any text of the hidden tests in a
+message is removed before it can reach a feedback page.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import queue
 import sys
@@ -25,10 +25,10 @@ from typing import Any
 
 import nbformat
 
-from ..grading.protocol import NO_CHECKS, CellVerdict, CheckerJob
+from ..grading.notebook_run import MAX_OUTPUT_CHARS, cap_outputs, error_output
+from ..grading.protocol import NO_CHECKS, CellVerdict, CheckerJob, KernelAnswer, KernelJob
 from . import sandbox
 from .cells import is_test_cell, nbgrader_meta
-from .execute import MAX_OUTPUT_CHARS, KernelAnswer, KernelJob, cap_outputs, error_output
 from .feedback import one_line_cut
 from .inert import inert_output
 
@@ -38,7 +38,7 @@ REDACTED = "[text of the hidden tests removed]"
 
 @dataclass(frozen=True)
 class Confinement:
-    """How the two runs are confined: the sandbox mode (bwrap, none, container), a container image, and limits;
+    """How the checker's run is confined: the sandbox mode (bwrap, none, container), a container image, and limits;
     `cpus`, each sandbox's CPU share in cores where a cgroup can bound it (`course grade`: the machine's CPUs over
     its workers, so that a submission's busy processes cannot slow the one graded beside it)."""
 
@@ -69,6 +69,7 @@ class CheckerResult:
     timed_out: bool = False
     seconds: float = 0.0
     landlock: int | None = None  # the Landlock ABI the checker's student processes ran under (0: none)
+    kernel: dict[str, Any] = field(default_factory=dict)  # the notebook's run (a KernelAnswer: untrusted data)
 
 
 def hidden_lines(source_tests: list[tuple[str, float, str]]) -> list[str]:
@@ -95,41 +96,13 @@ def redact(message: str, hidden: list[str]) -> str:
     return one_line_cut(message)
 
 
-def run_kernel(job: KernelJob, confinement: Confinement, slot: int | None = None) -> KernelAnswer:
-    """The notebook run in the sandbox; the driver's JSON answer (untrusted: any JSON object), or {"problem": ...}
-    when there is none."""
-    wall = job.notebook_timeout + 60
-    result = sandbox.run(
-        [_python(confinement), "-m", "course_lib.instructor.execute"],
-        stdin=job.to_json().encode("utf-8"),
-        mode=confinement.mode,
-        image=confinement.image,
-        limits=confinement.limits(wall),
-        **_bwrap_only(confinement, slot, as_pid_1=False),
-    )
-    if result.timed_out:
-        return {
-            "problem": f"the notebook's run passed the grader's limit of {wall:g} s and was stopped",
-            "seconds": result.seconds,
-        }
-    try:
-        answer = json.loads(result.stdout.decode("utf-8"))
-        if not isinstance(answer, dict):
-            raise ValueError("not an object")
-    except ValueError:
-        last = result.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or [f"exit {result.returncode}"]
-        return {"problem": f"the notebook's run ended without a result ({last[0][:200]})", "seconds": result.seconds}
-    answer["seconds"] = result.seconds
-    return answer
-
-
 def _python(confinement: Confinement) -> str:
     """This interpreter (bound read-only in the sandbox at its own path), or the image's `python` in a container."""
     return "python" if confinement.mode == "container" else sys.executable
 
 
-def _bwrap_only(confinement: Confinement, slot: int | None, *, as_pid_1: bool) -> dict[str, Any]:
-    return {"slot": slot, "as_pid_1": as_pid_1} if confinement.mode == "bwrap" else {}
+def _bwrap_only(confinement: Confinement, slot: int | None) -> dict[str, Any]:
+    return {"slot": slot, "as_pid_1": True} if confinement.mode == "bwrap" else {}
 
 
 CHECKER_MODULE = "course_lib.grading.checker"
@@ -140,10 +113,18 @@ class GraderUnavailable(RuntimeError):
 
 
 def run_checker(job: CheckerJob, confinement: Confinement, slot: int | None = None) -> CheckerResult:
-    """The checker run in the sandbox, as the first process of its PID namespace (the student's processes it
-    starts can neither signal it nor outlive a call); its verdict lines read as untrusted data."""
+    """The checker run in the sandbox, as the first process of its PID namespace (the kernel and the student's
+    processes it starts can neither signal it nor outlive their run); its lines read as untrusted data."""
     result = _checker_process(job, confinement, slot)
     return read_checker_output(result.stdout, job, result.timed_out, result.returncode, result.seconds)
+
+
+def kernel_answer(checked: CheckerResult) -> KernelAnswer:
+    """The notebook's run as the checker reported it (untrusted: any JSON object), or {"problem": ...} when there
+    is none."""
+    if checked.kernel:
+        return checked.kernel  # type: ignore[return-value]
+    return {"problem": f"the notebook's run sent back no result ({checked.setup_problem or checked.ended})"}
 
 
 def require_checker(confinement: Confinement) -> None:
@@ -163,22 +144,23 @@ def require_checker(confinement: Confinement) -> None:
 
 def _checker_process(job: CheckerJob, confinement: Confinement, slot: int | None) -> sandbox.Result:
     cells = len(job.tests) + len(job.setup)
-    wall = job.cell_timeout * (cells + 1) + 60
+    wall = job.cell_timeout * (cells + 1) + 60 + (job.notebook.notebook_timeout + 60 if job.notebook else 0)
     return sandbox.run(
         [_python(confinement), "-m", CHECKER_MODULE],
         stdin=job.to_json().encode("utf-8"),
         mode=confinement.mode,
         image=confinement.image,
         limits=confinement.limits(wall),
-        **_bwrap_only(confinement, slot, as_pid_1=True),
+        **_bwrap_only(confinement, slot),
     )
 
 
 def read_checker_output(
     stdout: bytes, job: CheckerJob, timed_out: bool, returncode: int | None, seconds: float
 ) -> CheckerResult:
-    """The checker's JSON lines read as untrusted data: its Landlock ABI first, a verdict per expected cell in
-    order, then the setup line that says it finished; the first line out of place ends the reading."""
+    """The checker's JSON lines read as untrusted data: its Landlock ABI first, the notebook's run when the job
+    has a notebook, a verdict per expected cell in order, then the setup line that says it finished; the first line
+    out of place ends the reading."""
     checked = CheckerResult(timed_out=timed_out, seconds=seconds)
     expected = [grade_id for grade_id, _, _ in job.tests]
     finished = False
@@ -192,6 +174,9 @@ def read_checker_output(
         if "landlock" in record and not checked.verdicts and checked.landlock is None:
             abi = record["landlock"]
             checked.landlock = abi if type(abi) is int and abi >= 0 else None
+            continue
+        if "kernel" in record and job.notebook is not None and not checked.kernel and not checked.verdicts:
+            checked.kernel = record["kernel"] if isinstance(record["kernel"], dict) and record["kernel"] else {}
             continue
         if "setup" in record:
             checked.setup_problem = record["setup"] if isinstance(record["setup"], str) else None
@@ -287,7 +272,7 @@ def needs_regrade(checked: CheckerResult) -> str | None:
 
 @dataclass
 class Judged:
-    """What the two runs of one submission come to: why it must be graded again, or the notebook nbgrader records."""
+    """What the run of one submission comes to: why it must be graded again, or the notebook nbgrader records."""
 
     regrade: str | None
     notebook: Any = None  # the kernel run's outputs; each graded test cell's output is its checker verdict
@@ -301,7 +286,7 @@ def judge(
     tests: list[tuple[str, float, str]],
     marked_before: str | None = None,
 ) -> Judged:
-    """The runs of the `prepared` notebook read together: the kernel run's `answer` and the checker's verdicts
+    """The run of the `prepared` notebook read: the notebook's run (`answer`) and the checker's verdicts
     (`checked`) on the chapter's graded test cells `tests`, whose hidden lines no message may carry. A submission
     that needs regrading is marked for it, unless the last run already marked this same file (`marked_before`, its
     reason then): it is then graded as it stands, each cell as far as its checks went, and a note says why."""
@@ -320,16 +305,19 @@ def judge(
 
 @dataclass(frozen=True)
 class SubmissionJob:
-    """The two runs of one submission: its notebook in a kernel (as handed out) and its TODO cells under the
-    checker."""
+    """One submission's run: its notebook in a kernel (as handed out), then its TODO cells under the checker."""
 
     key: str
     kernel: KernelJob
     checker: CheckerJob
 
+    def checker_job(self) -> CheckerJob:
+        """The checker's job, with the notebook it runs first."""
+        return dataclasses.replace(self.checker, notebook=self.kernel)
+
 
 def grade_all(jobs: list[SubmissionJob], workers: int, confinement: Confinement, on_result: Any) -> None:
-    """Both runs of every job, `workers` submissions at a time;
+    """The run of every job, `workers` submissions at a time;
     on_result(key, kernel answer, CheckerResult) in this thread, one at a time (the gradebook has one writer).
     Once sandbox.STOP is set (Ctrl-C), KeyboardInterrupt comes between two recordings, never inside one: the
     sandboxes still running are killed, the jobs not started never start, and no later result is recorded."""
@@ -337,16 +325,17 @@ def grade_all(jobs: list[SubmissionJob], workers: int, confinement: Confinement,
     for slot in range(max(1, workers)):
         slots.put(slot)
 
-    def both(job: SubmissionJob) -> tuple[KernelAnswer, CheckerResult]:
+    def one(job: SubmissionJob) -> tuple[KernelAnswer, CheckerResult]:
         slot = slots.get()  # each worker's sandboxes get a uid of their own (see sandbox.run)
         try:
-            return run_kernel(job.kernel, confinement, slot), run_checker(job.checker, confinement, slot)
+            checked = run_checker(job.checker_job(), confinement, slot)
+            return kernel_answer(checked), checked
         finally:
             slots.put(slot)
 
     pool = ThreadPoolExecutor(max_workers=max(1, workers))
     try:
-        futures: list[tuple[str, Future]] = [(job.key, pool.submit(both, job)) for job in jobs]
+        futures: list[tuple[str, Future]] = [(job.key, pool.submit(one, job)) for job in jobs]
         for key, future in futures:
             answer, checked = _result_unless_stopped(future)
             on_result(key, answer, checked)

@@ -7,11 +7,12 @@ The stages, in the order `grade_submissions` runs them, one module each:
    failure, not an empty success.
 2. match (`match`): each notebook's cells matched to the chapter's source; graded test cells come back as handed
    out; edits, deletions and stripped metadata are noted.
-3. confined runs (`confined`, `sandbox`: bubblewrap by default, no network, an empty scratch, nothing of the course
-   in view): the notebook as handed out in a kernel, for its outputs; and the checker (`course_lib.grading.checker`),
-   which runs the chapter's setup and graded test cells, hidden tests included, while the student's TODO functions
-   answer from processes of their own. The checker's verdicts decide the grade; the kernel's outputs are only shown.
-4. record (`record`, `gradebook`): in this process, one at a time (sqlite has one writer), after both runs have
+3. confined run (`confined`, `sandbox`: bubblewrap by default, no network, an empty scratch, nothing of the course
+   in view): the checker (`course_lib.grading.checker`) runs the notebook as handed out in a kernel it forked, for
+   its outputs, then the chapter's setup and graded test cells, hidden tests included, while the student's TODO
+   functions answer from processes of their own. The checker's verdicts decide the grade; the kernel's outputs are
+   only shown.
+4. record (`record`, `gradebook`): in this process, one at a time (sqlite has one writer), after the run has
    ended: the verdicts become the test cells' outputs, and nbgrader's autograde (its Execute step removed) restores
    locked cells, scores the test cells, records the grades and writes the autograded notebook without the hidden
    tests; then the feedback page. A submission whose setup or tests could not run through no fault of its own (a
@@ -39,10 +40,9 @@ from typing import Any
 import nbformat
 
 from ..grading import student_source
-from ..grading.protocol import CheckerJob
+from ..grading.protocol import CheckerJob, KernelJob
 from . import build, cells, confined, gradelog, match, sandbox, submissions
 from .build import interpreter_bin_on_path
-from .execute import KernelJob
 from .gradebook import NbgraderRecorder, already_graded, apply_roster, gradebook_url, stage_original
 from .outcome import GradeRun, Outcome, Status
 from .record import confinement_notes, record_one
@@ -305,7 +305,7 @@ def _nothing_found(source: Path, found: submissions.Found, seconds: float, worke
 def _jobs(
     ready: list, chapters: dict[str, Chapter], limits: tuple[float, float], kernel_name: str | None
 ) -> list[confined.SubmissionJob]:
-    """The two runs of every ready submission: its notebook in a kernel (as handed out), its TODO cells under the
+    """The run of every ready submission: its notebook in a kernel (as handed out), then its TODO cells under the
     checker (with the chapter source's setup and graded test cells)."""
     jobs = []
     for submission, prepared in ready:

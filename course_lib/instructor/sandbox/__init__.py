@@ -39,7 +39,7 @@ as root (nested) +78 ms; mode none +21 ms (the launcher); require() ~80 ms.
 Inside one sandbox every process shares one uid, so any of them may ptrace or read /proc/<pid>/mem and
 /proc/<pid>/environ of the others. A process that sandboxed code must not read (a grading harness holding
 expected answers, say) must make itself undumpable before it holds anything secret (`make_undumpable` in
-`course_lib.grading.hygiene`, which the checker and the kernel driver call).
+`course_lib.grading.hygiene`, which the checker calls).
 
 Only the standard library is used: the package runs before anything else of the course is importable.
 """
